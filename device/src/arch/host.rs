@@ -1,0 +1,403 @@
+//! Host implementation: the same functions over `core::sync::atomic`, and [`launch`], which
+//! runs a kernel body on CPU threads with per-block barriers and shared memory.
+//!
+//! Outside [`launch`] a calling thread is a grid of one thread in one block: ids are 0,
+//! dims are 1 and [`sync_threads`] returns at once. This is how the Host transport's CPU
+//! "kernels" call device protocol functions.
+
+use core::cell::RefCell;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::boxed::Box;
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::Instant;
+use std::vec::Vec;
+
+/// Launch dimensions (x, y, z), as in CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dim3 {
+    /// Extent along x.
+    pub x: u32,
+    /// Extent along y.
+    pub y: u32,
+    /// Extent along z.
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// `(x, 1, 1)`.
+    pub const fn x(x: u32) -> Dim3 {
+        Dim3 { x, y: 1, z: 1 }
+    }
+    fn count(&self) -> u64 {
+        self.x as u64 * self.y as u64 * self.z as u64
+    }
+    fn unflatten(&self, i: u32) -> [u32; 3] {
+        [i % self.x, (i / self.x) % self.y, i / (self.x * self.y)]
+    }
+}
+
+/// The most CPU threads one [`launch`] may start (one per emulated GPU thread).
+pub const MAX_HOST_THREADS: u64 = 4096;
+
+/// Why [`launch`] refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchError {
+    /// A dimension is zero or the grid needs more than [`MAX_HOST_THREADS`] threads.
+    BadDimensions {
+        /// Grid size.
+        grid: Dim3,
+        /// Block size.
+        block: Dim3,
+    },
+    /// A thread of the kernel panicked (or called [`trap`]); the message of the first.
+    Panicked(std::string::String),
+}
+
+impl core::fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            LaunchError::BadDimensions { grid, block } => write!(
+                f,
+                "host launch of grid {grid:?} x block {block:?}: every dimension must be \
+                 non-zero and the total at most {MAX_HOST_THREADS} threads"
+            ),
+            LaunchError::Panicked(m) => write!(f, "host kernel panicked: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {}
+
+/// Barrier of one emulated block; poisoned when one of its threads panics, so the others
+/// panic too instead of waiting forever.
+#[derive(Debug)]
+struct BlockBarrier {
+    state: Mutex<BarrierState>,
+    cv: Condvar,
+    size: u32,
+}
+
+#[derive(Debug, Default)]
+struct BarrierState {
+    arrived: u32,
+    generation: u64,
+    poisoned: bool,
+}
+
+impl BlockBarrier {
+    fn wait(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.poisoned {
+            panic!("another thread of this block panicked");
+        }
+        s.arrived += 1;
+        if s.arrived == self.size {
+            s.arrived = 0;
+            s.generation += 1;
+            self.cv.notify_all();
+            return;
+        }
+        let gen_at_entry = s.generation;
+        while s.generation == gen_at_entry && !s.poisoned {
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        if s.poisoned {
+            panic!("another thread of this block panicked");
+        }
+    }
+    fn poison(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poisoned = true;
+        self.cv.notify_all();
+    }
+}
+
+#[derive(Debug)]
+struct Block {
+    barrier: BlockBarrier,
+    shared: Mutex<Vec<(u64, Box<[u128]>)>>,
+}
+
+impl Block {
+    fn new(size: u32) -> Block {
+        Block {
+            barrier: BlockBarrier {
+                state: Mutex::new(BarrierState::default()),
+                cv: Condvar::new(),
+                size,
+            },
+            shared: Mutex::new(Vec::new()),
+        }
+    }
+    fn shared(&self, site: u64, bytes: usize) -> *mut u8 {
+        let mut v = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, b)) = v.iter_mut().find(|(s, _)| *s == site) {
+            return b.as_mut_ptr() as *mut u8;
+        }
+        let words = bytes.div_ceil(16).max(1);
+        let mut b: Box<[u128]> = std::vec![0u128; words].into_boxed_slice();
+        let p = b.as_mut_ptr() as *mut u8;
+        // The box's heap allocation does not move when the box is moved into the vector.
+        v.push((site, b));
+        p
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Ctx {
+    tid: [u32; 3],
+    bid: [u32; 3],
+    bdim: Dim3,
+    gdim: Dim3,
+    block: *const Block,
+}
+
+std::thread_local! {
+    static CTX: RefCell<Option<Ctx>> = const { RefCell::new(None) };
+    static SOLO: Block = Block::new(1);
+}
+
+fn ctx() -> Option<Ctx> {
+    CTX.with(|c| *c.borrow())
+}
+
+/// Runs `body` once per thread of a `grid` × `block` launch on CPU threads (all at once, so
+/// blocks may wait on each other as GPU blocks of a small grid can), and returns when all
+/// have finished. A panic or [`trap`] in any thread is returned as an error after the
+/// others stop (threads waiting at a barrier of that block panic too).
+pub fn launch<F>(grid: Dim3, block: Dim3, body: F) -> Result<(), LaunchError>
+where
+    F: Fn() + Sync,
+{
+    let total = grid.count() * block.count();
+    if grid.count() == 0 || block.count() == 0 || total > MAX_HOST_THREADS {
+        return Err(LaunchError::BadDimensions { grid, block });
+    }
+    let blocks: Vec<Block> = (0..grid.count())
+        .map(|_| Block::new(block.count() as u32))
+        .collect();
+    let first_panic: Mutex<Option<std::string::String>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for (b, blk) in blocks.iter().enumerate() {
+            for t in 0..block.count() as u32 {
+                let body = &body;
+                let first_panic = &first_panic;
+                s.spawn(move || {
+                    let c = Ctx {
+                        tid: block.unflatten(t),
+                        bid: grid.unflatten(b as u32),
+                        bdim: block,
+                        gdim: grid,
+                        block: blk,
+                    };
+                    CTX.with(|x| *x.borrow_mut() = Some(c));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+                    CTX.with(|x| *x.borrow_mut() = None);
+                    if let Err(p) = r {
+                        blk.barrier.poison();
+                        let msg = p
+                            .downcast_ref::<&str>()
+                            .map(|s| std::string::String::from(*s))
+                            .or_else(|| p.downcast_ref::<std::string::String>().cloned())
+                            .unwrap_or_else(|| "non-string panic".into());
+                        let mut fp = first_panic.lock().unwrap_or_else(|e| e.into_inner());
+                        // A barrier's "another thread panicked" is a consequence, not a cause.
+                        if fp.is_none() || fp.as_deref().is_some_and(|m| m.starts_with("another")) {
+                            *fp = Some(msg);
+                        }
+                    }
+                });
+            }
+        }
+    });
+    match first_panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(m) => Err(LaunchError::Panicked(m)),
+        None => Ok(()),
+    }
+}
+
+macro_rules! sreg {
+    ($(#[$m:meta])* $name:ident, $field:ident, $i:tt, $solo:expr) => {
+        $(#[$m])*
+        #[inline]
+        pub fn $name() -> u32 {
+            ctx().map_or($solo, |c| sreg!(@get c, $field, $i))
+        }
+    };
+    (@get $c:ident, tid, $i:tt) => { $c.tid[$i] };
+    (@get $c:ident, bid, $i:tt) => { $c.bid[$i] };
+    (@get $c:ident, bdim, 0) => { $c.bdim.x };
+    (@get $c:ident, bdim, 1) => { $c.bdim.y };
+    (@get $c:ident, bdim, 2) => { $c.bdim.z };
+    (@get $c:ident, gdim, 0) => { $c.gdim.x };
+    (@get $c:ident, gdim, 1) => { $c.gdim.y };
+    (@get $c:ident, gdim, 2) => { $c.gdim.z };
+}
+
+sreg!(/// Thread index within the block, x.
+    thread_idx_x, tid, 0, 0);
+sreg!(/// Thread index within the block, y.
+    thread_idx_y, tid, 1, 0);
+sreg!(/// Thread index within the block, z.
+    thread_idx_z, tid, 2, 0);
+sreg!(/// Block index within the grid, x.
+    block_idx_x, bid, 0, 0);
+sreg!(/// Block index within the grid, y.
+    block_idx_y, bid, 1, 0);
+sreg!(/// Block index within the grid, z.
+    block_idx_z, bid, 2, 0);
+sreg!(/// Threads per block, x.
+    block_dim_x, bdim, 0, 1);
+sreg!(/// Threads per block, y.
+    block_dim_y, bdim, 1, 1);
+sreg!(/// Threads per block, z.
+    block_dim_z, bdim, 2, 1);
+sreg!(/// Blocks in the grid, x.
+    grid_dim_x, gdim, 0, 1);
+sreg!(/// Blocks in the grid, y.
+    grid_dim_y, gdim, 1, 1);
+sreg!(/// Blocks in the grid, z.
+    grid_dim_z, gdim, 2, 1);
+
+/// Block-wide barrier: waits for every thread of the emulated block; the mutex hand-off
+/// orders memory like `bar.sync`. Outside [`launch`] it returns at once.
+pub fn sync_threads() {
+    if let Some(c) = ctx() {
+        // SAFETY: `block` points into the `blocks` vector that `launch` keeps alive until
+        // every thread of the scope has returned, and this thread is one of them.
+        unsafe { &*c.block }.barrier.wait();
+    }
+}
+
+/// Ends the emulated kernel with a panic, which [`launch`] reports as an error.
+pub fn trap() -> ! {
+    panic!("trap")
+}
+
+/// Storage of one [`shared_array!`](crate::shared_array) site for the calling block.
+#[doc(hidden)]
+pub fn block_shared(site: u64, bytes: usize) -> *mut u8 {
+    match ctx() {
+        // SAFETY: as in `sync_threads`, the block outlives this thread's kernel body.
+        Some(c) => unsafe { &*c.block }.shared(site, bytes),
+        None => SOLO.with(|b| b.shared(site, bytes)),
+    }
+}
+
+/// Acquire load (`ld.acquire.sys.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn ld_acquire_sys_u64(p: *const u64) -> u64 {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU64::from_ptr(p as *mut u64) }.load(Ordering::Acquire)
+}
+
+/// Acquire load (`ld.acquire.sys.u32` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 4-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn ld_acquire_sys_u32(p: *const u32) -> u32 {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU32::from_ptr(p as *mut u32) }.load(Ordering::Acquire)
+}
+
+/// Relaxed load (`ld.relaxed.sys.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn ld_relaxed_sys_u64(p: *const u64) -> u64 {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU64::from_ptr(p as *mut u64) }.load(Ordering::Relaxed)
+}
+
+/// Release store (`st.release.sys.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn st_release_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU64::from_ptr(p) }.store(v, Ordering::Release)
+}
+
+/// Release store (`st.release.sys.u32` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 4-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn st_release_sys_u32(p: *mut u32, v: u32) {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU32::from_ptr(p) }.store(v, Ordering::Release)
+}
+
+/// Release add returning the old value (`atom.add.release.sys.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn atomic_add_release_sys_u64(p: *mut u64, v: u64) -> u64 {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Ordering::Release)
+}
+
+/// Relaxed add returning the old value (`atom.add.relaxed.sys.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn atomic_add_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Ordering::Relaxed)
+}
+
+/// Relaxed add returning the old value (`atom.add.relaxed.gpu.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Ordering::Relaxed)
+}
+
+/// Acquire-release fence (`fence.acq_rel.sys` on the GPU).
+#[inline]
+pub fn fence_acq_rel_sys() {
+    fence(Ordering::AcqRel)
+}
+
+/// Sequentially consistent fence (`fence.sc.sys` on the GPU).
+#[inline]
+pub fn fence_sc_sys() {
+    fence(Ordering::SeqCst)
+}
+
+/// The 16-byte store of `[lo, hi]` (`st.volatile.global.v2.u64` on the GPU). The CPU has no
+/// portable 16-byte atomic store, so the host writes `lo` relaxed and then `hi` with
+/// release: a reader that acquires `hi` (where protocols keep their commit bit) sees `lo`.
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes accessed only atomically while shared.
+#[inline]
+pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
+    // SAFETY: caller guarantees 16 valid aligned bytes with atomic-only shared access.
+    unsafe {
+        AtomicU64::from_ptr(p).store(lo, Ordering::Relaxed);
+        AtomicU64::from_ptr(p.add(1)).store(hi, Ordering::Release);
+    }
+}
+
+/// Nanoseconds since the first call in this process (`%globaltimer` on the GPU).
+pub fn global_timer_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests;

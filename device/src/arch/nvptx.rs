@@ -1,0 +1,262 @@
+//! nvptx implementation: sreg reads through `core::arch::nvptx`, every memory-model access
+//! as inline PTX. Pointers are generic addresses; `_sys` accesses use the generic state
+//! space so they work for device, peer and host-mapped memory alike.
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+/// Thread index within the block, x.
+#[inline(always)]
+pub fn thread_idx_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+/// Thread index within the block, y.
+#[inline(always)]
+pub fn thread_idx_y() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_y() as u32 }
+}
+/// Thread index within the block, z.
+#[inline(always)]
+pub fn thread_idx_z() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_z() as u32 }
+}
+/// Block index within the grid, x.
+#[inline(always)]
+pub fn block_idx_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+/// Block index within the grid, y.
+#[inline(always)]
+pub fn block_idx_y() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+/// Block index within the grid, z.
+#[inline(always)]
+pub fn block_idx_z() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+/// Threads per block, x.
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+/// Threads per block, y.
+#[inline(always)]
+pub fn block_dim_y() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_dim_y() as u32 }
+}
+/// Threads per block, z.
+#[inline(always)]
+pub fn block_dim_z() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_dim_z() as u32 }
+}
+/// Blocks in the grid, x.
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+/// Blocks in the grid, y.
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
+/// Blocks in the grid, z.
+#[inline(always)]
+pub fn grid_dim_z() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_grid_dim_z() as u32 }
+}
+
+/// Block-wide barrier (`bar.sync 0`); also orders the block's memory accesses
+/// (morally strong at CTA scope), so writes before it are visible to the block after it.
+/// Every thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: bar.sync has no memory preconditions; divergence is the caller's contract.
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// Aborts the kernel (`trap`); the launch fails with an error the host sees.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: trap ends the kernel; nothing after it runs.
+    unsafe { nvptx::trap() }
+}
+
+/// `ld.acquire.sys.u64`: later accesses of this thread cannot move before it, and it
+/// synchronises with a release (store, add or fence) at system scope that wrote the value.
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_acquire_sys_u64(p: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!("ld.acquire.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack))
+    };
+    v
+}
+
+/// `ld.acquire.sys.u32`; see [`ld_acquire_sys_u64`].
+///
+/// # Safety
+/// `p` must be valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_acquire_sys_u32(p: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!("ld.acquire.sys.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack))
+    };
+    v
+}
+
+/// `ld.relaxed.sys.u64`: a strong load that is not hoisted out of a polling loop or torn, but
+/// orders nothing; pair it with a fence or an acquire before using data it guards.
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_relaxed_sys_u64(p: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!("ld.relaxed.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack))
+    };
+    v
+}
+
+/// `st.release.sys.u64`: earlier accesses of this thread (and, cumulatively, what it has
+/// observed) become visible to whoever acquires this value, on any GPU or the CPU.
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn st_release_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!("st.release.sys.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+}
+
+/// `st.release.sys.u32`; see [`st_release_sys_u64`].
+///
+/// # Safety
+/// `p` must be valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn st_release_sys_u32(p: *mut u32, v: u32) {
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!("st.release.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    };
+}
+
+/// `atom.add.release.sys.u64`, returning the old value: a remote semaphore increment that
+/// publishes this thread's earlier writes to whoever acquires the new value.
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn atomic_add_release_sys_u64(p: *mut u64, v: u64) -> u64 {
+    let old: u64;
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!(
+            "atom.add.release.sys.u64 {old}, [{p}], {v};",
+            old = out(reg64) old, p = in(reg64) p, v = in(reg64) v, options(nostack)
+        )
+    };
+    old
+}
+
+/// `atom.add.relaxed.sys.u64`, returning the old value: atomic but ordering nothing; for
+/// counters whose readers do not rely on other data (or that follow an explicit fence).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn atomic_add_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
+    let old: u64;
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!(
+            "atom.add.relaxed.sys.u64 {old}, [{p}], {v};",
+            old = out(reg64) old, p = in(reg64) p, v = in(reg64) v, options(nostack)
+        )
+    };
+    old
+}
+
+/// `atom.add.relaxed.gpu.u64`, returning the old value: a counter shared by the threads of
+/// one GPU only (the FIFO head lives in device memory and only GPU threads add to it).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
+    let old: u64;
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!(
+            "atom.add.relaxed.gpu.u64 {old}, [{p}], {v};",
+            old = out(reg64) old, p = in(reg64) p, v = in(reg64) v, options(nostack)
+        )
+    };
+    old
+}
+
+/// `fence.acq_rel.sys`: a release fence for earlier and an acquire fence for later accesses
+/// of this thread, at system scope (pairs with relaxed flag accesses on either side).
+#[inline(always)]
+pub fn fence_acq_rel_sys() {
+    // SAFETY: a fence has no memory preconditions.
+    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) };
+}
+
+/// `fence.sc.sys`: sequentially consistent fence at system scope (store→load ordering,
+/// which acq_rel does not give).
+#[inline(always)]
+pub fn fence_sc_sys() {
+    // SAFETY: a fence has no memory preconditions.
+    unsafe { asm!("fence.sc.sys;", options(nostack)) };
+}
+
+/// One 16-byte `st.volatile.global.v2.u64` of `[lo, hi]`: a single store, never split by the
+/// compiler, not cached in L1, so the CPU or a peer sees both words from one transaction.
+/// A trigger is published with it.
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes of global memory (device, peer or
+/// host-mapped).
+#[inline(always)]
+pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
+    // SAFETY: caller guarantees `p` is valid, aligned and in the global window.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; st.volatile.global.v2.u64 [g], {{{lo}, {hi}}}; }}",
+            p = in(reg64) p, lo = in(reg64) lo, hi = in(reg64) hi, options(nostack)
+        )
+    };
+}
+
+/// `%globaltimer`: nanoseconds of a global clock (resolution about 1 µs on most GPUs), for
+/// timeouts in spin loops.
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let t: u64;
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack)) };
+    t
+}

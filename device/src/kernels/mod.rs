@@ -1,0 +1,4 @@
+//! Kernels of the device crate. Each is an `extern "ptx-kernel"` entry point in the PTX the
+//! host embeds (symbol = function name) and a plain `unsafe fn` on the host.
+
+pub mod smoke;

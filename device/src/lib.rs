@@ -1,0 +1,69 @@
+//! Device side of mscclpp: everything a GPU kernel of ours (or a user's) needs, in
+//! `#![no_std]` Rust that compiles both for `nvptx64-nvidia-cuda` and for the host.
+//!
+//! - [`arch`]: the one place for nvptx specifics (thread ids, barriers, memory-model
+//!   loads/stores/atomics/fences as inline PTX, `%globaltimer`, shared memory), with a host
+//!   implementation of the same signatures over `core::sync::atomic`, so every protocol
+//!   function also runs on CPU threads ([`arch::launch`] emulates a grid).
+//! - [`kernels`]: our kernels, declared with [`kernel!`] so they are `extern "ptx-kernel"`
+//!   entry points on the GPU and plain `unsafe fn`s on the host.
+//!
+//! A user's own kernel crate depends on this crate, declares its kernels with [`kernel!`],
+//! adds `#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]` at its root (the GPU
+//! entry-point ABI is unstable) and is compiled by `mscclpp-device-builder`.
+
+#![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
+)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
+pub mod arch;
+pub mod kernels;
+
+/// Declares a GPU kernel: on nvptx an exported `extern "ptx-kernel"` entry point (its
+/// symbol is the function name), on the host a plain `pub unsafe fn` with the same body, to
+/// be run on CPU threads by [`arch::launch`].
+///
+/// ```
+/// mscclpp_device::kernel! {
+///     /// Writes each thread's global index.
+///     pub unsafe fn iota(out: *mut u32) {
+///         let i = mscclpp_device::arch::global_thread_idx_x();
+///         // SAFETY: the caller launches at most as many threads as `out` holds.
+///         unsafe { *out.add(i as usize) = i };
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! kernel {
+    ($(#[$meta:meta])* pub unsafe fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        ///
+        /// # Safety
+        /// Pointer arguments must be valid for the accesses the kernel makes with the launch
+        /// configuration used; on the host it must run inside `mscclpp_device::arch::launch`.
+        #[cfg(target_arch = "nvptx64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name($($arg: $ty),*) $body
+
+        $(#[$meta])*
+        ///
+        /// # Safety
+        /// Pointer arguments must be valid for the accesses the kernel makes with the launch
+        /// configuration used; it must run inside `mscclpp_device::arch::launch`.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub unsafe fn $name($($arg: $ty),*) $body
+    };
+}
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    arch::trap()
+}

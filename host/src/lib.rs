@@ -1,0 +1,14 @@
+//! Host side of mscclpp.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+
+/// PTX of the device crate, one entry per compiled arch.
+pub mod ptx {
+    include!(concat!(env!("OUT_DIR"), "/device_ptx.rs"));
+}
