@@ -12,3 +12,7 @@
 pub mod ptx {
     include!(concat!(env!("OUT_DIR"), "/device_ptx.rs"));
 }
+
+pub mod cuda;
+pub mod smoke;
+pub mod testing;

@@ -1,4 +1,5 @@
 //! Kernels of the device crate. Each is an `extern "ptx-kernel"` entry point in the PTX the
 //! host embeds (symbol = function name) and a plain `unsafe fn` on the host.
 
+pub mod arch_check;
 pub mod smoke;

@@ -1,0 +1,76 @@
+use super::*;
+
+#[test]
+fn select_ptx_takes_the_newest_arch_the_device_runs() {
+    let ptx = [(80, "a"), (90, "b")];
+    assert_eq!(select_ptx(&ptx, 90), Some((90, "b")));
+    assert_eq!(select_ptx(&ptx, 100), Some((90, "b")));
+    assert_eq!(select_ptx(&ptx, 89), Some((80, "a")));
+    assert_eq!(select_ptx(&ptx, 75), None);
+    assert_eq!(select_ptx(&[], 90), None);
+}
+
+#[test]
+fn builtin_ptx_is_embedded_for_sm90() {
+    assert!(
+        crate::ptx::PTX
+            .iter()
+            .any(|(cc, text)| *cc == 90 && text.contains(".target sm_90")),
+        "embedded arches: {:?}",
+        crate::ptx::PTX.iter().map(|(c, _)| c).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn no_driver_or_no_gpu_is_a_typed_error_not_a_panic() {
+    match device_count() {
+        Ok(n) => {
+            assert!(driver_present());
+            if n == 0 {
+                assert!(matches!(Gpu::open(0), Err(CudaError::NoGpu(_))));
+            } else {
+                let e = Gpu::open(n).unwrap_err();
+                assert!(
+                    matches!(e, CudaError::NoSuchGpu { ordinal, count } if ordinal == n && count == n),
+                    "{e}"
+                );
+            }
+        }
+        Err(e) => {
+            assert!(!driver_present(), "driver present but count failed: {e}");
+            assert!(matches!(e, CudaError::NoDriver));
+            assert!(e.to_string().contains("no CUDA driver"), "{e}");
+            assert!(matches!(Gpu::open(0), Err(CudaError::NoDriver)));
+            assert!(matches!(list_gpus(), Err(CudaError::NoDriver)));
+        }
+    }
+}
+
+#[test]
+fn driver_errors_carry_the_call_and_the_status_name() {
+    use cudarc::driver::sys::CUresult;
+    let e = check("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY).unwrap_err();
+    let s = e.to_string();
+    assert!(s.starts_with("cuMemAlloc failed:"), "{s}");
+    assert!(matches!(
+        e,
+        CudaError::Driver {
+            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            ..
+        }
+    ));
+    assert!(check("cuMemAlloc", CUresult::CUDA_SUCCESS).is_ok());
+}
+
+#[test]
+fn missing_ptx_arch_error_says_how_to_rebuild() {
+    let e = CudaError::NoPtxForArch {
+        major: 7,
+        minor: 5,
+        built: vec![90],
+    };
+    assert!(
+        e.to_string().contains("MSCCLPP_PTX_ARCHES including sm_75"),
+        "{e}"
+    );
+}
