@@ -4,13 +4,11 @@
 //! kernels, and a user's crate uses it the same way for theirs:
 //!
 //! ```no_run
-//! // build.rs
-//! fn main() {
-//!     let ptx = mscclpp_device_builder::DeviceBuilder::new("kernels")
-//!         .build()
-//!         .unwrap_or_else(|e| panic!("{e}"));
-//!     ptx.write_rust_module("kernels_ptx.rs").unwrap();
-//! }
+//! // in build.rs's main:
+//! let ptx = mscclpp_device_builder::DeviceBuilder::new("kernels")
+//!     .build()
+//!     .unwrap_or_else(|e| panic!("{e}"));
+//! ptx.write_rust_module("kernels_ptx.rs").unwrap();
 //! ```
 //!
 //! and then in the crate: `include!(concat!(env!("OUT_DIR"), "/kernels_ptx.rs"));`, which
@@ -281,10 +279,10 @@ impl DeviceBuilder {
 
         let toolchain = Toolchain::find()?;
         let linker = compile_linker(&toolchain, &out_dir)?;
-        let ptxas = find_ptxas();
-        if ptxas.is_err() && require_ptxas {
-            return Err(ptxas.unwrap_err());
-        }
+        let ptxas = match find_ptxas() {
+            Err(e) if require_ptxas => return Err(e),
+            other => other,
+        };
 
         let crate_name = package_name(&manifest)?;
         let mut ptx = Vec::new();
