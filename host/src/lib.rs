@@ -16,3 +16,4 @@ pub mod ptx {
 pub mod cuda;
 pub mod smoke;
 pub mod testing;
+pub mod transport;
