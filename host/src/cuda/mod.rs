@@ -21,6 +21,7 @@
 mod device;
 mod memory;
 mod module;
+mod ops;
 
 pub use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig,
@@ -29,6 +30,7 @@ pub use cudarc::driver::{
 pub use device::{Gpu, GpuInfo, device_count, driver_present, list_gpus};
 pub use memory::{DeviceBuffer, IpcMemHandle, MappedHostBuffer, PeerMapping};
 pub use module::{KernelModule, select_ptx};
+pub use ops::{memcpy_async, stream_idle, write_u64_async};
 
 use cudarc::driver::DriverError;
 use cudarc::driver::sys::CUresult;

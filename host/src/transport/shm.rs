@@ -212,7 +212,10 @@ mod tests {
         }
         a.unlink().unwrap();
         // The name is gone, the mappings still work.
-        assert!(matches!(ShmSegment::open(a.name(), 4096), Err(ShmError::Os { .. })));
+        assert!(matches!(
+            ShmSegment::open(a.name(), 4096),
+            Err(ShmError::Os { .. })
+        ));
         // SAFETY: as above.
         unsafe { assert_eq!(b.as_ptr().add(100).read_volatile(), 0xab) };
     }
@@ -222,7 +225,10 @@ mod tests {
         let a = ShmSegment::create(64).unwrap();
         let name = a.name().to_string();
         drop(a);
-        assert!(matches!(ShmSegment::open(&name, 64), Err(ShmError::Os { .. })));
+        assert!(matches!(
+            ShmSegment::open(&name, 64),
+            Err(ShmError::Os { .. })
+        ));
     }
 
     #[test]
@@ -233,7 +239,14 @@ mod tests {
         let a = ShmSegment::create(128).unwrap();
         let e = ShmSegment::open(a.name(), 256).unwrap_err();
         assert!(
-            matches!(e, ShmError::SizeMismatch { expected: 256, actual: 128, .. }),
+            matches!(
+                e,
+                ShmError::SizeMismatch {
+                    expected: 256,
+                    actual: 128,
+                    ..
+                }
+            ),
             "{e}"
         );
         let e = ShmSegment::open("/mscclpp-0-doesnotexist", 8).unwrap_err();
