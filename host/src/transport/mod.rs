@@ -1,5 +1,120 @@
-//! Transports: how bytes and flags move between ranks.
+//! Transports: how a proxy moves bytes and flags between ranks, behind one trait.
 //!
-//! - `shm`: POSIX shared memory, the memory of the Host transport.
+//! Like wgpu-hal's backends, each transport implements [`DataPlane`] and the proxy does not
+//! know which one it drives; the Host transport runs anywhere (CI, machines without a GPU).
+//!
+//! - [`TransportKind::P2p`]: CUDA IPC (across processes) or peer access (same process),
+//!   copies with `cuMemcpyAsync` on the proxy's stream (copy engine), the flag with
+//!   `cuStreamWriteValue64` on the same stream after the data.
+//! - [`TransportKind::Host`]: POSIX shared memory ([`shm`]), copies with memcpy by the
+//!   proxy thread, the flag with a release store after the data.
+//!
+//! Validation: [`Route::check`] refuses any put whose offset + size leaves either buffer,
+//! before a byte moves; the planes themselves trust their routes.
 
+pub mod host;
+pub mod p2p;
 pub mod shm;
+
+use serde::{Deserialize, Serialize};
+
+/// The transports a connection can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TransportKind {
+    /// NVLink / PCIe peer copies by the copy engine (needs GPUs that can access each other).
+    P2p,
+    /// Shared memory and memcpy by the proxy thread (no GPU needed; one machine).
+    Host,
+    /// InfiniBand RDMA (not built in this version).
+    Ib,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportKind::P2p => "P2P",
+            TransportKind::Host => "Host",
+            TransportKind::Ib => "IB",
+        })
+    }
+}
+
+/// Errors of the data plane.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// A CUDA call of the P2P transport failed.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
+    /// A put that would leave one of the two buffers.
+    #[error(
+        "put of {size} bytes from offset {src_offset} to offset {dst_offset} does not fit \
+         (local buffer {local_len} bytes, remote buffer {remote_len} bytes)"
+    )]
+    OutOfBounds {
+        /// Destination offset.
+        dst_offset: u64,
+        /// Source offset.
+        src_offset: u64,
+        /// Size.
+        size: u64,
+        /// Local (source) buffer size.
+        local_len: u64,
+        /// Remote (destination) buffer size.
+        remote_len: u64,
+    },
+}
+
+/// Where one connection's puts and flags go, as addresses valid in this process (device
+/// addresses for P2P, host addresses for Host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// Start of the local (source) buffer.
+    pub local: u64,
+    /// Its size in bytes.
+    pub local_len: u64,
+    /// Start of the peer's (destination) buffer, mapped here.
+    pub remote: u64,
+    /// Its size in bytes.
+    pub remote_len: u64,
+    /// The peer's inbound counter for this connection, mapped here (8-byte aligned).
+    pub remote_flag: u64,
+}
+
+impl Route {
+    /// Refuses a put that would leave either buffer.
+    pub fn check(&self, dst_offset: u64, src_offset: u64, size: u64) -> Result<(), TransportError> {
+        let fits = |off: u64, len: u64| off.checked_add(size).is_some_and(|end| end <= len);
+        if fits(dst_offset, self.remote_len) && fits(src_offset, self.local_len) {
+            Ok(())
+        } else {
+            Err(TransportError::OutOfBounds {
+                dst_offset,
+                src_offset,
+                size,
+                local_len: self.local_len,
+                remote_len: self.remote_len,
+            })
+        }
+    }
+}
+
+/// What a proxy does for triggers. Operations on one plane complete in the order they were
+/// issued (one stream, or one thread), which is what makes the flag-after-data protocol work.
+pub trait DataPlane: Send {
+    /// Queues a copy of `size` bytes from `route.local + src_offset` to
+    /// `route.remote + dst_offset`. The caller has checked the route.
+    fn put(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), TransportError>;
+    /// Queues the write of `epoch` to the peer's inbound counter, after all earlier puts.
+    fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError>;
+    /// Waits until everything queued so far has completed (sources may be reused).
+    fn flush(&mut self) -> Result<(), TransportError>;
+}
+
+#[cfg(test)]
+mod tests;
