@@ -8,6 +8,7 @@
 //! goes. Dropping a segment unmaps it, and unlinks it if its creator never did.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fd::OwnedFd;
 use rustix::fs::Mode;
@@ -60,7 +61,7 @@ pub struct ShmSegment {
     len: usize,
     name: String,
     /// Set while this process created the name and has not unlinked it.
-    linked_by_us: bool,
+    linked_by_us: AtomicBool,
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; the pointer is only an
@@ -97,7 +98,7 @@ impl ShmSegment {
                 ptr,
                 len,
                 name,
-                linked_by_us: true,
+                linked_by_us: AtomicBool::new(true),
             }),
             Err(e) => {
                 let _ = rustix::shm::unlink(name.as_str());
@@ -129,18 +130,22 @@ impl ShmSegment {
             ptr,
             len,
             name: name.to_string(),
-            linked_by_us: false,
+            linked_by_us: AtomicBool::new(false),
         })
     }
 
     /// Removes the name (call once every peer has mapped the segment); the mapping stays.
     /// Does nothing for segments this process did not create or already unlinked.
-    pub fn unlink(&mut self) -> Result<(), ShmError> {
-        if self.linked_by_us {
-            self.linked_by_us = false;
+    pub fn unlink(&self) -> Result<(), ShmError> {
+        if self.linked_by_us.swap(false, Ordering::AcqRel) {
             rustix::shm::unlink(self.name.as_str()).map_err(|e| os("shm_unlink", &self.name, e))?;
         }
         Ok(())
+    }
+
+    /// Whether the name has been removed (or was never ours to remove).
+    pub fn is_unlinked(&self) -> bool {
+        !self.linked_by_us.load(Ordering::Acquire)
     }
 
     /// The segment's name, to send to peers.
@@ -189,7 +194,7 @@ impl Drop for ShmSegment {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` are exactly the mapping made in `map`, unmapped once here.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr() as *mut _, self.len) };
-        if self.linked_by_us {
+        if *self.linked_by_us.get_mut() {
             let _ = rustix::shm::unlink(self.name.as_str());
         }
     }
@@ -201,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_segment_written_through_one_mapping_is_read_through_another() {
-        let mut a = ShmSegment::create(4096).unwrap();
+        let a = ShmSegment::create(4096).unwrap();
         assert!(a.name().starts_with(NAME_PREFIX));
         let b = ShmSegment::open(a.name(), 4096).unwrap();
         // SAFETY: both mappings are 4096 bytes; this thread is the only accessor.

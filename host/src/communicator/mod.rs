@@ -1,0 +1,498 @@
+//! [`Communicator`]: the seed's `mscclppComm` in idiomatic Rust.
+//!
+//! ```text
+//! init_rank / from_unique_id / from_bootstrap
+//!   -> alloc_buffer, connect(remote_rank, &buffer, tag, transport)   (any number)
+//!   -> connection_setup()                                           (collective)
+//!   -> device_connections()  → DevConn handles for kernels
+//!   -> proxy_launch() … kernels … proxy_stop()
+//!   -> drop: proxy stopped, peers unmapped, memory freed
+//! ```
+//!
+//! A communicator runs on one backend: a GPU (connections use the P2P transport; the proxy
+//! FIFO is host-mapped, the counters in device memory) or the host (connections use the Host
+//! transport; "kernels" are CPU threads calling the same `DevConn` methods, buffers are
+//! shared memory). [`Backend::auto`] picks GPU `local_rank` when there is one.
+//!
+//! Validation, all with errors naming the problem: an unknown or own rank, a buffer of 0
+//! bytes or larger than a trigger can address, a tag used twice towards one peer, a
+//! transport this backend does not have, a peer on another machine for Host/P2P, buffer
+//! sizes or transports that differ between the two sides (found during setup, reported on
+//! both), connections beyond the trigger's id space. Offsets + sizes of puts are checked by
+//! the proxy against both buffers and reported ([`Communicator::proxy_stop`]), never
+//! performed.
+
+mod setup;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mscclpp_device::channel::DevConn;
+use mscclpp_device::fifo;
+
+use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, UniqueId};
+use crate::cuda::{CudaError, DeviceBuffer, Gpu, device_count};
+use crate::proxy::{Fifo, ProxyError, ProxyService};
+use crate::transport::TransportKind;
+use crate::transport::shm::{ShmError, ShmSegment};
+
+pub use setup::Connection;
+
+/// Errors of the communicator.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// The control plane failed (a peer gone, wrong secret, timeout, ...).
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    /// A CUDA call failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// A shared-memory segment could not be made or mapped.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// A bad argument, with what is wrong.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The two sides of a connection disagree (size, transport), or a peer sent garbage.
+    #[error("connection with rank {peer} (tag {tag}): {reason}")]
+    Mismatch {
+        /// The peer.
+        peer: usize,
+        /// The connection's tag.
+        tag: u32,
+        /// What differs.
+        reason: String,
+    },
+    /// The transport cannot be used here.
+    #[error("transport {transport} is not available: {reason}")]
+    TransportUnavailable {
+        /// The transport asked for.
+        transport: TransportKind,
+        /// Why, and what would work.
+        reason: String,
+    },
+    /// The proxy reported errors.
+    #[error("proxy reported {} error(s); first: {}", .0.len(), .0.first().map(|e| e.to_string()).unwrap_or_default())]
+    Proxy(Vec<ProxyError>),
+    /// A call in the wrong state (e.g. `connect` after the proxy started).
+    #[error("{0}")]
+    State(String),
+}
+
+/// Where a communicator runs.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// This GPU: P2P connections, GPU kernels.
+    Gpu(Gpu),
+    /// No GPU: Host connections, CPU-thread kernels.
+    Host,
+}
+
+impl Backend {
+    /// GPU `local_rank % device count` when a driver and a GPU are present, else the host.
+    pub fn auto(local_rank: usize) -> Result<Backend, CommError> {
+        match device_count() {
+            Ok(n) if n > 0 => Ok(Backend::Gpu(Gpu::open(local_rank % n)?)),
+            Ok(_) | Err(CudaError::NoDriver) | Err(CudaError::NoGpu(_)) => Ok(Backend::Host),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The transport connections of this backend use.
+    pub fn transport(&self) -> TransportKind {
+        match self {
+            Backend::Gpu(_) => TransportKind::P2p,
+            Backend::Host => TransportKind::Host,
+        }
+    }
+}
+
+/// Settings of a communicator.
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// Slots of the proxy FIFO (power of two; the seed used 8).
+    pub fifo_slots: u64,
+    /// How long a device-side push, sync or wait spins before giving up (trap).
+    pub device_timeout: Duration,
+    /// The bootstrap's settings (timeouts, message size).
+    pub bootstrap: BootstrapConfig,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            fifo_slots: 512,
+            device_timeout: Duration::from_secs(30),
+            bootstrap: BootstrapConfig::default(),
+        }
+    }
+}
+
+/// Memory that connections read from and write to: GPU memory on a GPU backend, shared
+/// memory on the host backend. Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct Buffer {
+    mem: Arc<BufferMem>,
+}
+
+#[derive(Debug)]
+enum BufferMem {
+    Device(DeviceBuffer),
+    Host(ShmSegment),
+}
+
+impl Buffer {
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        match &*self.mem {
+            BufferMem::Device(d) => d.len(),
+            BufferMem::Host(s) => s.len(),
+        }
+    }
+
+    /// Never true (empty buffers are refused).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The device address, for a GPU buffer.
+    pub fn device_ptr(&self) -> Option<u64> {
+        match &*self.mem {
+            BufferMem::Device(d) => Some(d.device_ptr()),
+            BufferMem::Host(_) => None,
+        }
+    }
+
+    /// The host address, for a host (shared-memory) buffer.
+    pub fn host_ptr(&self) -> Option<*mut u8> {
+        match &*self.mem {
+            BufferMem::Device(_) => None,
+            BufferMem::Host(s) => Some(s.as_ptr()),
+        }
+    }
+
+    /// The address connections use: device address or host address.
+    pub(crate) fn addr(&self) -> u64 {
+        match &*self.mem {
+            BufferMem::Device(d) => d.device_ptr(),
+            BufferMem::Host(s) => s.as_ptr() as u64,
+        }
+    }
+
+    /// Copies `src` into the buffer at `offset` (synchronous; for a host buffer, a memcpy
+    /// that must not race with a peer's puts into the same range).
+    pub fn write<T: Copy>(&self, offset: usize, src: &[T]) -> Result<(), CommError> {
+        let bytes = std::mem::size_of_val(src);
+        self.check(offset, bytes)?;
+        match &*self.mem {
+            BufferMem::Device(d) => Ok(d.copy_from_host(offset, src)?),
+            BufferMem::Host(s) => {
+                // SAFETY: the range is inside the mapping (checked); concurrent access is
+                // excluded by the caller per the doc.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, s.as_ptr().add(offset), bytes)
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies from the buffer at `offset` into `dst` (synchronous).
+    pub fn read<T: Copy>(&self, offset: usize, dst: &mut [T]) -> Result<(), CommError> {
+        let bytes = std::mem::size_of_val(dst);
+        self.check(offset, bytes)?;
+        match &*self.mem {
+            BufferMem::Device(d) => Ok(d.copy_to_host(offset, dst)?),
+            BufferMem::Host(s) => {
+                // SAFETY: as in `write`; `T: Copy` plain data is what callers store here.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(s.as_ptr().add(offset), dst.as_mut_ptr() as *mut u8, bytes)
+                };
+                Ok(())
+            }
+        }
+    }
+
+    fn check(&self, offset: usize, bytes: usize) -> Result<(), CommError> {
+        if offset.checked_add(bytes).is_some_and(|e| e <= self.len()) {
+            Ok(())
+        } else {
+            Err(CommError::InvalidArgument(format!(
+                "offset {offset} + size {bytes} is beyond the buffer of {} bytes",
+                self.len()
+            )))
+        }
+    }
+}
+
+/// A connection asked for with [`Communicator::connect`], set up by
+/// [`Communicator::connection_setup`].
+#[derive(Debug)]
+struct PendingConnection {
+    remote_rank: usize,
+    tag: u32,
+    buffer: Buffer,
+    transport: TransportKind,
+}
+
+/// The seed's communicator. See the module docs.
+#[derive(Debug)]
+pub struct Communicator {
+    bootstrap: BlockingBootstrap,
+    backend: Backend,
+    config: CommConfig,
+    fifo: Fifo,
+    pending: Vec<PendingConnection>,
+    tags: HashSet<(usize, u32)>,
+    connections: Vec<Connection>,
+    proxy: Option<ProxyService>,
+    /// Flag memory of every setup round, kept alive while connections use it.
+    flag_memory: Vec<setup::FlagMemory>,
+}
+
+impl Communicator {
+    /// The seed's `mscclppCommInitRank(comm, nranks, rank, "ip:port")`: rank 0 runs the
+    /// root at `addr`; also accepts a unique id string. Backend: [`Backend::auto`].
+    pub fn init_rank(nranks: usize, rank: usize, addr: &str) -> Result<Communicator, CommError> {
+        let root: BootstrapRoot = addr.parse()?;
+        let config = CommConfig::default();
+        let bootstrap = BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())?;
+        let backend = Backend::auto(bootstrap.local_rank())?;
+        Communicator::from_bootstrap(bootstrap, backend, config)
+    }
+
+    /// Joins the ranks of `id` (from `create_unique_id`). Backend: [`Backend::auto`].
+    pub fn from_unique_id(nranks: usize, rank: usize, id: UniqueId) -> Result<Communicator, CommError> {
+        let config = CommConfig::default();
+        let bootstrap = BlockingBootstrap::init_with_config(nranks, rank, id, config.bootstrap.clone())?;
+        let backend = Backend::auto(bootstrap.local_rank())?;
+        Communicator::from_bootstrap(bootstrap, backend, config)
+    }
+
+    /// A communicator over an existing bootstrap, on `backend`.
+    pub fn from_bootstrap(
+        bootstrap: BlockingBootstrap,
+        backend: Backend,
+        config: CommConfig,
+    ) -> Result<Communicator, CommError> {
+        let timeout_ns = config.device_timeout.as_nanos().clamp(1, fifo::MAX_TIMEOUT_NS as u128) as u64;
+        let fifo = match &backend {
+            Backend::Gpu(gpu) => Fifo::new_gpu(gpu, config.fifo_slots, timeout_ns),
+            Backend::Host => Fifo::new_host(config.fifo_slots, timeout_ns),
+        }
+        .map_err(|e| CommError::InvalidArgument(format!("proxy FIFO: {e}")))?;
+        Ok(Communicator {
+            bootstrap,
+            backend,
+            config,
+            fifo,
+            pending: Vec::new(),
+            tags: HashSet::new(),
+            connections: Vec::new(),
+            proxy: None,
+            flag_memory: Vec::new(),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.bootstrap.rank()
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.bootstrap.nranks()
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The bootstrap (control plane), for exchanging anything else.
+    pub fn bootstrap(&self) -> &BlockingBootstrap {
+        &self.bootstrap
+    }
+
+    /// The seed's `mscclppBootStrapAllGather`: every rank's `data`, in rank order.
+    pub fn bootstrap_all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        Ok(self.bootstrap.all_gather(data)?)
+    }
+
+    /// Allocates `bytes` of connection memory on this backend (zeroed).
+    pub fn alloc_buffer(&self, bytes: usize) -> Result<Buffer, CommError> {
+        if bytes == 0 {
+            return Err(CommError::InvalidArgument("buffer of 0 bytes".into()));
+        }
+        let mem = match &self.backend {
+            Backend::Gpu(gpu) => BufferMem::Device(DeviceBuffer::zeroed(gpu, bytes)?),
+            Backend::Host => BufferMem::Host(ShmSegment::create(bytes)?),
+        };
+        Ok(Buffer { mem: Arc::new(mem) })
+    }
+
+    /// Asks for a connection to `remote_rank` whose puts copy from `buffer` into the peer's
+    /// buffer of its matching `connect(this rank, _, tag, _)`. Returns the connection's index
+    /// in [`device_connections`](Self::device_connections). Nothing is exchanged until
+    /// [`connection_setup`](Self::connection_setup).
+    pub fn connect(
+        &mut self,
+        remote_rank: usize,
+        buffer: &Buffer,
+        tag: u32,
+        transport: TransportKind,
+    ) -> Result<usize, CommError> {
+        if self.proxy.is_some() {
+            return Err(CommError::State("connect after proxy_launch: stop the proxy first".into()));
+        }
+        let nranks = self.nranks();
+        if remote_rank >= nranks {
+            return Err(CommError::InvalidArgument(format!(
+                "connect: remote rank {remote_rank} does not exist ({nranks} ranks)"
+            )));
+        }
+        if remote_rank == self.rank() {
+            return Err(CommError::InvalidArgument(format!(
+                "connect: rank {remote_rank} is this rank; connections go to other ranks"
+            )));
+        }
+        if buffer.len() as u64 > fifo::MAX_OFFSET + 1 {
+            return Err(CommError::InvalidArgument(format!(
+                "connect: buffer of {} bytes is larger than a trigger can address ({} bytes)",
+                buffer.len(),
+                fifo::MAX_OFFSET + 1
+            )));
+        }
+        let ours = self.backend.transport();
+        if transport != ours {
+            let reason = match (transport, &self.backend) {
+                (TransportKind::Ib, _) => "InfiniBand is not built into this version; use P2P between GPUs of one machine, or Host".to_string(),
+                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host".to_string(),
+                _ => format!("this communicator runs on a GPU; use TransportKind::{ours:?}"),
+            };
+            return Err(CommError::TransportUnavailable { transport, reason });
+        }
+        let matches_backend = matches!(
+            (&*buffer.mem, &self.backend),
+            (BufferMem::Device(_), Backend::Gpu(_)) | (BufferMem::Host(_), Backend::Host)
+        );
+        if !matches_backend {
+            return Err(CommError::InvalidArgument(
+                "connect: the buffer was not allocated by this communicator's backend".into(),
+            ));
+        }
+        if let BufferMem::Host(s) = &*buffer.mem
+            && s.is_unlinked()
+        {
+            return Err(CommError::InvalidArgument(
+                "connect: this shared-memory buffer was already shared in an earlier setup and its name removed; allocate a new buffer".into(),
+            ));
+        }
+        if !self.tags.insert((remote_rank, tag)) {
+            return Err(CommError::InvalidArgument(format!(
+                "connect: tag {tag} is already used for a connection to rank {remote_rank}"
+            )));
+        }
+        let index = self.connections.len() + self.pending.len();
+        if index as u32 > fifo::MAX_CONNECTION_ID {
+            self.tags.remove(&(remote_rank, tag));
+            return Err(CommError::InvalidArgument(format!(
+                "connect: at most {} connections per communicator",
+                fifo::MAX_CONNECTION_ID + 1
+            )));
+        }
+        self.pending.push(PendingConnection {
+            remote_rank,
+            tag,
+            buffer: buffer.clone(),
+            transport,
+        });
+        Ok(index)
+    }
+
+    /// Exchanges the pending connections' memory with their peers and maps the peers'
+    /// (collective over the ranks that connect to each other; every rank should call it).
+    pub fn connection_setup(&mut self) -> Result<(), CommError> {
+        if self.proxy.is_some() {
+            return Err(CommError::State("connection_setup after proxy_launch: stop the proxy first".into()));
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let first_id = self.connections.len() as u32;
+        let (conns, flags) = setup::establish(self, pending, first_id)?;
+        self.connections.extend(conns);
+        self.flag_memory.push(flags);
+        Ok(())
+    }
+
+    /// The device handles of every set-up connection, in `connect` order (pass them to
+    /// kernels by value, or copy them to device memory).
+    pub fn device_connections(&self) -> Vec<DevConn> {
+        let timeout_ns = self.fifo.device_handle().timeout_ns();
+        self.connections
+            .iter()
+            .map(|c| {
+                // SAFETY: the FIFO, the inbound counter and the expected word are owned by
+                // this communicator (flag memory is kept in `flag_memory`) and live as long
+                // as it; the connection id is the route's index in the proxy.
+                unsafe {
+                    DevConn::from_raw_parts(
+                        self.fifo.device_handle(),
+                        c.id,
+                        c.inbound as *mut u64,
+                        c.expected as *mut u64,
+                        timeout_ns,
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// The set-up connections.
+    pub fn connections(&self) -> &[Connection] {
+        &self.connections
+    }
+
+    /// Starts the proxy thread serving this communicator's FIFO.
+    pub fn proxy_launch(&mut self) -> Result<(), CommError> {
+        if self.proxy.is_some() {
+            return Err(CommError::State("proxy_launch: the proxy is already running".into()));
+        }
+        let task = setup::proxy_task(self)?;
+        let name = format!("mscclpp-proxy-{}", self.rank());
+        self.proxy = Some(
+            ProxyService::launch(task, name)
+                .map_err(|e| CommError::State(format!("cannot start the proxy thread: {e}")))?,
+        );
+        Ok(())
+    }
+
+    /// Stops the proxy after it has served every trigger already pushed; returns the errors
+    /// it reported (malformed triggers, failed copies), if any.
+    pub fn proxy_stop(&mut self) -> Result<(), CommError> {
+        let Some(p) = self.proxy.take() else {
+            return Err(CommError::State("proxy_stop: the proxy is not running".into()));
+        };
+        let errors = p.stop();
+        if errors.is_empty() { Ok(()) } else { Err(CommError::Proxy(errors)) }
+    }
+
+    /// Errors the running proxy has reported so far (as text) and how many were dropped.
+    pub fn proxy_errors(&self) -> (Vec<String>, u64) {
+        self.proxy.as_ref().map(|p| p.errors()).unwrap_or_default()
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Stop the proxy before the memory it uses goes (fields drop after this).
+        if let Some(p) = self.proxy.take() {
+            let _ = p.stop();
+        }
+        // Drop peer mappings before our own memory and before the bootstrap goes.
+        self.connections.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests;

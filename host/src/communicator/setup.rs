@@ -1,0 +1,387 @@
+//! Connection setup: what two ranks exchange over the bootstrap, and mapping the peer's
+//! memory.
+//!
+//! For each pending connection, both sides send a [`ConnInfo`] (bincode over the bootstrap's
+//! tagged send/recv) describing their buffer and the inbound counter the peer's proxy must
+//! write, check the peer's against their own (transport, buffer size, machine), map the
+//! peer's memory (CUDA IPC, peer access in one process, or shared memory), then send an
+//! acknowledgement. Once every peer has acknowledged, shared-memory names are unlinked.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Backend, Buffer, CommError, Communicator, PendingConnection};
+use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
+use crate::proxy::ProxyTask;
+use crate::transport::host::HostPlane;
+use crate::transport::p2p::P2pPlane;
+use crate::transport::shm::ShmSegment;
+use crate::transport::{DataPlane, Route, TransportKind};
+
+/// Bootstrap tags of setup messages: a high marker | the connection's tag.
+const INFO_TAG: u64 = 0x4d53_4350_0000_0000;
+const ACK_TAG: u64 = 0x4d53_4341_0000_0000;
+
+/// Memory one side describes to the other.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+enum MemHandle {
+    /// A `cuMemAlloc` buffer: its IPC handle, plus its address and device for a peer in the
+    /// same process (which uses peer access instead of IPC).
+    Ipc {
+        handle: Vec<u8>,
+        len: u64,
+        device_ptr: u64,
+        ordinal: u32,
+    },
+    /// A shared-memory segment.
+    Shm { name: String, len: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ConnInfo {
+    tag: u32,
+    transport: TransportKind,
+    pid: u32,
+    buffer_len: u64,
+    buffer: MemHandle,
+    flags: MemHandle,
+    flag_index: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Ack {
+    Mapped,
+    Failed(String),
+}
+
+/// The inbound counters (peers write them) and expected epochs (local waits) of one setup
+/// round, one of each per connection.
+#[derive(Debug)]
+pub(crate) enum FlagMemory {
+    Device {
+        inbound: DeviceBuffer,
+        expected: DeviceBuffer,
+    },
+    Host {
+        inbound: ShmSegment,
+        expected: Box<[AtomicU64]>,
+    },
+    None,
+}
+
+/// A peer's memory mapped into this process, unmapped when the last user goes.
+#[derive(Debug)]
+enum PeerMem {
+    Ipc(PeerMapping),
+    Shm(ShmSegment),
+    /// Same process: the peer's own allocation, addressed directly.
+    Direct,
+}
+
+/// A set-up connection.
+#[derive(Debug)]
+pub struct Connection {
+    pub(crate) id: u32,
+    remote_rank: usize,
+    tag: u32,
+    transport: TransportKind,
+    pub(crate) route: Route,
+    pub(crate) inbound: u64,
+    pub(crate) expected: u64,
+    _local: Buffer,
+    _peer_buffer: Arc<PeerMem>,
+    _peer_flags: Arc<PeerMem>,
+}
+
+impl Connection {
+    /// The peer.
+    pub fn remote_rank(&self) -> usize {
+        self.remote_rank
+    }
+    /// The tag given to `connect`.
+    pub fn tag(&self) -> u32 {
+        self.tag
+    }
+    /// The transport.
+    pub fn transport(&self) -> TransportKind {
+        self.transport
+    }
+    /// Size of the buffers (equal on both sides).
+    pub fn buffer_len(&self) -> u64 {
+        self.route.local_len
+    }
+}
+
+fn mismatch(peer: usize, tag: u32, reason: impl Into<String>) -> CommError {
+    CommError::Mismatch {
+        peer,
+        tag,
+        reason: reason.into(),
+    }
+}
+
+fn describe(buffer: &Buffer, backend: &Backend) -> Result<MemHandle, CommError> {
+    match (&*buffer.mem, backend) {
+        (super::BufferMem::Device(d), Backend::Gpu(gpu)) => Ok(ipc_handle(d, gpu)?),
+        (super::BufferMem::Host(s), _) => Ok(MemHandle::Shm {
+            name: s.name().to_string(),
+            len: s.len() as u64,
+        }),
+        _ => Err(CommError::InvalidArgument("buffer does not belong to this backend".into())),
+    }
+}
+
+fn ipc_handle(d: &DeviceBuffer, gpu: &Gpu) -> Result<MemHandle, CommError> {
+    let h = d.ipc_handle()?;
+    Ok(MemHandle::Ipc {
+        handle: h.bytes.to_vec(),
+        len: h.len,
+        device_ptr: d.device_ptr(),
+        ordinal: gpu.info().ordinal as u32,
+    })
+}
+
+/// Maps a peer's memory (deduplicated per handle: CUDA cannot open one IPC handle twice in
+/// a process).
+fn map_peer(
+    handle: &MemHandle,
+    same_process: bool,
+    backend: &Backend,
+    cache: &mut HashMap<MemHandle, (Arc<PeerMem>, u64)>,
+) -> Result<(Arc<PeerMem>, u64), CommError> {
+    if let Some(m) = cache.get(handle) {
+        return Ok(m.clone());
+    }
+    let mapped = match (handle, backend) {
+        (MemHandle::Shm { name, len }, _) => {
+            let seg = ShmSegment::open(name, *len as usize)?;
+            let addr = seg.as_ptr() as u64;
+            (Arc::new(PeerMem::Shm(seg)), addr)
+        }
+        (MemHandle::Ipc { device_ptr, ordinal, .. }, Backend::Gpu(gpu)) if same_process => {
+            if *ordinal as usize != gpu.info().ordinal {
+                let peer = Gpu::open(*ordinal as usize)?;
+                gpu.enable_peer_access(&peer)?;
+            }
+            (Arc::new(PeerMem::Direct), *device_ptr)
+        }
+        (MemHandle::Ipc { handle, len, .. }, Backend::Gpu(gpu)) => {
+            let mut bytes = [0u8; 64];
+            if handle.len() != 64 {
+                return Err(CommError::InvalidArgument(format!(
+                    "peer sent an IPC handle of {} bytes (64 expected)",
+                    handle.len()
+                )));
+            }
+            bytes.copy_from_slice(handle);
+            let m = PeerMapping::open(gpu, &IpcMemHandle { bytes, len: *len })?;
+            let addr = m.device_ptr();
+            (Arc::new(PeerMem::Ipc(m)), addr)
+        }
+        (MemHandle::Ipc { .. }, Backend::Host) => {
+            return Err(CommError::InvalidArgument(
+                "peer described GPU memory but this communicator has no GPU".into(),
+            ));
+        }
+    };
+    cache.insert(handle.clone(), mapped.clone());
+    Ok(mapped)
+}
+
+/// Sets up `pending` (ids from `first_id`): exchange, check, map, acknowledge, unlink.
+pub(super) fn establish(
+    comm: &Communicator,
+    pending: Vec<PendingConnection>,
+    first_id: u32,
+) -> Result<(Vec<Connection>, FlagMemory), CommError> {
+    let n = pending.len();
+    if n == 0 {
+        return Ok((Vec::new(), FlagMemory::None));
+    }
+    let bytes = n * 8;
+    let (flags, flags_handle, inbound_base, expected_base) = match &comm.backend {
+        Backend::Gpu(gpu) => {
+            let inbound = DeviceBuffer::zeroed(gpu, bytes)?;
+            let expected = DeviceBuffer::zeroed(gpu, bytes)?;
+            let handle = ipc_handle(&inbound, gpu)?;
+            let (i, e) = (inbound.device_ptr(), expected.device_ptr());
+            (FlagMemory::Device { inbound, expected }, handle, i, e)
+        }
+        Backend::Host => {
+            let inbound = ShmSegment::create(bytes)?;
+            let expected: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+            let handle = MemHandle::Shm {
+                name: inbound.name().to_string(),
+                len: inbound.len() as u64,
+            };
+            let (i, e) = (inbound.as_ptr() as u64, expected.as_ptr() as u64);
+            (FlagMemory::Host { inbound, expected }, handle, i, e)
+        }
+    };
+    let bs = &comm.bootstrap;
+    let me = comm.rank();
+    let my_host = bs.as_async().host_id(me).map(str::to_string);
+    let pid = std::process::id();
+
+    // 1. Send every description first (sends are buffered by the receiver), then receive.
+    let code = |info: &ConnInfo| {
+        bincode::serde::encode_to_vec(info, bincode::config::standard())
+            .map_err(|e| CommError::InvalidArgument(format!("encoding connection info: {e}")))
+    };
+    for (k, p) in pending.iter().enumerate() {
+        let info = ConnInfo {
+            tag: p.tag,
+            transport: p.transport,
+            pid,
+            buffer_len: p.buffer.len() as u64,
+            buffer: describe(&p.buffer, &comm.backend)?,
+            flags: flags_handle.clone(),
+            flag_index: k as u32,
+        };
+        bs.send(p.remote_rank, INFO_TAG | p.tag as u64, &code(&info)?)?;
+    }
+    let mut cache = HashMap::new();
+    let mut conns = Vec::with_capacity(n);
+    let mut first_error = None;
+    for (k, p) in pending.into_iter().enumerate() {
+        let raw = bs.recv(p.remote_rank, INFO_TAG | p.tag as u64)?;
+        let result = (|| {
+            let (peer, _): (ConnInfo, usize) =
+                bincode::serde::decode_from_slice(&raw, bincode::config::standard())
+                    .map_err(|e| mismatch(p.remote_rank, p.tag, format!("undecodable connection info: {e}")))?;
+            check_peer(&p, &peer, my_host.as_deref(), bs.as_async().host_id(p.remote_rank))?;
+            let same_process = peer.pid == pid && bs.as_async().host_id(p.remote_rank) == my_host.as_deref();
+            let (buf_mem, buf_addr) = map_peer(&peer.buffer, same_process, &comm.backend, &mut cache)?;
+            let (flag_mem, flag_addr) = map_peer(&peer.flags, same_process, &comm.backend, &mut cache)?;
+            let flags_len = match &peer.flags {
+                MemHandle::Ipc { len, .. } | MemHandle::Shm { len, .. } => *len,
+            };
+            if (peer.flag_index as u64 + 1) * 8 > flags_len {
+                return Err(mismatch(p.remote_rank, p.tag, "peer's flag index is outside its flag memory"));
+            }
+            Ok(Connection {
+                id: first_id + k as u32,
+                remote_rank: p.remote_rank,
+                tag: p.tag,
+                transport: p.transport,
+                route: Route {
+                    local: p.buffer.addr(),
+                    local_len: p.buffer.len() as u64,
+                    remote: buf_addr,
+                    remote_len: peer.buffer_len,
+                    remote_flag: flag_addr + peer.flag_index as u64 * 8,
+                },
+                inbound: inbound_base + k as u64 * 8,
+                expected: expected_base + k as u64 * 8,
+                _local: p.buffer.clone(),
+                _peer_buffer: buf_mem,
+                _peer_flags: flag_mem,
+            })
+        })();
+        let ack = match &result {
+            Ok(_) => Ack::Mapped,
+            Err(e) => Ack::Failed(e.to_string()),
+        };
+        let ack = bincode::serde::encode_to_vec(&ack, bincode::config::standard())
+            .map_err(|e| CommError::InvalidArgument(format!("encoding ack: {e}")))?;
+        bs.send(p.remote_rank, ACK_TAG | p.tag as u64, &ack)?;
+        match result {
+            Ok(c) => conns.push(c),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    // 2. Wait for every peer's acknowledgement, then remove our shared-memory names.
+    for c in &conns {
+        let raw = bs.recv(c.remote_rank, ACK_TAG | c.tag as u64)?;
+        let ack: Ack = bincode::serde::decode_from_slice(&raw, bincode::config::standard())
+            .map(|(a, _)| a)
+            .unwrap_or_else(|e| Ack::Failed(format!("undecodable acknowledgement: {e}")));
+        if let Ack::Failed(reason) = ack {
+            first_error.get_or_insert(mismatch(c.remote_rank, c.tag, format!("the peer could not set up its side: {reason}")));
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    if let FlagMemory::Host { inbound, .. } = &flags {
+        inbound.unlink()?;
+    }
+    for c in &conns {
+        if let super::BufferMem::Host(s) = &*c._local.mem {
+            s.unlink()?;
+        }
+    }
+    Ok((conns, flags))
+}
+
+fn check_peer(
+    mine: &PendingConnection,
+    peer: &ConnInfo,
+    my_host: Option<&str>,
+    peer_host: Option<&str>,
+) -> Result<(), CommError> {
+    let (rank, tag) = (mine.remote_rank, mine.tag);
+    if peer.tag != tag {
+        return Err(mismatch(rank, tag, format!("peer answered for tag {}", peer.tag)));
+    }
+    if peer.transport != mine.transport {
+        return Err(mismatch(
+            rank,
+            tag,
+            format!("transports differ: {} here, {} on the peer", mine.transport, peer.transport),
+        ));
+    }
+    if peer.buffer_len != mine.buffer.len() as u64 {
+        return Err(mismatch(
+            rank,
+            tag,
+            format!(
+                "buffer sizes differ: {} bytes here, {} bytes on the peer",
+                mine.buffer.len(),
+                peer.buffer_len
+            ),
+        ));
+    }
+    if my_host != peer_host {
+        return Err(CommError::TransportUnavailable {
+            transport: mine.transport,
+            reason: format!(
+                "rank {rank} is on another machine ({} vs {}); {} connects ranks of one machine (IB is needed across machines)",
+                peer_host.unwrap_or("?"),
+                my_host.unwrap_or("?"),
+                mine.transport
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The proxy's task for `comm`'s connections.
+pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
+    let routes = comm.connections.iter().map(|c| c.route).collect();
+    let consumer = comm.fifo.consumer();
+    let (plane, on_start): (Box<dyn DataPlane>, Option<Box<dyn FnOnce() + Send>>) = match &comm.backend {
+        Backend::Gpu(gpu) => {
+            let stream = gpu.new_stream()?;
+            let g = gpu.clone();
+            (
+                Box::new(P2pPlane::new(stream)),
+                Some(Box::new(move || {
+                    let _ = g.bind();
+                })),
+            )
+        }
+        Backend::Host => (Box::new(HostPlane), None),
+    };
+    Ok(ProxyTask {
+        consumer,
+        routes,
+        plane,
+        on_start,
+    })
+}

@@ -1,0 +1,223 @@
+//! [`ProxyService`]: the thread that pops triggers from a FIFO and drives a
+//! [`DataPlane`].
+//!
+//! One busy-polling thread per communicator (a dedicated std thread, never an async task).
+//! For each trigger, in FIFO order:
+//! 1. an unknown connection id is reported ([`ProxyError::UnknownConnection`]) and the
+//!    trigger skipped;
+//! 2. DATA: the route is bounds-checked and the copy queued; a put leaving either buffer is
+//!    reported ([`ProxyError::OutOfBounds`]) and not performed (the signal that may follow it
+//!    is still sent, so the peer is not left waiting; its data is simply not there);
+//! 3. FLAG: the connection's epoch is incremented and written to the peer's inbound counter
+//!    after the data;
+//! 4. SYNC: the plane is flushed, so when the tail moves past this trigger everything
+//!    before it has completed;
+//! 5. the trigger is popped (the tail is published).
+//!
+//! Errors never stop the loop: triggers keep being popped so that no GPU thread hangs on a
+//! full ring, and the errors are kept for the host ([`ProxyService::errors`],
+//! [`ProxyService::stop`]).
+//!
+//! Stopping drains: after the stop request the thread keeps popping until no published
+//! trigger is left, then exits; no queued trigger is lost. Triggers pushed after that are
+//! not served (stop the kernels first).
+//!
+//! Idle policy: spin a while, then yield, then sleep 20 µs between polls, so an idle proxy
+//! does not hold a core (CI machines have two) while a busy one answers within a poll.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use mscclpp_device::fifo::{FifoConsumer, TriggerOp};
+
+use crate::transport::{DataPlane, Route, TransportError};
+
+/// What went wrong in a proxy, reported instead of crashing or corrupting memory.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// A trigger named a connection this proxy does not serve.
+    #[error("proxy: trigger {seq} names connection {connection}, but only {known} connection(s) exist")]
+    UnknownConnection {
+        /// Sequence number of the trigger.
+        seq: u64,
+        /// The id it carried.
+        connection: u32,
+        /// How many connections the proxy serves.
+        known: usize,
+    },
+    /// A put leaving one of the buffers (not performed).
+    #[error("proxy: trigger {seq} on connection {connection}: {error}")]
+    OutOfBounds {
+        /// Sequence number of the trigger.
+        seq: u64,
+        /// The connection.
+        connection: u32,
+        /// The bounds error.
+        error: TransportError,
+    },
+    /// The data plane failed (e.g. a CUDA call).
+    #[error("proxy: trigger {seq} on connection {connection}: {error}")]
+    Transport {
+        /// Sequence number of the trigger.
+        seq: u64,
+        /// The connection.
+        connection: u32,
+        /// The error.
+        error: TransportError,
+    },
+}
+
+/// Most errors kept; later ones are counted but dropped (a broken kernel can produce
+/// millions).
+const MAX_KEPT_ERRORS: usize = 64;
+
+#[derive(Debug, Default)]
+struct ErrorLog {
+    kept: Vec<ProxyError>,
+    dropped: u64,
+}
+
+/// A running proxy thread.
+#[derive(Debug)]
+pub struct ProxyService {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    errors: Arc<Mutex<ErrorLog>>,
+}
+
+/// Everything the proxy thread needs; moved into it.
+pub(crate) struct ProxyTask {
+    /// The FIFO's consumer.
+    pub consumer: FifoConsumer,
+    /// Route of each connection id.
+    pub routes: Vec<Route>,
+    /// The data plane.
+    pub plane: Box<dyn DataPlane>,
+    /// Runs first on the proxy thread (binding a CUDA context).
+    pub on_start: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl ProxyService {
+    /// Starts the proxy thread.
+    pub(crate) fn launch(task: ProxyTask, name: String) -> std::io::Result<ProxyService> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let errors = Arc::new(Mutex::new(ErrorLog::default()));
+        let thread = std::thread::Builder::new().name(name).spawn({
+            let stop = stop.clone();
+            let errors = errors.clone();
+            move || run(task, &stop, &errors)
+        })?;
+        Ok(ProxyService {
+            stop,
+            thread: Some(thread),
+            errors,
+        })
+    }
+
+    /// Errors so far (up to 64 kept) and how many more were dropped.
+    pub fn errors(&self) -> (Vec<String>, u64) {
+        let log = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        (log.kept.iter().map(|e| e.to_string()).collect(), log.dropped)
+    }
+
+    /// Asks the thread to drain the FIFO and exit, waits for it, and returns every error
+    /// it recorded (empty when all went well).
+    pub fn stop(mut self) -> Vec<ProxyError> {
+        self.shutdown();
+        let mut log = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut log.kept)
+    }
+
+    fn shutdown(&mut self) {
+        // Release: pairs with the thread's acquire load of the flag (nothing else is
+        // published through it; the FIFO has its own ordering).
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ProxyService {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn record(errors: &Mutex<ErrorLog>, e: ProxyError) {
+    let mut log = errors.lock().unwrap_or_else(|e| e.into_inner());
+    if log.kept.len() < MAX_KEPT_ERRORS {
+        log.kept.push(e);
+    } else {
+        log.dropped += 1;
+    }
+}
+
+fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
+    if let Some(f) = task.on_start.take() {
+        f();
+    }
+    let mut epochs = vec![0u64; task.routes.len()];
+    let mut idle = 0u32;
+    loop {
+        let Some(trigger) = task.consumer.poll() else {
+            // Acquire: see the stop request; then one more poll decides (a trigger
+            // published before the request is seen by that poll).
+            if stop.load(Ordering::Acquire) && task.consumer.poll().is_none() {
+                return;
+            }
+            idle = idle.saturating_add(1);
+            if idle < 2000 {
+                std::hint::spin_loop();
+            } else if idle < 2100 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            continue;
+        };
+        idle = 0;
+        let seq = task.consumer.tail();
+        let op = trigger.op();
+        let id = trigger.connection_id();
+        match task.routes.get(id as usize) {
+            None => record(
+                errors,
+                ProxyError::UnknownConnection {
+                    seq,
+                    connection: id,
+                    known: task.routes.len(),
+                },
+            ),
+            Some(route) => {
+                let plane = &mut task.plane;
+                if op.contains(TriggerOp::DATA) {
+                    let (dst, src, size) = (trigger.dst_offset(), trigger.src_offset(), trigger.size());
+                    match route.check(dst, src, size) {
+                        Err(error) => record(errors, ProxyError::OutOfBounds { seq, connection: id, error }),
+                        Ok(()) => {
+                            if let Err(error) = plane.put(route, dst, src, size) {
+                                record(errors, ProxyError::Transport { seq, connection: id, error });
+                            }
+                        }
+                    }
+                }
+                if op.contains(TriggerOp::FLAG) {
+                    let epoch = &mut epochs[id as usize];
+                    *epoch += 1;
+                    if let Err(error) = plane.signal(route, *epoch) {
+                        record(errors, ProxyError::Transport { seq, connection: id, error });
+                    }
+                }
+            }
+        }
+        if op.contains(TriggerOp::SYNC)
+            && let Err(error) = task.plane.flush()
+        {
+            record(errors, ProxyError::Transport { seq, connection: id, error });
+        }
+        task.consumer.pop();
+    }
+}
