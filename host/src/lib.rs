@@ -12,3 +12,6 @@
 pub mod ptx {
     include!(concat!(env!("OUT_DIR"), "/device_ptx.rs"));
 }
+
+pub mod bootstrap;
+pub mod launch;
