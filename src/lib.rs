@@ -1,3 +1,7 @@
 //! mscclpp: a GPU communication library after MSCCL++.
 pub use mscclpp_device as device;
 pub use mscclpp_host as host;
+pub use mscclpp_host::bootstrap::{
+    BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, UniqueId, create_unique_id,
+};
+pub use mscclpp_host::launch::{Launch, LocalLauncher};

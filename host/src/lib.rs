@@ -13,7 +13,9 @@ pub mod ptx {
     include!(concat!(env!("OUT_DIR"), "/device_ptx.rs"));
 }
 
+pub mod bootstrap;
 pub mod cuda;
+pub mod launch;
 pub mod smoke;
 pub mod testing;
 pub mod transport;

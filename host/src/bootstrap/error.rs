@@ -1,0 +1,235 @@
+//! Errors of the bootstrap.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::wire::FrameError;
+
+/// Why the root or a peer refused a connection. Sent over the wire, so the refused side can
+/// say exactly what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The first frame was not an mscclpp bootstrap handshake.
+    #[error("not an mscclpp bootstrap handshake (bad magic)")]
+    BadMagic,
+    /// Protocol versions differ.
+    #[error("protocol version {theirs} is not supported (this side speaks {ours})")]
+    VersionMismatch {
+        /// Version of the refusing side.
+        ours: u32,
+        /// Version presented.
+        theirs: u32,
+    },
+    /// The secret does not match the unique id.
+    #[error("wrong secret: the unique id does not belong to this bootstrap")]
+    WrongSecret,
+    /// A rank at or beyond `nranks`.
+    #[error("rank {rank} is out of range for {nranks} ranks")]
+    RankOutOfRange {
+        /// Rank presented.
+        rank: u32,
+        /// Number of ranks.
+        nranks: u32,
+    },
+    /// Two ranks presented the same rank.
+    #[error("rank {rank} joined twice")]
+    DuplicateRank {
+        /// The duplicated rank.
+        rank: u32,
+    },
+    /// A rank was started with another number of ranks.
+    #[error("rank {rank} was started with nranks = {nranks}, but the job has nranks = {expected}")]
+    NranksMismatch {
+        /// Rank presented.
+        rank: u32,
+        /// Its nranks.
+        nranks: u32,
+        /// nranks of the ranks that joined first.
+        expected: u32,
+    },
+    /// A peer connection reached the wrong rank.
+    #[error("the connection was meant for rank {to}, but reached rank {actual}")]
+    WrongDestination {
+        /// Rank the dialer wanted.
+        to: u32,
+        /// Rank that answered.
+        actual: u32,
+    },
+    /// A second connection from the same peer.
+    #[error("rank {from} is already connected")]
+    DuplicateConnection {
+        /// The dialing rank.
+        from: u32,
+    },
+    /// The first frame was a valid frame of the wrong kind.
+    #[error("unexpected first message: {0}")]
+    UnexpectedMessage(String),
+    /// The rendezvous did not complete within the root's timeout.
+    #[error("the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined")]
+    RendezvousTimeout {
+        /// Ranks that never joined.
+        missing: Vec<u32>,
+        /// The root's timeout.
+        timeout_ms: u64,
+    },
+    /// The rendezvous was aborted because of another rank's error.
+    #[error("the rendezvous was aborted: {cause}")]
+    Aborted {
+        /// What made the root abort.
+        cause: Box<Refusal>,
+    },
+}
+
+/// The operation an error happened in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// `init`: rendezvous and connection setup.
+    Init,
+    /// `all_gather`.
+    AllGather,
+    /// `barrier`.
+    Barrier,
+    /// `broadcast`.
+    Broadcast,
+    /// `send` with this tag.
+    Send(u64),
+    /// `recv` with this tag.
+    Recv(u64),
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Init => f.write_str("init"),
+            Op::AllGather => f.write_str("all_gather"),
+            Op::Barrier => f.write_str("barrier"),
+            Op::Broadcast => f.write_str("broadcast"),
+            Op::Send(tag) => write!(f, "send (tag {tag})"),
+            Op::Recv(tag) => write!(f, "recv (tag {tag})"),
+        }
+    }
+}
+
+/// Errors of the bootstrap. Each names the rank, peer, address or limit involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// An argument is invalid (the message says which and why).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The root could not be reached before the timeout.
+    #[error(
+        "rank {rank}: cannot reach the bootstrap root at {addr} after {attempts} attempts in {waited:?}: {source}"
+    )]
+    RootUnreachable {
+        /// This rank.
+        rank: usize,
+        /// The root's address.
+        addr: SocketAddr,
+        /// Connection attempts made.
+        attempts: u32,
+        /// Time spent trying.
+        waited: Duration,
+        /// The last connection error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The root refused this rank.
+    #[error("rank {rank}: the bootstrap root at {addr} refused the connection: {reason}")]
+    RefusedByRoot {
+        /// This rank.
+        rank: usize,
+        /// The root's address.
+        addr: SocketAddr,
+        /// Why.
+        reason: Refusal,
+    },
+    /// A peer refused this rank's connection.
+    #[error("rank {rank}: rank {peer} refused the connection: {reason}")]
+    RefusedByPeer {
+        /// This rank.
+        rank: usize,
+        /// The refusing peer.
+        peer: usize,
+        /// Why.
+        reason: Refusal,
+    },
+    /// The root's rendezvous failed (returned by [`Root::run`](super::Root::run)).
+    #[error("bootstrap root: {0}")]
+    RendezvousFailed(Refusal),
+    /// A peer died or its connection broke without a goodbye.
+    #[error("rank {rank}: {op} failed: rank {peer} was lost ({detail})")]
+    PeerLost {
+        /// This rank.
+        rank: usize,
+        /// The operation.
+        op: Op,
+        /// The lost rank.
+        peer: usize,
+        /// What was seen, and by whom.
+        detail: String,
+    },
+    /// A peer closed its bootstrap while this rank still needed it.
+    #[error("rank {rank}: {op} failed: rank {peer} has closed its bootstrap")]
+    PeerClosed {
+        /// This rank.
+        rank: usize,
+        /// The operation.
+        op: Op,
+        /// The closed rank.
+        peer: usize,
+    },
+    /// A wait ran out of time.
+    #[error("rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}")]
+    Timeout {
+        /// This rank.
+        rank: usize,
+        /// The operation.
+        op: Op,
+        /// What the rank was waiting for (a rank or the root).
+        waiting_for: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// A socket operation failed.
+    #[error("rank {rank}: {context}: {source}")]
+    Io {
+        /// This rank (or `usize::MAX` for the root).
+        rank: usize,
+        /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A frame could not be read, decoded or written.
+    #[error("{context}: {source}")]
+    Frame {
+        /// What was being done, with whom.
+        context: String,
+        /// The error.
+        #[source]
+        source: FrameError,
+    },
+    /// A peer or the root sent a valid frame that makes no sense at this point.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// An earlier collective was cancelled midway.
+    #[error(
+        "rank {rank}: the bootstrap is poisoned: a collective was cancelled midway, so the ranks no longer agree on the collective sequence"
+    )]
+    Poisoned {
+        /// This rank.
+        rank: usize,
+    },
+    /// A blocking call was made from inside a tokio runtime.
+    #[error(
+        "BlockingBootstrap was called from inside a tokio runtime, where it cannot block; use the async Bootstrap there"
+    )]
+    InsideRuntime,
+}

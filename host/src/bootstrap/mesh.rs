@@ -1,0 +1,816 @@
+//! Connections between ranks after the rendezvous, and the mailbox they deliver into.
+//!
+//! Each rank listens on one socket. To send to a peer, a rank dials it once (lazily, except
+//! the ring successor, dialed in `init`) and keeps that connection as a one-way *link*: frames
+//! go from the dialer to the listener; the reverse direction only ever carries the hello
+//! acknowledgement and a final goodbye. One writer task per link serialises frames (so a
+//! cancelled `send` never leaves half a frame behind); one reader task per connection in each
+//! direction delivers data into the mailbox and watches for the peer's end.
+//!
+//! Failure detection: a connection that ends without a [`Message::Goodbye`] means the peer
+//! died. The rank that sees it marks the peer lost and tells every other rank
+//! ([`Message::PeerLost`]), so that ranks with no connection to the dead rank, or that wait on
+//! a live rank stuck behind it, fail at once with an error naming it. Because every rank dials
+//! its ring successor during `init`, every death is seen by at least one live rank.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OnceCell, mpsc, oneshot};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::{Instant, timeout, timeout_at};
+
+use super::BootstrapConfig;
+use super::error::{BootstrapError, Op, Refusal};
+use super::unique_id::UniqueId;
+use super::wire::{
+    self, Channel, Frame, FrameLimits, Hello, MAGIC, Message, PROTOCOL_VERSION, PeerInfo,
+};
+
+/// How long a refusal or goodbye may take to write before we give up on a peer.
+const COURTESY_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long `close` waits for news of a lost rank to reach the other ranks.
+const NOTICE_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug)]
+enum PeerStatus {
+    Alive,
+    /// Sent a goodbye.
+    Closed,
+    /// Connection ended without a goodbye; the detail says what was seen.
+    Lost(String),
+}
+
+#[derive(Debug)]
+struct MailState {
+    queues: HashMap<(usize, Channel), VecDeque<Vec<u8>>>,
+    status: Vec<PeerStatus>,
+    /// Whether the peer's link to us is open: while it is, data from the peer may still be
+    /// on its way even if the peer already said goodbye on our link to it.
+    incoming_open: Vec<bool>,
+    first_lost: Option<usize>,
+}
+
+/// A frame queued for a link's writer task.
+struct Outgoing {
+    message: Message,
+    payload: Bytes,
+    done: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+#[derive(Debug)]
+struct Link {
+    tx: mpsc::UnboundedSender<Outgoing>,
+    /// Set by the writer task when the connection failed.
+    broken: Arc<OnceLock<String>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Mesh {
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    id: UniqueId,
+    pub(crate) peers: Vec<PeerInfo>,
+    pub(crate) config: BootstrapConfig,
+    state: Mutex<MailState>,
+    notify: Notify,
+    links: Vec<OnceCell<Link>>,
+    /// Writers of the back direction of accepted connections (news of lost ranks, goodbye).
+    back: Mutex<Vec<Option<mpsc::UnboundedSender<Outgoing>>>>,
+    /// Accept loop and readers: aborted on close.
+    tasks: Mutex<Vec<AbortHandle>>,
+    /// Link writers: left to flush their goodbye on close, awaited by `close`.
+    writers: Mutex<Vec<JoinHandle<()>>>,
+    /// Tasks dialing a rank to tell it of a lost rank: awaited by `close`, so that a rank
+    /// that fails and leaves still passes the news on.
+    notices: Mutex<Vec<JoinHandle<()>>>,
+    closing: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave the data inconsistent (every
+    // critical section is a single insert/remove), so poisoning is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Mesh {
+    pub(crate) fn new(
+        rank: usize,
+        id: UniqueId,
+        peers: Vec<PeerInfo>,
+        config: BootstrapConfig,
+    ) -> Arc<Mesh> {
+        let nranks = peers.len();
+        Arc::new(Mesh {
+            rank,
+            nranks,
+            id,
+            peers,
+            config,
+            state: Mutex::new(MailState {
+                queues: HashMap::new(),
+                status: vec![PeerStatus::Alive; nranks],
+                incoming_open: vec![false; nranks],
+                first_lost: None,
+            }),
+            notify: Notify::new(),
+            links: (0..nranks).map(|_| OnceCell::new()).collect(),
+            back: Mutex::new((0..nranks).map(|_| None).collect()),
+            tasks: Mutex::new(Vec::new()),
+            writers: Mutex::new(Vec::new()),
+            notices: Mutex::new(Vec::new()),
+            closing: AtomicBool::new(false),
+        })
+    }
+
+    fn spawn_tracked<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let handle = tokio::spawn(fut);
+        let mut tasks = lock(&self.tasks);
+        if self.closing.load(Ordering::Acquire) {
+            handle.abort();
+        } else {
+            tasks.push(handle.abort_handle());
+        }
+    }
+
+    fn limits(&self) -> FrameLimits {
+        FrameLimits::with_max_payload(self.config.max_message_size)
+    }
+
+    /// Starts accepting peer connections on `listener`.
+    pub(crate) fn start(self: &Arc<Self>, listener: TcpListener) {
+        let mesh = Arc::clone(self);
+        self.spawn_tracked(async move { mesh.accept_loop(listener).await });
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let mesh = Arc::clone(&self);
+                    self.spawn_tracked(async move { mesh.serve_incoming(stream).await });
+                }
+                // Out of descriptors and the like: back off instead of spinning.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    fn check_hello(&self, hello: &Hello) -> Result<usize, Refusal> {
+        if hello.magic != MAGIC {
+            return Err(Refusal::BadMagic);
+        }
+        if hello.version != PROTOCOL_VERSION {
+            return Err(Refusal::VersionMismatch {
+                ours: PROTOCOL_VERSION,
+                theirs: hello.version,
+            });
+        }
+        if !self.id.secret_matches(&hello.secret) {
+            return Err(Refusal::WrongSecret);
+        }
+        if hello.nranks as usize != self.nranks {
+            return Err(Refusal::NranksMismatch {
+                rank: hello.from,
+                nranks: hello.nranks,
+                expected: self.nranks as u32,
+            });
+        }
+        if hello.to as usize != self.rank {
+            return Err(Refusal::WrongDestination {
+                to: hello.to,
+                actual: self.rank as u32,
+            });
+        }
+        let from = hello.from as usize;
+        if from >= self.nranks || from == self.rank {
+            return Err(Refusal::RankOutOfRange {
+                rank: hello.from,
+                nranks: self.nranks as u32,
+            });
+        }
+        Ok(from)
+    }
+
+    /// Handshake of an accepted connection, then its reader loop.
+    async fn serve_incoming(self: Arc<Self>, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let first = timeout(
+            self.config.timeout,
+            wire::read_frame(&mut rd, &FrameLimits::HANDSHAKE),
+        )
+        .await;
+        let hello = match first {
+            Ok(Ok(Some(Frame {
+                message: Message::Hello(hello),
+                ..
+            }))) => hello,
+            Ok(Ok(Some(frame))) => {
+                let what = format!("{:?}", frame.message);
+                refuse(&mut wr, Refusal::UnexpectedMessage(what)).await;
+                return;
+            }
+            Ok(Err(wire::FrameError::Io(_))) | Ok(Ok(None)) | Err(_) => return,
+            // Garbage: not one of ours.
+            Ok(Err(_)) => {
+                refuse(&mut wr, Refusal::BadMagic).await;
+                return;
+            }
+        };
+        let from = match self.check_hello(&hello) {
+            Ok(from) => from,
+            Err(reason) => {
+                refuse(&mut wr, reason).await;
+                return;
+            }
+        };
+        // Marked open before the acknowledgement, so that no data can arrive before it is.
+        let duplicate = std::mem::replace(&mut lock(&self.state).incoming_open[from], true);
+        if duplicate {
+            refuse(&mut wr, Refusal::DuplicateConnection { from: hello.from }).await;
+            return;
+        }
+        let acked = timeout(
+            COURTESY_WRITE_TIMEOUT,
+            wire::write_frame(&mut wr, &Message::HelloAck, &[]),
+        )
+        .await;
+        if !matches!(acked, Ok(Ok(()))) {
+            self.mark_lost(from, "its handshake broke off".into());
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.track_writer(tokio::spawn(write_loop(wr, rx, Arc::new(OnceLock::new()))));
+        if !self.closing.load(Ordering::Acquire) {
+            lock(&self.back)[from] = Some(tx);
+        }
+        self.read_incoming(from, rd).await;
+    }
+
+    async fn read_incoming(self: Arc<Self>, from: usize, mut rd: OwnedReadHalf) {
+        let limits = self.limits();
+        loop {
+            match wire::read_frame(&mut rd, &limits).await {
+                Ok(Some(Frame {
+                    message: Message::Data { channel },
+                    payload,
+                })) => self.deliver(from, channel, payload),
+                Ok(Some(Frame {
+                    message: Message::Goodbye,
+                    ..
+                })) => {
+                    lock(&self.state).incoming_open[from] = false;
+                    self.mark_closed(from);
+                    return;
+                }
+                Ok(Some(Frame {
+                    message: Message::PeerLost { rank, detail },
+                    ..
+                })) => self.note_reported_loss(rank as usize, &detail, from),
+                Ok(Some(frame)) => {
+                    let detail = format!("it sent an unexpected {:?} frame", frame.message);
+                    self.mark_lost(from, detail);
+                    return;
+                }
+                Ok(None) => {
+                    self.mark_lost(
+                        from,
+                        "its connection closed without a goodbye; the process probably died".into(),
+                    );
+                    return;
+                }
+                Err(e) => {
+                    self.mark_lost(from, format!("its connection failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads the back direction of a link: news of lost ranks, then a goodbye or the end.
+    async fn watch_link(self: Arc<Self>, peer: usize, mut rd: OwnedReadHalf) {
+        let limits = FrameLimits::with_max_payload(0);
+        loop {
+            match wire::read_frame(&mut rd, &limits).await {
+                Ok(Some(Frame {
+                    message: Message::PeerLost { rank, detail },
+                    ..
+                })) => self.note_reported_loss(rank as usize, &detail, peer),
+                Ok(Some(Frame {
+                    message: Message::Goodbye,
+                    ..
+                })) => return self.mark_closed(peer),
+                Ok(Some(frame)) => {
+                    let detail = format!("it sent an unexpected {:?} frame", frame.message);
+                    return self.mark_lost(peer, detail);
+                }
+                Ok(None) => {
+                    let detail =
+                        "its connection closed without a goodbye; the process probably died";
+                    return self.mark_lost(peer, detail.into());
+                }
+                Err(e) => return self.mark_lost(peer, format!("its connection failed: {e}")),
+            }
+        }
+    }
+
+    fn track_writer(&self, writer: JoinHandle<()>) {
+        let mut writers = lock(&self.writers);
+        writers.retain(|w| !w.is_finished());
+        writers.push(writer);
+    }
+
+    fn deliver(&self, from: usize, channel: Channel, payload: Vec<u8>) {
+        lock(&self.state)
+            .queues
+            .entry((from, channel))
+            .or_default()
+            .push_back(payload);
+        self.notify.notify_waiters();
+    }
+
+    fn mark_closed(&self, peer: usize) {
+        {
+            let mut st = lock(&self.state);
+            if matches!(st.status[peer], PeerStatus::Alive) {
+                st.status[peer] = PeerStatus::Closed;
+            }
+        }
+        self.notify.notify_waiters();
+    }
+
+    /// Marks `peer` lost after seeing it die, and tells the other ranks.
+    fn mark_lost(self: &Arc<Self>, peer: usize, detail: String) {
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let changed = {
+            let mut st = lock(&self.state);
+            if matches!(st.status[peer], PeerStatus::Alive) {
+                st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {}", self.rank));
+                st.first_lost.get_or_insert(peer);
+                true
+            } else {
+                false
+            }
+        };
+        if !changed {
+            return;
+        }
+        self.notify.notify_waiters();
+        let notice = Message::PeerLost {
+            rank: peer as u32,
+            detail,
+        };
+        for other in 0..self.nranks {
+            if other == self.rank || other == peer || !self.is_alive(other) {
+                continue;
+            }
+            // Queued now on a connection in either direction where one exists, so that it
+            // goes out before any later goodbye on that connection.
+            let queued = |tx: &mpsc::UnboundedSender<Outgoing>| {
+                tx.send(Outgoing {
+                    message: notice.clone(),
+                    payload: Bytes::new(),
+                    done: None,
+                })
+                .is_ok()
+            };
+            if let Some(link) = self.links[other].get()
+                && queued(&link.tx)
+            {
+                continue;
+            }
+            if lock(&self.back)[other].as_ref().is_some_and(queued) {
+                continue;
+            }
+            let mesh = Arc::clone(self);
+            let notice = notice.clone();
+            let task = tokio::spawn(async move {
+                let _ = mesh.post(other, notice, Bytes::new(), None, Op::Init).await;
+                if mesh.closing.load(Ordering::Acquire) {
+                    // `begin_close` missed this new link: say goodbye here.
+                    let _ = mesh
+                        .post(other, Message::Goodbye, Bytes::new(), None, Op::Init)
+                        .await;
+                }
+            });
+            lock(&self.notices).push(task);
+        }
+    }
+
+    /// Marks `peer` lost on the word of rank `reporter`.
+    fn note_reported_loss(&self, peer: usize, detail: &str, reporter: usize) {
+        if peer >= self.nranks || peer == self.rank {
+            return;
+        }
+        {
+            let mut st = lock(&self.state);
+            if matches!(st.status[peer], PeerStatus::Alive) {
+                st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {reporter}"));
+                st.first_lost.get_or_insert(peer);
+            }
+        }
+        self.notify.notify_waiters();
+    }
+
+    fn is_alive(&self, peer: usize) -> bool {
+        matches!(lock(&self.state).status[peer], PeerStatus::Alive)
+    }
+
+    fn status_error(&self, peer: usize, op: Op) -> Option<BootstrapError> {
+        match &lock(&self.state).status[peer] {
+            PeerStatus::Alive => None,
+            PeerStatus::Closed => Some(BootstrapError::PeerClosed {
+                rank: self.rank,
+                op,
+                peer,
+            }),
+            PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
+                rank: self.rank,
+                op,
+                peer,
+                detail: detail.clone(),
+            }),
+        }
+    }
+
+    /// Waits for the next message from `from` on `channel`.
+    ///
+    /// Fails when `from` is gone and nothing from it is queued, when any rank was lost and
+    /// `collective` is set, or after the configured timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a message is taken off its queue only in the poll that returns it.
+    pub(crate) async fn wait_message(
+        &self,
+        from: usize,
+        channel: Channel,
+        op: Op,
+        collective: bool,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        let deadline = Instant::now() + self.config.timeout;
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = lock(&self.state);
+                if let Some(queue) = st.queues.get_mut(&(from, channel))
+                    && let Some(message) = queue.pop_front()
+                {
+                    if queue.is_empty() {
+                        st.queues.remove(&(from, channel));
+                    }
+                    return Ok(message);
+                }
+                // A lost rank dooms every collective; name it rather than whoever we wait on.
+                let lost = st.first_lost.filter(|_| collective);
+                let gone = lost.or(match &st.status[from] {
+                    PeerStatus::Alive => None,
+                    PeerStatus::Closed if st.incoming_open[from] => None,
+                    _ => Some(from),
+                });
+                if let Some(peer) = gone {
+                    drop(st);
+                    return Err(self
+                        .status_error(peer, op)
+                        .unwrap_or_else(|| BootstrapError::Protocol("peer status".into())));
+                }
+            }
+            if timeout_at(deadline, notified).await.is_err() {
+                return Err(BootstrapError::Timeout {
+                    rank: self.rank,
+                    op,
+                    waiting_for: format!("rank {from}"),
+                    after: self.config.timeout,
+                });
+            }
+        }
+    }
+
+    /// Puts a message for this rank into its own mailbox.
+    pub(crate) fn deliver_to_self(&self, channel: Channel, payload: Vec<u8>) {
+        self.deliver(self.rank, channel, payload);
+    }
+
+    async fn link(self: &Arc<Self>, peer: usize, op: Op) -> Result<&Link, BootstrapError> {
+        self.links[peer]
+            .get_or_try_init(|| self.dial(peer, op))
+            .await
+    }
+
+    /// Dials the ring successor now rather than on first use, so that every rank's death is
+    /// seen by some live rank.
+    pub(crate) async fn connect_ring(self: &Arc<Self>) -> Result<(), BootstrapError> {
+        if self.nranks > 1 {
+            self.link((self.rank + 1) % self.nranks, Op::Init).await?;
+        }
+        Ok(())
+    }
+
+    async fn dial(self: &Arc<Self>, peer: usize, op: Op) -> Result<Link, BootstrapError> {
+        let addr: SocketAddr = self.peers[peer].addr;
+        let io_err = |context: String, source: std::io::Error| BootstrapError::Io {
+            rank: self.rank,
+            context,
+            source,
+        };
+        let stream = match timeout(self.config.timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                return Err(self.status_error(peer, op).unwrap_or_else(|| {
+                    io_err(format!("{op}: cannot connect to rank {peer} at {addr}"), e)
+                }));
+            }
+            Err(_) => {
+                return Err(BootstrapError::Timeout {
+                    rank: self.rank,
+                    op,
+                    waiting_for: format!("a connection to rank {peer} at {addr}"),
+                    after: self.config.timeout,
+                });
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let hello = Message::Hello(Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            secret: self.id.secret(),
+            nranks: self.nranks as u32,
+            from: self.rank as u32,
+            to: peer as u32,
+        });
+        let frame_err = |source| BootstrapError::Frame {
+            context: format!(
+                "rank {}: {op}: handshake with rank {peer} at {addr}",
+                self.rank
+            ),
+            source,
+        };
+        let reply = timeout(self.config.timeout, async {
+            wire::write_frame(&mut wr, &hello, &[]).await?;
+            wire::read_frame(&mut rd, &FrameLimits::HANDSHAKE).await
+        })
+        .await
+        .map_err(|_| BootstrapError::Timeout {
+            rank: self.rank,
+            op,
+            waiting_for: format!("rank {peer} to answer the handshake"),
+            after: self.config.timeout,
+        })?
+        .map_err(frame_err)?;
+        match reply {
+            Some(Frame {
+                message: Message::HelloAck,
+                ..
+            }) => {}
+            Some(Frame {
+                message: Message::Refused(reason),
+                ..
+            }) => {
+                return Err(BootstrapError::RefusedByPeer {
+                    rank: self.rank,
+                    peer,
+                    reason,
+                });
+            }
+            Some(frame) => {
+                return Err(BootstrapError::Protocol(format!(
+                    "rank {}: rank {peer} answered the handshake with {:?}",
+                    self.rank, frame.message
+                )));
+            }
+            None => {
+                return Err(self.status_error(peer, op).unwrap_or_else(|| {
+                    BootstrapError::Protocol(format!(
+                        "rank {}: rank {peer} closed the connection during the handshake",
+                        self.rank
+                    ))
+                }));
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let broken = Arc::new(OnceLock::new());
+        self.track_writer(tokio::spawn(write_loop(wr, rx, Arc::clone(&broken))));
+        let mesh = Arc::clone(self);
+        self.spawn_tracked(async move { mesh.watch_link(peer, rd).await });
+        Ok(Link { tx, broken })
+    }
+
+    /// Queues a frame to `peer`, dialing it first if needed. With `done`, the writer reports
+    /// when the frame is on the socket.
+    async fn post(
+        self: &Arc<Self>,
+        peer: usize,
+        message: Message,
+        payload: Bytes,
+        done: Option<oneshot::Sender<Result<(), String>>>,
+        op: Op,
+    ) -> Result<(), BootstrapError> {
+        let link = self.link(peer, op).await?;
+        let out = Outgoing {
+            message,
+            payload,
+            done,
+        };
+        if link.tx.send(out).is_err() {
+            return Err(self.link_error(peer, link, op));
+        }
+        Ok(())
+    }
+
+    fn link_error(&self, peer: usize, link: &Link, op: Op) -> BootstrapError {
+        self.status_error(peer, op)
+            .unwrap_or_else(|| BootstrapError::PeerLost {
+                rank: self.rank,
+                op,
+                peer,
+                detail: link
+                    .broken
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| "the connection to it is closed".into()),
+            })
+    }
+
+    /// Queues data for `peer` without waiting for it to be written; a failure shows up as
+    /// the peer being lost.
+    pub(crate) async fn post_data(
+        self: &Arc<Self>,
+        peer: usize,
+        channel: Channel,
+        payload: Bytes,
+        op: Op,
+    ) -> Result<(), BootstrapError> {
+        self.check_size(payload.len(), op)?;
+        if peer == self.rank {
+            self.deliver_to_self(channel, payload.to_vec());
+            return Ok(());
+        }
+        self.post(peer, Message::Data { channel }, payload, None, op)
+            .await
+    }
+
+    /// Sends data to `peer` and waits until it is written to the socket.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once the frame is queued, cancelling does not take it back: it is written whole or the
+    /// connection fails.
+    pub(crate) async fn send_data(
+        self: &Arc<Self>,
+        peer: usize,
+        channel: Channel,
+        payload: Bytes,
+        op: Op,
+    ) -> Result<(), BootstrapError> {
+        self.check_size(payload.len(), op)?;
+        if peer == self.rank {
+            self.deliver_to_self(channel, payload.to_vec());
+            return Ok(());
+        }
+        let (done_tx, done_rx) = oneshot::channel();
+        self.post(peer, Message::Data { channel }, payload, Some(done_tx), op)
+            .await?;
+        match done_rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(detail)) => {
+                Err(self
+                    .status_error(peer, op)
+                    .unwrap_or(BootstrapError::PeerLost {
+                        rank: self.rank,
+                        op,
+                        peer,
+                        detail,
+                    }))
+            }
+            Err(_) => Err(BootstrapError::PeerLost {
+                rank: self.rank,
+                op,
+                peer,
+                detail: "the connection to it was closed".into(),
+            }),
+        }
+    }
+
+    fn check_size(&self, len: usize, op: Op) -> Result<(), BootstrapError> {
+        if len > self.config.max_message_size {
+            return Err(BootstrapError::InvalidArgument(format!(
+                "rank {}: {op}: message of {len} bytes exceeds max_message_size ({} bytes)",
+                self.rank, self.config.max_message_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts closing: stops readers, queues goodbyes. Safe to call more than once and from
+    /// outside a runtime.
+    pub(crate) fn begin_close(&self, goodbye: bool) {
+        if self.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+        let back: Vec<_> = lock(&self.back)
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        if goodbye {
+            let links = self.links.iter().filter_map(|l| l.get()).map(|l| &l.tx);
+            for tx in links.chain(back.iter()) {
+                let _ = tx.send(Outgoing {
+                    message: Message::Goodbye,
+                    payload: Bytes::new(),
+                    done: None,
+                });
+            }
+        } else {
+            for task in lock(&self.notices).drain(..) {
+                task.abort();
+            }
+            for writer in lock(&self.writers).drain(..) {
+                writer.abort();
+            }
+        }
+    }
+
+    /// Closes with goodbyes and waits (bounded) for them to be written.
+    pub(crate) async fn close(&self) {
+        let notices: Vec<JoinHandle<()>> = lock(&self.notices).drain(..).collect();
+        let deadline = Instant::now() + NOTICE_WAIT;
+        for task in notices {
+            let abort = task.abort_handle();
+            if timeout_at(deadline, task).await.is_err() {
+                abort.abort();
+            }
+        }
+        self.begin_close(true);
+        let deadline = Instant::now() + COURTESY_WRITE_TIMEOUT;
+        let writers: Vec<JoinHandle<()>> = lock(&self.writers).drain(..).collect();
+        for writer in writers {
+            let abort = writer.abort_handle();
+            if timeout_at(deadline, writer).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+async fn refuse(wr: &mut OwnedWriteHalf, reason: Refusal) {
+    let _ = timeout(
+        COURTESY_WRITE_TIMEOUT,
+        wire::write_frame(wr, &Message::Refused(reason), &[]),
+    )
+    .await;
+    let _ = timeout(COURTESY_WRITE_TIMEOUT, wr.shutdown()).await;
+}
+
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    broken: Arc<OnceLock<String>>,
+) {
+    while let Some(out) = rx.recv().await {
+        let goodbye = matches!(out.message, Message::Goodbye);
+        match wire::write_frame(&mut wr, &out.message, &out.payload).await {
+            Ok(()) => {
+                if let Some(done) = out.done {
+                    let _ = done.send(Ok(()));
+                }
+                if goodbye {
+                    break;
+                }
+            }
+            Err(e) => {
+                let detail = format!("writing to it failed: {e}");
+                let _ = broken.set(detail.clone());
+                if let Some(done) = out.done {
+                    let _ = done.send(Err(detail.clone()));
+                }
+                rx.close();
+                while let Some(out) = rx.recv().await {
+                    if let Some(done) = out.done {
+                        let _ = done.send(Err(detail.clone()));
+                    }
+                }
+                return;
+            }
+        }
+    }
+    let _ = timeout(COURTESY_WRITE_TIMEOUT, wr.shutdown()).await;
+}

@@ -1,0 +1,697 @@
+//! Bootstrap: the control plane every rank uses to find the others and exchange handles.
+//!
+//! One process creates a [`UniqueId`] ([`create_unique_id`], which starts a [`Root`]) and
+//! hands it to every rank; each rank calls [`Bootstrap::init`] with its rank and the number
+//! of ranks. The seed's `"ip:port"` form also works: rank 0 then runs the root at that
+//! address ([`BootstrapRoot::Addr`]). After `init`, ranks talk directly:
+//! [`all_gather`](Bootstrap::all_gather), [`barrier`](Bootstrap::barrier),
+//! [`broadcast`](Bootstrap::broadcast), and tagged [`send`](Bootstrap::send) /
+//! [`recv`](Bootstrap::recv).
+//!
+//! Everything is async on tokio; [`BlockingBootstrap`] wraps it for callers outside a
+//! runtime.
+//!
+//! What is checked: every connection (to the root or between ranks) starts with a handshake
+//! holding the magic, the protocol version and the id's secret; a bad one is refused on that
+//! connection alone. Frames are length-prefixed with limits checked before allocation
+//! ([`wire`]). Every wait has a timeout ([`BootstrapConfig::timeout`]); a rank that dies
+//! makes every other rank's pending and later collectives fail with
+//! [`BootstrapError::PeerLost`] naming it. What is not: a peer that passed the handshake is
+//! trusted to follow the protocol (a deviation is treated as that peer being lost).
+//!
+//! Collectives must be called in the same order on every rank. They are serialised per
+//! rank, so sharing a `Bootstrap` between tasks is fine, but the order across ranks is the
+//! caller's to keep.
+//!
+//! ```no_run
+//! # fn demo() -> Result<(), mscclpp_host::bootstrap::BootstrapError> {
+//! use mscclpp_host::bootstrap::{BlockingBootstrap, create_unique_id};
+//! let id = create_unique_id()?; // on one process; pass `id.to_string()` to the others
+//! # let (nranks, rank) = (1, 0);
+//! let bootstrap = BlockingBootstrap::init(nranks, rank, id)?;
+//! let all = bootstrap.all_gather(&rank.to_le_bytes())?;
+//! assert_eq!(all.len(), nranks);
+//! bootstrap.barrier()?;
+//! # Ok(()) }
+//! ```
+
+mod blocking;
+mod error;
+mod mesh;
+mod root;
+mod unique_id;
+pub mod wire;
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, sleep, timeout, timeout_at};
+
+pub use blocking::BlockingBootstrap;
+pub use error::{BootstrapError, Op, Refusal};
+pub use root::{Root, RootHandle, create_unique_id, create_unique_id_at};
+pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
+
+use mesh::Mesh;
+use wire::{Channel, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION};
+
+/// Largest number of ranks a bootstrap accepts.
+pub const MAX_NRANKS: usize = 1 << 20;
+
+/// Settings of a bootstrap (rank or root). The defaults suit production; tests shorten the
+/// timeout.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct BootstrapConfig {
+    /// Bound on every wait: reaching the root (with retries), the rendezvous, each handshake,
+    /// and each message a collective or `recv` waits for. Default 30 s.
+    pub timeout: Duration,
+    /// Largest message (one rank's `all_gather` contribution, one `send`). Default 1 GiB.
+    pub max_message_size: usize,
+    /// Identity of this rank's node; ranks with equal ids count as one node. Default: the
+    /// `MSCCLPP_HOST_ID` variable, else hostname and boot id.
+    pub host_id: Option<String>,
+    /// Address this rank listens on for its peers. Default: the local address of its
+    /// connection to the root (the interface that reaches the root).
+    pub listen_ip: Option<IpAddr>,
+}
+
+impl Default for BootstrapConfig {
+    fn default() -> Self {
+        BootstrapConfig {
+            timeout: Duration::from_secs(30),
+            max_message_size: 1 << 30,
+            host_id: None,
+            listen_ip: None,
+        }
+    }
+}
+
+impl BootstrapConfig {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`timeout`](Self::timeout).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`max_message_size`](Self::max_message_size).
+    pub fn with_max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self
+    }
+
+    /// Sets [`host_id`](Self::host_id).
+    pub fn with_host_id(mut self, host_id: impl Into<String>) -> Self {
+        self.host_id = Some(host_id.into());
+        self
+    }
+
+    /// Sets [`listen_ip`](Self::listen_ip).
+    pub fn with_listen_ip(mut self, ip: IpAddr) -> Self {
+        self.listen_ip = Some(ip);
+        self
+    }
+}
+
+/// Where the root is: a [`UniqueId`], or the seed's `"ip:port"` (rank 0 runs the root there,
+/// with no secret).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootstrapRoot {
+    /// A root started by [`create_unique_id`] or [`Root`].
+    Id(UniqueId),
+    /// Rank 0 starts the root on this address; the others connect to it.
+    Addr(SocketAddr),
+}
+
+impl From<UniqueId> for BootstrapRoot {
+    fn from(id: UniqueId) -> Self {
+        BootstrapRoot::Id(id)
+    }
+}
+
+impl From<SocketAddr> for BootstrapRoot {
+    fn from(addr: SocketAddr) -> Self {
+        BootstrapRoot::Addr(addr)
+    }
+}
+
+impl FromStr for BootstrapRoot {
+    type Err = BootstrapError;
+
+    /// Reads a unique id (256 hex digits), an `ip:port`, or a `host:port` (resolved now,
+    /// IPv4 preferred).
+    fn from_str(s: &str) -> Result<Self, BootstrapError> {
+        let s = s.trim();
+        if s.len() == UNIQUE_ID_BYTES * 2 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return s
+                .parse::<UniqueId>()
+                .map(BootstrapRoot::Id)
+                .map_err(|e| BootstrapError::InvalidArgument(format!("bootstrap root: {e}")));
+        }
+        if let Ok(addr) = s.parse::<SocketAddr>() {
+            return Ok(BootstrapRoot::Addr(addr));
+        }
+        let invalid = |why: String| {
+            BootstrapError::InvalidArgument(format!(
+                "bootstrap root {s:?} is neither a unique id (256 hex digits) nor ip:port / host:port: {why}"
+            ))
+        };
+        let addrs: Vec<SocketAddr> = s
+            .to_socket_addrs()
+            .map_err(|e| invalid(e.to_string()))?
+            .collect();
+        addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addrs.first())
+            .copied()
+            .map(BootstrapRoot::Addr)
+            .ok_or_else(|| invalid("it resolves to no address".into()))
+    }
+}
+
+impl std::fmt::Display for BootstrapRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BootstrapRoot::Id(id) => id.fmt(f),
+            BootstrapRoot::Addr(addr) => addr.fmt(f),
+        }
+    }
+}
+
+/// This machine's node identity: `MSCCLPP_HOST_ID` if set, else `hostname/boot-id`.
+pub fn default_host_id() -> String {
+    if let Ok(id) = std::env::var("MSCCLPP_HOST_ID")
+        && !id.is_empty()
+    {
+        return truncate(id);
+    }
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let host = read("/proc/sys/kernel/hostname")
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into());
+    let id = match read("/proc/sys/kernel/random/boot_id") {
+        Some(boot) => format!("{host}/{boot}"),
+        None => host,
+    };
+    truncate(id)
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > MAX_HOST_ID_LEN {
+        let mut end = MAX_HOST_ID_LEN;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// One rank's bootstrap: connected to every other rank (lazily), ready for collectives and
+/// point-to-point messages.
+///
+/// Dropping it closes it politely (peers see a goodbye, not a death); [`close`](Self::close)
+/// does the same and waits for the goodbyes to be written.
+#[derive(Debug)]
+pub struct Bootstrap {
+    mesh: Arc<Mesh>,
+    local_rank: usize,
+    nranks_per_node: usize,
+    collective_seq: tokio::sync::Mutex<u64>,
+    poisoned: AtomicBool,
+}
+
+struct PoisonGuard<'a> {
+    flag: &'a AtomicBool,
+    armed: bool,
+}
+
+impl Drop for PoisonGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.flag.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// Aborts the root that rank 0 hosts for the `"ip:port"` form if `init` fails.
+struct HostedRoot(Option<tokio::task::JoinHandle<Result<(), BootstrapError>>>);
+
+impl Drop for HostedRoot {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Bootstrap {
+    /// Joins the rendezvous as `rank` of `nranks` with the default [`BootstrapConfig`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling drops every connection made so far; the other ranks' `init` then fails.
+    pub async fn init(
+        nranks: usize,
+        rank: usize,
+        root: impl Into<BootstrapRoot>,
+    ) -> Result<Bootstrap, BootstrapError> {
+        Self::init_with_config(nranks, rank, root, BootstrapConfig::default()).await
+    }
+
+    /// Joins the rendezvous as `rank` of `nranks`.
+    ///
+    /// A `rank >= nranks` still contacts the root, so that the whole job fails at once with
+    /// the reason rather than timing out.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`init`](Self::init).
+    pub async fn init_with_config(
+        nranks: usize,
+        rank: usize,
+        root: impl Into<BootstrapRoot>,
+        config: BootstrapConfig,
+    ) -> Result<Bootstrap, BootstrapError> {
+        if nranks == 0 || nranks > MAX_NRANKS {
+            return Err(BootstrapError::InvalidArgument(format!(
+                "nranks = {nranks} is outside 1..={MAX_NRANKS}"
+            )));
+        }
+        if rank > u32::MAX as usize {
+            return Err(BootstrapError::InvalidArgument(format!(
+                "rank {rank} is out of range for {nranks} ranks"
+            )));
+        }
+        let (id, mut hosted) = match root.into() {
+            BootstrapRoot::Id(id) => (id, HostedRoot(None)),
+            BootstrapRoot::Addr(addr) => {
+                let id = UniqueId::for_address(addr);
+                let hosted = if rank == 0 {
+                    let root = Root::bind_for(id, config.clone())?;
+                    HostedRoot(Some(tokio::spawn(root.run())))
+                } else {
+                    HostedRoot(None)
+                };
+                (id, hosted)
+            }
+        };
+        let (listener, peers) = rendezvous(nranks, rank, &id, &config).await?;
+        // The root has sent every welcome before ours completes... except those after ours:
+        // let it finish on its own.
+        if let Some(task) = hosted.0.take() {
+            drop(task);
+        }
+        let host_id = &peers[rank].host_id;
+        let local_rank = peers[..rank]
+            .iter()
+            .filter(|p| &p.host_id == host_id)
+            .count();
+        let nranks_per_node = peers.iter().filter(|p| &p.host_id == host_id).count();
+        let mesh = Mesh::new(rank, id, peers, config);
+        mesh.start(listener);
+        let bootstrap = Bootstrap {
+            mesh,
+            local_rank,
+            nranks_per_node,
+            collective_seq: tokio::sync::Mutex::new(0),
+            poisoned: AtomicBool::new(false),
+        };
+        bootstrap.mesh.connect_ring().await?;
+        Ok(bootstrap)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.mesh.rank
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.mesh.nranks
+    }
+
+    /// Rank among the ranks of this node (same host id), counted in rank order.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Number of ranks on this rank's node.
+    pub fn nranks_per_node(&self) -> usize {
+        self.nranks_per_node
+    }
+
+    /// Host id of `rank` (ranks with equal host ids share a node), `None` if out of range.
+    pub fn host_id(&self, rank: usize) -> Option<&str> {
+        self.mesh.peers.get(rank).map(|p| p.host_id.as_str())
+    }
+
+    /// Address this rank accepts peer connections on.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.mesh.peers[self.mesh.rank].addr
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &BootstrapConfig {
+        &self.mesh.config
+    }
+
+    fn check_peer(&self, peer: usize, op: Op) -> Result<(), BootstrapError> {
+        if peer >= self.nranks() {
+            return Err(BootstrapError::InvalidArgument(format!(
+                "rank {}: {op}: peer {peer} is out of range for {} ranks",
+                self.rank(),
+                self.nranks()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn collective<'a, T, Fut>(
+        &'a self,
+        body: impl FnOnce(u64) -> Fut,
+    ) -> Result<T, BootstrapError>
+    where
+        Fut: Future<Output = Result<T, BootstrapError>> + 'a,
+    {
+        let mut seq = self.collective_seq.lock().await;
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(BootstrapError::Poisoned { rank: self.rank() });
+        }
+        let this = *seq;
+        *seq += 1;
+        let mut guard = PoisonGuard {
+            flag: &self.poisoned,
+            armed: true,
+        };
+        let result = body(this).await;
+        guard.armed = false;
+        result
+    }
+
+    /// Gathers every rank's `data`; element `r` of the result is rank `r`'s. Contributions
+    /// may differ in length. Runs a ring (n - 1 steps, each rank forwarding one block).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: cancelling midway leaves the ranks out of step, so the bootstrap is
+    /// then poisoned and every later collective fails with [`BootstrapError::Poisoned`].
+    pub async fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        self.collective(|seq| self.all_gather_ring(seq, data)).await
+    }
+
+    async fn all_gather_ring(&self, seq: u64, data: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        let (n, rank) = (self.nranks(), self.rank());
+        let op = Op::AllGather;
+        let mut blocks = vec![Bytes::new(); n];
+        blocks[rank] = Bytes::copy_from_slice(data);
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        for step in 0..n.saturating_sub(1) {
+            let channel = Channel::Collective {
+                seq,
+                step: step as u32,
+            };
+            let outgoing = blocks[(rank + n - step) % n].clone();
+            self.mesh.post_data(next, channel, outgoing, op).await?;
+            let incoming = self.mesh.wait_message(prev, channel, op, true).await?;
+            blocks[(rank + n - step - 1) % n] = Bytes::from(incoming);
+        }
+        Ok(blocks.into_iter().map(Vec::from).collect())
+    }
+
+    /// Waits until every rank has entered the barrier (dissemination: log2(n) rounds).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe; see [`all_gather`](Self::all_gather).
+    pub async fn barrier(&self) -> Result<(), BootstrapError> {
+        self.collective(|seq| self.dissemination_barrier(seq)).await
+    }
+
+    async fn dissemination_barrier(&self, seq: u64) -> Result<(), BootstrapError> {
+        let (n, rank) = (self.nranks(), self.rank());
+        let mut distance = 1;
+        let mut round = 0u32;
+        while distance < n {
+            let channel = Channel::Collective { seq, step: round };
+            self.mesh
+                .post_data((rank + distance) % n, channel, Bytes::new(), Op::Barrier)
+                .await?;
+            self.mesh
+                .wait_message((rank + n - distance) % n, channel, Op::Barrier, true)
+                .await?;
+            distance *= 2;
+            round += 1;
+        }
+        Ok(())
+    }
+
+    /// Sends `data` from `root` to every rank and returns it (on `root` too). `data` is
+    /// read on `root` only. Runs a binomial tree.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe; see [`all_gather`](Self::all_gather).
+    pub async fn broadcast(&self, root: usize, data: &[u8]) -> Result<Vec<u8>, BootstrapError> {
+        self.check_peer(root, Op::Broadcast)?;
+        self.collective(|seq| self.binomial_broadcast(seq, root, data))
+            .await
+    }
+
+    async fn binomial_broadcast(
+        &self,
+        seq: u64,
+        root: usize,
+        data: &[u8],
+    ) -> Result<Vec<u8>, BootstrapError> {
+        let (n, rank) = (self.nranks(), self.rank());
+        let op = Op::Broadcast;
+        let channel = Channel::Collective { seq, step: 0 };
+        let relative = (rank + n - root) % n;
+        let mut block = if relative == 0 {
+            Bytes::copy_from_slice(data)
+        } else {
+            Bytes::new()
+        };
+        let mut mask = 1;
+        while mask < n {
+            if relative & mask != 0 {
+                let parent = (relative - mask + root) % n;
+                block = Bytes::from(self.mesh.wait_message(parent, channel, op, true).await?);
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        while mask > 0 {
+            if relative + mask < n {
+                let child = (relative + mask + root) % n;
+                self.mesh
+                    .post_data(child, channel, block.clone(), op)
+                    .await?;
+            }
+            mask >>= 1;
+        }
+        Ok(Vec::from(block))
+    }
+
+    /// Sends `data` to `peer` under `tag`; returns once it is written to the socket.
+    /// Messages to one peer with one tag arrive in order.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once this has queued the message (which happens on its first poll if the connection
+    /// exists), cancelling does not take it back: it is delivered whole, or the connection
+    /// fails. Cancelled before that, nothing is sent.
+    pub async fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<(), BootstrapError> {
+        let op = Op::Send(tag);
+        self.check_peer(peer, op)?;
+        self.mesh
+            .send_data(peer, Channel::User(tag), Bytes::copy_from_slice(data), op)
+            .await
+    }
+
+    /// Receives the next message `peer` sent under `tag`. Messages under other tags that
+    /// arrive first are kept for their own `recv`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a message is taken only by the `recv` that returns it.
+    pub async fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, BootstrapError> {
+        let op = Op::Recv(tag);
+        self.check_peer(peer, op)?;
+        self.mesh
+            .wait_message(peer, Channel::User(tag), op, false)
+            .await
+    }
+
+    /// Closes the bootstrap, telling every connected peer (a goodbye), and waits (at most
+    /// about a second) for that to be written.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling skips waiting; the goodbyes are still queued.
+    pub async fn close(self) {
+        self.mesh.close().await;
+    }
+
+    /// Drops every connection at once without a goodbye, as if the process had died: peers
+    /// see this rank as lost. For fault-injection tests.
+    pub fn abandon(self) {
+        self.mesh.begin_close(false);
+    }
+}
+
+impl Drop for Bootstrap {
+    fn drop(&mut self) {
+        self.mesh.begin_close(true);
+    }
+}
+
+/// Reaches the root, joins, and returns this rank's listener and the peer table.
+async fn rendezvous(
+    nranks: usize,
+    rank: usize,
+    id: &UniqueId,
+    config: &BootstrapConfig,
+) -> Result<(TcpListener, Vec<wire::PeerInfo>), BootstrapError> {
+    let root_addr = id.root_addr();
+    let mut stream = connect_with_backoff(rank, root_addr, config.timeout).await?;
+    let _ = stream.set_nodelay(true);
+    let io = |context: String| {
+        move |source| BootstrapError::Io {
+            rank,
+            context,
+            source,
+        }
+    };
+    let local_ip = match config.listen_ip {
+        Some(ip) => ip,
+        None => stream
+            .local_addr()
+            .map_err(io("local address of the root connection".into()))?
+            .ip(),
+    };
+    let listener = TcpListener::bind((local_ip, 0))
+        .await
+        .map_err(io(format!("cannot listen for peers on {local_ip}")))?;
+    let listen_addr = listener
+        .local_addr()
+        .map_err(io("local address of the peer listener".into()))?;
+    let join = Message::Join(Join {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        secret: id.secret(),
+        nranks: nranks as u32,
+        rank: rank as u32,
+        listen_addr,
+        host_id: truncate(config.host_id.clone().unwrap_or_else(default_host_id)),
+    });
+    let frame_err = |what: &str| {
+        let context = format!("rank {rank}: {what} the bootstrap root at {root_addr}");
+        move |source| BootstrapError::Frame { context, source }
+    };
+    wire::write_frame(&mut stream, &join, &[])
+        .await
+        .map_err(frame_err("joining"))?;
+    // The root's own deadline runs from the first join; wait a little longer so that its
+    // more precise verdict (which ranks are missing) arrives first.
+    let wait = config.timeout + Duration::from_millis(500);
+    let limits = FrameLimits::with_max_payload(wire::MAX_PEER_TABLE_LEN);
+    let reply = timeout(wait, wire::read_frame(&mut stream, &limits))
+        .await
+        .map_err(|_| BootstrapError::Timeout {
+            rank,
+            op: Op::Init,
+            waiting_for: format!("the bootstrap root at {root_addr} to complete the rendezvous"),
+            after: wait,
+        })?
+        .map_err(frame_err("waiting for"))?;
+    let peers = match reply {
+        Some(Frame {
+            message: Message::Welcome,
+            payload,
+        }) => wire::decode_peer_table(&payload).map_err(frame_err("peer table from"))?,
+        Some(Frame {
+            message: Message::Refused(reason),
+            ..
+        }) => {
+            return Err(BootstrapError::RefusedByRoot {
+                rank,
+                addr: root_addr,
+                reason,
+            });
+        }
+        Some(frame) => {
+            return Err(BootstrapError::Protocol(format!(
+                "rank {rank}: the bootstrap root at {root_addr} answered with {:?}",
+                frame.message
+            )));
+        }
+        None => {
+            return Err(BootstrapError::Protocol(format!(
+                "rank {rank}: the bootstrap root at {root_addr} closed the connection during the rendezvous"
+            )));
+        }
+    };
+    if peers.len() != nranks || peers[rank].addr != listen_addr {
+        return Err(BootstrapError::Protocol(format!(
+            "rank {rank}: the peer table from the root has {} entries (expected {nranks}) or misplaces this rank",
+            peers.len()
+        )));
+    }
+    // Hang up first, so that the TIME_WAIT state stays on our side, not on the root's port.
+    drop(stream);
+    Ok((listener, peers))
+}
+
+/// Connects to the root, retrying with exponential backoff (10 ms doubling to 500 ms) until
+/// `wait` has passed: the root may not be listening yet.
+async fn connect_with_backoff(
+    rank: usize,
+    addr: SocketAddr,
+    wait: Duration,
+) -> Result<TcpStream, BootstrapError> {
+    let start = Instant::now();
+    let deadline = start + wait;
+    let mut delay = Duration::from_millis(10);
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let error = match timeout_at(deadline, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(e)) => e,
+            Err(_) => std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+        };
+        if Instant::now() + delay >= deadline {
+            return Err(BootstrapError::RootUnreachable {
+                rank,
+                addr,
+                attempts,
+                waited: start.elapsed(),
+                source: error,
+            });
+        }
+        sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests;

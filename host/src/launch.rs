@@ -1,0 +1,619 @@
+//! Launch conventions: who am I, how many are we, where is the root; and a local launcher.
+//!
+//! [`Launch::from_env`] understands the variables of four launchers, first match wins:
+//!
+//! | convention | rank | nranks | local rank |
+//! |---|---|---|---|
+//! | ours | `MSCCLPP_RANK` | `MSCCLPP_NRANKS` | `MSCCLPP_LOCAL_RANK` |
+//! | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` |
+//! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` |
+//! | Slurm | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` |
+//!
+//! The root comes from `MSCCLPP_BOOTSTRAP` (a unique id or `ip:port`), else from torchrun's
+//! `MASTER_ADDR` and `MASTER_PORT` (rank 0 then runs the root there: pick a port that
+//! torch's own store does not use). `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds) sets the bootstrap
+//! timeout.
+//!
+//! [`LocalLauncher`] starts N processes on this machine with our variables set, forwards
+//! their output with a `[rank N] ` prefix and reports how each ended, killing them all at
+//! its timeout.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::{
+    BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, Root,
+};
+
+/// Our rank variable.
+pub const ENV_RANK: &str = "MSCCLPP_RANK";
+/// Our number-of-ranks variable.
+pub const ENV_NRANKS: &str = "MSCCLPP_NRANKS";
+/// Our local-rank variable.
+pub const ENV_LOCAL_RANK: &str = "MSCCLPP_LOCAL_RANK";
+/// Our root variable: a unique id or `ip:port`.
+pub const ENV_BOOTSTRAP: &str = "MSCCLPP_BOOTSTRAP";
+/// Bootstrap timeout in seconds (fractions allowed).
+pub const ENV_BOOTSTRAP_TIMEOUT: &str = "MSCCLPP_BOOTSTRAP_TIMEOUT";
+
+/// The launcher whose variables were used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchSource {
+    /// `MSCCLPP_*`.
+    Mscclpp,
+    /// torchrun (`RANK`, `WORLD_SIZE`, ...).
+    Torchrun,
+    /// Open MPI (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+    /// Slurm (`SLURM_PROCID`, ...).
+    Slurm,
+}
+
+struct Convention {
+    source: LaunchSource,
+    rank: &'static str,
+    nranks: &'static str,
+    local_rank: &'static str,
+}
+
+const CONVENTIONS: [Convention; 4] = [
+    Convention {
+        source: LaunchSource::Mscclpp,
+        rank: ENV_RANK,
+        nranks: ENV_NRANKS,
+        local_rank: ENV_LOCAL_RANK,
+    },
+    Convention {
+        source: LaunchSource::Torchrun,
+        rank: "RANK",
+        nranks: "WORLD_SIZE",
+        local_rank: "LOCAL_RANK",
+    },
+    Convention {
+        source: LaunchSource::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        nranks: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+    },
+    Convention {
+        source: LaunchSource::Slurm,
+        rank: "SLURM_PROCID",
+        nranks: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+    },
+];
+
+/// Errors of [`Launch`] and [`LocalLauncher`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// No launcher variables at all: the process was started alone.
+    #[error(
+        "not started by a launcher: set MSCCLPP_RANK and MSCCLPP_NRANKS (or run under torchrun, mpirun or srun)"
+    )]
+    NotLaunched,
+    /// One variable of a pair is set without the other.
+    #[error("{found} is set but {missing} is not")]
+    Incomplete {
+        /// The variable found.
+        found: &'static str,
+        /// Its missing partner.
+        missing: &'static str,
+    },
+    /// A variable that should be a number is not.
+    #[error("{var}={value:?} is not a non-negative integer")]
+    BadNumber {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The rank is not below the number of ranks.
+    #[error("{rank_var}={rank} is out of range for {nranks_var}={nranks}")]
+    RankOutOfRange {
+        /// Rank variable.
+        rank_var: &'static str,
+        /// Its value.
+        rank: usize,
+        /// Number-of-ranks variable.
+        nranks_var: &'static str,
+        /// Its value.
+        nranks: usize,
+    },
+    /// No root address.
+    #[error(
+        "no bootstrap root: ranks come from {launcher:?} variables, but neither MSCCLPP_BOOTSTRAP (a unique id or ip:port) nor MASTER_ADDR and MASTER_PORT is set{hint}"
+    )]
+    MissingRoot {
+        /// Where rank and nranks came from.
+        launcher: LaunchSource,
+        /// How to pass it with that launcher.
+        hint: &'static str,
+    },
+    /// The root variable cannot be used.
+    #[error("{var}={value:?}: {reason}")]
+    BadRoot {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// The timeout variable is not a positive number of seconds.
+    #[error("{ENV_BOOTSTRAP_TIMEOUT}={0:?} is not a positive number of seconds")]
+    BadTimeout(String),
+    /// The launcher could not find its own executable.
+    #[error("cannot find the current executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    /// A process could not be started.
+    #[error("cannot start rank {rank} ({program}): {source}")]
+    Spawn {
+        /// The rank.
+        rank: usize,
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The launcher's root could not be started.
+    #[error("cannot start the bootstrap root: {0}")]
+    Root(#[from] BootstrapError),
+}
+
+/// What a launcher told this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// Rank on this node, if the launcher said.
+    pub local_rank: Option<usize>,
+    /// Where the root is.
+    pub root: BootstrapRoot,
+    /// Bootstrap timeout, if `MSCCLPP_BOOTSTRAP_TIMEOUT` is set.
+    pub timeout: Option<Duration>,
+    /// Whose variables gave rank and nranks.
+    pub source: LaunchSource,
+}
+
+impl Launch {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Launch, LaunchError> {
+        Launch::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `get` (so tests need not touch the process environment).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Launch, LaunchError> {
+        let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let number = |var: &'static str| -> Result<Option<usize>, LaunchError> {
+            match get(var) {
+                None => Ok(None),
+                Some(value) => value
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| LaunchError::BadNumber { var, value }),
+            }
+        };
+        let mut found = None;
+        for c in &CONVENTIONS {
+            match (number(c.rank)?, number(c.nranks)?) {
+                (Some(rank), Some(nranks)) => {
+                    found = Some((c, rank, nranks));
+                    break;
+                }
+                (Some(_), None) => {
+                    return Err(LaunchError::Incomplete {
+                        found: c.rank,
+                        missing: c.nranks,
+                    });
+                }
+                (None, Some(_)) => {
+                    return Err(LaunchError::Incomplete {
+                        found: c.nranks,
+                        missing: c.rank,
+                    });
+                }
+                (None, None) => {}
+            }
+        }
+        let (c, rank, nranks) = found.ok_or(LaunchError::NotLaunched)?;
+        if rank >= nranks {
+            return Err(LaunchError::RankOutOfRange {
+                rank_var: c.rank,
+                rank,
+                nranks_var: c.nranks,
+                nranks,
+            });
+        }
+        let local_rank = number(c.local_rank)?;
+        let root = match (get(ENV_BOOTSTRAP), get("MASTER_ADDR"), get("MASTER_PORT")) {
+            (Some(value), _, _) => {
+                value
+                    .parse()
+                    .map_err(|e: BootstrapError| LaunchError::BadRoot {
+                        var: ENV_BOOTSTRAP,
+                        value,
+                        reason: e.to_string(),
+                    })?
+            }
+            (None, Some(addr), Some(port)) => {
+                let port: u16 = port.trim().parse().map_err(|_| LaunchError::BadRoot {
+                    var: "MASTER_PORT",
+                    value: port.clone(),
+                    reason: "not a port number".into(),
+                })?;
+                let host = addr.trim().trim_start_matches('[').trim_end_matches(']');
+                let spec = if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                };
+                spec.parse()
+                    .map_err(|e: BootstrapError| LaunchError::BadRoot {
+                        var: "MASTER_ADDR",
+                        value: addr,
+                        reason: e.to_string(),
+                    })?
+            }
+            (None, Some(_), None) => {
+                return Err(LaunchError::Incomplete {
+                    found: "MASTER_ADDR",
+                    missing: "MASTER_PORT",
+                });
+            }
+            (None, None, Some(_)) => {
+                return Err(LaunchError::Incomplete {
+                    found: "MASTER_PORT",
+                    missing: "MASTER_ADDR",
+                });
+            }
+            (None, None, None) => {
+                return Err(LaunchError::MissingRoot {
+                    launcher: c.source,
+                    hint: match c.source {
+                        LaunchSource::OpenMpi => {
+                            " (pass it with mpirun -x MSCCLPP_BOOTSTRAP=ip:port)"
+                        }
+                        LaunchSource::Slurm => {
+                            " (export it before srun; srun passes the environment)"
+                        }
+                        _ => "",
+                    },
+                });
+            }
+        };
+        let timeout = match get(ENV_BOOTSTRAP_TIMEOUT) {
+            None => None,
+            Some(value) => match value.trim().parse::<f64>() {
+                Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e9 => {
+                    Some(Duration::from_secs_f64(secs))
+                }
+                _ => return Err(LaunchError::BadTimeout(value)),
+            },
+        };
+        Ok(Launch {
+            rank,
+            nranks,
+            local_rank,
+            root,
+            timeout,
+            source: c.source,
+        })
+    }
+
+    /// The default [`BootstrapConfig`] with this launch's timeout, if any.
+    pub fn config(&self) -> BootstrapConfig {
+        let config = BootstrapConfig::default();
+        match self.timeout {
+            Some(t) => config.with_timeout(t),
+            None => config,
+        }
+    }
+
+    /// Initialises the bootstrap this launch describes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`Bootstrap::init`].
+    pub async fn bootstrap(&self) -> Result<Bootstrap, BootstrapError> {
+        Bootstrap::init_with_config(self.nranks, self.rank, self.root, self.config()).await
+    }
+
+    /// Initialises the bootstrap this launch describes, blocking.
+    pub fn blocking_bootstrap(&self) -> Result<BlockingBootstrap, BootstrapError> {
+        BlockingBootstrap::init_with_config(self.nranks, self.rank, self.root, self.config())
+    }
+}
+
+/// How one launched process ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankExit {
+    /// Its rank.
+    pub rank: usize,
+    /// Its exit status (after the kill, if it was killed).
+    pub status: ExitStatus,
+    /// Whether the launcher killed it at the timeout.
+    pub killed_at_timeout: bool,
+}
+
+/// How a whole launch ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchReport {
+    /// One entry per rank, in rank order.
+    pub ranks: Vec<RankExit>,
+    /// With [`LocalLauncher::capture_output`]: every line the ranks printed, prefixed with
+    /// `[rank N] ` (stdout lines of a rank, then its stderr lines); else empty.
+    pub output: Vec<String>,
+}
+
+impl LaunchReport {
+    /// Whether every rank exited with status 0.
+    pub fn success(&self) -> bool {
+        self.ranks
+            .iter()
+            .all(|r| r.status.success() && !r.killed_at_timeout)
+    }
+}
+
+impl std::fmt::Display for LaunchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for r in &self.ranks {
+            write!(f, "[rank {}] {}", r.rank, r.status)?;
+            if r.killed_at_timeout {
+                f.write_str(" (killed at the launch timeout)")?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
+/// Starts N local processes of one program with the `MSCCLPP_*` variables set (the launcher
+/// runs the root and passes its unique id), forwards their stdout and stderr line by line
+/// with a `[rank N] ` prefix, and waits for all of them, killing those left at the timeout.
+///
+/// ```no_run
+/// use mscclpp_host::launch::{Launch, LaunchError, LocalLauncher};
+/// # fn run_rank(_: Launch) {}
+/// match Launch::from_env() {
+///     Ok(launch) => run_rank(launch),
+///     Err(LaunchError::NotLaunched) => {
+///         let report = LocalLauncher::current_exe(4)?.run()?;
+///         std::process::exit(if report.success() { 0 } else { 1 });
+///     }
+///     Err(e) => panic!("{e}"),
+/// }
+/// # Ok::<(), LaunchError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct LocalLauncher {
+    nranks: usize,
+    program: PathBuf,
+    args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
+    timeout: Duration,
+    bootstrap_timeout: Option<Duration>,
+    capture: bool,
+}
+
+impl LocalLauncher {
+    /// Launches `nranks` copies of the current executable with its current arguments.
+    pub fn current_exe(nranks: usize) -> Result<LocalLauncher, LaunchError> {
+        let program = std::env::current_exe().map_err(LaunchError::CurrentExe)?;
+        Ok(LocalLauncher::command(nranks, program).args(std::env::args_os().skip(1)))
+    }
+
+    /// Launches `nranks` copies of `program` (no arguments until [`args`](Self::args)).
+    pub fn command(nranks: usize, program: impl Into<PathBuf>) -> LocalLauncher {
+        LocalLauncher {
+            nranks,
+            program: program.into(),
+            args: Vec::new(),
+            envs: Vec::new(),
+            timeout: Duration::from_secs(300),
+            bootstrap_timeout: None,
+            capture: false,
+        }
+    }
+
+    /// Replaces the arguments.
+    pub fn args<I, S>(mut self, args: I) -> LocalLauncher
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets one more environment variable for every rank.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> LocalLauncher {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Kills every rank still running after `timeout` (default 300 s).
+    pub fn timeout(mut self, timeout: Duration) -> LocalLauncher {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the ranks' bootstrap timeout (`MSCCLPP_BOOTSTRAP_TIMEOUT`) and the root's.
+    pub fn bootstrap_timeout(mut self, timeout: Duration) -> LocalLauncher {
+        self.bootstrap_timeout = Some(timeout);
+        self
+    }
+
+    /// Collects the ranks' prefixed output into [`LaunchReport::output`] instead of printing
+    /// it.
+    pub fn capture_output(mut self, capture: bool) -> LocalLauncher {
+        self.capture = capture;
+        self
+    }
+
+    /// Runs the ranks to completion (or the timeout) and reports how each ended.
+    ///
+    /// Blocks the calling thread (threads forward the output).
+    pub fn run(&self) -> Result<LaunchReport, LaunchError> {
+        let mut config = BootstrapConfig::default();
+        if let Some(t) = self.bootstrap_timeout {
+            config = config.with_timeout(t);
+        }
+        // The root lives in the launcher, so the ranks are equals; it stops with `_root`.
+        let root = Root::bind(
+            std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
+            config,
+        )?
+        .spawn()?;
+        let id = root.unique_id().to_string();
+        let mut children: Vec<Child> = Vec::with_capacity(self.nranks);
+        let mut forwarders = Vec::new();
+        for rank in 0..self.nranks {
+            let mut cmd = Command::new(&self.program);
+            cmd.args(&self.args)
+                .envs(self.envs.iter().map(|(k, v)| (k, v)))
+                .env(ENV_RANK, rank.to_string())
+                .env(ENV_NRANKS, self.nranks.to_string())
+                .env(ENV_LOCAL_RANK, rank.to_string())
+                .env(ENV_BOOTSTRAP, &id)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if let Some(t) = self.bootstrap_timeout {
+                cmd.env(ENV_BOOTSTRAP_TIMEOUT, t.as_secs_f64().to_string());
+            }
+            let mut child = match cmd.spawn() {
+                Ok(child) => child,
+                Err(source) => {
+                    for mut c in children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(LaunchError::Spawn {
+                        rank,
+                        program: self.program.display().to_string(),
+                        source,
+                    });
+                }
+            };
+            if let Some(out) = child.stdout.take() {
+                forwarders.push(forward(rank, out, false, self.capture));
+            }
+            if let Some(err) = child.stderr.take() {
+                forwarders.push(forward(rank, err, true, self.capture));
+            }
+            children.push(child);
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut exits: Vec<Option<RankExit>> = vec![None; self.nranks];
+        while exits.iter().any(Option::is_none) {
+            for (rank, child) in children.iter_mut().enumerate() {
+                if exits[rank].is_none()
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    exits[rank] = Some(RankExit {
+                        rank,
+                        status,
+                        killed_at_timeout: false,
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                for (rank, child) in children.iter_mut().enumerate() {
+                    if exits[rank].is_none() {
+                        let _ = child.kill();
+                        if let Ok(status) = child.wait() {
+                            exits[rank] = Some(RankExit {
+                                rank,
+                                status,
+                                killed_at_timeout: true,
+                            });
+                        }
+                    }
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut output = Vec::new();
+        for f in forwarders {
+            if let Ok(lines) = f.join() {
+                output.extend(lines);
+            }
+        }
+        drop(root);
+        let ranks = exits
+            .into_iter()
+            .enumerate()
+            .map(|(rank, e)| {
+                e.unwrap_or_else(|| RankExit {
+                    rank,
+                    status: failed_status(),
+                    killed_at_timeout: true,
+                })
+            })
+            .collect();
+        Ok(LaunchReport { ranks, output })
+    }
+}
+
+/// A failing status for a child whose status could not be read (it cannot be waited on).
+fn failed_status() -> ExitStatus {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        ExitStatus::from_raw(1 << 8)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::os::windows::process::ExitStatusExt;
+        ExitStatus::from_raw(1)
+    }
+}
+
+/// Prefixes one line of a rank's output.
+fn prefixed(rank: usize, line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    format!("[rank {rank}] {}", text.trim_end_matches(['\n', '\r']))
+}
+
+fn forward(
+    rank: usize,
+    pipe: impl Read + Send + 'static,
+    is_stderr: bool,
+    capture: bool,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = Vec::new();
+        let mut captured = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return captured,
+                Ok(_) => {
+                    let text = prefixed(rank, &line);
+                    if capture {
+                        captured.push(text);
+                    } else if is_stderr {
+                        // eprintln!/println! (not io::stdout) so the test harness captures it.
+                        eprintln!("{text}");
+                    } else {
+                        println!("{text}");
+                        let _ = std::io::stdout().flush();
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

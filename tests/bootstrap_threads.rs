@@ -1,0 +1,637 @@
+//! Bootstrap with every rank in this process (tokio tasks or threads), on 127.0.0.1 only.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
+use std::time::Duration;
+
+use mscclpp::host::bootstrap::wire::{self, FrameLimits, Hello, MAGIC, Message, PROTOCOL_VERSION};
+use mscclpp::host::bootstrap::{
+    BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, Refusal, Root,
+    UniqueId, create_unique_id, create_unique_id_at,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Short enough that a failure test fails fast, long enough for a loaded 2-core machine.
+fn config() -> BootstrapConfig {
+    BootstrapConfig::new().with_timeout(Duration::from_secs(5))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn localhost(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// A port nobody listens on (bound, then released).
+fn free_port() -> u16 {
+    StdListener::bind(localhost(0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// What rank `r` contributes: ragged sizes, content depending on the rank.
+fn payload(r: usize) -> Vec<u8> {
+    (0..(r * 37 + 5)).map(|i| (i * 7 + r * 13) as u8).collect()
+}
+
+/// Inits `nranks` ranks as tasks against `root` and returns the bootstraps in rank order.
+async fn init_all(nranks: usize, root: BootstrapRoot, config: BootstrapConfig) -> Vec<Bootstrap> {
+    let tasks: Vec<_> = (0..nranks)
+        .map(|rank| {
+            let config = config.clone();
+            tokio::spawn(Bootstrap::init_with_config(nranks, rank, root, config))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap().unwrap());
+    }
+    out
+}
+
+/// Every operation once, checking the results against what each rank contributed.
+async fn exercise(bs: &Bootstrap) -> Result<(), BootstrapError> {
+    let (r, n) = (bs.rank(), bs.nranks());
+    for _ in 0..2 {
+        let all = bs.all_gather(&payload(r)).await?;
+        assert_eq!(all.len(), n);
+        for (i, got) in all.iter().enumerate() {
+            assert_eq!(got, &payload(i), "rank {r}: block of rank {i}");
+        }
+    }
+    bs.barrier().await?;
+    for root in 0..n {
+        let data = if r == root {
+            payload(root + 100)
+        } else {
+            Vec::new()
+        };
+        assert_eq!(bs.broadcast(root, &data).await?, payload(root + 100));
+    }
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    bs.send(next, 7, &payload(r)).await?;
+    assert_eq!(bs.recv(prev, 7).await?, payload(prev));
+    bs.barrier().await?;
+    Ok(())
+}
+
+fn run_tasks(nranks: usize) {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let ranks = init_all(nranks, id.into(), config()).await;
+        for (r, bs) in ranks.iter().enumerate() {
+            assert_eq!((bs.rank(), bs.nranks()), (r, nranks));
+            // All in one process: one node.
+            assert_eq!((bs.local_rank(), bs.nranks_per_node()), (r, nranks));
+        }
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|bs| {
+                tokio::spawn(async move {
+                    exercise(&bs).await?;
+                    bs.close().await;
+                    Ok::<_, BootstrapError>(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap().unwrap();
+        }
+    });
+}
+
+#[test]
+fn tasks_1_rank() {
+    run_tasks(1);
+}
+
+#[test]
+fn tasks_2_ranks() {
+    run_tasks(2);
+}
+
+#[test]
+fn tasks_3_ranks() {
+    run_tasks(3);
+}
+
+#[test]
+fn tasks_8_ranks() {
+    run_tasks(8);
+}
+
+fn run_threads(nranks: usize) {
+    let id = create_unique_id().unwrap();
+    let threads: Vec<_> = (0..nranks)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let bs = BlockingBootstrap::init_with_config(nranks, rank, id, config()).unwrap();
+                let all = bs.all_gather(&payload(rank)).unwrap();
+                let expected: Vec<_> = (0..nranks).map(payload).collect();
+                assert_eq!(all, expected);
+                bs.barrier().unwrap();
+                let root = nranks / 2;
+                let data = if rank == root {
+                    b"hello".to_vec()
+                } else {
+                    Vec::new()
+                };
+                assert_eq!(bs.broadcast(root, &data).unwrap(), b"hello");
+                let (next, prev) = ((rank + 1) % nranks, (rank + nranks - 1) % nranks);
+                bs.send(next, 1, &payload(rank)).unwrap();
+                assert_eq!(bs.recv(prev, 1).unwrap(), payload(prev));
+                bs.barrier().unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn threads_1_rank() {
+    run_threads(1);
+}
+
+#[test]
+fn threads_2_ranks() {
+    run_threads(2);
+}
+
+#[test]
+fn threads_3_ranks() {
+    run_threads(3);
+}
+
+#[test]
+fn threads_8_ranks() {
+    run_threads(8);
+}
+
+#[test]
+fn all_gather_of_large_blocks() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let ranks = init_all(3, id.into(), config()).await;
+        let block =
+            |r: usize| -> Vec<u8> { (0..(1 << 20) + r).map(|i| (i % 251 + r) as u8).collect() };
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|bs| tokio::spawn(async move { bs.all_gather(&block(bs.rank())).await }))
+            .collect();
+        for h in handles {
+            let all = h.await.unwrap().unwrap();
+            for (r, got) in all.iter().enumerate() {
+                assert!(got == &block(r), "block of rank {r} differs");
+            }
+        }
+    });
+}
+
+#[test]
+fn recv_buffers_out_of_order_tags() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let mut ranks = init_all(2, id.into(), config()).await;
+        let one = ranks.pop().unwrap();
+        let zero = ranks.pop().unwrap();
+        for tag in [3u64, 1, 2, 1] {
+            zero.send(1, tag, format!("tag {tag}").as_bytes())
+                .await
+                .unwrap();
+        }
+        // Received in another order than sent; same-tag messages keep their order.
+        for tag in [2u64, 1, 3, 1] {
+            assert_eq!(
+                one.recv(0, tag).await.unwrap(),
+                format!("tag {tag}").as_bytes()
+            );
+        }
+        // A message to oneself.
+        one.send(1, 9, b"me").await.unwrap();
+        assert_eq!(one.recv(1, 9).await.unwrap(), b"me");
+    });
+}
+
+#[test]
+fn local_rank_follows_host_ids() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let hosts = ["node-a", "node-b", "node-a", "node-a"];
+        let tasks: Vec<_> = hosts
+            .iter()
+            .enumerate()
+            .map(|(rank, host)| {
+                let config = config().with_host_id(*host);
+                tokio::spawn(Bootstrap::init_with_config(4, rank, id, config))
+            })
+            .collect();
+        // Keep every rank alive until all are initialised (a rank dials its successor).
+        let mut ranks = Vec::new();
+        for t in tasks {
+            ranks.push(t.await.unwrap().unwrap());
+        }
+        let mut got = Vec::new();
+        for bs in &ranks {
+            got.push((bs.local_rank(), bs.nranks_per_node()));
+            assert_eq!(bs.host_id(1), Some("node-b"));
+        }
+        assert_eq!(got, vec![(0, 3), (0, 1), (1, 3), (2, 3)]);
+    });
+}
+
+#[test]
+fn ip_port_form_retries_until_rank0_starts_the_root() {
+    let addr = localhost(free_port());
+    runtime().block_on(async {
+        let late: Vec<_> = (1..3)
+            .map(|rank| tokio::spawn(Bootstrap::init_with_config(3, rank, addr, config())))
+            .collect();
+        // Ranks 1 and 2 are already retrying: nothing listens on `addr` yet.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let zero = Bootstrap::init_with_config(3, 0, addr, config())
+            .await
+            .unwrap();
+        let mut ranks = vec![zero];
+        for t in late {
+            ranks.push(t.await.unwrap().unwrap());
+        }
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|bs| tokio::spawn(async move { exercise(&bs).await }))
+            .collect();
+        for h in handles {
+            h.await.unwrap().unwrap();
+        }
+    });
+}
+
+#[test]
+fn unreachable_root_fails_after_retrying() {
+    let addr = localhost(free_port());
+    let config = config().with_timeout(Duration::from_millis(400));
+    let err = BlockingBootstrap::init_with_config(2, 1, addr, config).unwrap_err();
+    match err {
+        BootstrapError::RootUnreachable {
+            rank,
+            addr: a,
+            attempts,
+            ..
+        } => {
+            assert_eq!((rank, a), (1, addr));
+            assert!(attempts >= 2, "no retry: {attempts} attempt(s)");
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+}
+
+#[test]
+fn wrong_secret_is_refused_and_others_are_unaffected() {
+    runtime().block_on(async {
+        let root = Root::bind(localhost(0), config()).unwrap();
+        let id = root.unique_id();
+        let root = tokio::spawn(root.run());
+        let forged = UniqueId::new(id.root_addr(), [7; 32]);
+        let err = Bootstrap::init_with_config(2, 0, forged, config())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BootstrapError::RefusedByRoot {
+                    reason: Refusal::WrongSecret,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("wrong secret"), "{err}");
+        let ranks = init_all(2, id.into(), config()).await;
+        root.await.unwrap().unwrap();
+
+        // The same at a rank's own listener.
+        let mut s = TcpStream::connect(ranks[1].listen_addr()).await.unwrap();
+        let hello = Message::Hello(Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            secret: [7; 32],
+            nranks: 2,
+            from: 0,
+            to: 1,
+        });
+        wire::write_frame(&mut s, &hello, &[]).await.unwrap();
+        let reply = wire::read_frame(&mut s, &FrameLimits::HANDSHAKE)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reply.message, Message::Refused(Refusal::WrongSecret));
+
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|bs| tokio::spawn(async move { exercise(&bs).await }))
+            .collect();
+        for h in handles {
+            h.await.unwrap().unwrap();
+        }
+    });
+}
+
+#[test]
+fn garbage_and_oversize_frames_are_refused_without_harm() {
+    runtime().block_on(async {
+        let root = Root::bind(localhost(0), config()).unwrap();
+        let id = root.unique_id();
+        let root = tokio::spawn(root.run());
+        let mut garbage = Vec::new();
+        // Claims a 4 GiB header, then a huge payload, then plain noise.
+        garbage.push([0xffu8, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0].to_vec());
+        garbage.push([8u8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f].to_vec());
+        garbage.push(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec());
+        for bytes in &garbage {
+            let mut s = TcpStream::connect(id.root_addr()).await.unwrap();
+            s.write_all(bytes).await.unwrap();
+            // The root answers with a refusal (or just closes); it never hangs on us.
+            let reply = tokio::time::timeout(
+                Duration::from_secs(5),
+                wire::read_frame(&mut s, &FrameLimits::HANDSHAKE),
+            )
+            .await
+            .expect("the root neither refused nor closed");
+            if let Ok(Some(frame)) = reply {
+                assert_eq!(frame.message, Message::Refused(Refusal::BadMagic));
+            }
+        }
+        let ranks = init_all(2, id.into(), config()).await;
+        root.await.unwrap().unwrap();
+        for bytes in &garbage {
+            let mut s = TcpStream::connect(ranks[0].listen_addr()).await.unwrap();
+            s.write_all(bytes).await.unwrap();
+            let reply = tokio::time::timeout(
+                Duration::from_secs(5),
+                wire::read_frame(&mut s, &FrameLimits::HANDSHAKE),
+            )
+            .await
+            .expect("the rank neither refused nor closed");
+            if let Ok(Some(frame)) = reply {
+                assert_eq!(frame.message, Message::Refused(Refusal::BadMagic));
+            }
+        }
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|bs| tokio::spawn(async move { exercise(&bs).await }))
+            .collect();
+        for h in handles {
+            h.await.unwrap().unwrap();
+        }
+    });
+}
+
+/// Starts a root and the given (nranks, rank) joiners; returns the root's and ranks' results.
+async fn rendezvous_with(
+    joiners: &[(usize, usize)],
+    config: BootstrapConfig,
+) -> (Result<(), BootstrapError>, Vec<BootstrapError>) {
+    let root = Root::bind(localhost(0), config.clone()).unwrap();
+    let id = root.unique_id();
+    let root = tokio::spawn(root.run());
+    let tasks: Vec<_> = joiners
+        .iter()
+        .map(|&(nranks, rank)| {
+            tokio::spawn(Bootstrap::init_with_config(
+                nranks,
+                rank,
+                id,
+                config.clone(),
+            ))
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(bs) => panic!("rank {} joined a broken rendezvous", bs.rank()),
+            Err(e) => errors.push(e),
+        }
+    }
+    (root.await.unwrap(), errors)
+}
+
+fn refusal(e: &BootstrapError) -> &Refusal {
+    match e {
+        BootstrapError::RefusedByRoot { reason, .. } => reason,
+        other => panic!("expected a refusal by the root, got: {other}"),
+    }
+}
+
+#[test]
+fn rank_out_of_range_fails_that_rank_and_the_root() {
+    runtime().block_on(async {
+        // Rank 2 never comes, so the rendezvous cannot complete before rank 5 is seen; the
+        // root gives up on rank 2 at its (short) timeout.
+        let config = config().with_timeout(Duration::from_secs(2));
+        let (root, errors) = rendezvous_with(&[(3, 0), (3, 1), (3, 5)], config).await;
+        let expected = Refusal::RankOutOfRange { rank: 5, nranks: 3 };
+        match root {
+            Err(BootstrapError::RendezvousFailed(r)) => assert_eq!(r, expected),
+            other => panic!("root: {other:?}"),
+        }
+        assert_eq!(refusal(&errors[2]), &expected);
+        let aborted = Refusal::Aborted {
+            cause: Box::new(expected.clone()),
+        };
+        for e in &errors[..2] {
+            assert_eq!(refusal(e), &aborted, "{e}");
+        }
+    });
+}
+
+#[test]
+fn duplicate_rank_fails_the_ranks_and_the_root() {
+    runtime().block_on(async {
+        // Rank 3 never comes (see above).
+        let config = config().with_timeout(Duration::from_secs(2));
+        let (root, errors) = rendezvous_with(&[(4, 0), (4, 1), (4, 1), (4, 2)], config).await;
+        let expected = Refusal::DuplicateRank { rank: 1 };
+        match root {
+            Err(BootstrapError::RendezvousFailed(r)) => assert_eq!(r, expected),
+            other => panic!("root: {other:?}"),
+        }
+        let aborted = Refusal::Aborted {
+            cause: Box::new(expected.clone()),
+        };
+        let direct = errors.iter().filter(|e| refusal(e) == &expected).count();
+        let told = errors.iter().filter(|e| refusal(e) == &aborted).count();
+        assert_eq!((direct, told), (1, 3), "{errors:?}");
+    });
+}
+
+#[test]
+fn nranks_mismatch_fails() {
+    runtime().block_on(async {
+        let config = config().with_timeout(Duration::from_secs(2));
+        let (root, errors) = rendezvous_with(&[(2, 0), (3, 1)], config).await;
+        match root {
+            Err(BootstrapError::RendezvousFailed(Refusal::NranksMismatch { .. })) => {}
+            other => panic!("root: {other:?}"),
+        }
+        for e in &errors {
+            let ok = match refusal(e) {
+                Refusal::NranksMismatch { .. } => true,
+                Refusal::Aborted { cause } => matches!(**cause, Refusal::NranksMismatch { .. }),
+                _ => false,
+            };
+            assert!(ok, "{e}");
+        }
+    });
+}
+
+/// Runs `op` on every rank but `victim`, which drops its connections (as if killed) while the
+/// others wait in `op`; every survivor must fail naming the victim.
+fn lost_rank_is_named(nranks: usize, victim: usize, op: &'static str) {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let ranks = init_all(nranks, id.into(), config()).await;
+        let mut handles = Vec::new();
+        for bs in ranks {
+            if bs.rank() == victim {
+                handles.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    bs.abandon();
+                    Ok(())
+                }));
+            } else {
+                handles.push(tokio::spawn(async move {
+                    match op {
+                        "barrier" => bs.barrier().await,
+                        _ => bs.all_gather(&payload(bs.rank())).await.map(drop),
+                    }
+                }));
+            }
+        }
+        for (rank, h) in handles.into_iter().enumerate() {
+            let result = h.await.unwrap();
+            if rank == victim {
+                continue;
+            }
+            match result {
+                Err(BootstrapError::PeerLost { peer, .. }) => {
+                    assert_eq!(peer, victim, "rank {rank} blamed the wrong rank")
+                }
+                other => panic!("rank {rank}: expected PeerLost naming {victim}, got {other:?}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn lost_rank_during_all_gather_is_named() {
+    lost_rank_is_named(4, 2, "all_gather");
+}
+
+#[test]
+fn lost_rank_during_barrier_is_named() {
+    lost_rank_is_named(8, 5, "barrier");
+}
+
+#[test]
+fn recv_times_out_naming_the_peer() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let config = config().with_timeout(Duration::from_millis(300));
+        let ranks = init_all(2, id.into(), config).await;
+        let err = ranks[0].recv(1, 42).await.unwrap_err();
+        match &err {
+            BootstrapError::Timeout {
+                rank: 0,
+                waiting_for,
+                ..
+            } => {
+                assert_eq!(waiting_for, "rank 1")
+            }
+            other => panic!("{other}"),
+        }
+        assert!(err.to_string().contains("recv (tag 42)"), "{err}");
+    });
+}
+
+#[test]
+fn closed_peer_fails_recv_instead_of_waiting() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let mut ranks = init_all(2, id.into(), config()).await;
+        ranks.pop().unwrap().close().await;
+        let err = ranks[0].recv(1, 1).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BootstrapError::PeerClosed {
+                    rank: 0,
+                    peer: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    });
+}
+
+#[test]
+fn cancelled_collective_poisons_the_bootstrap() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let ranks = init_all(2, id.into(), config()).await;
+        // Rank 1 never joins, so the all-gather is still running when it is cancelled.
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(50), ranks[0].all_gather(b"x")).await;
+        assert!(cancelled.is_err());
+        let err = ranks[0].barrier().await.unwrap_err();
+        assert!(matches!(err, BootstrapError::Poisoned { rank: 0 }), "{err}");
+    });
+}
+
+#[test]
+fn oversize_send_is_rejected() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let config = config().with_max_message_size(1024);
+        let ranks = init_all(2, id.into(), config).await;
+        let err = ranks[0].send(1, 0, &[0u8; 1025]).await.unwrap_err();
+        assert!(matches!(err, BootstrapError::InvalidArgument(_)), "{err}");
+        assert!(err.to_string().contains("1025"), "{err}");
+    });
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let err = Bootstrap::init(0, 0, id).await.unwrap_err();
+        assert!(matches!(err, BootstrapError::InvalidArgument(_)), "{err}");
+        let ranks = init_all(2, id.into(), config()).await;
+        let err = ranks[0].send(2, 0, b"").await.unwrap_err();
+        assert!(err.to_string().contains("peer 2 is out of range"), "{err}");
+        let err = ranks[0].broadcast(9, b"").await.unwrap_err();
+        assert!(matches!(err, BootstrapError::InvalidArgument(_)), "{err}");
+        // Blocking calls inside a runtime are refused, not a panic.
+        let err = BlockingBootstrap::init(1, 0, id).unwrap_err();
+        assert!(matches!(err, BootstrapError::InsideRuntime), "{err}");
+    });
+}
+
+#[test]
+fn unique_id_string_reaches_the_same_root() {
+    let root = create_unique_id_at(localhost(0), config()).unwrap();
+    let text = root.to_string();
+    let parsed: BootstrapRoot = text.parse().unwrap();
+    assert_eq!(parsed, BootstrapRoot::Id(root));
+    let bs = BlockingBootstrap::init_with_config(1, 0, parsed, config()).unwrap();
+    assert_eq!(bs.all_gather(b"solo").unwrap(), vec![b"solo".to_vec()]);
+}
