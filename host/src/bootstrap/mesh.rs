@@ -36,8 +36,11 @@ use super::wire::{
 
 /// How long a refusal or goodbye may take to write before we give up on a peer.
 const COURTESY_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long `close` waits for news of a lost rank to reach the other ranks.
-const NOTICE_WAIT: Duration = Duration::from_secs(2);
+/// How long `close` waits (at most; never beyond the configured timeout) for news of a lost
+/// rank to reach the other ranks.
+const NOTICE_WAIT: Duration = Duration::from_secs(5);
+/// How long `close` waits for the writers to flush their goodbyes.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug)]
 enum PeerStatus {
@@ -501,6 +504,27 @@ impl Mesh {
         }
     }
 
+    /// Waits at most `grace` for some rank to be known lost; returns it and what was seen.
+    pub(crate) async fn wait_for_loss(&self, grace: Duration) -> Option<(usize, String)> {
+        let deadline = Instant::now() + grace.min(self.config.timeout);
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = lock(&self.state);
+                if let Some(p) = st.first_lost
+                    && let PeerStatus::Lost(detail) = &st.status[p]
+                {
+                    return Some((p, detail.clone()));
+                }
+            }
+            if timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+
     /// Puts a message for this rank into its own mailbox.
     pub(crate) fn deliver_to_self(&self, channel: Channel, payload: Vec<u8>) {
         self.deliver(self.rank, channel, payload);
@@ -731,13 +755,27 @@ impl Mesh {
             .filter_map(Option::take)
             .collect();
         if goodbye {
+            // A rank that leaves after a failure passes the news on with its goodbye, so
+            // that peers blame the lost rank, not the one that left.
+            let lost = {
+                let st = lock(&self.state);
+                st.first_lost.and_then(|p| match &st.status[p] {
+                    PeerStatus::Lost(detail) => Some(Message::PeerLost {
+                        rank: p as u32,
+                        detail: detail.clone(),
+                    }),
+                    _ => None,
+                })
+            };
             let links = self.links.iter().filter_map(|l| l.get()).map(|l| &l.tx);
             for tx in links.chain(back.iter()) {
-                let _ = tx.send(Outgoing {
-                    message: Message::Goodbye,
-                    payload: Bytes::new(),
-                    done: None,
-                });
+                for message in lost.iter().cloned().chain([Message::Goodbye]) {
+                    let _ = tx.send(Outgoing {
+                        message,
+                        payload: Bytes::new(),
+                        done: None,
+                    });
+                }
             }
         } else {
             for task in lock(&self.notices).drain(..) {
@@ -752,7 +790,7 @@ impl Mesh {
     /// Closes with goodbyes and waits (bounded) for them to be written.
     pub(crate) async fn close(&self) {
         let notices: Vec<JoinHandle<()>> = lock(&self.notices).drain(..).collect();
-        let deadline = Instant::now() + NOTICE_WAIT;
+        let deadline = Instant::now() + NOTICE_WAIT.min(self.config.timeout);
         for task in notices {
             let abort = task.abort_handle();
             if timeout_at(deadline, task).await.is_err() {
@@ -760,7 +798,7 @@ impl Mesh {
             }
         }
         self.begin_close(true);
-        let deadline = Instant::now() + COURTESY_WRITE_TIMEOUT;
+        let deadline = Instant::now() + FLUSH_WAIT;
         let writers: Vec<JoinHandle<()>> = lock(&self.writers).drain(..).collect();
         for writer in writers {
             let abort = writer.abort_handle();

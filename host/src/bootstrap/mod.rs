@@ -60,6 +60,9 @@ pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
 use mesh::Mesh;
 use wire::{Channel, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION};
 
+/// How long a failed collective waits for news of a lost rank before reporting its own cause.
+const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
+
 /// Largest number of ranks a bootstrap accepts.
 pub const MAX_NRANKS: usize = 1 << 20;
 
@@ -385,6 +388,7 @@ impl Bootstrap {
 
     async fn collective<'a, T, Fut>(
         &'a self,
+        op: Op,
         body: impl FnOnce(u64) -> Fut,
     ) -> Result<T, BootstrapError>
     where
@@ -402,7 +406,22 @@ impl Bootstrap {
         };
         let result = body(this).await;
         guard.armed = false;
-        result
+        match result {
+            // A peer that left or refused mid-collective most likely left because some rank
+            // died; give the news a moment to arrive and blame the root cause.
+            Err(e) if !matches!(e, BootstrapError::PeerLost { .. }) => {
+                match self.mesh.wait_for_loss(LOSS_NEWS_GRACE).await {
+                    Some((peer, detail)) => Err(BootstrapError::PeerLost {
+                        rank: self.rank(),
+                        op,
+                        peer,
+                        detail,
+                    }),
+                    None => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Gathers every rank's `data`; element `r` of the result is rank `r`'s. Contributions
@@ -413,7 +432,8 @@ impl Bootstrap {
     /// Not cancel safe: cancelling midway leaves the ranks out of step, so the bootstrap is
     /// then poisoned and every later collective fails with [`BootstrapError::Poisoned`].
     pub async fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
-        self.collective(|seq| self.all_gather_ring(seq, data)).await
+        self.collective(Op::AllGather, |seq| self.all_gather_ring(seq, data))
+            .await
     }
 
     async fn all_gather_ring(&self, seq: u64, data: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
@@ -441,7 +461,8 @@ impl Bootstrap {
     ///
     /// Not cancel safe; see [`all_gather`](Self::all_gather).
     pub async fn barrier(&self) -> Result<(), BootstrapError> {
-        self.collective(|seq| self.dissemination_barrier(seq)).await
+        self.collective(Op::Barrier, |seq| self.dissemination_barrier(seq))
+            .await
     }
 
     async fn dissemination_barrier(&self, seq: u64) -> Result<(), BootstrapError> {
@@ -470,8 +491,10 @@ impl Bootstrap {
     /// Not cancel safe; see [`all_gather`](Self::all_gather).
     pub async fn broadcast(&self, root: usize, data: &[u8]) -> Result<Vec<u8>, BootstrapError> {
         self.check_peer(root, Op::Broadcast)?;
-        self.collective(|seq| self.binomial_broadcast(seq, root, data))
-            .await
+        self.collective(Op::Broadcast, |seq| {
+            self.binomial_broadcast(seq, root, data)
+        })
+        .await
     }
 
     async fn binomial_broadcast(
