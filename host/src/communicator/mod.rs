@@ -26,6 +26,7 @@ mod setup;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use mscclpp_device::channel::DevConn;
@@ -38,6 +39,15 @@ use crate::transport::TransportKind;
 use crate::transport::shm::{ShmError, ShmSegment};
 
 pub use setup::Connection;
+
+/// A [`DevConn`] as a kernel argument for cudarc's launch builder (passed by value).
+#[derive(Debug, Clone, Copy)]
+#[repr(transparent)]
+pub struct DevConnArg(pub DevConn);
+
+// SAFETY: DevConn is `#[repr(C)]`, `Copy`, and holds only addresses and integers, which is
+// what a by-value kernel parameter of the same Rust type expects.
+unsafe impl cudarc::driver::DeviceRepr for DevConnArg {}
 
 /// Errors of the communicator.
 #[derive(Debug, thiserror::Error)]
@@ -249,6 +259,8 @@ pub struct Communicator {
     proxy: Option<ProxyService>,
     /// Flag memory of every setup round, kept alive while connections use it.
     flag_memory: Vec<setup::FlagMemory>,
+    /// Signals sent on each connection (see `ProxyTask::epochs`).
+    epochs: Arc<[AtomicU64]>,
 }
 
 impl Communicator {
@@ -292,6 +304,7 @@ impl Communicator {
             connections: Vec::new(),
             proxy: None,
             flag_memory: Vec::new(),
+            epochs: Arc::from(Vec::new()),
         })
     }
 
@@ -422,6 +435,11 @@ impl Communicator {
         let (conns, flags) = setup::establish(self, pending, first_id)?;
         self.connections.extend(conns);
         self.flag_memory.push(flags);
+        // The proxy is stopped (checked above), so nobody changes the epochs meanwhile.
+        let epochs: Vec<AtomicU64> = (0..self.connections.len())
+            .map(|i| AtomicU64::new(self.epochs.get(i).map_or(0, |e| e.load(Ordering::Relaxed))))
+            .collect();
+        self.epochs = Arc::from(epochs);
         Ok(())
     }
 

@@ -381,6 +381,7 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
     Ok(ProxyTask {
         consumer,
         routes,
+        epochs: comm.epochs.clone(),
         plane,
         on_start,
     })

@@ -25,7 +25,7 @@
 //! Idle policy: spin a while, then yield, then sleep 20 µs between polls, so an idle proxy
 //! does not hold a core (CI machines have two) while a busy one answers within a poll.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -93,6 +93,9 @@ pub(crate) struct ProxyTask {
     pub consumer: FifoConsumer,
     /// Route of each connection id.
     pub routes: Vec<Route>,
+    /// Signals sent so far on each connection; kept by the communicator so that a relaunched
+    /// proxy continues the epochs (only the running proxy thread changes them).
+    pub epochs: Arc<[AtomicU64]>,
     /// The data plane.
     pub plane: Box<dyn DataPlane>,
     /// Runs first on the proxy thread (binding a CUDA context).
@@ -159,7 +162,6 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
     if let Some(f) = task.on_start.take() {
         f();
     }
-    let mut epochs = vec![0u64; task.routes.len()];
     let mut idle = 0u32;
     loop {
         let Some(trigger) = task.consumer.poll() else {
@@ -205,9 +207,10 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
                     }
                 }
                 if op.contains(TriggerOp::FLAG) {
-                    let epoch = &mut epochs[id as usize];
-                    *epoch += 1;
-                    if let Err(error) = plane.signal(route, *epoch) {
+                    // Relaxed: this thread is the only writer while it runs; the join in
+                    // `stop` orders it before a later proxy's reads.
+                    let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
+                    if let Err(error) = plane.signal(route, epoch) {
                         record(errors, ProxyError::Transport { seq, connection: id, error });
                     }
                 }

@@ -1,0 +1,79 @@
+//! Kernels over proxy channels ([`DevConn`]): the seed's ping-pong and an all-gather, used
+//! by the GPU tests and benches.
+
+use crate::arch;
+use crate::channel::DevConn;
+use crate::kernel;
+use crate::kernels::smoke::probe_value;
+
+kernel! {
+    /// One block, two ranks. In round `r` (1-based) the sender (rank 0 in odd rounds, rank 1
+    /// in even ones) fills its `words` u64 with `probe_value(seed ^ rank, r, i)` and
+    /// `put_with_signal`s them; the other rank `wait`s and checks every word, adding
+    /// mismatches to `*errors`. `words == 0` gives a pure signal ping-pong (8-byte-free).
+    pub unsafe fn proxy_ping_pong(
+        conn: DevConn,
+        buf: *mut u64,
+        words: usize,
+        rounds: u64,
+        rank: u32,
+        seed: u64,
+        errors: *mut u64,
+    ) {
+        let t = arch::thread_idx_x() as usize;
+        let nt = arch::block_dim_x() as usize;
+        let peer = 1 - rank;
+        for r in 1..=rounds {
+            let sender = (r % 2 == 1) == (rank == 0);
+            if sender {
+                let mut i = t;
+                while i < words {
+                    // SAFETY: buf holds `words` u64 (caller contract).
+                    unsafe { *buf.add(i) = probe_value(seed ^ rank as u64, r, i as u64) };
+                    i += nt;
+                }
+                arch::sync_threads();
+                if t == 0 {
+                    conn.put_with_signal(0, 0, (words * 8) as u64);
+                }
+                arch::sync_threads();
+            } else {
+                if t == 0 {
+                    conn.wait();
+                }
+                arch::sync_threads();
+                let mut bad = 0u64;
+                let mut i = t;
+                while i < words {
+                    // SAFETY: as above; the peer's put completed before its signal.
+                    let v = unsafe { *buf.add(i) };
+                    if v != probe_value(seed ^ peer as u64, r, i as u64) {
+                        bad += 1;
+                    }
+                    i += nt;
+                }
+                if bad != 0 {
+                    // SAFETY: `errors` is a live counter (caller contract).
+                    unsafe { arch::atomic_add_relaxed_gpu_u64(errors, bad) };
+                }
+                arch::sync_threads();
+            }
+        }
+    }
+}
+
+kernel! {
+    /// All-gather over proxy channels: thread `i < nconns` puts this rank's chunk
+    /// (`rank * chunk_bytes`, same offset on the peer) over `conns[i]`, signals, then waits
+    /// for that peer's chunk. One block of at least `nconns` threads.
+    pub unsafe fn proxy_all_gather(conns: *const DevConn, nconns: u32, rank: u32, chunk_bytes: u64) {
+        let t = arch::thread_idx_x();
+        if t < nconns {
+            // SAFETY: `conns` holds `nconns` handles (caller contract).
+            let c = unsafe { *conns.add(t as usize) };
+            c.put(rank as u64 * chunk_bytes, chunk_bytes);
+            c.signal();
+            c.wait();
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Communicator over the Host transport, ranks as threads of this process.
+
+use std::time::Duration;
+
+use super::*;
+use crate::bootstrap::create_unique_id;
+use mscclpp_device::kernels::smoke::probe_value;
+
+fn config() -> CommConfig {
+    CommConfig {
+        fifo_slots: 8,
+        device_timeout: Duration::from_secs(20),
+        bootstrap: BootstrapConfig::default().with_timeout(Duration::from_secs(20)),
+    }
+}
+
+/// Runs `f(comm)` on `n` host-backed ranks (threads) and returns their results in rank order.
+fn ranks<T: Send>(n: usize, f: impl Fn(Communicator) -> T + Sync) -> Vec<T> {
+    let id = create_unique_id().unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let f = &f;
+                s.spawn(move || {
+                    let c = config();
+                    let bs = BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone()).unwrap();
+                    f(Communicator::from_bootstrap(bs, Backend::Host, c).unwrap())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn fill(buf: &Buffer, seed: u64, round: u64) {
+    let words: Vec<u64> = (0..buf.len() as u64 / 8).map(|i| probe_value(seed, round, i)).collect();
+    buf.write(0, &words).unwrap();
+}
+
+fn check(buf: &Buffer, seed: u64, round: u64, what: &str) {
+    let mut words = vec![0u64; buf.len() / 8];
+    buf.read(0, &mut words).unwrap();
+    for (i, w) in words.iter().enumerate() {
+        assert_eq!(*w, probe_value(seed, round, i as u64), "{what}: word {i}");
+    }
+}
+
+#[test]
+fn ping_pong_moves_random_data_every_round() {
+    const ROUNDS: u64 = 300;
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let peer = 1 - me;
+        let buf = comm.alloc_buffer(4096).unwrap();
+        comm.connect(peer, &buf, 7, TransportKind::Host).unwrap();
+        comm.connection_setup().unwrap();
+        let conn = comm.device_connections()[0];
+        comm.proxy_launch().unwrap();
+        for round in 1..=ROUNDS {
+            // Rank 0 sends in odd rounds, rank 1 in even ones; the other checks.
+            if (round % 2 == 1) == (me == 0) {
+                fill(&buf, me as u64, round);
+                conn.put_with_signal(0, 0, 4096);
+            } else {
+                conn.wait();
+                check(&buf, peer as u64, round, "ping-pong");
+            }
+        }
+        comm.proxy_stop().unwrap();
+    });
+}
+
+#[test]
+fn all_gather_with_put_signal_wait_on_3_and_8_ranks() {
+    for n in [3usize, 8] {
+        let chunk = 256usize;
+        ranks(n, |mut comm| {
+            let me = comm.rank();
+            let buf = comm.alloc_buffer(chunk * n).unwrap();
+            let mine: Vec<u64> = (0..chunk as u64 / 8).map(|i| probe_value(me as u64, 1, i)).collect();
+            buf.write(me * chunk, &mine).unwrap();
+            for peer in (0..n).filter(|p| *p != me) {
+                comm.connect(peer, &buf, 1, TransportKind::Host).unwrap();
+            }
+            comm.connection_setup().unwrap();
+            let conns = comm.device_connections();
+            comm.proxy_launch().unwrap();
+            let off = (me * chunk) as u64;
+            for c in &conns {
+                c.put(off, chunk as u64);
+            }
+            for c in &conns {
+                c.signal();
+            }
+            for c in &conns {
+                c.wait();
+            }
+            for r in 0..n {
+                let mut got = vec![0u64; chunk / 8];
+                buf.read(r * chunk, &mut got).unwrap();
+                for (i, w) in got.iter().enumerate() {
+                    assert_eq!(*w, probe_value(r as u64, 1, i as u64), "{n} ranks: rank {me} chunk {r} word {i}");
+                }
+            }
+            comm.proxy_stop().unwrap();
+        });
+    }
+}
+
+#[test]
+fn bad_connect_arguments_are_refused_with_the_reason() {
+    ranks(2, |mut comm| {
+        let buf = comm.alloc_buffer(64).unwrap();
+        let e = comm.connect(2, &buf, 0, TransportKind::Host).unwrap_err();
+        assert!(e.to_string().contains("remote rank 2 does not exist (2 ranks)"), "{e}");
+        let me = comm.rank();
+        let e = comm.connect(me, &buf, 0, TransportKind::Host).unwrap_err();
+        assert!(e.to_string().contains("is this rank"), "{e}");
+        let e = comm.connect(1 - me, &buf, 0, TransportKind::P2p).unwrap_err();
+        assert!(matches!(e, CommError::TransportUnavailable { transport: TransportKind::P2p, .. }), "{e}");
+        let e = comm.connect(1 - me, &buf, 0, TransportKind::Ib).unwrap_err();
+        assert!(e.to_string().contains("InfiniBand is not built"), "{e}");
+        assert!(matches!(comm.alloc_buffer(0), Err(CommError::InvalidArgument(_))));
+        comm.connect(1 - me, &buf, 5, TransportKind::Host).unwrap();
+        let e = comm.connect(1 - me, &buf, 5, TransportKind::Host).unwrap_err();
+        assert!(e.to_string().contains("tag 5 is already used"), "{e}");
+        comm.connection_setup().unwrap();
+        assert!(comm.proxy_stop().is_err(), "stop without launch is a state error");
+    });
+}
+
+#[test]
+fn buffer_sizes_that_differ_fail_on_both_sides() {
+    let results = ranks(2, |mut comm| {
+        let size = if comm.rank() == 0 { 128 } else { 256 };
+        let buf = comm.alloc_buffer(size).unwrap();
+        comm.connect(1 - comm.rank(), &buf, 3, TransportKind::Host).unwrap();
+        comm.connection_setup().map_err(|e| e.to_string())
+    });
+    for (r, res) in results.iter().enumerate() {
+        let e = res.as_ref().expect_err("setup must fail");
+        assert!(e.contains("buffer sizes differ"), "rank {r}: {e}");
+    }
+}
+
+#[test]
+fn proxy_reports_malformed_triggers_and_keeps_serving() {
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(1024).unwrap();
+        comm.connect(1 - me, &buf, 9, TransportKind::Host).unwrap();
+        comm.connection_setup().unwrap();
+        let good = comm.device_connections()[0];
+        let fifo = comm.fifo.device_handle();
+        // SAFETY: a handle over this communicator's live FIFO and counters, with an id no
+        // connection has.
+        let unknown = unsafe {
+            DevConn::from_raw_parts(fifo, 5, comm.connections[0].inbound as *mut u64, comm.connections[0].expected as *mut u64, 1_000_000_000)
+        };
+        comm.proxy_launch().unwrap();
+        if me == 0 {
+            unknown.put(0, 8);
+            good.put_at(1000, 0, 100); // beyond the 1024-byte buffers
+            fill(&buf, 0, 1);
+            good.put_with_signal(0, 0, 1024); // still served after the bad ones
+        } else {
+            good.wait();
+            check(&buf, 0, 1, "after malformed triggers");
+        }
+        comm.bootstrap().barrier().unwrap();
+        let r = comm.proxy_stop();
+        if me == 0 {
+            let Err(CommError::Proxy(errors)) = r else { panic!("expected proxy errors, got {r:?}") };
+            assert_eq!(errors.len(), 2, "{errors:?}");
+            assert!(matches!(errors[0], ProxyError::UnknownConnection { connection: 5, .. }), "{}", errors[0]);
+            assert!(matches!(errors[1], ProxyError::OutOfBounds { connection: 0, .. }), "{}", errors[1]);
+        } else {
+            r.unwrap();
+        }
+    });
+}
+
+#[test]
+fn proxy_stop_serves_triggers_queued_before_it() {
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(8 * 64).unwrap();
+        comm.connect(1 - me, &buf, 2, TransportKind::Host).unwrap();
+        comm.connection_setup().unwrap();
+        let conn = comm.device_connections()[0];
+        if me == 0 {
+            fill(&buf, 4, 4);
+            // Queue 8 triggers (a full ring of 8) while no proxy runs, then launch and stop
+            // at once: every one of them must still be served.
+            for i in 0..7u64 {
+                conn.put(i * 64, 64);
+            }
+            conn.put(7 * 64, 64);
+            comm.proxy_launch().unwrap();
+            comm.proxy_stop().unwrap();
+            comm.proxy_launch().unwrap();
+            conn.signal();
+            comm.proxy_stop().unwrap();
+        } else {
+            conn.wait();
+            check(&buf, 4, 4, "queued before stop");
+        }
+        comm.bootstrap().barrier().unwrap();
+    });
+}

@@ -1,0 +1,157 @@
+//! Proxy channels over the Host transport across processes (what CI runs end to end): the
+//! test binary re-executes itself through the local launcher, one process per rank, and
+//! each rank drives `DevConn`s from CPU threads.
+
+use std::time::Duration;
+
+use mscclpp::device::channel::DevConn;
+use mscclpp::device::kernels::smoke::probe_value;
+use mscclpp::host::communicator::{Backend, Buffer, CommConfig, Communicator};
+use mscclpp::host::launch::{Launch, LaunchReport, LocalLauncher};
+use mscclpp::host::transport::TransportKind;
+
+const ROLE: &str = "MSCCLPP_TEST_ROLE";
+
+fn child() -> bool {
+    std::env::var(ROLE).is_ok()
+}
+
+fn launch(test: &str, nranks: usize) -> LaunchReport {
+    let exe = std::env::current_exe().unwrap();
+    let report = LocalLauncher::command(nranks, exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .bootstrap_timeout(Duration::from_secs(20))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(report.success(), "{report}{output}");
+    for r in 0..nranks {
+        let (prefix, done) = (format!("[rank {r}] "), format!("rank {r}: ok"));
+        let finished = report.output.iter().any(|l| l.starts_with(&prefix) && l.ends_with(&done));
+        assert!(finished, "rank {r} did not finish:\n{output}");
+    }
+    report
+}
+
+fn communicator(slots: u64) -> Communicator {
+    let launch = Launch::from_env().unwrap();
+    let bs = launch.blocking_bootstrap().unwrap();
+    let config = CommConfig {
+        fifo_slots: slots,
+        device_timeout: Duration::from_secs(60),
+        ..CommConfig::default()
+    };
+    Communicator::from_bootstrap(bs, Backend::Host, config).unwrap()
+}
+
+fn fill(buf: &Buffer, offset: usize, words: usize, seed: u64, round: u64) {
+    let v: Vec<u64> = (0..words as u64).map(|i| probe_value(seed, round, i)).collect();
+    buf.write(offset, &v).unwrap();
+}
+
+fn check(buf: &Buffer, offset: usize, words: usize, seed: u64, round: u64, what: &str) {
+    let mut v = vec![0u64; words];
+    buf.read(offset, &mut v).unwrap();
+    for (i, w) in v.iter().enumerate() {
+        assert_eq!(*w, probe_value(seed, round, i as u64), "{what}: word {i}");
+    }
+}
+
+/// Two processes bounce random data of several sizes for many rounds through an 8-slot FIFO
+/// (many laps of wrap-around).
+fn ping_pong_rank() {
+    let mut comm = communicator(8);
+    let me = comm.rank();
+    let peer = 1 - me;
+    let buf = comm.alloc_buffer(1 << 16).unwrap();
+    comm.connect(peer, &buf, 0, TransportKind::Host).unwrap();
+    comm.connection_setup().unwrap();
+    let conn: DevConn = comm.device_connections()[0];
+    comm.proxy_launch().unwrap();
+    let sizes = [8usize, 1000, 1 << 16];
+    for round in 1..=600u64 {
+        let words = sizes[(round as usize / 2) % sizes.len()] / 8;
+        if (round % 2 == 1) == (me == 0) {
+            fill(&buf, 0, words, me as u64, round);
+            // Several puts of one message, then one signal: data complete after wait.
+            let half = (words / 2) as u64 * 8;
+            conn.put(0, half);
+            conn.put_with_signal(half, half, words as u64 * 8 - half);
+        } else {
+            conn.wait();
+            check(&buf, 0, words, peer as u64, round, &format!("round {round}"));
+        }
+    }
+    comm.proxy_stop().unwrap();
+    comm.bootstrap().barrier().unwrap();
+    println!("rank {me}: ok");
+}
+
+/// Every rank puts its chunk to every other rank from one CPU thread per connection, then
+/// waits for all of them; repeated so the epochs advance.
+fn all_gather_rank() {
+    let mut comm = communicator(64);
+    let (me, n) = (comm.rank(), comm.nranks());
+    let chunk = 4096usize;
+    let buf = comm.alloc_buffer(chunk * n).unwrap();
+    for peer in (0..n).filter(|p| *p != me) {
+        comm.connect(peer, &buf, 11, TransportKind::Host).unwrap();
+    }
+    comm.connection_setup().unwrap();
+    let conns = comm.device_connections();
+    comm.proxy_launch().unwrap();
+    for round in 1..=20u64 {
+        fill(&buf, me * chunk, chunk / 8, me as u64, round);
+        std::thread::scope(|s| {
+            for c in &conns {
+                s.spawn(move || {
+                    c.put((me * chunk) as u64, chunk as u64);
+                    c.signal();
+                    c.wait();
+                });
+            }
+        });
+        for r in 0..n {
+            check(&buf, r * chunk, chunk / 8, r as u64, round, &format!("round {round} chunk {r}"));
+        }
+        // Nobody may overwrite a chunk before everyone has checked it.
+        comm.bootstrap().barrier().unwrap();
+    }
+    comm.proxy_stop().unwrap();
+    println!("rank {me}: ok");
+}
+
+#[test]
+fn host_ping_pong_2_processes() {
+    if child() {
+        return ping_pong_rank();
+    }
+    launch("host_ping_pong_2_processes", 2);
+}
+
+#[test]
+fn host_all_gather_2_processes() {
+    if child() {
+        return all_gather_rank();
+    }
+    launch("host_all_gather_2_processes", 2);
+}
+
+#[test]
+fn host_all_gather_4_processes() {
+    if child() {
+        return all_gather_rank();
+    }
+    launch("host_all_gather_4_processes", 4);
+}
+
+#[test]
+fn host_all_gather_8_processes() {
+    if child() {
+        return all_gather_rank();
+    }
+    launch("host_all_gather_8_processes", 8);
+}
