@@ -24,6 +24,7 @@
 extern crate std;
 
 pub mod arch;
+pub mod fifo;
 pub mod kernels;
 
 /// Declares a GPU kernel: on nvptx an exported `extern "ptx-kernel"` entry point (its

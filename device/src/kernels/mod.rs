@@ -2,4 +2,5 @@
 //! host embeds (symbol = function name) and a plain `unsafe fn` on the host.
 
 pub mod arch_check;
+pub mod fifo_test;
 pub mod smoke;
