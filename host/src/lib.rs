@@ -14,5 +14,6 @@ pub mod ptx {
 }
 
 pub mod cuda;
+pub mod proxy;
 pub mod smoke;
 pub mod testing;
