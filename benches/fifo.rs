@@ -54,14 +54,15 @@ fn cpu(c: &mut Criterion) {
         .sample_size(20);
     let (fifo_tally, ping_tally) = (Tally::default(), Tally::default());
 
-    let mut fifo = Fifo::on_host(FifoConfig::with_slots(512)).expect("host FIFO");
+    let fifo = Fifo::new_host(FifoConfig::with_slots(512)).expect("host FIFO");
     let handle = fifo.device_handle();
+    let mut consumer = fifo.consumer().expect("the FIFO's consumer");
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let consumer = s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
-                if fifo.poll().is_some() {
-                    fifo.pop().expect("polled trigger pops");
+                if consumer.poll().is_some() {
+                    consumer.pop().expect("polled trigger pops");
                 } else {
                     std::hint::spin_loop();
                 }
@@ -126,7 +127,7 @@ fn gpu(c: &mut Criterion) {
         }
     };
     let module = KernelModule::load_builtin(&gpu).expect("load PTX");
-    let mut fifo = Fifo::on_gpu(&gpu, FifoConfig::with_slots(512)).expect("GPU FIFO");
+    let fifo = Fifo::new_gpu(&gpu, FifoConfig::with_slots(512)).expect("GPU FIFO");
     let (fifo_tally, probe_tally) = (Tally::default(), Tally::default());
     let mut group = c.benchmark_group("gpu");
     group
@@ -142,8 +143,8 @@ fn gpu(c: &mut Criterion) {
                 sync_each: true,
                 timeout: Duration::from_secs(120),
             };
-            let r = run_push_test(Backend::Gpu(&gpu, &module), &mut fifo, &test)
-                .expect("GPU push test");
+            let r =
+                run_push_test(Backend::Gpu(&gpu, &module), &fifo, &test).expect("GPU push test");
             fifo_tally.add(r.elapsed, iters)
         })
     });

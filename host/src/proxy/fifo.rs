@@ -1,13 +1,16 @@
-//! The host side of the trigger FIFO: [`Fifo`] owns the ring and counters and is the
-//! proxy's consumer.
+//! The host side of the trigger FIFO: [`Fifo`] owns the ring and counters and gives out
+//! the producers' [`FifoDeviceHandle`] and the proxy's [`OwnedFifoConsumer`].
 //!
 //! Validated here: the slot count, the timeout, allocation failures (typed errors, see
-//! [`FifoError`]), and a [`pop`](Fifo::pop) with nothing to pop. Not validated: that the
-//! kernels and CPU threads holding a [`FifoDeviceHandle`] stop using it before the `Fifo`
-//! is dropped; launching a kernel is `unsafe` for that reason.
+//! [`FifoError`]), a second consumer while one is alive, and a [`pop`](OwnedFifoConsumer::pop)
+//! with nothing to pop. Not validated: that the kernels and CPU threads holding a
+//! [`FifoDeviceHandle`] stop using it before the `Fifo` is dropped; launching a kernel is
+//! `unsafe` for that reason. The consumer keeps the memory alive by itself.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cudarc::driver::DeviceRepr;
@@ -88,7 +91,10 @@ pub enum FifoError {
         /// The size asked for.
         bytes: usize,
     },
-    /// [`Fifo::pop`] found no published trigger at the tail.
+    /// [`Fifo::consumer`] while another consumer of the FIFO is alive.
+    #[error("the FIFO already has a consumer (drop it before taking another)")]
+    ConsumerTaken,
+    /// [`OwnedFifoConsumer::pop`] found no published trigger at the tail.
     #[error(
         "nothing to pop at FIFO tail {tail}: the trigger there is not published yet (pop only \
          after poll returned it)"
@@ -132,7 +138,7 @@ impl Drop for HostMemory {
     }
 }
 
-/// Who owns the FIFO's memory. Only held so that it lives as long as the `Fifo`.
+/// Who owns the FIFO's memory.
 #[derive(Debug)]
 enum Memory {
     /// Ring + tail pinned and device-mapped (the CPU reads it), head + cache on the GPU.
@@ -147,44 +153,59 @@ enum Memory {
     },
 }
 
+/// The memory and what the consumer side needs of it, shared by the [`Fifo`] and its
+/// consumer so that either may be dropped first.
+#[derive(Debug)]
+struct Shared {
+    /// The ring and the tail, as the host addresses them.
+    ring: *const Trigger,
+    tail: *mut u64,
+    slots: u64,
+    /// Whether an [`OwnedFifoConsumer`] is alive: a FIFO has one consumer at a time.
+    consumer_taken: AtomicBool,
+    memory: Memory,
+}
+
+// SAFETY: `ring` and `tail` point into `memory`, which this value owns; the memory is only
+// accessed through the FIFO's atomics (`arch`).
+unsafe impl Send for Shared {}
+// SAFETY: as above; `&self` accesses are atomic.
+unsafe impl Sync for Shared {}
+
 /// A trigger FIFO: owns the ring (`slots` × 16 bytes) and its head, tail and cached tail;
-/// gives kernels (or CPU threads) a [`FifoDeviceHandle`] and is itself the single
-/// consumer, for the proxy thread.
+/// gives kernels (or CPU threads) a [`FifoDeviceHandle`] and the proxy thread its single
+/// consumer, an [`OwnedFifoConsumer`].
 ///
-/// On a GPU ([`Fifo::on_gpu`]) the ring and the tail are pinned host memory mapped into
+/// On a GPU ([`Fifo::new_gpu`]) the ring and the tail are pinned host memory mapped into
 /// the device, not write-combined (the proxy reads the ring; the GPU reads the tail only
 /// when its cached copy says the ring is full); the head and the cached tail are device
-/// memory. On the Host transport ([`Fifo::on_host`]) the same layout lives in ordinary
+/// memory. On the Host transport ([`Fifo::new_host`]) the same layout lives in ordinary
 /// host memory and the handle's pushers are CPU threads.
-///
-/// The consumer API is [`poll`](Fifo::poll) (look at the next trigger) and
-/// [`pop`](Fifo::pop) (consume it and publish the tail, at once: publication is not
-/// batched, see [`FifoConsumer`]).
 ///
 /// ```
 /// use mscclpp_host::proxy::{Fifo, FifoConfig, Trigger, TriggerOp};
 ///
-/// let mut fifo = Fifo::on_host(FifoConfig::with_slots(8))?;
+/// let fifo = Fifo::new_host(FifoConfig::with_slots(8))?;
 /// let handle = fifo.device_handle();
+/// let mut consumer = fifo.consumer()?;
 /// let t = Trigger::new(TriggerOp::DATA, 3, 4096, 0, 1024)?;
 /// // SAFETY: `fifo` outlives the push.
 /// let seq = unsafe { handle.try_push(t) }?;
-/// assert_eq!(fifo.poll(), Some(t));
-/// assert_eq!(fifo.pop()?, seq);
-/// assert_eq!(fifo.poll(), None);
+/// assert_eq!(consumer.poll(), Some(t));
+/// assert_eq!(consumer.pop()?, seq);
+/// assert_eq!(consumer.poll(), None);
+/// assert_eq!(fifo.tail(), 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct Fifo {
     handle: FifoDeviceHandle,
-    consumer: FifoConsumer,
-    // Last: dropped after the handle and consumer that point into it.
-    memory: Memory,
+    shared: Arc<Shared>,
 }
 
 impl Fifo {
     /// A FIFO for kernels on `gpu`, popped by a host thread.
-    pub fn on_gpu(gpu: &Gpu, config: FifoConfig) -> Result<Fifo, FifoError> {
+    pub fn new_gpu(gpu: &Gpu, config: FifoConfig) -> Result<Fifo, FifoError> {
         let timeout_ns = config.check()?;
         let tail_off = tail_offset(config.slots);
         let host_side = MappedHostBuffer::alloc(gpu, tail_off + LINE)?;
@@ -199,27 +220,23 @@ impl Fifo {
             timeout_ns,
         )?;
         let host = host_side.host_ptr();
-        // SAFETY: the ring and tail are in `host_side`, zeroed, kept alive by the `Fifo`
-        // for as long as the consumer; the `Fifo` owns the only consumer.
-        let consumer = unsafe {
-            FifoConsumer::new(
-                host as *const Trigger,
-                host.wrapping_add(tail_off) as *mut u64,
-                config.slots as u64,
-            )
-        }?;
         Ok(Fifo {
             handle,
-            consumer,
-            memory: Memory::Gpu {
-                _host_side: host_side,
-                _device_side: device_side,
-            },
+            shared: Arc::new(Shared {
+                ring: host as *const Trigger,
+                tail: host.wrapping_add(tail_off) as *mut u64,
+                slots: config.slots as u64,
+                consumer_taken: AtomicBool::new(false),
+                memory: Memory::Gpu {
+                    _host_side: host_side,
+                    _device_side: device_side,
+                },
+            }),
         })
     }
 
     /// A FIFO in ordinary host memory, pushed by CPU threads (the Host transport).
-    pub fn on_host(config: FifoConfig) -> Result<Fifo, FifoError> {
+    pub fn new_host(config: FifoConfig) -> Result<Fifo, FifoError> {
         let timeout_ns = config.check()?;
         let tail_off = tail_offset(config.slots);
         let host_side = HostMemory::zeroed(tail_off + LINE)?;
@@ -234,22 +251,24 @@ impl Fifo {
             config.slots as u64,
             timeout_ns,
         )?;
-        // SAFETY: as in `on_gpu`, with `host_side`.
-        let consumer =
-            unsafe { FifoConsumer::new(h as *const Trigger, tail, config.slots as u64) }?;
         Ok(Fifo {
             handle,
-            consumer,
-            memory: Memory::Host {
-                _host_side: host_side,
-                _device_side: device_side,
-            },
+            shared: Arc::new(Shared {
+                ring: h as *const Trigger,
+                tail,
+                slots: config.slots as u64,
+                consumer_taken: AtomicBool::new(false),
+                memory: Memory::Host {
+                    _host_side: host_side,
+                    _device_side: device_side,
+                },
+            }),
         })
     }
 
-    /// Whether the FIFO was made for a GPU ([`Fifo::on_gpu`]).
+    /// Whether the FIFO was made for a GPU ([`Fifo::new_gpu`]).
     pub fn is_on_gpu(&self) -> bool {
-        matches!(self.memory, Memory::Gpu { .. })
+        matches!(self.shared.memory, Memory::Gpu { .. })
     }
 
     /// The producer handle, for kernels (as a [`kernel_arg`](Fifo::kernel_arg)) or CPU
@@ -265,6 +284,57 @@ impl Fifo {
 
     /// Number of trigger slots.
     pub fn slots(&self) -> usize {
+        self.shared.slots as usize
+    }
+
+    /// The published tail: the number of triggers popped so far.
+    pub fn tail(&self) -> u64 {
+        // SAFETY: `tail` is a live aligned word of the shared memory, accessed atomically.
+        unsafe { mscclpp_device::arch::ld_acquire_sys_u64(self.shared.tail) }
+    }
+
+    /// The FIFO's consumer, for the proxy thread: it starts at the published tail and
+    /// keeps the memory alive. One at a time: while it lives another call returns
+    /// [`FifoError::ConsumerTaken`]; once it is dropped (say the proxy stopped) the next
+    /// consumer carries on where it left off.
+    pub fn consumer(&self) -> Result<OwnedFifoConsumer, FifoError> {
+        // Acquire: pairs with the release in the previous consumer's drop, so its last
+        // tail store is seen by the new consumer's read of the tail.
+        if self.shared.consumer_taken.swap(true, Ordering::AcqRel) {
+            return Err(FifoError::ConsumerTaken);
+        }
+        // SAFETY: the ring and tail are live in `shared`, which the consumer keeps alive;
+        // the flag above makes it the only consumer.
+        let consumer =
+            unsafe { FifoConsumer::new(self.shared.ring, self.shared.tail, self.shared.slots) };
+        match consumer {
+            Ok(consumer) => Ok(OwnedFifoConsumer {
+                consumer,
+                shared: self.shared.clone(),
+            }),
+            Err(e) => {
+                // Release: as in `OwnedFifoConsumer::drop`.
+                self.shared.consumer_taken.store(false, Ordering::Release);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// The single consumer of a [`Fifo`] (from [`Fifo::consumer`]), for the proxy thread:
+/// [`poll`](Self::poll) looks at the next trigger, [`pop`](Self::pop) consumes it and
+/// publishes the tail at once (a release store; publication is not batched, see
+/// [`FifoConsumer`]). It shares the FIFO's memory, so it stays valid if the `Fifo` is
+/// dropped first (though then nobody pushes).
+#[derive(Debug)]
+pub struct OwnedFifoConsumer {
+    consumer: FifoConsumer,
+    shared: Arc<Shared>,
+}
+
+impl OwnedFifoConsumer {
+    /// Number of trigger slots.
+    pub fn slots(&self) -> usize {
         self.consumer.slots() as usize
     }
 
@@ -278,13 +348,20 @@ impl Fifo {
         self.consumer.poll()
     }
 
-    /// Consumes the next trigger and publishes the new tail (a release store, not
-    /// batched); returns its sequence number. Call it once the trigger has been acted on:
-    /// from then on producers may reuse its slot and a `sync` on it returns.
+    /// Consumes the next trigger and publishes the new tail; returns its sequence number.
+    /// Call it once the trigger has been acted on: from then on producers may reuse its
+    /// slot and a `sync` on it returns.
     pub fn pop(&mut self) -> Result<u64, FifoError> {
         self.consumer.pop().ok_or(FifoError::NothingToPop {
             tail: self.consumer.tail(),
         })
+    }
+}
+
+impl Drop for OwnedFifoConsumer {
+    fn drop(&mut self) {
+        // Release: the next consumer (which acquires the flag) sees our last tail store.
+        self.shared.consumer_taken.store(false, Ordering::Release);
     }
 }
 

@@ -9,7 +9,7 @@ use mscclpp_device::arch::{self, Dim3};
 use mscclpp_device::fifo::Trigger;
 use mscclpp_device::kernels::fifo_test::{self, TIMED_OUT, decode_test_trigger, status};
 
-use super::fifo::{Fifo, FifoError};
+use super::fifo::{Fifo, FifoError, OwnedFifoConsumer};
 use crate::cuda::{CudaError, LaunchConfig, MappedHostBuffer, PushKernelArg};
 use crate::smoke::Backend;
 
@@ -98,10 +98,12 @@ pub enum FifoCheckError {
 }
 
 /// Runs `test` against `fifo` on `backend` (a GPU FIFO for [`Backend::Gpu`], a host FIFO
-/// for [`Backend::Host`]) and checks every popped trigger.
+/// for [`Backend::Host`]), consuming on this thread (it takes the FIFO's consumer for the
+/// run), and checks every popped trigger. The FIFO may have been used before: the run
+/// starts at its current tail.
 pub fn run_push_test(
     backend: Backend<'_>,
-    fifo: &mut Fifo,
+    fifo: &Fifo,
     test: &PushTest,
 ) -> Result<PushTestReport, FifoCheckError> {
     if test.triggers() == 0 {
@@ -109,11 +111,12 @@ pub fn run_push_test(
             "{test:?} pushes nothing"
         )));
     }
+    let mut consumer = fifo.consumer()?;
     match backend {
         Backend::Gpu(gpu, module) => {
             if !fifo.is_on_gpu() {
                 return Err(FifoCheckError::InvalidArgument(
-                    "GPU backend with a host FIFO (use Fifo::on_gpu)".into(),
+                    "GPU backend with a host FIFO (use Fifo::new_gpu)".into(),
                 ));
             }
             let words = MappedHostBuffer::alloc(gpu, status::COUNT * 8)?;
@@ -134,7 +137,7 @@ pub fn run_push_test(
             unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel", e))?;
             let status_words = words.host_ptr() as *mut u64;
             let threads = test.blocks as u64 * test.threads as u64;
-            let checked = consume_and_check(fifo, test, start, || {
+            let checked = consume_and_check(&mut consumer, test, start, || {
                 // SAFETY: `status_words` holds COUNT live aligned words that the kernel
                 // only accesses atomically.
                 unsafe { read_status(status_words, threads) }
@@ -147,7 +150,7 @@ pub fn run_push_test(
         Backend::Host => {
             if fifo.is_on_gpu() {
                 return Err(FifoCheckError::InvalidArgument(
-                    "host backend with a GPU FIFO (use Fifo::on_host)".into(),
+                    "host backend with a GPU FIFO (use Fifo::new_host)".into(),
                 ));
             }
             let mut words = [0u64; status::COUNT];
@@ -169,7 +172,7 @@ pub fn run_push_test(
                         }
                     })
                 });
-                let checked = consume_and_check(fifo, test, start, || {
+                let checked = consume_and_check(&mut consumer, test, start, || {
                     // SAFETY: `words` is live for the scope and accessed atomically.
                     let (state, seq, _) = unsafe { read_status(ptr as *mut u64, threads) };
                     (state, seq, kernel.is_finished())
@@ -210,16 +213,18 @@ unsafe fn read_status(words: *mut u64, threads: u64) -> (u64, u64, bool) {
 /// checking, until the producers end or the timeout passes, so that they are not left
 /// waiting on a full ring.
 fn consume_and_check(
-    fifo: &mut Fifo,
+    fifo: &mut OwnedFifoConsumer,
     test: &PushTest,
     start: Instant,
     status: impl Fn() -> (u64, u64, bool),
 ) -> Result<PushTestReport, FifoCheckError> {
     let expected = test.triggers();
+    let base = fifo.tail();
+    let popped = |fifo: &OwnedFifoConsumer| fifo.tail() - base;
     let mut seen = vec![false; expected as usize];
     let mut failure: Option<FifoCheckError> = None;
     let mut round = 0u32;
-    while fifo.tail() < expected {
+    while popped(fifo) < expected {
         let Some(t) = fifo.poll() else {
             let (state, seq, ended) = status();
             if failure.is_none() && state == TIMED_OUT {
@@ -248,14 +253,14 @@ fn consume_and_check(
     if let Some(f) = failure {
         return Err(f);
     }
-    if fifo.tail() < expected {
+    if popped(fifo) < expected {
         let why = if start.elapsed() > test.timeout {
             format!("timed out after {:?}", test.timeout)
         } else {
             "producers ended".into()
         };
         return Err(FifoCheckError::Missing {
-            popped: fifo.tail(),
+            popped: popped(fifo),
             expected,
             why,
         });

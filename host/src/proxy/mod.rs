@@ -1,14 +1,16 @@
 //! The proxy: the host threads that carry out what GPU kernels ask for (DESIGN §4).
 //!
 //! So far the trigger FIFO between a kernel and the proxy: [`Fifo`] owns its memory, hands
-//! kernels a [`FifoDeviceHandle`] and gives the proxy thread [`Fifo::poll`] /
-//! [`Fifo::pop`]; [`fifo_check`] drives the `fifo_push_test` kernel against it for tests
-//! and benchmarks.
+//! kernels a [`FifoDeviceHandle`] and the proxy thread an [`OwnedFifoConsumer`]
+//! (`poll` / `pop`); [`fifo_check`] drives the `fifo_push_test` kernel against it for
+//! tests and benchmarks.
 
 mod fifo;
 pub mod fifo_check;
 
-pub use fifo::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Fifo, FifoConfig, FifoError, FifoKernelArg};
+pub use fifo::{
+    DEFAULT_SLOTS, DEFAULT_TIMEOUT, Fifo, FifoConfig, FifoError, FifoKernelArg, OwnedFifoConsumer,
+};
 pub use mscclpp_device::fifo::{
     FifoConfigError, FifoDeviceHandle, FifoTimeout, FifoWait, Trigger, TriggerError, TriggerField,
     TriggerOp,

@@ -44,12 +44,12 @@ fn bad_configurations_are_refused_with_the_reason() {
         ),
     ];
     for (config, msg) in cases {
-        let e = Fifo::on_host(config).unwrap_err();
+        let e = Fifo::new_host(config).unwrap_err();
         assert!(matches!(e, FifoError::Config(_)), "{e:?}");
         assert!(e.to_string().contains(msg), "{config:?}: {e}");
     }
     for slots in [2, 8, 512, 1 << 16] {
-        let f = Fifo::on_host(FifoConfig::with_slots(slots)).unwrap();
+        let f = Fifo::new_host(FifoConfig::with_slots(slots)).unwrap();
         assert_eq!(f.slots(), slots);
         assert_eq!(f.device_handle().slots(), slots as u64);
         assert!(!f.is_on_gpu());
@@ -59,28 +59,30 @@ fn bad_configurations_are_refused_with_the_reason() {
 
 #[test]
 fn pop_with_nothing_published_is_an_error_and_changes_nothing() {
-    let mut f = Fifo::on_host(FifoConfig::with_slots(8)).unwrap();
-    let e = f.pop().unwrap_err();
+    let f = Fifo::new_host(FifoConfig::with_slots(8)).unwrap();
+    let mut c = f.consumer().unwrap();
+    let e = c.pop().unwrap_err();
     assert!(matches!(e, FifoError::NothingToPop { tail: 0 }), "{e:?}");
     assert!(
         e.to_string().contains("nothing to pop at FIFO tail 0"),
         "{e}"
     );
-    assert_eq!(f.tail(), 0);
+    assert_eq!(c.tail(), 0);
     // SAFETY: `f` outlives the push.
     unsafe { f.device_handle().try_push(Trigger::ZERO) }.unwrap();
     assert_eq!(
-        f.poll(),
+        c.poll(),
         Some(Trigger::ZERO),
         "the all-zero trigger is delivered"
     );
-    assert_eq!(f.pop().unwrap(), 0);
-    assert!(f.pop().is_err());
+    assert_eq!(c.pop().unwrap(), 0);
+    assert!(c.pop().is_err());
+    assert_eq!(f.tail(), 1);
 }
 
 #[test]
 fn the_ring_sits_where_the_layout_says() {
-    let f = Fifo::on_host(FifoConfig::with_slots(8)).unwrap();
+    let f = Fifo::new_host(FifoConfig::with_slots(8)).unwrap();
     let h = f.device_handle();
     let dbg = format!("{h:?}");
     assert!(dbg.contains("slots: 8"), "{dbg}");
@@ -91,8 +93,9 @@ fn the_ring_sits_where_the_layout_says() {
 
 #[test]
 fn a_full_ring_holds_the_next_push_until_the_proxy_pops() {
-    let mut f = Fifo::on_host(FifoConfig::with_slots(8)).unwrap();
+    let f = Fifo::new_host(FifoConfig::with_slots(8)).unwrap();
     let h = f.device_handle();
+    let mut c = f.consumer().unwrap();
     for i in 0..8 {
         // SAFETY: `f` outlives every push of this test.
         assert_eq!(unsafe { h.try_push(trigger(i)) }, Ok(i));
@@ -112,32 +115,32 @@ fn a_full_ring_holds_the_next_push_until_the_proxy_pops() {
         // broken backpressure likely to show up (slot 0 overwritten, or the push returning
         // before the pop); the checks hold for any timing when it works.
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(f.poll(), Some(trigger(0)), "slot 0 kept until popped");
+        assert_eq!(c.poll(), Some(trigger(0)), "slot 0 kept until popped");
         about_to_pop.store(true, Ordering::Relaxed);
-        assert_eq!(f.pop().unwrap(), 0);
+        assert_eq!(c.pop().unwrap(), 0);
         for i in 1..9 {
             let mut round = 0;
             let t = loop {
-                if let Some(t) = f.poll() {
+                if let Some(t) = c.poll() {
                     break t;
                 }
                 arch::spin_backoff(round);
                 round += 1;
             };
             assert_eq!(t, trigger(i), "seq {i}");
-            assert_eq!(f.pop().unwrap(), i);
+            assert_eq!(c.pop().unwrap(), i);
         }
     });
     assert!(
         saw_the_pop.into_inner(),
         "the ninth push returned before the pop"
     );
-    assert_eq!(f.poll(), None);
+    assert_eq!(c.poll(), None);
 }
 
 #[test]
 fn a_push_into_a_full_ring_without_a_proxy_times_out() {
-    let f = Fifo::on_host(FifoConfig {
+    let f = Fifo::new_host(FifoConfig {
         slots: 2,
         timeout: Duration::from_millis(5),
     })
@@ -161,11 +164,14 @@ fn a_push_into_a_full_ring_without_a_proxy_times_out() {
 }
 
 fn host_run(slots: usize, test: PushTest) {
-    let mut f = Fifo::on_host(FifoConfig::with_slots(slots)).unwrap();
-    let r = run_push_test(Backend::Host, &mut f, &test).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.triggers, test.triggers());
-    assert_eq!(f.tail(), test.triggers());
-    assert_eq!(f.poll(), None);
+    let f = Fifo::new_host(FifoConfig::with_slots(slots)).unwrap();
+    // Two runs on one FIFO: the second starts at the first's tail, mid-lap.
+    for run in 1..=2 {
+        let r = run_push_test(Backend::Host, &f, &test).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.triggers, test.triggers());
+        assert_eq!(f.tail(), run * test.triggers());
+    }
+    assert_eq!(f.consumer().unwrap().poll(), None);
 }
 
 #[test]
@@ -212,7 +218,7 @@ fn cpu_threads_sync_after_every_push() {
 
 #[test]
 fn the_checker_refuses_mismatched_backends_and_empty_runs() {
-    let mut f = Fifo::on_host(FifoConfig::with_slots(8)).unwrap();
+    let f = Fifo::new_host(FifoConfig::with_slots(8)).unwrap();
     let empty = PushTest {
         blocks: 1,
         threads: 1,
@@ -220,15 +226,24 @@ fn the_checker_refuses_mismatched_backends_and_empty_runs() {
         sync_each: false,
         timeout: Duration::from_secs(1),
     };
-    let e = run_push_test(Backend::Host, &mut f, &empty).unwrap_err();
+    let e = run_push_test(Backend::Host, &f, &empty).unwrap_err();
     assert!(matches!(e, FifoCheckError::InvalidArgument(_)), "{e}");
+    let one = PushTest { pushes: 1, ..empty };
+    let held = f.consumer().unwrap();
+    let e = run_push_test(Backend::Host, &f, &one).unwrap_err();
+    assert!(
+        matches!(e, FifoCheckError::Fifo(FifoError::ConsumerTaken)),
+        "{e}"
+    );
+    drop(held);
+    run_push_test(Backend::Host, &f, &one).unwrap();
 }
 
 #[test]
 fn the_checker_reports_a_corrupted_trigger() {
     // A producer that pushes something the kernel never would: the checker must say so,
     // and still drain the ring.
-    let mut f = Fifo::on_host(FifoConfig::with_slots(2)).unwrap();
+    let f = Fifo::new_host(FifoConfig::with_slots(2)).unwrap();
     let h = f.device_handle();
     let bad = Trigger::new(TriggerOp::DATA, 1, 0, 0, 0).unwrap(); // wrong checksum
     // SAFETY: `f` outlives the push.
@@ -240,10 +255,36 @@ fn the_checker_reports_a_corrupted_trigger() {
         sync_each: false,
         timeout: Duration::from_secs(30),
     };
-    let e = run_push_test(Backend::Host, &mut f, &test).unwrap_err();
+    let e = run_push_test(Backend::Host, &f, &test).unwrap_err();
     assert!(
         matches!(e, FifoCheckError::Corrupt { seq: 0, trigger } if trigger == bad),
         "{e}"
     );
     assert_eq!(f.tail(), 3, "drained what the producers pushed");
+}
+
+#[test]
+fn one_consumer_at_a_time_and_the_next_carries_on_from_the_tail() {
+    let f = Fifo::new_host(FifoConfig::with_slots(4)).unwrap();
+    let h = f.device_handle();
+    let mut c = f.consumer().unwrap();
+    assert!(matches!(
+        f.consumer().unwrap_err(),
+        FifoError::ConsumerTaken
+    ));
+    for i in 0..3 {
+        // SAFETY: `f` outlives the pushes.
+        unsafe { h.try_push(trigger(i)) }.unwrap();
+    }
+    assert_eq!(c.pop().unwrap(), 0);
+    drop(c);
+    let mut c = f.consumer().unwrap();
+    assert_eq!(c.tail(), 1);
+    assert_eq!(c.poll(), Some(trigger(1)));
+    assert_eq!(c.pop().unwrap(), 1);
+    // The consumer keeps the memory alive after the FIFO is gone.
+    drop(f);
+    assert_eq!(c.poll(), Some(trigger(2)));
+    assert_eq!(c.pop().unwrap(), 2);
+    assert_eq!(c.slots(), 4);
 }
