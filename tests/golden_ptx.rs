@@ -3,7 +3,12 @@
 
 use mscclpp::host::ptx::PTX;
 
-const KERNELS: &[&str] = &["vector_add_f32", "ordering_probe", "arch_check"];
+const KERNELS: &[&str] = &[
+    "vector_add_f32",
+    "ordering_probe",
+    "arch_check",
+    "fifo_push_test",
+];
 
 /// The text of entry `name` (from its `.entry` line to the next entry or the end).
 fn entry<'a>(ptx: &'a str, name: &str) -> &'a str {

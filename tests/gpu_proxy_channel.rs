@@ -31,7 +31,10 @@ fn run_two(test: &str) {
     assert!(report.success(), "{report}{output}");
     for r in 0..2 {
         let (prefix, done) = (format!("[rank {r}] "), format!("rank {r}: ok"));
-        let finished = report.output.iter().any(|l| l.starts_with(&prefix) && l.ends_with(&done));
+        let finished = report
+            .output
+            .iter()
+            .any(|l| l.starts_with(&prefix) && l.ends_with(&done));
         assert!(finished, "rank {r} did not finish:\n{output}");
     }
     println!("{output}");
@@ -41,7 +44,11 @@ fn gpu_communicator() -> Communicator {
     let launch = Launch::from_env().unwrap();
     let bs = launch.blocking_bootstrap().unwrap();
     let backend = Backend::auto(bs.local_rank()).unwrap();
-    assert!(matches!(backend, Backend::Gpu(_)), "rank {} found no GPU", bs.rank());
+    assert!(
+        matches!(backend, Backend::Gpu(_)),
+        "rank {} found no GPU",
+        bs.rank()
+    );
     let config = CommConfig {
         device_timeout: Duration::from_secs(60),
         ..CommConfig::default()
@@ -51,7 +58,9 @@ fn gpu_communicator() -> Communicator {
 
 fn ping_pong_rank() {
     let mut comm = gpu_communicator();
-    let Backend::Gpu(gpu) = comm.backend().clone() else { unreachable!() };
+    let Backend::Gpu(gpu) = comm.backend().clone() else {
+        unreachable!()
+    };
     let (me, peer) = (comm.rank(), 1 - comm.rank());
     let words = 1 << 14;
     let buf = comm.alloc_buffer(words * 8).unwrap();
@@ -66,8 +75,18 @@ fn ping_pong_rank() {
     let (pbuf, perr) = (buf.device_ptr().unwrap(), errors.device_ptr());
     let (rounds, rank, seed) = (1000u64, me as u32, 0x5eedu64);
     let mut l = stream.launch_builder(&f);
-    l.arg(&conn).arg(&pbuf).arg(&words).arg(&rounds).arg(&rank).arg(&seed).arg(&perr);
-    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    l.arg(&conn)
+        .arg(&pbuf)
+        .arg(&words)
+        .arg(&rounds)
+        .arg(&rank)
+        .arg(&seed)
+        .arg(&perr);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: the connection, buffer and counter belong to `comm`/this scope and outlive the
     // synchronize below.
     unsafe { l.launch(cfg) }.unwrap();
@@ -82,11 +101,15 @@ fn ping_pong_rank() {
 
 fn all_gather_rank() {
     let mut comm = gpu_communicator();
-    let Backend::Gpu(gpu) = comm.backend().clone() else { unreachable!() };
+    let Backend::Gpu(gpu) = comm.backend().clone() else {
+        unreachable!()
+    };
     let (me, n) = (comm.rank(), comm.nranks());
     let chunk = 1usize << 20;
     let buf = comm.alloc_buffer(chunk * n).unwrap();
-    let mine: Vec<u64> = (0..chunk as u64 / 8).map(|i| probe_value(me as u64, 3, i)).collect();
+    let mine: Vec<u64> = (0..chunk as u64 / 8)
+        .map(|i| probe_value(me as u64, 3, i))
+        .collect();
     buf.write(me * chunk, &mine).unwrap();
     for peer in (0..n).filter(|p| *p != me) {
         comm.connect(peer, &buf, 1, TransportKind::P2p).unwrap();
@@ -99,10 +122,19 @@ fn all_gather_rank() {
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let f = module.function("proxy_all_gather").unwrap();
     let stream = gpu.new_stream().unwrap();
-    let (ptable, nconns, rank, chunk_bytes) = (table.device_ptr(), conns.len() as u32, me as u32, chunk as u64);
+    let (ptable, nconns, rank, chunk_bytes) = (
+        table.device_ptr(),
+        conns.len() as u32,
+        me as u32,
+        chunk as u64,
+    );
     let mut l = stream.launch_builder(&f);
     l.arg(&ptable).arg(&nconns).arg(&rank).arg(&chunk_bytes);
-    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: the handle table and buffers live until after the synchronize.
     unsafe { l.launch(cfg) }.unwrap();
     stream.synchronize().unwrap();
@@ -110,7 +142,11 @@ fn all_gather_rank() {
         let mut got = vec![0u64; chunk / 8];
         buf.read(r * chunk, &mut got).unwrap();
         for (i, w) in got.iter().enumerate() {
-            assert_eq!(*w, probe_value(r as u64, 3, i as u64), "rank {me}: chunk {r} word {i}");
+            assert_eq!(
+                *w,
+                probe_value(r as u64, 3, i as u64),
+                "rank {me}: chunk {r} word {i}"
+            );
         }
     }
     comm.proxy_stop().unwrap();

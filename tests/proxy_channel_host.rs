@@ -30,7 +30,10 @@ fn launch(test: &str, nranks: usize) -> LaunchReport {
     assert!(report.success(), "{report}{output}");
     for r in 0..nranks {
         let (prefix, done) = (format!("[rank {r}] "), format!("rank {r}: ok"));
-        let finished = report.output.iter().any(|l| l.starts_with(&prefix) && l.ends_with(&done));
+        let finished = report
+            .output
+            .iter()
+            .any(|l| l.starts_with(&prefix) && l.ends_with(&done));
         assert!(finished, "rank {r} did not finish:\n{output}");
     }
     report
@@ -48,7 +51,9 @@ fn communicator(slots: u64) -> Communicator {
 }
 
 fn fill(buf: &Buffer, offset: usize, words: usize, seed: u64, round: u64) {
-    let v: Vec<u64> = (0..words as u64).map(|i| probe_value(seed, round, i)).collect();
+    let v: Vec<u64> = (0..words as u64)
+        .map(|i| probe_value(seed, round, i))
+        .collect();
     buf.write(offset, &v).unwrap();
 }
 
@@ -82,7 +87,14 @@ fn ping_pong_rank() {
             conn.put_with_signal(half, half, words as u64 * 8 - half);
         } else {
             conn.wait();
-            check(&buf, 0, words, peer as u64, round, &format!("round {round}"));
+            check(
+                &buf,
+                0,
+                words,
+                peer as u64,
+                round,
+                &format!("round {round}"),
+            );
         }
     }
     comm.proxy_stop().unwrap();
@@ -115,7 +127,14 @@ fn all_gather_rank() {
             }
         });
         for r in 0..n {
-            check(&buf, r * chunk, chunk / 8, r as u64, round, &format!("round {round} chunk {r}"));
+            check(
+                &buf,
+                r * chunk,
+                chunk / 8,
+                r as u64,
+                round,
+                &format!("round {round} chunk {r}"),
+            );
         }
         // Nobody may overwrite a chunk before everyone has checked it.
         comm.bootstrap().barrier().unwrap();

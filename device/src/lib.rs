@@ -5,6 +5,8 @@
 //!   loads/stores/atomics/fences as inline PTX, `%globaltimer`, shared memory), with a host
 //!   implementation of the same signatures over `core::sync::atomic`, so every protocol
 //!   function also runs on CPU threads ([`arch::launch`] emulates a grid).
+//! - [`fifo`]: the trigger FIFO between GPU threads and the host proxy (the trigger
+//!   layout, the producer handle kernels push with, the consumer the proxy pops with).
 //! - [`kernels`]: our kernels, declared with [`kernel!`] so they are `extern "ptx-kernel"`
 //!   entry points on the GPU and plain `unsafe fn`s on the host.
 //!
@@ -24,6 +26,8 @@
 extern crate std;
 
 pub mod arch;
+pub mod channel;
+pub mod fifo;
 pub mod kernels;
 
 /// Declares a GPU kernel: on nvptx an exported `extern "ptx-kernel"` entry point (its

@@ -14,8 +14,10 @@ pub mod ptx {
 }
 
 pub mod bootstrap;
+pub mod communicator;
 pub mod cuda;
 pub mod launch;
+pub mod proxy;
 pub mod smoke;
 pub mod testing;
 pub mod transport;

@@ -6,10 +6,11 @@
 //! "kernels" call device protocol functions.
 
 use core::cell::RefCell;
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use core::sync::atomic::Ordering;
+#[cfg(not(mscclpp_loom))]
+use core::sync::atomic::{AtomicU32, AtomicU64, fence};
 use std::boxed::Box;
-use std::sync::{Condvar, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::{Condvar, Mutex};
 use std::vec::Vec;
 
 /// Launch dimensions (x, y, z), as in CUDA.
@@ -286,6 +287,39 @@ pub fn block_shared(site: u64, bytes: usize) -> *mut u8 {
     }
 }
 
+// The model-checking seam. Every memory-model access below goes through `atomic_u64` /
+// `atomic_u32` (and `fence`): normally the word itself viewed as a `core` atomic; under
+// `--cfg mscclpp_loom` the loom atomic that [`shadow`] registered for that address, since
+// loom atomics cannot live in memory that protocol code addresses by raw pointer.
+#[cfg(mscclpp_loom)]
+pub mod shadow;
+#[cfg(mscclpp_loom)]
+use ::loom::sync::atomic::fence;
+#[cfg(mscclpp_loom)]
+use shadow::{atomic_u32, atomic_u64};
+
+/// The `u64` at `p` as an atomic.
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned for `'a`, and only accessed atomically while shared.
+#[cfg(not(mscclpp_loom))]
+#[inline(always)]
+unsafe fn atomic_u64<'a>(p: *mut u64) -> &'a AtomicU64 {
+    // SAFETY: forwarded to the caller.
+    unsafe { AtomicU64::from_ptr(p) }
+}
+
+/// The `u32` at `p` as an atomic.
+///
+/// # Safety
+/// `p` must be valid and 4-byte aligned for `'a`, and only accessed atomically while shared.
+#[cfg(not(mscclpp_loom))]
+#[inline(always)]
+unsafe fn atomic_u32<'a>(p: *mut u32) -> &'a AtomicU32 {
+    // SAFETY: forwarded to the caller.
+    unsafe { AtomicU32::from_ptr(p) }
+}
+
 /// Acquire load (`ld.acquire.sys.u64` on the GPU).
 ///
 /// # Safety
@@ -293,7 +327,7 @@ pub fn block_shared(site: u64, bytes: usize) -> *mut u8 {
 #[inline]
 pub unsafe fn ld_acquire_sys_u64(p: *const u64) -> u64 {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU64::from_ptr(p as *mut u64) }.load(Ordering::Acquire)
+    unsafe { atomic_u64(p as *mut u64) }.load(Ordering::Acquire)
 }
 
 /// Acquire load (`ld.acquire.sys.u32` on the GPU).
@@ -303,7 +337,7 @@ pub unsafe fn ld_acquire_sys_u64(p: *const u64) -> u64 {
 #[inline]
 pub unsafe fn ld_acquire_sys_u32(p: *const u32) -> u32 {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU32::from_ptr(p as *mut u32) }.load(Ordering::Acquire)
+    unsafe { atomic_u32(p as *mut u32) }.load(Ordering::Acquire)
 }
 
 /// Relaxed load (`ld.relaxed.sys.u64` on the GPU).
@@ -313,7 +347,7 @@ pub unsafe fn ld_acquire_sys_u32(p: *const u32) -> u32 {
 #[inline]
 pub unsafe fn ld_relaxed_sys_u64(p: *const u64) -> u64 {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU64::from_ptr(p as *mut u64) }.load(Ordering::Relaxed)
+    unsafe { atomic_u64(p as *mut u64) }.load(Ordering::Relaxed)
 }
 
 /// Release store (`st.release.sys.u64` on the GPU).
@@ -323,7 +357,7 @@ pub unsafe fn ld_relaxed_sys_u64(p: *const u64) -> u64 {
 #[inline]
 pub unsafe fn st_release_sys_u64(p: *mut u64, v: u64) {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU64::from_ptr(p) }.store(v, Ordering::Release)
+    unsafe { atomic_u64(p) }.store(v, Ordering::Release)
 }
 
 /// Release store (`st.release.sys.u32` on the GPU).
@@ -333,7 +367,7 @@ pub unsafe fn st_release_sys_u64(p: *mut u64, v: u64) {
 #[inline]
 pub unsafe fn st_release_sys_u32(p: *mut u32, v: u32) {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU32::from_ptr(p) }.store(v, Ordering::Release)
+    unsafe { atomic_u32(p) }.store(v, Ordering::Release)
 }
 
 /// Release add returning the old value (`atom.add.release.sys.u64` on the GPU).
@@ -343,7 +377,7 @@ pub unsafe fn st_release_sys_u32(p: *mut u32, v: u32) {
 #[inline]
 pub unsafe fn atomic_add_release_sys_u64(p: *mut u64, v: u64) -> u64 {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Ordering::Release)
+    unsafe { atomic_u64(p) }.fetch_add(v, Ordering::Release)
 }
 
 /// Relaxed add returning the old value (`atom.add.relaxed.sys.u64` on the GPU).
@@ -353,7 +387,7 @@ pub unsafe fn atomic_add_release_sys_u64(p: *mut u64, v: u64) -> u64 {
 #[inline]
 pub unsafe fn atomic_add_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Ordering::Relaxed)
+    unsafe { atomic_u64(p) }.fetch_add(v, Ordering::Relaxed)
 }
 
 /// Relaxed add returning the old value (`atom.add.relaxed.gpu.u64` on the GPU).
@@ -363,7 +397,7 @@ pub unsafe fn atomic_add_relaxed_sys_u64(p: *mut u64, v: u64) -> u64 {
 #[inline]
 pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Ordering::Relaxed)
+    unsafe { atomic_u64(p) }.fetch_add(v, Ordering::Relaxed)
 }
 
 /// Acquire-release fence (`fence.acq_rel.sys` on the GPU).
@@ -388,15 +422,57 @@ pub fn fence_sc_sys() {
 pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
     // SAFETY: caller guarantees 16 valid aligned bytes with atomic-only shared access.
     unsafe {
-        AtomicU64::from_ptr(p).store(lo, Ordering::Relaxed);
-        AtomicU64::from_ptr(p.add(1)).store(hi, Ordering::Release);
+        atomic_u64(p).store(lo, Ordering::Relaxed);
+        atomic_u64(p.add(1)).store(hi, Ordering::Release);
     }
 }
 
-/// Nanoseconds since the first call in this process (`%globaltimer` on the GPU).
+/// Nanoseconds since the first call in this process (`%globaltimer` on the GPU). Under
+/// loom it is always 0: time does not pass in a model, so no timeout fires there (timeouts
+/// are tested on real threads).
 pub fn global_timer_ns() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    #[cfg(mscclpp_loom)]
+    return 0;
+    #[cfg(not(mscclpp_loom))]
+    {
+        use std::sync::OnceLock;
+        use std::time::Instant;
+        static START: OnceLock<Instant> = OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+/// Rounds of one wait that loom explores. A failed round of a polling loop only reads, so
+/// further rounds revisit the same states; and with two threads waiting, a schedule that
+/// alternates between them starves the thread they wait for without spending loom's
+/// preemption bound (switching after a yield is free), so the model would never end.
+/// After this many rounds the execution finishes on loom's default schedule, which runs
+/// the least-yielded thread; interleavings after a long wait are still explored from the
+/// shorter waits that reach the same state.
+#[cfg(mscclpp_loom)]
+pub const LOOM_EXPLORED_ROUNDS: u32 = 2;
+
+/// Called once per round of a polling loop, `round` counting from 0. On the host it spins
+/// for the first rounds and then yields the OS thread: CPU "kernels" often have more
+/// threads than there are cores, and the thread they wait for may need this one's core.
+/// Under loom it yields to the model's scheduler (which must know the thread is waiting),
+/// and from round `LOOM_EXPLORED_ROUNDS` on stops loom from branching further in this
+/// execution (see there).
+#[inline]
+pub fn spin_backoff(round: u32) {
+    #[cfg(mscclpp_loom)]
+    {
+        if round >= LOOM_EXPLORED_ROUNDS {
+            ::loom::skip_branch();
+        }
+        ::loom::thread::yield_now();
+    }
+    #[cfg(not(mscclpp_loom))]
+    if round < 64 {
+        core::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
 }
 
 #[cfg(test)]

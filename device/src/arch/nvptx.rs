@@ -260,3 +260,12 @@ pub fn global_timer_ns() -> u64 {
     unsafe { asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack)) };
     t
 }
+
+/// Called once per round of a polling loop (the host version yields the CPU). Nothing on
+/// the GPU: the FIFO's loops already wait on a PCIe read of host memory each round, and
+/// threads of a warp that diverge keep making progress (independent thread scheduling,
+/// sm_70 and later).
+#[inline(always)]
+pub fn spin_backoff(round: u32) {
+    let _ = round;
+}

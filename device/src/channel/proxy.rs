@@ -126,7 +126,9 @@ impl DevConn {
     /// [`put_at`](Self::put_at) then [`signal`](Self::signal), as one trigger.
     #[inline]
     pub fn put_with_signal(&self, dst_offset: u64, src_offset: u64, size: u64) {
-        let op = TriggerOp::DATA.union(TriggerOp::FLAG).union(TriggerOp::SYNC);
+        let op = TriggerOp::DATA
+            .union(TriggerOp::FLAG)
+            .union(TriggerOp::SYNC);
         let seq = self.push(op, dst_offset, src_offset, size);
         // SAFETY: the FIFO is live (constructor contract).
         unsafe { self.fifo.sync(seq) };

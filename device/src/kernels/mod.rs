@@ -2,4 +2,6 @@
 //! host embeds (symbol = function name) and a plain `unsafe fn` on the host.
 
 pub mod arch_check;
+pub mod fifo_test;
+pub mod proxy_test;
 pub mod smoke;

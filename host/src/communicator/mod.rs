@@ -32,9 +32,11 @@ use std::time::Duration;
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::fifo;
 
-use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, UniqueId};
+use crate::bootstrap::{
+    BlockingBootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, UniqueId,
+};
 use crate::cuda::{CudaError, DeviceBuffer, Gpu, device_count};
-use crate::proxy::{Fifo, ProxyError, ProxyService};
+use crate::proxy::{Fifo, FifoConfig, ProxyError, ProxyService};
 use crate::transport::TransportKind;
 use crate::transport::shm::{ShmError, ShmSegment};
 
@@ -122,7 +124,7 @@ impl Backend {
 #[derive(Debug, Clone)]
 pub struct CommConfig {
     /// Slots of the proxy FIFO (power of two; the seed used 8).
-    pub fifo_slots: u64,
+    pub fifo_slots: usize,
     /// How long a device-side push, sync or wait spins before giving up (trap).
     pub device_timeout: Duration,
     /// The bootstrap's settings (timeouts, message size).
@@ -201,7 +203,11 @@ impl Buffer {
                 // SAFETY: the range is inside the mapping (checked); concurrent access is
                 // excluded by the caller per the doc.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, s.as_ptr().add(offset), bytes)
+                    std::ptr::copy_nonoverlapping(
+                        src.as_ptr() as *const u8,
+                        s.as_ptr().add(offset),
+                        bytes,
+                    )
                 };
                 Ok(())
             }
@@ -217,7 +223,11 @@ impl Buffer {
             BufferMem::Host(s) => {
                 // SAFETY: as in `write`; `T: Copy` plain data is what callers store here.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(s.as_ptr().add(offset), dst.as_mut_ptr() as *mut u8, bytes)
+                    std::ptr::copy_nonoverlapping(
+                        s.as_ptr().add(offset),
+                        dst.as_mut_ptr() as *mut u8,
+                        bytes,
+                    )
                 };
                 Ok(())
             }
@@ -251,7 +261,6 @@ struct PendingConnection {
 pub struct Communicator {
     bootstrap: BlockingBootstrap,
     backend: Backend,
-    config: CommConfig,
     fifo: Fifo,
     pending: Vec<PendingConnection>,
     tags: HashSet<(usize, u32)>,
@@ -269,15 +278,21 @@ impl Communicator {
     pub fn init_rank(nranks: usize, rank: usize, addr: &str) -> Result<Communicator, CommError> {
         let root: BootstrapRoot = addr.parse()?;
         let config = CommConfig::default();
-        let bootstrap = BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())?;
+        let bootstrap =
+            BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())?;
         let backend = Backend::auto(bootstrap.local_rank())?;
         Communicator::from_bootstrap(bootstrap, backend, config)
     }
 
     /// Joins the ranks of `id` (from `create_unique_id`). Backend: [`Backend::auto`].
-    pub fn from_unique_id(nranks: usize, rank: usize, id: UniqueId) -> Result<Communicator, CommError> {
+    pub fn from_unique_id(
+        nranks: usize,
+        rank: usize,
+        id: UniqueId,
+    ) -> Result<Communicator, CommError> {
         let config = CommConfig::default();
-        let bootstrap = BlockingBootstrap::init_with_config(nranks, rank, id, config.bootstrap.clone())?;
+        let bootstrap =
+            BlockingBootstrap::init_with_config(nranks, rank, id, config.bootstrap.clone())?;
         let backend = Backend::auto(bootstrap.local_rank())?;
         Communicator::from_bootstrap(bootstrap, backend, config)
     }
@@ -288,16 +303,18 @@ impl Communicator {
         backend: Backend,
         config: CommConfig,
     ) -> Result<Communicator, CommError> {
-        let timeout_ns = config.device_timeout.as_nanos().clamp(1, fifo::MAX_TIMEOUT_NS as u128) as u64;
+        let fifo_config = FifoConfig {
+            slots: config.fifo_slots,
+            timeout: config.device_timeout,
+        };
         let fifo = match &backend {
-            Backend::Gpu(gpu) => Fifo::new_gpu(gpu, config.fifo_slots, timeout_ns),
-            Backend::Host => Fifo::new_host(config.fifo_slots, timeout_ns),
+            Backend::Gpu(gpu) => Fifo::new_gpu(gpu, fifo_config),
+            Backend::Host => Fifo::new_host(fifo_config),
         }
         .map_err(|e| CommError::InvalidArgument(format!("proxy FIFO: {e}")))?;
         Ok(Communicator {
             bootstrap,
             backend,
-            config,
             fifo,
             pending: Vec::new(),
             tags: HashSet::new(),
@@ -357,7 +374,9 @@ impl Communicator {
         transport: TransportKind,
     ) -> Result<usize, CommError> {
         if self.proxy.is_some() {
-            return Err(CommError::State("connect after proxy_launch: stop the proxy first".into()));
+            return Err(CommError::State(
+                "connect after proxy_launch: stop the proxy first".into(),
+            ));
         }
         let nranks = self.nranks();
         if remote_rank >= nranks {
@@ -428,7 +447,9 @@ impl Communicator {
     /// (collective over the ranks that connect to each other; every rank should call it).
     pub fn connection_setup(&mut self) -> Result<(), CommError> {
         if self.proxy.is_some() {
-            return Err(CommError::State("connection_setup after proxy_launch: stop the proxy first".into()));
+            return Err(CommError::State(
+                "connection_setup after proxy_launch: stop the proxy first".into(),
+            ));
         }
         let pending = std::mem::take(&mut self.pending);
         let first_id = self.connections.len() as u32;
@@ -474,7 +495,9 @@ impl Communicator {
     /// Starts the proxy thread serving this communicator's FIFO.
     pub fn proxy_launch(&mut self) -> Result<(), CommError> {
         if self.proxy.is_some() {
-            return Err(CommError::State("proxy_launch: the proxy is already running".into()));
+            return Err(CommError::State(
+                "proxy_launch: the proxy is already running".into(),
+            ));
         }
         let task = setup::proxy_task(self)?;
         let name = format!("mscclpp-proxy-{}", self.rank());
@@ -489,10 +512,16 @@ impl Communicator {
     /// it reported (malformed triggers, failed copies), if any.
     pub fn proxy_stop(&mut self) -> Result<(), CommError> {
         let Some(p) = self.proxy.take() else {
-            return Err(CommError::State("proxy_stop: the proxy is not running".into()));
+            return Err(CommError::State(
+                "proxy_stop: the proxy is not running".into(),
+            ));
         };
         let errors = p.stop();
-        if errors.is_empty() { Ok(()) } else { Err(CommError::Proxy(errors)) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(CommError::Proxy(errors))
+        }
     }
 
     /// Errors the running proxy has reported so far (as text) and how many were dropped.

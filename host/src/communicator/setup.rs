@@ -62,12 +62,12 @@ enum Ack {
 #[derive(Debug)]
 pub(crate) enum FlagMemory {
     Device {
-        inbound: DeviceBuffer,
-        expected: DeviceBuffer,
+        _inbound: DeviceBuffer,
+        _expected: DeviceBuffer,
     },
     Host {
-        inbound: ShmSegment,
-        expected: Box<[AtomicU64]>,
+        _inbound: ShmSegment,
+        _expected: Box<[AtomicU64]>,
     },
     None,
 }
@@ -75,8 +75,12 @@ pub(crate) enum FlagMemory {
 /// A peer's memory mapped into this process, unmapped when the last user goes.
 #[derive(Debug)]
 enum PeerMem {
-    Ipc(PeerMapping),
-    Shm(ShmSegment),
+    Ipc {
+        _mapping: PeerMapping,
+    },
+    Shm {
+        _segment: ShmSegment,
+    },
     /// Same process: the peer's own allocation, addressed directly.
     Direct,
 }
@@ -130,7 +134,9 @@ fn describe(buffer: &Buffer, backend: &Backend) -> Result<MemHandle, CommError> 
             name: s.name().to_string(),
             len: s.len() as u64,
         }),
-        _ => Err(CommError::InvalidArgument("buffer does not belong to this backend".into())),
+        _ => Err(CommError::InvalidArgument(
+            "buffer does not belong to this backend".into(),
+        )),
     }
 }
 
@@ -159,9 +165,16 @@ fn map_peer(
         (MemHandle::Shm { name, len }, _) => {
             let seg = ShmSegment::open(name, *len as usize)?;
             let addr = seg.as_ptr() as u64;
-            (Arc::new(PeerMem::Shm(seg)), addr)
+            (Arc::new(PeerMem::Shm { _segment: seg }), addr)
         }
-        (MemHandle::Ipc { device_ptr, ordinal, .. }, Backend::Gpu(gpu)) if same_process => {
+        (
+            MemHandle::Ipc {
+                device_ptr,
+                ordinal,
+                ..
+            },
+            Backend::Gpu(gpu),
+        ) if same_process => {
             if *ordinal as usize != gpu.info().ordinal {
                 let peer = Gpu::open(*ordinal as usize)?;
                 gpu.enable_peer_access(&peer)?;
@@ -179,7 +192,7 @@ fn map_peer(
             bytes.copy_from_slice(handle);
             let m = PeerMapping::open(gpu, &IpcMemHandle { bytes, len: *len })?;
             let addr = m.device_ptr();
-            (Arc::new(PeerMem::Ipc(m)), addr)
+            (Arc::new(PeerMem::Ipc { _mapping: m }), addr)
         }
         (MemHandle::Ipc { .. }, Backend::Host) => {
             return Err(CommError::InvalidArgument(
@@ -208,7 +221,15 @@ pub(super) fn establish(
             let expected = DeviceBuffer::zeroed(gpu, bytes)?;
             let handle = ipc_handle(&inbound, gpu)?;
             let (i, e) = (inbound.device_ptr(), expected.device_ptr());
-            (FlagMemory::Device { inbound, expected }, handle, i, e)
+            (
+                FlagMemory::Device {
+                    _inbound: inbound,
+                    _expected: expected,
+                },
+                handle,
+                i,
+                e,
+            )
         }
         Backend::Host => {
             let inbound = ShmSegment::create(bytes)?;
@@ -218,7 +239,15 @@ pub(super) fn establish(
                 len: inbound.len() as u64,
             };
             let (i, e) = (inbound.as_ptr() as u64, expected.as_ptr() as u64);
-            (FlagMemory::Host { inbound, expected }, handle, i, e)
+            (
+                FlagMemory::Host {
+                    _inbound: inbound,
+                    _expected: expected,
+                },
+                handle,
+                i,
+                e,
+            )
         }
     };
     let bs = &comm.bootstrap;
@@ -250,17 +279,36 @@ pub(super) fn establish(
         let raw = bs.recv(p.remote_rank, INFO_TAG | p.tag as u64)?;
         let result = (|| {
             let (peer, _): (ConnInfo, usize) =
-                bincode::serde::decode_from_slice(&raw, bincode::config::standard())
-                    .map_err(|e| mismatch(p.remote_rank, p.tag, format!("undecodable connection info: {e}")))?;
-            check_peer(&p, &peer, my_host.as_deref(), bs.as_async().host_id(p.remote_rank))?;
-            let same_process = peer.pid == pid && bs.as_async().host_id(p.remote_rank) == my_host.as_deref();
-            let (buf_mem, buf_addr) = map_peer(&peer.buffer, same_process, &comm.backend, &mut cache)?;
-            let (flag_mem, flag_addr) = map_peer(&peer.flags, same_process, &comm.backend, &mut cache)?;
+                bincode::serde::decode_from_slice(&raw, bincode::config::standard()).map_err(
+                    |e| {
+                        mismatch(
+                            p.remote_rank,
+                            p.tag,
+                            format!("undecodable connection info: {e}"),
+                        )
+                    },
+                )?;
+            check_peer(
+                &p,
+                &peer,
+                my_host.as_deref(),
+                bs.as_async().host_id(p.remote_rank),
+            )?;
+            let same_process =
+                peer.pid == pid && bs.as_async().host_id(p.remote_rank) == my_host.as_deref();
+            let (buf_mem, buf_addr) =
+                map_peer(&peer.buffer, same_process, &comm.backend, &mut cache)?;
+            let (flag_mem, flag_addr) =
+                map_peer(&peer.flags, same_process, &comm.backend, &mut cache)?;
             let flags_len = match &peer.flags {
                 MemHandle::Ipc { len, .. } | MemHandle::Shm { len, .. } => *len,
             };
             if (peer.flag_index as u64 + 1) * 8 > flags_len {
-                return Err(mismatch(p.remote_rank, p.tag, "peer's flag index is outside its flag memory"));
+                return Err(mismatch(
+                    p.remote_rank,
+                    p.tag,
+                    "peer's flag index is outside its flag memory",
+                ));
             }
             Ok(Connection {
                 id: first_id + k as u32,
@@ -302,13 +350,20 @@ pub(super) fn establish(
             .map(|(a, _)| a)
             .unwrap_or_else(|e| Ack::Failed(format!("undecodable acknowledgement: {e}")));
         if let Ack::Failed(reason) = ack {
-            first_error.get_or_insert(mismatch(c.remote_rank, c.tag, format!("the peer could not set up its side: {reason}")));
+            first_error.get_or_insert(mismatch(
+                c.remote_rank,
+                c.tag,
+                format!("the peer could not set up its side: {reason}"),
+            ));
         }
     }
     if let Some(e) = first_error {
         return Err(e);
     }
-    if let FlagMemory::Host { inbound, .. } = &flags {
+    if let FlagMemory::Host {
+        _inbound: inbound, ..
+    } = &flags
+    {
         inbound.unlink()?;
     }
     for c in &conns {
@@ -327,13 +382,20 @@ fn check_peer(
 ) -> Result<(), CommError> {
     let (rank, tag) = (mine.remote_rank, mine.tag);
     if peer.tag != tag {
-        return Err(mismatch(rank, tag, format!("peer answered for tag {}", peer.tag)));
+        return Err(mismatch(
+            rank,
+            tag,
+            format!("peer answered for tag {}", peer.tag),
+        ));
     }
     if peer.transport != mine.transport {
         return Err(mismatch(
             rank,
             tag,
-            format!("transports differ: {} here, {} on the peer", mine.transport, peer.transport),
+            format!(
+                "transports differ: {} here, {} on the peer",
+                mine.transport, peer.transport
+            ),
         ));
     }
     if peer.buffer_len != mine.buffer.len() as u64 {
@@ -364,20 +426,24 @@ fn check_peer(
 /// The proxy's task for `comm`'s connections.
 pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
     let routes = comm.connections.iter().map(|c| c.route).collect();
-    let consumer = comm.fifo.consumer();
-    let (plane, on_start): (Box<dyn DataPlane>, Option<Box<dyn FnOnce() + Send>>) = match &comm.backend {
-        Backend::Gpu(gpu) => {
-            let stream = gpu.new_stream()?;
-            let g = gpu.clone();
-            (
-                Box::new(P2pPlane::new(stream)),
-                Some(Box::new(move || {
-                    let _ = g.bind();
-                })),
-            )
-        }
-        Backend::Host => (Box::new(HostPlane), None),
-    };
+    let consumer = comm
+        .fifo
+        .consumer()
+        .map_err(|e| CommError::State(format!("proxy FIFO: {e}")))?;
+    let (plane, on_start): (Box<dyn DataPlane>, Option<Box<dyn FnOnce() + Send>>) =
+        match &comm.backend {
+            Backend::Gpu(gpu) => {
+                let stream = gpu.new_stream()?;
+                let g = gpu.clone();
+                (
+                    Box::new(P2pPlane::new(stream)),
+                    Some(Box::new(move || {
+                        let _ = g.bind();
+                    })),
+                )
+            }
+            Backend::Host => (Box::new(HostPlane), None),
+        };
     Ok(ProxyTask {
         consumer,
         routes,

@@ -23,7 +23,8 @@ fn ranks<T: Send>(n: usize, f: impl Fn(Communicator) -> T + Sync) -> Vec<T> {
                 let f = &f;
                 s.spawn(move || {
                     let c = config();
-                    let bs = BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone()).unwrap();
+                    let bs =
+                        BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone()).unwrap();
                     f(Communicator::from_bootstrap(bs, Backend::Host, c).unwrap())
                 })
             })
@@ -33,7 +34,9 @@ fn ranks<T: Send>(n: usize, f: impl Fn(Communicator) -> T + Sync) -> Vec<T> {
 }
 
 fn fill(buf: &Buffer, seed: u64, round: u64) {
-    let words: Vec<u64> = (0..buf.len() as u64 / 8).map(|i| probe_value(seed, round, i)).collect();
+    let words: Vec<u64> = (0..buf.len() as u64 / 8)
+        .map(|i| probe_value(seed, round, i))
+        .collect();
     buf.write(0, &words).unwrap();
 }
 
@@ -77,7 +80,9 @@ fn all_gather_with_put_signal_wait_on_3_and_8_ranks() {
         ranks(n, |mut comm| {
             let me = comm.rank();
             let buf = comm.alloc_buffer(chunk * n).unwrap();
-            let mine: Vec<u64> = (0..chunk as u64 / 8).map(|i| probe_value(me as u64, 1, i)).collect();
+            let mine: Vec<u64> = (0..chunk as u64 / 8)
+                .map(|i| probe_value(me as u64, 1, i))
+                .collect();
             buf.write(me * chunk, &mine).unwrap();
             for peer in (0..n).filter(|p| *p != me) {
                 comm.connect(peer, &buf, 1, TransportKind::Host).unwrap();
@@ -99,7 +104,11 @@ fn all_gather_with_put_signal_wait_on_3_and_8_ranks() {
                 let mut got = vec![0u64; chunk / 8];
                 buf.read(r * chunk, &mut got).unwrap();
                 for (i, w) in got.iter().enumerate() {
-                    assert_eq!(*w, probe_value(r as u64, 1, i as u64), "{n} ranks: rank {me} chunk {r} word {i}");
+                    assert_eq!(
+                        *w,
+                        probe_value(r as u64, 1, i as u64),
+                        "{n} ranks: rank {me} chunk {r} word {i}"
+                    );
                 }
             }
             comm.proxy_stop().unwrap();
@@ -112,20 +121,45 @@ fn bad_connect_arguments_are_refused_with_the_reason() {
     ranks(2, |mut comm| {
         let buf = comm.alloc_buffer(64).unwrap();
         let e = comm.connect(2, &buf, 0, TransportKind::Host).unwrap_err();
-        assert!(e.to_string().contains("remote rank 2 does not exist (2 ranks)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("remote rank 2 does not exist (2 ranks)"),
+            "{e}"
+        );
         let me = comm.rank();
         let e = comm.connect(me, &buf, 0, TransportKind::Host).unwrap_err();
         assert!(e.to_string().contains("is this rank"), "{e}");
-        let e = comm.connect(1 - me, &buf, 0, TransportKind::P2p).unwrap_err();
-        assert!(matches!(e, CommError::TransportUnavailable { transport: TransportKind::P2p, .. }), "{e}");
-        let e = comm.connect(1 - me, &buf, 0, TransportKind::Ib).unwrap_err();
+        let e = comm
+            .connect(1 - me, &buf, 0, TransportKind::P2p)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CommError::TransportUnavailable {
+                    transport: TransportKind::P2p,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = comm
+            .connect(1 - me, &buf, 0, TransportKind::Ib)
+            .unwrap_err();
         assert!(e.to_string().contains("InfiniBand is not built"), "{e}");
-        assert!(matches!(comm.alloc_buffer(0), Err(CommError::InvalidArgument(_))));
+        assert!(matches!(
+            comm.alloc_buffer(0),
+            Err(CommError::InvalidArgument(_))
+        ));
         comm.connect(1 - me, &buf, 5, TransportKind::Host).unwrap();
-        let e = comm.connect(1 - me, &buf, 5, TransportKind::Host).unwrap_err();
+        let e = comm
+            .connect(1 - me, &buf, 5, TransportKind::Host)
+            .unwrap_err();
         assert!(e.to_string().contains("tag 5 is already used"), "{e}");
         comm.connection_setup().unwrap();
-        assert!(comm.proxy_stop().is_err(), "stop without launch is a state error");
+        assert!(
+            comm.proxy_stop().is_err(),
+            "stop without launch is a state error"
+        );
     });
 }
 
@@ -134,7 +168,8 @@ fn buffer_sizes_that_differ_fail_on_both_sides() {
     let results = ranks(2, |mut comm| {
         let size = if comm.rank() == 0 { 128 } else { 256 };
         let buf = comm.alloc_buffer(size).unwrap();
-        comm.connect(1 - comm.rank(), &buf, 3, TransportKind::Host).unwrap();
+        comm.connect(1 - comm.rank(), &buf, 3, TransportKind::Host)
+            .unwrap();
         comm.connection_setup().map_err(|e| e.to_string())
     });
     for (r, res) in results.iter().enumerate() {
@@ -155,7 +190,13 @@ fn proxy_reports_malformed_triggers_and_keeps_serving() {
         // SAFETY: a handle over this communicator's live FIFO and counters, with an id no
         // connection has.
         let unknown = unsafe {
-            DevConn::from_raw_parts(fifo, 5, comm.connections[0].inbound as *mut u64, comm.connections[0].expected as *mut u64, 1_000_000_000)
+            DevConn::from_raw_parts(
+                fifo,
+                5,
+                comm.connections[0].inbound as *mut u64,
+                comm.connections[0].expected as *mut u64,
+                1_000_000_000,
+            )
         };
         comm.proxy_launch().unwrap();
         if me == 0 {
@@ -170,10 +211,23 @@ fn proxy_reports_malformed_triggers_and_keeps_serving() {
         comm.bootstrap().barrier().unwrap();
         let r = comm.proxy_stop();
         if me == 0 {
-            let Err(CommError::Proxy(errors)) = r else { panic!("expected proxy errors, got {r:?}") };
+            let Err(CommError::Proxy(errors)) = r else {
+                panic!("expected proxy errors, got {r:?}")
+            };
             assert_eq!(errors.len(), 2, "{errors:?}");
-            assert!(matches!(errors[0], ProxyError::UnknownConnection { connection: 5, .. }), "{}", errors[0]);
-            assert!(matches!(errors[1], ProxyError::OutOfBounds { connection: 0, .. }), "{}", errors[1]);
+            assert!(
+                matches!(
+                    errors[0],
+                    ProxyError::UnknownConnection { connection: 5, .. }
+                ),
+                "{}",
+                errors[0]
+            );
+            assert!(
+                matches!(errors[1], ProxyError::OutOfBounds { connection: 0, .. }),
+                "{}",
+                errors[1]
+            );
         } else {
             r.unwrap();
         }

@@ -30,7 +30,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use mscclpp_device::fifo::{FifoConsumer, TriggerOp};
+use mscclpp_device::fifo::TriggerOp;
+
+use super::OwnedFifoConsumer;
 
 use crate::transport::{DataPlane, Route, TransportError};
 
@@ -38,7 +40,9 @@ use crate::transport::{DataPlane, Route, TransportError};
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     /// A trigger named a connection this proxy does not serve.
-    #[error("proxy: trigger {seq} names connection {connection}, but only {known} connection(s) exist")]
+    #[error(
+        "proxy: trigger {seq} names connection {connection}, but only {known} connection(s) exist"
+    )]
     UnknownConnection {
         /// Sequence number of the trigger.
         seq: u64,
@@ -90,7 +94,7 @@ pub struct ProxyService {
 /// Everything the proxy thread needs; moved into it.
 pub(crate) struct ProxyTask {
     /// The FIFO's consumer.
-    pub consumer: FifoConsumer,
+    pub consumer: OwnedFifoConsumer,
     /// Route of each connection id.
     pub routes: Vec<Route>,
     /// Signals sent so far on each connection; kept by the communicator so that a relaunched
@@ -122,7 +126,10 @@ impl ProxyService {
     /// Errors so far (up to 64 kept) and how many more were dropped.
     pub fn errors(&self) -> (Vec<String>, u64) {
         let log = self.errors.lock().unwrap_or_else(|e| e.into_inner());
-        (log.kept.iter().map(|e| e.to_string()).collect(), log.dropped)
+        (
+            log.kept.iter().map(|e| e.to_string()).collect(),
+            log.dropped,
+        )
     }
 
     /// Asks the thread to drain the FIFO and exit, waits for it, and returns every error
@@ -196,12 +203,27 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
             Some(route) => {
                 let plane = &mut task.plane;
                 if op.contains(TriggerOp::DATA) {
-                    let (dst, src, size) = (trigger.dst_offset(), trigger.src_offset(), trigger.size());
+                    let (dst, src, size) =
+                        (trigger.dst_offset(), trigger.src_offset(), trigger.size());
                     match route.check(dst, src, size) {
-                        Err(error) => record(errors, ProxyError::OutOfBounds { seq, connection: id, error }),
+                        Err(error) => record(
+                            errors,
+                            ProxyError::OutOfBounds {
+                                seq,
+                                connection: id,
+                                error,
+                            },
+                        ),
                         Ok(()) => {
                             if let Err(error) = plane.put(route, dst, src, size) {
-                                record(errors, ProxyError::Transport { seq, connection: id, error });
+                                record(
+                                    errors,
+                                    ProxyError::Transport {
+                                        seq,
+                                        connection: id,
+                                        error,
+                                    },
+                                );
                             }
                         }
                     }
@@ -211,7 +233,14 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
                     // `stop` orders it before a later proxy's reads.
                     let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
                     if let Err(error) = plane.signal(route, epoch) {
-                        record(errors, ProxyError::Transport { seq, connection: id, error });
+                        record(
+                            errors,
+                            ProxyError::Transport {
+                                seq,
+                                connection: id,
+                                error,
+                            },
+                        );
                     }
                 }
             }
@@ -219,8 +248,16 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
         if op.contains(TriggerOp::SYNC)
             && let Err(error) = task.plane.flush()
         {
-            record(errors, ProxyError::Transport { seq, connection: id, error });
+            record(
+                errors,
+                ProxyError::Transport {
+                    seq,
+                    connection: id,
+                    error,
+                },
+            );
         }
-        task.consumer.pop();
+        // The trigger was polled above, so there is one to pop.
+        let _ = task.consumer.pop();
     }
 }

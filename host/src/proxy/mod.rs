@@ -1,0 +1,22 @@
+//! The proxy: the host threads that carry out what GPU kernels ask for (DESIGN §4).
+//!
+//! - the trigger FIFO between a kernel and the proxy: [`Fifo`] owns its memory, hands
+//!   kernels a [`FifoDeviceHandle`] and the proxy thread an [`OwnedFifoConsumer`]
+//!   (`poll` / `pop`); [`fifo_check`] drives the `fifo_push_test` kernel against it for
+//!   tests and benchmarks;
+//! - [`ProxyService`]: the thread that pops triggers and drives a transport's data plane.
+
+mod fifo;
+pub mod fifo_check;
+mod service;
+
+pub(crate) use service::ProxyTask;
+pub use service::{ProxyError, ProxyService};
+
+pub use fifo::{
+    DEFAULT_SLOTS, DEFAULT_TIMEOUT, Fifo, FifoConfig, FifoError, FifoKernelArg, OwnedFifoConsumer,
+};
+pub use mscclpp_device::fifo::{
+    FifoConfigError, FifoDeviceHandle, FifoTimeout, FifoWait, Trigger, TriggerError, TriggerField,
+    TriggerOp,
+};
