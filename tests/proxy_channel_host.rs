@@ -39,7 +39,7 @@ fn launch(test: &str, nranks: usize) -> LaunchReport {
     report
 }
 
-fn communicator(slots: u64) -> Communicator {
+fn communicator(slots: usize) -> Communicator {
     let launch = Launch::from_env().unwrap();
     let bs = launch.blocking_bootstrap().unwrap();
     let config = CommConfig {

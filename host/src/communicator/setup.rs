@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Backend, Buffer, CommError, Communicator, PendingConnection};
 use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
-use crate::proxy::ProxyTask;
+use crate::proxy::{ProxyTask, StartHook};
 use crate::transport::host::HostPlane;
 use crate::transport::p2p::P2pPlane;
 use crate::transport::shm::ShmSegment;
@@ -430,7 +430,7 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
         .fifo
         .consumer()
         .map_err(|e| CommError::State(format!("proxy FIFO: {e}")))?;
-    let (plane, on_start): (Box<dyn DataPlane>, Option<Box<dyn FnOnce() + Send>>) =
+    let (plane, on_start): (Box<dyn DataPlane>, Option<StartHook>) =
         match &comm.backend {
             Backend::Gpu(gpu) => {
                 let stream = gpu.new_stream()?;

@@ -10,7 +10,7 @@ mod fifo;
 pub mod fifo_check;
 mod service;
 
-pub(crate) use service::ProxyTask;
+pub(crate) use service::{ProxyTask, StartHook};
 pub use service::{ProxyError, ProxyService};
 
 pub use fifo::{

@@ -91,6 +91,9 @@ pub struct ProxyService {
     errors: Arc<Mutex<ErrorLog>>,
 }
 
+/// Work run first on the proxy thread (binding a CUDA context).
+pub(crate) type StartHook = Box<dyn FnOnce() + Send>;
+
 /// Everything the proxy thread needs; moved into it.
 pub(crate) struct ProxyTask {
     /// The FIFO's consumer.
@@ -103,7 +106,7 @@ pub(crate) struct ProxyTask {
     /// The data plane.
     pub plane: Box<dyn DataPlane>,
     /// Runs first on the proxy thread (binding a CUDA context).
-    pub on_start: Option<Box<dyn FnOnce() + Send>>,
+    pub on_start: Option<StartHook>,
 }
 
 impl ProxyService {
