@@ -351,11 +351,12 @@ fn garbage_and_oversize_frames_are_refused_without_harm() {
         let root = Root::bind(localhost(0), config()).unwrap();
         let id = root.unique_id();
         let root = tokio::spawn(root.run());
-        let mut garbage = Vec::new();
         // Claims a 4 GiB header, then a huge payload, then plain noise.
-        garbage.push([0xffu8, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0].to_vec());
-        garbage.push([8u8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f].to_vec());
-        garbage.push(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec());
+        let garbage = [
+            [0xffu8, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0].to_vec(),
+            [8u8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f].to_vec(),
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        ];
         for bytes in &garbage {
             let mut s = TcpStream::connect(id.root_addr()).await.unwrap();
             s.write_all(bytes).await.unwrap();
@@ -634,4 +635,24 @@ fn unique_id_string_reaches_the_same_root() {
     assert_eq!(parsed, BootstrapRoot::Id(root));
     let bs = BlockingBootstrap::init_with_config(1, 0, parsed, config()).unwrap();
     assert_eq!(bs.all_gather(b"solo").unwrap(), vec![b"solo".to_vec()]);
+}
+
+#[test]
+fn missing_rank_makes_the_root_time_out_naming_it() {
+    runtime().block_on(async {
+        let config = config().with_timeout(Duration::from_millis(800));
+        let (root, errors) = rendezvous_with(&[(3, 0), (3, 2)], config).await;
+        let expected = Refusal::RendezvousTimeout {
+            missing: vec![1],
+            timeout_ms: 800,
+        };
+        match root {
+            Err(BootstrapError::RendezvousFailed(r)) => assert_eq!(r, expected),
+            other => panic!("root: {other:?}"),
+        }
+        for e in &errors {
+            assert_eq!(refusal(e), &expected, "{e}");
+            assert!(e.to_string().contains("ranks [1] never joined"), "{e}");
+        }
+    });
 }

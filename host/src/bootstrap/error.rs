@@ -68,6 +68,9 @@ pub enum Refusal {
     /// The first frame was a valid frame of the wrong kind.
     #[error("unexpected first message: {0}")]
     UnexpectedMessage(String),
+    /// The peer is closing its bootstrap.
+    #[error("the rank is closing its bootstrap")]
+    Closing,
     /// The rendezvous did not complete within the root's timeout.
     #[error("the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined")]
     RendezvousTimeout {

@@ -244,19 +244,24 @@ impl Mesh {
             refuse(&mut wr, Refusal::DuplicateConnection { from: hello.from }).await;
             return;
         }
-        let acked = timeout(
-            COURTESY_WRITE_TIMEOUT,
-            wire::write_frame(&mut wr, &Message::HelloAck, &[]),
-        )
-        .await;
-        if !matches!(acked, Ok(Ok(()))) {
-            self.mark_lost(from, "its handshake broke off".into());
-            return;
-        }
+        // The acknowledgement goes through the connection's writer task, registered under
+        // the same lock `begin_close` takes: either `begin_close` sees this writer and sends
+        // it a goodbye, or we see `closing` and refuse. Never a silent close.
         let (tx, rx) = mpsc::unbounded_channel();
         self.track_writer(tokio::spawn(write_loop(wr, rx, Arc::new(OnceLock::new()))));
-        if !self.closing.load(Ordering::Acquire) {
-            lock(&self.back)[from] = Some(tx);
+        let reply = |message| Outgoing {
+            message,
+            payload: Bytes::new(),
+            done: None,
+        };
+        {
+            let mut back = lock(&self.back);
+            if self.closing.load(Ordering::Acquire) {
+                let _ = tx.send(reply(Message::Refused(Refusal::Closing)));
+                return;
+            }
+            let _ = tx.send(reply(Message::HelloAck));
+            back[from] = Some(tx);
         }
         self.read_incoming(from, rd).await;
     }
@@ -606,6 +611,9 @@ impl Mesh {
                 message: Message::Refused(reason),
                 ..
             }) => {
+                if reason == Refusal::Closing {
+                    self.mark_closed(peer);
+                }
                 return Err(BootstrapError::RefusedByPeer {
                     rank: self.rank,
                     peer,
@@ -792,10 +800,9 @@ impl Mesh {
         let notices: Vec<JoinHandle<()>> = lock(&self.notices).drain(..).collect();
         let deadline = Instant::now() + NOTICE_WAIT.min(self.config.timeout);
         for task in notices {
-            let abort = task.abort_handle();
-            if timeout_at(deadline, task).await.is_err() {
-                abort.abort();
-            }
+            // Past the deadline it is left to finish on its own: aborting it mid-handshake
+            // would look to its target like this rank dying.
+            let _ = timeout_at(deadline, task).await;
         }
         self.begin_close(true);
         let deadline = Instant::now() + FLUSH_WAIT;

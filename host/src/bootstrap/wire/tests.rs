@@ -1,1 +1,180 @@
 use super::*;
+
+fn data(tag: u64) -> Message {
+    Message::Data {
+        channel: Channel::User(tag),
+    }
+}
+
+#[test]
+fn frame_round_trips() {
+    let payload: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+    let bytes = encode_frame(&data(42), &payload).unwrap();
+    let limits = FrameLimits::with_max_payload(4096);
+    let (frame, used) = decode_frame(&bytes, &limits).unwrap().unwrap();
+    assert_eq!(used, bytes.len());
+    assert_eq!(
+        frame,
+        Frame {
+            message: data(42),
+            payload
+        }
+    );
+}
+
+#[test]
+fn incomplete_frames_ask_for_more() {
+    let bytes = encode_frame(&data(1), b"hello").unwrap();
+    let limits = FrameLimits::with_max_payload(16);
+    for cut in 0..bytes.len() {
+        assert!(
+            decode_frame(&bytes[..cut], &limits).unwrap().is_none(),
+            "cut at {cut}"
+        );
+    }
+}
+
+#[test]
+fn limits_are_checked_from_the_prefix_alone() {
+    let bytes = encode_frame(&data(1), &[0; 100]).unwrap();
+    let limits = FrameLimits::with_max_payload(99);
+    // Only the 12-byte prefix is needed to refuse.
+    assert!(matches!(
+        decode_frame(&bytes[..PREFIX_LEN], &limits),
+        Err(FrameError::PayloadTooLarge { len: 100, max: 99 })
+    ));
+    let mut huge = [0u8; PREFIX_LEN];
+    huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        decode_frame(&huge, &limits),
+        Err(FrameError::HeaderSize { .. })
+    ));
+    assert!(matches!(
+        decode_frame(&[0u8; PREFIX_LEN], &limits),
+        Err(FrameError::HeaderSize { len: 0, .. })
+    ));
+}
+
+#[test]
+fn garbage_headers_are_errors() {
+    let mut bytes = vec![0u8; PREFIX_LEN];
+    bytes[0] = 4;
+    bytes.extend_from_slice(&[0xff; 4]);
+    let limits = FrameLimits::HANDSHAKE;
+    assert!(matches!(
+        decode_frame(&bytes, &limits),
+        Err(FrameError::Decode(_))
+    ));
+
+    // A valid header followed by junk inside the announced header length.
+    let head = bincode::serde::encode_to_vec(Message::Goodbye, header_config()).unwrap();
+    let mut bytes = vec![0u8; PREFIX_LEN];
+    bytes[..4].copy_from_slice(&((head.len() + 3) as u32).to_le_bytes());
+    bytes.extend_from_slice(&head);
+    bytes.extend_from_slice(&[0; 3]);
+    assert!(matches!(
+        decode_frame(&bytes, &limits),
+        Err(FrameError::TrailingBytes { .. })
+    ));
+}
+
+#[test]
+fn a_lying_string_length_does_not_allocate() {
+    // PeerLost's detail claims 2^60 bytes: bincode's limit refuses before allocating.
+    let mut head = Vec::new();
+    head.push(7u8); // variant index of PeerLost
+    head.push(1); // rank
+    head.push(253); // u64 varint marker
+    head.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    let mut bytes = vec![0u8; PREFIX_LEN];
+    bytes[..4].copy_from_slice(&(head.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&head);
+    let limits = FrameLimits::with_max_payload(0);
+    assert!(matches!(
+        decode_frame(&bytes, &limits),
+        Err(FrameError::Decode(_))
+    ));
+}
+
+#[test]
+fn peer_table_round_trips() {
+    let peers = vec![
+        PeerInfo {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            host_id: "a".into(),
+        },
+        PeerInfo {
+            addr: "[::1]:2".parse().unwrap(),
+            host_id: "b".into(),
+        },
+    ];
+    let bytes = encode_peer_table(&peers).unwrap();
+    assert_eq!(decode_peer_table(&bytes).unwrap(), peers);
+    assert!(decode_peer_table(&bytes[..bytes.len() - 1]).is_err());
+}
+
+fn block_on<T>(f: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn async_reader_matches_the_decoder() {
+    block_on(async {
+        let mut stream = Vec::new();
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        write_frame(&mut stream, &data(1), b"small").await.unwrap();
+        write_frame(&mut stream, &data(2), &big).await.unwrap();
+        write_frame(&mut stream, &Message::Goodbye, &[])
+            .await
+            .unwrap();
+        let limits = FrameLimits::with_max_payload(big.len());
+        let mut reader = stream.as_slice();
+        let a = read_frame(&mut reader, &limits).await.unwrap().unwrap();
+        let b = read_frame(&mut reader, &limits).await.unwrap().unwrap();
+        let c = read_frame(&mut reader, &limits).await.unwrap().unwrap();
+        assert_eq!((a.message, a.payload.as_slice()), (data(1), &b"small"[..]));
+        assert_eq!((b.message, b.payload), (data(2), big));
+        assert_eq!(c.message, Message::Goodbye);
+        // Clean end between frames.
+        assert!(read_frame(&mut reader, &limits).await.unwrap().is_none());
+    });
+}
+
+#[test]
+fn async_reader_reports_truncation_and_oversize() {
+    block_on(async {
+        let bytes = encode_frame(&data(1), &[9; 64]).unwrap();
+        let limits = FrameLimits::with_max_payload(64);
+        for cut in [3, PREFIX_LEN + 1, bytes.len() - 1] {
+            let mut reader = &bytes[..cut];
+            let err = read_frame(&mut reader, &limits).await.unwrap_err();
+            assert!(
+                matches!(err, FrameError::Truncated { .. }),
+                "cut {cut}: {err}"
+            );
+        }
+        let mut reader = bytes.as_slice();
+        let small = FrameLimits::with_max_payload(63);
+        let err = read_frame(&mut reader, &small).await.unwrap_err();
+        assert!(
+            matches!(err, FrameError::PayloadTooLarge { len: 64, max: 63 }),
+            "{err}"
+        );
+    });
+}
+
+#[test]
+fn a_lying_payload_length_does_not_allocate_it() {
+    block_on(async {
+        // Claims 1 TiB of payload, then ends: must fail as truncated without reserving it.
+        let mut bytes = encode_head(&data(1), 1 << 40).unwrap();
+        bytes.extend_from_slice(&[1, 2, 3]);
+        let limits = FrameLimits::with_max_payload(usize::MAX);
+        let mut reader = bytes.as_slice();
+        let err = read_frame(&mut reader, &limits).await.unwrap_err();
+        assert!(matches!(err, FrameError::Truncated { got: 3, .. }), "{err}");
+    });
+}
