@@ -77,3 +77,21 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// Bandwidth probe over one proxy channel: rank 0 queues `iters` puts of `size` bytes
+    /// (offset 0 on both sides) and one signal; rank 1 waits for it. One thread.
+    pub unsafe fn proxy_put_bench(conn: DevConn, size: u64, iters: u64, rank: u32) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        if rank == 0 {
+            for _ in 0..iters {
+                conn.put(0, size);
+            }
+            conn.signal();
+        } else {
+            conn.wait();
+        }
+    }
+}

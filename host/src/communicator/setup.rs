@@ -430,20 +430,19 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
         .fifo
         .consumer()
         .map_err(|e| CommError::State(format!("proxy FIFO: {e}")))?;
-    let (plane, on_start): (Box<dyn DataPlane>, Option<StartHook>) =
-        match &comm.backend {
-            Backend::Gpu(gpu) => {
-                let stream = gpu.new_stream()?;
-                let g = gpu.clone();
-                (
-                    Box::new(P2pPlane::new(stream)),
-                    Some(Box::new(move || {
-                        let _ = g.bind();
-                    })),
-                )
-            }
-            Backend::Host => (Box::new(HostPlane), None),
-        };
+    let (plane, on_start): (Box<dyn DataPlane>, Option<StartHook>) = match &comm.backend {
+        Backend::Gpu(gpu) => {
+            let stream = gpu.new_stream()?;
+            let g = gpu.clone();
+            (
+                Box::new(P2pPlane::new(stream)),
+                Some(Box::new(move || {
+                    let _ = g.bind();
+                })),
+            )
+        }
+        Backend::Host => (Box::new(HostPlane), None),
+    };
     Ok(ProxyTask {
         consumer,
         routes,

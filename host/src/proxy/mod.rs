@@ -10,8 +10,8 @@ mod fifo;
 pub mod fifo_check;
 mod service;
 
-pub(crate) use service::{ProxyTask, StartHook};
 pub use service::{ProxyError, ProxyService};
+pub(crate) use service::{ProxyTask, StartHook};
 
 pub use fifo::{
     DEFAULT_SLOTS, DEFAULT_TIMEOUT, Fifo, FifoConfig, FifoError, FifoKernelArg, OwnedFifoConsumer,
