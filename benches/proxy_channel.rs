@@ -35,8 +35,9 @@ fn one_thread() -> LaunchConfig {
 
 fn events_ms(stream: &cuda::CudaStream, f: impl FnOnce()) -> f64 {
     let ctx = stream.context();
-    let a = ctx.new_event(None).unwrap();
-    let b = ctx.new_event(None).unwrap();
+    let timing = Some(cuda::CUevent_flags::CU_EVENT_DEFAULT);
+    let a = ctx.new_event(timing).unwrap();
+    let b = ctx.new_event(timing).unwrap();
     a.record(stream).unwrap();
     f();
     b.record(stream).unwrap();

@@ -23,6 +23,7 @@ mod memory;
 mod module;
 mod ops;
 
+pub use cudarc::driver::sys::CUevent_flags;
 pub use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig,
     PushKernelArg,
