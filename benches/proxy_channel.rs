@@ -12,38 +12,19 @@
 //! one measurement per size is what a sweep to 1 GB affords; each is the mean of several
 //! launches after a warm-up.
 
-use std::sync::{Arc, Barrier};
+mod common;
+
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use mscclpp::host::bootstrap::{BlockingBootstrap, create_unique_id};
-use mscclpp::host::communicator::{Backend, CommConfig, Communicator, DevConnArg};
-use mscclpp::host::cuda::{
-    self, DeviceBuffer, Gpu, KernelModule, LaunchConfig, PushKernelArg, memcpy_async,
-};
+use common::{events_ms, grid};
+use mscclpp::host::bootstrap::UniqueId;
+use mscclpp::host::communicator::{Communicator, DevConnArg};
+use mscclpp::host::cuda::{DeviceBuffer, Gpu, KernelModule, PushKernelArg, memcpy_async};
 use mscclpp::host::smoke;
 use mscclpp::host::transport::TransportKind;
 
 const MAX_BYTES: usize = 1 << 30;
-
-fn one_thread() -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn events_ms(stream: &cuda::CudaStream, f: impl FnOnce()) -> f64 {
-    let ctx = stream.context();
-    let timing = Some(cuda::CUevent_flags::CU_EVENT_DEFAULT);
-    let a = ctx.new_event(timing).unwrap();
-    let b = ctx.new_event(timing).unwrap();
-    a.record(stream).unwrap();
-    f();
-    b.record(stream).unwrap();
-    b.synchronize().unwrap();
-    a.elapsed_ms(&b).unwrap() as f64
-}
 
 struct Rank {
     comm: Communicator,
@@ -54,14 +35,8 @@ struct Rank {
     peer_buf_ptr: u64,
 }
 
-fn setup(rank: usize, id: mscclpp::host::bootstrap::UniqueId, ngpus: usize) -> Rank {
-    let bs = BlockingBootstrap::init(2, rank, id).unwrap();
-    let gpu = Gpu::open(rank % ngpus).unwrap();
-    let config = CommConfig {
-        device_timeout: Duration::from_secs(60),
-        ..CommConfig::default()
-    };
-    let mut comm = Communicator::from_bootstrap(bs, Backend::Gpu(gpu.clone()), config).unwrap();
+fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
+    let (mut comm, gpu) = common::communicator(rank, id, ngpus);
     let buf = comm.alloc_buffer(MAX_BYTES).unwrap();
     comm.connect(1 - rank, &buf, 0, TransportKind::P2p).unwrap();
     comm.connection_setup().unwrap();
@@ -72,16 +47,9 @@ fn setup(rank: usize, id: mscclpp::host::bootstrap::UniqueId, ngpus: usize) -> R
     let peer_buf_ptr = u64::from_le_bytes(ptrs[1 - rank][..8].try_into().unwrap());
     comm.proxy_launch().unwrap();
     let module = KernelModule::load_builtin(&gpu).unwrap();
-    // Keep the buffer alive through the communicator's connection (it holds a clone).
+    // The connection keeps a clone of `buf`, so its memory outlives this function.
     let buf_ptr = buf.device_ptr().unwrap();
-    Rank {
-        comm,
-        gpu,
-        module,
-        conn,
-        buf_ptr,
-        peer_buf_ptr,
-    }
+    Rank { comm, gpu, module, conn, buf_ptr, peer_buf_ptr }
 }
 
 /// Ping-pong of 8 bytes for `rounds` rounds; returns rank 0's kernel time in ms.
@@ -101,7 +69,7 @@ fn ping_pong(r: &Rank, rank: usize, rounds: u64, sync: &Barrier) -> f64 {
             .arg(&seed)
             .arg(&perr);
         // SAFETY: the connection and buffers live in `r`, past the event synchronize.
-        unsafe { l.launch(one_thread()) }.unwrap();
+        unsafe { l.launch(grid(1, 1)) }.unwrap();
     });
     let mut bad = [0u64];
     errors.copy_to_host(0, &mut bad).unwrap();
@@ -118,7 +86,7 @@ fn put_bench(r: &Rank, rank: usize, size: u64, iters: u64, sync: &Barrier) -> f6
         let mut l = stream.launch_builder(&f);
         l.arg(&r.conn).arg(&size).arg(&iters).arg(&rank32);
         // SAFETY: as above.
-        unsafe { l.launch(one_thread()) }.unwrap();
+        unsafe { l.launch(grid(1, 1)) }.unwrap();
     })
 }
 
@@ -136,66 +104,35 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let ngpus = match cuda::device_count() {
-        Ok(n) if n > 0 => n,
-        Ok(_) => return println!("proxy_channel bench skipped: no GPU"),
-        Err(e) => return println!("proxy_channel bench skipped: {e}"),
+    let Some(ngpus) = common::gpus_or_skip("proxy_channel") else {
+        return;
     };
-    let id = create_unique_id().unwrap();
-    let sync = Arc::new(Barrier::new(2));
     let sizes: Vec<u64> = (10..=30).step_by(2).map(|p| 1u64 << p).collect();
-    let results = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|rank| {
-                let sync = sync.clone();
-                let sizes = sizes.clone();
-                s.spawn(move || {
-                    let mut r = setup(rank, id, ngpus);
-                    let mut out = Vec::new();
-                    // Ping-pong: warm-up, then the mean of 5 launches of 2000 rounds.
-                    ping_pong(&r, rank, 200, &sync);
-                    let rounds = 2000u64;
-                    let ms: f64 = (0..5)
-                        .map(|_| ping_pong(&r, rank, rounds, &sync))
-                        .sum::<f64>()
-                        / 5.0;
-                    out.push((
-                        "pingpong".to_string(),
-                        0u64,
-                        ms * 1e3 / (rounds as f64 / 2.0),
-                        0.0,
-                    ));
-                    for &size in &sizes {
-                        let iters = ((4u64 << 30) / size).clamp(4, 2000);
-                        put_bench(&r, rank, size, iters.min(10), &sync);
-                        let ms = (0..3)
-                            .map(|_| put_bench(&r, rank, size, iters, &sync))
-                            .sum::<f64>()
-                            / 3.0;
-                        sync.wait();
-                        let ce = if rank == 0 {
-                            copy_engine(&r, size, iters);
-                            (0..3).map(|_| copy_engine(&r, size, iters)).sum::<f64>() / 3.0
-                        } else {
-                            0.0
-                        };
-                        sync.wait();
-                        let gbps = |ms: f64| size as f64 * iters as f64 / (ms * 1e-3) / 1e9;
-                        out.push((
-                            "put".to_string(),
-                            size,
-                            gbps(ms),
-                            if rank == 0 { gbps(ce) } else { 0.0 },
-                        ));
-                    }
-                    r.comm.proxy_stop().unwrap();
-                    (out, r.gpu.info().name.clone(), r.gpu.info().ordinal)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
+    let results = common::two_ranks(|rank, id, sync: &Barrier| {
+        let mut r = setup(rank, id, ngpus);
+        let mut out = Vec::new();
+        // Ping-pong: warm-up, then the mean of 5 launches of 2000 rounds.
+        ping_pong(&r, rank, 200, sync);
+        let rounds = 2000u64;
+        let ms: f64 = (0..5).map(|_| ping_pong(&r, rank, rounds, sync)).sum::<f64>() / 5.0;
+        out.push((0u64, ms * 1e3 / (rounds as f64 / 2.0), 0.0));
+        for &size in &sizes {
+            let iters = ((4u64 << 30) / size).clamp(4, 2000);
+            put_bench(&r, rank, size, iters.min(10), sync);
+            let ms = (0..3).map(|_| put_bench(&r, rank, size, iters, sync)).sum::<f64>() / 3.0;
+            sync.wait();
+            let ce = if rank == 0 {
+                copy_engine(&r, size, iters);
+                (0..3).map(|_| copy_engine(&r, size, iters)).sum::<f64>() / 3.0
+            } else {
+                0.0
+            };
+            sync.wait();
+            let gbps = |ms: f64| size as f64 * iters as f64 / (ms * 1e-3) / 1e9;
+            out.push((size, gbps(ms), if rank == 0 { gbps(ce) } else { 0.0 }));
+        }
+        r.comm.proxy_stop().unwrap();
+        (out, r.gpu.info().name.clone(), r.gpu.info().ordinal)
     });
     let (rows, name, _) = &results[0];
     println!(
@@ -207,25 +144,15 @@ fn main() {
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let rounds = 5000;
     let t = Instant::now();
-    smoke::ordering_probe(
-        smoke::Backend::Gpu(&gpu, &module),
-        1,
-        rounds,
-        3,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    smoke::ordering_probe(smoke::Backend::Gpu(&gpu, &module), 1, rounds, 3, Duration::from_secs(10)).unwrap();
     let probe_us = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
-    let rtt = rows[0].2;
+    let rtt = rows[0].1;
     println!(
         "ping-pong 8 B round trip: {rtt:.2} us; GPU<->host flag round trip (reference) {probe_us:.2} us; ratio {:.2}",
         rtt / probe_us
     );
-    println!(
-        "{:>12} {:>14} {:>16} {:>7}",
-        "bytes", "put GB/s", "cuMemcpy GB/s", "ratio"
-    );
-    for (_, size, put, ce) in &rows[1..] {
+    println!("{:>12} {:>14} {:>16} {:>7}", "bytes", "put GB/s", "cuMemcpy GB/s", "ratio");
+    for (size, put, ce) in &rows[1..] {
         println!("{size:>12} {put:>14.1} {ce:>16.1} {:>7.3}", put / ce);
     }
 }

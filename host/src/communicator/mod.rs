@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use mscclpp_device::channel::DevConn;
+use mscclpp_device::channel::{DevConn, MemoryChannel};
+use mscclpp_device::semaphore::DeviceSemaphore;
 use mscclpp_device::fifo;
 
 use crate::bootstrap::{
@@ -50,6 +51,14 @@ pub struct DevConnArg(pub DevConn);
 // SAFETY: DevConn is `#[repr(C)]`, `Copy`, and holds only addresses and integers, which is
 // what a by-value kernel parameter of the same Rust type expects.
 unsafe impl cudarc::driver::DeviceRepr for DevConnArg {}
+
+/// A [`MemoryChannel`] as a kernel argument for cudarc's launch builder (passed by value).
+#[derive(Debug, Clone, Copy)]
+#[repr(transparent)]
+pub struct MemoryChannelArg(pub MemoryChannel);
+
+// SAFETY: MemoryChannel is `#[repr(C)]`, `Copy`, addresses and integers only.
+unsafe impl cudarc::driver::DeviceRepr for MemoryChannelArg {}
 
 /// Errors of the communicator.
 #[derive(Debug, thiserror::Error)]
@@ -254,6 +263,20 @@ struct PendingConnection {
     tag: u32,
     buffer: Buffer,
     transport: TransportKind,
+    kind: ChannelKind,
+    /// This side's packet scratch (memory channels).
+    packets: Option<Buffer>,
+}
+
+/// What a connection is used as: a proxy channel ([`DevConn`]) or a memory channel
+/// ([`MemoryChannel`]). They keep separate index spaces, and a connection's inbound counter
+/// serves only its own kind (the proxy writes absolute epochs, a memory channel adds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ChannelKind {
+    /// GPU threads push triggers; the proxy copies.
+    Proxy,
+    /// GPU threads load and store the peer's memory themselves.
+    Memory,
 }
 
 /// The seed's communicator. See the module docs.
@@ -362,9 +385,9 @@ impl Communicator {
         Ok(Buffer { mem: Arc::new(mem) })
     }
 
-    /// Asks for a connection to `remote_rank` whose puts copy from `buffer` into the peer's
-    /// buffer of its matching `connect(this rank, _, tag, _)`. Returns the connection's index
-    /// in [`device_connections`](Self::device_connections). Nothing is exchanged until
+    /// Asks for a proxy channel to `remote_rank` whose puts copy from `buffer` into the
+    /// peer's buffer of its matching `connect(this rank, _, tag, _)`. Returns the channel's
+    /// index in [`device_connections`](Self::device_connections). Nothing is exchanged until
     /// [`connection_setup`](Self::connection_setup).
     pub fn connect(
         &mut self,
@@ -372,6 +395,40 @@ impl Communicator {
         buffer: &Buffer,
         tag: u32,
         transport: TransportKind,
+    ) -> Result<usize, CommError> {
+        self.add_pending(remote_rank, buffer, tag, transport, ChannelKind::Proxy, 0)
+    }
+
+    /// Asks for a memory channel to `remote_rank` over `buffer` (the peer's matching
+    /// `connect_memory` buffer must have the same size) with a packet scratch of
+    /// `packet_bytes` on each side (0 for none; a multiple of 16). Returns the channel's
+    /// index in [`memory_channels`](Self::memory_channels). Set up by
+    /// [`connection_setup`](Self::connection_setup) together with proxy channels; tags are
+    /// shared with `connect`.
+    pub fn connect_memory(
+        &mut self,
+        remote_rank: usize,
+        buffer: &Buffer,
+        tag: u32,
+        transport: TransportKind,
+        packet_bytes: usize,
+    ) -> Result<usize, CommError> {
+        if packet_bytes % 16 != 0 {
+            return Err(CommError::InvalidArgument(format!(
+                "connect_memory: packet scratch of {packet_bytes} bytes is not a multiple of 16"
+            )));
+        }
+        self.add_pending(remote_rank, buffer, tag, transport, ChannelKind::Memory, packet_bytes)
+    }
+
+    fn add_pending(
+        &mut self,
+        remote_rank: usize,
+        buffer: &Buffer,
+        tag: u32,
+        transport: TransportKind,
+        kind: ChannelKind,
+        packet_bytes: usize,
     ) -> Result<usize, CommError> {
         if self.proxy.is_some() {
             return Err(CommError::State(
@@ -426,19 +483,33 @@ impl Communicator {
                 "connect: tag {tag} is already used for a connection to rank {remote_rank}"
             )));
         }
-        let index = self.connections.len() + self.pending.len();
-        if index as u32 > fifo::MAX_CONNECTION_ID {
+        let total = self.connections.len() + self.pending.len();
+        if total as u32 > fifo::MAX_CONNECTION_ID {
             self.tags.remove(&(remote_rank, tag));
             return Err(CommError::InvalidArgument(format!(
                 "connect: at most {} connections per communicator",
                 fifo::MAX_CONNECTION_ID + 1
             )));
         }
+        let packets = match packet_bytes {
+            0 => None,
+            n => match self.alloc_buffer(n) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    self.tags.remove(&(remote_rank, tag));
+                    return Err(e);
+                }
+            },
+        };
+        let index = self.connections.iter().filter(|c| c.kind() == kind).count()
+            + self.pending.iter().filter(|p| p.kind == kind).count();
         self.pending.push(PendingConnection {
             remote_rank,
             tag,
             buffer: buffer.clone(),
             transport,
+            kind,
+            packets,
         });
         Ok(index)
     }
@@ -464,12 +535,13 @@ impl Communicator {
         Ok(())
     }
 
-    /// The device handles of every set-up connection, in `connect` order (pass them to
+    /// The device handles of every set-up proxy channel, in `connect` order (pass them to
     /// kernels by value, or copy them to device memory).
     pub fn device_connections(&self) -> Vec<DevConn> {
         let timeout_ns = self.fifo.device_handle().timeout_ns();
         self.connections
             .iter()
+            .filter(|c| c.kind() == ChannelKind::Proxy)
             .map(|c| {
                 // SAFETY: the FIFO, the inbound counter and the expected word are owned by
                 // this communicator (flag memory is kept in `flag_memory`) and live as long
@@ -481,6 +553,39 @@ impl Communicator {
                         c.inbound as *mut u64,
                         c.expected as *mut u64,
                         timeout_ns,
+                    )
+                }
+            })
+            .collect()
+    }
+
+    /// The device handles of every set-up memory channel, in `connect_memory` order.
+    pub fn memory_channels(&self) -> Vec<MemoryChannel> {
+        let timeout_ns = self.fifo.device_handle().timeout_ns();
+        self.connections
+            .iter()
+            .filter(|c| c.kind() == ChannelKind::Memory)
+            .map(|c| {
+                // SAFETY: every address is owned or mapped by this communicator for as long
+                // as it lives: the local buffer and packet scratch (kept by the connection),
+                // the peer's buffer, scratch and inbound counter (mapped by the connection),
+                // and our inbound counter and expected word (flag memory).
+                unsafe {
+                    let sem = DeviceSemaphore::from_raw_parts(
+                        c.inbound as *mut u64,
+                        c.route.remote_flag as *mut u64,
+                        c.expected as *mut u64,
+                        timeout_ns,
+                    );
+                    MemoryChannel::from_raw_parts(
+                        c.route.local as *mut u8,
+                        c.route.local_len,
+                        c.route.remote as *mut u8,
+                        c.route.remote_len,
+                        c.packets_in as *mut u8,
+                        c.packets_out as *mut u8,
+                        c.packets_len,
+                        sem,
                     )
                 }
             })

@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Backend, Buffer, CommError, Communicator, PendingConnection};
+use super::{Backend, Buffer, ChannelKind, CommError, Communicator, PendingConnection};
 use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
 use crate::proxy::{ProxyTask, StartHook};
 use crate::transport::host::HostPlane;
@@ -44,6 +44,10 @@ enum MemHandle {
 struct ConnInfo {
     tag: u32,
     transport: TransportKind,
+    kind: ChannelKind,
+    /// The packet scratch the peer writes into (memory channels with packets).
+    packets: Option<MemHandle>,
+    packets_len: u64,
     pid: u32,
     buffer_len: u64,
     buffer: MemHandle,
@@ -95,9 +99,17 @@ pub struct Connection {
     pub(crate) route: Route,
     pub(crate) inbound: u64,
     pub(crate) expected: u64,
+    kind: ChannelKind,
+    /// This side's packet scratch (the peer writes packets into it), 0 if none.
+    pub(crate) packets_in: u64,
+    /// The peer's packet scratch mapped here, 0 if none.
+    pub(crate) packets_out: u64,
+    pub(crate) packets_len: u64,
     _local: Buffer,
+    _local_packets: Option<Buffer>,
     _peer_buffer: Arc<PeerMem>,
     _peer_flags: Arc<PeerMem>,
+    _peer_packets: Option<Arc<PeerMem>>,
 }
 
 impl Connection {
@@ -112,6 +124,10 @@ impl Connection {
     /// The transport.
     pub fn transport(&self) -> TransportKind {
         self.transport
+    }
+    /// Proxy or memory channel.
+    pub fn kind(&self) -> ChannelKind {
+        self.kind
     }
     /// Size of the buffers (equal on both sides).
     pub fn buffer_len(&self) -> u64 {
@@ -264,6 +280,9 @@ pub(super) fn establish(
         let info = ConnInfo {
             tag: p.tag,
             transport: p.transport,
+            kind: p.kind,
+            packets: p.packets.as_ref().map(|b| describe(b, &comm.backend)).transpose()?,
+            packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
             pid,
             buffer_len: p.buffer.len() as u64,
             buffer: describe(&p.buffer, &comm.backend)?,
@@ -324,9 +343,15 @@ pub(super) fn establish(
                 },
                 inbound: inbound_base + k as u64 * 8,
                 expected: expected_base + k as u64 * 8,
+                kind: p.kind,
+                packets_in: p.packets.as_ref().map_or(0, |b| b.addr()),
+                packets_out: peer_packets.as_ref().map_or(0, |(_, a)| *a),
+                packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
                 _local: p.buffer.clone(),
+                _local_packets: p.packets.clone(),
                 _peer_buffer: buf_mem,
                 _peer_flags: flag_mem,
+                _peer_packets: peer_packets.map(|(m, _)| m),
             })
         })();
         let ack = match &result {
@@ -367,8 +392,10 @@ pub(super) fn establish(
         inbound.unlink()?;
     }
     for c in &conns {
-        if let super::BufferMem::Host(s) = &*c._local.mem {
-            s.unlink()?;
+        for b in std::iter::once(&c._local).chain(c._local_packets.as_ref()) {
+            if let super::BufferMem::Host(s) = &*b.mem {
+                s.unlink()?;
+            }
         }
     }
     Ok((conns, flags))
@@ -395,6 +422,24 @@ fn check_peer(
             format!(
                 "transports differ: {} here, {} on the peer",
                 mine.transport, peer.transport
+            ),
+        ));
+    }
+    if peer.kind != mine.kind {
+        return Err(mismatch(
+            rank,
+            tag,
+            format!("channel kinds differ: {:?} here, {:?} on the peer", mine.kind, peer.kind),
+        ));
+    }
+    let my_packets = mine.packets.as_ref().map_or(0, |b| b.len() as u64);
+    if peer.packets_len != my_packets {
+        return Err(mismatch(
+            rank,
+            tag,
+            format!(
+                "packet scratch sizes differ: {my_packets} bytes here, {} bytes on the peer",
+                peer.packets_len
             ),
         ));
     }
