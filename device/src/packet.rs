@@ -49,10 +49,10 @@
 //!
 //! A writer may rewrite a slot (with the next flag) once its reader has consumed it, which it
 //! learns through the peer's next packet or signal, as in NCCL's LL protocol. The accesses
-//! involved are relaxed, so this relies on the GPU never satisfying a load from a store that
-//! causally depends on it (no load buffering), as NVIDIA GPUs do not; even so, a reader
-//! could only ever see a *newer* flag, so the failure mode is a timeout, never silent
-//! corruption.
+//! involved are relaxed, so the PTX model alone does not forbid a load from being satisfied
+//! by a store that causally depends on it (load buffering); like NCCL and MSCCL++ we rely on
+//! the hardware not doing that. Even if it did, a reader could only see a *newer* flag, so
+//! the failure mode is a timeout, never silent corruption.
 //!
 //! # Helpers
 //!

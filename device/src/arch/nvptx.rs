@@ -255,7 +255,9 @@ pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
 /// never merged, split or hoisted out of a polling loop by the compiler. Volatile has the
 /// memory-model semantics of `relaxed.sys`, applied to each `u64` element: each word is read
 /// whole (single-copy atomic at 8 bytes) but the two words are not ordered with each other
-/// nor with other accesses. LL packets read their (data, flag) words with it.
+/// nor with other accesses. LL packets read their (data, flag) words with it. (ptxas also
+/// accepts `ld.relaxed.sys.global.v2.u64`, with the same meaning; volatile is used to match
+/// [`st_volatile_v2_u64`], as MSCCL++ does.)
 ///
 /// # Safety
 /// `p` must point to 16 valid, 16-byte aligned bytes of global memory (device, peer or

@@ -97,13 +97,23 @@ fn written_packets_read_back_only_with_their_flag() {
             "neighbour untouched"
         );
     }
-    assert!(
-        traps(|| unsafe { LlPacket::write(p, 1, 0) }),
-        "flag 0 written"
-    );
-    assert!(traps(|| unsafe { LlPacket::read(p, 0) }), "flag 0 expected");
-    assert!(traps(|| unsafe { LlWidePacket::write(q, [1, 1], 0) }));
-    assert!(traps(|| unsafe { LlWidePacket::read(q, 0) }));
+    let flag_zero: [&dyn Fn(); 4] = [
+        // SAFETY: the slots above; the flag check traps before any access.
+        &|| unsafe { LlPacket::write(p, 1, 0) },
+        &|| {
+            // SAFETY: as above.
+            let _ = unsafe { LlPacket::read(p, 0) };
+        },
+        // SAFETY: as above.
+        &|| unsafe { LlWidePacket::write(q, [1, 1], 0) },
+        &|| {
+            // SAFETY: as above.
+            let _ = unsafe { LlWidePacket::read(q, 0) };
+        },
+    ];
+    for (i, f) in flag_zero.iter().enumerate() {
+        assert!(traps(f), "case {i}: flag 0 accepted");
+    }
 }
 
 #[test]
@@ -238,16 +248,26 @@ fn pack_and_unpack_refuse_bad_partitions_and_flags() {
     let sp = scratch.as_mut_ptr() as *mut LlPacket;
     let data = [7u8; 16];
     let mut out = [0u8; 16];
-    // SAFETY (each closure): 16 data bytes, two packet slots.
-    assert!(traps(|| unsafe { pack(sp, data.as_ptr(), 16, 0, 0, 1) }));
-    assert!(traps(|| unsafe { pack(sp, data.as_ptr(), 16, 2, 2, 1) }));
-    assert!(traps(|| unsafe { pack(sp, data.as_ptr(), 16, 0, 1, 0) }));
-    assert!(traps(|| unsafe {
-        unpack(out.as_mut_ptr(), sp, 16, 0, 1, 0, 1)
-    }));
-    assert!(traps(|| unsafe {
-        unpack(out.as_mut_ptr(), sp, 16, 1, 1, 1, 1)
-    }));
+    let op = out.as_mut_ptr();
+    let bad: [&dyn Fn(); 5] = [
+        // SAFETY: 16 data bytes, two packet slots; the checks trap before any access.
+        &|| unsafe { pack(sp, data.as_ptr(), 16, 0, 0, 1) },
+        // SAFETY: as above.
+        &|| unsafe { pack(sp, data.as_ptr(), 16, 2, 2, 1) },
+        // SAFETY: as above.
+        &|| unsafe { pack(sp, data.as_ptr(), 16, 0, 1, 0) },
+        &|| {
+            // SAFETY: as above.
+            let _ = unsafe { unpack(op, sp, 16, 0, 1, 0, 1) };
+        },
+        &|| {
+            // SAFETY: as above.
+            let _ = unsafe { unpack(op, sp, 16, 1, 1, 1, 1) };
+        },
+    ];
+    for (i, f) in bad.iter().enumerate() {
+        assert!(traps(f), "case {i} accepted");
+    }
     assert!(scratch.iter().all(|&w| w == 0));
     // SAFETY: as above.
     assert!(!unsafe { unpack(out.as_mut_ptr(), sp, 16, 0, 1, 1, SHORT_NS) });
