@@ -8,6 +8,11 @@ const KERNELS: &[&str] = &[
     "ordering_probe",
     "arch_check",
     "fifo_push_test",
+    "memory_ping_pong",
+    "memory_get_ping_pong",
+    "memory_packet_ping_pong",
+    "memory_signal_ping_pong",
+    "memory_put_bench",
 ];
 
 /// The text of entry `name` (from its `.entry` line to the next entry or the end).
@@ -91,6 +96,62 @@ fn ordering_probe_publishes_with_release_and_waits_with_acquire() {
             ptx.contains(".shared .align 16 .b8 __mscclpp_smem_"),
             "sm_{cc}: no .shared array"
         );
+    }
+}
+
+#[test]
+fn memory_channel_kernels_use_their_memory_model_instructions() {
+    let signal_wait = [
+        "atom.add.release.sys.u64",
+        "ld.acquire.sys.u64",
+        "%globaltimer",
+    ];
+    let copies = ["ld.v2.u64", "st.v2.u64", "bar.sync"];
+    let packets = [
+        "st.volatile.global.v2.u64",
+        "ld.volatile.global.v2.u64",
+        "%globaltimer",
+    ];
+    let cases: [(&str, &[&str]); 5] = [
+        (
+            "memory_ping_pong",
+            &[&signal_wait[..], &copies[..]].concat(),
+        ),
+        (
+            "memory_get_ping_pong",
+            &[&signal_wait[..], &copies[..]].concat(),
+        ),
+        (
+            "memory_put_bench",
+            &[&signal_wait[..], &copies[..]].concat(),
+        ),
+        ("memory_signal_ping_pong", &signal_wait),
+        ("memory_packet_ping_pong", &packets),
+    ];
+    for (cc, ptx) in PTX {
+        for (k, required) in cases {
+            let body = entry(ptx, k);
+            for instr in required {
+                assert!(body.contains(instr), "sm_{cc}: {k} lacks `{instr}`");
+            }
+            // Protocol atomics are explicit PTX with their ordering, never plain atomics.
+            assert!(
+                !body.contains("atom.global"),
+                "sm_{cc}: {k} uses a plain atomic"
+            );
+            assert!(
+                !body.contains("atom.add.u64"),
+                "sm_{cc}: {k} uses a plain atomic"
+            );
+        }
+        // Packets need no fence and no signal: the flag travels with the data.
+        let body = entry(ptx, "memory_packet_ping_pong");
+        for absent in ["fence.", "atom.add.release", "bar.sync"] {
+            assert!(
+                !body.contains(absent),
+                "sm_{cc}: packet ping-pong has `{absent}`"
+            );
+        }
     }
 }
 

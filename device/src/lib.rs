@@ -7,6 +7,9 @@
 //!   function also runs on CPU threads ([`arch::launch`] emulates a grid).
 //! - [`fifo`]: the trigger FIFO between GPU threads and the host proxy (the trigger
 //!   layout, the producer handle kernels push with, the consumer the proxy pops with).
+//! - [`semaphore`], [`packet`], [`channel`]: GPU-to-GPU semaphores, LL packets, and the
+//!   channels kernels move data with (proxy channels over the FIFO, memory channels with
+//!   loads and stores to mapped peer memory).
 //! - [`kernels`]: our kernels, declared with [`kernel!`] so they are `extern "ptx-kernel"`
 //!   entry points on the GPU and plain `unsafe fn`s on the host.
 //!
@@ -29,6 +32,8 @@ pub mod arch;
 pub mod channel;
 pub mod fifo;
 pub mod kernels;
+pub mod packet;
+pub mod semaphore;
 
 /// Declares a GPU kernel: on nvptx an exported `extern "ptx-kernel"` entry point (its
 /// symbol is the function name), on the host a plain `pub unsafe fn` with the same body, to

@@ -427,6 +427,44 @@ pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
     }
 }
 
+/// The 16-byte volatile load (`ld.volatile.global.v2.u64` on the GPU): each word with a
+/// relaxed atomic load, `lo` first. Like the GPU's, each word is read whole and nothing is
+/// ordered, so a reader must validate each word on its own (LL packets carry a flag in both).
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes accessed only atomically while shared.
+#[inline]
+pub unsafe fn ld_volatile_v2_u64(p: *const u64) -> [u64; 2] {
+    let p = p as *mut u64;
+    // SAFETY: caller guarantees 16 valid aligned bytes with atomic-only shared access.
+    unsafe {
+        [
+            atomic_u64(p).load(Ordering::Relaxed),
+            atomic_u64(p.add(1)).load(Ordering::Relaxed),
+        ]
+    }
+}
+
+/// The 16-byte weak load (`ld.v2.u64` on the GPU): a plain, non-atomic read.
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes not written concurrently.
+#[inline]
+pub unsafe fn ld_weak_v2_u64(p: *const u64) -> [u64; 2] {
+    // SAFETY: caller guarantees validity, alignment and the absence of a racing write.
+    unsafe { (p as *const [u64; 2]).read() }
+}
+
+/// The 16-byte weak store (`st.v2.u64` on the GPU): a plain, non-atomic write.
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes not accessed concurrently.
+#[inline]
+pub unsafe fn st_weak_v2_u64(p: *mut u64, lo: u64, hi: u64) {
+    // SAFETY: caller guarantees validity, alignment and the absence of a racing access.
+    unsafe { (p as *mut [u64; 2]).write([lo, hi]) }
+}
+
 /// Nanoseconds since the first call in this process (`%globaltimer` on the GPU). Under
 /// loom it is always 0: time does not pass in a model, so no timeout fires there (timeouts
 /// are tested on real threads).

@@ -251,6 +251,70 @@ pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
     };
 }
 
+/// One 16-byte `ld.volatile.global.v2.u64`: one load of both words, not cached in L1 and
+/// never merged, split or hoisted out of a polling loop by the compiler. Volatile has the
+/// memory-model semantics of `relaxed.sys`, applied to each `u64` element: each word is read
+/// whole (single-copy atomic at 8 bytes) but the two words are not ordered with each other
+/// nor with other accesses. LL packets read their (data, flag) words with it. (ptxas also
+/// accepts `ld.relaxed.sys.global.v2.u64`, with the same meaning; volatile is used to match
+/// [`st_volatile_v2_u64`], as MSCCL++ does.)
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes of global memory (device, peer or
+/// host-mapped).
+#[inline(always)]
+pub unsafe fn ld_volatile_v2_u64(p: *const u64) -> [u64; 2] {
+    let (lo, hi): (u64, u64);
+    // SAFETY: caller guarantees `p` is valid, aligned and in the global window.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.volatile.global.v2.u64 {{{lo}, {hi}}}, [g]; }}",
+            p = in(reg64) p, lo = out(reg64) lo, hi = out(reg64) hi, options(nostack)
+        )
+    };
+    [lo, hi]
+}
+
+/// One 16-byte weak load `ld.v2.u64` (generic address): plain data, cached as the hardware
+/// likes. It orders nothing; data written by another thread or GPU is read with it only after
+/// an acquire (a semaphore wait, then a block barrier) has made that data visible. The bulk
+/// copies of memory channels use it.
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes, not written concurrently (a race is a
+/// data race: undefined values on the GPU, undefined behaviour on the host).
+#[inline(always)]
+pub unsafe fn ld_weak_v2_u64(p: *const u64) -> [u64; 2] {
+    let (lo, hi): (u64, u64);
+    // SAFETY: caller guarantees `p` is valid, aligned and not written concurrently; the asm
+    // only reads memory.
+    unsafe {
+        asm!(
+            "ld.v2.u64 {{{lo}, {hi}}}, [{p}];",
+            p = in(reg64) p, lo = out(reg64) lo, hi = out(reg64) hi, options(nostack, readonly)
+        )
+    };
+    [lo, hi]
+}
+
+/// One 16-byte weak store `st.v2.u64` (generic address) of `[lo, hi]`: plain data, made
+/// visible to another thread or GPU only by a later release (a block barrier, then a
+/// semaphore signal). The bulk copies of memory channels use it.
+///
+/// # Safety
+/// `p` must point to 16 valid, 16-byte aligned bytes, not accessed concurrently (a race is a
+/// data race: undefined values on the GPU, undefined behaviour on the host).
+#[inline(always)]
+pub unsafe fn st_weak_v2_u64(p: *mut u64, lo: u64, hi: u64) {
+    // SAFETY: caller guarantees `p` is valid, aligned and not accessed concurrently.
+    unsafe {
+        asm!(
+            "st.v2.u64 [{p}], {{{lo}, {hi}}};",
+            p = in(reg64) p, lo = in(reg64) lo, hi = in(reg64) hi, options(nostack)
+        )
+    };
+}
+
 /// `%globaltimer`: nanoseconds of a global clock (resolution about 1 µs on most GPUs), for
 /// timeouts in spin loops.
 #[inline(always)]

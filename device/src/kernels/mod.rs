@@ -3,5 +3,6 @@
 
 pub mod arch_check;
 pub mod fifo_test;
+pub mod memory_test;
 pub mod proxy_test;
 pub mod smoke;

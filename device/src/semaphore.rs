@@ -1,0 +1,180 @@
+//! [`DeviceSemaphore`]: a GPU-to-GPU semaphore (DESIGN §7), the synchronisation of memory
+//! channels.
+//!
+//! Each side owns an *inbound* counter in its own memory; the peer has it mapped and adds
+//! to it. A signal is one system-scope atomic add of 1 to the peer's inbound counter; a wait
+//! polls this side's inbound counter with acquire loads until it reaches one more than the
+//! signals already consumed, which this side remembers in its *expected* word. Counters are
+//! 64-bit and only grow, so they never wrap in practice (2⁶⁴ signals) and a stale value is
+//! never mistaken for a new one.
+//!
+//! # Ordering contract
+//!
+//! - [`signal`](DeviceSemaphore::signal) is a *release* add
+//!   (`atom.add.release.sys.u64`): every access the signalling thread made before it (and,
+//!   because a block barrier orders the block's accesses before the barrier with those
+//!   after it, every access its block made before a `sync_threads` that precedes the
+//!   signal) happens before whatever the peer does after the [`wait`](DeviceSemaphore::wait)
+//!   that consumes this signal. That covers writes (data the peer may now read) and reads
+//!   (a buffer the peer may now overwrite).
+//! - [`wait`](DeviceSemaphore::wait) polls with *acquire* loads (`ld.acquire.sys.u64`):
+//!   what the waiting thread does after it happens after what the signaller did before
+//!   its signal; a `sync_threads` after the wait extends this to the waiter's block.
+//! - [`relaxed_signal`](DeviceSemaphore::relaxed_signal) is a *relaxed* add: it orders
+//!   nothing. It is enough when the peer uses the signal only to count (e.g. "this many
+//!   blocks have finished" when the data needs no ordering, or for timing), when the data
+//!   travelled in self-validating LL packets ([`crate::packet`]), or when the signalling
+//!   thread ran [`fence_acq_rel_sys`](crate::arch::fence_acq_rel_sys) after the accesses
+//!   to publish (a release fence followed by a relaxed add is a release pattern).
+//!
+//! # Threads and timeouts
+//!
+//! Any number of threads may signal at once. The waits ([`wait`](DeviceSemaphore::wait),
+//! [`wait_timeout`](DeviceSemaphore::wait_timeout), [`poll`](DeviceSemaphore::poll)) of
+//! one semaphore must come from one thread at a time: they advance the plain expected word.
+//! `wait` traps after the handle's timeout so a lost signal fails the kernel visibly
+//! instead of hanging it; `wait_timeout` returns `false` instead and consumes nothing.
+//!
+//! Nothing is validated here: the host builds handles from memory it owns and checks.
+
+use core::fmt;
+
+use crate::arch;
+
+/// One side of a GPU-to-GPU semaphore, passed by value to kernels (`#[repr(C)]`, `Copy`,
+/// 32 bytes: `inbound`, `remote`, `expected`, `timeout_ns`). See the [module](self) for the
+/// ordering contract.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DeviceSemaphore {
+    inbound: *mut u64,
+    remote: *mut u64,
+    expected: *mut u64,
+    timeout_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<DeviceSemaphore>() == 32);
+
+// SAFETY: addresses and a number only; the memory behind them is accessed atomically (or by
+// the one waiting thread, for `expected`) under the contracts of `from_raw_parts`.
+unsafe impl Send for DeviceSemaphore {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceSemaphore {}
+
+impl fmt::Debug for DeviceSemaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceSemaphore")
+            .field("inbound", &self.inbound)
+            .field("remote", &self.remote)
+            .field("expected", &self.expected)
+            .field("timeout_ns", &self.timeout_ns)
+            .finish()
+    }
+}
+
+impl DeviceSemaphore {
+    /// Assembles a handle (the host's communicator does this). `inbound`: this side's
+    /// counter (the peer adds to it); `remote`: the peer's inbound counter mapped here;
+    /// `expected`: a local zeroed word used only by this side's waiter; `timeout_ns`: how long
+    /// [`wait`](Self::wait) waits before it traps.
+    ///
+    /// # Safety
+    /// `inbound` and `remote` must be live, 8-byte aligned counters, accessed only atomically
+    /// while shared, that start equal to the peer's and this side's expected words (zero);
+    /// `expected` a live, 8-byte aligned word, zero at first, used by this side's waits only.
+    /// All must stay live while kernels use the handle.
+    pub unsafe fn from_raw_parts(
+        inbound: *mut u64,
+        remote: *mut u64,
+        expected: *mut u64,
+        timeout_ns: u64,
+    ) -> DeviceSemaphore {
+        DeviceSemaphore {
+            inbound,
+            remote,
+            expected,
+            timeout_ns,
+        }
+    }
+
+    /// How long [`wait`](Self::wait) waits before trapping, in ns.
+    #[inline]
+    pub fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    /// Adds 1 to the peer's inbound counter with release semantics: every access this
+    /// thread made before (and its block's, after a `sync_threads`) happens before what the
+    /// peer does after the matching wait.
+    #[inline]
+    pub fn signal(&self) {
+        // Release at system scope: publishes this thread's earlier accesses (cumulatively,
+        // those its block ordered before it with bar.sync) to the peer GPU that acquires
+        // the new count.
+        // SAFETY: `remote` is the peer's live aligned counter (constructor contract).
+        unsafe { arch::atomic_add_release_sys_u64(self.remote, 1) };
+    }
+
+    /// Adds 1 to the peer's inbound counter, ordering nothing (see the [module](self) for
+    /// when that is enough).
+    #[inline]
+    pub fn relaxed_signal(&self) {
+        // Relaxed: atomic (no signal is lost) but publishes nothing.
+        // SAFETY: `remote` is the peer's live aligned counter (constructor contract).
+        unsafe { arch::atomic_add_relaxed_sys_u64(self.remote, 1) };
+    }
+
+    /// Waits for the peer's next signal and consumes it; traps after the handle's timeout.
+    #[inline]
+    pub fn wait(&self) {
+        if !self.wait_timeout(self.timeout_ns) {
+            arch::trap();
+        }
+    }
+
+    /// Waits at most `timeout_ns` for the peer's next signal; `false` if it did not come
+    /// (nothing is consumed then, so a later wait waits for the same signal).
+    #[inline]
+    pub fn wait_timeout(&self, timeout_ns: u64) -> bool {
+        // SAFETY: `expected` is this side's live word, used by one waiting thread at a time
+        // (constructor and module contract).
+        let want = unsafe { *self.expected } + 1;
+        let mut round = 0u32;
+        let mut start = None;
+        // Acquire at system scope: pairs with the peer's release add, so what the peer did
+        // before its signal is visible to this thread after the loop.
+        // SAFETY: `inbound` is this side's live aligned counter (constructor contract).
+        while unsafe { arch::ld_acquire_sys_u64(self.inbound) } < want {
+            let now = arch::global_timer_ns();
+            let t0 = *start.get_or_insert(now);
+            if now.wrapping_sub(t0) > timeout_ns {
+                return false;
+            }
+            arch::spin_backoff(round);
+            round = round.saturating_add(1);
+        }
+        // SAFETY: as above.
+        unsafe { *self.expected = want };
+        true
+    }
+
+    /// If the peer's next signal has arrived, consumes it and returns `true` (with the
+    /// ordering of [`wait`](Self::wait)); never waits.
+    #[inline]
+    pub fn poll(&self) -> bool {
+        // SAFETY: as in `wait_timeout`.
+        unsafe {
+            let want = *self.expected + 1;
+            // Acquire: as in `wait_timeout`.
+            if arch::ld_acquire_sys_u64(self.inbound) >= want {
+                *self.expected = want;
+                true
+            } else {
+                false
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests;

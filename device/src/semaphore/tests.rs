@@ -1,0 +1,126 @@
+use super::*;
+use crate::arch::{Dim3, launch};
+use core::sync::atomic::{AtomicU64, Ordering};
+use std::boxed::Box;
+
+const LONG_NS: u64 = 60_000_000_000;
+const SHORT_NS: u64 = 2_000_000;
+
+/// Both sides' words: inbound and expected of side 0, then of side 1.
+struct Words(Box<[AtomicU64; 4]>);
+
+impl Words {
+    fn new() -> Words {
+        Words(Box::new([const { AtomicU64::new(0) }; 4]))
+    }
+    fn side(&self, i: usize, timeout_ns: u64) -> DeviceSemaphore {
+        let w = |k: usize| self.0[k].as_ptr();
+        // SAFETY: live, aligned words, zero at first, accessed atomically while shared (the
+        // expected word only by this side's one waiter).
+        unsafe {
+            DeviceSemaphore::from_raw_parts(w(2 * i), w(2 * (1 - i)), w(2 * i + 1), timeout_ns)
+        }
+    }
+    fn inbound(&self, i: usize) -> u64 {
+        self.0[2 * i].load(Ordering::Relaxed)
+    }
+    fn expected(&self, i: usize) -> u64 {
+        self.0[2 * i + 1].load(Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn signal_raises_the_peer_and_wait_consumes_one() {
+    let w = Words::new();
+    let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+    a.signal();
+    a.relaxed_signal();
+    assert_eq!((w.inbound(0), w.inbound(1)), (0, 2));
+    b.wait();
+    assert_eq!(w.expected(1), 1);
+    assert!(b.poll());
+    assert_eq!(w.expected(1), 2);
+    assert!(!b.poll(), "two signals, two waits");
+    assert!(!b.wait_timeout(SHORT_NS));
+    assert_eq!(w.expected(1), 2, "a failed wait consumes nothing");
+    a.signal();
+    assert!(b.wait_timeout(SHORT_NS));
+    assert_eq!(w.inbound(0), 0, "nothing flows the other way");
+}
+
+#[test]
+fn wait_traps_after_its_timeout() {
+    let w = Words::new();
+    let b = w.side(1, SHORT_NS);
+    let r = launch(Dim3::x(1), Dim3::x(1), || b.wait());
+    assert_eq!(r, Err(crate::arch::LaunchError::Panicked("trap".into())));
+    assert_eq!(w.expected(1), 0);
+}
+
+#[test]
+fn signals_from_many_threads_are_all_counted() {
+    let w = Words::new();
+    let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            launch(Dim3::x(4), Dim3::x(8), || {
+                if crate::arch::thread_idx_x().is_multiple_of(2) {
+                    a.signal();
+                } else {
+                    a.relaxed_signal();
+                }
+            })
+            .unwrap()
+        });
+        for _ in 0..32 {
+            b.wait();
+        }
+    });
+    assert!(!b.poll());
+    assert_eq!(w.inbound(1), 32);
+}
+
+#[test]
+fn data_written_before_signal_is_read_after_wait() {
+    // Plain (non-atomic) data words, published by the release signal and acquired by the
+    // wait; the reader's signal back hands the words to the writer again.
+    const ROUNDS: u64 = 20_000;
+    let w = Words::new();
+    let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+    let mut data = Box::new([0u64; 8]);
+    let p = data.as_mut_ptr() as usize;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let p = p as *mut u64;
+            for r in 1..=ROUNDS {
+                for i in 0..8 {
+                    // SAFETY: the reader is not reading: it signalled after its last read.
+                    unsafe { p.add(i).write(r * 8 + i as u64) };
+                }
+                a.signal();
+                a.wait();
+            }
+        });
+        let p = p as *const u64;
+        for r in 1..=ROUNDS {
+            b.wait();
+            for i in 0..8 {
+                // SAFETY: the writer wrote before its signal and waits for ours.
+                assert_eq!(unsafe { p.add(i).read() }, r * 8 + i as u64, "round {r}");
+            }
+            b.signal();
+        }
+    });
+    assert_eq!(data[7], ROUNDS * 8 + 7);
+    assert_eq!((w.inbound(0), w.inbound(1)), (ROUNDS, ROUNDS));
+}
+
+#[test]
+fn semaphore_is_laid_out_for_the_host() {
+    assert_eq!(core::mem::size_of::<DeviceSemaphore>(), 32);
+    assert_eq!(core::mem::offset_of!(DeviceSemaphore, timeout_ns), 24);
+    let w = Words::new();
+    let s = std::format!("{:?}", w.side(0, 7));
+    assert!(s.contains("timeout_ns: 7"), "{s}");
+    assert_eq!(w.side(0, 7).timeout_ns(), 7);
+}
