@@ -38,7 +38,8 @@ struct Rank {
 fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
     let (mut comm, gpu) = common::communicator(rank, id, ngpus);
     let buf = comm.alloc_buffer(BYTES).unwrap();
-    comm.connect_memory(1 - rank, &buf, 0, TransportKind::P2p, 1 << 20).unwrap();
+    comm.connect_memory(1 - rank, &buf, 0, TransportKind::P2p, 1 << 20)
+        .unwrap();
     comm.connection_setup().unwrap();
     let ch = MemoryChannelArg(comm.memory_channels()[0]);
     let ptrs = comm
@@ -49,7 +50,15 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
     let errors = DeviceBuffer::zeroed(&gpu, 8).unwrap();
     // The connection keeps a clone of `buf`, so its memory outlives this function.
     let buf_ptr = buf.device_ptr().unwrap();
-    Rank { comm, gpu, module, ch, buf_ptr, peer_buf_ptr, errors }
+    Rank {
+        comm,
+        gpu,
+        module,
+        ch,
+        buf_ptr,
+        peer_buf_ptr,
+        errors,
+    }
 }
 
 fn signal_rtt_us(r: &Rank, rank: usize, sync: &Barrier) -> f64 {
@@ -73,7 +82,12 @@ fn packet_rtt_us(r: &Rank, rank: usize, bytes: u64, sync: &Barrier) -> f64 {
     sync.wait();
     let ms = events_ms(&stream, || {
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch).arg(&bytes).arg(&rounds).arg(&rank32).arg(&seed).arg(&perr);
+        l.arg(&r.ch)
+            .arg(&bytes)
+            .arg(&rounds)
+            .arg(&rank32)
+            .arg(&seed)
+            .arg(&perr);
         // SAFETY: as above; the packets fit the 1 MiB scratch.
         unsafe { l.launch(grid(1, 256)) }.unwrap();
     });
@@ -113,20 +127,37 @@ fn main() {
     let Some(ngpus) = common::gpus_or_skip("memory_channel") else {
         return;
     };
-    let configs: Vec<(u32, u32)> = [(1, 1024), (8, 1024), (32, 512), (32, 1024), (64, 1024), (132, 512), (132, 1024)].to_vec();
+    let configs: Vec<(u32, u32)> = [
+        (1, 1024),
+        (8, 1024),
+        (32, 512),
+        (32, 1024),
+        (64, 1024),
+        (132, 512),
+        (132, 1024),
+    ]
+    .to_vec();
     let packet_sizes = [8u64, 1024, 16 << 10];
     let results = common::two_ranks(|rank, id, sync: &Barrier| {
         let r = setup(rank, id, ngpus);
         signal_rtt_us(&r, rank, sync);
         let rtt = (0..3).map(|_| signal_rtt_us(&r, rank, sync)).sum::<f64>() / 3.0;
-        let packets: Vec<f64> = packet_sizes.iter().map(|&b| {
-            packet_rtt_us(&r, rank, b, sync);
-            packet_rtt_us(&r, rank, b, sync)
-        }).collect();
+        let packets: Vec<f64> = packet_sizes
+            .iter()
+            .map(|&b| {
+                packet_rtt_us(&r, rank, b, sync);
+                packet_rtt_us(&r, rank, b, sync)
+            })
+            .collect();
         let mut bw = Vec::new();
         for &(blocks, threads) in &configs {
             put_gbps(&r, rank, blocks, threads, sync);
-            bw.push((0..3).map(|_| put_gbps(&r, rank, blocks, threads, sync)).sum::<f64>() / 3.0);
+            bw.push(
+                (0..3)
+                    .map(|_| put_gbps(&r, rank, blocks, threads, sync))
+                    .sum::<f64>()
+                    / 3.0,
+            );
         }
         sync.wait();
         let ce = if rank == 0 {
@@ -143,22 +174,41 @@ fn main() {
         (rtt, packets, bw, ce, r.gpu.info().ordinal)
     });
     let (rtt, packets, bw, ce, g0) = &results[0];
-    println!("memory channel bench: rank 0 on GPU {g0}, rank 1 on GPU {}", results[1].4);
+    println!(
+        "memory channel bench: rank 0 on GPU {g0}, rank 1 on GPU {}",
+        results[1].4
+    );
     let gpu = Gpu::open(0).unwrap();
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let rounds = 5000;
     let t = Instant::now();
-    smoke::ordering_probe(smoke::Backend::Gpu(&gpu, &module), 1, rounds, 3, Duration::from_secs(10)).unwrap();
+    smoke::ordering_probe(
+        smoke::Backend::Gpu(&gpu, &module),
+        1,
+        rounds,
+        3,
+        Duration::from_secs(10),
+    )
+    .unwrap();
     let probe_us = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
     println!(
         "signal/wait round trip: {rtt:.3} us; GPU<->host flag round trip (reference) {probe_us:.2} us; ratio {:.2}",
         rtt / probe_us
     );
     for (b, us) in packet_sizes.iter().zip(packets) {
-        println!("LL-packet ping-pong {b} B round trip: {us:.3} us; ratio to signal/wait {:.2}", us / rtt);
+        println!(
+            "LL-packet ping-pong {b} B round trip: {us:.3} us; ratio to signal/wait {:.2}",
+            us / rtt
+        );
     }
-    println!("put bandwidth at {} MB; cuMemcpyAsync (reference) {ce:.1} GB/s", BYTES >> 20);
-    println!("{:>7} {:>8} {:>10} {:>7}", "blocks", "threads", "GB/s", "ratio");
+    println!(
+        "put bandwidth at {} MB; cuMemcpyAsync (reference) {ce:.1} GB/s",
+        BYTES >> 20
+    );
+    println!(
+        "{:>7} {:>8} {:>10} {:>7}",
+        "blocks", "threads", "GB/s", "ratio"
+    );
     for ((blocks, threads), g) in configs.iter().zip(bw) {
         println!("{blocks:>7} {threads:>8} {g:>10.1} {:>7.3}", g / ce);
     }

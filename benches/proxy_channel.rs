@@ -49,7 +49,14 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
     let module = KernelModule::load_builtin(&gpu).unwrap();
     // The connection keeps a clone of `buf`, so its memory outlives this function.
     let buf_ptr = buf.device_ptr().unwrap();
-    Rank { comm, gpu, module, conn, buf_ptr, peer_buf_ptr }
+    Rank {
+        comm,
+        gpu,
+        module,
+        conn,
+        buf_ptr,
+        peer_buf_ptr,
+    }
 }
 
 /// Ping-pong of 8 bytes for `rounds` rounds; returns rank 0's kernel time in ms.
@@ -114,12 +121,18 @@ fn main() {
         // Ping-pong: warm-up, then the mean of 5 launches of 2000 rounds.
         ping_pong(&r, rank, 200, sync);
         let rounds = 2000u64;
-        let ms: f64 = (0..5).map(|_| ping_pong(&r, rank, rounds, sync)).sum::<f64>() / 5.0;
+        let ms: f64 = (0..5)
+            .map(|_| ping_pong(&r, rank, rounds, sync))
+            .sum::<f64>()
+            / 5.0;
         out.push((0u64, ms * 1e3 / (rounds as f64 / 2.0), 0.0));
         for &size in &sizes {
             let iters = ((4u64 << 30) / size).clamp(4, 2000);
             put_bench(&r, rank, size, iters.min(10), sync);
-            let ms = (0..3).map(|_| put_bench(&r, rank, size, iters, sync)).sum::<f64>() / 3.0;
+            let ms = (0..3)
+                .map(|_| put_bench(&r, rank, size, iters, sync))
+                .sum::<f64>()
+                / 3.0;
             sync.wait();
             let ce = if rank == 0 {
                 copy_engine(&r, size, iters);
@@ -144,14 +157,24 @@ fn main() {
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let rounds = 5000;
     let t = Instant::now();
-    smoke::ordering_probe(smoke::Backend::Gpu(&gpu, &module), 1, rounds, 3, Duration::from_secs(10)).unwrap();
+    smoke::ordering_probe(
+        smoke::Backend::Gpu(&gpu, &module),
+        1,
+        rounds,
+        3,
+        Duration::from_secs(10),
+    )
+    .unwrap();
     let probe_us = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
     let rtt = rows[0].1;
     println!(
         "ping-pong 8 B round trip: {rtt:.2} us; GPU<->host flag round trip (reference) {probe_us:.2} us; ratio {:.2}",
         rtt / probe_us
     );
-    println!("{:>12} {:>14} {:>16} {:>7}", "bytes", "put GB/s", "cuMemcpy GB/s", "ratio");
+    println!(
+        "{:>12} {:>14} {:>16} {:>7}",
+        "bytes", "put GB/s", "cuMemcpy GB/s", "ratio"
+    );
     for (size, put, ce) in &rows[1..] {
         println!("{size:>12} {put:>14.1} {ce:>16.1} {:>7.3}", put / ce);
     }

@@ -32,7 +32,10 @@ fn run_two(test: &str) {
     assert!(report.success(), "{report}{output}");
     for r in 0..2 {
         let (prefix, done) = (format!("[rank {r}] "), format!("rank {r}: ok"));
-        let finished = report.output.iter().any(|l| l.starts_with(&prefix) && l.ends_with(&done));
+        let finished = report
+            .output
+            .iter()
+            .any(|l| l.starts_with(&prefix) && l.ends_with(&done));
         assert!(finished, "rank {r} did not finish:\n{output}");
     }
 }
@@ -59,12 +62,19 @@ fn rank_setup() -> Rank {
     let mut comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
     let buf = comm.alloc_buffer(BYTES).unwrap();
     let peer = 1 - comm.rank();
-    comm.connect_memory(peer, &buf, 0, TransportKind::P2p, 1 << 20).unwrap();
+    comm.connect_memory(peer, &buf, 0, TransportKind::P2p, 1 << 20)
+        .unwrap();
     comm.connection_setup().unwrap();
     let ch = MemoryChannelArg(comm.memory_channels()[0]);
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let errors = DeviceBuffer::zeroed(&gpu, 8).unwrap();
-    Rank { comm, gpu, module, ch, errors }
+    Rank {
+        comm,
+        gpu,
+        module,
+        ch,
+        errors,
+    }
 }
 
 fn block(threads: u32) -> LaunchConfig {
@@ -90,18 +100,39 @@ fn put_get_rank() {
     let g = r.module.function("memory_get_ping_pong").unwrap();
     let stream = r.gpu.new_stream().unwrap();
     let (rank, perr) = (r.comm.rank() as u32, r.errors.device_ptr());
-    for (i, (bytes, src, dst)) in [(1u64, 0u64, 0u64), (17, 3, 5), (4093, 1, 14), (65_536, 16, 32), ((1 << 20) + 7, 9, 2), (4 << 20, 0, 64)]
-        .into_iter()
-        .enumerate()
+    for (i, (bytes, src, dst)) in [
+        (1u64, 0u64, 0u64),
+        (17, 3, 5),
+        (4093, 1, 14),
+        (65_536, 16, 32),
+        ((1 << 20) + 7, 9, 2),
+        (4 << 20, 0, 64),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let (rounds, seed) = (40u64, 100 + i as u64);
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch).arg(&bytes).arg(&rounds).arg(&rank).arg(&seed).arg(&src).arg(&dst).arg(&perr);
+        l.arg(&r.ch)
+            .arg(&bytes)
+            .arg(&rounds)
+            .arg(&rank)
+            .arg(&seed)
+            .arg(&src)
+            .arg(&dst)
+            .arg(&perr);
         // SAFETY: the channel's memory lives in `r.comm`; offsets + sizes fit BYTES.
         unsafe { l.launch(block(512)) }.unwrap();
         stream.synchronize().unwrap();
         let mut l = stream.launch_builder(&g);
-        l.arg(&r.ch).arg(&bytes).arg(&rounds).arg(&rank).arg(&seed).arg(&src).arg(&dst).arg(&perr);
+        l.arg(&r.ch)
+            .arg(&bytes)
+            .arg(&rounds)
+            .arg(&rank)
+            .arg(&seed)
+            .arg(&src)
+            .arg(&dst)
+            .arg(&perr);
         // SAFETY: as above.
         unsafe { l.launch(block(512)) }.unwrap();
         stream.synchronize().unwrap();
@@ -117,7 +148,12 @@ fn packets_rank() {
     for (i, bytes) in [8u64, 4000, 1 << 16].into_iter().enumerate() {
         let (rounds, seed) = (500u64, 7 + i as u64);
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch).arg(&bytes).arg(&rounds).arg(&rank).arg(&seed).arg(&perr);
+        l.arg(&r.ch)
+            .arg(&bytes)
+            .arg(&rounds)
+            .arg(&rank)
+            .arg(&seed)
+            .arg(&perr);
         // SAFETY: as above; the packets of 64 KiB of data fit the 1 MiB scratch.
         unsafe { l.launch(block(256)) }.unwrap();
         stream.synchronize().unwrap();

@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use mscclpp_device::channel::{DevConn, MemoryChannel};
-use mscclpp_device::semaphore::DeviceSemaphore;
 use mscclpp_device::fifo;
+use mscclpp_device::semaphore::DeviceSemaphore;
 
 use crate::bootstrap::{
     BlockingBootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, UniqueId,
@@ -418,7 +418,14 @@ impl Communicator {
                 "connect_memory: packet scratch of {packet_bytes} bytes is not a multiple of 16"
             )));
         }
-        self.add_pending(remote_rank, buffer, tag, transport, ChannelKind::Memory, packet_bytes)
+        self.add_pending(
+            remote_rank,
+            buffer,
+            tag,
+            transport,
+            ChannelKind::Memory,
+            packet_bytes,
+        )
     }
 
     fn add_pending(

@@ -281,7 +281,11 @@ pub(super) fn establish(
             tag: p.tag,
             transport: p.transport,
             kind: p.kind,
-            packets: p.packets.as_ref().map(|b| describe(b, &comm.backend)).transpose()?,
+            packets: p
+                .packets
+                .as_ref()
+                .map(|b| describe(b, &comm.backend))
+                .transpose()?,
             packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
             pid,
             buffer_len: p.buffer.len() as u64,
@@ -329,6 +333,10 @@ pub(super) fn establish(
                     "peer's flag index is outside its flag memory",
                 ));
             }
+            let peer_packets = match &peer.packets {
+                Some(h) => Some(map_peer(h, same_process, &comm.backend, &mut cache)?),
+                None => None,
+            };
             Ok(Connection {
                 id: first_id + k as u32,
                 remote_rank: p.remote_rank,
@@ -429,7 +437,10 @@ fn check_peer(
         return Err(mismatch(
             rank,
             tag,
-            format!("channel kinds differ: {:?} here, {:?} on the peer", mine.kind, peer.kind),
+            format!(
+                "channel kinds differ: {:?} here, {:?} on the peer",
+                mine.kind, peer.kind
+            ),
         ));
     }
     let my_packets = mine.packets.as_ref().map_or(0, |b| b.len() as u64);

@@ -270,11 +270,20 @@ fn memory_channels_move_data_packets_and_signals_on_cpu_threads() {
     ranks(2, |mut comm| {
         let me = comm.rank();
         let buf = comm.alloc_buffer(8192).unwrap();
-        let e = comm.connect_memory(1 - me, &buf, 4, TransportKind::Host, 24).unwrap_err();
+        let e = comm
+            .connect_memory(1 - me, &buf, 4, TransportKind::Host, 24)
+            .unwrap_err();
         assert!(e.to_string().contains("not a multiple of 16"), "{e}");
-        assert_eq!(comm.connect_memory(1 - me, &buf, 4, TransportKind::Host, 8192 * 2).unwrap(), 0);
+        assert_eq!(
+            comm.connect_memory(1 - me, &buf, 4, TransportKind::Host, 8192 * 2)
+                .unwrap(),
+            0
+        );
         comm.connection_setup().unwrap();
-        assert!(comm.device_connections().is_empty(), "a memory channel is not a proxy channel");
+        assert!(
+            comm.device_connections().is_empty(),
+            "a memory channel is not a proxy channel"
+        );
         let ch = comm.memory_channels()[0];
         let errors = std::sync::atomic::AtomicU64::new(0);
         let perr = errors.as_ptr() as usize;
@@ -282,12 +291,16 @@ fn memory_channels_move_data_packets_and_signals_on_cpu_threads() {
         launch(Dim3::x(1), Dim3::x(8), || {
             // SAFETY: the channel's memory is owned by `comm` for the whole launch; the
             // offsets + size fit the 8192-byte buffers.
-            unsafe { memory_test::memory_ping_pong(ch, 1001, 20, me as u32, 5, 3, 7, perr as *mut u64) }
+            unsafe {
+                memory_test::memory_ping_pong(ch, 1001, 20, me as u32, 5, 3, 7, perr as *mut u64)
+            }
         })
         .unwrap();
         launch(Dim3::x(1), Dim3::x(8), || {
             // SAFETY: as above; 4000 bytes of data fit the 16 KiB packet scratch.
-            unsafe { memory_test::memory_packet_ping_pong(ch, 4000, 30, me as u32, 6, perr as *mut u64) }
+            unsafe {
+                memory_test::memory_packet_ping_pong(ch, 4000, 30, me as u32, 6, perr as *mut u64)
+            }
         })
         .unwrap();
         launch(Dim3::x(1), Dim3::x(1), || {
@@ -295,7 +308,11 @@ fn memory_channels_move_data_packets_and_signals_on_cpu_threads() {
             unsafe { memory_test::memory_signal_ping_pong(ch, 100, me as u32) }
         })
         .unwrap();
-        assert_eq!(errors.load(std::sync::atomic::Ordering::Relaxed), 0, "rank {me}: wrong words");
+        assert_eq!(
+            errors.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "rank {me}: wrong words"
+        );
         comm.bootstrap().barrier().unwrap();
     });
 }
