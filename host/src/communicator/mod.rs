@@ -413,7 +413,7 @@ impl Communicator {
         transport: TransportKind,
         packet_bytes: usize,
     ) -> Result<usize, CommError> {
-        if packet_bytes % 16 != 0 {
+        if !packet_bytes.is_multiple_of(16) {
             return Err(CommError::InvalidArgument(format!(
                 "connect_memory: packet scratch of {packet_bytes} bytes is not a multiple of 16"
             )));
