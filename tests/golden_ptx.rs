@@ -177,3 +177,26 @@ fn every_embedded_ptx_compiles_with_ptxas() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn launch_bounds_reach_the_ptx_entries() {
+    for (cc, ptx) in PTX {
+        for (k, n) in [
+            ("memory_ping_pong", 256),
+            ("memory_packet_ping_pong", 1024),
+            ("memory_put_bench", 256),
+        ] {
+            let body = entry(ptx, k);
+            let header = &body[..body.find('{').unwrap_or(body.len())];
+            assert!(
+                header.contains(&format!(".maxntid {n}, 1, 1")),
+                "sm_{cc}: {k} lacks .maxntid {n}"
+            );
+        }
+        let header = entry(ptx, "vector_add_f32");
+        assert!(
+            !header[..header.find('{').unwrap()].contains(".maxntid"),
+            "sm_{cc}: unbounded kernel got a bound"
+        );
+    }
+}

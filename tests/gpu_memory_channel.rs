@@ -122,7 +122,7 @@ fn put_get_rank() {
             .arg(&dst)
             .arg(&perr);
         // SAFETY: the channel's memory lives in `r.comm`; offsets + sizes fit BYTES.
-        unsafe { l.launch(block(512)) }.unwrap();
+        unsafe { l.launch(block(256)) }.unwrap();
         stream.synchronize().unwrap();
         let mut l = stream.launch_builder(&g);
         l.arg(&r.ch)
@@ -134,7 +134,7 @@ fn put_get_rank() {
             .arg(&dst)
             .arg(&perr);
         // SAFETY: as above.
-        unsafe { l.launch(block(512)) }.unwrap();
+        unsafe { l.launch(block(256)) }.unwrap();
         stream.synchronize().unwrap();
     }
     finish(r);

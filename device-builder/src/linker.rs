@@ -111,8 +111,56 @@ fn run() -> Result<(), String> {
         .arg("-o")
         .arg(&output);
     exec(&mut cmd)?;
+    apply_launch_bounds(&output)?;
     let _ = fs::remove_dir_all(&work);
     Ok(())
+}
+
+/// Marker that `mscclpp_device::launch_bounds!` leaves in the module's PTX (a comment line
+/// from `global_asm!`): `// mscclpp:maxntid <kernel> <threads>`.
+const MAXNTID_MARKER: &str = "// mscclpp:maxntid ";
+
+/// Adds `.maxntid <threads>, 1, 1` to every entry named by a marker, between its parameter
+/// list and its body, so ptxas budgets registers for that many threads per block. A marker
+/// naming no entry is an error (a typo would otherwise silently drop the bound).
+fn apply_launch_bounds(ptx_path: &Path) -> Result<(), String> {
+    let ptx = fs::read_to_string(ptx_path).map_err(|e| format!("{}: {e}", ptx_path.display()))?;
+    let mut bounds = Vec::new();
+    for line in ptx.lines() {
+        if let Some(rest) = line.trim().strip_prefix(MAXNTID_MARKER) {
+            let mut it = rest.split_whitespace();
+            match (it.next(), it.next().and_then(|n| n.parse::<u32>().ok())) {
+                (Some(k), Some(n)) if (1..=1024).contains(&n) => bounds.push((k.to_string(), n)),
+                _ => return Err(format!("malformed launch bound marker: {line}")),
+            }
+        }
+    }
+    if bounds.is_empty() {
+        return Ok(());
+    }
+    let mut out = String::with_capacity(ptx.len() + 64 * bounds.len());
+    let mut pending: Option<u32> = None;
+    let mut found = vec![false; bounds.len()];
+    for line in ptx.lines() {
+        let t = line.trim();
+        if let Some(name) = t.strip_prefix(".visible .entry ").and_then(|r| r.split('(').next()) {
+            if let Some(i) = bounds.iter().position(|(k, _)| k == name) {
+                pending = Some(bounds[i].1);
+                found[i] = true;
+            }
+        }
+        if t == "{" {
+            if let Some(n) = pending.take() {
+                out.push_str(&format!(".maxntid {n}, 1, 1\n"));
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(i) = found.iter().position(|f| !f) {
+        return Err(format!("launch bound for `{}`, which is not a kernel of this module", bounds[i].0));
+    }
+    fs::write(ptx_path, out).map_err(|e| format!("{}: {e}", ptx_path.display()))
 }
 
 fn is_bitcode(p: &Path) -> bool {

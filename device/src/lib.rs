@@ -71,6 +71,32 @@ macro_rules! kernel {
     };
 }
 
+/// Caps the block size of kernel `$kernel` at `$threads` (1..=1024): the PTX entry gets
+/// `.maxntid $threads, 1, 1`, so ptxas budgets registers for that many threads (without it,
+/// a kernel may use so many registers that large blocks fail to launch with
+/// `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`). Launching more threads than the bound fails.
+/// Only meaningful on nvptx (mscclpp-device-builder applies it); nothing on the host.
+///
+/// ```
+/// mscclpp_device::kernel! {
+///     /// Does nothing, with up to 1024 threads per block.
+///     pub unsafe fn idle() {}
+/// }
+/// mscclpp_device::launch_bounds!(idle, 1024);
+/// ```
+#[macro_export]
+macro_rules! launch_bounds {
+    ($kernel:ident, $threads:literal) => {
+        #[cfg(target_arch = "nvptx64")]
+        ::core::arch::global_asm!(concat!(
+            "// mscclpp:maxntid ",
+            stringify!($kernel),
+            " ",
+            stringify!($threads)
+        ));
+    };
+}
+
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo<'_>) -> ! {

@@ -284,3 +284,12 @@ kernel! {
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
+
+// The copy loops keep several 16-byte accesses in flight and ptxas gives them ~250
+// registers: blocks of more than 256 threads cannot launch. Bounding at 512 (128 registers)
+// still spills ~400 bytes per thread and at 1024 ~650, so the copy kernels say 256 (a launch
+// beyond fails with a clear error) and scale with blocks; the packet kernel is small.
+crate::launch_bounds!(memory_ping_pong, 256);
+crate::launch_bounds!(memory_get_ping_pong, 256);
+crate::launch_bounds!(memory_packet_ping_pong, 1024);
+crate::launch_bounds!(memory_put_bench, 256);
