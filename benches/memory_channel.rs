@@ -103,7 +103,9 @@ fn put_gbps(r: &Rank, rank: usize, blocks: u32, threads: u32, sync: &Barrier) ->
         let mut l = stream.launch_builder(&f);
         l.arg(&r.ch).arg(&bytes).arg(&iters).arg(&rank32);
         // SAFETY: as above.
-        unsafe { l.launch(grid(blocks, threads)) }.unwrap();
+        if let Err(e) = unsafe { l.launch(grid(blocks, threads)) } {
+            panic!("rank {rank}: memory_put_bench with {blocks} x {threads}: {e:?}");
+        }
     });
     bytes as f64 * iters as f64 / (ms * 1e-3) / 1e9
 }
@@ -127,16 +129,16 @@ fn main() {
     let Some(ngpus) = common::gpus_or_skip("memory_channel") else {
         return;
     };
-    let configs: Vec<(u32, u32)> = [
-        (1, 1024),
-        (8, 1024),
-        (32, 512),
-        (32, 1024),
-        (64, 1024),
-        (132, 512),
-        (132, 1024),
-    ]
-    .to_vec();
+    let configs: Vec<(u32, u32)> = vec![
+        (1, 256),
+        (8, 256),
+        (32, 128),
+        (32, 256),
+        (64, 256),
+        (132, 128),
+        (132, 256),
+        (264, 256),
+    ];
     let packet_sizes = [8u64, 1024, 16 << 10];
     let results = common::two_ranks(|rank, id, sync: &Barrier| {
         let r = setup(rank, id, ngpus);

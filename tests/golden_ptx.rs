@@ -101,8 +101,9 @@ fn ordering_probe_publishes_with_release_and_waits_with_acquire() {
 
 #[test]
 fn memory_channel_kernels_use_their_memory_model_instructions() {
+    // Signals are posted reductions (`red`): an `atom` to peer memory waits for its result.
     let signal_wait = [
-        "atom.add.release.sys.u64",
+        "red.release.sys.global.add.u64",
         "ld.acquire.sys.u64",
         "%globaltimer",
     ];
@@ -146,7 +147,7 @@ fn memory_channel_kernels_use_their_memory_model_instructions() {
         }
         // Packets need no fence and no signal: the flag travels with the data.
         let body = entry(ptx, "memory_packet_ping_pong");
-        for absent in ["fence.", "atom.add.release", "bar.sync"] {
+        for absent in ["fence.", "atom.add.release", "red.release", "bar.sync"] {
             assert!(
                 !body.contains(absent),
                 "sm_{cc}: packet ping-pong has `{absent}`"

@@ -112,7 +112,7 @@ impl DeviceSemaphore {
         // those its block ordered before it with bar.sync) to the peer GPU that acquires
         // the new count.
         // SAFETY: `remote` is the peer's live aligned counter (constructor contract).
-        unsafe { arch::atomic_add_release_sys_u64(self.remote, 1) };
+        unsafe { arch::red_add_release_sys_u64(self.remote, 1) };
     }
 
     /// Adds 1 to the peer's inbound counter, ordering nothing (see the [module](self) for
@@ -121,7 +121,7 @@ impl DeviceSemaphore {
     pub fn relaxed_signal(&self) {
         // Relaxed: atomic (no signal is lost) but publishes nothing.
         // SAFETY: `remote` is the peer's live aligned counter (constructor contract).
-        unsafe { arch::atomic_add_relaxed_sys_u64(self.remote, 1) };
+        unsafe { arch::red_add_relaxed_sys_u64(self.remote, 1) };
     }
 
     /// Waits for the peer's next signal and consumes it; traps after the handle's timeout.

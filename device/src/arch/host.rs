@@ -400,6 +400,26 @@ pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
     unsafe { atomic_u64(p) }.fetch_add(v, Ordering::Relaxed)
 }
 
+/// Release add without a result (`red.release.sys.global.add.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn red_add_release_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: forwarded to the caller.
+    unsafe { atomic_add_release_sys_u64(p, v) };
+}
+
+/// Relaxed add without a result (`red.relaxed.sys.global.add.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn red_add_relaxed_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: forwarded to the caller.
+    unsafe { atomic_add_relaxed_sys_u64(p, v) };
+}
+
 /// Acquire-release fence (`fence.acq_rel.sys` on the GPU).
 #[inline]
 pub fn fence_acq_rel_sys() {

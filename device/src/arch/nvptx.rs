@@ -217,6 +217,39 @@ pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
     old
 }
 
+/// `red.release.sys.global.add.u64`: adds `v` with release semantics and does not wait for
+/// the old value. Against memory on another GPU an `atom` is a round trip over NVLink (the old
+/// value must come back) while `red` is posted, so remote semaphore signals use this.
+///
+/// # Safety
+/// `p` must be valid, 8-byte aligned global memory (local, peer-mapped or host-mapped).
+#[inline(always)]
+pub unsafe fn red_add_release_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees `p` is valid, aligned and in the global window.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; red.release.sys.global.add.u64 [g], {v}; }}",
+            p = in(reg64) p, v = in(reg64) v, options(nostack)
+        )
+    };
+}
+
+/// `red.relaxed.sys.global.add.u64`: a posted add that orders nothing (see
+/// [`red_add_release_sys_u64`]).
+///
+/// # Safety
+/// `p` must be valid, 8-byte aligned global memory.
+#[inline(always)]
+pub unsafe fn red_add_relaxed_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees `p` is valid, aligned and in the global window.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; red.relaxed.sys.global.add.u64 [g], {v}; }}",
+            p = in(reg64) p, v = in(reg64) v, options(nostack)
+        )
+    };
+}
+
 /// `fence.acq_rel.sys`: a release fence for earlier and an acquire fence for later accesses
 /// of this thread, at system scope (pairs with relaxed flag accesses on either side).
 #[inline(always)]
