@@ -130,14 +130,14 @@ fn main() {
         return;
     };
     let configs: Vec<(u32, u32)> = vec![
-        (1, 256),
-        (8, 256),
-        (32, 128),
+        (8, 512),
+        (16, 512),
         (32, 256),
+        (32, 512),
         (64, 256),
-        (132, 128),
+        (64, 512),
         (132, 256),
-        (264, 256),
+        (132, 512),
     ];
     let packet_sizes = [8u64, 1024, 16 << 10];
     let results = common::two_ranks(|rank, id, sync: &Barrier| {

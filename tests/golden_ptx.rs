@@ -104,7 +104,9 @@ fn memory_channel_kernels_use_their_memory_model_instructions() {
     // Signals are posted reductions (`red`): an `atom` to peer memory waits for its result.
     let signal_wait = [
         "red.release.sys.global.add.u64",
-        "ld.acquire.sys.u64",
+        // Waits poll relaxed and acquire once with a fence.
+        "ld.relaxed.sys.u64",
+        "fence.acq_rel.sys",
         "%globaltimer",
     ];
     let copies = ["ld.v2.u64", "st.v2.u64", "bar.sync"];
@@ -183,9 +185,9 @@ fn every_embedded_ptx_compiles_with_ptxas() {
 fn launch_bounds_reach_the_ptx_entries() {
     for (cc, ptx) in PTX {
         for (k, n) in [
-            ("memory_ping_pong", 256),
+            ("memory_ping_pong", 1024),
             ("memory_packet_ping_pong", 1024),
-            ("memory_put_bench", 256),
+            ("memory_put_bench", 512),
         ] {
             let body = entry(ptx, k);
             let header = &body[..body.find('{').unwrap_or(body.len())];

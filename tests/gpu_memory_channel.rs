@@ -122,7 +122,7 @@ fn put_get_rank() {
             .arg(&dst)
             .arg(&perr);
         // SAFETY: the channel's memory lives in `r.comm`; offsets + sizes fit BYTES.
-        unsafe { l.launch(block(256)) }.unwrap();
+        unsafe { l.launch(block(1024)) }.unwrap();
         stream.synchronize().unwrap();
         let mut l = stream.launch_builder(&g);
         l.arg(&r.ch)
@@ -134,7 +134,7 @@ fn put_get_rank() {
             .arg(&dst)
             .arg(&perr);
         // SAFETY: as above.
-        unsafe { l.launch(block(256)) }.unwrap();
+        unsafe { l.launch(block(1024)) }.unwrap();
         stream.synchronize().unwrap();
     }
     finish(r);
@@ -155,7 +155,7 @@ fn packets_rank() {
             .arg(&seed)
             .arg(&perr);
         // SAFETY: as above; the packets of 64 KiB of data fit the 1 MiB scratch.
-        unsafe { l.launch(block(256)) }.unwrap();
+        unsafe { l.launch(block(1024)) }.unwrap();
         stream.synchronize().unwrap();
     }
     finish(r);

@@ -139,20 +139,26 @@ impl DeviceSemaphore {
         // SAFETY: `expected` is this side's live word, used by one waiting thread at a time
         // (constructor and module contract).
         let want = unsafe { *self.expected } + 1;
-        let mut round = 0u32;
+        let mut polls = 0u32;
         let mut start = None;
-        // Acquire at system scope: pairs with the peer's release add, so what the peer did
-        // before its signal is visible to this thread after the loop.
+        // Relaxed polls, then one acquire fence: the fence after the load that saw the new
+        // count makes it an acquire pattern at system scope (pairs with the peer's release
+        // add), so what the peer did before its signal is visible after it. An acquire load
+        // per poll would order every iteration for nothing. The clock is read every 64
+        // polls only.
         // SAFETY: `inbound` is this side's live aligned counter (constructor contract).
-        while unsafe { arch::ld_acquire_sys_u64(self.inbound) } < want {
-            let now = arch::global_timer_ns();
-            let t0 = *start.get_or_insert(now);
-            if now.wrapping_sub(t0) > timeout_ns {
-                return false;
+        while unsafe { arch::ld_relaxed_sys_u64(self.inbound) } < want {
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(64) {
+                let now = arch::global_timer_ns();
+                let t0 = *start.get_or_insert(now);
+                if now.wrapping_sub(t0) > timeout_ns {
+                    return false;
+                }
             }
-            arch::spin_backoff(round);
-            round = round.saturating_add(1);
+            arch::spin_backoff(polls);
         }
+        arch::fence_acq_rel_sys();
         // SAFETY: as above.
         unsafe { *self.expected = want };
         true

@@ -165,18 +165,22 @@ impl DevConn {
         // time (constructor and module contract).
         let want = unsafe { *self.expected } + 1;
         let start = arch::global_timer_ns();
-        let mut round = 0u32;
-        // Acquire: pairs with the peer proxy's release of the counter (a release store on the
-        // Host transport; on P2P the stream write after the copies, which completes after
-        // them), so the data it follows is visible after this returns.
+        let mut polls = 0u32;
+        // Relaxed polls, then one acquire fence (an acquire pattern at system scope): pairs
+        // with the peer proxy's release of the counter (a release store on the Host
+        // transport; on P2P the stream write after the copies, which completes after them),
+        // so the data it follows is visible after this returns. The clock is read every 64
+        // polls only.
         // SAFETY: `inbound` is a live aligned counter (constructor contract).
-        while unsafe { arch::ld_acquire_sys_u64(self.inbound) } < want {
-            if arch::global_timer_ns().wrapping_sub(start) > timeout_ns {
+        while unsafe { arch::ld_relaxed_sys_u64(self.inbound) } < want {
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(64) && arch::global_timer_ns().wrapping_sub(start) > timeout_ns
+            {
                 return false;
             }
-            arch::spin_backoff(round);
-            round = round.saturating_add(1);
+            arch::spin_backoff(polls);
         }
+        arch::fence_acq_rel_sys();
         // SAFETY: as above.
         unsafe { *self.expected = want };
         true
