@@ -104,9 +104,7 @@ fn memory_channel_kernels_use_their_memory_model_instructions() {
     // Signals are posted reductions (`red`): an `atom` to peer memory waits for its result.
     let signal_wait = [
         "red.release.sys.global.add.u64",
-        // Waits poll relaxed and acquire once with a fence.
-        "ld.relaxed.sys.u64",
-        "fence.acq_rel.sys",
+        "ld.acquire.sys.u64",
         "%globaltimer",
     ];
     let copies = ["ld.v2.u64", "st.v2.u64", "bar.sync"];

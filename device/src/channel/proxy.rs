@@ -166,13 +166,12 @@ impl DevConn {
         let want = unsafe { *self.expected } + 1;
         let start = arch::global_timer_ns();
         let mut polls = 0u32;
-        // Relaxed polls, then one acquire fence (an acquire pattern at system scope): pairs
-        // with the peer proxy's release of the counter (a release store on the Host
-        // transport; on P2P the stream write after the copies, which completes after them),
-        // so the data it follows is visible after this returns. The clock is read every 64
-        // polls only.
+        // Acquire: pairs with the peer proxy's release of the counter (a release store on the
+        // Host transport; on P2P the stream write after the copies, which completes after
+        // them), so the data it follows is visible after this returns. The clock is read
+        // every 64 polls only.
         // SAFETY: `inbound` is a live aligned counter (constructor contract).
-        while unsafe { arch::ld_relaxed_sys_u64(self.inbound) } < want {
+        while unsafe { arch::ld_acquire_sys_u64(self.inbound) } < want {
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(64) && arch::global_timer_ns().wrapping_sub(start) > timeout_ns
             {
@@ -180,7 +179,6 @@ impl DevConn {
             }
             arch::spin_backoff(polls);
         }
-        arch::fence_acq_rel_sys();
         // SAFETY: as above.
         unsafe { *self.expected = want };
         true
