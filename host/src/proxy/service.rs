@@ -22,13 +22,14 @@
 //! trigger is left, then exits; no queued trigger is lost. Triggers pushed after that are
 //! not served (stop the kernels first).
 //!
-//! Idle policy: spin a while, then yield, then sleep 20 µs between polls, so an idle proxy
-//! does not hold a core (CI machines have two) while a busy one answers within a poll.
+//! Idle policy: spin for 200 µs after the last trigger, then yield for 5 ms, then sleep
+//! 20 µs between polls, so an idle proxy does not hold a core (CI machines have two) while
+//! one in a conversation answers within a poll.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mscclpp_device::fifo::TriggerOp;
 
@@ -72,6 +73,13 @@ pub enum ProxyError {
         error: TransportError,
     },
 }
+
+/// How long an idle proxy keeps spinning before it starts yielding its core, and how long it
+/// yields before it sleeps between polls. Time-based, not count-based: a peer's answer in a
+/// ping-pong comes tens of microseconds later, and a proxy asleep by then adds a sleep's
+/// granularity to every round trip.
+const SPIN_FOR: Duration = Duration::from_micros(200);
+const YIELD_FOR: Duration = Duration::from_millis(5);
 
 /// Most errors kept; later ones are counted but dropped (a broken kernel can produce
 /// millions).
@@ -172,7 +180,8 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
     if let Some(f) = task.on_start.take() {
         f();
     }
-    let mut idle = 0u32;
+    // When the FIFO last had a trigger (None while busy).
+    let mut idle_since: Option<Instant> = None;
     loop {
         let Some(trigger) = task.consumer.poll() else {
             // Acquire: see the stop request; then one more poll decides (a trigger
@@ -180,17 +189,17 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
             if stop.load(Ordering::Acquire) && task.consumer.poll().is_none() {
                 return;
             }
-            idle = idle.saturating_add(1);
-            if idle < 2000 {
+            let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
+            if idle < SPIN_FOR {
                 std::hint::spin_loop();
-            } else if idle < 2100 {
+            } else if idle < YIELD_FOR {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(Duration::from_micros(20));
             }
             continue;
         };
-        idle = 0;
+        idle_since = None;
         let seq = task.consumer.tail();
         let op = trigger.op();
         let id = trigger.connection_id();
