@@ -95,7 +95,22 @@ fn packet_rtt_us(r: &Rank, rank: usize, bytes: u64, sync: &Barrier) -> f64 {
 }
 
 fn put_gbps(r: &Rank, rank: usize, blocks: u32, threads: u32, sync: &Barrier) -> f64 {
-    let f = r.module.function("memory_put_bench").unwrap();
+    copy_gbps(r, "memory_put_bench", rank, blocks, threads, sync)
+}
+
+fn get_gbps(r: &Rank, rank: usize, blocks: u32, threads: u32, sync: &Barrier) -> f64 {
+    copy_gbps(r, "memory_get_bench", rank, blocks, threads, sync)
+}
+
+fn copy_gbps(
+    r: &Rank,
+    kernel: &str,
+    rank: usize,
+    blocks: u32,
+    threads: u32,
+    sync: &Barrier,
+) -> f64 {
+    let f = r.module.function(kernel).unwrap();
     let stream = r.gpu.new_stream().unwrap();
     let (bytes, iters, rank32) = (BYTES as u64, 5u64, rank as u32);
     sync.wait();
@@ -104,7 +119,7 @@ fn put_gbps(r: &Rank, rank: usize, blocks: u32, threads: u32, sync: &Barrier) ->
         l.arg(&r.ch).arg(&bytes).arg(&iters).arg(&rank32);
         // SAFETY: as above.
         if let Err(e) = unsafe { l.launch(grid(blocks, threads)) } {
-            panic!("rank {rank}: memory_put_bench with {blocks} x {threads}: {e:?}");
+            panic!("rank {rank}: {kernel} with {blocks} x {threads}: {e:?}");
         }
     });
     bytes as f64 * iters as f64 / (ms * 1e-3) / 1e9
@@ -153,13 +168,13 @@ fn main() {
             .collect();
         let mut bw = Vec::new();
         for &(blocks, threads) in &configs {
-            put_gbps(&r, rank, blocks, threads, sync);
-            bw.push(
-                (0..3)
-                    .map(|_| put_gbps(&r, rank, blocks, threads, sync))
-                    .sum::<f64>()
-                    / 3.0,
-            );
+            let mean = |f: &dyn Fn() -> f64| {
+                f();
+                (0..3).map(|_| f()).sum::<f64>() / 3.0
+            };
+            let put = mean(&|| put_gbps(&r, rank, blocks, threads, sync));
+            let get = mean(&|| get_gbps(&r, rank, blocks, threads, sync));
+            bw.push((put, get));
         }
         sync.wait();
         let ce = if rank == 0 {
@@ -204,14 +219,18 @@ fn main() {
         );
     }
     println!(
-        "put bandwidth at {} MB; cuMemcpyAsync (reference) {ce:.1} GB/s",
+        "put/get bandwidth at {} MB; cuMemcpyAsync (reference) {ce:.1} GB/s",
         BYTES >> 20
     );
     println!(
-        "{:>7} {:>8} {:>10} {:>7}",
-        "blocks", "threads", "GB/s", "ratio"
+        "{:>7} {:>8} {:>10} {:>7} {:>10} {:>7}",
+        "blocks", "threads", "put GB/s", "ratio", "get GB/s", "ratio"
     );
-    for ((blocks, threads), g) in configs.iter().zip(bw) {
-        println!("{blocks:>7} {threads:>8} {g:>10.1} {:>7.3}", g / ce);
+    for ((blocks, threads), (p, g)) in configs.iter().zip(bw) {
+        println!(
+            "{blocks:>7} {threads:>8} {p:>10.1} {:>7.3} {g:>10.1} {:>7.3}",
+            p / ce,
+            g / ce
+        );
     }
 }

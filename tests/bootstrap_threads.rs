@@ -277,7 +277,16 @@ fn ip_port_form_retries_until_rank0_starts_the_root() {
 
 #[test]
 fn unreachable_root_fails_after_retrying() {
-    let addr = localhost(free_port());
+    // A socket bound but never listening holds the port, so no other test's listener can
+    // take it while connections to it are refused (a port merely found free could be).
+    let rt = runtime();
+    let reserved = rt.block_on(async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(localhost(0)).unwrap();
+        s
+    });
+    let addr = reserved.local_addr().unwrap();
+    drop(rt);
     let config = config().with_timeout(Duration::from_millis(400));
     let err = BlockingBootstrap::init_with_config(2, 1, addr, config).unwrap_err();
     match err {

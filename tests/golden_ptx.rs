@@ -13,6 +13,10 @@ const KERNELS: &[&str] = &[
     "memory_packet_ping_pong",
     "memory_signal_ping_pong",
     "memory_put_bench",
+    "memory_get_bench",
+    "proxy_ping_pong",
+    "proxy_all_gather",
+    "proxy_put_bench",
 ];
 
 /// The text of entry `name` (from its `.entry` line to the next entry or the end).

@@ -282,6 +282,24 @@ kernel! {
     }
 }
 
+kernel! {
+    /// Get bandwidth: like [`memory_put_bench`] with the direction reversed. Rank 0's blocks
+    /// `get` their slices of rank 1's buffer into their own, `iters` times (rank 1 does nothing:
+    /// its buffer is only read, so no synchronisation is needed while both kernels run).
+    pub unsafe fn memory_get_bench(ch: MemoryChannel, bytes: u64, iters: u64, rank: u32) {
+        let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+        let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+        if rank == 0 {
+            let slice = bytes.div_ceil(nb).next_multiple_of(16);
+            let start = b.saturating_mul(slice).min(bytes);
+            let end = start.saturating_add(slice).min(bytes);
+            for _ in 0..iters {
+                ch.get(start, start, end - start, t, nt);
+            }
+        }
+    }
+}
+
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
 
@@ -293,3 +311,4 @@ crate::launch_bounds!(memory_ping_pong, 1024);
 crate::launch_bounds!(memory_get_ping_pong, 1024);
 crate::launch_bounds!(memory_packet_ping_pong, 1024);
 crate::launch_bounds!(memory_put_bench, 512);
+crate::launch_bounds!(memory_get_bench, 512);
