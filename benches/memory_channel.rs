@@ -14,13 +14,11 @@
 mod common;
 
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
 
 use common::{events_ms, grid};
 use mscclpp::host::bootstrap::UniqueId;
 use mscclpp::host::communicator::{Communicator, MemoryChannelArg};
 use mscclpp::host::cuda::{DeviceBuffer, Gpu, KernelModule, PushKernelArg, memcpy_async};
-use mscclpp::host::smoke;
 use mscclpp::host::transport::TransportKind;
 
 const BYTES: usize = 256 << 20;
@@ -195,19 +193,7 @@ fn main() {
         "memory channel bench: rank 0 on GPU {g0}, rank 1 on GPU {}",
         results[1].4
     );
-    let gpu = Gpu::open(0).unwrap();
-    let module = KernelModule::load_builtin(&gpu).unwrap();
-    let rounds = 5000;
-    let t = Instant::now();
-    smoke::ordering_probe(
-        smoke::Backend::Gpu(&gpu, &module),
-        1,
-        rounds,
-        3,
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let probe_us = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+    let probe_us = common::host_flag_round_trip_us();
     println!(
         "signal/wait round trip: {rtt:.3} us; GPU<->host flag round trip (reference) {probe_us:.2} us; ratio {:.2}",
         rtt / probe_us

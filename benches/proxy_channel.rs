@@ -15,13 +15,11 @@
 mod common;
 
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
 
 use common::{events_ms, grid};
 use mscclpp::host::bootstrap::UniqueId;
 use mscclpp::host::communicator::{Communicator, DevConnArg};
 use mscclpp::host::cuda::{DeviceBuffer, Gpu, KernelModule, PushKernelArg, memcpy_async};
-use mscclpp::host::smoke;
 use mscclpp::host::transport::TransportKind;
 
 const MAX_BYTES: usize = 1 << 30;
@@ -153,19 +151,7 @@ fn main() {
         results[0].2, results[1].2
     );
     // Reference for the round trip: GPU <-> host flag ping-pong through mapped memory.
-    let gpu = Gpu::open(0).unwrap();
-    let module = KernelModule::load_builtin(&gpu).unwrap();
-    let rounds = 5000;
-    let t = Instant::now();
-    smoke::ordering_probe(
-        smoke::Backend::Gpu(&gpu, &module),
-        1,
-        rounds,
-        3,
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let probe_us = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+    let probe_us = common::host_flag_round_trip_us();
     let rtt = rows[0].1;
     println!(
         "ping-pong 8 B round trip: {rtt:.2} us; GPU<->host flag round trip (reference) {probe_us:.2} us; ratio {:.2}",

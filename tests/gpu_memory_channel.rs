@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator, MemoryChannelArg};
 use mscclpp::host::cuda::{DeviceBuffer, Gpu, KernelModule, LaunchConfig, PushKernelArg};
-use mscclpp::host::launch::{Launch, LocalLauncher};
-use mscclpp::host::testing::gpu_or_skip;
+use mscclpp::host::launch::Launch;
+use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 use mscclpp::host::transport::TransportKind;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
@@ -19,25 +19,7 @@ fn run_two(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let report = LocalLauncher::command(2, exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "rank")
-        .bootstrap_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(180))
-        .capture_output(true)
-        .run()
-        .unwrap();
-    let output = report.output.join("\n");
-    assert!(report.success(), "{report}{output}");
-    for r in 0..2 {
-        let (prefix, done) = (format!("[rank {r}] "), format!("rank {r}: ok"));
-        let finished = report
-            .output
-            .iter()
-            .any(|l| l.starts_with(&prefix) && l.ends_with(&done));
-        assert!(finished, "rank {r} did not finish:\n{output}");
-    }
+    run_test_ranks(test, 2, ROLE, Duration::from_secs(180));
 }
 
 struct Rank {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use mscclpp::device::channel::DevConn;
 use mscclpp::device::kernels::smoke::probe_value;
 use mscclpp::host::communicator::{Backend, Buffer, CommConfig, Communicator};
-use mscclpp::host::launch::{Launch, LaunchReport, LocalLauncher};
+use mscclpp::host::launch::Launch;
+use mscclpp::host::testing::run_test_ranks;
 use mscclpp::host::transport::TransportKind;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
@@ -16,27 +17,8 @@ fn child() -> bool {
     std::env::var(ROLE).is_ok()
 }
 
-fn launch(test: &str, nranks: usize) -> LaunchReport {
-    let exe = std::env::current_exe().unwrap();
-    let report = LocalLauncher::command(nranks, exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "rank")
-        .bootstrap_timeout(Duration::from_secs(20))
-        .timeout(Duration::from_secs(120))
-        .capture_output(true)
-        .run()
-        .unwrap();
-    let output = report.output.join("\n");
-    assert!(report.success(), "{report}{output}");
-    for r in 0..nranks {
-        let (prefix, done) = (format!("[rank {r}] "), format!("rank {r}: ok"));
-        let finished = report
-            .output
-            .iter()
-            .any(|l| l.starts_with(&prefix) && l.ends_with(&done));
-        assert!(finished, "rank {r} did not finish:\n{output}");
-    }
-    report
+fn launch(test: &str, nranks: usize) {
+    run_test_ranks(test, nranks, ROLE, Duration::from_secs(120));
 }
 
 fn communicator(slots: usize) -> Communicator {

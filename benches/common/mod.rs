@@ -4,11 +4,12 @@
 #![allow(dead_code)] // each bench uses part of this module
 
 use std::sync::Barrier;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mscclpp::host::bootstrap::{BlockingBootstrap, UniqueId, create_unique_id};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
-use mscclpp::host::cuda::{self, Gpu, LaunchConfig};
+use mscclpp::host::cuda::{self, Gpu, KernelModule, LaunchConfig};
+use mscclpp::host::smoke;
 
 /// Milliseconds between two events recorded around `f` on `stream`.
 pub fn events_ms(stream: &cuda::CudaStream, f: impl FnOnce()) -> f64 {
@@ -72,4 +73,22 @@ pub fn two_ranks<T: Send>(body: impl Fn(usize, UniqueId, &Barrier) -> T + Sync) 
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// The reference for round trips: the GPU<->host flag ping-pong of `ordering_probe` on GPU 0
+/// (one word per round, 5000 rounds), in microseconds per round trip.
+pub fn host_flag_round_trip_us() -> f64 {
+    let gpu = Gpu::open(0).unwrap();
+    let module = KernelModule::load_builtin(&gpu).unwrap();
+    let rounds = 5000;
+    let t = Instant::now();
+    smoke::ordering_probe(
+        smoke::Backend::Gpu(&gpu, &module),
+        1,
+        rounds,
+        3,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    t.elapsed().as_secs_f64() * 1e6 / rounds as f64
 }

@@ -136,30 +136,9 @@ impl DeviceSemaphore {
     /// (nothing is consumed then, so a later wait waits for the same signal).
     #[inline]
     pub fn wait_timeout(&self, timeout_ns: u64) -> bool {
-        // SAFETY: `expected` is this side's live word, used by one waiting thread at a time
-        // (constructor and module contract).
-        let want = unsafe { *self.expected } + 1;
-        let mut polls = 0u32;
-        let mut start = None;
-        // Acquire at system scope: pairs with the peer's release add, so what the peer did
-        // before its signal is visible to this thread after the loop. (Relaxed polls with one
-        // fence.acq_rel.sys after them measured slower on 2xH200: 3.7 against 2.5 us per
-        // signal/wait round trip.) The clock is read every 64 polls only.
-        // SAFETY: `inbound` is this side's live aligned counter (constructor contract).
-        while unsafe { arch::ld_acquire_sys_u64(self.inbound) } < want {
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(64) {
-                let now = arch::global_timer_ns();
-                let t0 = *start.get_or_insert(now);
-                if now.wrapping_sub(t0) > timeout_ns {
-                    return false;
-                }
-            }
-            arch::spin_backoff(polls);
-        }
-        // SAFETY: as above.
-        unsafe { *self.expected = want };
-        true
+        // SAFETY: `inbound` is this side's live aligned counter and `expected` its live word,
+        // used by one waiting thread at a time (constructor and module contract).
+        unsafe { wait_inbound(self.inbound, self.expected, timeout_ns) }
     }
 
     /// If the peer's next signal has arrived, consumes it and returns `true` (with the
@@ -167,15 +146,64 @@ impl DeviceSemaphore {
     #[inline]
     pub fn poll(&self) -> bool {
         // SAFETY: as in `wait_timeout`.
-        unsafe {
-            let want = *self.expected + 1;
-            // Acquire: as in `wait_timeout`.
-            if arch::ld_acquire_sys_u64(self.inbound) >= want {
-                *self.expected = want;
-                true
-            } else {
-                false
+        unsafe { poll_inbound(self.inbound, self.expected) }
+    }
+}
+
+/// The receive side shared by [`DeviceSemaphore`] and the proxy channel's `DevConn`: waits
+/// at most `timeout_ns` until `*inbound` reaches `*expected + 1`, then stores that in
+/// `*expected`; `false` (nothing consumed) on timeout.
+///
+/// Acquire at system scope: pairs with the writer's release (a peer's release add, a proxy's
+/// release store, or on P2P the stream write after the copies, which completes after them),
+/// so what the writer published before is visible after this returns. (Relaxed polls with
+/// one fence.acq_rel.sys after them measured slower on 2xH200: 3.7 against 2.5 us per
+/// signal/wait round trip.) The clock is read every 64 polls only.
+///
+/// # Safety
+/// `inbound` must be a live, 8-byte aligned counter; `expected` a live, aligned word that
+/// only this waiting thread uses.
+#[inline]
+pub(crate) unsafe fn wait_inbound(
+    inbound: *const u64,
+    expected: *mut u64,
+    timeout_ns: u64,
+) -> bool {
+    // SAFETY: caller contract.
+    let want = unsafe { *expected } + 1;
+    let mut polls = 0u32;
+    let mut start = None;
+    // SAFETY: caller contract.
+    while unsafe { arch::ld_acquire_sys_u64(inbound) } < want {
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(64) {
+            let now = arch::global_timer_ns();
+            let t0 = *start.get_or_insert(now);
+            if now.wrapping_sub(t0) > timeout_ns {
+                return false;
             }
+        }
+        arch::spin_backoff(polls);
+    }
+    // SAFETY: caller contract.
+    unsafe { *expected = want };
+    true
+}
+
+/// [`wait_inbound`] without waiting: consumes the next signal if it has arrived.
+///
+/// # Safety
+/// As for [`wait_inbound`].
+#[inline]
+pub(crate) unsafe fn poll_inbound(inbound: *const u64, expected: *mut u64) -> bool {
+    // SAFETY: caller contract; the acquire is as in `wait_inbound`.
+    unsafe {
+        let want = *expected + 1;
+        if arch::ld_acquire_sys_u64(inbound) >= want {
+            *expected = want;
+            true
+        } else {
+            false
         }
     }
 }

@@ -27,3 +27,35 @@ fn skip_or_fail<T>(test: &str, e: &CudaError) -> Option<T> {
     eprintln!("skipping {test}: {e} (set {REQUIRE_GPU_ENV}=1 to make this a failure)");
     None
 }
+
+/// Runs test `test` of the current test binary as `nranks` processes through the local
+/// launcher (`--exact test --nocapture`), with `role_env=rank` set so the test body knows it
+/// is a rank, and panics unless every rank exits 0 and prints a line ending in
+/// `rank <r>: ok`. Returns the ranks' output lines (prefixed `[rank r] `).
+pub fn run_test_ranks(
+    test: &str,
+    nranks: usize,
+    role_env: &str,
+    timeout: std::time::Duration,
+) -> Vec<String> {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let report = crate::launch::LocalLauncher::command(nranks, exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(role_env, "rank")
+        .bootstrap_timeout(std::time::Duration::from_secs(30))
+        .timeout(timeout)
+        .capture_output(true)
+        .run()
+        .unwrap_or_else(|e| panic!("{test}: cannot launch {nranks} ranks: {e}"));
+    let output = report.output.join("\n");
+    assert!(report.success(), "{test}: {report}{output}");
+    for r in 0..nranks {
+        let (prefix, done) = (format!("[rank {r}] "), format!("rank {r}: ok"));
+        let finished = report
+            .output
+            .iter()
+            .any(|l| l.starts_with(&prefix) && l.ends_with(&done));
+        assert!(finished, "{test}: rank {r} did not finish:\n{output}");
+    }
+    report.output
+}

@@ -30,6 +30,7 @@ use core::fmt;
 
 use crate::arch;
 use crate::fifo::{FifoDeviceHandle, Trigger, TriggerOp};
+use crate::semaphore::{poll_inbound, wait_inbound};
 
 /// One side of a proxy channel, passed by value to kernels (`#[repr(C)]`, `Copy`).
 #[repr(C)]
@@ -161,41 +162,15 @@ impl DevConn {
     /// (the expected epoch is then not advanced, so a later wait waits for the same one).
     #[inline]
     pub fn wait_timeout(&self, timeout_ns: u64) -> bool {
-        // SAFETY: `expected` is this connection's live word, used by one waiting thread at a
-        // time (constructor and module contract).
-        let want = unsafe { *self.expected } + 1;
-        let start = arch::global_timer_ns();
-        let mut polls = 0u32;
-        // Acquire: pairs with the peer proxy's release of the counter (a release store on the
-        // Host transport; on P2P the stream write after the copies, which completes after
-        // them), so the data it follows is visible after this returns. The clock is read
-        // every 64 polls only.
-        // SAFETY: `inbound` is a live aligned counter (constructor contract).
-        while unsafe { arch::ld_acquire_sys_u64(self.inbound) } < want {
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(64) && arch::global_timer_ns().wrapping_sub(start) > timeout_ns
-            {
-                return false;
-            }
-            arch::spin_backoff(polls);
-        }
-        // SAFETY: as above.
-        unsafe { *self.expected = want };
-        true
+        // SAFETY: `inbound` is a live aligned counter and `expected` this connection's live
+        // word, used by one waiting thread at a time (constructor and module contract).
+        unsafe { wait_inbound(self.inbound, self.expected, timeout_ns) }
     }
 
     /// If the peer's next signal has arrived, consumes it and returns `true`; never waits.
     #[inline]
     pub fn poll(&self) -> bool {
         // SAFETY: as in `wait_timeout`.
-        unsafe {
-            let want = *self.expected + 1;
-            if arch::ld_acquire_sys_u64(self.inbound) >= want {
-                *self.expected = want;
-                true
-            } else {
-                false
-            }
-        }
+        unsafe { poll_inbound(self.inbound, self.expected) }
     }
 }
