@@ -1,4 +1,4 @@
-//! A kernel that exercises every [`arch`](crate::arch) primitive once, so that the golden
+//! A kernel that exercises every [`arch`] primitive once, so that the golden
 //! PTX test sees each instruction and a GPU test can check each result.
 
 use crate::arch;
