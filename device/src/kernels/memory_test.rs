@@ -252,6 +252,15 @@ kernel! {
     }
 }
 
+/// Block `b` of `nb`'s share of `bytes` for the bandwidth kernels: one 16-byte aligned
+/// slice per block, `(start, end)`, empty for blocks past the end.
+#[inline(always)]
+fn block_slice(bytes: u64, b: u64, nb: u64) -> (u64, u64) {
+    let slice = bytes.div_ceil(nb).next_multiple_of(16);
+    let start = b.saturating_mul(slice).min(bytes);
+    (start, start.saturating_add(slice).min(bytes))
+}
+
 kernel! {
     /// Put bandwidth: rank 0's grid splits `local[..bytes]` into one 16-byte aligned slice
     /// per block and each block `put`s its slice to the same offsets of rank 1's buffer
@@ -264,9 +273,7 @@ kernel! {
         let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
         let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
         if rank == 0 {
-            let slice = bytes.div_ceil(nb).next_multiple_of(16);
-            let start = b.saturating_mul(slice).min(bytes);
-            let end = start.saturating_add(slice).min(bytes);
+            let (start, end) = block_slice(bytes, b, nb);
             for _ in 0..iters {
                 ch.put(start, start, end - start, t, nt);
             }
@@ -290,9 +297,7 @@ kernel! {
         let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
         let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
         if rank == 0 {
-            let slice = bytes.div_ceil(nb).next_multiple_of(16);
-            let start = b.saturating_mul(slice).min(bytes);
-            let end = start.saturating_add(slice).min(bytes);
+            let (start, end) = block_slice(bytes, b, nb);
             for _ in 0..iters {
                 ch.get(start, start, end - start, t, nt);
             }
