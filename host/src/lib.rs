@@ -14,6 +14,7 @@ pub mod ptx {
 }
 
 pub mod bootstrap;
+pub mod collectives;
 pub mod communicator;
 pub mod cuda;
 pub mod launch;
