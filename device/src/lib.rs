@@ -30,6 +30,7 @@ extern crate std;
 
 pub mod arch;
 pub mod channel;
+pub mod collectives;
 pub mod fifo;
 pub mod kernels;
 pub mod packet;

@@ -535,3 +535,30 @@ pub fn spin_backoff(round: u32) {
 
 #[cfg(test)]
 mod tests;
+
+/// Adds two pairs of IEEE half floats lane by lane, rounding to nearest even (the GPU's
+/// `add.rn.f16x2`). Each `u32` holds two f16 bit patterns, lane 0 in the low half. The sum
+/// is formed in f32, which holds it exactly enough: with 24 >= 2 * 11 + 2 bits, rounding to
+/// f32 and then to f16 gives the correctly rounded f16 sum.
+#[inline]
+pub fn add_f16x2(a: u32, b: u32) -> u32 {
+    use half::f16;
+    let lane = |x: u32, y: u32| {
+        let s = f16::from_bits(x as u16).to_f32() + f16::from_bits(y as u16).to_f32();
+        f16::from_f32(s).to_bits() as u32
+    };
+    lane(a & 0xffff, b & 0xffff) | lane(a >> 16, b >> 16) << 16
+}
+
+/// Adds two pairs of bfloat16 lane by lane, rounding to nearest even (the GPU's
+/// `fma.rn.bf16x2` with 1.0). As for [`add_f16x2`], the f32 sum rounds correctly
+/// (24 >= 2 * 8 + 2).
+#[inline]
+pub fn add_bf16x2(a: u32, b: u32) -> u32 {
+    use half::bf16;
+    let lane = |x: u32, y: u32| {
+        let s = bf16::from_bits(x as u16).to_f32() + bf16::from_bits(y as u16).to_f32();
+        bf16::from_f32(s).to_bits() as u32
+    };
+    lane(a & 0xffff, b & 0xffff) | lane(a >> 16, b >> 16) << 16
+}

@@ -366,3 +366,30 @@ pub fn global_timer_ns() -> u64 {
 pub fn spin_backoff(round: u32) {
     let _ = round;
 }
+
+/// Adds two pairs of IEEE half floats lane by lane (`add.rn.f16x2`: round to nearest even,
+/// subnormals kept). Each `u32` holds two f16 bit patterns, lane 0 in the low half.
+#[inline(always)]
+pub fn add_f16x2(a: u32, b: u32) -> u32 {
+    let d: u32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("add.rn.f16x2 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    d
+}
+
+/// Adds two pairs of bfloat16 lane by lane, rounding to nearest even. Written as
+/// `fma.rn.bf16x2 d, a, 1.0, b` (one rounding, so equal to a correctly rounded add), which
+/// sm_80 has; the plain `add.bf16x2` needs sm_90.
+#[inline(always)]
+pub fn add_bf16x2(a: u32, b: u32) -> u32 {
+    let d: u32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("fma.rn.bf16x2 {d}, {a}, {one}, {b};", d = out(reg32) d, a = in(reg32) a,
+             one = in(reg32) 0x3f80_3f80u32, b = in(reg32) b, options(pure, nomem, nostack))
+    };
+    d
+}

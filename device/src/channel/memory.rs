@@ -268,7 +268,7 @@ unsafe fn copy_aligned<U: CopyUnit>(
 /// Both ranges valid, not overlapping, not accessed concurrently by others; the partition
 /// checked.
 #[inline(always)]
-unsafe fn copy(dst: *mut u8, src: *const u8, size: u64, thread: u32, threads: u32) {
+pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, size: u64, thread: u32, threads: u32) {
     let (t, nt) = (thread as u64, threads as u64);
     // Low bits in which the two addresses differ decide the widest common unit.
     let diff = (src as usize ^ dst as usize) & 15;
@@ -337,6 +337,30 @@ impl MemoryChannel {
             packets_len,
             semaphore,
         }
+    }
+
+    /// This rank's buffer.
+    #[inline]
+    pub fn local_ptr(&self) -> *mut u8 {
+        self.local
+    }
+
+    /// The peer's buffer, mapped here.
+    #[inline]
+    pub fn remote_ptr(&self) -> *mut u8 {
+        self.remote
+    }
+
+    /// This rank's packet scratch (the peer writes packets into it).
+    #[inline]
+    pub fn packets_in_ptr(&self) -> *mut u8 {
+        self.packets_in
+    }
+
+    /// The peer's packet scratch, mapped here (this rank writes packets into it).
+    #[inline]
+    pub fn packets_out_ptr(&self) -> *mut u8 {
+        self.packets_out
     }
 
     /// Bytes of the local buffer.

@@ -2,6 +2,7 @@
 //! host embeds (symbol = function name) and a plain `unsafe fn` on the host.
 
 pub mod arch_check;
+pub mod collectives;
 pub mod fifo_test;
 pub mod memory_test;
 pub mod proxy_test;

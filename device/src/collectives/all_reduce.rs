@@ -1,0 +1,352 @@
+//! All-reduce (sum): the one-shot packet algorithm for small messages and the two-shot
+//! algorithm for large ones. See the [parent module](super) for the shared state.
+
+use super::{CollContext, Reduce, block_share, packet_half, two_shot_slot};
+use crate::arch;
+use crate::channel::memory::copy;
+use crate::packet::LlPacket;
+
+/// Loads unit `i` (8 bytes) of a `bytes`-long buffer; the last unit may be partial (missing
+/// bytes read as zero). `aligned`: the buffer is 8-byte aligned.
+///
+/// # Safety
+/// `p` valid for `bytes` bytes; `i < bytes.div_ceil(8)`.
+#[inline(always)]
+unsafe fn load_unit(p: *const u8, i: u64, bytes: u64, aligned: bool) -> u64 {
+    let at = i * 8;
+    if aligned && at + 8 <= bytes {
+        // SAFETY: 8 valid aligned bytes (caller contract).
+        return unsafe { (p.add(at as usize) as *const u64).read() };
+    }
+    let mut v = 0u64;
+    let end = (at + 8).min(bytes);
+    for k in at..end {
+        // SAFETY: k < bytes.
+        v |= (unsafe { p.add(k as usize).read() } as u64) << ((k - at) * 8);
+    }
+    v
+}
+
+/// Stores unit `i` of a `bytes`-long buffer (only the bytes inside it).
+///
+/// # Safety
+/// As for [`load_unit`], with `p` writable and not accessed concurrently at these bytes.
+#[inline(always)]
+unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
+    let at = i * 8;
+    if aligned && at + 8 <= bytes {
+        // SAFETY: 8 valid aligned bytes (caller contract).
+        unsafe { (p.add(at as usize) as *mut u64).write(v) };
+        return;
+    }
+    let end = (at + 8).min(bytes);
+    for k in at..end {
+        // SAFETY: k < bytes.
+        unsafe { p.add(k as usize).write((v >> ((k - at) * 8)) as u8) };
+    }
+}
+
+/// Ends a packet call: once every block has finished, the last one advances the call
+/// counter (the next call's flag and half). Called by every thread of every block.
+///
+/// # Safety
+/// The context valid; every block of the grid calls it once.
+#[inline(always)]
+unsafe fn finish_packet_call(ctx: &CollContext, calls: u64, thread: u32, blocks: u32) {
+    arch::sync_threads();
+    if thread == 0 {
+        // Release: this block's read of the counter (at its start) comes before the last
+        // block's update of it.
+        // SAFETY: state words are live local memory (context contract).
+        let done = unsafe { arch::atomic_add_release_sys_u64(ctx.state.add(1), 1) };
+        if done + 1 == blocks as u64 {
+            arch::fence_acq_rel_sys();
+            // SAFETY: as above; no other block touches the state any more in this call.
+            unsafe {
+                arch::st_release_sys_u64(ctx.state.add(1), 0);
+                arch::st_release_sys_u64(ctx.state, calls + 1);
+            }
+        }
+    }
+}
+
+/// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
+/// every rank sends its whole input to every peer as LL packets, and reduces what it
+/// receives in rank order. Grid: any; unit `i` (8 bytes) belongs to global thread
+/// `i % threads` in both phases, so in-place is safe.
+///
+/// # Safety
+/// Every thread of the grid calls it with the same arguments; the context valid, with
+/// `count * T::SIZE <= one_shot_max_bytes(packets_len)`; `send`/`recv` valid for `count`
+/// elements and aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
+#[inline(always)]
+pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+    let (n, r) = (ctx.nranks, ctx.rank);
+    let bytes = count * T::SIZE;
+    let units = bytes.div_ceil(8);
+    // SAFETY: the state word is live local memory; written only by the previous call's last
+    // block, which finished before this kernel started (stream order).
+    let calls = unsafe { arch::ld_relaxed_sys_u64(ctx.state) };
+    let flag = (calls % u32::MAX as u64) as u32 + 1;
+    let half = packet_half(ctx.packets_len) * (calls & 1);
+    let aligned = (send as usize | recv as usize).is_multiple_of(8);
+    let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
+    if units * 16 > packet_half(ctx.packets_len) {
+        // More than a half of the packet scratch holds: never write past it.
+        arch::trap();
+    }
+
+    let mut i = first;
+    while i < units {
+        // SAFETY: i < units (send valid for bytes).
+        let d = unsafe { load_unit(send, i, bytes, aligned) };
+        for p in 0..n {
+            if p != r {
+                // SAFETY: half + 16 * i + 16 <= packets_len (size contract); the slot is the
+                // peer's scratch for this rank, mapped here, accessed by packets only.
+                unsafe {
+                    let slot = ctx.packets_out[p as usize].add((half + 16 * i) as usize);
+                    LlPacket::write(slot as *mut LlPacket, d, flag);
+                }
+            }
+        }
+        i += stride;
+    }
+
+    let mut i = first;
+    while i < units {
+        let mut acc = 0u64;
+        for q in 0..n {
+            let v = if q == r {
+                // SAFETY: as above; this thread has not written unit i of recv yet.
+                unsafe { load_unit(send, i, bytes, aligned) }
+            } else {
+                // SAFETY: this rank's scratch for rank q, same bounds as above.
+                let got = unsafe {
+                    let slot = ctx.packets_in[q as usize].add((half + 16 * i) as usize);
+                    LlPacket::poll(slot as *const LlPacket, flag, ctx.timeout_ns)
+                };
+                match got {
+                    Some(v) => v,
+                    None => arch::trap(),
+                }
+            };
+            acc = if q == 0 { v } else { T::add8(acc, v) };
+        }
+        // SAFETY: i < units; unit i of recv is this thread's alone.
+        unsafe { store_unit(recv, i, bytes, acc, aligned) };
+        i += stride;
+    }
+    // SAFETY: every thread of every block gets here.
+    unsafe { finish_packet_call(ctx, calls, t, nb) };
+}
+
+/// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least
+/// `nranks` threads.
+#[inline(always)]
+pub(crate) fn check_grid(ctx: &CollContext, blocks: u32, threads: u32) {
+    if blocks as usize > super::MAX_BLOCKS || threads < ctx.nranks {
+        arch::trap();
+    }
+}
+
+/// Elements `[start, start + len)` of rank chunk `q` clipped to `count`: `(first element,
+/// elements)`.
+#[inline(always)]
+fn chunk_part(q: u64, chunk: u64, off: u64, len: u64, count: u64) -> (u64, u64) {
+    let start = q * chunk + off;
+    if start >= count {
+        (start, 0)
+    } else {
+        (start, len.min(count - start))
+    }
+}
+
+/// Loads element `i` (low `SIZE` bytes).
+///
+/// # Safety
+/// `p` valid for element `i`, aligned to `T::SIZE`.
+#[inline(always)]
+unsafe fn load1<T: Reduce>(p: *const u8, i: u64) -> u32 {
+    // SAFETY: caller contract.
+    unsafe {
+        if T::SIZE == 4 {
+            (p as *const u32).add(i as usize).read()
+        } else {
+            (p as *const u16).add(i as usize).read() as u32
+        }
+    }
+}
+
+/// Stores element `i`.
+///
+/// # Safety
+/// As for [`load1`], writable.
+#[inline(always)]
+unsafe fn store1<T: Reduce>(p: *mut u8, i: u64, v: u32) {
+    // SAFETY: caller contract.
+    unsafe {
+        if T::SIZE == 4 {
+            (p as *mut u32).add(i as usize).write(v)
+        } else {
+            (p as *mut u16).add(i as usize).write(v as u16)
+        }
+    }
+}
+
+/// Reduces `len` elements: rank `q`'s values are `own` for `q == rank`, else the receive
+/// slot `q` of this rank's scratch at `slot_off`; the sum goes to `out` and to `reduced`.
+/// Threads of the block share the work; 16-byte vectors when `own` and `out` are 16-byte
+/// aligned (the scratch always is), elements otherwise and for the tail.
+///
+/// # Safety
+/// All ranges valid for `len` elements; scratch slots published to this block by a barrier.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn reduce_slots<T: Reduce>(
+    ctx: &CollContext,
+    slot_bytes: u64,
+    slot_off: u64,
+    own: *const u8,
+    out: *mut u8,
+    reduced: *mut u8,
+    len: u64,
+    thread: u32,
+) {
+    let (t, nt) = (thread as u64, arch::block_dim_x() as u64);
+    let (n, r) = (ctx.nranks, ctx.rank);
+    let slot = |q: u32| {
+        ctx.scratch
+            .wrapping_add((q as u64 * slot_bytes + slot_off) as usize)
+    };
+    let per_vec = 16 / T::SIZE;
+    let vectors = if (own as usize | out as usize).is_multiple_of(16) {
+        len / per_vec
+    } else {
+        0
+    };
+    let mut v = t;
+    while v < vectors {
+        let at = (v * 16) as usize;
+        let mut acc = [0u64; 2];
+        for q in 0..n {
+            let src = if q == r { own } else { slot(q) as *const u8 };
+            // SAFETY: 16 valid aligned bytes (v < vectors); scratch published by the barrier.
+            let x = unsafe { arch::ld_weak_v2_u64(src.add(at) as *const u64) };
+            acc = if q == 0 {
+                x
+            } else {
+                [T::add8(acc[0], x[0]), T::add8(acc[1], x[1])]
+            };
+        }
+        // SAFETY: 16 valid aligned bytes of out and of the reduced slot, this thread's own.
+        unsafe {
+            arch::st_weak_v2_u64(out.add(at) as *mut u64, acc[0], acc[1]);
+            arch::st_weak_v2_u64(reduced.add(at) as *mut u64, acc[0], acc[1]);
+        }
+        v += nt;
+    }
+    let mut i = vectors * per_vec + t;
+    while i < len {
+        let mut acc = 0u32;
+        for q in 0..n {
+            let src = if q == r { own } else { slot(q) as *const u8 };
+            // SAFETY: element i < len of a valid, element-aligned range.
+            let x = unsafe { load1::<T>(src, i) };
+            acc = if q == 0 { x } else { T::add1(acc, x) };
+        }
+        // SAFETY: as above, this thread's own element.
+        unsafe {
+            store1::<T>(out, i, acc);
+            store1::<T>(reduced, i, acc);
+        }
+        i += nt;
+    }
+}
+
+/// Two-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal).
+///
+/// The elements are cut into one chunk per rank (a multiple of 16 bytes each, the last ones
+/// shorter or empty); rank `r` reduces chunk `r`. Chunks pass through the scratch in rounds
+/// of one slot (`two_shot_slot`), each block owning one fixed share of every slot. Per round and
+/// block: put the peers' shares of their chunks into their receive slots for this rank;
+/// barrier; reduce the own share in rank order into `recv` and into the own reduced slot;
+/// barrier; get the peers' reduced shares into `recv`. A last barrier ends the call with no
+/// peer reading this rank's scratch. A rank overwrites its reduced slot only after the
+/// peers' next barrier signal, which they send after reading it, and a peer's receive slot
+/// only after the peer's second barrier signal of the round that read it.
+///
+/// # Safety
+/// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks
+/// of at least `nranks` threads; the context valid; `send`/`recv` valid for `count`
+/// elements, aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
+#[inline(always)]
+pub unsafe fn two_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+    let t = arch::thread_idx_x();
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+    let (n, r) = (ctx.nranks as u64, ctx.rank);
+    let es = T::SIZE;
+    let per_vec = 16 / es;
+    let chunk = count.div_ceil(n).next_multiple_of(per_vec);
+    let slot_bytes = two_shot_slot(ctx.scratch_len, n);
+    let slot = slot_bytes / es;
+    let rounds = if slot == 0 { 0 } else { chunk.div_ceil(slot) };
+    let reduced_base = n * slot_bytes;
+    let nt = arch::block_dim_x();
+    check_grid(ctx, nb, nt);
+    for j in 0..rounds {
+        // Each block owns the same share of every slot in every round, so no block
+        // overwrites a region another block's peer may still read.
+        let round_len = slot.min(chunk - j * slot);
+        let (s, e) = block_share(slot, per_vec, b as u64, nb as u64);
+        let e = e.min(round_len);
+        let s = s.min(e);
+        let off = j * slot + s;
+        let scratch_off = s * es;
+        for p in 0..ctx.nranks {
+            if p != r {
+                let (start, len) = chunk_part(p as u64, chunk, off, e - s, count);
+                // SAFETY: the peer's receive slot for this rank holds slot_bytes >= (e - s)
+                // * es from scratch_off; send holds the chunk part (clipped to count).
+                unsafe {
+                    let dst = ctx.peer_scratch[p as usize]
+                        .add((r as u64 * slot_bytes + scratch_off) as usize);
+                    copy(dst, send.add((start * es) as usize), len * es, t, nt);
+                }
+            }
+        }
+        // SAFETY: every thread of the block; b < MAX_BLOCKS.
+        unsafe { ctx.barrier(b, t) };
+        let (start, len) = chunk_part(r as u64, chunk, off, e - s, count);
+        // SAFETY: ranges as above; the peers' puts were published by the barrier.
+        unsafe {
+            reduce_slots::<T>(
+                ctx,
+                slot_bytes,
+                scratch_off,
+                send.add((start * es) as usize),
+                recv.add((start * es) as usize),
+                ctx.scratch.add((reduced_base + scratch_off) as usize),
+                len,
+                t,
+            );
+            ctx.barrier(b, t);
+        }
+        for p in 0..ctx.nranks {
+            if p != r {
+                let (start, len) = chunk_part(p as u64, chunk, off, e - s, count);
+                // SAFETY: the peer's reduced slot, published by the barrier; recv holds
+                // the chunk part.
+                unsafe {
+                    let src =
+                        ctx.peer_scratch[p as usize].add((reduced_base + scratch_off) as usize);
+                    copy(recv.add((start * es) as usize), src, len * es, t, nt);
+                }
+            }
+        }
+    }
+    // SAFETY: every thread of the block.
+    unsafe { ctx.barrier(b, t) };
+}

@@ -1,0 +1,244 @@
+//! Collectives (DESIGN §8): all-reduce and all-gather written with the memory-channel
+//! primitives, for up to [`MAX_RANKS`] ranks whose memory is mapped into each other.
+//!
+//! # Shared state
+//!
+//! Every rank registers, once, a *scratch* buffer that all peers map, one LL-packet scratch
+//! per peer pair (from the memory channel's packet buffers), and an array of semaphore
+//! counters ([`MAX_RANKS`] × [`MAX_BLOCKS`]: one per source rank and block index) that all
+//! peers map. [`CollContext`] carries these addresses to the kernels by value. The user's
+//! send and receive buffers are never mapped by peers: data reaches a peer through its
+//! scratch, so calls take any device pointers and need no registration (and so no host
+//! work that would break CUDA-graph capture).
+//!
+//! # Algorithms
+//!
+//! - [`all_reduce::one_shot`]: every rank writes its whole input as LL packets into each
+//!   peer's packet scratch and reduces what it receives. One kernel, no semaphore; the
+//!   packet flag is a per-rank call counter kept in device memory ([`CollContext::state`]),
+//!   advanced by the last block of each call, and the scratch has two halves used on
+//!   alternate calls, so a call never overwrites packets a peer may still read.
+//! - [`all_reduce::two_shot`]: reduce-scatter (each rank puts the peers' chunks of its input
+//!   into their scratch), a reduction of the own chunk (written to the output and to the
+//!   own scratch), an all-gather (each rank gets the peers' reduced chunks from their
+//!   scratch), pipelined through the scratch in rounds.
+//! - [`all_gather::all_gather`]: each rank copies its input into its scratch, and peers get
+//!   it from there into their outputs, in rounds.
+//!
+//! Reductions add in rank order 0, 1, …, n−1 on every rank, so all ranks get bit-identical
+//! results.
+//!
+//! # Ordering between calls
+//!
+//! Every semaphore kernel ends with no peer still touching this rank's scratch (a last
+//! barrier), so consecutive calls of any algorithm may share the scratch; calls on one rank
+//! are ordered by its stream. All ranks must make the same sequence of calls with the same
+//! sizes (grids are derived from them), as with NCCL.
+
+pub mod all_gather;
+pub mod all_reduce;
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests;
+
+use crate::arch;
+use crate::semaphore::wait_inbound;
+
+/// Most ranks a [`CollContext`] holds.
+pub const MAX_RANKS: usize = 8;
+/// Most blocks a semaphore kernel may be launched with (semaphores per source rank).
+pub const MAX_BLOCKS: usize = 128;
+/// `u64` words of the local state ([`CollContext::expected`] then [`CollContext::state`]).
+pub const EXPECTED_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
+/// `u64` words of [`CollContext::state`]: the packet call counter, the finished-blocks
+/// counter.
+pub const STATE_WORDS: usize = 2;
+/// `u64` words of the semaphore array each rank exposes.
+pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
+
+/// What the collective kernels need to reach every rank, passed by value (`#[repr(C)]`,
+/// `Copy`, 320 bytes). Built by the host (`mscclpp_host::collectives`); kernels trust it,
+/// which is why launching them is `unsafe`. Entries for ranks ≥ `nranks` are null; the own
+/// rank's `peer_*` entries are unused.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CollContext {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks (1..=[`MAX_RANKS`]).
+    pub nranks: u32,
+    /// How long a wait spins before the kernel traps.
+    pub timeout_ns: u64,
+    /// Bytes of every rank's scratch (equal on all ranks; a multiple of 16).
+    pub scratch_len: u64,
+    /// Bytes of each packet scratch (equal everywhere; a multiple of 32).
+    pub packets_len: u64,
+    /// This rank's scratch.
+    pub scratch: *mut u8,
+    /// Each rank's scratch, mapped here.
+    pub peer_scratch: [*mut u8; MAX_RANKS],
+    /// `packets_in[p]`: this rank's packet scratch that rank `p` writes into.
+    pub packets_in: [*mut u8; MAX_RANKS],
+    /// `packets_out[p]`: rank `p`'s packet scratch for this rank, mapped here.
+    pub packets_out: [*mut u8; MAX_RANKS],
+    /// This rank's semaphore array (`SEMAPHORE_WORDS` counters, index `src * MAX_BLOCKS +
+    /// block`), which peers add to.
+    pub sems: *mut u64,
+    /// Each rank's semaphore array, mapped here.
+    pub peer_sems: [*mut u64; MAX_RANKS],
+    /// This rank's expected words, one per semaphore (local, zeroed at first).
+    pub expected: *mut u64,
+    /// This rank's state words ([`STATE_WORDS`], local, zeroed at first).
+    pub state: *mut u64,
+}
+
+const _: () = assert!(core::mem::size_of::<CollContext>() == 320);
+
+// SAFETY: addresses and numbers only; the memory behind them is accessed under the
+// protocols of this module.
+unsafe impl Send for CollContext {}
+// SAFETY: as above.
+unsafe impl Sync for CollContext {}
+
+impl CollContext {
+    /// Signals rank `peer`'s semaphore of this rank and `block`, with release semantics
+    /// (publishes what this thread, and its block before a barrier, did).
+    ///
+    /// # Safety
+    /// `peer < nranks`, `peer != rank`, `block < MAX_BLOCKS`; the context valid.
+    #[inline(always)]
+    pub unsafe fn signal(&self, peer: u32, block: u32) {
+        let idx = self.rank as usize * MAX_BLOCKS + block as usize;
+        // SAFETY: the peer's semaphore array is mapped and holds SEMAPHORE_WORDS counters
+        // (caller contract); release at system scope as in `DeviceSemaphore::signal`.
+        unsafe { arch::red_add_release_sys_u64(self.peer_sems[peer as usize].add(idx), 1) };
+    }
+
+    /// Waits for rank `peer`'s next signal to this rank and `block`; traps on timeout.
+    ///
+    /// # Safety
+    /// As for [`signal`](Self::signal); one thread at a time per (peer, block).
+    #[inline(always)]
+    pub unsafe fn wait(&self, peer: u32, block: u32) {
+        let idx = peer as usize * MAX_BLOCKS + block as usize;
+        // SAFETY: our own counter and expected word (caller contract), one waiter.
+        let ok =
+            unsafe { wait_inbound(self.sems.add(idx), self.expected.add(idx), self.timeout_ns) };
+        if !ok {
+            arch::trap();
+        }
+    }
+
+    /// A barrier of block `block` with the same block of every other rank: the block's
+    /// threads sync, thread `p` signals rank `p` and waits for its signal, the block syncs
+    /// again. What the block did before happens before what the peers' blocks do after.
+    ///
+    /// # Safety
+    /// Called by every thread of the block (`block_dim_x() >= nranks`); `block <
+    /// MAX_BLOCKS`; the context valid.
+    #[inline(always)]
+    pub unsafe fn barrier(&self, block: u32, thread: u32) {
+        arch::sync_threads();
+        if thread < self.nranks && thread != self.rank {
+            // SAFETY: thread is a valid peer; one waiter per (peer, block).
+            unsafe {
+                self.signal(thread, block);
+                self.wait(thread, block);
+            }
+        }
+        arch::sync_threads();
+    }
+}
+
+/// Element types the reductions support, as lane-wise adds on raw bits.
+pub trait Reduce: Copy {
+    /// Bytes per element.
+    const SIZE: u64;
+    /// Adds the lanes of two 8-byte words (`8 / SIZE` elements each).
+    fn add8(a: u64, b: u64) -> u64;
+    /// Adds two single elements held in the low `SIZE` bytes.
+    fn add1(a: u32, b: u32) -> u32;
+}
+
+/// 32-bit float.
+#[derive(Clone, Copy, Debug)]
+pub struct F32;
+/// IEEE half float.
+#[derive(Clone, Copy, Debug)]
+pub struct F16;
+/// bfloat16.
+#[derive(Clone, Copy, Debug)]
+pub struct Bf16;
+
+impl Reduce for F32 {
+    const SIZE: u64 = 4;
+    #[inline(always)]
+    fn add8(a: u64, b: u64) -> u64 {
+        let lo = Self::add1(a as u32, b as u32);
+        let hi = Self::add1((a >> 32) as u32, (b >> 32) as u32);
+        lo as u64 | (hi as u64) << 32
+    }
+    #[inline(always)]
+    fn add1(a: u32, b: u32) -> u32 {
+        (f32::from_bits(a) + f32::from_bits(b)).to_bits()
+    }
+}
+
+impl Reduce for F16 {
+    const SIZE: u64 = 2;
+    #[inline(always)]
+    fn add8(a: u64, b: u64) -> u64 {
+        let lo = arch::add_f16x2(a as u32, b as u32);
+        let hi = arch::add_f16x2((a >> 32) as u32, (b >> 32) as u32);
+        lo as u64 | (hi as u64) << 32
+    }
+    #[inline(always)]
+    fn add1(a: u32, b: u32) -> u32 {
+        arch::add_f16x2(a, b) & 0xffff
+    }
+}
+
+impl Reduce for Bf16 {
+    const SIZE: u64 = 2;
+    #[inline(always)]
+    fn add8(a: u64, b: u64) -> u64 {
+        let lo = arch::add_bf16x2(a as u32, b as u32);
+        let hi = arch::add_bf16x2((a >> 32) as u32, (b >> 32) as u32);
+        lo as u64 | (hi as u64) << 32
+    }
+    #[inline(always)]
+    fn add1(a: u32, b: u32) -> u32 {
+        arch::add_bf16x2(a, b) & 0xffff
+    }
+}
+
+/// Block `b` of `nb`'s share of `len` units, in multiples of `align`: `(start, end)`, empty
+/// for blocks past the end.
+#[inline(always)]
+pub fn block_share(len: u64, align: u64, b: u64, nb: u64) -> (u64, u64) {
+    let share = len.div_ceil(nb).next_multiple_of(align);
+    let start = b.saturating_mul(share).min(len);
+    (start, start.saturating_add(share).min(len))
+}
+
+/// Bytes of each rank's slot in the two-shot layout of a scratch of `scratch_len` bytes
+/// for `nranks` ranks: `nranks` receive slots then one slot of reduced data, each a
+/// multiple of 16 bytes.
+#[inline(always)]
+pub fn two_shot_slot(scratch_len: u64, nranks: u64) -> u64 {
+    (scratch_len / (nranks + 1)) / 16 * 16
+}
+
+/// Bytes of each half of a packet scratch of `packets_len` bytes (the halves alternate
+/// between calls).
+#[inline(always)]
+pub fn packet_half(packets_len: u64) -> u64 {
+    packets_len / 2 / 16 * 16
+}
+
+/// The largest message (bytes per rank) the one-shot packet path carries in a packet
+/// scratch of `packets_len` bytes: 8 data bytes per 16-byte packet, in one half.
+#[inline(always)]
+pub fn one_shot_max_bytes(packets_len: u64) -> u64 {
+    packet_half(packets_len) / 2
+}
