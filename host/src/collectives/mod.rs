@@ -15,9 +15,17 @@
 //! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`) and `MSCCLPP_ALLGATHER_ALGO` (`memory`)
 //! override the choice, and an explicit algorithm argument overrides both.
 
+mod gpu;
+
 use std::fmt;
 
-use crate::communicator::{CommError, Communicator};
+use mscclpp_device::arch::{Dim3, launch};
+use mscclpp_device::collectives::{
+    CollContext, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, one_shot_max_bytes,
+};
+use mscclpp_device::kernels::collectives as k;
+
+use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
 
 /// Element type of a collective.
@@ -113,25 +121,103 @@ impl Element for half::bf16 {
 #[derive(Debug, Clone)]
 pub struct CollConfig {
     /// Bytes of the scratch buffer each rank registers (the two-shot and all-gather paths
-    /// pipeline larger messages through it).
+    /// pipeline larger messages through it, in rounds).
     pub scratch_bytes: usize,
-    /// Largest message (bytes) the one-shot packet path serves.
+    /// Largest message (bytes per rank) the one-shot packet path serves; [`Auto`] uses it
+    /// up to this size. Each peer pair gets `4 *` this in packet scratch.
+    ///
+    /// [`Auto`]: AllReduceAlgo::Auto
     pub packet_max_bytes: usize,
+    /// Most blocks of a two-shot or all-gather kernel (1..=128; GPU only).
+    pub max_blocks: u32,
+    /// Threads per block of the GPU kernels (a multiple of 32, 32..=512).
+    pub threads: u32,
 }
 
 impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
-            scratch_bytes: 64 << 20,
+            scratch_bytes: 128 << 20,
             packet_max_bytes: 1 << 20,
+            max_blocks: 64,
+            threads: 512,
         }
     }
 }
+
+impl CollConfig {
+    /// The defaults, with `MSCCLPP_COLL_SCRATCH_BYTES`, `MSCCLPP_COLL_PACKET_MAX_BYTES`,
+    /// `MSCCLPP_COLL_MAX_BLOCKS` and `MSCCLPP_COLL_THREADS` applied when set.
+    pub fn from_env() -> Result<CollConfig, CommError> {
+        let mut c = CollConfig::default();
+        let get = |name: &str| -> Result<Option<u64>, CommError> {
+            match std::env::var(name) {
+                Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+                    CommError::InvalidArgument(format!("{name}={v:?} is not a number"))
+                }),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(v) = get("MSCCLPP_COLL_SCRATCH_BYTES")? {
+            c.scratch_bytes = v as usize;
+        }
+        if let Some(v) = get("MSCCLPP_COLL_PACKET_MAX_BYTES")? {
+            c.packet_max_bytes = v as usize;
+        }
+        if let Some(v) = get("MSCCLPP_COLL_MAX_BLOCKS")? {
+            c.max_blocks = v.min(u32::MAX as u64) as u32;
+        }
+        if let Some(v) = get("MSCCLPP_COLL_THREADS")? {
+            c.threads = v.min(u32::MAX as u64) as u32;
+        }
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), CommError> {
+        let bad = |m: String| Err(CommError::InvalidArgument(format!("collectives: {m}")));
+        if self.scratch_bytes < 4096 {
+            return bad(format!(
+                "scratch of {} bytes; at least 4096",
+                self.scratch_bytes
+            ));
+        }
+        if self.packet_max_bytes == 0 || self.packet_max_bytes > 1 << 30 {
+            return bad(format!(
+                "packet_max_bytes {} is not in 1..=1 GiB",
+                self.packet_max_bytes
+            ));
+        }
+        if !(1..=mscclpp_device::collectives::MAX_BLOCKS as u32).contains(&self.max_blocks) {
+            return bad(format!(
+                "max_blocks {} is not in 1..={}",
+                self.max_blocks,
+                mscclpp_device::collectives::MAX_BLOCKS
+            ));
+        }
+        if !(32..=512).contains(&self.threads) || !self.threads.is_multiple_of(32) {
+            return bad(format!(
+                "threads {} is not a multiple of 32 in 32..=512",
+                self.threads
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Connection tags the collectives use (high, to stay clear of a user's).
+const TAG_SCRATCH: u32 = 0xC011_0001;
+const TAG_SEMAPHORES: u32 = 0xC011_0002;
 
 /// All-reduce and all-gather over one communicator. See the [module](self).
 pub struct Collectives {
     comm: Communicator,
     config: CollConfig,
+    ctx: CollContext,
+    env_all_reduce: Option<AllReduceAlgo>,
+    gpu: Option<gpu::Kernels>,
+    _scratch: Buffer,
+    _semaphores: Buffer,
+    _local: Buffer,
 }
 
 impl fmt::Debug for Collectives {
@@ -144,11 +230,106 @@ impl fmt::Debug for Collectives {
     }
 }
 
+fn parse_all_reduce_env() -> Result<Option<AllReduceAlgo>, CommError> {
+    match std::env::var("MSCCLPP_ALLREDUCE_ALGO") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(None),
+            "oneshot" | "one-shot" | "one_shot" => Ok(Some(AllReduceAlgo::OneShot)),
+            "twoshot" | "two-shot" | "two_shot" => Ok(Some(AllReduceAlgo::TwoShot)),
+            _ => Err(CommError::InvalidArgument(format!(
+                "MSCCLPP_ALLREDUCE_ALGO={v:?}: expected auto, oneshot or twoshot"
+            ))),
+        },
+    }
+}
+
+fn parse_all_gather_env() -> Result<(), CommError> {
+    match std::env::var("MSCCLPP_ALLGATHER_ALGO") {
+        Err(_) => Ok(()),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" | "memory" => Ok(()),
+            _ => Err(CommError::InvalidArgument(format!(
+                "MSCCLPP_ALLGATHER_ALGO={v:?}: expected auto or memory"
+            ))),
+        },
+    }
+}
+
 impl Collectives {
-    /// Registers scratch and connects every pair of ranks (collective: every rank calls it).
-    pub fn new(comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
-        let _ = (&comm, &config);
-        Err(CommError::State("collectives: not implemented yet".into()))
+    /// Registers scratch and connects every pair of ranks (collective: every rank calls it,
+    /// with equal configs). `comm` must have no pending connections of its own; it keeps
+    /// working for the caller's own channels afterwards through [`communicator`]
+    /// (read-only).
+    ///
+    /// [`communicator`]: Self::communicator
+    pub fn new(mut comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
+        config.validate()?;
+        let env_all_reduce = parse_all_reduce_env()?;
+        parse_all_gather_env()?;
+        let (n, rank) = (comm.nranks(), comm.rank());
+        if n > MAX_RANKS {
+            return Err(CommError::InvalidArgument(format!(
+                "collectives: {n} ranks; at most {MAX_RANKS} ranks (one machine) are supported"
+            )));
+        }
+        let transport = comm.backend().transport();
+        let scratch_bytes = config.scratch_bytes / 16 * 16;
+        let packets_len = (config.packet_max_bytes * 4).next_multiple_of(32);
+        let scratch = comm.alloc_buffer(scratch_bytes)?;
+        let semaphores = comm.alloc_buffer(SEMAPHORE_WORDS * 8)?;
+        let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
+        let mut channels = Vec::new();
+        for p in (0..n).filter(|&p| p != rank) {
+            let data = comm.connect_memory(p, &scratch, TAG_SCRATCH, transport, packets_len)?;
+            let sems = comm.connect_memory(p, &semaphores, TAG_SEMAPHORES, transport, 0)?;
+            channels.push((p, data, sems));
+        }
+        comm.connection_setup()?;
+        let all = comm.memory_channels();
+        let base = |b: &Buffer| {
+            b.device_ptr()
+                .unwrap_or_else(|| b.host_ptr().unwrap() as u64)
+        };
+        let local_base = base(&local);
+        let mut ctx = CollContext {
+            rank: rank as u32,
+            nranks: n as u32,
+            timeout_ns: comm.device_timeout().as_nanos().min(u64::MAX as u128) as u64,
+            scratch_len: scratch_bytes as u64,
+            packets_len: packets_len as u64,
+            scratch: base(&scratch) as *mut u8,
+            peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
+            packets_in: [std::ptr::null_mut(); MAX_RANKS],
+            packets_out: [std::ptr::null_mut(); MAX_RANKS],
+            sems: base(&semaphores) as *mut u64,
+            peer_sems: [std::ptr::null_mut(); MAX_RANKS],
+            expected: local_base as *mut u64,
+            state: (local_base + EXPECTED_WORDS as u64 * 8) as *mut u64,
+        };
+        ctx.peer_scratch[rank] = ctx.scratch;
+        ctx.peer_sems[rank] = ctx.sems;
+        for (p, data, sems) in channels {
+            let (d, s) = (&all[data], &all[sems]);
+            ctx.peer_scratch[p] = d.remote_ptr();
+            ctx.packets_in[p] = d.packets_in_ptr();
+            ctx.packets_out[p] = d.packets_out_ptr();
+            ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
+        }
+        let gpu = match comm.backend() {
+            Backend::Gpu(g) => Some(gpu::Kernels::load(g)?),
+            Backend::Host => None,
+        };
+        Ok(Collectives {
+            comm,
+            config,
+            ctx,
+            env_all_reduce,
+            gpu,
+            _scratch: scratch,
+            _semaphores: semaphores,
+            _local: local,
+        })
     }
 
     /// The communicator underneath.
@@ -166,26 +347,100 @@ impl Collectives {
         self.comm.nranks()
     }
 
+    /// The settings.
+    pub fn config(&self) -> &CollConfig {
+        &self.config
+    }
+
     /// The GPU of a GPU-backend communicator.
     pub fn gpu(&self) -> Option<&Gpu> {
         match self.comm.backend() {
-            crate::communicator::Backend::Gpu(g) => Some(g),
-            crate::communicator::Backend::Host => None,
+            Backend::Gpu(g) => Some(g),
+            Backend::Host => None,
         }
     }
 
-    /// The algorithm [`AllReduceAlgo::Auto`] resolves to for `bytes` per rank.
+    /// Largest all-reduce (bytes per rank) the one-shot algorithm can carry.
+    pub fn one_shot_max_bytes(&self) -> usize {
+        one_shot_max_bytes(self.ctx.packets_len) as usize
+    }
+
+    /// The algorithm [`AllReduceAlgo::Auto`] resolves to for `bytes` per rank
+    /// (`MSCCLPP_ALLREDUCE_ALGO` first, then one-shot up to `packet_max_bytes`).
     pub fn choose_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
-        let _ = bytes;
-        AllReduceAlgo::TwoShot
+        if let Some(a) = self.env_all_reduce {
+            return a;
+        }
+        if bytes <= self.config.packet_max_bytes.min(self.one_shot_max_bytes()) {
+            AllReduceAlgo::OneShot
+        } else {
+            AllReduceAlgo::TwoShot
+        }
+    }
+
+    /// Resolves `algo` for `bytes` and checks it can carry them.
+    fn resolve(&self, algo: AllReduceAlgo, bytes: usize) -> Result<AllReduceAlgo, CommError> {
+        let algo = match algo {
+            AllReduceAlgo::Auto => self.choose_all_reduce(bytes),
+            a => a,
+        };
+        if algo == AllReduceAlgo::OneShot && bytes > self.one_shot_max_bytes() {
+            return Err(CommError::InvalidArgument(format!(
+                "all_reduce: one-shot carries at most {} bytes per rank (packet scratch); \
+                 {bytes} asked (raise CollConfig::packet_max_bytes or use TwoShot)",
+                self.one_shot_max_bytes()
+            )));
+        }
+        Ok(algo)
+    }
+
+    /// Grid of a GPU launch: `(blocks, threads)`.
+    fn grid(&self, algo: Option<AllReduceAlgo>, bytes: usize) -> (u32, u32) {
+        let threads = self.config.threads;
+        match algo {
+            Some(AllReduceAlgo::OneShot) => {
+                let units = bytes.div_ceil(8).max(1);
+                let threads = (units.next_multiple_of(32) as u32).clamp(32, threads);
+                let blocks = units.div_ceil(threads as usize).clamp(1, 128) as u32;
+                (blocks, threads)
+            }
+            _ => {
+                // About 256 KiB per block and round, at most max_blocks.
+                let blocks = bytes
+                    .div_ceil(256 << 10)
+                    .clamp(1, self.config.max_blocks as usize);
+                (blocks as u32, threads)
+            }
+        }
+    }
+
+    fn gpu_kernels(&self, call: &str) -> Result<&gpu::Kernels, CommError> {
+        self.gpu.as_ref().ok_or_else(|| {
+            CommError::InvalidArgument(format!(
+                "{call}: this communicator runs on the host backend (no GPU); use the *_host \
+                 calls"
+            ))
+        })
+    }
+
+    fn host_only(&self, call: &str) -> Result<(), CommError> {
+        if self.gpu.is_some() {
+            return Err(CommError::InvalidArgument(format!(
+                "{call}: this communicator runs on a GPU; pass device buffers to the GPU calls"
+            )));
+        }
+        Ok(())
     }
 
     /// All-reduce of `count` elements from device address `send` into `recv` (equal for in
-    /// place), stream-ordered on `stream`. GPU backend only.
+    /// place), stream-ordered on `stream`. GPU backend only. Checks that both ranges are
+    /// device memory (`cuMemGetAddressRange`) and aligned to the element size; allocates
+    /// nothing and does not synchronise, so it may be captured into a CUDA graph.
     ///
     /// # Safety
-    /// `send` and `recv` must be device memory of this communicator's GPU valid for
-    /// `count` elements until the operation completes on `stream`.
+    /// `send` and `recv` must stay valid (not freed) until the operation completes on
+    /// `stream`, and not be written by others meanwhile; partially overlapping ranges are
+    /// not allowed.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_reduce_raw(
         &self,
@@ -197,16 +452,40 @@ impl Collectives {
         algo: AllReduceAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let _ = (send, recv, count, dtype, op, algo, stream);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        let ReduceOp::Sum = op;
+        let kernels = self.gpu_kernels("all_reduce")?;
+        let bytes = checked_bytes("all_reduce", count, dtype.size())?;
+        if count == 0 {
+            return Ok(());
+        }
+        gpu::check_stream("all_reduce", self.gpu().expect("GPU backend"), stream)?;
+        gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
+        gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())?;
+        let algo = self.resolve(algo, bytes)?;
+        let (blocks, threads) = self.grid(Some(algo), bytes);
+        let f = kernels.all_reduce(algo, dtype);
+        // SAFETY: the context holds this communicator's registered memory; the user ranges
+        // were checked above and the caller keeps them valid.
+        unsafe {
+            gpu::launch(
+                stream,
+                f,
+                &self.ctx,
+                send,
+                recv,
+                count as u64,
+                blocks,
+                threads,
+            )
+        }
     }
 
     /// All-gather: `send_count` elements from every rank land in `recv` (rank `r`'s at
-    /// element `r * send_count`). GPU backend only.
+    /// element `r * send_count`); in place when `send == recv + rank * send_count`
+    /// elements. GPU backend only; checks as [`all_reduce_raw`](Self::all_reduce_raw).
     ///
     /// # Safety
-    /// `send` valid for `send_count` elements and `recv` for `nranks * send_count`, device
-    /// memory of this GPU, until the operation completes on `stream`.
+    /// As for [`all_reduce_raw`](Self::all_reduce_raw).
     pub unsafe fn all_gather_raw(
         &self,
         send: u64,
@@ -216,11 +495,33 @@ impl Collectives {
         algo: AllGatherAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let _ = (send, recv, send_count, dtype, algo, stream);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        let (AllGatherAlgo::Auto | AllGatherAlgo::Memory) = algo;
+        let kernels = self.gpu_kernels("all_gather")?;
+        let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
+        if send_count == 0 {
+            return Ok(());
+        }
+        let total = checked_bytes("all_gather", bytes, self.nranks())?;
+        gpu::check_stream("all_gather", self.gpu().expect("GPU backend"), stream)?;
+        gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
+        gpu::check_range("all_gather: recv", recv, total, dtype.size())?;
+        let (blocks, threads) = self.grid(None, bytes);
+        // SAFETY: as in all_reduce_raw.
+        unsafe {
+            gpu::launch(
+                stream,
+                &kernels.all_gather,
+                &self.ctx,
+                send,
+                recv,
+                bytes as u64,
+                blocks,
+                threads,
+            )
+        }
     }
 
-    /// Out-of-place all-reduce of cudarc slices (lengths must match).
+    /// Out-of-place all-reduce of cudarc slices (lengths must match), on `stream`.
     pub fn all_reduce<T: Element>(
         &self,
         send: &CudaSlice<T>,
@@ -228,30 +529,69 @@ impl Collectives {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let _ = (send, recv, op, stream);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        if send.len() != recv.len() {
+            return Err(CommError::InvalidArgument(format!(
+                "all_reduce: send has {} elements, recv {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let count = send.len();
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: the slices are borrowed across the launch and cudarc's guards order later
+        // uses of them after this stream's work.
+        unsafe { self.all_reduce_raw(s, r, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
     }
 
-    /// In-place all-reduce of a cudarc slice.
+    /// In-place all-reduce of a cudarc slice, on `stream`.
     pub fn all_reduce_in_place<T: Element>(
         &self,
         buf: &mut CudaSlice<T>,
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let _ = (buf, op, stream);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        use cudarc::driver::DevicePtrMut;
+        let count = buf.len();
+        let (p, _g) = buf.device_ptr_mut(stream);
+        // SAFETY: as in all_reduce.
+        unsafe { self.all_reduce_raw(p, p, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
     }
 
-    /// All-gather of cudarc slices (`recv.len() == nranks * send.len()`).
+    /// All-gather of cudarc slices (`recv.len() == nranks * send.len()`), on `stream`.
     pub fn all_gather<T: Element>(
         &self,
         send: &CudaSlice<T>,
         recv: &mut CudaSlice<T>,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let _ = (send, recv, stream);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        if recv.len() != send.len() * self.nranks() {
+            return Err(CommError::InvalidArgument(format!(
+                "all_gather: recv has {} elements; {} ranks x {} expected",
+                recv.len(),
+                self.nranks(),
+                send.len()
+            )));
+        }
+        let count = send.len();
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: as in all_reduce.
+        unsafe { self.all_gather_raw(s, r, count, T::DTYPE, AllGatherAlgo::Auto, stream) }
+    }
+
+    /// Runs a kernel body on CPU threads (host backend), turning a trap into an error.
+    fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
+        let threads = (self.nranks() as u32).max(2);
+        launch(Dim3::x(1), Dim3::x(threads), body).map_err(|e| {
+            CommError::State(format!(
+                "{call}: the collective failed on this rank ({e}); a peer did not take part \
+                 within {:?}, or called with a different size",
+                self.comm.device_timeout()
+            ))
+        })
     }
 
     /// Host backend: all-reduce of host slices (blocking; CPU threads run the kernel).
@@ -261,8 +601,23 @@ impl Collectives {
         recv: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let _ = (send, recv, op);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        if send.len() != recv.len() {
+            return Err(CommError::InvalidArgument(format!(
+                "all_reduce_host: send has {} elements, recv {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        // SAFETY: both slices are valid for their length and borrowed for the call.
+        unsafe {
+            self.host_all_reduce(
+                send.as_ptr() as u64,
+                recv.as_mut_ptr() as u64,
+                send.len(),
+                T::DTYPE,
+                op,
+            )
+        }
     }
 
     /// Host backend: in-place all-reduce.
@@ -271,13 +626,80 @@ impl Collectives {
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let _ = (buf, op);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        let p = buf.as_mut_ptr() as u64;
+        // SAFETY: the slice is valid for its length and borrowed for the call.
+        unsafe { self.host_all_reduce(p, p, buf.len(), T::DTYPE, op) }
+    }
+
+    /// # Safety
+    /// `send`/`recv` valid host memory for `count` elements (equal or disjoint).
+    unsafe fn host_all_reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let ReduceOp::Sum = op;
+        self.host_only("all_reduce_host")?;
+        let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
+        if count == 0 {
+            return Ok(());
+        }
+        let algo = self.resolve(AllReduceAlgo::Auto, bytes)?;
+        let f = host_kernel(algo, dtype);
+        let ctx = self.ctx;
+        self.run_host("all_reduce_host", || {
+            // SAFETY: the context holds this communicator's shared memory; the slices are
+            // valid (caller contract) and the grid is one block of >= nranks threads.
+            unsafe { f(ctx, send as *const u8, recv as *mut u8, count as u64) }
+        })
     }
 
     /// Host backend: all-gather of host slices (`recv.len() == nranks * send.len()`).
     pub fn all_gather_host<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CommError> {
-        let _ = (send, recv);
-        Err(CommError::State("collectives: not implemented yet".into()))
+        self.host_only("all_gather_host")?;
+        if recv.len() != send.len() * self.nranks() {
+            return Err(CommError::InvalidArgument(format!(
+                "all_gather_host: recv has {} elements; {} ranks x {} expected",
+                recv.len(),
+                self.nranks(),
+                send.len()
+            )));
+        }
+        let bytes = std::mem::size_of_val(send) as u64;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (s, r, ctx) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64, self.ctx);
+        self.run_host("all_gather_host", || {
+            // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
+            unsafe { k::all_gather(ctx, s as *const u8, r as *mut u8, bytes) }
+        })
     }
 }
+
+type HostKernel = unsafe fn(CollContext, *const u8, *mut u8, u64);
+
+fn host_kernel(algo: AllReduceAlgo, dtype: DataType) -> HostKernel {
+    match (algo, dtype) {
+        (AllReduceAlgo::OneShot, DataType::F32) => k::all_reduce_one_shot_f32,
+        (AllReduceAlgo::OneShot, DataType::F16) => k::all_reduce_one_shot_f16,
+        (AllReduceAlgo::OneShot, DataType::Bf16) => k::all_reduce_one_shot_bf16,
+        (_, DataType::F32) => k::all_reduce_two_shot_f32,
+        (_, DataType::F16) => k::all_reduce_two_shot_f16,
+        (_, DataType::Bf16) => k::all_reduce_two_shot_bf16,
+    }
+}
+
+/// `count * size` or an error naming the call.
+fn checked_bytes(call: &str, count: usize, size: usize) -> Result<usize, CommError> {
+    count
+        .checked_mul(size)
+        .filter(|&b| b as u64 <= u64::MAX / 4)
+        .ok_or_else(|| CommError::InvalidArgument(format!("{call}: count {count} is too large")))
+}
+
+#[cfg(test)]
+mod tests;

@@ -599,6 +599,11 @@ impl Communicator {
             .collect()
     }
 
+    /// How long device-side waits (and host-backend kernels) wait before giving up.
+    pub fn device_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.fifo.device_handle().timeout_ns())
+    }
+
     /// The set-up connections.
     pub fn connections(&self) -> &[Connection] {
         &self.connections

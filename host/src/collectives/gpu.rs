@@ -1,0 +1,135 @@
+//! The GPU side of the collectives: loaded kernels, pointer checks, launches.
+
+use cudarc::driver::sys;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use mscclpp_device::collectives::CollContext;
+
+use super::{AllReduceAlgo, DataType};
+use crate::communicator::CommError;
+use crate::cuda::{CudaError, CudaFunction, CudaStream, Gpu, KernelModule};
+
+/// A [`CollContext`] as a kernel argument (passed by value).
+#[derive(Debug, Clone, Copy)]
+#[repr(transparent)]
+struct CollContextArg(CollContext);
+
+// SAFETY: CollContext is `#[repr(C)]`, `Copy`, addresses and integers only: what a by-value
+// kernel parameter of the same Rust type expects.
+unsafe impl cudarc::driver::DeviceRepr for CollContextArg {}
+
+/// The collective kernels of the embedded PTX, loaded once per communicator.
+#[derive(Debug)]
+pub(super) struct Kernels {
+    one_shot: [CudaFunction; 3],
+    two_shot: [CudaFunction; 3],
+    pub(super) all_gather: CudaFunction,
+    _module: KernelModule,
+}
+
+impl Kernels {
+    pub(super) fn load(gpu: &Gpu) -> Result<Kernels, CudaError> {
+        let m = KernelModule::load_builtin(gpu)?;
+        let f = |name: &str| m.function(name);
+        Ok(Kernels {
+            one_shot: [
+                f("all_reduce_one_shot_f32")?,
+                f("all_reduce_one_shot_f16")?,
+                f("all_reduce_one_shot_bf16")?,
+            ],
+            two_shot: [
+                f("all_reduce_two_shot_f32")?,
+                f("all_reduce_two_shot_f16")?,
+                f("all_reduce_two_shot_bf16")?,
+            ],
+            all_gather: f("all_gather")?,
+            _module: m,
+        })
+    }
+
+    pub(super) fn all_reduce(&self, algo: AllReduceAlgo, dtype: DataType) -> &CudaFunction {
+        let i = match dtype {
+            DataType::F32 => 0,
+            DataType::F16 => 1,
+            DataType::Bf16 => 2,
+        };
+        match algo {
+            AllReduceAlgo::OneShot => &self.one_shot[i],
+            _ => &self.two_shot[i],
+        }
+    }
+}
+
+/// Checks that `stream` belongs to `gpu`'s context and makes that context current on this
+/// thread (the pointer checks ask the driver in the current context).
+pub(super) fn check_stream(call: &str, gpu: &Gpu, stream: &CudaStream) -> Result<(), CommError> {
+    if stream.context().cu_ctx() != gpu.context().cu_ctx() {
+        return Err(CommError::InvalidArgument(format!(
+            "{call}: the stream belongs to another CUDA context than this communicator's GPU {}",
+            gpu.info().ordinal
+        )));
+    }
+    gpu.context()
+        .bind_to_thread()
+        .map_err(|e| CudaError::driver("cuCtxSetCurrent", e).into())
+}
+
+/// Checks that `[ptr, ptr + bytes)` lies inside one device allocation and that `ptr` is
+/// aligned to `align` (a host-side lookup; no stream work).
+pub(super) fn check_range(
+    what: &str,
+    ptr: u64,
+    bytes: usize,
+    align: usize,
+) -> Result<(), CommError> {
+    if !ptr.is_multiple_of(align as u64) {
+        return Err(CommError::InvalidArgument(format!(
+            "{what}: address {ptr:#x} is not aligned to the element size ({align} bytes)"
+        )));
+    }
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: out-pointers to locals; the driver only reads its own tables.
+    let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return Err(CommError::InvalidArgument(format!(
+            "{what}: address {ptr:#x} is not device memory of this context ({status:?})"
+        )));
+    }
+    let end = ptr.checked_add(bytes as u64);
+    if end.is_none_or(|e| e > base + size as u64) {
+        return Err(CommError::InvalidArgument(format!(
+            "{what}: {bytes} bytes from {ptr:#x} go beyond its allocation ({size} bytes at \
+             {base:#x})"
+        )));
+    }
+    Ok(())
+}
+
+/// Launches `f(ctx, send, recv, n)` with `blocks` x `threads` on `stream`.
+///
+/// # Safety
+/// `ctx` valid for the kernel; `send`/`recv` valid for what the kernel accesses with `n`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn launch(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    ctx: &CollContext,
+    send: u64,
+    recv: u64,
+    n: u64,
+    blocks: u32,
+    threads: u32,
+) -> Result<(), CommError> {
+    let arg = CollContextArg(*ctx);
+    let mut l = stream.launch_builder(f);
+    l.arg(&arg).arg(&send).arg(&recv).arg(&n);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: caller contract; the argument list matches the kernels' signature
+    // (CollContext, *const u8, *mut u8, u64).
+    unsafe { l.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+}

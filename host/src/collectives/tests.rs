@@ -1,0 +1,235 @@
+//! Collectives over the Host transport, ranks as threads of this process.
+
+use std::time::Duration;
+
+use half::{bf16, f16};
+
+use super::*;
+use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
+use crate::communicator::CommConfig;
+
+fn comm_config() -> CommConfig {
+    CommConfig {
+        fifo_slots: 8,
+        device_timeout: Duration::from_secs(30),
+        bootstrap: BootstrapConfig::default().with_timeout(Duration::from_secs(30)),
+    }
+}
+
+/// Small scratch (several two-shot rounds for a few KB) and packet limit.
+fn small() -> CollConfig {
+    CollConfig {
+        scratch_bytes: 4096,
+        packet_max_bytes: 2048,
+        ..CollConfig::default()
+    }
+}
+
+/// Runs `f(collectives)` on `n` host-backed ranks (threads); results in rank order.
+fn ranks<T: Send>(n: usize, config: CollConfig, f: impl Fn(Collectives) -> T + Sync) -> Vec<T> {
+    let id = create_unique_id().unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (f, config) = (&f, config.clone());
+                s.spawn(move || {
+                    let c = comm_config();
+                    let bs = BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone())
+                        .unwrap();
+                    let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
+                    f(Collectives::new(comm, config).unwrap())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Small integers (exact sums in every type) from rank, index and call.
+fn value(rank: usize, i: usize, call: u64) -> f32 {
+    let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ call << 20 ^ (rank as u64) << 44;
+    ((h >> 31) % 15) as f32 - 7.0
+}
+
+fn sum(n: usize, i: usize, call: u64) -> f32 {
+    (0..n).map(|r| value(r, i, call)).sum()
+}
+
+trait FromF32: Element + PartialEq + std::fmt::Debug {
+    fn from(v: f32) -> Self;
+}
+impl FromF32 for f32 {
+    fn from(v: f32) -> Self {
+        v
+    }
+}
+impl FromF32 for f16 {
+    fn from(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl FromF32 for bf16 {
+    fn from(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+fn all_reduce_case<T: FromF32>(c: &Collectives, count: usize, call: u64, in_place: bool) {
+    let (n, r) = (c.nranks(), c.rank());
+    let send: Vec<T> = (0..count).map(|i| T::from(value(r, i, call))).collect();
+    let want: Vec<T> = (0..count).map(|i| T::from(sum(n, i, call))).collect();
+    let got = if in_place {
+        let mut b = send;
+        c.all_reduce_host_in_place(&mut b, ReduceOp::Sum).unwrap();
+        b
+    } else {
+        let mut out = vec![T::from(0.0); count];
+        c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+        out
+    };
+    assert_eq!(
+        got,
+        want,
+        "rank {r} of {n}: {:?} count {count} in_place {in_place}",
+        T::DTYPE
+    );
+}
+
+#[test]
+fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
+    for n in [2, 3] {
+        ranks(n, small(), |c| {
+            let mut call = 0;
+            // Sizes across the one-shot limit (2048 bytes) and over several scratch rounds.
+            for count in [1usize, 2, 3, 7, 64, 255, 511, 512, 513, 1000, 3001] {
+                for in_place in [false, true] {
+                    call += 1;
+                    all_reduce_case::<f32>(&c, count, call, in_place);
+                    all_reduce_case::<f16>(&c, count, call, in_place);
+                    all_reduce_case::<bf16>(&c, count, call, in_place);
+                }
+            }
+            // Both algorithms chose as expected around the limit.
+            assert_eq!(c.choose_all_reduce(2048), AllReduceAlgo::OneShot);
+            assert_eq!(c.choose_all_reduce(2049), AllReduceAlgo::TwoShot);
+        });
+    }
+}
+
+#[test]
+fn many_calls_without_reinit_and_all_gathers_between_them() {
+    ranks(2, small(), |c| {
+        let r = c.rank();
+        for call in 0..60u64 {
+            if call % 4 == 3 {
+                let send: Vec<f32> = (0..333).map(|i| value(r, i, call)).collect();
+                let mut out = vec![0f32; 666];
+                c.all_gather_host(&send, &mut out).unwrap();
+                for q in 0..2 {
+                    for i in 0..333 {
+                        assert_eq!(out[q * 333 + i], value(q, i, call), "call {call} rank {q} [{i}]");
+                    }
+                }
+            } else {
+                all_reduce_case::<f32>(&c, 17 + call as usize * 37, call, call % 2 == 0);
+            }
+        }
+    });
+}
+
+#[test]
+fn all_gather_of_every_type_and_odd_sizes() {
+    ranks(3, small(), |c| {
+        let (n, r) = (c.nranks(), c.rank());
+        for count in [1usize, 5, 800, 2501] {
+            let send: Vec<bf16> = (0..count).map(|i| bf16::from_f32(value(r, i, 9))).collect();
+            let mut out = vec![bf16::ZERO; n * count];
+            c.all_gather_host(&send, &mut out).unwrap();
+            for q in 0..n {
+                for i in 0..count {
+                    assert_eq!(out[q * count + i], bf16::from_f32(value(q, i, 9)));
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_reason() {
+    ranks(2, small(), |c| {
+        let mut out = vec![0f32; 3];
+        let e = c.all_reduce_host(&[1f32, 2.0], &mut out, ReduceOp::Sum).unwrap_err();
+        assert!(e.to_string().contains("send has 2 elements, recv 3"), "{e}");
+        let e = c.all_gather_host(&[1f32, 2.0], &mut out).unwrap_err();
+        assert!(e.to_string().contains("2 ranks x 2 expected"), "{e}");
+        let e = c
+            .resolve(AllReduceAlgo::OneShot, c.one_shot_max_bytes() + 1)
+            .unwrap_err();
+        assert!(e.to_string().contains("one-shot carries at most"), "{e}");
+        let e = c.gpu_kernels("all_reduce").unwrap_err();
+        assert!(e.to_string().contains("host backend"), "{e}");
+        // Nothing was left half-done: a good call still works on both ranks.
+        all_reduce_case::<f32>(&c, 10, 1, false);
+    });
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    for (config, msg) in [
+        (
+            CollConfig {
+                scratch_bytes: 100,
+                ..CollConfig::default()
+            },
+            "at least 4096",
+        ),
+        (
+            CollConfig {
+                max_blocks: 0,
+                ..CollConfig::default()
+            },
+            "max_blocks 0",
+        ),
+        (
+            CollConfig {
+                threads: 100,
+                ..CollConfig::default()
+            },
+            "threads 100",
+        ),
+    ] {
+        let e = config.validate().unwrap_err();
+        assert!(e.to_string().contains(msg), "{e} should mention {msg}");
+    }
+}
+
+#[test]
+fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
+    let id = create_unique_id().unwrap();
+    let out: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut cc = comm_config();
+                    cc.device_timeout = Duration::from_millis(300);
+                    let bs = BlockingBootstrap::init_with_config(2, r, id, cc.bootstrap.clone())
+                        .unwrap();
+                    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
+                    let c = Collectives::new(comm, small()).unwrap();
+                    if r == 0 {
+                        let mut out = vec![0f32; 4];
+                        c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
+                            .map_err(|e| e.to_string())
+                    } else {
+                        // Rank 1 keeps its scratch alive but never calls.
+                        std::thread::sleep(Duration::from_millis(1500));
+                        Ok(())
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let e = out[0].as_ref().unwrap_err();
+    assert!(e.contains("did not take part"), "{e}");
+}
