@@ -38,7 +38,7 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
             let src = send.add(off as usize);
             copy(ctx.scratch.add(s as usize), src, e - s, t, nt);
             let own = recv.add((r as u64 * bytes + off) as usize);
-            if own as *const u8 != src {
+            if !core::ptr::eq(own as *const u8, src) {
                 copy(own, src, e - s, t, nt);
             }
             ctx.barrier(b, t);

@@ -34,8 +34,8 @@ fn ranks<T: Send>(n: usize, config: CollConfig, f: impl Fn(Collectives) -> T + S
                 let (f, config) = (&f, config.clone());
                 s.spawn(move || {
                     let c = comm_config();
-                    let bs = BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone())
-                        .unwrap();
+                    let bs =
+                        BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone()).unwrap();
                     let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
                     f(Collectives::new(comm, config).unwrap())
                 })
@@ -127,7 +127,11 @@ fn many_calls_without_reinit_and_all_gathers_between_them() {
                 c.all_gather_host(&send, &mut out).unwrap();
                 for q in 0..2 {
                     for i in 0..333 {
-                        assert_eq!(out[q * 333 + i], value(q, i, call), "call {call} rank {q} [{i}]");
+                        assert_eq!(
+                            out[q * 333 + i],
+                            value(q, i, call),
+                            "call {call} rank {q} [{i}]"
+                        );
                     }
                 }
             } else {
@@ -158,7 +162,9 @@ fn all_gather_of_every_type_and_odd_sizes() {
 fn bad_arguments_are_refused_with_the_reason() {
     ranks(2, small(), |c| {
         let mut out = vec![0f32; 3];
-        let e = c.all_reduce_host(&[1f32, 2.0], &mut out, ReduceOp::Sum).unwrap_err();
+        let e = c
+            .all_reduce_host(&[1f32, 2.0], &mut out, ReduceOp::Sum)
+            .unwrap_err();
         assert!(e.to_string().contains("send has 2 elements, recv 3"), "{e}");
         let e = c.all_gather_host(&[1f32, 2.0], &mut out).unwrap_err();
         assert!(e.to_string().contains("2 ranks x 2 expected"), "{e}");

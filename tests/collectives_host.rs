@@ -1,0 +1,95 @@
+//! Collectives over the Host transport across processes (what CI runs end to end): the test
+//! binary re-executes itself, one process per rank, and each rank all-reduces and
+//! all-gathers from CPU threads, checked against a CPU reference.
+
+use std::time::Duration;
+
+use half::f16;
+use mscclpp::host::collectives::{CollConfig, Collectives, ReduceOp};
+use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
+use mscclpp::host::launch::Launch;
+use mscclpp::host::testing::run_test_ranks;
+
+const ROLE: &str = "MSCCLPP_TEST_ROLE";
+
+fn collectives() -> Collectives {
+    let launch = Launch::from_env().unwrap();
+    let bs = launch.blocking_bootstrap().unwrap();
+    let config = CommConfig {
+        device_timeout: Duration::from_secs(60),
+        ..CommConfig::default()
+    };
+    let comm = Communicator::from_bootstrap(bs, Backend::Host, config).unwrap();
+    // A small scratch: large messages go through many rounds.
+    let coll = CollConfig {
+        scratch_bytes: 64 << 10,
+        packet_max_bytes: 16 << 10,
+        ..CollConfig::default()
+    };
+    Collectives::new(comm, coll).unwrap()
+}
+
+/// Small integers: sums exact in f32 and f16.
+fn value(rank: usize, i: usize, call: usize) -> f32 {
+    ((i * 31 + rank * 17 + call * 7) % 13) as f32 - 6.0
+}
+
+fn rank_main() {
+    let c = collectives();
+    let (n, r) = (c.nranks(), c.rank());
+    let mut call = 0;
+    for count in [1usize, 3, 1000, 4095, 4096, 4097, 50_001, 300_000] {
+        call += 1;
+        let send: Vec<f32> = (0..count).map(|i| value(r, i, call)).collect();
+        let mut out = vec![0f32; count];
+        c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+        for (i, v) in out.iter().enumerate() {
+            let want: f32 = (0..n).map(|q| value(q, i, call)).sum();
+            assert_eq!(*v, want, "rank {r}: f32 count {count} [{i}]");
+        }
+        call += 1;
+        let mut buf: Vec<f16> = (0..count)
+            .map(|i| f16::from_f32(value(r, i, call)))
+            .collect();
+        c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        for (i, v) in buf.iter().enumerate() {
+            let want: f32 = (0..n).map(|q| value(q, i, call)).sum();
+            assert_eq!(
+                v.to_f32(),
+                want,
+                "rank {r}: f16 in place count {count} [{i}]"
+            );
+        }
+        let mut all = vec![0f32; n * count];
+        c.all_gather_host(&send, &mut all).unwrap();
+        for q in 0..n {
+            for i in 0..count {
+                assert_eq!(
+                    all[q * count + i],
+                    value(q, i, call - 1),
+                    "rank {r}: all_gather"
+                );
+            }
+        }
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+fn run(test: &str, n: usize) {
+    if std::env::var(ROLE).is_ok() {
+        rank_main();
+    } else {
+        run_test_ranks(test, n, ROLE, Duration::from_secs(300));
+    }
+}
+
+#[test]
+fn two_processes_all_reduce_and_all_gather() {
+    run("two_processes_all_reduce_and_all_gather", 2);
+}
+
+#[test]
+fn four_processes_all_reduce_and_all_gather() {
+    run("four_processes_all_reduce_and_all_gather", 4);
+}
