@@ -319,7 +319,7 @@ fn typed_api_rank() {
             )
             .unwrap_err();
         assert!(e.to_string().contains("not aligned"), "{e}");
-        let host = vec![0f32; 16];
+        let host = [0f32; 16];
         let e = c
             .all_reduce_raw(
                 host.as_ptr() as u64,
