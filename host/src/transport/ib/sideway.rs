@@ -52,10 +52,16 @@ pub(super) fn list_devices() -> Result<Vec<String>, IbError> {
         )));
     }
     let list = DeviceList::new().map_err(|e| {
-        IbError::Unavailable(format!(
-            "ibv_get_device_list failed: {} ({e}); {ALTERNATIVES}",
-            std::io::Error::last_os_error()
-        ))
+        let os = source(&e);
+        // libibverbs answers ENOSYS when the kernel exposes no RDMA devices at all.
+        let why = if os.contains("os error 38") {
+            "no RDMA device: libibverbs is installed but the kernel exposes no RDMA support \
+             (no InfiniBand/RoCE adapter, or ib_uverbs not loaded; check `ibv_devices`)"
+                .to_string()
+        } else {
+            format!("ibv_get_device_list failed: {os}")
+        };
+        IbError::Unavailable(format!("{why}; {ALTERNATIVES}"))
     })?;
     Ok(list.iter().map(|d| d.name()).collect())
 }
