@@ -507,8 +507,10 @@ impl Communicator {
                 "connect: the buffer was not allocated by this communicator's backend".into(),
             ));
         }
+        // Peers map shared memory by name, except over IB (nothing is mapped).
         if let BufferMem::Host(s) = &*buffer.mem
             && s.is_unlinked()
+            && transport != TransportKind::Ib
         {
             return Err(CommError::InvalidArgument(
                 "connect: this shared-memory buffer was already shared in an earlier setup and its name removed; allocate a new buffer".into(),

@@ -158,6 +158,9 @@ pub enum IbError {
     /// A route whose connection has no queue pair in this plane.
     #[error("connection {0} has no InfiniBand queue pair in this proxy")]
     UnknownConnection(u32),
+    /// Settings that cannot work ([`IbConfig::validate`]).
+    #[error("invalid InfiniBand settings: {0}")]
+    InvalidConfig(String),
     /// A peer's handshake could not be decoded or is invalid.
     #[error("bad InfiniBand handshake: {0}")]
     BadHandshake(String),

@@ -49,8 +49,8 @@ impl IbConfig {
     /// it (then nothing would ever complete).
     pub fn validate(&self) -> Result<(), IbError> {
         if self.signal_every == 0 || self.depth < 2 || self.signal_every > self.depth - 1 {
-            return Err(IbError::Unavailable(format!(
-                "invalid IB settings: signal_every {} must be in 1..depth ({})",
+            return Err(IbError::InvalidConfig(format!(
+                "signal_every {} must be in 1..depth ({})",
                 self.signal_every, self.depth
             )));
         }
