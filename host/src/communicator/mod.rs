@@ -12,7 +12,10 @@
 //! A communicator runs on one backend: a GPU (connections use the P2P transport; the proxy
 //! FIFO is host-mapped, the counters in device memory) or the host (connections use the Host
 //! transport; "kernels" are CPU threads calling the same `DevConn` methods, buffers are
-//! shared memory). [`Backend::auto`] picks GPU `local_rank` when there is one.
+//! shared memory). [`Backend::auto`] picks GPU `local_rank` when there is one. Either backend
+//! can also make proxy channels over InfiniBand ([`TransportKind::Ib`], cargo feature `ib`):
+//! the first such `connect` opens the RDMA device (`MSCCLPP_IB_DEVICE`) and fails with
+//! [`CommError::TransportUnavailable`], saying what was found, when there is none.
 //!
 //! Validation, all with errors naming the problem: an unknown or own rank, a buffer of 0
 //! bytes or larger than a trigger can address, a tag used twice towards one peer, a
@@ -39,6 +42,7 @@ use crate::bootstrap::{
 use crate::cuda::{CudaError, DeviceBuffer, Gpu, device_count};
 use crate::proxy::{Fifo, FifoConfig, ProxyError, ProxyService};
 use crate::transport::TransportKind;
+use crate::transport::ib::{self, IbConfig, IbError};
 use crate::transport::shm::{ShmError, ShmSegment};
 
 pub use setup::Connection;
@@ -93,6 +97,9 @@ pub enum CommError {
         /// Why, and what would work.
         reason: String,
     },
+    /// An InfiniBand operation failed (registration, queue pair setup).
+    #[error(transparent)]
+    Ib(#[from] IbError),
     /// The proxy reported errors.
     #[error("proxy reported {} error(s); first: {}", .0.len(), .0.first().map(|e| e.to_string()).unwrap_or_default())]
     Proxy(Vec<ProxyError>),
@@ -138,6 +145,8 @@ pub struct CommConfig {
     pub device_timeout: Duration,
     /// The bootstrap's settings (timeouts, message size).
     pub bootstrap: BootstrapConfig,
+    /// Queue-pair depth, signalling interval and completion timeout of IB connections.
+    pub ib: IbConfig,
 }
 
 impl Default for CommConfig {
@@ -146,6 +155,7 @@ impl Default for CommConfig {
             fifo_slots: 512,
             device_timeout: Duration::from_secs(30),
             bootstrap: BootstrapConfig::default(),
+            ib: IbConfig::default(),
         }
     }
 }
@@ -293,6 +303,10 @@ pub struct Communicator {
     flag_memory: Vec<setup::FlagMemory>,
     /// Signals sent on each connection (see `ProxyTask::epochs`).
     epochs: Arc<[AtomicU64]>,
+    /// The RDMA device, opened by the first `connect` with [`TransportKind::Ib`].
+    ib: Option<setup::IbSession>,
+    /// Settings of IB connections.
+    ib_config: IbConfig,
 }
 
 impl Communicator {
@@ -326,6 +340,10 @@ impl Communicator {
         backend: Backend,
         config: CommConfig,
     ) -> Result<Communicator, CommError> {
+        config
+            .ib
+            .validate()
+            .map_err(|e| CommError::InvalidArgument(e.to_string()))?;
         let fifo_config = FifoConfig {
             slots: config.fifo_slots,
             timeout: config.device_timeout,
@@ -345,6 +363,8 @@ impl Communicator {
             proxy: None,
             flag_memory: Vec::new(),
             epochs: Arc::from(Vec::new()),
+            ib: None,
+            ib_config: config.ib,
         })
     }
 
@@ -461,11 +481,20 @@ impl Communicator {
             )));
         }
         let ours = self.backend.transport();
-        if transport != ours {
+        if transport == TransportKind::Ib {
+            if kind == ChannelKind::Memory {
+                return Err(CommError::TransportUnavailable {
+                    transport,
+                    reason: "memory channels load and store the peer's memory, which RDMA cannot \
+                             map; use a proxy channel (connect) over IB"
+                        .into(),
+                });
+            }
+            self.open_ib()?;
+        } else if transport != ours {
             let reason = match (transport, &self.backend) {
-                (TransportKind::Ib, _) => "InfiniBand is not built into this version; use P2P between GPUs of one machine, or Host".to_string(),
-                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host".to_string(),
-                _ => format!("this communicator runs on a GPU; use TransportKind::{ours:?}"),
+                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host (or TransportKind::Ib across machines)".to_string(),
+                _ => format!("this communicator runs on a GPU; use TransportKind::{ours:?} (or TransportKind::Ib across machines)"),
             };
             return Err(CommError::TransportUnavailable { transport, reason });
         }
@@ -478,8 +507,10 @@ impl Communicator {
                 "connect: the buffer was not allocated by this communicator's backend".into(),
             ));
         }
+        // Peers map shared memory by name, except over IB (nothing is mapped).
         if let BufferMem::Host(s) = &*buffer.mem
             && s.is_unlinked()
+            && transport != TransportKind::Ib
         {
             return Err(CommError::InvalidArgument(
                 "connect: this shared-memory buffer was already shared in an earlier setup and its name removed; allocate a new buffer".into(),
@@ -519,6 +550,29 @@ impl Communicator {
             packets,
         });
         Ok(index)
+    }
+
+    /// Opens the RDMA device (once) for IB connections.
+    fn open_ib(&mut self) -> Result<(), CommError> {
+        if self.ib.is_none() {
+            let verbs = ib::open_from_env().map_err(|e| match e {
+                IbError::Unavailable(_) | IbError::NoSuchDevice { .. } => {
+                    CommError::TransportUnavailable {
+                        transport: TransportKind::Ib,
+                        reason: e.to_string(),
+                    }
+                }
+                e => CommError::Ib(e),
+            })?;
+            self.ib = Some(setup::IbSession::new(verbs));
+        }
+        Ok(())
+    }
+
+    /// Uses `verbs` for IB connections instead of opening a device (tests: the fake).
+    #[cfg(test)]
+    pub(crate) fn use_ib_verbs(&mut self, verbs: Arc<dyn ib::Verbs>) {
+        self.ib = Some(setup::IbSession::new(verbs));
     }
 
     /// Exchanges the pending connections' memory with their peers and maps the peers'

@@ -8,8 +8,8 @@
 //! acknowledgement. Once every peer has acknowledged, shared-memory names are unlinked.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -17,9 +17,13 @@ use super::{Backend, Buffer, ChannelKind, CommError, Communicator, PendingConnec
 use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
 use crate::proxy::{ProxyTask, StartHook};
 use crate::transport::host::HostPlane;
+use crate::transport::ib::{
+    IbEndpoint, IbHandshake, IbLink, IbPlane, MemoryKind, MemoryRegistration, QpTransition,
+    QueuePair, RdmaRegion, Verbs, decode_handshake, encode_handshake,
+};
 use crate::transport::p2p::P2pPlane;
 use crate::transport::shm::ShmSegment;
-use crate::transport::{DataPlane, Route, TransportKind};
+use crate::transport::{DataPlane, PlaneSet, Route, TransportKind};
 
 /// Bootstrap tags of setup messages: a high marker | the connection's tag.
 const INFO_TAG: u64 = 0x4d53_4350_0000_0000;
@@ -38,6 +42,9 @@ enum MemHandle {
     },
     /// A shared-memory segment.
     Shm { name: String, len: u64 },
+    /// Memory reached through RDMA (IB): nothing to map; addresses and keys travel in the
+    /// IB handshake.
+    Remote { len: u64 },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +60,8 @@ struct ConnInfo {
     buffer: MemHandle,
     flags: MemHandle,
     flag_index: u32,
+    /// IB connections: the encoded [`IbHandshake`].
+    ib: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,6 +96,39 @@ enum PeerMem {
     },
     /// Same process: the peer's own allocation, addressed directly.
     Direct,
+    /// Reached through RDMA (IB): nothing mapped here.
+    Remote,
+}
+
+/// The RDMA device of a communicator's IB connections.
+#[derive(Debug)]
+pub(crate) struct IbSession {
+    verbs: Arc<dyn Verbs>,
+}
+
+impl IbSession {
+    pub(crate) fn new(verbs: Arc<dyn Verbs>) -> IbSession {
+        IbSession { verbs }
+    }
+}
+
+/// The IB side of a set-up connection: its queue pair (shared with the proxy's plane) and the
+/// keys, with the registrations kept alive as long as the connection.
+#[derive(Debug)]
+pub(crate) struct IbConnection {
+    qp: Arc<Mutex<Box<dyn QueuePair>>>,
+    lkey: u32,
+    rkey: u32,
+    flag_rkey: u32,
+    _registrations: [Arc<MemoryRegistration>; 2],
+}
+
+/// An IB connection between sending its handshake and connecting its queue pair.
+struct IbPrep {
+    qp: Box<dyn QueuePair>,
+    psn: u32,
+    local: Arc<MemoryRegistration>,
+    flags: Arc<MemoryRegistration>,
 }
 
 /// A set-up connection.
@@ -110,6 +152,8 @@ pub struct Connection {
     _peer_buffer: Arc<PeerMem>,
     _peer_flags: Arc<PeerMem>,
     _peer_packets: Option<Arc<PeerMem>>,
+    /// IB connections: queue pair and keys.
+    pub(crate) ib: Option<IbConnection>,
 }
 
 impl Connection {
@@ -210,6 +254,11 @@ fn map_peer(
             let addr = m.device_ptr();
             (Arc::new(PeerMem::Ipc { _mapping: m }), addr)
         }
+        (MemHandle::Remote { .. }, _) => {
+            return Err(CommError::InvalidArgument(
+                "peer described RDMA memory for a connection that is not IB".into(),
+            ));
+        }
         (MemHandle::Ipc { .. }, Backend::Host) => {
             return Err(CommError::InvalidArgument(
                 "peer described GPU memory but this communicator has no GPU".into(),
@@ -271,12 +320,92 @@ pub(super) fn establish(
     let my_host = bs.as_async().host_id(me).map(str::to_string);
     let pid = std::process::id();
 
+    // IB connections: register the buffer and the flag memory, create the queue pair (INIT).
+    let mut ib_preps: Vec<Option<IbPrep>> = Vec::with_capacity(n);
+    let mut registrations: HashMap<(u64, u64), Arc<MemoryRegistration>> = HashMap::new();
+    for p in &pending {
+        if p.transport != TransportKind::Ib {
+            ib_preps.push(None);
+            continue;
+        }
+        let session = comm.ib.as_ref().ok_or_else(|| {
+            CommError::State("IB connection without an opened RDMA device".into())
+        })?;
+        let kind = match &comm.backend {
+            Backend::Gpu(_) => MemoryKind::Gpu,
+            Backend::Host => MemoryKind::Host,
+        };
+        let mut register = |addr: u64, len: u64| -> Result<Arc<MemoryRegistration>, CommError> {
+            if let Some(r) = registrations.get(&(addr, len)) {
+                return Ok(r.clone());
+            }
+            // SAFETY: both ranges are memory of this communicator's backend that outlives
+            // the registration: the connection keeps its buffer and the registrations, and
+            // the flag memory of this round (kept in `flag_memory`) outlives every
+            // connection of the round (connections are dropped first).
+            let r = Arc::new(unsafe { session.verbs.register(addr, len, kind) }?);
+            registrations.insert((addr, len), r.clone());
+            Ok(r)
+        };
+        let local = register(p.buffer.addr(), p.buffer.len() as u64)?;
+        let flags = register(inbound_base, bytes as u64)?;
+        let mut qp = session.verbs.create_qp(comm.ib_config.depth)?;
+        qp.modify(QpTransition::Init)?;
+        let psn = rand::random::<u32>() & 0xff_ffff;
+        ib_preps.push(Some(IbPrep {
+            qp,
+            psn,
+            local,
+            flags,
+        }));
+    }
+
     // 1. Send every description first (sends are buffered by the receiver), then receive.
     let code = |info: &ConnInfo| {
         bincode::serde::encode_to_vec(info, bincode::config::standard())
             .map_err(|e| CommError::InvalidArgument(format!("encoding connection info: {e}")))
     };
     for (k, p) in pending.iter().enumerate() {
+        if let Some(prep) = &ib_preps[k] {
+            let port = comm.ib.as_ref().map(|s| s.verbs.port());
+            let port = port.ok_or_else(|| CommError::State("no RDMA device".into()))?;
+            let handshake = IbHandshake {
+                endpoint: IbEndpoint {
+                    lid: port.lid,
+                    gid: port.gid,
+                    mtu: port.mtu,
+                    qpn: prep.qp.qpn(),
+                    psn: prep.psn,
+                },
+                buffer: RdmaRegion {
+                    addr: p.buffer.addr(),
+                    len: p.buffer.len() as u64,
+                    rkey: prep.local.rkey,
+                },
+                flag: RdmaRegion {
+                    addr: inbound_base + k as u64 * 8,
+                    len: 8,
+                    rkey: prep.flags.rkey,
+                },
+            };
+            let info = ConnInfo {
+                tag: p.tag,
+                transport: p.transport,
+                kind: p.kind,
+                packets: None,
+                packets_len: 0,
+                pid,
+                buffer_len: p.buffer.len() as u64,
+                buffer: MemHandle::Remote {
+                    len: p.buffer.len() as u64,
+                },
+                flags: MemHandle::Remote { len: bytes as u64 },
+                flag_index: k as u32,
+                ib: Some(encode_handshake(&handshake)),
+            };
+            bs.send(p.remote_rank, INFO_TAG | p.tag as u64, &code(&info)?)?;
+            continue;
+        }
         let info = ConnInfo {
             tag: p.tag,
             transport: p.transport,
@@ -292,6 +421,7 @@ pub(super) fn establish(
             buffer: describe(&p.buffer, &comm.backend)?,
             flags: flags_handle.clone(),
             flag_index: k as u32,
+            ib: None,
         };
         bs.send(p.remote_rank, INFO_TAG | p.tag as u64, &code(&info)?)?;
     }
@@ -317,6 +447,17 @@ pub(super) fn establish(
                 my_host.as_deref(),
                 bs.as_async().host_id(p.remote_rank),
             )?;
+            if let Some(prep) = ib_preps[k].take() {
+                return connect_ib(
+                    &p,
+                    &peer,
+                    prep,
+                    first_id + k as u32,
+                    inbound_base,
+                    expected_base,
+                    k,
+                );
+            }
             let same_process =
                 peer.pid == pid && bs.as_async().host_id(p.remote_rank) == my_host.as_deref();
             let (buf_mem, buf_addr) =
@@ -324,7 +465,9 @@ pub(super) fn establish(
             let (flag_mem, flag_addr) =
                 map_peer(&peer.flags, same_process, &comm.backend, &mut cache)?;
             let flags_len = match &peer.flags {
-                MemHandle::Ipc { len, .. } | MemHandle::Shm { len, .. } => *len,
+                MemHandle::Ipc { len, .. }
+                | MemHandle::Shm { len, .. }
+                | MemHandle::Remote { len } => *len,
             };
             if (peer.flag_index as u64 + 1) * 8 > flags_len {
                 return Err(mismatch(
@@ -343,6 +486,7 @@ pub(super) fn establish(
                 tag: p.tag,
                 transport: p.transport,
                 route: Route {
+                    id: first_id + k as u32,
                     local: p.buffer.addr(),
                     local_len: p.buffer.len() as u64,
                     remote: buf_addr,
@@ -360,6 +504,7 @@ pub(super) fn establish(
                 _peer_buffer: buf_mem,
                 _peer_flags: flag_mem,
                 _peer_packets: peer_packets.map(|(m, _)| m),
+                ib: None,
             })
         })();
         let ack = match &result {
@@ -465,7 +610,8 @@ fn check_peer(
             ),
         ));
     }
-    if my_host != peer_host {
+    // RDMA connects machines; the others need the peer's memory mapped here.
+    if my_host != peer_host && mine.transport != TransportKind::Ib {
         return Err(CommError::TransportUnavailable {
             transport: mine.transport,
             reason: format!(
@@ -477,6 +623,69 @@ fn check_peer(
         });
     }
     Ok(())
+}
+
+/// Connects an IB connection's queue pair to the peer's (RTR, RTS) from its handshake.
+fn connect_ib(
+    p: &PendingConnection,
+    peer: &ConnInfo,
+    mut prep: IbPrep,
+    id: u32,
+    inbound_base: u64,
+    expected_base: u64,
+    k: usize,
+) -> Result<Connection, CommError> {
+    let (rank, tag) = (p.remote_rank, p.tag);
+    let raw = peer
+        .ib
+        .as_ref()
+        .ok_or_else(|| mismatch(rank, tag, "the peer sent no InfiniBand handshake"))?;
+    let hs = decode_handshake(raw).map_err(|e| mismatch(rank, tag, e.to_string()))?;
+    if hs.buffer.len != peer.buffer_len {
+        return Err(mismatch(
+            rank,
+            tag,
+            format!(
+                "the peer's IB buffer region ({} bytes) differs from its buffer ({} bytes)",
+                hs.buffer.len, peer.buffer_len
+            ),
+        ));
+    }
+    prep.qp.modify(QpTransition::ReadyToReceive(&hs.endpoint))?;
+    prep.qp
+        .modify(QpTransition::ReadyToSend { psn: prep.psn })?;
+    Ok(Connection {
+        id,
+        remote_rank: rank,
+        tag,
+        transport: TransportKind::Ib,
+        route: Route {
+            id,
+            local: p.buffer.addr(),
+            local_len: p.buffer.len() as u64,
+            remote: hs.buffer.addr,
+            remote_len: hs.buffer.len,
+            remote_flag: hs.flag.addr,
+        },
+        inbound: inbound_base + k as u64 * 8,
+        expected: expected_base + k as u64 * 8,
+        kind: p.kind,
+        packets_in: 0,
+        packets_out: 0,
+        packets_len: 0,
+        _local: p.buffer.clone(),
+        _local_packets: None,
+        _peer_buffer: Arc::new(PeerMem::Remote),
+        _peer_flags: Arc::new(PeerMem::Remote),
+        _peer_packets: None,
+        ib: Some(IbConnection {
+            qp: Arc::new(Mutex::new(prep.qp)),
+            lkey: prep.local.lkey,
+            rkey: hs.buffer.rkey,
+            flag_rkey: hs.flag.rkey,
+            _registrations: [prep.local, prep.flags],
+        }),
+    })
 }
 
 /// The proxy's task for `comm`'s connections.
@@ -498,6 +707,41 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
             )
         }
         Backend::Host => (Box::new(HostPlane), None),
+    };
+    let plane = if comm.connections.iter().any(|c| c.ib.is_some()) {
+        let links = comm
+            .connections
+            .iter()
+            .map(|c| {
+                c.ib.as_ref().map(|i| IbLink {
+                    qp: i.qp.clone(),
+                    peer: c.remote_rank,
+                    tag: c.tag,
+                    lkey: i.lkey,
+                    rkey: i.rkey,
+                    flag_rkey: i.flag_rkey,
+                })
+            })
+            .collect();
+        // The proxy is stopped (the caller checks), so the epochs are stable.
+        let epochs: Vec<u64> = comm
+            .epochs
+            .iter()
+            .map(|e| e.load(Ordering::Relaxed))
+            .collect();
+        let ib_plane: Box<dyn DataPlane> = Box::new(IbPlane::new(links, &epochs, comm.ib_config)?);
+        if comm.connections.iter().all(|c| c.ib.is_some()) {
+            ib_plane
+        } else {
+            let plane_of = comm
+                .connections
+                .iter()
+                .map(|c| usize::from(c.ib.is_some()))
+                .collect();
+            Box::new(PlaneSet::new(vec![plane, ib_plane], plane_of))
+        }
+    } else {
+        plane
     };
     Ok(ProxyTask {
         consumer,

@@ -287,3 +287,58 @@ impl Drop for MappedHostBuffer {
         }
     }
 }
+
+/// A dma-buf file descriptor exporting the device allocation around a range (for RDMA
+/// registration with `ibv_reg_dmabuf_mr`), and the range's offset inside it. The fd closes on
+/// drop; registrations made from it keep their own reference.
+#[derive(Debug)]
+pub struct DmaBuf {
+    /// The dma-buf.
+    pub fd: std::os::fd::OwnedFd,
+    /// Offset of the requested address from the start of the exported range.
+    pub offset: u64,
+}
+
+/// Exports the `cuMemAlloc` allocation containing `[addr, addr + len)` as a dma-buf
+/// (`cuMemGetHandleForAddressRange`, CUDA 11.7+, needs a kernel >= 5.12 and a driver with
+/// dma-buf support). The calling thread must have the allocation's context current.
+pub fn dmabuf_for_range(addr: u64, len: u64) -> Result<DmaBuf> {
+    let mut base: CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: valid out-pointers; the driver validates `addr`.
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr)
+    })?;
+    if addr + len > base + size as u64 {
+        return Err(CudaError::InvalidArgument(format!(
+            "dma-buf export: {len} bytes at {addr:#x} leave the allocation at {base:#x} of {size} bytes"
+        )));
+    }
+    // The range must be aligned to the host page size; cuMemAlloc allocations start aligned
+    // and are backed in 2 MiB granules, so rounding the size up stays inside them.
+    let page = rustix::param::page_size();
+    let aligned = size.div_ceil(page) * page;
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: `fd` is a valid out-pointer for the int the driver writes; the range is the
+    // page-aligned allocation found above.
+    check("cuMemGetHandleForAddressRange", unsafe {
+        sys::cuMemGetHandleForAddressRange(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            base,
+            aligned,
+            sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+            0,
+        )
+    })?;
+    if fd < 0 {
+        return Err(CudaError::InvalidArgument(
+            "cuMemGetHandleForAddressRange returned no file descriptor".into(),
+        ));
+    }
+    // SAFETY: the driver just created this descriptor for us; nothing else owns it.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    Ok(DmaBuf {
+        fd,
+        offset: addr - base,
+    })
+}

@@ -29,7 +29,9 @@ pub use cudarc::driver::{
     PushKernelArg,
 };
 pub use device::{Gpu, GpuInfo, device_count, driver_present, list_gpus};
-pub use memory::{DeviceBuffer, IpcMemHandle, MappedHostBuffer, PeerMapping};
+pub use memory::{
+    DeviceBuffer, DmaBuf, IpcMemHandle, MappedHostBuffer, PeerMapping, dmabuf_for_range,
+};
 pub use module::{KernelModule, select_ptx};
 pub use ops::{memcpy_async, stream_idle, write_u64_async};
 

@@ -8,11 +8,17 @@
 //!   `cuStreamWriteValue64` on the same stream after the data.
 //! - [`TransportKind::Host`]: POSIX shared memory ([`shm`]), copies with memcpy by the
 //!   proxy thread, the flag with a release store after the data.
+//! - [`TransportKind::Ib`]: RDMA WRITEs on one RC queue pair per connection ([`ib`]), the
+//!   flag an 8-byte inline write after the data (cargo feature `ib` for real devices).
+//!
+//! A proxy serving connections of several transports drives a [`PlaneSet`], which hands
+//! each route to its connection's plane.
 //!
 //! Validation: [`Route::check`] refuses any put whose offset + size leaves either buffer,
 //! before a byte moves; the planes themselves trust their routes.
 
 pub mod host;
+pub mod ib;
 pub mod p2p;
 pub mod shm;
 
@@ -25,7 +31,7 @@ pub enum TransportKind {
     P2p,
     /// Shared memory and memcpy by the proxy thread (no GPU needed; one machine).
     Host,
-    /// InfiniBand RDMA (not built in this version).
+    /// InfiniBand / RoCE RDMA writes by the NIC (cargo feature `ib`; needs an RDMA device).
     Ib,
 }
 
@@ -45,6 +51,9 @@ pub enum TransportError {
     /// A CUDA call of the P2P transport failed.
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
+    /// An InfiniBand operation failed.
+    #[error(transparent)]
+    Ib(#[from] ib::IbError),
     /// A put that would leave one of the two buffers.
     #[error(
         "put of {size} bytes from offset {src_offset} to offset {dst_offset} does not fit \
@@ -65,9 +74,13 @@ pub enum TransportError {
 }
 
 /// Where one connection's puts and flags go, as addresses valid in this process (device
-/// addresses for P2P, host addresses for Host).
+/// addresses for P2P, host addresses for Host); for IB, the remote addresses are the peer's
+/// virtual addresses inside its registrations (never dereferenced here).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
+    /// The connection's id (its index in the proxy), for planes that keep per-connection
+    /// state (IB: the queue pair).
+    pub id: u32,
     /// Start of the local (source) buffer.
     pub local: u64,
     /// Its size in bytes.
@@ -114,6 +127,62 @@ pub trait DataPlane: Send {
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError>;
     /// Waits until everything queued so far has completed (sources may be reused).
     fn flush(&mut self) -> Result<(), TransportError>;
+}
+
+/// Several planes behind one: each connection's operations go to the plane of its transport
+/// (by [`Route::id`]); `flush` flushes them all.
+pub struct PlaneSet {
+    planes: Vec<Box<dyn DataPlane>>,
+    plane_of: Vec<usize>,
+}
+
+impl std::fmt::Debug for PlaneSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlaneSet")
+            .field("planes", &self.planes.len())
+            .field("plane_of", &self.plane_of)
+            .finish()
+    }
+}
+
+impl PlaneSet {
+    /// `plane_of[id]` is the index in `planes` serving connection `id`.
+    pub fn new(planes: Vec<Box<dyn DataPlane>>, plane_of: Vec<usize>) -> PlaneSet {
+        PlaneSet { planes, plane_of }
+    }
+
+    fn plane(&mut self, route: &Route) -> Result<&mut Box<dyn DataPlane>, TransportError> {
+        self.plane_of
+            .get(route.id as usize)
+            .and_then(|&p| self.planes.get_mut(p))
+            .ok_or(TransportError::Ib(ib::IbError::UnknownConnection(route.id)))
+    }
+}
+
+impl DataPlane for PlaneSet {
+    fn put(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), TransportError> {
+        self.plane(route)?.put(route, dst_offset, src_offset, size)
+    }
+
+    fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
+        self.plane(route)?.signal(route, epoch)
+    }
+
+    fn flush(&mut self) -> Result<(), TransportError> {
+        let mut first = Ok(());
+        for p in &mut self.planes {
+            if let Err(e) = p.flush() {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
 }
 
 #[cfg(test)]

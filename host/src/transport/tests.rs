@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 fn route(local: &[u8], remote: &mut [u8], flag: &AtomicU64) -> Route {
     Route {
+        id: 0,
         local: local.as_ptr() as u64,
         local_len: local.len() as u64,
         remote: remote.as_mut_ptr() as u64,
@@ -15,6 +16,7 @@ fn route(local: &[u8], remote: &mut [u8], flag: &AtomicU64) -> Route {
 #[test]
 fn route_check_refuses_anything_leaving_either_buffer() {
     let r = Route {
+        id: 0,
         local: 0,
         local_len: 100,
         remote: 0,

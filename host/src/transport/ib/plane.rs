@@ -1,0 +1,410 @@
+//! [`IbPlane`]: the proxy's data plane over RDMA queue pairs.
+//!
+//! Per connection (found by [`Route::id`]): a put becomes one RDMA WRITE (split in pieces of
+//! at most [`MAX_WRITE`] bytes), a signal an 8-byte inline RDMA WRITE of the epoch to the
+//! peer's inbound counter, both on the connection's RC queue pair, so the flag lands after
+//! the data. Work requests are numbered per queue pair from 1 (`wr_id`); only every
+//! [`IbConfig::signal_every`]-th is signalled, and its completion retires it and everything
+//! posted before it (RC completes in order). Before the send queue would overflow, the plane
+//! waits for a completion. [`DataPlane::flush`] makes the last posted request signalled (by
+//! re-writing the last epoch, which changes nothing at the peer) and waits until it
+//! completed, up to [`IbConfig::timeout`].
+//!
+//! An error completion breaks the connection: the error names it (id, peer rank, tag, queue
+//! pair, status) and every later operation on it returns the same error; other connections
+//! carry on.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::super::{DataPlane, Route, TransportError};
+use super::{Completion, IbError, QueuePair, WriteRequest, WriteSource};
+
+/// Largest single RDMA WRITE (the verbs limit is 2^31 bytes).
+pub const MAX_WRITE: u64 = 1 << 30;
+
+/// Settings of an [`IbPlane`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IbConfig {
+    /// Send-queue depth of each queue pair.
+    pub depth: u32,
+    /// One work request in this many is signalled (1 = all).
+    pub signal_every: u32,
+    /// How long `flush` (or a full send queue) waits for completions.
+    pub timeout: Duration,
+}
+
+impl Default for IbConfig {
+    fn default() -> Self {
+        IbConfig {
+            depth: 512,
+            signal_every: 32,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl IbConfig {
+    /// Refuses settings under which the send queue could fill with no signalled request in
+    /// it (then nothing would ever complete).
+    pub fn validate(&self) -> Result<(), IbError> {
+        if self.signal_every == 0 || self.depth < 2 || self.signal_every > self.depth - 1 {
+            return Err(IbError::InvalidConfig(format!(
+                "signal_every {} must be in 1..depth ({})",
+                self.signal_every, self.depth
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One connection's queue pair and keys, as the plane needs them.
+#[derive(Debug, Clone)]
+pub struct IbLink {
+    /// The connected (RTS) queue pair, shared with the communicator that owns it.
+    pub qp: Arc<Mutex<Box<dyn QueuePair>>>,
+    /// The peer's rank (for error messages).
+    pub peer: usize,
+    /// The connection's tag (for error messages).
+    pub tag: u32,
+    /// Local key of the registration covering the route's local buffer.
+    pub lkey: u32,
+    /// Remote key of the peer's buffer.
+    pub rkey: u32,
+    /// Remote key of the peer's inbound counter.
+    pub flag_rkey: u32,
+}
+
+#[derive(Debug)]
+struct LinkState {
+    link: IbLink,
+    /// `wr_id` of the last posted request (0: none yet).
+    posted: u64,
+    /// Every request up to this `wr_id` has completed.
+    completed: u64,
+    /// `wr_id` of the last signalled request.
+    last_signaled: u64,
+    /// Requests posted since the last signalled one.
+    unsignaled: u32,
+    /// Last epoch written to the peer's counter (a flush fence writes it again).
+    epoch: u64,
+    /// Where the last flag went (for the fence).
+    flag_addr: Option<u64>,
+    /// The peer buffer's start (a zero-byte fence goes there when no flag was written).
+    fence_addr: u64,
+    /// The first error on this connection; it is unusable afterwards.
+    failed: Option<String>,
+}
+
+/// The IB data plane; see the module docs.
+#[derive(Debug)]
+pub struct IbPlane {
+    links: Vec<Option<LinkState>>,
+    config: IbConfig,
+    scratch: Vec<Completion>,
+}
+
+impl IbPlane {
+    /// A plane for `links[id]` (None for connections of other transports); `epochs[id]` is
+    /// the last epoch already written on each connection (a relaunched proxy continues).
+    pub fn new(
+        links: Vec<Option<IbLink>>,
+        epochs: &[u64],
+        config: IbConfig,
+    ) -> Result<IbPlane, IbError> {
+        config.validate()?;
+        let links = links
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                l.map(|link| LinkState {
+                    link,
+                    posted: 0,
+                    completed: 0,
+                    last_signaled: 0,
+                    unsignaled: 0,
+                    epoch: epochs.get(i).copied().unwrap_or(0),
+                    flag_addr: None,
+                    fence_addr: 0,
+                    failed: None,
+                })
+            })
+            .collect();
+        Ok(IbPlane {
+            links,
+            config,
+            scratch: Vec::new(),
+        })
+    }
+
+    fn state(&mut self, id: u32) -> Result<&mut LinkState, IbError> {
+        self.links
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .ok_or(IbError::UnknownConnection(id))
+    }
+
+    /// Posts one write on connection `id`, waiting first when the send queue is full.
+    fn post(
+        &mut self,
+        id: u32,
+        source: WriteSource,
+        remote_addr: u64,
+        rkey_of: fn(&IbLink) -> u32,
+        force_signal: bool,
+    ) -> Result<(), IbError> {
+        let config = self.config;
+        let scratch = &mut self.scratch;
+        let s = self
+            .links
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .ok_or(IbError::UnknownConnection(id))?;
+        s.check(id)?;
+        if s.posted - s.completed >= config.depth as u64 - 1 {
+            let target = s.posted + 2 - config.depth as u64;
+            s.wait_until(id, target, config.timeout, scratch)?;
+        }
+        let wr_id = s.posted + 1;
+        let signaled = force_signal || s.unsignaled + 1 >= config.signal_every;
+        let wr = WriteRequest {
+            wr_id,
+            source,
+            remote_addr,
+            rkey: rkey_of(&s.link),
+            signaled,
+        };
+        let r = s
+            .link
+            .qp
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .post_write(&wr);
+        if let Err(e) = r {
+            s.failed = Some(e.to_string());
+            return Err(e);
+        }
+        s.posted = wr_id;
+        if signaled {
+            s.last_signaled = wr_id;
+            s.unsignaled = 0;
+        } else {
+            s.unsignaled += 1;
+        }
+        // Reap what is done already (cheap, never waits).
+        if s.last_signaled > s.completed {
+            s.reap(id, scratch)?;
+        }
+        Ok(())
+    }
+
+    fn flush_link(&mut self, id: u32) -> Result<(), IbError> {
+        let s = self.state(id)?;
+        s.check(id)?;
+        if s.completed == s.posted {
+            return Ok(());
+        }
+        if s.last_signaled < s.posted {
+            // Make the last request signalled: re-write the current epoch (the peer's counter
+            // already holds it, or will once the earlier flag lands; same queue pair, so in
+            // order). With no flag written yet, write 0 over the 0 it holds.
+            let (epoch, flag) = (s.epoch, s.flag_addr);
+            let addr = match flag {
+                Some(a) => a,
+                None => return self.fence_without_flag(id),
+            };
+            self.post(
+                id,
+                WriteSource::Inline(epoch.to_ne_bytes()),
+                addr,
+                |l| l.flag_rkey,
+                true,
+            )?;
+        }
+        let (config, scratch) = (self.config, &mut self.scratch);
+        let s = self.links[id as usize]
+            .as_mut()
+            .ok_or(IbError::UnknownConnection(id))?;
+        let target = s.posted;
+        s.wait_until(id, target, config.timeout, scratch)
+    }
+
+    /// Only puts so far and no known flag address: a signalled zero-byte write to the
+    /// buffer start retires them (valid for any rkey range).
+    fn fence_without_flag(&mut self, id: u32) -> Result<(), IbError> {
+        let s = self.state(id)?;
+        let addr = s.fence_addr;
+        self.post(
+            id,
+            WriteSource::Registered {
+                addr: 0,
+                len: 0,
+                lkey: 0,
+            },
+            addr,
+            |l| l.rkey,
+            true,
+        )?;
+        let (config, scratch) = (self.config, &mut self.scratch);
+        let s = self.links[id as usize]
+            .as_mut()
+            .ok_or(IbError::UnknownConnection(id))?;
+        let target = s.posted;
+        s.wait_until(id, target, config.timeout, scratch)
+    }
+}
+
+impl LinkState {
+    fn check(&self, id: u32) -> Result<(), IbError> {
+        match &self.failed {
+            None => Ok(()),
+            Some(status) => Err(IbError::Completion {
+                connection: id,
+                peer: self.link.peer,
+                tag: self.link.tag,
+                qpn: self.qpn(),
+                wr_id: self.completed + 1,
+                status: format!("connection already failed: {status}"),
+            }),
+        }
+    }
+
+    fn qpn(&self) -> u32 {
+        self.link.qp.lock().unwrap_or_else(|e| e.into_inner()).qpn()
+    }
+
+    /// Polls once and retires what completed. An error completion fails the connection.
+    fn reap(&mut self, id: u32, scratch: &mut Vec<Completion>) -> Result<(), IbError> {
+        scratch.clear();
+        let qpn = {
+            let mut qp = self.link.qp.lock().unwrap_or_else(|e| e.into_inner());
+            qp.poll(scratch)?;
+            qp.qpn()
+        };
+        for c in scratch.drain(..) {
+            match c.error {
+                None => self.completed = self.completed.max(c.wr_id),
+                Some(status) => {
+                    let e = IbError::Completion {
+                        connection: id,
+                        peer: self.link.peer,
+                        tag: self.link.tag,
+                        qpn,
+                        wr_id: c.wr_id,
+                        status: status.clone(),
+                    };
+                    self.failed.get_or_insert(status);
+                    // Nothing after a failed request completes usefully (the queue pair is
+                    // in the error state); later calls report `failed` instead of waiting.
+                    self.completed = self.posted;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls until every request up to `target` completed, or `timeout`.
+    fn wait_until(
+        &mut self,
+        id: u32,
+        target: u64,
+        timeout: Duration,
+        scratch: &mut Vec<Completion>,
+    ) -> Result<(), IbError> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while self.completed < target {
+            self.reap(id, scratch)?;
+            if self.completed >= target {
+                break;
+            }
+            spins += 1;
+            if spins.is_multiple_of(256) {
+                let waited = start.elapsed();
+                if waited >= timeout {
+                    return Err(IbError::Timeout {
+                        connection: id,
+                        peer: self.link.peer,
+                        tag: self.link.tag,
+                        pending: self.posted - self.completed,
+                        waited,
+                    });
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DataPlane for IbPlane {
+    fn put(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), TransportError> {
+        route.check(dst_offset, src_offset, size)?;
+        {
+            let s = self.state(route.id)?;
+            s.fence_addr = route.remote;
+        }
+        let mut done = 0;
+        while done < size {
+            let n = (size - done).min(MAX_WRITE);
+            let lkey = self.state(route.id)?.link.lkey;
+            self.post(
+                route.id,
+                WriteSource::Registered {
+                    addr: route.local + src_offset + done,
+                    len: n as u32,
+                    lkey,
+                },
+                route.remote + dst_offset + done,
+                |l| l.rkey,
+                false,
+            )?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
+        {
+            let s = self.state(route.id)?;
+            s.epoch = epoch;
+            s.flag_addr = Some(route.remote_flag);
+            s.fence_addr = route.remote;
+        }
+        // Native byte order: the peer reads the counter as a native u64 (both ends are
+        // little endian on every platform this library supports).
+        self.post(
+            route.id,
+            WriteSource::Inline(epoch.to_ne_bytes()),
+            route.remote_flag,
+            |l| l.flag_rkey,
+            false,
+        )?;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), TransportError> {
+        let mut first = None;
+        for id in 0..self.links.len() as u32 {
+            let pending = self.links[id as usize]
+                .as_ref()
+                .is_some_and(|s| s.posted > s.completed);
+            if pending && let Err(e) = self.flush_link(id) {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(e) => Err(e.into()),
+        }
+    }
+}
