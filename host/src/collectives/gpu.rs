@@ -73,6 +73,28 @@ pub(super) fn check_stream(call: &str, gpu: &Gpu, stream: &CudaStream) -> Result
         .map_err(|e| CudaError::driver("cuCtxSetCurrent", e).into())
 }
 
+/// Refuses a typed call on a capturing stream while cudarc would add (uncapturable) event
+/// waits for the slices.
+pub(super) fn check_capture(call: &str, stream: &CudaStream) -> Result<(), CommError> {
+    if !stream.context().is_managing_stream_synchronization() {
+        return Ok(());
+    }
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream of this context and an out-pointer to a local.
+    let r = unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    if r == sys::CUresult::CUDA_SUCCESS
+        && status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    {
+        return Err(CommError::InvalidArgument(format!(
+            "{call}: the stream is being captured into a CUDA graph and cudarc's event \
+             tracking would add event waits that cannot be captured; call \
+             CudaContext::disable_event_tracking before allocating the slices, or use the \
+             _raw call"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that `[ptr, ptr + bytes)` lies inside one device allocation and that `ptr` is
 /// aligned to `align` (a host-side lookup; no stream work).
 pub(super) fn check_range(

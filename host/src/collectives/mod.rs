@@ -405,9 +405,10 @@ impl Collectives {
                 (blocks, threads)
             }
             _ => {
-                // About 256 KiB per block and round, at most max_blocks.
+                // NVLink needs many blocks in flight (one block moves only a few GB/s):
+                // one per 16 KiB, at most max_blocks.
                 let blocks = bytes
-                    .div_ceil(256 << 10)
+                    .div_ceil(16 << 10)
                     .clamp(1, self.config.max_blocks as usize);
                 (blocks as u32, threads)
             }
@@ -522,6 +523,12 @@ impl Collectives {
     }
 
     /// Out-of-place all-reduce of cudarc slices (lengths must match), on `stream`.
+    ///
+    /// cudarc orders slice uses across streams with events when its event tracking is on
+    /// and the context has several streams; those event waits cannot be captured into a
+    /// CUDA graph. Under capture, such a call is refused with that reason: call
+    /// `CudaContext::disable_event_tracking` first, or use
+    /// [`all_reduce_raw`](Self::all_reduce_raw).
     pub fn all_reduce<T: Element>(
         &self,
         send: &CudaSlice<T>,
@@ -538,6 +545,7 @@ impl Collectives {
             )));
         }
         let count = send.len();
+        gpu::check_capture("all_reduce", stream)?;
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
         // SAFETY: the slices are borrowed across the launch and cudarc's guards order later
@@ -545,7 +553,8 @@ impl Collectives {
         unsafe { self.all_reduce_raw(s, r, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
     }
 
-    /// In-place all-reduce of a cudarc slice, on `stream`.
+    /// In-place all-reduce of a cudarc slice, on `stream` (graph capture as in
+    /// [`all_reduce`](Self::all_reduce)).
     pub fn all_reduce_in_place<T: Element>(
         &self,
         buf: &mut CudaSlice<T>,
@@ -554,12 +563,14 @@ impl Collectives {
     ) -> Result<(), CommError> {
         use cudarc::driver::DevicePtrMut;
         let count = buf.len();
+        gpu::check_capture("all_reduce_in_place", stream)?;
         let (p, _g) = buf.device_ptr_mut(stream);
         // SAFETY: as in all_reduce.
         unsafe { self.all_reduce_raw(p, p, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
     }
 
-    /// All-gather of cudarc slices (`recv.len() == nranks * send.len()`), on `stream`.
+    /// All-gather of cudarc slices (`recv.len() == nranks * send.len()`), on `stream`
+    /// (graph capture as in [`all_reduce`](Self::all_reduce)).
     pub fn all_gather<T: Element>(
         &self,
         send: &CudaSlice<T>,
@@ -576,6 +587,7 @@ impl Collectives {
             )));
         }
         let count = send.len();
+        gpu::check_capture("all_gather", stream)?;
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
         // SAFETY: as in all_reduce.

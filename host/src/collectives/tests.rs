@@ -13,6 +13,7 @@ fn comm_config() -> CommConfig {
         fifo_slots: 8,
         device_timeout: Duration::from_secs(30),
         bootstrap: BootstrapConfig::default().with_timeout(Duration::from_secs(30)),
+        ..CommConfig::default()
     }
 }
 
