@@ -238,7 +238,8 @@ fn sweep_all_gather_rank() {
     println!("rank {r}: ok");
 }
 
-/// Ten in-place all-reduces captured into one CUDA graph, replayed three times: with equal
+/// Ten in-place all-reduces (raw API: cudarc's typed slices add event waits under
+/// multi-stream event tracking, which capture refuses) captured into one CUDA graph, replayed three times: with equal
 /// small-integer inputs every call doubles the sum, so the result proves that every replayed
 /// call ran with fresh packet flags and semaphores.
 fn graph_rank() {
@@ -256,9 +257,21 @@ fn graph_rank() {
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
             .unwrap();
+        let p = dptr_f32(&buf, &stream);
         for _ in 0..10 {
-            c.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)
-                .unwrap();
+            // SAFETY: buf lives until the synchronize after the replays.
+            unsafe {
+                c.all_reduce_raw(
+                    p,
+                    p,
+                    count,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AllReduceAlgo::Auto,
+                    &stream,
+                )
+            }
+            .unwrap();
         }
         let graph = stream
             .end_capture(
