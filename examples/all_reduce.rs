@@ -4,12 +4,12 @@
 //! runs on the Host transport (CPU threads) and says so.
 //!
 //! ```text
-//! cargo run --release --example all_reduce -- [bytes ...]
+//! cargo run --release --example all_reduce -- [--graph] [bytes ...]
 //! ```
 
 use std::time::{Duration, Instant};
 
-use mscclpp::host::collectives::{CollConfig, Collectives, ReduceOp};
+use mscclpp::host::collectives::{AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::{CudaSlice, device_count};
 use mscclpp::host::launch::{Launch, LocalLauncher};
@@ -35,6 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let comm = Communicator::from_bootstrap(bs, backend.clone(), CommConfig::default())?;
     let coll = Collectives::new(comm, CollConfig::from_env()?)?;
     let (rank, n) = (coll.rank(), coll.nranks());
+    let graph = std::env::args().any(|a| a == "--graph");
     let sizes: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -59,21 +60,55 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     stream.record_event(Some(flags))?,
                     stream.record_event(Some(flags))?,
                 );
-                start.record(&stream)?;
-                for _ in 0..iters {
-                    coll.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
+                if graph {
+                    // The same calls captured once into a CUDA graph (raw API: cudarc's typed
+                    // slices may add event waits that capture refuses), then replayed.
+                    let p = {
+                        use cudarc::driver::DevicePtr;
+                        buf.device_ptr(&stream).0
+                    };
+                    stream.begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    )?;
+                    for _ in 0..iters {
+                        // SAFETY: buf outlives the graph's launches (synchronised below).
+                        unsafe {
+                            coll.all_reduce_raw(
+                                p,
+                                p,
+                                count,
+                                DataType::F32,
+                                ReduceOp::Sum,
+                                AllReduceAlgo::Auto,
+                                &stream,
+                            )?
+                        };
+                    }
+                    let g = stream
+                        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?
+                        .ok_or("nothing captured")?;
+                    g.launch()?;
+                    start.record(&stream)?;
+                    g.launch()?;
+                    end.record(&stream)?;
+                } else {
+                    start.record(&stream)?;
+                    for _ in 0..iters {
+                        coll.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
+                    }
+                    end.record(&stream)?;
                 }
-                end.record(&stream)?;
                 stream.synchronize()?;
                 let us = start.elapsed_ms(&end)? as f64 * 1000.0 / iters as f64;
                 let busbw = (count * 4) as f64 * 2.0 * (n - 1) as f64 / n as f64 / us / 1e3;
                 if rank == 0 {
                     println!(
-                        "all_reduce f32 {:>11} B  {:>9.2} us  busbw {:>7.1} GB/s  ({:?})",
+                        "all_reduce f32 {:>11} B  {:>9.2} us  busbw {:>7.1} GB/s  ({:?}{})",
                         count * 4,
                         us,
                         busbw,
-                        coll.choose_all_reduce(count * 4)
+                        coll.choose_all_reduce(count * 4),
+                        if graph { ", graph" } else { "" }
                     );
                 }
             }

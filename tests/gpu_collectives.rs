@@ -129,9 +129,13 @@ fn sweep_all_reduce_rank() {
     ] {
         for count in counts(dtype, max) {
             let bytes = count * dtype.size();
-            let mut algos = vec![AllReduceAlgo::Auto];
+            let mut algos = vec![AllReduceAlgo::Auto, AllReduceAlgo::ReadReduce];
             if bytes <= c.one_shot_max_bytes() {
-                algos = vec![AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot];
+                algos = vec![
+                    AllReduceAlgo::OneShot,
+                    AllReduceAlgo::TwoShot,
+                    AllReduceAlgo::ReadReduce,
+                ];
             }
             for algo in algos {
                 for in_place in [false, true] {

@@ -196,16 +196,18 @@ unsafe fn store1<T: Reduce>(p: *mut u8, i: u64, v: u32) {
     }
 }
 
-/// Reduces `len` elements: rank `q`'s values are `own` for `q == rank`, else the receive
-/// slot `q` of this rank's scratch at `slot_off`; the sum goes to `out` and to `reduced`.
-/// Threads of the block share the work; 16-byte vectors when `own` and `out` are 16-byte
-/// aligned (the scratch always is), elements otherwise and for the tail.
+/// Reduces `len` elements: rank `q`'s values are `own` for `q == rank`, else rank `q`'s
+/// staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank `q`'s scratch,
+/// read over NVLink; else slot `q` of this rank's scratch, put there by rank `q`); the sum
+/// goes to `out` and to `reduced`. Threads of the block share the work; 16-byte vectors
+/// (two per thread in flight) when `own` and `out` are 16-byte aligned (the scratch always
+/// is), elements otherwise and for the tail.
 ///
 /// # Safety
 /// All ranges valid for `len` elements; scratch slots published to this block by a barrier.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn reduce_slots<T: Reduce>(
+unsafe fn reduce_slots<T: Reduce, const READ: bool>(
     ctx: &CollContext,
     slot_bytes: u64,
     slot_off: u64,
@@ -217,10 +219,17 @@ unsafe fn reduce_slots<T: Reduce>(
 ) {
     let (t, nt) = (thread as u64, arch::block_dim_x() as u64);
     let (n, r) = (ctx.nranks, ctx.rank);
-    let slot = |q: u32| {
-        ctx.scratch
-            .wrapping_add((q as u64 * slot_bytes + slot_off) as usize)
+    let src = |q: u32| -> *const u8 {
+        if q == r {
+            own
+        } else if READ {
+            ctx.peer_scratch[q as usize].wrapping_add((r as u64 * slot_bytes + slot_off) as usize)
+        } else {
+            ctx.scratch
+                .wrapping_add((q as u64 * slot_bytes + slot_off) as usize)
+        }
     };
+    let add = |a: [u64; 2], x: [u64; 2]| [T::add8(a[0], x[0]), T::add8(a[1], x[1])];
     let per_vec = 16 / T::SIZE;
     let vectors = if (own as usize | out as usize).is_multiple_of(16) {
         len / per_vec
@@ -229,32 +238,43 @@ unsafe fn reduce_slots<T: Reduce>(
     };
     let mut v = t;
     while v < vectors {
-        let at = (v * 16) as usize;
-        let mut acc = [0u64; 2];
+        let second = v + nt < vectors;
+        let (a1, a2) = ((v * 16) as usize, ((v + nt) * 16) as usize);
+        let (mut acc1, mut acc2) = ([0u64; 2], [0u64; 2]);
         for q in 0..n {
-            let src = if q == r { own } else { slot(q) as *const u8 };
-            // SAFETY: 16 valid aligned bytes (v < vectors); scratch published by the barrier.
-            let x = unsafe { arch::ld_weak_v2_u64(src.add(at) as *const u64) };
-            acc = if q == 0 {
-                x
+            let p = src(q);
+            // SAFETY: 16 valid aligned bytes at each offset (v, v + nt < vectors); scratch
+            // published by the barrier.
+            let x1 = unsafe { arch::ld_weak_v2_u64(p.add(a1) as *const u64) };
+            let x2 = if second {
+                // SAFETY: as above.
+                unsafe { arch::ld_weak_v2_u64(p.add(a2) as *const u64) }
             } else {
-                [T::add8(acc[0], x[0]), T::add8(acc[1], x[1])]
+                [0; 2]
+            };
+            (acc1, acc2) = if q == 0 {
+                (x1, x2)
+            } else {
+                (add(acc1, x1), add(acc2, x2))
             };
         }
         // SAFETY: 16 valid aligned bytes of out and of the reduced slot, this thread's own.
         unsafe {
-            arch::st_weak_v2_u64(out.add(at) as *mut u64, acc[0], acc[1]);
-            arch::st_weak_v2_u64(reduced.add(at) as *mut u64, acc[0], acc[1]);
+            arch::st_weak_v2_u64(out.add(a1) as *mut u64, acc1[0], acc1[1]);
+            arch::st_weak_v2_u64(reduced.add(a1) as *mut u64, acc1[0], acc1[1]);
+            if second {
+                arch::st_weak_v2_u64(out.add(a2) as *mut u64, acc2[0], acc2[1]);
+                arch::st_weak_v2_u64(reduced.add(a2) as *mut u64, acc2[0], acc2[1]);
+            }
         }
-        v += nt;
+        v += 2 * nt;
     }
     let mut i = vectors * per_vec + t;
     while i < len {
         let mut acc = 0u32;
         for q in 0..n {
-            let src = if q == r { own } else { slot(q) as *const u8 };
             // SAFETY: element i < len of a valid, element-aligned range.
-            let x = unsafe { load1::<T>(src, i) };
+            let x = unsafe { load1::<T>(src(q), i) };
             acc = if q == 0 { x } else { T::add1(acc, x) };
         }
         // SAFETY: as above, this thread's own element.
@@ -269,7 +289,11 @@ unsafe fn reduce_slots<T: Reduce>(
 /// Two-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal).
 ///
 /// The elements are cut into one chunk per rank (a multiple of 16 bytes each, the last ones
-/// shorter or empty); rank `r` reduces chunk `r`. Chunks pass through the scratch in rounds
+/// shorter or empty); rank `r` reduces chunk `r`. Two variants: `READ = false` puts each
+/// peer's part of the input into that peer's scratch (NVLink writes) and reduces from the
+/// own scratch; `READ = true` stages each peer's part in the own scratch (a local copy) and
+/// reduces while reading the peers' staged parts over NVLink, so the reduction overlaps the
+/// transfer. Chunks pass through the scratch in rounds
 /// of one slot (`two_shot_slot`), each block owning one fixed share of every slot. Per round and
 /// block: put the peers' shares of their chunks into their receive slots for this rank;
 /// barrier; reduce the own share in rank order into `recv` and into the own reduced slot;
@@ -283,7 +307,12 @@ unsafe fn reduce_slots<T: Reduce>(
 /// of at least `nranks` threads; the context valid; `send`/`recv` valid for `count`
 /// elements, aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
 #[inline(always)]
-pub unsafe fn two_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn two_shot<T: Reduce, const READ: bool>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+) {
     let t = arch::thread_idx_x();
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks as u64, ctx.rank);
@@ -308,11 +337,17 @@ pub unsafe fn two_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
         for p in 0..ctx.nranks {
             if p != r {
                 let (start, len) = chunk_part(p as u64, chunk, off, e - s, count);
-                // SAFETY: the peer's receive slot for this rank holds slot_bytes >= (e - s)
-                // * es from scratch_off; send holds the chunk part (clipped to count).
+                // SAFETY: the slot (READ: this rank's staging slot for rank p; else rank p's
+                // receive slot for this rank) holds slot_bytes >= (e - s) * es from
+                // scratch_off; send holds the chunk part (clipped to count).
                 unsafe {
-                    let dst = ctx.peer_scratch[p as usize]
-                        .add((r as u64 * slot_bytes + scratch_off) as usize);
+                    let dst = if READ {
+                        ctx.scratch
+                            .add((p as u64 * slot_bytes + scratch_off) as usize)
+                    } else {
+                        ctx.peer_scratch[p as usize]
+                            .add((r as u64 * slot_bytes + scratch_off) as usize)
+                    };
                     copy(dst, send.add((start * es) as usize), len * es, t, nt);
                 }
             }
@@ -322,7 +357,7 @@ pub unsafe fn two_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
         let (start, len) = chunk_part(r as u64, chunk, off, e - s, count);
         // SAFETY: ranges as above; the peers' puts were published by the barrier.
         unsafe {
-            reduce_slots::<T>(
+            reduce_slots::<T, READ>(
                 ctx,
                 slot_bytes,
                 scratch_off,

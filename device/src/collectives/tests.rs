@@ -114,6 +114,7 @@ impl Ty {
 enum Algo {
     OneShot,
     TwoShot,
+    ReadReduce,
 }
 
 /// Bytes of `count` elements encoded from `vals`, at byte `pad` of a fresh buffer.
@@ -175,6 +176,9 @@ fn all_reduce(
                         (Algo::TwoShot, Ty::F32) => k::all_reduce_two_shot_f32,
                         (Algo::TwoShot, Ty::F16) => k::all_reduce_two_shot_f16,
                         (Algo::TwoShot, Ty::Bf16) => k::all_reduce_two_shot_bf16,
+                        (Algo::ReadReduce, Ty::F32) => k::all_reduce_two_shot_read_f32,
+                        (Algo::ReadReduce, Ty::F16) => k::all_reduce_two_shot_read_f16,
+                        (Algo::ReadReduce, Ty::Bf16) => k::all_reduce_two_shot_read_bf16,
                     };
                     launch(Dim3::x(blocks), Dim3::x(threads), || {
                         // SAFETY: the world's context; buffers valid for pad + bytes.
@@ -229,7 +233,7 @@ fn all_reduce_exact_sums_for_every_algorithm_type_rank_count_and_alignment() {
         let mut call = 0u64;
         for ty in [Ty::F32, Ty::F16, Ty::Bf16] {
             for count in [1usize, 3, 8, 33, 100, 257] {
-                for algo in [Algo::OneShot, Algo::TwoShot] {
+                for algo in [Algo::OneShot, Algo::TwoShot, Algo::ReadReduce] {
                     for (pad, in_place) in [(0, false), (0, true), (ty.size(), false)] {
                         call += 1;
                         let inputs = int_inputs(n, count, call);
@@ -253,7 +257,7 @@ fn all_reduce_of_random_floats_is_identical_on_every_rank_and_close_to_the_sum()
     let n = 3;
     let w = World::new(n, 16 * 64, 8192);
     for (i, ty) in [Ty::F32, Ty::F16, Ty::Bf16].into_iter().enumerate() {
-        for algo in [Algo::OneShot, Algo::TwoShot] {
+        for algo in [Algo::OneShot, Algo::TwoShot, Algo::ReadReduce] {
             let count = 301;
             let inputs: Vec<Vec<f32>> = (0..n)
                 .map(|r| {
@@ -375,7 +379,8 @@ fn collectives_of_different_kinds_share_the_scratch_in_sequence() {
                 assert_eq!(all_gather(&w, &inputs, false, 2)[1], inputs.concat());
             }
             c => {
-                let algo = if c == 1 { Algo::TwoShot } else { Algo::OneShot };
+                let algo =
+                    [Algo::TwoShot, Algo::OneShot, Algo::ReadReduce][((call / 3 + c) % 3) as usize];
                 let inputs = int_inputs(n, 150, call);
                 let got = all_reduce(&w, Ty::F16, algo, &inputs, 0, call % 2 == 0, 2, 4);
                 assert_eq!(got[2], expected(&inputs), "call {call} {algo:?}");

@@ -1,12 +1,12 @@
 //! The collective kernels: thin entry points over [`crate::collectives`], one per
-//! algorithm and element type (names `all_reduce_{one_shot,two_shot}_{f32,f16,bf16}` and
+//! algorithm and element type (names `all_reduce_{one_shot,two_shot,two_shot_read}_{f32,f16,bf16}` and
 //! `all_gather`). The host (`mscclpp_host::collectives`) picks the grid and launches them.
 
 use crate::collectives::{Bf16, CollContext, F16, F32, all_gather, all_reduce};
 use crate::kernel;
 
 macro_rules! all_reduce_kernels {
-    ($($one:ident, $two:ident, $t:ty);* $(;)?) => {$(
+    ($($one:ident, $two:ident, $read:ident, $t:ty);* $(;)?) => {$(
         kernel! {
             /// One-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::one_shot`].
@@ -20,18 +20,27 @@ macro_rules! all_reduce_kernels {
             /// [`all_reduce::two_shot`].
             pub unsafe fn $two(ctx: CollContext, send: *const u8, recv: *mut u8, count: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::two_shot::<$t>(&ctx, send, recv, count) }
+                unsafe { all_reduce::two_shot::<$t, false>(&ctx, send, recv, count) }
             }
         }
+        kernel! {
+            /// Two-shot all-reduce (sum) of `count` elements, reading peers' staged parts:
+            /// see [`all_reduce::two_shot`].
+            pub unsafe fn $read(ctx: CollContext, send: *const u8, recv: *mut u8, count: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { all_reduce::two_shot::<$t, true>(&ctx, send, recv, count) }
+            }
+        }
+        crate::launch_bounds!($read, 512);
         crate::launch_bounds!($one, 1024);
         crate::launch_bounds!($two, 512);
     )*};
 }
 
 all_reduce_kernels! {
-    all_reduce_one_shot_f32, all_reduce_two_shot_f32, F32;
-    all_reduce_one_shot_f16, all_reduce_two_shot_f16, F16;
-    all_reduce_one_shot_bf16, all_reduce_two_shot_bf16, Bf16;
+    all_reduce_one_shot_f32, all_reduce_two_shot_f32, all_reduce_two_shot_read_f32, F32;
+    all_reduce_one_shot_f16, all_reduce_two_shot_f16, all_reduce_two_shot_read_f16, F16;
+    all_reduce_one_shot_bf16, all_reduce_two_shot_bf16, all_reduce_two_shot_read_bf16, Bf16;
 }
 
 kernel! {

@@ -22,6 +22,7 @@ unsafe impl cudarc::driver::DeviceRepr for CollContextArg {}
 pub(super) struct Kernels {
     one_shot: [CudaFunction; 3],
     two_shot: [CudaFunction; 3],
+    read_reduce: [CudaFunction; 3],
     pub(super) all_gather: CudaFunction,
     _module: KernelModule,
 }
@@ -41,6 +42,11 @@ impl Kernels {
                 f("all_reduce_two_shot_f16")?,
                 f("all_reduce_two_shot_bf16")?,
             ],
+            read_reduce: [
+                f("all_reduce_two_shot_read_f32")?,
+                f("all_reduce_two_shot_read_f16")?,
+                f("all_reduce_two_shot_read_bf16")?,
+            ],
             all_gather: f("all_gather")?,
             _module: m,
         })
@@ -54,6 +60,7 @@ impl Kernels {
         };
         match algo {
             AllReduceAlgo::OneShot => &self.one_shot[i],
+            AllReduceAlgo::ReadReduce => &self.read_reduce[i],
             _ => &self.two_shot[i],
         }
     }

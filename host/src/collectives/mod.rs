@@ -12,7 +12,7 @@
 //! # Algorithms
 //!
 //! [`AllReduceAlgo::Auto`] picks by message size and rank count; the environment variables
-//! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`) and `MSCCLPP_ALLGATHER_ALGO` (`memory`)
+//! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`, `readreduce`) and `MSCCLPP_ALLGATHER_ALGO` (`memory`)
 //! override the choice, and an explicit algorithm argument overrides both.
 
 mod gpu;
@@ -89,7 +89,12 @@ pub enum AllReduceAlgo {
     /// One kernel, no separate signal: lowest latency for small messages.
     OneShot,
     /// Reduce-scatter then all-gather through the scratch, with semaphores: for large ones.
+    /// Each rank puts the peers' parts of its input into their scratch (NVLink writes).
     TwoShot,
+    /// Two-shot where each rank stages the peers' parts in its own scratch and the owner
+    /// reduces while reading them over NVLink (read-reduce), overlapping the reduction with
+    /// the transfer.
+    ReadReduce,
 }
 
 /// All-gather algorithm.
@@ -237,8 +242,9 @@ fn parse_all_reduce_env() -> Result<Option<AllReduceAlgo>, CommError> {
             "" | "auto" => Ok(None),
             "oneshot" | "one-shot" | "one_shot" => Ok(Some(AllReduceAlgo::OneShot)),
             "twoshot" | "two-shot" | "two_shot" => Ok(Some(AllReduceAlgo::TwoShot)),
+            "readreduce" | "read-reduce" | "read_reduce" => Ok(Some(AllReduceAlgo::ReadReduce)),
             _ => Err(CommError::InvalidArgument(format!(
-                "MSCCLPP_ALLREDUCE_ALGO={v:?}: expected auto, oneshot or twoshot"
+                "MSCCLPP_ALLREDUCE_ALGO={v:?}: expected auto, oneshot, twoshot or readreduce"
             ))),
         },
     }
@@ -699,6 +705,9 @@ fn host_kernel(algo: AllReduceAlgo, dtype: DataType) -> HostKernel {
         (AllReduceAlgo::OneShot, DataType::F32) => k::all_reduce_one_shot_f32,
         (AllReduceAlgo::OneShot, DataType::F16) => k::all_reduce_one_shot_f16,
         (AllReduceAlgo::OneShot, DataType::Bf16) => k::all_reduce_one_shot_bf16,
+        (AllReduceAlgo::ReadReduce, DataType::F32) => k::all_reduce_two_shot_read_f32,
+        (AllReduceAlgo::ReadReduce, DataType::F16) => k::all_reduce_two_shot_read_f16,
+        (AllReduceAlgo::ReadReduce, DataType::Bf16) => k::all_reduce_two_shot_read_bf16,
         (_, DataType::F32) => k::all_reduce_two_shot_f32,
         (_, DataType::F16) => k::all_reduce_two_shot_f16,
         (_, DataType::Bf16) => k::all_reduce_two_shot_bf16,
