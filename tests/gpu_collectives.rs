@@ -256,12 +256,13 @@ fn graph_rank() {
             .unwrap();
         stream.synchronize().unwrap();
         let sum: Vec<f32> = stream.clone_dtoh(&buf).unwrap();
+        // The address is taken before capture: cudarc may wait on events for it.
+        let p = dptr_f32(&buf, &stream);
         stream
             .begin_capture(
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
             .unwrap();
-        let p = dptr_f32(&buf, &stream);
         for _ in 0..10 {
             // SAFETY: buf lives until the synchronize after the replays.
             unsafe {

@@ -143,8 +143,8 @@ impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
             scratch_bytes: 128 << 20,
-            packet_max_bytes: 1 << 20,
-            max_blocks: 64,
+            packet_max_bytes: 4 << 20,
+            max_blocks: 128,
             threads: 512,
         }
     }
