@@ -349,7 +349,8 @@ pub struct LaunchReport {
     /// One entry per rank, in rank order.
     pub ranks: Vec<RankExit>,
     /// With [`LocalLauncher::capture_output`]: every line the ranks printed, prefixed with
-    /// `[rank N] ` (stdout lines of a rank, then its stderr lines); else empty.
+    /// `[rank N] ` (stdout lines of a rank, then its stderr lines; no prefix on the stdout of
+    /// the rank named by [`LocalLauncher::unprefixed_stdout`]); else empty.
     pub output: Vec<String>,
 }
 
@@ -401,6 +402,7 @@ pub struct LocalLauncher {
     timeout: Duration,
     bootstrap_timeout: Option<Duration>,
     capture: bool,
+    unprefixed_stdout: Option<usize>,
 }
 
 impl LocalLauncher {
@@ -420,6 +422,7 @@ impl LocalLauncher {
             timeout: Duration::from_secs(300),
             bootstrap_timeout: None,
             capture: false,
+            unprefixed_stdout: None,
         }
     }
 
@@ -455,6 +458,13 @@ impl LocalLauncher {
     /// it.
     pub fn capture_output(mut self, capture: bool) -> LocalLauncher {
         self.capture = capture;
+        self
+    }
+
+    /// Forwards the stdout of `rank` without the `[rank N] ` prefix (for a rank that prints a
+    /// report on behalf of all, such as a table); its stderr keeps the prefix.
+    pub fn unprefixed_stdout(mut self, rank: usize) -> LocalLauncher {
+        self.unprefixed_stdout = Some(rank);
         self
     }
 
@@ -504,10 +514,11 @@ impl LocalLauncher {
                 }
             };
             if let Some(out) = child.stdout.take() {
-                forwarders.push(forward(rank, out, false, self.capture));
+                let prefix = self.unprefixed_stdout != Some(rank);
+                forwarders.push(forward(rank, out, false, prefix, self.capture));
             }
             if let Some(err) = child.stderr.take() {
-                forwarders.push(forward(rank, err, true, self.capture));
+                forwarders.push(forward(rank, err, true, true, self.capture));
             }
             children.push(child);
         }
@@ -588,6 +599,7 @@ fn forward(
     rank: usize,
     pipe: impl Read + Send + 'static,
     is_stderr: bool,
+    prefix: bool,
     capture: bool,
 ) -> std::thread::JoinHandle<Vec<String>> {
     std::thread::spawn(move || {
@@ -599,7 +611,13 @@ fn forward(
             match reader.read_until(b'\n', &mut line) {
                 Ok(0) | Err(_) => return captured,
                 Ok(_) => {
-                    let text = prefixed(rank, &line);
+                    let text = if prefix {
+                        prefixed(rank, &line)
+                    } else {
+                        String::from_utf8_lossy(&line)
+                            .trim_end_matches(['\n', '\r'])
+                            .to_string()
+                    };
                     if capture {
                         captured.push(text);
                     } else if is_stderr {

@@ -222,3 +222,21 @@ fn output_lines_are_prefixed() {
     assert_eq!(prefixed(3, b"hello\r\n"), "[rank 3] hello");
     assert_eq!(prefixed(0, b"\xffbad utf8\n"), "[rank 0] \u{fffd}bad utf8");
 }
+
+#[cfg(unix)]
+#[test]
+fn unprefixed_stdout_leaves_one_ranks_stdout_bare() {
+    let report = LocalLauncher::command(2, "/bin/sh")
+        .args(["-c", "echo out $MSCCLPP_RANK; echo err $MSCCLPP_RANK >&2"])
+        .unprefixed_stdout(0)
+        .capture_output(true)
+        .timeout(Duration::from_secs(30))
+        .run()
+        .unwrap();
+    assert!(report.success(), "{report}");
+    let has = |l: &str| report.output.iter().any(|o| o == l);
+    assert!(has("out 0"), "{:?}", report.output);
+    assert!(has("[rank 1] out 1"), "{:?}", report.output);
+    assert!(has("[rank 0] err 0"), "{:?}", report.output);
+    assert!(!has("[rank 0] out 0"), "{:?}", report.output);
+}

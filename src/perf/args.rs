@@ -1,0 +1,295 @@
+//! Command line: nccl-tests' flags plus ours, parsed with clap and then validated into a
+//! [`Config`] (sizes in order, a sweep of bounded length, a data type the collectives have).
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::host::collectives::{AllReduceAlgo, DataType, ReduceOp};
+
+use super::PerfError;
+
+/// nccl-tests' default for `-b` and `-e`: 32 MiB.
+pub const DEFAULT_BYTES: u64 = 32 << 20;
+/// nccl-tests' default for `-i`: 1 MiB.
+pub const DEFAULT_STEP_BYTES: u64 = 1 << 20;
+/// Longest sweep accepted (a typo such as `-i 1` over gigabytes would never end).
+pub const MAX_SIZES: usize = 4096;
+
+/// `mscclpp-perf`: nccl-tests for this library. Flags as in nccl-tests (`-b -e -f -i -n -w
+/// -c -d -o -G`), plus the operation, the algorithm, local ranks, and NCCL side by side.
+#[derive(Debug, Clone, Parser, PartialEq)]
+#[command(
+    name = "mscclpp-perf",
+    version,
+    about = "All-reduce / all-gather bandwidth and latency, with nccl-tests' columns",
+    long_about = "All-reduce / all-gather bandwidth and latency, with nccl-tests' columns.\n\n\
+        Started alone it spawns one process per local GPU (or --nranks); under mpirun, \
+        torchrun or srun (or with MSCCLPP_RANK/MSCCLPP_NRANKS/MSCCLPP_BOOTSTRAP) every \
+        process is one rank. Without a GPU it runs on the Host transport (CPU threads, \
+        shared memory) and says so.\n\n\
+        NCCL for --compare nccl is loaded at run time: libnccl.so by the usual library \
+        search, else MSCCLPP_NCCL_LIB (the library file or its directory), else the PyPI \
+        package nvidia-nccl-cu12/cu13 in a Python site-packages."
+)]
+pub struct Args {
+    /// Collective to measure.
+    #[arg(long = "op", value_enum, default_value_t = Collective::AllReduce)]
+    pub collective: Collective,
+    /// Smallest size in bytes (suffixes K, M, G: powers of 1024).
+    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size)]
+    pub min_bytes: u64,
+    /// Largest size in bytes (suffixes K, M, G).
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
+    pub max_bytes: u64,
+    /// Multiply the size by this factor at each step (nccl-tests: 1 = use --stepbytes).
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 1)]
+    pub step_factor: u64,
+    /// Add this many bytes at each step when --stepfactor is 1 (suffixes K, M, G).
+    #[arg(short = 'i', long = "stepbytes", default_value = "1M", value_parser = parse_size)]
+    pub step_bytes: u64,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: u32,
+    /// Warm-up iterations per size (not timed).
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 1)]
+    pub warmup_iters: u32,
+    /// Check results (0: no, otherwise yes); #wrong counts mismatching elements.
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: u32,
+    /// Element type: float (float32, f32, fp32), half (float16, f16, fp16), bfloat16 (bf16).
+    #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_dtype)]
+    pub dtype: DataType,
+    /// Reduction operation (all-reduce).
+    #[arg(short = 'o', long = "redop", default_value = "sum", value_parser = parse_redop)]
+    pub redop: ReduceOp,
+    /// Number of CUDA graph launches; the timed iterations are captured into one graph.
+    /// 0: plain launches.
+    #[arg(short = 'G', long = "cudagraph", default_value_t = 0)]
+    pub graph_launches: u32,
+    /// All-reduce algorithm.
+    #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
+    pub algo: AlgoArg,
+    /// Local processes to spawn when started alone (default: one per GPU, 2 without a GPU).
+    #[arg(long)]
+    pub nranks: Option<usize>,
+    /// Run this library too, on the same buffers in the same run, and print the ratio.
+    #[arg(long, value_enum)]
+    pub compare: Option<CompareWith>,
+    /// Write every row and the run's metadata as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw bus bandwidth and latency against size as an SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// The collective measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Collective {
+    /// All-reduce (nccl-tests' all_reduce_perf).
+    #[value(name = "allreduce", alias = "all_reduce", alias = "all-reduce")]
+    AllReduce,
+    /// All-gather (nccl-tests' all_gather_perf).
+    #[value(name = "allgather", alias = "all_gather", alias = "all-gather")]
+    AllGather,
+}
+
+impl Collective {
+    /// Name printed in the header and the JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "allreduce",
+            Collective::AllGather => "allgather",
+        }
+    }
+}
+
+/// `--algo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgoArg {
+    /// Chosen by the library by size and rank count.
+    Auto,
+    /// One-shot LL packets.
+    Oneshot,
+    /// Two-shot (reduce-scatter + all-gather).
+    Twoshot,
+}
+
+impl AlgoArg {
+    /// The library's all-reduce algorithm.
+    pub fn all_reduce(self) -> AllReduceAlgo {
+        match self {
+            AlgoArg::Auto => AllReduceAlgo::Auto,
+            AlgoArg::Oneshot => AllReduceAlgo::OneShot,
+            AlgoArg::Twoshot => AllReduceAlgo::TwoShot,
+        }
+    }
+}
+
+/// `--compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompareWith {
+    /// NVIDIA's NCCL, loaded at run time.
+    Nccl,
+}
+
+/// Parses a byte count the way nccl-tests does: a number with an optional suffix `K`, `M`
+/// or `G` (powers of 1024; `KB`, `KiB` and a trailing `B` are accepted too). Fractions are
+/// allowed when the result is a whole number of bytes (`1.5K`).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits_end);
+    if number.is_empty() {
+        return Err(format!(
+            "{text:?} is not a size (expected e.g. 8, 64K, 32M, 1G)"
+        ));
+    }
+    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown size suffix {:?} (use K, M or G)",
+                suffix.trim()
+            ));
+        }
+    };
+    let unit = 1u64 << shift;
+    let bytes = if let Some((whole, frac)) = number.split_once('.') {
+        if frac.contains('.') || (whole.is_empty() && frac.is_empty()) {
+            return Err(format!("{text:?} is not a size"));
+        }
+        let value: f64 = number
+            .parse()
+            .map_err(|_| format!("{text:?} is not a size"))?;
+        let bytes = value * unit as f64;
+        if !(bytes.is_finite() && bytes < u64::MAX as f64) || bytes.fract() != 0.0 {
+            return Err(format!("{text:?} is not a whole number of bytes"));
+        }
+        bytes as u64
+    } else {
+        number
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(unit))
+            .ok_or_else(|| format!("{text:?} is too large"))?
+    };
+    if bytes == 0 {
+        return Err(format!("{text:?}: sizes must be at least 1 byte"));
+    }
+    Ok(bytes)
+}
+
+/// Parses `-d`: nccl-tests' names and NCCL's aliases for the types the collectives have.
+pub fn parse_dtype(text: &str) -> Result<DataType, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "float" | "float32" | "f32" | "fp32" => Ok(DataType::F32),
+        "half" | "float16" | "f16" | "fp16" => Ok(DataType::F16),
+        "bfloat16" | "bf16" => Ok(DataType::Bf16),
+        "int8" | "char" | "uint8" | "int32" | "int" | "uint32" | "int64" | "uint64" | "double"
+        | "float64" | "f64" | "fp8_e4m3" | "fp8_e5m2" | "all" => Err(format!(
+            "datatype {text:?} is not supported by mscclpp's collectives (use float, half or \
+             bfloat16)"
+        )),
+        _ => Err(format!(
+            "unknown datatype {text:?} (use float, half or bfloat16)"
+        )),
+    }
+}
+
+/// Parses `-o`.
+pub fn parse_redop(text: &str) -> Result<ReduceOp, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "sum" => Ok(ReduceOp::Sum),
+        "prod" | "max" | "min" | "avg" | "all" => Err(format!(
+            "reduction {text:?} is not supported by mscclpp's collectives (use sum)"
+        )),
+        _ => Err(format!("unknown reduction {text:?} (use sum)")),
+    }
+}
+
+/// Validated settings of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The parsed arguments.
+    pub args: Args,
+    /// The byte sizes to measure, in order (before rounding to whole elements).
+    pub sizes: Vec<u64>,
+}
+
+impl Config {
+    /// Checks what clap cannot: size order, step, iteration counts, sweep length.
+    pub fn new(args: Args) -> Result<Config, PerfError> {
+        let bad = |m: String| Err(PerfError::Args(m));
+        if args.min_bytes > args.max_bytes {
+            return bad(format!(
+                "-b/--minbytes ({}) is larger than -e/--maxbytes ({})",
+                args.min_bytes, args.max_bytes
+            ));
+        }
+        if args.iters == 0 {
+            return bad("-n/--iters must be at least 1".into());
+        }
+        if args.nranks == Some(0) {
+            return bad("--nranks must be at least 1".into());
+        }
+        if args.step_factor == 0 {
+            return bad("-f/--stepfactor must be at least 1".into());
+        }
+        let sizes = size_sweep(
+            args.min_bytes,
+            args.max_bytes,
+            args.step_factor,
+            args.step_bytes,
+        )?;
+        Ok(Config { args, sizes })
+    }
+
+    /// Whether results are checked.
+    pub fn check(&self) -> bool {
+        self.args.check != 0
+    }
+}
+
+/// nccl-tests' sweep: from `min` to `max` inclusive, multiplying by `factor` when it is
+/// above 1, else adding `step` bytes.
+pub fn size_sweep(min: u64, max: u64, factor: u64, step: u64) -> Result<Vec<u64>, PerfError> {
+    if min == 0 || min > max {
+        return Err(PerfError::Args(format!(
+            "bad size range {min}..{max} (need 1 <= minbytes <= maxbytes)"
+        )));
+    }
+    if factor <= 1 && step == 0 {
+        return Err(PerfError::Args(
+            "-i/--stepbytes must be at least 1 when -f/--stepfactor is 1".into(),
+        ));
+    }
+    let mut sizes = Vec::new();
+    let mut size = min;
+    loop {
+        sizes.push(size);
+        if sizes.len() > MAX_SIZES {
+            return Err(PerfError::Args(format!(
+                "the sweep {min}..{max} has more than {MAX_SIZES} sizes: raise -f/--stepfactor \
+                 or -i/--stepbytes"
+            )));
+        }
+        let next = if factor > 1 {
+            size.checked_mul(factor)
+        } else {
+            size.checked_add(step)
+        };
+        match next {
+            Some(n) if n <= max => size = n,
+            _ => break,
+        }
+    }
+    Ok(sizes)
+}

@@ -1,0 +1,101 @@
+//! `--json FILE`: the run's metadata and every row, for both libraries.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::PerfError;
+use super::report::Row;
+
+/// Everything `--json` writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// `mscclpp-perf`.
+    pub tool: String,
+    /// The crate version.
+    pub version: String,
+    /// The command line, program included.
+    pub command_line: Vec<String>,
+    /// UTC, ISO 8601 (`2026-11-29T12:00:00Z`).
+    pub date: String,
+    /// `allreduce` or `allgather`.
+    pub collective: String,
+    /// Data type name.
+    pub dtype: String,
+    /// Reduction name (`none` for all-gather).
+    pub redop: String,
+    /// `--algo`.
+    pub algo: String,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// `gpu` or `host` (Host transport, CPU threads).
+    pub backend: String,
+    /// One entry per rank: its GPU's name and PCI bus id, or `host`.
+    pub devices: Vec<String>,
+    /// Host name of each rank.
+    pub hosts: Vec<String>,
+    /// NCCL's version (e.g. `2.27.3`) with `--compare nccl`.
+    pub nccl_version: Option<String>,
+    /// Timed iterations per size.
+    pub iters: u32,
+    /// Warm-up iterations per size.
+    pub warmup_iters: u32,
+    /// CUDA graph launches (0: plain launches).
+    pub graph_launches: u32,
+    /// Whether results were checked.
+    pub check: bool,
+    /// The table.
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// As pretty JSON.
+    pub fn to_json(&self) -> String {
+        // A struct of strings, numbers and options always serialises.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Parses what [`to_json`](Self::to_json) wrote.
+    pub fn from_json(text: &str) -> Result<Report, PerfError> {
+        serde_json::from_str(text).map_err(|e| PerfError::Json(e.to_string()))
+    }
+
+    /// Writes the JSON to `path`.
+    pub fn write(&self, path: &Path) -> Result<(), PerfError> {
+        std::fs::write(path, self.to_json() + "\n").map_err(|e| PerfError::Io {
+            what: format!("cannot write {}", path.display()),
+            source: e,
+        })
+    }
+}
+
+/// `secs` since the Unix epoch as an ISO 8601 UTC date (no time-zone database needed).
+pub fn iso8601_utc(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Now, as [`iso8601_utc`].
+pub fn now_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    iso8601_utc(secs)
+}

@@ -1,0 +1,304 @@
+//! What a run measures and how it is printed: element counts per size, nccl-tests' bus
+//! bandwidth factors, the rows and their table.
+
+use serde::{Deserialize, Serialize};
+
+use crate::host::collectives::DataType;
+
+use super::args::Collective;
+
+/// Elements and bytes of one size of the sweep, rounded as nccl-tests rounds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// The size column: all-reduce: bytes per rank; all-gather: total output bytes.
+    pub bytes: u64,
+    /// The count column: elements of `bytes`.
+    pub count: u64,
+    /// Elements each rank sends (all-reduce: `count`; all-gather: `count / nranks`).
+    pub send_count: u64,
+}
+
+/// The shape of `size` bytes, or `None` when it holds no element (per rank, for
+/// all-gather). All-gather sends a multiple of 16 bytes per rank, as in nccl-tests.
+pub fn shape(collective: Collective, size: u64, dtype: DataType, nranks: usize) -> Option<Shape> {
+    let elt = dtype.size() as u64;
+    let nranks = nranks.max(1) as u64;
+    let s = match collective {
+        Collective::AllReduce => {
+            let count = size / elt;
+            Shape {
+                bytes: count * elt,
+                count,
+                send_count: count,
+            }
+        }
+        Collective::AllGather => {
+            let align = (16 / elt).max(1);
+            let per_rank = size / elt / nranks / align * align;
+            Shape {
+                bytes: per_rank * nranks * elt,
+                count: per_rank * nranks,
+                send_count: per_rank,
+            }
+        }
+    };
+    (s.count > 0).then_some(s)
+}
+
+/// nccl-tests' bus bandwidth factor: all-reduce 2(n-1)/n, all-gather (n-1)/n.
+pub fn bus_factor(collective: Collective, nranks: usize) -> f64 {
+    let n = nranks.max(1) as f64;
+    match collective {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::AllGather => (n - 1.0) / n,
+    }
+}
+
+/// One measurement: the time (max over ranks) and what follows from it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Microseconds per operation.
+    pub time_us: f64,
+    /// Algorithm bandwidth: size column / time, GB/s.
+    pub algbw_gbps: f64,
+    /// Bus bandwidth: algbw × the collective's factor, GB/s.
+    pub busbw_gbps: f64,
+    /// Mismatching elements summed over ranks; `None` when not checked.
+    pub wrong: Option<u64>,
+}
+
+impl Measurement {
+    /// Bandwidths of `bytes` moved in `time_us`.
+    pub fn new(bytes: u64, time_us: f64, factor: f64, wrong: Option<u64>) -> Measurement {
+        let algbw = if time_us > 0.0 {
+            bytes as f64 / time_us / 1e3
+        } else {
+            0.0
+        };
+        Measurement {
+            time_us,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * factor,
+            wrong,
+        }
+    }
+}
+
+/// Out-of-place and in-place measurements of one library.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Pair {
+    /// Distinct send and receive buffers.
+    pub out_of_place: Measurement,
+    /// Send and receive in one buffer (all-gather: the send is the rank's slot).
+    pub in_place: Measurement,
+}
+
+/// One line of the table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// The size column, bytes.
+    pub bytes: u64,
+    /// The count column, elements.
+    pub count: u64,
+    /// Data type name (nccl-tests' spelling).
+    pub dtype: String,
+    /// Reduction (`sum`), `none` for all-gather.
+    pub redop: String,
+    /// The algorithm mscclpp ran.
+    pub algo: String,
+    /// mscclpp.
+    pub mscclpp: Pair,
+    /// NCCL, with `--compare nccl`.
+    pub nccl: Option<Pair>,
+}
+
+/// The ratio printed next to NCCL: ours busbw / NCCL busbw (= NCCL time / ours time).
+pub fn ratio(ours: &Measurement, nccl: &Measurement) -> f64 {
+    if ours.time_us > 0.0 {
+        nccl.time_us / ours.time_us
+    } else {
+        0.0
+    }
+}
+
+struct Col {
+    title: &'static str,
+    unit: &'static str,
+    width: usize,
+}
+
+const fn col(title: &'static str, unit: &'static str, width: usize) -> Col {
+    Col { title, unit, width }
+}
+
+const LEAD: [Col; 5] = [
+    col("size", "(B)", 12),
+    col("count", "(elements)", 12),
+    col("type", "", 8),
+    col("redop", "", 6),
+    col("algo", "", 8),
+];
+const OURS: [Col; 4] = [
+    col("time", "(us)", 8),
+    col("algbw", "(GB/s)", 7),
+    col("busbw", "(GB/s)", 7),
+    col("#wrong", "", 6),
+];
+const THEIRS: [Col; 4] = [
+    col("time", "(us)", 8),
+    col("busbw", "(GB/s)", 7),
+    col("#wrong", "", 6),
+    col("ratio", "", 6),
+];
+
+fn columns(compare: bool) -> (Vec<&'static Col>, Vec<(String, usize, usize)>) {
+    let mut cols: Vec<&Col> = LEAD.iter().collect();
+    let mut groups = Vec::new();
+    for place in ["out-of-place", "in-place"] {
+        let start = cols.len();
+        cols.extend(OURS.iter());
+        groups.push((place.to_string(), start, cols.len()));
+        if compare {
+            let start = cols.len();
+            cols.extend(THEIRS.iter());
+            groups.push((format!("NCCL {place}"), start, cols.len()));
+        }
+    }
+    (cols, groups)
+}
+
+fn join(first: char, cols: &[&Col], cells: &[String]) -> String {
+    let mut line = String::new();
+    line.push(first);
+    for (i, (c, cell)) in cols.iter().zip(cells).enumerate() {
+        if i > 0 {
+            line.push(' ');
+        }
+        line.push_str(&format!("{cell:>w$}", w = c.width));
+    }
+    line.trim_end().to_string()
+}
+
+/// The three header lines (group labels, titles, units), nccl-tests style.
+pub fn header(compare: bool) -> Vec<String> {
+    let (cols, groups) = columns(compare);
+    let titles: Vec<String> = cols.iter().map(|c| c.title.to_string()).collect();
+    let units: Vec<String> = cols.iter().map(|c| c.unit.to_string()).collect();
+    // Group labels centred over their columns.
+    let mut label = String::from("#");
+    let mut offset = 1;
+    let mut starts = Vec::new();
+    for c in &cols {
+        starts.push(offset);
+        offset += c.width + 1;
+    }
+    for (name, start, end) in &groups {
+        let from = starts[*start];
+        let to = starts[end - 1] + cols[end - 1].width;
+        let pad = (to - from).saturating_sub(name.len()) / 2;
+        let at = from + pad;
+        while label.len() < at {
+            label.push(' ');
+        }
+        label.push_str(name);
+    }
+    vec![label, join('#', &cols, &titles), join('#', &cols, &units)]
+}
+
+/// nccl-tests' time format: fewer decimals as the number grows.
+pub fn format_time(us: f64) -> String {
+    if us >= 10000.0 {
+        format!("{us:.0}")
+    } else if us >= 100.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.2}")
+    }
+}
+
+fn wrong(w: Option<u64>) -> String {
+    w.map_or_else(|| "N/A".to_string(), |n| n.to_string())
+}
+
+/// One row of the table.
+pub fn format_row(row: &Row) -> String {
+    let compare = row.nccl.is_some();
+    let (cols, _) = columns(compare);
+    let mut cells = vec![
+        row.bytes.to_string(),
+        row.count.to_string(),
+        row.dtype.clone(),
+        row.redop.clone(),
+        row.algo.clone(),
+    ];
+    let ours = [row.mscclpp.out_of_place, row.mscclpp.in_place];
+    let theirs = row.nccl.map(|n| [n.out_of_place, n.in_place]);
+    for i in 0..2 {
+        let m = &ours[i];
+        cells.push(format_time(m.time_us));
+        cells.push(format!("{:.2}", m.algbw_gbps));
+        cells.push(format!("{:.2}", m.busbw_gbps));
+        cells.push(wrong(m.wrong));
+        if let Some(t) = &theirs {
+            let n = &t[i];
+            cells.push(format_time(n.time_us));
+            cells.push(format!("{:.2}", n.busbw_gbps));
+            cells.push(wrong(n.wrong));
+            cells.push(format!("{:.2}", ratio(m, n)));
+        }
+    }
+    join(' ', &cols, &cells)
+}
+
+/// The closing lines: average bus bandwidth (over both placements, as nccl-tests), NCCL's
+/// and the ratio, and the total of wrong elements.
+pub fn summary(rows: &[Row]) -> Vec<String> {
+    let avg = |f: &dyn Fn(&Row) -> Option<[f64; 2]>| {
+        let v: Vec<f64> = rows.iter().filter_map(f).flatten().collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let ours = avg(&|r| {
+        Some([
+            r.mscclpp.out_of_place.busbw_gbps,
+            r.mscclpp.in_place.busbw_gbps,
+        ])
+    });
+    let nccl = avg(&|r| {
+        r.nccl
+            .map(|n| [n.out_of_place.busbw_gbps, n.in_place.busbw_gbps])
+    });
+    let mut out = Vec::new();
+    out.push(format!(
+        "# Avg bus bandwidth    : {:.3} GB/s",
+        ours.unwrap_or(0.0)
+    ));
+    if let Some(n) = nccl {
+        let r = ours.map_or(0.0, |o| if n > 0.0 { o / n } else { 0.0 });
+        out.push(format!(
+            "# Avg bus bandwidth NCCL: {n:.3} GB/s (mscclpp/NCCL {r:.2})"
+        ));
+    }
+    let wrong = total_wrong(rows);
+    match wrong {
+        None => out.push("# Out of bounds values : N/A (not checked: -c 0)".into()),
+        Some(0) => out.push("# Out of bounds values : 0 OK".into()),
+        Some(n) => out.push(format!("# Out of bounds values : {n} FAILED")),
+    }
+    out
+}
+
+/// Sum of every `#wrong` (both libraries), `None` when nothing was checked.
+pub fn total_wrong(rows: &[Row]) -> Option<u64> {
+    let mut total = None;
+    for r in rows {
+        let pairs = std::iter::once(r.mscclpp).chain(r.nccl);
+        for p in pairs {
+            for m in [p.out_of_place, p.in_place] {
+                if let Some(w) = m.wrong {
+                    *total.get_or_insert(0) += w;
+                }
+            }
+        }
+    }
+    total
+}

@@ -1,0 +1,814 @@
+//! Launching and running: one process per rank, rank 0 prints.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use cudarc::driver::DriverError;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+
+use crate::host::bootstrap::BlockingBootstrap;
+use crate::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives};
+use crate::host::communicator::{Backend, CommConfig, Communicator};
+use crate::host::cuda::{self, CUevent_flags, CudaError, CudaStream, DeviceBuffer, Gpu};
+use crate::host::launch::{Launch, LaunchError, LocalLauncher};
+
+use super::PerfError;
+use super::args::{AlgoArg, Args, Collective, CompareWith, Config};
+use super::check::{self, Elem};
+use super::json::{self, Report};
+use super::nccl::{self, Nccl};
+use super::plot;
+use super::report::{self, Measurement, Pair, Row, Shape};
+
+/// How long the local launcher lets its ranks run.
+const LAUNCH_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
+
+/// The tool's entry point: parses the command line, then launches local ranks (started
+/// alone) or runs as one rank (under a launcher). Exit status: 0 when every check passed,
+/// 1 on a failure or wrong results, 2 on a bad command line.
+pub fn main() -> ExitCode {
+    // NCCL must never create NVLink multicast objects on the shared hosts this runs on; set
+    // before any thread exists, so the ranks and NCCL (which reads it at init) see it.
+    // SAFETY: nothing else runs yet: no thread reads the environment concurrently.
+    unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    let config = match Config::new(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mscclpp-perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match Launch::from_env() {
+        Ok(launch) => run_rank(&config, &launch),
+        Err(LaunchError::NotLaunched) => launch_local(&config),
+        Err(e) => Err(PerfError::Launch(e)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mscclpp-perf: {e}");
+            ExitCode::from(if matches!(e, PerfError::Args(_)) {
+                2
+            } else {
+                1
+            })
+        }
+    }
+}
+
+/// Started alone: one process per local GPU (or `--nranks`), rank 0's stdout unprefixed.
+fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
+    let gpus = cuda::device_count();
+    let ngpus = *gpus.as_ref().unwrap_or(&0);
+    if config.args.compare.is_some() && ngpus == 0 {
+        return Err(no_gpu_for_nccl(&gpus.err()));
+    }
+    let nranks = config
+        .args
+        .nranks
+        .unwrap_or(if ngpus > 0 { ngpus } else { 2 });
+    let mut launcher = LocalLauncher::current_exe(nranks)?
+        .unprefixed_stdout(0)
+        .env("NCCL_NVLS_ENABLE", "0")
+        .timeout(LAUNCH_TIMEOUT);
+    if config.args.compare == Some(CompareWith::Nccl) {
+        for (k, v) in nccl::child_env()? {
+            launcher = launcher.env(k, v);
+        }
+    }
+    let report = launcher.run()?;
+    if report.success() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprint!("mscclpp-perf: a rank failed:\n{report}");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+fn no_gpu_for_nccl(reason: &Option<CudaError>) -> PerfError {
+    PerfError::Args(format!(
+        "--compare nccl needs GPUs, and this machine has none{}: NCCL cannot run on the Host \
+         transport; run without --compare",
+        reason
+            .as_ref()
+            .map(|e| format!(" ({e})"))
+            .unwrap_or_default()
+    ))
+}
+
+/// What every rank tells rank 0 for the header.
+fn describe(backend: &Backend) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    let device = match backend {
+        Backend::Gpu(g) => {
+            let i = g.info();
+            format!("device {:2} [{}] {}", i.ordinal, i.pci_bus_id, i.name)
+        }
+        Backend::Host => "host (CPU threads)".to_string(),
+    };
+    format!("{host}\t{device}")
+}
+
+/// One rank: bootstrap, communicator, collectives, the sweep.
+fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
+    let compare = config.args.compare == Some(CompareWith::Nccl);
+    if compare {
+        // Before the bootstrap starts threads: may replace this process.
+        nccl::reexec_if_needed()?;
+    }
+    let backend = Backend::auto(launch.local_rank.unwrap_or(launch.rank))?;
+    let bootstrap = launch.blocking_bootstrap()?;
+    let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
+    let all = bootstrap.all_gather(describe(&backend).as_bytes())?;
+    let hosts_devices: Vec<(String, String)> = all
+        .iter()
+        .map(|b| {
+            let s = String::from_utf8_lossy(b);
+            let (h, d) = s.split_once('\t').unwrap_or(("?", &s));
+            (h.to_string(), d.to_string())
+        })
+        .collect();
+    let gpu = match &backend {
+        Backend::Gpu(g) => Some(g.clone()),
+        Backend::Host => None,
+    };
+    if compare && gpu.is_none() {
+        // Every rank decides alike when none has a GPU; a lone GPU-less rank fails the run.
+        return Err(no_gpu_for_nccl(&None));
+    }
+    let nccl_version = if compare {
+        Some(nccl::version()?)
+    } else {
+        None
+    };
+    if rank == 0 {
+        print_header(config, nranks, &hosts_devices, gpu.is_some(), &nccl_version);
+    }
+    let comm = Communicator::from_bootstrap(bootstrap, backend, CommConfig::default())?;
+    let coll = Collectives::new(comm, CollConfig::default())?;
+    let nccl = match &gpu {
+        Some(g) if compare => Some(Nccl::init(coll.communicator().bootstrap(), g)?),
+        _ => None,
+    };
+    let rows = match config.args.dtype {
+        crate::host::collectives::DataType::F32 => sweep::<f32>(config, &coll, nccl.as_ref())?,
+        crate::host::collectives::DataType::F16 => {
+            sweep::<half::f16>(config, &coll, nccl.as_ref())?
+        }
+        crate::host::collectives::DataType::Bf16 => {
+            sweep::<half::bf16>(config, &coll, nccl.as_ref())?
+        }
+    };
+    drop(nccl);
+    if rank != 0 {
+        return Ok(exit_for(&rows));
+    }
+    for line in report::summary(&rows) {
+        println!("{line}");
+    }
+    let title = format!(
+        "{} {} x{}{}",
+        config.args.collective.name(),
+        config.args.dtype,
+        nranks,
+        gpu.as_ref()
+            .map(|g| format!(" {}", g.info().name))
+            .unwrap_or_else(|| " host".into())
+    );
+    if let Some(path) = &config.args.json {
+        let report = Report {
+            tool: "mscclpp-perf".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            command_line: std::env::args().collect(),
+            date: json::now_utc(),
+            collective: config.args.collective.name().into(),
+            dtype: config.args.dtype.name().into(),
+            redop: redop_name(config).into(),
+            algo: format!("{:?}", config.args.algo).to_lowercase(),
+            nranks,
+            backend: if gpu.is_some() { "gpu" } else { "host" }.into(),
+            devices: hosts_devices.iter().map(|(_, d)| d.clone()).collect(),
+            hosts: hosts_devices.iter().map(|(h, _)| h.clone()).collect(),
+            nccl_version: nccl_version.clone(),
+            iters: config.args.iters,
+            warmup_iters: config.args.warmup_iters,
+            graph_launches: config.args.graph_launches,
+            check: config.check(),
+            rows: rows.clone(),
+        };
+        report.write(path)?;
+        println!("# JSON written to {}", path.display());
+    }
+    if let Some(path) = &config.args.plot {
+        std::fs::write(path, plot::svg(&title, &rows)).map_err(|e| PerfError::Io {
+            what: format!("cannot write {}", path.display()),
+            source: e,
+        })?;
+        println!("# plot written to {}", path.display());
+    }
+    Ok(exit_for(&rows))
+}
+
+fn exit_for(rows: &[Row]) -> ExitCode {
+    match report::total_wrong(rows) {
+        Some(n) if n > 0 => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+fn redop_name(config: &Config) -> &'static str {
+    match config.args.collective {
+        Collective::AllReduce => config.args.redop.name(),
+        Collective::AllGather => "none",
+    }
+}
+
+fn print_header(
+    config: &Config,
+    nranks: usize,
+    hosts_devices: &[(String, String)],
+    on_gpu: bool,
+    nccl_version: &Option<String>,
+) {
+    let a = &config.args;
+    if !on_gpu {
+        println!("no GPU: running on the Host transport (CPU threads, shared memory)");
+    }
+    println!(
+        "# mscclpp-perf {}: {} {}, redop {}, algo {}, {} ranks",
+        env!("CARGO_PKG_VERSION"),
+        a.collective.name(),
+        a.dtype,
+        redop_name(config),
+        format!("{:?}", a.algo).to_lowercase(),
+        nranks
+    );
+    println!(
+        "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} \
+         validation: {} graph: {}",
+        a.min_bytes,
+        a.max_bytes,
+        if a.step_factor > 1 {
+            format!("{}(factor)", a.step_factor)
+        } else {
+            format!("{}(bytes)", a.step_bytes)
+        },
+        a.warmup_iters,
+        a.iters,
+        u32::from(config.check()),
+        a.graph_launches
+    );
+    if on_gpu {
+        println!("# timing: CUDA events on each rank's stream; time = max over ranks");
+    } else {
+        println!("# timing: wall clock on each rank; time = max over ranks");
+        if a.graph_launches > 0 {
+            println!(
+                "# -G {} ignored: no CUDA graphs on the Host transport",
+                a.graph_launches
+            );
+        }
+        if a.collective == Collective::AllGather {
+            println!(
+                "# in-place all-gather on the Host transport sends from a copy of the rank's \
+                 slot (host slices cannot alias)"
+            );
+        }
+    }
+    if let Some(v) = nccl_version {
+        println!(
+            "# NCCL {v}{} on the same buffers; ratio = NCCL time / mscclpp time (= mscclpp \
+             busbw / NCCL busbw); NCCL_NVLS_ENABLE=0",
+            nccl::found_path()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default()
+        );
+    }
+    println!("#");
+    println!("# Using devices");
+    for (rank, (host, device)) in hosts_devices.iter().enumerate() {
+        println!("#  Rank {rank:2} on {host} {device}");
+    }
+    println!("#");
+    for line in report::header(a.compare.is_some()) {
+        println!("{line}");
+    }
+    let _ = std::io::stdout().flush();
+}
+
+/// Out of place or in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    OutOfPlace,
+    InPlace,
+}
+
+/// Which library runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lib {
+    Mscclpp,
+    Nccl,
+}
+
+fn drv(call: &'static str) -> impl Fn(DriverError) -> PerfError {
+    move |e| PerfError::Cuda(CudaError::driver(call, e))
+}
+
+/// Largest value over ranks.
+fn max_over_ranks(bs: &BlockingBootstrap, v: f64) -> Result<f64, PerfError> {
+    let all = bs.all_gather(&v.to_le_bytes())?;
+    Ok(all
+        .iter()
+        .filter_map(|b| b.get(..8).and_then(|b| b.try_into().ok()))
+        .map(f64::from_le_bytes)
+        .fold(f64::NEG_INFINITY, f64::max))
+}
+
+/// Sum over ranks.
+fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
+    let all = bs.all_gather(&v.to_le_bytes())?;
+    Ok(all
+        .iter()
+        .filter_map(|b| b.get(..8).and_then(|b| b.try_into().ok()))
+        .map(u64::from_le_bytes)
+        .sum())
+}
+
+fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
+    match config.args.collective {
+        Collective::AllGather => "memory".into(),
+        Collective::AllReduce => {
+            let algo = match config.args.algo {
+                AlgoArg::Auto => coll.choose_all_reduce(shape.bytes as usize),
+                other => other.all_reduce(),
+            };
+            match algo {
+                AllReduceAlgo::Auto => "auto",
+                AllReduceAlgo::OneShot => "oneshot",
+                AllReduceAlgo::TwoShot => "twoshot",
+            }
+            .into()
+        }
+    }
+}
+
+/// Runs the whole sweep on this rank; rank 0 prints each row as it completes.
+fn sweep<T: Elem>(
+    config: &Config,
+    coll: &Collectives,
+    nccl: Option<&Nccl>,
+) -> Result<Vec<Row>, PerfError> {
+    let nranks = coll.nranks();
+    let c = config.args.collective;
+    let shapes: Vec<(u64, Option<Shape>)> = config
+        .sizes
+        .iter()
+        .map(|&s| (s, report::shape(c, s, T::DTYPE, nranks)))
+        .collect();
+    let largest = shapes
+        .iter()
+        .filter_map(|(_, s)| *s)
+        .max_by_key(|s| s.count)
+        .ok_or_else(|| {
+            PerfError::Args(format!(
+                "no size of the sweep holds one {} element{}",
+                T::DTYPE,
+                if c == Collective::AllGather {
+                    format!(" per rank (x{nranks} ranks, 16-byte multiples)")
+                } else {
+                    String::new()
+                }
+            ))
+        })?;
+    let mut runner = match coll.gpu() {
+        Some(gpu) => Runner::Gpu(GpuRunner::<T>::new(gpu, coll, nccl, &largest)?),
+        None => Runner::Host(HostRunner::<T>::new(coll, &largest)),
+    };
+    let factor = report::bus_factor(c, nranks);
+    let mut rows = Vec::new();
+    for (size, shape) in shapes {
+        let Some(shape) = shape else {
+            if coll.rank() == 0 {
+                println!("# skipped {size} B: less than one element per rank");
+            }
+            continue;
+        };
+        let mut pair = |lib: Lib| -> Result<Pair, PerfError> {
+            let mut m = [None, None];
+            for (i, p) in [Placement::OutOfPlace, Placement::InPlace]
+                .into_iter()
+                .enumerate()
+            {
+                let (us, wrong) = runner.measure(config, coll, lib, p, &shape)?;
+                m[i] = Some(Measurement::new(shape.bytes, us, factor, wrong));
+            }
+            match m {
+                [Some(o), Some(i)] => Ok(Pair {
+                    out_of_place: o,
+                    in_place: i,
+                }),
+                _ => unreachable!("both placements are measured"),
+            }
+        };
+        let ours = pair(Lib::Mscclpp)?;
+        let theirs = if nccl.is_some() {
+            Some(pair(Lib::Nccl)?)
+        } else {
+            None
+        };
+        let row = Row {
+            bytes: shape.bytes,
+            count: shape.count,
+            dtype: T::DTYPE.name().into(),
+            redop: redop_name(config).into(),
+            algo: algo_name(config, coll, &shape),
+            mscclpp: ours,
+            nccl: theirs,
+        };
+        if coll.rank() == 0 {
+            println!("{}", report::format_row(&row));
+            let _ = std::io::stdout().flush();
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+enum Runner<'a, T: Elem> {
+    Gpu(GpuRunner<'a, T>),
+    Host(HostRunner<T>),
+}
+
+impl<T: Elem> Runner<'_, T> {
+    /// Times one (library, placement, size) and checks it: (µs, #wrong summed over ranks).
+    fn measure(
+        &mut self,
+        config: &Config,
+        coll: &Collectives,
+        lib: Lib,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<(f64, Option<u64>), PerfError> {
+        let bs = coll.communicator().bootstrap();
+        let (us, wrong) = match self {
+            Runner::Gpu(g) => g.measure(config, lib, placement, shape)?,
+            Runner::Host(h) => h.measure(config, coll, placement, shape)?,
+        };
+        let us = max_over_ranks(bs, us)?;
+        let wrong = match wrong {
+            Some(w) => Some(sum_over_ranks(bs, w)?),
+            None => None,
+        };
+        Ok((us, wrong))
+    }
+}
+
+/// The inputs of a check run: (send buffer contents, receive buffer contents). Receive
+/// elements not written by the input are NaN, so a collective that writes nothing fails.
+fn check_inputs<T: Elem>(
+    c: Collective,
+    nranks: usize,
+    rank: usize,
+    placement: Placement,
+    shape: &Shape,
+) -> (Vec<T>, Vec<T>) {
+    let mut input = vec![T::default(); shape.send_count as usize];
+    check::fill(c, nranks, rank, &mut input);
+    let mut recv = vec![T::from_f32(f32::NAN); shape.count as usize];
+    if placement == Placement::InPlace {
+        let at = match c {
+            Collective::AllReduce => 0,
+            Collective::AllGather => rank * shape.send_count as usize,
+        };
+        recv[at..at + input.len()].copy_from_slice(&input);
+    }
+    (input, recv)
+}
+
+struct GpuRunner<'a, T: Elem> {
+    coll: &'a Collectives,
+    gpu: Gpu,
+    nccl: Option<&'a Nccl>,
+    stream: std::sync::Arc<CudaStream>,
+    send: DeviceBuffer,
+    recv: DeviceBuffer,
+    _elem: std::marker::PhantomData<T>,
+}
+
+impl<'a, T: Elem> GpuRunner<'a, T> {
+    fn new(
+        gpu: &Gpu,
+        coll: &'a Collectives,
+        nccl: Option<&'a Nccl>,
+        largest: &Shape,
+    ) -> Result<Self, PerfError> {
+        let elt = T::DTYPE.size();
+        Ok(GpuRunner {
+            coll,
+            gpu: gpu.clone(),
+            nccl,
+            stream: gpu.new_stream()?,
+            send: DeviceBuffer::zeroed(gpu, largest.send_count as usize * elt)?,
+            recv: DeviceBuffer::zeroed(gpu, largest.count as usize * elt)?,
+            _elem: std::marker::PhantomData,
+        })
+    }
+
+    /// (send, recv) device addresses of `placement`.
+    fn pointers(&self, placement: Placement, shape: &Shape, c: Collective) -> (u64, u64) {
+        let recv = self.recv.device_ptr();
+        match placement {
+            Placement::OutOfPlace => (self.send.device_ptr(), recv),
+            Placement::InPlace => match c {
+                Collective::AllReduce => (recv, recv),
+                Collective::AllGather => {
+                    let slot = self.coll.rank() as u64 * shape.send_count * T::DTYPE.size() as u64;
+                    (recv + slot, recv)
+                }
+            },
+        }
+    }
+
+    /// Queues one operation on the stream.
+    fn enqueue(
+        &self,
+        config: &Config,
+        lib: Lib,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<(), PerfError> {
+        let c = config.args.collective;
+        let (send, recv) = self.pointers(placement, shape, c);
+        let dtype = T::DTYPE;
+        match (lib, c) {
+            // SAFETY (all four): the buffers hold the largest shape of the sweep and live in
+            // `self` until the stream is synchronised in `measure`.
+            (Lib::Mscclpp, Collective::AllReduce) => unsafe {
+                self.coll.all_reduce_raw(
+                    send,
+                    recv,
+                    shape.count as usize,
+                    dtype,
+                    config.args.redop,
+                    config.args.algo.all_reduce(),
+                    &self.stream,
+                )
+            }
+            .map_err(PerfError::from),
+            (Lib::Mscclpp, Collective::AllGather) => unsafe {
+                self.coll.all_gather_raw(
+                    send,
+                    recv,
+                    shape.send_count as usize,
+                    dtype,
+                    AllGatherAlgo::Auto,
+                    &self.stream,
+                )
+            }
+            .map_err(PerfError::from),
+            (Lib::Nccl, Collective::AllReduce) => match self.nccl {
+                Some(n) => unsafe {
+                    n.all_reduce(send, recv, shape.count as usize, dtype, &self.stream)
+                },
+                None => Err(PerfError::Nccl("NCCL is not initialised".into())),
+            },
+            (Lib::Nccl, Collective::AllGather) => match self.nccl {
+                Some(n) => unsafe {
+                    n.all_gather(send, recv, shape.send_count as usize, dtype, &self.stream)
+                },
+                None => Err(PerfError::Nccl("NCCL is not initialised".into())),
+            },
+        }
+    }
+
+    fn sync(&self) -> Result<(), PerfError> {
+        self.stream
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))?;
+        Ok(self.gpu.synchronize()?)
+    }
+
+    /// Writes the check inputs (every rank; peers are idle: barriers on both sides).
+    fn load_inputs(
+        &self,
+        config: &Config,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<(), PerfError> {
+        let bs = self.coll.communicator().bootstrap();
+        self.sync()?;
+        bs.barrier()?;
+        let (input, recv) = check_inputs::<T>(
+            config.args.collective,
+            self.coll.nranks(),
+            self.coll.rank(),
+            placement,
+            shape,
+        );
+        self.recv.copy_from_host(0, &recv)?;
+        if placement == Placement::OutOfPlace {
+            self.send.copy_from_host(0, &input)?;
+        }
+        self.sync()?;
+        bs.barrier()?;
+        Ok(())
+    }
+
+    fn time(
+        &self,
+        config: &Config,
+        lib: Lib,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<f64, PerfError> {
+        let bs = self.coll.communicator().bootstrap();
+        let a = &config.args;
+        for _ in 0..a.warmup_iters {
+            self.enqueue(config, lib, placement, shape)?;
+        }
+        self.sync()?;
+        let ctx = self.stream.context();
+        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = ctx.new_event(timing).map_err(drv("cuEventCreate"))?;
+        let stop = ctx.new_event(timing).map_err(drv("cuEventCreate"))?;
+        let ops = if a.graph_launches == 0 {
+            bs.barrier()?;
+            start.record(&self.stream).map_err(drv("cuEventRecord"))?;
+            for _ in 0..a.iters {
+                self.enqueue(config, lib, placement, shape)?;
+            }
+            stop.record(&self.stream).map_err(drv("cuEventRecord"))?;
+            a.iters as f64
+        } else {
+            self.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(drv("cuStreamBeginCapture"))?;
+            let queued = (0..a.iters).try_for_each(|_| self.enqueue(config, lib, placement, shape));
+            // End the capture even when a call failed, so the stream is usable again.
+            let graph = self
+                .stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(drv("cuStreamEndCapture"));
+            queued?;
+            let graph = graph?.ok_or_else(|| {
+                PerfError::Cuda(CudaError::InvalidArgument(
+                    "the captured CUDA graph is empty".into(),
+                ))
+            })?;
+            graph.upload().map_err(drv("cuGraphUpload"))?;
+            graph.launch().map_err(drv("cuGraphLaunch"))?;
+            self.sync()?;
+            bs.barrier()?;
+            start.record(&self.stream).map_err(drv("cuEventRecord"))?;
+            for _ in 0..a.graph_launches {
+                graph.launch().map_err(drv("cuGraphLaunch"))?;
+            }
+            stop.record(&self.stream).map_err(drv("cuEventRecord"))?;
+            a.iters as f64 * a.graph_launches as f64
+        };
+        stop.synchronize().map_err(drv("cuEventSynchronize"))?;
+        let ms = start.elapsed_ms(&stop).map_err(drv("cuEventElapsedTime"))? as f64;
+        self.sync()?;
+        Ok(ms * 1e3 / ops)
+    }
+
+    fn measure(
+        &mut self,
+        config: &Config,
+        lib: Lib,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<(f64, Option<u64>), PerfError> {
+        if config.check() {
+            self.load_inputs(config, placement, shape)?;
+        }
+        let us = self.time(config, lib, placement, shape)?;
+        let wrong = if config.check() {
+            // Fresh inputs: in-place iterations have overwritten them.
+            self.load_inputs(config, placement, shape)?;
+            self.enqueue(config, lib, placement, shape)?;
+            self.sync()?;
+            let mut got = vec![T::default(); shape.count as usize];
+            self.recv.copy_to_host(0, &mut got)?;
+            Some(check::count_wrong(
+                config.args.collective,
+                self.coll.nranks(),
+                shape.send_count,
+                &got,
+            ))
+        } else {
+            None
+        };
+        Ok((us, wrong))
+    }
+}
+
+struct HostRunner<T: Elem> {
+    send: Vec<T>,
+    recv: Vec<T>,
+    /// In-place all-gather: the rank's own slot, sent from here.
+    slot: Vec<T>,
+}
+
+impl<T: Elem> HostRunner<T> {
+    fn new(coll: &Collectives, largest: &Shape) -> Self {
+        let _ = coll;
+        HostRunner {
+            send: vec![T::default(); largest.send_count as usize],
+            recv: vec![T::default(); largest.count as usize],
+            slot: Vec::new(),
+        }
+    }
+
+    fn run_once(
+        &mut self,
+        config: &Config,
+        coll: &Collectives,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<(), PerfError> {
+        let (sc, n) = (shape.send_count as usize, shape.count as usize);
+        let op = config.args.redop;
+        match (config.args.collective, placement) {
+            (Collective::AllReduce, Placement::OutOfPlace) => {
+                coll.all_reduce_host(&self.send[..sc], &mut self.recv[..n], op)?
+            }
+            (Collective::AllReduce, Placement::InPlace) => {
+                coll.all_reduce_host_in_place(&mut self.recv[..n], op)?
+            }
+            (Collective::AllGather, Placement::OutOfPlace) => {
+                coll.all_gather_host(&self.send[..sc], &mut self.recv[..n])?
+            }
+            (Collective::AllGather, Placement::InPlace) => {
+                coll.all_gather_host(&self.slot[..sc], &mut self.recv[..n])?
+            }
+        }
+        Ok(())
+    }
+
+    fn load_inputs(
+        &mut self,
+        config: &Config,
+        coll: &Collectives,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<(), PerfError> {
+        let bs = coll.communicator().bootstrap();
+        // Peers may still be in the previous operation.
+        bs.barrier()?;
+        let (input, recv) = check_inputs::<T>(
+            config.args.collective,
+            coll.nranks(),
+            coll.rank(),
+            placement,
+            shape,
+        );
+        self.recv[..recv.len()].copy_from_slice(&recv);
+        self.send[..input.len()].copy_from_slice(&input);
+        self.slot = input;
+        Ok(bs.barrier()?)
+    }
+
+    fn measure(
+        &mut self,
+        config: &Config,
+        coll: &Collectives,
+        placement: Placement,
+        shape: &Shape,
+    ) -> Result<(f64, Option<u64>), PerfError> {
+        let a = &config.args;
+        let bs = coll.communicator().bootstrap();
+        // Inputs always: the in-place all-gather sends from `slot`.
+        self.load_inputs(config, coll, placement, shape)?;
+        for _ in 0..a.warmup_iters {
+            self.run_once(config, coll, placement, shape)?;
+        }
+        bs.barrier()?;
+        let t = Instant::now();
+        for _ in 0..a.iters {
+            self.run_once(config, coll, placement, shape)?;
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / a.iters as f64;
+        let wrong = if config.check() {
+            self.load_inputs(config, coll, placement, shape)?;
+            self.run_once(config, coll, placement, shape)?;
+            Some(check::count_wrong(
+                a.collective,
+                coll.nranks(),
+                shape.send_count,
+                &self.recv[..shape.count as usize],
+            ))
+        } else {
+            None
+        };
+        Ok((us, wrong))
+    }
+}
