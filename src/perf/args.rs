@@ -114,6 +114,8 @@ pub enum AlgoArg {
     Oneshot,
     /// Two-shot (reduce-scatter + all-gather).
     Twoshot,
+    /// Two-shot with the reduction fused into NVLink reads.
+    Readreduce,
 }
 
 impl AlgoArg {
@@ -123,6 +125,7 @@ impl AlgoArg {
             AlgoArg::Auto => AllReduceAlgo::Auto,
             AlgoArg::Oneshot => AllReduceAlgo::OneShot,
             AlgoArg::Twoshot => AllReduceAlgo::TwoShot,
+            AlgoArg::Readreduce => AllReduceAlgo::ReadReduce,
         }
     }
 }

@@ -354,6 +354,7 @@ fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
                 AllReduceAlgo::Auto => "auto",
                 AllReduceAlgo::OneShot => "oneshot",
                 AllReduceAlgo::TwoShot => "twoshot",
+                AllReduceAlgo::ReadReduce => "readreduce",
             }
             .into()
         }
