@@ -426,6 +426,12 @@ pub fn fence_acq_rel_sys() {
     fence(Ordering::AcqRel)
 }
 
+/// Acquire-release fence among threads of one GPU (`fence.acq_rel.gpu` on the GPU).
+#[inline]
+pub fn fence_acq_rel_gpu() {
+    fence(Ordering::AcqRel)
+}
+
 /// Sequentially consistent fence (`fence.sc.sys` on the GPU).
 #[inline]
 pub fn fence_sc_sys() {

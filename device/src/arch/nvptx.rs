@@ -258,6 +258,14 @@ pub fn fence_acq_rel_sys() {
     unsafe { asm!("fence.acq_rel.sys;", options(nostack)) };
 }
 
+/// `fence.acq_rel.gpu`: [`fence_acq_rel_sys`] for accesses shared only by threads of this
+/// GPU; cheaper, as it need not wait for this thread's writes to peers or the host.
+#[inline(always)]
+pub fn fence_acq_rel_gpu() {
+    // SAFETY: a fence has no memory preconditions.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
+}
+
 /// `fence.sc.sys`: sequentially consistent fence at system scope (store→load ordering,
 /// which acq_rel does not give).
 #[inline(always)]

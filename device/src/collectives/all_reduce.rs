@@ -47,7 +47,9 @@ unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
 }
 
 /// Ends a packet call: once every block has finished, the last one advances the call
-/// counter (the next call's flag and half). Called by every thread of every block.
+/// counter (the next call's flag and half). Called by every thread of every block. GPU
+/// scope only: the counters are this GPU's own, and a system-scope release here would wait
+/// for the packets just sent to the peers.
 ///
 /// # Safety
 /// The context valid; every block of the grid calls it once.
@@ -55,16 +57,18 @@ unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
 unsafe fn finish_packet_call(ctx: &CollContext, calls: u64, thread: u32, blocks: u32) {
     arch::sync_threads();
     if thread == 0 {
-        // Release: this block's read of the counter (at its start) comes before the last
-        // block's update of it.
+        // The fence orders this block's read of the counter (at its start) before its
+        // count of finished blocks, so the last block's update comes after every read.
+        arch::fence_acq_rel_gpu();
         // SAFETY: state words are live local memory (context contract).
-        let done = unsafe { arch::atomic_add_release_sys_u64(ctx.state.add(1), 1) };
+        let done = unsafe { arch::atomic_add_relaxed_gpu_u64(ctx.state.add(1), 1) };
         if done + 1 == blocks as u64 {
-            arch::fence_acq_rel_sys();
-            // SAFETY: as above; no other block touches the state any more in this call.
+            arch::fence_acq_rel_gpu();
+            // SAFETY: as above; no other block touches the state any more in this call, and
+            // the next kernel on this stream starts after these stores.
             unsafe {
-                arch::st_release_sys_u64(ctx.state.add(1), 0);
-                arch::st_release_sys_u64(ctx.state, calls + 1);
+                core::ptr::write_volatile(ctx.state.add(1), 0);
+                core::ptr::write_volatile(ctx.state, calls + 1);
             }
         }
     }

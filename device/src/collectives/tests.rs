@@ -184,7 +184,7 @@ fn all_reduce(
                         // SAFETY: the world's context; buffers valid for pad + bytes.
                         unsafe {
                             f(
-                                ctx,
+                                &ctx,
                                 (sp as *const u8).add(pad),
                                 (rp as *mut u8).add(pad),
                                 count as u64,
@@ -334,7 +334,7 @@ fn all_gather(w: &World, inputs: &[Vec<u8>], in_place: bool, blocks: u32) -> Vec
                     let (sp, rp, ctx) = (sp as u64, recv.p as u64, w.ctxs[r]);
                     launch(Dim3::x(blocks), Dim3::x(4), || {
                         // SAFETY: the world's context; buffers valid as the kernel needs.
-                        unsafe { k::all_gather(ctx, sp as *const u8, rp as *mut u8, bytes as u64) }
+                        unsafe { k::all_gather(&ctx, sp as *const u8, rp as *mut u8, bytes as u64) }
                     })
                     .expect("kernel ran to completion");
                     // SAFETY: recv holds n * bytes; the kernel is done.

@@ -1,5 +1,8 @@
 //! The collective kernels: thin entry points over [`crate::collectives`], one per
-//! algorithm and element type (names `all_reduce_{one_shot,two_shot,two_shot_read}_{f32,f16,bf16}` and
+//! algorithm and element type. The [`CollContext`] is read from memory (device memory
+//! on a GPU, written once by the host): passed by value, its arrays indexed by rank made
+//! every thread copy all 320 bytes to its local stack first.
+//! Kernels (names `all_reduce_{one_shot,two_shot,two_shot_read}_{f32,f16,bf16}` and
 //! `all_gather`). The host (`mscclpp_host::collectives`) picks the grid and launches them.
 
 use crate::collectives::{Bf16, CollContext, F16, F32, all_gather, all_reduce};
@@ -10,25 +13,25 @@ macro_rules! all_reduce_kernels {
         kernel! {
             /// One-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::one_shot`].
-            pub unsafe fn $one(ctx: CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $one(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::one_shot::<$t>(&ctx, send, recv, count) }
+                unsafe { all_reduce::one_shot::<$t>(&*ctx, send, recv, count) }
             }
         }
         kernel! {
             /// Two-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::two_shot`].
-            pub unsafe fn $two(ctx: CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $two(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::two_shot::<$t, false>(&ctx, send, recv, count) }
+                unsafe { all_reduce::two_shot::<$t, false>(&*ctx, send, recv, count) }
             }
         }
         kernel! {
             /// Two-shot all-reduce (sum) of `count` elements, reading peers' staged parts:
             /// see [`all_reduce::two_shot`].
-            pub unsafe fn $read(ctx: CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $read(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::two_shot::<$t, true>(&ctx, send, recv, count) }
+                unsafe { all_reduce::two_shot::<$t, true>(&*ctx, send, recv, count) }
             }
         }
         crate::launch_bounds!($read, 512);
@@ -45,9 +48,9 @@ all_reduce_kernels! {
 
 kernel! {
     /// All-gather of `bytes` per rank: see [`all_gather::all_gather`].
-    pub unsafe fn all_gather(ctx: CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+    pub unsafe fn all_gather(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
         // SAFETY: forwarded to the launcher (the host validates the context).
-        unsafe { all_gather::all_gather(&ctx, send, recv, bytes) }
+        unsafe { all_gather::all_gather(&*ctx, send, recv, bytes) }
     }
 }
 crate::launch_bounds!(all_gather, 512);

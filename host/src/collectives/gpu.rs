@@ -6,16 +6,7 @@ use mscclpp_device::collectives::CollContext;
 
 use super::{AllReduceAlgo, DataType};
 use crate::communicator::CommError;
-use crate::cuda::{CudaError, CudaFunction, CudaStream, Gpu, KernelModule};
-
-/// A [`CollContext`] as a kernel argument (passed by value).
-#[derive(Debug, Clone, Copy)]
-#[repr(transparent)]
-struct CollContextArg(CollContext);
-
-// SAFETY: CollContext is `#[repr(C)]`, `Copy`, addresses and integers only: what a by-value
-// kernel parameter of the same Rust type expects.
-unsafe impl cudarc::driver::DeviceRepr for CollContextArg {}
+use crate::cuda::{CudaError, CudaFunction, CudaStream, DeviceBuffer, Gpu, KernelModule};
 
 /// The collective kernels of the embedded PTX, loaded once per communicator.
 #[derive(Debug)]
@@ -24,12 +15,16 @@ pub(super) struct Kernels {
     two_shot: [CudaFunction; 3],
     read_reduce: [CudaFunction; 3],
     pub(super) all_gather: CudaFunction,
+    /// The context in device memory (kernels take its address).
+    ctx: DeviceBuffer,
     _module: KernelModule,
 }
 
 impl Kernels {
-    pub(super) fn load(gpu: &Gpu) -> Result<Kernels, CudaError> {
+    pub(super) fn load(gpu: &Gpu, ctx: &CollContext) -> Result<Kernels, CudaError> {
         let m = KernelModule::load_builtin(gpu)?;
+        let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
+        mem.copy_from_host(0, std::slice::from_ref(ctx))?;
         let f = |name: &str| m.function(name);
         Ok(Kernels {
             one_shot: [
@@ -48,6 +43,7 @@ impl Kernels {
                 f("all_reduce_two_shot_read_bf16")?,
             ],
             all_gather: f("all_gather")?,
+            ctx: mem,
             _module: m,
         })
     }
@@ -133,32 +129,35 @@ pub(super) fn check_range(
     Ok(())
 }
 
-/// Launches `f(ctx, send, recv, n)` with `blocks` x `threads` on `stream`.
-///
-/// # Safety
-/// `ctx` valid for the kernel; `send`/`recv` valid for what the kernel accesses with `n`.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn launch(
-    stream: &CudaStream,
-    f: &CudaFunction,
-    ctx: &CollContext,
-    send: u64,
-    recv: u64,
-    n: u64,
-    blocks: u32,
-    threads: u32,
-) -> Result<(), CommError> {
-    let arg = CollContextArg(*ctx);
-    let mut l = stream.launch_builder(f);
-    l.arg(&arg).arg(&send).arg(&recv).arg(&n);
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: caller contract; the argument list matches the kernels' signature
-    // (CollContext, *const u8, *mut u8, u64).
-    unsafe { l.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+impl Kernels {
+    /// Launches `f(ctx, send, recv, n)` with `blocks` x `threads` on `stream`.
+    ///
+    /// # Safety
+    /// `send`/`recv` valid for what the kernel accesses with `n`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        send: u64,
+        recv: u64,
+        n: u64,
+        blocks: u32,
+        threads: u32,
+    ) -> Result<(), CommError> {
+        let ctx = self.ctx.device_ptr();
+        let mut l = stream.launch_builder(f);
+        l.arg(&ctx).arg(&send).arg(&recv).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: caller contract for the user ranges; the context in device memory holds
+        // this communicator's registered memory; the argument list matches the kernels'
+        // signature (*const CollContext, *const u8, *mut u8, u64).
+        unsafe { l.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+    }
 }

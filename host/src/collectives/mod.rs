@@ -217,7 +217,8 @@ const TAG_SEMAPHORES: u32 = 0xC011_0002;
 pub struct Collectives {
     comm: Communicator,
     config: CollConfig,
-    ctx: CollContext,
+    /// The context on the host (host backend kernels read it here).
+    ctx: Box<CollContext>,
     env_all_reduce: Option<AllReduceAlgo>,
     gpu: Option<gpu::Kernels>,
     _scratch: Buffer,
@@ -323,13 +324,13 @@ impl Collectives {
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
         let gpu = match comm.backend() {
-            Backend::Gpu(g) => Some(gpu::Kernels::load(g)?),
+            Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx)?),
             Backend::Host => None,
         };
         Ok(Collectives {
             comm,
             config,
-            ctx,
+            ctx: Box::new(ctx),
             env_all_reduce,
             gpu,
             _scratch: scratch,
@@ -473,18 +474,7 @@ impl Collectives {
         let f = kernels.all_reduce(algo, dtype);
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.
-        unsafe {
-            gpu::launch(
-                stream,
-                f,
-                &self.ctx,
-                send,
-                recv,
-                count as u64,
-                blocks,
-                threads,
-            )
-        }
+        unsafe { kernels.launch(stream, f, send, recv, count as u64, blocks, threads) }
     }
 
     /// All-gather: `send_count` elements from every rank land in `recv` (rank `r`'s at
@@ -515,10 +505,9 @@ impl Collectives {
         let (blocks, threads) = self.grid(None, bytes);
         // SAFETY: as in all_reduce_raw.
         unsafe {
-            gpu::launch(
+            kernels.launch(
                 stream,
                 &kernels.all_gather,
-                &self.ctx,
                 send,
                 recv,
                 bytes as u64,
@@ -667,11 +656,19 @@ impl Collectives {
         }
         let algo = self.resolve(AllReduceAlgo::Auto, bytes)?;
         let f = host_kernel(algo, dtype);
-        let ctx = self.ctx;
+        let ctx = &*self.ctx as *const CollContext as u64;
         self.run_host("all_reduce_host", || {
-            // SAFETY: the context holds this communicator's shared memory; the slices are
-            // valid (caller contract) and the grid is one block of >= nranks threads.
-            unsafe { f(ctx, send as *const u8, recv as *mut u8, count as u64) }
+            // SAFETY: the context (boxed, alive as long as self) holds this communicator's
+            // shared memory; the slices are valid (caller contract) and the grid is one block
+            // of >= nranks threads.
+            unsafe {
+                f(
+                    ctx as *const CollContext,
+                    send as *const u8,
+                    recv as *mut u8,
+                    count as u64,
+                )
+            }
         })
     }
 
@@ -690,15 +687,23 @@ impl Collectives {
         if bytes == 0 {
             return Ok(());
         }
-        let (s, r, ctx) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64, self.ctx);
+        let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
+        let ctx = &*self.ctx as *const CollContext as u64;
         self.run_host("all_gather_host", || {
             // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
-            unsafe { k::all_gather(ctx, s as *const u8, r as *mut u8, bytes) }
+            unsafe {
+                k::all_gather(
+                    ctx as *const CollContext,
+                    s as *const u8,
+                    r as *mut u8,
+                    bytes,
+                )
+            }
         })
     }
 }
 
-type HostKernel = unsafe fn(CollContext, *const u8, *mut u8, u64);
+type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64);
 
 fn host_kernel(algo: AllReduceAlgo, dtype: DataType) -> HostKernel {
     match (algo, dtype) {
