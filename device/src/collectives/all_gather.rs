@@ -24,11 +24,11 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
     let slot = ctx.scratch_len / 16 * 16;
     let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
     for j in 0..rounds {
-        // Each block owns the same share of the scratch in every round (so no block
-        // overwrites a region another block's peer may still read); the last round may
-        // leave a block less or nothing.
+        // Each block owns the same share of the scratch in every round of the call (so no
+        // block overwrites a region another block's peer may still read), cut from the
+        // first (longest) round; the last round may leave a block less or nothing.
         let round_len = slot.min(bytes - j * slot);
-        let (s, e) = block_share(slot, 16, b as u64, nb as u64);
+        let (s, e) = block_share(slot.min(bytes), 16, b as u64, nb as u64);
         let e = e.min(round_len);
         let s = s.min(e);
         let off = j * slot + s;

@@ -330,10 +330,11 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     let nt = arch::block_dim_x();
     check_grid(ctx, nb, nt);
     for j in 0..rounds {
-        // Each block owns the same share of every slot in every round, so no block
-        // overwrites a region another block's peer may still read.
+        // Each block owns the same share of every slot in every round of the call, cut from
+        // the first (longest) round, so no block overwrites a region another block's peer
+        // may still read.
         let round_len = slot.min(chunk - j * slot);
-        let (s, e) = block_share(slot, per_vec, b as u64, nb as u64);
+        let (s, e) = block_share(slot.min(chunk), per_vec, b as u64, nb as u64);
         let e = e.min(round_len);
         let s = s.min(e);
         let off = j * slot + s;
