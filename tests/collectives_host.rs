@@ -1,18 +1,19 @@
 //! Collectives over the Host transport across processes (what CI runs end to end): the test
 //! binary re-executes itself, one process per rank, and each rank all-reduces and
-//! all-gathers from CPU threads, checked against a CPU reference.
+//! all-gathers from CPU threads (memory-channel and proxy-channel variants), checked
+//! against a CPU reference.
 
 use std::time::Duration;
 
 use half::f16;
-use mscclpp::host::collectives::{CollConfig, Collectives, ReduceOp};
+use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::run_test_ranks;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
 
-fn collectives() -> Collectives {
+fn collectives(proxy: bool) -> Collectives {
     let launch = Launch::from_env().unwrap();
     let bs = launch.blocking_bootstrap().unwrap();
     let config = CommConfig {
@@ -21,11 +22,15 @@ fn collectives() -> Collectives {
     };
     let comm = Communicator::from_bootstrap(bs, Backend::Host, config).unwrap();
     // A small scratch: large messages go through many rounds.
-    let coll = CollConfig {
+    let mut coll = CollConfig {
         scratch_bytes: 64 << 10,
         packet_max_bytes: 16 << 10,
         ..CollConfig::default()
     };
+    if proxy {
+        coll.all_reduce_algo = AllReduceAlgo::Proxy;
+        coll.all_gather_algo = AllGatherAlgo::Proxy;
+    }
     Collectives::new(comm, coll).unwrap()
 }
 
@@ -34,8 +39,8 @@ fn value(rank: usize, i: usize, call: usize) -> f32 {
     ((i * 31 + rank * 17 + call * 7) % 13) as f32 - 6.0
 }
 
-fn rank_main() {
-    let c = collectives();
+fn rank_main(proxy: bool) {
+    let c = collectives(proxy);
     let (n, r) = (c.nranks(), c.rank());
     let mut call = 0;
     for count in [1usize, 3, 1000, 4095, 4096, 4097, 50_001, 300_000] {
@@ -76,9 +81,9 @@ fn rank_main() {
     println!("rank {r}: ok");
 }
 
-fn run(test: &str, n: usize) {
+fn run(test: &str, n: usize, proxy: bool) {
     if std::env::var(ROLE).is_ok() {
-        rank_main();
+        rank_main(proxy);
     } else {
         run_test_ranks(test, n, ROLE, Duration::from_secs(300));
     }
@@ -86,10 +91,15 @@ fn run(test: &str, n: usize) {
 
 #[test]
 fn two_processes_all_reduce_and_all_gather() {
-    run("two_processes_all_reduce_and_all_gather", 2);
+    run("two_processes_all_reduce_and_all_gather", 2, false);
+}
+
+#[test]
+fn three_processes_over_proxy_channels() {
+    run("three_processes_over_proxy_channels", 3, true);
 }
 
 #[test]
 fn four_processes_all_reduce_and_all_gather() {
-    run("four_processes_all_reduce_and_all_gather", 4);
+    run("four_processes_all_reduce_and_all_gather", 4, false);
 }

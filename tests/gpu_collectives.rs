@@ -130,11 +130,15 @@ fn sweep_all_reduce_rank() {
         for count in counts(dtype, max) {
             let bytes = count * dtype.size();
             let mut algos = vec![AllReduceAlgo::Auto, AllReduceAlgo::ReadReduce];
+            if bytes <= 64 << 20 {
+                algos.push(AllReduceAlgo::Proxy);
+            }
             if bytes <= c.one_shot_max_bytes() {
                 algos = vec![
                     AllReduceAlgo::OneShot,
                     AllReduceAlgo::TwoShot,
                     AllReduceAlgo::ReadReduce,
+                    AllReduceAlgo::Proxy,
                 ];
             }
             for algo in algos {
@@ -226,16 +230,21 @@ fn sweep_all_gather_rank() {
         } else {
             dptr(&send, &stream)
         };
+        // Memory channels, and the proxy channels up to 64 MiB per rank.
+        let algo = if k % 4 < 2 || bytes > 64 << 20 {
+            AllGatherAlgo::Auto
+        } else {
+            AllGatherAlgo::Proxy
+        };
         // SAFETY: buffers live until the synchronize below.
-        unsafe { c.all_gather_raw(sp, rp, count, DataType::F16, AllGatherAlgo::Auto, &stream) }
-            .unwrap();
+        unsafe { c.all_gather_raw(sp, rp, count, DataType::F16, algo, &stream) }.unwrap();
         stream.synchronize().unwrap();
         let got = stream.clone_dtoh(&recv).unwrap();
         let (bad, first) = mismatches(&got, &want, 1);
         assert_eq!(
             bad, 0,
-            "rank {r}: all_gather {bytes} bytes per rank (in place {in_place}): {bad} wrong \
-             bytes, first at {first:?}"
+            "rank {r}: all_gather {bytes} bytes per rank (in place {in_place}, {algo:?}): {bad} \
+             wrong bytes, first at {first:?}"
         );
     }
     c.communicator().bootstrap().barrier().unwrap();

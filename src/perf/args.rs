@@ -116,6 +116,8 @@ pub enum AlgoArg {
     Twoshot,
     /// Two-shot with the reduction fused into NVLink reads.
     Readreduce,
+    /// Over proxy channels (copy engine); all-gather too.
+    Proxy,
 }
 
 impl AlgoArg {
@@ -126,6 +128,7 @@ impl AlgoArg {
             AlgoArg::Oneshot => AllReduceAlgo::OneShot,
             AlgoArg::Twoshot => AllReduceAlgo::TwoShot,
             AlgoArg::Readreduce => AllReduceAlgo::ReadReduce,
+            AlgoArg::Proxy => AllReduceAlgo::Proxy,
         }
     }
 }

@@ -153,7 +153,11 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         print_header(config, nranks, &hosts_devices, gpu.is_some(), &nccl_version);
     }
     let comm = Communicator::from_bootstrap(bootstrap, backend, CommConfig::default())?;
-    let coll = Collectives::new(comm, CollConfig::default())?;
+    let mut coll_config = CollConfig::from_env()?;
+    if config.args.algo == AlgoArg::Proxy {
+        coll_config.all_gather_algo = AllGatherAlgo::Proxy;
+    }
+    let coll = Collectives::new(comm, coll_config)?;
     let nccl = match &gpu {
         Some(g) if compare => Some(Nccl::init(coll.communicator().bootstrap(), g)?),
         _ => None,
@@ -344,7 +348,11 @@ fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
 
 fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
     match config.args.collective {
-        Collective::AllGather => "memory".into(),
+        Collective::AllGather => match coll.choose_all_gather() {
+            AllGatherAlgo::Proxy => "proxy",
+            _ => "memory",
+        }
+        .into(),
         Collective::AllReduce => {
             let algo = match config.args.algo {
                 AlgoArg::Auto => coll.choose_all_reduce(shape.bytes as usize),
@@ -355,6 +363,7 @@ fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
                 AllReduceAlgo::OneShot => "oneshot",
                 AllReduceAlgo::TwoShot => "twoshot",
                 AllReduceAlgo::ReadReduce => "readreduce",
+                AllReduceAlgo::Proxy => "proxy",
             }
             .into()
         }

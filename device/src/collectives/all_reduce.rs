@@ -200,55 +200,42 @@ unsafe fn store1<T: Reduce>(p: *mut u8, i: u64, v: u32) {
     }
 }
 
-/// Reduces `len` elements: rank `q`'s values are `own` for `q == rank`, else rank `q`'s
-/// staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank `q`'s scratch,
-/// read over NVLink; else slot `q` of this rank's scratch, put there by rank `q`); the sum
-/// goes to `out` and to `reduced`. Threads of the block share the work; 16-byte vectors
-/// (two per thread in flight) when `own` and `out` are 16-byte aligned (the scratch always
-/// is), elements otherwise and for the tail.
+/// Reduces `len` elements of `srcs` (one source per rank, summed in rank order) into
+/// `out` and, unless null, `reduced`. Threads of the block share the work; 16-byte vectors
+/// (two per thread in flight) when every address is 16-byte aligned, elements otherwise
+/// and for the tail.
 ///
 /// # Safety
-/// All ranges valid for `len` elements; scratch slots published to this block by a barrier.
-#[allow(clippy::too_many_arguments)]
+/// Every source valid for `len` elements and published to this block; `out` (and
+/// `reduced` unless null) valid for `len` elements, written by this block only; all aligned
+/// to `T::SIZE`.
 #[inline(always)]
-unsafe fn reduce_slots<T: Reduce, const READ: bool>(
-    ctx: &CollContext,
-    slot_bytes: u64,
-    slot_off: u64,
-    own: *const u8,
+pub(crate) unsafe fn reduce_sources<T: Reduce>(
+    srcs: &[*const u8],
     out: *mut u8,
     reduced: *mut u8,
     len: u64,
     thread: u32,
 ) {
     let (t, nt) = (thread as u64, arch::block_dim_x() as u64);
-    let (n, r) = (ctx.nranks, ctx.rank);
-    let src = |q: u32| -> *const u8 {
-        if q == r {
-            own
-        } else if READ {
-            ctx.peer_scratch[q as usize].wrapping_add((r as u64 * slot_bytes + slot_off) as usize)
-        } else {
-            ctx.scratch
-                .wrapping_add((q as u64 * slot_bytes + slot_off) as usize)
-        }
-    };
     let add = |a: [u64; 2], x: [u64; 2]| [T::add8(a[0], x[0]), T::add8(a[1], x[1])];
     let per_vec = 16 / T::SIZE;
-    let vectors = if (own as usize | out as usize).is_multiple_of(16) {
-        len / per_vec
-    } else {
-        0
+    let aligned = srcs
+        .iter()
+        .fold(out as usize | reduced as usize, |a, s| a | *s as usize)
+        .is_multiple_of(16);
+    let vectors = if aligned { len / per_vec } else { 0 };
+    let store = |p: *mut u8, at: usize, v: [u64; 2]| {
+        // SAFETY: 16 valid aligned bytes of an output (callers' bounds), this thread's own.
+        unsafe { arch::st_weak_v2_u64(p.add(at) as *mut u64, v[0], v[1]) }
     };
     let mut v = t;
     while v < vectors {
         let second = v + nt < vectors;
         let (a1, a2) = ((v * 16) as usize, ((v + nt) * 16) as usize);
         let (mut acc1, mut acc2) = ([0u64; 2], [0u64; 2]);
-        for q in 0..n {
-            let p = src(q);
-            // SAFETY: 16 valid aligned bytes at each offset (v, v + nt < vectors); scratch
-            // published by the barrier.
+        for (q, &p) in srcs.iter().enumerate() {
+            // SAFETY: 16 valid aligned bytes at each offset (v, v + nt < vectors), published.
             let x1 = unsafe { arch::ld_weak_v2_u64(p.add(a1) as *const u64) };
             let x2 = if second {
                 // SAFETY: as above.
@@ -262,13 +249,14 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
                 (add(acc1, x1), add(acc2, x2))
             };
         }
-        // SAFETY: 16 valid aligned bytes of out and of the reduced slot, this thread's own.
-        unsafe {
-            arch::st_weak_v2_u64(out.add(a1) as *mut u64, acc1[0], acc1[1]);
-            arch::st_weak_v2_u64(reduced.add(a1) as *mut u64, acc1[0], acc1[1]);
-            if second {
-                arch::st_weak_v2_u64(out.add(a2) as *mut u64, acc2[0], acc2[1]);
-                arch::st_weak_v2_u64(reduced.add(a2) as *mut u64, acc2[0], acc2[1]);
+        store(out, a1, acc1);
+        if !reduced.is_null() {
+            store(reduced, a1, acc1);
+        }
+        if second {
+            store(out, a2, acc2);
+            if !reduced.is_null() {
+                store(reduced, a2, acc2);
             }
         }
         v += 2 * nt;
@@ -276,18 +264,56 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
     let mut i = vectors * per_vec + t;
     while i < len {
         let mut acc = 0u32;
-        for q in 0..n {
+        for (q, &p) in srcs.iter().enumerate() {
             // SAFETY: element i < len of a valid, element-aligned range.
-            let x = unsafe { load1::<T>(src(q), i) };
+            let x = unsafe { load1::<T>(p, i) };
             acc = if q == 0 { x } else { T::add1(acc, x) };
         }
         // SAFETY: as above, this thread's own element.
         unsafe {
             store1::<T>(out, i, acc);
-            store1::<T>(reduced, i, acc);
+            if !reduced.is_null() {
+                store1::<T>(reduced, i, acc);
+            }
         }
         i += nt;
     }
+}
+
+/// The two-shot reduction: rank `q`'s values are `own` for `q == rank`, else rank `q`'s
+/// staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank `q`'s scratch,
+/// read over NVLink; else slot `q` of this rank's scratch, put there by rank `q`); the sum
+/// goes to `out` and to `reduced`.
+///
+/// # Safety
+/// As for [`reduce_sources`]; scratch slots published to this block by a barrier.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn reduce_slots<T: Reduce, const READ: bool>(
+    ctx: &CollContext,
+    slot_bytes: u64,
+    slot_off: u64,
+    own: *const u8,
+    out: *mut u8,
+    reduced: *mut u8,
+    len: u64,
+    thread: u32,
+) {
+    let (n, r) = (ctx.nranks, ctx.rank);
+    let mut srcs = [core::ptr::null::<u8>(); super::MAX_RANKS];
+    for (q, s) in srcs.iter_mut().enumerate().take(n as usize) {
+        let q = q as u32;
+        *s = if q == r {
+            own
+        } else if READ {
+            ctx.peer_scratch[q as usize].wrapping_add((r as u64 * slot_bytes + slot_off) as usize)
+        } else {
+            ctx.scratch
+                .wrapping_add((q as u64 * slot_bytes + slot_off) as usize)
+        };
+    }
+    // SAFETY: forwarded.
+    unsafe { reduce_sources::<T>(&srcs[..n as usize], out, reduced, len, thread) }
 }
 
 /// Two-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal).

@@ -24,6 +24,8 @@
 //!   scratch), pipelined through the scratch in rounds.
 //! - [`all_gather::all_gather`]: each rank copies its input into its scratch, and peers get
 //!   it from there into their outputs, in rounds.
+//! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
+//!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped.
 //!
 //! Reductions add in rank order 0, 1, …, n−1 on every rank, so all ranks get bit-identical
 //! results.
@@ -37,11 +39,13 @@
 
 pub mod all_gather;
 pub mod all_reduce;
+pub mod proxy;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
 
 use crate::arch;
+use crate::channel::DevConn;
 use crate::semaphore::wait_inbound;
 
 /// Most ranks a [`CollContext`] holds.
@@ -57,7 +61,7 @@ pub const STATE_WORDS: usize = 2;
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 
 /// What the collective kernels need to reach every rank, passed by value (`#[repr(C)]`,
-/// `Copy`, 320 bytes). Built by the host (`mscclpp_host::collectives`); kernels trust it,
+/// `Copy`, 328 bytes). Built by the host (`mscclpp_host::collectives`); kernels trust it,
 /// which is why launching them is `unsafe`. Entries for ranks ≥ `nranks` are null; the own
 /// rank's `peer_*` entries are unused.
 #[repr(C)]
@@ -90,9 +94,12 @@ pub struct CollContext {
     pub expected: *mut u64,
     /// This rank's state words ([`STATE_WORDS`], local, zeroed at first).
     pub state: *mut u64,
+    /// `conns[p]`: the proxy channel to rank `p`, over the scratch on both sides (an array
+    /// of `nranks` handles; the own entry is unused). Null when proxy channels are not set up.
+    pub conns: *const DevConn,
 }
 
-const _: () = assert!(core::mem::size_of::<CollContext>() == 320);
+const _: () = assert!(core::mem::size_of::<CollContext>() == 328);
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed under the
 // protocols of this module.

@@ -69,6 +69,8 @@ impl World {
                     peer_sems: [core::ptr::null_mut(); MAX_RANKS],
                     expected: alloc(EXPECTED_WORDS as u64 * 8) as *mut u64,
                     state: alloc(STATE_WORDS as u64 * 8) as *mut u64,
+                    // Proxy channels need the host's proxy: tested in mscclpp-host.
+                    conns: core::ptr::null(),
                 };
                 for p in 0..n {
                     c.peer_scratch[p] = scratch[p];

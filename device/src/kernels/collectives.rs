@@ -2,14 +2,14 @@
 //! algorithm and element type. The [`CollContext`] is read from memory (device memory
 //! on a GPU, written once by the host): passed by value, its arrays indexed by rank made
 //! every thread copy all 320 bytes to its local stack first.
-//! Kernels (names `all_reduce_{one_shot,two_shot,two_shot_read}_{f32,f16,bf16}` and
-//! `all_gather`). The host (`mscclpp_host::collectives`) picks the grid and launches them.
+//! Kernels (names `all_reduce_{one_shot,two_shot,two_shot_read,proxy}_{f32,f16,bf16}`,
+//! `all_gather` and `all_gather_proxy`). The host (`mscclpp_host::collectives`) picks the grid and launches them.
 
-use crate::collectives::{Bf16, CollContext, F16, F32, all_gather, all_reduce};
+use crate::collectives::{Bf16, CollContext, F16, F32, all_gather, all_reduce, proxy};
 use crate::kernel;
 
 macro_rules! all_reduce_kernels {
-    ($($one:ident, $two:ident, $read:ident, $t:ty);* $(;)?) => {$(
+    ($($one:ident, $two:ident, $read:ident, $proxy:ident, $t:ty);* $(;)?) => {$(
         kernel! {
             /// One-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::one_shot`].
@@ -35,15 +35,27 @@ macro_rules! all_reduce_kernels {
             }
         }
         crate::launch_bounds!($read, 512);
+        kernel! {
+            /// All-reduce (sum) of `count` elements over proxy channels (one block): see
+            /// [`proxy::all_reduce`].
+            pub unsafe fn $proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { proxy::all_reduce::<$t>(&*ctx, send, recv, count) }
+            }
+        }
+        crate::launch_bounds!($proxy, 512);
         crate::launch_bounds!($one, 1024);
         crate::launch_bounds!($two, 512);
     )*};
 }
 
 all_reduce_kernels! {
-    all_reduce_one_shot_f32, all_reduce_two_shot_f32, all_reduce_two_shot_read_f32, F32;
-    all_reduce_one_shot_f16, all_reduce_two_shot_f16, all_reduce_two_shot_read_f16, F16;
-    all_reduce_one_shot_bf16, all_reduce_two_shot_bf16, all_reduce_two_shot_read_bf16, Bf16;
+    all_reduce_one_shot_f32, all_reduce_two_shot_f32, all_reduce_two_shot_read_f32,
+        all_reduce_proxy_f32, F32;
+    all_reduce_one_shot_f16, all_reduce_two_shot_f16, all_reduce_two_shot_read_f16,
+        all_reduce_proxy_f16, F16;
+    all_reduce_one_shot_bf16, all_reduce_two_shot_bf16, all_reduce_two_shot_read_bf16,
+        all_reduce_proxy_bf16, Bf16;
 }
 
 kernel! {
@@ -54,3 +66,13 @@ kernel! {
     }
 }
 crate::launch_bounds!(all_gather, 512);
+
+kernel! {
+    /// All-gather of `bytes` per rank over proxy channels (one block): see
+    /// [`proxy::all_gather`].
+    pub unsafe fn all_gather_proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { proxy::all_gather(&*ctx, send, recv, bytes) }
+    }
+}
+crate::launch_bounds!(all_gather_proxy, 512);

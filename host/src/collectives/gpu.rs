@@ -2,6 +2,7 @@
 
 use cudarc::driver::sys;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::CollContext;
 
 use super::{AllReduceAlgo, DataType};
@@ -14,6 +15,10 @@ pub(super) struct Kernels {
     one_shot: [CudaFunction; 3],
     two_shot: [CudaFunction; 3],
     read_reduce: [CudaFunction; 3],
+    proxy: [CudaFunction; 3],
+    pub(super) all_gather_proxy: CudaFunction,
+    /// The proxy channels' handles in device memory (the context points at them).
+    _conns: Option<DeviceBuffer>,
     pub(super) all_gather: CudaFunction,
     /// The context in device memory (kernels take its address).
     ctx: DeviceBuffer,
@@ -21,10 +26,24 @@ pub(super) struct Kernels {
 }
 
 impl Kernels {
-    pub(super) fn load(gpu: &Gpu, ctx: &CollContext) -> Result<Kernels, CudaError> {
+    pub(super) fn load(
+        gpu: &Gpu,
+        ctx: &CollContext,
+        conns: &[DevConn],
+    ) -> Result<Kernels, CudaError> {
         let m = KernelModule::load_builtin(gpu)?;
+        let mut ctx = *ctx;
+        let conns = match conns {
+            [] => None,
+            c => {
+                let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of_val(c))?;
+                mem.copy_from_host(0, c)?;
+                ctx.conns = mem.device_ptr() as *const DevConn;
+                Some(mem)
+            }
+        };
         let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
-        mem.copy_from_host(0, std::slice::from_ref(ctx))?;
+        mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
         let f = |name: &str| m.function(name);
         Ok(Kernels {
             one_shot: [
@@ -42,7 +61,14 @@ impl Kernels {
                 f("all_reduce_two_shot_read_f16")?,
                 f("all_reduce_two_shot_read_bf16")?,
             ],
+            proxy: [
+                f("all_reduce_proxy_f32")?,
+                f("all_reduce_proxy_f16")?,
+                f("all_reduce_proxy_bf16")?,
+            ],
             all_gather: f("all_gather")?,
+            all_gather_proxy: f("all_gather_proxy")?,
+            _conns: conns,
             ctx: mem,
             _module: m,
         })
@@ -57,6 +83,7 @@ impl Kernels {
         match algo {
             AllReduceAlgo::OneShot => &self.one_shot[i],
             AllReduceAlgo::ReadReduce => &self.read_reduce[i],
+            AllReduceAlgo::Proxy => &self.proxy[i],
             _ => &self.two_shot[i],
         }
     }

@@ -12,7 +12,8 @@
 //! # Algorithms
 //!
 //! [`AllReduceAlgo::Auto`] picks by message size and rank count; the environment variables
-//! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`, `readreduce`) and `MSCCLPP_ALLGATHER_ALGO` (`memory`)
+//! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`, `readreduce`, `proxy`) and
+//! `MSCCLPP_ALLGATHER_ALGO` (`memory`, `proxy`)
 //! override the choice, and an explicit algorithm argument overrides both.
 
 mod gpu;
@@ -20,6 +21,7 @@ mod gpu;
 use std::fmt;
 
 use mscclpp_device::arch::{Dim3, launch};
+use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::{
     CollContext, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, one_shot_max_bytes,
 };
@@ -95,6 +97,10 @@ pub enum AllReduceAlgo {
     /// reduces while reading them over NVLink (read-reduce), overlapping the reduction with
     /// the transfer.
     ReadReduce,
+    /// Over proxy channels: the copy engine (P2P) or the proxy's memcpy (Host) moves the
+    /// data between scratches, one block stages and reduces. For peers whose memory cannot
+    /// be mapped; never chosen by `Auto`.
+    Proxy,
 }
 
 /// All-gather algorithm.
@@ -104,6 +110,8 @@ pub enum AllGatherAlgo {
     Auto,
     /// GPU threads copy over memory channels.
     Memory,
+    /// Over proxy channels (copy engine / proxy memcpy); never chosen by `Auto`.
+    Proxy,
 }
 
 /// Element types the typed calls accept.
@@ -137,6 +145,12 @@ pub struct CollConfig {
     pub max_blocks: u32,
     /// Threads per block of the GPU kernels (a multiple of 32, 32..=512).
     pub threads: u32,
+    /// The all-reduce algorithm of calls that pass [`AllReduceAlgo::Auto`] (the typed and
+    /// host calls), unless `MSCCLPP_ALLREDUCE_ALGO` is set.
+    pub all_reduce_algo: AllReduceAlgo,
+    /// The all-gather algorithm of calls that pass [`AllGatherAlgo::Auto`], unless
+    /// `MSCCLPP_ALLGATHER_ALGO` is set.
+    pub all_gather_algo: AllGatherAlgo,
 }
 
 impl Default for CollConfig {
@@ -146,6 +160,8 @@ impl Default for CollConfig {
             packet_max_bytes: 4 << 20,
             max_blocks: 128,
             threads: 512,
+            all_reduce_algo: AllReduceAlgo::Auto,
+            all_gather_algo: AllGatherAlgo::Auto,
         }
     }
 }
@@ -212,6 +228,7 @@ impl CollConfig {
 /// Connection tags the collectives use (high, to stay clear of a user's).
 const TAG_SCRATCH: u32 = 0xC011_0001;
 const TAG_SEMAPHORES: u32 = 0xC011_0002;
+const TAG_PROXY: u32 = 0xC011_0003;
 
 /// All-reduce and all-gather over one communicator. See the [module](self).
 pub struct Collectives {
@@ -220,7 +237,10 @@ pub struct Collectives {
     /// The context on the host (host backend kernels read it here).
     ctx: Box<CollContext>,
     env_all_reduce: Option<AllReduceAlgo>,
+    env_all_gather: Option<AllGatherAlgo>,
     gpu: Option<gpu::Kernels>,
+    /// The proxy channels' handles on the host (host backend kernels read them here).
+    _host_conns: Vec<DevConn>,
     _scratch: Buffer,
     _semaphores: Buffer,
     _local: Buffer,
@@ -244,20 +264,23 @@ fn parse_all_reduce_env() -> Result<Option<AllReduceAlgo>, CommError> {
             "oneshot" | "one-shot" | "one_shot" => Ok(Some(AllReduceAlgo::OneShot)),
             "twoshot" | "two-shot" | "two_shot" => Ok(Some(AllReduceAlgo::TwoShot)),
             "readreduce" | "read-reduce" | "read_reduce" => Ok(Some(AllReduceAlgo::ReadReduce)),
+            "proxy" => Ok(Some(AllReduceAlgo::Proxy)),
             _ => Err(CommError::InvalidArgument(format!(
-                "MSCCLPP_ALLREDUCE_ALGO={v:?}: expected auto, oneshot, twoshot or readreduce"
+                "MSCCLPP_ALLREDUCE_ALGO={v:?}: expected auto, oneshot, twoshot, readreduce or proxy"
             ))),
         },
     }
 }
 
-fn parse_all_gather_env() -> Result<(), CommError> {
+fn parse_all_gather_env() -> Result<Option<AllGatherAlgo>, CommError> {
     match std::env::var("MSCCLPP_ALLGATHER_ALGO") {
-        Err(_) => Ok(()),
+        Err(_) => Ok(None),
         Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" | "memory" => Ok(()),
+            "" | "auto" => Ok(None),
+            "memory" => Ok(Some(AllGatherAlgo::Memory)),
+            "proxy" => Ok(Some(AllGatherAlgo::Proxy)),
             _ => Err(CommError::InvalidArgument(format!(
-                "MSCCLPP_ALLGATHER_ALGO={v:?}: expected auto or memory"
+                "MSCCLPP_ALLGATHER_ALGO={v:?}: expected auto, memory or proxy"
             ))),
         },
     }
@@ -273,7 +296,7 @@ impl Collectives {
     pub fn new(mut comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
         config.validate()?;
         let env_all_reduce = parse_all_reduce_env()?;
-        parse_all_gather_env()?;
+        let env_all_gather = parse_all_gather_env()?;
         let (n, rank) = (comm.nranks(), comm.rank());
         if n > MAX_RANKS {
             return Err(CommError::InvalidArgument(format!(
@@ -290,10 +313,22 @@ impl Collectives {
         for p in (0..n).filter(|&p| p != rank) {
             let data = comm.connect_memory(p, &scratch, TAG_SCRATCH, transport, packets_len)?;
             let sems = comm.connect_memory(p, &semaphores, TAG_SEMAPHORES, transport, 0)?;
-            channels.push((p, data, sems));
+            let proxy = comm.connect(p, &scratch, TAG_PROXY, transport)?;
+            channels.push((p, data, sems, proxy));
         }
         comm.connection_setup()?;
         let all = comm.memory_channels();
+        let proxies = comm.device_connections();
+        // conns[p] = the proxy channel to rank p; the own entry repeats another (unused).
+        let host_conns: Vec<DevConn> = match channels.first() {
+            Some(&(_, _, _, any)) => (0..n)
+                .map(|q| {
+                    let i = channels.iter().find(|c| c.0 == q).map_or(any, |c| c.3);
+                    proxies[i]
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let base = |b: &Buffer| {
             b.device_ptr()
                 .unwrap_or_else(|| b.host_ptr().unwrap() as u64)
@@ -313,10 +348,15 @@ impl Collectives {
             peer_sems: [std::ptr::null_mut(); MAX_RANKS],
             expected: local_base as *mut u64,
             state: (local_base + EXPECTED_WORDS as u64 * 8) as *mut u64,
+            conns: if host_conns.is_empty() {
+                std::ptr::null()
+            } else {
+                host_conns.as_ptr()
+            },
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
-        for (p, data, sems) in channels {
+        for (p, data, sems, _) in channels {
             let (d, s) = (&all[data], &all[sems]);
             ctx.peer_scratch[p] = d.remote_ptr();
             ctx.packets_in[p] = d.packets_in_ptr();
@@ -324,15 +364,20 @@ impl Collectives {
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
         let gpu = match comm.backend() {
-            Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx)?),
+            Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
         };
+        if n > 1 {
+            comm.proxy_launch()?;
+        }
         Ok(Collectives {
             comm,
             config,
             ctx: Box::new(ctx),
             env_all_reduce,
+            env_all_gather,
             gpu,
+            _host_conns: host_conns,
             _scratch: scratch,
             _semaphores: semaphores,
             _local: local,
@@ -378,10 +423,23 @@ impl Collectives {
         if let Some(a) = self.env_all_reduce {
             return a;
         }
+        if self.config.all_reduce_algo != AllReduceAlgo::Auto {
+            return self.config.all_reduce_algo;
+        }
         if bytes <= self.config.packet_max_bytes.min(self.one_shot_max_bytes()) {
             AllReduceAlgo::OneShot
         } else {
             AllReduceAlgo::TwoShot
+        }
+    }
+
+    /// The algorithm [`AllGatherAlgo::Auto`] resolves to (`MSCCLPP_ALLGATHER_ALGO`, then
+    /// the config, then memory channels).
+    pub fn choose_all_gather(&self) -> AllGatherAlgo {
+        match (self.env_all_gather, self.config.all_gather_algo) {
+            (Some(a), _) => a,
+            (None, AllGatherAlgo::Auto) => AllGatherAlgo::Memory,
+            (None, a) => a,
         }
     }
 
@@ -405,6 +463,8 @@ impl Collectives {
     fn grid(&self, algo: Option<AllReduceAlgo>, bytes: usize) -> (u32, u32) {
         let threads = self.config.threads;
         match algo {
+            // One block stages and reduces; the copy engine moves the data.
+            Some(AllReduceAlgo::Proxy) => (1, threads),
             Some(AllReduceAlgo::OneShot) => {
                 let units = bytes.div_ceil(8).max(1);
                 let threads = (units.next_multiple_of(32) as u32).clamp(32, threads);
@@ -492,7 +552,10 @@ impl Collectives {
         algo: AllGatherAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let (AllGatherAlgo::Auto | AllGatherAlgo::Memory) = algo;
+        let algo = match algo {
+            AllGatherAlgo::Auto => self.choose_all_gather(),
+            a => a,
+        };
         let kernels = self.gpu_kernels("all_gather")?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
         if send_count == 0 {
@@ -502,19 +565,16 @@ impl Collectives {
         gpu::check_stream("all_gather", self.gpu().expect("GPU backend"), stream)?;
         gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
         gpu::check_range("all_gather: recv", recv, total, dtype.size())?;
-        let (blocks, threads) = self.grid(None, bytes);
+        let (blocks, threads) = match algo {
+            AllGatherAlgo::Proxy => self.grid(Some(AllReduceAlgo::Proxy), bytes),
+            _ => self.grid(None, bytes),
+        };
+        let f = match algo {
+            AllGatherAlgo::Proxy => &kernels.all_gather_proxy,
+            _ => &kernels.all_gather,
+        };
         // SAFETY: as in all_reduce_raw.
-        unsafe {
-            kernels.launch(
-                stream,
-                &kernels.all_gather,
-                send,
-                recv,
-                bytes as u64,
-                blocks,
-                threads,
-            )
-        }
+        unsafe { kernels.launch(stream, f, send, recv, bytes as u64, blocks, threads) }
     }
 
     /// Out-of-place all-reduce of cudarc slices (lengths must match), on `stream`.
@@ -589,7 +649,9 @@ impl Collectives {
         unsafe { self.all_gather_raw(s, r, count, T::DTYPE, AllGatherAlgo::Auto, stream) }
     }
 
-    /// Runs a kernel body on CPU threads (host backend), turning a trap into an error.
+    /// Runs a kernel body on CPU threads (host backend), turning a trap into an error: one
+    /// block of `max(nranks, 2)` threads (proxy kernels need exactly one block; the others
+    /// take any grid, and more threads only add contention on a CPU).
     fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
         let threads = (self.nranks() as u32).max(2);
         launch(Dim3::x(1), Dim3::x(threads), body).map_err(|e| {
@@ -689,10 +751,14 @@ impl Collectives {
         }
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
         let ctx = &*self.ctx as *const CollContext as u64;
+        let f: HostKernel = match self.choose_all_gather() {
+            AllGatherAlgo::Proxy => k::all_gather_proxy,
+            _ => k::all_gather,
+        };
         self.run_host("all_gather_host", || {
             // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
             unsafe {
-                k::all_gather(
+                f(
                     ctx as *const CollContext,
                     s as *const u8,
                     r as *mut u8,
@@ -713,6 +779,9 @@ fn host_kernel(algo: AllReduceAlgo, dtype: DataType) -> HostKernel {
         (AllReduceAlgo::ReadReduce, DataType::F32) => k::all_reduce_two_shot_read_f32,
         (AllReduceAlgo::ReadReduce, DataType::F16) => k::all_reduce_two_shot_read_f16,
         (AllReduceAlgo::ReadReduce, DataType::Bf16) => k::all_reduce_two_shot_read_bf16,
+        (AllReduceAlgo::Proxy, DataType::F32) => k::all_reduce_proxy_f32,
+        (AllReduceAlgo::Proxy, DataType::F16) => k::all_reduce_proxy_f16,
+        (AllReduceAlgo::Proxy, DataType::Bf16) => k::all_reduce_proxy_bf16,
         (_, DataType::F32) => k::all_reduce_two_shot_f32,
         (_, DataType::F16) => k::all_reduce_two_shot_f16,
         (_, DataType::Bf16) => k::all_reduce_two_shot_bf16,

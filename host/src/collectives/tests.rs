@@ -240,3 +240,42 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
     let e = out[0].as_ref().unwrap_err();
     assert!(e.contains("did not take part"), "{e}");
 }
+
+#[test]
+fn proxy_channel_variants_reduce_and_gather_over_the_proxy() {
+    let config = CollConfig {
+        all_reduce_algo: AllReduceAlgo::Proxy,
+        all_gather_algo: AllGatherAlgo::Proxy,
+        ..small()
+    };
+    for n in [2, 3] {
+        ranks(n, config.clone(), |c| {
+            let r = c.rank();
+            assert_eq!(c.choose_all_reduce(8), AllReduceAlgo::Proxy);
+            assert_eq!(c.choose_all_gather(), AllGatherAlgo::Proxy);
+            let mut call = 100;
+            // 4096-byte scratch: 1024 (n=3) or 1360 (n=2) bytes per slot, many rounds.
+            for count in [1usize, 5, 64, 333, 1000, 2501] {
+                for in_place in [false, true] {
+                    call += 1;
+                    all_reduce_case::<f32>(&c, count, call, in_place);
+                    all_reduce_case::<bf16>(&c, count, call, in_place);
+                }
+                let send: Vec<f16> = (0..count)
+                    .map(|i| f16::from_f32(value(r, i, call)))
+                    .collect();
+                let mut out = vec![f16::ZERO; n * count];
+                c.all_gather_host(&send, &mut out).unwrap();
+                for q in 0..n {
+                    for i in 0..count {
+                        assert_eq!(
+                            out[q * count + i],
+                            f16::from_f32(value(q, i, call)),
+                            "rank {r} n {n} count {count}"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
