@@ -9,7 +9,17 @@ use mscclpp::perf::json::Report;
 
 /// The tool, started alone (no launcher variables), GPUs hidden.
 fn perf(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mscclpp-perf"));
+    // Cargo's path to the binary; in a gpu-bundle (tests/ and bin/ side by side, built
+    // elsewhere) the packed copy next to this test.
+    let mut exe = PathBuf::from(env!("CARGO_BIN_EXE_mscclpp-perf"));
+    if !exe.exists()
+        && let Some(packed) = std::env::current_exe()
+            .ok()
+            .and_then(|t| Some(t.parent()?.parent()?.join("bin/mscclpp-perf")))
+    {
+        exe = packed;
+    }
+    let mut cmd = Command::new(exe);
     cmd.args(args).env("CUDA_VISIBLE_DEVICES", "");
     for var in [
         "MSCCLPP_RANK",

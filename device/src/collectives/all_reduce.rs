@@ -56,6 +56,14 @@ unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
 #[inline(always)]
 unsafe fn finish_packet_call(ctx: &CollContext, calls: u64, thread: u32, blocks: u32) {
     arch::sync_threads();
+    if blocks == 1 {
+        // The only block: its threads read the counter before the barrier above.
+        if thread == 0 {
+            // SAFETY: as below; no other block exists.
+            unsafe { core::ptr::write_volatile(ctx.state, calls + 1) };
+        }
+        return;
+    }
     if thread == 0 {
         // The fence orders this block's read of the counter (at its start) before its
         // count of finished blocks, so the last block's update comes after every read.
