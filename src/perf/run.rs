@@ -326,22 +326,27 @@ fn drv(call: &'static str) -> impl Fn(DriverError) -> PerfError {
     move |e| PerfError::Cuda(CudaError::driver(call, e))
 }
 
-/// Largest value over ranks.
-fn max_over_ranks(bs: &BlockingBootstrap, v: f64) -> Result<f64, PerfError> {
-    let all = bs.all_gather(&v.to_le_bytes())?;
+/// Every rank's 8-byte value, in rank order.
+fn gather_words(bs: &BlockingBootstrap, bytes: [u8; 8]) -> Result<Vec<[u8; 8]>, PerfError> {
+    let all = bs.all_gather(&bytes)?;
     Ok(all
         .iter()
         .filter_map(|b| b.get(..8).and_then(|b| b.try_into().ok()))
+        .collect())
+}
+
+/// Largest value over ranks.
+fn max_over_ranks(bs: &BlockingBootstrap, v: f64) -> Result<f64, PerfError> {
+    Ok(gather_words(bs, v.to_le_bytes())?
+        .into_iter()
         .map(f64::from_le_bytes)
         .fold(f64::NEG_INFINITY, f64::max))
 }
 
 /// Sum over ranks.
 fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
-    let all = bs.all_gather(&v.to_le_bytes())?;
-    Ok(all
-        .iter()
-        .filter_map(|b| b.get(..8).and_then(|b| b.try_into().ok()))
+    Ok(gather_words(bs, v.to_le_bytes())?
+        .into_iter()
         .map(u64::from_le_bytes)
         .sum())
 }

@@ -191,33 +191,26 @@ impl Reduce for F32 {
     }
 }
 
-impl Reduce for F16 {
-    const SIZE: u64 = 2;
-    #[inline(always)]
-    fn add8(a: u64, b: u64) -> u64 {
-        let lo = arch::add_f16x2(a as u32, b as u32);
-        let hi = arch::add_f16x2((a >> 32) as u32, (b >> 32) as u32);
-        lo as u64 | (hi as u64) << 32
-    }
-    #[inline(always)]
-    fn add1(a: u32, b: u32) -> u32 {
-        arch::add_f16x2(a, b) & 0xffff
-    }
+/// The two 16-bit float types: lanes added in pairs by `$add` (one `u32` holds two).
+macro_rules! half_reduce {
+    ($t:ty, $add:path) => {
+        impl Reduce for $t {
+            const SIZE: u64 = 2;
+            #[inline(always)]
+            fn add8(a: u64, b: u64) -> u64 {
+                let lo = $add(a as u32, b as u32);
+                let hi = $add((a >> 32) as u32, (b >> 32) as u32);
+                lo as u64 | (hi as u64) << 32
+            }
+            #[inline(always)]
+            fn add1(a: u32, b: u32) -> u32 {
+                $add(a, b) & 0xffff
+            }
+        }
+    };
 }
-
-impl Reduce for Bf16 {
-    const SIZE: u64 = 2;
-    #[inline(always)]
-    fn add8(a: u64, b: u64) -> u64 {
-        let lo = arch::add_bf16x2(a as u32, b as u32);
-        let hi = arch::add_bf16x2((a >> 32) as u32, (b >> 32) as u32);
-        lo as u64 | (hi as u64) << 32
-    }
-    #[inline(always)]
-    fn add1(a: u32, b: u32) -> u32 {
-        arch::add_bf16x2(a, b) & 0xffff
-    }
-}
+half_reduce!(F16, arch::add_f16x2);
+half_reduce!(Bf16, arch::add_bf16x2);
 
 /// Block `b` of `nb`'s share of `len` units, in multiples of `align`: `(start, end)`, empty
 /// for blocks past the end.

@@ -157,7 +157,7 @@ impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
             scratch_bytes: 128 << 20,
-            packet_max_bytes: 4 << 20,
+            packet_max_bytes: 2 << 20,
             max_blocks: 128,
             threads: 512,
             all_reduce_algo: AllReduceAlgo::Auto,

@@ -221,6 +221,11 @@ impl IbPlane {
                 true,
             )?;
         }
+        self.wait_posted(id)
+    }
+
+    /// Waits until every request posted so far on connection `id` has completed.
+    fn wait_posted(&mut self, id: u32) -> Result<(), IbError> {
         let (config, scratch) = (self.config, &mut self.scratch);
         let s = self.links[id as usize]
             .as_mut()
@@ -245,12 +250,7 @@ impl IbPlane {
             |l| l.rkey,
             true,
         )?;
-        let (config, scratch) = (self.config, &mut self.scratch);
-        let s = self.links[id as usize]
-            .as_mut()
-            .ok_or(IbError::UnknownConnection(id))?;
-        let target = s.posted;
-        s.wait_until(id, target, config.timeout, scratch)
+        self.wait_posted(id)
     }
 }
 
