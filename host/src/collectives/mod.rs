@@ -9,6 +9,16 @@
 //! calls are stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU)
 //! the same kernels run on CPU threads over shared memory, and calls block until done.
 //!
+//! # Ordering and failures
+//!
+//! As with NCCL, the calls of one [`Collectives`] must be ordered: one stream (or streams
+//! ordered by events), and every rank making the same calls with the same sizes in the same
+//! order. Calls on unordered streams would share the scratch concurrently. A rank that does
+//! not take part makes the others' kernels trap after the communicator's device timeout
+//! (`CommConfig::device_timeout`, 30 s by default): on a GPU the error surfaces at the next
+//! synchronisation of the stream (the CUDA context is then unusable, as after any trap); on
+//! the host backend the call returns an error naming the timeout.
+//!
 //! # Algorithms
 //!
 //! [`AllReduceAlgo::Auto`] picks by message size and rank count; the environment variables

@@ -279,3 +279,15 @@ fn proxy_channel_variants_reduce_and_gather_over_the_proxy() {
         });
     }
 }
+
+#[test]
+fn a_single_rank_copies_its_input() {
+    ranks(1, small(), |c| {
+        all_reduce_case::<f32>(&c, 1000, 7, false);
+        all_reduce_case::<f16>(&c, 3, 8, true);
+        let mut out = vec![0f32; 5];
+        c.all_gather_host(&[1f32, 2.0, 3.0, 4.0, 5.0], &mut out)
+            .unwrap();
+        assert_eq!(out, [1.0, 2.0, 3.0, 4.0, 5.0]);
+    });
+}
