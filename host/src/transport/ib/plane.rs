@@ -13,6 +13,11 @@
 //! An error completion breaks the connection: the error names it (id, peer rank, tag, queue
 //! pair, status) and every later operation on it returns the same error; other connections
 //! carry on.
+//!
+//! Links with host staging on either side ([`LinkStaging`]) also copy through the mirror,
+//! write records and counts, and deliver arrived data in [`DataPlane::progress`]; see the
+//! `staging` module. Every word the plane writes (epoch, count, record, credit) is little
+//! endian.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

@@ -573,3 +573,46 @@ fn opening_without_a_device_says_what_was_found_and_what_works() {
         }
     }
 }
+
+#[test]
+fn flags_are_little_endian_on_the_wire() {
+    let p = Pair::new(64);
+    let r = p.route();
+    let mut plane = p.plane(4, Duration::from_secs(5));
+    let epoch = 0x0102_0304_0506_0708u64;
+    plane.signal(&r, epoch).unwrap();
+    plane.flush().unwrap();
+    // The bytes in memory, whatever this machine's byte order.
+    assert_eq!(
+        p.flag.load(Ordering::Acquire).to_ne_bytes(),
+        epoch.to_le_bytes()
+    );
+}
+
+#[test]
+fn staging_mode_and_records_parse_and_refuse() {
+    use super::staging::{decode_record, encode_record};
+    for (v, m) in [
+        ("1", StagingMode::Always),
+        (" always ", StagingMode::Always),
+        ("0", StagingMode::Never),
+        ("AUTO", StagingMode::Auto),
+    ] {
+        assert_eq!(StagingMode::parse(v).unwrap(), m, "{v}");
+    }
+    let e = StagingMode::parse("sometimes").unwrap_err().to_string();
+    assert!(e.contains(IB_STAGING_ENV), "{e}");
+    assert_eq!(IbConfig::default().staging, StagingMode::Auto);
+    for (off, size) in [(0, 1), (4095, 1), (u32::MAX as u64, u32::MAX as u64)] {
+        assert_eq!(
+            decode_record(encode_record(off, size).unwrap()),
+            (off, size)
+        );
+    }
+    assert!(
+        encode_record(0, 0).is_none(),
+        "zero-size puts are not recorded"
+    );
+    assert!(encode_record(1 << 32, 1).is_none());
+    assert!(encode_record(0, 1 << 32).is_none());
+}
