@@ -18,8 +18,9 @@ use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
 use crate::proxy::{ProxyTask, StartHook};
 use crate::transport::host::HostPlane;
 use crate::transport::ib::{
-    IbEndpoint, IbHandshake, IbLink, IbPlane, MemoryKind, MemoryRegistration, QpTransition,
-    QueuePair, RdmaRegion, Verbs, decode_handshake, encode_handshake,
+    CONTROL_BYTES, CudaStagingCopy, HostMemory, HostStagingCopy, IbEndpoint, IbHandshake, IbLink,
+    IbPlane, LinkStaging, MemoryKind, MemoryRegistration, QpTransition, QueuePair, RdmaRegion,
+    StagingMode, Verbs, decode_handshake, encode_handshake,
 };
 use crate::transport::p2p::P2pPlane;
 use crate::transport::shm::ShmSegment;
@@ -62,6 +63,10 @@ struct ConnInfo {
     flag_index: u32,
     /// IB connections: the encoded [`IbHandshake`].
     ib: Option<Vec<u8>>,
+    /// The sender could not prepare its side (the other fields are placeholders): why. Sent
+    /// instead of nothing, so that the peer fails at once naming the reason instead of
+    /// waiting for the bootstrap's timeout.
+    failed: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -120,15 +125,155 @@ pub(crate) struct IbConnection {
     lkey: u32,
     rkey: u32,
     flag_rkey: u32,
-    _registrations: [Arc<MemoryRegistration>; 2],
+    /// Host staging on either side (see `transport::ib::staging`).
+    staging: Option<LinkStaging>,
+    /// Dropped before `_memory` (field order): deregister, then free.
+    _registrations: Vec<Arc<MemoryRegistration>>,
+    _memory: Vec<Arc<HostMemory>>,
 }
 
 /// An IB connection between sending its handshake and connecting its queue pair.
 struct IbPrep {
     qp: Box<dyn QueuePair>,
     psn: u32,
+    /// What the NIC addresses for our buffer: the buffer's registration, or its mirror's.
     local: Arc<MemoryRegistration>,
-    flags: Arc<MemoryRegistration>,
+    /// The inbound counters' registration (None when staged: our proxy writes the counter).
+    flags: Option<Arc<MemoryRegistration>>,
+    /// The staging mirror of our buffer, when staged.
+    mirror: Option<Arc<HostMemory>>,
+    control: Arc<HostMemory>,
+    control_reg: Arc<MemoryRegistration>,
+}
+
+/// A mirror of a staged buffer with its registration.
+type Mirror = (Arc<HostMemory>, Arc<MemoryRegistration>);
+
+/// Registers `[addr, addr + len)` once per setup round.
+fn register_once(
+    verbs: &dyn Verbs,
+    registrations: &mut HashMap<(u64, u64), Arc<MemoryRegistration>>,
+    addr: u64,
+    len: u64,
+    kind: MemoryKind,
+) -> Result<Arc<MemoryRegistration>, CommError> {
+    if let Some(r) = registrations.get(&(addr, len)) {
+        return Ok(r.clone());
+    }
+    // SAFETY: callers pass memory of this communicator that outlives the registration: a
+    // connection's buffer or staging memory (the connection keeps them and drops the
+    // registrations first), or the round's flag memory (kept in `flag_memory`, which
+    // outlives every connection of the round: connections are dropped first).
+    let r = Arc::new(unsafe { verbs.register(addr, len, kind) }?);
+    registrations.insert((addr, len), r.clone());
+    Ok(r)
+}
+
+/// Registers an IB connection's memory (staging its buffer when asked to, or when a GPU
+/// buffer cannot be registered in [`StagingMode::Auto`]) and creates its queue pair (INIT).
+fn prepare_ib(
+    comm: &Communicator,
+    p: &PendingConnection,
+    inbound_base: u64,
+    flag_bytes: u64,
+    registrations: &mut HashMap<(u64, u64), Arc<MemoryRegistration>>,
+    mirrors: &mut HashMap<(u64, u64), Mirror>,
+) -> Result<IbPrep, CommError> {
+    let session = comm
+        .ib
+        .as_ref()
+        .ok_or_else(|| CommError::State("IB connection without an opened RDMA device".into()))?;
+    let verbs = session.verbs.as_ref();
+    let mode = StagingMode::from_env()?.unwrap_or(comm.ib_config.staging);
+    let (addr, len) = (p.buffer.addr(), p.buffer.len() as u64);
+    let direct = match (&comm.backend, mode) {
+        (_, StagingMode::Always) => None,
+        (_, _) if mirrors.contains_key(&(addr, len)) => None,
+        (Backend::Host, _) => Some(register_once(
+            verbs,
+            registrations,
+            addr,
+            len,
+            MemoryKind::Host,
+        )?),
+        (Backend::Gpu(_), StagingMode::Never) => Some(register_once(
+            verbs,
+            registrations,
+            addr,
+            len,
+            MemoryKind::Gpu,
+        )?),
+        // Auto: GPUDirect RDMA when the adapter takes the GPU memory, else host staging.
+        (Backend::Gpu(_), StagingMode::Auto) => {
+            register_once(verbs, registrations, addr, len, MemoryKind::Gpu).ok()
+        }
+    };
+    let (local, flags, mirror) = match direct {
+        Some(local) => {
+            let flags_kind = match &comm.backend {
+                Backend::Gpu(_) => MemoryKind::Gpu,
+                Backend::Host => MemoryKind::Host,
+            };
+            let flags = register_once(verbs, registrations, inbound_base, flag_bytes, flags_kind)?;
+            (local, Some(flags), None)
+        }
+        None => {
+            let (mem, reg) = match mirrors.get(&(addr, len)) {
+                Some(m) => m.clone(),
+                None => {
+                    let mem = Arc::new(match &comm.backend {
+                        Backend::Gpu(gpu) => HostMemory::pinned(gpu, len as usize)?,
+                        Backend::Host => HostMemory::heap(len as usize)?,
+                    });
+                    let reg =
+                        register_once(verbs, registrations, mem.addr(), len, MemoryKind::Host)?;
+                    mirrors.insert((addr, len), (mem.clone(), reg.clone()));
+                    (mem, reg)
+                }
+            };
+            (reg, None, Some(mem))
+        }
+    };
+    let control = Arc::new(HostMemory::heap(CONTROL_BYTES as usize)?);
+    let control_reg = register_once(
+        verbs,
+        registrations,
+        control.addr(),
+        control.len(),
+        MemoryKind::Host,
+    )?;
+    let mut qp = verbs.create_qp(comm.ib_config.depth)?;
+    qp.modify(QpTransition::Init)?;
+    let psn = rand::random::<u32>() & 0xff_ffff;
+    Ok(IbPrep {
+        qp,
+        psn,
+        local,
+        flags,
+        mirror,
+        control,
+        control_reg,
+    })
+}
+
+/// What a side that could not prepare a connection sends instead of its description.
+fn failed_info(p: &PendingConnection, pid: u32, reason: String) -> ConnInfo {
+    ConnInfo {
+        tag: p.tag,
+        transport: p.transport,
+        kind: p.kind,
+        packets: None,
+        packets_len: 0,
+        pid,
+        buffer_len: p.buffer.len() as u64,
+        buffer: MemHandle::Remote {
+            len: p.buffer.len() as u64,
+        },
+        flags: MemHandle::Remote { len: 0 },
+        flag_index: 0,
+        ib: None,
+        failed: Some(reason),
+    }
 }
 
 /// A set-up connection.
@@ -176,6 +321,14 @@ impl Connection {
     /// Size of the buffers (equal on both sides).
     pub fn buffer_len(&self) -> u64 {
         self.route.local_len
+    }
+    /// Whether this side's buffer goes through a host staging mirror (IB connections whose
+    /// GPU memory could not be registered, or with staging forced).
+    pub fn ib_staged(&self) -> bool {
+        self.ib
+            .as_ref()
+            .and_then(|i| i.staging.as_ref())
+            .is_some_and(|s| s.mirror.is_some())
     }
 }
 
@@ -269,18 +422,14 @@ fn map_peer(
     Ok(mapped)
 }
 
-/// Sets up `pending` (ids from `first_id`): exchange, check, map, acknowledge, unlink.
-pub(super) fn establish(
-    comm: &Communicator,
-    pending: Vec<PendingConnection>,
-    first_id: u32,
-) -> Result<(Vec<Connection>, FlagMemory), CommError> {
-    let n = pending.len();
-    if n == 0 {
-        return Ok((Vec::new(), FlagMemory::None));
-    }
+/// The inbound counters and expected epochs of a round of `n` connections: the memory, its
+/// handle for peers, and the two base addresses.
+fn alloc_flags(
+    backend: &Backend,
+    n: usize,
+) -> Result<(FlagMemory, MemHandle, u64, u64), CommError> {
     let bytes = n * 8;
-    let (flags, flags_handle, inbound_base, expected_base) = match &comm.backend {
+    Ok(match backend {
         Backend::Gpu(gpu) => {
             let inbound = DeviceBuffer::zeroed(gpu, bytes)?;
             let expected = DeviceBuffer::zeroed(gpu, bytes)?;
@@ -314,51 +463,157 @@ pub(super) fn establish(
                 e,
             )
         }
+    })
+}
+
+/// The description of an IB connection: its handshake (queue pair, the buffer or its
+/// mirror, where the flag goes, the control block) wrapped in a [`ConnInfo`].
+fn ib_info(
+    comm: &Communicator,
+    p: &PendingConnection,
+    prep: &IbPrep,
+    k: usize,
+    inbound_base: u64,
+    flag_bytes: usize,
+    pid: u32,
+) -> Result<ConnInfo, CommError> {
+    let port = comm.ib.as_ref().map(|s| s.verbs.port());
+    let port = port.ok_or_else(|| CommError::State("no RDMA device".into()))?;
+    let len = p.buffer.len() as u64;
+    let control = RdmaRegion {
+        addr: prep.control.addr(),
+        len: prep.control.len(),
+        rkey: prep.control_reg.rkey,
     };
+    let (buffer, flag) = match (&prep.mirror, &prep.flags) {
+        // Staged: the peer writes into the mirror and its flag into the control block.
+        (Some(mirror), _) => (
+            RdmaRegion {
+                addr: mirror.addr(),
+                len,
+                rkey: prep.local.rkey,
+            },
+            RdmaRegion {
+                addr: control.addr,
+                len: 8,
+                rkey: control.rkey,
+            },
+        ),
+        (None, Some(flags)) => (
+            RdmaRegion {
+                addr: p.buffer.addr(),
+                len,
+                rkey: prep.local.rkey,
+            },
+            RdmaRegion {
+                addr: inbound_base + k as u64 * 8,
+                len: 8,
+                rkey: flags.rkey,
+            },
+        ),
+        (None, None) => {
+            return Err(CommError::State(
+                "IB connection prepared without flag memory".into(),
+            ));
+        }
+    };
+    let handshake = IbHandshake {
+        endpoint: IbEndpoint {
+            lid: port.lid,
+            gid: port.gid,
+            mtu: port.mtu,
+            qpn: prep.qp.qpn(),
+            psn: prep.psn,
+        },
+        buffer,
+        flag,
+        staged: prep.mirror.is_some(),
+        control,
+    };
+    Ok(ConnInfo {
+        tag: p.tag,
+        transport: p.transport,
+        kind: p.kind,
+        packets: None,
+        packets_len: 0,
+        pid,
+        buffer_len: len,
+        buffer: MemHandle::Remote { len },
+        flags: MemHandle::Remote {
+            len: flag_bytes as u64,
+        },
+        flag_index: k as u32,
+        ib: Some(encode_handshake(&handshake)),
+        failed: None,
+    })
+}
+
+/// Sets up `pending` (ids from `first_id`): exchange, check, map, acknowledge, unlink.
+pub(super) fn establish(
+    comm: &Communicator,
+    pending: Vec<PendingConnection>,
+    first_id: u32,
+) -> Result<(Vec<Connection>, FlagMemory), CommError> {
+    let n = pending.len();
+    if n == 0 {
+        return Ok((Vec::new(), FlagMemory::None));
+    }
+    let bytes = n * 8;
+    // A failure before the exchange is not returned at once: every peer still gets a
+    // description (marked failed, with the reason), so it fails promptly too.
+    let (flags, flags_handle, inbound_base, expected_base, round_error) =
+        match alloc_flags(&comm.backend, n) {
+            Ok((f, h, i, e)) => (f, h, i, e, None),
+            Err(e) => (
+                FlagMemory::None,
+                MemHandle::Remote { len: 0 },
+                0,
+                0,
+                Some(e),
+            ),
+        };
     let bs = &comm.bootstrap;
     let me = comm.rank();
     let my_host = bs.as_async().host_id(me).map(str::to_string);
     let pid = std::process::id();
 
-    // IB connections: register the buffer and the flag memory, create the queue pair (INIT).
+    // IB connections: register the buffer (or its staging mirror), the flag memory and the
+    // control block, create the queue pair (INIT).
     let mut ib_preps: Vec<Option<IbPrep>> = Vec::with_capacity(n);
+    let mut local_errors: Vec<Option<CommError>> = Vec::with_capacity(n);
     let mut registrations: HashMap<(u64, u64), Arc<MemoryRegistration>> = HashMap::new();
+    let mut mirrors: HashMap<(u64, u64), Mirror> = HashMap::new();
     for p in &pending {
-        if p.transport != TransportKind::Ib {
+        if let Some(e) = &round_error {
             ib_preps.push(None);
+            local_errors.push(Some(CommError::State(e.to_string())));
             continue;
         }
-        let session = comm.ib.as_ref().ok_or_else(|| {
-            CommError::State("IB connection without an opened RDMA device".into())
-        })?;
-        let kind = match &comm.backend {
-            Backend::Gpu(_) => MemoryKind::Gpu,
-            Backend::Host => MemoryKind::Host,
-        };
-        let mut register = |addr: u64, len: u64| -> Result<Arc<MemoryRegistration>, CommError> {
-            if let Some(r) = registrations.get(&(addr, len)) {
-                return Ok(r.clone());
+        if p.transport != TransportKind::Ib {
+            ib_preps.push(None);
+            local_errors.push(None);
+            continue;
+        }
+        match prepare_ib(
+            comm,
+            p,
+            inbound_base,
+            bytes as u64,
+            &mut registrations,
+            &mut mirrors,
+        ) {
+            Ok(prep) => {
+                ib_preps.push(Some(prep));
+                local_errors.push(None);
             }
-            // SAFETY: both ranges are memory of this communicator's backend that outlives
-            // the registration: the connection keeps its buffer and the registrations, and
-            // the flag memory of this round (kept in `flag_memory`) outlives every
-            // connection of the round (connections are dropped first).
-            let r = Arc::new(unsafe { session.verbs.register(addr, len, kind) }?);
-            registrations.insert((addr, len), r.clone());
-            Ok(r)
-        };
-        let local = register(p.buffer.addr(), p.buffer.len() as u64)?;
-        let flags = register(inbound_base, bytes as u64)?;
-        let mut qp = session.verbs.create_qp(comm.ib_config.depth)?;
-        qp.modify(QpTransition::Init)?;
-        let psn = rand::random::<u32>() & 0xff_ffff;
-        ib_preps.push(Some(IbPrep {
-            qp,
-            psn,
-            local,
-            flags,
-        }));
+            Err(e) => {
+                ib_preps.push(None);
+                local_errors.push(Some(e));
+            }
+        }
     }
+    drop(registrations);
+    drop(mirrors);
 
     // 1. Send every description first (sends are buffered by the receiver), then receive.
     let code = |info: &ConnInfo| {
@@ -366,62 +621,37 @@ pub(super) fn establish(
             .map_err(|e| CommError::InvalidArgument(format!("encoding connection info: {e}")))
     };
     for (k, p) in pending.iter().enumerate() {
-        if let Some(prep) = &ib_preps[k] {
-            let port = comm.ib.as_ref().map(|s| s.verbs.port());
-            let port = port.ok_or_else(|| CommError::State("no RDMA device".into()))?;
-            let handshake = IbHandshake {
-                endpoint: IbEndpoint {
-                    lid: port.lid,
-                    gid: port.gid,
-                    mtu: port.mtu,
-                    qpn: prep.qp.qpn(),
-                    psn: prep.psn,
-                },
-                buffer: RdmaRegion {
-                    addr: p.buffer.addr(),
-                    len: p.buffer.len() as u64,
-                    rkey: prep.local.rkey,
-                },
-                flag: RdmaRegion {
-                    addr: inbound_base + k as u64 * 8,
-                    len: 8,
-                    rkey: prep.flags.rkey,
-                },
-            };
-            let info = ConnInfo {
-                tag: p.tag,
-                transport: p.transport,
-                kind: p.kind,
-                packets: None,
-                packets_len: 0,
-                pid,
-                buffer_len: p.buffer.len() as u64,
-                buffer: MemHandle::Remote {
-                    len: p.buffer.len() as u64,
-                },
-                flags: MemHandle::Remote { len: bytes as u64 },
-                flag_index: k as u32,
-                ib: Some(encode_handshake(&handshake)),
-            };
-            bs.send(p.remote_rank, INFO_TAG | p.tag as u64, &code(&info)?)?;
-            continue;
-        }
-        let info = ConnInfo {
-            tag: p.tag,
-            transport: p.transport,
-            kind: p.kind,
-            packets: p
-                .packets
-                .as_ref()
-                .map(|b| describe(b, &comm.backend))
-                .transpose()?,
-            packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
-            pid,
-            buffer_len: p.buffer.len() as u64,
-            buffer: describe(&p.buffer, &comm.backend)?,
-            flags: flags_handle.clone(),
-            flag_index: k as u32,
-            ib: None,
+        let built = match (&local_errors[k], &ib_preps[k]) {
+            (Some(e), _) => Err(CommError::State(e.to_string())),
+            (None, Some(prep)) => ib_info(comm, p, prep, k, inbound_base, bytes, pid),
+            (None, None) => (|| -> Result<ConnInfo, CommError> {
+                Ok(ConnInfo {
+                    tag: p.tag,
+                    transport: p.transport,
+                    kind: p.kind,
+                    packets: p
+                        .packets
+                        .as_ref()
+                        .map(|b| describe(b, &comm.backend))
+                        .transpose()?,
+                    packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
+                    pid,
+                    buffer_len: p.buffer.len() as u64,
+                    buffer: describe(&p.buffer, &comm.backend)?,
+                    flags: flags_handle.clone(),
+                    flag_index: k as u32,
+                    ib: None,
+                    failed: None,
+                })
+            })(),
+        };
+        let info = match built {
+            Ok(info) => info,
+            Err(e) => {
+                let info = failed_info(p, pid, e.to_string());
+                local_errors[k].get_or_insert(e);
+                info
+            }
         };
         bs.send(p.remote_rank, INFO_TAG | p.tag as u64, &code(&info)?)?;
     }
@@ -431,6 +661,9 @@ pub(super) fn establish(
     for (k, p) in pending.into_iter().enumerate() {
         let raw = bs.recv(p.remote_rank, INFO_TAG | p.tag as u64)?;
         let result = (|| {
+            if let Some(e) = local_errors[k].take() {
+                return Err(e);
+            }
             let (peer, _): (ConnInfo, usize) =
                 bincode::serde::decode_from_slice(&raw, bincode::config::standard()).map_err(
                     |e| {
@@ -441,6 +674,13 @@ pub(super) fn establish(
                         )
                     },
                 )?;
+            if let Some(reason) = &peer.failed {
+                return Err(mismatch(
+                    p.remote_rank,
+                    p.tag,
+                    format!("rank {} could not set up its side: {reason}", p.remote_rank),
+                ));
+            }
             check_peer(
                 &p,
                 &peer,
@@ -535,7 +775,7 @@ pub(super) fn establish(
             ));
         }
     }
-    if let Some(e) = first_error {
+    if let Some(e) = round_error.or(first_error) {
         return Err(e);
     }
     if let FlagMemory::Host {
@@ -654,6 +894,21 @@ fn connect_ib(
     prep.qp.modify(QpTransition::ReadyToReceive(&hs.endpoint))?;
     prep.qp
         .modify(QpTransition::ReadyToSend { psn: prep.psn })?;
+    let staging = (prep.mirror.is_some() || hs.staged).then(|| LinkStaging {
+        mirror: prep.mirror.as_ref().map(|m| (m.addr(), prep.local.lkey)),
+        peer_staged: hs.staged,
+        buffer: p.buffer.addr(),
+        buffer_len: p.buffer.len() as u64,
+        inbound: inbound_base + k as u64 * 8,
+        control: prep.control.addr(),
+        peer_control: (hs.control.addr, hs.control.rkey),
+        progress: Arc::default(),
+    });
+    let lkey = prep.local.lkey;
+    let mut registrations = vec![prep.local, prep.control_reg];
+    registrations.extend(prep.flags);
+    let mut memory = vec![prep.control];
+    memory.extend(prep.mirror);
     Ok(Connection {
         id,
         remote_rank: rank,
@@ -680,10 +935,12 @@ fn connect_ib(
         _peer_packets: None,
         ib: Some(IbConnection {
             qp: Arc::new(Mutex::new(prep.qp)),
-            lkey: prep.local.lkey,
+            lkey,
             rkey: hs.buffer.rkey,
             flag_rkey: hs.flag.rkey,
-            _registrations: [prep.local, prep.flags],
+            staging,
+            _registrations: registrations,
+            _memory: memory,
         }),
     })
 }
@@ -720,6 +977,7 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
                     lkey: i.lkey,
                     rkey: i.rkey,
                     flag_rkey: i.flag_rkey,
+                    staging: i.staging.clone(),
                 })
             })
             .collect();
@@ -729,7 +987,14 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
             .iter()
             .map(|e| e.load(Ordering::Relaxed))
             .collect();
-        let ib_plane: Box<dyn DataPlane> = Box::new(IbPlane::new(links, &epochs, comm.ib_config)?);
+        let mut ib_plane = IbPlane::new(links, &epochs, comm.ib_config)?;
+        if comm.connections.iter().any(Connection::ib_staged) {
+            ib_plane = ib_plane.with_staging_copy(match &comm.backend {
+                Backend::Gpu(gpu) => Box::new(CudaStagingCopy::new(gpu.new_stream()?)),
+                Backend::Host => Box::new(HostStagingCopy),
+            });
+        }
+        let ib_plane: Box<dyn DataPlane> = Box::new(ib_plane);
         if comm.connections.iter().all(|c| c.ib.is_some()) {
             ib_plane
         } else {

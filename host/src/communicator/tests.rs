@@ -17,13 +17,22 @@ fn config() -> CommConfig {
 
 /// Runs `f(comm)` on `n` host-backed ranks (threads) and returns their results in rank order.
 fn ranks<T: Send>(n: usize, f: impl Fn(Communicator) -> T + Sync) -> Vec<T> {
+    ranks_with(n, |_| config(), f)
+}
+
+/// [`ranks`] with each rank's settings from `cfg(rank)`.
+fn ranks_with<T: Send>(
+    n: usize,
+    cfg: impl Fn(usize) -> CommConfig + Sync,
+    f: impl Fn(Communicator) -> T + Sync,
+) -> Vec<T> {
     let id = create_unique_id().unwrap();
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let f = &f;
+                let (f, cfg) = (&f, &cfg);
                 s.spawn(move || {
-                    let c = config();
+                    let c = cfg(r);
                     let bs =
                         BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone()).unwrap();
                     f(Communicator::from_bootstrap(bs, Backend::Host, c).unwrap())
@@ -419,4 +428,177 @@ fn ib_is_refused_for_memory_channels_and_where_no_device_opens() {
         // Keep both ranks alive until both are done (no setup round follows).
         comm.bootstrap().barrier().unwrap();
     });
+}
+
+fn staging_config(mode: ib::StagingMode) -> CommConfig {
+    let mut c = config();
+    c.ib.staging = mode;
+    c
+}
+
+/// Host staging end to end over the fake fabric, both directions: every IB connection of
+/// rank 0 (and, in the first pass, of rank 1) is forced to stage, so puts copy buffer →
+/// mirror before the RDMA WRITE and arrivals are copied mirror → buffer by the receiving
+/// proxy before it raises the counter. Random data every round, puts that split the range,
+/// rounds with more puts than the ring has records (credits), flushes, a proxy relaunch
+/// in the middle; and the last 64 bytes, which no put touches, keep what the receiver wrote
+/// there itself (only recorded ranges are copied).
+#[test]
+fn ib_host_staging_moves_random_data_both_ways_and_copies_only_recorded_ranges() {
+    use crate::transport::ib::fake::{FakeFabric, FakeVerbs};
+    use ib::StagingMode::{Always, Auto};
+    const ROUNDS: u64 = 60;
+    const LEN: usize = 4096;
+    const SENT: u64 = 4032;
+    for rank1 in [Always, Auto] {
+        let fabric = FakeFabric::new();
+        let cfg = |r: usize| staging_config(if r == 0 { Always } else { rank1 });
+        ranks_with(2, cfg, |mut comm| {
+            comm.use_ib_verbs(Arc::new(FakeVerbs::new(&fabric)));
+            let me = comm.rank();
+            let peer = 1 - me;
+            let buf = comm.alloc_buffer(LEN).unwrap();
+            comm.connect(peer, &buf, 0, TransportKind::Ib).unwrap();
+            comm.connection_setup().unwrap();
+            let staged = me == 0 || rank1 == Always;
+            assert_eq!(comm.connections()[0].ib_staged(), staged, "rank {me}");
+            let conn = comm.device_connections()[0];
+            let words = |seed: u64, round: u64| -> Vec<u64> {
+                (0..LEN as u64 / 8)
+                    .map(|i| probe_value(seed, round, i))
+                    .collect()
+            };
+            for half in 0..2 {
+                comm.proxy_launch().unwrap();
+                for round in 1 + half * ROUNDS / 2..=(half + 1) * ROUNDS / 2 {
+                    if (round % 2 == 1) == (me == 0) {
+                        buf.write(0, &words(me as u64, round)).unwrap();
+                        if round % 5 == 0 {
+                            // More puts than the peer's ring has records, then the signal.
+                            for i in 0..SENT / 8 {
+                                conn.put(i * 8, 8);
+                            }
+                            conn.signal();
+                        } else {
+                            let cut = (round * 8) % SENT;
+                            conn.put(0, cut);
+                            conn.put_with_signal(cut, cut, SENT - cut);
+                        }
+                        if round % 7 == 0 {
+                            conn.flush();
+                        }
+                    } else {
+                        // Our own bytes where no put lands, written before the peer's data
+                        // arrives (the peer is told nothing about them).
+                        let tail = words(100 + me as u64, round);
+                        buf.write(SENT as usize, &tail[SENT as usize / 8..])
+                            .unwrap();
+                        conn.wait();
+                        let mut got = vec![0u64; LEN / 8];
+                        buf.read(0, &mut got).unwrap();
+                        let want = words(peer as u64, round);
+                        for i in 0..LEN / 8 {
+                            let w = if i < SENT as usize / 8 {
+                                want[i]
+                            } else {
+                                tail[i]
+                            };
+                            assert_eq!(got[i], w, "rank {me} round {round} word {i}");
+                        }
+                    }
+                    // The next sender overwrites its buffer only after this round's receiver
+                    // has checked it (the buffer is the source and the destination).
+                    comm.bootstrap().barrier().unwrap();
+                }
+                comm.proxy_stop().unwrap();
+            }
+        });
+    }
+}
+
+/// A rank whose IB setup fails before its handshake (here: the fake refuses to register its
+/// buffer) tells its peer, which fails at once naming that rank and the reason, instead of
+/// waiting for the bootstrap's timeout (20 s in these tests).
+#[test]
+fn ib_setup_failure_on_one_rank_fails_the_peer_at_once() {
+    use crate::transport::ib::fake::{FakeFabric, FakeVerbs};
+    let fabric = FakeFabric::new();
+    let start = std::time::Instant::now();
+    let errors = ranks(2, |mut comm| {
+        let verbs = Arc::new(FakeVerbs::new(&fabric));
+        if comm.rank() == 1 {
+            verbs
+                .knobs
+                .fail_registration
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        comm.use_ib_verbs(verbs);
+        let peer = 1 - comm.rank();
+        let buf = comm.alloc_buffer(256).unwrap();
+        comm.connect(peer, &buf, 3, TransportKind::Ib).unwrap();
+        let e = comm.connection_setup().unwrap_err();
+        comm.bootstrap().barrier().unwrap();
+        e
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    let (e0, e1) = (errors[0].to_string(), errors[1].to_string());
+    assert!(matches!(errors[1], CommError::Ib(_)), "{e1}");
+    assert!(e1.contains("fake: registration refused"), "{e1}");
+    assert!(
+        matches!(
+            errors[0],
+            CommError::Mismatch {
+                peer: 1,
+                tag: 3,
+                ..
+            }
+        ),
+        "{e0}"
+    );
+    assert!(
+        e0.contains("rank 1 could not set up its side") && e0.contains("registration refused"),
+        "{e0}"
+    );
+}
+
+/// A staged receiver whose proxy never runs stops returning credits: the sender's proxy
+/// reports it after the IB timeout instead of hanging, and later puts fail at once.
+#[test]
+fn ib_staging_ring_that_is_never_drained_is_reported() {
+    use crate::transport::ib::fake::{FakeFabric, FakeVerbs};
+    let fabric = FakeFabric::new();
+    ranks_with(
+        2,
+        |_| {
+            let mut c = staging_config(ib::StagingMode::Always);
+            c.ib.timeout = Duration::from_millis(300);
+            c
+        },
+        |mut comm| {
+            comm.use_ib_verbs(Arc::new(FakeVerbs::new(&fabric)));
+            let me = comm.rank();
+            let buf = comm.alloc_buffer(4096).unwrap();
+            comm.connect(1 - me, &buf, 0, TransportKind::Ib).unwrap();
+            comm.connection_setup().unwrap();
+            if me == 0 {
+                let conn = comm.device_connections()[0];
+                comm.proxy_launch().unwrap();
+                let start = std::time::Instant::now();
+                for i in 0..2 * ib::RING {
+                    conn.put((i * 8) % 4096, 8);
+                }
+                let e = comm.proxy_stop().unwrap_err().to_string();
+                assert!(start.elapsed() < Duration::from_secs(10));
+                assert!(
+                    e.contains("host staging") && e.contains("rank 1") && e.contains("ring"),
+                    "{e}"
+                );
+            }
+            comm.bootstrap().barrier().unwrap();
+        },
+    );
 }

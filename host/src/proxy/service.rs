@@ -14,6 +14,10 @@
 //!    before it has completed;
 //! 5. the trigger is popped (the tail is published).
 //!
+//! Before each poll of the FIFO the plane's [`DataPlane::progress`] runs (IB host staging
+//! copies arrived data into GPU memory there and raises the inbound counter); its errors are
+//! kept like the others.
+//!
 //! Errors never stop the loop: triggers keep being popped so that no GPU thread hangs on a
 //! full ring, and the errors are kept for the host ([`ProxyService::errors`],
 //! [`ProxyService::stop`]).
@@ -60,6 +64,12 @@ pub enum ProxyError {
         /// The connection.
         connection: u32,
         /// The bounds error.
+        error: TransportError,
+    },
+    /// The data plane's own work failed (IB host staging: a record or copy of arrived data).
+    #[error("proxy: {error}")]
+    Progress {
+        /// The error.
         error: TransportError,
     },
     /// The data plane failed (e.g. a CUDA call).
@@ -183,10 +193,19 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
     // When the FIFO last had a trigger (None while busy).
     let mut idle_since: Option<Instant> = None;
     loop {
+        // The plane's own work (IB host staging delivers arrived data here).
+        match task.plane.progress() {
+            Ok(true) => idle_since = None,
+            Ok(false) => {}
+            Err(error) => record(errors, ProxyError::Progress { error }),
+        }
         let Some(trigger) = task.consumer.poll() else {
             // Acquire: see the stop request; then one more poll decides (a trigger
             // published before the request is seen by that poll).
             if stop.load(Ordering::Acquire) && task.consumer.poll().is_none() {
+                if let Err(error) = task.plane.progress() {
+                    record(errors, ProxyError::Progress { error });
+                }
                 return;
             }
             let idle = idle_since.get_or_insert_with(Instant::now).elapsed();

@@ -127,6 +127,12 @@ pub trait DataPlane: Send {
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError>;
     /// Waits until everything queued so far has completed (sources may be reused).
     fn flush(&mut self) -> Result<(), TransportError>;
+    /// Work the plane does on its own, called by the proxy on every turn of its loop
+    /// (IB host staging: copy arrived data into GPU memory, then raise the inbound counter).
+    /// Returns whether anything was done. Never waits. The default does nothing.
+    fn progress(&mut self) -> Result<bool, TransportError> {
+        Ok(false)
+    }
 }
 
 /// Several planes behind one: each connection's operations go to the plane of its transport
@@ -182,6 +188,18 @@ impl DataPlane for PlaneSet {
             }
         }
         first
+    }
+
+    fn progress(&mut self) -> Result<bool, TransportError> {
+        let mut did = false;
+        let mut first = Ok(());
+        for p in &mut self.planes {
+            match p.progress() {
+                Ok(d) => did |= d,
+                Err(e) => first = first.and(Err(e)),
+            }
+        }
+        first.map(|()| did)
     }
 }
 

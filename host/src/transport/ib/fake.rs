@@ -271,7 +271,8 @@ impl FakeQp {
                 let flag =
                     unsafe { std::sync::atomic::AtomicU64::from_ptr(wr.remote_addr as *mut u64) };
                 // Release: the data written by earlier requests is visible to an acquire
-                // load of this value, as on a real RC queue pair (in order).
+                // load of this value, as on a real RC queue pair (in order). The bytes land
+                // as given (`from_ne_bytes` keeps them): the plane sends little endian.
                 flag.store(u64::from_ne_bytes(bytes), Ordering::Release);
             }
             WriteSource::Inline(bytes) => {

@@ -7,11 +7,12 @@
 use serde::{Deserialize, Serialize};
 
 use super::IbError;
+use super::staging::CONTROL_BYTES;
 
 /// First bytes of a handshake: "MIBH".
 pub const HANDSHAKE_MAGIC: [u8; 4] = *b"MIBH";
 /// Version of the handshake format.
-pub const HANDSHAKE_VERSION: u16 = 1;
+pub const HANDSHAKE_VERSION: u16 = 2;
 /// Largest handshake accepted (the encoding is well under 100 bytes).
 const MAX_HANDSHAKE: usize = 256;
 
@@ -48,9 +49,15 @@ pub struct IbHandshake {
     pub endpoint: IbEndpoint,
     /// The sender's buffer (the peer's puts land there).
     pub buffer: RdmaRegion,
-    /// The sender's inbound counter for this connection (8 bytes, aligned; the peer's flag
-    /// writes land there).
+    /// Where the peer's flag writes land (8 bytes, aligned): the sender's inbound counter,
+    /// or, when the sender is staged, the epoch word of its control block.
     pub flag: RdmaRegion,
+    /// Whether the sender's buffer goes through host staging: `buffer` is then its host
+    /// mirror, and the peer writes a record per put and a count per signal into `control`.
+    pub staged: bool,
+    /// The sender's staging control block ([`CONTROL_BYTES`], aligned): staged senders
+    /// receive records, counts and epochs there; every sender receives credits there.
+    pub control: RdmaRegion,
 }
 
 impl IbHandshake {
@@ -76,7 +83,11 @@ impl IbHandshake {
         if e.lid == 0 && e.gid == [0; 16] {
             return bad("neither a LID nor a GID: the peer has no address".into());
         }
-        for (what, r) in [("buffer", &self.buffer), ("flag", &self.flag)] {
+        for (what, r) in [
+            ("buffer", &self.buffer),
+            ("flag", &self.flag),
+            ("control", &self.control),
+        ] {
             if r.len == 0 {
                 return bad(format!("{what} region of 0 bytes"));
             }
@@ -92,6 +103,16 @@ impl IbHandshake {
                 "flag region {:#x} + {} is not one aligned 8-byte word",
                 self.flag.addr, self.flag.len
             ));
+        }
+        if self.control.len != CONTROL_BYTES || !self.control.addr.is_multiple_of(8) {
+            return bad(format!(
+                "staging control block {:#x} + {} is not an aligned block of {CONTROL_BYTES} \
+                 bytes",
+                self.control.addr, self.control.len
+            ));
+        }
+        if self.staged && self.flag.addr != self.control.addr {
+            return bad("a staged side's flag must be its control block's epoch word".into());
         }
         Ok(())
     }

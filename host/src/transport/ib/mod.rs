@@ -25,6 +25,7 @@
 
 mod handshake;
 mod plane;
+mod staging;
 
 #[cfg(feature = "ib")]
 mod sideway;
@@ -43,6 +44,11 @@ pub use handshake::{
     encode_handshake,
 };
 pub use plane::{IbConfig, IbLink, IbPlane, MAX_WRITE};
+pub(crate) use staging::HostMemory;
+pub use staging::{
+    CONTROL_BYTES, CudaStagingCopy, HostStagingCopy, IB_STAGING_ENV, LinkStaging, RING,
+    StagingCopy, StagingMode, StagingProgress,
+};
 
 /// Environment variable choosing the RDMA device: a name (`mlx5_0`) or an index into the
 /// device list. Unset: the first device.
@@ -154,6 +160,30 @@ pub enum IbError {
         pending: u64,
         /// How long we waited.
         waited: std::time::Duration,
+    },
+    /// Host staging of a connection failed (a full ring that the peer does not drain, a
+    /// malformed record, a failed copy); the connection is unusable afterwards.
+    #[error("connection {connection} (rank {peer}, tag {tag}): host staging: {reason}")]
+    Staging {
+        /// The connection id.
+        connection: u32,
+        /// The peer's rank.
+        peer: usize,
+        /// The connection's tag.
+        tag: u32,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A call into the verbs library panicked (caught; e.g. a value the bindings do not
+    /// know, reported by a newer driver).
+    #[error("{call} on {device} panicked inside the verbs bindings: {message}")]
+    Panicked {
+        /// The RDMA device (or `?` before one is chosen).
+        device: String,
+        /// What was being done.
+        call: &'static str,
+        /// The panic's message.
+        message: String,
     },
     /// A route whose connection has no queue pair in this plane.
     #[error("connection {0} has no InfiniBand queue pair in this proxy")]

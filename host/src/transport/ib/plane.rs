@@ -13,11 +13,21 @@
 //! An error completion breaks the connection: the error names it (id, peer rank, tag, queue
 //! pair, status) and every later operation on it returns the same error; other connections
 //! carry on.
+//!
+//! Links with host staging on either side ([`LinkStaging`]) also copy through the mirror,
+//! write records and counts, and deliver arrived data in [`DataPlane::progress`]; see the
+//! `staging` module. Every word the plane writes (epoch, count, record, credit) is little
+//! endian.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::super::{DataPlane, Route, TransportError};
+use super::staging::{
+    COUNT_WORD, CREDIT_WORD, EPOCH_WORD, LinkStaging, RING, RING_WORD, StagingCopy, StagingMode,
+    decode_record, encode_record, load_le,
+};
 use super::{Completion, IbError, QueuePair, WriteRequest, WriteSource};
 
 /// Largest single RDMA WRITE (the verbs limit is 2^31 bytes).
@@ -30,8 +40,11 @@ pub struct IbConfig {
     pub depth: u32,
     /// One work request in this many is signalled (1 = all).
     pub signal_every: u32,
-    /// How long `flush` (or a full send queue) waits for completions.
+    /// How long `flush` (or a full send queue, or a full staging ring) waits.
     pub timeout: Duration,
+    /// When buffers go through host staging (see the `staging` module;
+    /// `MSCCLPP_IB_STAGING` overrides it).
+    pub staging: StagingMode,
 }
 
 impl Default for IbConfig {
@@ -40,6 +53,7 @@ impl Default for IbConfig {
             depth: 512,
             signal_every: 32,
             timeout: Duration::from_secs(30),
+            staging: StagingMode::Auto,
         }
     }
 }
@@ -71,8 +85,11 @@ pub struct IbLink {
     pub lkey: u32,
     /// Remote key of the peer's buffer.
     pub rkey: u32,
-    /// Remote key of the peer's inbound counter.
+    /// Remote key of the peer's inbound counter (or of its control block when the peer is
+    /// staged: its flag then goes to the control block's epoch word).
     pub flag_rkey: u32,
+    /// Host staging on either side, if any.
+    pub staging: Option<LinkStaging>,
 }
 
 #[derive(Debug)]
@@ -102,6 +119,13 @@ pub struct IbPlane {
     links: Vec<Option<LinkState>>,
     config: IbConfig,
     scratch: Vec<Completion>,
+    /// Copies of staged links (required when any link stages its own buffer).
+    copier: Option<Box<dyn StagingCopy>>,
+    /// Whether any link receives into a staging mirror (then `progress` has work).
+    receives_staged: bool,
+    /// An inbound staging error met while waiting for credits, reported by the next
+    /// `progress`.
+    deferred: Option<IbError>,
 }
 
 impl IbPlane {
@@ -113,7 +137,7 @@ impl IbPlane {
         config: IbConfig,
     ) -> Result<IbPlane, IbError> {
         config.validate()?;
-        let links = links
+        let links: Vec<Option<LinkState>> = links
             .into_iter()
             .enumerate()
             .map(|(i, l)| {
@@ -130,10 +154,31 @@ impl IbPlane {
                 })
             })
             .collect();
+        let receives_staged = links.iter().flatten().any(|s: &LinkState| {
+            s.link
+                .staging
+                .as_ref()
+                .is_some_and(|st| st.mirror.is_some())
+        });
         Ok(IbPlane {
             links,
             config,
             scratch: Vec::new(),
+            copier: None,
+            receives_staged,
+            deferred: None,
+        })
+    }
+
+    /// Uses `copier` for the copies between staged buffers and their mirrors.
+    pub fn with_staging_copy(mut self, copier: Box<dyn StagingCopy>) -> IbPlane {
+        self.copier = Some(copier);
+        self
+    }
+
+    fn copier(&mut self) -> Result<&mut Box<dyn StagingCopy>, IbError> {
+        self.copier.as_mut().ok_or_else(|| {
+            IbError::InvalidConfig("a staged IB connection needs a staging copier".into())
         })
     }
 
@@ -215,7 +260,7 @@ impl IbPlane {
             };
             self.post(
                 id,
-                WriteSource::Inline(epoch.to_ne_bytes()),
+                WriteSource::Inline(epoch.to_le_bytes()),
                 addr,
                 |l| l.flag_rkey,
                 true,
@@ -252,6 +297,226 @@ impl IbPlane {
         )?;
         self.wait_posted(id)
     }
+}
+
+// Host staging (see the `staging` module).
+impl IbPlane {
+    /// Fails connection `id` with a staging error (later operations report it).
+    fn staging_failed(&mut self, id: u32, reason: String) -> IbError {
+        match self.links.get_mut(id as usize).and_then(Option::as_mut) {
+            Some(s) => {
+                s.failed.get_or_insert_with(|| reason.clone());
+                IbError::Staging {
+                    connection: id,
+                    peer: s.link.peer,
+                    tag: s.link.tag,
+                    reason,
+                }
+            }
+            None => IbError::UnknownConnection(id),
+        }
+    }
+
+    /// Writes the record of a put of `size` bytes at `dst_offset` into the staged peer's ring,
+    /// waiting for a free slot first.
+    fn post_record(&mut self, id: u32, dst_offset: u64, size: u64) -> Result<(), IbError> {
+        let Some(record) = encode_record(dst_offset, size) else {
+            return Err(self.staging_failed(
+                id,
+                format!("put of {size} bytes at {dst_offset} cannot be recorded (32-bit fields)"),
+            ));
+        };
+        self.wait_credit(id)?;
+        let st = self.staging_of(id)?;
+        let sent = st.progress.sent.load(Ordering::Relaxed);
+        let addr = st.peer_control.0 + (RING_WORD + sent % RING) * 8;
+        self.post(
+            id,
+            WriteSource::Inline(record.to_le_bytes()),
+            addr,
+            peer_control_rkey,
+            false,
+        )?;
+        st.progress.sent.store(sent + 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn staging_of(&mut self, id: u32) -> Result<LinkStaging, IbError> {
+        self.state(id)?
+            .link
+            .staging
+            .clone()
+            .ok_or(IbError::UnknownConnection(id))
+    }
+
+    /// Writes the number of records sent into the staged peer's count word, if it changed.
+    fn publish(&mut self, id: u32) -> Result<(), IbError> {
+        let st = self.staging_of(id)?;
+        let sent = st.progress.sent.load(Ordering::Relaxed);
+        if st.progress.published.load(Ordering::Relaxed) == sent {
+            return Ok(());
+        }
+        self.post(
+            id,
+            WriteSource::Inline(sent.to_le_bytes()),
+            st.peer_control.0 + COUNT_WORD * 8,
+            peer_control_rkey,
+            false,
+        )?;
+        st.progress.published.store(sent, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Waits until the staged peer's ring has a free slot (its proxy returns credits as it
+    /// copies), publishing our count so it can, and serving our own inbound side meanwhile.
+    fn wait_credit(&mut self, id: u32) -> Result<(), IbError> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let st = self.staging_of(id)?;
+            // SAFETY: the control block is registered host memory kept by the connection
+            // while the proxy runs; its credit word is written only by the peer's NIC.
+            let credit = unsafe { load_le(st.control + CREDIT_WORD * 8) };
+            let sent = st.progress.sent.load(Ordering::Relaxed);
+            if sent.saturating_sub(credit) < RING {
+                return Ok(());
+            }
+            self.publish(id)?;
+            {
+                // Keep our writes moving (and see errors) while we wait.
+                let scratch = &mut self.scratch;
+                let s = self.links[id as usize]
+                    .as_mut()
+                    .ok_or(IbError::UnknownConnection(id))?;
+                s.reap(id, scratch)?;
+            }
+            if let Err(e) = self.progress_inbound() {
+                self.deferred.get_or_insert(e);
+            }
+            spins += 1;
+            if spins.is_multiple_of(256) {
+                let waited = start.elapsed();
+                if waited >= self.config.timeout {
+                    return Err(self.staging_failed(
+                        id,
+                        format!(
+                            "the peer's staging ring stayed full for {waited:?} ({RING} records                              sent, none consumed: is the peer's proxy running?)"
+                        ),
+                    ));
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Serves every link that receives into a staging mirror; the first error.
+    fn progress_inbound(&mut self) -> Result<bool, IbError> {
+        let mut did = false;
+        let mut first = None;
+        for id in 0..self.links.len() as u32 {
+            let receives = self.links[id as usize].as_ref().is_some_and(|s| {
+                s.failed.is_none()
+                    && s.link
+                        .staging
+                        .as_ref()
+                        .is_some_and(|st| st.mirror.is_some())
+            });
+            if receives {
+                match self.progress_link(id) {
+                    Ok(d) => did |= d,
+                    Err(e) => {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        match first {
+            None => Ok(did),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Copies what the peer recorded since the last call from the mirror into the buffer,
+    /// then writes the peer's epoch to the inbound counter (same stream, after the copies);
+    /// returns credits when a quarter of the ring was consumed.
+    fn progress_link(&mut self, id: u32) -> Result<bool, IbError> {
+        let st = self.staging_of(id)?;
+        let Some((mirror, _)) = st.mirror else {
+            return Ok(false);
+        };
+        {
+            // Our own writes (credits) execute and complete without a flush.
+            let scratch = &mut self.scratch;
+            let s = self.links[id as usize]
+                .as_mut()
+                .ok_or(IbError::UnknownConnection(id))?;
+            if s.last_signaled > s.completed {
+                s.reap(id, scratch)?;
+            }
+        }
+        // SAFETY (both loads): the control block is registered host memory kept by the
+        // connection while the proxy runs; these words are written only by the peer's NIC.
+        // Epoch first: the count read after it covers every put before that signal.
+        let epoch = unsafe { load_le(st.control + EPOCH_WORD * 8) };
+        let count = unsafe { load_le(st.control + COUNT_WORD * 8) };
+        let p = &st.progress;
+        let consumed = p.consumed.load(Ordering::Relaxed);
+        let delivered = p.delivered.load(Ordering::Relaxed);
+        if count == consumed && epoch <= delivered {
+            return Ok(false);
+        }
+        if count < consumed || count - consumed > RING {
+            return Err(self.staging_failed(
+                id,
+                format!("the peer's record count went from {consumed} to {count} (ring of {RING})"),
+            ));
+        }
+        for i in consumed..count {
+            // SAFETY: as above; the slot was written before the count that covers it.
+            let record = unsafe { load_le(st.control + (RING_WORD + i % RING) * 8) };
+            let (offset, size) = decode_record(record);
+            if offset + size > st.buffer_len || size == 0 {
+                return Err(self.staging_failed(
+                    id,
+                    format!(
+                        "the peer recorded a put of {size} bytes at offset {offset} into a                          buffer of {} bytes",
+                        st.buffer_len
+                    ),
+                ));
+            }
+            let copied = self
+                .copier()?
+                .to_buffer(st.buffer + offset, mirror + offset, size);
+            if let Err(e) = copied {
+                return Err(self.staging_failed(id, format!("copy into the buffer: {e}")));
+            }
+            p.consumed.store(i + 1, Ordering::Relaxed);
+        }
+        if epoch > delivered {
+            if let Err(e) = self.copier()?.write_flag(st.inbound, epoch) {
+                return Err(self.staging_failed(id, format!("writing the inbound counter: {e}")));
+            }
+            p.delivered.store(epoch, Ordering::Relaxed);
+        }
+        if count - p.credited.load(Ordering::Relaxed) >= RING / 4 {
+            // Signalled: retires itself, so a later flush needs no fence for it.
+            self.post(
+                id,
+                WriteSource::Inline(count.to_le_bytes()),
+                st.peer_control.0 + CREDIT_WORD * 8,
+                peer_control_rkey,
+                true,
+            )?;
+            p.credited.store(count, Ordering::Relaxed);
+        }
+        Ok(true)
+    }
+}
+
+fn peer_control_rkey(l: &IbLink) -> u32 {
+    l.staging.as_ref().map_or(0, |s| s.peer_control.1)
 }
 
 impl LinkState {
@@ -349,18 +614,34 @@ impl DataPlane for IbPlane {
         size: u64,
     ) -> Result<(), TransportError> {
         route.check(dst_offset, src_offset, size)?;
-        {
-            let s = self.state(route.id)?;
+        let id = route.id;
+        let (staging, lkey) = {
+            let s = self.state(id)?;
+            s.check(id)?;
             s.fence_addr = route.remote;
-        }
+            (s.link.staging.clone(), s.link.lkey)
+        };
+        // A staged buffer sends from its mirror: copy the range there first.
+        let (source, lkey) = match staging.as_ref().and_then(|st| st.mirror) {
+            Some((mirror, mirror_lkey)) => {
+                if size > 0 {
+                    self.copier()?.to_mirror(
+                        mirror + src_offset,
+                        route.local + src_offset,
+                        size,
+                    )?;
+                }
+                (mirror, mirror_lkey)
+            }
+            None => (route.local, lkey),
+        };
         let mut done = 0;
         while done < size {
             let n = (size - done).min(MAX_WRITE);
-            let lkey = self.state(route.id)?.link.lkey;
             self.post(
-                route.id,
+                id,
                 WriteSource::Registered {
-                    addr: route.local + src_offset + done,
+                    addr: source + src_offset + done,
                     len: n as u32,
                     lkey,
                 },
@@ -369,6 +650,10 @@ impl DataPlane for IbPlane {
                 false,
             )?;
             done += n;
+        }
+        // A staged peer copies exactly the recorded ranges out of its mirror.
+        if staging.is_some_and(|st| st.peer_staged) && size > 0 {
+            self.post_record(id, dst_offset, size)?;
         }
         Ok(())
     }
@@ -380,11 +665,21 @@ impl DataPlane for IbPlane {
             s.flag_addr = Some(route.remote_flag);
             s.fence_addr = route.remote;
         }
-        // Native byte order: the peer reads the counter as a native u64 (both ends are
-        // little endian on every platform this library supports).
+        // A staged peer learns how many records precede this epoch (count before epoch).
+        if self
+            .state(route.id)?
+            .link
+            .staging
+            .as_ref()
+            .is_some_and(|st| st.peer_staged)
+        {
+            self.publish(route.id)?;
+        }
+        // Little endian on the wire: the peer reads the counter as a native u64, and every
+        // platform this library runs on (x86-64, aarch64, the GPU) is little endian.
         self.post(
             route.id,
-            WriteSource::Inline(epoch.to_ne_bytes()),
+            WriteSource::Inline(epoch.to_le_bytes()),
             route.remote_flag,
             |l| l.flag_rkey,
             false,
@@ -406,5 +701,15 @@ impl DataPlane for IbPlane {
             None => Ok(()),
             Some(e) => Err(e.into()),
         }
+    }
+
+    fn progress(&mut self) -> Result<bool, TransportError> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e.into());
+        }
+        if !self.receives_staged {
+            return Ok(false);
+        }
+        Ok(self.progress_inbound()?)
     }
 }

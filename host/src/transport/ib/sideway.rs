@@ -7,8 +7,17 @@
 //! (`cuMemGetHandleForAddressRange` + `ibv_reg_dmabuf_mr`), or through nvidia-peermem
 //! (`ibv_reg_mr` on the device address) when dma-buf is refused.
 //!
+//! sideway panics on values it does not know (an MTU, port state or link layer that a newer
+//! driver reports) and asserts in `Drop` that destroying a queue pair or completion queue
+//! succeeded. No panic crosses this module: device listing and opening run under
+//! `catch_unwind` and become [`IbError::Panicked`]; queue pairs and completion queues are
+//! dropped under `catch_unwind` too (a failed destroy leaks them, with a message on stderr),
+//! and not at all while the thread is already unwinding (a second panic would abort).
+//!
 //! Not exercised on hardware: no machine this was written on has an RDMA device.
 
+use std::mem::ManuallyDrop;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use sideway::ibverbs::AccessFlags;
@@ -43,8 +52,50 @@ fn libibverbs_present() -> bool {
     true
 }
 
+/// The text of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// Runs `f`, turning a panic inside sideway into [`IbError::Panicked`].
+fn fenced<T>(
+    device: &str,
+    call: &'static str,
+    f: impl FnOnce() -> Result<T, IbError>,
+) -> Result<T, IbError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(IbError::Panicked {
+            device: device.to_string(),
+            call,
+            message: panic_message(p.as_ref()),
+        })
+    })
+}
+
+/// Drops a sideway object without letting its `Drop` panic escape (see the module docs).
+fn drop_quietly<T>(what: &str, value: T) {
+    if std::thread::panicking() {
+        // A panic in a destructor while unwinding aborts the process: leak it instead.
+        std::mem::forget(value);
+        return;
+    }
+    if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        eprintln!(
+            "mscclpp: destroying an InfiniBand {what} failed ({}); it is leaked",
+            panic_message(p.as_ref())
+        );
+    }
+}
+
 /// Names of the RDMA devices present.
 pub(super) fn list_devices() -> Result<Vec<String>, IbError> {
+    fenced("?", "listing RDMA devices", list_devices_unfenced)
+}
+
+fn list_devices_unfenced() -> Result<Vec<String>, IbError> {
     if !libibverbs_present() {
         return Err(IbError::Unavailable(format!(
             "libibverbs.so.1 cannot be loaded (install rdma-core / libibverbs1, or the vendor's \
@@ -108,7 +159,14 @@ fn mtu_of(bytes: u32) -> Mtu {
 impl SidewayVerbs {
     /// Opens the selected device and port; errors list what was found.
     pub(super) fn open(sel: &Selection) -> Result<SidewayVerbs, IbError> {
-        let names = list_devices()?;
+        let device = sel.device.as_deref().unwrap_or("the first RDMA device");
+        fenced(device, "opening the device and querying its port", || {
+            SidewayVerbs::open_unfenced(sel)
+        })
+    }
+
+    fn open_unfenced(sel: &Selection) -> Result<SidewayVerbs, IbError> {
+        let names = list_devices_unfenced()?;
         if names.is_empty() {
             return Err(no_device());
         }
@@ -271,8 +329,8 @@ impl Verbs for SidewayVerbs {
         Ok(Box::new(SidewayQp {
             device: self.name.clone(),
             port: self.port,
-            qp,
-            cq,
+            qp: ManuallyDrop::new(qp),
+            cq: ManuallyDrop::new(cq),
             state: QpState::Reset,
         }))
     }
@@ -304,9 +362,25 @@ fn source(e: &dyn std::error::Error) -> String {
 struct SidewayQp {
     device: String,
     port: PortInfo,
-    qp: BasicQueuePair,
-    cq: Arc<BasicCompletionQueue>,
+    /// Dropped by hand, queue pair first (see `Drop`).
+    qp: ManuallyDrop<BasicQueuePair>,
+    cq: ManuallyDrop<Arc<BasicCompletionQueue>>,
     state: QpState,
+}
+
+impl Drop for SidewayQp {
+    fn drop(&mut self) {
+        // SAFETY: each field is taken exactly once, here, and never used again.
+        let (qp, cq) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.qp),
+                ManuallyDrop::take(&mut self.cq),
+            )
+        };
+        // sideway asserts that ibv_destroy_qp / ibv_destroy_cq succeed.
+        drop_quietly("queue pair", qp);
+        drop_quietly("completion queue", cq);
+    }
 }
 
 impl std::fmt::Debug for SidewayQp {

@@ -30,6 +30,12 @@ fn handshake() -> IbHandshake {
             len: 8,
             rkey: 0x66,
         },
+        staged: false,
+        control: RdmaRegion {
+            addr: 0x7f00_2000_0000,
+            len: CONTROL_BYTES,
+            rkey: 0x77,
+        },
     }
 }
 
@@ -39,12 +45,17 @@ prop_compose! {
         qpn in 2u32..=0xff_ffff, psn in 0u32..=0xff_ffff,
         baddr in 0u64..(1 << 56), blen in 1u64..(1 << 40), brkey in any::<u32>(),
         faddr in (0u64..(1 << 56)).prop_map(|a| a & !7), frkey in any::<u32>(),
+        staged in any::<bool>(), caddr in (0u64..(1 << 56)).prop_map(|a| a & !7), crkey in any::<u32>(),
     ) -> IbHandshake {
         let gid = if lid == 0 && gid == [0; 16] { [1; 16] } else { gid };
+        // A staged side's flag is its control block's epoch word.
+        let faddr = if staged { caddr } else { faddr };
         IbHandshake {
             endpoint: IbEndpoint { lid, gid, mtu, qpn, psn },
             buffer: RdmaRegion { addr: baddr, len: blen, rkey: brkey },
             flag: RdmaRegion { addr: faddr, len: 8, rkey: frkey },
+            staged,
+            control: RdmaRegion { addr: caddr, len: CONTROL_BYTES, rkey: crkey },
         }
     }
 }
@@ -123,6 +134,21 @@ fn handshake_fields_are_validated() {
         ("unaligned flag", {
             let mut h = ok;
             h.flag.addr += 4;
+            h
+        }),
+        ("short control block", {
+            let mut h = ok;
+            h.control.len -= 8;
+            h
+        }),
+        ("unaligned control block", {
+            let mut h = ok;
+            h.control.addr += 4;
+            h
+        }),
+        ("staged, flag elsewhere", {
+            let mut h = ok;
+            h.staged = true;
             h
         }),
     ];
@@ -298,6 +324,7 @@ impl Pair {
             lkey: self.regs[0].lkey,
             rkey: self.regs[1].rkey,
             flag_rkey: self.regs[2].rkey,
+            staging: None,
         }
     }
 
@@ -306,6 +333,7 @@ impl Pair {
             depth: 16,
             signal_every,
             timeout,
+            staging: StagingMode::Auto,
         };
         IbPlane::new(vec![Some(self.link())], &[0], config).unwrap()
     }
@@ -343,6 +371,7 @@ fn flush_fence_rewrites_the_current_epoch_not_an_old_one() {
         depth: 16,
         signal_every: 8,
         timeout: Duration::from_secs(5),
+        staging: StagingMode::Auto,
     };
     // A relaunched proxy: the peer's counter already holds 5.
     p.flag.store(5, Ordering::Relaxed);
@@ -393,6 +422,7 @@ fn wrong_remote_key_is_an_error_completion_naming_the_peer() {
         depth: 16,
         signal_every: 4,
         timeout: Duration::from_secs(5),
+        staging: StagingMode::Auto,
     };
     let mut plane = IbPlane::new(vec![Some(link)], &[0], config).unwrap();
     plane.put(&r, 0, 0, 64).unwrap();
@@ -452,6 +482,7 @@ fn unknown_connection_and_bad_config_are_errors() {
             depth,
             signal_every: every,
             timeout: Duration::from_secs(1),
+            staging: StagingMode::Auto,
         };
         assert!(IbPlane::new(vec![], &[], c).is_err(), "{depth} {every}");
     }
@@ -541,4 +572,47 @@ fn opening_without_a_device_says_what_was_found_and_what_works() {
             }
         }
     }
+}
+
+#[test]
+fn flags_are_little_endian_on_the_wire() {
+    let p = Pair::new(64);
+    let r = p.route();
+    let mut plane = p.plane(4, Duration::from_secs(5));
+    let epoch = 0x0102_0304_0506_0708u64;
+    plane.signal(&r, epoch).unwrap();
+    plane.flush().unwrap();
+    // The bytes in memory, whatever this machine's byte order.
+    assert_eq!(
+        p.flag.load(Ordering::Acquire).to_ne_bytes(),
+        epoch.to_le_bytes()
+    );
+}
+
+#[test]
+fn staging_mode_and_records_parse_and_refuse() {
+    use super::staging::{decode_record, encode_record};
+    for (v, m) in [
+        ("1", StagingMode::Always),
+        (" always ", StagingMode::Always),
+        ("0", StagingMode::Never),
+        ("AUTO", StagingMode::Auto),
+    ] {
+        assert_eq!(StagingMode::parse(v).unwrap(), m, "{v}");
+    }
+    let e = StagingMode::parse("sometimes").unwrap_err().to_string();
+    assert!(e.contains(IB_STAGING_ENV), "{e}");
+    assert_eq!(IbConfig::default().staging, StagingMode::Auto);
+    for (off, size) in [(0, 1), (4095, 1), (u32::MAX as u64, u32::MAX as u64)] {
+        assert_eq!(
+            decode_record(encode_record(off, size).unwrap()),
+            (off, size)
+        );
+    }
+    assert!(
+        encode_record(0, 0).is_none(),
+        "zero-size puts are not recorded"
+    );
+    assert!(encode_record(1 << 32, 1).is_none());
+    assert!(encode_record(0, 1 << 32).is_none());
 }
