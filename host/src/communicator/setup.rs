@@ -259,20 +259,28 @@ fn prepare_ib(
 /// What a side that could not prepare a connection sends instead of its description.
 fn failed_info(p: &PendingConnection, pid: u32, reason: String) -> ConnInfo {
     ConnInfo {
+        failed: Some(reason),
+        ..remote_info(p, pid)
+    }
+}
+
+/// The description of a connection whose memory the peer reaches remotely (IB): no packets,
+/// no handshake and no flag memory yet (callers fill them in).
+fn remote_info(p: &PendingConnection, pid: u32) -> ConnInfo {
+    let len = p.buffer.len() as u64;
+    ConnInfo {
         tag: p.tag,
         transport: p.transport,
         kind: p.kind,
         packets: None,
         packets_len: 0,
         pid,
-        buffer_len: p.buffer.len() as u64,
-        buffer: MemHandle::Remote {
-            len: p.buffer.len() as u64,
-        },
+        buffer_len: len,
+        buffer: MemHandle::Remote { len },
         flags: MemHandle::Remote { len: 0 },
         flag_index: 0,
         ib: None,
-        failed: Some(reason),
+        failed: None,
     }
 }
 
@@ -531,20 +539,12 @@ fn ib_info(
         control,
     };
     Ok(ConnInfo {
-        tag: p.tag,
-        transport: p.transport,
-        kind: p.kind,
-        packets: None,
-        packets_len: 0,
-        pid,
-        buffer_len: len,
-        buffer: MemHandle::Remote { len },
         flags: MemHandle::Remote {
             len: flag_bytes as u64,
         },
         flag_index: k as u32,
         ib: Some(encode_handshake(&handshake)),
-        failed: None,
+        ..remote_info(p, pid)
     })
 }
 
