@@ -2,7 +2,8 @@
 //!
 //! - signal/wait round trip: thread 0 of each rank (threads of this process, GPU 0 and 1, or
 //!   both on GPU 0) alternates `signal` / `wait`; reference: the GPU<->host flag round trip
-//!   of `ordering_probe`.
+//!   of `ordering_probe`, and the same round trip with `relaxed_signal` (no system-scope
+//!   release, so the bare NVLink latency).
 //! - put bandwidth at 256 MB against blocks x threads per block: rank 0's grid `put`s slices
 //!   of its buffer into the peer's with 16-byte stores over NVLink; reference:
 //!   `cuMemcpyAsync` of the same bytes between the same buffers (the copy engine).
@@ -60,7 +61,11 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
 }
 
 fn signal_rtt_us(r: &Rank, rank: usize, sync: &Barrier) -> f64 {
-    let f = r.module.function("memory_signal_ping_pong").unwrap();
+    kernel_rtt_us(r, "memory_signal_ping_pong", rank, sync)
+}
+
+fn kernel_rtt_us(r: &Rank, kernel: &str, rank: usize, sync: &Barrier) -> f64 {
+    let f = r.module.function(kernel).unwrap();
     let stream = r.gpu.new_stream().unwrap();
     let (rounds, rank32) = (20_000u64, rank as u32);
     sync.wait();
@@ -157,6 +162,10 @@ fn main() {
         let r = setup(rank, id, ngpus);
         signal_rtt_us(&r, rank, sync);
         let rtt = (0..3).map(|_| signal_rtt_us(&r, rank, sync)).sum::<f64>() / 3.0;
+        let relaxed = (0..3)
+            .map(|_| kernel_rtt_us(&r, "memory_relaxed_signal_ping_pong", rank, sync))
+            .sum::<f64>()
+            / 3.0;
         let packets: Vec<f64> = packet_sizes
             .iter()
             .map(|&b| {
@@ -186,17 +195,21 @@ fn main() {
         r.errors.copy_to_host(0, &mut bad).unwrap();
         assert_eq!(bad[0], 0, "packet data corrupted");
         r.comm.bootstrap().barrier().unwrap();
-        (rtt, packets, bw, ce, r.gpu.info().ordinal)
+        (rtt, relaxed, packets, bw, ce, r.gpu.info().ordinal)
     });
-    let (rtt, packets, bw, ce, g0) = &results[0];
+    let (rtt, relaxed, packets, bw, ce, g0) = &results[0];
     println!(
         "memory channel bench: rank 0 on GPU {g0}, rank 1 on GPU {}",
-        results[1].4
+        results[1].5
     );
     let probe_us = common::host_flag_round_trip_us();
     println!(
         "signal/wait round trip: {rtt:.3} us; GPU<->host flag round trip (reference) {probe_us:.2} us; ratio {:.2}",
         rtt / probe_us
+    );
+    println!(
+        "relaxed_signal/wait round trip (no release: the NVLink floor): {relaxed:.3} us; signal/wait costs {:.2}x it",
+        rtt / relaxed
     );
     for (b, us) in packet_sizes.iter().zip(packets) {
         println!(

@@ -130,6 +130,11 @@ fn sweep_all_reduce_rank() {
         for count in counts(dtype, max) {
             let bytes = count * dtype.size();
             let mut algos = vec![AllReduceAlgo::Auto, AllReduceAlgo::ReadReduce];
+            if bytes <= 256 << 20 {
+                // Auto picks all-pairs for two ranks; two-shot serves more.
+                algos.push(AllReduceAlgo::TwoShot);
+                algos.push(AllReduceAlgo::AllPairs);
+            }
             if bytes <= 64 << 20 {
                 algos.push(AllReduceAlgo::Proxy);
             }
@@ -138,6 +143,7 @@ fn sweep_all_reduce_rank() {
                     AllReduceAlgo::OneShot,
                     AllReduceAlgo::TwoShot,
                     AllReduceAlgo::ReadReduce,
+                    AllReduceAlgo::AllPairs,
                     AllReduceAlgo::Proxy,
                 ];
             }

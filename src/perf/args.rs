@@ -116,6 +116,8 @@ pub enum AlgoArg {
     Twoshot,
     /// Two-shot with the reduction fused into NVLink reads.
     Readreduce,
+    /// All-pairs: every rank puts its whole input into every peer's scratch, then reduces.
+    Allpairs,
     /// Over proxy channels (copy engine); all-gather too.
     Proxy,
 }
@@ -128,6 +130,7 @@ impl AlgoArg {
             AlgoArg::Oneshot => AllReduceAlgo::OneShot,
             AlgoArg::Twoshot => AllReduceAlgo::TwoShot,
             AlgoArg::Readreduce => AllReduceAlgo::ReadReduce,
+            AlgoArg::Allpairs => AllReduceAlgo::AllPairs,
             AlgoArg::Proxy => AllReduceAlgo::Proxy,
         }
     }

@@ -368,6 +368,7 @@ fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
                 AllReduceAlgo::OneShot => "oneshot",
                 AllReduceAlgo::TwoShot => "twoshot",
                 AllReduceAlgo::ReadReduce => "readreduce",
+                AllReduceAlgo::AllPairs => "allpairs",
                 AllReduceAlgo::Proxy => "proxy",
             }
             .into()

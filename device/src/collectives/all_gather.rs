@@ -4,12 +4,22 @@ use super::{CollContext, block_share};
 use crate::arch;
 use crate::channel::memory::copy;
 
+/// Pieces per block share of a full scratch round: the pipeline depth of [`all_gather`].
+pub const PIECES_PER_SHARE: u64 = 8;
+
 /// All-gather of `bytes` per rank: rank `q`'s `send` lands at `recv + q * bytes` on every
-/// rank. In rounds of one scratch, each block owning one fixed share of it: copy the own share
-/// into the own scratch and the own place of `recv`; barrier; get every peer's share from
-/// its scratch into `recv`; barrier (after which no peer reads this scratch any more, so
-/// the next round or call may overwrite it). In place (`send == recv + rank * bytes`) is
-/// allowed.
+/// rank. The scratch holds one slot per source rank (`scratch_len / nranks`); rank `q`
+/// writes into slot `q` of every peer's scratch. In rounds of one slot, each block owning one
+/// fixed share of it, cut into pieces (a full round's share into [`PIECES_PER_SHARE`]) and
+/// pipelined: the block's first half of threads puts piece `k + 1` of the own share into
+/// every peer's scratch (and copies it to the own place of `recv`) while its second half
+/// copies piece `k` of every peer's share from the own scratch into `recv`. NVLink carries
+/// only writes (puts reach a higher bandwidth than gets when both directions are busy).
+/// Between steps the block synchronises, and its threads `p < nranks` signal peer `p` that
+/// the next piece is written / wait for peer `p`'s. A share of one piece is put and copied
+/// out by the whole block. A barrier ends each round (after it no peer writes this scratch
+/// until it has been copied out, so the next round or call may reuse it). In place
+/// (`send == recv + rank * bytes`) is allowed.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks
@@ -19,46 +29,136 @@ use crate::channel::memory::copy;
 pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
-    let r = ctx.rank;
+    let (r, n) = (ctx.rank, ctx.nranks);
     super::all_reduce::check_grid(ctx, nb, nt);
-    let slot = ctx.scratch_len / 16 * 16;
+    let slot = ctx.scratch_len / n as u64 / 16 * 16;
     let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
+    let piece = (slot / (nb as u64 * PIECES_PER_SHARE) / 16 * 16).max(16);
     for j in 0..rounds {
-        // Each block owns the same share of the scratch in every round of the call (so no
-        // block overwrites a region another block's peer may still read), cut from the
+        // Each block owns the same share of the slot in every round of the call (so no
+        // block overwrites a region another block's peer may still copy out), cut from the
         // first (longest) round; the last round may leave a block less or nothing.
         let round_len = slot.min(bytes - j * slot);
         let (s, e) = block_share(slot.min(bytes), 16, b as u64, nb as u64);
         let e = e.min(round_len);
         let s = s.min(e);
-        let off = j * slot + s;
-        // SAFETY: s..e lies in the scratch and off..off+(e-s) in send and in each rank's
-        // part of recv (caller contract); no peer reads this scratch now (last barrier).
-        unsafe {
-            let src = send.add(off as usize);
-            copy(ctx.scratch.add(s as usize), src, e - s, t, nt);
-            let own = recv.add((r as u64 * bytes + off) as usize);
-            if !core::ptr::eq(own as *const u8, src) {
-                copy(own, src, e - s, t, nt);
+        let pieces = (e - s).div_ceil(piece);
+        // One piece: the whole block puts it and copies it out. More: half and half.
+        let half = if pieces > 1 { nt / 2 } else { 0 };
+        let ps = |k: u64| s + k * piece;
+        let len = |k: u64| piece.min(e - ps(k));
+        let at = Place {
+            slot,
+            bytes,
+            round_off: j * slot,
+        };
+        if pieces > 0 {
+            // SAFETY: piece 0 of the block's share (see `push`); the last round barrier.
+            unsafe { push(ctx, &at, send, recv, ps(0), len(0), t, nt) };
+            arch::sync_threads();
+            if t < n && t != r {
+                // SAFETY: b < MAX_BLOCKS, t a peer; the block's piece is written (barrier).
+                unsafe { ctx.signal(t, b) };
             }
-            ctx.barrier(b, t);
         }
-        for p in 0..ctx.nranks {
-            if p != r {
-                // SAFETY: the peer's scratch share, published by the barrier.
-                unsafe {
-                    let dst = recv.add((p as u64 * bytes + off) as usize);
-                    copy(
-                        dst,
-                        ctx.peer_scratch[p as usize].add(s as usize),
-                        e - s,
-                        t,
-                        nt,
-                    );
+        for k in 0..pieces {
+            if t < n && t != r {
+                // SAFETY: as above.
+                unsafe { ctx.wait(t, b) };
+            }
+            arch::sync_threads();
+            // SAFETY: pieces of the block's share; the peers' piece k was published by their
+            // signals, waited for before the barrier above; the peers copy piece k + 1 out of
+            // their scratch only after our next signal.
+            unsafe {
+                if half == 0 {
+                    drain(ctx, &at, recv, ps(k), len(k), t, nt);
+                } else if t < half {
+                    if k + 1 < pieces {
+                        push(ctx, &at, send, recv, ps(k + 1), len(k + 1), t, half);
+                    }
+                } else {
+                    drain(ctx, &at, recv, ps(k), len(k), t - half, nt - half);
                 }
+            }
+            arch::sync_threads();
+            if k + 1 < pieces && t < n && t != r {
+                // SAFETY: as above; piece k + 1 is written (barrier).
+                unsafe { ctx.signal(t, b) };
             }
         }
         // SAFETY: every thread of the block.
         unsafe { ctx.barrier(b, t) };
+    }
+}
+
+/// Where a round's pieces go: the slot size, the bytes per rank and the round's offset in them.
+struct Place {
+    slot: u64,
+    bytes: u64,
+    round_off: u64,
+}
+
+/// Puts `len` bytes at `ps` of the own share of a round from `send` into slot `rank` of every
+/// peer's scratch, and copies them to the own place of `recv`. Out of line (as is [`drain`]):
+/// inlined in every branch of the pipeline the copies spilled registers.
+///
+/// # Safety
+/// `ps..ps + len` lies in a slot and `round_off + ps..` plus `len` in `send` and in each
+/// rank's part of `recv`; no peer copies that part of its slot out now.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn push(
+    ctx: &CollContext,
+    at: &Place,
+    send: *const u8,
+    recv: *mut u8,
+    ps: u64,
+    len: u64,
+    thread: u32,
+    threads: u32,
+) {
+    let (r, off) = (ctx.rank, at.round_off + ps);
+    // SAFETY: caller contract.
+    unsafe {
+        let src = send.add(off as usize);
+        for p in 0..ctx.nranks {
+            if p != r {
+                let dst = ctx.peer_scratch[p as usize].add((r as u64 * at.slot + ps) as usize);
+                copy(dst, src, len, thread, threads);
+            }
+        }
+        let own = recv.add((r as u64 * at.bytes + off) as usize);
+        if !core::ptr::eq(own as *const u8, src) {
+            copy(own, src, len, thread, threads);
+        }
+    }
+}
+
+/// Copies `len` bytes at `ps` of every peer's slot of the own scratch into its place in
+/// `recv` (see [`push`]).
+///
+/// # Safety
+/// As for [`push`], and every peer has written and published this part of its slot.
+#[inline(never)]
+unsafe fn drain(
+    ctx: &CollContext,
+    at: &Place,
+    recv: *mut u8,
+    ps: u64,
+    len: u64,
+    thread: u32,
+    threads: u32,
+) {
+    let off = at.round_off + ps;
+    for p in 0..ctx.nranks {
+        if p != ctx.rank {
+            // SAFETY: caller contract.
+            unsafe {
+                let dst = recv.add((p as u64 * at.bytes + off) as usize);
+                let src = ctx.scratch.add((p as u64 * at.slot + ps) as usize);
+                copy(dst, src, len, thread, threads);
+            }
+        }
     }
 }

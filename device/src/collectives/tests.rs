@@ -117,6 +117,7 @@ enum Algo {
     OneShot,
     TwoShot,
     ReadReduce,
+    AllPairs,
 }
 
 /// Bytes of `count` elements encoded from `vals`, at byte `pad` of a fresh buffer.
@@ -181,6 +182,9 @@ fn all_reduce(
                         (Algo::ReadReduce, Ty::F32) => k::all_reduce_two_shot_read_f32,
                         (Algo::ReadReduce, Ty::F16) => k::all_reduce_two_shot_read_f16,
                         (Algo::ReadReduce, Ty::Bf16) => k::all_reduce_two_shot_read_bf16,
+                        (Algo::AllPairs, Ty::F32) => k::all_reduce_all_pairs_f32,
+                        (Algo::AllPairs, Ty::F16) => k::all_reduce_all_pairs_f16,
+                        (Algo::AllPairs, Ty::Bf16) => k::all_reduce_all_pairs_bf16,
                     };
                     launch(Dim3::x(blocks), Dim3::x(threads), || {
                         // SAFETY: the world's context; buffers valid for pad + bytes.
@@ -235,7 +239,12 @@ fn all_reduce_exact_sums_for_every_algorithm_type_rank_count_and_alignment() {
         let mut call = 0u64;
         for ty in [Ty::F32, Ty::F16, Ty::Bf16] {
             for count in [1usize, 3, 8, 33, 100, 257] {
-                for algo in [Algo::OneShot, Algo::TwoShot, Algo::ReadReduce] {
+                for algo in [
+                    Algo::OneShot,
+                    Algo::TwoShot,
+                    Algo::ReadReduce,
+                    Algo::AllPairs,
+                ] {
                     for (pad, in_place) in [(0, false), (0, true), (ty.size(), false)] {
                         call += 1;
                         let inputs = int_inputs(n, count, call);
@@ -259,7 +268,12 @@ fn all_reduce_of_random_floats_is_identical_on_every_rank_and_close_to_the_sum()
     let n = 3;
     let w = World::new(n, 16 * 64, 8192);
     for (i, ty) in [Ty::F32, Ty::F16, Ty::Bf16].into_iter().enumerate() {
-        for algo in [Algo::OneShot, Algo::TwoShot, Algo::ReadReduce] {
+        for algo in [
+            Algo::OneShot,
+            Algo::TwoShot,
+            Algo::ReadReduce,
+            Algo::AllPairs,
+        ] {
             let count = 301;
             let inputs: Vec<Vec<f32>> = (0..n)
                 .map(|r| {
@@ -370,6 +384,33 @@ fn all_gather_places_every_rank_in_order_in_and_out_of_place() {
 }
 
 #[test]
+fn all_gather_pipelines_many_pieces_over_several_rounds() {
+    // 1024 B of scratch and 2 blocks: pieces of 64 B, 8 per block share, and 5000 B per rank
+    // take 5 rounds, the last one partial (odd sizes leave short and empty pieces).
+    for n in [2usize, 3] {
+        let w = World::new(n, 1024, 32);
+        for bytes in [5000usize, 1024 + 17, 129] {
+            let inputs: Vec<Vec<u8>> = (0..n)
+                .map(|r| {
+                    (0..bytes)
+                        .map(|i| (i * 7 + r * 31 + i / 251) as u8)
+                        .collect()
+                })
+                .collect();
+            let want: Vec<u8> = inputs.concat();
+            for in_place in [false, true] {
+                for (r, got) in all_gather(&w, &inputs, in_place, 2).iter().enumerate() {
+                    assert!(
+                        got == &want,
+                        "n={n} bytes {bytes} in_place {in_place} rank {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn collectives_of_different_kinds_share_the_scratch_in_sequence() {
     let n = 3;
     let w = World::new(n, 16 * 30, 4096);
@@ -381,8 +422,12 @@ fn collectives_of_different_kinds_share_the_scratch_in_sequence() {
                 assert_eq!(all_gather(&w, &inputs, false, 2)[1], inputs.concat());
             }
             c => {
-                let algo =
-                    [Algo::TwoShot, Algo::OneShot, Algo::ReadReduce][((call / 3 + c) % 3) as usize];
+                let algo = [
+                    Algo::TwoShot,
+                    Algo::OneShot,
+                    Algo::ReadReduce,
+                    Algo::AllPairs,
+                ][((call / 3 + c) % 4) as usize];
                 let inputs = int_inputs(n, 150, call);
                 let got = all_reduce(&w, Ty::F16, algo, &inputs, 0, call % 2 == 0, 2, 4);
                 assert_eq!(got[2], expected(&inputs), "call {call} {algo:?}");

@@ -9,7 +9,7 @@ use crate::collectives::{Bf16, CollContext, F16, F32, all_gather, all_reduce, pr
 use crate::kernel;
 
 macro_rules! all_reduce_kernels {
-    ($($one:ident, $two:ident, $read:ident, $proxy:ident, $t:ty);* $(;)?) => {$(
+    ($($one:ident, $two:ident, $read:ident, $pairs:ident, $proxy:ident, $t:ty);* $(;)?) => {$(
         kernel! {
             /// One-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::one_shot`].
@@ -36,6 +36,15 @@ macro_rules! all_reduce_kernels {
         }
         crate::launch_bounds!($read, 512);
         kernel! {
+            /// All-pairs all-reduce (sum) of `count` elements: see
+            /// [`all_reduce::all_pairs`].
+            pub unsafe fn $pairs(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { all_reduce::all_pairs::<$t>(&*ctx, send, recv, count) }
+            }
+        }
+        crate::launch_bounds!($pairs, 512);
+        kernel! {
             /// All-reduce (sum) of `count` elements over proxy channels (one block): see
             /// [`proxy::all_reduce`].
             pub unsafe fn $proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
@@ -51,11 +60,11 @@ macro_rules! all_reduce_kernels {
 
 all_reduce_kernels! {
     all_reduce_one_shot_f32, all_reduce_two_shot_f32, all_reduce_two_shot_read_f32,
-        all_reduce_proxy_f32, F32;
+        all_reduce_all_pairs_f32, all_reduce_proxy_f32, F32;
     all_reduce_one_shot_f16, all_reduce_two_shot_f16, all_reduce_two_shot_read_f16,
-        all_reduce_proxy_f16, F16;
+        all_reduce_all_pairs_f16, all_reduce_proxy_f16, F16;
     all_reduce_one_shot_bf16, all_reduce_two_shot_bf16, all_reduce_two_shot_read_bf16,
-        all_reduce_proxy_bf16, Bf16;
+        all_reduce_all_pairs_bf16, all_reduce_proxy_bf16, Bf16;
 }
 
 kernel! {

@@ -252,6 +252,25 @@ kernel! {
     }
 }
 
+kernel! {
+    /// [`memory_signal_ping_pong`] with `relaxed_signal`: the same round trips without the
+    /// system-scope release (a signal that publishes nothing), for the benchmark's floor.
+    pub unsafe fn memory_relaxed_signal_ping_pong(ch: MemoryChannel, rounds: u64, rank: u32) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        for _ in 0..rounds {
+            if rank == 0 {
+                ch.relaxed_signal();
+                ch.wait();
+            } else {
+                ch.wait();
+                ch.relaxed_signal();
+            }
+        }
+    }
+}
+
 /// Block `b` of `nb`'s share of `bytes` for the bandwidth kernels: one 16-byte aligned
 /// slice per block, `(start, end)`, empty for blocks past the end.
 #[inline(always)]

@@ -15,6 +15,7 @@ pub(super) struct Kernels {
     one_shot: [CudaFunction; 3],
     two_shot: [CudaFunction; 3],
     read_reduce: [CudaFunction; 3],
+    all_pairs: [CudaFunction; 3],
     proxy: [CudaFunction; 3],
     pub(super) all_gather_proxy: CudaFunction,
     /// The proxy channels' handles in device memory (the context points at them).
@@ -61,6 +62,11 @@ impl Kernels {
                 f("all_reduce_two_shot_read_f16")?,
                 f("all_reduce_two_shot_read_bf16")?,
             ],
+            all_pairs: [
+                f("all_reduce_all_pairs_f32")?,
+                f("all_reduce_all_pairs_f16")?,
+                f("all_reduce_all_pairs_bf16")?,
+            ],
             proxy: [
                 f("all_reduce_proxy_f32")?,
                 f("all_reduce_proxy_f16")?,
@@ -83,6 +89,7 @@ impl Kernels {
         match algo {
             AllReduceAlgo::OneShot => &self.one_shot[i],
             AllReduceAlgo::ReadReduce => &self.read_reduce[i],
+            AllReduceAlgo::AllPairs => &self.all_pairs[i],
             AllReduceAlgo::Proxy => &self.proxy[i],
             _ => &self.two_shot[i],
         }
