@@ -22,7 +22,7 @@
 //! # Algorithms
 //!
 //! [`AllReduceAlgo::Auto`] picks by message size and rank count; the environment variables
-//! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`, `readreduce`, `proxy`) and
+//! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`, `readreduce`, `allpairs`, `proxy`) and
 //! `MSCCLPP_ALLGATHER_ALGO` (`memory`, `proxy`)
 //! override the choice, and an explicit algorithm argument overrides both.
 
