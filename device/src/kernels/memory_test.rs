@@ -237,18 +237,7 @@ kernel! {
     /// Signal/wait round trips: thread 0 of block 0 only; rank 0 signals then waits, rank 1
     /// waits then signals, `rounds` times. For the memory-channel round-trip benchmark.
     pub unsafe fn memory_signal_ping_pong(ch: MemoryChannel, rounds: u64, rank: u32) {
-        if arch::global_thread_idx_x() != 0 {
-            return;
-        }
-        for _ in 0..rounds {
-            if rank == 0 {
-                ch.signal();
-                ch.wait();
-            } else {
-                ch.wait();
-                ch.signal();
-            }
-        }
+        signal_ping_pong(&ch, rounds, rank, false);
     }
 }
 
@@ -256,17 +245,30 @@ kernel! {
     /// [`memory_signal_ping_pong`] with `relaxed_signal`: the same round trips without the
     /// system-scope release (a signal that publishes nothing), for the benchmark's floor.
     pub unsafe fn memory_relaxed_signal_ping_pong(ch: MemoryChannel, rounds: u64, rank: u32) {
-        if arch::global_thread_idx_x() != 0 {
-            return;
+        signal_ping_pong(&ch, rounds, rank, true);
+    }
+}
+
+/// The body of the signal ping-pongs: thread 0 of block 0 only.
+#[inline(always)]
+fn signal_ping_pong(ch: &MemoryChannel, rounds: u64, rank: u32, relaxed: bool) {
+    if arch::global_thread_idx_x() != 0 {
+        return;
+    }
+    let signal = || {
+        if relaxed {
+            ch.relaxed_signal()
+        } else {
+            ch.signal()
         }
-        for _ in 0..rounds {
-            if rank == 0 {
-                ch.relaxed_signal();
-                ch.wait();
-            } else {
-                ch.wait();
-                ch.relaxed_signal();
-            }
+    };
+    for _ in 0..rounds {
+        if rank == 0 {
+            signal();
+            ch.wait();
+        } else {
+            ch.wait();
+            signal();
         }
     }
 }
