@@ -22,8 +22,12 @@
 //!   into their scratch), a reduction of the own chunk (written to the output and to the
 //!   own scratch), an all-gather (each rank gets the peers' reduced chunks from their
 //!   scratch), pipelined through the scratch in rounds.
-//! - [`all_gather::all_gather`]: each rank copies its input into its scratch, and peers get
-//!   it from there into their outputs, in rounds.
+//! - [`all_reduce::all_pairs`]: each rank puts its whole input into every peer's scratch
+//!   (one slot per source rank) and reduces all of it locally; two barriers per round. For
+//!   two ranks it moves the same bytes as two-shot with one barrier less.
+//! - [`all_gather::all_gather`]: each rank puts its input into its slot of every peer's
+//!   scratch, and each rank copies the peers' slots out into its output; in rounds, each
+//!   block's share cut into pieces whose puts and copies overlap.
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
 //!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped.
 //!
