@@ -1,6 +1,6 @@
 //! All-gather over the scratch. See the [parent module](super) for the shared state.
 
-use super::{CollContext, block_share};
+use super::{CollContext, round_share};
 use crate::arch;
 use crate::channel::memory::copy;
 
@@ -35,13 +35,7 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
     let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
     let piece = (slot / (nb as u64 * PIECES_PER_SHARE) / 16 * 16).max(16);
     for j in 0..rounds {
-        // Each block owns the same share of the slot in every round of the call (so no
-        // block overwrites a region another block's peer may still copy out), cut from the
-        // first (longest) round; the last round may leave a block less or nothing.
-        let round_len = slot.min(bytes - j * slot);
-        let (s, e) = block_share(slot.min(bytes), 16, b as u64, nb as u64);
-        let e = e.min(round_len);
-        let s = s.min(e);
+        let (s, e) = round_share(slot, bytes, j, 16, b as u64, nb as u64);
         let pieces = (e - s).div_ceil(piece);
         // One piece: the whole block puts it and copies it out. More: half and half.
         let half = if pieces > 1 { nt / 2 } else { 0 };

@@ -1,7 +1,7 @@
 //! All-reduce (sum): the one-shot packet algorithm for small messages and the two-shot
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
-use super::{CollContext, Reduce, block_share, packet_half, two_shot_slot};
+use super::{CollContext, Reduce, packet_half, round_share, two_shot_slot};
 use crate::arch;
 use crate::channel::memory::copy;
 use crate::packet::LlPacket;
@@ -364,13 +364,7 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     let nt = arch::block_dim_x();
     check_grid(ctx, nb, nt);
     for j in 0..rounds {
-        // Each block owns the same share of every slot in every round of the call, cut from
-        // the first (longest) round, so no block overwrites a region another block's peer
-        // may still read.
-        let round_len = slot.min(chunk - j * slot);
-        let (s, e) = block_share(slot.min(chunk), per_vec, b as u64, nb as u64);
-        let e = e.min(round_len);
-        let s = s.min(e);
+        let (s, e) = round_share(slot, chunk, j, per_vec, b as u64, nb as u64);
         let off = j * slot + s;
         let scratch_off = s * es;
         for p in 0..ctx.nranks {
@@ -450,10 +444,7 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
     let slot = slot_bytes / es;
     let rounds = if slot == 0 { 0 } else { count.div_ceil(slot) };
     for j in 0..rounds {
-        let round_len = slot.min(count - j * slot);
-        let (s, e) = block_share(slot.min(count), 16 / es, b as u64, nb as u64);
-        let e = e.min(round_len);
-        let s = s.min(e);
+        let (s, e) = round_share(slot, count, j, 16 / es, b as u64, nb as u64);
         let off = j * slot + s;
         // SAFETY: slot `r` of each peer's scratch holds slot_bytes >= (e - s) * es from
         // s * es; send holds elements off..off + (e - s); no peer reads its slot `r` share

@@ -225,6 +225,19 @@ pub fn block_share(len: u64, align: u64, b: u64, nb: u64) -> (u64, u64) {
     (start, start.saturating_add(share).min(len))
 }
 
+/// Block `b` of `nb`'s share `[start, end)` of round `j` of `total` units moved through
+/// slots of `slot` units (`slot > 0`): cut from the first (longest) round, so a block owns
+/// the same part of the slot in every round of a call (no block overwrites a region another
+/// block's peer may still use); the last round may leave a block less or nothing. Shares
+/// start at multiples of `align`.
+#[inline(always)]
+pub fn round_share(slot: u64, total: u64, j: u64, align: u64, b: u64, nb: u64) -> (u64, u64) {
+    let round_len = slot.min(total - j * slot);
+    let (s, e) = block_share(slot.min(total), align, b, nb);
+    let e = e.min(round_len);
+    (s.min(e), e)
+}
+
 /// Bytes of each rank's slot in the two-shot layout of a scratch of `scratch_len` bytes
 /// for `nranks` ranks: `nranks` receive slots then one slot of reduced data, each a
 /// multiple of 16 bytes.
