@@ -288,7 +288,7 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     }
 }
 
-/// The two-shot reduction: rank `q`'s values are `own` for `q == rank`, else rank `q`'s
+/// The two-shot (and all-pairs) reduction: rank `q`'s values are `own` for `q == rank`, else rank `q`'s
 /// staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank `q`'s scratch,
 /// read over NVLink; else slot `q` of this rank's scratch, put there by rank `q`); the sum
 /// goes to `out` and to `reduced`.
@@ -460,21 +460,15 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
             }
             ctx.barrier(b, t);
         }
-        let mut srcs = [core::ptr::null::<u8>(); super::MAX_RANKS];
-        for (q, p) in srcs.iter_mut().enumerate().take(n as usize) {
-            *p = if q as u32 == r {
-                send.wrapping_add((off * es) as usize)
-            } else {
-                ctx.scratch
-                    .wrapping_add((q as u64 * slot_bytes + s * es) as usize)
-                    as *const u8
-            };
-        }
-        // SAFETY: the peers' shares were published by the barrier; recv holds the elements;
-        // in place, each element is read before this thread writes it.
+        // SAFETY: the peers' shares (slot q of this rank's scratch, as two-shot's receive
+        // slots) were published by the barrier; recv holds the elements; in place, each
+        // element is read before this thread writes it.
         unsafe {
-            reduce_sources::<T>(
-                &srcs[..n as usize],
+            reduce_slots::<T, false>(
+                ctx,
+                slot_bytes,
+                s * es,
+                send.add((off * es) as usize),
                 recv.add((off * es) as usize),
                 core::ptr::null_mut(),
                 e - s,
