@@ -288,10 +288,10 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     }
 }
 
-/// The two-shot (and all-pairs) reduction: rank `q`'s values are `own` for `q == rank`, else rank `q`'s
-/// staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank `q`'s scratch,
-/// read over NVLink; else slot `q` of this rank's scratch, put there by rank `q`); the sum
-/// goes to `out` and to `reduced`.
+/// The two-shot (and all-pairs) reduction: rank `q`'s values are `own` for `q == rank`,
+/// else rank `q`'s staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank
+/// `q`'s scratch, read over NVLink; else slot `q` of this rank's scratch, put there by rank
+/// `q`); the sum goes to `out` and to `reduced` (unless null).
 ///
 /// # Safety
 /// As for [`reduce_sources`]; scratch slots published to this block by a barrier.
