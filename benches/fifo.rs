@@ -7,6 +7,9 @@
 //!   while this thread pops, against the `ordering_probe` flag ping-pong between a GPU
 //!   thread and the host through the same kind of mapped memory. Both include one kernel
 //!   launch per sample (and the probe its setup), amortised over thousands of round trips.
+//! - GPU, streaming (push → pop): one GPU thread pushes back to back without waiting, this
+//!   thread pops; the time per trigger is the FIFO's push → pop throughput (MSCCL++'s
+//!   `fifo_test` measures the same). Printed next to the round trip above.
 //!
 //! `cargo bench --bench fifo`; the ratios are printed at the end.
 
@@ -128,7 +131,8 @@ fn gpu(c: &mut Criterion) {
     };
     let module = KernelModule::load_builtin(&gpu).expect("load PTX");
     let fifo = Fifo::new_gpu(&gpu, FifoConfig::with_slots(512)).expect("GPU FIFO");
-    let (fifo_tally, probe_tally) = (Tally::default(), Tally::default());
+    let (fifo_tally, probe_tally, stream_tally) =
+        (Tally::default(), Tally::default(), Tally::default());
     let mut group = c.benchmark_group("gpu");
     group
         .warm_up_time(Duration::from_millis(500))
@@ -148,6 +152,20 @@ fn gpu(c: &mut Criterion) {
             fifo_tally.add(r.elapsed, iters)
         })
     });
+    group.bench_function("fifo_gpu_push_host_pop_stream", |b| {
+        b.iter_custom(|iters| {
+            let test = PushTest {
+                blocks: 1,
+                threads: 1,
+                pushes: iters as u32,
+                sync_each: false,
+                timeout: Duration::from_secs(120),
+            };
+            let r =
+                run_push_test(Backend::Gpu(&gpu, &module), &fifo, &test).expect("GPU push test");
+            stream_tally.add(r.elapsed, iters)
+        })
+    });
     group.bench_function("reference_ordering_probe_ping_pong", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
@@ -164,6 +182,12 @@ fn gpu(c: &mut Criterion) {
     });
     group.finish();
     report("gpu", &fifo_tally, &probe_tally, "GPU-host flag ping-pong");
+    println!(
+        "gpu: FIFO push -> pop streaming {:.0} ns per trigger (one GPU thread, no sync), \
+         {:.2}x the round trip",
+        stream_tally.mean_ns(),
+        stream_tally.mean_ns() / fifo_tally.mean_ns()
+    );
 }
 
 criterion_group!(benches, cpu, gpu);

@@ -4,6 +4,12 @@
 //!   there is one) bounce 8 bytes with `put_with_signal` / `wait` through the proxy; the
 //!   round trip is the kernel time over the number of round trips. Reference: the
 //!   GPU→host→GPU flag round trip of `ordering_probe` (the floor of any proxy handshake).
+//! - what one proxy step costs: the host issues a stream operation towards rank 1's GPU,
+//!   where one thread (`flag_echo`) waits for the flag and acknowledges through host-mapped
+//!   memory; the host times issue → acknowledgement (and the issuing calls alone), for a
+//!   CPU store into host-mapped memory (the floor), `cuStreamWriteValue64`, an 8-byte
+//!   `cuMemcpyAsync` followed by `cuStreamWriteValue64` (what the P2P plane does for
+//!   `put_with_signal`), and the same copy followed by a copy of the epoch.
 //! - put bandwidth, 1 KB to 1 GB: rank 0 queues puts and one signal, timed on its stream
 //!   with CUDA events, against `cuMemcpyAsync` of the same bytes between the same two
 //!   buffers on a stream (the copy engine, which the proxy drives).
@@ -15,11 +21,15 @@
 mod common;
 
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use common::{events_ms, grid};
 use mscclpp::host::bootstrap::UniqueId;
 use mscclpp::host::communicator::{Communicator, DevConnArg};
-use mscclpp::host::cuda::{DeviceBuffer, Gpu, KernelModule, PushKernelArg, memcpy_async};
+use mscclpp::host::cuda::{
+    DeviceBuffer, Gpu, KernelModule, MappedHostBuffer, PushKernelArg, memcpy_async, write_u64_async,
+};
 use mscclpp::host::transport::TransportKind;
 
 const MAX_BYTES: usize = 1 << 30;
@@ -57,12 +67,13 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
     }
 }
 
-/// Ping-pong of 8 bytes for `rounds` rounds; returns rank 0's kernel time in ms.
-fn ping_pong(r: &Rank, rank: usize, rounds: u64, sync: &Barrier) -> f64 {
+/// Ping-pong of `words` u64 (0: signals alone) for `rounds` rounds; returns rank 0's kernel
+/// time in ms.
+fn ping_pong(r: &Rank, rank: usize, words: usize, rounds: u64, sync: &Barrier) -> f64 {
     let f = r.module.function("proxy_ping_pong").unwrap();
     let stream = r.gpu.new_stream().unwrap();
     let errors = DeviceBuffer::zeroed(&r.gpu, 8).unwrap();
-    let (words, rank32, seed, perr) = (1usize, rank as u32, 1u64, errors.device_ptr());
+    let (rank32, seed, perr) = (rank as u32, 1u64, errors.device_ptr());
     sync.wait();
     let ms = events_ms(&stream, || {
         let mut l = stream.launch_builder(&f);
@@ -80,6 +91,126 @@ fn ping_pong(r: &Rank, rank: usize, rounds: u64, sync: &Barrier) -> f64 {
     errors.copy_to_host(0, &mut bad).unwrap();
     assert_eq!(bad[0], 0, "ping-pong data corrupted");
     ms
+}
+
+/// What the host issues in one round of [`issue_latency`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Issue {
+    /// A CPU release store into host-mapped memory the GPU polls.
+    HostStore,
+    /// `cuStreamWriteValue64` into the peer's device memory.
+    StreamWrite,
+    /// An 8-byte `cuMemcpyAsync` to the peer, then `cuStreamWriteValue64`.
+    CopyThenWrite,
+    /// An 8-byte `cuMemcpyAsync` to the peer, then a copy of the epoch from pinned memory.
+    CopyThenCopy,
+}
+
+const ISSUES: [(Issue, &str); 4] = [
+    (Issue::HostStore, "CPU store to host-mapped flag"),
+    (Issue::StreamWrite, "cuStreamWriteValue64 to peer"),
+    (Issue::CopyThenWrite, "8 B cuMemcpyAsync + WriteValue64"),
+    (Issue::CopyThenCopy, "8 B cuMemcpyAsync + epoch copy"),
+];
+
+/// Reads the 8-byte words of a bootstrap all-gather contribution.
+fn le_words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Rank 0 issues `rounds` operations of kind `issue` towards rank 1, where `flag_echo`
+/// acknowledges each; returns, on rank 0, the mean microseconds from issue to
+/// acknowledgement and of the issuing calls alone, over all rounds after the first 10%.
+fn issue_latency(r: &Rank, rank: usize, issue: Issue, rounds: u64, sync: &Barrier) -> (f64, f64) {
+    let flag_dev = DeviceBuffer::zeroed(&r.gpu, 8).unwrap();
+    let flag_host = MappedHostBuffer::alloc(&r.gpu, 8).unwrap();
+    let ack = MappedHostBuffer::alloc(&r.gpu, 8).unwrap();
+    let mine = [
+        flag_dev.device_ptr(),
+        flag_host.host_ptr() as u64,
+        ack.host_ptr() as u64,
+    ];
+    let all = r
+        .comm
+        .bootstrap_all_gather(
+            &mine
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    let stream = r.gpu.new_stream().unwrap();
+    if rank == 1 {
+        let f = r.module.function("flag_echo").unwrap();
+        let flag = if issue == Issue::HostStore {
+            flag_host.device_ptr()
+        } else {
+            flag_dev.device_ptr()
+        };
+        let (ackp, timeout) = (ack.device_ptr(), 20_000_000_000u64);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&flag).arg(&ackp).arg(&rounds).arg(&timeout);
+        // SAFETY: flag and ack live until the stream is synchronised below.
+        unsafe { l.launch(grid(1, 1)) }.unwrap();
+        sync.wait();
+        sync.wait();
+        stream.synchronize().unwrap();
+        return (0.0, 0.0);
+    }
+    let peer = le_words(&all[1]);
+    let (peer_flag, peer_flag_host, peer_ack) = (peer[0], peer[1] as *mut u64, peer[2] as *mut u64);
+    // SAFETY: rank 1 keeps both words alive until after the second barrier; they are
+    // 8-byte aligned pinned memory of this process, accessed only atomically here.
+    let (flag_host, ack) = unsafe {
+        (
+            AtomicU64::from_ptr(peer_flag_host),
+            AtomicU64::from_ptr(peer_ack),
+        )
+    };
+    let epochs = MappedHostBuffer::alloc(&r.gpu, 8 * 64).unwrap();
+    let epoch_words = epochs.host_ptr() as *mut u64;
+    let skip = rounds / 10;
+    let (mut total, mut api) = (Duration::ZERO, Duration::ZERO);
+    sync.wait();
+    for i in 1..=rounds {
+        let t0 = Instant::now();
+        // SAFETY (all arms): the peer's buffer and flag are live device memory mapped into
+        // this context (peer access, enabled by the P2P connection); `epochs` is live
+        // pinned memory and its slot is not rewritten before this round is acknowledged.
+        match issue {
+            Issue::HostStore => flag_host.store(i, Ordering::Release),
+            Issue::StreamWrite => unsafe { write_u64_async(peer_flag, i, &stream) }.unwrap(),
+            Issue::CopyThenWrite => unsafe {
+                memcpy_async(r.peer_buf_ptr, r.buf_ptr, 8, &stream).unwrap();
+                write_u64_async(peer_flag, i, &stream).unwrap();
+            },
+            Issue::CopyThenCopy => unsafe {
+                let slot = epoch_words.add((i % 64) as usize);
+                slot.write_volatile(i);
+                memcpy_async(r.peer_buf_ptr, r.buf_ptr, 8, &stream).unwrap();
+                memcpy_async(peer_flag, slot as u64, 8, &stream).unwrap();
+            },
+        }
+        let t1 = Instant::now();
+        while ack.load(Ordering::Acquire) < i {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{issue:?}: round {i} never acknowledged"
+            );
+            std::hint::spin_loop();
+        }
+        if i > skip {
+            total += t0.elapsed();
+            api += t1 - t0;
+        }
+    }
+    sync.wait();
+    stream.synchronize().unwrap();
+    let n = (rounds - skip) as f64;
+    (total.as_secs_f64() * 1e6 / n, api.as_secs_f64() * 1e6 / n)
 }
 
 fn put_bench(r: &Rank, rank: usize, size: u64, iters: u64, sync: &Barrier) -> f64 {
@@ -116,14 +247,23 @@ fn main() {
     let results = common::two_ranks(|rank, id, sync: &Barrier| {
         let mut r = setup(rank, id, ngpus);
         let mut out = Vec::new();
-        // Ping-pong: warm-up, then the mean of 5 launches of 2000 rounds.
-        ping_pong(&r, rank, 200, sync);
+        let steps: Vec<(f64, f64)> = ISSUES
+            .iter()
+            .map(|&(issue, _)| issue_latency(&r, rank, issue, 2000, sync))
+            .collect();
+        // Ping-pong: warm-up, then the mean of 5 launches of 2000 rounds; 8 bytes, then
+        // signals alone.
         let rounds = 2000u64;
-        let ms: f64 = (0..5)
-            .map(|_| ping_pong(&r, rank, rounds, sync))
-            .sum::<f64>()
-            / 5.0;
-        out.push((0u64, ms * 1e3 / (rounds as f64 / 2.0), 0.0));
+        let mut rtts = [0.0; 2];
+        for (rtt, words) in rtts.iter_mut().zip([1usize, 0]) {
+            ping_pong(&r, rank, words, 200, sync);
+            let ms: f64 = (0..5)
+                .map(|_| ping_pong(&r, rank, words, rounds, sync))
+                .sum::<f64>()
+                / 5.0;
+            *rtt = ms * 1e3 / (rounds as f64 / 2.0);
+        }
+        out.push((0u64, rtts[0], rtts[1]));
         for &size in &sizes {
             let iters = ((4u64 << 30) / size).clamp(4, 2000);
             put_bench(&r, rank, size, iters.min(10), sync);
@@ -143,20 +283,25 @@ fn main() {
             out.push((size, gbps(ms), if rank == 0 { gbps(ce) } else { 0.0 }));
         }
         r.comm.proxy_stop().unwrap();
-        (out, r.gpu.info().name.clone(), r.gpu.info().ordinal)
+        (out, steps, r.gpu.info().name.clone(), r.gpu.info().ordinal)
     });
-    let (rows, name, _) = &results[0];
+    let (rows, steps, name, _) = &results[0];
     println!(
         "proxy channel bench: rank 0 on GPU {} ({name}), rank 1 on GPU {}",
-        results[0].2, results[1].2
+        results[0].3, results[1].3
     );
+    println!("one proxy step, host issue -> peer GPU sees it -> host sees its ack (mean us):");
+    for ((_, what), (total, api)) in ISSUES.iter().zip(steps) {
+        println!("  {what:<36} {total:>7.2} us (issuing calls {api:.2} us)");
+    }
     // Reference for the round trip: GPU <-> host flag ping-pong through mapped memory.
     let probe_us = common::host_flag_round_trip_us();
-    let rtt = rows[0].1;
+    let (rtt, signal_rtt) = (rows[0].1, rows[0].2);
     println!(
         "ping-pong 8 B round trip: {rtt:.2} us; GPU<->host flag round trip (reference) {probe_us:.2} us; ratio {:.2}",
         rtt / probe_us
     );
+    println!("ping-pong of signals alone (no data): {signal_rtt:.2} us");
     println!(
         "{:>12} {:>14} {:>16} {:>7}",
         "bytes", "put GB/s", "cuMemcpy GB/s", "ratio"

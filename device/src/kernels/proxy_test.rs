@@ -95,3 +95,30 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// Latency probe for what a proxy issues: for `i` in `1..=rounds`, one thread waits
+    /// (acquire loads, system scope) until `*flag >= i`, then stores `i` to `*ack` with a
+    /// release store. `flag` may be device memory written by a copy engine or a stream
+    /// write, or host-mapped memory written by a CPU; `ack` is host-mapped memory the host
+    /// polls. Traps after `timeout_ns` without progress.
+    pub unsafe fn flag_echo(flag: *const u64, ack: *mut u64, rounds: u64, timeout_ns: u64) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        for i in 1..=rounds {
+            let start = arch::global_timer_ns();
+            // SAFETY: `flag` is a live aligned word (caller contract).
+            while unsafe { arch::ld_acquire_sys_u64(flag) } < i {
+                if arch::global_timer_ns().wrapping_sub(start) > timeout_ns {
+                    arch::trap();
+                }
+            }
+            // SAFETY: `ack` is a live aligned word (caller contract).
+            unsafe { arch::st_release_sys_u64(ack, i) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
