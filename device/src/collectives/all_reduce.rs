@@ -46,46 +46,70 @@ unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
     }
 }
 
-/// Ends a packet call: once every block has finished, the last one advances the call
-/// counter (the next call's flag and half). Called by every thread of every block. GPU
-/// scope only: the counters are this GPU's own, and a system-scope release here would wait
-/// for the packets just sent to the peers.
+/// Reads a call counter (see [`advance_counter`]) as block `block` sees it.
 ///
 /// # Safety
-/// The context valid; every block of the grid calls it once.
+/// `counter` holds `COUNTER_WORDS` live local words; `block < MAX_BLOCKS`; written only by
+/// earlier calls, which finished before this kernel started (stream order).
 #[inline(always)]
-unsafe fn finish_packet_call(ctx: &CollContext, calls: u64, thread: u32, blocks: u32) {
+unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
+    // SAFETY: caller contract.
+    let (single, copy) = unsafe {
+        (
+            arch::ld_relaxed_sys_u64(counter),
+            arch::ld_relaxed_sys_u64(counter.add(1 + block as usize)),
+        )
+    };
+    single.max(copy)
+}
+
+/// Advances a counter of calls (or rounds) to `value`, with no synchronisation between
+/// blocks: called by every thread of every block of a call, after the block's threads have
+/// read it with [`read_counter`]. It is kept in `COUNTER_WORDS` words: word 0 for calls of
+/// one block, then one copy per block index for calls of more. A call of one block writes
+/// word 0 only (one store: under a CUDA graph, writing all the copies measured 0.1 us more
+/// at 8 bytes). In a call of more, block `b` writes every copy `j` with `j % blocks == b`,
+/// so no block writes what another block of the call reads. Whichever kind of call came
+/// last wrote the newest value, and counters only grow, so the larger of word 0 and copy `b`
+/// is the counter, for every block of the next call whatever its grid. (A last-block
+/// protocol, a GPU-scope fence and a count of finished blocks, measured about 1.1 us more
+/// per call under a CUDA graph: the fence waits for the writes just sent over NVLink.)
+///
+/// # Safety
+/// `counter` holds `COUNTER_WORDS` live local words; `block < blocks <= MAX_BLOCKS`; every
+/// block of the grid calls it once, after reading the counter; `value` not below it.
+#[inline(always)]
+unsafe fn advance_counter(
+    counter: *mut u64,
+    value: u64,
+    thread: u32,
+    threads: u32,
+    block: u32,
+    blocks: u32,
+) {
     arch::sync_threads();
     if blocks == 1 {
-        // The only block: its threads read the counter before the barrier above.
         if thread == 0 {
-            // SAFETY: as below; no other block exists.
-            unsafe { core::ptr::write_volatile(ctx.state, calls + 1) };
+            // SAFETY: word 0 (caller contract); no other block in this call, and this
+            // block's threads read it before the barrier above.
+            unsafe { core::ptr::write_volatile(counter, value) };
         }
         return;
     }
-    if thread == 0 {
-        // The fence orders this block's read of the counter (at its start) before its
-        // count of finished blocks, so the last block's update comes after every read.
-        arch::fence_acq_rel_gpu();
-        // SAFETY: state words are live local memory (context contract).
-        let done = unsafe { arch::atomic_add_relaxed_gpu_u64(ctx.state.add(1), 1) };
-        if done + 1 == blocks as u64 {
-            arch::fence_acq_rel_gpu();
-            // SAFETY: as above; no other block touches the state any more in this call, and
-            // the next kernel on this stream starts after these stores.
-            unsafe {
-                core::ptr::write_volatile(ctx.state.add(1), 0);
-                core::ptr::write_volatile(ctx.state, calls + 1);
-            }
-        }
+    let mut j = block as usize + blocks as usize * thread as usize;
+    while j < super::MAX_BLOCKS {
+        // SAFETY: copy j < MAX_BLOCKS (caller contract) is this block's alone in this call
+        // (j % blocks == block); the block's threads read their copy before the barrier.
+        unsafe { core::ptr::write_volatile(counter.add(1 + j), value) };
+        j += blocks as usize * threads as usize;
     }
 }
 
 /// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
 /// every rank sends its whole input to every peer as LL packets, and reduces what it
-/// receives in rank order. Grid: any; unit `i` (8 bytes) belongs to global thread
-/// `i % threads` in both phases, so in-place is safe.
+/// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise), of any
+/// size; unit `i` (8 bytes) belongs to global thread `i % threads` in both phases, so
+/// in-place is safe.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; the context valid, with
@@ -98,9 +122,12 @@ pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
     let (n, r) = (ctx.nranks, ctx.rank);
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
-    // SAFETY: the state word is live local memory; written only by the previous call's last
-    // block, which finished before this kernel started (stream order).
-    let calls = unsafe { arch::ld_relaxed_sys_u64(ctx.state) };
+    if nb as usize > super::MAX_BLOCKS {
+        // The call counter has MAX_BLOCKS copies.
+        arch::trap();
+    }
+    // SAFETY: b < MAX_BLOCKS; the one-shot counter is the first of the state's two.
+    let calls = unsafe { read_counter(ctx.state, b) };
     let flag = (calls % u32::MAX as u64) as u32 + 1;
     let half = packet_half(ctx.packets_len) * (calls & 1);
     let aligned = (send as usize | recv as usize).is_multiple_of(8);
@@ -152,7 +179,7 @@ pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
         i += stride;
     }
     // SAFETY: every thread of every block gets here.
-    unsafe { finish_packet_call(ctx, calls, t, nb) };
+    unsafe { advance_counter(ctx.state, calls + 1, t, nt, b, nb) };
 }
 
 /// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least
@@ -422,17 +449,27 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
 /// All-pairs all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
 /// every rank puts its whole input into slot `rank` of every peer's scratch (NVLink writes,
 /// no packet flags, so half the traffic of [`one_shot`]), then reduces all of it locally in
-/// rank order. In rounds of one slot (`scratch_len / nranks`), each block owning one fixed
-/// share of every slot. Per round and block: put the own share into every peer; barrier;
-/// reduce the share from the own input and the peers' slots into `recv`; barrier (after it
-/// no peer writes this scratch until this block has read it, so the next round or call may).
-/// Two barriers per round against three for [`two_shot`], at twice its NVLink traffic: for
-/// mid sizes, where the barriers cost more than the transfer.
+/// rank order. For mid sizes, where barriers cost more than the transfer.
+///
+/// It has its own scratch region, `[scratch_len, 2 * scratch_len)`, cut into two halves of
+/// one slot (`scratch_len / 2 / nranks`) per rank. Rounds alternate between the halves by
+/// a round counter that runs on across calls (the state's second counter, kept like
+/// [`one_shot`]'s call counter: see [`advance_counter`]). Each block owns one fixed share of every slot. Per round
+/// and block: put the own share into every peer; barrier; reduce the share from the own
+/// input and the peers' slots into `recv`. One barrier per round, and none at the end: a
+/// peer writes a half again two rounds later, after the barrier of the round between,
+/// which this block enters only once it has read that half. Between calls the grid may
+/// change, but a call's kernel starts only after the previous one has passed its last
+/// barrier on this rank, so every peer block has finished reading all but the last round's
+/// half, and the first round of the new call uses the other one. The other algorithms use
+/// the first region and end with a barrier, so nothing they do meets a peer still reading
+/// this one.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks
-/// of at least `nranks` threads; the context valid; `send`/`recv` valid for `count`
-/// elements, aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
+/// of at least `nranks` threads; the context valid (scratches of `2 * scratch_len` bytes);
+/// `send`/`recv` valid for `count` elements, aligned to `T::SIZE`; every rank calls it with
+/// the same `count` and grid, in the same sequence of calls.
 #[inline(always)]
 pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
@@ -440,41 +477,55 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
     let (n, r) = (ctx.nranks, ctx.rank);
     let es = T::SIZE;
     check_grid(ctx, nb, nt);
-    let slot_bytes = ctx.scratch_len / n as u64 / 16 * 16;
+    let slot_bytes = ctx.scratch_len / 2 / n as u64 / 16 * 16;
+    let half_bytes = slot_bytes * n as u64;
     let slot = slot_bytes / es;
     let rounds = if slot == 0 { 0 } else { count.div_ceil(slot) };
+    // SAFETY: the all-pairs round counter is the second of the state's two; b < MAX_BLOCKS
+    // (check_grid).
+    let rounds_counter = unsafe { ctx.state.add(super::COUNTER_WORDS) };
+    // SAFETY: as above.
+    let base = unsafe { read_counter(rounds_counter, b) };
     for j in 0..rounds {
         let (s, e) = round_share(slot, count, j, 16 / es, b as u64, nb as u64);
         let off = j * slot + s;
-        // SAFETY: slot `r` of each peer's scratch holds slot_bytes >= (e - s) * es from
-        // s * es; send holds elements off..off + (e - s); no peer reads its slot `r` share
-        // now (its last barrier of the previous round or call came after reading it).
+        // Byte offset of this round's half in every scratch.
+        let half = ctx.scratch_len + ((base + j) & 1) * half_bytes;
+        // SAFETY: slot `r` of this round's half of each peer's region holds slot_bytes >=
+        // (e - s) * es from s * es; send holds elements off..off + (e - s); no peer reads
+        // this half's share now (see above).
         unsafe {
             let src = send.add((off * es) as usize);
             for p in 0..n {
                 if p != r {
-                    let dst =
-                        ctx.peer_scratch[p as usize].add((r as u64 * slot_bytes + s * es) as usize);
-                    copy(dst, src, (e - s) * es, t, nt);
+                    let at = half + r as u64 * slot_bytes + s * es;
+                    copy(
+                        ctx.peer_scratch[p as usize].add(at as usize),
+                        src,
+                        (e - s) * es,
+                        t,
+                        nt,
+                    );
                 }
             }
             ctx.barrier(b, t);
         }
-        // SAFETY: the peers' shares (slot q of this rank's scratch, as two-shot's receive
-        // slots) were published by the barrier; recv holds the elements; in place, each
-        // element is read before this thread writes it.
+        // SAFETY: the peers' shares (slot q of this round's half of this rank's region)
+        // were published by the barrier; recv holds the elements; in place, each element
+        // is read before this thread writes it.
         unsafe {
             reduce_slots::<T, false>(
                 ctx,
                 slot_bytes,
-                s * es,
+                half + s * es,
                 send.add((off * es) as usize),
                 recv.add((off * es) as usize),
                 core::ptr::null_mut(),
                 e - s,
                 t,
             );
-            ctx.barrier(b, t);
         }
     }
+    // SAFETY: every thread of the block; the counter as above.
+    unsafe { advance_counter(rounds_counter, base + rounds, t, nt, b, nb) };
 }

@@ -58,9 +58,12 @@ pub const MAX_RANKS: usize = 8;
 pub const MAX_BLOCKS: usize = 128;
 /// `u64` words of the local state ([`CollContext::expected`] then [`CollContext::state`]).
 pub const EXPECTED_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
-/// `u64` words of [`CollContext::state`]: the packet call counter, the finished-blocks
-/// counter.
-pub const STATE_WORDS: usize = 2;
+/// `u64` words of one counter of [`CollContext::state`]: one for calls of one block, then
+/// one copy per block index (see `all_reduce::advance_counter`).
+pub const COUNTER_WORDS: usize = 1 + MAX_BLOCKS;
+/// `u64` words of [`CollContext::state`]: the one-shot call counter, then the all-pairs
+/// round counter.
+pub const STATE_WORDS: usize = 2 * COUNTER_WORDS;
 /// `u64` words of the semaphore array each rank exposes.
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 
@@ -77,13 +80,16 @@ pub struct CollContext {
     pub nranks: u32,
     /// How long a wait spins before the kernel traps.
     pub timeout_ns: u64,
-    /// Bytes of every rank's scratch (equal on all ranks; a multiple of 16).
+    /// Bytes of each of the two regions of every rank's scratch (equal on all ranks; a
+    /// multiple of 16). A scratch holds `2 * scratch_len` bytes: the first region is shared
+    /// by two-shot, read-reduce, all-gather and the proxy paths, the second is all-pairs'
+    /// own (see `all_reduce::all_pairs`).
     pub scratch_len: u64,
     /// Bytes of each packet scratch (equal everywhere; a multiple of 32).
     pub packets_len: u64,
-    /// This rank's scratch.
+    /// This rank's scratch (`2 * scratch_len` bytes).
     pub scratch: *mut u8,
-    /// Each rank's scratch, mapped here.
+    /// Each rank's scratch, mapped here (`2 * scratch_len` bytes).
     pub peer_scratch: [*mut u8; MAX_RANKS],
     /// `packets_in[p]`: this rank's packet scratch that rank `p` writes into.
     pub packets_in: [*mut u8; MAX_RANKS],

@@ -45,7 +45,7 @@ impl World {
             mem.push(m);
             p
         };
-        let scratch: Vec<*mut u8> = (0..n).map(|_| alloc(scratch_len)).collect();
+        let scratch: Vec<*mut u8> = (0..n).map(|_| alloc(2 * scratch_len)).collect();
         let sems: Vec<*mut u64> = (0..n)
             .map(|_| alloc(SEMAPHORE_WORDS as u64 * 8) as *mut u64)
             .collect();
@@ -310,22 +310,38 @@ fn all_reduce_of_random_floats_is_identical_on_every_rank_and_close_to_the_sum()
     }
 }
 
+/// State counter `which` (0: one-shot calls, 1: all-pairs rounds) of rank `r` as each block
+/// index reads it: the larger of the single-block word and the block's copy.
+fn counter_per_block(w: &World, r: usize, which: usize) -> Vec<u64> {
+    // SAFETY: rank r's STATE_WORDS state words; no kernel running.
+    let words = unsafe { std::slice::from_raw_parts(w.ctxs[r].state, STATE_WORDS) };
+    let c = &words[which * COUNTER_WORDS..][..COUNTER_WORDS];
+    (0..MAX_BLOCKS).map(|b| c[0].max(c[1 + b])).collect()
+}
+
 #[test]
 fn one_shot_flags_alternate_halves_over_many_calls() {
-    // Many calls of one size and then of another: stale packets of earlier calls (same
-    // half, older flag) must never be taken for new ones.
+    // Many calls of one size and then of another, on grids of 1 to 4 blocks: stale packets
+    // of earlier calls (same half, older flag) must never be taken for new ones, whichever
+    // block handled a slot before.
     let n = 2;
     let w = World::new(n, 1024, 2048);
-    for call in 0..40u64 {
+    let calls = 40u64;
+    for call in 0..calls {
         let count = if call < 20 { 64 } else { 7 };
+        let blocks = [1, 3, 2, 4][(call % 4) as usize];
         let inputs = int_inputs(n, count, call);
-        let got = all_reduce(&w, Ty::F32, Algo::OneShot, &inputs, 0, false, 1, 8);
+        let got = all_reduce(&w, Ty::F32, Algo::OneShot, &inputs, 0, false, blocks, 8);
         assert_eq!(got[0], expected(&inputs), "call {call}");
         assert_eq!(got[1], expected(&inputs), "call {call}");
     }
-    // SAFETY: the state word of rank 0, no kernel running.
-    let calls = unsafe { *w.ctxs[0].state };
-    assert_eq!(calls, 40, "one call-counter step per call");
+    for r in 0..n {
+        assert_eq!(
+            counter_per_block(&w, r, 0),
+            vec![calls; MAX_BLOCKS],
+            "rank {r}: the one-shot call counter as each block index reads it"
+        );
+    }
 }
 
 /// Runs one all-gather of `inputs[r]` (bytes) on every rank; returns each rank's output.
@@ -433,6 +449,41 @@ fn collectives_of_different_kinds_share_the_scratch_in_sequence() {
                 assert_eq!(got[2], expected(&inputs), "call {call} {algo:?}");
             }
         }
+    }
+}
+
+#[test]
+fn all_pairs_alternates_halves_over_rounds_calls_and_grids() {
+    // A region of 2 x 2 slots of 64 bytes: 16 f32 per slot, so a call of 100 elements takes
+    // 7 rounds. Grids change between calls and some calls are in place; with no barrier
+    // at the end of a call, a peer running ahead must only ever write the other half.
+    let n = 2;
+    let w = World::new(n, 256, 2048);
+    let mut total_rounds = 0u64;
+    for call in 0..60u64 {
+        let count = [100usize, 16, 33, 1, 64][(call % 5) as usize];
+        let blocks = [1, 3, 2, 4][(call % 4) as usize];
+        let inputs = int_inputs(n, count, call);
+        let got = all_reduce(
+            &w,
+            Ty::F32,
+            Algo::AllPairs,
+            &inputs,
+            0,
+            call % 3 == 0,
+            blocks,
+            8,
+        );
+        assert_eq!(got[0], expected(&inputs), "call {call}");
+        assert_eq!(got[1], expected(&inputs), "call {call}");
+        total_rounds += count.div_ceil(16) as u64;
+    }
+    for r in 0..n {
+        assert_eq!(
+            counter_per_block(&w, r, 1),
+            vec![total_rounds; MAX_BLOCKS],
+            "rank {r}: the all-pairs round counter as each block index reads it"
+        );
     }
 }
 

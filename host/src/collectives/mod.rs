@@ -147,8 +147,10 @@ impl Element for half::bf16 {
 /// Settings of [`Collectives`].
 #[derive(Debug, Clone)]
 pub struct CollConfig {
-    /// Bytes of the scratch buffer each rank registers (the two-shot and all-gather paths
-    /// pipeline larger messages through it, in rounds).
+    /// Bytes of the scratch buffer each rank registers, in two equal regions: one for
+    /// all-pairs, one shared by the other algorithms (each pipelines larger messages
+    /// through its region, in rounds). All-pairs has its own so that it needs no barrier at
+    /// the end of a call.
     pub scratch_bytes: usize,
     /// Largest message (bytes per rank) the one-shot packet path serves; [`Auto`] uses it
     /// up to this size. Each peer pair gets `4 *` this in packet scratch.
@@ -170,7 +172,7 @@ pub struct CollConfig {
 impl Default for CollConfig {
     fn default() -> Self {
         CollConfig {
-            scratch_bytes: 128 << 20,
+            scratch_bytes: 256 << 20,
             packet_max_bytes: 1 << 20,
             max_blocks: 128,
             threads: 512,
@@ -319,9 +321,10 @@ impl Collectives {
             )));
         }
         let transport = comm.backend().transport();
-        let scratch_bytes = config.scratch_bytes / 16 * 16;
+        // Each of the two regions (see CollContext::scratch_len).
+        let region = config.scratch_bytes / 2 / 16 * 16;
         let packets_len = (config.packet_max_bytes * 4).next_multiple_of(32);
-        let scratch = comm.alloc_buffer(scratch_bytes)?;
+        let scratch = comm.alloc_buffer(2 * region)?;
         let semaphores = comm.alloc_buffer(SEMAPHORE_WORDS * 8)?;
         let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
         let mut channels = Vec::new();
@@ -353,7 +356,7 @@ impl Collectives {
             rank: rank as u32,
             nranks: n as u32,
             timeout_ns: comm.device_timeout().as_nanos().min(u64::MAX as u128) as u64,
-            scratch_len: scratch_bytes as u64,
+            scratch_len: region as u64,
             packets_len: packets_len as u64,
             scratch: base(&scratch) as *mut u8,
             peer_scratch: [std::ptr::null_mut(); MAX_RANKS],

@@ -18,7 +18,10 @@ fn feed(flag: &AtomicU64, ack: &AtomicU64, rounds: u64) -> std::vec::Vec<u64> {
                 break;
             }
             assert!(a < i, "acknowledged {a} before the flag reached it");
-            assert!(start.elapsed().as_secs() < 30, "round {i} never acknowledged");
+            assert!(
+                start.elapsed().as_secs() < 30,
+                "round {i} never acknowledged"
+            );
             std::hint::spin_loop();
         }
     }
