@@ -18,6 +18,18 @@ unsafe fn load_unit(p: *const u8, i: u64, bytes: u64, aligned: bool) -> u64 {
         // SAFETY: 8 valid aligned bytes (caller contract).
         return unsafe { (p.add(at as usize) as *const u64).read() };
     }
+    // SAFETY: forwarded.
+    unsafe { load_bytes(p, at, bytes) }
+}
+
+/// [`load_unit`] byte by byte (unaligned buffers, the last partial unit): out of line, so
+/// the kernels' common path stays short.
+///
+/// # Safety
+/// `p` valid for `bytes` bytes; `at < bytes`.
+#[cold]
+#[inline(never)]
+unsafe fn load_bytes(p: *const u8, at: u64, bytes: u64) -> u64 {
     let mut v = 0u64;
     let end = (at + 8).min(bytes);
     for k in at..end {
@@ -39,6 +51,17 @@ unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
         unsafe { (p.add(at as usize) as *mut u64).write(v) };
         return;
     }
+    // SAFETY: forwarded.
+    unsafe { store_bytes(p, at, bytes, v) }
+}
+
+/// [`store_unit`] byte by byte, out of line like [`load_bytes`].
+///
+/// # Safety
+/// As for [`load_bytes`], with `p` writable and not accessed concurrently at these bytes.
+#[cold]
+#[inline(never)]
+unsafe fn store_bytes(p: *mut u8, at: u64, bytes: u64, v: u64) {
     let end = (at + 8).min(bytes);
     for k in at..end {
         // SAFETY: k < bytes.
@@ -119,7 +142,6 @@ unsafe fn advance_counter(
 pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
-    let (n, r) = (ctx.nranks, ctx.rank);
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
     if nb as usize > super::MAX_BLOCKS {
@@ -139,47 +161,73 @@ pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
 
     let mut i = first;
     while i < units {
-        // SAFETY: i < units (send valid for bytes).
-        let d = unsafe { load_unit(send, i, bytes, aligned) };
-        for p in 0..n {
-            if p != r {
-                // SAFETY: half + 16 * i + 16 <= packets_len (size contract); the slot is the
-                // peer's scratch for this rank, mapped here, accessed by packets only.
-                unsafe {
-                    let slot = ctx.packets_out[p as usize].add((half + 16 * i) as usize);
-                    LlPacket::write(slot as *mut LlPacket, d, flag);
-                }
-            }
-        }
+        // SAFETY: i < units (send valid for bytes; the size contract for the packets).
+        unsafe { send_unit(ctx, half, i, load_unit(send, i, bytes, aligned), flag) };
         i += stride;
     }
-
     let mut i = first;
     while i < units {
-        let mut acc = 0u64;
-        for q in 0..n {
-            let v = if q == r {
-                // SAFETY: as above; this thread has not written unit i of recv yet.
-                unsafe { load_unit(send, i, bytes, aligned) }
-            } else {
-                // SAFETY: this rank's scratch for rank q, same bounds as above.
-                let got = unsafe {
-                    let slot = ctx.packets_in[q as usize].add((half + 16 * i) as usize);
-                    LlPacket::poll(slot as *const LlPacket, flag, ctx.timeout_ns)
-                };
-                match got {
-                    Some(v) => v,
-                    None => arch::trap(),
-                }
-            };
-            acc = if q == 0 { v } else { T::add8(acc, v) };
+        // SAFETY: as above; this thread has not written unit i of recv yet, and unit i
+        // of recv is this thread's alone.
+        unsafe {
+            let own = load_unit(send, i, bytes, aligned);
+            let acc = reduce_unit::<T>(ctx, half, i, own, flag);
+            store_unit(recv, i, bytes, acc, aligned);
         }
-        // SAFETY: i < units; unit i of recv is this thread's alone.
-        unsafe { store_unit(recv, i, bytes, acc, aligned) };
         i += stride;
     }
     // SAFETY: every thread of every block gets here.
     unsafe { advance_counter(ctx.state, calls + 1, t, nt, b, nb) };
+}
+
+/// Sends unit `i` of this rank's input (`d`) to every peer as an LL packet with `flag`, in
+/// the packet half at byte `half`.
+///
+/// # Safety
+/// The context valid; `half + 16 * i + 16 <= packets_len`.
+#[inline(always)]
+unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
+    for p in 0..ctx.nranks {
+        if p != ctx.rank {
+            // SAFETY: within the peer's scratch for this rank, mapped here, accessed by
+            // packets only (caller contract).
+            unsafe {
+                // Masked: no bounds check (and its panic path) in the kernel; p < nranks
+                // <= MAX_RANKS anyway.
+                let slot = ctx.packets_out[p as usize & (super::MAX_RANKS - 1)]
+                    .add((half + 16 * i) as usize);
+                LlPacket::write(slot as *mut LlPacket, d, flag);
+            }
+        }
+    }
+}
+
+/// The sum of unit `i` over the ranks, in rank order: `own` for this rank, the peers'
+/// packets (polled until they carry `flag`; traps after the timeout) for the others.
+///
+/// # Safety
+/// As for [`send_unit`].
+#[inline(always)]
+unsafe fn reduce_unit<T: Reduce>(ctx: &CollContext, half: u64, i: u64, own: u64, flag: u32) -> u64 {
+    let mut acc = 0u64;
+    for q in 0..ctx.nranks {
+        let v = if q == ctx.rank {
+            own
+        } else {
+            // SAFETY: this rank's scratch for rank q, same bounds as in `send_unit`.
+            let got = unsafe {
+                let slot = ctx.packets_in[q as usize & (super::MAX_RANKS - 1)]
+                    .add((half + 16 * i) as usize);
+                LlPacket::poll(slot as *const LlPacket, flag, ctx.timeout_ns)
+            };
+            match got {
+                Some(v) => v,
+                None => arch::trap(),
+            }
+        };
+        acc = if q == 0 { v } else { T::add8(acc, v) };
+    }
+    acc
 }
 
 /// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least
