@@ -16,15 +16,18 @@
 //! - [`all_reduce::one_shot`]: every rank writes its whole input as LL packets into each
 //!   peer's packet scratch and reduces what it receives. One kernel, no semaphore; the
 //!   packet flag is a per-rank call counter kept in device memory ([`CollContext::state`]),
-//!   advanced by the last block of each call, and the scratch has two halves used on
-//!   alternate calls, so a call never overwrites packets a peer may still read.
+//!   advanced with no synchronisation between blocks (one word for one-block calls, one
+//!   copy per block index for others), and the scratch has two halves used on alternate
+//!   calls, so a call never overwrites packets a peer may still read.
 //! - [`all_reduce::two_shot`]: reduce-scatter (each rank puts the peers' chunks of its input
 //!   into their scratch), a reduction of the own chunk (written to the output and to the
 //!   own scratch), an all-gather (each rank gets the peers' reduced chunks from their
 //!   scratch), pipelined through the scratch in rounds.
 //! - [`all_reduce::all_pairs`]: each rank puts its whole input into every peer's scratch
-//!   (one slot per source rank) and reduces all of it locally; two barriers per round. For
-//!   two ranks it moves the same bytes as two-shot with one barrier less.
+//!   (one slot per source rank) and reduces all of it locally; one barrier per round. For
+//!   two ranks it moves the same bytes as two-shot with two barriers less. It has its own
+//!   region of the scratch, in two halves used on alternate rounds (a round counter kept
+//!   like one-shot's), so it needs no barrier at the end of a call.
 //! - [`all_gather::all_gather`]: each rank puts its input into its slot of every peer's
 //!   scratch, and each rank copies the peers' slots out into its output; in rounds, each
 //!   block's share cut into pieces whose puts and copies overlap.
@@ -36,9 +39,10 @@
 //!
 //! # Ordering between calls
 //!
-//! Every semaphore kernel ends with no peer still touching this rank's scratch (a last
-//! barrier), so consecutive calls of any algorithm may share the scratch; calls on one rank
-//! are ordered by its stream. All ranks must make the same sequence of calls with the same
+//! Every semaphore kernel but all-pairs ends with no peer still touching the scratch region
+//! they share (a last barrier), so consecutive calls of any of them may share it; all-pairs
+//! alternates halves of its own region instead. Calls on one rank are ordered by its
+//! stream. All ranks must make the same sequence of calls with the same
 //! sizes (grids are derived from them), as with NCCL.
 
 pub mod all_gather;
