@@ -502,10 +502,10 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
 /// It has its own scratch region, `[scratch_len, 2 * scratch_len)`, cut into two halves of
 /// one slot (`scratch_len / 2 / nranks`) per rank. Rounds alternate between the halves by
 /// a round counter that runs on across calls (the state's second counter, kept like
-/// [`one_shot`]'s call counter: see [`advance_counter`]). Each block owns one fixed share of every slot. Per round
-/// and block: put the own share into every peer; barrier; reduce the share from the own
-/// input and the peers' slots into `recv`. One barrier per round, and none at the end: a
-/// peer writes a half again two rounds later, after the barrier of the round between,
+/// [`one_shot`]'s call counter, with no synchronisation between blocks). Each block owns
+/// one fixed share of every slot. Per round and block: put the own share into every peer;
+/// barrier; reduce the share from the own input and the peers' slots into `recv`. One
+/// barrier per round, and none at the end: a peer writes a half again two rounds later, after the barrier of the round between,
 /// which this block enters only once it has read that half. Between calls the grid may
 /// change, but a call's kernel starts only after the previous one has passed its last
 /// barrier on this rank, so every peer block has finished reading all but the last round's
