@@ -494,30 +494,29 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     unsafe { ctx.barrier(b, t) };
 }
 
-/// All-pairs all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
-/// every rank puts its whole input into slot `rank` of every peer's scratch (NVLink writes,
-/// no packet flags, so half the traffic of [`one_shot`]), then reduces all of it locally in
-/// rank order. For mid sizes, where barriers cost more than the transfer.
+/// All-pairs all-reduce of `count` elements of `T` from `send` to `recv` (may be equal): every
+/// rank puts its whole input into slot `rank` of every peer's scratch (NVLink writes, no packet
+/// flags, so half the traffic of [`one_shot`]), then reduces all of it locally in rank order.
+/// For mid sizes, where barriers cost more than the transfer.
 ///
-/// It has its own scratch region, `[scratch_len, 2 * scratch_len)`, cut into two halves of
-/// one slot (`scratch_len / 2 / nranks`) per rank. Rounds alternate between the halves by
-/// a round counter that runs on across calls (the state's second counter, kept like
-/// [`one_shot`]'s call counter, with no synchronisation between blocks). Each block owns
-/// one fixed share of every slot. Per round and block: put the own share into every peer;
-/// barrier; reduce the share from the own input and the peers' slots into `recv`. One
-/// barrier per round, and none at the end: a peer writes a half again two rounds later, after the barrier of the round between,
-/// which this block enters only once it has read that half. Between calls the grid may
-/// change, but a call's kernel starts only after the previous one has passed its last
-/// barrier on this rank, so every peer block has finished reading all but the last round's
-/// half, and the first round of the new call uses the other one. The other algorithms use
-/// the first region and end with a barrier, so nothing they do meets a peer still reading
-/// this one.
+/// It has its own scratch region, `[scratch_len, 2 * scratch_len)`, cut into two halves of one
+/// slot (`scratch_len / 2 / nranks`) per rank. Rounds alternate between the halves by a round
+/// counter that runs on across calls (the state's second counter, kept like [`one_shot`]'s call
+/// counter, with no synchronisation between blocks). Each block owns one fixed share of every
+/// slot. Per round and block: put the own share into every peer; barrier; reduce the share from
+/// the own input and the peers' slots into `recv`. One barrier per round, and none at the end:
+/// a peer writes a half again two rounds later, after the barrier of the round between, which
+/// this block enters only once it has read that half. Between calls the grid may change, but a
+/// call's kernel starts only after the previous one has passed its last barrier on this rank,
+/// so every peer block has finished reading all but the last round's half, and the first round
+/// of the new call uses the other one. The other algorithms use the first region and end with a
+/// barrier, so nothing they do meets a peer still reading this one.
 ///
 /// # Safety
-/// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks
-/// of at least `nranks` threads; the context valid (scratches of `2 * scratch_len` bytes);
-/// `send`/`recv` valid for `count` elements, aligned to `T::SIZE`; every rank calls it with
-/// the same `count` and grid, in the same sequence of calls.
+/// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks of at
+/// least `nranks` threads; the context valid (scratches of `2 * scratch_len` bytes);
+/// `send`/`recv` valid for `count` elements, aligned to `T::SIZE`; every rank calls it with the
+/// same `count` and grid, in the same sequence of calls.
 #[inline(always)]
 pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
