@@ -138,34 +138,26 @@ fn gpu(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .sample_size(10);
-    group.bench_function("fifo_gpu_push_host_pop_round_trip", |b| {
-        b.iter_custom(|iters| {
-            let test = PushTest {
-                blocks: 1,
-                threads: 1,
-                pushes: iters as u32,
-                sync_each: true,
-                timeout: Duration::from_secs(120),
-            };
-            let r =
-                run_push_test(Backend::Gpu(&gpu, &module), &fifo, &test).expect("GPU push test");
-            fifo_tally.add(r.elapsed, iters)
-        })
-    });
-    group.bench_function("fifo_gpu_push_host_pop_stream", |b| {
-        b.iter_custom(|iters| {
-            let test = PushTest {
-                blocks: 1,
-                threads: 1,
-                pushes: iters as u32,
-                sync_each: false,
-                timeout: Duration::from_secs(120),
-            };
-            let r =
-                run_push_test(Backend::Gpu(&gpu, &module), &fifo, &test).expect("GPU push test");
-            stream_tally.add(r.elapsed, iters)
-        })
-    });
+    // One GPU thread pushing: syncing on each push (the round trip), or not (streaming).
+    for (name, sync_each, tally) in [
+        ("fifo_gpu_push_host_pop_round_trip", true, &fifo_tally),
+        ("fifo_gpu_push_host_pop_stream", false, &stream_tally),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let test = PushTest {
+                    blocks: 1,
+                    threads: 1,
+                    pushes: iters as u32,
+                    sync_each,
+                    timeout: Duration::from_secs(120),
+                };
+                let r = run_push_test(Backend::Gpu(&gpu, &module), &fifo, &test)
+                    .expect("GPU push test");
+                tally.add(r.elapsed, iters)
+            })
+        });
+    }
     group.bench_function("reference_ordering_probe_ping_pong", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
