@@ -90,11 +90,11 @@ unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
 /// blocks: called by every thread of every block of a call, after the block's threads have
 /// read it with [`read_counter`]. It is kept in `COUNTER_WORDS` words: word 0 for calls of
 /// one block, then one copy per block index for calls of more. A call of one block writes
-/// word 0 only (one store: under a CUDA graph, writing all the copies measured 0.1 us more
-/// at 8 bytes). In a call of more, block `b` writes every copy `j` with `j % blocks == b`,
-/// so no block writes what another block of the call reads. Whichever kind of call came
-/// last wrote the newest value, and counters only grow, so the larger of word 0 and copy `b`
-/// is the counter, for every block of the next call whatever its grid. (A last-block
+/// word 0 only (one store rather than `MAX_BLOCKS`). In a call of more, block `b` writes
+/// every copy `j` with `j % blocks == b`, so no block writes what another block of the call
+/// reads. Whichever kind of call came last wrote the newest value, and counters only grow,
+/// so the larger of word 0 and copy `b` is the counter, for every block of the next call
+/// whatever its grid. (A last-block
 /// protocol, a GPU-scope fence and a count of finished blocks, measured about 1.1 us more
 /// per call under a CUDA graph: the fence waits for the writes just sent over NVLink.)
 ///
