@@ -1,6 +1,6 @@
 //! All-gather over the scratch. See the [parent module](super) for the shared state.
 
-use super::{CollContext, round_share};
+use super::{CollContext, rotated_rank, round_share};
 use crate::arch;
 use crate::channel::memory::copy;
 
@@ -116,7 +116,8 @@ unsafe fn push(
     // SAFETY: caller contract.
     unsafe {
         let src = send.add(off as usize);
-        for p in 0..ctx.nranks {
+        for k in 0..ctx.nranks {
+            let p = rotated_rank(r, ctx.nranks, arch::block_idx_x(), k);
             if p != r {
                 let dst = ctx.peer_scratch[p as usize].add((r as u64 * at.slot + ps) as usize);
                 copy(dst, src, len, thread, threads);

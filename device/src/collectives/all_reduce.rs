@@ -1,7 +1,7 @@
 //! All-reduce (sum): the one-shot packet algorithm for small messages and the two-shot
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
-use super::{CollContext, Reduce, packet_half, round_share, two_shot_slot};
+use super::{CollContext, Reduce, packet_half, rotated_rank, round_share, two_shot_slot};
 use crate::arch;
 use crate::channel::memory::copy;
 use crate::packet::LlPacket;
@@ -187,7 +187,8 @@ pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
 /// The context valid; `half + 16 * i + 16 <= packets_len`.
 #[inline(always)]
 unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
-    for p in 0..ctx.nranks {
+    for k in 0..ctx.nranks {
+        let p = rotated_rank(ctx.rank, ctx.nranks, i as u32, k);
         if p != ctx.rank {
             // SAFETY: within the peer's scratch for this rank, mapped here, accessed by
             // packets only (caller contract).
@@ -442,7 +443,8 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
         let (s, e) = round_share(slot, chunk, j, per_vec, b as u64, nb as u64);
         let off = j * slot + s;
         let scratch_off = s * es;
-        for p in 0..ctx.nranks {
+        for k in 0..ctx.nranks {
+            let p = rotated_rank(r, ctx.nranks, b, k);
             if p != r {
                 let (start, len) = chunk_part(p as u64, chunk, off, e - s, count);
                 // SAFETY: the slot (READ: this rank's staging slot for rank p; else rank p's
@@ -477,7 +479,8 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
             );
             ctx.barrier(b, t);
         }
-        for p in 0..ctx.nranks {
+        for k in 0..ctx.nranks {
+            let p = rotated_rank(r, ctx.nranks, b, k);
             if p != r {
                 let (start, len) = chunk_part(p as u64, chunk, off, e - s, count);
                 // SAFETY: the peer's reduced slot, published by the barrier; recv holds
@@ -543,7 +546,8 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
         // this half's share now (see above).
         unsafe {
             let src = send.add((off * es) as usize);
-            for p in 0..n {
+            for k in 0..n {
+                let p = rotated_rank(r, n, b, k);
                 if p != r {
                     let at = half + r as u64 * slot_bytes + s * es;
                     copy(

@@ -226,6 +226,28 @@ macro_rules! half_reduce {
 half_reduce!(F16, arch::add_f16x2);
 half_reduce!(Bf16, arch::add_bf16x2);
 
+/// The `k`-th peer (`k < nranks - 1`) that lane `lane` (a block or unit index) of rank `rank`
+/// talks to: every peer once over `k`, and for each `k` a different peer per lane and per rank,
+/// so that at any moment the ranks' writes spread over every destination instead of all
+/// ranks writing to rank 0 first (on NVSwitch machines that incast halved the bandwidth of
+/// more than two ranks).
+#[inline(always)]
+pub fn peer_at(rank: u32, nranks: u32, lane: u32, k: u32) -> u32 {
+    let others = nranks - 1;
+    (rank + 1 + (lane % others + k) % others) % nranks
+}
+
+/// For `k` in `0..nranks`: [`peer_at`] for `k < nranks - 1`, then `rank` itself, so loops
+/// written over all ranks (skipping the own) visit the peers in rotated order.
+#[inline(always)]
+pub fn rotated_rank(rank: u32, nranks: u32, lane: u32, k: u32) -> u32 {
+    if k + 1 < nranks {
+        peer_at(rank, nranks, lane, k)
+    } else {
+        rank
+    }
+}
+
 /// Block `b` of `nb`'s share of `len` units, in multiples of `align`: `(start, end)`, empty
 /// for blocks past the end.
 #[inline(always)]

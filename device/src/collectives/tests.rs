@@ -507,3 +507,34 @@ fn layout_helpers_partition_exactly() {
     assert_eq!(two_shot_slot(1000, 3), 240);
     assert_eq!(one_shot_max_bytes(4096), 1024);
 }
+
+/// The rotated peer order visits every peer once per rank and lane, and for a given step and
+/// lane no two ranks write to the same destination (no incast).
+#[test]
+fn peer_order_visits_every_peer_once_and_spreads_destinations() {
+    for n in 1..=MAX_RANKS as u32 {
+        for lane in 0..3 * n {
+            for r in 0..n {
+                let mut seen = vec![false; n as usize];
+                for k in 0..n {
+                    let p = super::rotated_rank(r, n, lane, k);
+                    assert!(
+                        p < n && !seen[p as usize],
+                        "n {n} lane {lane} rank {r} k {k}"
+                    );
+                    seen[p as usize] = true;
+                }
+                assert_eq!(super::rotated_rank(r, n, lane, n - 1), r);
+            }
+            for k in 0..n.saturating_sub(1) {
+                let mut dest = vec![false; n as usize];
+                for r in 0..n {
+                    let p = super::peer_at(r, n, lane, k);
+                    assert_ne!(p, r);
+                    assert!(!dest[p as usize], "two ranks write to {p} at step {k}");
+                    dest[p as usize] = true;
+                }
+            }
+        }
+    }
+}
