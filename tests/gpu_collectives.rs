@@ -1,5 +1,5 @@
-//! All-reduce and all-gather on GPUs: two processes, one GPU each (both on GPU 0 when the
-//! machine has one). Random data of every power-of-two size from 4 B to 1 GiB and odd
+//! All-reduce and all-gather on GPUs: two processes (`MSCCLPP_TEST_GPUS=N` for N, 2..=8),
+//! one GPU each (all on GPU 0 when the machine has one). Random data of every power-of-two size from 4 B to 1 GiB and odd
 //! counts next to them, f32/f16/bf16, both algorithms, in place and out of place, checked
 //! against a CPU reference that adds in the same rank order (so results must match
 //! exactly); CUDA-graph capture and replay; the typed cudarc API. Skips with a reason
@@ -19,11 +19,22 @@ use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
 
-fn run_two(test: &str) {
+/// Ranks of each test: `MSCCLPP_TEST_GPUS` (2..=8), else 2.
+fn test_ranks() -> usize {
+    match std::env::var("MSCCLPP_TEST_GPUS") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (2..=8).contains(&n) => n,
+            _ => panic!("MSCCLPP_TEST_GPUS={v:?}: expected a number in 2..=8"),
+        },
+        Err(_) => 2,
+    }
+}
+
+fn run_ranks(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
-    run_test_ranks(test, 2, ROLE, Duration::from_secs(400));
+    run_test_ranks(test, test_ranks(), ROLE, Duration::from_secs(550));
 }
 
 fn setup() -> (Collectives, Arc<CudaStream>) {
@@ -395,7 +406,7 @@ macro_rules! two_rank_test {
             if std::env::var(ROLE).is_ok() {
                 $rank();
             } else {
-                run_two(stringify!($name));
+                run_ranks(stringify!($name));
             }
         }
     };
