@@ -103,3 +103,10 @@ fn three_processes_over_proxy_channels() {
 fn four_processes_all_reduce_and_all_gather() {
     run("four_processes_all_reduce_and_all_gather", 4, false);
 }
+
+/// The most ranks one machine holds (`MAX_RANKS`): every algorithm's peer loops, semaphore
+/// indexes and slots at full width.
+#[test]
+fn eight_processes_all_reduce_and_all_gather() {
+    run("eight_processes_all_reduce_and_all_gather", 8, false);
+}
