@@ -225,9 +225,9 @@ impl Mesh {
                 return;
             }
             Ok(Err(wire::FrameError::Io(_))) | Ok(Ok(None)) | Err(_) => return,
-            // Garbage: not one of ours.
-            Ok(Err(_)) => {
-                refuse(&mut wr, Refusal::BadMagic).await;
+            // A length or encoding error: not one of ours, or a broken one.
+            Ok(Err(e)) => {
+                refuse(&mut wr, Refusal::MalformedFrame(e.to_string())).await;
                 return;
             }
         };
@@ -560,7 +560,7 @@ impl Mesh {
         let stream = match timeout(self.config.timeout, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                return Err(self.status_error(peer, op).unwrap_or_else(|| {
+                return Err(self.status_error(peer, op.clone()).unwrap_or_else(|| {
                     io_err(format!("{op}: cannot connect to rank {peer} at {addr}"), e)
                 }));
             }
@@ -583,11 +583,12 @@ impl Mesh {
             from: self.rank as u32,
             to: peer as u32,
         });
+        let handshake_context = format!(
+            "rank {}: {op}: handshake with rank {peer} at {addr}",
+            self.rank
+        );
         let frame_err = |source| BootstrapError::Frame {
-            context: format!(
-                "rank {}: {op}: handshake with rank {peer} at {addr}",
-                self.rank
-            ),
+            context: handshake_context,
             source,
         };
         let reply = timeout(self.config.timeout, async {
@@ -597,7 +598,7 @@ impl Mesh {
         .await
         .map_err(|_| BootstrapError::Timeout {
             rank: self.rank,
-            op,
+            op: op.clone(),
             waiting_for: format!("rank {peer} to answer the handshake"),
             after: self.config.timeout,
         })?
@@ -653,7 +654,7 @@ impl Mesh {
         done: Option<oneshot::Sender<Result<(), String>>>,
         op: Op,
     ) -> Result<(), BootstrapError> {
-        let link = self.link(peer, op).await?;
+        let link = self.link(peer, op.clone()).await?;
         let out = Outgoing {
             message,
             payload,
@@ -666,7 +667,7 @@ impl Mesh {
     }
 
     fn link_error(&self, peer: usize, link: &Link, op: Op) -> BootstrapError {
-        self.status_error(peer, op)
+        self.status_error(peer, op.clone())
             .unwrap_or_else(|| BootstrapError::PeerLost {
                 rank: self.rank,
                 op,
@@ -688,7 +689,7 @@ impl Mesh {
         payload: Bytes,
         op: Op,
     ) -> Result<(), BootstrapError> {
-        self.check_size(payload.len(), op)?;
+        self.check_size(payload.len(), op.clone())?;
         if peer == self.rank {
             self.deliver_to_self(channel, payload.to_vec());
             return Ok(());
@@ -710,19 +711,25 @@ impl Mesh {
         payload: Bytes,
         op: Op,
     ) -> Result<(), BootstrapError> {
-        self.check_size(payload.len(), op)?;
+        self.check_size(payload.len(), op.clone())?;
         if peer == self.rank {
             self.deliver_to_self(channel, payload.to_vec());
             return Ok(());
         }
         let (done_tx, done_rx) = oneshot::channel();
-        self.post(peer, Message::Data { channel }, payload, Some(done_tx), op)
-            .await?;
+        self.post(
+            peer,
+            Message::Data { channel },
+            payload,
+            Some(done_tx),
+            op.clone(),
+        )
+        .await?;
         match done_rx.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(detail)) => {
                 Err(self
-                    .status_error(peer, op)
+                    .status_error(peer, op.clone())
                     .unwrap_or(BootstrapError::PeerLost {
                         rank: self.rank,
                         op,

@@ -653,13 +653,22 @@ pub(super) fn establish(
                 info
             }
         };
-        bs.send(p.remote_rank, INFO_TAG | p.tag as u64, &code(&info)?)?;
+        bs.send_named(
+            p.remote_rank,
+            INFO_TAG | p.tag as u64,
+            &format!("the setup info of connection tag {}", p.tag),
+            &code(&info)?,
+        )?;
     }
     let mut cache = HashMap::new();
     let mut conns = Vec::with_capacity(n);
     let mut first_error = None;
     for (k, p) in pending.into_iter().enumerate() {
-        let raw = bs.recv(p.remote_rank, INFO_TAG | p.tag as u64)?;
+        let raw = bs.recv_named(
+            p.remote_rank,
+            INFO_TAG | p.tag as u64,
+            &format!("the setup info of connection tag {}", p.tag),
+        )?;
         let result = (|| {
             if let Some(e) = local_errors[k].take() {
                 return Err(e);
@@ -753,7 +762,12 @@ pub(super) fn establish(
         };
         let ack = bincode::serde::encode_to_vec(&ack, bincode::config::standard())
             .map_err(|e| CommError::InvalidArgument(format!("encoding ack: {e}")))?;
-        bs.send(p.remote_rank, ACK_TAG | p.tag as u64, &ack)?;
+        bs.send_named(
+            p.remote_rank,
+            ACK_TAG | p.tag as u64,
+            &format!("the setup acknowledgement of connection tag {}", p.tag),
+            &ack,
+        )?;
         match result {
             Ok(c) => conns.push(c),
             Err(e) => {
@@ -763,7 +777,11 @@ pub(super) fn establish(
     }
     // 2. Wait for every peer's acknowledgement, then remove our shared-memory names.
     for c in &conns {
-        let raw = bs.recv(c.remote_rank, ACK_TAG | c.tag as u64)?;
+        let raw = bs.recv_named(
+            c.remote_rank,
+            ACK_TAG | c.tag as u64,
+            &format!("the setup acknowledgement of connection tag {}", c.tag),
+        )?;
         let ack: Ack = bincode::serde::decode_from_slice(&raw, bincode::config::standard())
             .map(|(a, _)| a)
             .unwrap_or_else(|e| Ack::Failed(format!("undecodable acknowledgement: {e}")));
