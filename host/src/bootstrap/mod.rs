@@ -43,7 +43,6 @@ mod blocking;
 mod error;
 mod mesh;
 mod root;
-mod sha256;
 mod unique_id;
 pub mod wire;
 

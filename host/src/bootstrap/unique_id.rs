@@ -118,7 +118,8 @@ impl UniqueId {
     pub fn for_address_with_secret(root: SocketAddr, secret: &str) -> UniqueId {
         let mut input = b"mscclpp bootstrap secret v1\0".to_vec();
         input.extend_from_slice(secret.as_bytes());
-        UniqueId::new(root, super::sha256::sha256(&input))
+        use sha2::Digest;
+        UniqueId::new(root, sha2::Sha256::digest(&input).into())
     }
 
     /// Reads an id from its 128 bytes, checking magic, version and address family.
