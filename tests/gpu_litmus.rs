@@ -33,7 +33,7 @@ fn iters() -> u64 {
 
 /// Runs `kernel` with each of `variants` (0 = the library's) on both ranks; returns
 /// `(violations, timeouts)` per variant as the reader (rank 1) counted them.
-fn run_variants(kernel: &str, variants: &[(u32, &str)]) -> Vec<(u64, u64)> {
+fn run_variants(kernel: &str, variants: &[(u32, &str)]) -> (u32, Vec<(u64, u64)>) {
     let launch = Launch::from_env().unwrap();
     let bs = launch.blocking_bootstrap().unwrap();
     let backend = Backend::auto(bs.local_rank()).unwrap();
@@ -107,11 +107,11 @@ fn run_variants(kernel: &str, variants: &[(u32, &str)]) -> Vec<(u64, u64)> {
         results.push((bad, timeouts));
     }
     comm.bootstrap().barrier().unwrap();
-    results
+    (rank, results)
 }
 
 fn check(kernel: &str, variants: &[(u32, &str)]) {
-    let r = run_variants(kernel, variants);
+    let (rank, r) = run_variants(kernel, variants);
     assert_eq!(
         r[0],
         (0, 0),
@@ -121,6 +121,7 @@ fn check(kernel: &str, variants: &[(u32, &str)]) {
         // A weakened variant may reorder (violations) but must still finish.
         assert_eq!(timeouts, 0, "{kernel} {}: timed out", variants[i].1);
     }
+    println!("rank {rank}: ok");
 }
 
 fn run_two(test: &str) {
