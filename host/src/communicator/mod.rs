@@ -513,13 +513,14 @@ impl Communicator {
                 "connect: the buffer was not allocated by this communicator's backend".into(),
             ));
         }
-        // Peers map shared memory by name, except over IB (nothing is mapped).
+        // Peers map shared memory by name, except over IB (nothing is mapped); a segment gets
+        // names in one setup round only.
         if let BufferMem::Host(s) = &*buffer.mem
-            && s.is_unlinked()
+            && s.was_shared()
             && transport != TransportKind::Ib
         {
             return Err(CommError::InvalidArgument(
-                "connect: this shared-memory buffer was already shared in an earlier setup and its name removed; allocate a new buffer".into(),
+                "connect: this shared-memory buffer was already shared in an earlier setup; allocate a new buffer".into(),
             ));
         }
         if !self.tags.insert((remote_rank, tag)) {
