@@ -110,7 +110,7 @@ pub struct CollContext {
     pub state: *mut u64,
     /// `conns[p]`: the proxy channel to rank `p`, over the scratch on both sides (an array
     /// of `nranks` handles; the own entry is unused). Null when proxy channels are not set up.
-    pub conns: *const DevConn,
+    pub conns: *const DevConn<'static>,
 }
 
 const _: () = assert!(core::mem::size_of::<CollContext>() == 328);

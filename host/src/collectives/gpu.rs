@@ -30,7 +30,7 @@ impl Kernels {
     pub(super) fn load(
         gpu: &Gpu,
         ctx: &CollContext,
-        conns: &[DevConn],
+        conns: &[DevConn<'_>],
     ) -> Result<Kernels, CudaError> {
         let m = KernelModule::load_builtin(gpu)?;
         let mut ctx = *ctx;
@@ -39,7 +39,7 @@ impl Kernels {
             c => {
                 let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of_val(c))?;
                 mem.copy_from_host(0, c)?;
-                ctx.conns = mem.device_ptr() as *const DevConn;
+                ctx.conns = mem.device_ptr() as *const DevConn<'static>;
                 Some(mem)
             }
         };

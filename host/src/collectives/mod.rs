@@ -256,7 +256,7 @@ pub struct Collectives {
     env_all_gather: Option<AllGatherAlgo>,
     gpu: Option<gpu::Kernels>,
     /// The proxy channels' handles on the host (host backend kernels read them here).
-    _host_conns: Vec<DevConn>,
+    _host_conns: Vec<DevConn<'static>>,
     _scratch: Buffer,
     _semaphores: Buffer,
     _local: Buffer,
@@ -336,9 +336,11 @@ impl Collectives {
         }
         comm.connection_setup()?;
         let all = comm.memory_channels();
-        let proxies = comm.device_connections();
+        // SAFETY: the handles are kept in `_host_conns` (and copied to `gpu`) next to `comm`,
+        // which owns their memory, and are used only while `self` lives.
+        let proxies = unsafe { comm.device_connections_detached() };
         // conns[p] = the proxy channel to rank p; the own entry repeats another (unused).
-        let host_conns: Vec<DevConn> = match channels.first() {
+        let host_conns: Vec<DevConn<'static>> = match channels.first() {
             Some(&(_, _, _, any)) => (0..n)
                 .map(|q| {
                     let i = channels.iter().find(|c| c.0 == q).map_or(any, |c| c.3);
