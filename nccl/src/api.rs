@@ -90,8 +90,7 @@ fn check_op(call: &str, inner: Option<&Inner>, op: NcclRedOp) -> Result<(), Fail
     if is_builtin_op(op) {
         return Ok(());
     }
-    let made = op >= NUM_OPS
-        && op <= MAX_RED_OP
+    let made = (NUM_OPS..=MAX_RED_OP).contains(&op)
         && inner.is_none_or(|i| {
             i.premul_ops
                 .lock()
@@ -872,7 +871,9 @@ fn native_gather_type(
 ) -> Option<(mscclpp_host::collectives::DataType, usize)> {
     use mscclpp_host::collectives::DataType;
     let bytes = size.checked_mul(count)?;
-    let fits = |w: usize| bytes % w == 0 && send % w as u64 == 0 && recv % w as u64 == 0;
+    let fits = |w: usize| {
+        bytes.is_multiple_of(w) && send.is_multiple_of(w as u64) && recv.is_multiple_of(w as u64)
+    };
     if fits(4) {
         Some((DataType::F32, bytes / 4))
     } else if fits(2) {

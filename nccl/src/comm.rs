@@ -387,7 +387,8 @@ fn create_real(
             result::SYSTEM_ERROR,
             format!(
                 "{call}: rank 0 could not get a unique id from the real NCCL: {}",
-                real.last_error(std::ptr::null_mut())
+                // SAFETY: null is allowed.
+                unsafe { real.last_error(std::ptr::null_mut()) }
             ),
         ));
     }
@@ -411,8 +412,9 @@ fn create_real(
     Ok((Some(RealComm(out)), None))
 }
 
-/// `Ok` for success or in-progress, else a failure with the real NCCL's last error.
-pub fn real_result(
+/// `Ok` for success or in-progress, else a failure with the real NCCL's last error (`comm`:
+/// the real communicator the call was made on, or null).
+pub(crate) fn real_result(
     call: &str,
     real: &Real,
     comm: Ptr,
@@ -421,7 +423,8 @@ pub fn real_result(
     if code == result::SUCCESS || code == result::IN_PROGRESS {
         return Ok(code);
     }
-    let text = real.last_error(comm);
+    // SAFETY: the real communicator the call was made on (or null).
+    let text = unsafe { real.last_error(comm) };
     Err(Failure::new(
         code,
         format!("{call} (real NCCL {}): error {code}: {text}", real.version),

@@ -151,7 +151,10 @@ pub struct Real {
 
 impl Real {
     /// The last error text of the real NCCL for `comm` (may be null).
-    pub fn last_error(&self, comm: Ptr) -> String {
+    ///
+    /// # Safety
+    /// `comm` is null or a communicator of the real NCCL.
+    pub unsafe fn last_error(&self, comm: Ptr) -> String {
         let Some(f) = self.fns.get_last_error else {
             return String::new();
         };
