@@ -503,14 +503,18 @@ impl Collectives {
         let me = self.rank();
         match rec.kind {
             fault::MISMATCH => CommError::CallMismatch(format!(
-                "{call}: the ranks called collective #{} differently: rank {me} called {},                  rank {} {}; every rank reports this error and the call did nothing (its                  output is undefined); the collectives stay usable",
+                "{call}: the ranks called collective #{} differently: rank {me} called {}, \
+                 rank {} {}; every rank reports this error and the call did nothing (its \
+                 output is undefined); the collectives stay usable",
                 rec.seq + 1,
                 describe(rec.own),
                 rec.peer,
                 describe(rec.theirs)
             )),
             fault::TIMEOUT => CommError::Timeout(format!(
-                "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and gave                  up: that rank did not take part, or is stuck; the collectives cannot be used                  any more",
+                "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and gave \
+                 up: that rank did not take part, or is stuck; the collectives cannot be used \
+                 any more",
                 self.comm.device_timeout(),
                 rec.peer,
                 place_name(rec.place),
@@ -518,7 +522,8 @@ impl Collectives {
                 describe(rec.own)
             )),
             _ => CommError::Aborted(format!(
-                "{call}: rank {me}: collective #{} ({}) was aborted while waiting for rank {}                  ({}); the collectives cannot be used any more",
+                "{call}: rank {me}: collective #{} ({}) was aborted while waiting for rank {} \
+                 ({}); the collectives cannot be used any more",
                 rec.seq + 1,
                 describe(rec.own),
                 rec.peer,
