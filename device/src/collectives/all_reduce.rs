@@ -260,7 +260,14 @@ unsafe fn reduce_unit<T: Reduce>(
                     .add((half + 16 * i) as usize) as *const LlPacket;
                 match LlPacket::read(slot, call.flag()) {
                     Some(v) => v,
-                    None => poll_packet(ctx, call, slot, q),
+                    None if call.failed => 0,
+                    None => match poll_packet(ctx, *call, slot, q) {
+                        Some(v) => v,
+                        None => {
+                            call.failed = true;
+                            0
+                        }
+                    },
                 }
             }
         };
@@ -271,18 +278,24 @@ unsafe fn reduce_unit<T: Reduce>(
 
 /// The slow path of [`reduce_unit`]: polls the packet from rank `q` with the call's flag
 /// until it comes or the wait gives up ([`CollContext::wait_until`]: abort, timeout, the
-/// call failed on this rank, or rank `q`'s descriptor differs); 0 then.
+/// call failed on this rank, or rank `q`'s descriptor differs); `None` then. The call is
+/// passed by value (a reference would put the kernel's `Call` in local memory).
 ///
 /// # Safety
 /// As for [`send_unit`]; `slot` in this rank's packet scratch for rank `q != rank`.
 #[cold]
 #[inline(never)]
-unsafe fn poll_packet(ctx: &CollContext, call: &mut Call, slot: *const LlPacket, q: u32) -> u64 {
+unsafe fn poll_packet(
+    ctx: &CollContext,
+    mut call: Call,
+    slot: *const LlPacket,
+    q: u32,
+) -> Option<u64> {
     let flag = call.flag();
     let mut got = 0;
     // SAFETY: caller contract.
-    unsafe {
-        ctx.wait_until(call, q, fault::AT_PACKET, || {
+    let ok = unsafe {
+        ctx.wait_until(&mut call, q, fault::AT_PACKET, || {
             match LlPacket::read(slot, flag) {
                 Some(v) => {
                     got = v;
@@ -290,9 +303,9 @@ unsafe fn poll_packet(ctx: &CollContext, call: &mut Call, slot: *const LlPacket,
                 }
                 None => false,
             }
-        });
-    }
-    got
+        })
+    };
+    ok.then_some(got)
 }
 
 /// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least

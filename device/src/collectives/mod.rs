@@ -42,8 +42,29 @@
 //! Every semaphore kernel but all-pairs ends with no peer still touching the scratch region
 //! they share (a last barrier), so consecutive calls of any of them may share it; all-pairs
 //! alternates halves of its own region instead. Calls on one rank are ordered by its
-//! stream. All ranks must make the same sequence of calls with the same
-//! sizes (grids are derived from them), as with NCCL.
+//! stream. All ranks must make the same sequence of calls (grids are derived from sizes), as
+//! with NCCL.
+//!
+//! # Calls, descriptors and faults
+//!
+//! Every kernel is one *call* ([`Call`]): it reads a per-rank call counter (the first
+//! counter of [`CollContext::state`]), advances it at its end, and sends its descriptor
+//! (`n` and a tag naming the collective, type, operation and algorithm: [`desc`]) to every
+//! peer as two LL packets with the call's flag, in a [`DESC_BYTES`] area at the end of the
+//! peer's packet scratch (two parities). The semaphore kernels wait for every peer's
+//! descriptor before anything else ([`CollContext::begin`]) and do nothing but advance the
+//! counter when one differs; one-shot sends its descriptor with its data and checks the
+//! peers' after its reduction (and when a data packet is late), off the critical path. A
+//! rank that has read a peer's descriptor of call `k` knows that the peer finished call
+//! `k - 1`, which is what the scratch reuse (one-shot's halves, descriptor parities) needs
+//! even after a mismatch skipped the barriers.
+//!
+//! Waits never trap: they look at the clock and the [`fault`] area every [`SLOW_POLLS`]
+//! failed polls, and give up (returning `false`, recording why once) on the host's abort
+//! word, on the timeout, or once another wait of the call on this rank has given up. Blocks
+//! agree on a failure at their barriers ([`CollContext::block_agree`]) and skip the rest of
+//! the call, keeping every `sync_threads`. `arch::trap` is left only for grids that break
+//! the launch contract.
 
 pub mod all_gather;
 pub mod all_reduce;
@@ -319,7 +340,7 @@ impl CollContext {
         let theirs = match first {
             Some(d) => d,
             // SAFETY: as above.
-            None => match unsafe { self.wait_desc(call, peer) } {
+            None => match unsafe { self.wait_desc(*call, peer) } {
                 Some(d) => d,
                 None => {
                     call.failed = true;
@@ -329,7 +350,7 @@ impl CollContext {
         };
         if theirs != call.desc {
             // SAFETY: the context valid.
-            unsafe { self.fail(call, fault::MISMATCH, peer, theirs, fault::AT_DESCRIPTOR) };
+            unsafe { self.fail(*call, fault::MISMATCH, peer, theirs, fault::AT_DESCRIPTOR) };
             call.failed = true;
             return false;
         }
@@ -342,12 +363,12 @@ impl CollContext {
     /// As for [`send_desc`](Self::send_desc).
     #[cold]
     #[inline(never)]
-    unsafe fn wait_desc(&self, call: &Call, peer: u32) -> Option<[u64; 2]> {
+    unsafe fn wait_desc(&self, call: Call, peer: u32) -> Option<[u64; 2]> {
         let mut polls = 0u32;
         let mut start = None;
         loop {
             // SAFETY: caller contract.
-            if let Some(d) = unsafe { self.read_desc(call, peer) } {
+            if let Some(d) = unsafe { self.read_desc(&call, peer) } {
                 return Some(d);
             }
             polls = polls.wrapping_add(1);
@@ -381,7 +402,7 @@ impl CollContext {
     /// The context valid.
     #[cold]
     #[inline(never)]
-    pub unsafe fn keep_waiting(&self, call: &Call, peer: u32, place: u64, t0: u64) -> bool {
+    pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: u64) -> bool {
         let now = arch::global_timer_ns();
         // SAFETY: the fault area is live (context contract).
         let (abort, stop) = unsafe {
@@ -396,7 +417,7 @@ impl CollContext {
             return false;
         } else if place == fault::AT_PACKET
             // SAFETY: a packet wait is for a peer (`peer != rank`).
-            && let Some(d) = unsafe { self.read_desc(call, peer) }
+            && let Some(d) = unsafe { self.read_desc(&call, peer) }
             && d != call.desc
         {
             // One-shot: data that will never come because the peer called another size.
@@ -421,7 +442,7 @@ impl CollContext {
     /// The context valid.
     #[cold]
     #[inline(never)]
-    pub unsafe fn fail(&self, call: &Call, kind: u64, peer: u32, theirs: [u64; 2], place: u64) {
+    pub unsafe fn fail(&self, call: Call, kind: u64, peer: u32, theirs: [u64; 2], place: u64) {
         let f = self.fault;
         // SAFETY: the fault area is live and FAULT_WORDS long (context contract); the
         // claim makes this thread the only writer of the details until the host clears the
@@ -465,7 +486,7 @@ impl CollContext {
             if polls.is_multiple_of(SLOW_POLLS) {
                 let t0 = *start.get_or_insert_with(arch::global_timer_ns);
                 // SAFETY: caller contract.
-                if !unsafe { self.keep_waiting(call, peer, place, t0) } {
+                if !unsafe { self.keep_waiting(*call, peer, place, t0) } {
                     call.failed = true;
                     return false;
                 }

@@ -67,7 +67,7 @@ unsafe fn exchange(ctx: &CollContext, call: &mut Call, slot: u64, len: u64, t: u
         while !c.wait_timeout(WAIT_SLICE_NS) {
             let t0 = *start.get_or_insert_with(arch::global_timer_ns);
             // SAFETY: the context valid.
-            if !unsafe { ctx.keep_waiting(call, t, fault::AT_PROXY, t0) } {
+            if !unsafe { ctx.keep_waiting(*call, t, fault::AT_PROXY, t0) } {
                 call.failed = true;
                 break;
             }

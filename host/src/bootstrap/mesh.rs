@@ -99,9 +99,12 @@ pub(crate) struct Mesh {
     loss_hooks: Mutex<Vec<LossHook>>,
 }
 
+/// The function of a [`LossHook`]: called with a lost rank and the detail.
+pub(crate) type LossFn = dyn Fn(usize, &str) + Send + Sync;
+
 /// A callback told of lost ranks ([`Mesh::on_peer_lost`]).
 #[derive(Clone)]
-pub(crate) struct LossHook(pub(crate) Arc<dyn Fn(usize, &str) + Send + Sync>);
+pub(crate) struct LossHook(pub(crate) Arc<LossFn>);
 
 impl std::fmt::Debug for LossHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

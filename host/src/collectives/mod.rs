@@ -12,12 +12,38 @@
 //! # Ordering and failures
 //!
 //! As with NCCL, the calls of one [`Collectives`] must be ordered: one stream (or streams
-//! ordered by events), and every rank making the same calls with the same sizes in the same
-//! order. Calls on unordered streams would share the scratch concurrently. A rank that does
-//! not take part makes the others' kernels trap after the communicator's device timeout
-//! (`CommConfig::device_timeout`, 30 s by default): on a GPU the error surfaces at the next
-//! synchronisation of the stream (the CUDA context is then unusable, as after any trap); on
-//! the host backend the call returns an error naming the timeout.
+//! ordered by events), and every rank making the same calls in the same order. Calls on
+//! unordered streams would share the scratch concurrently.
+//!
+//! **Mismatched calls are found on every call.** Every kernel sends a 16-byte descriptor of
+//! its call (collective, count, data type, operation, algorithm) to every peer as two LL
+//! packets, and compares the peers' with its own: the semaphore algorithms before their first
+//! signal (so on a mismatch no rank signals or moves data, and the semaphores stay
+//! consistent), one-shot after its reduction and whenever a data packet is late. Every rank
+//! sees the same descriptors, so every rank fails the call, with
+//! [`CommError::CallMismatch`] naming both sides (e.g. "rank 1 called all_reduce with 400000
+//! f32 (two-shot), rank 0 all_reduce with 300000 f32 (two-shot)"); the output is undefined
+//! and the next, matching call works.
+//!
+//! **Waits do not trap.** Every device wait (LL packets, semaphores, proxy channels) looks,
+//! every 64 failed polls, at the clock and at a fault area in memory the host and the
+//! kernels share (mapped pinned host memory on a GPU). It gives up on the communicator's
+//! abort word, on the device timeout (`CommConfig::device_timeout`, 30 s by default), or
+//! once another wait of the same call on this rank gave up; the first to give up records
+//! why. The kernel then skips its remaining waits and work (keeping its block barriers) and
+//! ends. The abort word is raised by [`Collectives::abort`] / [`Communicator::abort`] and by
+//! the bootstrap as soon as it sees a rank die (milliseconds: its TCP connection ends), so a
+//! collective whose peer died fails with [`CommError::Aborted`] "rank 1 is gone: ...". After
+//! a timeout or an abort the collectives are unusable (ranks no longer agree on what was
+//! signalled): every later call returns the same error.
+//!
+//! **Where errors surface.** On the host backend each call returns its own error. On a GPU,
+//! calls return at launch: a kernel's failure is read by [`Collectives::async_error`]
+//! (NCCL's `ncclCommGetAsyncError`) and [`Collectives::synchronize`] (the stream, then
+//! that); every call also checks it before launching, so *an error of an earlier call is
+//! returned by the next call* if nothing asked before. A lost CUDA context (a kernel trapped
+//! or faulted: a bad pointer) is reported as [`CommError::ContextLost`] by every later call,
+//! instead of blaming its arguments.
 //!
 //! # Algorithms
 //!
