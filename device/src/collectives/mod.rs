@@ -146,18 +146,19 @@ unsafe impl Send for CollContext {}
 // SAFETY: as above.
 unsafe impl Sync for CollContext {}
 
-/// The fault area of a rank ([`CollContext::fault`]): word indices and record kinds.
-///
-/// The host writes [`ABORT`] (non-zero: stop every wait of every call now). Kernels read
-/// it, and [`STOP`], in the slow path of their waits (every [`SLOW_POLLS`] failed polls,
-/// with the clock). A kernel whose wait fails (abort, timeout) or which finds that the
-/// ranks disagree about the call records it once: the first thread to add 1 to [`CLAIM`]
-/// writes [`SEQ`], [`PEER`], [`OWN`], [`THEIRS`] and [`PLACE`], then publishes the kind in
-/// [`RECORD`] with a release store; every failing thread then stores `seq + 1` in
-/// [`STOP`], which makes the other waits of that call on this rank give up. The host reads
-/// [`RECORD`] (acquire) and the details after it, and clears a mismatch record (zeroing
-/// [`RECORD`] then [`CLAIM`]) once reported; timeouts and aborts stay.
 pub mod fault {
+    //! The fault area of a rank ([`CollContext::fault`](super::CollContext::fault)): word indices and record kinds.
+    //!
+    //! The host writes [`ABORT`] (non-zero: stop every wait of every call now). Kernels read
+    //! it, and [`STOP`], in the slow path of their waits (every [`SLOW_POLLS`](super::SLOW_POLLS) failed polls,
+    //! with the clock). A kernel whose wait fails (abort, timeout) or which finds that the
+    //! ranks disagree about the call records it once: the first thread to add 1 to [`CLAIM`]
+    //! writes [`SEQ`], [`PEER`], [`OWN`], [`THEIRS`] and [`PLACE`], then publishes the kind in
+    //! [`RECORD`] with a release store; every failing thread then stores `seq + 1` in
+    //! [`STOP`], which makes the other waits of that call on this rank give up. The host reads
+    //! [`RECORD`] (acquire) and the details after it, and clears a mismatch record (zeroing
+    //! [`RECORD`] then [`CLAIM`]) once reported; timeouts and aborts stay.
+
     /// Non-zero: abort every wait (written by the host: `1 + rank` of a lost rank, or
     /// [`ABORT_REQUESTED`]).
     pub const ABORT: usize = 0;
