@@ -40,8 +40,10 @@
 //! **Where errors surface.** On the host backend each call returns its own error. On a GPU,
 //! calls return at launch: a kernel's failure is read by [`Collectives::async_error`]
 //! (NCCL's `ncclCommGetAsyncError`) and [`Collectives::synchronize`] (the stream, then
-//! that); every call also checks it before launching, so *an error of an earlier call is
-//! returned by the next call* if nothing asked before. A lost CUDA context (a kernel trapped
+//! that); every call also checks the fatal ones (abort, timeout, lost context) before
+//! launching, so *such an error of an earlier call is returned by the next call* if nothing
+//! asked before. A mismatch is only returned by those two (see
+//! [`Collectives::async_error`] for why). A lost CUDA context (a kernel trapped
 //! or faulted: a bad pointer) is reported as [`CommError::ContextLost`] by every later call,
 //! instead of blaming its arguments.
 //!
@@ -456,13 +458,19 @@ impl Collectives {
     /// communicator stays usable), a timeout or an abort every time (the communicator is
     /// unusable: after them, ranks no longer agree on what was signalled). A lost CUDA
     /// context ([`CommError::ContextLost`]) is also returned every time once a call has
-    /// seen it. Every call checks this before it launches, so an error of an earlier call
-    /// is returned by the next call on this rank if nobody asked before: call
-    /// [`synchronize`](Self::synchronize) (or this, after synchronising the stream) to tie
-    /// errors to calls. Do not call it while a collective may still run on another stream
-    /// ordering (a mismatch record being cleared then could lose a newer one).
+    /// seen it.
+    ///
+    /// Every GPU call checks the fatal ones (abort, timeout, lost context) before it
+    /// launches, so such an error of an earlier call is returned by the next call if nobody
+    /// asked before, and nothing more is launched. A pending *mismatch* does not stop the
+    /// next call: whether a rank's host has seen its kernel's record yet depends on timing,
+    /// so refusing would make some ranks launch and others not (and the launched ones time
+    /// out). Mismatches are returned here and by [`synchronize`](Self::synchronize): call
+    /// one of them after the work (as `mscclpp-perf` does) to learn of them. Do not call it
+    /// while a collective of this communicator may still run (a mismatch record being
+    /// cleared then could lose a newer one); after synchronising the stream is right.
     pub fn async_error(&self) -> Result<(), CommError> {
-        self.check_fault("async_error")
+        self.check_fault("async_error", true)
     }
 
     /// Synchronises `stream`, then returns [`async_error`](Self::async_error): the
@@ -474,10 +482,10 @@ impl Collectives {
             let e = gpu::classify("synchronize", "cuStreamSynchronize", e);
             self.note_lost(&e);
             // A kernel of ours that failed in a wait records why; say so first.
-            self.check_fault("synchronize")?;
+            self.check_fault("synchronize", true)?;
             return Err(e);
         }
-        self.check_fault("synchronize")
+        self.check_fault("synchronize", true)
     }
 
     /// Remembers a lost context so that every later call says so.
@@ -497,8 +505,9 @@ impl Collectives {
     }
 
     /// The pending error of the collectives, for call `call`: a lost context, an abort,
-    /// then a kernel's record (a mismatch record is cleared once returned).
-    fn check_fault(&self, call: &str) -> Result<(), CommError> {
+    /// then a kernel's record (a mismatch record, with `mismatch` only, is cleared once
+    /// returned; without, it is left for `async_error`).
+    fn check_fault(&self, call: &str, mismatch: bool) -> Result<(), CommError> {
         if let Some(m) = self
             .context_lost
             .lock()
@@ -514,7 +523,10 @@ impl Collectives {
                 self.rank()
             )));
         }
-        let Some(rec) = area.record() else {
+        let Some(rec) = area
+            .record()
+            .filter(|r| mismatch || r.kind != fault::MISMATCH)
+        else {
             return Ok(());
         };
         let e = self.fault_error(call, &rec);
@@ -697,7 +709,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let ReduceOp::Sum = op;
         let kernels = self.gpu_kernels("all_reduce")?;
-        self.check_fault("all_reduce")?;
+        self.check_fault("all_reduce", false)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
         if count == 0 {
             return Ok(());
@@ -738,7 +750,7 @@ impl Collectives {
             a => a,
         };
         let kernels = self.gpu_kernels("all_gather")?;
-        self.check_fault("all_gather")?;
+        self.check_fault("all_gather", false)?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
         if send_count == 0 {
             return Ok(());
@@ -842,7 +854,7 @@ impl Collectives {
     /// kernel's record after (the kernels do not trap: a failed wait records why and
     /// returns).
     fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
-        self.check_fault(call)?;
+        self.check_fault(call, true)?;
         let threads = (self.nranks() as u32).max(2);
         launch(Dim3::x(1), Dim3::x(threads), body).map_err(|e| {
             CommError::State(format!(
@@ -850,7 +862,7 @@ impl Collectives {
                  contract, not a peer's doing"
             ))
         })?;
-        self.check_fault(call)
+        self.check_fault(call, true)
     }
 
     /// Host backend: all-reduce of host slices (blocking; CPU threads run the kernel).
