@@ -627,8 +627,10 @@ fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
         }
     }
     if abort {
-        // Our kernels may be stuck waiting for a peer: freeing the memory they use would
-        // wait for them (cuMemFree synchronises). Leave it to the process's end.
+        // Raise the abort word: our kernels waiting on a peer give up within their next slow
+        // poll. They may still be running now, and freeing the memory they use would wait
+        // for them (cuMemFree synchronises): leave it to the process's end.
+        inner.coll.abort();
         std::mem::forget(inner);
     } else {
         if !inner.finalized.load(std::sync::atomic::Ordering::Acquire)
@@ -686,7 +688,13 @@ export! {
                 Some(Err(f)) => f.code,
                 Some(Ok(inner)) => {
                     let (errors, dropped) = inner.coll.communicator().proxy_errors();
-                    if let Some(first) = errors.first() {
+                    if let Err(e) = inner.coll.async_error() {
+                        // Our kernels' record: a mismatch, an abort (a dead peer), a timeout
+                        // or a lost CUDA context.
+                        let f = crate::error::Failure::from_comm(call, &e);
+                        crate::error::set_last_error(&f.msg);
+                        f.code
+                    } else if let Some(first) = errors.first() {
                         crate::error::set_last_error(&format!(
                             "{call}: the proxy reported {} error(s) ({dropped} more dropped); first: {first}",
                             errors.len()

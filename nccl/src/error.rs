@@ -51,7 +51,11 @@ impl Failure {
             CommError::Bootstrap(_) | CommError::Proxy(_) | CommError::Ib(_) => {
                 result::REMOTE_ERROR
             }
-            CommError::Mismatch { .. } | CommError::State(_) => result::INVALID_USAGE,
+            CommError::Mismatch { .. } | CommError::State(_) | CommError::CallMismatch(_) => {
+                result::INVALID_USAGE
+            }
+            CommError::Aborted(_) | CommError::Timeout(_) => result::REMOTE_ERROR,
+            CommError::ContextLost(_) => result::UNHANDLED_CUDA_ERROR,
         };
         Failure::new(code, format!("{call}: {e}"))
     }

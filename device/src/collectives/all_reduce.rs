@@ -1,7 +1,10 @@
 //! All-reduce (sum): the one-shot packet algorithm for small messages and the two-shot
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
-use super::{CollContext, Reduce, packet_half, rotated_rank, round_share, two_shot_slot};
+use super::{
+    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, fault, packet_half, rotated_rank,
+    round_share, two_shot_slot,
+};
 use crate::arch;
 use crate::channel::memory::copy;
 use crate::packet::LlPacket;
@@ -75,7 +78,7 @@ unsafe fn store_bytes(p: *mut u8, at: u64, bytes: u64, v: u64) {
 /// `counter` holds `COUNTER_WORDS` live local words; `block < MAX_BLOCKS`; written only by
 /// earlier calls, which finished before this kernel started (stream order).
 #[inline(always)]
-unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
+pub(crate) unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
     // SAFETY: caller contract.
     let (single, copy) = unsafe {
         (
@@ -102,7 +105,7 @@ unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
 /// `counter` holds `COUNTER_WORDS` live local words; `block < blocks <= MAX_BLOCKS`; every
 /// block of the grid calls it once, after reading the counter; `value` not below it.
 #[inline(always)]
-unsafe fn advance_counter(
+pub(crate) unsafe fn advance_counter(
     counter: *mut u64,
     value: u64,
     thread: u32,
@@ -130,34 +133,53 @@ unsafe fn advance_counter(
 
 /// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
 /// every rank sends its whole input to every peer as LL packets, and reduces what it
-/// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise), of any
-/// size; unit `i` (8 bytes) belongs to global thread `i % threads` in both phases, so
-/// in-place is safe.
+/// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise) of at least
+/// `nranks` threads, of any size; unit `i` (8 bytes) belongs to global thread `i % threads`
+/// in both phases, so in-place is safe.
+///
+/// The packets' flag is the call's sequence number ([`Call`]) and the scratch half its
+/// parity. The call descriptor (`count`, `tag`) travels as two more packets, sent by block
+/// 0's last threads (thread `threads - 1 - p` for rank `p`: idle ones in small calls) after
+/// their data; the same threads check the peers' descriptors after their reduction, off the
+/// data's critical path. A data packet that is late makes its poller look at the sender's
+/// descriptor too (with the abort word and the clock, every `SLOW_POLLS` polls), so a rank
+/// waiting for data a peer of another size never sends stops as soon as that descriptor is
+/// there. On a mismatch every rank records it (see [`fault`]) and `recv` is undefined.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; the context valid, with
 /// `count * T::SIZE <= one_shot_max_bytes(packets_len)`; `send`/`recv` valid for `count`
-/// elements and aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
+/// elements and aligned to `T::SIZE`.
 #[inline(always)]
-pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn one_shot<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    tag: u64,
+) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
-    if nb as usize > super::MAX_BLOCKS {
-        // The call counter has MAX_BLOCKS copies.
+    if nb as usize > super::MAX_BLOCKS || nt < ctx.nranks {
+        // The call counter has MAX_BLOCKS copies; a descriptor thread per rank.
         arch::trap();
     }
-    // SAFETY: b < MAX_BLOCKS; the one-shot counter is the first of the state's two.
-    let calls = unsafe { read_counter(ctx.state, b) };
-    let flag = (calls % u32::MAX as u64) as u32 + 1;
-    let half = packet_half(ctx.packets_len) * (calls & 1);
+    // SAFETY: b < MAX_BLOCKS; finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    let flag = call.flag();
+    let half = packet_half(ctx.packets_len) * (call.seq & 1);
     let aligned = (send as usize | recv as usize).is_multiple_of(8);
     let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
     if units * 16 > packet_half(ctx.packets_len) {
         // More than a half of the packet scratch holds: never write past it.
         arch::trap();
     }
+    // The rank this thread sends the descriptor to and checks, if any.
+    let desc_peer = nt - 1 - t;
+    let desc_peer =
+        (b == 0 && desc_peer < ctx.nranks && desc_peer != ctx.rank).then_some(desc_peer);
 
     let mut i = first;
     while i < units {
@@ -165,26 +187,35 @@ pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
         unsafe { send_unit(ctx, half, i, load_unit(send, i, bytes, aligned), flag) };
         i += stride;
     }
+    if let Some(p) = desc_peer {
+        // SAFETY: p is a peer.
+        unsafe { ctx.send_desc(&call, p) };
+    }
     let mut i = first;
     while i < units {
         // SAFETY: as above; this thread has not written unit i of recv yet, and unit i
         // of recv is this thread's alone.
         unsafe {
             let own = load_unit(send, i, bytes, aligned);
-            let acc = reduce_unit::<T>(ctx, half, i, own, flag);
+            let acc = reduce_unit::<T>(ctx, &mut call, half, i, own);
             store_unit(recv, i, bytes, acc, aligned);
         }
         i += stride;
     }
+    if let Some(p) = desc_peer {
+        // SAFETY: p is a peer. Waited for even after a failure of this call (see
+        // `check_desc`).
+        unsafe { ctx.check_desc(&mut call, p) };
+    }
     // SAFETY: every thread of every block gets here.
-    unsafe { advance_counter(ctx.state, calls + 1, t, nt, b, nb) };
+    unsafe { ctx.finish(&call) };
 }
 
 /// Sends unit `i` of this rank's input (`d`) to every peer as an LL packet with `flag`, in
 /// the packet half at byte `half`.
 ///
 /// # Safety
-/// The context valid; `half + 16 * i + 16 <= packets_len`.
+/// The context valid; `half + 16 * i + 16 <= packets_len - DESC_BYTES`.
 #[inline(always)]
 unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
     for k in 0..ctx.nranks {
@@ -195,8 +226,8 @@ unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
             unsafe {
                 // Masked: no bounds check (and its panic path) in the kernel; p < nranks
                 // <= MAX_RANKS anyway.
-                let slot = ctx.packets_out[p as usize & (super::MAX_RANKS - 1)]
-                    .add((half + 16 * i) as usize);
+                let slot =
+                    ctx.packets_out[p as usize & (MAX_RANKS - 1)].add((half + 16 * i) as usize);
                 LlPacket::write(slot as *mut LlPacket, d, flag);
             }
         }
@@ -204,31 +235,77 @@ unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
 }
 
 /// The sum of unit `i` over the ranks, in rank order: `own` for this rank, the peers'
-/// packets (polled until they carry `flag`; traps after the timeout) for the others.
+/// packets (one load each when they are there; else polled out of line, see
+/// [`poll_packet`]) for the others. After a failed wait of the call, the peers' values are
+/// not waited for (the result is undefined then).
 ///
 /// # Safety
 /// As for [`send_unit`].
 #[inline(always)]
-unsafe fn reduce_unit<T: Reduce>(ctx: &CollContext, half: u64, i: u64, own: u64, flag: u32) -> u64 {
+unsafe fn reduce_unit<T: Reduce>(
+    ctx: &CollContext,
+    call: &mut Call,
+    half: u64,
+    i: u64,
+    own: u64,
+) -> u64 {
     let mut acc = 0u64;
     for q in 0..ctx.nranks {
         let v = if q == ctx.rank {
             own
         } else {
             // SAFETY: this rank's scratch for rank q, same bounds as in `send_unit`.
-            let got = unsafe {
-                let slot = ctx.packets_in[q as usize & (super::MAX_RANKS - 1)]
-                    .add((half + 16 * i) as usize);
-                LlPacket::poll(slot as *const LlPacket, flag, ctx.timeout_ns)
-            };
-            match got {
-                Some(v) => v,
-                None => arch::trap(),
+            unsafe {
+                let slot = ctx.packets_in[q as usize & (MAX_RANKS - 1)]
+                    .add((half + 16 * i) as usize) as *const LlPacket;
+                match LlPacket::read(slot, call.flag()) {
+                    Some(v) => v,
+                    None if call.failed => 0,
+                    None => match poll_packet(ctx, *call, slot, q) {
+                        Some(v) => v,
+                        None => {
+                            call.failed = true;
+                            0
+                        }
+                    },
+                }
             }
         };
         acc = if q == 0 { v } else { T::add8(acc, v) };
     }
     acc
+}
+
+/// The slow path of [`reduce_unit`]: polls the packet from rank `q` with the call's flag
+/// until it comes or the wait gives up ([`CollContext::wait_until`]: abort, timeout, the
+/// call failed on this rank, or rank `q`'s descriptor differs); `None` then. The call is
+/// passed by value (a reference would put the kernel's `Call` in local memory).
+///
+/// # Safety
+/// As for [`send_unit`]; `slot` in this rank's packet scratch for rank `q != rank`.
+#[cold]
+#[inline(never)]
+unsafe fn poll_packet(
+    ctx: &CollContext,
+    mut call: Call,
+    slot: *const LlPacket,
+    q: u32,
+) -> Option<u64> {
+    let flag = call.flag();
+    let mut got = 0;
+    // SAFETY: caller contract.
+    let ok = unsafe {
+        ctx.wait_until(&mut call, q, fault::AT_PACKET, || {
+            match LlPacket::read(slot, flag) {
+                Some(v) => {
+                    got = v;
+                    true
+                }
+                None => false,
+            }
+        })
+    };
+    ok.then_some(got)
 }
 
 /// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least
@@ -426,6 +503,7 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
 ) {
     let t = arch::thread_idx_x();
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
@@ -439,7 +517,12 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     let reduced_base = n * slot_bytes;
     let nt = arch::block_dim_x();
     check_grid(ctx, nb, nt);
-    for j in 0..rounds {
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    // SAFETY: every thread of the block. On a mismatch (or failure) nothing below touches
+    // shared state: block-uniform.
+    let go = unsafe { ctx.begin(&mut call, b, t) };
+    for j in 0..if go { rounds } else { 0 } {
         let (s, e) = round_share(slot, chunk, j, per_vec, b as u64, nb as u64);
         let off = j * slot + s;
         let scratch_off = s * es;
@@ -463,7 +546,9 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
             }
         }
         // SAFETY: every thread of the block; b < MAX_BLOCKS.
-        unsafe { ctx.barrier(b, t) };
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
+        }
         let (start, len) = chunk_part(r as u64, chunk, off, e - s, count);
         // SAFETY: ranges as above; the peers' puts were published by the barrier.
         unsafe {
@@ -477,7 +562,10 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
                 len,
                 t,
             );
-            ctx.barrier(b, t);
+        }
+        // SAFETY: every thread of the block.
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
         }
         for k in 0..ctx.nranks {
             let p = rotated_rank(r, ctx.nranks, b, k);
@@ -493,8 +581,12 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
             }
         }
     }
-    // SAFETY: every thread of the block.
-    unsafe { ctx.barrier(b, t) };
+    if go && !call.failed {
+        // SAFETY: every thread of the block (block-uniform condition).
+        unsafe { ctx.barrier(&mut call, b, t) };
+    }
+    // SAFETY: every thread of every block gets here.
+    unsafe { ctx.finish(&call) };
 }
 
 /// All-pairs all-reduce of `count` elements of `T` from `send` to `recv` (may be equal): every
@@ -521,7 +613,13 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
 /// `send`/`recv` valid for `count` elements, aligned to `T::SIZE`; every rank calls it with the
 /// same `count` and grid, in the same sequence of calls.
 #[inline(always)]
-pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn all_pairs<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    tag: u64,
+) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
@@ -533,9 +631,16 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
     let rounds = if slot == 0 { 0 } else { count.div_ceil(slot) };
     // SAFETY: the all-pairs round counter is the second of the state's two; b < MAX_BLOCKS
     // (check_grid).
-    let rounds_counter = unsafe { ctx.state.add(super::COUNTER_WORDS) };
+    let rounds_counter = unsafe { ctx.state.add(COUNTER_WORDS) };
     // SAFETY: as above.
     let base = unsafe { read_counter(rounds_counter, b) };
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    // SAFETY: every thread of the block; block-uniform (see two_shot).
+    let go = unsafe { ctx.begin(&mut call, b, t) };
+    // Rounds done (all-or-nothing on every rank: a failed call leaves the communicator
+    // unusable, a mismatched one does no round anywhere).
+    let rounds = if go { rounds } else { 0 };
     for j in 0..rounds {
         let (s, e) = round_share(slot, count, j, 16 / es, b as u64, nb as u64);
         let off = j * slot + s;
@@ -559,7 +664,10 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
                     );
                 }
             }
-            ctx.barrier(b, t);
+        }
+        // SAFETY: every thread of the block.
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
         }
         // SAFETY: the peers' shares (slot q of this round's half of this rank's region)
         // were published by the barrier; recv holds the elements; in place, each element
@@ -578,5 +686,8 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
         }
     }
     // SAFETY: every thread of the block; the counter as above.
-    unsafe { advance_counter(rounds_counter, base + rounds, t, nt, b, nb) };
+    unsafe {
+        advance_counter(rounds_counter, base + rounds, t, nt, b, nb);
+        ctx.finish(&call);
+    }
 }

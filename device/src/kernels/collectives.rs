@@ -2,8 +2,11 @@
 //! algorithm and element type. The [`CollContext`] is read from memory (device memory
 //! on a GPU, written once by the host): passed by value, its arrays indexed by rank made
 //! every thread copy all 320 bytes to its local stack first.
-//! Kernels (names `all_reduce_{one_shot,two_shot,two_shot_read,proxy}_{f32,f16,bf16}`,
-//! `all_gather` and `all_gather_proxy`). The host (`mscclpp_host::collectives`) picks the grid and launches them.
+//! Kernels (names `all_reduce_{one_shot,two_shot,two_shot_read,all_pairs,proxy}_{f32,f16,bf16}`,
+//! `all_gather` and `all_gather_proxy`), all taking `(ctx, send, recv, n, tag)`: `tag` is
+//! the call's descriptor tag ([`crate::collectives::desc`]), which every rank sends with `n`
+//! to its peers so that calls that disagree fail on every rank instead of corrupting data.
+//! The host (`mscclpp_host::collectives`) picks the grid and launches them.
 
 use crate::collectives::{Bf16, CollContext, F16, F32, all_gather, all_reduce, proxy};
 use crate::kernel;
@@ -13,43 +16,43 @@ macro_rules! all_reduce_kernels {
         kernel! {
             /// One-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::one_shot`].
-            pub unsafe fn $one(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $one(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::one_shot::<$t>(&*ctx, send, recv, count) }
+                unsafe { all_reduce::one_shot::<$t>(&*ctx, send, recv, count, tag) }
             }
         }
         kernel! {
             /// Two-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::two_shot`].
-            pub unsafe fn $two(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $two(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::two_shot::<$t, false>(&*ctx, send, recv, count) }
+                unsafe { all_reduce::two_shot::<$t, false>(&*ctx, send, recv, count, tag) }
             }
         }
         kernel! {
             /// Two-shot all-reduce (sum) of `count` elements, reading peers' staged parts:
             /// see [`all_reduce::two_shot`].
-            pub unsafe fn $read(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $read(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::two_shot::<$t, true>(&*ctx, send, recv, count) }
+                unsafe { all_reduce::two_shot::<$t, true>(&*ctx, send, recv, count, tag) }
             }
         }
         crate::launch_bounds!($read, 512);
         kernel! {
             /// All-pairs all-reduce (sum) of `count` elements: see
             /// [`all_reduce::all_pairs`].
-            pub unsafe fn $pairs(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $pairs(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::all_pairs::<$t>(&*ctx, send, recv, count) }
+                unsafe { all_reduce::all_pairs::<$t>(&*ctx, send, recv, count, tag) }
             }
         }
         crate::launch_bounds!($pairs, 512);
         kernel! {
             /// All-reduce (sum) of `count` elements over proxy channels (one block): see
             /// [`proxy::all_reduce`].
-            pub unsafe fn $proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64) {
+            pub unsafe fn $proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { proxy::all_reduce::<$t>(&*ctx, send, recv, count) }
+                unsafe { proxy::all_reduce::<$t>(&*ctx, send, recv, count, tag) }
             }
         }
         crate::launch_bounds!($proxy, 512);
@@ -69,9 +72,9 @@ all_reduce_kernels! {
 
 kernel! {
     /// All-gather of `bytes` per rank: see [`all_gather::all_gather`].
-    pub unsafe fn all_gather(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+    pub unsafe fn all_gather(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
         // SAFETY: forwarded to the launcher (the host validates the context).
-        unsafe { all_gather::all_gather(&*ctx, send, recv, bytes) }
+        unsafe { all_gather::all_gather(&*ctx, send, recv, bytes, tag) }
     }
 }
 crate::launch_bounds!(all_gather, 512);
@@ -79,9 +82,9 @@ crate::launch_bounds!(all_gather, 512);
 kernel! {
     /// All-gather of `bytes` per rank over proxy channels (one block): see
     /// [`proxy::all_gather`].
-    pub unsafe fn all_gather_proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+    pub unsafe fn all_gather_proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
         // SAFETY: forwarded to the launcher (the host validates the context).
-        unsafe { proxy::all_gather(&*ctx, send, recv, bytes) }
+        unsafe { proxy::all_gather(&*ctx, send, recv, bytes, tag) }
     }
 }
 crate::launch_bounds!(all_gather_proxy, 512);

@@ -95,6 +95,21 @@ pub(crate) struct Mesh {
     /// that fails and leaves still passes the news on.
     notices: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
+    /// Called (outside the locks) with each rank that becomes lost and the detail.
+    loss_hooks: Mutex<Vec<LossHook>>,
+}
+
+/// The function of a [`LossHook`]: called with a lost rank and the detail.
+pub(crate) type LossFn = dyn Fn(usize, &str) + Send + Sync;
+
+/// A callback told of lost ranks ([`Mesh::on_peer_lost`]).
+#[derive(Clone)]
+pub(crate) struct LossHook(pub(crate) Arc<LossFn>);
+
+impl std::fmt::Debug for LossHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LossHook")
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,7 +145,37 @@ impl Mesh {
             writers: Mutex::new(Vec::new()),
             notices: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
+            loss_hooks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Registers `hook`, called with every rank this rank learns is lost (seen or
+    /// reported), once per rank; at once for a rank already lost.
+    pub(crate) fn on_peer_lost(&self, hook: LossHook) {
+        let lost: Vec<(usize, String)> = {
+            let st = lock(&self.state);
+            (st.status.iter().enumerate())
+                .filter_map(|(p, s)| match s {
+                    PeerStatus::Lost(d) => Some((p, d.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        lock(&self.loss_hooks).push(hook.clone());
+        for (p, d) in lost {
+            (hook.0)(p, &d);
+        }
+    }
+
+    fn run_loss_hooks(&self, peer: usize) {
+        let detail = match &lock(&self.state).status[peer] {
+            PeerStatus::Lost(d) => d.clone(),
+            _ => return,
+        };
+        let hooks = lock(&self.loss_hooks).clone();
+        for h in hooks {
+            (h.0)(peer, &detail);
+        }
     }
 
     fn spawn_tracked<F>(&self, fut: F)
@@ -377,6 +422,7 @@ impl Mesh {
             return;
         }
         self.notify.notify_waiters();
+        self.run_loss_hooks(peer);
         let notice = Message::PeerLost {
             rank: peer as u32,
             detail,
@@ -423,14 +469,19 @@ impl Mesh {
         if peer >= self.nranks || peer == self.rank {
             return;
         }
-        {
+        let changed = {
             let mut st = lock(&self.state);
-            if matches!(st.status[peer], PeerStatus::Alive) {
+            let alive = matches!(st.status[peer], PeerStatus::Alive);
+            if alive {
                 st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {reporter}"));
                 st.first_lost.get_or_insert(peer);
             }
-        }
+            alive
+        };
         self.notify.notify_waiters();
+        if changed {
+            self.run_loss_hooks(peer);
+        }
     }
 
     fn is_alive(&self, peer: usize) -> bool {

@@ -414,6 +414,14 @@ impl Bootstrap {
         &self.mesh.config
     }
 
+    /// Calls `hook(rank, detail)` from the bootstrap's tasks as soon as this rank learns
+    /// that `rank` is lost (its connection ended without a goodbye, or another rank says
+    /// so), once per lost rank, and at once for ranks already lost. The hook must be quick
+    /// and must not block (it runs on the runtime's threads): e.g. raise a flag.
+    pub fn on_peer_lost(&self, hook: impl Fn(usize, &str) + Send + Sync + 'static) {
+        self.mesh.on_peer_lost(mesh::LossHook(Arc::new(hook)));
+    }
+
     fn check_peer(&self, peer: usize, op: Op) -> Result<(), BootstrapError> {
         if peer >= self.nranks() {
             return Err(BootstrapError::InvalidArgument(format!(

@@ -148,6 +148,9 @@ pub(super) fn check_range(
     let (mut base, mut size) = (0u64, 0usize);
     // SAFETY: out-pointers to locals; the driver only reads its own tables.
     let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    if is_sticky(status) {
+        return Err(context_lost(what, "cuMemGetAddressRange", status));
+    }
     if status != sys::CUresult::CUDA_SUCCESS {
         return Err(CommError::InvalidArgument(format!(
             "{what}: address {ptr:#x} is not device memory of this context ({status:?})"
@@ -164,7 +167,7 @@ pub(super) fn check_range(
 }
 
 impl Kernels {
-    /// Launches `f(ctx, send, recv, n)` with `blocks` x `threads` on `stream`.
+    /// Launches `f(ctx, send, recv, n, tag)` with `blocks` x `threads` on `stream`.
     ///
     /// # Safety
     /// `send`/`recv` valid for what the kernel accesses with `n`.
@@ -176,12 +179,13 @@ impl Kernels {
         send: u64,
         recv: u64,
         n: u64,
+        tag: u64,
         blocks: u32,
         threads: u32,
     ) -> Result<(), CommError> {
         let ctx = self.ctx.device_ptr();
         let mut l = stream.launch_builder(f);
-        l.arg(&ctx).arg(&send).arg(&recv).arg(&n);
+        l.arg(&ctx).arg(&send).arg(&recv).arg(&n).arg(&tag);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (threads, 1, 1),
@@ -189,9 +193,52 @@ impl Kernels {
         };
         // SAFETY: caller contract for the user ranges; the context in device memory holds
         // this communicator's registered memory; the argument list matches the kernels'
-        // signature (*const CollContext, *const u8, *mut u8, u64).
+        // signature (*const CollContext, *const u8, *mut u8, u64, u64).
         unsafe { l.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+            .map_err(|e| classify("launch", "cuLaunchKernel", e))
+    }
+}
+
+/// Whether `status` is one of the errors that leave the CUDA context unusable (every later
+/// call of the context returns it).
+pub(super) fn is_sticky(status: sys::CUresult) -> bool {
+    use sys::CUresult as R;
+    matches!(
+        status,
+        R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE
+            | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+/// The error for a sticky status seen by `driver_call` during `what`.
+pub(super) fn context_lost(what: &str, driver_call: &str, status: sys::CUresult) -> CommError {
+    CommError::ContextLost(format!(
+        "{what}: the CUDA context of this GPU is lost ({driver_call} returned {status:?}): an \
+         earlier kernel on it trapped or faulted (a bad pointer, or a broken contract), and \
+         every later CUDA call in this process fails the same way; the arguments of this \
+         call are not the cause. Recreate the context (restart the process)"
+    ))
+}
+
+/// A driver error of `driver_call` during `what`: [`context_lost`] for sticky statuses.
+pub(super) fn classify(
+    what: &str,
+    driver_call: &'static str,
+    e: cudarc::driver::DriverError,
+) -> CommError {
+    if is_sticky(e.0) {
+        context_lost(what, driver_call, e.0)
+    } else {
+        CudaError::driver(driver_call, e).into()
     }
 }

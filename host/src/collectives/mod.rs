@@ -12,12 +12,40 @@
 //! # Ordering and failures
 //!
 //! As with NCCL, the calls of one [`Collectives`] must be ordered: one stream (or streams
-//! ordered by events), and every rank making the same calls with the same sizes in the same
-//! order. Calls on unordered streams would share the scratch concurrently. A rank that does
-//! not take part makes the others' kernels trap after the communicator's device timeout
-//! (`CommConfig::device_timeout`, 30 s by default): on a GPU the error surfaces at the next
-//! synchronisation of the stream (the CUDA context is then unusable, as after any trap); on
-//! the host backend the call returns an error naming the timeout.
+//! ordered by events), and every rank making the same calls in the same order. Calls on
+//! unordered streams would share the scratch concurrently.
+//!
+//! **Mismatched calls are found on every call.** Every kernel sends a 16-byte descriptor of
+//! its call (collective, count, data type, operation, algorithm) to every peer as two LL
+//! packets, and compares the peers' with its own: the semaphore algorithms before their first
+//! signal (so on a mismatch no rank signals or moves data, and the semaphores stay
+//! consistent), one-shot after its reduction and whenever a data packet is late. Every rank
+//! sees the same descriptors, so every rank fails the call, with
+//! [`CommError::CallMismatch`] naming both sides (e.g. "rank 1 called all_reduce with 400000
+//! f32 (two-shot), rank 0 all_reduce with 300000 f32 (two-shot)"); the output is undefined
+//! and the next, matching call works.
+//!
+//! **Waits do not trap.** Every device wait (LL packets, semaphores, proxy channels) looks,
+//! every 64 failed polls, at the clock and at a fault area in memory the host and the
+//! kernels share (mapped pinned host memory on a GPU). It gives up on the communicator's
+//! abort word, on the device timeout (`CommConfig::device_timeout`, 30 s by default), or
+//! once another wait of the same call on this rank gave up; the first to give up records
+//! why. The kernel then skips its remaining waits and work (keeping its block barriers) and
+//! ends. The abort word is raised by [`Collectives::abort`] / [`Communicator::abort`] and by
+//! the bootstrap as soon as it sees a rank die (milliseconds: its TCP connection ends), so a
+//! collective whose peer died fails with [`CommError::Aborted`] "rank 1 is gone: ...". After
+//! a timeout or an abort the collectives are unusable (ranks no longer agree on what was
+//! signalled): every later call returns the same error.
+//!
+//! **Where errors surface.** On the host backend each call returns its own error. On a GPU,
+//! calls return at launch: a kernel's failure is read by [`Collectives::async_error`]
+//! (NCCL's `ncclCommGetAsyncError`) and [`Collectives::synchronize`] (the stream, then
+//! that); every call also checks the fatal ones (abort, timeout, lost context) before
+//! launching, so *such an error of an earlier call is returned by the next call* if nothing
+//! asked before. A mismatch is only returned by those two (see
+//! [`Collectives::async_error`] for why). A lost CUDA context (a kernel trapped
+//! or faulted: a bad pointer) is reported as [`CommError::ContextLost`] by every later call,
+//! instead of blaming its arguments.
 //!
 //! # Algorithms
 //!
@@ -33,11 +61,12 @@ use std::fmt;
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::{
-    CollContext, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, one_shot_max_bytes,
+    CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc, fault,
+    one_shot_max_bytes,
 };
 use mscclpp_device::kernels::collectives as k;
 
-use crate::communicator::{Backend, Buffer, CommError, Communicator};
+use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
 
 /// Element type of a collective.
@@ -260,6 +289,8 @@ pub struct Collectives {
     _scratch: Buffer,
     _semaphores: Buffer,
     _local: Buffer,
+    /// Set once a CUDA call reported a sticky error: every later call returns it.
+    context_lost: std::sync::Mutex<Option<String>>,
 }
 
 impl fmt::Debug for Collectives {
@@ -323,7 +354,8 @@ impl Collectives {
         let transport = comm.backend().transport();
         // Each of the two regions (see CollContext::scratch_len).
         let region = config.scratch_bytes / 2 / 16 * 16;
-        let packets_len = (config.packet_max_bytes * 4).next_multiple_of(32);
+        // Two halves of 2 x packet_max_bytes of packets, then the call descriptors.
+        let packets_len = (config.packet_max_bytes * 4).next_multiple_of(32) + DESC_BYTES as usize;
         let scratch = comm.alloc_buffer(2 * region)?;
         let semaphores = comm.alloc_buffer(SEMAPHORE_WORDS * 8)?;
         let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
@@ -373,6 +405,7 @@ impl Collectives {
             } else {
                 host_conns.as_ptr()
             },
+            fault: comm.fault_area().kernel_ptr(),
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
@@ -401,12 +434,142 @@ impl Collectives {
             _scratch: scratch,
             _semaphores: semaphores,
             _local: local,
+            context_lost: std::sync::Mutex::new(None),
         })
     }
 
     /// The communicator underneath.
     pub fn communicator(&self) -> &Communicator {
         &self.comm
+    }
+
+    /// Aborts the collectives (and their communicator, see [`Communicator::abort`]): the
+    /// waits of every collective in flight on this rank give up within milliseconds, and
+    /// this and every later call returns [`CommError::Aborted`]. Other ranks are not told.
+    pub fn abort(&self) {
+        self.comm.abort();
+    }
+
+    /// The error of an earlier call, if one failed (NCCL's `ncclCommGetAsyncError`).
+    ///
+    /// GPU calls return when the kernel is launched; a kernel that finds the ranks
+    /// disagree about the call ([`CommError::CallMismatch`]), whose wait times out
+    /// ([`CommError::Timeout`]) or is aborted ([`CommError::Aborted`]: a rank died, or
+    /// [`abort`](Self::abort)) writes a record into memory the host reads without
+    /// synchronising. This returns it: a mismatch once (it is cleared when returned, and the
+    /// communicator stays usable), a timeout or an abort every time (the communicator is
+    /// unusable: after them, ranks no longer agree on what was signalled). A lost CUDA
+    /// context ([`CommError::ContextLost`]) is also returned every time once a call has
+    /// seen it.
+    ///
+    /// Every GPU call checks the fatal ones (abort, timeout, lost context) before it
+    /// launches, so such an error of an earlier call is returned by the next call if nobody
+    /// asked before, and nothing more is launched. A pending *mismatch* does not stop the
+    /// next call: whether a rank's host has seen its kernel's record yet depends on timing,
+    /// so refusing would make some ranks launch and others not (and the launched ones time
+    /// out). Mismatches are returned here and by [`synchronize`](Self::synchronize): call
+    /// one of them after the work (as `mscclpp-perf` does) to learn of them. Do not call it
+    /// while a collective of this communicator may still run (a mismatch record being
+    /// cleared then could lose a newer one); after synchronising the stream is right.
+    pub fn async_error(&self) -> Result<(), CommError> {
+        self.check_fault("async_error", true)
+    }
+
+    /// Synchronises `stream`, then returns [`async_error`](Self::async_error): the
+    /// outcome of every collective queued on it. GPU backend only. A sticky CUDA error
+    /// (an earlier kernel trapped or faulted) is returned as [`CommError::ContextLost`].
+    pub fn synchronize(&self, stream: &CudaStream) -> Result<(), CommError> {
+        self.gpu_kernels("synchronize")?;
+        if let Err(e) = stream.synchronize() {
+            let e = gpu::classify("synchronize", "cuStreamSynchronize", e);
+            self.note_lost(&e);
+            // A kernel of ours that failed in a wait records why; say so first.
+            self.check_fault("synchronize", true)?;
+            return Err(e);
+        }
+        self.check_fault("synchronize", true)
+    }
+
+    /// Remembers a lost context so that every later call says so.
+    fn note_lost(&self, e: &CommError) {
+        if let CommError::ContextLost(m) = e {
+            let mut l = self.context_lost.lock().unwrap_or_else(|e| e.into_inner());
+            l.get_or_insert_with(|| m.clone());
+        }
+    }
+
+    /// `r`, remembering a lost context.
+    fn noted<T>(&self, r: Result<T, CommError>) -> Result<T, CommError> {
+        if let Err(e) = &r {
+            self.note_lost(e);
+        }
+        r
+    }
+
+    /// The pending error of the collectives, for call `call`: a lost context, an abort,
+    /// then a kernel's record (a mismatch record, with `mismatch` only, is cleared once
+    /// returned; without, it is left for `async_error`).
+    fn check_fault(&self, call: &str, mismatch: bool) -> Result<(), CommError> {
+        if let Some(m) = self
+            .context_lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            return Err(CommError::ContextLost(format!("{call}: {m}")));
+        }
+        let area = self.comm.fault_area();
+        if let Some(reason) = area.abort_reason() {
+            return Err(CommError::Aborted(format!(
+                "{call}: rank {}: {reason}; the collectives cannot be used any more",
+                self.rank()
+            )));
+        }
+        let Some(rec) = area
+            .record()
+            .filter(|r| mismatch || r.kind != fault::MISMATCH)
+        else {
+            return Ok(());
+        };
+        let e = self.fault_error(call, &rec);
+        if rec.kind == fault::MISMATCH {
+            area.clear_record();
+        }
+        Err(e)
+    }
+
+    /// The error a kernel's record stands for.
+    fn fault_error(&self, call: &str, rec: &FaultRecord) -> CommError {
+        let me = self.rank();
+        match rec.kind {
+            fault::MISMATCH => CommError::CallMismatch(format!(
+                "{call}: the ranks called collective #{} differently: rank {me} called {}, \
+                 rank {} {}; every rank reports this error and the call did nothing (its \
+                 output is undefined); the collectives stay usable",
+                rec.seq + 1,
+                describe(rec.own),
+                rec.peer,
+                describe(rec.theirs)
+            )),
+            fault::TIMEOUT => CommError::Timeout(format!(
+                "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and gave \
+                 up: that rank did not take part, or is stuck; the collectives cannot be used \
+                 any more",
+                self.comm.device_timeout(),
+                rec.peer,
+                place_name(rec.place),
+                rec.seq + 1,
+                describe(rec.own)
+            )),
+            _ => CommError::Aborted(format!(
+                "{call}: rank {me}: collective #{} ({}) was aborted while waiting for rank {} \
+                 ({}); the collectives cannot be used any more",
+                rec.seq + 1,
+                describe(rec.own),
+                rec.peer,
+                place_name(rec.place)
+            )),
+        }
     }
 
     /// This rank.
@@ -548,19 +711,25 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let ReduceOp::Sum = op;
         let kernels = self.gpu_kernels("all_reduce")?;
+        self.check_fault("all_reduce", false)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
         if count == 0 {
             return Ok(());
         }
-        gpu::check_stream("all_reduce", self.gpu().expect("GPU backend"), stream)?;
-        gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
-        gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())?;
+        self.noted((|| {
+            gpu::check_stream("all_reduce", self.gpu().expect("GPU backend"), stream)?;
+            gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
+            gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
+        })())?;
         let algo = self.resolve(algo, bytes)?;
         let (blocks, threads) = self.grid(Some(algo), bytes);
         let f = kernels.all_reduce(algo, dtype);
+        let tag = all_reduce_tag(algo, dtype, op);
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.
-        unsafe { kernels.launch(stream, f, send, recv, count as u64, blocks, threads) }
+        self.noted(unsafe {
+            kernels.launch(stream, f, send, recv, count as u64, tag, blocks, threads)
+        })
     }
 
     /// All-gather: `send_count` elements from every rank land in `recv` (rank `r`'s at
@@ -583,14 +752,17 @@ impl Collectives {
             a => a,
         };
         let kernels = self.gpu_kernels("all_gather")?;
+        self.check_fault("all_gather", false)?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
         if send_count == 0 {
             return Ok(());
         }
         let total = checked_bytes("all_gather", bytes, self.nranks())?;
-        gpu::check_stream("all_gather", self.gpu().expect("GPU backend"), stream)?;
-        gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
-        gpu::check_range("all_gather: recv", recv, total, dtype.size())?;
+        self.noted((|| {
+            gpu::check_stream("all_gather", self.gpu().expect("GPU backend"), stream)?;
+            gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
+            gpu::check_range("all_gather: recv", recv, total, dtype.size())
+        })())?;
         let (blocks, threads) = match algo {
             AllGatherAlgo::Proxy => self.grid(Some(AllReduceAlgo::Proxy), bytes),
             _ => self.grid(None, bytes),
@@ -599,8 +771,11 @@ impl Collectives {
             AllGatherAlgo::Proxy => &kernels.all_gather_proxy,
             _ => &kernels.all_gather,
         };
+        let tag = all_gather_tag(algo, dtype);
         // SAFETY: as in all_reduce_raw.
-        unsafe { kernels.launch(stream, f, send, recv, bytes as u64, blocks, threads) }
+        self.noted(unsafe {
+            kernels.launch(stream, f, send, recv, bytes as u64, tag, blocks, threads)
+        })
     }
 
     /// Out-of-place all-reduce of cudarc slices (lengths must match), on `stream`.
@@ -675,18 +850,21 @@ impl Collectives {
         unsafe { self.all_gather_raw(s, r, count, T::DTYPE, AllGatherAlgo::Auto, stream) }
     }
 
-    /// Runs a kernel body on CPU threads (host backend), turning a trap into an error: one
-    /// block of `max(nranks, 2)` threads (proxy kernels need exactly one block; the others
-    /// take any grid, and more threads only add contention on a CPU).
+    /// Runs a kernel body on CPU threads (host backend): one block of `max(nranks, 2)`
+    /// threads (proxy kernels need exactly one block; the others take any grid, and more
+    /// threads only add contention on a CPU). Returns the pending error before, and the
+    /// kernel's record after (the kernels do not trap: a failed wait records why and
+    /// returns).
     fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
+        self.check_fault(call, true)?;
         let threads = (self.nranks() as u32).max(2);
         launch(Dim3::x(1), Dim3::x(threads), body).map_err(|e| {
             CommError::State(format!(
-                "{call}: the collective failed on this rank ({e}); a peer did not take part \
-                 within {:?}, or called with a different size",
-                self.comm.device_timeout()
+                "{call}: the collective kernel failed on this rank ({e}): a bug or a broken \
+                 contract, not a peer's doing"
             ))
-        })
+        })?;
+        self.check_fault(call, true)
     }
 
     /// Host backend: all-reduce of host slices (blocking; CPU threads run the kernel).
@@ -744,6 +922,7 @@ impl Collectives {
         }
         let algo = self.resolve(AllReduceAlgo::Auto, bytes)?;
         let f = host_kernel(algo, dtype);
+        let tag = all_reduce_tag(algo, dtype, op);
         let ctx = &*self.ctx as *const CollContext as u64;
         self.run_host("all_reduce_host", || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
@@ -755,6 +934,7 @@ impl Collectives {
                     send as *const u8,
                     recv as *mut u8,
                     count as u64,
+                    tag,
                 )
             }
         })
@@ -777,10 +957,12 @@ impl Collectives {
         }
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
         let ctx = &*self.ctx as *const CollContext as u64;
-        let f: HostKernel = match self.choose_all_gather() {
+        let algo = self.choose_all_gather();
+        let f: HostKernel = match algo {
             AllGatherAlgo::Proxy => k::all_gather_proxy,
             _ => k::all_gather,
         };
+        let tag = all_gather_tag(algo, T::DTYPE);
         self.run_host("all_gather_host", || {
             // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
             unsafe {
@@ -789,13 +971,94 @@ impl Collectives {
                     s as *const u8,
                     r as *mut u8,
                     bytes,
+                    tag,
                 )
             }
         })
     }
 }
 
-type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64);
+type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
+
+/// The descriptor codes of the enums (see `mscclpp_device::collectives::desc`).
+fn dtype_code(d: DataType) -> u64 {
+    match d {
+        DataType::F32 => 1,
+        DataType::F16 => 2,
+        DataType::Bf16 => 3,
+    }
+}
+
+const AR_ALGOS: [(AllReduceAlgo, &str); 5] = [
+    (AllReduceAlgo::OneShot, "one-shot"),
+    (AllReduceAlgo::TwoShot, "two-shot"),
+    (AllReduceAlgo::ReadReduce, "readreduce"),
+    (AllReduceAlgo::AllPairs, "all-pairs"),
+    (AllReduceAlgo::Proxy, "proxy"),
+];
+const AG_ALGOS: [(AllGatherAlgo, &str); 2] = [
+    (AllGatherAlgo::Memory, "memory"),
+    (AllGatherAlgo::Proxy, "proxy"),
+];
+const DTYPES: [(DataType, &str); 3] = [
+    (DataType::F32, "f32"),
+    (DataType::F16, "f16"),
+    (DataType::Bf16, "bf16"),
+];
+
+/// The descriptor tag of an all-reduce (`algo` resolved).
+fn all_reduce_tag(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> u64 {
+    let ReduceOp::Sum = op;
+    let a = AR_ALGOS
+        .iter()
+        .position(|x| x.0 == algo)
+        .map_or(0, |i| i + 1);
+    desc::tag(desc::ALL_REDUCE, dtype_code(dtype), 1, a as u64)
+}
+
+/// The descriptor tag of an all-gather (`algo` resolved).
+fn all_gather_tag(algo: AllGatherAlgo, dtype: DataType) -> u64 {
+    let a = AG_ALGOS
+        .iter()
+        .position(|x| x.0 == algo)
+        .map_or(0, |i| i + 1);
+    desc::tag(desc::ALL_GATHER, dtype_code(dtype), 0, a as u64)
+}
+
+/// A call descriptor in words: "all_reduce with 400000 f32 (two-shot)".
+fn describe(d: [u64; 2]) -> String {
+    let [n, tag] = d;
+    let field = |shift| desc::field(tag, shift) as usize;
+    let dtype = DTYPES.get(field(desc::DTYPE_SHIFT).wrapping_sub(1));
+    let dname = dtype.map_or("?", |x| x.1);
+    match field(desc::KIND_SHIFT) as u64 {
+        desc::ALL_REDUCE => {
+            let algo = AR_ALGOS
+                .get(field(desc::ALGO_SHIFT).wrapping_sub(1))
+                .map_or("?", |x| x.1);
+            format!("all_reduce with {n} {dname} ({algo})")
+        }
+        desc::ALL_GATHER => {
+            let algo = AG_ALGOS
+                .get(field(desc::ALGO_SHIFT).wrapping_sub(1))
+                .map_or("?", |x| x.1);
+            let size = dtype.map_or(1, |x| x.0.size() as u64);
+            format!("all_gather of {} {dname} per rank ({algo})", n / size)
+        }
+        _ => format!("an unknown collective ({n}, {tag:#x})"),
+    }
+}
+
+/// What a failed wait waited for.
+fn place_name(place: u64) -> &'static str {
+    match place {
+        fault::AT_SEMAPHORE => "a semaphore signal",
+        fault::AT_PACKET => "data packets",
+        fault::AT_DESCRIPTOR => "its call descriptor",
+        fault::AT_PROXY => "a proxy-channel signal",
+        _ => "a signal",
+    }
+}
 
 fn host_kernel(algo: AllReduceAlgo, dtype: DataType) -> HostKernel {
     match (algo, dtype) {

@@ -25,6 +25,7 @@
 //! the proxy against both buffers and reported ([`Communicator::proxy_stop`]), never
 //! performed.
 
+mod fault;
 mod setup;
 
 use std::collections::HashSet;
@@ -45,6 +46,8 @@ use crate::transport::TransportKind;
 use crate::transport::ib::{self, IbConfig, IbError};
 use crate::transport::shm::{ShmError, ShmSegment};
 
+pub use fault::AbortReason;
+pub(crate) use fault::{FaultArea, FaultRecord};
 pub use setup::Connection;
 
 /// A [`DevConn`] as a kernel argument for cudarc's launch builder (passed by value). It
@@ -110,6 +113,22 @@ pub enum CommError {
     /// A call in the wrong state (e.g. `connect` after the proxy started).
     #[error("{0}")]
     State(String),
+    /// The ranks called a collective differently (kind, count, type, operation or
+    /// algorithm): every rank gets this error, names the disagreement, and the communicator
+    /// stays usable for the next call.
+    #[error("{0}")]
+    CallMismatch(String),
+    /// The communicator was aborted (a rank was lost, or [`Communicator::abort`]): every
+    /// later call fails the same way.
+    #[error("{0}")]
+    Aborted(String),
+    /// A device wait of a collective ran out of time (a rank did not take part): the
+    /// communicator is unusable.
+    #[error("{0}")]
+    Timeout(String),
+    /// The CUDA context is lost (a kernel trapped or faulted): every later CUDA call fails.
+    #[error("{0}")]
+    ContextLost(String),
 }
 
 /// Where a communicator runs.
@@ -313,6 +332,8 @@ pub struct Communicator {
     ib: Option<setup::IbSession>,
     /// Settings of IB connections.
     ib_config: IbConfig,
+    /// The abort word and failure records shared with kernels.
+    fault: Arc<FaultArea>,
 }
 
 impl Communicator {
@@ -359,6 +380,11 @@ impl Communicator {
             Backend::Host => Fifo::new_host(fifo_config),
         }
         .map_err(|e| CommError::InvalidArgument(format!("proxy FIFO: {e}")))?;
+        let fault = FaultArea::new(match &backend {
+            Backend::Gpu(g) => Some(g),
+            Backend::Host => None,
+        })?;
+        fault.watch(&bootstrap);
         Ok(Communicator {
             bootstrap,
             backend,
@@ -371,6 +397,7 @@ impl Communicator {
             epochs: Arc::from(Vec::new()),
             ib: None,
             ib_config: config.ib,
+            fault,
         })
     }
 
@@ -734,6 +761,26 @@ impl Communicator {
                 }
             })
             .collect()
+    }
+
+    /// Aborts the communicator (NCCL's `ncclCommAbort`, without freeing anything): raises
+    /// the abort word that the collective kernels' waits look at, so every collective of
+    /// this communicator in flight on this rank stops within milliseconds and fails with
+    /// [`CommError::Aborted`], as does every later one. The bootstrap does the same by
+    /// itself when a rank dies. Other ranks are not told: they see this rank's kernels stop
+    /// taking part (abort them too, or let their timeouts or the bootstrap report it).
+    pub fn abort(&self) {
+        self.fault.abort(AbortReason::Requested);
+    }
+
+    /// Why the communicator was aborted, if it was (a lost rank or [`abort`](Self::abort)).
+    pub fn abort_reason(&self) -> Option<AbortReason> {
+        self.fault.abort_reason()
+    }
+
+    /// The fault area shared with the collective kernels.
+    pub(crate) fn fault_area(&self) -> &Arc<FaultArea> {
+        &self.fault
     }
 
     /// How long device-side waits (and host-backend kernels) wait before giving up.
