@@ -177,12 +177,12 @@ impl Config {
         if layers == 0 || width == 0 || a.teacher_hidden == 0 {
             return Err("--layers, --width and --teacher-hidden must be positive".into());
         }
-        if batch == 0 || batch % nranks != 0 {
+        if batch == 0 || !batch.is_multiple_of(nranks) {
             return Err(format!(
                 "--batch {batch} is the global batch: a positive multiple of the {nranks} ranks"
             ));
         }
-        if !(a.bucket_mb > 0.0) {
+        if a.bucket_mb.is_nan() || a.bucket_mb <= 0.0 {
             return Err("--bucket-mb must be positive".into());
         }
         if a.log_every == 0 {

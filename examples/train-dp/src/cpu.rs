@@ -291,7 +291,10 @@ mod tests {
     use super::*;
     use crate::model::{self, seeds};
 
-    fn setup() -> (Mlp, Vec<f32>, Mlp, Vec<f32>, Vec<f32>, Vec<f32>, usize) {
+    /// Student, its parameters, teacher, its parameters, inputs, labels, rows.
+    type Setup = (Mlp, Vec<f32>, Mlp, Vec<f32>, Vec<f32>, Vec<f32>, usize);
+
+    fn setup() -> Setup {
         let mlp = Mlp::new(vec![6, 5, 4, 3]);
         let teacher = Mlp::new(vec![6, 4, 3]);
         let p = mlp.init(seeds::student(7), 1.0);

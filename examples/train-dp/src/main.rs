@@ -14,7 +14,6 @@
 
 mod config;
 mod cpu;
-#[allow(dead_code)]
 mod gpu;
 mod host_train;
 mod libs;

@@ -175,6 +175,7 @@ pub fn buckets(mlp: &Mlp, cap_elems: usize) -> Vec<Bucket> {
                 }
             }
         };
+        debug_assert!(!b.is_empty());
         if b.len() >= cap_elems.max(1) {
             out.push(b);
         } else {
