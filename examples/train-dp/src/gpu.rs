@@ -81,7 +81,6 @@ struct Kernels {
     bias_act: CudaFunction,
     loss_grad: CudaFunction,
     relu_backward: CudaFunction,
-    col_sum: CudaFunction,
     sum_squares: CudaFunction,
     finalize: CudaFunction,
     adamw: CudaFunction,
@@ -97,7 +96,6 @@ impl Kernels {
             bias_act: m.function("bias_act")?,
             loss_grad: m.function("loss_grad")?,
             relu_backward: m.function("relu_backward")?,
-            col_sum: m.function("col_sum")?,
             sum_squares: m.function("sum_squares")?,
             finalize: m.function("finalize")?,
             adamw: m.function("adamw")?,
@@ -285,6 +283,8 @@ struct Net<'a> {
     /// `acts[0]` = inputs, `acts[l + 1]` = layer `l`'s output.
     acts: Vec<DeviceBuffer>,
     t_hidden: DeviceBuffer,
+    /// `rank_batch` ones (bias gradients as a GEMM).
+    ones: DeviceBuffer,
     labels: DeviceBuffer,
     dy: [DeviceBuffer; 2],
     loss_partial: DeviceBuffer,
@@ -312,6 +312,8 @@ impl<'a> Net<'a> {
         let ctx = gpu.context();
         let timing = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
         let plain = || ctx.new_event(None);
+        let ones = f32s(gpu, b)?;
+        ones.copy_from_host(0, &vec![1.0f32; b])?;
         let tparams = f32s(gpu, teacher.params)?;
         tparams.copy_from_host(0, &teacher.init(seeds::teacher(cfg.seed), 1.0))?;
         let net = Net {
@@ -330,6 +332,7 @@ impl<'a> Net<'a> {
                 .map(|l| f32s(gpu, b * mlp.dims[l]))
                 .collect::<Result<_, _>>()?,
             t_hidden: f32s(gpu, b * cfg.teacher_hidden)?,
+            ones,
             labels: f32s(gpu, b * cfg.width)?,
             dy: [f32s(gpu, b * cfg.width)?, f32s(gpu, b * cfg.width)?],
             loss_partial: f32s(gpu, REDUCE_BLOCKS as usize)?,
@@ -493,8 +496,23 @@ impl<'a> Net<'a> {
                     din,
                 )?
             };
-            launch!(s, &self.k.col_sum, grid_for(dout), THREADS;
-                gr + 4 * mlp.b_off[l] as u64, g, b as u64, dout as u64)?;
+            // db (dout) = g^T 1: column-major g^T (dout x b) times a column of ones.
+            // SAFETY: g: b x dout, ones: b, the bias gradient: dout.
+            unsafe {
+                self.blas.gemm(
+                    false,
+                    false,
+                    dout,
+                    1,
+                    b,
+                    g,
+                    dout,
+                    self.ones.device_ptr(),
+                    b,
+                    gr + 4 * mlp.b_off[l] as u64,
+                    dout,
+                )?
+            };
             if l == self.buckets[k].lo {
                 self.ready[k].record(s)?;
                 if cfg.overlap {

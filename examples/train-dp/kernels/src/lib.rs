@@ -192,25 +192,6 @@ kernel! {
 }
 
 kernel! {
-    /// Bias gradient: `db[c] = sum_r g[r][c]` (rows summed in order), one thread per column.
-    pub unsafe fn col_sum(db: *mut f32, g: *const f32, rows: u64, cols: u64) {
-        let mut c = arch::global_thread_idx_x() as u64;
-        while c < cols {
-            let mut acc = 0.0f32;
-            let mut r = 0;
-            while r < rows {
-                // SAFETY: r < rows, c < cols: inside g.
-                acc += unsafe { *g.add((r * cols + c) as usize) };
-                r += 1;
-            }
-            // SAFETY: c < cols, the size of db.
-            unsafe { *db.add(c as usize) = acc };
-            c += arch::global_threads_x() as u64;
-        }
-    }
-}
-
-kernel! {
     /// `partial[block] = sum x[i]^2` over the block's grid-stride share of `x[..n]`.
     /// Blocks of [`REDUCE_THREADS`] threads, at most [`REDUCE_BLOCKS`] blocks.
     pub unsafe fn sum_squares(x: *const f32, n: u64, partial: *mut f32) {
