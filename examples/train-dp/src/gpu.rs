@@ -20,7 +20,9 @@
 //! Timing (CUDA events, recorded as external events so that they also time graph replays):
 //! the step from its first to its last kernel; the exposed communication from the end of
 //! the backward compute to the moment `s` may continue past its wait for `c`; the
-//! communication span from the first bucket's start on `c` to the last one's end.
+//! communication span from the first bucket's start on `c` to the last one's end. The
+//! host reads each step's events before enqueuing the next, so steps do not pipeline on
+//! the host side (launch overhead between steps is outside the measured step time).
 
 use std::sync::Arc;
 
@@ -575,7 +577,11 @@ impl<'a> Net<'a> {
         let ms = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(f64::from).unwrap_or(f64::NAN);
         StepTime {
             step_ms: ms(&e.start, &e.end),
-            exposed_ms: ms(&e.bwd_end, &e.after_wait).max(0.0),
+            // Clamped at 0 (event resolution), NaN kept (an unreadable event).
+            exposed_ms: {
+                let x = ms(&e.bwd_end, &e.after_wait);
+                if x < 0.0 { 0.0 } else { x }
+            },
             comm_ms: if self.cfg.nranks > 1 {
                 ms(&e.comm_start, &e.comm_end)
             } else {
