@@ -419,18 +419,62 @@ fn mismatch_rank() {
     let send: CudaSlice<f32> = stream.clone_htod(&vec![1.0f32; max]).unwrap();
     let recv: CudaSlice<f32> = stream.alloc_zeros(max).unwrap();
     let (sp, rp) = (dptr_f32(&send, &stream), dptr_f32(&recv, &stream));
-    let cases: [(usize, usize, DataType, DataType, AllReduceAlgo, AllReduceAlgo); 5] = [
-        (1000, 2000, DataType::F32, DataType::F32, AllReduceAlgo::Auto, AllReduceAlgo::Auto),
-        (300_000, 400_000, DataType::F32, DataType::F32, AllReduceAlgo::TwoShot, AllReduceAlgo::TwoShot),
-        (1000, 800_000, DataType::F32, DataType::F32, AllReduceAlgo::Auto, AllReduceAlgo::Auto),
-        (4096, 4096, DataType::F32, DataType::Bf16, AllReduceAlgo::Auto, AllReduceAlgo::Auto),
-        (4096, 4096, DataType::F32, DataType::F32, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot),
+    let cases: [(
+        usize,
+        usize,
+        DataType,
+        DataType,
+        AllReduceAlgo,
+        AllReduceAlgo,
+    ); 5] = [
+        (
+            1000,
+            2000,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::Auto,
+        ),
+        (
+            300_000,
+            400_000,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::TwoShot,
+            AllReduceAlgo::TwoShot,
+        ),
+        (
+            1000,
+            800_000,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::Auto,
+        ),
+        (
+            4096,
+            4096,
+            DataType::F32,
+            DataType::Bf16,
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::Auto,
+        ),
+        (
+            4096,
+            4096,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::OneShot,
+            AllReduceAlgo::TwoShot,
+        ),
     ];
     for (k, &(c0, c1, d0, d1, a0, a1)) in cases.iter().enumerate() {
         let (count, dtype, algo) = if r == 0 { (c0, d0, a0) } else { (c1, d1, a1) };
         // SAFETY: both buffers hold `max` f32 (>= every count above) until the synchronize.
         unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }.unwrap();
-        let e = c.synchronize(&stream).expect_err("a mismatched call must fail");
+        let e = c
+            .synchronize(&stream)
+            .expect_err("a mismatched call must fail");
         assert!(
             e.to_string().contains("called all_reduce"),
             "rank {r} case {k}: {e}"

@@ -60,20 +60,24 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `target/<profile>/libmscclpp_nccl.so`, next to this test's `deps/` folder.
+/// The built `libmscclpp_nccl.so`: `target/<profile>/deps/` (where `cargo test` builds the
+/// library's cdylib beside the rlib this test links, so it is as fresh), else
+/// `target/<profile>/` (`cargo build`).
 fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
-    let lib = profile_dir.join("libmscclpp_nccl.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: build the library first (cargo build -p mscclpp-nccl)",
-        lib.display()
-    );
-    lib
+    let deps = exe.parent().expect("target/<profile>/deps/<test>");
+    let profile_dir = deps.parent().expect("target/<profile>/deps/<test>");
+    [deps, profile_dir]
+        .iter()
+        .map(|d| d.join("libmscclpp_nccl.so"))
+        .find(|l| l.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libmscclpp_nccl.so is in neither {} nor {}: build the library (cargo build -p mscclpp-nccl)",
+                deps.display(),
+                profile_dir.display()
+            )
+        })
 }
 
 fn tool(name: &str) -> Option<PathBuf> {
