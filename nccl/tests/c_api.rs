@@ -3,7 +3,7 @@
 //! read with `nm -D`. No GPU needed (without one, the smoke program also checks that
 //! `ncclCommInitRank` fails at once, naming the missing GPU).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -87,8 +87,29 @@ pub const EXPECTED_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 /// one copy per block index (see `all_reduce::advance_counter`).
 pub const COUNTER_WORDS: usize = 1 + MAX_BLOCKS;
 /// `u64` words of [`CollContext::state`]: the call counter (every collective kernel
-/// advances it; see [`Call`]), then the all-pairs round counter.
-pub const STATE_WORDS: usize = 2 * COUNTER_WORDS;
+/// advances it; see [`Call`]), then the all-pairs round counter, then the
+/// [`LOCAL_FAULT_WORDS`] local fault words ([`local_fault`]).
+pub const STATE_WORDS: usize = 2 * COUNTER_WORDS + LOCAL_FAULT_WORDS;
+/// `u64` words of the local fault words at the end of [`CollContext::state`].
+pub const LOCAL_FAULT_WORDS: usize = 3;
+
+/// The fault words kept in this rank's own (device) memory, at the end of
+/// [`CollContext::state`]: waits poll these, not the [`fault`] area, which on a GPU is host
+/// memory behind PCIe (a read there is a round trip of about a microsecond, and thousands of
+/// waiting threads reading it at once queued behind each other for milliseconds).
+pub mod local_fault {
+    /// Index of the first local fault word in [`super::CollContext::state`].
+    pub const BASE: usize = 2 * super::COUNTER_WORDS;
+    /// A copy of the host's abort word, once a wait has seen it set.
+    pub const ABORT: usize = BASE;
+    /// `seq + 1` of the call whose waits must stop on this rank.
+    pub const STOP: usize = BASE + 1;
+    /// `%globaltimer` of the last look at the host's abort word: one waiting thread at a
+    /// time looks, at most every [`HOST_LOOK_NS`].
+    pub const LAST_LOOK: usize = BASE + 2;
+    /// Least time between two looks at the host's abort word by this rank's waits.
+    pub const HOST_LOOK_NS: u64 = 50_000;
+}
 /// `u64` words of the semaphore array each rank exposes.
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 
@@ -149,20 +170,25 @@ unsafe impl Sync for CollContext {}
 pub mod fault {
     //! The fault area of a rank ([`CollContext::fault`](super::CollContext::fault)): word indices and record kinds.
     //!
-    //! The host writes [`ABORT`] (non-zero: stop every wait of every call now). Kernels read
-    //! it, and [`STOP`], in the slow path of their waits (every [`SLOW_POLLS`](super::SLOW_POLLS) failed polls,
-    //! with the clock). A kernel whose wait fails (abort, timeout) or which finds that the
-    //! ranks disagree about the call records it once: the first thread to add 1 to [`CLAIM`]
-    //! writes [`SEQ`], [`PEER`], [`OWN`], [`THEIRS`] and [`PLACE`], then publishes the kind in
-    //! [`RECORD`] with a release store; every failing thread then stores `seq + 1` in
-    //! [`STOP`], which makes the other waits of that call on this rank give up. The host reads
+    //! The host writes [`ABORT`] (non-zero: stop every wait of every call now). Waits look
+    //! at the rank's [local fault words](super::local_fault) in their slow path (every
+    //! [`SLOW_POLLS`](super::SLOW_POLLS) failed polls, with the clock), and one waiting thread
+    //! of the rank at a time reads [`ABORT`] here at most every
+    //! [`HOST_LOOK_NS`](super::local_fault::HOST_LOOK_NS), copying it locally once set. A
+    //! kernel whose wait fails (abort, timeout) or which finds that the ranks disagree about
+    //! the call records it once: the first thread to add 1 to [`CLAIM`] writes [`SEQ`],
+    //! [`PEER`], [`OWN`], [`THEIRS`] and [`PLACE`], then publishes the kind in [`RECORD`]
+    //! with a release store; every failing thread then stores `seq + 1` in the local
+    //! [`STOP`](super::local_fault::STOP) word, which makes the other waits of that call on
+    //! this rank give up. The host reads
     //! [`RECORD`] (acquire) and the details after it, and clears a mismatch record (zeroing
     //! [`RECORD`] then [`CLAIM`]) once reported; timeouts and aborts stay.
 
     /// Non-zero: abort every wait (written by the host: `1 + rank` of a lost rank, or
     /// [`ABORT_REQUESTED`]).
     pub const ABORT: usize = 0;
-    /// `seq + 1` of the call whose waits must stop on this rank.
+    /// Unused (the stop word moved to [`super::local_fault::STOP`], in the rank's own
+    /// memory); kept so the other indexes do not move.
     pub const STOP: usize = 1;
     /// Claimed (added to) by every recording thread; the one that saw 0 writes the record.
     pub const CLAIM: usize = 2;
@@ -376,8 +402,8 @@ impl CollContext {
             if polls.is_multiple_of(SLOW_POLLS) {
                 let now = arch::global_timer_ns();
                 let t0 = *start.get_or_insert(now);
-                // SAFETY: the fault area is live (context contract).
-                let abort = unsafe { arch::ld_relaxed_sys_u64(self.fault.add(fault::ABORT)) };
+                // SAFETY: the context is valid (caller contract).
+                let abort = unsafe { self.abort_word(now) };
                 let kind = if abort != 0 {
                     fault::ABORTED
                 } else if now.wrapping_sub(t0) > self.timeout_ns {
@@ -405,11 +431,11 @@ impl CollContext {
     #[inline(never)]
     pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: u64) -> bool {
         let now = arch::global_timer_ns();
-        // SAFETY: the fault area is live (context contract).
+        // SAFETY: the context is valid (caller contract); the local fault words are live.
         let (abort, stop) = unsafe {
             (
-                arch::ld_relaxed_sys_u64(self.fault.add(fault::ABORT)),
-                arch::ld_relaxed_sys_u64(self.fault.add(fault::STOP)),
+                self.abort_word(now),
+                arch::ld_relaxed_sys_u64(self.state.add(local_fault::STOP)),
             )
         };
         let kind = if abort != 0 {
@@ -433,6 +459,37 @@ impl CollContext {
         // SAFETY: as above.
         unsafe { self.fail(call, kind, peer, [0; 2], place) };
         false
+    }
+
+    /// The abort word as this rank's waits see it: the local copy, and, at most once per
+    /// [`local_fault::HOST_LOOK_NS`] for the whole rank (the thread that wins a
+    /// compare-and-swap of the last look's time), the host's word, copied locally once set.
+    ///
+    /// # Safety
+    /// The context valid.
+    #[cold]
+    #[inline(never)]
+    unsafe fn abort_word(&self, now: u64) -> u64 {
+        // SAFETY: the local fault words are live, local and accessed atomically.
+        unsafe {
+            let local = arch::ld_relaxed_sys_u64(self.state.add(local_fault::ABORT));
+            if local != 0 {
+                return local;
+            }
+            let last_at = self.state.add(local_fault::LAST_LOOK);
+            let last = arch::ld_relaxed_sys_u64(last_at);
+            if now.wrapping_sub(last) < local_fault::HOST_LOOK_NS
+                || arch::atomic_cas_relaxed_gpu_u64(last_at, last, now) != last
+            {
+                return 0;
+            }
+            // The fault area is live (context contract).
+            let host = arch::ld_relaxed_sys_u64(self.fault.add(fault::ABORT));
+            if host != 0 {
+                arch::st_release_sys_u64(self.state.add(local_fault::ABORT), host);
+            }
+            host
+        }
     }
 
     /// Records that `call` failed on this rank (`kind`, the peer and its descriptor, what
@@ -459,7 +516,7 @@ impl CollContext {
                 core::ptr::write_volatile(f.add(fault::PLACE), place);
                 arch::st_release_sys_u64(f.add(fault::RECORD), kind);
             }
-            arch::st_release_sys_u64(f.add(fault::STOP), call.seq + 1);
+            arch::st_release_sys_u64(self.state.add(local_fault::STOP), call.seq + 1);
         }
     }
 

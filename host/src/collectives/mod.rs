@@ -656,7 +656,10 @@ impl Collectives {
             Some(AllReduceAlgo::Proxy) => (1, threads),
             Some(AllReduceAlgo::OneShot) => {
                 let units = bytes.div_ceil(8).max(1);
-                let threads = (units.next_multiple_of(32) as u32).clamp(32, threads);
+                // One warp more than the units need, while the block has room: the last
+                // threads of block 0 send and check the call descriptors, and in a warp of
+                // their own they do not hold up the data threads' polls.
+                let threads = ((units.next_multiple_of(32) + 32) as u32).clamp(64, threads);
                 let blocks = units.div_ceil(threads as usize).clamp(1, 128) as u32;
                 (blocks, threads)
             }
