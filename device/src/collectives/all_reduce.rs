@@ -2,7 +2,7 @@
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
 use super::{
-    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, fault, packet_half, rotated_rank,
+    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, SLOW_POLLS, fault, packet_half, rotated_rank,
     round_share, two_shot_slot,
 };
 use crate::arch;
@@ -235,9 +235,10 @@ unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
 }
 
 /// The sum of unit `i` over the ranks, in rank order: `own` for this rank, the peers'
-/// packets (one load each when they are there; else polled out of line, see
-/// [`poll_packet`]) for the others. After a failed wait of the call, the peers' values are
-/// not waited for (the result is undefined then).
+/// packets (polled inline; every `SLOW_POLLS` failed polls [`CollContext::keep_waiting`]
+/// looks at the clock, the fault words and the peer's descriptor) for the others. After a
+/// failed wait of the call, the peers' values are not waited for (the result is undefined
+/// then).
 ///
 /// # Safety
 /// As for [`send_unit`].
@@ -258,54 +259,33 @@ unsafe fn reduce_unit<T: Reduce>(
             unsafe {
                 let slot = ctx.packets_in[q as usize & (MAX_RANKS - 1)]
                     .add((half + 16 * i) as usize) as *const LlPacket;
-                match LlPacket::read(slot, call.flag()) {
-                    Some(v) => v,
-                    None if call.failed => 0,
-                    None => match poll_packet(ctx, *call, slot, q) {
-                        Some(v) => v,
-                        None => {
-                            call.failed = true;
-                            0
+                // Inline polling, as before faults were handled: only every SLOW_POLLS-th
+                // failed poll calls out of line (clock, fault words, the peer's descriptor).
+                let flag = call.flag();
+                let (mut polls, mut t0) = (0u32, 0u64);
+                loop {
+                    if let Some(v) = LlPacket::read(slot, flag) {
+                        break v;
+                    }
+                    if call.failed {
+                        break 0;
+                    }
+                    polls = polls.wrapping_add(1);
+                    if polls.is_multiple_of(SLOW_POLLS) {
+                        if t0 == 0 {
+                            t0 = arch::global_timer_ns().max(1);
                         }
-                    },
+                        if !ctx.keep_waiting(*call, q, fault::AT_PACKET, t0) {
+                            call.failed = true;
+                            break 0;
+                        }
+                    }
                 }
             }
         };
         acc = if q == 0 { v } else { T::add8(acc, v) };
     }
     acc
-}
-
-/// The slow path of [`reduce_unit`]: polls the packet from rank `q` with the call's flag
-/// until it comes or the wait gives up ([`CollContext::wait_until`]: abort, timeout, the
-/// call failed on this rank, or rank `q`'s descriptor differs); `None` then. The call is
-/// passed by value (a reference would put the kernel's `Call` in local memory).
-///
-/// # Safety
-/// As for [`send_unit`]; `slot` in this rank's packet scratch for rank `q != rank`.
-#[cold]
-#[inline(never)]
-unsafe fn poll_packet(
-    ctx: &CollContext,
-    mut call: Call,
-    slot: *const LlPacket,
-    q: u32,
-) -> Option<u64> {
-    let flag = call.flag();
-    let mut got = 0;
-    // SAFETY: caller contract.
-    let ok = unsafe {
-        ctx.wait_until(&mut call, q, fault::AT_PACKET, || {
-            match LlPacket::read(slot, flag) {
-                Some(v) => {
-                    got = v;
-                    true
-                }
-                None => false,
-            }
-        })
-    };
-    ok.then_some(got)
 }
 
 /// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least
@@ -519,10 +499,11 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     check_grid(ctx, nb, nt);
     // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
-    // SAFETY: every thread of the block. On a mismatch (or failure) nothing below touches
-    // shared state: block-uniform.
-    let go = unsafe { ctx.begin(&mut call, b, t) };
-    for j in 0..if go { rounds } else { 0 } {
+    // SAFETY: every thread of every block. The first barrier checks the peers'
+    // descriptors; on a mismatch (or failure) it returns false on every thread of the block
+    // and nothing after it touches shared state.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
+    for j in 0..rounds {
         let (s, e) = round_share(slot, chunk, j, per_vec, b as u64, nb as u64);
         let off = j * slot + s;
         let scratch_off = s * es;
@@ -581,7 +562,7 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
             }
         }
     }
-    if go && !call.failed {
+    if !call.failed {
         // SAFETY: every thread of the block (block-uniform condition).
         unsafe { ctx.barrier(&mut call, b, t) };
     }
@@ -636,11 +617,8 @@ pub unsafe fn all_pairs<T: Reduce>(
     let base = unsafe { read_counter(rounds_counter, b) };
     // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
-    // SAFETY: every thread of the block; block-uniform (see two_shot).
-    let go = unsafe { ctx.begin(&mut call, b, t) };
-    // Rounds done (all-or-nothing on every rank: a failed call leaves the communicator
-    // unusable, a mismatched one does no round anywhere).
-    let rounds = if go { rounds } else { 0 };
+    // SAFETY: every thread of every block; as in two_shot.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
     for j in 0..rounds {
         let (s, e) = round_share(slot, count, j, 16 / es, b as u64, nb as u64);
         let off = j * slot + s;
@@ -685,9 +663,13 @@ pub unsafe fn all_pairs<T: Reduce>(
             );
         }
     }
+    // Rounds done: all of them, or none on a mismatch (every rank's first barrier fails
+    // alike, so the round counters stay equal; a call failed otherwise leaves the
+    // collectives unusable anyway). `call.failed` is uniform over the grid then.
+    let done = if call.failed { 0 } else { rounds };
     // SAFETY: every thread of the block; the counter as above.
     unsafe {
-        advance_counter(rounds_counter, base + rounds, t, nt, b, nb);
+        advance_counter(rounds_counter, base + done, t, nt, b, nb);
         ctx.finish(&call);
     }
 }

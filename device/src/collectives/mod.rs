@@ -272,6 +272,9 @@ pub struct Call {
     pub desc: [u64; 2],
     /// A wait failed (or the ranks disagree); skip the remaining work.
     pub failed: bool,
+    /// The peers' descriptors are still to be checked, at the first barrier (see
+    /// [`CollContext::begin_deferred`]).
+    pub desc_pending: bool,
 }
 
 impl Call {
@@ -296,6 +299,7 @@ impl CollContext {
             seq,
             desc: [n, tag],
             failed: false,
+            desc_pending: false,
         }
     }
 
@@ -644,6 +648,46 @@ impl CollContext {
         self.block_agree(call, thread)
     }
 
+    /// [`begin`](Self::begin) for kernels whose first access to shared state is a write into
+    /// the peers' scratch followed by a [`barrier`](Self::barrier): block 0 sends the
+    /// descriptors now, and the first barrier checks the peers' before it signals (so the
+    /// descriptors' one-way trip overlaps the first puts). On a mismatch nobody signals, as
+    /// with `begin`; the puts already made land in slots the peers read only after a barrier
+    /// of a later call, which rewrites them first. A kernel with no barrier must call
+    /// [`check_pending`](Self::check_pending) before it ends.
+    ///
+    /// # Safety
+    /// As for [`begin`](Self::begin).
+    #[inline(always)]
+    pub unsafe fn begin_deferred(&self, call: &mut Call, block: u32, thread: u32) {
+        if block == 0 && thread < self.nranks && thread != self.rank {
+            // SAFETY: thread is a peer (caller contract).
+            unsafe { self.send_desc(call, thread) };
+        }
+        call.desc_pending = true;
+    }
+
+    /// Checks the peers' descriptors if [`begin_deferred`](Self::begin_deferred) left them
+    /// pending: threads `p < nranks` wait for rank `p`'s, the block agrees. `false` (every
+    /// thread) when the ranks disagree or a wait gave up.
+    ///
+    /// # Safety
+    /// Every thread of the block, after a `sync_threads` since the last use of
+    /// [`block_agree`](Self::block_agree); the context valid.
+    #[inline(always)]
+    pub unsafe fn check_pending(&self, call: &mut Call, thread: u32) -> bool {
+        if !call.desc_pending {
+            return !call.failed;
+        }
+        call.desc_pending = false;
+        if thread < self.nranks && thread != self.rank {
+            // SAFETY: thread is a peer (caller contract).
+            unsafe { self.check_desc(call, thread) };
+        }
+        arch::sync_threads();
+        self.block_agree(call, thread)
+    }
+
     /// A barrier of block `block` with the same block of every other rank: the block's
     /// threads sync, thread `p` signals rank `p` and waits for its signal, the block syncs
     /// again. What the block did before happens before what the peers' blocks do after.
@@ -656,6 +700,10 @@ impl CollContext {
     #[inline(always)]
     pub unsafe fn barrier(&self, call: &mut Call, block: u32, thread: u32) -> bool {
         arch::sync_threads();
+        // SAFETY: every thread of the block, just synced (caller contract).
+        if call.desc_pending && !unsafe { self.check_pending(call, thread) } {
+            return false;
+        }
         if thread < self.nranks && thread != self.rank && !call.failed {
             // SAFETY: thread is a valid peer; one waiter per (peer, block).
             unsafe {
