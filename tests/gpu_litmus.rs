@@ -128,7 +128,12 @@ fn run_two(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
-    run_test_ranks(test, 2, ROLE, Duration::from_secs(300));
+    // The reader's counts, shown also when the test passes.
+    for line in run_test_ranks(test, 2, ROLE, Duration::from_secs(300)) {
+        if line.contains("violations") {
+            println!("{line}");
+        }
+    }
 }
 
 #[test]

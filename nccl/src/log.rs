@@ -77,6 +77,24 @@ pub fn call_path(call: &str, rank: usize, nranks: usize, dtype: &str, op: &str, 
     if level() < Level::Info {
         return;
     }
+    // Per thread, keyed by the strings' addresses and lengths (the names are static): the
+    // common case, a call site already printed, costs a hash lookup and no allocation.
+    thread_local! {
+        static PRINTED: std::cell::RefCell<HashSet<[usize; 7]>> =
+            std::cell::RefCell::new(HashSet::new());
+    }
+    let fast = [
+        call.as_ptr() as usize,
+        call.len(),
+        dtype.as_ptr() as usize,
+        dtype.len(),
+        op.as_ptr() as usize,
+        op.len(),
+        path as usize,
+    ];
+    if !PRINTED.with(|p| p.borrow_mut().insert(fast)) {
+        return;
+    }
     static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let key = format!("{call} {dtype} {op} -> {}", path.name());
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());

@@ -407,7 +407,8 @@ pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
 /// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
 pub unsafe fn atomic_cas_relaxed_gpu_u64(p: *mut u64, cmp: u64, new: u64) -> u64 {
     // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
-    match unsafe { atomic_u64(p) }.compare_exchange(cmp, new, Ordering::Relaxed, Ordering::Relaxed) {
+    match unsafe { atomic_u64(p) }.compare_exchange(cmp, new, Ordering::Relaxed, Ordering::Relaxed)
+    {
         Ok(v) | Err(v) => v,
     }
 }

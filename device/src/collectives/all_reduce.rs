@@ -2,8 +2,8 @@
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
 use super::{
-    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, SLOW_POLLS, fault, packet_half, rotated_rank,
-    round_share, two_shot_slot,
+    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, SLOW_POLLS, fault, packet_half,
+    rotated_rank, round_share, two_shot_slot,
 };
 use crate::arch;
 use crate::channel::memory::copy;

@@ -251,16 +251,24 @@ struct StepEvents {
     end: CudaEvent,
 }
 
-/// Records `ev` on `stream` as an external event: an event-record node under capture, so
-/// it times graph replays too.
+/// Records `ev` on `stream`: under capture as an external event (an event-record node, so
+/// it times graph replays too), else plainly (the driver refuses the external flag outside
+/// capture with CUDA_ERROR_ILLEGAL_STATE).
 fn record_timing(ev: &CudaEvent, stream: &CudaStream) -> Result<(), Error> {
+    let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream; `status` is a valid out-pointer.
+    unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
+        .result()
+        .map_err(|e| format!("cuStreamIsCapturing: {e:?}"))?;
+    let flags =
+        if status == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32
+        } else {
+            CUevent_record_flags::CU_EVENT_RECORD_DEFAULT as u32
+        };
     // SAFETY: a live event and stream of the same context.
     let r = unsafe {
-        cudarc::driver::sys::cuEventRecordWithFlags(
-            ev.cu_event(),
-            stream.cu_stream(),
-            CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-        )
+        cudarc::driver::sys::cuEventRecordWithFlags(ev.cu_event(), stream.cu_stream(), flags)
     };
     r.result()
         .map_err(|e| format!("cuEventRecordWithFlags: {e:?}").into())
