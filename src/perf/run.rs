@@ -353,11 +353,15 @@ fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
 
 fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
     match config.args.collective {
-        Collective::AllGather => match coll.choose_all_gather() {
-            AllGatherAlgo::Proxy => "proxy",
-            _ => "memory",
+        Collective::AllGather => {
+            let per_rank = shape.bytes as usize / coll.nranks().max(1);
+            match coll.choose_all_gather(per_rank) {
+                AllGatherAlgo::Proxy => "proxy",
+                AllGatherAlgo::Packets => "packets",
+                _ => "memory",
+            }
+            .into()
         }
-        .into(),
         Collective::AllReduce => {
             let algo = match config.args.algo {
                 AlgoArg::Auto => coll.choose_all_reduce(shape.bytes as usize),

@@ -174,3 +174,82 @@ unsafe fn drain(
         }
     }
 }
+
+/// All-gather of `bytes` per rank through LL packets, for small messages: every rank writes
+/// its input as LL packets (8 data bytes and the call's flag in one 16-byte store) into each
+/// peer's packet scratch, copies it to its own place of `recv`, and copies what arrives from
+/// each peer to that peer's place. No signal and no barrier, like one-shot all-reduce (same
+/// packet halves alternating by the call counter, same descriptor threads: the last threads
+/// of block 0). Unit `i` (8 bytes) belongs to global thread `i % threads` in both phases, so
+/// in place (`send == recv + rank * bytes`) is safe.
+///
+/// # Safety
+/// Every thread of the grid calls it with the same arguments; at most `MAX_BLOCKS` blocks of
+/// at least `nranks` threads; the context valid with `bytes.div_ceil(8) * 16 <=
+/// packet_half(packets_len)`; `send` valid for `bytes`, `recv` for `nranks * bytes`.
+#[inline(always)]
+pub unsafe fn all_gather_packets(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: u64,
+    tag: u64,
+) {
+    use super::all_reduce::{load_unit, recv_unit, send_unit, store_unit};
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+    let units = bytes.div_ceil(8);
+    if nb as usize > super::MAX_BLOCKS || nt < ctx.nranks {
+        arch::trap();
+    }
+    // SAFETY: b < MAX_BLOCKS; finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, bytes, tag) };
+    let half = super::packet_half(ctx.packets_len) * (call.seq & 1);
+    if units * 16 > super::packet_half(ctx.packets_len) {
+        arch::trap();
+    }
+    let (r, n) = (ctx.rank, ctx.nranks);
+    // Every rank's place in recv is aligned when recv and bytes are.
+    let aligned = (send as usize | recv as usize | bytes as usize).is_multiple_of(8);
+    let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
+    let desc_peer = nt - 1 - t;
+    let desc_peer = (b == 0 && desc_peer < n && desc_peer != r).then_some(desc_peer);
+    let own = recv.wrapping_add((r as u64 * bytes) as usize);
+    let mut i = first;
+    while i < units {
+        // SAFETY: i < units; send valid for bytes, own place of recv too (caller contract);
+        // in place, the unit is read before it is written back unchanged.
+        unsafe {
+            let d = load_unit(send, i, bytes, aligned);
+            send_unit(ctx, half, i, d, call.flag());
+            if !core::ptr::eq(own as *const u8, send) {
+                store_unit(own, i, bytes, d, aligned);
+            }
+        }
+        i += stride;
+    }
+    if let Some(p) = desc_peer {
+        // SAFETY: p is a peer.
+        unsafe { ctx.send_desc(&call, p) };
+    }
+    let mut i = first;
+    while i < units {
+        for k in 0..n {
+            let q = rotated_rank(r, n, i as u32, k);
+            if q != r {
+                // SAFETY: q a peer; rank q's place of recv holds bytes (caller contract).
+                unsafe {
+                    let v = recv_unit(ctx, &mut call, half, i, q);
+                    store_unit(recv.add((q as u64 * bytes) as usize), i, bytes, v, aligned);
+                }
+            }
+        }
+        i += stride;
+    }
+    if let Some(p) = desc_peer {
+        // SAFETY: p is a peer; waited for even after a failure (see `check_desc`).
+        unsafe { ctx.check_desc(&mut call, p) };
+    }
+    // SAFETY: every thread of every block gets here.
+    unsafe { ctx.finish(&call) };
+}

@@ -15,7 +15,7 @@ use crate::packet::LlPacket;
 /// # Safety
 /// `p` valid for `bytes` bytes; `i < bytes.div_ceil(8)`.
 #[inline(always)]
-unsafe fn load_unit(p: *const u8, i: u64, bytes: u64, aligned: bool) -> u64 {
+pub(crate) unsafe fn load_unit(p: *const u8, i: u64, bytes: u64, aligned: bool) -> u64 {
     let at = i * 8;
     if aligned && at + 8 <= bytes {
         // SAFETY: 8 valid aligned bytes (caller contract).
@@ -47,7 +47,7 @@ unsafe fn load_bytes(p: *const u8, at: u64, bytes: u64) -> u64 {
 /// # Safety
 /// As for [`load_unit`], with `p` writable and not accessed concurrently at these bytes.
 #[inline(always)]
-unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
+pub(crate) unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
     let at = i * 8;
     if aligned && at + 8 <= bytes {
         // SAFETY: 8 valid aligned bytes (caller contract).
@@ -217,7 +217,7 @@ pub unsafe fn one_shot<T: Reduce>(
 /// # Safety
 /// The context valid; `half + 16 * i + 16 <= packets_len - DESC_BYTES`.
 #[inline(always)]
-unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
+pub(crate) unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
     for k in 0..ctx.nranks {
         let p = rotated_rank(ctx.rank, ctx.nranks, i as u32, k);
         if p != ctx.rank {
@@ -255,37 +255,56 @@ unsafe fn reduce_unit<T: Reduce>(
         let v = if q == ctx.rank {
             own
         } else {
-            // SAFETY: this rank's scratch for rank q, same bounds as in `send_unit`.
-            unsafe {
-                let slot = ctx.packets_in[q as usize & (MAX_RANKS - 1)]
-                    .add((half + 16 * i) as usize) as *const LlPacket;
-                // Inline polling, as before faults were handled: only every SLOW_POLLS-th
-                // failed poll calls out of line (clock, fault words, the peer's descriptor).
-                let flag = call.flag();
-                let (mut polls, mut t0) = (0u32, 0u64);
-                loop {
-                    if let Some(v) = LlPacket::read(slot, flag) {
-                        break v;
-                    }
-                    if call.failed {
-                        break 0;
-                    }
-                    polls = polls.wrapping_add(1);
-                    if polls.is_multiple_of(SLOW_POLLS) {
-                        if t0 == 0 {
-                            t0 = arch::global_timer_ns().max(1);
-                        }
-                        if !ctx.keep_waiting(*call, q, fault::AT_PACKET, t0) {
-                            call.failed = true;
-                            break 0;
-                        }
-                    }
-                }
-            }
+            // SAFETY: forwarded (caller contract), q a peer.
+            unsafe { recv_unit(ctx, call, half, i, q) }
         };
         acc = if q == 0 { v } else { T::add8(acc, v) };
     }
     acc
+}
+
+/// Unit `i` of rank `q`'s input, from the LL packet rank `q` wrote into this rank's packet
+/// scratch (half at byte `half`) with the call's flag: polled inline; every `SLOW_POLLS`
+/// failed polls [`CollContext::keep_waiting`] looks at the clock, the fault words and the
+/// peer's descriptor. 0 once the call failed (the result is undefined then).
+///
+/// # Safety
+/// As for [`send_unit`]; `q < nranks`, `q != rank`.
+#[inline(always)]
+pub(crate) unsafe fn recv_unit(
+    ctx: &CollContext,
+    call: &mut Call,
+    half: u64,
+    i: u64,
+    q: u32,
+) -> u64 {
+    // SAFETY: this rank's scratch for rank q, same bounds as in `send_unit`.
+    unsafe {
+        let slot = ctx.packets_in[q as usize & (MAX_RANKS - 1)].add((half + 16 * i) as usize)
+            as *const LlPacket;
+        // Inline polling, as before faults were handled: only every SLOW_POLLS-th failed
+        // poll calls out of line.
+        let flag = call.flag();
+        let (mut polls, mut t0) = (0u32, 0u64);
+        loop {
+            if let Some(v) = LlPacket::read(slot, flag) {
+                break v;
+            }
+            if call.failed {
+                break 0;
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(SLOW_POLLS) {
+                if t0 == 0 {
+                    t0 = arch::global_timer_ns().max(1);
+                }
+                if !ctx.keep_waiting(*call, q, fault::AT_PACKET, t0) {
+                    call.failed = true;
+                    break 0;
+                }
+            }
+        }
+    }
 }
 
 /// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least

@@ -359,6 +359,18 @@ fn one_shot_flags_alternate_halves_over_many_calls() {
 
 /// Runs one all-gather of `inputs[r]` (bytes) on every rank; returns each rank's output.
 fn all_gather(w: &World, inputs: &[Vec<u8>], in_place: bool, blocks: u32) -> Vec<Vec<u8>> {
+    all_gather_with(w, inputs, in_place, blocks, k::all_gather, AG_TAG)
+}
+
+/// [`all_gather`] with kernel `f` (and its descriptor tag).
+fn all_gather_with(
+    w: &World,
+    inputs: &[Vec<u8>],
+    in_place: bool,
+    blocks: u32,
+    f: Kernel,
+    tag: u64,
+) -> Vec<Vec<u8>> {
     let n = inputs.len();
     let bytes = inputs[0].len();
     std::thread::scope(|s| {
@@ -379,15 +391,7 @@ fn all_gather(w: &World, inputs: &[Vec<u8>], in_place: bool, blocks: u32) -> Vec
                     let (sp, rp, ctx) = (sp as u64, recv.p as u64, w.ctxs[r]);
                     launch(Dim3::x(blocks), Dim3::x(4), || {
                         // SAFETY: the world's context; buffers valid as the kernel needs.
-                        unsafe {
-                            k::all_gather(
-                                &ctx,
-                                sp as *const u8,
-                                rp as *mut u8,
-                                bytes as u64,
-                                AG_TAG,
-                            )
-                        }
+                        unsafe { f(&ctx, sp as *const u8, rp as *mut u8, bytes as u64, tag) }
                     })
                     .expect("kernel ran to completion");
                     // SAFETY: recv holds n * bytes; the kernel is done.
@@ -415,6 +419,44 @@ fn all_gather_places_every_rank_in_order_in_and_out_of_place() {
                         "n={n} bytes {bytes} in_place {in_place} rank {r}"
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn all_gather_through_packets_places_every_rank_over_many_calls() {
+    // Calls alternate the packet halves and mix with the memory all-gather and one-shot
+    // all-reduce (one call counter): stale packets of an earlier call must never be taken.
+    let tag = desc::tag(desc::ALL_GATHER, 0, 0, 3);
+    for n in [1usize, 2, 3, 4] {
+        let w = World::new(n, 4096, 16 * 1024);
+        for (call, bytes) in [1usize, 15, 16, 100, 333, 4000, 8, 4000, 7]
+            .into_iter()
+            .enumerate()
+        {
+            for in_place in [false, true] {
+                let inputs: Vec<Vec<u8>> = (0..n)
+                    .map(|r| {
+                        (0..bytes)
+                            .map(|i| (i * 13 + r * 101 + call * 7) as u8)
+                            .collect()
+                    })
+                    .collect();
+                let want: Vec<u8> = inputs.concat();
+                let blocks = 1 + (call % 3) as u32;
+                let got =
+                    all_gather_with(&w, &inputs, in_place, blocks, k::all_gather_packets, tag);
+                for (r, got) in got.iter().enumerate() {
+                    assert_eq!(
+                        got, &want,
+                        "n={n} bytes {bytes} in_place {in_place} rank {r}"
+                    );
+                }
+            }
+            if call % 4 == 3 {
+                let inputs: Vec<Vec<u8>> = (0..n).map(|r| vec![r as u8 ^ 0x5a; 64]).collect();
+                assert_eq!(all_gather(&w, &inputs, false, 2)[0], inputs.concat());
             }
         }
     }

@@ -88,3 +88,13 @@ kernel! {
     }
 }
 crate::launch_bounds!(all_gather_proxy, 512);
+
+kernel! {
+    /// All-gather of `bytes` per rank through LL packets (small messages): see
+    /// [`all_gather::all_gather_packets`].
+    pub unsafe fn all_gather_packets(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { all_gather::all_gather_packets(&*ctx, send, recv, bytes, tag) }
+    }
+}
+crate::launch_bounds!(all_gather_packets, 1024);

@@ -21,6 +21,7 @@ pub(super) struct Kernels {
     /// The proxy channels' handles in device memory (the context points at them).
     _conns: Option<DeviceBuffer>,
     pub(super) all_gather: CudaFunction,
+    pub(super) all_gather_packets: CudaFunction,
     /// The context in device memory (kernels take its address).
     ctx: DeviceBuffer,
     _module: KernelModule,
@@ -73,6 +74,7 @@ impl Kernels {
                 f("all_reduce_proxy_bf16")?,
             ],
             all_gather: f("all_gather")?,
+            all_gather_packets: f("all_gather_packets")?,
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
             ctx: mem,

@@ -155,6 +155,10 @@ pub enum AllGatherAlgo {
     Memory,
     /// Over proxy channels (copy engine / proxy memcpy); never chosen by `Auto`.
     Proxy,
+    /// Every rank writes its input as LL packets into every peer's packet scratch: no
+    /// signal, no barrier (as one-shot all-reduce); for small messages, up to the one-shot
+    /// size per rank.
+    Packets,
 }
 
 /// Element types the typed calls accept.
@@ -327,8 +331,9 @@ fn parse_all_gather_env() -> Result<Option<AllGatherAlgo>, CommError> {
             "" | "auto" => Ok(None),
             "memory" => Ok(Some(AllGatherAlgo::Memory)),
             "proxy" => Ok(Some(AllGatherAlgo::Proxy)),
+            "packets" | "ll" => Ok(Some(AllGatherAlgo::Packets)),
             _ => Err(CommError::InvalidArgument(format!(
-                "MSCCLPP_ALLGATHER_ALGO={v:?}: expected auto, memory or proxy"
+                "MSCCLPP_ALLGATHER_ALGO={v:?}: expected auto, memory, proxy or packets"
             ))),
         },
     }
@@ -622,14 +627,44 @@ impl Collectives {
         }
     }
 
-    /// The algorithm [`AllGatherAlgo::Auto`] resolves to (`MSCCLPP_ALLGATHER_ALGO`, then
-    /// the config, then memory channels).
-    pub fn choose_all_gather(&self) -> AllGatherAlgo {
+    /// The algorithm [`AllGatherAlgo::Auto`] resolves to for `bytes` per rank
+    /// (`MSCCLPP_ALLGATHER_ALGO`, then the config): LL packets up to the one-shot size
+    /// (`packet_max_bytes`, as all-reduce: nccl-tests on 2x H200 had the memory-channel
+    /// all-gather at 13-16 us from 32 B to 512 KB where NCCL takes 8-13), memory channels
+    /// above.
+    pub fn choose_all_gather(&self, bytes: usize) -> AllGatherAlgo {
         match (self.env_all_gather, self.config.all_gather_algo) {
             (Some(a), _) => a,
-            (None, AllGatherAlgo::Auto) => AllGatherAlgo::Memory,
+            (None, AllGatherAlgo::Auto) => {
+                if bytes <= self.config.packet_max_bytes.min(self.one_shot_max_bytes()) {
+                    AllGatherAlgo::Packets
+                } else {
+                    AllGatherAlgo::Memory
+                }
+            }
             (None, a) => a,
         }
+    }
+
+    /// Resolves an all-gather algorithm for `bytes` per rank and checks it can carry them.
+    fn resolve_all_gather(
+        &self,
+        call: &str,
+        algo: AllGatherAlgo,
+        bytes: usize,
+    ) -> Result<AllGatherAlgo, CommError> {
+        let algo = match algo {
+            AllGatherAlgo::Auto => self.choose_all_gather(bytes),
+            a => a,
+        };
+        if algo == AllGatherAlgo::Packets && bytes > self.one_shot_max_bytes() {
+            return Err(CommError::InvalidArgument(format!(
+                "{call}: the packet algorithm carries at most {} bytes per rank (packet \
+                 scratch); {bytes} asked (raise CollConfig::packet_max_bytes or use Memory)",
+                self.one_shot_max_bytes()
+            )));
+        }
+        Ok(algo)
     }
 
     /// Resolves `algo` for `bytes` and checks it can carry them.
@@ -750,13 +785,10 @@ impl Collectives {
         algo: AllGatherAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let algo = match algo {
-            AllGatherAlgo::Auto => self.choose_all_gather(),
-            a => a,
-        };
         let kernels = self.gpu_kernels("all_gather")?;
         self.check_fault("all_gather", false)?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
+        let algo = self.resolve_all_gather("all_gather", algo, bytes)?;
         if send_count == 0 {
             return Ok(());
         }
@@ -768,10 +800,13 @@ impl Collectives {
         })())?;
         let (blocks, threads) = match algo {
             AllGatherAlgo::Proxy => self.grid(Some(AllReduceAlgo::Proxy), bytes),
+            // The same unit-per-thread grid as one-shot all-reduce.
+            AllGatherAlgo::Packets => self.grid(Some(AllReduceAlgo::OneShot), bytes),
             _ => self.grid(None, bytes),
         };
         let f = match algo {
             AllGatherAlgo::Proxy => &kernels.all_gather_proxy,
+            AllGatherAlgo::Packets => &kernels.all_gather_packets,
             _ => &kernels.all_gather,
         };
         let tag = all_gather_tag(algo, dtype);
@@ -960,9 +995,11 @@ impl Collectives {
         }
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
         let ctx = &*self.ctx as *const CollContext as u64;
-        let algo = self.choose_all_gather();
+        let algo =
+            self.resolve_all_gather("all_gather_host", AllGatherAlgo::Auto, bytes as usize)?;
         let f: HostKernel = match algo {
             AllGatherAlgo::Proxy => k::all_gather_proxy,
+            AllGatherAlgo::Packets => k::all_gather_packets,
             _ => k::all_gather,
         };
         let tag = all_gather_tag(algo, T::DTYPE);
@@ -999,9 +1036,10 @@ const AR_ALGOS: [(AllReduceAlgo, &str); 5] = [
     (AllReduceAlgo::AllPairs, "all-pairs"),
     (AllReduceAlgo::Proxy, "proxy"),
 ];
-const AG_ALGOS: [(AllGatherAlgo, &str); 2] = [
+const AG_ALGOS: [(AllGatherAlgo, &str); 3] = [
     (AllGatherAlgo::Memory, "memory"),
     (AllGatherAlgo::Proxy, "proxy"),
+    (AllGatherAlgo::Packets, "packets"),
 ];
 const DTYPES: [(DataType, &str); 3] = [
     (DataType::F32, "f32"),

@@ -266,7 +266,7 @@ fn proxy_channel_variants_reduce_and_gather_over_the_proxy() {
         ranks(n, config.clone(), |c| {
             let r = c.rank();
             assert_eq!(c.choose_all_reduce(8), AllReduceAlgo::Proxy);
-            assert_eq!(c.choose_all_gather(), AllGatherAlgo::Proxy);
+            assert_eq!(c.choose_all_gather(8), AllGatherAlgo::Proxy);
             let mut call = 100;
             // 4096-byte scratch: 1024 (n=3) or 1360 (n=2) bytes per slot, many rounds.
             for count in [1usize, 5, 64, 333, 1000, 2501] {
@@ -372,7 +372,11 @@ fn mismatched_calls_fail_on_every_rank_naming_the_difference_then_work() {
         },
     );
     // All-gather sizes, both algorithms; then all-reduce against all-gather.
-    for algo in [AllGatherAlgo::Memory, AllGatherAlgo::Proxy] {
+    for algo in [
+        AllGatherAlgo::Memory,
+        AllGatherAlgo::Proxy,
+        AllGatherAlgo::Packets,
+    ] {
         let config = CollConfig {
             all_gather_algo: algo,
             ..small()
