@@ -12,7 +12,7 @@ use crate::packet::LlPacket;
 /// # Safety
 /// `p` valid for `bytes` bytes; `i < bytes.div_ceil(8)`.
 #[inline(always)]
-unsafe fn load_unit(p: *const u8, i: u64, bytes: u64, aligned: bool) -> u64 {
+pub(crate) unsafe fn load_unit(p: *const u8, i: u64, bytes: u64, aligned: bool) -> u64 {
     let at = i * 8;
     if aligned && at + 8 <= bytes {
         // SAFETY: 8 valid aligned bytes (caller contract).
@@ -44,7 +44,7 @@ unsafe fn load_bytes(p: *const u8, at: u64, bytes: u64) -> u64 {
 /// # Safety
 /// As for [`load_unit`], with `p` writable and not accessed concurrently at these bytes.
 #[inline(always)]
-unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
+pub(crate) unsafe fn store_unit(p: *mut u8, i: u64, bytes: u64, v: u64, aligned: bool) {
     let at = i * 8;
     if aligned && at + 8 <= bytes {
         // SAFETY: 8 valid aligned bytes (caller contract).
@@ -75,7 +75,7 @@ unsafe fn store_bytes(p: *mut u8, at: u64, bytes: u64, v: u64) {
 /// `counter` holds `COUNTER_WORDS` live local words; `block < MAX_BLOCKS`; written only by
 /// earlier calls, which finished before this kernel started (stream order).
 #[inline(always)]
-unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
+pub(crate) unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
     // SAFETY: caller contract.
     let (single, copy) = unsafe {
         (
@@ -102,7 +102,7 @@ unsafe fn read_counter(counter: *mut u64, block: u32) -> u64 {
 /// `counter` holds `COUNTER_WORDS` live local words; `block < blocks <= MAX_BLOCKS`; every
 /// block of the grid calls it once, after reading the counter; `value` not below it.
 #[inline(always)]
-unsafe fn advance_counter(
+pub(crate) unsafe fn advance_counter(
     counter: *mut u64,
     value: u64,
     thread: u32,

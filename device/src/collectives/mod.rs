@@ -31,6 +31,10 @@
 //! - [`all_gather::all_gather`]: each rank puts its input into its slot of every peer's
 //!   scratch, and each rank copies the peers' slots out into its output; in rounds, each
 //!   block's share cut into pieces whose puts and copies overlap.
+//! - [`reduce_scatter`], [`reduce`], [`broadcast`], [`all_to_all`]: each with an LL path
+//!   (packets, no barrier, on one-shot's call counter and halves through [`ll`]; the rooted
+//!   ones exchange a token per peer pair) and a put path (the peers' scratch in rounds, per-block
+//!   barriers, a last barrier like two-shot).
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
 //!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped.
 //!
@@ -47,10 +51,17 @@
 
 pub mod all_gather;
 pub mod all_reduce;
+pub mod all_to_all;
+pub mod broadcast;
+pub mod ll;
 pub mod proxy;
+pub mod reduce;
+pub mod reduce_scatter;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests_more;
 
 use crate::arch;
 use crate::channel::DevConn;

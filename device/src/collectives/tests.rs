@@ -13,13 +13,13 @@ use std::vec::Vec;
 const LONG_NS: u64 = 60_000_000_000;
 
 /// Zeroed, 16-byte aligned memory reached only through its raw pointer.
-struct Mem {
+pub(super) struct Mem {
     _b: Box<[u128]>,
-    p: *mut u8,
+    pub(super) p: *mut u8,
 }
 
 impl Mem {
-    fn new(bytes: usize) -> Mem {
+    pub(super) fn new(bytes: usize) -> Mem {
         let mut b = vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice();
         let p = b.as_mut_ptr() as *mut u8;
         Mem { _b: b, p }
@@ -27,8 +27,8 @@ impl Mem {
 }
 
 /// The memory of `n` ranks and their contexts.
-struct World {
-    ctxs: Vec<CollContext>,
+pub(super) struct World {
+    pub(super) ctxs: Vec<CollContext>,
     _mem: Vec<Mem>,
 }
 
@@ -37,7 +37,7 @@ struct World {
 unsafe impl Sync for World {}
 
 impl World {
-    fn new(n: usize, scratch_len: u64, packets_len: u64) -> World {
+    pub(super) fn new(n: usize, scratch_len: u64, packets_len: u64) -> World {
         let mut mem = Vec::new();
         let mut alloc = |bytes: u64| {
             let m = Mem::new(bytes as usize);

@@ -164,6 +164,16 @@ pub(super) fn check_range(
 }
 
 impl Kernels {
+    /// The context's device address (every collective kernel takes it first).
+    pub(super) fn ctx_ptr(&self) -> u64 {
+        self.ctx.device_ptr()
+    }
+
+    /// Kernel `name` of the loaded module.
+    pub(super) fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
+        self._module.function(name)
+    }
+
     /// Launches `f(ctx, send, recv, n)` with `blocks` x `threads` on `stream`.
     ///
     /// # Safety

@@ -1,4 +1,5 @@
-//! Collectives: all-reduce and all-gather over memory channels (DESIGN §8).
+//! Collectives: all-reduce, all-gather, reduce-scatter, reduce, broadcast and all-to-all over
+//! memory channels (DESIGN §8; the last four are in `more.rs`).
 //!
 //! [`Collectives`] takes a set-up-less [`Communicator`], connects a memory channel to every
 //! other rank over a scratch buffer registered once (plus LL-packet scratch and an array of
@@ -27,6 +28,7 @@
 //! override the choice, and an explicit algorithm argument overrides both.
 
 mod gpu;
+mod more;
 
 use std::fmt;
 
@@ -255,6 +257,7 @@ pub struct Collectives {
     env_all_reduce: Option<AllReduceAlgo>,
     env_all_gather: Option<AllGatherAlgo>,
     gpu: Option<gpu::Kernels>,
+    more: Option<more::Kernels>,
     /// The proxy channels' handles on the host (host backend kernels read them here).
     _host_conns: Vec<DevConn>,
     _scratch: Buffer,
@@ -385,6 +388,7 @@ impl Collectives {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
         };
+        let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
         if n > 1 {
             comm.proxy_launch()?;
         }
@@ -395,6 +399,7 @@ impl Collectives {
             env_all_reduce,
             env_all_gather,
             gpu,
+            more,
             _host_conns: host_conns,
             _scratch: scratch,
             _semaphores: semaphores,

@@ -18,7 +18,7 @@ fn comm_config() -> CommConfig {
 }
 
 /// Small scratch (several two-shot rounds for a few KB) and packet limit.
-fn small() -> CollConfig {
+pub(super) fn small() -> CollConfig {
     CollConfig {
         scratch_bytes: 4096,
         packet_max_bytes: 2048,
@@ -27,7 +27,11 @@ fn small() -> CollConfig {
 }
 
 /// Runs `f(collectives)` on `n` host-backed ranks (threads); results in rank order.
-fn ranks<T: Send>(n: usize, config: CollConfig, f: impl Fn(Collectives) -> T + Sync) -> Vec<T> {
+pub(super) fn ranks<T: Send>(
+    n: usize,
+    config: CollConfig,
+    f: impl Fn(Collectives) -> T + Sync,
+) -> Vec<T> {
     let id = create_unique_id().unwrap();
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)

@@ -1,0 +1,373 @@
+//! Reduce-scatter, reduce, broadcast and all-to-all on CPU threads: `n` ranks as threads,
+//! each running a whole sequence of calls without joining in between (so a rank may run
+//! ahead of its peers by several calls, as on GPUs), every result checked bit for bit
+//! against a CPU reference that sums in rank order with the type's rounding.
+
+use super::tests::{Mem, World};
+use super::*;
+use crate::arch::{Dim3, launch};
+use crate::kernels::collectives as k1;
+use crate::kernels::collectives_more as k;
+use half::{bf16, f16};
+use std::vec;
+use std::vec::Vec;
+
+/// A trap fails a test in this long rather than the world's minute.
+const TIMEOUT_NS: u64 = 10_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ty {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Ty {
+    fn size(self) -> usize {
+        if self == Ty::F32 { 4 } else { 2 }
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Element `i` of rank `rank`'s input of call `seed`, as raw bits: random values in
+/// [-4, 4) with many mantissa bits, held exactly by the type (so the sum's order shows).
+fn value(ty: Ty, seed: u64, rank: usize, i: usize) -> u32 {
+    let h = splitmix(seed ^ (rank as u64) << 56 ^ i as u64);
+    let v = (h >> 40) as f32 / (1u64 << 21) as f32 - 4.0;
+    match ty {
+        Ty::F32 => v.to_bits(),
+        Ty::F16 => f16::from_f32(v).to_bits() as u32,
+        Ty::Bf16 => bf16::from_f32(v).to_bits() as u32,
+    }
+}
+
+/// `a + b` rounded to the type (the f32 sum of two f16/bf16 values rounds correctly).
+fn add(ty: Ty, a: u32, b: u32) -> u32 {
+    match ty {
+        Ty::F32 => (f32::from_bits(a) + f32::from_bits(b)).to_bits(),
+        Ty::F16 => {
+            f16::from_f32(f16::from_bits(a as u16).to_f32() + f16::from_bits(b as u16).to_f32())
+                .to_bits() as u32
+        }
+        Ty::Bf16 => {
+            bf16::from_f32(bf16::from_bits(a as u16).to_f32() + bf16::from_bits(b as u16).to_f32())
+                .to_bits() as u32
+        }
+    }
+}
+
+/// The rank-order sum over `n` ranks of element `i`.
+fn sum(ty: Ty, seed: u64, n: usize, i: usize) -> u32 {
+    (1..n).fold(value(ty, seed, 0, i), |acc, q| {
+        add(ty, acc, value(ty, seed, q, i))
+    })
+}
+
+fn bytes_of(ty: Ty, words: impl Iterator<Item = u32>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes()[..ty.size()]);
+    }
+    out
+}
+
+fn byte(seed: u64, rank: usize, i: usize) -> u8 {
+    splitmix(seed ^ (rank as u64) << 52 ^ i as u64) as u8
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coll {
+    ReduceScatter(Ty),
+    Reduce(Ty),
+    Broadcast,
+    AllToAll,
+    /// The existing one-shot all-reduce (f32), to mix the shared call counter.
+    AllReduceOneShot,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    coll: Coll,
+    /// LL packets (else puts through the scratch).
+    ll: bool,
+    /// Elements (reducing) or bytes (per block for all-to-all).
+    count: usize,
+    root: usize,
+    /// Offset of the user buffers from 16-byte alignment.
+    pad: usize,
+    in_place: bool,
+    seed: u64,
+    blocks: u32,
+    threads: u32,
+    /// The receiving ranks of a rooted call (broadcast: all but the root; reduce: the root)
+    /// sleep this long before it, so the writers may run ahead.
+    lag_us: u64,
+}
+
+/// Fill of output bytes a call must not touch.
+const UNTOUCHED: u8 = 0xEE;
+
+impl Case {
+    /// `(input, expected output, recv offset in the send buffer when in place)` of rank `r`
+    /// of `n`.
+    fn data(&self, n: usize, r: usize) -> (Vec<u8>, Vec<u8>, usize) {
+        let (c, s) = (self.count, self.seed);
+        match self.coll {
+            Coll::ReduceScatter(ty) => (
+                bytes_of(ty, (0..n * c).map(|i| value(ty, s, r, i))),
+                bytes_of(ty, (0..c).map(|i| sum(ty, s, n, r * c + i))),
+                r * c * ty.size(),
+            ),
+            Coll::Reduce(ty) => {
+                let input = bytes_of(ty, (0..c).map(|i| value(ty, s, r, i)));
+                let want = if r == self.root {
+                    bytes_of(ty, (0..c).map(|i| sum(ty, s, n, i)))
+                } else if self.in_place {
+                    input.clone()
+                } else {
+                    vec![UNTOUCHED; c * ty.size()]
+                };
+                (input, want, 0)
+            }
+            Coll::AllReduceOneShot => (
+                bytes_of(Ty::F32, (0..c).map(|i| value(Ty::F32, s, r, i))),
+                bytes_of(Ty::F32, (0..c).map(|i| sum(Ty::F32, s, n, i))),
+                0,
+            ),
+            Coll::Broadcast => (
+                (0..c).map(|i| byte(s, r, i)).collect(),
+                (0..c).map(|i| byte(s, self.root, i)).collect(),
+                0,
+            ),
+            Coll::AllToAll => (
+                (0..n * c).map(|i| byte(s, r, i)).collect(),
+                // Block q of the output: block r of rank q's input.
+                (0..n * c).map(|i| byte(s, i / c, r * c + i % c)).collect(),
+                0,
+            ),
+        }
+    }
+
+    /// The kernel and its `count` argument.
+    fn kernel(&self) -> (k::MoreKernel, u64) {
+        use Coll::*;
+        let c = self.count as u64;
+        let f: k::MoreKernel = match (self.coll, self.ll) {
+            (ReduceScatter(Ty::F32), true) => k::reduce_scatter_ll_f32,
+            (ReduceScatter(Ty::F16), true) => k::reduce_scatter_ll_f16,
+            (ReduceScatter(Ty::Bf16), true) => k::reduce_scatter_ll_bf16,
+            (ReduceScatter(Ty::F32), false) => k::reduce_scatter_put_f32,
+            (ReduceScatter(Ty::F16), false) => k::reduce_scatter_put_f16,
+            (ReduceScatter(Ty::Bf16), false) => k::reduce_scatter_put_bf16,
+            (Reduce(Ty::F32), true) => k::reduce_ll_f32,
+            (Reduce(Ty::F16), true) => k::reduce_ll_f16,
+            (Reduce(Ty::Bf16), true) => k::reduce_ll_bf16,
+            (Reduce(Ty::F32), false) => k::reduce_put_f32,
+            (Reduce(Ty::F16), false) => k::reduce_put_f16,
+            (Reduce(Ty::Bf16), false) => k::reduce_put_bf16,
+            (Broadcast, true) => k::broadcast_ll,
+            (Broadcast, false) => k::broadcast_put,
+            (AllToAll, true) => k::all_to_all_ll,
+            (AllToAll, false) => k::all_to_all_put,
+            (AllReduceOneShot, _) => one_shot_f32,
+        };
+        (f, c)
+    }
+
+    /// Runs the case on rank `r` and checks it.
+    fn run(&self, ctx: &CollContext, n: usize, r: usize) {
+        let receives = match self.coll {
+            Coll::Broadcast => r != self.root,
+            Coll::Reduce(_) => r == self.root,
+            _ => false,
+        };
+        if receives && self.lag_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(self.lag_us));
+        }
+        let (input, want, off) = self.data(n, r);
+        let pad = self.pad;
+        let send = Mem::new(pad + input.len().max(off + want.len()));
+        // SAFETY: fresh memory of at least pad + input.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(input.as_ptr(), send.p.add(pad), input.len()) };
+        let recv = Mem::new(pad + want.len());
+        // SAFETY: fresh memory of pad + want.len() bytes.
+        unsafe { std::ptr::write_bytes(recv.p.add(pad), UNTOUCHED, want.len()) };
+        // SAFETY: both buffers hold the offsets.
+        let (sp, rp) = unsafe {
+            let sp = send.p.add(pad);
+            (
+                sp,
+                if self.in_place {
+                    sp.add(off)
+                } else {
+                    recv.p.add(pad)
+                },
+            )
+        };
+        let (f, count) = self.kernel();
+        let (sp, rp, root) = (sp as u64, rp as u64, self.root as u64);
+        launch(Dim3::x(self.blocks), Dim3::x(self.threads), || {
+            // SAFETY: the world's context; buffers valid for what the kernel accesses.
+            unsafe { f(ctx, sp as *const u8, rp as *mut u8, count, root) }
+        })
+        .unwrap_or_else(|e| panic!("rank {r} of {n}: {self:?}: {e}"));
+        // SAFETY: rp is valid for want.len() bytes; the kernel is done.
+        let got = unsafe { std::slice::from_raw_parts(rp as *const u8, want.len()) };
+        if got != want.as_slice() {
+            let first = got.iter().zip(&want).position(|(g, w)| g != w).unwrap();
+            panic!("rank {r} of {n}: {self:?}: first wrong byte at {first}");
+        }
+    }
+}
+
+/// The one-shot all-reduce with the kernels' common signature.
+///
+/// # Safety
+/// As for the kernel.
+unsafe fn one_shot_f32(ctx: *const CollContext, s: *const u8, r: *mut u8, c: u64, _root: u64) {
+    // SAFETY: forwarded.
+    unsafe { k1::all_reduce_one_shot_f32(ctx, s, r, c) }
+}
+
+/// Runs `cases` in sequence on `n` ranks (one thread each, no join between calls).
+fn run_sequence(w: &World, n: usize, cases: &[Case]) {
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let mut ctx = w.ctxs[r];
+            ctx.timeout_ns = TIMEOUT_NS;
+            s.spawn(move || {
+                for c in cases {
+                    c.run(&ctx, n, r);
+                }
+            });
+        }
+    });
+}
+
+/// Grids by seed: (blocks, threads), at least `n` threads.
+fn grid(seed: u64, n: usize) -> (u32, u32) {
+    let (b, t) = [(2, 4), (3, 5), (1, 8), (4, 4)][(seed % 4) as usize];
+    (b, t.max(n as u32))
+}
+
+/// Every path of every collective, type, size, alignment and place for `n` ranks.
+fn all_cases(n: usize, counts: &[usize]) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut seed = n as u64 * 1000;
+    let colls = [
+        Coll::ReduceScatter(Ty::F32),
+        Coll::ReduceScatter(Ty::F16),
+        Coll::ReduceScatter(Ty::Bf16),
+        Coll::Reduce(Ty::F32),
+        Coll::Reduce(Ty::F16),
+        Coll::Reduce(Ty::Bf16),
+        Coll::Broadcast,
+        Coll::AllToAll,
+        Coll::AllReduceOneShot,
+    ];
+    for &count in counts {
+        for coll in colls {
+            let size = match coll {
+                Coll::ReduceScatter(t) | Coll::Reduce(t) => t.size(),
+                Coll::AllReduceOneShot => 4,
+                _ => 1,
+            };
+            for ll in [true, false] {
+                if coll == Coll::AllReduceOneShot && !ll {
+                    continue;
+                }
+                let rooted = matches!(coll, Coll::Reduce(_) | Coll::Broadcast);
+                let roots: Vec<usize> = if rooted { (0..n).collect() } else { vec![0] };
+                for root in roots {
+                    for (pad, in_place) in [(0, false), (0, true), (size, false), (size, true)] {
+                        seed += 1;
+                        let (blocks, threads) = grid(seed, n);
+                        cases.push(Case {
+                            coll,
+                            ll,
+                            count,
+                            root,
+                            pad,
+                            in_place,
+                            seed,
+                            blocks,
+                            threads,
+                            lag_us: 0,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+#[test]
+fn every_collective_path_type_size_root_and_place_matches_the_rank_order_reference() {
+    for n in [1usize, 2, 3, 4] {
+        // A small scratch forces several rounds through the slots (640 bytes: 208 per
+        // rank for three ranks); the packet halves hold 4096 bytes (255 data packets for the
+        // rooted paths).
+        let w = World::new(n, 16 * 40, 8192);
+        let counts: &[usize] = if n <= 2 {
+            &[1, 3, 8, 33, 100, 257]
+        } else {
+            &[1, 7, 100, 257]
+        };
+        let cases = all_cases(n, counts);
+        run_sequence(&w, n, &cases);
+        // Every LL call advanced the one shared call counter.
+        let ll_calls = cases.iter().filter(|c| c.ll).count() as u64;
+        for r in 0..n {
+            // SAFETY: rank r's state words; no kernel running.
+            let words = unsafe { std::slice::from_raw_parts(w.ctxs[r].state, STATE_WORDS) };
+            for b in 0..MAX_BLOCKS {
+                assert_eq!(words[0].max(words[1 + b]), ll_calls, "rank {r} block {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rooted_ll_calls_in_a_row_do_not_let_the_root_overrun_its_peers() {
+    // The root of a broadcast (or a non-root of a reduce) only writes: without the token
+    // exchange it would run two calls ahead and overwrite packets a peer has not read yet
+    // (the peer would then wait for a flag that never comes, and trap).
+    let n = 3;
+    let w = World::new(n, 1024, 2048);
+    let mut cases = Vec::new();
+    for seed in 0..40u64 {
+        // Runs of ten calls of one kind and root, the receivers sleeping before each.
+        let coll = if seed / 10 % 2 == 0 {
+            Coll::Broadcast
+        } else {
+            Coll::Reduce(Ty::F32)
+        };
+        cases.push(Case {
+            coll,
+            ll: true,
+            count: 1 + (seed as usize * 37) % 120,
+            root: (seed / 20) as usize,
+            pad: 0,
+            in_place: seed % 3 == 0,
+            seed,
+            blocks: 1 + (seed % 3) as u32,
+            threads: 4,
+            lag_us: 2000,
+        });
+    }
+    run_sequence(&w, n, &cases);
+}
+
+#[test]
+fn the_rooted_ll_limit_leaves_the_token_its_packet() {
+    assert_eq!(ll::token_slot(8192), 255);
+    assert_eq!(ll::rooted_ll_max_bytes(8192), one_shot_max_bytes(8192) - 8);
+    assert_eq!(reduce_scatter::rank_slot(640, 3), 208);
+}

@@ -1,0 +1,94 @@
+//! Kernels of reduce-scatter, reduce, broadcast and all-to-all (entry points over
+//! [`crate::collectives`]), one per path (LL packets or puts through the scratch) and, for
+//! the reducing ones, element type. All take `(ctx, send, recv, count, root)`: `count` is in
+//! elements for the reducing kernels (per rank of the output for reduce-scatter) and in
+//! bytes for the others (per block for all-to-all); `root` is ignored by the unrooted ones.
+//! Names: `reduce_scatter_{ll,put}_{f32,f16,bf16}`, `reduce_{ll,put}_{..}`,
+//! `broadcast_{ll,put}`, `all_to_all_{ll,put}`.
+
+use crate::collectives::{
+    Bf16, CollContext, F16, F32, all_to_all, broadcast, reduce, reduce_scatter,
+};
+use crate::kernel;
+
+/// The host twins' common signature: `(ctx, send, recv, count, root)`.
+pub type MoreKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
+
+macro_rules! reducing_kernels {
+    ($($rs_ll:ident, $rs_put:ident, $red_ll:ident, $red_put:ident, $t:ty);* $(;)?) => {$(
+        kernel! {
+            /// LL reduce-scatter (sum): see [`reduce_scatter::ll`].
+            pub unsafe fn $rs_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, _root: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { reduce_scatter::ll::<$t>(&*ctx, send, recv, count) }
+            }
+        }
+        crate::launch_bounds!($rs_ll, 1024);
+        kernel! {
+            /// Reduce-scatter (sum) through the scratch: see [`reduce_scatter::put`].
+            pub unsafe fn $rs_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, _root: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { reduce_scatter::put::<$t>(&*ctx, send, recv, count) }
+            }
+        }
+        crate::launch_bounds!($rs_put, 512);
+        kernel! {
+            /// LL reduce (sum) to `root`: see [`reduce::ll`].
+            pub unsafe fn $red_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, root: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { reduce::ll::<$t>(&*ctx, send, recv, count, root as u32) }
+            }
+        }
+        crate::launch_bounds!($red_ll, 1024);
+        kernel! {
+            /// Reduce (sum) to `root` through its scratch: see [`reduce::put`].
+            pub unsafe fn $red_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, root: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { reduce::put::<$t>(&*ctx, send, recv, count, root as u32) }
+            }
+        }
+        crate::launch_bounds!($red_put, 512);
+    )*};
+}
+
+reducing_kernels! {
+    reduce_scatter_ll_f32, reduce_scatter_put_f32, reduce_ll_f32, reduce_put_f32, F32;
+    reduce_scatter_ll_f16, reduce_scatter_put_f16, reduce_ll_f16, reduce_put_f16, F16;
+    reduce_scatter_ll_bf16, reduce_scatter_put_bf16, reduce_ll_bf16, reduce_put_bf16, Bf16;
+}
+
+kernel! {
+    /// LL broadcast of `bytes` from `root`: see [`broadcast::ll`].
+    pub unsafe fn broadcast_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, root: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { broadcast::ll(&*ctx, send, recv, bytes, root as u32) }
+    }
+}
+crate::launch_bounds!(broadcast_ll, 1024);
+
+kernel! {
+    /// Broadcast of `bytes` from `root` through the scratch: see [`broadcast::put`].
+    pub unsafe fn broadcast_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, root: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { broadcast::put(&*ctx, send, recv, bytes, root as u32) }
+    }
+}
+crate::launch_bounds!(broadcast_put, 512);
+
+kernel! {
+    /// LL all-to-all of `bytes` per block: see [`all_to_all::ll`].
+    pub unsafe fn all_to_all_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, _root: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { all_to_all::ll(&*ctx, send, recv, bytes) }
+    }
+}
+crate::launch_bounds!(all_to_all_ll, 1024);
+
+kernel! {
+    /// All-to-all of `bytes` per block through the scratch: see [`all_to_all::put`].
+    pub unsafe fn all_to_all_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, _root: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { all_to_all::put(&*ctx, send, recv, bytes) }
+    }
+}
+crate::launch_bounds!(all_to_all_put, 512);

@@ -1,0 +1,194 @@
+//! Reduce-scatter, reduce, broadcast and all-to-all over the Host transport, ranks as
+//! threads of this process, across the LL limit and over several scratch rounds.
+
+use half::{bf16, f16};
+
+use super::super::tests::{ranks, small};
+use super::*;
+
+/// Small integers (exact sums in every type) from rank, index and call.
+fn value(rank: usize, i: usize, call: u64) -> f32 {
+    let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ call << 20 ^ (rank as u64) << 44;
+    ((h >> 31) % 15) as f32 - 7.0
+}
+
+trait Num: Element + PartialEq + std::fmt::Debug {
+    fn from(v: f32) -> Self;
+}
+impl Num for f32 {
+    fn from(v: f32) -> Self {
+        v
+    }
+}
+impl Num for f16 {
+    fn from(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Num for bf16 {
+    fn from(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+fn cases<T: Num>(c: &Collectives, count: usize, call: u64, in_place: bool) {
+    let (n, r) = (c.nranks(), c.rank());
+    let v = |q: usize, i: usize| T::from(value(q, i, call));
+    let sum = |i: usize| T::from((0..n).map(|q| value(q, i, call)).sum());
+    let what = format!(
+        "rank {r} of {n}: {:?} count {count} in_place {in_place}",
+        T::DTYPE
+    );
+    // Reduce-scatter.
+    let send: Vec<T> = (0..n * count).map(|i| v(r, i)).collect();
+    let want: Vec<T> = (0..count).map(|i| sum(r * count + i)).collect();
+    let got = if in_place {
+        let mut b = send.clone();
+        c.reduce_scatter_host_in_place(&mut b, ReduceOp::Sum)
+            .unwrap();
+        b[r * count..(r + 1) * count].to_vec()
+    } else {
+        let mut out = vec![T::from(0.0); count];
+        c.reduce_scatter_host(&send, &mut out, ReduceOp::Sum)
+            .unwrap();
+        out
+    };
+    assert_eq!(got, want, "reduce_scatter {what}");
+    // Reduce and broadcast, from every root.
+    for root in 0..n {
+        let send: Vec<T> = (0..count).map(|i| v(r, i)).collect();
+        let mut out = if in_place {
+            send.clone()
+        } else {
+            vec![T::from(99.0); count]
+        };
+        if in_place {
+            c.reduce_host_in_place(&mut out, ReduceOp::Sum, root)
+                .unwrap();
+        } else {
+            c.reduce_host(&send, &mut out, ReduceOp::Sum, root).unwrap();
+        }
+        let want: Vec<T> = if r == root {
+            (0..count).map(sum).collect()
+        } else if in_place {
+            send.clone()
+        } else {
+            vec![T::from(99.0); count]
+        };
+        assert_eq!(out, want, "reduce root {root} {what}");
+        let mut out = if in_place {
+            send.clone()
+        } else {
+            vec![T::from(0.0); count]
+        };
+        if in_place {
+            c.broadcast_host_in_place(&mut out, root).unwrap();
+        } else {
+            c.broadcast_host(&send, &mut out, root).unwrap();
+        }
+        let want: Vec<T> = (0..count).map(|i| v(root, i)).collect();
+        assert_eq!(out, want, "broadcast root {root} {what}");
+    }
+    // All-to-all (out of place; the raw GPU call takes send == recv).
+    let send: Vec<T> = (0..n * count).map(|i| v(r, i)).collect();
+    let mut out = vec![T::from(0.0); n * count];
+    c.all_to_all_host(&send, &mut out).unwrap();
+    let want: Vec<T> = (0..n * count)
+        .map(|i| v(i / count, r * count + i % count))
+        .collect();
+    assert_eq!(out, want, "all_to_all {what}");
+}
+
+#[test]
+fn every_collective_matches_the_reference_across_the_ll_limit_and_scratch_rounds() {
+    for n in [2, 3] {
+        ranks(n, small(), |c| {
+            let mut call = 0;
+            // The LL limit is 2048 bytes per peer (2040 rooted); the scratch slots hold
+            // 1024 (two ranks) or 672 bytes (three) per round.
+            for count in [1usize, 3, 255, 509, 510, 511, 512, 513, 1000, 1500] {
+                for in_place in [false, true] {
+                    call += 1;
+                    cases::<f32>(&c, count, call, in_place);
+                    cases::<f16>(&c, count, call, in_place);
+                    cases::<bf16>(&c, count, call, in_place);
+                }
+            }
+            assert!(c.more_ll(Kind::ReduceScatter, 2048));
+            assert!(!c.more_ll(Kind::ReduceScatter, 2049));
+            assert!(c.more_ll(Kind::Broadcast, 2040));
+            assert!(!c.more_ll(Kind::Reduce, 2041));
+        });
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_reason() {
+    ranks(2, small(), |c| {
+        let err = |e: CommError| e.to_string();
+        let mut out = vec![0f32; 4];
+        let e = err(c
+            .reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum, 2)
+            .unwrap_err());
+        assert!(
+            e.contains("root 2 is not a rank (there are 2 ranks)"),
+            "{e}"
+        );
+        let e = err(c.broadcast_host_in_place(&mut out, 7).unwrap_err());
+        assert!(e.contains("root 7 is not a rank"), "{e}");
+        let e = err(c
+            .reduce_scatter_host(&[1f32; 7], &mut out, ReduceOp::Sum)
+            .unwrap_err());
+        assert!(
+            e.contains("send has 7 elements; 2 ranks x recv's 4 expected"),
+            "{e}"
+        );
+        let e = err(c
+            .reduce_scatter_host_in_place(&mut [1f32; 5], ReduceOp::Sum)
+            .unwrap_err());
+        assert!(e.contains("5 elements are not 2 equal blocks"), "{e}");
+        let e = err(c.all_to_all_host(&[1f32; 4], &mut [0f32; 6]).unwrap_err());
+        assert!(e.contains("send has 4 elements, recv 6"), "{e}");
+        let e = err(c.all_to_all_host(&[1f32; 3], &mut [0f32; 3]).unwrap_err());
+        assert!(e.contains("3 elements are not 2 equal blocks"), "{e}");
+        let e = err(c.broadcast_host(&[1f32; 3], &mut out, 0).unwrap_err());
+        assert!(e.contains("send has 3 elements, recv 4"), "{e}");
+        // Nothing was launched by the refused calls: a good one still works.
+        c.broadcast_host_in_place(&mut out, 1).unwrap();
+        // Partial overlaps of the raw calls' ranges.
+        let e = err(check_overlap("x", 0, 16, 8, 16, 0).unwrap_err());
+        assert!(e.contains("overlap other than in place"), "{e}");
+        assert!(check_overlap("x", 0, 32, 16, 16, 16).is_ok());
+        assert!(check_overlap("x", 0, 16, 16, 16, 0).is_ok());
+    });
+}
+
+#[test]
+fn the_kernel_table_matches_its_index() {
+    let names = ["reduce_scatter", "reduce"];
+    for (k, kind) in [Kind::ReduceScatter, Kind::Reduce].into_iter().enumerate() {
+        for ll in [true, false] {
+            for (d, ty) in [DataType::F32, DataType::F16, DataType::Bf16]
+                .into_iter()
+                .zip(["f32", "f16", "bf16"])
+            {
+                let path = if ll { "ll" } else { "put" };
+                let want = format!("{}_{path}_{ty}", names[k]);
+                assert_eq!(TABLE[kernel_index(kind, ll, d)].0, want);
+            }
+        }
+    }
+    for (kind, name) in [
+        (Kind::Broadcast, "broadcast"),
+        (Kind::AllToAll, "all_to_all"),
+    ] {
+        assert_eq!(
+            TABLE[kernel_index(kind, true, DataType::F16)].0,
+            format!("{name}_ll")
+        );
+        assert_eq!(
+            TABLE[kernel_index(kind, false, DataType::F32)].0,
+            format!("{name}_put")
+        );
+    }
+}
