@@ -1,12 +1,12 @@
 //! Reduce-scatter, reduce, broadcast and all-to-all over the Host transport across three
-//! processes (the test binary re-executes itself, one process per rank), from CPU threads,
+//! processes, and sends/receives (the test binary re-executes itself, one process per rank), from CPU threads,
 //! checked against a CPU reference; sizes on both sides of the LL limit and over many
 //! scratch rounds.
 
 use std::time::Duration;
 
 use half::bf16;
-use mscclpp::host::collectives::{CollConfig, Collectives, ReduceOp};
+use mscclpp::host::collectives::{CollConfig, Collectives, DataType, P2pOp, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::run_test_ranks;
@@ -88,17 +88,51 @@ fn rank_main() {
             }
         }
     }
+    // Sends and receives: a ring in one group, then rank 0 to every other rank alone.
+    for len in [1usize, 1000, 300_001] {
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let msg = |from: usize, to: usize| -> Vec<f32> {
+            (0..len).map(|i| value(from, i + to, len)).collect()
+        };
+        let out = msg(r, next);
+        let mut got = vec![0f32; len];
+        let ops = [
+            P2pOp::Send {
+                buf: out.as_ptr() as u64,
+                count: len,
+                dtype: DataType::F32,
+                peer: next,
+            },
+            P2pOp::Recv {
+                buf: got.as_mut_ptr() as u64,
+                count: len,
+                dtype: DataType::F32,
+                peer: prev,
+            },
+        ];
+        // SAFETY: both vectors live across the call.
+        unsafe { c.group_host(&ops) }.unwrap();
+        assert!(got == msg(prev, r), "rank {r}: ring of {len}");
+        if r == 0 {
+            for p in 1..n {
+                c.send_host(&msg(0, p), p).unwrap();
+            }
+        } else {
+            c.recv_host(&mut got, 0).unwrap();
+            assert!(got == msg(0, r), "rank {r}: from rank 0, {len}");
+        }
+    }
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
 }
 
 #[test]
-fn three_processes_reduce_scatter_reduce_broadcast_all_to_all() {
+fn three_processes_reduce_scatter_reduce_broadcast_all_to_all_send_recv() {
     if std::env::var(ROLE).is_ok() {
         rank_main();
     } else {
         run_test_ranks(
-            "three_processes_reduce_scatter_reduce_broadcast_all_to_all",
+            "three_processes_reduce_scatter_reduce_broadcast_all_to_all_send_recv",
             3,
             ROLE,
             Duration::from_secs(300),

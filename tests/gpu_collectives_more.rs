@@ -2,8 +2,9 @@
 //! (`MSCCLPP_TEST_GPUS=N` for N, 2..=8), one GPU each (all on GPU 0 when the machine has
 //! one). Random data of every power-of-two size from 4 B to 64 MiB and odd counts next to
 //! them, f32/f16/bf16, in place and out of place, every root, checked bit for bit against a
-//! CPU reference that adds in rank order; one call of each captured into a CUDA graph and
-//! replayed over fresh inputs; the typed API's argument checks. Skips with a reason without
+//! CPU reference that adds in rank order; sends and receives (a ring in one group, one-way
+//! sends alone) of the same sizes; one call of each captured into a CUDA graph and replayed
+//! over fresh inputs; the typed API's argument checks. Skips with a reason without
 //! a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use cudarc::driver::{DevicePtr, sys};
 use half::{bf16, f16};
-use mscclpp::host::collectives::{CollConfig, Collectives, DataType, ReduceOp};
+use mscclpp::host::collectives::{CollConfig, Collectives, DataType, P2pOp, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::launch::Launch;
@@ -368,6 +369,133 @@ fn typed_api_rank() {
     println!("rank {r}: ok");
 }
 
+/// Bytes rank `from` sends rank `to` as its `k`-th message.
+fn message(from: usize, to: usize, k: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| splitmix(k << 40 ^ (from as u64) << 36 ^ (to as u64) << 32 ^ i as u64) as u8)
+        .collect()
+}
+
+fn send_recv_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let mut bytes = 2usize;
+    let mut k = 0u64;
+    while bytes <= 64 << 20 {
+        for len in [bytes, bytes + 6] {
+            k += 1;
+            let count = len / 2;
+            let out: CudaSlice<u8> = stream.clone_htod(&message(r, next, k, len)).unwrap();
+            let got: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
+            let ops = [
+                P2pOp::Send {
+                    buf: dptr(&out, &stream),
+                    count,
+                    dtype: DataType::F16,
+                    peer: next,
+                },
+                P2pOp::Recv {
+                    buf: dptr(&got, &stream),
+                    count,
+                    dtype: DataType::Bf16,
+                    peer: prev,
+                },
+            ];
+            // SAFETY: both buffers live until the synchronize below.
+            unsafe { c.group(&ops, &stream) }.unwrap();
+            // Rank 0 then sends to every other rank alone.
+            let one: CudaSlice<u8> = if r == 0 {
+                stream.clone_htod(&message(0, 1, k, len)).unwrap()
+            } else {
+                stream.alloc_zeros(len).unwrap()
+            };
+            for p in 1..n {
+                // SAFETY: `one` lives until the synchronize below.
+                unsafe {
+                    if r == 0 {
+                        c.send_raw(dptr(&one, &stream), count, DataType::F16, p, &stream)
+                    } else if r == p {
+                        c.recv_raw(dptr(&one, &stream), count, DataType::F16, 0, &stream)
+                    } else {
+                        Ok(())
+                    }
+                }
+                .unwrap();
+            }
+            stream.synchronize().unwrap();
+            let want = message(prev, r, k, len);
+            let (bad, first) = mismatches(&stream.clone_dtoh(&got).unwrap(), &want, 1);
+            assert_eq!(
+                bad, 0,
+                "rank {r}: ring {len} bytes: {bad} wrong, first at {first:?}"
+            );
+            if r != 0 {
+                let want = message(0, 1, k, len);
+                let (bad, first) = mismatches(&stream.clone_dtoh(&one).unwrap(), &want, 1);
+                assert_eq!(
+                    bad, 0,
+                    "rank {r}: from 0, {len} bytes: {bad} wrong, first {first:?}"
+                );
+            }
+        }
+        bytes *= 2;
+    }
+    println!("rank {r}: send/recv up to 64 MiB matched");
+    // A ring group captured into a graph, replayed over fresh data.
+    let len = 3 << 20;
+    let out: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
+    let got: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
+    let (op, gp) = (dptr(&out, &stream), dptr(&got, &stream));
+    let ops = [
+        P2pOp::Recv {
+            buf: gp,
+            count: len / 2,
+            dtype: DataType::Bf16,
+            peer: prev,
+        },
+        P2pOp::Send {
+            buf: op,
+            count: len / 2,
+            dtype: DataType::Bf16,
+            peer: next,
+        },
+    ];
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    // SAFETY: the buffers live until the last synchronize.
+    unsafe { c.group(&ops, &stream) }.unwrap();
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .unwrap()
+        .expect("a graph was captured");
+    for replay in 1..=3u64 {
+        let tmp: CudaSlice<u8> = stream
+            .clone_htod(&message(r, next, 1000 + replay, len))
+            .unwrap();
+        // SAFETY: device-to-device copy between live buffers of len bytes.
+        unsafe { mscclpp::host::cuda::memcpy_async(op, dptr(&tmp, &stream), len, &stream) }
+            .unwrap();
+        stream.synchronize().unwrap();
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        let want = message(prev, r, 1000 + replay, len);
+        let (bad, first) = mismatches(&stream.clone_dtoh(&got).unwrap(), &want, 1);
+        assert_eq!(
+            bad, 0,
+            "rank {r}: graph replay {replay}: {bad} wrong, first at {first:?}"
+        );
+    }
+    // SAFETY: refused before any access.
+    let e = unsafe { c.send_raw(op, 2, DataType::F16, r, &stream) }
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the own rank"), "{e}");
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
 macro_rules! gpu_test {
     ($name:ident, $rank:ident) => {
         #[test]
@@ -392,3 +520,7 @@ gpu_test!(
 );
 gpu_test!(one_call_of_each_replays_under_a_cuda_graph, graph_rank);
 gpu_test!(typed_api_checks_arguments, typed_api_rank);
+gpu_test!(
+    sends_and_receives_match_alone_grouped_and_under_a_graph,
+    send_recv_rank
+);

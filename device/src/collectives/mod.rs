@@ -35,6 +35,8 @@
 //!   (packets, no barrier, on one-shot's call counter and halves through [`ll`]; the rooted
 //!   ones exchange a token per peer pair) and a put path (the peers' scratch in rounds, per-block
 //!   barriers, a last barrier like two-shot).
+//! - [`send_recv`]: point-to-point sends and receives, alone or grouped into one launch,
+//!   through a separate p2p scratch with its own semaphores (a second context).
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
 //!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped.
 //!
@@ -57,6 +59,7 @@ pub mod ll;
 pub mod proxy;
 pub mod reduce;
 pub mod reduce_scatter;
+pub mod send_recv;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;

@@ -371,3 +371,141 @@ fn the_rooted_ll_limit_leaves_the_token_its_packet() {
     assert_eq!(ll::rooted_ll_max_bytes(8192), one_shot_max_bytes(8192) - 8);
     assert_eq!(reduce_scatter::rank_slot(640, 3), 208);
 }
+
+/// One group: `(send, peer, bytes)` per operation.
+type Group = Vec<(bool, usize, usize)>;
+
+/// Runs `groups[r]` (rank r's groups, in order) on every rank over p2p contexts of `slot`
+/// bytes per source rank: each group's sends carry `byte(seed, rank, i)`, each receive is
+/// checked against the sender's bytes.
+fn run_p2p(n: usize, slot: u64, max_blocks: u32, groups: &[Vec<Group>]) {
+    use send_recv::{P2pOp, P2pOps};
+    // World::new gives 2 * scratch_len bytes of scratch: n slots.
+    let w = World::new(n, (n as u64 * slot).div_ceil(2), 32);
+    std::thread::scope(|s| {
+        for (r, rank_groups) in groups.iter().enumerate().take(n) {
+            let mut ctx = w.ctxs[r];
+            ctx.timeout_ns = TIMEOUT_NS;
+            ctx.scratch_len = slot;
+            s.spawn(move || {
+                // Messages so far per (peer, direction): sends and receives match in this
+                // order per pair.
+                let mut seq = vec![[0u64; 2]; n];
+                for (g, group) in rank_groups.iter().enumerate() {
+                    let mut ops = P2pOps {
+                        count: group.len() as u32,
+                        ..P2pOps::default()
+                    };
+                    // (send, peer, bytes): a message's data depends on (sender, receiver, its
+                    // number among the messages between them).
+                    let mut mems = Vec::new();
+                    for (i, &(send, peer, bytes)) in group.iter().enumerate() {
+                        let k = seq[peer][send as usize];
+                        seq[peer][send as usize] += 1;
+                        let (from, to) = if send { (r, peer) } else { (peer, r) };
+                        let seed = (from as u64) << 32 | (to as u64) << 24 | k;
+                        // Offset by one byte: unaligned buffers.
+                        let m = Mem::new(bytes + 1);
+                        // SAFETY: m holds bytes + 1 bytes.
+                        let p = unsafe { m.p.add(1) };
+                        if send {
+                            for j in 0..bytes {
+                                // SAFETY: j < bytes.
+                                unsafe { p.add(j).write(byte(seed, 0, j)) };
+                            }
+                        }
+                        ops.ops[i] = P2pOp {
+                            buf: p as u64,
+                            bytes: bytes as u64,
+                            peer: peer as u32,
+                            send: send as u32,
+                            ..P2pOp::default()
+                        };
+                        mems.push((m, seed, send, bytes));
+                    }
+                    let blocks = ops.plan(send_recv::p2p_chunk(slot), max_blocks);
+                    launch(Dim3::x(blocks), Dim3::x(3), || {
+                        // SAFETY: the p2p context; every op's buffer holds its bytes.
+                        unsafe { k::p2p(&ctx, ops) }
+                    })
+                    .unwrap_or_else(|e| panic!("rank {r} group {g} {group:?}: {e}"));
+                    for (i, (m, seed, send, bytes)) in mems.iter().enumerate() {
+                        if !send {
+                            // SAFETY: the kernel is done; m holds bytes + 1.
+                            let got = unsafe { std::slice::from_raw_parts(m.p.add(1), *bytes) };
+                            let bad = (0..*bytes).find(|&j| got[j] != byte(*seed, 0, j));
+                            assert_eq!(bad, None, "rank {r} group {g} op {i} {group:?}");
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn grouped_sends_and_receives_match_in_order_per_peer() {
+    for n in [2usize, 3, 4] {
+        let mut groups = vec![Vec::new(); n];
+        for (g, bytes) in [1usize, 17, 100, 4096, 5000, 33_333]
+            .into_iter()
+            .enumerate()
+        {
+            // A ring, both directions in one group.
+            for (r, gr) in groups.iter_mut().enumerate() {
+                gr.push(vec![
+                    (true, (r + 1) % n, bytes + g),
+                    (false, (r + n - 1) % n, bytes + g),
+                ]);
+            }
+            // Every pair exchanges, two sends to each peer (ordered in one lane) of different
+            // sizes, receives posted before the sends.
+            for (r, gr) in groups.iter_mut().enumerate() {
+                let mut ops = Vec::new();
+                for p in (0..n).filter(|&p| p != r) {
+                    ops.push((false, p, bytes));
+                    ops.push((false, p, bytes / 2 + 3));
+                }
+                for p in (0..n).filter(|&p| p != r) {
+                    ops.push((true, p, bytes));
+                    ops.push((true, p, bytes / 2 + 3));
+                }
+                gr.push(ops);
+            }
+            // One-way transfers alone: rank 0 sends to every other rank in turn.
+            for p in 1..n {
+                groups[0].push(vec![(true, p, bytes * 2 + 1)]);
+                groups[p].push(vec![(false, 0, bytes * 2 + 1)]);
+            }
+        }
+        // Slots of 2048 bytes: chunks of 32 bytes, so large transfers reuse each chunk many
+        // times; at most 4 blocks per transfer.
+        run_p2p(n, 2048, 4, &groups);
+    }
+}
+
+#[test]
+fn p2p_plan_puts_lanes_side_by_side() {
+    use send_recv::{P2pOp, P2pOps};
+    let mut ops = P2pOps {
+        count: 4,
+        ..P2pOps::default()
+    };
+    let op = |peer, send, bytes| P2pOp {
+        buf: 0,
+        bytes,
+        peer,
+        send,
+        first_block: 0,
+        blocks: 0,
+    };
+    ops.ops[0] = op(1, 1, 100); // 4 blocks of 32
+    ops.ops[1] = op(1, 0, 10); // 1 block
+    ops.ops[2] = op(1, 1, 1000); // same lane as 0: 8 blocks
+    ops.ops[3] = op(2, 1, 64); // 2 blocks
+    assert_eq!(ops.plan(32, 8), 8 + 1 + 2);
+    let firsts: Vec<u32> = ops.ops[..4].iter().map(|o| o.first_block).collect();
+    let blocks: Vec<u32> = ops.ops[..4].iter().map(|o| o.blocks).collect();
+    assert_eq!(firsts, [0, 8, 0, 9]);
+    assert_eq!(blocks, [4, 1, 8, 2]);
+}

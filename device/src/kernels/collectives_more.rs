@@ -4,8 +4,10 @@
 //! elements for the reducing kernels (per rank of the output for reduce-scatter) and in
 //! bytes for the others (per block for all-to-all); `root` is ignored by the unrooted ones.
 //! Names: `reduce_scatter_{ll,put}_{f32,f16,bf16}`, `reduce_{ll,put}_{..}`,
-//! `broadcast_{ll,put}`, `all_to_all_{ll,put}`.
+//! `broadcast_{ll,put}`, `all_to_all_{ll,put}`; and `p2p(ctx, ops)`, grouped sends and
+//! receives.
 
+use crate::collectives::send_recv::{self, P2pOps};
 use crate::collectives::{
     Bf16, CollContext, F16, F32, all_to_all, broadcast, reduce, reduce_scatter,
 };
@@ -92,3 +94,13 @@ kernel! {
     }
 }
 crate::launch_bounds!(all_to_all_put, 512);
+
+kernel! {
+    /// A group of point-to-point sends and receives over the p2p context `ctx`: see
+    /// [`send_recv::run`].
+    pub unsafe fn p2p(ctx: *const CollContext, ops: P2pOps) {
+        // SAFETY: forwarded to the launcher (the host validates the context and the ops).
+        unsafe { send_recv::run(&*ctx, &ops) }
+    }
+}
+crate::launch_bounds!(p2p, 512);

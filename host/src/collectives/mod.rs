@@ -30,6 +30,8 @@
 mod gpu;
 mod more;
 
+pub use more::P2pOp;
+
 use std::fmt;
 
 use mscclpp_device::arch::{Dim3, launch};
@@ -258,6 +260,7 @@ pub struct Collectives {
     env_all_gather: Option<AllGatherAlgo>,
     gpu: Option<gpu::Kernels>,
     more: Option<more::Kernels>,
+    p2p: more::P2p,
     /// The proxy channels' handles on the host (host backend kernels read them here).
     _host_conns: Vec<DevConn>,
     _scratch: Buffer,
@@ -384,6 +387,7 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
+        let p2p = more::P2p::new(&mut comm, &config, &ctx)?;
         let gpu = match comm.backend() {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
@@ -400,6 +404,7 @@ impl Collectives {
             env_all_gather,
             gpu,
             more,
+            p2p,
             _host_conns: host_conns,
             _scratch: scratch,
             _semaphores: semaphores,

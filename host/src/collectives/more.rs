@@ -1,21 +1,37 @@
-//! Reduce-scatter, broadcast, all-to-all and reduce (issue #14): the calls on
-//! [`Collectives`], in the three forms of all-reduce's (`_raw` on device addresses with a
-//! [`DataType`] and a stream; typed on cudarc slices; `_host` on the host backend).
+//! Reduce-scatter, broadcast, all-to-all and reduce, and point-to-point send/receive
+//! (issue #14): the calls on [`Collectives`], in the three forms of all-reduce's (`_raw` on
+//! device addresses with a [`DataType`] and a stream; typed on cudarc slices; `_host` on the
+//! host backend).
 //!
 //! Each has two paths, chosen by the bytes one rank sends to one peer: up to
 //! [`CollConfig::packet_max_bytes`](super::CollConfig::packet_max_bytes) (and what a packet
 //! half holds), LL packets with no barrier, sharing one-shot all-reduce's call counter and
 //! packet halves; above, puts into the peers' scratch in rounds with per-block semaphore
 //! barriers. Sums are formed in rank order on every rank, as all-reduce's.
+//!
+//! Sends and receives ([`Collectives::send_raw`], [`Collectives::recv_raw`],
+//! [`Collectives::group`]) go through a separate registered p2p buffer (one slot per source
+//! rank, `scratch_bytes / 32` clamped to 1 KiB..4 MiB, and its own semaphores), so they never
+//! meet a collective's scratch: see `mscclpp_device::collectives::send_recv`. A send ends
+//! once the receiver has copied its data out (rendezvous): a rank that sends to and receives
+//! from the same peer must post both in one [`group`](Collectives::group). Sends and
+//! receives between a pair match in call order and must have equal sizes. Sending to the own
+//! rank is refused (copy locally instead).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::ll::rooted_ll_max_bytes;
-use mscclpp_device::collectives::{CollContext, one_shot_max_bytes};
+use mscclpp_device::collectives::send_recv::{
+    MAX_P2P_OPS, P2P_MAX_BLOCKS, P2pOp as DevP2pOp, P2pOps, p2p_chunk,
+};
+use mscclpp_device::collectives::{
+    CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, one_shot_max_bytes,
+};
 use mscclpp_device::kernels::collectives_more::{self as k, MoreKernel};
 
-use super::{Collectives, DataType, Element, ReduceOp, checked_bytes, gpu};
-use crate::communicator::CommError;
-use crate::cuda::{CudaError, CudaFunction, CudaSlice, CudaStream};
+use super::{CollConfig, Collectives, DataType, Element, ReduceOp, checked_bytes, gpu};
+use crate::communicator::{Backend, Buffer, CommError, Communicator};
+use crate::cuda::{CudaError, CudaFunction, CudaSlice, CudaStream, DeviceBuffer};
 
 /// The collectives of this file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +91,7 @@ fn kernel_index(kind: Kind, ll: bool, dtype: DataType) -> usize {
 pub(super) struct Kernels {
     /// In [`TABLE`]'s order.
     functions: Vec<CudaFunction>,
+    p2p: CudaFunction,
     ctx: u64,
 }
 
@@ -86,6 +103,7 @@ impl Kernels {
             .collect::<Result<_, _>>()?;
         Ok(Kernels {
             functions,
+            p2p: base.function("p2p")?,
             ctx: base.ctx_ptr(),
         })
     }
@@ -709,6 +727,361 @@ fn same_len(call: &str, send: usize, recv: usize) -> Result<(), CommError> {
     }
     Ok(())
 }
+
+/// Connection tag of the p2p buffer.
+const TAG_P2P: u32 = 0xC011_0004;
+
+/// Bytes of each source rank's slot of the p2p buffer for a config.
+fn p2p_slot(config: &CollConfig) -> usize {
+    (config.scratch_bytes / 32).clamp(1 << 10, 4 << 20) / 1024 * 1024
+}
+
+/// The p2p context (a [`CollContext`] over the p2p buffer) and its memory.
+#[derive(Debug)]
+pub(super) struct P2p {
+    /// On the host (host backend kernels read it here).
+    ctx: Box<CollContext>,
+    /// In device memory (GPU backend).
+    dev: Option<DeviceBuffer>,
+    _buf: Buffer,
+    _local: Buffer,
+}
+
+/// The ops of a launch as a kernel parameter (by value).
+#[repr(transparent)]
+struct OpsArg(P2pOps);
+
+// SAFETY: plain `#[repr(C)]` integers, the kernel's parameter type.
+unsafe impl DeviceRepr for OpsArg {}
+
+impl P2p {
+    /// Registers the p2p buffer (one slot per source rank, then the semaphores) and connects
+    /// it to every peer (collective; after the communicator's first connection setup and
+    /// before its proxy starts). `base`: the collectives' context, whose fields the p2p
+    /// context shares except the scratch, semaphores and expected words.
+    pub(super) fn new(
+        comm: &mut Communicator,
+        config: &CollConfig,
+        base: &CollContext,
+    ) -> Result<P2p, CommError> {
+        let (n, rank) = (comm.nranks(), comm.rank());
+        let slot = p2p_slot(config);
+        let sems_at = n * slot;
+        let buf = comm.alloc_buffer(sems_at + SEMAPHORE_WORDS * 8)?;
+        let local = comm.alloc_buffer(EXPECTED_WORDS * 8)?;
+        let transport = comm.backend().transport();
+        let mut channels = Vec::new();
+        for p in (0..n).filter(|&p| p != rank) {
+            channels.push((p, comm.connect_memory(p, &buf, TAG_P2P, transport, 0)?));
+        }
+        comm.connection_setup()?;
+        let all = comm.memory_channels();
+        let addr = |b: &Buffer| {
+            b.device_ptr()
+                .unwrap_or_else(|| b.host_ptr().unwrap() as u64)
+        };
+        let mine = addr(&buf);
+        let mut ctx = CollContext {
+            scratch_len: slot as u64,
+            scratch: mine as *mut u8,
+            peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
+            sems: (mine + sems_at as u64) as *mut u64,
+            peer_sems: [std::ptr::null_mut(); MAX_RANKS],
+            expected: addr(&local) as *mut u64,
+            ..*base
+        };
+        ctx.peer_scratch[rank] = ctx.scratch;
+        ctx.peer_sems[rank] = ctx.sems;
+        for (p, c) in channels {
+            let remote = all[c].remote_ptr();
+            ctx.peer_scratch[p] = remote;
+            // SAFETY: the peer's buffer is mapped whole: its semaphores follow its slots.
+            ctx.peer_sems[p] = unsafe { remote.add(sems_at) } as *mut u64;
+        }
+        let dev = match comm.backend() {
+            Backend::Gpu(g) => {
+                let mem = DeviceBuffer::zeroed(g, std::mem::size_of::<CollContext>())?;
+                mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
+                Some(mem)
+            }
+            Backend::Host => None,
+        };
+        Ok(P2p {
+            ctx: Box::new(ctx),
+            dev,
+            _buf: buf,
+            _local: local,
+        })
+    }
+}
+
+/// One operation of a [`Collectives::group`]: `count` elements of `dtype` at device (or, for
+/// [`Collectives::group_host`], host) address `buf`, sent to or received from `peer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum P2pOp {
+    /// Send `buf` to `peer` (matched by its next receive from this rank).
+    Send {
+        /// The data.
+        buf: u64,
+        /// Elements.
+        count: usize,
+        /// Element type (sets the size and the alignment checked).
+        dtype: DataType,
+        /// The receiving rank.
+        peer: usize,
+    },
+    /// Receive into `buf` from `peer` (matched by its next send to this rank).
+    Recv {
+        /// Where the data lands.
+        buf: u64,
+        /// Elements.
+        count: usize,
+        /// Element type.
+        dtype: DataType,
+        /// The sending rank.
+        peer: usize,
+    },
+}
+
+impl Collectives {
+    /// Checks `ops` and builds the kernel's operations (empty ones left out); `gpu`: check
+    /// the device ranges too.
+    fn p2p_ops(&self, call: &str, ops: &[P2pOp], gpu_ranges: bool) -> Result<P2pOps, CommError> {
+        if ops.len() > MAX_P2P_OPS {
+            return Err(invalid(format!(
+                "{call}: {} operations; at most {MAX_P2P_OPS} in one group",
+                ops.len()
+            )));
+        }
+        let mut out = P2pOps::default();
+        for op in ops {
+            let (send, buf, count, dtype, peer) = match *op {
+                P2pOp::Send {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => (true, buf, count, dtype, peer),
+                P2pOp::Recv {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => (false, buf, count, dtype, peer),
+            };
+            let what = if send { "send to" } else { "receive from" };
+            if peer >= self.nranks() {
+                return Err(invalid(format!(
+                    "{call}: {what} rank {peer}, which is not a rank (there are {} ranks)",
+                    self.nranks()
+                )));
+            }
+            if peer == self.rank() {
+                return Err(invalid(format!(
+                    "{call}: {what} the own rank {peer} is not supported; copy locally instead"
+                )));
+            }
+            let bytes = checked_bytes(call, count, dtype.size())?;
+            if bytes == 0 {
+                continue;
+            }
+            if gpu_ranges {
+                let name = format!("{call}: {what} rank {peer}");
+                gpu::check_range(&name, buf, bytes, dtype.size())?;
+            }
+            out.ops[out.count as usize] = DevP2pOp {
+                buf,
+                bytes: bytes as u64,
+                peer: peer as u32,
+                send: send as u32,
+                first_block: 0,
+                blocks: 0,
+            };
+            out.count += 1;
+        }
+        Ok(out)
+    }
+
+    /// Most blocks of one transfer on a GPU: a group has up to `2 * (nranks - 1)` lanes side
+    /// by side, and every block of it must be resident at once (a send's blocks wait for the
+    /// peer's receive, which may wait for other lanes): 128 blocks in all (the kernel takes
+    /// 128 registers per thread, one block of 512 threads per SM, and an H100/H200 has 132),
+    /// at most [`P2P_MAX_BLOCKS`] and `max_blocks`. Equal on every rank (it depends only on
+    /// the rank count and the config), as both sides of a transfer must cut it alike.
+    fn p2p_max_blocks(&self) -> u32 {
+        let lanes = 2 * (self.nranks().max(2) as u32 - 1);
+        (128 / lanes).clamp(1, P2P_MAX_BLOCKS.min(self.config.max_blocks))
+    }
+
+    /// Posts the sends and receives of `ops` as one launch on `stream` (NCCL's grouped
+    /// `ncclSend`/`ncclRecv`): all of them progress together, so a rank may send to and
+    /// receive from the same peer in one group. Operations with the same peer and direction
+    /// run in order; at most 16 per group. Each send must be matched by the peer's receive of
+    /// the same size (in call order per pair and direction), posted concurrently: a send
+    /// completes only once the peer has copied its data out. GPU backend; checks every range
+    /// as [`all_reduce_raw`](Self::all_reduce_raw); refuses the own rank and ranks out of
+    /// range. Allocates nothing: capturable into CUDA graphs.
+    ///
+    /// # Safety
+    /// Every buffer must stay valid until the operation completes on `stream`, receive
+    /// buffers not be accessed by others meanwhile, and send buffers not written.
+    pub unsafe fn group(&self, ops: &[P2pOp], stream: &CudaStream) -> Result<(), CommError> {
+        let call = "group";
+        self.more_gpu_call(call, stream)?;
+        let mut ops = self.p2p_ops(call, ops, true)?;
+        if ops.count == 0 {
+            return Ok(());
+        }
+        let blocks = ops.plan(p2p_chunk(self.p2p.ctx.scratch_len), self.p2p_max_blocks());
+        let kernels = self.more.as_ref().expect("GPU backend");
+        let ctx = self.p2p.dev.as_ref().expect("GPU backend").device_ptr();
+        let arg = OpsArg(ops);
+        let mut l = stream.launch_builder(&kernels.p2p);
+        l.arg(&ctx).arg(&arg);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (self.config.threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the p2p context in device memory holds this communicator's registered
+        // memory; the ranges were checked and the caller keeps them valid; the arguments
+        // match the kernel's (*const CollContext, P2pOps).
+        unsafe { l.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+    }
+
+    /// Sends `count` elements at device address `buf` to `peer`: a group of one (see
+    /// [`group`](Self::group)).
+    ///
+    /// # Safety
+    /// As for [`group`](Self::group).
+    pub unsafe fn send_raw(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let op = P2pOp::Send {
+            buf,
+            count,
+            dtype,
+            peer,
+        };
+        // SAFETY: forwarded.
+        unsafe { self.group(&[op], stream) }
+    }
+
+    /// Receives `count` elements from `peer` into device address `buf`: a group of one (see
+    /// [`group`](Self::group)).
+    ///
+    /// # Safety
+    /// As for [`group`](Self::group).
+    pub unsafe fn recv_raw(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let op = P2pOp::Recv {
+            buf,
+            count,
+            dtype,
+            peer,
+        };
+        // SAFETY: forwarded.
+        unsafe { self.group(&[op], stream) }
+    }
+
+    /// Sends a cudarc slice to `peer` (graph capture as in [`all_reduce`](Self::all_reduce)).
+    pub fn send<T: Element>(
+        &self,
+        buf: &CudaSlice<T>,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::DevicePtr;
+        gpu::check_capture("send", stream)?;
+        let (p, _g) = buf.device_ptr(stream);
+        // SAFETY: the slice is borrowed across the launch and cudarc's guard orders later
+        // uses of it after this stream's work.
+        unsafe { self.send_raw(p, buf.len(), T::DTYPE, peer, stream) }
+    }
+
+    /// Receives into a cudarc slice from `peer`.
+    pub fn recv<T: Element>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::DevicePtrMut;
+        gpu::check_capture("recv", stream)?;
+        let count = buf.len();
+        let (p, _g) = buf.device_ptr_mut(stream);
+        // SAFETY: as in send.
+        unsafe { self.recv_raw(p, count, T::DTYPE, peer, stream) }
+    }
+
+    /// Host backend: runs a group of sends and receives on host addresses (blocking; see
+    /// [`group`](Self::group)).
+    ///
+    /// # Safety
+    /// Every buffer valid host memory for its operation during the call.
+    pub unsafe fn group_host(&self, ops: &[P2pOp]) -> Result<(), CommError> {
+        let call = "group_host";
+        self.host_only(call)?;
+        let mut ops = self.p2p_ops(call, ops, false)?;
+        if ops.count == 0 {
+            return Ok(());
+        }
+        // Two blocks per transfer at most: CPU threads.
+        let blocks = ops.plan(p2p_chunk(self.p2p.ctx.scratch_len), 2);
+        let ctx = &*self.p2p.ctx as *const CollContext as u64;
+        launch(Dim3::x(blocks), Dim3::x(2), || {
+            // SAFETY: the p2p context (boxed, alive as long as self) holds this
+            // communicator's shared memory; the buffers are valid (caller contract).
+            unsafe { k::p2p(ctx as *const CollContext, ops) }
+        })
+        .map_err(|e| {
+            CommError::State(format!(
+                "{call}: the transfer failed on this rank ({e}); a peer did not post the \
+                 matching operation within {:?}, or with a different size",
+                self.comm.device_timeout()
+            ))
+        })
+    }
+
+    /// Host backend: sends a host slice to `peer` (blocks until the peer has received it).
+    pub fn send_host<T: Element>(&self, buf: &[T], peer: usize) -> Result<(), CommError> {
+        let op = P2pOp::Send {
+            buf: buf.as_ptr() as u64,
+            count: buf.len(),
+            dtype: T::DTYPE,
+            peer,
+        };
+        // SAFETY: the slice is valid for its length and borrowed for the call.
+        unsafe { self.group_host(&[op]) }
+    }
+
+    /// Host backend: receives into a host slice from `peer`.
+    pub fn recv_host<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<(), CommError> {
+        let op = P2pOp::Recv {
+            buf: buf.as_mut_ptr() as u64,
+            count: buf.len(),
+            dtype: T::DTYPE,
+            peer,
+        };
+        // SAFETY: as in send_host.
+        unsafe { self.group_host(&[op]) }
+    }
+}
+
+const _: () = assert!(2 * P2P_MAX_BLOCKS as usize <= MAX_BLOCKS);
 
 #[cfg(test)]
 #[path = "more_tests.rs"]

@@ -192,3 +192,75 @@ fn the_kernel_table_matches_its_index() {
         );
     }
 }
+
+#[test]
+fn sends_and_receives_match_in_order_alone_and_grouped() {
+    for n in [2, 3] {
+        ranks(n, small(), |c| {
+            let (n, r) = (c.nranks(), c.rank());
+            let data = |from: usize, to: usize, k: usize, len: usize| -> Vec<f32> {
+                (0..len)
+                    .map(|i| value(from, i + 7 * to, k as u64))
+                    .collect()
+            };
+            // Sizes below and far above the p2p slot (1 KiB: 16-byte chunks).
+            for (k, len) in [1usize, 5, 256, 1000, 4099].into_iter().enumerate() {
+                // A ring in one group.
+                let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                let out = data(r, next, k, len);
+                let mut got = vec![0f32; len];
+                let ops = [
+                    P2pOp::Recv {
+                        buf: got.as_mut_ptr() as u64,
+                        count: len,
+                        dtype: DataType::F32,
+                        peer: prev,
+                    },
+                    P2pOp::Send {
+                        buf: out.as_ptr() as u64,
+                        count: len,
+                        dtype: DataType::F32,
+                        peer: next,
+                    },
+                ];
+                // SAFETY: both vectors live across the call.
+                unsafe { c.group_host(&ops) }.unwrap();
+                assert_eq!(got, data(prev, r, k, len), "rank {r} ring len {len}");
+                // Rank 0 sends to every other rank alone, twice; they receive alone.
+                if r == 0 {
+                    for p in 1..n {
+                        c.send_host(&data(0, p, k, len), p).unwrap();
+                        c.send_host(&data(0, p, k + 100, len + 1), p).unwrap();
+                    }
+                } else {
+                    let mut a = vec![0f32; len];
+                    let mut b = vec![0f32; len + 1];
+                    c.recv_host(&mut a, 0).unwrap();
+                    c.recv_host(&mut b, 0).unwrap();
+                    assert_eq!(a, data(0, r, k, len), "rank {r} first of two, len {len}");
+                    assert_eq!(
+                        b,
+                        data(0, r, k + 100, len + 1),
+                        "rank {r} second, len {len}"
+                    );
+                }
+            }
+            let e = c.send_host(&[1f32; 3], r).unwrap_err().to_string();
+            assert!(e.contains("the own rank"), "{e}");
+            let e = c.recv_host(&mut [1f32; 3], n).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("receive from rank {n}, which is not a rank")),
+                "{e}"
+            );
+            let op = P2pOp::Send {
+                buf: 0,
+                count: 0,
+                dtype: DataType::F16,
+                peer: (r + 1) % n,
+            };
+            // SAFETY: refused before any access.
+            let e = unsafe { c.group_host(&[op; 17]) }.unwrap_err().to_string();
+            assert!(e.contains("17 operations; at most 16"), "{e}");
+        });
+    }
+}
