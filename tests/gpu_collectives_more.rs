@@ -2,7 +2,9 @@
 //! (`MSCCLPP_TEST_GPUS=N` for N, 2..=8), one GPU each (all on GPU 0 when the machine has
 //! one). Random data of every power-of-two size from 4 B to 64 MiB and odd counts next to
 //! them, f32/f16/bf16, in place and out of place, every root, checked bit for bit against a
-//! CPU reference that adds in rank order; sends and receives (a ring in one group, one-way
+//! CPU reference that adds in rank order; every reducing type (f32, f16, bf16, f64, i8, u8,
+//! i32, u32, i64, u64) and operation (sum, prod, min, max, avg) on every reducing path,
+//! all-reduce's algorithms included, and the fp8 types on the byte movers; sends and receives (a ring in one group, one-way
 //! sends alone) of the same sizes; one call of each captured into a CUDA graph and replayed
 //! over fresh inputs; the typed API's argument checks. Skips with a reason without
 //! a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
@@ -12,7 +14,9 @@ use std::time::Duration;
 
 use cudarc::driver::{DevicePtr, sys};
 use half::{bf16, f16};
-use mscclpp::host::collectives::{CollConfig, Collectives, DataType, P2pOp, ReduceOp};
+use mscclpp::host::collectives::{
+    AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp, ReduceOp,
+};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::launch::Launch;
@@ -57,41 +61,139 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Element `i` of rank `rank`'s input of call `seed` as raw bits: random values in [-4, 4)
-/// that the type holds exactly.
-fn input(dtype: DataType, seed: u64, rank: usize, i: usize) -> u32 {
+/// Element `i` of rank `rank`'s input of call `seed` as raw bits: floats random in
+/// [-4, 4) held exactly by the type, integers over their whole range, fp8 any byte.
+fn input(dtype: DataType, seed: u64, rank: usize, i: usize) -> u64 {
     let h = splitmix(seed ^ (rank as u64) << 56 ^ i as u64);
     let v = (h >> 40) as f32 / (1u64 << 21) as f32 - 4.0;
     match dtype {
-        DataType::F32 => v.to_bits(),
-        DataType::F16 => f16::from_f32(v).to_bits() as u32,
-        DataType::Bf16 => bf16::from_f32(v).to_bits() as u32,
+        DataType::F32 => v.to_bits() as u64,
+        DataType::F16 => f16::from_f32(v).to_bits() as u64,
+        DataType::Bf16 => bf16::from_f32(v).to_bits() as u64,
+        DataType::F64 => ((h >> 11) as f64 / (1u64 << 50) as f64 - 4.0).to_bits(),
+        _ => h & mask(dtype.size()),
     }
 }
 
-/// `a + b` in `dtype`, rounded to nearest even.
-fn add(dtype: DataType, a: u32, b: u32) -> u32 {
+fn mask(size: usize) -> u64 {
+    if size == 8 {
+        u64::MAX
+    } else {
+        (1 << (size * 8)) - 1
+    }
+}
+
+/// `op` of two elements' bits (average: the sum), as the library defines it: IEEE
+/// arithmetic rounded to the type, wrapping integers, float min/max by `total_cmp`, ties
+/// keeping `a`.
+fn apply(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
+    use std::cmp::Ordering::{Greater, Less};
+    macro_rules! float {
+        ($x:expr, $y:expr, $to:expr, $mul:expr, $add:expr) => {{
+            let (x, y) = ($x, $y);
+            match op {
+                ReduceOp::Prod => $to($mul(x, y)),
+                ReduceOp::Min => {
+                    if y.total_cmp(&x) == Less {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                ReduceOp::Max => {
+                    if y.total_cmp(&x) == Greater {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                _ => $to($add(x, y)),
+            }
+        }};
+    }
+    macro_rules! int {
+        ($t:ty) => {{
+            let (x, y) = (a as $t, b as $t);
+            (match op {
+                ReduceOp::Prod => x.wrapping_mul(y),
+                ReduceOp::Min => x.min(y),
+                ReduceOp::Max => x.max(y),
+                _ => x.wrapping_add(y),
+            }) as u64
+                & mask(dtype.size())
+        }};
+    }
     match dtype {
-        DataType::F32 => (f32::from_bits(a) + f32::from_bits(b)).to_bits(),
+        DataType::F32 => float!(
+            f32::from_bits(a as u32),
+            f32::from_bits(b as u32),
+            |v: f32| v.to_bits() as u64,
+            |x: f32, y: f32| x * y,
+            |x: f32, y: f32| x + y
+        ),
+        DataType::F64 => float!(
+            f64::from_bits(a),
+            f64::from_bits(b),
+            |v: f64| v.to_bits(),
+            |x: f64, y: f64| x * y,
+            |x: f64, y: f64| x + y
+        ),
+        DataType::F16 => float!(
+            f16::from_bits(a as u16),
+            f16::from_bits(b as u16),
+            |v: f16| v.to_bits() as u64,
+            |x: f16, y: f16| f16::from_f32(x.to_f32() * y.to_f32()),
+            |x: f16, y: f16| f16::from_f32(x.to_f32() + y.to_f32())
+        ),
+        DataType::Bf16 => float!(
+            bf16::from_bits(a as u16),
+            bf16::from_bits(b as u16),
+            |v: bf16| v.to_bits() as u64,
+            |x: bf16, y: bf16| bf16::from_f32(x.to_f32() * y.to_f32()),
+            |x: bf16, y: bf16| bf16::from_f32(x.to_f32() + y.to_f32())
+        ),
+        DataType::I8 => int!(i8),
+        DataType::U8 => int!(u8),
+        DataType::I32 => int!(i32),
+        DataType::U32 => int!(u32),
+        DataType::I64 => int!(i64),
+        DataType::U64 => int!(u64),
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => unreachable!("fp8 is not reduced"),
+    }
+}
+
+/// Average's division of a sum by `n`.
+fn divide(dtype: DataType, a: u64, n: usize) -> u64 {
+    let m = mask(dtype.size());
+    match dtype {
+        DataType::F32 => (f32::from_bits(a as u32) / n as f32).to_bits() as u64,
+        DataType::F64 => (f64::from_bits(a) / n as f64).to_bits(),
         DataType::F16 => {
-            let s = f16::from_bits(a as u16).to_f32() + f16::from_bits(b as u16).to_f32();
-            f16::from_f32(s).to_bits() as u32
+            f16::from_f32(f16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
         }
         DataType::Bf16 => {
-            let s = bf16::from_bits(a as u16).to_f32() + bf16::from_bits(b as u16).to_f32();
-            bf16::from_f32(s).to_bits() as u32
+            bf16::from_f32(bf16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
         }
+        DataType::I8 => (a as i8 / n as i8) as u64 & m,
+        DataType::I32 => (a as i32 / n as i32) as u64 & m,
+        DataType::I64 => (a as i64 / n as i64) as u64,
+        _ => a / n as u64,
     }
 }
 
-/// Rank-order sum of element `i` over `n` ranks.
-fn sum(dtype: DataType, seed: u64, n: usize, i: usize) -> u32 {
-    (1..n).fold(input(dtype, seed, 0, i), |acc, q| {
-        add(dtype, acc, input(dtype, seed, q, i))
-    })
+/// The reference: `op` over ranks `0..n` of element `i` of call `seed`, in rank order.
+fn reduce(dtype: DataType, op: ReduceOp, seed: u64, n: usize, i: usize) -> u64 {
+    let acc = (1..n).fold(input(dtype, seed, 0, i), |acc, q| {
+        apply(dtype, op, acc, input(dtype, seed, q, i))
+    });
+    if op == ReduceOp::Avg {
+        divide(dtype, acc, n)
+    } else {
+        acc
+    }
 }
 
-fn to_bytes(dtype: DataType, words: impl Iterator<Item = u32>) -> Vec<u8> {
+fn to_bytes(dtype: DataType, words: impl Iterator<Item = u64>) -> Vec<u8> {
     let size = dtype.size();
     let mut out = Vec::new();
     for w in words {
@@ -121,6 +223,7 @@ fn dptr(s: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Op {
+    AllReduce(AllReduceAlgo),
     ReduceScatter,
     Reduce,
     Broadcast,
@@ -133,6 +236,7 @@ enum Op {
 fn data(
     op: Op,
     dtype: DataType,
+    red: ReduceOp,
     seed: u64,
     n: usize,
     r: usize,
@@ -143,19 +247,25 @@ fn data(
     let es = dtype.size();
     let words = |q: usize, len: usize| (0..len).map(move |i| input(dtype, seed, q, i));
     match op {
+        Op::AllReduce(_) => (
+            to_bytes(dtype, words(r, count)),
+            count * es,
+            0,
+            to_bytes(dtype, (0..count).map(|i| reduce(dtype, red, seed, n, i))),
+        ),
         Op::ReduceScatter => (
             to_bytes(dtype, words(r, n * count)),
             count * es,
             r * count * es,
             to_bytes(
                 dtype,
-                (0..count).map(|i| sum(dtype, seed, n, r * count + i)),
+                (0..count).map(|i| reduce(dtype, red, seed, n, r * count + i)),
             ),
         ),
         Op::Reduce => {
             let send = to_bytes(dtype, words(r, count));
             let want = if r == root {
-                to_bytes(dtype, (0..count).map(|i| sum(dtype, seed, n, i)))
+                to_bytes(dtype, (0..count).map(|i| reduce(dtype, red, seed, n, i)))
             } else if in_place {
                 send.clone()
             } else {
@@ -190,6 +300,7 @@ unsafe fn issue(
     c: &Collectives,
     op: Op,
     dtype: DataType,
+    red: ReduceOp,
     sp: u64,
     rp: u64,
     count: usize,
@@ -199,13 +310,14 @@ unsafe fn issue(
     // SAFETY: caller contract.
     unsafe {
         match op {
-            Op::ReduceScatter => c.reduce_scatter_raw(sp, rp, count, dtype, ReduceOp::Sum, stream),
-            Op::Reduce => c.reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, root, stream),
+            Op::AllReduce(algo) => c.all_reduce_raw(sp, rp, count, dtype, red, algo, stream),
+            Op::ReduceScatter => c.reduce_scatter_raw(sp, rp, count, dtype, red, stream),
+            Op::Reduce => c.reduce_raw(sp, rp, count, dtype, red, root, stream),
             Op::Broadcast => c.broadcast_raw(sp, rp, count, dtype, root, stream),
             Op::AllToAll => c.all_to_all_raw(sp, rp, count, dtype, stream),
         }
     }
-    .unwrap_or_else(|e| panic!("{op:?} {dtype} count {count}: {e}"));
+    .unwrap_or_else(|e| panic!("{op:?} {dtype} {red:?} count {count}: {e}"));
 }
 
 /// Element counts for `dtype` and `op` whose message (the input of one rank for
@@ -227,6 +339,45 @@ fn counts(op: Op, dtype: DataType, n: usize) -> Vec<usize> {
     v
 }
 
+/// Runs one call on fresh buffers and checks it bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn check_call(
+    c: &Collectives,
+    stream: &Arc<CudaStream>,
+    op: Op,
+    dtype: DataType,
+    red: ReduceOp,
+    seed: u64,
+    count: usize,
+    root: usize,
+    in_place: bool,
+) {
+    let (n, r) = (c.nranks(), c.rank());
+    let (send, recv_len, off, want) = data(op, dtype, red, seed, n, r, count, root, in_place);
+    let sbuf: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
+    let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
+    let sp = dptr(&sbuf, stream);
+    let rp = if in_place {
+        sp + off as u64
+    } else {
+        dptr(&rbuf, stream)
+    };
+    // SAFETY: both buffers live until the synchronize below.
+    unsafe { issue(c, op, dtype, red, sp, rp, count, root, stream) };
+    stream.synchronize().unwrap();
+    let got = if in_place {
+        stream.clone_dtoh(&sbuf).unwrap()[off..off + recv_len].to_vec()
+    } else {
+        stream.clone_dtoh(&rbuf).unwrap()
+    };
+    let (bad, first) = mismatches(&got, &want, dtype.size());
+    assert_eq!(
+        bad, 0,
+        "rank {r}: {op:?} {dtype} {red:?} count {count} root {root} in_place {in_place}: \
+         {bad} wrong elements, first at {first:?}"
+    );
+}
+
 fn sweep_rank() {
     let (c, stream) = setup();
     let (n, r) = (c.nranks(), c.rank());
@@ -237,36 +388,60 @@ fn sweep_rank() {
                 continue; // byte movers: 2-byte elements give the odd sizes
             }
             for (k, count) in counts(op, dtype, n).into_iter().enumerate() {
-                let in_place = k % 2 == 1;
-                let root = k % n;
                 seed += 1;
-                let (send, recv_len, off, want) =
-                    data(op, dtype, seed, n, r, count, root, in_place);
-                let sbuf: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
-                let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
-                let sp = dptr(&sbuf, &stream);
-                let rp = if in_place {
-                    sp + off as u64
-                } else {
-                    dptr(&rbuf, &stream)
-                };
-                // SAFETY: both buffers live until the synchronize below.
-                unsafe { issue(&c, op, dtype, sp, rp, count, root, &stream) };
-                stream.synchronize().unwrap();
-                let got = if in_place {
-                    stream.clone_dtoh(&sbuf).unwrap()[off..off + recv_len].to_vec()
-                } else {
-                    stream.clone_dtoh(&rbuf).unwrap()
-                };
-                let (bad, first) = mismatches(&got, &want, dtype.size());
-                assert_eq!(
-                    bad, 0,
-                    "rank {r}: {op:?} {dtype} count {count} root {root} in_place {in_place}: \
-                     {bad} wrong elements, first at {first:?}"
-                );
+                let red = ReduceOp::Sum;
+                check_call(&c, &stream, op, dtype, red, seed, count, k % n, k % 2 == 1);
             }
             println!("rank {r}: {op:?} {dtype} up to 64 MiB matched");
         }
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// Every reducing type and operation on every reducing path (all-reduce's algorithms,
+/// reduce-scatter, reduce), at an LL size and at a size that takes many scratch rounds; the
+/// byte movers on the 1-byte types.
+fn types_and_ops_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let mut seed = 1 << 20;
+    let algos = [
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+        AllReduceAlgo::ReadReduce,
+        AllReduceAlgo::AllPairs,
+        AllReduceAlgo::Proxy,
+    ];
+    for dtype in DataType::ALL {
+        if matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2) {
+            for op in [Op::Broadcast, Op::AllToAll] {
+                for count in [1usize, 4099, (3 << 20) + 1] {
+                    seed += 1;
+                    let red = ReduceOp::Sum;
+                    check_call(&c, &stream, op, dtype, red, seed, count, n - 1, false);
+                }
+            }
+            continue;
+        }
+        for red in ReduceOp::ALL {
+            for count in [37usize, 1001, ((3 << 20) + 40) / dtype.size()] {
+                let mut ops: Vec<Op> = vec![Op::ReduceScatter, Op::Reduce];
+                for a in algos {
+                    // One-shot carries at most a packet half.
+                    if a != AllReduceAlgo::OneShot || count * dtype.size() <= c.one_shot_max_bytes()
+                    {
+                        ops.push(Op::AllReduce(a));
+                    }
+                }
+                for (k, op) in ops.into_iter().enumerate() {
+                    seed += 1;
+                    let in_place = (seed + k as u64).is_multiple_of(2);
+                    check_call(&c, &stream, op, dtype, red, seed, count, k % n, in_place);
+                }
+            }
+        }
+        println!("rank {r}: {dtype}: every operation on every reducing path matched");
     }
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
@@ -282,7 +457,8 @@ fn graph_rank() {
     for op in [Op::ReduceScatter, Op::Reduce, Op::Broadcast, Op::AllToAll] {
         for count in [n * 3, n * (3 << 20)] {
             let root = n - 1;
-            let (send, recv_len, _, _) = data(op, dtype, 0, n, r, count, root, false);
+            let red = ReduceOp::Sum;
+            let (send, recv_len, _, _) = data(op, dtype, red, 0, n, r, count, root, false);
             let sbuf: CudaSlice<u8> = stream.alloc_zeros(send.len()).unwrap();
             let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
             let (sp, rp) = (dptr(&sbuf, &stream), dptr(&rbuf, &stream));
@@ -290,7 +466,7 @@ fn graph_rank() {
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .unwrap();
             // SAFETY: the buffers live until the synchronize after the replays.
-            unsafe { issue(&c, op, dtype, sp, rp, count, root, &stream) };
+            unsafe { issue(&c, op, dtype, red, sp, rp, count, root, &stream) };
             let graph = stream
                 .end_capture(
                     sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
@@ -298,7 +474,7 @@ fn graph_rank() {
                 .unwrap()
                 .expect("a graph was captured");
             for replay in 1..=3u64 {
-                let (send, _, _, want) = data(op, dtype, replay, n, r, count, root, false);
+                let (send, _, _, want) = data(op, dtype, red, replay, n, r, count, root, false);
                 let tmp: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
                 // SAFETY: device-to-device copy between live buffers of send.len() bytes.
                 unsafe {
@@ -519,6 +695,10 @@ gpu_test!(
     sweep_rank
 );
 gpu_test!(one_call_of_each_replays_under_a_cuda_graph, graph_rank);
+gpu_test!(
+    every_type_and_operation_on_every_reducing_path_matches_the_reference,
+    types_and_ops_rank
+);
 gpu_test!(typed_api_checks_arguments, typed_api_rank);
 gpu_test!(
     sends_and_receives_match_alone_grouped_and_under_a_graph,

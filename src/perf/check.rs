@@ -52,6 +52,10 @@ pub fn exact_limit(dtype: DataType) -> u64 {
         DataType::F32 => 1 << 24,
         DataType::F16 => 1 << 11,
         DataType::Bf16 => 1 << 8,
+        DataType::F64 => 1 << 53,
+        DataType::I8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => 1 << 3,
+        DataType::U8 => 1 << 7,
+        DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64 => 1 << 24,
     }
 }
 
@@ -63,6 +67,7 @@ pub fn tolerance(dtype: DataType) -> f32 {
         DataType::F32 => 1e-6,
         DataType::F16 => 2e-4,
         DataType::Bf16 => 2e-3,
+        _ => 1e-6,
     }
 }
 

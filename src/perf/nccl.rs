@@ -339,6 +339,14 @@ fn nccl_type(dtype: DataType) -> sys::ncclDataType_t {
         DataType::F32 => sys::ncclDataType_t::ncclFloat32,
         DataType::F16 => sys::ncclDataType_t::ncclFloat16,
         DataType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+        DataType::F64 => sys::ncclDataType_t::ncclFloat64,
+        DataType::I8 => sys::ncclDataType_t::ncclInt8,
+        DataType::I32 => sys::ncclDataType_t::ncclInt32,
+        DataType::U32 => sys::ncclDataType_t::ncclUint32,
+        DataType::I64 => sys::ncclDataType_t::ncclInt64,
+        DataType::U64 => sys::ncclDataType_t::ncclUint64,
+        // Moved only (no reduction): the same bytes as uint8.
+        DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => sys::ncclDataType_t::ncclUint8,
     }
 }
 

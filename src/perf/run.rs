@@ -170,6 +170,12 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         crate::host::collectives::DataType::Bf16 => {
             sweep::<half::bf16>(config, &coll, nccl.as_ref())?
         }
+        // parse_dtype accepts the three types above only.
+        other => {
+            return Err(PerfError::Args(format!(
+                "-d {other}: the perf tool measures float, half and bfloat16"
+            )));
+        }
     };
     drop(nccl);
     if rank != 0 {

@@ -139,7 +139,13 @@ pub(crate) unsafe fn advance_counter(
 /// `count * T::SIZE <= one_shot_max_bytes(packets_len)`; `send`/`recv` valid for `count`
 /// elements and aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
 #[inline(always)]
-pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn one_shot<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    op: u32,
+) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let bytes = count * T::SIZE;
@@ -171,7 +177,7 @@ pub unsafe fn one_shot<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut
         // of recv is this thread's alone.
         unsafe {
             let own = load_unit(send, i, bytes, aligned);
-            let acc = reduce_unit::<T>(ctx, half, i, own, flag);
+            let acc = reduce_unit::<T>(ctx, half, i, own, flag, op);
             store_unit(recv, i, bytes, acc, aligned);
         }
         i += stride;
@@ -203,13 +209,20 @@ unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
     }
 }
 
-/// The sum of unit `i` over the ranks, in rank order: `own` for this rank, the peers'
+/// `op` over the ranks of unit `i`, in rank order: `own` for this rank, the peers'
 /// packets (polled until they carry `flag`; traps after the timeout) for the others.
 ///
 /// # Safety
 /// As for [`send_unit`].
 #[inline(always)]
-unsafe fn reduce_unit<T: Reduce>(ctx: &CollContext, half: u64, i: u64, own: u64, flag: u32) -> u64 {
+unsafe fn reduce_unit<T: Reduce>(
+    ctx: &CollContext,
+    half: u64,
+    i: u64,
+    own: u64,
+    flag: u32,
+    op: u32,
+) -> u64 {
     let mut acc = 0u64;
     for q in 0..ctx.nranks {
         let v = if q == ctx.rank {
@@ -226,9 +239,9 @@ unsafe fn reduce_unit<T: Reduce>(ctx: &CollContext, half: u64, i: u64, own: u64,
                 None => arch::trap(),
             }
         };
-        acc = if q == 0 { v } else { T::add8(acc, v) };
+        acc = if q == 0 { v } else { T::op8(op, acc, v) };
     }
-    acc
+    T::finish8(op, acc, ctx.nranks)
 }
 
 /// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least
@@ -257,13 +270,15 @@ fn chunk_part(q: u64, chunk: u64, off: u64, len: u64, count: u64) -> (u64, u64) 
 /// # Safety
 /// `p` valid for element `i`, aligned to `T::SIZE`.
 #[inline(always)]
-unsafe fn load1<T: Reduce>(p: *const u8, i: u64) -> u32 {
+unsafe fn load1<T: Reduce>(p: *const u8, i: u64) -> u64 {
+    let i = i as usize;
     // SAFETY: caller contract.
     unsafe {
-        if T::SIZE == 4 {
-            (p as *const u32).add(i as usize).read()
-        } else {
-            (p as *const u16).add(i as usize).read() as u32
+        match T::SIZE {
+            8 => (p as *const u64).add(i).read(),
+            4 => (p as *const u32).add(i).read() as u64,
+            2 => (p as *const u16).add(i).read() as u64,
+            _ => p.add(i).read() as u64,
         }
     }
 }
@@ -273,18 +288,20 @@ unsafe fn load1<T: Reduce>(p: *const u8, i: u64) -> u32 {
 /// # Safety
 /// As for [`load1`], writable.
 #[inline(always)]
-unsafe fn store1<T: Reduce>(p: *mut u8, i: u64, v: u32) {
+unsafe fn store1<T: Reduce>(p: *mut u8, i: u64, v: u64) {
+    let i = i as usize;
     // SAFETY: caller contract.
     unsafe {
-        if T::SIZE == 4 {
-            (p as *mut u32).add(i as usize).write(v)
-        } else {
-            (p as *mut u16).add(i as usize).write(v as u16)
+        match T::SIZE {
+            8 => (p as *mut u64).add(i).write(v),
+            4 => (p as *mut u32).add(i).write(v as u32),
+            2 => (p as *mut u16).add(i).write(v as u16),
+            _ => p.add(i).write(v as u8),
         }
     }
 }
 
-/// Reduces `len` elements of `srcs` (one source per rank, summed in rank order) into
+/// Reduces `len` elements of `srcs` (one source per rank, combined by `op` in rank order) into
 /// `out` and, unless null, `reduced`. Threads of the block share the work; 16-byte vectors
 /// (two per thread in flight) when every address is 16-byte aligned, elements otherwise
 /// and for the tail.
@@ -300,9 +317,12 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     reduced: *mut u8,
     len: u64,
     thread: u32,
+    op: u32,
 ) {
     let (t, nt) = (thread as u64, arch::block_dim_x() as u64);
-    let add = |a: [u64; 2], x: [u64; 2]| [T::add8(a[0], x[0]), T::add8(a[1], x[1])];
+    let n = srcs.len() as u32;
+    let add = |a: [u64; 2], x: [u64; 2]| [T::op8(op, a[0], x[0]), T::op8(op, a[1], x[1])];
+    let fin = |a: [u64; 2]| [T::finish8(op, a[0], n), T::finish8(op, a[1], n)];
     let per_vec = 16 / T::SIZE;
     let aligned = srcs
         .iter()
@@ -333,6 +353,7 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
                 (add(acc1, x1), add(acc2, x2))
             };
         }
+        let (acc1, acc2) = (fin(acc1), fin(acc2));
         store(out, a1, acc1);
         if !reduced.is_null() {
             store(reduced, a1, acc1);
@@ -347,12 +368,13 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     }
     let mut i = vectors * per_vec + t;
     while i < len {
-        let mut acc = 0u32;
+        let mut acc = 0u64;
         for (q, &p) in srcs.iter().enumerate() {
             // SAFETY: element i < len of a valid, element-aligned range.
             let x = unsafe { load1::<T>(p, i) };
-            acc = if q == 0 { x } else { T::add1(acc, x) };
+            acc = if q == 0 { x } else { T::op1(op, acc, x) };
         }
+        let acc = T::finish1(op, acc, n);
         // SAFETY: as above, this thread's own element.
         unsafe {
             store1::<T>(out, i, acc);
@@ -382,6 +404,7 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
     reduced: *mut u8,
     len: u64,
     thread: u32,
+    op: u32,
 ) {
     let (n, r) = (ctx.nranks, ctx.rank);
     let mut srcs = [core::ptr::null::<u8>(); super::MAX_RANKS];
@@ -397,7 +420,7 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
         };
     }
     // SAFETY: forwarded.
-    unsafe { reduce_sources::<T>(&srcs[..n as usize], out, reduced, len, thread) }
+    unsafe { reduce_sources::<T>(&srcs[..n as usize], out, reduced, len, thread, op) }
 }
 
 /// Two-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal).
@@ -426,6 +449,7 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    op: u32,
 ) {
     let t = arch::thread_idx_x();
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
@@ -476,6 +500,7 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
                 ctx.scratch.add((reduced_base + scratch_off) as usize),
                 len,
                 t,
+                op,
             );
             ctx.barrier(b, t);
         }
@@ -521,7 +546,13 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
 /// `send`/`recv` valid for `count` elements, aligned to `T::SIZE`; every rank calls it with the
 /// same `count` and grid, in the same sequence of calls.
 #[inline(always)]
-pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn all_pairs<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    op: u32,
+) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
@@ -574,6 +605,7 @@ pub unsafe fn all_pairs<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mu
                 core::ptr::null_mut(),
                 e - s,
                 t,
+                op,
             );
         }
     }

@@ -73,7 +73,7 @@ pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) 
 /// place allowed (a round writes `recv` only after its puts read `send`).
 ///
 /// # Safety
-/// As for [`ll`], with grid blocks of at least `nranks` threads and any `bytes`.
+/// As for [`ll()`], with grid blocks of at least `nranks` threads and any `bytes`.
 #[inline(always)]
 pub unsafe fn put(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());

@@ -9,7 +9,7 @@ use crate::channel::memory::copy;
 
 /// LL broadcast of `bytes` from `root`: the root writes unit `i` as a packet into every
 /// peer's packet scratch, the peers poll it into `recv`. A rooted LL call (tokens, see
-/// [`ll`]).
+/// [`super::ll`]).
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks of
@@ -56,7 +56,7 @@ pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, 
 /// the peers copy it into `recv`; barrier.
 ///
 /// # Safety
-/// As for [`ll`], with any `bytes`.
+/// As for [`ll()`], with any `bytes`.
 #[inline(always)]
 pub unsafe fn put(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, root: u32) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());

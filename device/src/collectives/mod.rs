@@ -60,11 +60,14 @@ pub mod proxy;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
+pub mod types;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests_more;
+
+pub use types::{Bf16, F16, F32, F64, I8, I32, I64, Reduce, U8, U32, U64, op};
 
 use crate::arch;
 use crate::channel::DevConn;
@@ -184,61 +187,6 @@ impl CollContext {
         arch::sync_threads();
     }
 }
-
-/// Element types the reductions support, as lane-wise adds on raw bits.
-pub trait Reduce: Copy {
-    /// Bytes per element.
-    const SIZE: u64;
-    /// Adds the lanes of two 8-byte words (`8 / SIZE` elements each).
-    fn add8(a: u64, b: u64) -> u64;
-    /// Adds two single elements held in the low `SIZE` bytes.
-    fn add1(a: u32, b: u32) -> u32;
-}
-
-/// 32-bit float.
-#[derive(Clone, Copy, Debug)]
-pub struct F32;
-/// IEEE half float.
-#[derive(Clone, Copy, Debug)]
-pub struct F16;
-/// bfloat16.
-#[derive(Clone, Copy, Debug)]
-pub struct Bf16;
-
-impl Reduce for F32 {
-    const SIZE: u64 = 4;
-    #[inline(always)]
-    fn add8(a: u64, b: u64) -> u64 {
-        let lo = Self::add1(a as u32, b as u32);
-        let hi = Self::add1((a >> 32) as u32, (b >> 32) as u32);
-        lo as u64 | (hi as u64) << 32
-    }
-    #[inline(always)]
-    fn add1(a: u32, b: u32) -> u32 {
-        (f32::from_bits(a) + f32::from_bits(b)).to_bits()
-    }
-}
-
-/// The two 16-bit float types: lanes added in pairs by `$add` (one `u32` holds two).
-macro_rules! half_reduce {
-    ($t:ty, $add:path) => {
-        impl Reduce for $t {
-            const SIZE: u64 = 2;
-            #[inline(always)]
-            fn add8(a: u64, b: u64) -> u64 {
-                let lo = $add(a as u32, b as u32);
-                let hi = $add((a >> 32) as u32, (b >> 32) as u32);
-                lo as u64 | (hi as u64) << 32
-            }
-            #[inline(always)]
-            fn add1(a: u32, b: u32) -> u32 {
-                $add(a, b) & 0xffff
-            }
-        }
-    };
-}
-half_reduce!(F16, arch::add_f16x2);
-half_reduce!(Bf16, arch::add_bf16x2);
 
 /// The `k`-th peer (`k < nranks - 1`) that lane `lane` (a block or unit index) of rank `rank`
 /// talks to: every peer once over `k`, and for each `k` a different peer per lane and per rank,

@@ -62,14 +62,20 @@ unsafe fn exchange(ctx: &CollContext, slot: u64, len: u64, t: u32) {
     arch::sync_threads();
 }
 
-/// All-reduce (sum) of `count` elements of `T` over proxy channels; in place allowed.
+/// All-reduce (`op`) of `count` elements of `T` over proxy channels; in place allowed.
 ///
 /// # Safety
 /// One block of at least `nranks` threads, every thread with the same arguments; the
 /// context valid with proxy channels; `send`/`recv` valid for `count` elements aligned to
 /// `T::SIZE`; every rank calls it with the same `count`.
 #[inline(always)]
-pub unsafe fn all_reduce<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn all_reduce<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    op: u32,
+) {
     check(ctx);
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
@@ -101,6 +107,7 @@ pub unsafe fn all_reduce<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *m
                 core::ptr::null_mut(),
                 len / T::SIZE,
                 t,
+                op,
             );
             exchange(ctx, slot, 0, t);
         }

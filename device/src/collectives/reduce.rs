@@ -1,4 +1,4 @@
-//! Reduce (sum) to a root: the root's `recv` gets the sum over the ranks of their `send`
+//! Reduce to a root: the root's `recv` gets the reduction (`op`) over the ranks of their `send`
 //! (`count` elements); other ranks' `recv` is not touched. See the [parent module](super).
 
 use super::all_reduce::{check_grid, load_unit, reduce_sources, store_unit};
@@ -9,7 +9,7 @@ use crate::channel::memory::copy;
 
 /// LL reduce of `count` elements to `root`: the other ranks write their input as packets
 /// into the root's packet scratch; the root sums unit `i` in rank order. A rooted LL call
-/// (with tokens, see [`ll`]). In place (`send == recv` on the root) allowed.
+/// (with tokens, see [`super::ll`]). In place (`send == recv` on the root) allowed.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks of
@@ -24,6 +24,7 @@ pub unsafe fn ll<T: Reduce>(
     recv: *mut u8,
     count: u64,
     root: u32,
+    op: u32,
 ) {
     let (n, r) = (ctx.nranks, ctx.rank);
     let bytes = count * T::SIZE;
@@ -47,8 +48,9 @@ pub unsafe fn ll<T: Reduce>(
                     } else {
                         ll::get(ctx, &call, q, i)
                     };
-                    acc = if q == 0 { v } else { T::add8(acc, v) };
+                    acc = if q == 0 { v } else { T::op8(op, acc, v) };
                 }
+                let acc = T::finish8(op, acc, n);
                 store_unit(recv, i, bytes, acc, aligned);
             }
         }
@@ -64,7 +66,7 @@ pub unsafe fn ll<T: Reduce>(
 /// barrier. In place allowed.
 ///
 /// # Safety
-/// As for [`ll`], with grid blocks of at least `nranks` threads and any `count`.
+/// As for [`ll()`], with grid blocks of at least `nranks` threads and any `count`.
 #[inline(always)]
 pub unsafe fn put<T: Reduce>(
     ctx: &CollContext,
@@ -72,6 +74,7 @@ pub unsafe fn put<T: Reduce>(
     recv: *mut u8,
     count: u64,
     root: u32,
+    op: u32,
 ) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
@@ -115,6 +118,7 @@ pub unsafe fn put<T: Reduce>(
                     core::ptr::null_mut(),
                     e - s,
                     t,
+                    op,
                 )
             };
         }

@@ -1,4 +1,4 @@
-//! Reduce-scatter (sum): rank `r` gets the sum over the ranks of block `r` of their inputs
+//! Reduce-scatter: rank `r` gets the reduction (`op`) over the ranks of block `r` of their inputs
 //! (`send` holds `nranks` blocks of `count` elements, `recv` one). See the
 //! [parent module](super) for the shared state.
 
@@ -16,7 +16,7 @@ pub fn rank_slot(scratch_len: u64, nranks: u64) -> u64 {
 
 /// LL reduce-scatter of `count` elements per rank: unit `i` (8 bytes) of block `p` of the
 /// input goes to rank `p` as a packet, and rank `r` sums unit `i` of block `r` over the ranks
-/// in rank order. No barrier (see [`ll`]). Unit `i` of every block belongs to one thread, so
+/// in rank order. No barrier (see [`super::ll`]). Unit `i` of every block belongs to one thread, so
 /// in place (`recv == send + rank * count` elements) is safe.
 ///
 /// # Safety
@@ -25,7 +25,13 @@ pub fn rank_slot(scratch_len: u64, nranks: u64) -> u64 {
 /// valid for `nranks * count` elements, `recv` for `count`, aligned to `T::SIZE`; every rank
 /// calls it with the same `count` and grid.
 #[inline(always)]
-pub unsafe fn ll<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn ll<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    op: u32,
+) {
     let (n, r) = (ctx.nranks, ctx.rank);
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
@@ -56,8 +62,9 @@ pub unsafe fn ll<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, c
                 // SAFETY: q a peer, i < units.
                 unsafe { ll::get(ctx, &call, q, i) }
             };
-            acc = if q == 0 { v } else { T::add8(acc, v) };
+            acc = if q == 0 { v } else { T::op8(op, acc, v) };
         }
+        let acc = T::finish8(op, acc, n);
         // SAFETY: recv holds `bytes`; unit i is this thread's alone.
         unsafe { store_unit(recv, i, bytes, acc, aligned) };
         i += stride;
@@ -79,7 +86,13 @@ pub unsafe fn ll<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, c
 /// elements, `recv` for `count`, aligned to `T::SIZE`; every rank calls it with the same
 /// `count` and grid.
 #[inline(always)]
-pub unsafe fn put<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, count: u64) {
+pub unsafe fn put<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    op: u32,
+) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
@@ -126,6 +139,7 @@ pub unsafe fn put<T: Reduce>(ctx: &CollContext, send: *const u8, recv: *mut u8, 
                 core::ptr::null_mut(),
                 e - s,
                 t,
+                op,
             );
             ctx.barrier(b, t);
         }

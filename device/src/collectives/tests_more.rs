@@ -509,3 +509,388 @@ fn p2p_plan_puts_lanes_side_by_side() {
     assert_eq!(firsts, [0, 8, 0, 9]);
     assert_eq!(blocks, [4, 1, 8, 2]);
 }
+
+/// The all-reduce kernels' signature.
+type Kernel4 = unsafe fn(*const CollContext, *const u8, *mut u8, u64);
+
+/// All-reduce kernels per type (in [`OpTy::ALL`] order): one-shot, two-shot, read-reduce,
+/// all-pairs.
+const ALL_REDUCE: [[Kernel4; 4]; 10] = [
+    [
+        k1::all_reduce_one_shot_f32,
+        k1::all_reduce_two_shot_f32,
+        k1::all_reduce_two_shot_read_f32,
+        k1::all_reduce_all_pairs_f32,
+    ],
+    [
+        k1::all_reduce_one_shot_f16,
+        k1::all_reduce_two_shot_f16,
+        k1::all_reduce_two_shot_read_f16,
+        k1::all_reduce_all_pairs_f16,
+    ],
+    [
+        k1::all_reduce_one_shot_bf16,
+        k1::all_reduce_two_shot_bf16,
+        k1::all_reduce_two_shot_read_bf16,
+        k1::all_reduce_all_pairs_bf16,
+    ],
+    [
+        k1::all_reduce_one_shot_f64,
+        k1::all_reduce_two_shot_f64,
+        k1::all_reduce_two_shot_read_f64,
+        k1::all_reduce_all_pairs_f64,
+    ],
+    [
+        k1::all_reduce_one_shot_i8,
+        k1::all_reduce_two_shot_i8,
+        k1::all_reduce_two_shot_read_i8,
+        k1::all_reduce_all_pairs_i8,
+    ],
+    [
+        k1::all_reduce_one_shot_u8,
+        k1::all_reduce_two_shot_u8,
+        k1::all_reduce_two_shot_read_u8,
+        k1::all_reduce_all_pairs_u8,
+    ],
+    [
+        k1::all_reduce_one_shot_i32,
+        k1::all_reduce_two_shot_i32,
+        k1::all_reduce_two_shot_read_i32,
+        k1::all_reduce_all_pairs_i32,
+    ],
+    [
+        k1::all_reduce_one_shot_u32,
+        k1::all_reduce_two_shot_u32,
+        k1::all_reduce_two_shot_read_u32,
+        k1::all_reduce_all_pairs_u32,
+    ],
+    [
+        k1::all_reduce_one_shot_i64,
+        k1::all_reduce_two_shot_i64,
+        k1::all_reduce_two_shot_read_i64,
+        k1::all_reduce_all_pairs_i64,
+    ],
+    [
+        k1::all_reduce_one_shot_u64,
+        k1::all_reduce_two_shot_u64,
+        k1::all_reduce_two_shot_read_u64,
+        k1::all_reduce_all_pairs_u64,
+    ],
+];
+
+/// Reduce-scatter and reduce kernels per type: rs LL, rs put, reduce LL, reduce put.
+const REDUCING: [[k::MoreKernel; 4]; 10] = [
+    [
+        k::reduce_scatter_ll_f32,
+        k::reduce_scatter_put_f32,
+        k::reduce_ll_f32,
+        k::reduce_put_f32,
+    ],
+    [
+        k::reduce_scatter_ll_f16,
+        k::reduce_scatter_put_f16,
+        k::reduce_ll_f16,
+        k::reduce_put_f16,
+    ],
+    [
+        k::reduce_scatter_ll_bf16,
+        k::reduce_scatter_put_bf16,
+        k::reduce_ll_bf16,
+        k::reduce_put_bf16,
+    ],
+    [
+        k::reduce_scatter_ll_f64,
+        k::reduce_scatter_put_f64,
+        k::reduce_ll_f64,
+        k::reduce_put_f64,
+    ],
+    [
+        k::reduce_scatter_ll_i8,
+        k::reduce_scatter_put_i8,
+        k::reduce_ll_i8,
+        k::reduce_put_i8,
+    ],
+    [
+        k::reduce_scatter_ll_u8,
+        k::reduce_scatter_put_u8,
+        k::reduce_ll_u8,
+        k::reduce_put_u8,
+    ],
+    [
+        k::reduce_scatter_ll_i32,
+        k::reduce_scatter_put_i32,
+        k::reduce_ll_i32,
+        k::reduce_put_i32,
+    ],
+    [
+        k::reduce_scatter_ll_u32,
+        k::reduce_scatter_put_u32,
+        k::reduce_ll_u32,
+        k::reduce_put_u32,
+    ],
+    [
+        k::reduce_scatter_ll_i64,
+        k::reduce_scatter_put_i64,
+        k::reduce_ll_i64,
+        k::reduce_put_i64,
+    ],
+    [
+        k::reduce_scatter_ll_u64,
+        k::reduce_scatter_put_u64,
+        k::reduce_ll_u64,
+        k::reduce_put_u64,
+    ],
+];
+
+/// Every reducing type, with a reference of every operation written independently of the
+/// kernels' (std and `half` arithmetic, `total_cmp` for float min/max).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum OpTy {
+    F32,
+    F16,
+    Bf16,
+    F64,
+    I8,
+    U8,
+    I32,
+    U32,
+    I64,
+    U64,
+}
+
+impl OpTy {
+    const ALL: [OpTy; 10] = [
+        OpTy::F32,
+        OpTy::F16,
+        OpTy::Bf16,
+        OpTy::F64,
+        OpTy::I8,
+        OpTy::U8,
+        OpTy::I32,
+        OpTy::U32,
+        OpTy::I64,
+        OpTy::U64,
+    ];
+
+    fn size(self) -> usize {
+        match self {
+            OpTy::I8 | OpTy::U8 => 1,
+            OpTy::F16 | OpTy::Bf16 => 2,
+            OpTy::F32 | OpTy::I32 | OpTy::U32 => 4,
+            OpTy::F64 | OpTy::I64 | OpTy::U64 => 8,
+        }
+    }
+
+    /// Random bits: floats in [-4, 4) held exactly, integers over their whole range.
+    fn value(self, seed: u64, rank: usize, i: usize) -> u64 {
+        let h = splitmix(seed ^ (rank as u64) << 56 ^ i as u64);
+        let v = (h >> 40) as f32 / (1u64 << 21) as f32 - 4.0;
+        match self {
+            OpTy::F32 => v.to_bits() as u64,
+            OpTy::F16 => f16::from_f32(v).to_bits() as u64,
+            OpTy::Bf16 => bf16::from_f32(v).to_bits() as u64,
+            OpTy::F64 => ((h >> 11) as f64 / (1u64 << 50) as f64 - 4.0).to_bits(),
+            _ => h & mask(self.size()),
+        }
+    }
+
+    /// `op` (not average's division) of two elements' bits.
+    fn apply(self, op: u32, a: u64, b: u64) -> u64 {
+        use core::cmp::Ordering::{Greater, Less};
+        macro_rules! float {
+            ($x:expr, $y:expr, $to:expr) => {{
+                let (x, y) = ($x, $y);
+                let pick_b = match op {
+                    op::MIN => y.total_cmp(&x) == Less,
+                    op::MAX => y.total_cmp(&x) == Greater,
+                    _ => false,
+                };
+                match op {
+                    op::PROD => $to(x * y),
+                    op::MIN | op::MAX => {
+                        if pick_b {
+                            b
+                        } else {
+                            a
+                        }
+                    }
+                    _ => $to(x + y),
+                }
+            }};
+        }
+        macro_rules! int {
+            ($t:ty) => {{
+                let (x, y) = (a as $t, b as $t);
+                (match op {
+                    op::PROD => x.wrapping_mul(y),
+                    op::MIN => x.min(y),
+                    op::MAX => x.max(y),
+                    _ => x.wrapping_add(y),
+                }) as u64
+                    & mask(self.size())
+            }};
+        }
+        match self {
+            OpTy::F32 => float!(
+                f32::from_bits(a as u32),
+                f32::from_bits(b as u32),
+                |v: f32| v.to_bits() as u64
+            ),
+            OpTy::F64 => float!(f64::from_bits(a), f64::from_bits(b), |v: f64| v.to_bits()),
+            OpTy::F16 => {
+                let (x, y) = (f16::from_bits(a as u16), f16::from_bits(b as u16));
+                match op {
+                    op::MIN | op::MAX => float!(x, y, |v: f16| v.to_bits() as u64),
+                    op::PROD => f16::from_f32(x.to_f32() * y.to_f32()).to_bits() as u64,
+                    _ => f16::from_f32(x.to_f32() + y.to_f32()).to_bits() as u64,
+                }
+            }
+            OpTy::Bf16 => {
+                let (x, y) = (bf16::from_bits(a as u16), bf16::from_bits(b as u16));
+                match op {
+                    op::MIN | op::MAX => float!(x, y, |v: bf16| v.to_bits() as u64),
+                    op::PROD => bf16::from_f32(x.to_f32() * y.to_f32()).to_bits() as u64,
+                    _ => bf16::from_f32(x.to_f32() + y.to_f32()).to_bits() as u64,
+                }
+            }
+            OpTy::I8 => int!(i8),
+            OpTy::U8 => int!(u8),
+            OpTy::I32 => int!(i32),
+            OpTy::U32 => int!(u32),
+            OpTy::I64 => int!(i64),
+            OpTy::U64 => int!(u64),
+        }
+    }
+
+    /// Average's division of a sum by `n`.
+    fn divide(self, a: u64, n: usize) -> u64 {
+        let m = mask(self.size());
+        match self {
+            OpTy::F32 => (f32::from_bits(a as u32) / n as f32).to_bits() as u64,
+            OpTy::F64 => (f64::from_bits(a) / n as f64).to_bits(),
+            OpTy::F16 => {
+                f16::from_f32(f16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
+            }
+            OpTy::Bf16 => {
+                bf16::from_f32(bf16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
+            }
+            OpTy::I8 => (a as i8 / n as i8) as u64 & m,
+            OpTy::I32 => (a as i32 / n as i32) as u64 & m,
+            OpTy::I64 => (a as i64 / n as i64) as u64,
+            _ => a / n as u64,
+        }
+    }
+
+    /// The reference: `op` over ranks `0..n` of element `i`, in rank order.
+    fn reduce(self, op: u32, seed: u64, n: usize, i: usize) -> u64 {
+        let acc = (1..n).fold(self.value(seed, 0, i), |acc, q| {
+            self.apply(op, acc, self.value(seed, q, i))
+        });
+        if op == op::AVG {
+            self.divide(acc, n)
+        } else {
+            acc
+        }
+    }
+
+    fn bytes(self, words: impl Iterator<Item = u64>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for w in words {
+            out.extend_from_slice(&w.to_le_bytes()[..self.size()]);
+        }
+        out
+    }
+}
+
+fn mask(size: usize) -> u64 {
+    if size == 8 {
+        u64::MAX
+    } else {
+        (1 << (size * 8)) - 1
+    }
+}
+
+#[test]
+fn every_operation_of_every_type_on_every_reducing_path_matches_the_reference() {
+    use types::pack_op;
+    for n in [2usize, 3, 4] {
+        // Several rounds through the scratch for the put paths.
+        let w = World::new(n, 16 * 40, 8192);
+        std::thread::scope(|s| {
+            for r in 0..n {
+                let mut ctx = w.ctxs[r];
+                ctx.timeout_ns = TIMEOUT_NS;
+                s.spawn(move || {
+                    let mut seed = 0u64;
+                    for (ti, ty) in OpTy::ALL.into_iter().enumerate() {
+                        for opc in 0..op::COUNT {
+                            for path in 0..8usize {
+                                seed += 1;
+                                let count = [37usize, 5, 64, 131][(seed % 4) as usize];
+                                let (pad, in_place) = [(0, false), (ty.size(), true), (0, true), (ty.size(), false)][(seed / 4 % 4) as usize];
+                                let root = (seed as usize) % n;
+                                let es = ty.size();
+                                // (input elements, expected output, recv offset when in place)
+                                let (input, want, off): (Vec<u8>, Vec<u8>, usize) = match path {
+                                    0..4 => (
+                                        ty.bytes((0..count).map(|i| ty.value(seed, r, i))),
+                                        ty.bytes((0..count).map(|i| ty.reduce(opc, seed, n, i))),
+                                        0,
+                                    ),
+                                    4 | 5 => (
+                                        ty.bytes((0..n * count).map(|i| ty.value(seed, r, i))),
+                                        ty.bytes((0..count).map(|i| ty.reduce(opc, seed, n, r * count + i))),
+                                        r * count * es,
+                                    ),
+                                    _ => {
+                                        let input = ty.bytes((0..count).map(|i| ty.value(seed, r, i)));
+                                        let want = if r == root {
+                                            ty.bytes((0..count).map(|i| ty.reduce(opc, seed, n, i)))
+                                        } else if in_place {
+                                            input.clone()
+                                        } else {
+                                            vec![UNTOUCHED; count * es]
+                                        };
+                                        (input, want, 0)
+                                    }
+                                };
+                                let send = Mem::new(pad + input.len().max(off + want.len()));
+                                let recv = Mem::new(pad + want.len());
+                                // SAFETY: fresh memory of these sizes.
+                                let (sp, rp) = unsafe {
+                                    std::ptr::copy_nonoverlapping(input.as_ptr(), send.p.add(pad), input.len());
+                                    std::ptr::write_bytes(recv.p.add(pad), UNTOUCHED, want.len());
+                                    let sp = send.p.add(pad);
+                                    (sp as u64, if in_place { sp.add(off) } else { recv.p.add(pad) } as u64)
+                                };
+                                let word = pack_op(count as u64, opc);
+                                let (blocks, threads) = grid(seed, n);
+                                launch(Dim3::x(blocks), Dim3::x(threads), || {
+                                    // SAFETY: the world's context; buffers as the kernels need.
+                                    unsafe {
+                                        let (sp, rp) = (sp as *const u8, rp as *mut u8);
+                                        if path < 4 {
+                                            ALL_REDUCE[ti][path](&ctx, sp, rp, word)
+                                        } else {
+                                            REDUCING[ti][path - 4](&ctx, sp, rp, word, root as u64)
+                                        }
+                                    }
+                                })
+                                .unwrap_or_else(|e| panic!("rank {r} of {n}: {ty:?} op {opc} path {path}: {e}"));
+                                // SAFETY: rp holds want.len() bytes; the kernel is done.
+                                let got = unsafe { std::slice::from_raw_parts(rp as *const u8, want.len()) };
+                                if got != want.as_slice() {
+                                    let first = got.iter().zip(&want).position(|(g, w)| g != w).unwrap();
+                                    panic!(
+                                        "rank {r} of {n}: {ty:?} op {opc} path {path} count {count} pad {pad} \
+                                         in_place {in_place}: first wrong byte at {first}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+}

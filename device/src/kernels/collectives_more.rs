@@ -1,15 +1,19 @@
 //! Kernels of reduce-scatter, reduce, broadcast and all-to-all (entry points over
 //! [`crate::collectives`]), one per path (LL packets or puts through the scratch) and, for
 //! the reducing ones, element type. All take `(ctx, send, recv, count, root)`: `count` is in
-//! elements for the reducing kernels (per rank of the output for reduce-scatter) and in
-//! bytes for the others (per block for all-to-all); `root` is ignored by the unrooted ones.
-//! Names: `reduce_scatter_{ll,put}_{f32,f16,bf16}`, `reduce_{ll,put}_{..}`,
+//! elements for the reducing kernels (per rank of the output for reduce-scatter; the
+//! operation code in its top byte, see [`crate::collectives::types::pack_op`]) and in bytes
+//! for the others (per block for all-to-all); `root` is ignored by the unrooted ones.
+//! Names: `reduce_scatter_{ll,put}_{T}` and `reduce_{ll,put}_{T}` for T in f32, f16, bf16,
+//! f64, i8, u8, i32, u32, i64, u64,
 //! `broadcast_{ll,put}`, `all_to_all_{ll,put}`; and `p2p(ctx, ops)`, grouped sends and
 //! receives.
 
 use crate::collectives::send_recv::{self, P2pOps};
+use crate::collectives::types::unpack_op;
 use crate::collectives::{
-    Bf16, CollContext, F16, F32, all_to_all, broadcast, reduce, reduce_scatter,
+    Bf16, CollContext, F16, F32, F64, I8, I32, I64, U8, U32, U64, all_to_all, broadcast, reduce,
+    reduce_scatter,
 };
 use crate::kernel;
 
@@ -19,34 +23,38 @@ pub type MoreKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64
 macro_rules! reducing_kernels {
     ($($rs_ll:ident, $rs_put:ident, $red_ll:ident, $red_put:ident, $t:ty);* $(;)?) => {$(
         kernel! {
-            /// LL reduce-scatter (sum): see [`reduce_scatter::ll`].
+            /// LL reduce-scatter: see [`reduce_scatter::ll`].
             pub unsafe fn $rs_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, _root: u64) {
+                let (count, op) = unpack_op(count);
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { reduce_scatter::ll::<$t>(&*ctx, send, recv, count) }
+                unsafe { reduce_scatter::ll::<$t>(&*ctx, send, recv, count, op) }
             }
         }
         crate::launch_bounds!($rs_ll, 1024);
         kernel! {
-            /// Reduce-scatter (sum) through the scratch: see [`reduce_scatter::put`].
+            /// Reduce-scatter through the scratch: see [`reduce_scatter::put`].
             pub unsafe fn $rs_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, _root: u64) {
+                let (count, op) = unpack_op(count);
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { reduce_scatter::put::<$t>(&*ctx, send, recv, count) }
+                unsafe { reduce_scatter::put::<$t>(&*ctx, send, recv, count, op) }
             }
         }
         crate::launch_bounds!($rs_put, 512);
         kernel! {
-            /// LL reduce (sum) to `root`: see [`reduce::ll`].
+            /// LL reduce to `root`: see [`reduce::ll`].
             pub unsafe fn $red_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, root: u64) {
+                let (count, op) = unpack_op(count);
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { reduce::ll::<$t>(&*ctx, send, recv, count, root as u32) }
+                unsafe { reduce::ll::<$t>(&*ctx, send, recv, count, root as u32, op) }
             }
         }
         crate::launch_bounds!($red_ll, 1024);
         kernel! {
-            /// Reduce (sum) to `root` through its scratch: see [`reduce::put`].
+            /// Reduce to `root` through its scratch: see [`reduce::put`].
             pub unsafe fn $red_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, root: u64) {
+                let (count, op) = unpack_op(count);
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { reduce::put::<$t>(&*ctx, send, recv, count, root as u32) }
+                unsafe { reduce::put::<$t>(&*ctx, send, recv, count, root as u32, op) }
             }
         }
         crate::launch_bounds!($red_put, 512);
@@ -57,6 +65,13 @@ reducing_kernels! {
     reduce_scatter_ll_f32, reduce_scatter_put_f32, reduce_ll_f32, reduce_put_f32, F32;
     reduce_scatter_ll_f16, reduce_scatter_put_f16, reduce_ll_f16, reduce_put_f16, F16;
     reduce_scatter_ll_bf16, reduce_scatter_put_bf16, reduce_ll_bf16, reduce_put_bf16, Bf16;
+    reduce_scatter_ll_f64, reduce_scatter_put_f64, reduce_ll_f64, reduce_put_f64, F64;
+    reduce_scatter_ll_i8, reduce_scatter_put_i8, reduce_ll_i8, reduce_put_i8, I8;
+    reduce_scatter_ll_u8, reduce_scatter_put_u8, reduce_ll_u8, reduce_put_u8, U8;
+    reduce_scatter_ll_i32, reduce_scatter_put_i32, reduce_ll_i32, reduce_put_i32, I32;
+    reduce_scatter_ll_u32, reduce_scatter_put_u32, reduce_ll_u32, reduce_put_u32, U32;
+    reduce_scatter_ll_i64, reduce_scatter_put_i64, reduce_ll_i64, reduce_put_i64, I64;
+    reduce_scatter_ll_u64, reduce_scatter_put_u64, reduce_ll_u64, reduce_put_u64, U64;
 }
 
 kernel! {

@@ -12,11 +12,12 @@ use crate::cuda::{CudaError, CudaFunction, CudaStream, DeviceBuffer, Gpu, Kernel
 /// The collective kernels of the embedded PTX, loaded once per communicator.
 #[derive(Debug)]
 pub(super) struct Kernels {
-    one_shot: [CudaFunction; 3],
-    two_shot: [CudaFunction; 3],
-    read_reduce: [CudaFunction; 3],
-    all_pairs: [CudaFunction; 3],
-    proxy: [CudaFunction; 3],
+    /// Per reducing type, in `more::REDUCE_TYPES` order.
+    one_shot: Vec<CudaFunction>,
+    two_shot: Vec<CudaFunction>,
+    read_reduce: Vec<CudaFunction>,
+    all_pairs: Vec<CudaFunction>,
+    proxy: Vec<CudaFunction>,
     pub(super) all_gather_proxy: CudaFunction,
     /// The proxy channels' handles in device memory (the context points at them).
     _conns: Option<DeviceBuffer>,
@@ -46,32 +47,18 @@ impl Kernels {
         let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
         mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
         let f = |name: &str| m.function(name);
+        let per_type = |algo: &str| -> Result<Vec<CudaFunction>, CudaError> {
+            super::more::REDUCE_TYPES
+                .iter()
+                .map(|t| f(&format!("all_reduce_{algo}_{t}")))
+                .collect()
+        };
         Ok(Kernels {
-            one_shot: [
-                f("all_reduce_one_shot_f32")?,
-                f("all_reduce_one_shot_f16")?,
-                f("all_reduce_one_shot_bf16")?,
-            ],
-            two_shot: [
-                f("all_reduce_two_shot_f32")?,
-                f("all_reduce_two_shot_f16")?,
-                f("all_reduce_two_shot_bf16")?,
-            ],
-            read_reduce: [
-                f("all_reduce_two_shot_read_f32")?,
-                f("all_reduce_two_shot_read_f16")?,
-                f("all_reduce_two_shot_read_bf16")?,
-            ],
-            all_pairs: [
-                f("all_reduce_all_pairs_f32")?,
-                f("all_reduce_all_pairs_f16")?,
-                f("all_reduce_all_pairs_bf16")?,
-            ],
-            proxy: [
-                f("all_reduce_proxy_f32")?,
-                f("all_reduce_proxy_f16")?,
-                f("all_reduce_proxy_bf16")?,
-            ],
+            one_shot: per_type("one_shot")?,
+            two_shot: per_type("two_shot")?,
+            read_reduce: per_type("two_shot_read")?,
+            all_pairs: per_type("all_pairs")?,
+            proxy: per_type("proxy")?,
             all_gather: f("all_gather")?,
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
@@ -81,11 +68,7 @@ impl Kernels {
     }
 
     pub(super) fn all_reduce(&self, algo: AllReduceAlgo, dtype: DataType) -> &CudaFunction {
-        let i = match dtype {
-            DataType::F32 => 0,
-            DataType::F16 => 1,
-            DataType::Bf16 => 2,
-        };
+        let i = super::more::reduce_index(dtype).expect("a reducing type (checked by the caller)");
         match algo {
             AllReduceAlgo::OneShot => &self.one_shot[i],
             AllReduceAlgo::ReadReduce => &self.read_reduce[i],

@@ -53,23 +53,69 @@ pub enum DataType {
     F16,
     /// bfloat16.
     Bf16,
+    /// 64-bit IEEE float.
+    F64,
+    /// Signed 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 32-bit integer.
+    I32,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Signed 64-bit integer.
+    I64,
+    /// Unsigned 64-bit integer.
+    U64,
+    /// 8-bit float e4m3 (moved, not reduced: all-gather, broadcast, all-to-all, send/recv).
+    Fp8E4M3,
+    /// 8-bit float e5m2 (moved, not reduced).
+    Fp8E5M2,
 }
 
 impl DataType {
+    /// Every type.
+    pub const ALL: [DataType; 12] = [
+        DataType::F32,
+        DataType::F16,
+        DataType::Bf16,
+        DataType::F64,
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+        DataType::Fp8E4M3,
+        DataType::Fp8E5M2,
+    ];
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DataType::F32 => 4,
+            DataType::F64 | DataType::I64 | DataType::U64 => 8,
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
             DataType::F16 | DataType::Bf16 => 2,
+            DataType::I8 | DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => 1,
         }
     }
 
-    /// The name nccl-tests prints (`float`, `half`, `bfloat16`).
+    /// The name nccl-tests prints (`float`, `half`, `bfloat16`, `double`, `int8`, `uint8`,
+    /// `int32`, `uint32`, `int64`, `uint64`, `f8e4m3`, `f8e5m2`).
     pub fn name(self) -> &'static str {
         match self {
             DataType::F32 => "float",
             DataType::F16 => "half",
             DataType::Bf16 => "bfloat16",
+            DataType::F64 => "double",
+            DataType::I8 => "int8",
+            DataType::U8 => "uint8",
+            DataType::I32 => "int32",
+            DataType::U32 => "uint32",
+            DataType::I64 => "int64",
+            DataType::U64 => "uint64",
+            DataType::Fp8E4M3 => "f8e4m3",
+            DataType::Fp8E5M2 => "f8e5m2",
         }
     }
 }
@@ -85,13 +131,34 @@ impl fmt::Display for DataType {
 pub enum ReduceOp {
     /// Element-wise sum.
     Sum,
+    /// Element-wise product.
+    Prod,
+    /// Element-wise minimum (floats by IEEE `totalOrder`: -0 < +0).
+    Min,
+    /// Element-wise maximum (floats by IEEE `totalOrder`).
+    Max,
+    /// The sum divided once, at the end, by the number of ranks (integers: truncated).
+    Avg,
 }
 
 impl ReduceOp {
+    /// Every operation.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
     /// The name nccl-tests prints.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
         }
     }
 }
@@ -146,6 +213,27 @@ impl Element for half::f16 {
 }
 impl Element for half::bf16 {
     const DTYPE: DataType = DataType::Bf16;
+}
+impl Element for f64 {
+    const DTYPE: DataType = DataType::F64;
+}
+impl Element for i8 {
+    const DTYPE: DataType = DataType::I8;
+}
+impl Element for u8 {
+    const DTYPE: DataType = DataType::U8;
+}
+impl Element for i32 {
+    const DTYPE: DataType = DataType::I32;
+}
+impl Element for u32 {
+    const DTYPE: DataType = DataType::U32;
+}
+impl Element for i64 {
+    const DTYPE: DataType = DataType::I64;
+}
+impl Element for u64 {
+    const DTYPE: DataType = DataType::U64;
 }
 
 /// Settings of [`Collectives`].
@@ -554,8 +642,8 @@ impl Collectives {
         algo: AllReduceAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let ReduceOp::Sum = op;
         let kernels = self.gpu_kernels("all_reduce")?;
+        let word = more::op_word("all_reduce", count, dtype, op)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
         if count == 0 {
             return Ok(());
@@ -568,7 +656,7 @@ impl Collectives {
         let f = kernels.all_reduce(algo, dtype);
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.
-        unsafe { kernels.launch(stream, f, send, recv, count as u64, blocks, threads) }
+        unsafe { kernels.launch(stream, f, send, recv, word, blocks, threads) }
     }
 
     /// All-gather: `send_count` elements from every rank land in `recv` (rank `r`'s at
@@ -744,14 +832,14 @@ impl Collectives {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let ReduceOp::Sum = op;
         self.host_only("all_reduce_host")?;
+        let word = more::op_word("all_reduce_host", count, dtype, op)?;
         let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
         if count == 0 {
             return Ok(());
         }
         let algo = self.resolve(AllReduceAlgo::Auto, bytes)?;
-        let f = host_kernel(algo, dtype);
+        let f = more::all_reduce_host_kernel(algo, dtype);
         let ctx = &*self.ctx as *const CollContext as u64;
         self.run_host("all_reduce_host", || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
@@ -762,7 +850,7 @@ impl Collectives {
                     ctx as *const CollContext,
                     send as *const u8,
                     recv as *mut u8,
-                    count as u64,
+                    word,
                 )
             }
         })
@@ -804,26 +892,6 @@ impl Collectives {
 }
 
 type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64);
-
-fn host_kernel(algo: AllReduceAlgo, dtype: DataType) -> HostKernel {
-    match (algo, dtype) {
-        (AllReduceAlgo::OneShot, DataType::F32) => k::all_reduce_one_shot_f32,
-        (AllReduceAlgo::OneShot, DataType::F16) => k::all_reduce_one_shot_f16,
-        (AllReduceAlgo::OneShot, DataType::Bf16) => k::all_reduce_one_shot_bf16,
-        (AllReduceAlgo::ReadReduce, DataType::F32) => k::all_reduce_two_shot_read_f32,
-        (AllReduceAlgo::ReadReduce, DataType::F16) => k::all_reduce_two_shot_read_f16,
-        (AllReduceAlgo::ReadReduce, DataType::Bf16) => k::all_reduce_two_shot_read_bf16,
-        (AllReduceAlgo::AllPairs, DataType::F32) => k::all_reduce_all_pairs_f32,
-        (AllReduceAlgo::AllPairs, DataType::F16) => k::all_reduce_all_pairs_f16,
-        (AllReduceAlgo::AllPairs, DataType::Bf16) => k::all_reduce_all_pairs_bf16,
-        (AllReduceAlgo::Proxy, DataType::F32) => k::all_reduce_proxy_f32,
-        (AllReduceAlgo::Proxy, DataType::F16) => k::all_reduce_proxy_f16,
-        (AllReduceAlgo::Proxy, DataType::Bf16) => k::all_reduce_proxy_bf16,
-        (_, DataType::F32) => k::all_reduce_two_shot_f32,
-        (_, DataType::F16) => k::all_reduce_two_shot_f16,
-        (_, DataType::Bf16) => k::all_reduce_two_shot_bf16,
-    }
-}
 
 /// `count * size` or an error naming the call.
 fn checked_bytes(call: &str, count: usize, size: usize) -> Result<usize, CommError> {

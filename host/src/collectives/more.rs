@@ -21,15 +21,20 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::ll::rooted_ll_max_bytes;
+use mscclpp_device::collectives::op;
 use mscclpp_device::collectives::send_recv::{
     MAX_P2P_OPS, P2P_MAX_BLOCKS, P2pOp as DevP2pOp, P2pOps, p2p_chunk,
 };
+use mscclpp_device::collectives::types::{OP_SHIFT, pack_op};
 use mscclpp_device::collectives::{
     CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, one_shot_max_bytes,
 };
+use mscclpp_device::kernels::collectives as k1;
 use mscclpp_device::kernels::collectives_more::{self as k, MoreKernel};
 
-use super::{CollConfig, Collectives, DataType, Element, ReduceOp, checked_bytes, gpu};
+use super::{
+    AllReduceAlgo, CollConfig, Collectives, DataType, Element, ReduceOp, checked_bytes, gpu,
+};
 use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaError, CudaFunction, CudaSlice, CudaStream, DeviceBuffer};
 
@@ -49,40 +54,205 @@ impl Kind {
     }
 }
 
-/// Every kernel of this file: name and host twin.
+/// Every kernel of this file: name and host twin (see [`kernel_index`]).
 const TABLE: &[(&str, MoreKernel)] = &[
     ("reduce_scatter_ll_f32", k::reduce_scatter_ll_f32),
     ("reduce_scatter_ll_f16", k::reduce_scatter_ll_f16),
     ("reduce_scatter_ll_bf16", k::reduce_scatter_ll_bf16),
+    ("reduce_scatter_ll_f64", k::reduce_scatter_ll_f64),
+    ("reduce_scatter_ll_i8", k::reduce_scatter_ll_i8),
+    ("reduce_scatter_ll_u8", k::reduce_scatter_ll_u8),
+    ("reduce_scatter_ll_i32", k::reduce_scatter_ll_i32),
+    ("reduce_scatter_ll_u32", k::reduce_scatter_ll_u32),
+    ("reduce_scatter_ll_i64", k::reduce_scatter_ll_i64),
+    ("reduce_scatter_ll_u64", k::reduce_scatter_ll_u64),
     ("reduce_scatter_put_f32", k::reduce_scatter_put_f32),
     ("reduce_scatter_put_f16", k::reduce_scatter_put_f16),
     ("reduce_scatter_put_bf16", k::reduce_scatter_put_bf16),
+    ("reduce_scatter_put_f64", k::reduce_scatter_put_f64),
+    ("reduce_scatter_put_i8", k::reduce_scatter_put_i8),
+    ("reduce_scatter_put_u8", k::reduce_scatter_put_u8),
+    ("reduce_scatter_put_i32", k::reduce_scatter_put_i32),
+    ("reduce_scatter_put_u32", k::reduce_scatter_put_u32),
+    ("reduce_scatter_put_i64", k::reduce_scatter_put_i64),
+    ("reduce_scatter_put_u64", k::reduce_scatter_put_u64),
     ("reduce_ll_f32", k::reduce_ll_f32),
     ("reduce_ll_f16", k::reduce_ll_f16),
     ("reduce_ll_bf16", k::reduce_ll_bf16),
+    ("reduce_ll_f64", k::reduce_ll_f64),
+    ("reduce_ll_i8", k::reduce_ll_i8),
+    ("reduce_ll_u8", k::reduce_ll_u8),
+    ("reduce_ll_i32", k::reduce_ll_i32),
+    ("reduce_ll_u32", k::reduce_ll_u32),
+    ("reduce_ll_i64", k::reduce_ll_i64),
+    ("reduce_ll_u64", k::reduce_ll_u64),
     ("reduce_put_f32", k::reduce_put_f32),
     ("reduce_put_f16", k::reduce_put_f16),
     ("reduce_put_bf16", k::reduce_put_bf16),
+    ("reduce_put_f64", k::reduce_put_f64),
+    ("reduce_put_i8", k::reduce_put_i8),
+    ("reduce_put_u8", k::reduce_put_u8),
+    ("reduce_put_i32", k::reduce_put_i32),
+    ("reduce_put_u32", k::reduce_put_u32),
+    ("reduce_put_i64", k::reduce_put_i64),
+    ("reduce_put_u64", k::reduce_put_u64),
     ("broadcast_ll", k::broadcast_ll),
     ("broadcast_put", k::broadcast_put),
     ("all_to_all_ll", k::all_to_all_ll),
     ("all_to_all_put", k::all_to_all_put),
 ];
 
-/// The index in [`TABLE`] of the kernel of `kind` on path `ll` for `dtype` (ignored by the
-/// byte movers).
-fn kernel_index(kind: Kind, ll: bool, dtype: DataType) -> usize {
-    let path = usize::from(!ll);
-    let ty = match dtype {
+/// The reducing types' kernel name suffixes, in the order of every per-type table.
+pub(super) const REDUCE_TYPES: [&str; 10] = [
+    "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "u32", "i64", "u64",
+];
+
+/// The index of `dtype` in [`REDUCE_TYPES`]; `None` for the types that are only moved (fp8).
+pub(super) fn reduce_index(dtype: DataType) -> Option<usize> {
+    Some(match dtype {
         DataType::F32 => 0,
         DataType::F16 => 1,
         DataType::Bf16 => 2,
-    };
+        DataType::F64 => 3,
+        DataType::I8 => 4,
+        DataType::U8 => 5,
+        DataType::I32 => 6,
+        DataType::U32 => 7,
+        DataType::I64 => 8,
+        DataType::U64 => 9,
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => return None,
+    })
+}
+
+/// The kernels' code of `op`.
+fn op_code(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => op::SUM,
+        ReduceOp::Prod => op::PROD,
+        ReduceOp::Min => op::MIN,
+        ReduceOp::Max => op::MAX,
+        ReduceOp::Avg => op::AVG,
+    }
+}
+
+/// The `count` argument of a reducing kernel: `count` with `op`'s code packed in (see
+/// `mscclpp_device::collectives::types::pack_op`); refuses the types that are not reduced
+/// and counts of 2^56 or more.
+pub(super) fn op_word(
+    call: &str,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<u64, CommError> {
+    if reduce_index(dtype).is_none() {
+        return Err(invalid(format!(
+            "{call}: {dtype} is moved but not reduced (all-gather, broadcast, all-to-all and \
+             send/recv take it)"
+        )));
+    }
+    if (count as u64) >> OP_SHIFT != 0 {
+        return Err(invalid(format!("{call}: count {count} is too large")));
+    }
+    Ok(pack_op(count as u64, op_code(op)))
+}
+
+/// The host twins of the all-reduce kernels: per reducing type, one-shot, two-shot,
+/// read-reduce, all-pairs, proxy.
+const ALL_REDUCE_HOST: [[super::HostKernel; 5]; 10] = [
+    [
+        k1::all_reduce_one_shot_f32,
+        k1::all_reduce_two_shot_f32,
+        k1::all_reduce_two_shot_read_f32,
+        k1::all_reduce_all_pairs_f32,
+        k1::all_reduce_proxy_f32,
+    ],
+    [
+        k1::all_reduce_one_shot_f16,
+        k1::all_reduce_two_shot_f16,
+        k1::all_reduce_two_shot_read_f16,
+        k1::all_reduce_all_pairs_f16,
+        k1::all_reduce_proxy_f16,
+    ],
+    [
+        k1::all_reduce_one_shot_bf16,
+        k1::all_reduce_two_shot_bf16,
+        k1::all_reduce_two_shot_read_bf16,
+        k1::all_reduce_all_pairs_bf16,
+        k1::all_reduce_proxy_bf16,
+    ],
+    [
+        k1::all_reduce_one_shot_f64,
+        k1::all_reduce_two_shot_f64,
+        k1::all_reduce_two_shot_read_f64,
+        k1::all_reduce_all_pairs_f64,
+        k1::all_reduce_proxy_f64,
+    ],
+    [
+        k1::all_reduce_one_shot_i8,
+        k1::all_reduce_two_shot_i8,
+        k1::all_reduce_two_shot_read_i8,
+        k1::all_reduce_all_pairs_i8,
+        k1::all_reduce_proxy_i8,
+    ],
+    [
+        k1::all_reduce_one_shot_u8,
+        k1::all_reduce_two_shot_u8,
+        k1::all_reduce_two_shot_read_u8,
+        k1::all_reduce_all_pairs_u8,
+        k1::all_reduce_proxy_u8,
+    ],
+    [
+        k1::all_reduce_one_shot_i32,
+        k1::all_reduce_two_shot_i32,
+        k1::all_reduce_two_shot_read_i32,
+        k1::all_reduce_all_pairs_i32,
+        k1::all_reduce_proxy_i32,
+    ],
+    [
+        k1::all_reduce_one_shot_u32,
+        k1::all_reduce_two_shot_u32,
+        k1::all_reduce_two_shot_read_u32,
+        k1::all_reduce_all_pairs_u32,
+        k1::all_reduce_proxy_u32,
+    ],
+    [
+        k1::all_reduce_one_shot_i64,
+        k1::all_reduce_two_shot_i64,
+        k1::all_reduce_two_shot_read_i64,
+        k1::all_reduce_all_pairs_i64,
+        k1::all_reduce_proxy_i64,
+    ],
+    [
+        k1::all_reduce_one_shot_u64,
+        k1::all_reduce_two_shot_u64,
+        k1::all_reduce_two_shot_read_u64,
+        k1::all_reduce_all_pairs_u64,
+        k1::all_reduce_proxy_u64,
+    ],
+];
+
+/// The host twin of the all-reduce kernel of `algo` and `dtype` (a reducing type).
+pub(super) fn all_reduce_host_kernel(algo: AllReduceAlgo, dtype: DataType) -> super::HostKernel {
+    let row = &ALL_REDUCE_HOST[reduce_index(dtype).expect("a reducing type (checked)")];
+    match algo {
+        AllReduceAlgo::OneShot => row[0],
+        AllReduceAlgo::ReadReduce => row[2],
+        AllReduceAlgo::AllPairs => row[3],
+        AllReduceAlgo::Proxy => row[4],
+        _ => row[1],
+    }
+}
+
+/// The index in [`TABLE`] of the kernel of `kind` on path `ll` for `dtype` (ignored by the
+/// byte movers; a reducing type for the others).
+fn kernel_index(kind: Kind, ll: bool, dtype: DataType) -> usize {
+    let path = usize::from(!ll);
+    let ty = || reduce_index(dtype).expect("a reducing type (checked)");
     match kind {
-        Kind::ReduceScatter => 3 * path + ty,
-        Kind::Reduce => 6 + 3 * path + ty,
-        Kind::Broadcast => 12 + path,
-        Kind::AllToAll => 14 + path,
+        Kind::ReduceScatter => 10 * path + ty(),
+        Kind::Reduce => 20 + 10 * path + ty(),
+        Kind::Broadcast => 40 + path,
+        Kind::AllToAll => 42 + path,
     }
 }
 
@@ -285,8 +455,8 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let call = "reduce_scatter";
-        let ReduceOp::Sum = op;
         self.more_gpu_call(call, stream)?;
+        let word = op_word(call, recv_count, dtype, op)?;
         let (n, es) = (self.nranks(), dtype.size());
         let bytes = checked_bytes(call, recv_count, es)?;
         let total = checked_bytes(call, bytes, n)?;
@@ -299,7 +469,7 @@ impl Collectives {
         let p = Plan {
             kind: Kind::ReduceScatter,
             dtype,
-            count: recv_count as u64,
+            count: word,
             pair_bytes: bytes,
             total_bytes: total,
             root: 0,
@@ -328,9 +498,9 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let call = "reduce";
-        let ReduceOp::Sum = op;
         self.more_gpu_call(call, stream)?;
         self.check_root(call, root)?;
+        let word = op_word(call, count, dtype, op)?;
         let es = dtype.size();
         let bytes = checked_bytes(call, count, es)?;
         if count == 0 {
@@ -344,7 +514,7 @@ impl Collectives {
         let p = Plan {
             kind: Kind::Reduce,
             dtype,
-            count: count as u64,
+            count: word,
             pair_bytes: bytes,
             total_bytes: bytes,
             root,
@@ -580,7 +750,6 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let call = "reduce_scatter_host";
-        let ReduceOp::Sum = op;
         let n = self.nranks();
         if send.len() != n * recv.len() {
             return Err(invalid(format!(
@@ -589,7 +758,7 @@ impl Collectives {
                 recv.len()
             )));
         }
-        let plan = self.plan_rs(recv.len(), T::DTYPE);
+        let plan = self.plan_rs(call, recv.len(), T::DTYPE, op)?;
         // SAFETY: both slices are valid for their length and borrowed for the call.
         unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
     }
@@ -602,9 +771,8 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let call = "reduce_scatter_host_in_place";
-        let ReduceOp::Sum = op;
         let count = self.blocks_of(call, buf.len())?;
-        let plan = self.plan_rs(count, T::DTYPE);
+        let plan = self.plan_rs(call, count, T::DTYPE, op)?;
         let p = buf.as_mut_ptr();
         // SAFETY: the slice is valid for its length and borrowed for the call; this rank's
         // block lies in it.
@@ -614,28 +782,49 @@ impl Collectives {
         }
     }
 
-    fn plan_rs(&self, count: usize, dtype: DataType) -> Plan {
+    fn plan_rs(
+        &self,
+        call: &str,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Plan, CommError> {
         let bytes = count * dtype.size();
-        Plan {
+        Ok(Plan {
             kind: Kind::ReduceScatter,
             dtype,
-            count: count as u64,
+            count: op_word(call, count, dtype, op)?,
             pair_bytes: bytes,
             total_bytes: bytes * self.nranks(),
             root: 0,
-        }
+        })
     }
 
-    fn plan_rooted(&self, kind: Kind, count: usize, dtype: DataType, root: usize) -> Plan {
+    /// A reduce (with `op`) or broadcast (`op` None) plan.
+    fn plan_rooted(
+        &self,
+        call: &str,
+        count: usize,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        root: usize,
+    ) -> Result<Plan, CommError> {
         let bytes = count * dtype.size();
-        Plan {
-            kind,
+        Ok(Plan {
+            kind: if op.is_some() {
+                Kind::Reduce
+            } else {
+                Kind::Broadcast
+            },
             dtype,
-            count: if kind == Kind::Reduce { count } else { bytes } as u64,
+            count: match op {
+                Some(op) => op_word(call, count, dtype, op)?,
+                None => bytes as u64,
+            },
             pair_bytes: bytes,
             total_bytes: bytes,
             root,
-        }
+        })
     }
 
     /// Host backend: reduce to `root` (equal lengths; `recv` is written on the root only).
@@ -647,10 +836,9 @@ impl Collectives {
         root: usize,
     ) -> Result<(), CommError> {
         let call = "reduce_host";
-        let ReduceOp::Sum = op;
         same_len(call, send.len(), recv.len())?;
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(Kind::Reduce, send.len(), T::DTYPE, root);
+        let plan = self.plan_rooted(call, send.len(), T::DTYPE, Some(op), root)?;
         // SAFETY: both slices are valid for their length and borrowed for the call.
         unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
     }
@@ -663,9 +851,8 @@ impl Collectives {
         root: usize,
     ) -> Result<(), CommError> {
         let call = "reduce_host_in_place";
-        let ReduceOp::Sum = op;
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(Kind::Reduce, buf.len(), T::DTYPE, root);
+        let plan = self.plan_rooted(call, buf.len(), T::DTYPE, Some(op), root)?;
         let p = buf.as_mut_ptr() as u64;
         // SAFETY: the slice is valid for its length and borrowed for the call.
         unsafe { self.more_host(call, plan, p, p) }
@@ -681,7 +868,7 @@ impl Collectives {
         let call = "broadcast_host";
         same_len(call, send.len(), recv.len())?;
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(Kind::Broadcast, send.len(), T::DTYPE, root);
+        let plan = self.plan_rooted(call, send.len(), T::DTYPE, None, root)?;
         // SAFETY: both slices are valid for their length and borrowed for the call.
         unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
     }
@@ -694,7 +881,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = "broadcast_host_in_place";
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(Kind::Broadcast, buf.len(), T::DTYPE, root);
+        let plan = self.plan_rooted(call, buf.len(), T::DTYPE, None, root)?;
         let p = buf.as_mut_ptr() as u64;
         // SAFETY: the slice is valid for its length and borrowed for the call.
         unsafe { self.more_host(call, plan, p, p) }

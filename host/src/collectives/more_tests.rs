@@ -165,13 +165,14 @@ fn bad_arguments_are_refused_with_the_reason() {
 
 #[test]
 fn the_kernel_table_matches_its_index() {
+    assert_eq!(TABLE.len(), 44);
+    for (i, &d) in DataType::ALL.iter().enumerate() {
+        assert_eq!(reduce_index(d), (i < 10).then_some(i), "{d}");
+    }
     let names = ["reduce_scatter", "reduce"];
     for (k, kind) in [Kind::ReduceScatter, Kind::Reduce].into_iter().enumerate() {
         for ll in [true, false] {
-            for (d, ty) in [DataType::F32, DataType::F16, DataType::Bf16]
-                .into_iter()
-                .zip(["f32", "f16", "bf16"])
-            {
+            for (&d, ty) in DataType::ALL.iter().zip(REDUCE_TYPES) {
                 let path = if ll { "ll" } else { "put" };
                 let want = format!("{}_{path}_{ty}", names[k]);
                 assert_eq!(TABLE[kernel_index(kind, ll, d)].0, want);
@@ -263,4 +264,96 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
             assert!(e.contains("17 operations; at most 16"), "{e}");
         });
     }
+}
+
+/// `op` over the ranks' values, as the library defines it (integers wrap; average divides
+/// the wrapped sum once).
+fn int_ref(op: ReduceOp, vals: &[i64], wrap: impl Fn(i64) -> i64) -> i64 {
+    let acc = vals[1..].iter().fold(vals[0], |a, &b| {
+        wrap(match op {
+            ReduceOp::Prod => a.wrapping_mul(b),
+            ReduceOp::Min => a.min(b),
+            ReduceOp::Max => a.max(b),
+            _ => a.wrapping_add(b),
+        })
+    });
+    if op == ReduceOp::Avg {
+        acc / vals.len() as i64
+    } else {
+        acc
+    }
+}
+
+#[test]
+fn every_operation_reaches_the_kernels_for_new_types() {
+    ranks(3, small(), |c| {
+        let (n, r) = (c.nranks(), c.rank());
+        for (k, op) in ReduceOp::ALL.into_iter().enumerate() {
+            // Across the LL limit (2048 bytes) and over scratch rounds.
+            for count in [5usize, 700] {
+                let v = |q: usize, i: usize| ((i * 37 + q * 11 + k * 5) % 23) as i64 - 11;
+                // i32 all-reduce and reduce-scatter.
+                let send: Vec<i32> = (0..n * count).map(|i| v(r, i) as i32).collect();
+                let want = |i: usize| {
+                    let vals: Vec<i64> = (0..n).map(|q| v(q, i)).collect();
+                    int_ref(op, &vals, |x| x as i32 as i64) as i32
+                };
+                let mut out = vec![0i32; n * count];
+                c.all_reduce_host(&send, &mut out, op).unwrap();
+                assert!(
+                    (0..n * count).all(|i| out[i] == want(i)),
+                    "rank {r}: all_reduce i32 {op:?} count {count}"
+                );
+                let mut part = vec![0i32; count];
+                c.reduce_scatter_host(&send, &mut part, op).unwrap();
+                assert!(
+                    (0..count).all(|i| part[i] == want(r * count + i)),
+                    "rank {r}: reduce_scatter i32 {op:?} count {count}"
+                );
+                // u8 reduce to the last rank (wrapping products and sums).
+                let send: Vec<u8> = (0..count).map(|i| (v(r, i) + 11) as u8).collect();
+                let mut out = vec![0u8; count];
+                c.reduce_host(&send, &mut out, op, n - 1).unwrap();
+                if r == n - 1 {
+                    for (i, &o) in out.iter().enumerate() {
+                        let vals: Vec<i64> = (0..n).map(|q| v(q, i) + 11).collect();
+                        let w = int_ref(op, &vals, |x| x as u8 as i64) as u8;
+                        assert_eq!(o, w, "rank {r}: reduce u8 {op:?} [{i}]");
+                    }
+                }
+                // f64 in place: small integers, exact; average divides once.
+                let mut buf: Vec<f64> = (0..count).map(|i| v(r, i) as f64).collect();
+                c.all_reduce_host_in_place(&mut buf, op).unwrap();
+                for (i, &b) in buf.iter().enumerate() {
+                    let vals: Vec<f64> = (0..n).map(|q| v(q, i) as f64).collect();
+                    let acc = vals[1..].iter().fold(vals[0], |a, &x| match op {
+                        ReduceOp::Prod => a * x,
+                        ReduceOp::Min => a.min(x),
+                        ReduceOp::Max => a.max(x),
+                        _ => a + x,
+                    });
+                    let w = if op == ReduceOp::Avg {
+                        acc / n as f64
+                    } else {
+                        acc
+                    };
+                    assert_eq!(b, w, "rank {r}: all_reduce f64 {op:?} [{i}]");
+                }
+            }
+        }
+        let mut out = vec![0u8; 6];
+        // SAFETY: refused before any access (fp8 is not reduced).
+        let e = unsafe {
+            c.host_all_reduce(
+                out.as_ptr() as u64,
+                out.as_mut_ptr() as u64,
+                6,
+                DataType::Fp8E4M3,
+                ReduceOp::Sum,
+            )
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("f8e4m3 is moved but not reduced"), "{e}");
+    });
 }
