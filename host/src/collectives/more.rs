@@ -1086,6 +1086,26 @@ impl Collectives {
             };
             out.count += 1;
         }
+        // A receive may not overlap any other operation's range (it would overwrite data
+        // still to be sent, or another receive's).
+        let live = &out.ops[..out.count as usize];
+        for (i, a) in live.iter().enumerate() {
+            for (j, b) in live.iter().enumerate() {
+                let overlap = a.buf < b.buf + b.bytes && b.buf < a.buf + a.bytes;
+                if i != j && a.send == 0 && overlap {
+                    return Err(invalid(format!(
+                        "{call}: the receive from rank {} overlaps the {} rank {}",
+                        a.peer,
+                        if b.send != 0 {
+                            "send to"
+                        } else {
+                            "receive from"
+                        },
+                        b.peer
+                    )));
+                }
+            }
+        }
         Ok(out)
     }
 
@@ -1107,7 +1127,9 @@ impl Collectives {
     /// the same size (in call order per pair and direction), posted concurrently: a send
     /// completes only once the peer has copied its data out. GPU backend; checks every range
     /// as [`all_reduce_raw`](Self::all_reduce_raw); refuses the own rank and ranks out of
-    /// range. Allocates nothing: capturable into CUDA graphs.
+    /// range, and a receive whose range overlaps another operation's (no in-place
+    /// exchange: a chunk received could overwrite data not yet sent). Allocates nothing:
+    /// capturable into CUDA graphs.
     ///
     /// # Safety
     /// Every buffer must stay valid until the operation completes on `stream`, receive

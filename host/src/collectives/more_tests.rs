@@ -262,6 +262,26 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
             // SAFETY: refused before any access.
             let e = unsafe { c.group_host(&[op; 17]) }.unwrap_err().to_string();
             assert!(e.contains("17 operations; at most 16"), "{e}");
+            // In place (a receive over the data being sent) is refused.
+            let mut buf = vec![0f32; 8];
+            let p = buf.as_mut_ptr() as u64;
+            let ops = [
+                P2pOp::Send {
+                    buf: p,
+                    count: 8,
+                    dtype: DataType::F32,
+                    peer: (r + 1) % n,
+                },
+                P2pOp::Recv {
+                    buf: p + 4,
+                    count: 2,
+                    dtype: DataType::F32,
+                    peer: (r + n - 1) % n,
+                },
+            ];
+            // SAFETY: refused before any access.
+            let e = unsafe { c.group_host(&ops) }.unwrap_err().to_string();
+            assert!(e.contains("overlaps the send to rank"), "{e}");
         });
     }
 }
