@@ -425,7 +425,7 @@ fn types_and_ops_rank() {
             continue;
         }
         for red in ReduceOp::ALL {
-            for count in [37usize, 1001, ((3 << 20) + 40) / dtype.size()] {
+            for count in [37usize, 1001, ((1 << 20) + 40) / dtype.size()] {
                 let mut ops: Vec<Op> = vec![Op::ReduceScatter, Op::Reduce];
                 for a in algos {
                     // One-shot carries at most a packet half.
