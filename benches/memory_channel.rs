@@ -28,10 +28,17 @@ struct Rank {
     comm: Communicator,
     gpu: Gpu,
     module: KernelModule,
-    ch: MemoryChannelArg,
     buf_ptr: u64,
     peer_buf_ptr: u64,
     errors: DeviceBuffer,
+}
+
+impl Rank {
+    /// The channel's handle (it borrows the communicator, so it is made when needed
+    /// rather than kept next to it).
+    fn ch(&self) -> MemoryChannelArg<'_> {
+        MemoryChannelArg(self.comm.memory_channels()[0])
+    }
 }
 
 fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
@@ -40,7 +47,6 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
     comm.connect_memory(1 - rank, &buf, 0, TransportKind::P2p, 1 << 20)
         .unwrap();
     comm.connection_setup().unwrap();
-    let ch = MemoryChannelArg(comm.memory_channels()[0]);
     let ptrs = comm
         .bootstrap_all_gather(&buf.device_ptr().unwrap().to_le_bytes())
         .unwrap();
@@ -53,7 +59,6 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
         comm,
         gpu,
         module,
-        ch,
         buf_ptr,
         peer_buf_ptr,
         errors,
@@ -67,11 +72,12 @@ fn signal_rtt_us(r: &Rank, rank: usize, sync: &Barrier) -> f64 {
 fn kernel_rtt_us(r: &Rank, kernel: &str, rank: usize, sync: &Barrier) -> f64 {
     let f = r.module.function(kernel).unwrap();
     let stream = r.gpu.new_stream().unwrap();
+    let ch = r.ch();
     let (rounds, rank32) = (20_000u64, rank as u32);
     sync.wait();
     let ms = events_ms(&stream, || {
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch).arg(&rounds).arg(&rank32);
+        l.arg(&ch).arg(&rounds).arg(&rank32);
         // SAFETY: the channel's memory lives in `r.comm` past the event synchronize.
         unsafe { l.launch(grid(1, 1)) }.unwrap();
     });
@@ -81,11 +87,12 @@ fn kernel_rtt_us(r: &Rank, kernel: &str, rank: usize, sync: &Barrier) -> f64 {
 fn packet_rtt_us(r: &Rank, rank: usize, bytes: u64, sync: &Barrier) -> f64 {
     let f = r.module.function("memory_packet_ping_pong").unwrap();
     let stream = r.gpu.new_stream().unwrap();
+    let ch = r.ch();
     let (rounds, rank32, seed, perr) = (4000u64, rank as u32, 9u64, r.errors.device_ptr());
     sync.wait();
     let ms = events_ms(&stream, || {
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch)
+        l.arg(&ch)
             .arg(&bytes)
             .arg(&rounds)
             .arg(&rank32)
@@ -115,11 +122,12 @@ fn copy_gbps(
 ) -> f64 {
     let f = r.module.function(kernel).unwrap();
     let stream = r.gpu.new_stream().unwrap();
+    let ch = r.ch();
     let (bytes, iters, rank32) = (BYTES as u64, 5u64, rank as u32);
     sync.wait();
     let ms = events_ms(&stream, || {
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch).arg(&bytes).arg(&iters).arg(&rank32);
+        l.arg(&ch).arg(&bytes).arg(&iters).arg(&rank32);
         // SAFETY: as above.
         if let Err(e) = unsafe { l.launch(grid(blocks, threads)) } {
             panic!("rank {rank}: {kernel} with {blocks} x {threads}: {e:?}");

@@ -38,9 +38,16 @@ struct Rank {
     comm: Communicator,
     gpu: Gpu,
     module: KernelModule,
-    conn: DevConnArg,
     buf_ptr: u64,
     peer_buf_ptr: u64,
+}
+
+impl Rank {
+    /// The channel's handle (it borrows the communicator, so it is made when needed
+    /// rather than kept next to it).
+    fn conn(&self) -> DevConnArg<'_> {
+        DevConnArg(self.comm.device_connections()[0])
+    }
 }
 
 fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
@@ -48,7 +55,6 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
     let buf = comm.alloc_buffer(MAX_BYTES).unwrap();
     comm.connect(1 - rank, &buf, 0, TransportKind::P2p).unwrap();
     comm.connection_setup().unwrap();
-    let conn = DevConnArg(comm.device_connections()[0]);
     let ptrs = comm
         .bootstrap_all_gather(&buf.device_ptr().unwrap().to_le_bytes())
         .unwrap();
@@ -61,7 +67,6 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
         comm,
         gpu,
         module,
-        conn,
         buf_ptr,
         peer_buf_ptr,
     }
@@ -72,12 +77,13 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
 fn ping_pong(r: &Rank, rank: usize, words: usize, rounds: u64, sync: &Barrier) -> f64 {
     let f = r.module.function("proxy_ping_pong").unwrap();
     let stream = r.gpu.new_stream().unwrap();
+    let conn = r.conn();
     let errors = DeviceBuffer::zeroed(&r.gpu, 8).unwrap();
     let (rank32, seed, perr) = (rank as u32, 1u64, errors.device_ptr());
     sync.wait();
     let ms = events_ms(&stream, || {
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.conn)
+        l.arg(&conn)
             .arg(&r.buf_ptr)
             .arg(&words)
             .arg(&rounds)
@@ -216,11 +222,12 @@ fn issue_latency(r: &Rank, rank: usize, issue: Issue, rounds: u64, sync: &Barrie
 fn put_bench(r: &Rank, rank: usize, size: u64, iters: u64, sync: &Barrier) -> f64 {
     let f = r.module.function("proxy_put_bench").unwrap();
     let stream = r.gpu.new_stream().unwrap();
+    let conn = r.conn();
     let rank32 = rank as u32;
     sync.wait();
     events_ms(&stream, || {
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.conn).arg(&size).arg(&iters).arg(&rank32);
+        l.arg(&conn).arg(&size).arg(&iters).arg(&rank32);
         // SAFETY: as above.
         unsafe { l.launch(grid(1, 1)) }.unwrap();
     })
@@ -245,7 +252,7 @@ fn main() {
     };
     let sizes: Vec<u64> = (10..=30).step_by(2).map(|p| 1u64 << p).collect();
     let results = common::two_ranks(|rank, id, sync: &Barrier| {
-        let mut r = setup(rank, id, ngpus);
+        let r = setup(rank, id, ngpus);
         let mut out = Vec::new();
         let steps: Vec<(f64, f64)> = ISSUES
             .iter()

@@ -103,3 +103,111 @@ fn three_processes_over_proxy_channels() {
 fn four_processes_all_reduce_and_all_gather() {
     run("four_processes_all_reduce_and_all_gather", 4, false);
 }
+
+/// The most ranks one machine holds (`MAX_RANKS`): every algorithm's peer loops, semaphore
+/// indexes and slots at full width.
+#[test]
+fn eight_processes_all_reduce_and_all_gather() {
+    run("eight_processes_all_reduce_and_all_gather", 8, false);
+}
+
+/// Nanoseconds since the Unix epoch (comparable between the processes of one machine).
+fn epoch_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Rank body of [`a_killed_rank_is_named_by_the_survivors_within_a_second`]: every rank
+/// all-reduces in a loop; rank 1 SIGKILLs itself 300 ms in (mid-collective); the survivors
+/// print when and how their call failed.
+fn kill_rank_main() {
+    let c = collectives(false);
+    let r = c.rank();
+    if r == 1 {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            println!("killed at {}", epoch_ns());
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid])
+                .status();
+        });
+    }
+    let mut buf = vec![1f32; 200_000];
+    let start = std::time::Instant::now();
+    loop {
+        match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+            Ok(()) => {
+                buf.fill(1.0);
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "rank {r}: no error"
+                );
+            }
+            Err(e) => {
+                println!("failed at {}: {e}", epoch_ns());
+                break;
+            }
+        }
+    }
+    println!("rank {r}: ok");
+    // Leave at once: closing the bootstrap politely would wait for the dead rank.
+    std::process::exit(0);
+}
+
+#[test]
+fn a_killed_rank_is_named_by_the_survivors_within_a_second() {
+    const TEST: &str = "a_killed_rank_is_named_by_the_survivors_within_a_second";
+    if std::env::var(ROLE).is_ok() {
+        return kill_rank_main();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let report = mscclpp::host::launch::LocalLauncher::command(3, exe)
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .bootstrap_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(
+        !report.ranks[1].status.success(),
+        "rank 1 was not killed:\n{output}"
+    );
+    for r in [0, 2] {
+        assert!(
+            report.ranks[r].status.success(),
+            "rank {r}: {report}{output}"
+        );
+    }
+    assert!(!output.contains("panicked"), "panic text:\n{output}");
+    // The line of rank `r` with `marker` (the test harness may print before it).
+    let line_of = |r: usize, marker: &str| -> &String {
+        report
+            .output
+            .iter()
+            .find(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains(marker))
+            .unwrap_or_else(|| panic!("rank {r}: no `{marker}` line:\n{output}"))
+    };
+    let stamp = |r: usize, marker: &str| -> u128 {
+        let line = line_of(r, marker);
+        let rest = &line[line.find(marker).unwrap() + marker.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let killed = stamp(1, "killed at ");
+    for r in [0, 2] {
+        let failed = stamp(r, "failed at ");
+        let line = line_of(r, "failed at ");
+        assert!(line.contains("rank 1 is gone"), "rank {r}: {line}");
+        let ms = failed.saturating_sub(killed) as f64 / 1e6;
+        println!("rank {r}: error {ms:.1} ms after the kill: {line}");
+        assert!(ms < 3000.0, "rank {r} took {ms} ms:\n{output}");
+    }
+}

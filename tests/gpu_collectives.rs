@@ -131,14 +131,24 @@ fn counts(dtype: DataType, max: usize) -> Vec<usize> {
     v
 }
 
+/// The largest all-reduce of the sweep: `MSCCLPP_TEST_MAX_BYTES`, else 1 GiB (f32; 64 MiB
+/// for the 16-bit types). Runs of more ranks than GPUs share GPUs and want a smaller one.
+fn max_bytes() -> usize {
+    std::env::var("MSCCLPP_TEST_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1 << 30)
+}
+
 fn sweep_all_reduce_rank() {
     let (c, stream) = setup();
     let (n, r) = (c.nranks(), c.rank());
     let mut seed = 0u64;
+    let max = max_bytes();
     for (dtype, max) in [
-        (DataType::F32, 1usize << 30),
-        (DataType::F16, 64 << 20),
-        (DataType::Bf16, 64 << 20),
+        (DataType::F32, max),
+        (DataType::F16, max.min(64 << 20)),
+        (DataType::Bf16, max.min(64 << 20)),
     ] {
         for count in counts(dtype, max) {
             let bytes = count * dtype.size();
@@ -401,6 +411,91 @@ fn dptr_f32(s: &CudaSlice<f32>, stream: &CudaStream) -> u64 {
     p
 }
 
+/// Ranks disagree on the count (one-shot and two-shot sizes, and across the two), on the
+/// data type and on the algorithm: every rank's `synchronize` names the mismatch, and the
+/// next, matching call of each shape reduces correctly.
+fn mismatch_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let max = 1usize << 20;
+    let send: CudaSlice<f32> = stream.clone_htod(&vec![1.0f32; max]).unwrap();
+    let recv: CudaSlice<f32> = stream.alloc_zeros(max).unwrap();
+    let (sp, rp) = (dptr_f32(&send, &stream), dptr_f32(&recv, &stream));
+    let cases: [(
+        usize,
+        usize,
+        DataType,
+        DataType,
+        AllReduceAlgo,
+        AllReduceAlgo,
+    ); 5] = [
+        (
+            1000,
+            2000,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::Auto,
+        ),
+        (
+            300_000,
+            400_000,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::TwoShot,
+            AllReduceAlgo::TwoShot,
+        ),
+        (
+            1000,
+            800_000,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::Auto,
+        ),
+        (
+            4096,
+            4096,
+            DataType::F32,
+            DataType::Bf16,
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::Auto,
+        ),
+        (
+            4096,
+            4096,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::OneShot,
+            AllReduceAlgo::TwoShot,
+        ),
+    ];
+    for (k, &(c0, c1, d0, d1, a0, a1)) in cases.iter().enumerate() {
+        let (count, dtype, algo) = if r == 0 { (c0, d0, a0) } else { (c1, d1, a1) };
+        // SAFETY: both buffers hold `max` f32 (>= every count above) until the synchronize.
+        unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }.unwrap();
+        let e = c
+            .synchronize(&stream)
+            .expect_err("a mismatched call must fail");
+        assert!(
+            e.to_string().contains("called all_reduce"),
+            "rank {r} case {k}: {e}"
+        );
+        // The same shape again, matching: exact sums.
+        let (count, dtype, algo) = (c0, DataType::F32, a0);
+        // SAFETY: as above.
+        unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }.unwrap();
+        c.synchronize(&stream).unwrap();
+        let got: Vec<f32> = stream.clone_dtoh(&recv).unwrap();
+        assert!(
+            got[..count].iter().all(|&v| v == n as f32),
+            "rank {r} case {k}: the matching call after a mismatch is wrong"
+        );
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
 macro_rules! two_rank_test {
     ($name:ident, $rank:ident) => {
         #[test]
@@ -424,3 +519,4 @@ two_rank_test!(
 );
 two_rank_test!(all_reduce_replays_under_a_cuda_graph, graph_rank);
 two_rank_test!(typed_api_checks_arguments_and_reduces, typed_api_rank);
+two_rank_test!(mismatched_calls_fail_on_every_rank_then_work, mismatch_rank);

@@ -26,8 +26,15 @@ struct Rank {
     comm: Communicator,
     gpu: Gpu,
     module: KernelModule,
-    ch: MemoryChannelArg,
     errors: DeviceBuffer,
+}
+
+impl Rank {
+    /// The channel's handle (it borrows the communicator, so it is made when needed
+    /// rather than kept next to it).
+    fn ch(&self) -> MemoryChannelArg<'_> {
+        MemoryChannelArg(self.comm.memory_channels()[0])
+    }
 }
 
 fn rank_setup() -> Rank {
@@ -47,14 +54,12 @@ fn rank_setup() -> Rank {
     comm.connect_memory(peer, &buf, 0, TransportKind::P2p, 1 << 20)
         .unwrap();
     comm.connection_setup().unwrap();
-    let ch = MemoryChannelArg(comm.memory_channels()[0]);
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let errors = DeviceBuffer::zeroed(&gpu, 8).unwrap();
     Rank {
         comm,
         gpu,
         module,
-        ch,
         errors,
     }
 }
@@ -94,8 +99,9 @@ fn put_get_rank() {
     .enumerate()
     {
         let (rounds, seed) = (40u64, 100 + i as u64);
+        let ch = r.ch();
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch)
+        l.arg(&ch)
             .arg(&bytes)
             .arg(&rounds)
             .arg(&rank)
@@ -106,8 +112,9 @@ fn put_get_rank() {
         // SAFETY: the channel's memory lives in `r.comm`; offsets + sizes fit BYTES.
         unsafe { l.launch(block(1024)) }.unwrap();
         stream.synchronize().unwrap();
+        let ch = r.ch();
         let mut l = stream.launch_builder(&g);
-        l.arg(&r.ch)
+        l.arg(&ch)
             .arg(&bytes)
             .arg(&rounds)
             .arg(&rank)
@@ -129,8 +136,9 @@ fn packets_rank() {
     let (rank, perr) = (r.comm.rank() as u32, r.errors.device_ptr());
     for (i, bytes) in [8u64, 4000, 1 << 16].into_iter().enumerate() {
         let (rounds, seed) = (500u64, 7 + i as u64);
+        let ch = r.ch();
         let mut l = stream.launch_builder(&f);
-        l.arg(&r.ch)
+        l.arg(&ch)
             .arg(&bytes)
             .arg(&rounds)
             .arg(&rank)
@@ -148,8 +156,9 @@ fn signal_rank() {
     let f = r.module.function("memory_signal_ping_pong").unwrap();
     let stream = r.gpu.new_stream().unwrap();
     let (rounds, rank) = (20_000u64, r.comm.rank() as u32);
+    let ch = r.ch();
     let mut l = stream.launch_builder(&f);
-    l.arg(&r.ch).arg(&rounds).arg(&rank);
+    l.arg(&ch).arg(&rounds).arg(&rank);
     // SAFETY: as above.
     unsafe { l.launch(block(1)) }.unwrap();
     stream.synchronize().unwrap();

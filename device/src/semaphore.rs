@@ -38,30 +38,35 @@
 //! Nothing is validated here: the host builds handles from memory it owns and checks.
 
 use core::fmt;
+use core::marker::PhantomData;
 
 use crate::arch;
 
 /// One side of a GPU-to-GPU semaphore, passed by value to kernels (`#[repr(C)]`, `Copy`,
 /// 32 bytes: `inbound`, `remote`, `expected`, `timeout_ns`). See the [module](self) for the
 /// ordering contract.
+///
+/// `'a` is the lifetime of the counters the handle points at (a zero-sized marker): a
+/// handle obtained from a memory channel borrows what the channel borrows.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct DeviceSemaphore {
+pub struct DeviceSemaphore<'a> {
     inbound: *mut u64,
     remote: *mut u64,
     expected: *mut u64,
     timeout_ns: u64,
+    _memory: PhantomData<&'a ()>,
 }
 
-const _: () = assert!(core::mem::size_of::<DeviceSemaphore>() == 32);
+const _: () = assert!(core::mem::size_of::<DeviceSemaphore<'static>>() == 32);
 
 // SAFETY: addresses and a number only; the memory behind them is accessed atomically (or by
 // the one waiting thread, for `expected`) under the contracts of `from_raw_parts`.
-unsafe impl Send for DeviceSemaphore {}
+unsafe impl Send for DeviceSemaphore<'_> {}
 // SAFETY: as above.
-unsafe impl Sync for DeviceSemaphore {}
+unsafe impl Sync for DeviceSemaphore<'_> {}
 
-impl fmt::Debug for DeviceSemaphore {
+impl fmt::Debug for DeviceSemaphore<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceSemaphore")
             .field("inbound", &self.inbound)
@@ -72,7 +77,7 @@ impl fmt::Debug for DeviceSemaphore {
     }
 }
 
-impl DeviceSemaphore {
+impl<'a> DeviceSemaphore<'a> {
     /// Assembles a handle (the host's communicator does this). `inbound`: this side's
     /// counter (the peer adds to it); `remote`: the peer's inbound counter mapped here;
     /// `expected`: a local zeroed word used only by this side's waiter; `timeout_ns`: how long
@@ -82,18 +87,19 @@ impl DeviceSemaphore {
     /// `inbound` and `remote` must be live, 8-byte aligned counters, accessed only atomically
     /// while shared, that start equal to the peer's and this side's expected words (zero);
     /// `expected` a live, 8-byte aligned word, zero at first, used by this side's waits only.
-    /// All must stay live while kernels use the handle.
+    /// All must stay live for `'a` (the caller picks `'a`; nothing checks it).
     pub unsafe fn from_raw_parts(
         inbound: *mut u64,
         remote: *mut u64,
         expected: *mut u64,
         timeout_ns: u64,
-    ) -> DeviceSemaphore {
+    ) -> DeviceSemaphore<'a> {
         DeviceSemaphore {
             inbound,
             remote,
             expected,
             timeout_ns,
+            _memory: PhantomData,
         }
     }
 

@@ -1,18 +1,27 @@
 //! Launch conventions: who am I, how many are we, where is the root; and a local launcher.
 //!
-//! [`Launch::from_env`] understands the variables of four launchers, first match wins:
+//! [`Launch::from_env`] understands the variables of six launchers; the first convention
+//! with any of its variables set decides (so MPI launchers inside a Slurm allocation win over
+//! the allocation's own `SLURM_*`):
 //!
 //! | convention | rank | nranks | local rank |
 //! |---|---|---|---|
 //! | ours | `MSCCLPP_RANK` | `MSCCLPP_NRANKS` | `MSCCLPP_LOCAL_RANK` |
 //! | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` |
 //! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` |
+//! | MVAPICH2 | `MV2_COMM_WORLD_RANK` | `MV2_COMM_WORLD_SIZE` | `MV2_COMM_WORLD_LOCAL_RANK` |
+//! | MPICH (Hydra), Intel MPI | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID`, else `PMI_LOCAL_RANK` |
 //! | Slurm | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` |
 //!
+//! A partial set (a rank without its number of ranks, or the reverse, or a local rank
+//! alone) is an error naming the missing variable, never a job of one.
+//!
 //! The root comes from `MSCCLPP_BOOTSTRAP` (a unique id or `ip:port`), else from torchrun's
-//! `MASTER_ADDR` and `MASTER_PORT` (rank 0 then runs the root there: pick a port that
-//! torch's own store does not use). `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds) sets the bootstrap
-//! timeout.
+//! `MASTER_ADDR` with port `MSCCLPP_BOOTSTRAP_PORT`, or `MASTER_PORT + 1` by default (rank
+//! 0 then runs the root there): torch's own store already listens on `MASTER_PORT`, and
+//! every rank computes the same port without talking. `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds)
+//! sets the bootstrap timeout. With an `ip:port` root, `MSCCLPP_BOOTSTRAP_SECRET` (read by
+//! the bootstrap, see [`BootstrapConfig::secret`]) authenticates the ranks.
 //!
 //! [`LocalLauncher`] starts N processes on this machine with our variables set, forwards
 //! their output with a `[rank N] ` prefix and reports how each ended, killing them all at
@@ -38,6 +47,12 @@ pub const ENV_LOCAL_RANK: &str = "MSCCLPP_LOCAL_RANK";
 pub const ENV_BOOTSTRAP: &str = "MSCCLPP_BOOTSTRAP";
 /// Bootstrap timeout in seconds (fractions allowed).
 pub const ENV_BOOTSTRAP_TIMEOUT: &str = "MSCCLPP_BOOTSTRAP_TIMEOUT";
+/// Port of the root on `MASTER_ADDR` (torchrun), instead of `MASTER_PORT` +
+/// [`MASTER_PORT_OFFSET`].
+pub const ENV_BOOTSTRAP_PORT: &str = "MSCCLPP_BOOTSTRAP_PORT";
+/// With `MASTER_ADDR`/`MASTER_PORT` and no `MSCCLPP_BOOTSTRAP_PORT`, the root listens on
+/// `MASTER_PORT` plus this: `MASTER_PORT` itself is torch's store.
+pub const MASTER_PORT_OFFSET: u16 = 1;
 
 /// The launcher whose variables were used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +63,10 @@ pub enum LaunchSource {
     Torchrun,
     /// Open MPI (`OMPI_COMM_WORLD_*`).
     OpenMpi,
+    /// MVAPICH2 (`MV2_COMM_WORLD_*`).
+    Mvapich,
+    /// A PMI launcher: MPICH's Hydra `mpiexec`, Intel MPI (`PMI_RANK`, `PMI_SIZE`).
+    Pmi,
     /// Slurm (`SLURM_PROCID`, ...).
     Slurm,
 }
@@ -56,33 +75,48 @@ struct Convention {
     source: LaunchSource,
     rank: &'static str,
     nranks: &'static str,
-    local_rank: &'static str,
+    /// Local-rank variables, the first set one wins.
+    local_rank: &'static [&'static str],
 }
 
-const CONVENTIONS: [Convention; 4] = [
+const CONVENTIONS: [Convention; 6] = [
     Convention {
         source: LaunchSource::Mscclpp,
         rank: ENV_RANK,
         nranks: ENV_NRANKS,
-        local_rank: ENV_LOCAL_RANK,
+        local_rank: &[ENV_LOCAL_RANK],
     },
     Convention {
         source: LaunchSource::Torchrun,
         rank: "RANK",
         nranks: "WORLD_SIZE",
-        local_rank: "LOCAL_RANK",
+        local_rank: &["LOCAL_RANK"],
     },
     Convention {
         source: LaunchSource::OpenMpi,
         rank: "OMPI_COMM_WORLD_RANK",
         nranks: "OMPI_COMM_WORLD_SIZE",
-        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_rank: &["OMPI_COMM_WORLD_LOCAL_RANK"],
+    },
+    // Before PMI: MVAPICH2 under Hydra sets both.
+    Convention {
+        source: LaunchSource::Mvapich,
+        rank: "MV2_COMM_WORLD_RANK",
+        nranks: "MV2_COMM_WORLD_SIZE",
+        local_rank: &["MV2_COMM_WORLD_LOCAL_RANK"],
+    },
+    // Before Slurm: mpiexec inside an allocation also sees the batch step's SLURM_PROCID.
+    Convention {
+        source: LaunchSource::Pmi,
+        rank: "PMI_RANK",
+        nranks: "PMI_SIZE",
+        local_rank: &["MPI_LOCALRANKID", "PMI_LOCAL_RANK"],
     },
     Convention {
         source: LaunchSource::Slurm,
         rank: "SLURM_PROCID",
         nranks: "SLURM_NTASKS",
-        local_rank: "SLURM_LOCALID",
+        local_rank: &["SLURM_LOCALID"],
     },
 ];
 
@@ -92,11 +126,12 @@ const CONVENTIONS: [Convention; 4] = [
 pub enum LaunchError {
     /// No launcher variables at all: the process was started alone.
     #[error(
-        "not started by a launcher: set MSCCLPP_RANK and MSCCLPP_NRANKS (or run under torchrun, mpirun or srun)"
+        "not started by a launcher: set MSCCLPP_RANK and MSCCLPP_NRANKS (or run under torchrun, mpirun, mpiexec or srun)"
     )]
     NotLaunched,
-    /// One variable of a pair is set without the other.
-    #[error("{found} is set but {missing} is not")]
+    /// A launcher variable is set without the one it needs (a rank without the number of
+    /// ranks, a local rank without a rank, ...): a partial launch, not a job of one.
+    #[error("{found} is set but {missing} is not (a partial set of launcher variables)")]
     Incomplete {
         /// The variable found.
         found: &'static str,
@@ -203,6 +238,7 @@ impl Launch {
         };
         let mut found = None;
         for c in &CONVENTIONS {
+            let local = c.local_rank.iter().copied().find(|v| get(v).is_some());
             match (number(c.rank)?, number(c.nranks)?) {
                 (Some(rank), Some(nranks)) => {
                     found = Some((c, rank, nranks));
@@ -220,10 +256,26 @@ impl Launch {
                         missing: c.rank,
                     });
                 }
-                (None, None) => {}
+                (None, None) => {
+                    if let Some(local) = local {
+                        return Err(LaunchError::Incomplete {
+                            found: local,
+                            missing: c.rank,
+                        });
+                    }
+                }
             }
         }
-        let (c, rank, nranks) = found.ok_or(LaunchError::NotLaunched)?;
+        let Some((c, rank, nranks)) = found else {
+            // Our root variable alone is a partial launch too: the ranks would be lost.
+            if get(ENV_BOOTSTRAP).is_some() {
+                return Err(LaunchError::Incomplete {
+                    found: ENV_BOOTSTRAP,
+                    missing: ENV_RANK,
+                });
+            }
+            return Err(LaunchError::NotLaunched);
+        };
         if rank >= nranks {
             return Err(LaunchError::RankOutOfRange {
                 rank_var: c.rank,
@@ -232,7 +284,10 @@ impl Launch {
                 nranks,
             });
         }
-        let local_rank = number(c.local_rank)?;
+        let local_rank = match c.local_rank.iter().copied().find(|v| get(v).is_some()) {
+            Some(var) => number(var)?,
+            None => None,
+        };
         let root = match (get(ENV_BOOTSTRAP), get("MASTER_ADDR"), get("MASTER_PORT")) {
             (Some(value), _, _) => {
                 value
@@ -243,12 +298,32 @@ impl Launch {
                         reason: e.to_string(),
                     })?
             }
-            (None, Some(addr), Some(port)) => {
-                let port: u16 = port.trim().parse().map_err(|_| LaunchError::BadRoot {
-                    var: "MASTER_PORT",
-                    value: port.clone(),
-                    reason: "not a port number".into(),
-                })?;
+            (None, Some(addr), Some(master_port)) => {
+                let port = match get(ENV_BOOTSTRAP_PORT) {
+                    Some(value) => match value.trim().parse::<u16>() {
+                        Ok(p) if p != 0 => p,
+                        _ => {
+                            return Err(LaunchError::BadRoot {
+                                var: ENV_BOOTSTRAP_PORT,
+                                value,
+                                reason: "not a port number in 1..=65535".into(),
+                            });
+                        }
+                    },
+                    None => master_port
+                        .trim()
+                        .parse::<u16>()
+                        .ok()
+                        .and_then(|p| p.checked_add(MASTER_PORT_OFFSET))
+                        .ok_or_else(|| LaunchError::BadRoot {
+                            var: "MASTER_PORT",
+                            value: master_port.clone(),
+                            reason: format!(
+                                "not a port number below {} (the bootstrap root listens on MASTER_PORT + {MASTER_PORT_OFFSET}; set {ENV_BOOTSTRAP_PORT} to choose another port)",
+                                65536 - MASTER_PORT_OFFSET as u32
+                            ),
+                        })?,
+                };
                 let host = addr.trim().trim_start_matches('[').trim_end_matches(']');
                 let spec = if host.contains(':') {
                     format!("[{host}]:{port}")
@@ -281,6 +356,9 @@ impl Launch {
                         LaunchSource::OpenMpi => {
                             " (pass it with mpirun -x MSCCLPP_BOOTSTRAP=ip:port)"
                         }
+                        LaunchSource::Pmi | LaunchSource::Mvapich => {
+                            " (pass it with mpiexec -genv MSCCLPP_BOOTSTRAP ip:port)"
+                        }
                         LaunchSource::Slurm => {
                             " (export it before srun; srun passes the environment)"
                         }
@@ -289,6 +367,20 @@ impl Launch {
                 });
             }
         };
+        if let BootstrapRoot::Addr(a) = root
+            && a.port() == 0
+        {
+            let var = if get(ENV_BOOTSTRAP).is_some() {
+                ENV_BOOTSTRAP
+            } else {
+                "MASTER_PORT"
+            };
+            return Err(LaunchError::BadRoot {
+                var,
+                value: a.to_string(),
+                reason: "port 0 names no port the other ranks could reach".into(),
+            });
+        }
         let timeout = match get(ENV_BOOTSTRAP_TIMEOUT) {
             None => None,
             Some(value) => match value.trim().parse::<f64>() {

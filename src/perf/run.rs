@@ -718,11 +718,14 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         }
     }
 
+    /// Synchronises the stream and the GPU, then returns what the collectives' kernels
+    /// recorded (`Collectives::synchronize`): calls are asynchronous, so a mismatch between
+    /// the ranks, a timeout or an abort (a lost rank) of a timed loop surfaces here, as an
+    /// error that ends the run with a non-zero exit status, rather than as bad timings.
     fn sync(&self) -> Result<(), PerfError> {
-        self.stream
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"))?;
-        Ok(self.gpu.synchronize()?)
+        self.coll.synchronize(&self.stream)?;
+        self.gpu.synchronize()?;
+        Ok(self.coll.async_error()?)
     }
 
     /// Writes the check inputs (every rank; peers are idle: barriers on both sides).

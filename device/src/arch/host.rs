@@ -400,6 +400,19 @@ pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
     unsafe { atomic_u64(p) }.fetch_add(v, Ordering::Relaxed)
 }
 
+/// Compare-and-swap (`atom.cas.relaxed.gpu.b64` on the GPU): stores `new` if `*p == cmp`;
+/// returns the old value.
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+pub unsafe fn atomic_cas_relaxed_gpu_u64(p: *mut u64, cmp: u64, new: u64) -> u64 {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    match unsafe { atomic_u64(p) }.compare_exchange(cmp, new, Ordering::Relaxed, Ordering::Relaxed)
+    {
+        Ok(v) | Err(v) => v,
+    }
+}
+
 /// Release add without a result (`red.release.sys.global.add.u64` on the GPU).
 ///
 /// # Safety

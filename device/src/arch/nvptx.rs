@@ -217,6 +217,24 @@ pub unsafe fn atomic_add_relaxed_gpu_u64(p: *mut u64, v: u64) -> u64 {
     old
 }
 
+/// `atom.cas.relaxed.gpu.b64`: stores `new` at `p` if it holds `cmp`; returns the old value.
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn atomic_cas_relaxed_gpu_u64(p: *mut u64, cmp: u64, new: u64) -> u64 {
+    let old: u64;
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!(
+            "atom.cas.relaxed.gpu.b64 {old}, [{p}], {cmp}, {new};",
+            old = out(reg64) old, p = in(reg64) p, cmp = in(reg64) cmp, new = in(reg64) new,
+            options(nostack)
+        )
+    };
+    old
+}
+
 /// `red.release.sys.global.add.u64`: adds `v` with release semantics and does not wait for
 /// the old value. Against memory on another GPU an `atom` is a round trip over NVLink (the old
 /// value must come back) while `red` is posted, so remote semaphore signals use this.

@@ -64,6 +64,7 @@
 //! [`try_unpack_packets`](MemoryChannel::try_unpack_packets) return `false` instead.
 
 use core::fmt;
+use core::marker::PhantomData;
 
 use crate::arch;
 use crate::packet::{self, LlPacket, Packet, check_partition};
@@ -71,9 +72,14 @@ use crate::semaphore::DeviceSemaphore;
 
 /// One side of a memory channel, passed by value to kernels (`#[repr(C)]`, `Copy`). See
 /// the [module](self) for the copy, visibility, alignment and bounds contracts.
+///
+/// `'a` is the lifetime of the memory the handle points at (buffers, scratches, counters):
+/// a handle from `Communicator::memory_channels` borrows its communicator, so it cannot be
+/// used after the communicator is dropped. The lifetime is a zero-sized marker; the layout
+/// kernels see is unchanged.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MemoryChannel {
+pub struct MemoryChannel<'a> {
     local: *mut u8,
     local_len: u64,
     remote: *mut u8,
@@ -81,18 +87,19 @@ pub struct MemoryChannel {
     packets_in: *mut u8,
     packets_out: *mut u8,
     packets_len: u64,
-    semaphore: DeviceSemaphore,
+    semaphore: DeviceSemaphore<'a>,
+    _memory: PhantomData<&'a ()>,
 }
 
-const _: () = assert!(core::mem::size_of::<MemoryChannel>() == 88);
+const _: () = assert!(core::mem::size_of::<MemoryChannel<'static>>() == 88);
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed under the
 // contracts of `from_raw_parts` and the module's protocol.
-unsafe impl Send for MemoryChannel {}
+unsafe impl Send for MemoryChannel<'_> {}
 // SAFETY: as above.
-unsafe impl Sync for MemoryChannel {}
+unsafe impl Sync for MemoryChannel<'_> {}
 
-impl fmt::Debug for MemoryChannel {
+impl fmt::Debug for MemoryChannel<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryChannel")
             .field("local", &self.local)
@@ -304,7 +311,7 @@ unsafe fn copy_misaligned(dst: *mut u8, src: *const u8, size: u64, t: u64, nt: u
     }
 }
 
-impl MemoryChannel {
+impl<'a> MemoryChannel<'a> {
     /// Assembles a handle (the host's communicator does this). `local`: this rank's buffer;
     /// `remote`: the peer's buffer mapped into this GPU; `packets_in`: this rank's packet
     /// scratch (the peer writes packets into it); `packets_out`: the peer's packet scratch
@@ -315,7 +322,8 @@ impl MemoryChannel {
     /// for both scratches) while kernels use the handle (a length may be 0, with any
     /// pointer); the scratches must be 16-byte aligned, zeroed before first use and accessed
     /// only through packet functions while shared; `semaphore` must satisfy
-    /// [`DeviceSemaphore::from_raw_parts`] and pair with the peer's channel.
+    /// [`DeviceSemaphore::from_raw_parts`] and pair with the peer's channel. All must stay
+    /// live for `'a` (the caller picks `'a`; nothing checks it).
     #[allow(clippy::too_many_arguments)] // the host side is coded against this signature
     pub unsafe fn from_raw_parts(
         local: *mut u8,
@@ -325,8 +333,8 @@ impl MemoryChannel {
         packets_in: *mut u8,
         packets_out: *mut u8,
         packets_len: u64,
-        semaphore: DeviceSemaphore,
-    ) -> MemoryChannel {
+        semaphore: DeviceSemaphore<'a>,
+    ) -> MemoryChannel<'a> {
         MemoryChannel {
             local,
             local_len,
@@ -336,6 +344,7 @@ impl MemoryChannel {
             packets_out,
             packets_len,
             semaphore,
+            _memory: PhantomData,
         }
     }
 
@@ -390,7 +399,7 @@ impl MemoryChannel {
 
     /// The channel's semaphore.
     #[inline]
-    pub fn semaphore(&self) -> DeviceSemaphore {
+    pub fn semaphore(&self) -> DeviceSemaphore<'a> {
         self.semaphore
     }
 

@@ -27,30 +27,42 @@
 //! refused by the proxy, which reports them to the host.
 
 use core::fmt;
+use core::marker::PhantomData;
 
 use crate::arch;
 use crate::fifo::{FifoDeviceHandle, Trigger, TriggerOp};
 use crate::semaphore::{poll_inbound, wait_inbound};
 
 /// One side of a proxy channel, passed by value to kernels (`#[repr(C)]`, `Copy`).
+///
+/// `'a` is the lifetime of the memory the handle points at (the FIFO, the counters): a
+/// handle from `Communicator::device_connections` borrows its communicator, so it cannot
+/// be used after the communicator is dropped. The lifetime is a zero-sized marker; the
+/// layout kernels see is that of the addresses and numbers alone.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct DevConn {
+pub struct DevConn<'a> {
     fifo: FifoDeviceHandle,
     inbound: *mut u64,
     expected: *mut u64,
     connection_id: u32,
     reserved: u32,
     wait_timeout_ns: u64,
+    _memory: PhantomData<&'a ()>,
 }
+
+const _: () = assert!(
+    core::mem::size_of::<DevConn<'static>>()
+        == core::mem::size_of::<FifoDeviceHandle>() + 3 * 8 + 2 * 4
+);
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed atomically (or by
 // the one waiting thread, for `expected`) under the contracts of the `unsafe` methods.
-unsafe impl Send for DevConn {}
+unsafe impl Send for DevConn<'_> {}
 // SAFETY: as above.
-unsafe impl Sync for DevConn {}
+unsafe impl Sync for DevConn<'_> {}
 
-impl fmt::Debug for DevConn {
+impl fmt::Debug for DevConn<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DevConn")
             .field("connection_id", &self.connection_id)
@@ -62,21 +74,21 @@ impl fmt::Debug for DevConn {
     }
 }
 
-impl DevConn {
+impl<'a> DevConn<'a> {
     /// Assembles a handle (the host's communicator does this).
     ///
     /// # Safety
     /// `fifo` must be the live FIFO of the proxy that serves `connection_id`; `inbound` the
     /// live, 8-byte aligned counter the peer's proxy writes for this connection; `expected`
     /// a live, 8-byte aligned, zero-initialised word used by this connection's waits only.
-    /// All must stay live while kernels use the handle.
+    /// All must stay live for `'a` (the caller picks `'a`; nothing checks it).
     pub unsafe fn from_raw_parts(
         fifo: FifoDeviceHandle,
         connection_id: u32,
         inbound: *mut u64,
         expected: *mut u64,
         wait_timeout_ns: u64,
-    ) -> DevConn {
+    ) -> DevConn<'a> {
         DevConn {
             fifo,
             inbound,
@@ -84,6 +96,25 @@ impl DevConn {
             connection_id,
             reserved: 0,
             wait_timeout_ns,
+            _memory: PhantomData,
+        }
+    }
+
+    /// The same handle with a lifetime the caller picks, for code that keeps handles next
+    /// to the owner of their memory (e.g. in one struct with the communicator).
+    ///
+    /// # Safety
+    /// The memory the handle points at must stay live for `'b`: the handle (and every copy)
+    /// must not be used after its owner (e.g. the communicator) is dropped.
+    pub unsafe fn detach<'b>(self) -> DevConn<'b> {
+        DevConn {
+            fifo: self.fifo,
+            inbound: self.inbound,
+            expected: self.expected,
+            connection_id: self.connection_id,
+            reserved: self.reserved,
+            wait_timeout_ns: self.wait_timeout_ns,
+            _memory: PhantomData,
         }
     }
 

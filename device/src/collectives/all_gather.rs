@@ -26,15 +26,22 @@ pub const PIECES_PER_SHARE: u64 = 8;
 /// of at least `nranks` threads; the context valid; `send` valid for `bytes`, `recv` for
 /// `nranks * bytes`; every rank calls it with the same `bytes` and grid.
 #[inline(always)]
-pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (r, n) = (ctx.rank, ctx.nranks);
     super::all_reduce::check_grid(ctx, nb, nt);
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, bytes, tag) };
+    // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
+    let go = unsafe { ctx.begin(&mut call, b, t) };
     let slot = ctx.scratch_len / n as u64 / 16 * 16;
     let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
     let piece = (slot / (nb as u64 * PIECES_PER_SHARE) / 16 * 16).max(16);
-    for j in 0..rounds {
+    for j in 0..if go { rounds } else { 0 } {
+        if call.failed {
+            break;
+        }
         let (s, e) = round_share(slot, bytes, j, 16, b as u64, nb as u64);
         let pieces = (e - s).div_ceil(piece);
         // One piece: the whole block puts it and copies it out. More: half and half.
@@ -58,9 +65,14 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
         for k in 0..pieces {
             if t < n && t != r {
                 // SAFETY: as above.
-                unsafe { ctx.wait(t, b) };
+                unsafe { ctx.wait(&mut call, t, b) };
             }
             arch::sync_threads();
+            // Block-uniform from here (the slots were last read before the sync ending
+            // the previous step).
+            if !ctx.block_agree(&mut call, t) {
+                break;
+            }
             // SAFETY: pieces of the block's share; the peers' piece k was published by their
             // signals, waited for before the barrier above; the peers copy piece k + 1 out of
             // their scratch only after our next signal.
@@ -76,14 +88,19 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
                 }
             }
             arch::sync_threads();
-            if k + 1 < pieces && t < n && t != r {
+            if k + 1 < pieces && t < n && t != r && !call.failed {
                 // SAFETY: as above; piece k + 1 is written (barrier).
                 unsafe { ctx.signal(t, b) };
             }
         }
+        if call.failed {
+            break;
+        }
         // SAFETY: every thread of the block.
-        unsafe { ctx.barrier(b, t) };
+        unsafe { ctx.barrier(&mut call, b, t) };
     }
+    // SAFETY: every thread of every block gets here.
+    unsafe { ctx.finish(&call) };
 }
 
 /// Where a round's pieces go: the slot size, the bytes per rank and the round's offset in them.

@@ -1,7 +1,10 @@
 //! All-reduce (sum): the one-shot packet algorithm for small messages and the two-shot
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
-use super::{CollContext, Reduce, packet_half, rotated_rank, round_share, two_shot_slot};
+use super::{
+    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, SLOW_POLLS, fault, packet_half,
+    rotated_rank, round_share, two_shot_slot,
+};
 use crate::arch;
 use crate::channel::memory::copy;
 use crate::packet::LlPacket;
@@ -130,40 +133,54 @@ pub(crate) unsafe fn advance_counter(
 
 /// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
 /// every rank sends its whole input to every peer as LL packets, and reduces what it
-/// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise), of any
-/// size; unit `i` (8 bytes) belongs to global thread `i % threads` in both phases, so
-/// in-place is safe.
+/// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise) of at least
+/// `nranks` threads, of any size; unit `i` (8 bytes) belongs to global thread `i % threads`
+/// in both phases, so in-place is safe.
+///
+/// The packets' flag is the call's sequence number ([`Call`]) and the scratch half its
+/// parity. The call descriptor (`count`, `tag`) travels as two more packets, sent by block
+/// 0's last threads (thread `threads - 1 - p` for rank `p`: idle ones in small calls) after
+/// their data; the same threads check the peers' descriptors after their reduction, off the
+/// data's critical path. A data packet that is late makes its poller look at the sender's
+/// descriptor too (with the abort word and the clock, every `SLOW_POLLS` polls), so a rank
+/// waiting for data a peer of another size never sends stops as soon as that descriptor is
+/// there. On a mismatch every rank records it (see [`fault`]) and `recv` is undefined.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; the context valid, with
 /// `count * T::SIZE <= one_shot_max_bytes(packets_len)`; `send`/`recv` valid for `count`
-/// elements and aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
+/// elements and aligned to `T::SIZE`.
 #[inline(always)]
 pub unsafe fn one_shot<T: Reduce>(
     ctx: &CollContext,
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     op: u32,
 ) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
-    if nb as usize > super::MAX_BLOCKS {
-        // The call counter has MAX_BLOCKS copies.
+    if nb as usize > super::MAX_BLOCKS || nt < ctx.nranks {
+        // The call counter has MAX_BLOCKS copies; a descriptor thread per rank.
         arch::trap();
     }
-    // SAFETY: b < MAX_BLOCKS; the one-shot counter is the first of the state's two.
-    let calls = unsafe { read_counter(ctx.state, b) };
-    let flag = (calls % u32::MAX as u64) as u32 + 1;
-    let half = packet_half(ctx.packets_len) * (calls & 1);
+    // SAFETY: b < MAX_BLOCKS; finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    let flag = call.flag();
+    let half = packet_half(ctx.packets_len) * (call.seq & 1);
     let aligned = (send as usize | recv as usize).is_multiple_of(8);
     let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
     if units * 16 > packet_half(ctx.packets_len) {
         // More than a half of the packet scratch holds: never write past it.
         arch::trap();
     }
+    // The rank this thread sends the descriptor to and checks, if any.
+    let desc_peer = nt - 1 - t;
+    let desc_peer =
+        (b == 0 && desc_peer < ctx.nranks && desc_peer != ctx.rank).then_some(desc_peer);
 
     let mut i = first;
     while i < units {
@@ -171,26 +188,35 @@ pub unsafe fn one_shot<T: Reduce>(
         unsafe { send_unit(ctx, half, i, load_unit(send, i, bytes, aligned), flag) };
         i += stride;
     }
+    if let Some(p) = desc_peer {
+        // SAFETY: p is a peer.
+        unsafe { ctx.send_desc(&call, p) };
+    }
     let mut i = first;
     while i < units {
         // SAFETY: as above; this thread has not written unit i of recv yet, and unit i
         // of recv is this thread's alone.
         unsafe {
             let own = load_unit(send, i, bytes, aligned);
-            let acc = reduce_unit::<T>(ctx, half, i, own, flag, op);
+            let acc = reduce_unit::<T>(ctx, &mut call, half, i, own, op);
             store_unit(recv, i, bytes, acc, aligned);
         }
         i += stride;
     }
+    if let Some(p) = desc_peer {
+        // SAFETY: p is a peer. Waited for even after a failure of this call (see
+        // `check_desc`).
+        unsafe { ctx.check_desc(&mut call, p) };
+    }
     // SAFETY: every thread of every block gets here.
-    unsafe { advance_counter(ctx.state, calls + 1, t, nt, b, nb) };
+    unsafe { ctx.finish(&call) };
 }
 
 /// Sends unit `i` of this rank's input (`d`) to every peer as an LL packet with `flag`, in
 /// the packet half at byte `half`.
 ///
 /// # Safety
-/// The context valid; `half + 16 * i + 16 <= packets_len`.
+/// The context valid; `half + 16 * i + 16 <= packets_len - DESC_BYTES`.
 #[inline(always)]
 unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
     for k in 0..ctx.nranks {
@@ -201,26 +227,29 @@ unsafe fn send_unit(ctx: &CollContext, half: u64, i: u64, d: u64, flag: u32) {
             unsafe {
                 // Masked: no bounds check (and its panic path) in the kernel; p < nranks
                 // <= MAX_RANKS anyway.
-                let slot = ctx.packets_out[p as usize & (super::MAX_RANKS - 1)]
-                    .add((half + 16 * i) as usize);
+                let slot =
+                    ctx.packets_out[p as usize & (MAX_RANKS - 1)].add((half + 16 * i) as usize);
                 LlPacket::write(slot as *mut LlPacket, d, flag);
             }
         }
     }
 }
 
-/// `op` over the ranks of unit `i`, in rank order: `own` for this rank, the peers'
-/// packets (polled until they carry `flag`; traps after the timeout) for the others.
+/// The sum of unit `i` over the ranks, in rank order: `own` for this rank, the peers'
+/// packets (polled inline; every `SLOW_POLLS` failed polls [`CollContext::keep_waiting`]
+/// looks at the clock, the fault words and the peer's descriptor) for the others. After a
+/// failed wait of the call, the peers' values are not waited for (the result is undefined
+/// then).
 ///
 /// # Safety
 /// As for [`send_unit`].
 #[inline(always)]
 unsafe fn reduce_unit<T: Reduce>(
     ctx: &CollContext,
+    call: &mut Call,
     half: u64,
     i: u64,
     own: u64,
-    flag: u32,
     op: u32,
 ) -> u64 {
     let mut acc = 0u64;
@@ -229,14 +258,31 @@ unsafe fn reduce_unit<T: Reduce>(
             own
         } else {
             // SAFETY: this rank's scratch for rank q, same bounds as in `send_unit`.
-            let got = unsafe {
-                let slot = ctx.packets_in[q as usize & (super::MAX_RANKS - 1)]
-                    .add((half + 16 * i) as usize);
-                LlPacket::poll(slot as *const LlPacket, flag, ctx.timeout_ns)
-            };
-            match got {
-                Some(v) => v,
-                None => arch::trap(),
+            unsafe {
+                let slot = ctx.packets_in[q as usize & (MAX_RANKS - 1)]
+                    .add((half + 16 * i) as usize) as *const LlPacket;
+                // Inline polling, as before faults were handled: only every SLOW_POLLS-th
+                // failed poll calls out of line (clock, fault words, the peer's descriptor).
+                let flag = call.flag();
+                let (mut polls, mut t0) = (0u32, 0u64);
+                loop {
+                    if let Some(v) = LlPacket::read(slot, flag) {
+                        break v;
+                    }
+                    if call.failed {
+                        break 0;
+                    }
+                    polls = polls.wrapping_add(1);
+                    if polls.is_multiple_of(SLOW_POLLS) {
+                        if t0 == 0 {
+                            t0 = arch::global_timer_ns().max(1);
+                        }
+                        if !ctx.keep_waiting(*call, q, fault::AT_PACKET, t0) {
+                            call.failed = true;
+                            break 0;
+                        }
+                    }
+                }
             }
         };
         acc = if q == 0 { v } else { T::op8(op, acc, v) };
@@ -386,6 +432,25 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     }
 }
 
+/// [`reduce_sources`] out of line: the any-operation kernels call this one copy per type
+/// (their reductions branch on the operation, which would otherwise be inlined into every
+/// kernel and multiply the embedded PTX); the sum-only kernels inline theirs.
+///
+/// # Safety
+/// As for [`reduce_sources`].
+#[inline(never)]
+pub(crate) unsafe fn reduce_sources_out<T: Reduce>(
+    srcs: &[*const u8],
+    out: *mut u8,
+    reduced: *mut u8,
+    len: u64,
+    thread: u32,
+    op: u32,
+) {
+    // SAFETY: forwarded.
+    unsafe { reduce_sources::<T>(srcs, out, reduced, len, thread, op) }
+}
+
 /// The two-shot (and all-pairs) reduction: rank `q`'s values are `own` for `q == rank`,
 /// else rank `q`'s staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank
 /// `q`'s scratch, read over NVLink; else slot `q` of this rank's scratch, put there by rank
@@ -395,7 +460,7 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
 /// As for [`reduce_sources`]; scratch slots published to this block by a barrier.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn reduce_slots<T: Reduce, const READ: bool>(
+unsafe fn reduce_slots<T: Reduce, const READ: bool, const OUT: bool>(
     ctx: &CollContext,
     slot_bytes: u64,
     slot_off: u64,
@@ -420,7 +485,13 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
         };
     }
     // SAFETY: forwarded.
-    unsafe { reduce_sources::<T>(&srcs[..n as usize], out, reduced, len, thread, op) }
+    unsafe {
+        if OUT {
+            T::reduce_out(&srcs[..n as usize], out, reduced, len, thread, op)
+        } else {
+            reduce_sources::<T>(&srcs[..n as usize], out, reduced, len, thread, op)
+        }
+    }
 }
 
 /// Two-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal).
@@ -444,11 +515,12 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
 /// of at least `nranks` threads; the context valid; `send`/`recv` valid for `count`
 /// elements, aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
 #[inline(always)]
-pub unsafe fn two_shot<T: Reduce, const READ: bool>(
+pub unsafe fn two_shot<T: Reduce, const READ: bool, const OUT: bool>(
     ctx: &CollContext,
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     op: u32,
 ) {
     let t = arch::thread_idx_x();
@@ -463,6 +535,12 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
     let reduced_base = n * slot_bytes;
     let nt = arch::block_dim_x();
     check_grid(ctx, nb, nt);
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    // SAFETY: every thread of every block. The first barrier checks the peers'
+    // descriptors; on a mismatch (or failure) it returns false on every thread of the block
+    // and nothing after it touches shared state.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
     for j in 0..rounds {
         let (s, e) = round_share(slot, chunk, j, per_vec, b as u64, nb as u64);
         let off = j * slot + s;
@@ -487,11 +565,13 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
             }
         }
         // SAFETY: every thread of the block; b < MAX_BLOCKS.
-        unsafe { ctx.barrier(b, t) };
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
+        }
         let (start, len) = chunk_part(r as u64, chunk, off, e - s, count);
         // SAFETY: ranges as above; the peers' puts were published by the barrier.
         unsafe {
-            reduce_slots::<T, READ>(
+            reduce_slots::<T, READ, OUT>(
                 ctx,
                 slot_bytes,
                 scratch_off,
@@ -502,7 +582,10 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
                 t,
                 op,
             );
-            ctx.barrier(b, t);
+        }
+        // SAFETY: every thread of the block.
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
         }
         for k in 0..ctx.nranks {
             let p = rotated_rank(r, ctx.nranks, b, k);
@@ -518,8 +601,12 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
             }
         }
     }
-    // SAFETY: every thread of the block.
-    unsafe { ctx.barrier(b, t) };
+    if !call.failed {
+        // SAFETY: every thread of the block (block-uniform condition).
+        unsafe { ctx.barrier(&mut call, b, t) };
+    }
+    // SAFETY: every thread of every block gets here.
+    unsafe { ctx.finish(&call) };
 }
 
 /// All-pairs all-reduce of `count` elements of `T` from `send` to `recv` (may be equal): every
@@ -551,6 +638,7 @@ pub unsafe fn all_pairs<T: Reduce>(
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     op: u32,
 ) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
@@ -564,9 +652,13 @@ pub unsafe fn all_pairs<T: Reduce>(
     let rounds = if slot == 0 { 0 } else { count.div_ceil(slot) };
     // SAFETY: the all-pairs round counter is the second of the state's two; b < MAX_BLOCKS
     // (check_grid).
-    let rounds_counter = unsafe { ctx.state.add(super::COUNTER_WORDS) };
+    let rounds_counter = unsafe { ctx.state.add(COUNTER_WORDS) };
     // SAFETY: as above.
     let base = unsafe { read_counter(rounds_counter, b) };
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    // SAFETY: every thread of every block; as in two_shot.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
     for j in 0..rounds {
         let (s, e) = round_share(slot, count, j, 16 / es, b as u64, nb as u64);
         let off = j * slot + s;
@@ -590,13 +682,16 @@ pub unsafe fn all_pairs<T: Reduce>(
                     );
                 }
             }
-            ctx.barrier(b, t);
+        }
+        // SAFETY: every thread of the block.
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
         }
         // SAFETY: the peers' shares (slot q of this round's half of this rank's region)
         // were published by the barrier; recv holds the elements; in place, each element
         // is read before this thread writes it.
         unsafe {
-            reduce_slots::<T, false>(
+            reduce_slots::<T, false, false>(
                 ctx,
                 slot_bytes,
                 half + s * es,
@@ -609,6 +704,13 @@ pub unsafe fn all_pairs<T: Reduce>(
             );
         }
     }
+    // Rounds done: all of them, or none on a mismatch (every rank's first barrier fails
+    // alike, so the round counters stay equal; a call failed otherwise leaves the
+    // collectives unusable anyway). `call.failed` is uniform over the grid then.
+    let done = if call.failed { 0 } else { rounds };
     // SAFETY: every thread of the block; the counter as above.
-    unsafe { advance_counter(rounds_counter, base + rounds, t, nt, b, nb) };
+    unsafe {
+        advance_counter(rounds_counter, base + done, t, nt, b, nb);
+        ctx.finish(&call);
+    }
 }

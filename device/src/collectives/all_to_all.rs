@@ -18,11 +18,11 @@ use crate::channel::memory::copy;
 /// valid for `nranks * bytes` (equal or disjoint); every rank calls it with the same
 /// `bytes` and grid.
 #[inline(always)]
-pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
     let (n, r) = (ctx.nranks, ctx.rank);
     let units = bytes.div_ceil(8);
     // SAFETY: every thread, first.
-    let call = unsafe { ll::begin(ctx, units, false) };
+    let mut call = unsafe { ll::begin(ctx, units, bytes, tag) };
     let aligned = (send as usize | recv as usize).is_multiple_of(8) && bytes.is_multiple_of(8);
     let at = |q: u32| (q as u64 * bytes) as usize;
     let (first, stride) = ll::lanes();
@@ -45,6 +45,8 @@ pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) 
         }
         i += stride;
     }
+    // SAFETY: after this thread's puts.
+    unsafe { ll::sent(ctx, &call) };
     let mut i = first;
     while i < units {
         for q in 0..n {
@@ -52,7 +54,7 @@ pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) 
             // thread's alone, and it sent its units of send above.
             unsafe {
                 if q != r {
-                    let d = ll::get(ctx, &call, q, i);
+                    let d = ll::get(ctx, &mut call, q, i);
                     store_unit(recv.add(at(q)), i, bytes, d, aligned);
                 } else if !core::ptr::eq(send, recv) {
                     let d = load_unit(send.add(at(r)), i, bytes, aligned);
@@ -63,7 +65,7 @@ pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) 
         i += stride;
     }
     // SAFETY: every thread, last.
-    unsafe { ll::end(ctx, &call, false) };
+    unsafe { ll::end(ctx, &mut call) };
 }
 
 /// All-to-all of `bytes` per block through the scratch (one slot per source rank,
@@ -75,13 +77,18 @@ pub unsafe fn ll(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) 
 /// # Safety
 /// As for [`ll()`], with grid blocks of at least `nranks` threads and any `bytes`.
 #[inline(always)]
-pub unsafe fn put(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+pub unsafe fn put(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
     check_grid(ctx, nb, nt);
     let slot = rank_slot(ctx.scratch_len, n as u64);
     let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, bytes, tag) };
+    // SAFETY: every thread of every block. The first barrier checks the peers'
+    // descriptors; on a mismatch (or failure) nothing after it touches shared state.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
     for j in 0..rounds {
         let (s, e) = round_share(slot, bytes, j, 16, b as u64, nb as u64);
         let off = j * slot + s;
@@ -99,7 +106,10 @@ pub unsafe fn put(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64)
             if !core::ptr::eq(send, recv) {
                 copy(recv.add(at(r)), send.add(at(r)), e - s, t, nt);
             }
-            ctx.barrier(b, t);
+        }
+        // SAFETY: every thread of the block; b < MAX_BLOCKS.
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
         }
         for q in 0..n {
             if q != r {
@@ -111,6 +121,14 @@ pub unsafe fn put(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64)
             }
         }
         // SAFETY: every thread of the block.
-        unsafe { ctx.barrier(b, t) };
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
+        }
+    }
+    // SAFETY: every thread of every block (no round: the descriptors are still to be
+    // checked).
+    unsafe {
+        ctx.check_pending(&mut call, t);
+        ctx.finish(&call);
     }
 }

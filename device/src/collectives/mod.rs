@@ -32,8 +32,8 @@
 //!   scratch, and each rank copies the peers' slots out into its output; in rounds, each
 //!   block's share cut into pieces whose puts and copies overlap.
 //! - [`reduce_scatter`], [`reduce`], [`broadcast`], [`all_to_all`]: each with an LL path
-//!   (packets, no barrier, on one-shot's call counter and halves through [`ll`]; the rooted
-//!   ones exchange a token per peer pair) and a put path (the peers' scratch in rounds, per-block
+//!   (packets, no barrier, on one-shot's call counter, halves and descriptor checks through
+//!   [`ll`]) and a put path (the peers' scratch in rounds, per-block
 //!   barriers, a last barrier like two-shot).
 //! - [`send_recv`]: point-to-point sends and receives, alone or grouped into one launch,
 //!   through a separate p2p scratch with its own semaphores (a second context).
@@ -48,8 +48,32 @@
 //! Every semaphore kernel but all-pairs ends with no peer still touching the scratch region
 //! they share (a last barrier), so consecutive calls of any of them may share it; all-pairs
 //! alternates halves of its own region instead. Calls on one rank are ordered by its
-//! stream. All ranks must make the same sequence of calls with the same
-//! sizes (grids are derived from them), as with NCCL.
+//! stream. All ranks must make the same sequence of calls (grids are derived from sizes), as
+//! with NCCL.
+//!
+//! # Calls, descriptors and faults
+//!
+//! Every kernel is one *call* ([`Call`]): it reads a per-rank call counter (the first
+//! counter of [`CollContext::state`]), advances it at its end, and sends its descriptor
+//! (`n` and a tag naming the collective, type, operation and algorithm: [`desc`]) to every
+//! peer as two LL packets with the call's flag, in a [`DESC_BYTES`] area at the end of the
+//! peer's packet scratch (two parities). The semaphore kernels wait for every peer's
+//! descriptor before anything else ([`CollContext::begin`], or at their first barrier:
+//! [`CollContext::begin_deferred`]) and do nothing but advance the counter when one
+//! differs; one-shot and the LL paths of the other collectives ([`ll`]) send their
+//! descriptor with their data and check the peers' after their work (and when a data packet
+//! is late), off the critical path. Send/recv ([`send_recv`]) run on a p2p context with its
+//! own counter and exchange no descriptor. A
+//! rank that has read a peer's descriptor of call `k` knows that the peer finished call
+//! `k - 1`, which is what the scratch reuse (one-shot's halves, descriptor parities) needs
+//! even after a mismatch skipped the barriers.
+//!
+//! Waits never trap: they look at the clock and the [`fault`] area every [`SLOW_POLLS`]
+//! failed polls, and give up (returning `false`, recording why once) on the host's abort
+//! word, on the timeout, or once another wait of the call on this rank has given up. Blocks
+//! agree on a failure at their barriers ([`CollContext::block_agree`]) and skip the rest of
+//! the call, keeping every `sync_threads`. `arch::trap` is left only for grids that break
+//! the launch contract.
 
 pub mod all_gather;
 pub mod all_reduce;
@@ -67,11 +91,11 @@ mod tests;
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests_more;
 
-pub use types::{Bf16, F16, F32, F64, I8, I32, I64, Reduce, U8, U32, U64, op};
+pub use types::{Bf16, Bytes, Dyn, F16, F32, F64, I8, I32, I64, Reduce, U8, U32, U64, op};
 
 use crate::arch;
 use crate::channel::DevConn;
-use crate::semaphore::wait_inbound;
+use crate::packet::LlPacket;
 
 /// Most ranks a [`CollContext`] holds.
 pub const MAX_RANKS: usize = 8;
@@ -82,9 +106,30 @@ pub const EXPECTED_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 /// `u64` words of one counter of [`CollContext::state`]: one for calls of one block, then
 /// one copy per block index (see `all_reduce::advance_counter`).
 pub const COUNTER_WORDS: usize = 1 + MAX_BLOCKS;
-/// `u64` words of [`CollContext::state`]: the one-shot call counter, then the all-pairs
-/// round counter.
-pub const STATE_WORDS: usize = 2 * COUNTER_WORDS;
+/// `u64` words of [`CollContext::state`]: the call counter (every collective kernel
+/// advances it; see [`Call`]), then the all-pairs round counter, then the
+/// [`LOCAL_FAULT_WORDS`] local fault words ([`local_fault`]).
+pub const STATE_WORDS: usize = 2 * COUNTER_WORDS + LOCAL_FAULT_WORDS;
+/// `u64` words of the local fault words at the end of [`CollContext::state`].
+pub const LOCAL_FAULT_WORDS: usize = 3;
+
+/// The fault words kept in this rank's own (device) memory, at the end of
+/// [`CollContext::state`]: waits poll these, not the [`fault`] area, which on a GPU is host
+/// memory behind PCIe (a read there is a round trip of about a microsecond, and thousands of
+/// waiting threads reading it at once queued behind each other for milliseconds).
+pub mod local_fault {
+    /// Index of the first local fault word in [`super::CollContext::state`].
+    pub const BASE: usize = 2 * super::COUNTER_WORDS;
+    /// A copy of the host's abort word, once a wait has seen it set.
+    pub const ABORT: usize = BASE;
+    /// `seq + 1` of the call whose waits must stop on this rank.
+    pub const STOP: usize = BASE + 1;
+    /// `%globaltimer` of the last look at the host's abort word: one waiting thread at a
+    /// time looks, at most every [`HOST_LOOK_NS`].
+    pub const LAST_LOOK: usize = BASE + 2;
+    /// Least time between two looks at the host's abort word by this rank's waits.
+    pub const HOST_LOOK_NS: u64 = 50_000;
+}
 /// `u64` words of the semaphore array each rank exposes.
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 
@@ -127,10 +172,14 @@ pub struct CollContext {
     pub state: *mut u64,
     /// `conns[p]`: the proxy channel to rank `p`, over the scratch on both sides (an array
     /// of `nranks` handles; the own entry is unused). Null when proxy channels are not set up.
-    pub conns: *const DevConn,
+    pub conns: *const DevConn<'static>,
+    /// The fault area ([`FAULT_WORDS`] words, see [`fault`]): memory that this rank's host
+    /// and kernels both read and write while kernels run (mapped pinned host memory on a
+    /// GPU). The host raises [`fault::ABORT`] in it; kernels record why a call failed.
+    pub fault: *mut u64,
 }
 
-const _: () = assert!(core::mem::size_of::<CollContext>() == 328);
+const _: () = assert!(core::mem::size_of::<CollContext>() == 336);
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed under the
 // protocols of this module.
@@ -138,7 +187,441 @@ unsafe impl Send for CollContext {}
 // SAFETY: as above.
 unsafe impl Sync for CollContext {}
 
+pub mod fault {
+    //! The fault area of a rank ([`CollContext::fault`](super::CollContext::fault)): word indices and record kinds.
+    //!
+    //! The host writes [`ABORT`] (non-zero: stop every wait of every call now). Waits look
+    //! at the rank's [local fault words](super::local_fault) in their slow path (every
+    //! [`SLOW_POLLS`](super::SLOW_POLLS) failed polls, with the clock), and one waiting thread
+    //! of the rank at a time reads [`ABORT`] here at most every
+    //! [`HOST_LOOK_NS`](super::local_fault::HOST_LOOK_NS), copying it locally once set. A
+    //! kernel whose wait fails (abort, timeout) or which finds that the ranks disagree about
+    //! the call records it once: the first thread to add 1 to [`CLAIM`] writes [`SEQ`],
+    //! [`PEER`], [`OWN`], [`THEIRS`] and [`PLACE`], then publishes the kind in [`RECORD`]
+    //! with a release store; every failing thread then stores `seq + 1` in the local
+    //! [`STOP`](super::local_fault::STOP) word, which makes the other waits of that call on
+    //! this rank give up. The host reads
+    //! [`RECORD`] (acquire) and the details after it, and clears a mismatch record (zeroing
+    //! [`RECORD`] then [`CLAIM`]) once reported; timeouts and aborts stay.
+
+    /// Non-zero: abort every wait (written by the host: `1 + rank` of a lost rank, or
+    /// [`ABORT_REQUESTED`]).
+    pub const ABORT: usize = 0;
+    /// Unused (the stop word moved to [`super::local_fault::STOP`], in the rank's own
+    /// memory); kept so the other indexes do not move.
+    pub const STOP: usize = 1;
+    /// Claimed (added to) by every recording thread; the one that saw 0 writes the record.
+    pub const CLAIM: usize = 2;
+    /// The record's kind ([`TIMEOUT`], [`MISMATCH`], [`ABORTED`]), 0 for none; published
+    /// last, with release.
+    pub const RECORD: usize = 3;
+    /// The failed call's sequence number.
+    pub const SEQ: usize = 4;
+    /// The rank waited for (timeout) or that disagrees (mismatch).
+    pub const PEER: usize = 5;
+    /// Two words: this rank's call descriptor (`n`, tag; see [`super::desc`]).
+    pub const OWN: usize = 6;
+    /// Two words: the peer's call descriptor (mismatch).
+    pub const THEIRS: usize = 8;
+    /// What was waited for ([`AT_SEMAPHORE`], [`AT_PACKET`], [`AT_DESCRIPTOR`], [`AT_PROXY`]).
+    pub const PLACE: usize = 10;
+    /// The host's value of [`ABORT`] for `Communicator::abort` (a lost rank `r` is `1 + r`).
+    pub const ABORT_REQUESTED: u64 = u64::MAX;
+    /// A wait timed out.
+    pub const TIMEOUT: u64 = 1;
+    /// The ranks called different collectives (descriptors differ).
+    pub const MISMATCH: u64 = 2;
+    /// A wait saw the abort word.
+    pub const ABORTED: u64 = 3;
+    /// A semaphore wait (barrier, all-gather piece).
+    pub const AT_SEMAPHORE: u64 = 1;
+    /// An LL data packet (one-shot).
+    pub const AT_PACKET: u64 = 2;
+    /// A peer's call descriptor.
+    pub const AT_DESCRIPTOR: u64 = 3;
+    /// A proxy channel's signal.
+    pub const AT_PROXY: u64 = 4;
+}
+
+/// `u64` words of the fault area.
+pub const FAULT_WORDS: usize = 16;
+/// Failed polls between two looks at the clock and the fault area.
+pub const SLOW_POLLS: u32 = 64;
+/// Bytes at the end of every packet scratch reserved for call descriptors: two parities of
+/// two LL packets (8 data bytes each).
+pub const DESC_BYTES: u64 = 64;
+
+/// The call descriptor every collective kernel sends to every peer before it touches
+/// shared state: word 0 is the kernel's `n` argument (elements for all-reduce, bytes per
+/// rank for all-gather), word 1 the *tag*, built by the host from the fields below.
+/// Kernels only compare descriptors; the host decodes them for messages.
+pub mod desc {
+    /// Bits 0..8 of the tag: the collective.
+    pub const KIND_SHIFT: u32 = 0;
+    /// Bits 8..16: the element type (1 f32, 2 f16, 3 bf16, 4 f64, 5 i8, 6 u8, 7 i32, 8 u32,
+    /// 9 i64, 10 u64, 11 fp8 e4m3, 12 fp8 e5m2; 0 for byte movers that take none).
+    pub const DTYPE_SHIFT: u32 = 8;
+    /// Bits 16..24: the reduction, [`op`](super::op) code + 1 (1 sum, 2 prod, 3 min, 4 max,
+    /// 5 avg; 0 for the collectives that do not reduce). Reducing kernels built for any
+    /// operation read theirs here ([`op_code`]).
+    pub const OP_SHIFT: u32 = 16;
+    /// Bits 24..32: the algorithm.
+    pub const ALGO_SHIFT: u32 = 24;
+    /// Bits 32..40: the root of a rooted collective (reduce, broadcast), which its kernels
+    /// read here ([`root`]); the peer of a send/receive.
+    pub const ROOT_SHIFT: u32 = 32;
+    /// Collective: all-reduce.
+    pub const ALL_REDUCE: u64 = 1;
+    /// Collective: all-gather.
+    pub const ALL_GATHER: u64 = 2;
+    /// Collective: reduce-scatter.
+    pub const REDUCE_SCATTER: u64 = 3;
+    /// Collective: reduce (to a root).
+    pub const REDUCE: u64 = 4;
+    /// Collective: broadcast (from a root).
+    pub const BROADCAST: u64 = 5;
+    /// Collective: all-to-all.
+    pub const ALL_TO_ALL: u64 = 6;
+    /// Point-to-point sends and receives (a group; no descriptor exchange, see
+    /// [`send_recv`](super::send_recv)).
+    pub const SEND_RECV: u64 = 7;
+    /// Builds a tag.
+    #[inline(always)]
+    pub const fn tag(kind: u64, dtype: u64, op: u64, algo: u64) -> u64 {
+        kind << KIND_SHIFT | dtype << DTYPE_SHIFT | op << OP_SHIFT | algo << ALGO_SHIFT
+    }
+    /// A tag with a root (see [`ROOT_SHIFT`]).
+    #[inline(always)]
+    pub const fn rooted_tag(kind: u64, dtype: u64, op: u64, algo: u64, root: u64) -> u64 {
+        tag(kind, dtype, op, algo) | (root & 0xff) << ROOT_SHIFT
+    }
+    /// Field `shift` of a tag.
+    #[inline(always)]
+    pub const fn field(tag: u64, shift: u32) -> u64 {
+        (tag >> shift) & 0xff
+    }
+    /// The [`op`](super::op) code of a tag (its [`OP_SHIFT`] field less one).
+    #[inline(always)]
+    pub const fn op_code(tag: u64) -> u32 {
+        (field(tag, OP_SHIFT) as u32).wrapping_sub(1)
+    }
+    /// The operation argument of the any-type kernels ([`Dyn`](super::types::Dyn)): the
+    /// [`op_code`] with the type's code ([`DTYPE_SHIFT`]) above it, `op | dtype << 8`.
+    #[inline(always)]
+    pub const fn type_op(tag: u64) -> u32 {
+        op_code(tag) & 0xff | (field(tag, DTYPE_SHIFT) as u32) << 8
+    }
+    /// The element size of the tag's type ([`DTYPE_SHIFT`]; 0 for a type that is not
+    /// reduced).
+    #[inline(always)]
+    pub const fn type_size(tag: u64) -> u64 {
+        super::types::dtype_size(field(tag, DTYPE_SHIFT) as u32)
+    }
+    /// The root of a tag ([`ROOT_SHIFT`]).
+    #[inline(always)]
+    pub const fn root(tag: u64) -> u32 {
+        field(tag, ROOT_SHIFT) as u32
+    }
+}
+
+/// One call of a collective kernel as one thread sees it: the call's sequence number (one
+/// counter of every collective kernel of this rank, [`CollContext::state`]), its
+/// descriptor, and whether a wait of this thread (or, after a block-wide check, of its
+/// block) failed. Once failed, the thread's waits return `false` at once.
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    /// The call's sequence number (0 for the first call of a communicator).
+    pub seq: u64,
+    /// This rank's descriptor: `[n, tag]` (see [`desc`]).
+    pub desc: [u64; 2],
+    /// A wait failed (or the ranks disagree); skip the remaining work.
+    pub failed: bool,
+    /// The peers' descriptors are still to be checked, at the first barrier (see
+    /// [`CollContext::begin_deferred`]).
+    pub desc_pending: bool,
+}
+
+impl Call {
+    /// The LL flag of the call's packets (never 0).
+    #[inline(always)]
+    pub fn flag(&self) -> u32 {
+        (self.seq % u32::MAX as u64) as u32 + 1
+    }
+}
+
 impl CollContext {
+    /// Starts call `seq` of a kernel: reads the call counter as block `block` sees it.
+    ///
+    /// # Safety
+    /// The context valid; `block < MAX_BLOCKS`; every block of the grid calls
+    /// [`finish`](Self::finish) once at the end.
+    #[inline(always)]
+    pub unsafe fn call(&self, block: u32, n: u64, tag: u64) -> Call {
+        // SAFETY: the call counter is the first of the state's two (caller contract).
+        let seq = unsafe { all_reduce::read_counter(self.state, block) };
+        Call {
+            seq,
+            desc: [n, tag],
+            failed: false,
+            desc_pending: false,
+        }
+    }
+
+    /// Ends a call: advances the call counter (every thread of every block, once).
+    ///
+    /// # Safety
+    /// As for [`call`](Self::call).
+    #[inline(always)]
+    pub unsafe fn finish(&self, call: &Call) {
+        let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+        let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+        // SAFETY: caller contract.
+        unsafe { all_reduce::advance_counter(self.state, call.seq + 1, t, nt, b, nb) };
+    }
+
+    /// The descriptor slot of parity `seq & 1` in packet scratch `base`.
+    #[inline(always)]
+    fn desc_slot(&self, base: *mut u8, seq: u64) -> *mut LlPacket {
+        base.wrapping_add((self.packets_len - DESC_BYTES + 32 * (seq & 1)) as usize)
+            as *mut LlPacket
+    }
+
+    /// Writes this rank's descriptor of `call` into rank `peer`'s packet scratch.
+    ///
+    /// # Safety
+    /// `peer < nranks`, `peer != rank`; the context valid.
+    #[inline(always)]
+    pub unsafe fn send_desc(&self, call: &Call, peer: u32) {
+        let slot = self.desc_slot(self.packets_out[peer as usize & (MAX_RANKS - 1)], call.seq);
+        // SAFETY: the descriptor area at the end of the peer's packet scratch for this
+        // rank, accessed by packets only.
+        unsafe {
+            LlPacket::write(slot, call.desc[0], call.flag());
+            LlPacket::write(slot.add(1), call.desc[1], call.flag());
+        }
+    }
+
+    /// Rank `peer`'s descriptor of `call` if it has arrived.
+    ///
+    /// # Safety
+    /// As for [`send_desc`](Self::send_desc).
+    #[inline(always)]
+    unsafe fn read_desc(&self, call: &Call, peer: u32) -> Option<[u64; 2]> {
+        let slot = self.desc_slot(self.packets_in[peer as usize & (MAX_RANKS - 1)], call.seq);
+        // SAFETY: as in send_desc, this rank's own packet scratch.
+        unsafe {
+            match (
+                LlPacket::read(slot, call.flag()),
+                LlPacket::read(slot.add(1), call.flag()),
+            ) {
+                (Some(a), Some(b)) => Some([a, b]),
+                _ => None,
+            }
+        }
+    }
+
+    /// Waits for rank `peer`'s descriptor of `call` and compares it with this rank's;
+    /// records a mismatch. Stops only on abort or timeout (not on another thread's failure
+    /// of the call: having read every peer's descriptor, a rank knows its peers have
+    /// finished their previous calls, which the scratch reuse relies on). `false` when the
+    /// descriptors differ or the wait failed.
+    ///
+    /// # Safety
+    /// As for [`send_desc`](Self::send_desc).
+    #[inline(always)]
+    pub unsafe fn check_desc(&self, call: &mut Call, peer: u32) -> bool {
+        // SAFETY: caller contract.
+        let first = unsafe { self.read_desc(call, peer) };
+        let theirs = match first {
+            Some(d) => d,
+            // SAFETY: as above.
+            None => match unsafe { self.wait_desc(*call, peer) } {
+                Some(d) => d,
+                None => {
+                    call.failed = true;
+                    return false;
+                }
+            },
+        };
+        if theirs != call.desc {
+            // SAFETY: the context valid.
+            unsafe { self.fail(*call, fault::MISMATCH, peer, theirs, fault::AT_DESCRIPTOR) };
+            call.failed = true;
+            return false;
+        }
+        true
+    }
+
+    /// The slow path of [`check_desc`](Self::check_desc).
+    ///
+    /// # Safety
+    /// As for [`send_desc`](Self::send_desc).
+    #[cold]
+    #[inline(never)]
+    unsafe fn wait_desc(&self, call: Call, peer: u32) -> Option<[u64; 2]> {
+        let mut polls = 0u32;
+        let mut start = None;
+        loop {
+            // SAFETY: caller contract.
+            if let Some(d) = unsafe { self.read_desc(&call, peer) } {
+                return Some(d);
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(SLOW_POLLS) {
+                let now = arch::global_timer_ns();
+                let t0 = *start.get_or_insert(now);
+                // SAFETY: the context is valid (caller contract).
+                let abort = unsafe { self.abort_word(now) };
+                let kind = if abort != 0 {
+                    fault::ABORTED
+                } else if now.wrapping_sub(t0) > self.timeout_ns {
+                    fault::TIMEOUT
+                } else {
+                    0
+                };
+                if kind != 0 {
+                    // SAFETY: as above.
+                    unsafe { self.fail(call, kind, peer, [0; 2], fault::AT_DESCRIPTOR) };
+                    return None;
+                }
+            }
+            arch::spin_backoff(polls);
+        }
+    }
+
+    /// The slow-path look at the fault area of a wait for rank `peer` that started at `t0`
+    /// (the clock now: `now`): `false` when the wait must give up (abort, timeout, or the
+    /// call already failed on this rank), after recording why (first writer wins).
+    ///
+    /// # Safety
+    /// The context valid.
+    #[cold]
+    #[inline(never)]
+    pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: u64) -> bool {
+        let now = arch::global_timer_ns();
+        // SAFETY: the context is valid (caller contract); the local fault words are live.
+        let (abort, stop) = unsafe {
+            (
+                self.abort_word(now),
+                arch::ld_relaxed_sys_u64(self.state.add(local_fault::STOP)),
+            )
+        };
+        let kind = if abort != 0 {
+            fault::ABORTED
+        } else if stop == call.seq + 1 {
+            return false;
+        } else if place == fault::AT_PACKET
+            // SAFETY: a packet wait is for a peer (`peer != rank`).
+            && let Some(d) = unsafe { self.read_desc(&call, peer) }
+            && d != call.desc
+        {
+            // One-shot: data that will never come because the peer called another size.
+            // SAFETY: as above.
+            unsafe { self.fail(call, fault::MISMATCH, peer, d, fault::AT_PACKET) };
+            return false;
+        } else if now.wrapping_sub(t0) > self.timeout_ns {
+            fault::TIMEOUT
+        } else {
+            return true;
+        };
+        // SAFETY: as above.
+        unsafe { self.fail(call, kind, peer, [0; 2], place) };
+        false
+    }
+
+    /// The abort word as this rank's waits see it: the local copy, and, at most once per
+    /// [`local_fault::HOST_LOOK_NS`] for the whole rank (the thread that wins a
+    /// compare-and-swap of the last look's time), the host's word, copied locally once set.
+    ///
+    /// # Safety
+    /// The context valid.
+    #[cold]
+    #[inline(never)]
+    unsafe fn abort_word(&self, now: u64) -> u64 {
+        // SAFETY: the local fault words are live, local and accessed atomically.
+        unsafe {
+            let local = arch::ld_relaxed_sys_u64(self.state.add(local_fault::ABORT));
+            if local != 0 {
+                return local;
+            }
+            let last_at = self.state.add(local_fault::LAST_LOOK);
+            let last = arch::ld_relaxed_sys_u64(last_at);
+            if now.wrapping_sub(last) < local_fault::HOST_LOOK_NS
+                || arch::atomic_cas_relaxed_gpu_u64(last_at, last, now) != last
+            {
+                return 0;
+            }
+            // The fault area is live (context contract).
+            let host = arch::ld_relaxed_sys_u64(self.fault.add(fault::ABORT));
+            if host != 0 {
+                arch::st_release_sys_u64(self.state.add(local_fault::ABORT), host);
+            }
+            host
+        }
+    }
+
+    /// Records that `call` failed on this rank (`kind`, the peer and its descriptor, what
+    /// was waited for): the first caller writes the record; every caller stops the call's
+    /// other waits on this rank.
+    ///
+    /// # Safety
+    /// The context valid.
+    #[cold]
+    #[inline(never)]
+    pub unsafe fn fail(&self, call: Call, kind: u64, peer: u32, theirs: [u64; 2], place: u64) {
+        let f = self.fault;
+        // SAFETY: the fault area is live and FAULT_WORDS long (context contract); the
+        // claim makes this thread the only writer of the details until the host clears the
+        // record, which it does only while no kernel of this communicator runs.
+        unsafe {
+            if arch::atomic_add_relaxed_sys_u64(f.add(fault::CLAIM), 1) == 0 {
+                core::ptr::write_volatile(f.add(fault::SEQ), call.seq);
+                core::ptr::write_volatile(f.add(fault::PEER), peer as u64);
+                core::ptr::write_volatile(f.add(fault::OWN), call.desc[0]);
+                core::ptr::write_volatile(f.add(fault::OWN + 1), call.desc[1]);
+                core::ptr::write_volatile(f.add(fault::THEIRS), theirs[0]);
+                core::ptr::write_volatile(f.add(fault::THEIRS + 1), theirs[1]);
+                core::ptr::write_volatile(f.add(fault::PLACE), place);
+                arch::st_release_sys_u64(f.add(fault::RECORD), kind);
+            }
+            arch::st_release_sys_u64(self.state.add(local_fault::STOP), call.seq + 1);
+        }
+    }
+
+    /// Polls `ready` until it returns `true`, looking at the clock and the fault area every
+    /// [`SLOW_POLLS`] failed polls ([`keep_waiting`](Self::keep_waiting)); `false` (and
+    /// `call.failed` set) when the wait gave up, at once when the call already failed.
+    ///
+    /// # Safety
+    /// The context valid.
+    #[inline(always)]
+    pub unsafe fn wait_until(
+        &self,
+        call: &mut Call,
+        peer: u32,
+        place: u64,
+        mut ready: impl FnMut() -> bool,
+    ) -> bool {
+        if call.failed {
+            return false;
+        }
+        let mut polls = 0u32;
+        let mut start = None;
+        while !ready() {
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(SLOW_POLLS) {
+                let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+                // SAFETY: caller contract.
+                if !unsafe { self.keep_waiting(*call, peer, place, t0) } {
+                    call.failed = true;
+                    return false;
+                }
+            }
+            arch::spin_backoff(polls);
+        }
+        true
+    }
+
     /// Signals rank `peer`'s semaphore of this rank and `block`, with release semantics
     /// (publishes what this thread, and its block before a barrier, did).
     ///
@@ -152,39 +635,147 @@ impl CollContext {
         unsafe { arch::red_add_release_sys_u64(self.peer_sems[peer as usize].add(idx), 1) };
     }
 
-    /// Waits for rank `peer`'s next signal to this rank and `block`; traps on timeout.
+    /// Waits for rank `peer`'s next signal to this rank and `block` (acquire, as
+    /// `DeviceSemaphore::wait`); `false` when the wait gave up (abort, timeout, or the call
+    /// failed on this rank: see [`wait_until`](Self::wait_until)), consuming nothing.
     ///
     /// # Safety
     /// As for [`signal`](Self::signal); one thread at a time per (peer, block).
     #[inline(always)]
-    pub unsafe fn wait(&self, peer: u32, block: u32) {
+    pub unsafe fn wait(&self, call: &mut Call, peer: u32, block: u32) -> bool {
         let idx = peer as usize * MAX_BLOCKS + block as usize;
         // SAFETY: our own counter and expected word (caller contract), one waiter.
-        let ok =
-            unsafe { wait_inbound(self.sems.add(idx), self.expected.add(idx), self.timeout_ns) };
-        if !ok {
-            arch::trap();
+        let (inbound, expected) = unsafe { (self.sems.add(idx), self.expected.add(idx)) };
+        // SAFETY: as above.
+        let want = unsafe { *expected } + 1;
+        // SAFETY: as above; acquire at system scope pairs with the peer's release add.
+        let ok = unsafe {
+            self.wait_until(call, peer, fault::AT_SEMAPHORE, || {
+                arch::ld_acquire_sys_u64(inbound) >= want
+            })
+        };
+        if ok {
+            // SAFETY: as above.
+            unsafe { *expected = want };
         }
+        ok
+    }
+
+    /// Makes `call.failed` the same on every thread of the block: each thread `t <
+    /// nranks` (the only ones that wait) publishes its own, after which the block syncs and
+    /// every thread takes the OR. Returns `!call.failed`.
+    ///
+    /// Called by every thread of the block, with no other use of the slots in between
+    /// (a `sync_threads` separates two uses: every caller of this syncs before it).
+    #[inline(always)]
+    pub fn block_agree(&self, call: &mut Call, thread: u32) -> bool {
+        let slots = crate::shared_array!(COLL_FAILED: u32; MAX_RANKS);
+        if thread < self.nranks {
+            // SAFETY: slot thread < nranks <= MAX_RANKS, this thread's own.
+            unsafe {
+                slots
+                    .add(thread as usize)
+                    .write_volatile(call.failed as u32)
+            };
+        }
+        arch::sync_threads();
+        let mut any = 0;
+        for q in 0..self.nranks as usize {
+            // SAFETY: written before the barrier above by thread q.
+            any |= unsafe { slots.add(q).read_volatile() };
+        }
+        call.failed = any != 0;
+        !call.failed
+    }
+
+    /// The start of a semaphore kernel's call (every thread of every block): block 0's
+    /// threads `p < nranks` send this rank's descriptor to rank `p`; every block's threads
+    /// `p` wait for rank `p`'s and compare; the block agrees. `false` (every thread) when
+    /// the ranks disagree or a wait gave up: the kernel then skips every access to shared
+    /// state (no signal, so the semaphores stay consistent on all ranks: every rank sees
+    /// the same descriptors, so either all proceed or none does).
+    ///
+    /// # Safety
+    /// Every thread of the block (`block_dim_x() >= nranks`); the context valid.
+    #[inline(always)]
+    pub unsafe fn begin(&self, call: &mut Call, block: u32, thread: u32) -> bool {
+        if thread < self.nranks && thread != self.rank {
+            // SAFETY: thread is a peer (caller contract).
+            unsafe {
+                if block == 0 {
+                    self.send_desc(call, thread);
+                }
+                self.check_desc(call, thread);
+            }
+        }
+        arch::sync_threads();
+        self.block_agree(call, thread)
+    }
+
+    /// [`begin`](Self::begin) for kernels whose first access to shared state is a write into
+    /// the peers' scratch followed by a [`barrier`](Self::barrier): block 0 sends the
+    /// descriptors now, and the first barrier checks the peers' before it signals (so the
+    /// descriptors' one-way trip overlaps the first puts). On a mismatch nobody signals, as
+    /// with `begin`; the puts already made land in slots the peers read only after a barrier
+    /// of a later call, which rewrites them first. A kernel with no barrier must call
+    /// [`check_pending`](Self::check_pending) before it ends.
+    ///
+    /// # Safety
+    /// As for [`begin`](Self::begin).
+    #[inline(always)]
+    pub unsafe fn begin_deferred(&self, call: &mut Call, block: u32, thread: u32) {
+        if block == 0 && thread < self.nranks && thread != self.rank {
+            // SAFETY: thread is a peer (caller contract).
+            unsafe { self.send_desc(call, thread) };
+        }
+        call.desc_pending = true;
+    }
+
+    /// Checks the peers' descriptors if [`begin_deferred`](Self::begin_deferred) left them
+    /// pending: threads `p < nranks` wait for rank `p`'s, the block agrees. `false` (every
+    /// thread) when the ranks disagree or a wait gave up.
+    ///
+    /// # Safety
+    /// Every thread of the block, after a `sync_threads` since the last use of
+    /// [`block_agree`](Self::block_agree); the context valid.
+    #[inline(always)]
+    pub unsafe fn check_pending(&self, call: &mut Call, thread: u32) -> bool {
+        if !call.desc_pending {
+            return !call.failed;
+        }
+        call.desc_pending = false;
+        if thread < self.nranks && thread != self.rank {
+            // SAFETY: thread is a peer (caller contract).
+            unsafe { self.check_desc(call, thread) };
+        }
+        arch::sync_threads();
+        self.block_agree(call, thread)
     }
 
     /// A barrier of block `block` with the same block of every other rank: the block's
     /// threads sync, thread `p` signals rank `p` and waits for its signal, the block syncs
     /// again. What the block did before happens before what the peers' blocks do after.
+    /// Returns `false` on every thread of the block when a wait of the block gave up (the
+    /// call failed: skip the rest; nothing is signalled once failed).
     ///
     /// # Safety
     /// Called by every thread of the block (`block_dim_x() >= nranks`); `block <
     /// MAX_BLOCKS`; the context valid.
     #[inline(always)]
-    pub unsafe fn barrier(&self, block: u32, thread: u32) {
+    pub unsafe fn barrier(&self, call: &mut Call, block: u32, thread: u32) -> bool {
         arch::sync_threads();
-        if thread < self.nranks && thread != self.rank {
+        // SAFETY: every thread of the block, just synced (caller contract).
+        if call.desc_pending && !unsafe { self.check_pending(call, thread) } {
+            return false;
+        }
+        if thread < self.nranks && thread != self.rank && !call.failed {
             // SAFETY: thread is a valid peer; one waiter per (peer, block).
             unsafe {
                 self.signal(thread, block);
-                self.wait(thread, block);
+                self.wait(call, thread, block);
             }
         }
-        arch::sync_threads();
+        self.block_agree(call, thread)
     }
 }
 
@@ -241,10 +832,10 @@ pub fn two_shot_slot(scratch_len: u64, nranks: u64) -> u64 {
 }
 
 /// Bytes of each half of a packet scratch of `packets_len` bytes (the halves alternate
-/// between calls).
+/// between calls), past the [`DESC_BYTES`] of descriptors at its end.
 #[inline(always)]
 pub fn packet_half(packets_len: u64) -> u64 {
-    packets_len / 2 / 16 * 16
+    packets_len.saturating_sub(DESC_BYTES) / 2 / 16 * 16
 }
 
 /// The largest message (bytes per rank) the one-shot packet path carries in a packet

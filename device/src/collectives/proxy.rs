@@ -17,7 +17,7 @@
 //!    (so the next round may overwrite them); barrier.
 
 use super::all_reduce::reduce_sources;
-use super::{CollContext, MAX_RANKS, Reduce};
+use super::{Call, CollContext, MAX_RANKS, Reduce, fault};
 use crate::arch;
 use crate::channel::memory::copy;
 
@@ -40,16 +40,22 @@ fn check(ctx: &CollContext) {
     }
 }
 
+/// How long one `DevConn::wait_timeout` of [`exchange`] waits before the fault area is
+/// looked at again.
+const WAIT_SLICE_NS: u64 = 200_000;
+
 /// Steps 2 and 4 of a round for thread `t`: with `len > 0`, put the staging slot into the
 /// peer's receive slot for this rank and signal; without, signal only; then wait for the
-/// peer's signal. Block barriers around it.
+/// peer's signal, in slices between which the abort word, the call's stop word and the
+/// clock are looked at ([`CollContext::keep_waiting`]). Block barriers around it; `false`
+/// on every thread when a wait of the block gave up (nothing more is signalled then).
 ///
 /// # Safety
 /// Every thread of the block; the context valid with proxy channels; `len <= slot`.
 #[inline(always)]
-unsafe fn exchange(ctx: &CollContext, slot: u64, len: u64, t: u32) {
+unsafe fn exchange(ctx: &CollContext, call: &mut Call, slot: u64, len: u64, t: u32) -> bool {
     arch::sync_threads();
-    if t < ctx.nranks && t != ctx.rank {
+    if t < ctx.nranks && t != ctx.rank && !call.failed {
         // SAFETY: conns holds nranks handles (context contract).
         let c = unsafe { &*ctx.conns.add(t as usize) };
         if len > 0 {
@@ -57,9 +63,17 @@ unsafe fn exchange(ctx: &CollContext, slot: u64, len: u64, t: u32) {
         } else {
             c.signal();
         }
-        c.wait();
+        let mut start = None;
+        while !c.wait_timeout(WAIT_SLICE_NS) {
+            let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+            // SAFETY: the context valid.
+            if !unsafe { ctx.keep_waiting(*call, t, fault::AT_PROXY, t0) } {
+                call.failed = true;
+                break;
+            }
+        }
     }
-    arch::sync_threads();
+    ctx.block_agree(call, t)
 }
 
 /// All-reduce (`op`) of `count` elements of `T` over proxy channels; in place allowed.
@@ -69,11 +83,12 @@ unsafe fn exchange(ctx: &CollContext, slot: u64, len: u64, t: u32) {
 /// context valid with proxy channels; `send`/`recv` valid for `count` elements aligned to
 /// `T::SIZE`; every rank calls it with the same `count`.
 #[inline(always)]
-pub unsafe fn all_reduce<T: Reduce>(
+pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
     ctx: &CollContext,
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     op: u32,
 ) {
     check(ctx);
@@ -82,13 +97,19 @@ pub unsafe fn all_reduce<T: Reduce>(
     let slot = proxy_slot(ctx.scratch_len, n as u64);
     let bytes = count * T::SIZE;
     let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
-    for j in 0..rounds {
+    // SAFETY: one block (check); finish() below on every thread.
+    let mut call = unsafe { ctx.call(0, count, tag) };
+    // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
+    let go = unsafe { ctx.begin(&mut call, 0, t) };
+    for j in 0..if go { rounds } else { 0 } {
         let off = j * slot;
         let len = slot.min(bytes - off);
         // SAFETY: the staging slot holds slot >= len bytes; send holds off + len.
-        unsafe {
+        if !unsafe {
             copy(ctx.scratch, send.add(off as usize), len, t, nt);
-            exchange(ctx, slot, len, t);
+            exchange(ctx, &mut call, slot, len, t)
+        } {
+            break;
         }
         let mut srcs = [core::ptr::null::<u8>(); MAX_RANKS];
         for (q, s) in srcs.iter_mut().enumerate().take(n as usize) {
@@ -101,17 +122,19 @@ pub unsafe fn all_reduce<T: Reduce>(
         // SAFETY: every source holds len bytes (receive slots published by the waits and
         // the barrier); recv holds off + len; no second output.
         unsafe {
-            reduce_sources::<T>(
-                &srcs[..n as usize],
-                recv.add(off as usize),
-                core::ptr::null_mut(),
-                len / T::SIZE,
-                t,
-                op,
-            );
-            exchange(ctx, slot, 0, t);
+            let (out, len) = (recv.add(off as usize), len / T::SIZE);
+            if OUT {
+                T::reduce_out(&srcs[..n as usize], out, core::ptr::null_mut(), len, t, op);
+            } else {
+                reduce_sources::<T>(&srcs[..n as usize], out, core::ptr::null_mut(), len, t, op);
+            }
+            if !exchange(ctx, &mut call, slot, 0, t) {
+                break;
+            }
         }
     }
+    // SAFETY: every thread of the block.
+    unsafe { ctx.finish(&call) };
 }
 
 /// All-gather of `bytes` per rank over proxy channels (rank `q`'s `send` lands at
@@ -120,13 +143,17 @@ pub unsafe fn all_reduce<T: Reduce>(
 /// # Safety
 /// As for [`all_reduce`], with `recv` valid for `nranks * bytes`.
 #[inline(always)]
-pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64) {
+pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
     check(ctx);
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
     let slot = proxy_slot(ctx.scratch_len, n as u64);
     let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
-    for j in 0..rounds {
+    // SAFETY: one block (check); finish() below on every thread.
+    let mut call = unsafe { ctx.call(0, bytes, tag) };
+    // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
+    let go = unsafe { ctx.begin(&mut call, 0, t) };
+    for j in 0..if go { rounds } else { 0 } {
         let off = j * slot;
         let len = slot.min(bytes - off);
         // SAFETY: as in all_reduce; the own part of recv holds off + len.
@@ -137,7 +164,10 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
             if !core::ptr::eq(own as *const u8, src) {
                 copy(own, src, len, t, nt);
             }
-            exchange(ctx, slot, len, t);
+        }
+        // SAFETY: every thread of the block.
+        if !unsafe { exchange(ctx, &mut call, slot, len, t) } {
+            break;
         }
         for q in 0..n {
             if q != r {
@@ -156,6 +186,10 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
             }
         }
         // SAFETY: every thread of the block.
-        unsafe { exchange(ctx, slot, 0, t) };
+        if !unsafe { exchange(ctx, &mut call, slot, 0, t) } {
+            break;
+        }
     }
+    // SAFETY: every thread of the block.
+    unsafe { ctx.finish(&call) };
 }

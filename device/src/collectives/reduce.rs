@@ -1,20 +1,20 @@
 //! Reduce to a root: the root's `recv` gets the reduction (`op`) over the ranks of their `send`
 //! (`count` elements); other ranks' `recv` is not touched. See the [parent module](super).
 
-use super::all_reduce::{check_grid, load_unit, reduce_sources, store_unit};
+use super::all_reduce::{check_grid, load_unit, store_unit};
 use super::reduce_scatter::rank_slot;
 use super::{CollContext, MAX_RANKS, Reduce, ll, round_share};
 use crate::arch;
 use crate::channel::memory::copy;
 
 /// LL reduce of `count` elements to `root`: the other ranks write their input as packets
-/// into the root's packet scratch; the root sums unit `i` in rank order. A rooted LL call
-/// (with tokens, see [`super::ll`]). In place (`send == recv` on the root) allowed.
+/// into the root's packet scratch; the root sums unit `i` in rank order. No barrier (see
+/// [`super::ll`]). In place (`send == recv` on the root) allowed.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks of
 /// at least `nranks` threads; the context valid with `count * T::SIZE <=
-/// rooted_ll_max_bytes(packets_len)`; `root < nranks`; `send` valid for `count` elements,
+/// one_shot_max_bytes(packets_len)`; `root < nranks`; `send` valid for `count` elements,
 /// `recv` too on the root, aligned to `T::SIZE`; every rank calls it with the same `count`,
 /// root and grid.
 #[inline(always)]
@@ -23,6 +23,7 @@ pub unsafe fn ll<T: Reduce>(
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     root: u32,
     op: u32,
 ) {
@@ -30,34 +31,40 @@ pub unsafe fn ll<T: Reduce>(
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
     // SAFETY: every thread, first.
-    let call = unsafe { ll::begin(ctx, units, true) };
+    let mut call = unsafe { ll::begin(ctx, units, count, tag) };
     let aligned = (send as usize | recv as usize).is_multiple_of(8);
     let (first, stride) = ll::lanes();
-    let mut i = first;
+    if r != root {
+        let mut i = first;
+        while i < units {
+            // SAFETY: send holds `bytes`, i < units; root a peer.
+            unsafe { ll::put(ctx, &call, root, i, load_unit(send, i, bytes, aligned)) };
+            i += stride;
+        }
+    }
+    // SAFETY: after this thread's puts.
+    unsafe { ll::sent(ctx, &call) };
+    let mut i = if r == root { first } else { units };
     while i < units {
-        // SAFETY: send holds `bytes`, i < units; root a peer when it is not this rank.
+        // SAFETY: send holds `bytes`, i < units; every q != r a peer.
         unsafe {
             let own = load_unit(send, i, bytes, aligned);
-            if r != root {
-                ll::put(ctx, &call, root, i, own);
-            } else {
-                let mut acc = 0u64;
-                for q in 0..n {
-                    let v = if q == r {
-                        own
-                    } else {
-                        ll::get(ctx, &call, q, i)
-                    };
-                    acc = if q == 0 { v } else { T::op8(op, acc, v) };
-                }
-                let acc = T::finish8(op, acc, n);
-                store_unit(recv, i, bytes, acc, aligned);
+            let mut acc = 0u64;
+            for q in 0..n {
+                let v = if q == r {
+                    own
+                } else {
+                    ll::get(ctx, &mut call, q, i)
+                };
+                acc = if q == 0 { v } else { T::op8(op, acc, v) };
             }
+            let acc = T::finish8(op, acc, n);
+            store_unit(recv, i, bytes, acc, aligned);
         }
         i += stride;
     }
     // SAFETY: every thread, last.
-    unsafe { ll::end(ctx, &call, true) };
+    unsafe { ll::end(ctx, &mut call) };
 }
 
 /// Reduce of `count` elements to `root` through the root's scratch (one slot per source
@@ -73,6 +80,7 @@ pub unsafe fn put<T: Reduce>(
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     root: u32,
     op: u32,
 ) {
@@ -84,6 +92,11 @@ pub unsafe fn put<T: Reduce>(
     let slot_bytes = rank_slot(ctx.scratch_len, n as u64);
     let slot = slot_bytes / es;
     let rounds = if slot == 0 { 0 } else { count.div_ceil(slot) };
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    // SAFETY: every thread of every block. The first barrier checks the peers'
+    // descriptors; on a mismatch (or failure) nothing after it touches shared state.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
     for j in 0..rounds {
         let (s, e) = round_share(slot, count, j, 16 / es, b as u64, nb as u64);
         let off = j * slot + s;
@@ -97,7 +110,9 @@ pub unsafe fn put<T: Reduce>(
             }
         }
         // SAFETY: every thread of the block; b < MAX_BLOCKS.
-        unsafe { ctx.barrier(b, t) };
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
+        }
         if r == root {
             let mut srcs = [core::ptr::null::<u8>(); MAX_RANKS];
             for (q, src) in srcs.iter_mut().enumerate().take(n as usize) {
@@ -112,7 +127,7 @@ pub unsafe fn put<T: Reduce>(
             // SAFETY: the peers' shares were published by the barrier; recv holds the
             // elements; in place, each element is read before this thread writes it.
             unsafe {
-                reduce_sources::<T>(
+                T::reduce_out(
                     &srcs[..n as usize],
                     recv.add((off * es) as usize),
                     core::ptr::null_mut(),
@@ -123,6 +138,14 @@ pub unsafe fn put<T: Reduce>(
             };
         }
         // SAFETY: every thread of the block.
-        unsafe { ctx.barrier(b, t) };
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
+        }
+    }
+    // SAFETY: every thread of every block (no round: the descriptors are still to be
+    // checked).
+    unsafe {
+        ctx.check_pending(&mut call, t);
+        ctx.finish(&call);
     }
 }

@@ -2,7 +2,7 @@
 //! (`send` holds `nranks` blocks of `count` elements, `recv` one). See the
 //! [parent module](super) for the shared state.
 
-use super::all_reduce::{check_grid, load_unit, reduce_sources, store_unit};
+use super::all_reduce::{check_grid, load_unit, store_unit};
 use super::{CollContext, MAX_RANKS, Reduce, ll, rotated_rank, round_share};
 use crate::arch;
 use crate::channel::memory::copy;
@@ -30,13 +30,14 @@ pub unsafe fn ll<T: Reduce>(
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     op: u32,
 ) {
     let (n, r) = (ctx.nranks, ctx.rank);
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
     // SAFETY: every thread, first.
-    let call = unsafe { ll::begin(ctx, units, false) };
+    let mut call = unsafe { ll::begin(ctx, units, count, tag) };
     let aligned = (send as usize | recv as usize).is_multiple_of(8) && bytes.is_multiple_of(8);
     let (first, stride) = ll::lanes();
     let block = |q: u32| send.wrapping_add((q as u64 * bytes) as usize);
@@ -51,6 +52,8 @@ pub unsafe fn ll<T: Reduce>(
         }
         i += stride;
     }
+    // SAFETY: after this thread's puts.
+    unsafe { ll::sent(ctx, &call) };
     let mut i = first;
     while i < units {
         let mut acc = 0u64;
@@ -60,7 +63,7 @@ pub unsafe fn ll<T: Reduce>(
                 unsafe { load_unit(block(r), i, bytes, aligned) }
             } else {
                 // SAFETY: q a peer, i < units.
-                unsafe { ll::get(ctx, &call, q, i) }
+                unsafe { ll::get(ctx, &mut call, q, i) }
             };
             acc = if q == 0 { v } else { T::op8(op, acc, v) };
         }
@@ -70,7 +73,7 @@ pub unsafe fn ll<T: Reduce>(
         i += stride;
     }
     // SAFETY: every thread, last.
-    unsafe { ll::end(ctx, &call, false) };
+    unsafe { ll::end(ctx, &mut call) };
 }
 
 /// Reduce-scatter of `count` elements per rank through the scratch: each rank's region is
@@ -91,6 +94,7 @@ pub unsafe fn put<T: Reduce>(
     send: *const u8,
     recv: *mut u8,
     count: u64,
+    tag: u64,
     op: u32,
 ) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
@@ -101,6 +105,11 @@ pub unsafe fn put<T: Reduce>(
     let slot_bytes = rank_slot(ctx.scratch_len, n as u64);
     let slot = slot_bytes / es;
     let rounds = if slot == 0 { 0 } else { count.div_ceil(slot) };
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    // SAFETY: every thread of every block. The first barrier checks the peers'
+    // descriptors; on a mismatch (or failure) nothing after it touches shared state.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
     for j in 0..rounds {
         let (s, e) = round_share(slot, count, j, 16 / es, b as u64, nb as u64);
         let off = j * slot + s;
@@ -119,7 +128,9 @@ pub unsafe fn put<T: Reduce>(
             }
         }
         // SAFETY: every thread of the block; b < MAX_BLOCKS.
-        unsafe { ctx.barrier(b, t) };
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
+        }
         let mut srcs = [core::ptr::null::<u8>(); MAX_RANKS];
         for (q, src) in srcs.iter_mut().enumerate().take(n as usize) {
             *src = if q as u32 == r {
@@ -133,7 +144,7 @@ pub unsafe fn put<T: Reduce>(
         // SAFETY: the peers' shares were published by the barrier; recv holds the elements;
         // in place, each element is read before this thread writes it.
         unsafe {
-            reduce_sources::<T>(
+            T::reduce_out(
                 &srcs[..n as usize],
                 recv.add((off * es) as usize),
                 core::ptr::null_mut(),
@@ -141,7 +152,16 @@ pub unsafe fn put<T: Reduce>(
                 t,
                 op,
             );
-            ctx.barrier(b, t);
         }
+        // SAFETY: every thread of the block.
+        if !unsafe { ctx.barrier(&mut call, b, t) } {
+            break;
+        }
+    }
+    // SAFETY: every thread of every block (no round: the descriptors are still to be
+    // checked).
+    unsafe {
+        ctx.check_pending(&mut call, t);
+        ctx.finish(&call);
     }
 }

@@ -19,7 +19,7 @@
 //! In a group, operations with the same peer and direction form a *lane* and run in order on
 //! the lane's blocks; lanes run side by side on different blocks.
 
-use super::CollContext;
+use super::{Call, CollContext, MAX_BLOCKS, desc};
 use crate::arch;
 use crate::channel::memory::copy;
 
@@ -113,43 +113,62 @@ impl P2pOps {
 }
 
 /// Runs the operations of `ops` that block `blockIdx.x` takes part in, in order. Traps on an
-/// empty chunk, a peer out of range or the own rank.
+/// empty chunk, a peer out of range or the own rank, or a grid of more than `MAX_BLOCKS`
+/// blocks.
+///
+/// A launch is one call of the p2p context ([`Call`], on the p2p context's own call counter
+/// and local fault words, so sends and receives never shift the collectives' sequence) with
+/// the descriptor `(ops.count, SEND_RECV tag)`; it exchanges no descriptor (a pair's
+/// operations are not a call of every rank). Its waits follow the fault protocol: they give
+/// up on abort or timeout, recording why in the fault area the p2p context shares with the
+/// collectives, and the block skips the rest of its operations (keeping every
+/// `sync_threads`). A send and a receive of different sizes are therefore not reported as a
+/// mismatch: the side left waiting times out.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; `ctx` a p2p context (its
-/// scratch a slot of `scratch_len` bytes per source rank, its semaphores its own); every
-/// operation's buffer valid for its bytes; the peers post matching operations (same bytes,
-/// same order per pair and direction) and run them concurrently with these.
+/// scratch a slot of `scratch_len` bytes per source rank, its semaphores, expected and state
+/// words its own); every operation's buffer valid for its bytes; the peers post matching
+/// operations (same bytes, same order per pair and direction) and run them concurrently
+/// with these.
 #[inline(always)]
 pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
     let b = arch::block_idx_x();
     let chunk = p2p_chunk(ctx.scratch_len);
-    if chunk == 0 {
+    if chunk == 0 || arch::grid_dim_x() as usize > MAX_BLOCKS {
         arch::trap();
     }
+    let tag = desc::tag(desc::SEND_RECV, 0, 0, 0);
+    // SAFETY: b < MAX_BLOCKS (above); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, ops.count as u64, tag) };
     for op in &ops.ops[..(ops.count as usize).min(MAX_P2P_OPS)] {
         if op.peer >= ctx.nranks || op.peer == ctx.rank || op.blocks > P2P_MAX_BLOCKS {
             arch::trap();
         }
         if b >= op.first_block && b - op.first_block < op.blocks {
             // SAFETY: forwarded; the block index is below op.blocks <= P2P_MAX_BLOCKS.
-            unsafe { transfer(ctx, op, b - op.first_block, chunk) };
+            unsafe { transfer(ctx, &mut call, op, b - op.first_block, chunk) };
         }
     }
+    // SAFETY: every thread of every block gets here.
+    unsafe { ctx.finish(&call) };
 }
 
 /// Block `k` of operation `op`: its chunks `k`, `k + op.blocks`, … through chunk `k` of the
-/// slot (see the [module](self)).
+/// slot (see the [module](self)). Once a wait of the block failed (`call.failed`, agreed by
+/// the block), nothing more is copied or signalled.
 ///
 /// # Safety
 /// As for [`run`]; `k < op.blocks`.
 #[inline(always)]
-unsafe fn transfer(ctx: &CollContext, op: &P2pOp, k: u32, chunk: u64) {
+unsafe fn transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32, chunk: u64) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (peer, buf) = (op.peer, op.buf as *mut u8);
     let chunks = op.bytes.div_ceil(chunk);
+    // Separates this operation's uses of the agreement slot from the previous one's.
+    arch::sync_threads();
     let mut c = k as u64;
-    while c < chunks {
+    while c < chunks && !call.failed {
         let off = c * chunk;
         let len = chunk.min(op.bytes - off);
         if op.send != 0 {
@@ -168,16 +187,20 @@ unsafe fn transfer(ctx: &CollContext, op: &P2pOp, k: u32, chunk: u64) {
                 // waiter per (peer, index): this block.
                 unsafe {
                     ctx.signal(peer, k);
-                    ctx.wait(peer, P2P_MAX_BLOCKS + k);
+                    ctx.wait(call, peer, P2P_MAX_BLOCKS + k);
                 }
             }
-            arch::sync_threads();
+            // Syncs the block, which agrees on a failed wait.
+            agree(call, t);
         } else {
             if t == 0 {
                 // SAFETY: as above.
-                unsafe { ctx.wait(peer, k) };
+                unsafe { ctx.wait(call, peer, k) };
             }
-            arch::sync_threads();
+            // Syncs the block (the data was published by the signal thread 0 waited for).
+            if !agree(call, t) {
+                break;
+            }
             // SAFETY: chunk k of this rank's slot for the peer, published by its signal
             // (waited for before the barrier above); buf holds bytes.
             unsafe {
@@ -194,4 +217,19 @@ unsafe fn transfer(ctx: &CollContext, op: &P2pOp, k: u32, chunk: u64) {
         }
         c += op.blocks as u64;
     }
+}
+
+/// Syncs the block and makes thread 0's `call.failed` (the only waiter's) every thread's;
+/// `!call.failed`. Every thread of the block; a `sync_threads` between two uses.
+#[inline(always)]
+fn agree(call: &mut Call, t: u32) -> bool {
+    let slot = crate::shared_array!(P2P_FAILED: u32; 1);
+    if t == 0 {
+        // SAFETY: the block's one slot, written by thread 0 only, read after the sync.
+        unsafe { slot.write_volatile(call.failed as u32) };
+    }
+    arch::sync_threads();
+    // SAFETY: as above.
+    call.failed = unsafe { slot.read_volatile() } != 0;
+    !call.failed
 }

@@ -37,7 +37,9 @@ pub(super) struct World {
 unsafe impl Sync for World {}
 
 impl World {
+    /// `packets_len`: bytes of packet data per packet scratch (the descriptor area is added).
     pub(super) fn new(n: usize, scratch_len: u64, packets_len: u64) -> World {
+        let packets_len = packets_len + DESC_BYTES;
         let mut mem = Vec::new();
         let mut alloc = |bytes: u64| {
             let m = Mem::new(bytes as usize);
@@ -71,6 +73,7 @@ impl World {
                     state: alloc(STATE_WORDS as u64 * 8) as *mut u64,
                     // Proxy channels need the host's proxy: tested in mscclpp-host.
                     conns: core::ptr::null(),
+                    fault: alloc(FAULT_WORDS as u64 * 8) as *mut u64,
                 };
                 for p in 0..n {
                     c.peer_scratch[p] = scratch[p];
@@ -119,6 +122,15 @@ enum Algo {
     ReadReduce,
     AllPairs,
 }
+
+/// The descriptor tag of an all-reduce (the host's encoding is the host's business; any
+/// injective one does here).
+fn tag(algo: Algo, ty: Ty) -> u64 {
+    desc::tag(desc::ALL_REDUCE, ty as u64 + 1, 1, algo as u64 + 1)
+}
+
+/// The descriptor tag of the all-gathers here.
+const AG_TAG: u64 = desc::tag(desc::ALL_GATHER, 0, 0, 1);
 
 /// Bytes of `count` elements encoded from `vals`, at byte `pad` of a fresh buffer.
 fn encode(ty: Ty, vals: &[f32], pad: usize) -> Vec<u8> {
@@ -194,6 +206,7 @@ fn all_reduce(
                                 (sp as *const u8).add(pad),
                                 (rp as *mut u8).add(pad),
                                 count as u64,
+                                tag(algo, ty),
                             )
                         }
                     })
@@ -366,7 +379,15 @@ fn all_gather(w: &World, inputs: &[Vec<u8>], in_place: bool, blocks: u32) -> Vec
                     let (sp, rp, ctx) = (sp as u64, recv.p as u64, w.ctxs[r]);
                     launch(Dim3::x(blocks), Dim3::x(4), || {
                         // SAFETY: the world's context; buffers valid as the kernel needs.
-                        unsafe { k::all_gather(&ctx, sp as *const u8, rp as *mut u8, bytes as u64) }
+                        unsafe {
+                            k::all_gather(
+                                &ctx,
+                                sp as *const u8,
+                                rp as *mut u8,
+                                bytes as u64,
+                                AG_TAG,
+                            )
+                        }
                     })
                     .expect("kernel ran to completion");
                     // SAFETY: recv holds n * bytes; the kernel is done.
@@ -505,7 +526,7 @@ fn layout_helpers_partition_exactly() {
         }
     }
     assert_eq!(two_shot_slot(1000, 3), 240);
-    assert_eq!(one_shot_max_bytes(4096), 1024);
+    assert_eq!(one_shot_max_bytes(4096 + DESC_BYTES), 1024);
 }
 
 /// The rotated peer order visits every peer once per rank and lane, and for a given step and
@@ -536,5 +557,347 @@ fn peer_order_visits_every_peer_once_and_spreads_destinations() {
                 }
             }
         }
+    }
+}
+
+/// What one rank calls in the mismatch tests.
+#[derive(Clone, Debug)]
+enum Op {
+    AllReduce(Ty, Algo, Vec<f32>),
+    AllGather(Vec<u8>),
+    /// Any kernel: `(kernel, n, tag, input bytes, output bytes)`.
+    Raw(Kernel, u64, u64, Vec<u8>, usize),
+}
+
+/// Runs `ops[r]` on rank `r` (grid `blocks` x `threads`); returns each rank's output bytes.
+/// Kernels never trap: a failure is in the fault area ([`record`]).
+fn run_ops(w: &World, ops: &[Op], blocks: u32, threads: u32) -> Vec<Vec<u8>> {
+    let n = ops.len();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ops
+            .iter()
+            .enumerate()
+            .map(|(r, op)| {
+                let ctx = w.ctxs[r];
+                s.spawn(move || {
+                    let (input, out_len, n_arg, tag, f): (Vec<u8>, usize, u64, u64, Kernel) =
+                        match op {
+                            Op::AllReduce(ty, algo, vals) => {
+                                let f: Kernel = match (algo, ty) {
+                                    (Algo::OneShot, Ty::F32) => k::all_reduce_one_shot_f32,
+                                    (Algo::OneShot, _) => k::all_reduce_one_shot_f16,
+                                    (Algo::TwoShot, Ty::F32) => k::all_reduce_two_shot_f32,
+                                    (Algo::TwoShot, _) => k::all_reduce_two_shot_f16,
+                                    (Algo::ReadReduce, Ty::F32) => k::all_reduce_two_shot_read_f32,
+                                    (Algo::ReadReduce, _) => k::all_reduce_two_shot_read_f16,
+                                    (Algo::AllPairs, Ty::F32) => k::all_reduce_all_pairs_f32,
+                                    (Algo::AllPairs, _) => k::all_reduce_all_pairs_f16,
+                                };
+                                let bytes = encode(*ty, vals, 0);
+                                let len = bytes.len();
+                                (bytes, len, vals.len() as u64, tag(*algo, *ty), f)
+                            }
+                            Op::AllGather(bytes) => (
+                                bytes.clone(),
+                                n * bytes.len(),
+                                bytes.len() as u64,
+                                AG_TAG,
+                                k::all_gather,
+                            ),
+                            Op::Raw(f, n_arg, tag, input, out_len) => {
+                                (input.clone(), *out_len, *n_arg, *tag, *f)
+                            }
+                        };
+                    let send = Mem::new(input.len());
+                    let recv = Mem::new(out_len);
+                    // SAFETY: fresh memory of input.len() bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(input.as_ptr(), send.p, input.len()) };
+                    let (sp, rp) = (send.p as u64, recv.p as u64);
+                    launch(Dim3::x(blocks), Dim3::x(threads), || {
+                        // SAFETY: the world's context; buffers valid as the kernel needs.
+                        unsafe { f(&ctx, sp as *const u8, rp as *mut u8, n_arg, tag) }
+                    })
+                    .expect("the kernel ends without a trap");
+                    // SAFETY: recv holds out_len bytes; the kernel is done.
+                    unsafe { std::slice::from_raw_parts(recv.p, out_len) }.to_vec()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+type Kernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
+
+/// Rank `r`'s fault record `(kind, peer, own, theirs)`, cleared as the host clears a
+/// reported mismatch.
+fn record(w: &World, r: usize) -> (u64, u64, [u64; 2], [u64; 2]) {
+    // SAFETY: rank r's fault area; no kernel running.
+    unsafe {
+        let f = w.ctxs[r].fault;
+        let got = (
+            f.add(fault::RECORD).read(),
+            f.add(fault::PEER).read(),
+            [f.add(fault::OWN).read(), f.add(fault::OWN + 1).read()],
+            [f.add(fault::THEIRS).read(), f.add(fault::THEIRS + 1).read()],
+        );
+        f.add(fault::RECORD).write(0);
+        f.add(fault::CLAIM).write(0);
+        got
+    }
+}
+
+/// World with a short wait timeout: a mismatch must be found long before it.
+fn short_world(n: usize, scratch_len: u64, packets_len: u64) -> World {
+    let mut w = World::new(n, scratch_len, packets_len);
+    for c in &mut w.ctxs {
+        c.timeout_ns = 20_000_000_000;
+    }
+    w
+}
+
+/// Runs `ops` (which disagree), checks every rank recorded a mismatch naming a rank whose
+/// descriptor differs from its own and did so fast, then runs a matching all-reduce of
+/// `algo` and checks its exact result.
+fn mismatch_then_match(w: &World, ops: &[Op], algo: Algo, what: &str) {
+    let n = ops.len();
+    let t0 = std::time::Instant::now();
+    run_ops(w, ops, 2, 8);
+    let took = t0.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "{what}: took {took:?}"
+    );
+    for r in 0..n {
+        let (kind, peer, own, theirs) = record(w, r);
+        assert_eq!(kind, fault::MISMATCH, "{what}: rank {r} recorded {kind}");
+        assert!(
+            (peer as usize) < n && peer as usize != r,
+            "{what}: rank {r} peer {peer}"
+        );
+        assert_ne!(own, theirs, "{what}: rank {r}");
+    }
+    for call in 0..2 {
+        let inputs = int_inputs(n, 77 + call, 99 + call as u64);
+        let ops: Vec<Op> = inputs
+            .iter()
+            .map(|v| Op::AllReduce(Ty::F32, algo, v.clone()))
+            .collect();
+        let want = encode(Ty::F32, &expected(&inputs), 0);
+        for (r, got) in run_ops(w, &ops, 2, 8).iter().enumerate() {
+            assert_eq!(
+                got, &want,
+                "{what}: rank {r}, matching call {call} after it"
+            );
+            assert_eq!(record(w, r).0, 0, "{what}: rank {r} recorded a failure");
+        }
+    }
+}
+
+#[test]
+fn every_rank_reports_count_dtype_and_algorithm_mismatches_then_works() {
+    for n in [2usize, 3] {
+        let w = short_world(n, 16 * 40, 8192);
+        for algo in [
+            Algo::OneShot,
+            Algo::TwoShot,
+            Algo::ReadReduce,
+            Algo::AllPairs,
+        ] {
+            // Counts: the last rank asks for more (one-shot: it waits for packets the
+            // others never send), then for fewer.
+            for extra in [300usize, 0] {
+                let ops: Vec<Op> = (0..n)
+                    .map(|r| {
+                        let count = if r == n - 1 { 50 + extra } else { 150 };
+                        Op::AllReduce(Ty::F32, algo, int_inputs(1, count, 5)[0].clone())
+                    })
+                    .collect();
+                mismatch_then_match(
+                    &w,
+                    &ops,
+                    algo,
+                    &std::format!("n={n} {algo:?} count +{extra}"),
+                );
+            }
+            // Data type (same bytes on every rank: f32 x 100 against f16 x 200 would be
+            // another count; here the count agrees).
+            let ops: Vec<Op> = (0..n)
+                .map(|r| {
+                    let ty = if r == 1 { Ty::F16 } else { Ty::F32 };
+                    Op::AllReduce(ty, algo, int_inputs(1, 64, 6)[0].clone())
+                })
+                .collect();
+            mismatch_then_match(&w, &ops, algo, &std::format!("n={n} {algo:?} dtype"));
+            // Algorithm.
+            let other = if algo == Algo::TwoShot {
+                Algo::OneShot
+            } else {
+                Algo::TwoShot
+            };
+            let ops: Vec<Op> = (0..n)
+                .map(|r| {
+                    let a = if r == 0 { other } else { algo };
+                    Op::AllReduce(Ty::F32, a, int_inputs(1, 64, 7)[0].clone())
+                })
+                .collect();
+            mismatch_then_match(&w, &ops, algo, &std::format!("n={n} {algo:?} vs {other:?}"));
+        }
+        // Collective kind and all-gather sizes.
+        let ops: Vec<Op> = (0..n)
+            .map(|r| {
+                if r == 0 {
+                    Op::AllGather(vec![1u8; 64])
+                } else {
+                    Op::AllReduce(Ty::F32, Algo::OneShot, vec![1.0; 16])
+                }
+            })
+            .collect();
+        mismatch_then_match(&w, &ops, Algo::OneShot, &std::format!("n={n} kind"));
+        let ops: Vec<Op> = (0..n)
+            .map(|r| Op::AllGather(vec![r as u8; if r == 1 { 300 } else { 100 }]))
+            .collect();
+        mismatch_then_match(
+            &w,
+            &ops,
+            Algo::TwoShot,
+            &std::format!("n={n} all-gather bytes"),
+        );
+    }
+}
+
+/// A reduce-scatter (f32, `op`) of `count` elements per rank on path `ll` (LL or put).
+fn reduce_scatter_op(n: usize, count: usize, op: u32, ll: bool) -> Op {
+    use crate::kernels::collectives_more as m;
+    let f: Kernel = if ll {
+        m::reduce_scatter_ll_b32
+    } else {
+        m::reduce_scatter_put
+    };
+    let tag = desc::tag(desc::REDUCE_SCATTER, 1, op as u64 + 1, 2 - ll as u64);
+    let input = encode(Ty::F32, &int_inputs(1, n * count, 8)[0], 0);
+    Op::Raw(f, count as u64, tag, input, 4 * count)
+}
+
+/// A broadcast of `bytes` from `root` on path `ll` (LL or put).
+fn broadcast_op(bytes: usize, root: usize, ll: bool) -> Op {
+    use crate::kernels::collectives_more as m;
+    let f: Kernel = if ll {
+        m::broadcast_ll
+    } else {
+        m::broadcast_put
+    };
+    let tag = desc::rooted_tag(desc::BROADCAST, 6, 0, 2 - ll as u64, root as u64);
+    Op::Raw(f, bytes as u64, tag, vec![7u8; bytes], bytes)
+}
+
+/// A reduce (f32 sum) of `count` elements to `root` on path `ll` (LL or put).
+fn reduce_op(count: usize, root: usize, ll: bool) -> Op {
+    use crate::kernels::collectives_more as m;
+    let f: Kernel = if ll { m::reduce_ll_b32 } else { m::reduce_put };
+    let tag = desc::rooted_tag(desc::REDUCE, 1, 1, 2 - ll as u64, root as u64);
+    let input = encode(Ty::F32, &int_inputs(1, count, 9)[0], 0);
+    Op::Raw(f, count as u64, tag, input, 4 * count)
+}
+
+#[test]
+fn every_rank_reports_reduce_scatter_broadcast_and_reduce_mismatches_then_works() {
+    for n in [2usize, 3] {
+        // Put paths: several rounds through a scratch of 640 bytes per region.
+        let w = short_world(n, 16 * 40, 8192);
+        for ll in [true, false] {
+            let path = if ll { "LL" } else { "put" };
+            // Reduce-scatter: the last rank asks for more, then for fewer elements.
+            for other in [300usize, 20] {
+                let ops: Vec<Op> = (0..n)
+                    .map(|r| {
+                        let count = if r == n - 1 { other } else { 100 };
+                        reduce_scatter_op(n, count, op::SUM, ll)
+                    })
+                    .collect();
+                let what = std::format!("n={n} reduce_scatter {path} count {other}");
+                mismatch_then_match(&w, &ops, Algo::TwoShot, &what);
+            }
+            // Reduce-scatter: the operation.
+            let ops: Vec<Op> = (0..n)
+                .map(|r| {
+                    let o = if r == 0 { op::MAX } else { op::SUM };
+                    reduce_scatter_op(n, 64, o, ll)
+                })
+                .collect();
+            let what = std::format!("n={n} reduce_scatter {path} op");
+            mismatch_then_match(&w, &ops, Algo::OneShot, &what);
+            // Broadcast: the root (rank 0 thinks it is the root, the others rank 1).
+            let ops: Vec<Op> = (0..n)
+                .map(|r| broadcast_op(200, usize::from(r != 0), ll))
+                .collect();
+            let what = std::format!("n={n} broadcast {path} root");
+            mismatch_then_match(&w, &ops, Algo::TwoShot, &what);
+            // Broadcast: the size.
+            let ops: Vec<Op> = (0..n)
+                .map(|r| broadcast_op(if r == 1 { 900 } else { 200 }, 0, ll))
+                .collect();
+            let what = std::format!("n={n} broadcast {path} bytes");
+            mismatch_then_match(&w, &ops, Algo::OneShot, &what);
+            // Reduce: the root.
+            let ops: Vec<Op> = (0..n)
+                .map(|r| reduce_op(100, usize::from(r != 0), ll))
+                .collect();
+            let what = std::format!("n={n} reduce {path} root");
+            mismatch_then_match(&w, &ops, Algo::AllPairs, &what);
+        }
+    }
+}
+
+#[test]
+fn a_wait_gives_up_on_abort_and_names_it_without_trapping() {
+    // Rank 1 never calls: rank 0's waits (descriptor, then semaphore/packet) give up once
+    // the abort word is raised, well before the timeout.
+    let w = World::new(2, 16 * 40, 8192);
+    for algo in [Algo::OneShot, Algo::TwoShot, Algo::AllPairs] {
+        let fault_word = w.ctxs[0].fault as u64;
+        let t0 = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                // SAFETY: rank 0's fault area, written atomically as the host does.
+                unsafe {
+                    crate::arch::st_release_sys_u64(
+                        (fault_word as *mut u64).add(fault::ABORT),
+                        fault::ABORT_REQUESTED,
+                    )
+                };
+            });
+            let ctx = w.ctxs[0];
+            let f: Kernel = match algo {
+                Algo::OneShot => k::all_reduce_one_shot_f32,
+                Algo::AllPairs => k::all_reduce_all_pairs_f32,
+                _ => k::all_reduce_two_shot_f32,
+            };
+            let (send, recv) = (Mem::new(400), Mem::new(400));
+            let (sp, rp) = (send.p as u64, recv.p as u64);
+            launch(Dim3::x(2), Dim3::x(8), || {
+                // SAFETY: rank 0's context; buffers of 100 f32.
+                unsafe {
+                    f(
+                        &ctx,
+                        sp as *const u8,
+                        rp as *mut u8,
+                        100,
+                        tag(algo, Ty::F32),
+                    )
+                }
+            })
+            .expect("no trap");
+        });
+        let took = t0.elapsed();
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "{algo:?}: {took:?}"
+        );
+        let (kind, peer, _, _) = record(&w, 0);
+        assert_eq!((kind, peer), (fault::ABORTED, 1), "{algo:?}");
+        // SAFETY: as above; no kernel runs.
+        unsafe { w.ctxs[0].fault.add(fault::ABORT).write(0) };
     }
 }

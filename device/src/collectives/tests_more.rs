@@ -154,30 +154,40 @@ impl Case {
         }
     }
 
-    /// The kernel and its `count` argument.
-    fn kernel(&self) -> (k::MoreKernel, u64) {
+    /// The kernel, its `count` argument and its tag.
+    fn kernel(&self) -> (k::MoreKernel, u64, u64) {
         use Coll::*;
         let c = self.count as u64;
-        let f: k::MoreKernel = match (self.coll, self.ll) {
-            (ReduceScatter(Ty::F32), true) => k::reduce_scatter_ll_f32,
-            (ReduceScatter(Ty::F16), true) => k::reduce_scatter_ll_f16,
-            (ReduceScatter(Ty::Bf16), true) => k::reduce_scatter_ll_bf16,
-            (ReduceScatter(Ty::F32), false) => k::reduce_scatter_put_f32,
-            (ReduceScatter(Ty::F16), false) => k::reduce_scatter_put_f16,
-            (ReduceScatter(Ty::Bf16), false) => k::reduce_scatter_put_bf16,
-            (Reduce(Ty::F32), true) => k::reduce_ll_f32,
-            (Reduce(Ty::F16), true) => k::reduce_ll_f16,
-            (Reduce(Ty::Bf16), true) => k::reduce_ll_bf16,
-            (Reduce(Ty::F32), false) => k::reduce_put_f32,
-            (Reduce(Ty::F16), false) => k::reduce_put_f16,
-            (Reduce(Ty::Bf16), false) => k::reduce_put_bf16,
-            (Broadcast, true) => k::broadcast_ll,
-            (Broadcast, false) => k::broadcast_put,
-            (AllToAll, true) => k::all_to_all_ll,
-            (AllToAll, false) => k::all_to_all_put,
-            (AllReduceOneShot, _) => one_shot_f32,
+        let (algo, root) = (if self.ll { 1 } else { 2 }, self.root as u64);
+        let dt = |ty: Ty| match ty {
+            Ty::F32 => 1,
+            Ty::F16 => 2,
+            Ty::Bf16 => 3,
         };
-        (f, c)
+        let (f, tag): (k::MoreKernel, u64) = match (self.coll, self.ll) {
+            (ReduceScatter(Ty::F32), true) => (k::reduce_scatter_ll_b32, 0),
+            (ReduceScatter(_), true) => (k::reduce_scatter_ll_b16, 0),
+            (ReduceScatter(_), false) => (k::reduce_scatter_put, 0),
+            (Reduce(Ty::F32), true) => (k::reduce_ll_b32, 0),
+            (Reduce(_), true) => (k::reduce_ll_b16, 0),
+            (Reduce(_), false) => (k::reduce_put, 0),
+            (Broadcast, true) => (k::broadcast_ll, desc::BROADCAST),
+            (Broadcast, false) => (k::broadcast_put, desc::BROADCAST),
+            (AllToAll, true) => (k::all_to_all_ll, desc::ALL_TO_ALL),
+            (AllToAll, false) => (k::all_to_all_put, desc::ALL_TO_ALL),
+            (AllReduceOneShot, _) => (
+                k1::all_reduce_one_shot_f32,
+                desc::tag(desc::ALL_REDUCE, 1, 1, 1),
+            ),
+        };
+        let tag = match self.coll {
+            ReduceScatter(ty) => desc::tag(desc::REDUCE_SCATTER, dt(ty), 1, algo),
+            Reduce(ty) => desc::rooted_tag(desc::REDUCE, dt(ty), 1, algo, root),
+            Broadcast => desc::rooted_tag(tag, 0, 0, algo, root),
+            AllToAll => desc::tag(tag, 0, 0, algo),
+            AllReduceOneShot => tag,
+        };
+        (f, c, tag)
     }
 
     /// Runs the case on rank `r` and checks it.
@@ -210,11 +220,11 @@ impl Case {
                 },
             )
         };
-        let (f, count) = self.kernel();
-        let (sp, rp, root) = (sp as u64, rp as u64, self.root as u64);
+        let (f, count, tag) = self.kernel();
+        let (sp, rp) = (sp as u64, rp as u64);
         launch(Dim3::x(self.blocks), Dim3::x(self.threads), || {
             // SAFETY: the world's context; buffers valid for what the kernel accesses.
-            unsafe { f(ctx, sp as *const u8, rp as *mut u8, count, root) }
+            unsafe { f(ctx, sp as *const u8, rp as *mut u8, count, tag) }
         })
         .unwrap_or_else(|e| panic!("rank {r} of {n}: {self:?}: {e}"));
         // SAFETY: rp is valid for want.len() bytes; the kernel is done.
@@ -224,15 +234,6 @@ impl Case {
             panic!("rank {r} of {n}: {self:?}: first wrong byte at {first}");
         }
     }
-}
-
-/// The one-shot all-reduce with the kernels' common signature.
-///
-/// # Safety
-/// As for the kernel.
-unsafe fn one_shot_f32(ctx: *const CollContext, s: *const u8, r: *mut u8, c: u64, _root: u64) {
-    // SAFETY: forwarded.
-    unsafe { k1::all_reduce_one_shot_f32(ctx, s, r, c) }
 }
 
 /// Runs `cases` in sequence on `n` ranks (one thread each, no join between calls).
@@ -322,8 +323,8 @@ fn every_collective_path_type_size_root_and_place_matches_the_rank_order_referen
         };
         let cases = all_cases(n, counts);
         run_sequence(&w, n, &cases);
-        // Every LL call advanced the one shared call counter.
-        let ll_calls = cases.iter().filter(|c| c.ll).count() as u64;
+        // Every call (LL or put) advanced the one shared call counter.
+        let ll_calls = cases.len() as u64;
         for r in 0..n {
             // SAFETY: rank r's state words; no kernel running.
             let words = unsafe { std::slice::from_raw_parts(w.ctxs[r].state, STATE_WORDS) };
@@ -336,9 +337,9 @@ fn every_collective_path_type_size_root_and_place_matches_the_rank_order_referen
 
 #[test]
 fn rooted_ll_calls_in_a_row_do_not_let_the_root_overrun_its_peers() {
-    // The root of a broadcast (or a non-root of a reduce) only writes: without the token
-    // exchange it would run two calls ahead and overwrite packets a peer has not read yet
-    // (the peer would then wait for a flag that never comes, and trap).
+    // The root of a broadcast (or a non-root of a reduce) only writes data: without the
+    // descriptor check at the end of every call it would run two calls ahead and overwrite
+    // packets a peer has not read yet (the peer would then wait for a flag that never comes).
     let n = 3;
     let w = World::new(n, 1024, 2048);
     let mut cases = Vec::new();
@@ -366,9 +367,7 @@ fn rooted_ll_calls_in_a_row_do_not_let_the_root_overrun_its_peers() {
 }
 
 #[test]
-fn the_rooted_ll_limit_leaves_the_token_its_packet() {
-    assert_eq!(ll::token_slot(8192), 255);
-    assert_eq!(ll::rooted_ll_max_bytes(8192), one_shot_max_bytes(8192) - 8);
+fn rank_slots_are_multiples_of_16() {
     assert_eq!(reduce_scatter::rank_slot(640, 3), 208);
 }
 
@@ -510,137 +509,83 @@ fn p2p_plan_puts_lanes_side_by_side() {
     assert_eq!(blocks, [4, 1, 8, 2]);
 }
 
-/// The all-reduce kernels' signature.
-type Kernel4 = unsafe fn(*const CollContext, *const u8, *mut u8, u64);
+/// The kernels' common signature.
+type Kernel5 = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
 
-/// All-reduce kernels per type (in [`OpTy::ALL`] order): one-shot, two-shot, read-reduce,
-/// all-pairs.
-const ALL_REDUCE: [[Kernel4; 4]; 10] = [
-    [
-        k1::all_reduce_one_shot_f32,
-        k1::all_reduce_two_shot_f32,
-        k1::all_reduce_two_shot_read_f32,
-        k1::all_reduce_all_pairs_f32,
-    ],
-    [
-        k1::all_reduce_one_shot_f16,
-        k1::all_reduce_two_shot_f16,
-        k1::all_reduce_two_shot_read_f16,
-        k1::all_reduce_all_pairs_f16,
-    ],
-    [
-        k1::all_reduce_one_shot_bf16,
-        k1::all_reduce_two_shot_bf16,
-        k1::all_reduce_two_shot_read_bf16,
-        k1::all_reduce_all_pairs_bf16,
-    ],
-    [
-        k1::all_reduce_one_shot_f64,
-        k1::all_reduce_two_shot_f64,
-        k1::all_reduce_two_shot_read_f64,
-        k1::all_reduce_all_pairs_f64,
-    ],
-    [
-        k1::all_reduce_one_shot_i8,
-        k1::all_reduce_two_shot_i8,
-        k1::all_reduce_two_shot_read_i8,
-        k1::all_reduce_all_pairs_i8,
-    ],
-    [
-        k1::all_reduce_one_shot_u8,
-        k1::all_reduce_two_shot_u8,
-        k1::all_reduce_two_shot_read_u8,
-        k1::all_reduce_all_pairs_u8,
-    ],
-    [
-        k1::all_reduce_one_shot_i32,
-        k1::all_reduce_two_shot_i32,
-        k1::all_reduce_two_shot_read_i32,
-        k1::all_reduce_all_pairs_i32,
-    ],
-    [
-        k1::all_reduce_one_shot_u32,
-        k1::all_reduce_two_shot_u32,
-        k1::all_reduce_two_shot_read_u32,
-        k1::all_reduce_all_pairs_u32,
-    ],
-    [
-        k1::all_reduce_one_shot_i64,
-        k1::all_reduce_two_shot_i64,
-        k1::all_reduce_two_shot_read_i64,
-        k1::all_reduce_all_pairs_i64,
-    ],
-    [
-        k1::all_reduce_one_shot_u64,
-        k1::all_reduce_two_shot_u64,
-        k1::all_reduce_two_shot_read_u64,
-        k1::all_reduce_all_pairs_u64,
-    ],
-];
-
-/// Reduce-scatter and reduce kernels per type: rs LL, rs put, reduce LL, reduce put.
-const REDUCING: [[k::MoreKernel; 4]; 10] = [
-    [
-        k::reduce_scatter_ll_f32,
-        k::reduce_scatter_put_f32,
-        k::reduce_ll_f32,
-        k::reduce_put_f32,
-    ],
-    [
-        k::reduce_scatter_ll_f16,
-        k::reduce_scatter_put_f16,
-        k::reduce_ll_f16,
-        k::reduce_put_f16,
-    ],
-    [
-        k::reduce_scatter_ll_bf16,
-        k::reduce_scatter_put_bf16,
-        k::reduce_ll_bf16,
-        k::reduce_put_bf16,
-    ],
-    [
-        k::reduce_scatter_ll_f64,
-        k::reduce_scatter_put_f64,
-        k::reduce_ll_f64,
-        k::reduce_put_f64,
-    ],
-    [
-        k::reduce_scatter_ll_i8,
-        k::reduce_scatter_put_i8,
-        k::reduce_ll_i8,
-        k::reduce_put_i8,
-    ],
-    [
-        k::reduce_scatter_ll_u8,
-        k::reduce_scatter_put_u8,
-        k::reduce_ll_u8,
-        k::reduce_put_u8,
-    ],
-    [
-        k::reduce_scatter_ll_i32,
-        k::reduce_scatter_put_i32,
-        k::reduce_ll_i32,
-        k::reduce_put_i32,
-    ],
-    [
-        k::reduce_scatter_ll_u32,
-        k::reduce_scatter_put_u32,
-        k::reduce_ll_u32,
-        k::reduce_put_u32,
-    ],
-    [
-        k::reduce_scatter_ll_i64,
-        k::reduce_scatter_put_i64,
-        k::reduce_ll_i64,
-        k::reduce_put_i64,
-    ],
-    [
-        k::reduce_scatter_ll_u64,
-        k::reduce_scatter_put_u64,
-        k::reduce_ll_u64,
-        k::reduce_put_u64,
-    ],
-];
+/// The kernel and tag of path `path` for type `ti` (in [`OpTy::ALL`] order, which is the
+/// descriptor's type code less one) and operation `opc`: all-reduce one-shot, two-shot,
+/// read-reduce, all-pairs (0..4; read-reduce and all-pairs are two-shot but for sums of the
+/// 16/32-bit floats, as the host routes them), reduce-scatter LL and put, reduce LL and put
+/// (4..8) to `root`.
+fn reducing_kernel(ti: usize, path: usize, opc: u32, root: usize) -> (Kernel5, u64) {
+    const SUM: [[Kernel5; 4]; 3] = [
+        [
+            k1::all_reduce_one_shot_f32,
+            k1::all_reduce_two_shot_f32,
+            k1::all_reduce_two_shot_read_f32,
+            k1::all_reduce_all_pairs_f32,
+        ],
+        [
+            k1::all_reduce_one_shot_f16,
+            k1::all_reduce_two_shot_f16,
+            k1::all_reduce_two_shot_read_f16,
+            k1::all_reduce_all_pairs_f16,
+        ],
+        [
+            k1::all_reduce_one_shot_bf16,
+            k1::all_reduce_two_shot_bf16,
+            k1::all_reduce_two_shot_read_bf16,
+            k1::all_reduce_all_pairs_bf16,
+        ],
+    ];
+    const ONE_SHOT: [Kernel5; 4] = [
+        k1::all_reduce_one_shot_op_b8,
+        k1::all_reduce_one_shot_op_b16,
+        k1::all_reduce_one_shot_op_b32,
+        k1::all_reduce_one_shot_op_b64,
+    ];
+    const RS_LL: [Kernel5; 4] = [
+        k::reduce_scatter_ll_b8,
+        k::reduce_scatter_ll_b16,
+        k::reduce_scatter_ll_b32,
+        k::reduce_scatter_ll_b64,
+    ];
+    const RED_LL: [Kernel5; 4] = [
+        k::reduce_ll_b8,
+        k::reduce_ll_b16,
+        k::reduce_ll_b32,
+        k::reduce_ll_b64,
+    ];
+    let class = OpTy::ALL[ti].size().trailing_zeros() as usize;
+    let (dt, o) = (ti as u64 + 1, opc as u64 + 1);
+    let sum = opc == op::SUM && ti < 3;
+    match path {
+        0..4 => {
+            let f = if sum {
+                SUM[ti][path]
+            } else if path == 0 {
+                ONE_SHOT[class]
+            } else {
+                k1::all_reduce_two_shot_op
+            };
+            let algo = if sum || path == 0 { path + 1 } else { 2 };
+            (f, desc::tag(desc::ALL_REDUCE, dt, o, algo as u64))
+        }
+        4 => (RS_LL[class], desc::tag(desc::REDUCE_SCATTER, dt, o, 1)),
+        5 => (
+            k::reduce_scatter_put,
+            desc::tag(desc::REDUCE_SCATTER, dt, o, 2),
+        ),
+        6 => (
+            RED_LL[class],
+            desc::rooted_tag(desc::REDUCE, dt, o, 1, root as u64),
+        ),
+        _ => (
+            k::reduce_put,
+            desc::rooted_tag(desc::REDUCE, dt, o, 2, root as u64),
+        ),
+    }
+}
 
 /// Every reducing type, with a reference of every operation written independently of the
 /// kernels' (std and `half` arithmetic, `total_cmp` for float min/max).
@@ -812,7 +757,6 @@ fn mask(size: usize) -> u64 {
 
 #[test]
 fn every_operation_of_every_type_on_every_reducing_path_matches_the_reference() {
-    use types::pack_op;
     for n in [2usize, 3, 4] {
         // Several rounds through the scratch for the put paths.
         let w = World::new(n, 16 * 40, 8192);
@@ -863,17 +807,13 @@ fn every_operation_of_every_type_on_every_reducing_path_matches_the_reference() 
                                     let sp = send.p.add(pad);
                                     (sp as u64, if in_place { sp.add(off) } else { recv.p.add(pad) } as u64)
                                 };
-                                let word = pack_op(count as u64, opc);
+                                let (f, tag) = reducing_kernel(ti, path, opc, root);
                                 let (blocks, threads) = grid(seed, n);
                                 launch(Dim3::x(blocks), Dim3::x(threads), || {
                                     // SAFETY: the world's context; buffers as the kernels need.
                                     unsafe {
                                         let (sp, rp) = (sp as *const u8, rp as *mut u8);
-                                        if path < 4 {
-                                            ALL_REDUCE[ti][path](&ctx, sp, rp, word)
-                                        } else {
-                                            REDUCING[ti][path - 4](&ctx, sp, rp, word, root as u64)
-                                        }
+                                        f(&ctx, sp, rp, count as u64, tag)
                                     }
                                 })
                                 .unwrap_or_else(|e| panic!("rank {r} of {n}: {ty:?} op {opc} path {path}: {e}"));

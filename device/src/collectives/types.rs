@@ -1,9 +1,11 @@
 //! Element types and reduction operations of the reducing collectives, on raw bits.
 //!
-//! Kernels take the operation at run time ([`op`] codes): a kernel per (algorithm, type),
-//! not per operation. Sum (and the sum of average) stays inline on the fast path; the other
-//! operations go through one out-of-line function per type ([`lanes8`]), so they do not
-//! multiply the kernels' code.
+//! The algorithms take the operation as an argument ([`op`] codes). The sum-only all-reduce
+//! kernels pass [`op::SUM`] as a constant, which folds every test of it away (their code is
+//! that of a plain sum); the other kernels read it from the call's tag at run time
+//! (`desc::op_code`): a kernel per (algorithm, type), not per operation. Sum (and the sum of
+//! average) stays inline on their fast path; the other operations go through one
+//! out-of-line function per type ([`lanes8`]), so they do not multiply the kernels' code.
 //!
 //! Definitions, identical on the GPU and the CPU (so every rank's result equals a CPU
 //! reference that applies them in rank order):
@@ -33,22 +35,6 @@ pub mod op {
     pub const COUNT: u32 = 5;
 }
 
-/// Bit of the packed count word where the operation code starts (see [`pack_op`]).
-pub const OP_SHIFT: u32 = 56;
-
-/// The `count` argument of a reducing kernel: the element count with the operation code in
-/// its top byte (`count < 2^56`).
-#[inline(always)]
-pub fn pack_op(count: u64, op: u32) -> u64 {
-    count | (op as u64) << OP_SHIFT
-}
-
-/// Splits a packed count word: `(count, op)`.
-#[inline(always)]
-pub fn unpack_op(word: u64) -> (u64, u32) {
-    (word & ((1 << OP_SHIFT) - 1), (word >> OP_SHIFT) as u32)
-}
-
 /// Element types the reductions support, as lane-wise operations on raw bits.
 pub trait Reduce: Copy {
     /// Bytes per element (1, 2, 4 or 8).
@@ -67,6 +53,26 @@ pub trait Reduce: Copy {
             Self::add8(a, b)
         } else {
             lanes8::<Self>(op, a, b)
+        }
+    }
+
+    /// `all_reduce::reduce_sources` out of line, for the
+    /// any-operation kernels (one copy per type).
+    ///
+    /// # Safety
+    /// As for `reduce_sources`.
+    #[inline(always)]
+    unsafe fn reduce_out(
+        srcs: &[*const u8],
+        out: *mut u8,
+        reduced: *mut u8,
+        len: u64,
+        thread: u32,
+        op: u32,
+    ) {
+        // SAFETY: forwarded.
+        unsafe {
+            super::all_reduce::reduce_sources_out::<Self>(srcs, out, reduced, len, thread, op)
         }
     }
 
@@ -322,4 +328,243 @@ int_reduce! {
     I64, i64, u64;
     /// Unsigned 64-bit integer.
     U64, u64, u64;
+}
+
+/// The descriptor codes of the reducing types (`desc::DTYPE_SHIFT` field), as the host
+/// writes them.
+pub mod dtype {
+    /// f32.
+    pub const F32: u32 = 1;
+    /// f16.
+    pub const F16: u32 = 2;
+    /// bf16.
+    pub const BF16: u32 = 3;
+    /// f64.
+    pub const F64: u32 = 4;
+    /// i8.
+    pub const I8: u32 = 5;
+    /// u8.
+    pub const U8: u32 = 6;
+    /// i32.
+    pub const I32: u32 = 7;
+    /// u32.
+    pub const U32: u32 = 8;
+    /// i64.
+    pub const I64: u32 = 9;
+    /// u64.
+    pub const U64: u32 = 10;
+}
+
+/// Any reducing type of `S` bytes, chosen at run time: the any-operation kernels are built
+/// once per element size (1, 2, 4, 8 bytes), not per type, and take `op | dtype << 8` (see
+/// `desc::type_op`) as their operation. Moving data needs only the size; every reduction
+/// step dispatches on the type out of line ([`dyn_op8`] per 8-byte unit on the LL paths,
+/// once per chunk into the type's own `all_reduce::reduce_sources_out`
+/// on the put paths).
+#[derive(Clone, Copy, Debug)]
+pub struct Dyn<const S: u64>;
+
+/// `$e` with `$t` the reducing type of code `$dt` if its size is `S`; `$none` otherwise.
+macro_rules! by_dtype {
+    ($s:expr, $dt:expr, $t:ident => $e:expr, $none:expr) => {
+        match $dt {
+            dtype::F32 if F32::SIZE == $s => {
+                type $t = F32;
+                $e
+            }
+            dtype::F16 if F16::SIZE == $s => {
+                type $t = F16;
+                $e
+            }
+            dtype::BF16 if Bf16::SIZE == $s => {
+                type $t = Bf16;
+                $e
+            }
+            dtype::F64 if F64::SIZE == $s => {
+                type $t = F64;
+                $e
+            }
+            dtype::I8 if I8::SIZE == $s => {
+                type $t = I8;
+                $e
+            }
+            dtype::U8 if U8::SIZE == $s => {
+                type $t = U8;
+                $e
+            }
+            dtype::I32 if I32::SIZE == $s => {
+                type $t = I32;
+                $e
+            }
+            dtype::U32 if U32::SIZE == $s => {
+                type $t = U32;
+                $e
+            }
+            dtype::I64 if I64::SIZE == $s => {
+                type $t = I64;
+                $e
+            }
+            dtype::U64 if U64::SIZE == $s => {
+                type $t = U64;
+                $e
+            }
+            _ => $none,
+        }
+    };
+}
+
+/// [`Reduce::op8`] of the type of `op >> 8` (size `S`), out of line.
+#[inline(never)]
+pub fn dyn_op8<const S: u64>(op: u32, a: u64, b: u64) -> u64 {
+    by_dtype!(S, op >> 8, T => T::op8(op & 0xff, a, b), a)
+}
+
+/// [`Reduce::finish8`] of the type of `op >> 8` (size `S`), out of line.
+#[inline(never)]
+fn dyn_finish8<const S: u64>(op: u32, a: u64, n: u32) -> u64 {
+    by_dtype!(S, op >> 8, T => T::finish8(op & 0xff, a, n), a)
+}
+
+/// [`Reduce::op1`] of the type of `op >> 8` (size `S`), out of line.
+#[inline(never)]
+fn dyn_op1<const S: u64>(op: u32, a: u64, b: u64) -> u64 {
+    by_dtype!(S, op >> 8, T => T::op1(op & 0xff, a, b), a)
+}
+
+/// [`Reduce::finish1`] of the type of `op >> 8` (size `S`), out of line.
+#[inline(never)]
+fn dyn_finish1<const S: u64>(op: u32, a: u64, n: u32) -> u64 {
+    by_dtype!(S, op >> 8, T => T::finish1(op & 0xff, a, n), a)
+}
+
+impl<const S: u64> Reduce for Dyn<S> {
+    const SIZE: u64 = S;
+    #[inline(always)]
+    fn add8(a: u64, b: u64) -> u64 {
+        // Not reached: `op8` below dispatches every operation, the sum included.
+        a.wrapping_add(b)
+    }
+    #[inline(always)]
+    fn op1(op: u32, a: u64, b: u64) -> u64 {
+        dyn_op1::<S>(op, a, b)
+    }
+    #[inline(always)]
+    fn finish1(op: u32, a: u64, n: u32) -> u64 {
+        if op & 0xff != op::AVG {
+            return a;
+        }
+        dyn_finish1::<S>(op, a, n)
+    }
+    #[inline(always)]
+    fn op8(op: u32, a: u64, b: u64) -> u64 {
+        dyn_op8::<S>(op, a, b)
+    }
+    #[inline(always)]
+    fn finish8(op: u32, a: u64, n: u32) -> u64 {
+        if op & 0xff != op::AVG {
+            return a;
+        }
+        dyn_finish8::<S>(op, a, n)
+    }
+    #[inline(always)]
+    unsafe fn reduce_out(
+        srcs: &[*const u8],
+        out: *mut u8,
+        reduced: *mut u8,
+        len: u64,
+        thread: u32,
+        op: u32,
+    ) {
+        // SAFETY: forwarded; the type has this size, so the ranges are the same bytes.
+        unsafe {
+            by_dtype!(
+                S,
+                op >> 8,
+                T => super::all_reduce::reduce_sources_out::<T>(
+                    srcs,
+                    out,
+                    reduced,
+                    len,
+                    thread,
+                    op & 0xff
+                ),
+                ()
+            )
+        }
+    }
+}
+
+/// The size of the reducing type of code `dt` ([`dtype`]); 0 for none.
+#[inline(always)]
+pub const fn dtype_size(dt: u32) -> u64 {
+    match dt {
+        dtype::F64 | dtype::I64 | dtype::U64 => 8,
+        dtype::F32 | dtype::I32 | dtype::U32 => 4,
+        dtype::F16 | dtype::BF16 => 2,
+        dtype::I8 | dtype::U8 => 1,
+        _ => 0,
+    }
+}
+
+/// Any reducing type, counted in bytes: the put paths of the any-operation kernels
+/// (two-shot, proxy, reduce-scatter and reduce through the scratch) move bytes, and cut them
+/// at multiples of 16 bytes (shares of `16 / SIZE` units), so every cut falls between
+/// elements of any type; their one reduction step per chunk dispatches on the type
+/// ([`reduce_out`](Reduce::reduce_out), `op | dtype << 8` as for [`Dyn`]) with the chunk's
+/// length in elements. One kernel per algorithm serves every type. Their call descriptors
+/// hold the byte count (`desc`).
+#[derive(Clone, Copy, Debug)]
+pub struct Bytes;
+
+impl Reduce for Bytes {
+    const SIZE: u64 = 1;
+    // Not reached: only `reduce_out` reduces these.
+    #[inline(always)]
+    fn add8(a: u64, _: u64) -> u64 {
+        a
+    }
+    #[inline(always)]
+    fn op1(_: u32, a: u64, _: u64) -> u64 {
+        a
+    }
+    #[inline(always)]
+    fn finish1(_: u32, a: u64, _: u32) -> u64 {
+        a
+    }
+    #[inline(always)]
+    unsafe fn reduce_out(
+        srcs: &[*const u8],
+        out: *mut u8,
+        reduced: *mut u8,
+        len: u64,
+        thread: u32,
+        op: u32,
+    ) {
+        macro_rules! each {
+            ($($code:path => $t:ty),*) => {
+                match op >> 8 {
+                    $($code => {
+                        // SAFETY: forwarded; `len` bytes are whole elements of the type
+                        // (the callers cut at multiples of 16 bytes or at the end).
+                        unsafe {
+                            super::all_reduce::reduce_sources_out::<$t>(
+                                srcs,
+                                out,
+                                reduced,
+                                len / <$t>::SIZE,
+                                thread,
+                                op & 0xff,
+                            )
+                        }
+                    })*
+                    _ => {}
+                }
+            };
+        }
+        each!(
+            dtype::F32 => F32, dtype::F16 => F16, dtype::BF16 => Bf16, dtype::F64 => F64,
+            dtype::I8 => I8, dtype::U8 => U8, dtype::I32 => I32, dtype::U32 => U32,
+            dtype::I64 => I64, dtype::U64 => U64
+        )
+    }
 }

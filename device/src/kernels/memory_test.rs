@@ -115,7 +115,7 @@ kernel! {
     /// offsets and sizes (unaligned ones exercise the slow paths); out-of-range ones trap.
     #[allow(clippy::too_many_arguments)] // the argument list the host tests launch with
     pub unsafe fn memory_ping_pong(
-        ch: MemoryChannel,
+        ch: MemoryChannel<'_>,
         bytes: u64,
         rounds: u64,
         rank: u32,
@@ -162,7 +162,7 @@ kernel! {
     /// that the get is over, so the owner refills its source only after it.
     #[allow(clippy::too_many_arguments)] // the argument list the host tests launch with
     pub unsafe fn memory_get_ping_pong(
-        ch: MemoryChannel,
+        ch: MemoryChannel<'_>,
         bytes: u64,
         rounds: u64,
         rank: u32,
@@ -208,7 +208,7 @@ kernel! {
     /// …), so each thread runs its own ping-pong. The scratch (at least
     /// `scratch_bytes::<LlPacket>(bytes)`) is reused every round and never cleared.
     pub unsafe fn memory_packet_ping_pong(
-        ch: MemoryChannel,
+        ch: MemoryChannel<'_>,
         bytes: u64,
         rounds: u64,
         rank: u32,
@@ -236,7 +236,7 @@ kernel! {
 kernel! {
     /// Signal/wait round trips: thread 0 of block 0 only; rank 0 signals then waits, rank 1
     /// waits then signals, `rounds` times. For the memory-channel round-trip benchmark.
-    pub unsafe fn memory_signal_ping_pong(ch: MemoryChannel, rounds: u64, rank: u32) {
+    pub unsafe fn memory_signal_ping_pong(ch: MemoryChannel<'_>, rounds: u64, rank: u32) {
         signal_ping_pong(&ch, rounds, rank, false);
     }
 }
@@ -244,14 +244,14 @@ kernel! {
 kernel! {
     /// [`memory_signal_ping_pong`] with `relaxed_signal`: the same round trips without the
     /// system-scope release (a signal that publishes nothing), for the benchmark's floor.
-    pub unsafe fn memory_relaxed_signal_ping_pong(ch: MemoryChannel, rounds: u64, rank: u32) {
+    pub unsafe fn memory_relaxed_signal_ping_pong(ch: MemoryChannel<'_>, rounds: u64, rank: u32) {
         signal_ping_pong(&ch, rounds, rank, true);
     }
 }
 
 /// The body of the signal ping-pongs: thread 0 of block 0 only.
 #[inline(always)]
-fn signal_ping_pong(ch: &MemoryChannel, rounds: u64, rank: u32, relaxed: bool) {
+fn signal_ping_pong(ch: &MemoryChannel<'_>, rounds: u64, rank: u32, relaxed: bool) {
     if arch::global_thread_idx_x() != 0 {
         return;
     }
@@ -290,7 +290,7 @@ kernel! {
     /// other threads return. No grid-wide barrier and no per-iteration synchronisation, so
     /// rank 0's kernel time is the data movement plus one signal per block; rank 1's kernel
     /// ends once all of it is visible there.
-    pub unsafe fn memory_put_bench(ch: MemoryChannel, bytes: u64, iters: u64, rank: u32) {
+    pub unsafe fn memory_put_bench(ch: MemoryChannel<'_>, bytes: u64, iters: u64, rank: u32) {
         let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
         let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
         if rank == 0 {
@@ -314,7 +314,7 @@ kernel! {
     /// Get bandwidth: like [`memory_put_bench`] with the direction reversed. Rank 0's blocks
     /// `get` their slices of rank 1's buffer into their own, `iters` times (rank 1 does nothing:
     /// its buffer is only read, so no synchronisation is needed while both kernels run).
-    pub unsafe fn memory_get_bench(ch: MemoryChannel, bytes: u64, iters: u64, rank: u32) {
+    pub unsafe fn memory_get_bench(ch: MemoryChannel<'_>, bytes: u64, iters: u64, rank: u32) {
         let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
         let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
         if rank == 0 {

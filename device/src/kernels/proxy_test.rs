@@ -12,7 +12,7 @@ kernel! {
     /// `put_with_signal`s them; the other rank `wait`s and checks every word, adding
     /// mismatches to `*errors`. `words == 0` gives a pure signal ping-pong (8-byte-free).
     pub unsafe fn proxy_ping_pong(
-        conn: DevConn,
+        conn: DevConn<'_>,
         buf: *mut u64,
         words: usize,
         rounds: u64,
@@ -66,7 +66,7 @@ kernel! {
     /// All-gather over proxy channels: thread `i < nconns` puts this rank's chunk
     /// (`rank * chunk_bytes`, same offset on the peer) over `conns[i]`, signals, then waits
     /// for that peer's chunk. One block of at least `nconns` threads.
-    pub unsafe fn proxy_all_gather(conns: *const DevConn, nconns: u32, rank: u32, chunk_bytes: u64) {
+    pub unsafe fn proxy_all_gather(conns: *const DevConn<'_>, nconns: u32, rank: u32, chunk_bytes: u64) {
         let t = arch::thread_idx_x();
         if t < nconns {
             // SAFETY: `conns` holds `nconns` handles (caller contract).
@@ -81,7 +81,7 @@ kernel! {
 kernel! {
     /// Bandwidth probe over one proxy channel: rank 0 queues `iters` puts of `size` bytes
     /// (offset 0 on both sides) and one signal; rank 1 waits for it. One thread.
-    pub unsafe fn proxy_put_bench(conn: DevConn, size: u64, iters: u64, rank: u32) {
+    pub unsafe fn proxy_put_bench(conn: DevConn<'_>, size: u64, iters: u64, rank: u32) {
         if arch::global_thread_idx_x() != 0 {
             return;
         }

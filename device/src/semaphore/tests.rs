@@ -13,7 +13,7 @@ impl Words {
     fn new() -> Words {
         Words(Box::new([const { AtomicU64::new(0) }; 4]))
     }
-    fn side(&self, i: usize, timeout_ns: u64) -> DeviceSemaphore {
+    fn side(&self, i: usize, timeout_ns: u64) -> DeviceSemaphore<'_> {
         let w = |k: usize| self.0[k].as_ptr();
         // SAFETY: live, aligned words, zero at first, accessed atomically while shared (the
         // expected word only by this side's one waiter).
@@ -117,8 +117,11 @@ fn data_written_before_signal_is_read_after_wait() {
 
 #[test]
 fn semaphore_is_laid_out_for_the_host() {
-    assert_eq!(core::mem::size_of::<DeviceSemaphore>(), 32);
-    assert_eq!(core::mem::offset_of!(DeviceSemaphore, timeout_ns), 24);
+    assert_eq!(core::mem::size_of::<DeviceSemaphore<'static>>(), 32);
+    assert_eq!(
+        core::mem::offset_of!(DeviceSemaphore<'static>, timeout_ns),
+        24
+    );
     let w = Words::new();
     let s = std::format!("{:?}", w.side(0, 7));
     assert!(s.contains("timeout_ns: 7"), "{s}");

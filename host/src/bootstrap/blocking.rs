@@ -131,6 +131,22 @@ impl BlockingBootstrap {
         self.block_on(self.as_async().recv(peer, tag))
     }
 
+    /// Blocking [`Bootstrap::send_named`].
+    pub fn send_named(
+        &self,
+        peer: usize,
+        tag: u64,
+        what: &str,
+        data: &[u8],
+    ) -> Result<(), BootstrapError> {
+        self.block_on(self.as_async().send_named(peer, tag, what, data))
+    }
+
+    /// Blocking [`Bootstrap::recv_named`].
+    pub fn recv_named(&self, peer: usize, tag: u64, what: &str) -> Result<Vec<u8>, BootstrapError> {
+        self.block_on(self.as_async().recv_named(peer, tag, what))
+    }
+
     /// Drops every connection without a goodbye (see [`Bootstrap::abandon`]).
     pub fn abandon(mut self) {
         if let Some(bootstrap) = self.bootstrap.take() {

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -35,8 +36,11 @@ pub enum Refusal {
         /// Number of ranks.
         nranks: u32,
     },
-    /// Two ranks presented the same rank.
-    #[error("rank {rank} joined twice")]
+    /// A second join for a rank that has already joined: the first one keeps the rank
+    /// (first come wins), the second is refused.
+    #[error(
+        "rank {rank} has already joined this rendezvous from another connection (the first join keeps the rank)"
+    )]
     DuplicateRank {
         /// The duplicated rank.
         rank: u32,
@@ -72,12 +76,17 @@ pub enum Refusal {
     #[error("the rank is closing its bootstrap")]
     Closing,
     /// The rendezvous did not complete within the root's timeout.
-    #[error("the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined")]
+    #[error(
+        "the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined{}",
+        refused_joins(refused)
+    )]
     RendezvousTimeout {
         /// Ranks that never joined.
         missing: Vec<u32>,
         /// The root's timeout.
         timeout_ms: u64,
+        /// Joins the root refused meanwhile (who, and why), the first few only.
+        refused: Vec<String>,
     },
     /// The rendezvous was aborted because of another rank's error.
     #[error("the rendezvous was aborted: {cause}")]
@@ -85,10 +94,21 @@ pub enum Refusal {
         /// What made the root abort.
         cause: Box<Refusal>,
     },
+    /// The first frame's length prefix or encoding is wrong (the text says which length).
+    #[error("malformed handshake frame: {0}")]
+    MalformedFrame(String),
+}
+
+fn refused_joins(refused: &[String]) -> String {
+    if refused.is_empty() {
+        String::new()
+    } else {
+        format!("; joins refused meanwhile: {}", refused.join("; "))
+    }
 }
 
 /// The operation an error happened in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Op {
     /// `init`: rendezvous and connection setup.
@@ -103,6 +123,11 @@ pub enum Op {
     Send(u64),
     /// `recv` with this tag.
     Recv(u64),
+    /// [`send_named`](super::Bootstrap::send_named): a send the caller named (errors show
+    /// the name, not the tag).
+    SendNamed(Arc<str>),
+    /// [`recv_named`](super::Bootstrap::recv_named): a receive the caller named.
+    RecvNamed(Arc<str>),
 }
 
 impl fmt::Display for Op {
@@ -114,6 +139,8 @@ impl fmt::Display for Op {
             Op::Broadcast => f.write_str("broadcast"),
             Op::Send(tag) => write!(f, "send (tag {tag})"),
             Op::Recv(tag) => write!(f, "recv (tag {tag})"),
+            Op::SendNamed(what) => write!(f, "sending {what}"),
+            Op::RecvNamed(what) => write!(f, "receiving {what}"),
         }
     }
 }
@@ -199,12 +226,21 @@ pub enum BootstrapError {
         /// The timeout.
         after: Duration,
     },
-    /// A socket operation failed.
+    /// A socket operation of a rank failed.
     #[error("rank {rank}: {context}: {source}")]
     Io {
-        /// This rank (or `usize::MAX` for the root).
+        /// This rank.
         rank: usize,
         /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A socket or thread operation of the bootstrap root failed (binding its port, say).
+    #[error("bootstrap root: {context}: {source}")]
+    RootIo {
+        /// What was being done, with the address.
         context: String,
         /// The error.
         #[source]

@@ -95,6 +95,21 @@ pub(crate) struct Mesh {
     /// that fails and leaves still passes the news on.
     notices: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
+    /// Called (outside the locks) with each rank that becomes lost and the detail.
+    loss_hooks: Mutex<Vec<LossHook>>,
+}
+
+/// The function of a [`LossHook`]: called with a lost rank and the detail.
+pub(crate) type LossFn = dyn Fn(usize, &str) + Send + Sync;
+
+/// A callback told of lost ranks ([`Mesh::on_peer_lost`]).
+#[derive(Clone)]
+pub(crate) struct LossHook(pub(crate) Arc<LossFn>);
+
+impl std::fmt::Debug for LossHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LossHook")
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,7 +145,37 @@ impl Mesh {
             writers: Mutex::new(Vec::new()),
             notices: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
+            loss_hooks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Registers `hook`, called with every rank this rank learns is lost (seen or
+    /// reported), once per rank; at once for a rank already lost.
+    pub(crate) fn on_peer_lost(&self, hook: LossHook) {
+        let lost: Vec<(usize, String)> = {
+            let st = lock(&self.state);
+            (st.status.iter().enumerate())
+                .filter_map(|(p, s)| match s {
+                    PeerStatus::Lost(d) => Some((p, d.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        lock(&self.loss_hooks).push(hook.clone());
+        for (p, d) in lost {
+            (hook.0)(p, &d);
+        }
+    }
+
+    fn run_loss_hooks(&self, peer: usize) {
+        let detail = match &lock(&self.state).status[peer] {
+            PeerStatus::Lost(d) => d.clone(),
+            _ => return,
+        };
+        let hooks = lock(&self.loss_hooks).clone();
+        for h in hooks {
+            (h.0)(peer, &detail);
+        }
     }
 
     fn spawn_tracked<F>(&self, fut: F)
@@ -225,9 +270,9 @@ impl Mesh {
                 return;
             }
             Ok(Err(wire::FrameError::Io(_))) | Ok(Ok(None)) | Err(_) => return,
-            // Garbage: not one of ours.
-            Ok(Err(_)) => {
-                refuse(&mut wr, Refusal::BadMagic).await;
+            // A length or encoding error: not one of ours, or a broken one.
+            Ok(Err(e)) => {
+                refuse(&mut wr, Refusal::MalformedFrame(e.to_string())).await;
                 return;
             }
         };
@@ -377,6 +422,7 @@ impl Mesh {
             return;
         }
         self.notify.notify_waiters();
+        self.run_loss_hooks(peer);
         let notice = Message::PeerLost {
             rank: peer as u32,
             detail,
@@ -423,14 +469,19 @@ impl Mesh {
         if peer >= self.nranks || peer == self.rank {
             return;
         }
-        {
+        let changed = {
             let mut st = lock(&self.state);
-            if matches!(st.status[peer], PeerStatus::Alive) {
+            let alive = matches!(st.status[peer], PeerStatus::Alive);
+            if alive {
                 st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {reporter}"));
                 st.first_lost.get_or_insert(peer);
             }
-        }
+            alive
+        };
         self.notify.notify_waiters();
+        if changed {
+            self.run_loss_hooks(peer);
+        }
     }
 
     fn is_alive(&self, peer: usize) -> bool {
@@ -560,7 +611,7 @@ impl Mesh {
         let stream = match timeout(self.config.timeout, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                return Err(self.status_error(peer, op).unwrap_or_else(|| {
+                return Err(self.status_error(peer, op.clone()).unwrap_or_else(|| {
                     io_err(format!("{op}: cannot connect to rank {peer} at {addr}"), e)
                 }));
             }
@@ -583,11 +634,12 @@ impl Mesh {
             from: self.rank as u32,
             to: peer as u32,
         });
+        let handshake_context = format!(
+            "rank {}: {op}: handshake with rank {peer} at {addr}",
+            self.rank
+        );
         let frame_err = |source| BootstrapError::Frame {
-            context: format!(
-                "rank {}: {op}: handshake with rank {peer} at {addr}",
-                self.rank
-            ),
+            context: handshake_context,
             source,
         };
         let reply = timeout(self.config.timeout, async {
@@ -597,7 +649,7 @@ impl Mesh {
         .await
         .map_err(|_| BootstrapError::Timeout {
             rank: self.rank,
-            op,
+            op: op.clone(),
             waiting_for: format!("rank {peer} to answer the handshake"),
             after: self.config.timeout,
         })?
@@ -653,7 +705,7 @@ impl Mesh {
         done: Option<oneshot::Sender<Result<(), String>>>,
         op: Op,
     ) -> Result<(), BootstrapError> {
-        let link = self.link(peer, op).await?;
+        let link = self.link(peer, op.clone()).await?;
         let out = Outgoing {
             message,
             payload,
@@ -666,7 +718,7 @@ impl Mesh {
     }
 
     fn link_error(&self, peer: usize, link: &Link, op: Op) -> BootstrapError {
-        self.status_error(peer, op)
+        self.status_error(peer, op.clone())
             .unwrap_or_else(|| BootstrapError::PeerLost {
                 rank: self.rank,
                 op,
@@ -688,7 +740,7 @@ impl Mesh {
         payload: Bytes,
         op: Op,
     ) -> Result<(), BootstrapError> {
-        self.check_size(payload.len(), op)?;
+        self.check_size(payload.len(), op.clone())?;
         if peer == self.rank {
             self.deliver_to_self(channel, payload.to_vec());
             return Ok(());
@@ -710,19 +762,25 @@ impl Mesh {
         payload: Bytes,
         op: Op,
     ) -> Result<(), BootstrapError> {
-        self.check_size(payload.len(), op)?;
+        self.check_size(payload.len(), op.clone())?;
         if peer == self.rank {
             self.deliver_to_self(channel, payload.to_vec());
             return Ok(());
         }
         let (done_tx, done_rx) = oneshot::channel();
-        self.post(peer, Message::Data { channel }, payload, Some(done_tx), op)
-            .await?;
+        self.post(
+            peer,
+            Message::Data { channel },
+            payload,
+            Some(done_tx),
+            op.clone(),
+        )
+        .await?;
         match done_rx.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(detail)) => {
                 Err(self
-                    .status_error(peer, op)
+                    .status_error(peer, op.clone())
                     .unwrap_or(BootstrapError::PeerLost {
                         rank: self.rank,
                         op,

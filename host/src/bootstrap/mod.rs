@@ -3,7 +3,9 @@
 //! One process creates a [`UniqueId`] ([`create_unique_id`], which starts a [`Root`]) and
 //! hands it to every rank; each rank calls [`Bootstrap::init`] with its rank and the number
 //! of ranks. The seed's `"ip:port"` form also works: rank 0 then runs the root at that
-//! address ([`BootstrapRoot::Addr`]). After `init`, ranks talk directly:
+//! address ([`BootstrapRoot::Addr`]), and the secret is derived from a shared string
+//! ([`BootstrapConfig::secret`], `MSCCLPP_BOOTSTRAP_SECRET`) or, without one, is all zeros
+//! (unauthenticated). After `init`, ranks talk directly:
 //! [`all_gather`](Bootstrap::all_gather), [`barrier`](Bootstrap::barrier),
 //! [`broadcast`](Bootstrap::broadcast), and tagged [`send`](Bootstrap::send) /
 //! [`recv`](Bootstrap::recv).
@@ -13,7 +15,9 @@
 //!
 //! What is checked: every connection (to the root or between ranks) starts with a handshake
 //! holding the magic, the protocol version and the id's secret; a bad one is refused on that
-//! connection alone. Frames are length-prefixed with limits checked before allocation
+//! connection alone. At the root, a join that does not fit the job (other nranks, rank out of
+//! range, rank already joined) is refused on its connection too, and the rendezvous goes on:
+//! the first join for a rank keeps it. Frames are length-prefixed with limits checked before allocation
 //! ([`wire`]). Every wait has a timeout ([`BootstrapConfig::timeout`]); a rank that dies
 //! makes every other rank's pending and later collectives fail with
 //! [`BootstrapError::PeerLost`] naming it. What is not: a peer that passed the handshake is
@@ -66,6 +70,9 @@ const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
 /// Largest number of ranks a bootstrap accepts.
 pub const MAX_NRANKS: usize = 1 << 20;
 
+/// Shared secret of the `"ip:port"` form (any string; every rank must see the same one).
+pub const ENV_BOOTSTRAP_SECRET: &str = "MSCCLPP_BOOTSTRAP_SECRET";
+
 /// Settings of a bootstrap (rank or root). The defaults suit production; tests shorten the
 /// timeout.
 #[derive(Clone, Debug)]
@@ -82,6 +89,12 @@ pub struct BootstrapConfig {
     /// Address this rank listens on for its peers. Default: the local address of its
     /// connection to the root (the interface that reaches the root).
     pub listen_ip: Option<IpAddr>,
+    /// Shared secret of the `"ip:port"` form ([`BootstrapRoot::Addr`]), hashed into the id's
+    /// secret ([`UniqueId::for_address_with_secret`]); ignored with a [`UniqueId`], which
+    /// carries its own. Default: the `MSCCLPP_BOOTSTRAP_SECRET` variable; without either the
+    /// form is unauthenticated (anyone who can reach the ports can join as a rank that has
+    /// not joined yet).
+    pub secret: Option<String>,
 }
 
 impl Default for BootstrapConfig {
@@ -91,6 +104,7 @@ impl Default for BootstrapConfig {
             max_message_size: 1 << 30,
             host_id: None,
             listen_ip: None,
+            secret: None,
         }
     }
 }
@@ -124,10 +138,25 @@ impl BootstrapConfig {
         self.listen_ip = Some(ip);
         self
     }
+
+    /// Sets [`secret`](Self::secret).
+    pub fn with_secret(mut self, secret: impl Into<String>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// The shared secret in force: [`secret`](Self::secret), else `MSCCLPP_BOOTSTRAP_SECRET`
+    /// (unset or empty: none).
+    fn effective_secret(&self) -> Option<String> {
+        self.secret
+            .clone()
+            .or_else(|| std::env::var(ENV_BOOTSTRAP_SECRET).ok())
+            .filter(|s| !s.is_empty())
+    }
 }
 
-/// Where the root is: a [`UniqueId`], or the seed's `"ip:port"` (rank 0 runs the root there,
-/// with no secret).
+/// Where the root is: a [`UniqueId`], or the seed's `"ip:port"` (rank 0 runs the root there;
+/// the secret comes from [`BootstrapConfig::secret`], else there is none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BootstrapRoot {
     /// A root started by [`create_unique_id`] or [`Root`].
@@ -302,20 +331,30 @@ impl Bootstrap {
                 "rank {rank} is out of range for {nranks} ranks"
             )));
         }
-        let (id, mut hosted) = match root.into() {
-            BootstrapRoot::Id(id) => (id, HostedRoot(None)),
+        let (id, join_secret, mut hosted) = match root.into() {
+            BootstrapRoot::Id(id) => (id, id.secret(), HostedRoot(None)),
             BootstrapRoot::Addr(addr) => {
-                let id = UniqueId::for_address(addr);
-                let hosted = if rank == 0 {
-                    let root = Root::bind_for(id, config.clone())?;
-                    HostedRoot(Some(tokio::spawn(root.run())))
-                } else {
-                    HostedRoot(None)
+                if addr.port() == 0 {
+                    return Err(BootstrapError::InvalidArgument(format!(
+                        "bootstrap root {addr}: port 0 names no port the other ranks could reach; give rank 0's real port (or use a unique id)"
+                    )));
+                }
+                let id = match config.effective_secret() {
+                    Some(secret) => UniqueId::for_address_with_secret(addr, &secret),
+                    None => UniqueId::for_address(addr),
                 };
-                (id, hosted)
+                if rank == 0 {
+                    // Rank 0 joins its own root with a secret no other process knows, so
+                    // that nobody can take its place.
+                    let rank0_secret: [u8; SECRET_BYTES] = rand::random();
+                    let root = Root::bind_hosted(id, nranks, rank0_secret, config.clone())?;
+                    (id, rank0_secret, HostedRoot(Some(tokio::spawn(root.run()))))
+                } else {
+                    (id, id.secret(), HostedRoot(None))
+                }
             }
         };
-        let (listener, peers) = rendezvous(nranks, rank, &id, &config).await?;
+        let (listener, peers) = rendezvous(nranks, rank, &id, join_secret, &config).await?;
         // The root has sent every welcome before ours completes... except those after ours:
         // let it finish on its own.
         if let Some(task) = hosted.0.take() {
@@ -373,6 +412,14 @@ impl Bootstrap {
     /// The configuration in force.
     pub fn config(&self) -> &BootstrapConfig {
         &self.mesh.config
+    }
+
+    /// Calls `hook(rank, detail)` from the bootstrap's tasks as soon as this rank learns
+    /// that `rank` is lost (its connection ended without a goodbye, or another rank says
+    /// so), once per lost rank, and at once for ranks already lost. The hook must be quick
+    /// and must not block (it runs on the runtime's threads): e.g. raise a flag.
+    pub fn on_peer_lost(&self, hook: impl Fn(usize, &str) + Send + Sync + 'static) {
+        self.mesh.on_peer_lost(mesh::LossHook(Arc::new(hook)));
     }
 
     fn check_peer(&self, peer: usize, op: Op) -> Result<(), BootstrapError> {
@@ -448,8 +495,13 @@ impl Bootstrap {
                 step: step as u32,
             };
             let outgoing = blocks[(rank + n - step) % n].clone();
-            self.mesh.post_data(next, channel, outgoing, op).await?;
-            let incoming = self.mesh.wait_message(prev, channel, op, true).await?;
+            self.mesh
+                .post_data(next, channel, outgoing, op.clone())
+                .await?;
+            let incoming = self
+                .mesh
+                .wait_message(prev, channel, op.clone(), true)
+                .await?;
             blocks[(rank + n - step - 1) % n] = Bytes::from(incoming);
         }
         Ok(blocks.into_iter().map(Vec::from).collect())
@@ -516,7 +568,11 @@ impl Bootstrap {
         while mask < n {
             if relative & mask != 0 {
                 let parent = (relative - mask + root) % n;
-                block = Bytes::from(self.mesh.wait_message(parent, channel, op, true).await?);
+                block = Bytes::from(
+                    self.mesh
+                        .wait_message(parent, channel, op.clone(), true)
+                        .await?,
+                );
                 break;
             }
             mask <<= 1;
@@ -526,7 +582,7 @@ impl Bootstrap {
             if relative + mask < n {
                 let child = (relative + mask + root) % n;
                 self.mesh
-                    .post_data(child, channel, block.clone(), op)
+                    .post_data(child, channel, block.clone(), op.clone())
                     .await?;
             }
             mask >>= 1;
@@ -543,8 +599,35 @@ impl Bootstrap {
     /// exists), cancelling does not take it back: it is delivered whole, or the connection
     /// fails. Cancelled before that, nothing is sent.
     pub async fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<(), BootstrapError> {
-        let op = Op::Send(tag);
-        self.check_peer(peer, op)?;
+        self.send_as(peer, tag, data, Op::Send(tag)).await
+    }
+
+    /// [`send`](Self::send) under a name: errors say "sending {what}" instead of showing the
+    /// tag (for callers whose tags are internal encodings). `recv` or
+    /// [`recv_named`](Self::recv_named) receives it; the name does not travel.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`send`](Self::send).
+    pub async fn send_named(
+        &self,
+        peer: usize,
+        tag: u64,
+        what: &str,
+        data: &[u8],
+    ) -> Result<(), BootstrapError> {
+        self.send_as(peer, tag, data, Op::SendNamed(what.into()))
+            .await
+    }
+
+    async fn send_as(
+        &self,
+        peer: usize,
+        tag: u64,
+        data: &[u8],
+        op: Op,
+    ) -> Result<(), BootstrapError> {
+        self.check_peer(peer, op.clone())?;
         self.mesh
             .send_data(peer, Channel::User(tag), Bytes::copy_from_slice(data), op)
             .await
@@ -557,8 +640,26 @@ impl Bootstrap {
     ///
     /// Cancel safe: a message is taken only by the `recv` that returns it.
     pub async fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, BootstrapError> {
-        let op = Op::Recv(tag);
-        self.check_peer(peer, op)?;
+        self.recv_as(peer, tag, Op::Recv(tag)).await
+    }
+
+    /// [`recv`](Self::recv) under a name: errors say "receiving {what}" instead of showing
+    /// the tag.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`recv`](Self::recv).
+    pub async fn recv_named(
+        &self,
+        peer: usize,
+        tag: u64,
+        what: &str,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        self.recv_as(peer, tag, Op::RecvNamed(what.into())).await
+    }
+
+    async fn recv_as(&self, peer: usize, tag: u64, op: Op) -> Result<Vec<u8>, BootstrapError> {
+        self.check_peer(peer, op.clone())?;
         self.mesh
             .wait_message(peer, Channel::User(tag), op, false)
             .await
@@ -592,6 +693,7 @@ async fn rendezvous(
     nranks: usize,
     rank: usize,
     id: &UniqueId,
+    join_secret: [u8; SECRET_BYTES],
     config: &BootstrapConfig,
 ) -> Result<(TcpListener, Vec<wire::PeerInfo>), BootstrapError> {
     let root_addr = id.root_addr();
@@ -620,7 +722,7 @@ async fn rendezvous(
     let join = Message::Join(Join {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
-        secret: id.secret(),
+        secret: join_secret,
         nranks: nranks as u32,
         rank: rank as u32,
         listen_addr,

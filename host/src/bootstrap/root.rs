@@ -1,12 +1,14 @@
 //! The root: the rendezvous point where ranks learn each other's addresses.
 //!
-//! The root accepts one connection per rank, checks each rank's handshake (magic, version,
-//! secret: a bad one is refused on that connection only, and the rendezvous goes on), then
-//! checks the job (nranks agree, ranks in range, no rank twice: any of these aborts the whole
-//! rendezvous, and every rank that has contacted or later contacts the root is told why).
-//! Once all ranks have joined it sends each the peer table and ends.
+//! The root accepts one connection per rank and checks each join: the handshake (frame
+//! lengths, magic, version, secret) and its place in the job (nranks agree, rank in range, rank
+//! not taken yet). A bad join is refused on its own connection, with the reason, and the
+//! rendezvous goes on: a stray or hostile client cannot end it. Two joins for one rank: the
+//! first keeps it (first come wins) while its connection is alive. Once all ranks have joined
+//! it sends each the peer table and ends; if the timeout passes first, every waiting rank is
+//! told which ranks never joined and which joins were refused meanwhile.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -19,13 +21,13 @@ use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
 use super::BootstrapConfig;
 use super::error::{BootstrapError, Refusal};
-use super::unique_id::UniqueId;
+use super::unique_id::{SECRET_BYTES, UniqueId};
 use super::wire::{
     self, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION, PeerInfo,
 };
 
-/// Root's stand-in for "this rank" in error messages.
-const ROOT: usize = usize::MAX;
+/// How many refused joins the root remembers for its timeout message.
+const REFUSALS_KEPT: usize = 8;
 /// How long the root waits for ranks to hang up after the welcome (so that the ranks, not the
 /// root's port, hold the TIME_WAIT state and the port can be bound again at once).
 const LINGER: Duration = Duration::from_secs(2);
@@ -46,6 +48,11 @@ pub struct Root {
     listener: std::net::TcpListener,
     id: UniqueId,
     config: BootstrapConfig,
+    /// Number of ranks, when known before the first join (the `"ip:port"` form).
+    nranks: Option<usize>,
+    /// A rank that must present its own secret instead of the id's (rank 0 of the
+    /// `"ip:port"` form, whose process hosts the root).
+    reserved: Option<(u32, [u8; SECRET_BYTES])>,
 }
 
 /// Starts a root on an ephemeral port of 127.0.0.1 in a background thread and returns its id
@@ -74,24 +81,45 @@ impl Root {
     /// Binds a root on `addr` with a fresh random secret.
     pub fn bind(addr: SocketAddr, config: BootstrapConfig) -> Result<Root, BootstrapError> {
         let listener = bind_listener(addr)?;
-        let local = listener.local_addr().map_err(|source| BootstrapError::Io {
-            rank: ROOT,
-            context: format!("bootstrap root on {addr}: local address"),
-            source,
-        })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| BootstrapError::RootIo {
+                context: format!("local address of the root bound on {addr}"),
+                source,
+            })?;
         Ok(Root {
             listener,
             id: UniqueId::random(local),
             config,
+            nranks: None,
+            reserved: None,
         })
     }
 
-    /// Binds a root for an existing id (the `"ip:port"` form: rank 0 hosts the root).
-    pub(crate) fn bind_for(id: UniqueId, config: BootstrapConfig) -> Result<Root, BootstrapError> {
+    /// Binds a root for an existing id (the `"ip:port"` form: rank 0 hosts the root) that
+    /// expects `nranks` ranks and admits rank 0 only with `rank0_secret` (known to this
+    /// process alone), so that no other process can take rank 0's place.
+    pub(crate) fn bind_hosted(
+        id: UniqueId,
+        nranks: usize,
+        rank0_secret: [u8; SECRET_BYTES],
+        config: BootstrapConfig,
+    ) -> Result<Root, BootstrapError> {
+        let listener = bind_listener(id.root_addr()).map_err(|e| match e {
+            BootstrapError::RootIo { context, source } => BootstrapError::RootIo {
+                context: format!(
+                    "rank 0 hosts the root of the \"ip:port\" form but {context}; is another process listening there? (torchrun's store holds MASTER_PORT; MSCCLPP_BOOTSTRAP or MSCCLPP_BOOTSTRAP_PORT choose the root's port)"
+                ),
+                source,
+            },
+            other => other,
+        })?;
         Ok(Root {
-            listener: bind_listener(id.root_addr())?,
+            listener,
             id,
             config,
+            nranks: Some(nranks),
+            reserved: Some((0, rank0_secret)),
         })
     }
 
@@ -124,9 +152,8 @@ impl Root {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .map_err(|source| BootstrapError::Io {
-                        rank: ROOT,
-                        context: "bootstrap root: cannot start a tokio runtime".into(),
+                    .map_err(|source| BootstrapError::RootIo {
+                        context: "cannot start a tokio runtime".into(),
                         source,
                     })?;
                 runtime.block_on(self.run_until(async move {
@@ -136,9 +163,8 @@ impl Root {
                     }
                 }))
             })
-            .map_err(|source| BootstrapError::Io {
-                rank: ROOT,
-                context: "bootstrap root: cannot start its thread".into(),
+            .map_err(|source| BootstrapError::RootIo {
+                context: "cannot start its thread".into(),
                 source,
             })?;
         Ok(RootHandle {
@@ -151,20 +177,19 @@ impl Root {
     async fn run_until(self, cancel: impl Future<Output = ()>) -> Result<(), BootstrapError> {
         let addr = self.id.root_addr();
         let listener =
-            TcpListener::from_std(self.listener).map_err(|source| BootstrapError::Io {
-                rank: ROOT,
-                context: format!("bootstrap root on {addr}"),
+            TcpListener::from_std(self.listener).map_err(|source| BootstrapError::RootIo {
+                context: format!("listening on {addr}"),
                 source,
             })?;
         let mut rendezvous = Rendezvous {
             config: self.config,
-            nranks: None,
+            nranks: self.nranks,
             deadline: None,
             joined: BTreeMap::new(),
-            contacted: BTreeSet::new(),
-            failure: None,
+            refused: Vec::new(),
         };
-        let (tx, mut rx) = mpsc::channel::<(TcpStream, Join)>(64);
+        let reserved = self.reserved;
+        let (tx, mut rx) = mpsc::channel::<Handshake>(64);
         let mut handshakes = JoinSet::new();
         let mut cancel = std::pin::pin!(cancel);
         loop {
@@ -177,23 +202,28 @@ impl Root {
                     return Err(BootstrapError::RendezvousFailed(cause));
                 }
                 accepted = listener.accept() => {
-                    if let Ok((stream, _)) = accepted {
+                    if let Ok((stream, from)) = accepted {
                         let tx = tx.clone();
                         let id = self.id;
                         let wait = rendezvous.config.timeout;
                         handshakes.spawn(async move {
-                            if let Some(joined) = handshake(stream, &id, wait).await {
-                                let _ = tx.send(joined).await;
-                            }
+                            let outcome = handshake(stream, &id, reserved, wait).await;
+                            let _ = tx.send(Handshake { from, outcome }).await;
                         });
                     } else {
                         // Out of descriptors and the like: back off instead of spinning.
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 }
-                Some((stream, join)) = rx.recv() => {
-                    if let Some(result) = rendezvous.admit(stream, join).await {
-                        return result;
+                Some(Handshake { from, outcome }) = rx.recv() => {
+                    match outcome {
+                        Ok((stream, join)) => {
+                            if let Some(result) = rendezvous.admit(stream, from, join).await {
+                                return result;
+                            }
+                        }
+                        Err(Some(refusal)) => rendezvous.note_refusal(from, None, &refusal),
+                        Err(None) => {}
                     }
                 }
                 _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
@@ -206,9 +236,8 @@ impl Root {
 }
 
 fn bind_listener(addr: SocketAddr) -> Result<std::net::TcpListener, BootstrapError> {
-    let io = |source| BootstrapError::Io {
-        rank: ROOT,
-        context: format!("cannot start the bootstrap root on {addr}"),
+    let io = |source| BootstrapError::RootIo {
+        context: format!("cannot listen on {addr}"),
         source,
     };
     let listener = std::net::TcpListener::bind(addr).map_err(io)?;
@@ -216,8 +245,20 @@ fn bind_listener(addr: SocketAddr) -> Result<std::net::TcpListener, BootstrapErr
     Ok(listener)
 }
 
+/// What a handshake task reports to the rendezvous.
+struct Handshake {
+    from: SocketAddr,
+    /// The checked join, or the refusal already sent (`None`: the client left or stalled).
+    outcome: Result<(TcpStream, Join), Option<Refusal>>,
+}
+
 /// Reads and checks a rank's join; refuses it on this connection if it is bad.
-async fn handshake(stream: TcpStream, id: &UniqueId, wait: Duration) -> Option<(TcpStream, Join)> {
+async fn handshake(
+    stream: TcpStream,
+    id: &UniqueId,
+    reserved: Option<(u32, [u8; SECRET_BYTES])>,
+    wait: Duration,
+) -> Result<(TcpStream, Join), Option<Refusal>> {
     let _ = stream.set_nodelay(true);
     let mut stream = stream;
     let first = timeout(wait, wire::read_frame(&mut stream, &FrameLimits::HANDSHAKE)).await;
@@ -233,7 +274,7 @@ async fn handshake(stream: TcpStream, id: &UniqueId, wait: Duration) -> Option<(
                     ours: PROTOCOL_VERSION,
                     theirs: join.version,
                 }
-            } else if !id.secret_matches(&join.secret) {
+            } else if !secret_ok(id, reserved, &join) {
                 Refusal::WrongSecret
             } else if join.host_id.len() > MAX_HOST_ID_LEN {
                 Refusal::UnexpectedMessage(format!(
@@ -241,15 +282,39 @@ async fn handshake(stream: TcpStream, id: &UniqueId, wait: Duration) -> Option<(
                     join.host_id.len()
                 ))
             } else {
-                return Some((stream, join));
+                return Ok((stream, join));
             }
         }
         Ok(Ok(Some(frame))) => Refusal::UnexpectedMessage(format!("{:?}", frame.message)),
-        Ok(Err(wire::FrameError::Io(_))) | Ok(Ok(None)) | Err(_) => return None,
-        Ok(Err(_)) => Refusal::BadMagic,
+        Ok(Err(wire::FrameError::Io(_))) | Ok(Ok(None)) | Err(_) => return Err(None),
+        Ok(Err(e)) => Refusal::MalformedFrame(e.to_string()),
     };
-    send_refusal(&mut stream, refusal).await;
-    None
+    send_refusal(&mut stream, refusal.clone()).await;
+    Err(Some(refusal))
+}
+
+/// The reserved rank must present its own secret; every other rank the id's.
+fn secret_ok(id: &UniqueId, reserved: Option<(u32, [u8; SECRET_BYTES])>, join: &Join) -> bool {
+    match reserved {
+        Some((rank, secret)) if rank == join.rank => {
+            join.secret
+                .iter()
+                .zip(&secret)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+        }
+        _ => id.secret_matches(&join.secret),
+    }
+}
+
+/// Whether a connection the root holds for a joined rank has been closed by the other side.
+fn hung_up(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.try_read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
 }
 
 async fn send_refusal(stream: &mut TcpStream, reason: Refusal) {
@@ -265,39 +330,24 @@ struct Rendezvous {
     nranks: Option<usize>,
     deadline: Option<Instant>,
     joined: BTreeMap<usize, (TcpStream, PeerInfo)>,
-    /// In-range ranks that reached the root (joined, or were told of a failure).
-    contacted: BTreeSet<usize>,
-    failure: Option<Refusal>,
+    /// The first refused joins, for the timeout message.
+    refused: Vec<String>,
 }
 
 impl Rendezvous {
-    /// Handles one checked join; `Some` when the rendezvous is over.
+    /// Handles one join whose handshake passed; `Some` when the rendezvous is over.
+    ///
+    /// A join that does not fit the job (other nranks, rank out of range, rank taken) is
+    /// refused on its own connection; the rendezvous goes on.
     async fn admit(
         &mut self,
         mut stream: TcpStream,
+        from: SocketAddr,
         join: Join,
     ) -> Option<Result<(), BootstrapError>> {
         let rank = join.rank as usize;
         let nranks = join.nranks as usize;
-        if self.nranks.is_none() {
-            self.nranks = Some(nranks);
-            self.deadline = Some(Instant::now() + self.config.timeout);
-        }
-        let expected = self.nranks.unwrap_or(nranks);
-        if let Some(cause) = &self.failure {
-            let cause = cause.clone();
-            send_refusal(
-                &mut stream,
-                Refusal::Aborted {
-                    cause: Box::new(cause.clone()),
-                },
-            )
-            .await;
-            if rank < expected {
-                self.contacted.insert(rank);
-            }
-            return self.finished_after_failure();
-        }
+        let expected = *self.nranks.get_or_insert(nranks);
         let refusal = if nranks != expected {
             Some(Refusal::NranksMismatch {
                 rank: join.rank,
@@ -309,24 +359,21 @@ impl Rendezvous {
                 rank: join.rank,
                 nranks: join.nranks,
             })
-        } else if self.joined.contains_key(&rank) {
+        } else if let Some((held, _)) = self.joined.get(&rank)
+            && !hung_up(held)
+        {
             Some(Refusal::DuplicateRank { rank: join.rank })
         } else {
             None
         };
-        if let Some(cause) = refusal {
-            send_refusal(&mut stream, cause.clone()).await;
-            if rank < expected {
-                self.contacted.insert(rank);
-            }
-            self.failure = Some(cause.clone());
-            self.abort_all(&Refusal::Aborted {
-                cause: Box::new(cause),
-            })
-            .await;
-            return self.finished_after_failure();
+        if let Some(refusal) = refusal {
+            send_refusal(&mut stream, refusal.clone()).await;
+            self.note_refusal(from, Some(&join), &refusal);
+            return None;
         }
-        self.contacted.insert(rank);
+        // The deadline runs from the first join that fits the job.
+        self.deadline
+            .get_or_insert_with(|| Instant::now() + self.config.timeout);
         self.joined.insert(
             rank,
             (
@@ -343,14 +390,16 @@ impl Rendezvous {
         Some(self.welcome().await)
     }
 
-    fn finished_after_failure(&self) -> Option<Result<(), BootstrapError>> {
-        let expected = self.nranks.unwrap_or(0);
-        if self.contacted.len() >= expected {
-            self.failure
-                .clone()
-                .map(|f| Err(BootstrapError::RendezvousFailed(f)))
-        } else {
-            None
+    /// Remembers a refused join (the first few) for the timeout message.
+    fn note_refusal(&mut self, from: SocketAddr, join: Option<&Join>, refusal: &Refusal) {
+        if self.refused.len() < REFUSALS_KEPT {
+            let who = match join {
+                Some(j) => format!("a join as rank {} of {} from {from}", j.rank, j.nranks),
+                None => format!("a connection from {from}"),
+            };
+            self.refused.push(format!("{who}: {refusal}"));
+        } else if self.refused.len() == REFUSALS_KEPT {
+            self.refused.push("and more".into());
         }
     }
 
@@ -363,9 +412,6 @@ impl Rendezvous {
     }
 
     async fn time_out(&mut self) -> BootstrapError {
-        if let Some(failure) = self.failure.clone() {
-            return BootstrapError::RendezvousFailed(failure);
-        }
         let expected = self.nranks.unwrap_or(0);
         let missing: Vec<u32> = (0..expected)
             .filter(|r| !self.joined.contains_key(r))
@@ -374,6 +420,7 @@ impl Rendezvous {
         let cause = Refusal::RendezvousTimeout {
             missing,
             timeout_ms: self.config.timeout.as_millis() as u64,
+            refused: self.refused.clone(),
         };
         self.abort_all(&cause).await;
         BootstrapError::RendezvousFailed(cause)
@@ -409,6 +456,7 @@ impl Rendezvous {
                         Refusal::RendezvousTimeout {
                             missing: vec![rank as u32],
                             timeout_ms: self.config.timeout.as_millis() as u64,
+                            refused: Vec::new(),
                         },
                     ));
                 }

@@ -103,10 +103,23 @@ impl UniqueId {
         UniqueId::new(root, rand::random())
     }
 
-    /// The id of the seed's `"ip:port"` form: rank 0 runs the root at `root`, and the secret
-    /// is all zeros (anyone who can reach the port can join; prefer a random id).
+    /// The id of the seed's `"ip:port"` form without a shared secret: rank 0 runs the root
+    /// at `root`, and the secret is all zeros. Unauthenticated: anyone who can reach the port
+    /// can join as a rank that has not joined yet. Prefer a random id, or
+    /// [`for_address_with_secret`](Self::for_address_with_secret).
     pub fn for_address(root: SocketAddr) -> UniqueId {
         UniqueId::new(root, [0; SECRET_BYTES])
+    }
+
+    /// The id of the `"ip:port"` form with a shared secret string (what
+    /// `MSCCLPP_BOOTSTRAP_SECRET` holds): the secret is SHA-256 of a fixed prefix and
+    /// `secret`, so every rank given the same string derives the same id, and joins or
+    /// connections without it are refused.
+    pub fn for_address_with_secret(root: SocketAddr, secret: &str) -> UniqueId {
+        let mut input = b"mscclpp bootstrap secret v1\0".to_vec();
+        input.extend_from_slice(secret.as_bytes());
+        use sha2::Digest;
+        UniqueId::new(root, sha2::Sha256::digest(&input).into())
     }
 
     /// Reads an id from its 128 bytes, checking magic, version and address family.

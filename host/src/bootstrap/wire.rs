@@ -26,7 +26,9 @@ use super::error::Refusal;
 /// Magic at the start of every handshake and of every [`UniqueId`](super::UniqueId).
 pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version of the bootstrap protocol; peers and ids of another version are refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// Version 2: refusals for malformed frames and the refused joins in a rendezvous timeout.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
@@ -167,7 +169,7 @@ pub struct Frame {
 #[non_exhaustive]
 pub enum FrameError {
     /// The header length is 0 or above the limit.
-    #[error("frame header of {len} bytes is outside 1..={max}")]
+    #[error("frame header length {len} is outside 1..={max} bytes")]
     HeaderSize {
         /// Claimed header length.
         len: u64,
@@ -175,7 +177,7 @@ pub enum FrameError {
         max: usize,
     },
     /// The payload length is above the limit.
-    #[error("frame payload of {len} bytes exceeds the limit of {max} bytes")]
+    #[error("frame payload length {len} exceeds the limit of {max} bytes")]
     PayloadTooLarge {
         /// Claimed payload length.
         len: u64,
@@ -186,7 +188,7 @@ pub enum FrameError {
     #[error("frame header does not decode: {0}")]
     Decode(String),
     /// The header decoded from fewer bytes than announced.
-    #[error("frame header decoded from {used} of its {len} bytes")]
+    #[error("frame header decoded from {used} of its {len} bytes (wrong header length)")]
     TrailingBytes {
         /// Bytes the decoder used.
         used: usize,

@@ -5,19 +5,19 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::CollContext;
 
-use super::{AllReduceAlgo, DataType};
+use super::{AllReduceAlgo, DataType, ReduceOp};
 use crate::communicator::CommError;
 use crate::cuda::{CudaError, CudaFunction, CudaStream, DeviceBuffer, Gpu, KernelModule};
 
 /// The collective kernels of the embedded PTX, loaded once per communicator.
 #[derive(Debug)]
 pub(super) struct Kernels {
-    /// Per reducing type, in `more::REDUCE_TYPES` order.
-    one_shot: Vec<CudaFunction>,
-    two_shot: Vec<CudaFunction>,
-    read_reduce: Vec<CudaFunction>,
-    all_pairs: Vec<CudaFunction>,
-    proxy: Vec<CudaFunction>,
+    /// The sum-only kernels of f32, f16 and bf16 (in `more::REDUCE_TYPES` order), per
+    /// algorithm in `AllReduceAlgo` order: one-shot, two-shot, read-reduce, all-pairs, proxy.
+    sum: Vec<[CudaFunction; 5]>,
+    /// The any-type, any-operation kernels per element size (`more::size_class`): one-shot,
+    /// two-shot, proxy.
+    any_op: Vec<[CudaFunction; 3]>,
     pub(super) all_gather_proxy: CudaFunction,
     /// The proxy channels' handles in device memory (the context points at them).
     _conns: Option<DeviceBuffer>,
@@ -31,7 +31,7 @@ impl Kernels {
     pub(super) fn load(
         gpu: &Gpu,
         ctx: &CollContext,
-        conns: &[DevConn],
+        conns: &[DevConn<'_>],
     ) -> Result<Kernels, CudaError> {
         let m = KernelModule::load_builtin(gpu)?;
         let mut ctx = *ctx;
@@ -40,25 +40,38 @@ impl Kernels {
             c => {
                 let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of_val(c))?;
                 mem.copy_from_host(0, c)?;
-                ctx.conns = mem.device_ptr() as *const DevConn;
+                ctx.conns = mem.device_ptr() as *const DevConn<'static>;
                 Some(mem)
             }
         };
         let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
         mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
         let f = |name: &str| m.function(name);
-        let per_type = |algo: &str| -> Result<Vec<CudaFunction>, CudaError> {
-            super::more::REDUCE_TYPES
-                .iter()
-                .map(|t| f(&format!("all_reduce_{algo}_{t}")))
-                .collect()
-        };
+        let sum = super::more::REDUCE_TYPES[..3]
+            .iter()
+            .map(|t| -> Result<[CudaFunction; 5], CudaError> {
+                Ok([
+                    f(&format!("all_reduce_one_shot_{t}"))?,
+                    f(&format!("all_reduce_two_shot_{t}"))?,
+                    f(&format!("all_reduce_two_shot_read_{t}"))?,
+                    f(&format!("all_reduce_all_pairs_{t}"))?,
+                    f(&format!("all_reduce_proxy_{t}"))?,
+                ])
+            })
+            .collect::<Result<_, _>>()?;
+        let any_op = super::more::SIZE_CLASSES
+            .iter()
+            .map(|t| -> Result<[CudaFunction; 3], CudaError> {
+                Ok([
+                    f(&format!("all_reduce_one_shot_op_{t}"))?,
+                    f("all_reduce_two_shot_op")?,
+                    f("all_reduce_proxy_op")?,
+                ])
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Kernels {
-            one_shot: per_type("one_shot")?,
-            two_shot: per_type("two_shot")?,
-            read_reduce: per_type("two_shot_read")?,
-            all_pairs: per_type("all_pairs")?,
-            proxy: per_type("proxy")?,
+            sum,
+            any_op,
             all_gather: f("all_gather")?,
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
@@ -67,14 +80,16 @@ impl Kernels {
         })
     }
 
-    pub(super) fn all_reduce(&self, algo: AllReduceAlgo, dtype: DataType) -> &CudaFunction {
+    pub(super) fn all_reduce(
+        &self,
+        algo: AllReduceAlgo,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> &CudaFunction {
         let i = super::more::reduce_index(dtype).expect("a reducing type (checked by the caller)");
-        match algo {
-            AllReduceAlgo::OneShot => &self.one_shot[i],
-            AllReduceAlgo::ReadReduce => &self.read_reduce[i],
-            AllReduceAlgo::AllPairs => &self.all_pairs[i],
-            AllReduceAlgo::Proxy => &self.proxy[i],
-            _ => &self.two_shot[i],
+        match super::kernel_slot(algo, dtype, op) {
+            (true, a) => &self.sum[i][a],
+            (false, a) => &self.any_op[super::more::size_class(dtype)][a],
         }
     }
 }
@@ -131,6 +146,9 @@ pub(super) fn check_range(
     let (mut base, mut size) = (0u64, 0usize);
     // SAFETY: out-pointers to locals; the driver only reads its own tables.
     let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    if is_sticky(status) {
+        return Err(context_lost(what, "cuMemGetAddressRange", status));
+    }
     if status != sys::CUresult::CUDA_SUCCESS {
         return Err(CommError::InvalidArgument(format!(
             "{what}: address {ptr:#x} is not device memory of this context ({status:?})"
@@ -157,7 +175,7 @@ impl Kernels {
         self._module.function(name)
     }
 
-    /// Launches `f(ctx, send, recv, n)` with `blocks` x `threads` on `stream`.
+    /// Launches `f(ctx, send, recv, n, tag)` with `blocks` x `threads` on `stream`.
     ///
     /// # Safety
     /// `send`/`recv` valid for what the kernel accesses with `n`.
@@ -169,12 +187,13 @@ impl Kernels {
         send: u64,
         recv: u64,
         n: u64,
+        tag: u64,
         blocks: u32,
         threads: u32,
     ) -> Result<(), CommError> {
         let ctx = self.ctx.device_ptr();
         let mut l = stream.launch_builder(f);
-        l.arg(&ctx).arg(&send).arg(&recv).arg(&n);
+        l.arg(&ctx).arg(&send).arg(&recv).arg(&n).arg(&tag);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (threads, 1, 1),
@@ -182,9 +201,52 @@ impl Kernels {
         };
         // SAFETY: caller contract for the user ranges; the context in device memory holds
         // this communicator's registered memory; the argument list matches the kernels'
-        // signature (*const CollContext, *const u8, *mut u8, u64).
+        // signature (*const CollContext, *const u8, *mut u8, u64, u64).
         unsafe { l.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+            .map_err(|e| classify("launch", "cuLaunchKernel", e))
+    }
+}
+
+/// Whether `status` is one of the errors that leave the CUDA context unusable (every later
+/// call of the context returns it).
+pub(super) fn is_sticky(status: sys::CUresult) -> bool {
+    use sys::CUresult as R;
+    matches!(
+        status,
+        R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE
+            | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+/// The error for a sticky status seen by `driver_call` during `what`.
+pub(super) fn context_lost(what: &str, driver_call: &str, status: sys::CUresult) -> CommError {
+    CommError::ContextLost(format!(
+        "{what}: the CUDA context of this GPU is lost ({driver_call} returned {status:?}): an \
+         earlier kernel on it trapped or faulted (a bad pointer, or a broken contract), and \
+         every later CUDA call in this process fails the same way; the arguments of this \
+         call are not the cause. Recreate the context (restart the process)"
+    ))
+}
+
+/// A driver error of `driver_call` during `what`: [`context_lost`] for sticky statuses.
+pub(super) fn classify(
+    what: &str,
+    driver_call: &'static str,
+    e: cudarc::driver::DriverError,
+) -> CommError {
+    if is_sticky(e.0) {
+        context_lost(what, driver_call, e.0)
+    } else {
+        CudaError::driver(driver_call, e).into()
     }
 }

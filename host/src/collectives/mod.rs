@@ -13,12 +13,40 @@
 //! # Ordering and failures
 //!
 //! As with NCCL, the calls of one [`Collectives`] must be ordered: one stream (or streams
-//! ordered by events), and every rank making the same calls with the same sizes in the same
-//! order. Calls on unordered streams would share the scratch concurrently. A rank that does
-//! not take part makes the others' kernels trap after the communicator's device timeout
-//! (`CommConfig::device_timeout`, 30 s by default): on a GPU the error surfaces at the next
-//! synchronisation of the stream (the CUDA context is then unusable, as after any trap); on
-//! the host backend the call returns an error naming the timeout.
+//! ordered by events), and every rank making the same calls in the same order. Calls on
+//! unordered streams would share the scratch concurrently.
+//!
+//! **Mismatched calls are found on every call.** Every kernel sends a 16-byte descriptor of
+//! its call (collective, count, data type, operation, algorithm) to every peer as two LL
+//! packets, and compares the peers' with its own: the semaphore algorithms before their first
+//! signal (so on a mismatch no rank signals or moves data, and the semaphores stay
+//! consistent), one-shot after its reduction and whenever a data packet is late. Every rank
+//! sees the same descriptors, so every rank fails the call, with
+//! [`CommError::CallMismatch`] naming both sides (e.g. "rank 1 called all_reduce with 400000
+//! f32 (two-shot), rank 0 all_reduce with 300000 f32 (two-shot)"); the output is undefined
+//! and the next, matching call works.
+//!
+//! **Waits do not trap.** Every device wait (LL packets, semaphores, proxy channels) looks,
+//! every 64 failed polls, at the clock and at a fault area in memory the host and the
+//! kernels share (mapped pinned host memory on a GPU). It gives up on the communicator's
+//! abort word, on the device timeout (`CommConfig::device_timeout`, 30 s by default), or
+//! once another wait of the same call on this rank gave up; the first to give up records
+//! why. The kernel then skips its remaining waits and work (keeping its block barriers) and
+//! ends. The abort word is raised by [`Collectives::abort`] / [`Communicator::abort`] and by
+//! the bootstrap as soon as it sees a rank die (milliseconds: its TCP connection ends), so a
+//! collective whose peer died fails with [`CommError::Aborted`] "rank 1 is gone: ...". After
+//! a timeout or an abort the collectives are unusable (ranks no longer agree on what was
+//! signalled): every later call returns the same error.
+//!
+//! **Where errors surface.** On the host backend each call returns its own error. On a GPU,
+//! calls return at launch: a kernel's failure is read by [`Collectives::async_error`]
+//! (NCCL's `ncclCommGetAsyncError`) and [`Collectives::synchronize`] (the stream, then
+//! that); every call also checks the fatal ones (abort, timeout, lost context) before
+//! launching, so *such an error of an earlier call is returned by the next call* if nothing
+//! asked before. A mismatch is only returned by those two (see
+//! [`Collectives::async_error`] for why). A lost CUDA context (a kernel trapped
+//! or faulted: a bad pointer) is reported as [`CommError::ContextLost`] by every later call,
+//! instead of blaming its arguments.
 //!
 //! # Algorithms
 //!
@@ -37,11 +65,12 @@ use std::fmt;
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::{
-    CollContext, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, one_shot_max_bytes,
+    CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc, fault,
+    one_shot_max_bytes,
 };
 use mscclpp_device::kernels::collectives as k;
 
-use crate::communicator::{Backend, Buffer, CommError, Communicator};
+use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
 
 /// Element type of a collective.
@@ -350,10 +379,12 @@ pub struct Collectives {
     more: Option<more::Kernels>,
     p2p: more::P2p,
     /// The proxy channels' handles on the host (host backend kernels read them here).
-    _host_conns: Vec<DevConn>,
+    _host_conns: Vec<DevConn<'static>>,
     _scratch: Buffer,
     _semaphores: Buffer,
     _local: Buffer,
+    /// Set once a CUDA call reported a sticky error: every later call returns it.
+    context_lost: std::sync::Mutex<Option<String>>,
 }
 
 impl fmt::Debug for Collectives {
@@ -417,7 +448,8 @@ impl Collectives {
         let transport = comm.backend().transport();
         // Each of the two regions (see CollContext::scratch_len).
         let region = config.scratch_bytes / 2 / 16 * 16;
-        let packets_len = (config.packet_max_bytes * 4).next_multiple_of(32);
+        // Two halves of 2 x packet_max_bytes of packets, then the call descriptors.
+        let packets_len = (config.packet_max_bytes * 4).next_multiple_of(32) + DESC_BYTES as usize;
         let scratch = comm.alloc_buffer(2 * region)?;
         let semaphores = comm.alloc_buffer(SEMAPHORE_WORDS * 8)?;
         let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
@@ -430,9 +462,11 @@ impl Collectives {
         }
         comm.connection_setup()?;
         let all = comm.memory_channels();
-        let proxies = comm.device_connections();
+        // SAFETY: the handles are kept in `_host_conns` (and copied to `gpu`) next to `comm`,
+        // which owns their memory, and are used only while `self` lives.
+        let proxies = unsafe { comm.device_connections_detached() };
         // conns[p] = the proxy channel to rank p; the own entry repeats another (unused).
-        let host_conns: Vec<DevConn> = match channels.first() {
+        let host_conns: Vec<DevConn<'static>> = match channels.first() {
             Some(&(_, _, _, any)) => (0..n)
                 .map(|q| {
                     let i = channels.iter().find(|c| c.0 == q).map_or(any, |c| c.3);
@@ -465,6 +499,7 @@ impl Collectives {
             } else {
                 host_conns.as_ptr()
             },
+            fault: comm.fault_area().kernel_ptr(),
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
@@ -497,12 +532,142 @@ impl Collectives {
             _scratch: scratch,
             _semaphores: semaphores,
             _local: local,
+            context_lost: std::sync::Mutex::new(None),
         })
     }
 
     /// The communicator underneath.
     pub fn communicator(&self) -> &Communicator {
         &self.comm
+    }
+
+    /// Aborts the collectives (and their communicator, see [`Communicator::abort`]): the
+    /// waits of every collective in flight on this rank give up within milliseconds, and
+    /// this and every later call returns [`CommError::Aborted`]. Other ranks are not told.
+    pub fn abort(&self) {
+        self.comm.abort();
+    }
+
+    /// The error of an earlier call, if one failed (NCCL's `ncclCommGetAsyncError`).
+    ///
+    /// GPU calls return when the kernel is launched; a kernel that finds the ranks
+    /// disagree about the call ([`CommError::CallMismatch`]), whose wait times out
+    /// ([`CommError::Timeout`]) or is aborted ([`CommError::Aborted`]: a rank died, or
+    /// [`abort`](Self::abort)) writes a record into memory the host reads without
+    /// synchronising. This returns it: a mismatch once (it is cleared when returned, and the
+    /// communicator stays usable), a timeout or an abort every time (the communicator is
+    /// unusable: after them, ranks no longer agree on what was signalled). A lost CUDA
+    /// context ([`CommError::ContextLost`]) is also returned every time once a call has
+    /// seen it.
+    ///
+    /// Every GPU call checks the fatal ones (abort, timeout, lost context) before it
+    /// launches, so such an error of an earlier call is returned by the next call if nobody
+    /// asked before, and nothing more is launched. A pending *mismatch* does not stop the
+    /// next call: whether a rank's host has seen its kernel's record yet depends on timing,
+    /// so refusing would make some ranks launch and others not (and the launched ones time
+    /// out). Mismatches are returned here and by [`synchronize`](Self::synchronize): call
+    /// one of them after the work (as `mscclpp-perf` does) to learn of them. Do not call it
+    /// while a collective of this communicator may still run (a mismatch record being
+    /// cleared then could lose a newer one); after synchronising the stream is right.
+    pub fn async_error(&self) -> Result<(), CommError> {
+        self.check_fault("async_error", true)
+    }
+
+    /// Synchronises `stream`, then returns [`async_error`](Self::async_error): the
+    /// outcome of every collective queued on it. GPU backend only. A sticky CUDA error
+    /// (an earlier kernel trapped or faulted) is returned as [`CommError::ContextLost`].
+    pub fn synchronize(&self, stream: &CudaStream) -> Result<(), CommError> {
+        self.gpu_kernels("synchronize")?;
+        if let Err(e) = stream.synchronize() {
+            let e = gpu::classify("synchronize", "cuStreamSynchronize", e);
+            self.note_lost(&e);
+            // A kernel of ours that failed in a wait records why; say so first.
+            self.check_fault("synchronize", true)?;
+            return Err(e);
+        }
+        self.check_fault("synchronize", true)
+    }
+
+    /// Remembers a lost context so that every later call says so.
+    fn note_lost(&self, e: &CommError) {
+        if let CommError::ContextLost(m) = e {
+            let mut l = self.context_lost.lock().unwrap_or_else(|e| e.into_inner());
+            l.get_or_insert_with(|| m.clone());
+        }
+    }
+
+    /// `r`, remembering a lost context.
+    fn noted<T>(&self, r: Result<T, CommError>) -> Result<T, CommError> {
+        if let Err(e) = &r {
+            self.note_lost(e);
+        }
+        r
+    }
+
+    /// The pending error of the collectives, for call `call`: a lost context, an abort,
+    /// then a kernel's record (a mismatch record, with `mismatch` only, is cleared once
+    /// returned; without, it is left for `async_error`).
+    fn check_fault(&self, call: &str, mismatch: bool) -> Result<(), CommError> {
+        if let Some(m) = self
+            .context_lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            return Err(CommError::ContextLost(format!("{call}: {m}")));
+        }
+        let area = self.comm.fault_area();
+        if let Some(reason) = area.abort_reason() {
+            return Err(CommError::Aborted(format!(
+                "{call}: rank {}: {reason}; the collectives cannot be used any more",
+                self.rank()
+            )));
+        }
+        let Some(rec) = area
+            .record()
+            .filter(|r| mismatch || r.kind != fault::MISMATCH)
+        else {
+            return Ok(());
+        };
+        let e = self.fault_error(call, &rec);
+        if rec.kind == fault::MISMATCH {
+            area.clear_record();
+        }
+        Err(e)
+    }
+
+    /// The error a kernel's record stands for.
+    fn fault_error(&self, call: &str, rec: &FaultRecord) -> CommError {
+        let me = self.rank();
+        match rec.kind {
+            fault::MISMATCH => CommError::CallMismatch(format!(
+                "{call}: the ranks called collective #{} differently: rank {me} called {}, \
+                 rank {} {}; every rank reports this error and the call did nothing (its \
+                 output is undefined); the collectives stay usable",
+                rec.seq + 1,
+                describe(rec.own),
+                rec.peer,
+                describe(rec.theirs)
+            )),
+            fault::TIMEOUT => CommError::Timeout(format!(
+                "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and gave \
+                 up: that rank did not take part, or is stuck; the collectives cannot be used \
+                 any more",
+                self.comm.device_timeout(),
+                rec.peer,
+                place_name(rec.place),
+                rec.seq + 1,
+                describe(rec.own)
+            )),
+            _ => CommError::Aborted(format!(
+                "{call}: rank {me}: collective #{} ({}) was aborted while waiting for rank {} \
+                 ({}); the collectives cannot be used any more",
+                rec.seq + 1,
+                describe(rec.own),
+                rec.peer,
+                place_name(rec.place)
+            )),
+        }
     }
 
     /// This rank.
@@ -589,7 +754,10 @@ impl Collectives {
             Some(AllReduceAlgo::Proxy) => (1, threads),
             Some(AllReduceAlgo::OneShot) => {
                 let units = bytes.div_ceil(8).max(1);
-                let threads = (units.next_multiple_of(32) as u32).clamp(32, threads);
+                // One warp more than the units need, while the block has room: the last
+                // threads of block 0 send and check the call descriptors, and in a warp of
+                // their own they do not hold up the data threads' polls.
+                let threads = ((units.next_multiple_of(32) + 32) as u32).clamp(64, threads);
                 let blocks = units.div_ceil(threads as usize).clamp(1, 128) as u32;
                 (blocks, threads)
             }
@@ -643,20 +811,26 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let kernels = self.gpu_kernels("all_reduce")?;
-        let word = more::op_word("all_reduce", count, dtype, op)?;
+        more::check_reducing("all_reduce", count, dtype)?;
+        self.check_fault("all_reduce", false)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
         if count == 0 {
             return Ok(());
         }
-        gpu::check_stream("all_reduce", self.gpu().expect("GPU backend"), stream)?;
-        gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
-        gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())?;
-        let algo = self.resolve(algo, bytes)?;
+        self.noted((|| {
+            gpu::check_stream("all_reduce", self.gpu().expect("GPU backend"), stream)?;
+            gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
+            gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
+        })())?;
+        let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let (blocks, threads) = self.grid(Some(algo), bytes);
-        let f = kernels.all_reduce(algo, dtype);
+        let f = kernels.all_reduce(algo, dtype, op);
+        let tag = all_reduce_tag(algo, dtype, op);
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.
-        unsafe { kernels.launch(stream, f, send, recv, word, blocks, threads) }
+        self.noted(unsafe {
+            kernels.launch(stream, f, send, recv, count as u64, tag, blocks, threads)
+        })
     }
 
     /// All-gather: `send_count` elements from every rank land in `recv` (rank `r`'s at
@@ -679,14 +853,17 @@ impl Collectives {
             a => a,
         };
         let kernels = self.gpu_kernels("all_gather")?;
+        self.check_fault("all_gather", false)?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
         if send_count == 0 {
             return Ok(());
         }
         let total = checked_bytes("all_gather", bytes, self.nranks())?;
-        gpu::check_stream("all_gather", self.gpu().expect("GPU backend"), stream)?;
-        gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
-        gpu::check_range("all_gather: recv", recv, total, dtype.size())?;
+        self.noted((|| {
+            gpu::check_stream("all_gather", self.gpu().expect("GPU backend"), stream)?;
+            gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
+            gpu::check_range("all_gather: recv", recv, total, dtype.size())
+        })())?;
         let (blocks, threads) = match algo {
             AllGatherAlgo::Proxy => self.grid(Some(AllReduceAlgo::Proxy), bytes),
             _ => self.grid(None, bytes),
@@ -695,8 +872,11 @@ impl Collectives {
             AllGatherAlgo::Proxy => &kernels.all_gather_proxy,
             _ => &kernels.all_gather,
         };
+        let tag = all_gather_tag(algo, dtype);
         // SAFETY: as in all_reduce_raw.
-        unsafe { kernels.launch(stream, f, send, recv, bytes as u64, blocks, threads) }
+        self.noted(unsafe {
+            kernels.launch(stream, f, send, recv, bytes as u64, tag, blocks, threads)
+        })
     }
 
     /// Out-of-place all-reduce of cudarc slices (lengths must match), on `stream`.
@@ -771,18 +951,21 @@ impl Collectives {
         unsafe { self.all_gather_raw(s, r, count, T::DTYPE, AllGatherAlgo::Auto, stream) }
     }
 
-    /// Runs a kernel body on CPU threads (host backend), turning a trap into an error: one
-    /// block of `max(nranks, 2)` threads (proxy kernels need exactly one block; the others
-    /// take any grid, and more threads only add contention on a CPU).
+    /// Runs a kernel body on CPU threads (host backend): one block of `max(nranks, 2)`
+    /// threads (proxy kernels need exactly one block; the others take any grid, and more
+    /// threads only add contention on a CPU). Returns the pending error before, and the
+    /// kernel's record after (the kernels do not trap: a failed wait records why and
+    /// returns).
     fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
+        self.check_fault(call, true)?;
         let threads = (self.nranks() as u32).max(2);
         launch(Dim3::x(1), Dim3::x(threads), body).map_err(|e| {
             CommError::State(format!(
-                "{call}: the collective failed on this rank ({e}); a peer did not take part \
-                 within {:?}, or called with a different size",
-                self.comm.device_timeout()
+                "{call}: the collective kernel failed on this rank ({e}): a bug or a broken \
+                 contract, not a peer's doing"
             ))
-        })
+        })?;
+        self.check_fault(call, true)
     }
 
     /// Host backend: all-reduce of host slices (blocking; CPU threads run the kernel).
@@ -833,13 +1016,14 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         self.host_only("all_reduce_host")?;
-        let word = more::op_word("all_reduce_host", count, dtype, op)?;
+        more::check_reducing("all_reduce_host", count, dtype)?;
         let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
         if count == 0 {
             return Ok(());
         }
-        let algo = self.resolve(AllReduceAlgo::Auto, bytes)?;
-        let f = more::all_reduce_host_kernel(algo, dtype);
+        let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
+        let f = more::all_reduce_host_kernel(algo, dtype, op);
+        let tag = all_reduce_tag(algo, dtype, op);
         let ctx = &*self.ctx as *const CollContext as u64;
         self.run_host("all_reduce_host", || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
@@ -850,7 +1034,8 @@ impl Collectives {
                     ctx as *const CollContext,
                     send as *const u8,
                     recv as *mut u8,
-                    word,
+                    count as u64,
+                    tag,
                 )
             }
         })
@@ -873,10 +1058,12 @@ impl Collectives {
         }
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
         let ctx = &*self.ctx as *const CollContext as u64;
-        let f: HostKernel = match self.choose_all_gather() {
+        let algo = self.choose_all_gather();
+        let f: HostKernel = match algo {
             AllGatherAlgo::Proxy => k::all_gather_proxy,
             _ => k::all_gather,
         };
+        let tag = all_gather_tag(algo, T::DTYPE);
         self.run_host("all_gather_host", || {
             // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
             unsafe {
@@ -885,13 +1072,170 @@ impl Collectives {
                     s as *const u8,
                     r as *mut u8,
                     bytes,
+                    tag,
                 )
             }
         })
     }
 }
 
-type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64);
+type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
+
+/// The descriptor code of a data type: its index in [`DataType::ALL`] plus one.
+pub(super) fn dtype_code(d: DataType) -> u64 {
+    DataType::ALL
+        .iter()
+        .position(|&x| x == d)
+        .map_or(0, |i| i as u64 + 1)
+}
+
+/// The descriptor code of a reduction: `mscclpp_device::collectives::op` code plus one.
+pub(super) fn op_desc(op: ReduceOp) -> u64 {
+    more::op_code(op) as u64 + 1
+}
+
+const AR_ALGOS: [(AllReduceAlgo, &str); 5] = [
+    (AllReduceAlgo::OneShot, "one-shot"),
+    (AllReduceAlgo::TwoShot, "two-shot"),
+    (AllReduceAlgo::ReadReduce, "readreduce"),
+    (AllReduceAlgo::AllPairs, "all-pairs"),
+    (AllReduceAlgo::Proxy, "proxy"),
+];
+const AG_ALGOS: [(AllGatherAlgo, &str); 2] = [
+    (AllGatherAlgo::Memory, "memory"),
+    (AllGatherAlgo::Proxy, "proxy"),
+];
+const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
+
+/// Whether `dtype` and `op` have the sum-only kernels (every algorithm): sums of f32, f16
+/// and bf16. Every other all-reduce runs the any-operation kernels, which exist for
+/// one-shot, two-shot and proxy only (see [`route`]).
+fn sum_kernels(dtype: DataType, op: ReduceOp) -> bool {
+    op == ReduceOp::Sum && matches!(dtype, DataType::F32 | DataType::F16 | DataType::Bf16)
+}
+
+/// The algorithm an all-reduce of `dtype` and `op` runs for the resolved `algo`: read-reduce
+/// and all-pairs only for the sums of [`sum_kernels`]; two-shot for the others (their
+/// kernels are not built, to keep the embedded PTX small). The same on every rank.
+fn route(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> AllReduceAlgo {
+    match algo {
+        AllReduceAlgo::ReadReduce | AllReduceAlgo::AllPairs if !sum_kernels(dtype, op) => {
+            AllReduceAlgo::TwoShot
+        }
+        a => a,
+    }
+}
+
+/// Which kernel table runs a routed all-reduce: `(true, i)`: the sum-only kernels,
+/// algorithm `i` of one-shot, two-shot, read-reduce, all-pairs, proxy; `(false, i)`: the
+/// any-operation kernels, `i` of one-shot, two-shot, proxy.
+pub(super) fn kernel_slot(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> (bool, usize) {
+    if sum_kernels(dtype, op) {
+        let i = match algo {
+            AllReduceAlgo::OneShot => 0,
+            AllReduceAlgo::ReadReduce => 2,
+            AllReduceAlgo::AllPairs => 3,
+            AllReduceAlgo::Proxy => 4,
+            _ => 1,
+        };
+        (true, i)
+    } else {
+        let i = match algo {
+            AllReduceAlgo::OneShot => 0,
+            AllReduceAlgo::Proxy => 2,
+            _ => 1,
+        };
+        (false, i)
+    }
+}
+
+/// The descriptor tag of an all-reduce (`algo` resolved and routed).
+fn all_reduce_tag(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> u64 {
+    let a = AR_ALGOS
+        .iter()
+        .position(|x| x.0 == algo)
+        .map_or(0, |i| i + 1);
+    desc::tag(desc::ALL_REDUCE, dtype_code(dtype), op_desc(op), a as u64)
+}
+
+/// The descriptor tag of an all-gather (`algo` resolved).
+fn all_gather_tag(algo: AllGatherAlgo, dtype: DataType) -> u64 {
+    let a = AG_ALGOS
+        .iter()
+        .position(|x| x.0 == algo)
+        .map_or(0, |i| i + 1);
+    desc::tag(desc::ALL_GATHER, dtype_code(dtype), 0, a as u64)
+}
+
+/// A call descriptor in words: "all_reduce (sum) with 400000 f32 (two-shot)".
+fn describe(d: [u64; 2]) -> String {
+    let [n, tag] = d;
+    let field = |shift| desc::field(tag, shift) as usize;
+    let dtype = DataType::ALL.get(field(desc::DTYPE_SHIFT).wrapping_sub(1));
+    const SHORT: [&str; 12] = [
+        "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "u32", "i64", "u64", "fp8e4m3", "fp8e5m2",
+    ];
+    let dname = SHORT
+        .get(field(desc::DTYPE_SHIFT).wrapping_sub(1))
+        .unwrap_or(&"?");
+    let size = dtype.map_or(1, |x| x.size() as u64);
+    let op = OPS
+        .get(field(desc::OP_SHIFT).wrapping_sub(1))
+        .unwrap_or(&"?");
+    let root = desc::root(tag);
+    let ll = field(desc::ALGO_SHIFT) == 1;
+    let path = if ll { "LL" } else { "put" };
+    // The kernels that move any type as bytes hold the byte count (see
+    // `mscclpp_device::collectives::types::Bytes`): the put paths of reduce-scatter and
+    // reduce, and two-shot and proxy all-reduce but for the sums of `sum_kernels`.
+    let elems = |bytes_n: bool| if bytes_n { n / size } else { n };
+    match field(desc::KIND_SHIFT) as u64 {
+        desc::ALL_REDUCE => {
+            let algo = AR_ALGOS.get(field(desc::ALGO_SHIFT).wrapping_sub(1));
+            let sum = dtype.is_some_and(|d| {
+                OPS.get(field(desc::OP_SHIFT).wrapping_sub(1)) == Some(&"sum")
+                    && sum_kernels(*d, ReduceOp::Sum)
+            });
+            let bytes_n = !sum
+                && algo
+                    .is_some_and(|a| matches!(a.0, AllReduceAlgo::TwoShot | AllReduceAlgo::Proxy));
+            let algo = algo.map_or("?", |x| x.1);
+            format!("all_reduce ({op}) with {} {dname} ({algo})", elems(bytes_n))
+        }
+        desc::ALL_GATHER => {
+            let algo = AG_ALGOS
+                .get(field(desc::ALGO_SHIFT).wrapping_sub(1))
+                .map_or("?", |x| x.1);
+            format!("all_gather of {} {dname} per rank ({algo})", n / size)
+        }
+        desc::REDUCE_SCATTER => format!(
+            "reduce_scatter ({op}) of {} {dname} per rank ({path})",
+            elems(!ll)
+        ),
+        desc::REDUCE => format!(
+            "reduce ({op}) to root {root} with {} {dname} ({path})",
+            elems(!ll)
+        ),
+        desc::BROADCAST => format!(
+            "broadcast from root {root} of {} {dname} ({path})",
+            n / size
+        ),
+        desc::ALL_TO_ALL => format!("all_to_all of {} {dname} per rank ({path})", n / size),
+        desc::SEND_RECV => format!("a send/recv group of {n} operations"),
+        _ => format!("an unknown collective ({n}, {tag:#x})"),
+    }
+}
+
+/// What a failed wait waited for.
+fn place_name(place: u64) -> &'static str {
+    match place {
+        fault::AT_SEMAPHORE => "a semaphore signal",
+        fault::AT_PACKET => "data packets",
+        fault::AT_DESCRIPTOR => "its call descriptor",
+        fault::AT_PROXY => "a proxy-channel signal",
+        _ => "a signal",
+    }
+}
 
 /// `count * size` or an error naming the call.
 fn checked_bytes(call: &str, count: usize, size: usize) -> Result<usize, CommError> {

@@ -20,14 +20,13 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
-use mscclpp_device::collectives::ll::rooted_ll_max_bytes;
 use mscclpp_device::collectives::op;
 use mscclpp_device::collectives::send_recv::{
     MAX_P2P_OPS, P2P_MAX_BLOCKS, P2pOp as DevP2pOp, P2pOps, p2p_chunk,
 };
-use mscclpp_device::collectives::types::{OP_SHIFT, pack_op};
 use mscclpp_device::collectives::{
-    CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, one_shot_max_bytes,
+    CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc,
+    one_shot_max_bytes,
 };
 use mscclpp_device::kernels::collectives as k1;
 use mscclpp_device::kernels::collectives_more::{self as k, MoreKernel};
@@ -48,54 +47,31 @@ enum Kind {
 }
 
 impl Kind {
-    /// Rooted calls move data one way and pass tokens (one packet less per half).
-    fn rooted(self) -> bool {
-        matches!(self, Kind::Reduce | Kind::Broadcast)
+    /// The collective's descriptor code (`mscclpp_device::collectives::desc`).
+    fn desc(self) -> u64 {
+        match self {
+            Kind::ReduceScatter => desc::REDUCE_SCATTER,
+            Kind::Reduce => desc::REDUCE,
+            Kind::Broadcast => desc::BROADCAST,
+            Kind::AllToAll => desc::ALL_TO_ALL,
+        }
     }
 }
 
-/// Every kernel of this file: name and host twin (see [`kernel_index`]).
+/// Every kernel of this file: name and host twin (see [`kernel_index`]). The reducing ones
+/// exist per element size (b8, b16, b32, b64) on the LL path and once on the put path (bytes),
+/// and take the type and operation from the tag.
 const TABLE: &[(&str, MoreKernel)] = &[
-    ("reduce_scatter_ll_f32", k::reduce_scatter_ll_f32),
-    ("reduce_scatter_ll_f16", k::reduce_scatter_ll_f16),
-    ("reduce_scatter_ll_bf16", k::reduce_scatter_ll_bf16),
-    ("reduce_scatter_ll_f64", k::reduce_scatter_ll_f64),
-    ("reduce_scatter_ll_i8", k::reduce_scatter_ll_i8),
-    ("reduce_scatter_ll_u8", k::reduce_scatter_ll_u8),
-    ("reduce_scatter_ll_i32", k::reduce_scatter_ll_i32),
-    ("reduce_scatter_ll_u32", k::reduce_scatter_ll_u32),
-    ("reduce_scatter_ll_i64", k::reduce_scatter_ll_i64),
-    ("reduce_scatter_ll_u64", k::reduce_scatter_ll_u64),
-    ("reduce_scatter_put_f32", k::reduce_scatter_put_f32),
-    ("reduce_scatter_put_f16", k::reduce_scatter_put_f16),
-    ("reduce_scatter_put_bf16", k::reduce_scatter_put_bf16),
-    ("reduce_scatter_put_f64", k::reduce_scatter_put_f64),
-    ("reduce_scatter_put_i8", k::reduce_scatter_put_i8),
-    ("reduce_scatter_put_u8", k::reduce_scatter_put_u8),
-    ("reduce_scatter_put_i32", k::reduce_scatter_put_i32),
-    ("reduce_scatter_put_u32", k::reduce_scatter_put_u32),
-    ("reduce_scatter_put_i64", k::reduce_scatter_put_i64),
-    ("reduce_scatter_put_u64", k::reduce_scatter_put_u64),
-    ("reduce_ll_f32", k::reduce_ll_f32),
-    ("reduce_ll_f16", k::reduce_ll_f16),
-    ("reduce_ll_bf16", k::reduce_ll_bf16),
-    ("reduce_ll_f64", k::reduce_ll_f64),
-    ("reduce_ll_i8", k::reduce_ll_i8),
-    ("reduce_ll_u8", k::reduce_ll_u8),
-    ("reduce_ll_i32", k::reduce_ll_i32),
-    ("reduce_ll_u32", k::reduce_ll_u32),
-    ("reduce_ll_i64", k::reduce_ll_i64),
-    ("reduce_ll_u64", k::reduce_ll_u64),
-    ("reduce_put_f32", k::reduce_put_f32),
-    ("reduce_put_f16", k::reduce_put_f16),
-    ("reduce_put_bf16", k::reduce_put_bf16),
-    ("reduce_put_f64", k::reduce_put_f64),
-    ("reduce_put_i8", k::reduce_put_i8),
-    ("reduce_put_u8", k::reduce_put_u8),
-    ("reduce_put_i32", k::reduce_put_i32),
-    ("reduce_put_u32", k::reduce_put_u32),
-    ("reduce_put_i64", k::reduce_put_i64),
-    ("reduce_put_u64", k::reduce_put_u64),
+    ("reduce_scatter_ll_b8", k::reduce_scatter_ll_b8),
+    ("reduce_scatter_ll_b16", k::reduce_scatter_ll_b16),
+    ("reduce_scatter_ll_b32", k::reduce_scatter_ll_b32),
+    ("reduce_scatter_ll_b64", k::reduce_scatter_ll_b64),
+    ("reduce_scatter_put", k::reduce_scatter_put),
+    ("reduce_ll_b8", k::reduce_ll_b8),
+    ("reduce_ll_b16", k::reduce_ll_b16),
+    ("reduce_ll_b32", k::reduce_ll_b32),
+    ("reduce_ll_b64", k::reduce_ll_b64),
+    ("reduce_put", k::reduce_put),
     ("broadcast_ll", k::broadcast_ll),
     ("broadcast_put", k::broadcast_put),
     ("all_to_all_ll", k::all_to_all_ll),
@@ -125,7 +101,7 @@ pub(super) fn reduce_index(dtype: DataType) -> Option<usize> {
 }
 
 /// The kernels' code of `op`.
-fn op_code(op: ReduceOp) -> u32 {
+pub(super) fn op_code(op: ReduceOp) -> u32 {
     match op {
         ReduceOp::Sum => op::SUM,
         ReduceOp::Prod => op::PROD,
@@ -135,30 +111,20 @@ fn op_code(op: ReduceOp) -> u32 {
     }
 }
 
-/// The `count` argument of a reducing kernel: `count` with `op`'s code packed in (see
-/// `mscclpp_device::collectives::types::pack_op`); refuses the types that are not reduced
-/// and counts of 2^56 or more.
-pub(super) fn op_word(
-    call: &str,
-    count: usize,
-    dtype: DataType,
-    op: ReduceOp,
-) -> Result<u64, CommError> {
+/// Refuses the types that are moved but not reduced; `count` as the kernels take it.
+pub(super) fn check_reducing(call: &str, count: usize, dtype: DataType) -> Result<u64, CommError> {
     if reduce_index(dtype).is_none() {
         return Err(invalid(format!(
             "{call}: {dtype} is moved but not reduced (all-gather, broadcast, all-to-all and \
              send/recv take it)"
         )));
     }
-    if (count as u64) >> OP_SHIFT != 0 {
-        return Err(invalid(format!("{call}: count {count} is too large")));
-    }
-    Ok(pack_op(count as u64, op_code(op)))
+    Ok(count as u64)
 }
 
-/// The host twins of the all-reduce kernels: per reducing type, one-shot, two-shot,
+/// The host twins of the sum-only all-reduce kernels (f32, f16, bf16): one-shot, two-shot,
 /// read-reduce, all-pairs, proxy.
-const ALL_REDUCE_HOST: [[super::HostKernel; 5]; 10] = [
+const ALL_REDUCE_SUM_HOST: [[super::HostKernel; 5]; 3] = [
     [
         k1::all_reduce_one_shot_f32,
         k1::all_reduce_two_shot_f32,
@@ -180,66 +146,53 @@ const ALL_REDUCE_HOST: [[super::HostKernel; 5]; 10] = [
         k1::all_reduce_all_pairs_bf16,
         k1::all_reduce_proxy_bf16,
     ],
+];
+
+/// The host twins of the any-operation all-reduce kernels, per element size ([`size_class`]):
+/// one-shot, two-shot, proxy.
+const ALL_REDUCE_OP_HOST: [[super::HostKernel; 3]; 4] = [
     [
-        k1::all_reduce_one_shot_f64,
-        k1::all_reduce_two_shot_f64,
-        k1::all_reduce_two_shot_read_f64,
-        k1::all_reduce_all_pairs_f64,
-        k1::all_reduce_proxy_f64,
+        k1::all_reduce_one_shot_op_b8,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
     ],
     [
-        k1::all_reduce_one_shot_i8,
-        k1::all_reduce_two_shot_i8,
-        k1::all_reduce_two_shot_read_i8,
-        k1::all_reduce_all_pairs_i8,
-        k1::all_reduce_proxy_i8,
+        k1::all_reduce_one_shot_op_b16,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
     ],
     [
-        k1::all_reduce_one_shot_u8,
-        k1::all_reduce_two_shot_u8,
-        k1::all_reduce_two_shot_read_u8,
-        k1::all_reduce_all_pairs_u8,
-        k1::all_reduce_proxy_u8,
+        k1::all_reduce_one_shot_op_b32,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
     ],
     [
-        k1::all_reduce_one_shot_i32,
-        k1::all_reduce_two_shot_i32,
-        k1::all_reduce_two_shot_read_i32,
-        k1::all_reduce_all_pairs_i32,
-        k1::all_reduce_proxy_i32,
-    ],
-    [
-        k1::all_reduce_one_shot_u32,
-        k1::all_reduce_two_shot_u32,
-        k1::all_reduce_two_shot_read_u32,
-        k1::all_reduce_all_pairs_u32,
-        k1::all_reduce_proxy_u32,
-    ],
-    [
-        k1::all_reduce_one_shot_i64,
-        k1::all_reduce_two_shot_i64,
-        k1::all_reduce_two_shot_read_i64,
-        k1::all_reduce_all_pairs_i64,
-        k1::all_reduce_proxy_i64,
-    ],
-    [
-        k1::all_reduce_one_shot_u64,
-        k1::all_reduce_two_shot_u64,
-        k1::all_reduce_two_shot_read_u64,
-        k1::all_reduce_all_pairs_u64,
-        k1::all_reduce_proxy_u64,
+        k1::all_reduce_one_shot_op_b64,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
     ],
 ];
 
-/// The host twin of the all-reduce kernel of `algo` and `dtype` (a reducing type).
-pub(super) fn all_reduce_host_kernel(algo: AllReduceAlgo, dtype: DataType) -> super::HostKernel {
-    let row = &ALL_REDUCE_HOST[reduce_index(dtype).expect("a reducing type (checked)")];
-    match algo {
-        AllReduceAlgo::OneShot => row[0],
-        AllReduceAlgo::ReadReduce => row[2],
-        AllReduceAlgo::AllPairs => row[3],
-        AllReduceAlgo::Proxy => row[4],
-        _ => row[1],
+/// The index of the any-type kernels of `dtype`'s element size: 0 for 1 byte, 1 for 2, 2
+/// for 4, 3 for 8.
+pub(super) fn size_class(dtype: DataType) -> usize {
+    dtype.size().trailing_zeros() as usize
+}
+
+/// The kernel name suffixes of the element sizes, in [`size_class`] order.
+pub(super) const SIZE_CLASSES: [&str; 4] = ["b8", "b16", "b32", "b64"];
+
+/// The host twin of the all-reduce kernel of routed `algo`, `dtype` (a reducing type) and
+/// `op` (see `super::kernel_slot`).
+pub(super) fn all_reduce_host_kernel(
+    algo: AllReduceAlgo,
+    dtype: DataType,
+    op: ReduceOp,
+) -> super::HostKernel {
+    let i = reduce_index(dtype).expect("a reducing type (checked)");
+    match super::kernel_slot(algo, dtype, op) {
+        (true, a) => ALL_REDUCE_SUM_HOST[i][a],
+        (false, a) => ALL_REDUCE_OP_HOST[size_class(dtype)][a],
     }
 }
 
@@ -247,12 +200,16 @@ pub(super) fn all_reduce_host_kernel(algo: AllReduceAlgo, dtype: DataType) -> su
 /// byte movers; a reducing type for the others).
 fn kernel_index(kind: Kind, ll: bool, dtype: DataType) -> usize {
     let path = usize::from(!ll);
-    let ty = || reduce_index(dtype).expect("a reducing type (checked)");
+    let ty = || {
+        reduce_index(dtype).expect("a reducing type (checked)");
+        size_class(dtype)
+    };
+    let reducing = |base: usize| if ll { base + ty() } else { base + 4 };
     match kind {
-        Kind::ReduceScatter => 10 * path + ty(),
-        Kind::Reduce => 20 + 10 * path + ty(),
-        Kind::Broadcast => 40 + path,
-        Kind::AllToAll => 42 + path,
+        Kind::ReduceScatter => reducing(0),
+        Kind::Reduce => reducing(5),
+        Kind::Broadcast => 10 + path,
+        Kind::AllToAll => 12 + path,
     }
 }
 
@@ -278,7 +235,7 @@ impl Kernels {
         })
     }
 
-    /// Launches kernel `TABLE[index]` with `(ctx, send, recv, count, root)` on `stream`.
+    /// Launches kernel `TABLE[index]` with `(ctx, send, recv, count, tag)` on `stream`.
     ///
     /// # Safety
     /// `send`/`recv` valid for what the kernel accesses with `count` and `root`.
@@ -290,16 +247,12 @@ impl Kernels {
         send: u64,
         recv: u64,
         count: u64,
-        root: u64,
+        tag: u64,
         (blocks, threads): (u32, u32),
     ) -> Result<(), CommError> {
         let f = &self.functions[index];
         let mut l = stream.launch_builder(f);
-        l.arg(&self.ctx)
-            .arg(&send)
-            .arg(&recv)
-            .arg(&count)
-            .arg(&root);
+        l.arg(&self.ctx).arg(&send).arg(&recv).arg(&count).arg(&tag);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (threads, 1, 1),
@@ -310,7 +263,7 @@ impl Kernels {
         // signature (*const CollContext, *const u8, *mut u8, u64, u64).
         unsafe { l.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+            .map_err(|e| gpu::classify("launch", "cuLaunchKernel", e))
     }
 }
 
@@ -344,6 +297,8 @@ struct Plan {
     dtype: DataType,
     /// The kernel's `count` argument (elements, or bytes for the byte movers).
     count: u64,
+    /// The reduction (reduce-scatter, reduce).
+    op: Option<ReduceOp>,
     /// Bytes one rank sends one peer (chooses the path).
     pair_bytes: usize,
     /// Bytes the call moves on this rank (sizes the grid of the put path).
@@ -353,13 +308,21 @@ struct Plan {
 
 impl Collectives {
     /// Whether a call of `kind` sending `pair_bytes` to each peer takes the LL path.
-    fn more_ll(&self, kind: Kind, pair_bytes: usize) -> bool {
-        let fits = if kind.rooted() {
-            rooted_ll_max_bytes(self.ctx.packets_len)
-        } else {
-            one_shot_max_bytes(self.ctx.packets_len)
-        };
+    fn more_ll(&self, pair_bytes: usize) -> bool {
+        let fits = one_shot_max_bytes(self.ctx.packets_len);
         pair_bytes <= self.config.packet_max_bytes.min(fits as usize)
+    }
+
+    /// The descriptor tag of a plan on path `ll`: the collective, type, operation, path
+    /// (algorithm 1 LL, 2 put) and root.
+    fn more_tag(p: &Plan, ll: bool) -> u64 {
+        desc::rooted_tag(
+            p.kind.desc(),
+            super::dtype_code(p.dtype),
+            p.op.map_or(0, super::op_desc),
+            if ll { 1 } else { 2 },
+            p.root as u64,
+        )
     }
 
     fn check_root(&self, call: &str, root: usize) -> Result<(), CommError> {
@@ -373,14 +336,18 @@ impl Collectives {
     }
 
     /// The kernel (index in [`TABLE`]) and grid of a plan on the GPU.
-    fn more_gpu_launch(&self, p: &Plan) -> (usize, (u32, u32)) {
-        let ll = self.more_ll(p.kind, p.pair_bytes);
+    fn more_gpu_launch(&self, p: &Plan) -> (usize, (u32, u32), u64) {
+        let ll = self.more_ll(p.pair_bytes);
         let grid = if ll {
             self.grid(Some(super::AllReduceAlgo::OneShot), p.pair_bytes)
         } else {
             self.grid(None, p.total_bytes)
         };
-        (kernel_index(p.kind, ll, p.dtype), grid)
+        (
+            kernel_index(p.kind, ll, p.dtype),
+            grid,
+            Self::more_tag(p, ll),
+        )
     }
 
     /// Launches a checked plan on `stream`.
@@ -395,9 +362,9 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let kernels = self.more.as_ref().expect("GPU backend");
-        let (index, grid) = self.more_gpu_launch(&p);
+        let (index, grid, tag) = self.more_gpu_launch(&p);
         // SAFETY: caller contract.
-        unsafe { kernels.launch(stream, index, send, recv, p.count, p.root as u64, grid) }
+        self.noted(unsafe { kernels.launch(stream, index, send, recv, p.count, tag, grid) })
     }
 
     /// Runs a plan on CPU threads (host backend).
@@ -409,10 +376,10 @@ impl Collectives {
         if p.pair_bytes == 0 {
             return Ok(());
         }
-        let ll = self.more_ll(p.kind, p.pair_bytes);
+        let ll = self.more_ll(p.pair_bytes);
         let f = TABLE[kernel_index(p.kind, ll, p.dtype)].1;
         let ctx = &*self.ctx as *const CollContext as u64;
-        let (count, root) = (p.count, p.root as u64);
+        let (count, tag) = (p.count, Self::more_tag(&p, ll));
         self.run_host(call, || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
             // shared memory; the ranges are valid (caller contract); the grid is one block
@@ -423,7 +390,7 @@ impl Collectives {
                     send as *const u8,
                     recv as *mut u8,
                     count,
-                    root,
+                    tag,
                 )
             }
         })
@@ -432,7 +399,12 @@ impl Collectives {
     /// Checks the GPU backend and the stream of a `_raw` call.
     fn more_gpu_call(&self, call: &str, stream: &CudaStream) -> Result<(), CommError> {
         self.gpu_kernels(call)?;
-        gpu::check_stream(call, self.gpu().expect("GPU backend"), stream)
+        self.check_fault(call, false)?;
+        self.noted(gpu::check_stream(
+            call,
+            self.gpu().expect("GPU backend"),
+            stream,
+        ))
     }
 
     /// Reduce-scatter: `send` holds `nranks * recv_count` elements (block `p` for rank `p`);
@@ -456,7 +428,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = "reduce_scatter";
         self.more_gpu_call(call, stream)?;
-        let word = op_word(call, recv_count, dtype, op)?;
+        let word = check_reducing(call, recv_count, dtype)?;
         let (n, es) = (self.nranks(), dtype.size());
         let bytes = checked_bytes(call, recv_count, es)?;
         let total = checked_bytes(call, bytes, n)?;
@@ -469,6 +441,7 @@ impl Collectives {
         let p = Plan {
             kind: Kind::ReduceScatter,
             dtype,
+            op: Some(op),
             count: word,
             pair_bytes: bytes,
             total_bytes: total,
@@ -500,7 +473,7 @@ impl Collectives {
         let call = "reduce";
         self.more_gpu_call(call, stream)?;
         self.check_root(call, root)?;
-        let word = op_word(call, count, dtype, op)?;
+        let word = check_reducing(call, count, dtype)?;
         let es = dtype.size();
         let bytes = checked_bytes(call, count, es)?;
         if count == 0 {
@@ -514,6 +487,7 @@ impl Collectives {
         let p = Plan {
             kind: Kind::Reduce,
             dtype,
+            op: Some(op),
             count: word,
             pair_bytes: bytes,
             total_bytes: bytes,
@@ -556,6 +530,7 @@ impl Collectives {
         let p = Plan {
             kind: Kind::Broadcast,
             dtype,
+            op: None,
             count: bytes as u64,
             pair_bytes: bytes,
             total_bytes: bytes,
@@ -593,6 +568,7 @@ impl Collectives {
         let p = Plan {
             kind: Kind::AllToAll,
             dtype,
+            op: None,
             count: bytes as u64,
             pair_bytes: bytes,
             total_bytes: total,
@@ -793,7 +769,8 @@ impl Collectives {
         Ok(Plan {
             kind: Kind::ReduceScatter,
             dtype,
-            count: op_word(call, count, dtype, op)?,
+            op: Some(op),
+            count: check_reducing(call, count, dtype)?,
             pair_bytes: bytes,
             total_bytes: bytes * self.nranks(),
             root: 0,
@@ -818,9 +795,10 @@ impl Collectives {
             },
             dtype,
             count: match op {
-                Some(op) => op_word(call, count, dtype, op)?,
+                Some(_) => check_reducing(call, count, dtype)?,
                 None => bytes as u64,
             },
+            op,
             pair_bytes: bytes,
             total_bytes: bytes,
             root,
@@ -896,6 +874,7 @@ impl Collectives {
         let plan = Plan {
             kind: Kind::AllToAll,
             dtype: T::DTYPE,
+            op: None,
             count: bytes as u64,
             pair_bytes: bytes,
             total_bytes: bytes * self.nranks(),
@@ -955,7 +934,8 @@ impl P2p {
         let slot = p2p_slot(config);
         let sems_at = n * slot;
         let buf = comm.alloc_buffer(sems_at + SEMAPHORE_WORDS * 8)?;
-        let local = comm.alloc_buffer(EXPECTED_WORDS * 8)?;
+        // Expected words, then the p2p context's own state (call counter, local fault words).
+        let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
         let transport = comm.backend().transport();
         let mut channels = Vec::new();
         for p in (0..n).filter(|&p| p != rank) {
@@ -975,6 +955,7 @@ impl P2p {
             sems: (mine + sems_at as u64) as *mut u64,
             peer_sems: [std::ptr::null_mut(); MAX_RANKS],
             expected: addr(&local) as *mut u64,
+            state: (addr(&local) + EXPECTED_WORDS as u64 * 8) as *mut u64,
             ..*base
         };
         ctx.peer_scratch[rank] = ctx.scratch;
@@ -1155,9 +1136,11 @@ impl Collectives {
         // SAFETY: the p2p context in device memory holds this communicator's registered
         // memory; the ranges were checked and the caller keeps them valid; the arguments
         // match the kernel's (*const CollContext, P2pOps).
-        unsafe { l.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::driver("cuLaunchKernel", e).into())
+        self.noted(
+            unsafe { l.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| gpu::classify(call, "cuLaunchKernel", e)),
+        )
     }
 
     /// Sends `count` elements at device address `buf` to `peer`: a group of one (see
@@ -1248,6 +1231,7 @@ impl Collectives {
         if ops.count == 0 {
             return Ok(());
         }
+        self.check_fault(call, true)?;
         // Two blocks per transfer at most: CPU threads.
         let blocks = ops.plan(p2p_chunk(self.p2p.ctx.scratch_len), 2);
         let ctx = &*self.p2p.ctx as *const CollContext as u64;
@@ -1258,11 +1242,13 @@ impl Collectives {
         })
         .map_err(|e| {
             CommError::State(format!(
-                "{call}: the transfer failed on this rank ({e}); a peer did not post the \
-                 matching operation within {:?}, or with a different size",
-                self.comm.device_timeout()
+                "{call}: the transfer kernel failed on this rank ({e}): a bug or a broken \
+                 contract, not a peer's doing"
             ))
-        })
+        })?;
+        // A wait that gave up (a peer did not post the matching operation within the
+        // device timeout, or with another size, or an abort) recorded why.
+        self.check_fault(call, true)
     }
 
     /// Host backend: sends a host slice to `peer` (blocks until the peer has received it).

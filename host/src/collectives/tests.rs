@@ -32,11 +32,20 @@ pub(super) fn ranks<T: Send>(
     config: CollConfig,
     f: impl Fn(Collectives) -> T + Sync,
 ) -> Vec<T> {
+    ranks_with(n, |_| config.clone(), f)
+}
+
+/// [`ranks`] with rank `r`'s config `config(r)`.
+pub(super) fn ranks_with<T: Send>(
+    n: usize,
+    config: impl Fn(usize) -> CollConfig,
+    f: impl Fn(Collectives) -> T + Sync,
+) -> Vec<T> {
     let id = create_unique_id().unwrap();
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (f, config) = (&f, config.clone());
+                let (f, config) = (&f, config(r));
                 s.spawn(move || {
                     let c = comm_config();
                     let bs =
@@ -251,6 +260,39 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
 }
 
 #[test]
+fn the_any_type_proxy_kernel_reduces_other_types_and_operations() {
+    let config = CollConfig {
+        all_reduce_algo: AllReduceAlgo::Proxy,
+        ..small()
+    };
+    for n in [2, 3] {
+        ranks(n, config.clone(), |c| {
+            let r = c.rank() as i64;
+            for count in [1usize, 5, 333, 2501] {
+                let send: Vec<i32> = (0..count).map(|i| (r * 1000 - i as i64) as i32).collect();
+                let mut out = vec![0i32; count];
+                c.all_reduce_host(&send, &mut out, ReduceOp::Max).unwrap();
+                let top = (n as i64 - 1) * 1000;
+                assert!(
+                    out.iter()
+                        .enumerate()
+                        .all(|(i, &x)| x as i64 == top - i as i64)
+                );
+                let send: Vec<f64> = (0..count).map(|i| (r + 1) as f64 * i as f64).collect();
+                let mut out = vec![0f64; count];
+                c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+                let k = (n * (n + 1) / 2) as f64;
+                assert!(out.iter().enumerate().all(|(i, &x)| x == k * i as f64));
+                let send: Vec<u8> = (0..count).map(|i| (i % 7) as u8 + r as u8).collect();
+                let mut out = vec![0u8; count];
+                c.all_reduce_host(&send, &mut out, ReduceOp::Min).unwrap();
+                assert!(out.iter().enumerate().all(|(i, &x)| x == (i % 7) as u8));
+            }
+        });
+    }
+}
+
+#[test]
 fn proxy_channel_variants_reduce_and_gather_over_the_proxy() {
     let config = CollConfig {
         all_reduce_algo: AllReduceAlgo::Proxy,
@@ -299,4 +341,160 @@ fn a_single_rank_copies_its_input() {
             .unwrap();
         assert_eq!(out, [1.0, 2.0, 3.0, 4.0, 5.0]);
     });
+}
+
+/// `all_reduce_host` of `count` f32 (or f16) on this rank; the error's text.
+fn reduce_err(c: &Collectives, count: usize, half: bool) -> String {
+    let r = if half {
+        let mut b = vec![f16::ONE; count];
+        c.all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+    } else {
+        let mut b = vec![1f32; count];
+        c.all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+    };
+    match r {
+        Err(e @ CommError::CallMismatch(_)) => e.to_string(),
+        other => panic!("rank {}: expected a mismatch, got {other:?}", c.rank()),
+    }
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_naming_the_difference_then_work() {
+    let algos = [
+        (AllReduceAlgo::OneShot, "one-shot"),
+        (AllReduceAlgo::TwoShot, "two-shot"),
+        (AllReduceAlgo::ReadReduce, "readreduce"),
+        (AllReduceAlgo::AllPairs, "all-pairs"),
+        (AllReduceAlgo::Proxy, "proxy"),
+    ];
+    for (algo, name) in algos {
+        let config = CollConfig {
+            all_reduce_algo: algo,
+            ..small()
+        };
+        ranks(2, config, |c| {
+            let r = c.rank();
+            // Counts (one-shot: both fit its 2048 bytes).
+            let e = reduce_err(&c, [300, 400][r], false);
+            let want = format!(
+                "rank {r} called all_reduce (sum) with {} f32 ({name}), rank {} all_reduce (sum) \
+                 with {} f32 ({name})",
+                [300, 400][r],
+                1 - r,
+                [300, 400][1 - r]
+            );
+            assert!(e.contains(&want), "rank {r}: {e}\nwants: {want}");
+            // The other way round, so that each rank once waits for data never sent.
+            reduce_err(&c, [400, 300][r], false);
+            // Data type.
+            let e = reduce_err(&c, 100, r == 1);
+            assert!(e.contains("100 f16") && e.contains("100 f32"), "{e}");
+            // Usable afterwards, repeatedly.
+            for call in 0..3 {
+                all_reduce_case::<f32>(&c, 257 + call, call as u64, call % 2 == 0);
+            }
+            c.async_error().unwrap();
+        });
+    }
+    // Algorithm: the ranks' configs differ.
+    ranks_with(
+        2,
+        |r| CollConfig {
+            all_reduce_algo: [AllReduceAlgo::TwoShot, AllReduceAlgo::AllPairs][r],
+            ..small()
+        },
+        |c| {
+            let e = reduce_err(&c, 100, false);
+            assert!(e.contains("(two-shot)") && e.contains("(all-pairs)"), "{e}");
+        },
+    );
+    // All-gather sizes, both algorithms; then all-reduce against all-gather.
+    for algo in [AllGatherAlgo::Memory, AllGatherAlgo::Proxy] {
+        let config = CollConfig {
+            all_gather_algo: algo,
+            ..small()
+        };
+        ranks(2, config, |c| {
+            let r = c.rank();
+            let count = [100, 300][r];
+            let mut out = vec![0f32; 2 * count];
+            let e = c.all_gather_host(&vec![1f32; count], &mut out).unwrap_err();
+            assert!(matches!(e, CommError::CallMismatch(_)), "{e}");
+            let e = e.to_string();
+            assert!(
+                e.contains("all_gather of 100 f32 per rank")
+                    && e.contains("all_gather of 300 f32 per rank"),
+                "{e}"
+            );
+            let e = if r == 0 {
+                let mut out = vec![0f32; 200];
+                c.all_gather_host(&[1f32; 100], &mut out).unwrap_err()
+            } else {
+                let mut b = vec![1f32; 100];
+                c.all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+                    .unwrap_err()
+            };
+            assert!(
+                e.to_string().contains("all_gather of 100 f32 per rank"),
+                "{e}"
+            );
+            let send: Vec<f32> = (0..333).map(|i| value(r, i, 5)).collect();
+            let mut out = vec![0f32; 666];
+            c.all_gather_host(&send, &mut out).unwrap();
+            for q in 0..2 {
+                for i in 0..333 {
+                    assert_eq!(out[q * 333 + i], value(q, i, 5));
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn abort_stops_a_waiting_collective_at_once_and_sticks() {
+    let aborted = std::sync::atomic::AtomicBool::new(false);
+    let out = ranks(2, small(), |c| {
+        let r = c.rank();
+        std::thread::scope(|s| {
+            // Rank 0 aborts itself 200 ms into a call rank 1 makes late; rank 1 aborts once
+            // rank 0 has (as an application would after seeing the error).
+            s.spawn(|| {
+                if r == 0 {
+                    std::thread::sleep(Duration::from_millis(200));
+                } else {
+                    while !aborted.load(std::sync::atomic::Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                c.abort();
+            });
+            if r == 1 {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            let t0 = std::time::Instant::now();
+            let mut b = vec![1f32; 3000];
+            let e = c
+                .all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+                .unwrap_err();
+            if r == 0 {
+                aborted.store(true, std::sync::atomic::Ordering::Release);
+            }
+            let took = t0.elapsed();
+            assert!(matches!(e, CommError::Aborted(_)), "rank {r}: {e}");
+            assert!(e.to_string().contains("abort()"), "{e}");
+            // Sticky.
+            let e2 = c.async_error().unwrap_err();
+            assert!(matches!(e2, CommError::Aborted(_)), "{e2}");
+            let e3 = c
+                .all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+                .unwrap_err();
+            assert!(matches!(e3, CommError::Aborted(_)), "{e3}");
+            took
+        })
+    });
+    assert!(
+        out[0] < Duration::from_millis(1500),
+        "rank 0 took {:?}",
+        out[0]
+    );
 }

@@ -25,11 +25,12 @@
 //! the proxy against both buffers and reported ([`Communicator::proxy_stop`]), never
 //! performed.
 
+mod fault;
 mod setup;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use mscclpp_device::channel::{DevConn, MemoryChannel};
@@ -45,24 +46,30 @@ use crate::transport::TransportKind;
 use crate::transport::ib::{self, IbConfig, IbError};
 use crate::transport::shm::{ShmError, ShmSegment};
 
+pub use fault::AbortReason;
+pub(crate) use fault::{FaultArea, FaultRecord};
 pub use setup::Connection;
 
-/// A [`DevConn`] as a kernel argument for cudarc's launch builder (passed by value).
+/// A [`DevConn`] as a kernel argument for cudarc's launch builder (passed by value). It
+/// borrows what the handle borrows (the communicator).
 #[derive(Debug, Clone, Copy)]
 #[repr(transparent)]
-pub struct DevConnArg(pub DevConn);
+pub struct DevConnArg<'a>(pub DevConn<'a>);
 
-// SAFETY: DevConn is `#[repr(C)]`, `Copy`, and holds only addresses and integers, which is
-// what a by-value kernel parameter of the same Rust type expects.
-unsafe impl cudarc::driver::DeviceRepr for DevConnArg {}
+// SAFETY: DevConn is `#[repr(C)]`, `Copy`, and holds only addresses and integers (its
+// lifetime is a zero-sized marker), which is what a by-value kernel parameter of the same
+// Rust type expects.
+unsafe impl cudarc::driver::DeviceRepr for DevConnArg<'_> {}
 
 /// A [`MemoryChannel`] as a kernel argument for cudarc's launch builder (passed by value).
+/// It borrows what the handle borrows (the communicator).
 #[derive(Debug, Clone, Copy)]
 #[repr(transparent)]
-pub struct MemoryChannelArg(pub MemoryChannel);
+pub struct MemoryChannelArg<'a>(pub MemoryChannel<'a>);
 
-// SAFETY: MemoryChannel is `#[repr(C)]`, `Copy`, addresses and integers only.
-unsafe impl cudarc::driver::DeviceRepr for MemoryChannelArg {}
+// SAFETY: MemoryChannel is `#[repr(C)]`, `Copy`, addresses and integers only (its lifetime
+// is a zero-sized marker).
+unsafe impl cudarc::driver::DeviceRepr for MemoryChannelArg<'_> {}
 
 /// Errors of the communicator.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +113,22 @@ pub enum CommError {
     /// A call in the wrong state (e.g. `connect` after the proxy started).
     #[error("{0}")]
     State(String),
+    /// The ranks called a collective differently (kind, count, type, operation or
+    /// algorithm): every rank gets this error, names the disagreement, and the communicator
+    /// stays usable for the next call.
+    #[error("{0}")]
+    CallMismatch(String),
+    /// The communicator was aborted (a rank was lost, or [`Communicator::abort`]): every
+    /// later call fails the same way.
+    #[error("{0}")]
+    Aborted(String),
+    /// A device wait of a collective ran out of time (a rank did not take part): the
+    /// communicator is unusable.
+    #[error("{0}")]
+    Timeout(String),
+    /// The CUDA context is lost (a kernel trapped or faulted): every later CUDA call fails.
+    #[error("{0}")]
+    ContextLost(String),
 }
 
 /// Where a communicator runs.
@@ -298,7 +321,9 @@ pub struct Communicator {
     pending: Vec<PendingConnection>,
     tags: HashSet<(usize, u32)>,
     connections: Vec<Connection>,
-    proxy: Option<ProxyService>,
+    /// The running proxy. Behind a lock so that starting and stopping it takes `&self`:
+    /// handles borrow the communicator and stay valid across both.
+    proxy: Mutex<Option<ProxyService>>,
     /// Flag memory of every setup round, kept alive while connections use it.
     flag_memory: Vec<setup::FlagMemory>,
     /// Signals sent on each connection (see `ProxyTask::epochs`).
@@ -307,6 +332,8 @@ pub struct Communicator {
     ib: Option<setup::IbSession>,
     /// Settings of IB connections.
     ib_config: IbConfig,
+    /// The abort word and failure records shared with kernels.
+    fault: Arc<FaultArea>,
 }
 
 impl Communicator {
@@ -353,6 +380,11 @@ impl Communicator {
             Backend::Host => Fifo::new_host(fifo_config),
         }
         .map_err(|e| CommError::InvalidArgument(format!("proxy FIFO: {e}")))?;
+        let fault = FaultArea::new(match &backend {
+            Backend::Gpu(g) => Some(g),
+            Backend::Host => None,
+        })?;
+        fault.watch(&bootstrap);
         Ok(Communicator {
             bootstrap,
             backend,
@@ -360,11 +392,12 @@ impl Communicator {
             pending: Vec::new(),
             tags: HashSet::new(),
             connections: Vec::new(),
-            proxy: None,
+            proxy: Mutex::new(None),
             flag_memory: Vec::new(),
             epochs: Arc::from(Vec::new()),
             ib: None,
             ib_config: config.ib,
+            fault,
         })
     }
 
@@ -457,7 +490,7 @@ impl Communicator {
         kind: ChannelKind,
         packet_bytes: usize,
     ) -> Result<usize, CommError> {
-        if self.proxy.is_some() {
+        if self.proxy_mut().is_some() {
             return Err(CommError::State(
                 "connect after proxy_launch: stop the proxy first".into(),
             ));
@@ -507,13 +540,14 @@ impl Communicator {
                 "connect: the buffer was not allocated by this communicator's backend".into(),
             ));
         }
-        // Peers map shared memory by name, except over IB (nothing is mapped).
+        // Peers map shared memory by name, except over IB (nothing is mapped); a segment gets
+        // names in one setup round only.
         if let BufferMem::Host(s) = &*buffer.mem
-            && s.is_unlinked()
+            && s.was_shared()
             && transport != TransportKind::Ib
         {
             return Err(CommError::InvalidArgument(
-                "connect: this shared-memory buffer was already shared in an earlier setup and its name removed; allocate a new buffer".into(),
+                "connect: this shared-memory buffer was already shared in an earlier setup; allocate a new buffer".into(),
             ));
         }
         if !self.tags.insert((remote_rank, tag)) {
@@ -578,7 +612,7 @@ impl Communicator {
     /// Exchanges the pending connections' memory with their peers and maps the peers'
     /// (collective over the ranks that connect to each other; every rank should call it).
     pub fn connection_setup(&mut self) -> Result<(), CommError> {
-        if self.proxy.is_some() {
+        if self.proxy_mut().is_some() {
             return Err(CommError::State(
                 "connection_setup after proxy_launch: stop the proxy first".into(),
             ));
@@ -598,7 +632,58 @@ impl Communicator {
 
     /// The device handles of every set-up proxy channel, in `connect` order (pass them to
     /// kernels by value, or copy them to device memory).
-    pub fn device_connections(&self) -> Vec<DevConn> {
+    ///
+    /// The handles borrow the communicator: the memory they point at (the proxy FIFO, the
+    /// counters) is freed when it is dropped, so dropping it while a handle is still used
+    /// does not compile (error E0505):
+    ///
+    /// ```compile_fail,E0505
+    /// use mscclpp_device::arch::{Dim3, launch};
+    /// use mscclpp_host::communicator::Communicator;
+    ///
+    /// fn misuse(comm: Communicator) {
+    ///     let conns = comm.device_connections();
+    ///     drop(comm); // frees the FIFO and the counters
+    ///     launch(Dim3::x(1), Dim3::x(1), || {
+    ///         conns[0].wait_timeout(1000);
+    ///         conns[0].signal();
+    ///     })
+    ///     .unwrap();
+    /// }
+    /// ```
+    ///
+    /// Using them while the communicator lives (starting and stopping the proxy included)
+    /// is fine:
+    ///
+    /// ```no_run
+    /// use mscclpp_device::arch::{Dim3, launch};
+    /// use mscclpp_host::communicator::Communicator;
+    ///
+    /// fn good(comm: Communicator) {
+    ///     let conns = comm.device_connections();
+    ///     comm.proxy_launch().unwrap();
+    ///     launch(Dim3::x(1), Dim3::x(1), || {
+    ///         conns[0].wait_timeout(1000);
+    ///         conns[0].signal();
+    ///     })
+    ///     .unwrap();
+    ///     comm.proxy_stop().unwrap();
+    ///     drop(comm);
+    /// }
+    /// ```
+    pub fn device_connections(&self) -> Vec<DevConn<'_>> {
+        // SAFETY: the handles borrow `self`, which owns their memory.
+        unsafe { self.device_connections_detached() }
+    }
+
+    /// [`device_connections`](Self::device_connections) with a lifetime the caller picks,
+    /// for code that keeps the handles next to the communicator (e.g. in one struct).
+    ///
+    /// # Safety
+    /// The handles (and their copies) must not be used after this communicator is dropped
+    /// (moving it is fine: the memory they point at is owned through heap allocations and
+    /// mappings that do not move with it).
+    pub(crate) unsafe fn device_connections_detached<'a>(&self) -> Vec<DevConn<'a>> {
         let timeout_ns = self.fifo.device_handle().timeout_ns();
         self.connections
             .iter()
@@ -621,7 +706,32 @@ impl Communicator {
     }
 
     /// The device handles of every set-up memory channel, in `connect_memory` order.
-    pub fn memory_channels(&self) -> Vec<MemoryChannel> {
+    ///
+    /// The handles borrow the communicator (it owns or maps every address in them), so
+    /// dropping it while a handle is still used does not compile (error E0505):
+    ///
+    /// ```compile_fail,E0505
+    /// use mscclpp_device::arch::{Dim3, launch};
+    /// use mscclpp_host::communicator::Communicator;
+    ///
+    /// fn misuse(comm: Communicator) {
+    ///     let channels = comm.memory_channels();
+    ///     drop(comm); // unmaps the peer's buffer and counters
+    ///     launch(Dim3::x(1), Dim3::x(1), || channels[0].write::<u64>(0, 1)).unwrap();
+    /// }
+    /// ```
+    ///
+    /// ```no_run
+    /// use mscclpp_device::arch::{Dim3, launch};
+    /// use mscclpp_host::communicator::Communicator;
+    ///
+    /// fn good(comm: Communicator) {
+    ///     let channels = comm.memory_channels();
+    ///     launch(Dim3::x(1), Dim3::x(1), || channels[0].write::<u64>(0, 1)).unwrap();
+    ///     drop(comm);
+    /// }
+    /// ```
+    pub fn memory_channels(&self) -> Vec<MemoryChannel<'_>> {
         let timeout_ns = self.fifo.device_handle().timeout_ns();
         self.connections
             .iter()
@@ -653,6 +763,26 @@ impl Communicator {
             .collect()
     }
 
+    /// Aborts the communicator (NCCL's `ncclCommAbort`, without freeing anything): raises
+    /// the abort word that the collective kernels' waits look at, so every collective of
+    /// this communicator in flight on this rank stops within milliseconds and fails with
+    /// [`CommError::Aborted`], as does every later one. The bootstrap does the same by
+    /// itself when a rank dies. Other ranks are not told: they see this rank's kernels stop
+    /// taking part (abort them too, or let their timeouts or the bootstrap report it).
+    pub fn abort(&self) {
+        self.fault.abort(AbortReason::Requested);
+    }
+
+    /// Why the communicator was aborted, if it was (a lost rank or [`abort`](Self::abort)).
+    pub fn abort_reason(&self) -> Option<AbortReason> {
+        self.fault.abort_reason()
+    }
+
+    /// The fault area shared with the collective kernels.
+    pub(crate) fn fault_area(&self) -> &Arc<FaultArea> {
+        &self.fault
+    }
+
     /// How long device-side waits (and host-backend kernels) wait before giving up.
     pub fn device_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.fifo.device_handle().timeout_ns())
@@ -663,26 +793,30 @@ impl Communicator {
         &self.connections
     }
 
-    /// Starts the proxy thread serving this communicator's FIFO.
-    pub fn proxy_launch(&mut self) -> Result<(), CommError> {
-        if self.proxy.is_some() {
+    /// Starts the proxy thread serving this communicator's FIFO. Takes `&self` so that
+    /// handles from [`device_connections`](Self::device_connections), which borrow the
+    /// communicator, may be taken before it.
+    pub fn proxy_launch(&self) -> Result<(), CommError> {
+        let mut proxy = self.proxy_lock();
+        if proxy.is_some() {
             return Err(CommError::State(
                 "proxy_launch: the proxy is already running".into(),
             ));
         }
         let task = setup::proxy_task(self)?;
         let name = format!("mscclpp-proxy-{}", self.rank());
-        self.proxy = Some(
+        *proxy = Some(
             ProxyService::launch(task, name)
                 .map_err(|e| CommError::State(format!("cannot start the proxy thread: {e}")))?,
         );
         Ok(())
     }
 
-    /// Stops the proxy after it has served every trigger already pushed; returns the errors
-    /// it reported (malformed triggers, failed copies), if any.
-    pub fn proxy_stop(&mut self) -> Result<(), CommError> {
-        let Some(p) = self.proxy.take() else {
+    /// Stops the proxy after it has served every trigger already pushed (joining its
+    /// thread); returns the errors it reported (malformed triggers, failed copies), if any.
+    pub fn proxy_stop(&self) -> Result<(), CommError> {
+        let taken = self.proxy_lock().take();
+        let Some(p) = taken else {
             return Err(CommError::State(
                 "proxy_stop: the proxy is not running".into(),
             ));
@@ -697,14 +831,28 @@ impl Communicator {
 
     /// Errors the running proxy has reported so far (as text) and how many were dropped.
     pub fn proxy_errors(&self) -> (Vec<String>, u64) {
-        self.proxy.as_ref().map(|p| p.errors()).unwrap_or_default()
+        self.proxy_lock()
+            .as_ref()
+            .map(|p| p.errors())
+            .unwrap_or_default()
+    }
+
+    /// The proxy slot (a panic while it was held leaves nothing half-done in it).
+    fn proxy_lock(&self) -> MutexGuard<'_, Option<ProxyService>> {
+        self.proxy.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The proxy slot, without locking.
+    fn proxy_mut(&mut self) -> &mut Option<ProxyService> {
+        self.proxy.get_mut().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Stop the proxy before the memory it uses goes (fields drop after this).
-        if let Some(p) = self.proxy.take() {
+        // Stop the proxy (joining its thread) before the memory it uses goes (fields drop
+        // after this).
+        if let Some(p) = self.proxy_mut().take() {
             let _ = p.stop();
         }
         // Drop peer mappings before our own memory and before the bootstrap goes.

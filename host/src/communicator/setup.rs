@@ -5,7 +5,15 @@
 //! tagged send/recv) describing their buffer and the inbound counter the peer's proxy must
 //! write, check the peer's against their own (transport, buffer size, machine), map the
 //! peer's memory (CUDA IPC, peer access in one process, or shared memory), then send an
-//! acknowledgement. Once every peer has acknowledged, shared-memory names are unlinked.
+//! acknowledgement.
+//!
+//! Shared memory (Host backend) has no name until a setup round shares it: each segment is
+//! given a fresh name per peer just before the description carrying it is sent; the peer
+//! removes the name as soon as it has mapped the segment, and removes the names of every
+//! description it received but did not map; this side removes every name it published
+//! when the round ends (acknowledged, failed, or unwound). A bootstrap error (a peer that
+//! died) does not cut the exchange short: every description still goes out and every one
+//! that arrived is read, so names sent by a rank that died are removed by their receivers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +31,7 @@ use crate::transport::ib::{
     StagingMode, Verbs, decode_handshake, encode_handshake,
 };
 use crate::transport::p2p::P2pPlane;
-use crate::transport::shm::ShmSegment;
+use crate::transport::shm::{ShmError, ShmSegment, remove_name};
 use crate::transport::{DataPlane, PlaneSet, Route, TransportKind};
 
 /// Bootstrap tags of setup messages: a high marker | the connection's tag.
@@ -348,13 +356,63 @@ fn mismatch(peer: usize, tag: u32, reason: impl Into<String>) -> CommError {
     }
 }
 
-fn describe(buffer: &Buffer, backend: &Backend) -> Result<MemHandle, CommError> {
+/// Shared-memory names this side published in one setup round, one per segment and peer;
+/// every one is removed when this drops (the round's end, on every path).
+#[derive(Debug, Default)]
+struct Published {
+    names: HashMap<(usize, usize), String>,
+}
+
+impl Published {
+    /// The handle of `seg` for `peer`: a name published for this peer in this round.
+    fn handle(&mut self, seg: &ShmSegment, peer: usize) -> Result<MemHandle, ShmError> {
+        let key = (seg.as_ptr() as usize, peer);
+        let name = match self.names.get(&key) {
+            Some(n) => n.clone(),
+            None => {
+                let n = seg.publish()?;
+                self.names.insert(key, n.clone());
+                n
+            }
+        };
+        Ok(MemHandle::Shm {
+            name,
+            len: seg.len() as u64,
+        })
+    }
+}
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        for name in self.names.values() {
+            // A peer that mapped the segment removed the name already.
+            let _ = remove_name(name);
+        }
+    }
+}
+
+/// Removes the shared-memory names in a peer's description (they were published for this
+/// rank alone), whether or not this rank mapped them.
+fn remove_names(info: &ConnInfo) {
+    for h in [Some(&info.buffer), Some(&info.flags), info.packets.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        if let MemHandle::Shm { name, .. } = h {
+            let _ = remove_name(name);
+        }
+    }
+}
+
+fn describe(
+    buffer: &Buffer,
+    backend: &Backend,
+    peer: usize,
+    published: &mut Published,
+) -> Result<MemHandle, CommError> {
     match (&*buffer.mem, backend) {
         (super::BufferMem::Device(d), Backend::Gpu(gpu)) => Ok(ipc_handle(d, gpu)?),
-        (super::BufferMem::Host(s), _) => Ok(MemHandle::Shm {
-            name: s.name().to_string(),
-            len: s.len() as u64,
-        }),
+        (super::BufferMem::Host(s), _) => Ok(published.handle(s, peer)?),
         _ => Err(CommError::InvalidArgument(
             "buffer does not belong to this backend".into(),
         )),
@@ -385,6 +443,8 @@ fn map_peer(
     let mapped = match (handle, backend) {
         (MemHandle::Shm { name, len }, _) => {
             let seg = ShmSegment::open(name, *len as usize)?;
+            // Mapped: the name (published for this rank alone) has done its job.
+            remove_name(name)?;
             let addr = seg.as_ptr() as u64;
             (Arc::new(PeerMem::Shm { _segment: seg }), addr)
         }
@@ -456,8 +516,9 @@ fn alloc_flags(
         Backend::Host => {
             let inbound = ShmSegment::create(bytes)?;
             let expected: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+            // Placeholder: each peer gets a name of its own (`flags_for`).
             let handle = MemHandle::Shm {
-                name: inbound.name().to_string(),
+                name: String::new(),
                 len: inbound.len() as u64,
             };
             let (i, e) = (inbound.as_ptr() as u64, expected.as_ptr() as u64);
@@ -574,6 +635,14 @@ pub(super) fn establish(
         };
     let bs = &comm.bootstrap;
     let me = comm.rank();
+    // Every name published below is removed when this goes, on every path out.
+    let mut published = Published::default();
+    let flags_for = |peer: usize, published: &mut Published| -> Result<MemHandle, CommError> {
+        match &flags {
+            FlagMemory::Host { _inbound: s, .. } => Ok(published.handle(s, peer)?),
+            _ => Ok(flags_handle.clone()),
+        }
+    };
     let my_host = bs.as_async().host_id(me).map(str::to_string);
     let pid = std::process::id();
 
@@ -616,10 +685,15 @@ pub(super) fn establish(
     drop(mirrors);
 
     // 1. Send every description first (sends are buffered by the receiver), then receive.
+    let mut first_error: Option<CommError> = None;
     let code = |info: &ConnInfo| {
         bincode::serde::encode_to_vec(info, bincode::config::standard())
             .map_err(|e| CommError::InvalidArgument(format!("encoding connection info: {e}")))
     };
+    // Every description is built (every name published) before any is sent: a peer removes
+    // a name as soon as it has mapped the segment, and a segment whose names are all gone
+    // cannot be given another (tmpfs links an unnamed file only until its first link goes).
+    let mut outgoing = Vec::with_capacity(n);
     for (k, p) in pending.iter().enumerate() {
         let built = match (&local_errors[k], &ib_preps[k]) {
             (Some(e), _) => Err(CommError::State(e.to_string())),
@@ -632,13 +706,13 @@ pub(super) fn establish(
                     packets: p
                         .packets
                         .as_ref()
-                        .map(|b| describe(b, &comm.backend))
+                        .map(|b| describe(b, &comm.backend, p.remote_rank, &mut published))
                         .transpose()?,
                     packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
                     pid,
                     buffer_len: p.buffer.len() as u64,
-                    buffer: describe(&p.buffer, &comm.backend)?,
-                    flags: flags_handle.clone(),
+                    buffer: describe(&p.buffer, &comm.backend, p.remote_rank, &mut published)?,
+                    flags: flags_for(p.remote_rank, &mut published)?,
                     flag_index: k as u32,
                     ib: None,
                     failed: None,
@@ -653,27 +727,52 @@ pub(super) fn establish(
                 info
             }
         };
-        bs.send(p.remote_rank, INFO_TAG | p.tag as u64, &code(&info)?)?;
+        outgoing.push((p.remote_rank, p.tag, code(&info)?));
+    }
+    for (peer, tag, bytes) in outgoing {
+        // A peer that is gone is not a reason to stop: the others still get theirs.
+        let what = format!("the setup info of connection tag {tag}");
+        if let Err(e) = bs.send_named(peer, INFO_TAG | tag as u64, &what, &bytes) {
+            first_error.get_or_insert(e.into());
+        }
     }
     let mut cache = HashMap::new();
     let mut conns = Vec::with_capacity(n);
-    let mut first_error = None;
     for (k, p) in pending.into_iter().enumerate() {
-        let raw = bs.recv(p.remote_rank, INFO_TAG | p.tag as u64)?;
+        // What a peer sent before dying is still delivered; what it did not send fails at
+        // once (the bootstrap names the lost rank).
+        let (peer_info, recv_error) = match bs.recv_named(
+            p.remote_rank,
+            INFO_TAG | p.tag as u64,
+            &format!("the setup info of connection tag {}", p.tag),
+        ) {
+            Ok(raw) => {
+                match bincode::serde::decode_from_slice::<ConnInfo, _>(
+                    &raw,
+                    bincode::config::standard(),
+                ) {
+                    Ok((info, _)) => (Some(info), None),
+                    Err(e) => (
+                        None,
+                        Some(mismatch(
+                            p.remote_rank,
+                            p.tag,
+                            format!("undecodable connection info: {e}"),
+                        )),
+                    ),
+                }
+            }
+            Err(e) => (None, Some(CommError::from(e))),
+        };
         let result = (|| {
             if let Some(e) = local_errors[k].take() {
                 return Err(e);
             }
-            let (peer, _): (ConnInfo, usize) =
-                bincode::serde::decode_from_slice(&raw, bincode::config::standard()).map_err(
-                    |e| {
-                        mismatch(
-                            p.remote_rank,
-                            p.tag,
-                            format!("undecodable connection info: {e}"),
-                        )
-                    },
-                )?;
+            let (Some(peer), None) = (peer_info.as_ref(), &recv_error) else {
+                return Err(recv_error.unwrap_or_else(|| {
+                    CommError::State("connection info neither received nor failed".into())
+                }));
+            };
             if let Some(reason) = &peer.failed {
                 return Err(mismatch(
                     p.remote_rank,
@@ -683,14 +782,14 @@ pub(super) fn establish(
             }
             check_peer(
                 &p,
-                &peer,
+                peer,
                 my_host.as_deref(),
                 bs.as_async().host_id(p.remote_rank),
             )?;
             if let Some(prep) = ib_preps[k].take() {
                 return connect_ib(
                     &p,
-                    &peer,
+                    peer,
                     prep,
                     first_id + k as u32,
                     inbound_base,
@@ -747,13 +846,19 @@ pub(super) fn establish(
                 ib: None,
             })
         })();
+        if let Some(info) = &peer_info {
+            remove_names(info);
+        }
         let ack = match &result {
             Ok(_) => Ack::Mapped,
             Err(e) => Ack::Failed(e.to_string()),
         };
         let ack = bincode::serde::encode_to_vec(&ack, bincode::config::standard())
             .map_err(|e| CommError::InvalidArgument(format!("encoding ack: {e}")))?;
-        bs.send(p.remote_rank, ACK_TAG | p.tag as u64, &ack)?;
+        let what = format!("the setup acknowledgement of connection tag {}", p.tag);
+        if let Err(e) = bs.send_named(p.remote_rank, ACK_TAG | p.tag as u64, &what, &ack) {
+            first_error.get_or_insert(e.into());
+        }
         match result {
             Ok(c) => conns.push(c),
             Err(e) => {
@@ -763,7 +868,14 @@ pub(super) fn establish(
     }
     // 2. Wait for every peer's acknowledgement, then remove our shared-memory names.
     for c in &conns {
-        let raw = bs.recv(c.remote_rank, ACK_TAG | c.tag as u64)?;
+        let what = format!("the setup acknowledgement of connection tag {}", c.tag);
+        let raw = match bs.recv_named(c.remote_rank, ACK_TAG | c.tag as u64, &what) {
+            Ok(raw) => raw,
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+                continue;
+            }
+        };
         let ack: Ack = bincode::serde::decode_from_slice(&raw, bincode::config::standard())
             .map(|(a, _)| a)
             .unwrap_or_else(|e| Ack::Failed(format!("undecodable acknowledgement: {e}")));
@@ -775,21 +887,10 @@ pub(super) fn establish(
             ));
         }
     }
+    // Every peer has mapped (or will not map) what it was sent: no name is needed any more.
+    drop(published);
     if let Some(e) = round_error.or(first_error) {
         return Err(e);
-    }
-    if let FlagMemory::Host {
-        _inbound: inbound, ..
-    } = &flags
-    {
-        inbound.unlink()?;
-    }
-    for c in &conns {
-        for b in std::iter::once(&c._local).chain(c._local_packets.as_ref()) {
-            if let super::BufferMem::Host(s) = &*b.mem {
-                s.unlink()?;
-            }
-        }
     }
     Ok((conns, flags))
 }

@@ -54,7 +54,8 @@ fn torchrun_variables() {
         (launch.rank, launch.nranks, launch.local_rank),
         (1, 8, Some(1))
     );
-    assert_eq!(launch.root, addr("127.0.0.1:29500"));
+    // MASTER_PORT is torch's own store: the root listens on the next port.
+    assert_eq!(launch.root, addr("127.0.0.1:29501"));
     assert_eq!(launch.timeout, None);
     let v6 = Launch::from_vars(vars(&[
         ("RANK", "0"),
@@ -63,7 +64,210 @@ fn torchrun_variables() {
         ("MASTER_PORT", "7"),
     ]))
     .unwrap();
-    assert_eq!(v6.root, addr("[::1]:7"));
+    assert_eq!(v6.root, addr("[::1]:8"));
+}
+
+#[test]
+fn master_port_offset_and_override() {
+    let torchrun = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut all = torchrun.to_vec();
+        all.extend_from_slice(extra);
+        Launch::from_vars(vars(&all))
+    };
+    assert_eq!(with(&[]).unwrap().root, addr("127.0.0.1:29501"));
+    assert_eq!(
+        with(&[("MSCCLPP_BOOTSTRAP_PORT", "40000")]).unwrap().root,
+        addr("127.0.0.1:40000")
+    );
+    // MSCCLPP_BOOTSTRAP wins over both.
+    assert_eq!(
+        with(&[
+            ("MSCCLPP_BOOTSTRAP_PORT", "40000"),
+            ("MSCCLPP_BOOTSTRAP", "127.0.0.3:5")
+        ])
+        .unwrap()
+        .root,
+        addr("127.0.0.3:5")
+    );
+    for bad in ["0", "70000", "x"] {
+        let err = with(&[("MSCCLPP_BOOTSTRAP_PORT", bad)]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LaunchError::BadRoot {
+                    var: "MSCCLPP_BOOTSTRAP_PORT",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    let err = Launch::from_vars(vars(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "65535"),
+    ]))
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("MSCCLPP_BOOTSTRAP_PORT"), "{text}");
+}
+
+/// Under torchrun, torch's store already listens on MASTER_PORT; the default root address
+/// must still work (every rank computes the same other port).
+#[test]
+fn torchrun_default_works_while_master_port_is_taken() {
+    // A held port whose successor is free (retry: the successor may be someone else's).
+    let (store, port) = (0..50)
+        .find_map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let port = l.local_addr().ok()?.port();
+            let next = std::net::TcpListener::bind(("127.0.0.1", port.checked_add(1)?)).ok()?;
+            drop(next);
+            Some((l, port))
+        })
+        .expect("no free port pair on 127.0.0.1");
+    let port = port.to_string();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let launch = Launch::from_vars(vars(&[
+                ("RANK", &rank.to_string()),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", &port),
+                ("MSCCLPP_BOOTSTRAP_TIMEOUT", "10"),
+            ]))
+            .unwrap();
+            std::thread::spawn(move || {
+                let bs = launch.blocking_bootstrap()?;
+                bs.all_gather(&[rank as u8])
+            })
+        })
+        .collect();
+    for (rank, t) in ranks.into_iter().enumerate() {
+        let gathered = t.join().unwrap();
+        assert_eq!(
+            gathered.unwrap_or_else(|e| panic!("rank {rank}: {e}")),
+            vec![vec![0u8], vec![1u8]]
+        );
+    }
+    drop(store);
+}
+
+#[test]
+fn mpich_intel_mpi_and_mvapich_variables() {
+    let root = ("MSCCLPP_BOOTSTRAP", "10.0.0.1:5000");
+    let hydra = Launch::from_vars(vars(&[
+        ("PMI_RANK", "3"),
+        ("PMI_SIZE", "4"),
+        ("MPI_LOCALRANKID", "1"),
+        ("PMI_LOCAL_RANK", "2"),
+        root,
+    ]))
+    .unwrap();
+    assert_eq!(hydra.source, LaunchSource::Pmi);
+    assert_eq!(
+        (hydra.rank, hydra.nranks, hydra.local_rank),
+        (3, 4, Some(1))
+    );
+    let pmi = Launch::from_vars(vars(&[
+        ("PMI_RANK", "2"),
+        ("PMI_SIZE", "4"),
+        ("PMI_LOCAL_RANK", "0"),
+        root,
+    ]))
+    .unwrap();
+    assert_eq!((pmi.rank, pmi.local_rank), (2, Some(0)));
+    // mpiexec inside a Slurm batch step: every process also sees SLURM_PROCID=0.
+    let in_slurm = Launch::from_vars(vars(&[
+        ("PMI_RANK", "1"),
+        ("PMI_SIZE", "2"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "2"),
+        root,
+    ]))
+    .unwrap();
+    assert_eq!((in_slurm.source, in_slurm.rank), (LaunchSource::Pmi, 1));
+    let mv2 = Launch::from_vars(vars(&[
+        ("MV2_COMM_WORLD_RANK", "5"),
+        ("MV2_COMM_WORLD_SIZE", "8"),
+        ("MV2_COMM_WORLD_LOCAL_RANK", "1"),
+        ("PMI_RANK", "5"),
+        ("PMI_SIZE", "8"),
+        root,
+    ]))
+    .unwrap();
+    assert_eq!(mv2.source, LaunchSource::Mvapich);
+    assert_eq!((mv2.rank, mv2.nranks, mv2.local_rank), (5, 8, Some(1)));
+    let err = Launch::from_vars(vars(&[("PMI_RANK", "0"), ("PMI_SIZE", "2")])).unwrap_err();
+    assert!(err.to_string().contains("mpiexec -genv"), "{err}");
+}
+
+#[test]
+fn partial_launcher_variables_name_what_is_missing() {
+    type Case = (
+        &'static [(&'static str, &'static str)],
+        &'static str,
+        &'static str,
+    );
+    let cases: [Case; 7] = [
+        (&[("PMI_RANK", "1")], "PMI_RANK", "PMI_SIZE"),
+        (&[("PMI_SIZE", "2")], "PMI_SIZE", "PMI_RANK"),
+        (&[("MPI_LOCALRANKID", "0")], "MPI_LOCALRANKID", "PMI_RANK"),
+        (
+            &[("MV2_COMM_WORLD_RANK", "1")],
+            "MV2_COMM_WORLD_RANK",
+            "MV2_COMM_WORLD_SIZE",
+        ),
+        (&[("WORLD_SIZE", "2")], "WORLD_SIZE", "RANK"),
+        (&[("LOCAL_RANK", "0")], "LOCAL_RANK", "RANK"),
+        (
+            &[("MSCCLPP_BOOTSTRAP", "127.0.0.1:5000")],
+            "MSCCLPP_BOOTSTRAP",
+            "MSCCLPP_RANK",
+        ),
+    ];
+    for (set, found, missing) in cases {
+        let err = Launch::from_vars(vars(set)).unwrap_err();
+        match &err {
+            LaunchError::Incomplete {
+                found: f,
+                missing: m,
+            } => {
+                assert_eq!((*f, *m), (found, missing), "{set:?}: {err}")
+            }
+            other => panic!("{set:?}: expected a partial-set error, got: {other}"),
+        }
+        let text = err.to_string();
+        assert!(text.contains(found) && text.contains(missing), "{text}");
+    }
+}
+
+#[test]
+fn port_zero_is_refused_at_once() {
+    let err = Launch::from_vars(vars(&[
+        ("MSCCLPP_RANK", "0"),
+        ("MSCCLPP_NRANKS", "2"),
+        ("MSCCLPP_BOOTSTRAP", "127.0.0.1:0"),
+    ]))
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LaunchError::BadRoot {
+                var: "MSCCLPP_BOOTSTRAP",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("port 0"), "{err}");
 }
 
 #[test]

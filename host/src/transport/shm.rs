@@ -1,17 +1,25 @@
 //! POSIX shared-memory segments: the memory of the Host transport.
 //!
-//! A segment is created under a random name (`/mscclpp-<pid>-<128 random bits>`, mode
-//! 0600, `O_EXCL`), mapped, and its name sent to the peers, which open and map it with the
-//! size they were told (checked against the segment's real size). Once every peer has
-//! mapped it, the creator unlinks the name ([`ShmSegment::unlink`]), so nothing is left in
-//! `/dev/shm` even if a process dies later; the memory itself lives until the last mapping
-//! goes. Dropping a segment unmaps it, and unlinks it if its creator never did.
+//! A segment is created without a name (`O_TMPFILE` in `/dev/shm`, mode 0600) and mapped,
+//! so a segment nobody shares, or whose creator dies before sharing it, leaves nothing in
+//! `/dev/shm`. To share it, the creator gives it a fresh random name for one peer
+//! ([`ShmSegment::publish`]: `/mscclpp-<pid>-<128 random bits>`, linked to the open file)
+//! and sends the name; the peer opens and maps it with the size it was told (checked against
+//! the segment's real size) and removes the name at once ([`remove_name`]), since it is the
+//! name's only user. The creator removes every name it published once the peers have
+//! acknowledged, or when setup fails, so a name outlives neither the setup round nor the
+//! death of either side for longer than a message takes to arrive. The memory itself lives
+//! until the last mapping goes. Dropping a segment unmaps it.
+//!
+//! Where `O_TMPFILE` is not available, a segment is created under its name at once (the
+//! older scheme); [`publish`](ShmSegment::publish) then returns that name and
+//! [`unlink`](ShmSegment::unlink) or drop removes it.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
-use rustix::fd::OwnedFd;
-use rustix::fs::Mode;
+use rustix::fd::{AsRawFd, OwnedFd};
+use rustix::fs::{AtFlags, CWD, Mode};
 use rustix::mm::{MapFlags, ProtFlags};
 use rustix::shm::OFlags;
 
@@ -54,36 +62,99 @@ fn os(call: &'static str, name: &str, e: rustix::io::Errno) -> ShmError {
     }
 }
 
+/// Where POSIX shared-memory names live on Linux (what `shm_open` opens).
+const SHM_DIR: &str = "/dev/shm";
+
 /// A mapped POSIX shared-memory segment.
 #[derive(Debug)]
 pub struct ShmSegment {
     ptr: NonNull<u8>,
     len: usize,
-    name: String,
-    /// Set while this process created the name and has not unlinked it.
-    linked_by_us: AtomicBool,
+    origin: Origin,
+}
+
+#[derive(Debug)]
+enum Origin {
+    /// Created here without a name; the file stays open so that names can be linked to it.
+    /// `published` once it has been given a name (one setup round shares it).
+    Anonymous {
+        fd: OwnedFd,
+        published: std::sync::atomic::AtomicBool,
+    },
+    /// Created here under `name` (no `O_TMPFILE`); `linked` while the name exists.
+    Named { name: String, linked: Mutex<bool> },
+    /// A peer's segment, opened by `name` (which its opener removed).
+    Opened { name: String },
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; the pointer is only an
 // address, and concurrent access through it is governed by the users' own protocols.
 unsafe impl Send for ShmSegment {}
-// SAFETY: as above; `&self` methods hand out addresses only.
+// SAFETY: as above; `&self` methods hand out addresses only (the name state is locked).
 unsafe impl Sync for ShmSegment {}
 
 /// Prefix of every segment name this library creates.
 pub const NAME_PREFIX: &str = "/mscclpp-";
 
+/// A fresh random name, `/mscclpp-<pid>-<32 hex digits>`.
+fn fresh_name() -> Result<String, ShmError> {
+    let mut rnd = [0u8; 16];
+    rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| os("getrandom", "(new)", e))?;
+    let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("{NAME_PREFIX}{}-{hex}", std::process::id()))
+}
+
+fn check_name(name: &str) -> Result<(), ShmError> {
+    if !name.starts_with(NAME_PREFIX) || name[1..].contains('/') {
+        return Err(ShmError::BadName(name.to_string()));
+    }
+    Ok(())
+}
+
+/// Removes the name `name` (one of ours, `/mscclpp-...`) if it still exists; mappings of
+/// the segment stay. A peer calls it as soon as it has mapped a segment it was sent, and
+/// for every name it was sent but will not map; the creator for every name it published.
+pub fn remove_name(name: &str) -> Result<(), ShmError> {
+    check_name(name)?;
+    match rustix::shm::unlink(name) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(os("shm_unlink", name, e)),
+    }
+}
+
 impl ShmSegment {
-    /// Creates and maps a new zeroed segment of `len` bytes under a fresh random name.
+    /// Creates and maps a new zeroed segment of `len` bytes, without a name (see the
+    /// [module](self)).
     pub fn create(len: usize) -> Result<ShmSegment, ShmError> {
         if len == 0 {
             return Err(ShmError::Empty);
         }
-        let mut rnd = [0u8; 16];
-        rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty())
-            .map_err(|e| os("getrandom", "(new)", e))?;
-        let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("{NAME_PREFIX}{}-{hex}", std::process::id());
+        let fd = match rustix::fs::openat(
+            CWD,
+            SHM_DIR,
+            rustix::fs::OFlags::TMPFILE | rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            Mode::RUSR | Mode::WUSR,
+        ) {
+            Ok(fd) => fd,
+            // No O_TMPFILE here (or no /dev/shm): a named segment, the older scheme.
+            Err(_) => return ShmSegment::create_named(len),
+        };
+        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| os("ftruncate", "(anonymous)", e))?;
+        let ptr = map(&fd, len, "(anonymous)")?;
+        Ok(ShmSegment {
+            ptr,
+            len,
+            origin: Origin::Anonymous {
+                fd,
+                published: std::sync::atomic::AtomicBool::new(false),
+            },
+        })
+    }
+
+    /// Creates and maps a new zeroed segment under a fresh random name (`O_EXCL`).
+    fn create_named(len: usize) -> Result<ShmSegment, ShmError> {
+        let name = fresh_name()?;
         let fd = rustix::shm::open(
             name.as_str(),
             OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
@@ -97,8 +168,10 @@ impl ShmSegment {
             Ok(ptr) => Ok(ShmSegment {
                 ptr,
                 len,
-                name,
-                linked_by_us: AtomicBool::new(true),
+                origin: Origin::Named {
+                    name,
+                    linked: Mutex::new(true),
+                },
             }),
             Err(e) => {
                 let _ = rustix::shm::unlink(name.as_str());
@@ -107,11 +180,10 @@ impl ShmSegment {
         }
     }
 
-    /// Opens and maps a peer's segment, which must be exactly `len` bytes.
+    /// Opens and maps a peer's segment, which must be exactly `len` bytes. The name stays;
+    /// remove it with [`remove_name`] once mapped.
     pub fn open(name: &str, len: usize) -> Result<ShmSegment, ShmError> {
-        if !name.starts_with(NAME_PREFIX) || name[1..].contains('/') {
-            return Err(ShmError::BadName(name.to_string()));
-        }
+        check_name(name)?;
         if len == 0 {
             return Err(ShmError::Empty);
         }
@@ -129,28 +201,87 @@ impl ShmSegment {
         Ok(ShmSegment {
             ptr,
             len,
-            name: name.to_string(),
-            linked_by_us: AtomicBool::new(false),
+            origin: Origin::Opened {
+                name: name.to_string(),
+            },
         })
     }
 
-    /// Removes the name (call once every peer has mapped the segment); the mapping stays.
-    /// Does nothing for segments this process did not create or already unlinked.
+    /// Gives a segment this process created a new name for one peer to open, and returns
+    /// it. The caller removes it with [`remove_name`] once the peer has mapped the segment
+    /// (or will not), whatever happens. Publish every name a segment needs before removing
+    /// any: once all its names are gone, an unnamed segment cannot get another (so a
+    /// segment is shared in one setup round; see [`was_shared`](Self::was_shared)). A
+    /// segment created under a name (no `O_TMPFILE`) returns that name while it exists.
+    pub fn publish(&self) -> Result<String, ShmError> {
+        match &self.origin {
+            Origin::Anonymous { fd, published } => {
+                published.store(true, std::sync::atomic::Ordering::Relaxed);
+                let name = fresh_name()?;
+                let from = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                rustix::fs::linkat(
+                    CWD,
+                    from.as_str(),
+                    CWD,
+                    format!("{SHM_DIR}{name}").as_str(),
+                    AtFlags::SYMLINK_FOLLOW,
+                )
+                .map_err(|e| os("linkat", &name, e))?;
+                Ok(name)
+            }
+            Origin::Named { name, linked } => {
+                if *linked.lock().unwrap_or_else(|e| e.into_inner()) {
+                    Ok(name.clone())
+                } else {
+                    Err(ShmError::Os {
+                        call: "publish",
+                        name: name.clone(),
+                        error: std::io::Error::other(
+                            "the segment's name was already removed (no O_TMPFILE here: a segment is shared in one setup only)",
+                        ),
+                    })
+                }
+            }
+            Origin::Opened { name } => Err(ShmError::Os {
+                call: "publish",
+                name: name.clone(),
+                error: std::io::Error::other("only the creator of a segment publishes it"),
+            }),
+        }
+    }
+
+    /// Removes the name of a segment created under one (no `O_TMPFILE`); the mapping stays.
+    /// Does nothing for other segments (their names are removed by [`remove_name`]).
     pub fn unlink(&self) -> Result<(), ShmError> {
-        if self.linked_by_us.swap(false, Ordering::AcqRel) {
-            rustix::shm::unlink(self.name.as_str()).map_err(|e| os("shm_unlink", &self.name, e))?;
+        if let Origin::Named { name, linked } = &self.origin {
+            let mut linked = linked.lock().unwrap_or_else(|e| e.into_inner());
+            if *linked {
+                *linked = false;
+                remove_name(name)?;
+            }
         }
         Ok(())
     }
 
-    /// Whether the name has been removed (or was never ours to remove).
-    pub fn is_unlinked(&self) -> bool {
-        !self.linked_by_us.load(Ordering::Acquire)
+    /// Whether a setup round already shared this segment (it was published, or its own
+    /// name removed): it cannot be shared again.
+    pub fn was_shared(&self) -> bool {
+        match &self.origin {
+            Origin::Anonymous { published, .. } => {
+                published.load(std::sync::atomic::Ordering::Relaxed)
+            }
+            Origin::Named { linked, .. } => !*linked.lock().unwrap_or_else(|e| e.into_inner()),
+            Origin::Opened { .. } => true,
+        }
     }
 
-    /// The segment's name, to send to peers.
-    pub fn name(&self) -> &str {
-        &self.name
+    /// The name the segment was created or opened under, if any (anonymous segments have
+    /// none of their own: see [`publish`](Self::publish)).
+    pub fn name(&self) -> Option<&str> {
+        match &self.origin {
+            Origin::Anonymous { .. } => None,
+            Origin::Named { name, .. } | Origin::Opened { name } => Some(name),
+        }
     }
 
     /// Start of the mapping in this process.
@@ -194,9 +325,7 @@ impl Drop for ShmSegment {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` are exactly the mapping made in `map`, unmapped once here.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr() as *mut _, self.len) };
-        if *self.linked_by_us.get_mut() {
-            let _ = rustix::shm::unlink(self.name.as_str());
-        }
+        let _ = self.unlink();
     }
 }
 
@@ -204,36 +333,59 @@ impl Drop for ShmSegment {
 mod tests {
     use super::*;
 
+    fn exists(name: &str) -> bool {
+        std::path::Path::new(&format!("{SHM_DIR}{name}")).exists()
+    }
+
     #[test]
     fn a_segment_written_through_one_mapping_is_read_through_another() {
         let a = ShmSegment::create(4096).unwrap();
-        assert!(a.name().starts_with(NAME_PREFIX));
-        let b = ShmSegment::open(a.name(), 4096).unwrap();
+        let name = a.publish().unwrap();
+        assert!(name.starts_with(NAME_PREFIX));
+        let b = ShmSegment::open(&name, 4096).unwrap();
+        remove_name(&name).unwrap();
         // SAFETY: both mappings are 4096 bytes; this thread is the only accessor.
         unsafe {
             assert_eq!(*b.as_ptr().add(100), 0, "new segments are zeroed");
             a.as_ptr().add(100).write_volatile(0xab);
             assert_eq!(b.as_ptr().add(100).read_volatile(), 0xab);
         }
-        a.unlink().unwrap();
         // The name is gone, the mappings still work.
+        assert!(!exists(&name));
         assert!(matches!(
-            ShmSegment::open(a.name(), 4096),
+            ShmSegment::open(&name, 4096),
             Err(ShmError::Os { .. })
         ));
         // SAFETY: as above.
         unsafe { assert_eq!(b.as_ptr().add(100).read_volatile(), 0xab) };
+        remove_name(&name).unwrap();
     }
 
     #[test]
-    fn drop_unlinks_a_segment_nobody_unlinked() {
+    fn each_publish_is_a_new_name_for_the_same_memory() {
         let a = ShmSegment::create(64).unwrap();
-        let name = a.name().to_string();
+        let (n1, n2) = (a.publish().unwrap(), a.publish().unwrap());
+        if a.name().is_none() {
+            assert_ne!(n1, n2, "anonymous segments get a name per peer");
+        }
+        let b = ShmSegment::open(&n2, 64).unwrap();
+        // SAFETY: both mappings are 64 bytes; this thread is the only accessor.
+        unsafe {
+            a.as_ptr().write_volatile(7);
+            assert_eq!(b.as_ptr().read_volatile(), 7);
+        }
+        remove_name(&n1).unwrap();
+        remove_name(&n2).unwrap();
+        assert!(!exists(&n1) && !exists(&n2));
+    }
+
+    #[test]
+    fn a_named_segment_is_removed_by_drop() {
+        let a = ShmSegment::create_named(64).unwrap();
+        let name = a.name().unwrap().to_string();
+        assert!(exists(&name));
         drop(a);
-        assert!(matches!(
-            ShmSegment::open(&name, 64),
-            Err(ShmError::Os { .. })
-        ));
+        assert!(!exists(&name));
     }
 
     #[test]
@@ -241,8 +393,14 @@ mod tests {
         assert!(matches!(ShmSegment::create(0), Err(ShmError::Empty)));
         let e = ShmSegment::open("/etc-passwd", 8).unwrap_err();
         assert!(matches!(e, ShmError::BadName(_)), "{e}");
+        assert!(matches!(
+            remove_name("/etc-passwd"),
+            Err(ShmError::BadName(_))
+        ));
         let a = ShmSegment::create(128).unwrap();
-        let e = ShmSegment::open(a.name(), 256).unwrap_err();
+        let name = a.publish().unwrap();
+        let e = ShmSegment::open(&name, 256).unwrap_err();
+        remove_name(&name).unwrap();
         assert!(
             matches!(
                 e,

@@ -68,7 +68,7 @@ impl Pair {
     }
 
     /// Rank `rank`'s channel to the other rank.
-    pub(crate) fn channel(&self, rank: usize, timeout_ns: u64) -> MemoryChannel {
+    pub(crate) fn channel(&self, rank: usize, timeout_ns: u64) -> MemoryChannel<'_> {
         let (me, peer) = (&self.sides[rank], &self.sides[1 - rank]);
         // SAFETY: every pointer refers to memory the pair owns, of the lengths given; the
         // scratches are 16-byte aligned and zeroed; counters and expected words start at 0.
@@ -617,9 +617,9 @@ fn channel_waits_time_out_and_trap() {
 
 #[test]
 fn handles_are_laid_out_for_the_host() {
-    assert_eq!(core::mem::size_of::<MemoryChannel>(), 88);
-    assert_eq!(core::mem::align_of::<MemoryChannel>(), 8);
-    assert_eq!(core::mem::offset_of!(MemoryChannel, semaphore), 56);
+    assert_eq!(core::mem::size_of::<MemoryChannel<'static>>(), 88);
+    assert_eq!(core::mem::align_of::<MemoryChannel<'static>>(), 8);
+    assert_eq!(core::mem::offset_of!(MemoryChannel<'static>, semaphore), 56);
     let pair = Pair::new(16, 16);
     let s = std::format!("{:?}", pair.channel(0, 5));
     assert!(

@@ -9,7 +9,7 @@ const SEED: u64 = 0x5eed;
 
 /// Runs a checking ping-pong kernel on both ranks; the launch results and the error count.
 fn ping_pong(
-    kernel: unsafe fn(MemoryChannel, u64, u64, u32, u64, u64, u64, *mut u64),
+    kernel: unsafe fn(MemoryChannel<'_>, u64, u64, u32, u64, u64, u64, *mut u64),
     bytes: u64,
     rounds: u64,
     src_offset: u64,

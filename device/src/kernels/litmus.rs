@@ -1,0 +1,309 @@
+//! Litmus kernels: the orderings the protocols rely on, run across two GPUs many times with
+//! every violation counted, each next to a deliberately weakened variant that shows the test
+//! can see a violation (where the hardware ever shows one). The CPU emulation cannot see weak
+//! ordering, so these only mean something on GPUs (`tests/gpu_litmus.rs`).
+//!
+//! Both kernels run one writer (rank 0) and one reader (rank 1), each with a grid of blocks;
+//! block `b` uses region `b` of both ranks' buffers ([`region_words`] words each): `words`
+//! data words, then a flag word and an acknowledgement word on lines of their own. The writer
+//! writes into the reader's buffer (`remote`, mapped over NVLink), the reader acknowledges
+//! into the writer's (`remote` on its side), so iteration `i + 1` starts only after the reader
+//! has checked iteration `i`. `out[0]` counts violations, `out[1]` waits that timed out
+//! (the kernel then stops).
+
+use crate::arch;
+use crate::kernel;
+use crate::packet::LlPacket;
+
+/// Words of one block's region for `words` data words: the data, then the flag and the
+/// acknowledgement 16 words (128 bytes) apart.
+#[inline(always)]
+pub const fn region_words(words: u64) -> u64 {
+    words.next_multiple_of(16) + 32
+}
+
+/// Spins until `*p >= want` (acquire when `acquire`, else relaxed), or counts a timeout in
+/// `out[1]` and returns false after `timeout_ns`.
+///
+/// # Safety
+/// `p` valid, aligned, written only by atomics; `out` two valid words.
+#[inline(always)]
+unsafe fn wait_at_least(p: *const u64, want: u64, acquire: bool, out: *mut u64) -> bool {
+    let start = arch::global_timer_ns();
+    let mut round = 0u32;
+    loop {
+        // SAFETY: caller contract.
+        let v = unsafe {
+            if acquire {
+                arch::ld_acquire_sys_u64(p)
+            } else {
+                arch::ld_relaxed_sys_u64(p)
+            }
+        };
+        if v >= want {
+            return true;
+        }
+        if arch::global_timer_ns().wrapping_sub(start) > 10_000_000_000 {
+            // SAFETY: caller contract.
+            unsafe { arch::atomic_add_relaxed_gpu_u64(out.add(1), 1) };
+            return false;
+        }
+        arch::spin_backoff(round);
+        round = round.wrapping_add(1);
+    }
+}
+
+kernel! {
+    /// Message passing through a device semaphore, the pattern every semaphore algorithm
+    /// uses: the writer's threads store 16 bytes each of iteration `i` into the reader's
+    /// buffer with weak stores, the block syncs, thread 0 adds 1 to the reader's flag; the
+    /// reader's thread 0 waits for the flag to reach `i`, the block syncs, every thread
+    /// loads its 16 bytes with weak loads and counts a violation when they are older than
+    /// `i`. `variant` 0: the library's `red.release.sys` add and `ld.acquire.sys` poll;
+    /// 1: a relaxed add (no release); 2: a relaxed poll (no acquire). Blocks of `words / 2`
+    /// threads (`words` even).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn litmus_message_passing(
+        local: *mut u64,
+        remote: *mut u64,
+        words: u64,
+        iters: u64,
+        rank: u32,
+        variant: u32,
+        out: *mut u64,
+    ) {
+        let (t, b) = (arch::thread_idx_x() as u64, arch::block_idx_x() as u64);
+        let stride = region_words(words);
+        let data = t * 2;
+        let flag = words.next_multiple_of(16);
+        let ack = flag + 16;
+        // SAFETY (whole body): both buffers hold grid_dim_x regions (launch contract); each
+        // thread touches its own two data words and thread 0 the flag and ack words.
+        let (mine, theirs) = unsafe { (local.add((b * stride) as usize), remote.add((b * stride) as usize)) };
+        // SAFETY: the spare word between the flag and the ack, this block's own.
+        let stop = unsafe { mine.add((flag + 8) as usize) };
+        for i in 1..=iters {
+            if rank == 0 {
+                // SAFETY: see above.
+                if t == 0 && unsafe { !wait_at_least(mine.add(ack as usize), i - 1, true, out) } {
+                    // SAFETY: see above.
+                    unsafe { set_stop(stop) };
+                }
+                arch::sync_threads();
+                // SAFETY: see above; the reader has checked iteration i - 1.
+                unsafe { arch::st_weak_v2_u64(theirs.add(data as usize), i, i) };
+                arch::sync_threads();
+                if t == 0 {
+                    // SAFETY: see above.
+                    unsafe {
+                        if variant == 1 {
+                            arch::red_add_relaxed_sys_u64(theirs.add(flag as usize), 1);
+                        } else {
+                            arch::red_add_release_sys_u64(theirs.add(flag as usize), 1);
+                        }
+                    }
+                }
+            } else {
+                // SAFETY: see above.
+                if t == 0 && unsafe { !wait_at_least(mine.add(flag as usize), i, variant != 2, out) } {
+                    // SAFETY: see above.
+                    unsafe { set_stop(stop) };
+                }
+                arch::sync_threads();
+                // SAFETY: see above; published by the flag (variant 0).
+                let v = unsafe { arch::ld_weak_v2_u64(mine.add(data as usize)) };
+                if v[0] < i || v[1] < i {
+                    // SAFETY: out holds two words.
+                    unsafe { arch::atomic_add_relaxed_gpu_u64(out, 1) };
+                }
+                arch::sync_threads();
+                if t == 0 {
+                    // SAFETY: see above.
+                    unsafe { arch::red_add_release_sys_u64(theirs.add(ack as usize), 1) };
+                }
+            }
+            // Every thread of a block stops together.
+            // SAFETY: see above.
+            if unsafe { stop_now(stop) } {
+                return;
+            }
+        }
+    }
+}
+
+kernel! {
+    /// LL packets never seen torn: the writer's threads write one LL packet each per
+    /// iteration into the reader's buffer (data a function of iteration and slot, flag the
+    /// iteration, no signal); the reader's threads poll their packet until both flag copies
+    /// equal the iteration's and count a violation when its data is not that iteration's.
+    /// After the block syncs, the reader's thread 0 acknowledges. `variant` 0: the library's one 16-byte store;
+    /// 1: four 4-byte stores, flags first (a writer that can be seen torn). Blocks of
+    /// `words / 2` threads (`words` even).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn litmus_ll_packets(
+        local: *mut u64,
+        remote: *mut u64,
+        words: u64,
+        iters: u64,
+        rank: u32,
+        variant: u32,
+        out: *mut u64,
+    ) {
+        let (t, b) = (arch::thread_idx_x() as u64, arch::block_idx_x() as u64);
+        let stride = region_words(words);
+        let ack = words.next_multiple_of(16) + 16;
+        // SAFETY (whole body): as in litmus_message_passing; slot t is the thread's own.
+        let (mine, theirs) = unsafe { (local.add((b * stride) as usize), remote.add((b * stride) as usize)) };
+        // SAFETY: the spare word before the ack, this block's own.
+        let stop = unsafe { mine.add((ack - 8) as usize) };
+        for i in 1..=iters {
+            let want = pattern(i, b, t);
+            let flag = (i % u32::MAX as u64) as u32 + 1;
+            if rank == 0 {
+                // SAFETY: see above.
+                if t == 0 && unsafe { !wait_at_least(mine.add(ack as usize), i - 1, true, out) } {
+                    // SAFETY: see above.
+                    unsafe { set_stop(stop) };
+                }
+                arch::sync_threads();
+                // SAFETY: see above.
+                unsafe {
+                    let slot = theirs.add((t * 2) as usize) as *mut LlPacket;
+                    if variant == 1 {
+                        let w = slot as *mut u32;
+                        core::ptr::write_volatile(w.add(1), flag);
+                        core::ptr::write_volatile(w.add(3), flag);
+                        core::ptr::write_volatile(w, want as u32);
+                        core::ptr::write_volatile(w.add(2), (want >> 32) as u32);
+                    } else {
+                        LlPacket::write(slot, want, flag);
+                    }
+                }
+            } else {
+                {
+                    // SAFETY: see above.
+                    let got = unsafe {
+                        LlPacket::poll(mine.add((t * 2) as usize) as *const LlPacket, flag, 10_000_000_000)
+                    };
+                    match got {
+                        Some(v) if v != want => {
+                            // SAFETY: out holds two words.
+                            unsafe { arch::atomic_add_relaxed_gpu_u64(out, 1) };
+                        }
+                        Some(_) => {}
+                        None => {
+                            // SAFETY: as above.
+                            unsafe {
+                                arch::atomic_add_relaxed_gpu_u64(out.add(1), 1);
+                                set_stop(stop);
+                            }
+                        }
+                    }
+                }
+                arch::sync_threads();
+                if t == 0 {
+                    // SAFETY: see above.
+                    unsafe { arch::red_add_release_sys_u64(theirs.add(ack as usize), 1) };
+                }
+            }
+            // SAFETY: see above.
+            if unsafe { stop_now(stop) } {
+                return;
+            }
+        }
+    }
+}
+
+/// The data of slot `t` of block `b` in iteration `i`: differs from every other iteration's.
+#[inline(always)]
+fn pattern(i: u64, b: u64, t: u64) -> u64 {
+    (i << 24) ^ (b << 12) ^ t ^ 0x5a5a_0000_0000_0000
+}
+
+/// Whether a thread of the block has set the block's stop word (`word`), seen alike by every
+/// thread: the block syncs before reading it (after every write of this iteration) and
+/// after (before any write of the next).
+///
+/// # Safety
+/// `word` valid, aligned, written only by this block's threads with [`set_stop`].
+#[inline(always)]
+unsafe fn stop_now(word: *const u64) -> bool {
+    arch::sync_threads();
+    // SAFETY: caller contract.
+    let s = unsafe { arch::ld_relaxed_sys_u64(word) } != 0;
+    arch::sync_threads();
+    s
+}
+
+/// Sets the block's stop word (see [`stop_now`]).
+///
+/// # Safety
+/// As for [`stop_now`].
+#[inline(always)]
+unsafe fn set_stop(word: *mut u64) {
+    // SAFETY: caller contract.
+    unsafe { core::ptr::write_volatile(word, 1) };
+}
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    //! The litmus protocols on CPU threads (which cannot reorder what they test): both roles
+    //! finish, and the library's variants count nothing.
+
+    use super::*;
+    use crate::arch::{Dim3, launch};
+    use std::vec;
+
+    fn run(
+        kernel: unsafe fn(*mut u64, *mut u64, u64, u64, u32, u32, *mut u64),
+        variant: u32,
+    ) -> [u64; 2] {
+        let (blocks, threads, iters) = (2u32, 4u32, 300u64);
+        let words = 2 * threads as u64;
+        let len = (region_words(words) * blocks as u64) as usize;
+        let mut a = vec![0u64; len];
+        let mut b = vec![0u64; len];
+        let mut out = [[0u64; 2]; 2];
+        let (pa, pb) = (a.as_mut_ptr() as usize, b.as_mut_ptr() as usize);
+        let outs = [out[0].as_mut_ptr() as usize, out[1].as_mut_ptr() as usize];
+        std::thread::scope(|s| {
+            for rank in 0..2u32 {
+                s.spawn(move || {
+                    let (local, remote) = if rank == 0 { (pa, pb) } else { (pb, pa) };
+                    launch(Dim3::x(blocks), Dim3::x(threads), || {
+                        // SAFETY: both buffers hold `blocks` regions and outlive the scope.
+                        unsafe {
+                            kernel(
+                                local as *mut u64,
+                                remote as *mut u64,
+                                words,
+                                iters,
+                                rank,
+                                variant,
+                                outs[rank as usize] as *mut u64,
+                            )
+                        }
+                    })
+                    .unwrap();
+                });
+            }
+        });
+        out[1]
+    }
+
+    #[test]
+    fn message_passing_finishes_clean_on_cpu_threads() {
+        for variant in 0..3 {
+            assert_eq!(
+                run(litmus_message_passing, variant),
+                [0, 0],
+                "variant {variant}"
+            );
+        }
+    }
+
+    #[test]
+    fn ll_packets_finish_clean_on_cpu_threads() {
+        assert_eq!(run(litmus_ll_packets, 0), [0, 0]);
+    }
+}

@@ -1,0 +1,224 @@
+//! The command line and the resolved run configuration.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::cpu::AdamW;
+
+/// Data-parallel MLP training over mscclpp's all-reduce, one process per GPU.
+///
+/// Started alone it spawns one rank per local GPU (`--nranks` to choose; two ranks on the
+/// Host transport without a GPU); under mpirun / torchrun / srun each process is one rank.
+/// `--batch` is the *global* batch, split evenly over the ranks.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "train-dp", version)]
+pub struct Args {
+    /// Size preset: `comm` (communication-heavy: 4 x 8192 wide, 268 M parameters, 32
+    /// samples per rank), `compute` (compute-heavy: 4 x 2048 wide, 16.8 M parameters, 8192
+    /// samples per rank). Explicit size flags override it.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Number of layers (each `width x width`).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Features per layer (input and output too).
+    #[arg(long)]
+    pub width: Option<usize>,
+    /// Global batch (samples per step over all ranks; a multiple of the rank count).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Training steps.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Hidden width of the teacher MLP `[width, hidden, width]` that labels the data.
+    #[arg(long, default_value_t = 64)]
+    pub teacher_hidden: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f32,
+    /// AdamW's decoupled weight decay.
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f32,
+    /// Clip the averaged gradient to this global L2 norm (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f32,
+    /// Gradient bucket size in MiB (as PyTorch DDP's `bucket_cap_mb`; fractions allowed).
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
+    /// All-reduce every bucket after the whole backward pass instead of as soon as it is
+    /// ready (for comparison).
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Element type the gradients are all-reduced in (`bf16`: converted before and after).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub grad_dtype: GradDtype,
+    /// Capture the whole step (both streams) in a CUDA graph and replay it (GPU only).
+    #[arg(long)]
+    pub graph: bool,
+    /// Also run the same training with NCCL's all-reduce, in the same run (GPU only).
+    #[arg(long, value_enum)]
+    pub compare: Option<Compare>,
+    /// Print a line every N steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: usize,
+    /// Steps left out of the timing summary (the first ones: allocation, graph upload).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Write a JSON report here (rank 0).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of the data, the teacher and the initial parameters.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Local ranks to start (default: one per GPU; 2 without a GPU).
+    #[arg(long)]
+    pub nranks: Option<usize>,
+    /// Check the first step's averaged gradient against the CPU reference over the global
+    /// batch (default: on when the model is small enough for the CPU; see `--no-check`).
+    #[arg(long, conflicts_with = "no_check")]
+    pub check_grads: bool,
+    /// Skip the gradient check.
+    #[arg(long)]
+    pub no_check: bool,
+    /// Rank 0 writes the final parameters here (raw little-endian f32, flat layout).
+    #[arg(long)]
+    pub dump_params: Option<PathBuf>,
+    /// Run on the Host transport with the CPU reference even when a GPU is present.
+    #[arg(long)]
+    pub host: bool,
+    /// Use TF32 tensor cores in cuBLAS (faster; the gradient check's bound then does not
+    /// hold and the check is skipped unless `--check-grads`).
+    #[arg(long)]
+    pub tf32: bool,
+}
+
+/// Size presets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// Communication-heavy: 268 M parameters, a small batch.
+    Comm,
+    /// Compute-heavy: 16.8 M parameters, a large batch.
+    Compute,
+}
+
+/// Gradient element type on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GradDtype {
+    /// 32-bit floats.
+    F32,
+    /// bfloat16.
+    Bf16,
+}
+
+/// What `--compare` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Compare {
+    /// NCCL's all-reduce.
+    Nccl,
+}
+
+/// A resolved configuration (sizes known, checked against the rank count).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// Layers.
+    pub layers: usize,
+    /// Width.
+    pub width: usize,
+    /// Global batch.
+    pub batch: usize,
+    /// Samples per rank.
+    pub rank_batch: usize,
+    /// Steps.
+    pub steps: usize,
+    /// Teacher's hidden width.
+    pub teacher_hidden: usize,
+    /// Bucket cap in bytes (of f32 gradients).
+    pub bucket_bytes: usize,
+    /// Buckets launched as they become ready.
+    pub overlap: bool,
+    /// Wire type of the gradients.
+    pub grad_dtype: GradDtype,
+    /// CUDA graph.
+    pub graph: bool,
+    /// Seed.
+    pub seed: u64,
+    /// Ranks.
+    pub nranks: usize,
+    /// Print every N steps.
+    pub log_every: usize,
+    /// Steps left out of the summary.
+    pub warmup: usize,
+    /// Check the first step's gradient.
+    pub check_grads: bool,
+    /// TF32 GEMMs.
+    pub tf32: bool,
+    /// Where rank 0 writes the final parameters.
+    pub dump_params: Option<PathBuf>,
+    /// Optimizer settings.
+    #[serde(skip)]
+    pub adamw: AdamW,
+}
+
+impl Config {
+    /// Resolves sizes for `nranks` ranks, on a GPU or not (the defaults differ).
+    pub fn new(a: &Args, nranks: usize, gpu: bool) -> Result<Config, String> {
+        let (layers, width, per_rank, steps) = match (a.preset, gpu) {
+            (Some(Preset::Comm), _) => (4, 8192, 32, 50),
+            (Some(Preset::Compute), _) => (4, 2048, 8192, 50),
+            (None, true) => (4, 1024, 256, 100),
+            (None, false) => (3, 32, 24, 40),
+        };
+        let layers = a.layers.unwrap_or(layers);
+        let width = a.width.unwrap_or(width);
+        let batch = a.batch.unwrap_or(per_rank * nranks);
+        let steps = a.steps.unwrap_or(steps);
+        if layers == 0 || width == 0 || a.teacher_hidden == 0 {
+            return Err("--layers, --width and --teacher-hidden must be positive".into());
+        }
+        if batch == 0 || !batch.is_multiple_of(nranks) {
+            return Err(format!(
+                "--batch {batch} is the global batch: a positive multiple of the {nranks} ranks"
+            ));
+        }
+        if a.bucket_mb.is_nan() || a.bucket_mb <= 0.0 {
+            return Err("--bucket-mb must be positive".into());
+        }
+        if a.log_every == 0 {
+            return Err("--log-every must be positive".into());
+        }
+        let params = layers * (width * width + width);
+        let rank_batch = batch / nranks;
+        // The CPU reference costs about 3 * 2 * batch * params flops (plus the bound's pass).
+        let cpu_flops = 12.0 * batch as f64 * params as f64;
+        let check_grads = !a.no_check && (a.check_grads || (cpu_flops < 4e9 && !a.tf32));
+        Ok(Config {
+            layers,
+            width,
+            batch,
+            rank_batch,
+            steps,
+            teacher_hidden: a.teacher_hidden,
+            bucket_bytes: ((a.bucket_mb * 1048576.0) as usize).max(4),
+            overlap: !a.no_overlap,
+            grad_dtype: a.grad_dtype,
+            graph: a.graph,
+            seed: a.seed,
+            nranks,
+            log_every: a.log_every,
+            warmup: a.warmup,
+            check_grads,
+            tf32: a.tf32,
+            dump_params: a.dump_params.clone(),
+            adamw: AdamW {
+                lr: a.lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: a.weight_decay,
+                max_norm: a.clip,
+            },
+        })
+    }
+}

@@ -1,0 +1,263 @@
+//! Training on the Host transport (no GPU): the CPU reference does the math, and
+//! `Collectives::all_reduce_host` averages the gradient buckets across the rank processes.
+//!
+//! The overlap is real here too: each step's backward pass runs on a worker thread and
+//! hands every bucket over as soon as its lowest layer is done; this thread all-reduces
+//! the buckets in order while the worker computes the remaining layers.
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use mscclpp::host::collectives::{Collectives, ReduceOp};
+
+use crate::config::{Config, GradDtype};
+use crate::cpu::{self, AdamState};
+use crate::model::{self, Bucket, Mlp, seeds};
+use crate::report::{GradCheck, Recorder, RunReport, StepTime};
+use crate::{Error, Ranks};
+
+/// Faults the integration tests inject (`TRAIN_DP_FAULT`) to show that the checks fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// `sum-not-mean`: the buckets are summed but not divided by the rank count.
+    SumNotMean,
+    /// `no-allreduce`: every rank keeps its own gradient.
+    NoAllReduce,
+}
+
+fn fault() -> Option<Fault> {
+    static F: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
+    *F.get_or_init(|| match std::env::var("TRAIN_DP_FAULT").as_deref() {
+        Ok("sum-not-mean") => Some(Fault::SumNotMean),
+        Ok("no-allreduce") => Some(Fault::NoAllReduce),
+        _ => None,
+    })
+}
+
+/// All-reduces `g` in place (sum over ranks) in the configured wire type, then scales by
+/// `1 / nranks`.
+fn average(coll: &Collectives, g: &mut [f32], dtype: GradDtype) -> Result<(), Error> {
+    let n = coll.nranks();
+    let f = fault();
+    if n > 1 && f != Some(Fault::NoAllReduce) {
+        match dtype {
+            GradDtype::F32 => coll.all_reduce_host_in_place(g, ReduceOp::Sum)?,
+            GradDtype::Bf16 => {
+                let mut b: Vec<half::bf16> = g
+                    .iter()
+                    .map(|&v| half::bf16::from_bits(train_dp_kernels::f32_to_bf16_bits(v)))
+                    .collect();
+                coll.all_reduce_host_in_place(&mut b, ReduceOp::Sum)?;
+                for (d, s) in g.iter_mut().zip(&b) {
+                    *d = s.to_f32();
+                }
+            }
+        }
+    }
+    let inv = if f == Some(Fault::SumNotMean) {
+        1.0
+    } else {
+        1.0 / n as f32
+    };
+    if n > 1 {
+        for v in g.iter_mut() {
+            *v *= inv;
+        }
+    }
+    Ok(())
+}
+
+/// The first step's check: this rank's averaged gradient against the CPU reference of the
+/// whole global batch, within the bound of [`cpu`]'s module docs (plus the bf16 rounding
+/// when the gradients travel as bf16).
+pub fn check_gradient(
+    cfg: &Config,
+    mlp: &Mlp,
+    p: &[f32],
+    teacher: &Mlp,
+    tp: &[f32],
+    step: usize,
+    avg: &[f32],
+) -> GradCheck {
+    let x = model::inputs(
+        seeds::data(cfg.seed),
+        (step * cfg.batch) as u64,
+        cfg.batch,
+        cfg.width,
+    );
+    let t = cpu::forward(teacher, tp, &x, cfg.batch).pop().unwrap();
+    let reference = cpu::gradient(mlp, p, &x, &t, cfg.batch);
+    let abs = cpu::abs_gradient(mlp, p, teacher, tp, &x, cfg.batch);
+    let k = cpu::rounding_depth(mlp, teacher, cfg.batch, cfg.nranks);
+    // bf16: each shard's gradient rounded once (2^-9 relative) and n - 1 rounded adds; the
+    // shards' magnitudes average to at most `abs`.
+    let bf16 = if cfg.grad_dtype == GradDtype::Bf16 && cfg.nranks > 1 {
+        (cfg.nranks + 1) as f32 * 2f32.powi(-8)
+    } else {
+        0.0
+    };
+    let mut out = GradCheck {
+        elements: avg.len(),
+        violations: 0,
+        max_ratio: 0.0,
+        max_abs_diff: 0.0,
+        depth: k,
+    };
+    for ((g, r), a) in avg.iter().zip(&reference).zip(&abs) {
+        let tol = cpu::grad_tolerance(k, *a) + bf16 * a + f32::MIN_POSITIVE;
+        let d = (g - r).abs();
+        if d > tol || !d.is_finite() {
+            out.violations += 1;
+        }
+        out.max_ratio = out.max_ratio.max((d / tol) as f64);
+        out.max_abs_diff = out.max_abs_diff.max(d as f64);
+    }
+    out
+}
+
+/// Trains on this rank; returns the report (rank 0's lines printed).
+pub fn run(cfg: &Config, coll: &Collectives, ranks: &Ranks) -> Result<RunReport, Error> {
+    let (rank, n) = (ranks.rank, ranks.nranks);
+    let mlp = Mlp::square(cfg.layers, cfg.width);
+    let teacher = model::teacher(cfg.width, cfg.teacher_hidden);
+    let tp = teacher.init(seeds::teacher(cfg.seed), 1.0);
+    let mut p = mlp.init(seeds::student(cfg.seed), 1.0);
+    let mut adam = AdamState::new(mlp.params);
+    let buckets = model::buckets(&mlp, cfg.bucket_bytes / 4);
+    if rank == 0 {
+        println!(
+            "no GPU: training on the Host transport (CPU reference math, all_reduce_host): {n} ranks, {} layers x {} wide ({} parameters), global batch {} ({} per rank), {} buckets of <= {} KiB ({}), gradients as {:?}",
+            cfg.layers,
+            cfg.width,
+            mlp.params,
+            cfg.batch,
+            cfg.rank_batch,
+            buckets.len(),
+            cfg.bucket_bytes / 1024,
+            if cfg.overlap {
+                "overlapped with backward"
+            } else {
+                "after backward"
+            },
+            cfg.grad_dtype
+        );
+    }
+    let b = cfg.rank_batch;
+    let scale = 2.0 / (b * mlp.output()) as f32;
+    let mut rec = Recorder::default();
+    let mut grad = vec![0.0f32; mlp.params];
+    let mut grad_check = None;
+    let label = if n > 1 { "mscclpp" } else { "none" };
+    for step in 0..cfg.steps {
+        let t0 = Instant::now();
+        let first = (step * cfg.batch + rank * b) as u64;
+        let x = model::inputs(seeds::data(cfg.seed), first, b, cfg.width);
+        let t = cpu::forward(&teacher, &tp, &x, b).pop().unwrap();
+        let acts = cpu::forward(&mlp, &p, &x, b);
+        let (sumsq, dy) = cpu::loss_grad(&acts[mlp.layers()], &t, scale);
+        let loss = sumsq / (b * mlp.output()) as f64;
+        let (bwd_end, comm_start, comm_end) =
+            backward_and_average(cfg, coll, &mlp, &p, &acts, dy, b, &buckets, &mut grad)?;
+        let exposed = comm_end.saturating_duration_since(bwd_end);
+        if step == 0 && cfg.check_grads {
+            let c = check_gradient(cfg, &mlp, &p, &teacher, &tp, step, &grad);
+            if rank == 0 {
+                println!(
+                    "gradient check (step 1, global batch vs CPU reference): {} elements, {} outside the bound (k = {}), max |diff|/tol {:.3e}, max |diff| {:.3e}",
+                    c.elements, c.violations, c.depth, c.max_ratio, c.max_abs_diff
+                );
+            }
+            if c.violations > 0 {
+                return Err(format!(
+                    "rank {rank}: gradient check failed: {} of {} elements outside the bound",
+                    c.violations, c.elements
+                )
+                .into());
+            }
+            grad_check = Some(c);
+        }
+        let norm = cpu::adamw_step(&cfg.adamw, &mut p, &grad, &mut adam);
+        rec.step(StepTime {
+            step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            exposed_ms: exposed.as_secs_f64() * 1e3,
+            comm_ms: comm_end.saturating_duration_since(comm_start).as_secs_f64() * 1e3,
+        });
+        if (step + 1) % cfg.log_every == 0 || step + 1 == cfg.steps || step == 0 {
+            let mean = ranks.mean(coll, loss)?;
+            if step == 0 {
+                rec.first_loss(mean);
+            }
+            if (step + 1) % cfg.log_every == 0 || step + 1 == cfg.steps {
+                rec.line(label, mean, norm as f64, cfg.batch, rank == 0);
+            }
+        }
+    }
+    crate::finish(cfg, coll, ranks, label, "host", &p, rec, grad_check)
+}
+
+/// One step's backward pass on a worker thread, the buckets averaged on this thread as the
+/// worker hands them over (or all after it, without overlap). Returns when the backward
+/// compute ended, when the first bucket's all-reduce started and when the last ended.
+#[allow(clippy::too_many_arguments)]
+fn backward_and_average(
+    cfg: &Config,
+    coll: &Collectives,
+    mlp: &Mlp,
+    p: &[f32],
+    acts: &[Vec<f32>],
+    dy: Vec<f32>,
+    rows: usize,
+    buckets: &[Bucket],
+    grad: &mut [f32],
+) -> Result<(Instant, Instant, Instant), Error> {
+    let (tx, rx) = mpsc::channel::<(usize, Vec<f32>)>();
+    let overlap = cfg.overlap;
+    std::thread::scope(|s| {
+        let worker = s.spawn(move || {
+            let mut held = Vec::new();
+            let mut cur = Vec::new();
+            let mut k = 0;
+            cpu::backward(mlp, p, acts, dy, rows, |l, lg| {
+                // Layers arrive in backward order = the flat order inside a bucket.
+                cur.extend_from_slice(&lg);
+                if l == buckets[k].lo {
+                    debug_assert_eq!(cur.len(), buckets[k].len());
+                    let done = (k, std::mem::take(&mut cur));
+                    if overlap {
+                        // The receiver lives until every bucket has come.
+                        let _ = tx.send(done);
+                    } else {
+                        held.push(done);
+                    }
+                    k += 1;
+                }
+            });
+            let end = Instant::now();
+            for h in held {
+                let _ = tx.send(h);
+            }
+            end
+        });
+        let mut first = None;
+        let mut result = Ok(());
+        for want in 0..buckets.len() {
+            let Ok((k, mut g)) = rx.recv() else {
+                result = Err("the backward worker stopped early".into());
+                break;
+            };
+            if k != want {
+                result = Err(format!("bucket {k} arrived when {want} was due").into());
+                break;
+            }
+            first.get_or_insert_with(Instant::now);
+            if let Err(e) = average(coll, &mut g, cfg.grad_dtype) {
+                result = Err(e);
+                break;
+            }
+            grad[buckets[k].start..buckets[k].end].copy_from_slice(&g);
+        }
+        let comm_end = Instant::now();
+        let bwd_end = worker.join().map_err(|_| "the backward worker panicked")?;
+        result.map(|()| (bwd_end, first.unwrap_or(comm_end), comm_end))
+    })
+}

@@ -1,0 +1,197 @@
+//! The training example on the Host transport (no GPU needed): 1, 2 and 3 rank processes
+//! started by the binary itself, checked through its JSON report and parameter dumps.
+//!
+//! Tolerances of the run-to-run comparisons (2 or 3 ranks against 1 over the same global
+//! batch): the first step's averaged gradient is checked by the program against the
+//! derived bound `2 gamma_k * A` (see `src/cpu.rs`); past that, Adam divides by the
+//! gradient's magnitude, so there is no a-priori bound on the parameters and the tests use
+//! margins far above the differences measured (losses 2e-9..1e-8 relative, parameters
+//! 3e-8..1.2e-7 absolute over 30 steps at lr 1e-3) and far below what a wrong averaging
+//! produces (each rank's own gradient moves parameters by up to lr = 1e-3 per step):
+//! losses within 1e-5 relative, parameters within 1% of `lr * steps` = 3e-4.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_train-dp");
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("train-dp-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Runs the binary on the Host transport with `nranks` local ranks.
+fn run(
+    nranks: usize,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    tag: &str,
+) -> (Output, PathBuf, PathBuf) {
+    let json = tmp(&format!("{tag}.json"));
+    let params = tmp(&format!("{tag}.bin"));
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--host",
+        "--nranks",
+        &nranks.to_string(),
+        "--batch",
+        "48",
+        "--steps",
+        "30",
+    ])
+    .args(["--log-every", "5"])
+    .arg("--json")
+    .arg(&json)
+    .arg("--dump-params")
+    .arg(&params)
+    .args(extra)
+    // Small buckets (4 KiB: three or four per step) unless the test sets its own.
+    .args(if extra.contains(&"--bucket-mb") {
+        &[][..]
+    } else {
+        &["--bucket-mb", "0.004"][..]
+    })
+    .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "60");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run train-dp");
+    (out, json, params)
+}
+
+fn ok_run(nranks: usize, extra: &[&str], tag: &str) -> (Value, Vec<f32>) {
+    let (out, json, params) = run(nranks, extra, &[], tag);
+    assert!(
+        out.status.success(),
+        "train-dp {nranks} ranks {extra:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (report, read_params(&params))
+}
+
+fn read_params(p: &Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn run0(report: &Value) -> &Value {
+    &report["runs"][0]
+}
+
+fn losses(report: &Value) -> Vec<f64> {
+    run0(report)["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect()
+}
+
+/// Loss decreases, parameters bit-identical, the gradient check ran and passed.
+fn check_healthy(report: &Value, nranks: usize) {
+    assert_eq!(report["nranks"].as_u64(), Some(nranks as u64));
+    let r = run0(report);
+    assert_eq!(r["backend"], "host");
+    assert_eq!(r["identical"], true, "parameters differ across ranks");
+    let s = &r["summary"];
+    let (first, last) = (
+        s["first_loss"].as_f64().unwrap(),
+        s["last_loss"].as_f64().unwrap(),
+    );
+    assert!(
+        last < 0.8 * first,
+        "loss did not decrease enough: {first} -> {last}"
+    );
+    let l = losses(report);
+    assert!(
+        l.windows(2).filter(|w| w[1] < w[0]).count() >= l.len() / 2,
+        "losses {l:?}"
+    );
+    let gc = &r["grad_check"];
+    assert_eq!(gc["violations"].as_u64(), Some(0), "{gc}");
+    assert!(gc["elements"].as_u64().unwrap() > 3000);
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn close_losses(a: &[f64], b: &[f64]) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= 1e-5 * y.abs(), "losses {a:?} vs {b:?}");
+    }
+}
+
+const PARAM_TOL: f32 = 0.01 * 1e-3 * 30.0;
+
+#[test]
+fn one_two_three_ranks_train_and_agree() {
+    let (r1, p1) = ok_run(1, &[], "r1");
+    check_healthy(&r1, 1);
+    for n in [2, 3] {
+        let (rn, pn) = ok_run(n, &[], &format!("r{n}"));
+        check_healthy(&rn, n);
+        // Several buckets, so the ordering logic ran.
+        assert!(run0(&rn)["summary"]["timed_steps"].as_u64().unwrap() > 20);
+        close_losses(&losses(&rn), &losses(&r1));
+        let d = max_diff(&pn, &p1);
+        assert!(d <= PARAM_TOL, "{n} ranks vs 1: parameters differ by {d}");
+    }
+}
+
+#[test]
+fn overlap_does_not_change_results_and_bf16_trains() {
+    let (a, pa) = ok_run(2, &[], "ov");
+    let (b, pb) = ok_run(2, &["--no-overlap"], "noov");
+    // Same all-reduces in the same order: bit-identical.
+    assert_eq!(run0(&a)["checksum"], run0(&b)["checksum"]);
+    assert_eq!(pa, pb);
+    // One bucket for everything: same sums, same results.
+    let (c, _) = ok_run(2, &["--bucket-mb", "100"], "onebucket");
+    assert_eq!(run0(&a)["checksum"], run0(&c)["checksum"]);
+    let (h, ph) = ok_run(3, &["--grad-dtype", "bf16"], "bf16");
+    check_healthy(&h, 3);
+    // bf16 gradients: near the f32 run, but not equal.
+    let d = max_diff(&ph, &pa);
+    assert!(d > 0.0 && d < 0.05, "bf16 vs f32 parameters differ by {d}");
+}
+
+#[test]
+fn wrong_averaging_is_caught() {
+    // Summing without dividing by the rank count: the gradient check fails the run.
+    let (out, _, _) = run(2, &[], &[("TRAIN_DP_FAULT", "sum-not-mean")], "fault-scale");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gradient check failed"), "{err}");
+    // No all-reduce at all: the check fails, and without the check the checksums differ.
+    let (out, _, _) = run(2, &[], &[("TRAIN_DP_FAULT", "no-allreduce")], "fault-none");
+    assert!(!out.status.success());
+    let (out, _, _) = run(
+        2,
+        &["--no-check"],
+        &[("TRAIN_DP_FAULT", "no-allreduce")],
+        "fault-none-nocheck",
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("parameters differ across ranks"), "{err}");
+}
+
+#[test]
+fn bad_batch_is_refused() {
+    let (out, _, _) = run(2, &["--batch", "47"], &[], "badbatch");
+    assert!(!out.status.success());
+}

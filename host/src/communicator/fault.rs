@@ -1,0 +1,170 @@
+//! The fault area of a communicator: the words that its host and its kernels both read and
+//! write while kernels run (see `mscclpp_device::collectives::fault` for the layout).
+//!
+//! On a GPU it is mapped pinned host memory (the kernels read the abort word over PCIe, in
+//! the slow path of their waits only; the host reads the records directly, without a stream
+//! synchronisation); on the host backend it is plain memory. The host raises the abort word
+//! on [`Communicator::abort`](super::Communicator::abort) and when the bootstrap reports a
+//! lost rank (a hook on the bootstrap, so within milliseconds of the peer's death).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use mscclpp_device::collectives::{FAULT_WORDS, fault};
+
+use crate::bootstrap::BlockingBootstrap;
+use crate::cuda::{Gpu, MappedHostBuffer};
+
+use super::CommError;
+
+#[derive(Debug)]
+enum Memory {
+    Mapped(MappedHostBuffer),
+    Host(Box<[AtomicU64]>),
+}
+
+/// Why a communicator was aborted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AbortReason {
+    /// A rank died (its bootstrap connection ended without a goodbye).
+    Lost {
+        /// The lost rank.
+        rank: usize,
+        /// What the bootstrap saw.
+        detail: String,
+    },
+    /// [`Communicator::abort`](super::Communicator::abort) was called.
+    Requested,
+}
+
+impl std::fmt::Display for AbortReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AbortReason::Lost { rank, detail } => write!(f, "rank {rank} is gone: {detail}"),
+            AbortReason::Requested => f.write_str("the communicator was aborted (abort())"),
+        }
+    }
+}
+
+/// The fault area and the host's side of an abort.
+#[derive(Debug)]
+pub(crate) struct FaultArea {
+    mem: Memory,
+    reason: Mutex<Option<AbortReason>>,
+}
+
+impl FaultArea {
+    /// Zeroed fault words: mapped pinned memory of `gpu`, or host memory.
+    pub(crate) fn new(gpu: Option<&Gpu>) -> Result<Arc<FaultArea>, CommError> {
+        let mem = match gpu {
+            Some(g) => Memory::Mapped(MappedHostBuffer::alloc(g, FAULT_WORDS * 8)?),
+            None => Memory::Host((0..FAULT_WORDS).map(|_| AtomicU64::new(0)).collect()),
+        };
+        Ok(Arc::new(FaultArea {
+            mem,
+            reason: Mutex::new(None),
+        }))
+    }
+
+    /// Raises the abort word when `bootstrap` reports a lost rank (for as long as the
+    /// area lives).
+    pub(crate) fn watch(self: &Arc<Self>, bootstrap: &BlockingBootstrap) {
+        let weak: Weak<FaultArea> = Arc::downgrade(self);
+        bootstrap.as_async().on_peer_lost(move |rank, detail| {
+            if let Some(area) = weak.upgrade() {
+                area.abort(AbortReason::Lost {
+                    rank,
+                    detail: detail.to_string(),
+                });
+            }
+        });
+    }
+
+    /// The words as the host sees them.
+    fn words(&self) -> &[AtomicU64] {
+        match &self.mem {
+            Memory::Host(w) => w,
+            // SAFETY: FAULT_WORDS live, 8-byte aligned words of pinned memory owned by
+            // `self`; every host access is atomic, and kernels access them only atomically
+            // or with volatile stores of whole words.
+            Memory::Mapped(m) => unsafe {
+                std::slice::from_raw_parts(m.host_ptr() as *const AtomicU64, FAULT_WORDS)
+            },
+        }
+    }
+
+    /// The address kernels use (the device address of the mapping on a GPU).
+    pub(crate) fn kernel_ptr(&self) -> *mut u64 {
+        match &self.mem {
+            Memory::Host(w) => w.as_ptr() as *mut u64,
+            Memory::Mapped(m) => m.device_ptr() as *mut u64,
+        }
+    }
+
+    /// Aborts: every wait of every kernel of this communicator gives up at its next look at
+    /// the area (within microseconds on a GPU, a fraction of a millisecond on CPU threads).
+    /// The first reason is kept.
+    pub(crate) fn abort(&self, reason: AbortReason) {
+        let word = match &reason {
+            AbortReason::Lost { rank, .. } => 1 + *rank as u64,
+            AbortReason::Requested => fault::ABORT_REQUESTED,
+        };
+        {
+            let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+            if r.is_none() {
+                *r = Some(reason);
+            }
+        }
+        let _ = self.words()[fault::ABORT].compare_exchange(
+            0,
+            word,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Why the communicator was aborted, if it was.
+    pub(crate) fn abort_reason(&self) -> Option<AbortReason> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The published record, if any: `(kind, seq, peer, own, theirs, place)`.
+    pub(crate) fn record(&self) -> Option<FaultRecord> {
+        let w = self.words();
+        let kind = w[fault::RECORD].load(Ordering::Acquire);
+        if kind == 0 {
+            return None;
+        }
+        let get = |i: usize| w[i].load(Ordering::Relaxed);
+        Some(FaultRecord {
+            kind,
+            seq: get(fault::SEQ),
+            peer: get(fault::PEER) as usize,
+            own: [get(fault::OWN), get(fault::OWN + 1)],
+            theirs: [get(fault::THEIRS), get(fault::THEIRS + 1)],
+            place: get(fault::PLACE),
+        })
+    }
+
+    /// Clears a reported record, so that the next failure is recorded. Only while no kernel
+    /// of the communicator runs (else a record being written may be lost).
+    pub(crate) fn clear_record(&self) {
+        let w = self.words();
+        w[fault::RECORD].store(0, Ordering::Release);
+        w[fault::CLAIM].store(0, Ordering::Release);
+    }
+}
+
+/// A kernel's record of a failed call (see `mscclpp_device::collectives::fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FaultRecord {
+    pub(crate) kind: u64,
+    pub(crate) seq: u64,
+    pub(crate) peer: usize,
+    pub(crate) own: [u64; 2],
+    pub(crate) theirs: [u64; 2],
+    pub(crate) place: u64,
+}

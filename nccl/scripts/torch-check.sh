@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# PyTorch on libmscclpp_nccl.so: torch_check.py under torch.distributed.run, first without
+# the library ("plain"), then with it in LD_PRELOAD ("ours", MSCCLPP_DEBUG=INFO); then
+# compares the DDP parameters of the two runs and checks from the INFO lines that our
+# library served the calls it claims (all-reduce sums and all-gather natively, the rest on
+# the real NCCL). Logs under $OUT/torch.
+#
+#   nccl/scripts/torch-check.sh
+#
+# Needs: target/release/libmscclpp_nccl.so (carry it), PyTorch in $PYTHON
+# (/opt/torch/.venv/bin/python) with its NCCL wheel, NPROC GPUs (2).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/torch-check-out}
+LOGS=$OUT/torch
+PYTHON=${PYTHON:-/opt/torch/.venv/bin/python}
+NPROC=${NPROC:-2}
+LIB=${MSCCLPP_NCCL_SO:-$ROOT/target/release/libmscclpp_nccl.so}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p "$LOGS"
+[ -f "$LIB" ] || { echo "no $LIB (cargo build --release -p mscclpp-nccl; carry it)"; exit 2; }
+[ -x "$PYTHON" ] || { echo "no python at $PYTHON (set PYTHON)"; exit 2; }
+REAL=$(ls -d "$(dirname "$PYTHON")"/../lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 2>/dev/null | head -1)
+echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())')"
+echo "real NCCL: ${REAL:-not found (the library searches itself)}"
+fail=0
+
+run() {
+  local mode=$1; shift
+  echo "=== $mode"
+  env "$@" timeout "${RUN_TIMEOUT:-400}" "$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" \
+    "$ROOT/nccl/scripts/torch_check.py" --out "$LOGS" --mode "$mode" >"$LOGS/$mode.log" 2>&1
+  local rc=$?
+  tail -5 "$LOGS/$mode.log"
+  [ $rc -eq 0 ] || { echo "FAIL: $mode run exited $rc (log: $LOGS/$mode.log)"; fail=1; }
+}
+
+run plain
+run ours LD_PRELOAD="$LIB" MSCCLPP_DEBUG=INFO ${REAL:+MSCCLPP_NCCL_LIB=$REAL}
+
+echo "=== which path served what (ours)"
+grep -h "INFO rank" "$LOGS/ours.log" | sed 's/^.*INFO //' | sort -u | tee "$LOGS/paths.txt"
+need() {
+  if grep -q -- "$1" "$LOGS/paths.txt"; then echo "ok: $1"; else echo "FAIL: no line '$1'"; fail=1; fi
+}
+need "ncclAllReduce float sum -> native"
+need "ncclAllReduce bfloat16 sum -> native"
+need "ncclAllGather .* -> native"
+need "ncclReduceScatter float sum -> fallback"
+need "ncclAllReduce float max -> fallback"
+need "ncclBroadcast float - -> fallback"
+if grep -q "WARN" "$LOGS/ours.log"; then
+  echo "FAIL: warnings from the library:"; grep "WARN" "$LOGS/ours.log" | head -5; fail=1
+fi
+
+echo "=== DDP parameters: plain vs ours"
+"$PYTHON" - "$LOGS" <<'PY' || fail=1
+import sys, torch
+d = sys.argv[1]
+a = torch.load(f"{d}/ddp_plain.pt"); b = torch.load(f"{d}/ddp_ours.pt")
+diff = max((x - y).abs().max().item() for x, y in zip(a, b))
+same = all(torch.equal(x, y) for x, y in zip(a, b))
+print(f"max |plain - ours| = {diff:.3e} ({'bit-identical' if same else 'not bit-identical'})")
+sys.exit(0 if diff <= 1e-5 else 1)
+PY
+[ $fail -eq 0 ] && echo "torch-check: PASS" || echo "torch-check: FAIL"
+exit $fail

@@ -1,0 +1,1527 @@
+//! The exported C functions: NCCL's API (each under its `nccl` and `pnccl` names).
+//!
+//! Every export runs its body in [`guard`]: a panic becomes `ncclInternalError`, every
+//! failure leaves its text for `ncclGetLastError`.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use mscclpp_host::collectives::{AllGatherAlgo, AllReduceAlgo, ReduceOp};
+
+use crate::comm::{
+    self, Comm, ConfigCopy, Handle, Inner, RealSetup, decode_color_key, encode_color_key, lookup,
+    new_id, null, parse_id, real_of, register, unregister,
+};
+use crate::error::{Failure, guard, last_error, last_error_ptr};
+use crate::group;
+use crate::log::{self, Path};
+use crate::real::{self, Ptr, RawUniqueId, Real, Team};
+use crate::types::{
+    self, ABI_VERSION_CODE, MAX_RED_OP, NUM_OPS, NcclConfig, NcclDataType, NcclRedOp, NcclResult,
+    OP_SUM, SPLIT_NOCOLOR, dtype_name, is_builtin_op, native_dtype, op_name, read_config, result,
+    shrink_members, split_members,
+};
+
+/// Defines `$pname` with the body and `$name` calling it.
+macro_rules! export {
+    ($(#[doc = $doc:literal])* fn $name:ident / $pname:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty $body:block) => {
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// NCCL's C contract: pointers valid for what they describe, communicators made by
+        /// this library (or by the real NCCL, which then serves the call).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $pname($($arg: $ty),*) -> $ret $body
+
+        #[doc = concat!("Same as [`", stringify!($pname), "`].")]
+        ///
+        /// # Safety
+        #[doc = concat!("As for [`", stringify!($pname), "`].")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: the same function under NCCL's other name; the same contract.
+            unsafe { $pname($($arg),*) }
+        }
+    };
+}
+
+/// Marks this library, so that the real-NCCL finder never loads it as the real one.
+#[unsafe(no_mangle)]
+pub static mscclpp_nccl_is_not_nccl: c_int = 1;
+
+/// What a communicator handle resolves to for a call.
+enum Target {
+    Ours(&'static Comm),
+    /// Not ours, with a real NCCL loaded: pass the call on unchanged.
+    Real(&'static Real, Ptr),
+}
+
+fn target(call: &str, comm: Ptr) -> Result<Target, Failure> {
+    match lookup(comm) {
+        Handle::Null => Err(Failure::arg(format!("{call}: comm is NULL"))),
+        Handle::Ours(c) => Ok(Target::Ours(c)),
+        Handle::Foreign(p) => match real::real() {
+            Ok(r) => Ok(Target::Real(r, p)),
+            Err(_) => Err(Failure::arg(format!(
+                "{call}: {p:?} is not a communicator of this library"
+            ))),
+        },
+    }
+}
+
+fn need<F: Copy>(call: &str, real: &Real, f: Option<F>) -> Result<F, Failure> {
+    f.ok_or_else(|| {
+        Failure::usage(format!(
+            "{call}: the real NCCL ({}, version {}) does not export it",
+            real.path, real.version
+        ))
+    })
+}
+
+fn check_dtype(call: &str, dt: NcclDataType) -> Result<&'static str, Failure> {
+    dtype_name(dt).ok_or_else(|| {
+        Failure::arg(format!(
+            "{call}: invalid data type {dt} (0..{})",
+            types::NUM_TYPES - 1
+        ))
+    })
+}
+
+fn check_op(call: &str, inner: Option<&Inner>, op: NcclRedOp) -> Result<(), Failure> {
+    if is_builtin_op(op) {
+        return Ok(());
+    }
+    let made = (NUM_OPS..=MAX_RED_OP).contains(&op)
+        && inner.is_none_or(|i| {
+            i.premul_ops
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&op)
+        });
+    if made {
+        Ok(())
+    } else {
+        Err(Failure::arg(format!(
+            "{call}: invalid reduction operation {op} (0..4, or one made by \
+             ncclRedOpCreatePreMulSum on this communicator)"
+        )))
+    }
+}
+
+fn check_ptr(call: &str, what: &str, p: *const c_void, count: usize) -> Result<(), Failure> {
+    if p.is_null() && count > 0 {
+        return Err(Failure::arg(format!(
+            "{call}: {what} is NULL with count {count}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_out<T>(call: &str, what: &str, p: *const T) -> Result<(), Failure> {
+    if p.is_null() {
+        return Err(Failure::arg(format!("{call}: {what} is NULL")));
+    }
+    Ok(())
+}
+
+fn check_rank(call: &str, what: &str, r: c_int, nranks: usize) -> Result<(), Failure> {
+    if r < 0 || r as usize >= nranks {
+        return Err(Failure::arg(format!(
+            "{call}: {what} {r} is out of range (0..{})",
+            nranks.saturating_sub(1)
+        )));
+    }
+    Ok(())
+}
+
+/// Calls the real NCCL on the real communicator beside ours.
+fn forward(
+    call: &str,
+    c: &Comm,
+    inner: &Inner,
+    what: &str,
+    dt: &str,
+    op: &str,
+    f: impl FnOnce(&'static Real, Ptr) -> Result<NcclResult, Failure>,
+) -> Result<NcclResult, Failure> {
+    let (real, rc) = real_of(call, inner, what)?;
+    log::call_path(call, c.rank, c.nranks, dt, op, Path::Fallback);
+    let r = f(real, rc)?;
+    comm::real_result(call, real, rc, r)
+}
+
+/// Passes a call on a communicator that is not ours to the real NCCL unchanged.
+fn pass(
+    call: &str,
+    real: &'static Real,
+    p: Ptr,
+    f: impl FnOnce(&'static Real, Ptr) -> Result<NcclResult, Failure>,
+) -> Result<NcclResult, Failure> {
+    log::call_path(call, 0, 0, "-", "-", Path::PassThrough);
+    let r = f(real, p)?;
+    comm::real_result(call, real, p, r)
+}
+
+// ---------------------------------------------------------------------------------------
+// Version, ids, errors
+
+export! {
+    /// `ncclGetVersion`: the real NCCL's version code when one is loaded (programs test it
+    /// for features the fallback serves), else 22800 (the 2.28 ABI this library follows).
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> NcclResult {
+        guard("ncclGetVersion", || {
+            check_out("ncclGetVersion", "version", version)?;
+            let v = real::real().map(|r| r.version).unwrap_or(ABI_VERSION_CODE);
+            // SAFETY: checked non-null; the caller's int.
+            unsafe { *version = v };
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclGetUniqueId`: a bootstrap id of this library (its root listens on 127.0.0.1 in
+    /// this process: the ranks must be on this machine).
+    fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut RawUniqueId) -> NcclResult {
+        guard("ncclGetUniqueId", || {
+            check_out("ncclGetUniqueId", "uniqueId", unique_id)?;
+            let id = new_id("ncclGetUniqueId")?;
+            let mut raw = RawUniqueId { internal: [0; 128] };
+            for (d, s) in raw.internal.iter_mut().zip(id.as_bytes()) {
+                *d = *s as c_char;
+            }
+            // SAFETY: checked non-null; the caller's 128 bytes.
+            unsafe { unique_id.write(raw) };
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclGetErrorString`: a static text for each result code.
+    fn ncclGetErrorString / pncclGetErrorString(code: NcclResult) -> *const c_char {
+        std::panic::catch_unwind(|| types::error_string(code).as_ptr())
+            .unwrap_or(c"internal error".as_ptr())
+    }
+}
+
+export! {
+    /// `ncclGetLastError`: the text of the last failure (process-wide, as NCCL's), or the
+    /// real NCCL's for its communicators.
+    fn ncclGetLastError / pncclGetLastError(comm: Ptr) -> *const c_char {
+        std::panic::catch_unwind(|| {
+            match lookup(comm) {
+                Handle::Foreign(p) => {
+                    if let Ok(real) = real::real()
+                        && let Some(f) = real.fns.get_last_error
+                    {
+                        // SAFETY: NCCL's signature; its own communicator.
+                        return unsafe { f(p) };
+                    }
+                }
+                Handle::Ours(c) => {
+                    if last_error().is_empty()
+                        && let Some(Ok(inner)) = c.state.get()
+                        && let (Ok(real), Some(rc)) = (real::real(), inner.real)
+                        && let Some(f) = real.fns.get_last_error
+                    {
+                        // SAFETY: as above, the real communicator beside ours.
+                        return unsafe { f(rc.0) };
+                    }
+                }
+                Handle::Null => {}
+            }
+            last_error_ptr()
+        })
+        .unwrap_or(c"internal error".as_ptr())
+    }
+}
+
+export! {
+    /// `ncclResetDebugInit` (deprecated in NCCL): passed to the real NCCL when loaded.
+    fn ncclResetDebugInit / pncclResetDebugInit() -> () {
+        let _ = std::panic::catch_unwind(|| {
+            if let Ok(real) = real::real()
+                && let Some(f) = real.fns.reset_debug_init
+            {
+                // SAFETY: NCCL's signature, no arguments.
+                unsafe { f() }
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Communicators
+
+/// The common part of the `ncclCommInitRank*` calls.
+///
+/// # Safety
+/// `out` is writable when non-null; `config` null or a valid config.
+unsafe fn init_rank(
+    call: &str,
+    out: *mut Ptr,
+    nranks: c_int,
+    id: &RawUniqueId,
+    rank: c_int,
+    config: *mut NcclConfig,
+) -> Result<NcclResult, Failure> {
+    check_out(call, "comm", out)?;
+    if nranks < 1 {
+        return Err(Failure::arg(format!("{call}: nranks {nranks} < 1")));
+    }
+    check_rank(call, "rank", rank, nranks as usize)?;
+    // SAFETY: caller contract.
+    let view = unsafe { read_config(config) }.map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+    let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+    let id = parse_id(call, &bytes)?;
+    let gpu = comm::current_gpu(call)?;
+    // SAFETY: checked by read_config.
+    let cfg = unsafe { ConfigCopy::new(config) };
+    let c = Box::new(Comm::new(
+        rank as usize,
+        nranks as usize,
+        gpu.clone(),
+        view.blocking,
+    ));
+    if group::depth() > 0 {
+        let p = register(c);
+        // SAFETY: checked non-null.
+        unsafe { *out = p };
+        group::defer(group::Pending {
+            comm: p as usize,
+            id,
+            cfg,
+        });
+        return Ok(result::SUCCESS);
+    }
+    let inner = comm::set_up(
+        call,
+        nranks as usize,
+        rank as usize,
+        id,
+        &gpu,
+        RealSetup::Create(cfg),
+    )?;
+    let _ = c.state.set(Ok(inner));
+    // SAFETY: checked non-null.
+    unsafe { *out = register(c) };
+    Ok(result::SUCCESS)
+}
+
+export! {
+    /// `ncclCommInitRank`: joins the ranks of `comm_id` on the current CUDA device. Inside a
+    /// group the set-up runs at `ncclGroupEnd`.
+    fn ncclCommInitRank / pncclCommInitRank(
+        comm: *mut Ptr, nranks: c_int, comm_id: RawUniqueId, rank: c_int,
+    ) -> NcclResult {
+        guard("ncclCommInitRank", || {
+            // SAFETY: caller contract.
+            unsafe {
+                init_rank("ncclCommInitRank", comm, nranks, &comm_id, rank, std::ptr::null_mut())
+            }
+        })
+    }
+}
+
+export! {
+    /// `ncclCommInitRankConfig`: as `ncclCommInitRank`; the config goes to the real NCCL's
+    /// communicator. Calls always block (a nonblocking config is allowed; calls return
+    /// `ncclSuccess` when done).
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(
+        comm: *mut Ptr, nranks: c_int, comm_id: RawUniqueId, rank: c_int, config: *mut NcclConfig,
+    ) -> NcclResult {
+        guard("ncclCommInitRankConfig", || {
+            // SAFETY: caller contract.
+            unsafe { init_rank("ncclCommInitRankConfig", comm, nranks, &comm_id, rank, config) }
+        })
+    }
+}
+
+export! {
+    /// `ncclCommInitRankScalable`: as `ncclCommInitRankConfig` with the first of the ids
+    /// (one bootstrap root is enough for the rank counts this library serves).
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(
+        newcomm: *mut Ptr, nranks: c_int, myrank: c_int, n_id: c_int,
+        comm_ids: *mut RawUniqueId, config: *mut NcclConfig,
+    ) -> NcclResult {
+        guard("ncclCommInitRankScalable", || {
+            let call = "ncclCommInitRankScalable";
+            if n_id < 1 {
+                return Err(Failure::arg(format!("{call}: nId {n_id} < 1")));
+            }
+            check_out(call, "commIds", comm_ids)?;
+            // SAFETY: checked non-null; at least one id (nId >= 1).
+            let id = unsafe { *comm_ids };
+            // SAFETY: caller contract.
+            unsafe { init_rank(call, newcomm, nranks, &id, myrank, config) }
+        })
+    }
+}
+
+export! {
+    /// `ncclCommInitAll`: one communicator per device of `devlist` (or devices 0..ndev) in
+    /// this process, set up together.
+    fn ncclCommInitAll / pncclCommInitAll(comms: *mut Ptr, ndev: c_int, devlist: *const c_int) -> NcclResult {
+        guard("ncclCommInitAll", || {
+            let call = "ncclCommInitAll";
+            check_out(call, "comms", comms)?;
+            if ndev < 1 {
+                return Err(Failure::arg(format!("{call}: ndev {ndev} < 1")));
+            }
+            let n = ndev as usize;
+            let devs: Vec<c_int> = if devlist.is_null() {
+                (0..ndev).collect()
+            } else {
+                // SAFETY: the caller's array of ndev ints.
+                unsafe { std::slice::from_raw_parts(devlist, n) }.to_vec()
+            };
+            if let Some(bad) = devs.iter().find(|&&d| d < 0) {
+                return Err(Failure::arg(format!("{call}: device {bad} < 0")));
+            }
+            comm::current_gpu(call)?; // fails fast without a GPU
+            let id = new_id(call)?;
+            let mut gpus = Vec::new();
+            for &d in &devs {
+                gpus.push(comm::open_gpu(call, d as usize)?);
+            }
+            let jobs = gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| (n, i, id, g.clone(), ConfigCopy::NONE))
+                .collect();
+            let results = comm::set_up_many(call, jobs);
+            if let Some(f) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
+                return Err(f);
+            }
+            for (i, (r, g)) in results.into_iter().zip(gpus).enumerate() {
+                let c = Box::new(Comm::new(i, n, g, true));
+                let _ = c.state.set(r);
+                // SAFETY: the caller's array of ndev handles.
+                unsafe { *comms.add(i) = register(c) };
+            }
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclCommSplit`: ranks with the same color form a new communicator, ordered by key
+    /// (then by rank); `NCCL_SPLIT_NOCOLOR` takes part and gets NULL. Collective over the
+    /// parent. The real NCCL's communicator is split alongside.
+    fn ncclCommSplit / pncclCommSplit(
+        comm: Ptr, color: c_int, key: c_int, newcomm: *mut Ptr, config: *mut NcclConfig,
+    ) -> NcclResult {
+        guard("ncclCommSplit", || {
+            let call = "ncclCommSplit";
+            check_out(call, "newcomm", newcomm)?;
+            if color < 0 && color != SPLIT_NOCOLOR {
+                return Err(Failure::arg(format!("{call}: color {color} < 0 (and not NCCL_SPLIT_NOCOLOR)")));
+            }
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => {
+                    return pass(call, real, p, |real, p| {
+                        let f = need(call, real, real.fns.comm_split)?;
+                        // SAFETY: NCCL's signature, the caller's arguments.
+                        Ok(unsafe { f(p, color, key, newcomm, config) })
+                    });
+                }
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            // SAFETY: caller contract.
+            let view = unsafe { read_config(config) }.map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+            let blocking = if config.is_null() { c.blocking } else { view.blocking };
+            // The real split first: every parent rank calls it, the no-color ones included.
+            let (real_new, real_missing) = match (inner.real, real::real()) {
+                (Some(rc), Ok(real)) => {
+                    let f = need(call, real, real.fns.comm_split)?;
+                    let mut out: Ptr = null();
+                    // SAFETY: NCCL's signature; out-pointer to a local.
+                    let r = unsafe { f(rc.0, color, key, &mut out, config) };
+                    comm::real_result(call, real, rc.0, r)?;
+                    ((!out.is_null()).then_some(comm::RealComm(out)), None)
+                }
+                _ => (None, inner.real_missing.clone()),
+            };
+            let bs = inner.coll.communicator().bootstrap();
+            let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
+            let all = bs.all_gather(&encode_color_key(color, key)).map_err(boot)?;
+            let ck: Vec<(c_int, c_int)> = all
+                .iter()
+                .map(|b| decode_color_key(b).unwrap_or((SPLIT_NOCOLOR, 0)))
+                .collect();
+            let members = split_members(&ck, c.rank);
+            let leader = members.as_ref().is_some_and(|(m, _)| m[0] == c.rank);
+            let payload = if leader { new_id(call)?.as_bytes().to_vec() } else { Vec::new() };
+            let ids = bs.all_gather(&payload).map_err(boot)?;
+            let Some((m, place)) = members else {
+                // SAFETY: checked non-null.
+                unsafe { *newcomm = null() };
+                return Ok(result::SUCCESS);
+            };
+            let id = parse_id(call, &ids[m[0]])?;
+            let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking));
+            let inner = c.on_device(|| {
+                comm::set_up(call, m.len(), place, id, &c.gpu, RealSetup::Given(real_new, real_missing))
+            })?;
+            let _ = new.state.set(Ok(inner));
+            // SAFETY: checked non-null.
+            unsafe { *newcomm = register(new) };
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclCommShrink`: the ranks not in `exclude_ranks_list` form a new communicator in
+    /// rank order (the excluded ranks do not call). The real communicator is shrunk
+    /// alongside.
+    fn ncclCommShrink / pncclCommShrink(
+        comm: Ptr, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int,
+        newcomm: *mut Ptr, config: *mut NcclConfig, shrink_flags: c_int,
+    ) -> NcclResult {
+        guard("ncclCommShrink", || {
+            let call = "ncclCommShrink";
+            check_out(call, "newcomm", newcomm)?;
+            if exclude_ranks_count < 0 {
+                return Err(Failure::arg(format!("{call}: excludeRanksCount {exclude_ranks_count} < 0")));
+            }
+            check_ptr(call, "excludeRanksList", exclude_ranks_list.cast(), exclude_ranks_count as usize)?;
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => {
+                    return pass(call, real, p, |real, p| {
+                        let f = need(call, real, real.fns.comm_shrink)?;
+                        // SAFETY: NCCL's signature, the caller's arguments.
+                        Ok(unsafe { f(p, exclude_ranks_list, exclude_ranks_count, newcomm, config, shrink_flags) })
+                    });
+                }
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            // SAFETY: caller contract.
+            let view = unsafe { read_config(config) }.map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+            let excluded: Vec<c_int> = if exclude_ranks_count == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: checked non-null; the caller's array.
+                unsafe { std::slice::from_raw_parts(exclude_ranks_list, exclude_ranks_count as usize) }.to_vec()
+            };
+            for &e in &excluded {
+                check_rank(call, "excluded rank", e, c.nranks)?;
+            }
+            let Some((m, place)) = shrink_members(c.nranks, &excluded, c.rank) else {
+                return Err(Failure::arg(format!("{call}: this rank ({}) is in excludeRanksList", c.rank)));
+            };
+            let (real_new, real_missing) = match (inner.real, real::real()) {
+                (Some(rc), Ok(real)) => {
+                    let f = need(call, real, real.fns.comm_shrink)?;
+                    let mut out: Ptr = null();
+                    // SAFETY: NCCL's signature; out-pointer to a local.
+                    let r = unsafe { f(rc.0, exclude_ranks_list, exclude_ranks_count, &mut out, config, shrink_flags) };
+                    comm::real_result(call, real, rc.0, r)?;
+                    ((!out.is_null()).then_some(comm::RealComm(out)), None)
+                }
+                _ => (None, inner.real_missing.clone()),
+            };
+            let bs = inner.coll.communicator().bootstrap();
+            let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
+            let seq = inner.shrink_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tag = 0x5348_5249_0000_0000u64 | seq;
+            let id = if m[0] == c.rank {
+                let id = new_id(call)?;
+                for &p in &m[1..] {
+                    bs.send(p, tag, id.as_bytes()).map_err(boot)?;
+                }
+                id
+            } else {
+                parse_id(call, &bs.recv(m[0], tag).map_err(boot)?)?
+            };
+            let blocking = if config.is_null() { c.blocking } else { view.blocking };
+            let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking));
+            let inner = c.on_device(|| {
+                comm::set_up(call, m.len(), place, id, &c.gpu, RealSetup::Given(real_new, real_missing))
+            })?;
+            let _ = new.state.set(Ok(inner));
+            // SAFETY: checked non-null.
+            unsafe { *newcomm = register(new) };
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+/// Waits for this GPU's work, then for every rank's (a bootstrap barrier): after it no peer
+/// kernel reads or writes our memory.
+fn quiesce(call: &str, gpu: &mscclpp_host::cuda::Gpu, inner: &Inner) -> Result<(), Failure> {
+    comm::on_gpu(gpu, || gpu.synchronize())
+        .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: {e}")))?;
+    inner
+        .coll
+        .communicator()
+        .bootstrap()
+        .barrier()
+        .map_err(|e| Failure::from_comm(call, &e.into()))
+}
+
+export! {
+    /// `ncclCommFinalize`: waits for this communicator's work on every rank (collective),
+    /// and finalizes the real communicator.
+    fn ncclCommFinalize / pncclCommFinalize(comm: Ptr) -> NcclResult {
+        guard("ncclCommFinalize", || {
+            let call = "ncclCommFinalize";
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => {
+                    return pass(call, real, p, |real, p| {
+                        // SAFETY: NCCL's signature.
+                        Ok(unsafe { need(call, real, real.fns.comm_finalize)?(p) })
+                    });
+                }
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            if !inner.finalized.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                quiesce(call, &c.gpu, inner)?;
+            }
+            if let (Some(rc), Ok(real)) = (inner.real, real::real())
+                && let Some(f) = real.fns.comm_finalize
+            {
+                // SAFETY: NCCL's signature; the real communicator.
+                let r = unsafe { f(rc.0) };
+                return comm::real_result(call, real, rc.0, r);
+            }
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+/// Destroy (`abort == false`) or abort a communicator.
+fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
+    match target(call, comm)? {
+        Target::Real(real, p) => {
+            return pass(call, real, p, |real, p| {
+                let f = if abort {
+                    need(call, real, real.fns.comm_abort)?
+                } else {
+                    need(call, real, real.fns.comm_destroy)?
+                };
+                // SAFETY: NCCL's signature.
+                Ok(unsafe { f(p) })
+            });
+        }
+        Target::Ours(_) => {}
+    }
+    let c = unregister(comm).ok_or_else(|| Failure::arg(format!("{call}: comm is gone")))?;
+    let Comm { gpu, state, .. } = *c;
+    let Some(Ok(inner)) = state.into_inner() else {
+        return Ok(result::SUCCESS);
+    };
+    let mut code = result::SUCCESS;
+    if let (Some(rc), Ok(real)) = (inner.real, real::real()) {
+        let f = if abort {
+            real.fns.comm_abort
+        } else {
+            real.fns.comm_destroy
+        };
+        if let Some(f) = f {
+            // SAFETY: NCCL's signature; the real communicator, not used after this.
+            code = unsafe { f(rc.0) };
+        }
+    }
+    if abort {
+        // Raise the abort word: our kernels waiting on a peer give up within their next slow
+        // poll. They may still be running now, and freeing the memory they use would wait
+        // for them (cuMemFree synchronises): leave it to the process's end.
+        inner.coll.abort();
+        std::mem::forget(inner);
+    } else {
+        if !inner.finalized.load(std::sync::atomic::Ordering::Acquire)
+            && let Err(f) = quiesce(call, &gpu, &inner)
+        {
+            log::warn(&f.msg);
+        }
+        comm::on_gpu(&gpu, || drop(inner));
+    }
+    if code != result::SUCCESS && code != result::IN_PROGRESS {
+        return Err(Failure::new(
+            code,
+            format!("{call}: the real NCCL's communicator: error {code}"),
+        ));
+    }
+    Ok(result::SUCCESS)
+}
+
+export! {
+    /// `ncclCommDestroy`: waits for the work of every rank (unless finalized), then frees
+    /// ours and destroys the real communicator.
+    fn ncclCommDestroy / pncclCommDestroy(comm: Ptr) -> NcclResult {
+        guard("ncclCommDestroy", || end_comm("ncclCommDestroy", comm, false))
+    }
+}
+
+export! {
+    /// `ncclCommAbort`: aborts the real communicator and drops ours without waiting (its
+    /// GPU memory stays until the process ends: kernels stuck on a dead peer may still use
+    /// it until the device timeout traps them).
+    fn ncclCommAbort / pncclCommAbort(comm: Ptr) -> NcclResult {
+        guard("ncclCommAbort", || end_comm("ncclCommAbort", comm, true))
+    }
+}
+
+export! {
+    /// `ncclCommGetAsyncError`: `ncclInProgress` while a set-up deferred to `ncclGroupEnd`
+    /// waits, the set-up's failure, errors reported by our proxy, else the real
+    /// communicator's state.
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: Ptr, async_error: *mut NcclResult) -> NcclResult {
+        guard("ncclCommGetAsyncError", || {
+            let call = "ncclCommGetAsyncError";
+            check_out(call, "asyncError", async_error)?;
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => {
+                    return pass(call, real, p, |real, p| {
+                        // SAFETY: NCCL's signature, the caller's out-pointer.
+                        Ok(unsafe { need(call, real, real.fns.comm_get_async_error)?(p, async_error) })
+                    });
+                }
+                Target::Ours(c) => c,
+            };
+            let state = match c.state.get() {
+                None => result::IN_PROGRESS,
+                Some(Err(f)) => f.code,
+                Some(Ok(inner)) => {
+                    let (errors, dropped) = inner.coll.communicator().proxy_errors();
+                    if let Err(e) = inner.coll.async_error() {
+                        // Our kernels' record: a mismatch, an abort (a dead peer), a timeout
+                        // or a lost CUDA context.
+                        let f = crate::error::Failure::from_comm(call, &e);
+                        crate::error::set_last_error(&f.msg);
+                        f.code
+                    } else if let Some(first) = errors.first() {
+                        crate::error::set_last_error(&format!(
+                            "{call}: the proxy reported {} error(s) ({dropped} more dropped); first: {first}",
+                            errors.len()
+                        ));
+                        result::REMOTE_ERROR
+                    } else if let (Some(rc), Ok(real)) = (inner.real, real::real())
+                        && let Some(f) = real.fns.comm_get_async_error
+                    {
+                        let mut r = result::SUCCESS;
+                        // SAFETY: NCCL's signature; out-pointer to a local.
+                        let code = unsafe { f(rc.0, &mut r) };
+                        if code != result::SUCCESS { code } else { r }
+                    } else {
+                        result::SUCCESS
+                    }
+                }
+            };
+            // SAFETY: checked non-null.
+            unsafe { *async_error = state };
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+/// `ncclCommCount` / `CuDevice` / `UserRank`.
+fn comm_int(
+    call: &str,
+    comm: Ptr,
+    out: *mut c_int,
+    ours: impl FnOnce(&Comm) -> usize,
+    theirs: impl FnOnce(&Real) -> Option<unsafe extern "C" fn(Ptr, *mut c_int) -> NcclResult>,
+) -> Result<NcclResult, Failure> {
+    check_out(call, "output", out)?;
+    match target(call, comm)? {
+        Target::Real(real, p) => pass(call, real, p, |real, p| {
+            let f = need(call, real, theirs(real))?;
+            // SAFETY: NCCL's signature, the caller's out-pointer.
+            Ok(unsafe { f(p, out) })
+        }),
+        Target::Ours(c) => {
+            // SAFETY: checked non-null.
+            unsafe { *out = ours(c) as c_int };
+            Ok(result::SUCCESS)
+        }
+    }
+}
+
+export! {
+    /// `ncclCommCount`: number of ranks.
+    fn ncclCommCount / pncclCommCount(comm: Ptr, count: *mut c_int) -> NcclResult {
+        guard("ncclCommCount", || comm_int("ncclCommCount", comm, count, |c| c.nranks, |r| r.fns.comm_count))
+    }
+}
+
+export! {
+    /// `ncclCommCuDevice`: the CUDA device.
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: Ptr, device: *mut c_int) -> NcclResult {
+        guard("ncclCommCuDevice", || comm_int("ncclCommCuDevice", comm, device, |c| c.device(), |r| r.fns.comm_cu_device))
+    }
+}
+
+export! {
+    /// `ncclCommUserRank`: this rank.
+    fn ncclCommUserRank / pncclCommUserRank(comm: Ptr, rank: *mut c_int) -> NcclResult {
+        guard("ncclCommUserRank", || comm_int("ncclCommUserRank", comm, rank, |c| c.rank, |r| r.fns.comm_user_rank))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Collectives
+
+export! {
+    /// `ncclAllReduce`: native for `ncclSum` of float, half and bfloat16 (unless
+    /// `MSCCLPP_NCCL_FALLBACK` says otherwise); everything else on the real NCCL.
+    fn ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
+        op: NcclRedOp, comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclAllReduce", || {
+            let call = "ncclAllReduce";
+            let dt = check_dtype(call, datatype)?;
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => {
+                    return pass(call, real, p, |real, p| {
+                        // SAFETY: NCCL's signature, the caller's arguments.
+                        Ok(unsafe { need(call, real, real.fns.all_reduce)?(sendbuff.cast_mut(), recvbuff, count, datatype, op, p, stream) })
+                    });
+                }
+                Target::Ours(c) => c,
+            };
+            check_ptr(call, "sendbuff", sendbuff, count)?;
+            check_ptr(call, "recvbuff", recvbuff, count)?;
+            let inner = c.ready(call)?;
+            check_op(call, Some(inner), op)?;
+            if inner.fallback.native_all_reduce() && op == OP_SUM
+                && let Some(d) = native_dtype(datatype)
+            {
+                log::call_path(call, c.rank, c.nranks, dt, "sum", Path::Native);
+                // SAFETY: the caller's stream of this device.
+                let s = unsafe { c.stream(stream) };
+                c.on_device(|| {
+                    // SAFETY: the caller's device buffers of `count` elements (checked by
+                    // the collectives against the device's allocations).
+                    unsafe {
+                        inner.coll.all_reduce_raw(
+                            sendbuff as u64, recvbuff as u64, count, d, ReduceOp::Sum,
+                            AllReduceAlgo::Auto, &s,
+                        )
+                    }
+                })
+                .map_err(|e| Failure::from_comm(call, &e))?;
+                return Ok(result::SUCCESS);
+            }
+            let what = if native_dtype(datatype).is_some() && op == OP_SUM {
+                "all-reduce (MSCCLPP_NCCL_FALLBACK)".to_string()
+            } else {
+                format!("all-reduce of {dt} with {}", op_name(op))
+            };
+            forward(call, c, inner, &what, dt, op_name(op), |real, rc| {
+                // SAFETY: NCCL's signature, the caller's arguments on the real communicator.
+                Ok(unsafe { need(call, real, real.fns.all_reduce)?(sendbuff.cast_mut(), recvbuff, count, datatype, op, rc, stream) })
+            })
+        })
+    }
+}
+
+export! {
+    /// `ncclAllGather`: native for every data type (it moves bytes), unless
+    /// `MSCCLPP_NCCL_FALLBACK` says otherwise.
+    fn ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType,
+        comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclAllGather", || {
+            let call = "ncclAllGather";
+            let dt = check_dtype(call, datatype)?;
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => {
+                    return pass(call, real, p, |real, p| {
+                        // SAFETY: NCCL's signature, the caller's arguments.
+                        Ok(unsafe { need(call, real, real.fns.all_gather)?(sendbuff.cast_mut(), recvbuff, sendcount, datatype, p, stream) })
+                    });
+                }
+                Target::Ours(c) => c,
+            };
+            check_ptr(call, "sendbuff", sendbuff, sendcount)?;
+            check_ptr(call, "recvbuff", recvbuff, sendcount)?;
+            let inner = c.ready(call)?;
+            let size = types::dtype_size(datatype).expect("checked");
+            let native = native_gather_type(size, sendbuff as u64, recvbuff as u64, sendcount);
+            if inner.fallback.native_all_gather() && let Some((d, n)) = native {
+                log::call_path(call, c.rank, c.nranks, dt, "-", Path::Native);
+                // SAFETY: the caller's stream of this device.
+                let s = unsafe { c.stream(stream) };
+                c.on_device(|| {
+                    // SAFETY: the caller's device buffers (checked by the collectives).
+                    unsafe {
+                        inner.coll.all_gather_raw(
+                            sendbuff as u64, recvbuff as u64, n, d, AllGatherAlgo::Auto, &s,
+                        )
+                    }
+                })
+                .map_err(|e| Failure::from_comm(call, &e))?;
+                return Ok(result::SUCCESS);
+            }
+            forward(call, c, inner, "this all-gather", dt, "-", |real, rc| {
+                // SAFETY: NCCL's signature, the caller's arguments on the real communicator.
+                Ok(unsafe { need(call, real, real.fns.all_gather)?(sendbuff.cast_mut(), recvbuff, sendcount, datatype, rc, stream) })
+            })
+        })
+    }
+}
+
+/// All-gather moves bytes: any data type runs as the widest of our types (4 or 2 bytes)
+/// that divides the size and the addresses. `None` for 1-byte rows at odd addresses or
+/// counts, which go to the real NCCL.
+fn native_gather_type(
+    size: usize,
+    send: u64,
+    recv: u64,
+    count: usize,
+) -> Option<(mscclpp_host::collectives::DataType, usize)> {
+    use mscclpp_host::collectives::DataType;
+    let bytes = size.checked_mul(count)?;
+    let fits = |w: usize| {
+        bytes.is_multiple_of(w) && send.is_multiple_of(w as u64) && recv.is_multiple_of(w as u64)
+    };
+    if fits(4) {
+        Some((DataType::F32, bytes / 4))
+    } else if fits(2) {
+        Some((DataType::F16, bytes / 2))
+    } else {
+        None
+    }
+}
+
+export! {
+    /// `ncclReduceScatter`: on the real NCCL.
+    fn ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType,
+        op: NcclRedOp, comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclReduceScatter", || {
+            let call = "ncclReduceScatter";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.reduce_scatter)?(sendbuff.cast_mut(), recvbuff, recvcount, datatype, op, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_ptr(call, "sendbuff", sendbuff, recvcount)?;
+            check_ptr(call, "recvbuff", recvbuff, recvcount)?;
+            let inner = c.ready(call)?;
+            check_op(call, Some(inner), op)?;
+            forward(call, c, inner, "reduce-scatter", dt, op_name(op), run)
+        })
+    }
+}
+
+export! {
+    /// `ncclBroadcast`: on the real NCCL.
+    fn ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
+        root: c_int, comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclBroadcast", || {
+            let call = "ncclBroadcast";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.broadcast)?(sendbuff.cast_mut(), recvbuff, count, datatype, root, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_rank(call, "root", root, c.nranks)?;
+            if c.rank == root as usize {
+                check_ptr(call, "sendbuff", sendbuff, count)?;
+            }
+            check_ptr(call, "recvbuff", recvbuff, count)?;
+            let inner = c.ready(call)?;
+            forward(call, c, inner, "broadcast", dt, "-", run)
+        })
+    }
+}
+
+export! {
+    /// `ncclBcast` (in place): on the real NCCL.
+    fn ncclBcast / pncclBcast(
+        buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclBcast", || {
+            let call = "ncclBcast";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.bcast)?(buff, count, datatype, root, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_rank(call, "root", root, c.nranks)?;
+            check_ptr(call, "buff", buff, count)?;
+            let inner = c.ready(call)?;
+            forward(call, c, inner, "broadcast", dt, "-", run)
+        })
+    }
+}
+
+export! {
+    /// `ncclReduce`: on the real NCCL.
+    fn ncclReduce / pncclReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
+        op: NcclRedOp, root: c_int, comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclReduce", || {
+            let call = "ncclReduce";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.reduce)?(sendbuff.cast_mut(), recvbuff, count, datatype, op, root, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_rank(call, "root", root, c.nranks)?;
+            check_ptr(call, "sendbuff", sendbuff, count)?;
+            if c.rank == root as usize {
+                check_ptr(call, "recvbuff", recvbuff, count)?;
+            }
+            let inner = c.ready(call)?;
+            check_op(call, Some(inner), op)?;
+            forward(call, c, inner, "reduce", dt, op_name(op), run)
+        })
+    }
+}
+
+export! {
+    /// `ncclAlltoAll`: on the real NCCL.
+    fn ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
+        comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclAlltoAll", || {
+            let call = "ncclAlltoAll";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.all_to_all)?(sendbuff.cast_mut(), recvbuff, count, datatype, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_ptr(call, "sendbuff", sendbuff, count)?;
+            check_ptr(call, "recvbuff", recvbuff, count)?;
+            let inner = c.ready(call)?;
+            forward(call, c, inner, "all-to-all", dt, "-", run)
+        })
+    }
+}
+
+export! {
+    /// `ncclGather`: on the real NCCL.
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
+        root: c_int, comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclGather", || {
+            let call = "ncclGather";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.gather)?(sendbuff.cast_mut(), recvbuff, count, datatype, root, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_rank(call, "root", root, c.nranks)?;
+            check_ptr(call, "sendbuff", sendbuff, count)?;
+            if c.rank == root as usize {
+                check_ptr(call, "recvbuff", recvbuff, count)?;
+            }
+            let inner = c.ready(call)?;
+            forward(call, c, inner, "gather", dt, "-", run)
+        })
+    }
+}
+
+export! {
+    /// `ncclScatter`: on the real NCCL.
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
+        root: c_int, comm: Ptr, stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclScatter", || {
+            let call = "ncclScatter";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.scatter)?(sendbuff.cast_mut(), recvbuff, count, datatype, root, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_rank(call, "root", root, c.nranks)?;
+            if c.rank == root as usize {
+                check_ptr(call, "sendbuff", sendbuff, count)?;
+            }
+            check_ptr(call, "recvbuff", recvbuff, count)?;
+            let inner = c.ready(call)?;
+            forward(call, c, inner, "scatter", dt, "-", run)
+        })
+    }
+}
+
+export! {
+    /// `ncclSend`: on the real NCCL (inside a group: the real NCCL's group, which pairs it
+    /// with the receives at `ncclGroupEnd`).
+    fn ncclSend / pncclSend(
+        sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Ptr,
+        stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclSend", || {
+            let call = "ncclSend";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.send)?(sendbuff.cast_mut(), count, datatype, peer, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_rank(call, "peer", peer, c.nranks)?;
+            check_ptr(call, "sendbuff", sendbuff, count)?;
+            let inner = c.ready(call)?;
+            forward(call, c, inner, "send", dt, "-", run)
+        })
+    }
+}
+
+export! {
+    /// `ncclRecv`: on the real NCCL (see `ncclSend`).
+    fn ncclRecv / pncclRecv(
+        recvbuff: *mut c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Ptr,
+        stream: Ptr,
+    ) -> NcclResult {
+        guard("ncclRecv", || {
+            let call = "ncclRecv";
+            let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.recv)?(recvbuff, count, datatype, peer, p, stream) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            check_rank(call, "peer", peer, c.nranks)?;
+            check_ptr(call, "recvbuff", recvbuff, count)?;
+            let inner = c.ready(call)?;
+            forward(call, c, inner, "receive", dt, "-", run)
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Groups
+
+export! {
+    /// `ncclGroupStart` (see the `group` module: mirrored on the real NCCL).
+    fn ncclGroupStart / pncclGroupStart() -> NcclResult {
+        guard("ncclGroupStart", group::start)
+    }
+}
+
+export! {
+    /// `ncclGroupEnd`: runs deferred set-ups, then ends the real NCCL's group.
+    fn ncclGroupEnd / pncclGroupEnd() -> NcclResult {
+        guard("ncclGroupEnd", || group::end("ncclGroupEnd", None))
+    }
+}
+
+export! {
+    /// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd`, the real NCCL simulating
+    /// its part (`sim_info` is left as is without one).
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: Ptr) -> NcclResult {
+        guard("ncclGroupSimulateEnd", || {
+            check_out("ncclGroupSimulateEnd", "simInfo", sim_info)?;
+            group::end("ncclGroupSimulateEnd", Some(sim_info))
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory, registration, windows, device communicators, reduction operations
+
+export! {
+    /// `ncclMemAlloc`: the real NCCL's (when loaded), else `cuMemAlloc` in the current
+    /// context.
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut Ptr, size: usize) -> NcclResult {
+        guard("ncclMemAlloc", || {
+            let call = "ncclMemAlloc";
+            check_out(call, "ptr", ptr)?;
+            if let Ok(real) = real::real() {
+                let f = need(call, real, real.fns.mem_alloc)?;
+                // SAFETY: NCCL's signature, the caller's out-pointer.
+                let r = unsafe { f(ptr, size) };
+                return comm::real_result(call, real, null(), r);
+            }
+            if size == 0 {
+                // SAFETY: checked non-null.
+                unsafe { *ptr = null() };
+                return Ok(result::SUCCESS);
+            }
+            comm::current_gpu(call)?;
+            // SAFETY: a plain device allocation in the current context.
+            let p = unsafe { cudarc::driver::result::malloc_sync(size) }
+                .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: cuMemAlloc: {e:?}")))?;
+            // SAFETY: checked non-null.
+            unsafe { *ptr = p as Ptr };
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclMemFree`: frees what `ncclMemAlloc` returned.
+    fn ncclMemFree / pncclMemFree(ptr: Ptr) -> NcclResult {
+        guard("ncclMemFree", || {
+            let call = "ncclMemFree";
+            if let Ok(real) = real::real() {
+                let f = need(call, real, real.fns.mem_free)?;
+                // SAFETY: NCCL's signature; its own allocation.
+                let r = unsafe { f(ptr) };
+                return comm::real_result(call, real, null(), r);
+            }
+            if ptr.is_null() {
+                return Ok(result::SUCCESS);
+            }
+            // SAFETY: an allocation of ncclMemAlloc's cuMemAlloc (caller contract).
+            unsafe { cudarc::driver::result::free_sync(ptr as u64) }
+                .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: cuMemFree: {e:?}")))?;
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclCommRegister`: registers with the real communicator (for the calls it serves);
+    /// without one, a no-op that returns a handle (our kernels need no registration).
+    fn ncclCommRegister / pncclCommRegister(comm: Ptr, buff: Ptr, size: usize, handle: *mut Ptr) -> NcclResult {
+        guard("ncclCommRegister", || {
+            let call = "ncclCommRegister";
+            check_out(call, "handle", handle)?;
+            check_ptr(call, "buff", buff, size)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.comm_register)?(p, buff, size, handle) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            if inner.real.is_some() && real::real().is_ok() {
+                return forward(call, c, inner, "registration", "-", "-", run);
+            }
+            // SAFETY: checked non-null.
+            unsafe { *handle = if buff.is_null() { 1 as Ptr } else { buff } };
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclCommDeregister`.
+    fn ncclCommDeregister / pncclCommDeregister(comm: Ptr, handle: Ptr) -> NcclResult {
+        guard("ncclCommDeregister", || {
+            let call = "ncclCommDeregister";
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.comm_deregister)?(p, handle) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            if inner.real.is_some() && real::real().is_ok() {
+                return forward(call, c, inner, "registration", "-", "-", run);
+            }
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
+    /// `ncclCommWindowRegister`: on the real communicator (symmetric memory is the real
+    /// NCCL's).
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: Ptr, buff: Ptr, size: usize, win: *mut Ptr, win_flags: c_int,
+    ) -> NcclResult {
+        guard("ncclCommWindowRegister", || {
+            let call = "ncclCommWindowRegister";
+            check_out(call, "win", win)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.comm_window_register)?(p, buff, size, win, win_flags) })
+            };
+            match target(call, comm)? {
+                Target::Real(real, p) => pass(call, real, p, run),
+                Target::Ours(c) => forward(call, c, c.ready(call)?, "window registration", "-", "-", run),
+            }
+        })
+    }
+}
+
+export! {
+    /// `ncclCommWindowDeregister`.
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: Ptr, win: Ptr) -> NcclResult {
+        guard("ncclCommWindowDeregister", || {
+            let call = "ncclCommWindowDeregister";
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.comm_window_deregister)?(p, win) })
+            };
+            match target(call, comm)? {
+                Target::Real(real, p) => pass(call, real, p, run),
+                Target::Ours(c) => forward(call, c, c.ready(call)?, "window registration", "-", "-", run),
+            }
+        })
+    }
+}
+
+export! {
+    /// `ncclDevCommCreate` (NCCL 2.28 device API): on the real communicator.
+    fn ncclDevCommCreate / pncclDevCommCreate(comm: Ptr, reqs: *const c_void, out_dev_comm: Ptr) -> NcclResult {
+        guard("ncclDevCommCreate", || {
+            let call = "ncclDevCommCreate";
+            check_out(call, "reqs", reqs)?;
+            check_out(call, "outDevComm", out_dev_comm)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.dev_comm_create)?(p, reqs, out_dev_comm) })
+            };
+            match target(call, comm)? {
+                Target::Real(real, p) => pass(call, real, p, run),
+                Target::Ours(c) => forward(call, c, c.ready(call)?, "the device API", "-", "-", run),
+            }
+        })
+    }
+}
+
+export! {
+    /// `ncclDevCommDestroy`: on the real communicator.
+    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: Ptr, dev_comm: *const c_void) -> NcclResult {
+        guard("ncclDevCommDestroy", || {
+            let call = "ncclDevCommDestroy";
+            check_out(call, "devComm", dev_comm)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.dev_comm_destroy)?(p, dev_comm) })
+            };
+            match target(call, comm)? {
+                Target::Real(real, p) => pass(call, real, p, run),
+                Target::Ours(c) => forward(call, c, c.ready(call)?, "the device API", "-", "-", run),
+            }
+        })
+    }
+}
+
+export! {
+    /// `ncclCommQueryProperties` (newer NCCL): on the real communicator.
+    fn ncclCommQueryProperties / pncclCommQueryProperties(comm: Ptr, props: Ptr) -> NcclResult {
+        guard("ncclCommQueryProperties", || {
+            let call = "ncclCommQueryProperties";
+            check_out(call, "props", props)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.comm_query_properties)?(p, props) })
+            };
+            match target(call, comm)? {
+                Target::Real(real, p) => pass(call, real, p, run),
+                Target::Ours(c) => forward(call, c, c.ready(call)?, "the device API", "-", "-", run),
+            }
+        })
+    }
+}
+
+/// A team query of the device API (no error channel: a team of the whole communicator when
+/// the real NCCL cannot answer).
+fn team(comm: Ptr, pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr) -> Team>) -> Team {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let real = real::real().ok();
+        let f = real.and_then(&pick);
+        match lookup(comm) {
+            Handle::Null => Team::default(),
+            Handle::Foreign(p) => match f {
+                // SAFETY: NCCL's signature; its own communicator.
+                Some(f) => unsafe { f(p) },
+                None => Team::default(),
+            },
+            Handle::Ours(c) => {
+                if let (Some(f), Some(Ok(inner))) = (f, c.state.get())
+                    && let Some(rc) = inner.real
+                {
+                    // SAFETY: as above, on the real communicator beside ours.
+                    return unsafe { f(rc.0) };
+                }
+                Team {
+                    n_ranks: c.nranks as c_int,
+                    rank: c.rank as c_int,
+                    stride: 1,
+                }
+            }
+        }
+    }))
+    .unwrap_or_default()
+}
+
+/// `ncclTeamWorld` (device API, host side): the real NCCL's answer for the real
+/// communicator, else every rank.
+///
+/// # Safety
+/// `comm` is a communicator handle (or null).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclTeamWorld(comm: Ptr) -> Team {
+    team(comm, |r| r.fns.team_world)
+}
+
+/// `ncclTeamLsa` (device API, host side): as `ncclTeamWorld` (one machine).
+///
+/// # Safety
+/// `comm` is a communicator handle (or null).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclTeamLsa(comm: Ptr) -> Team {
+    team(comm, |r| r.fns.team_lsa)
+}
+
+export! {
+    /// `ncclRedOpCreatePreMulSum`: made on the real communicator; its calls go there.
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut NcclRedOp, scalar: Ptr, datatype: NcclDataType, residence: c_int, comm: Ptr,
+    ) -> NcclResult {
+        guard("ncclRedOpCreatePreMulSum", || {
+            let call = "ncclRedOpCreatePreMulSum";
+            check_out(call, "op", op)?;
+            check_out(call, "scalar", scalar)?;
+            let dt = check_dtype(call, datatype)?;
+            if !(0..=1).contains(&residence) {
+                return Err(Failure::arg(format!("{call}: invalid residence {residence} (0 or 1)")));
+            }
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.red_op_create_pre_mul_sum)?(op, scalar, datatype, residence, p) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            let r = forward(call, c, inner, "a pre-multiplied sum", dt, "premulsum", run)?;
+            // SAFETY: checked non-null; written by the real NCCL.
+            let made = unsafe { *op };
+            inner.premul_ops.lock().unwrap_or_else(|e| e.into_inner()).insert(made);
+            Ok(r)
+        })
+    }
+}
+
+export! {
+    /// `ncclRedOpDestroy`.
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: NcclRedOp, comm: Ptr) -> NcclResult {
+        guard("ncclRedOpDestroy", || {
+            let call = "ncclRedOpDestroy";
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.red_op_destroy)?(op, p) })
+            };
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => return pass(call, real, p, run),
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            let known = inner.premul_ops.lock().unwrap_or_else(|e| e.into_inner()).remove(&op);
+            if !known {
+                return Err(Failure::arg(format!(
+                    "{call}: operation {op} was not made by ncclRedOpCreatePreMulSum on this communicator"
+                )));
+            }
+            forward(call, c, inner, "a pre-multiplied sum", "-", "premulsum", run)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argument_checks() {
+        assert!(check_dtype("t", 9).is_ok());
+        assert_eq!(
+            check_dtype("t", 12).unwrap_err().code,
+            result::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            check_dtype("t", -1).unwrap_err().code,
+            result::INVALID_ARGUMENT
+        );
+        assert!(check_op("t", None, 4).is_ok());
+        assert_eq!(
+            check_op("t", None, -3).unwrap_err().code,
+            result::INVALID_ARGUMENT
+        );
+        assert!(check_rank("t", "root", 1, 2).is_ok());
+        assert!(check_rank("t", "root", 2, 2).is_err());
+        assert!(check_rank("t", "root", -1, 2).is_err());
+        assert!(check_ptr("t", "x", std::ptr::null(), 0).is_ok());
+        assert!(check_ptr("t", "x", std::ptr::null(), 1).is_err());
+    }
+
+    #[test]
+    fn gather_as_words() {
+        use mscclpp_host::collectives::DataType;
+        assert_eq!(native_gather_type(8, 0, 0, 3), Some((DataType::F32, 6)));
+        assert_eq!(native_gather_type(1, 0, 0, 6), Some((DataType::F16, 3)));
+        assert_eq!(native_gather_type(1, 0, 0, 8), Some((DataType::F32, 2)));
+        assert_eq!(native_gather_type(1, 1, 0, 8), None);
+        assert_eq!(native_gather_type(1, 0, 0, 7), None);
+    }
+
+    #[test]
+    fn calls_on_null_or_unknown_comms_fail_cleanly() {
+        let _l = crate::error::TEST_LOCK
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut n = 0;
+        // SAFETY: valid out-pointer; a null communicator.
+        let r = unsafe { ncclCommCount(std::ptr::null_mut(), &mut n) };
+        assert_eq!(r, result::INVALID_ARGUMENT);
+        assert!(last_error().contains("comm is NULL"), "{}", last_error());
+        // SAFETY: a bad data type is refused before anything is dereferenced.
+        let r = unsafe {
+            ncclAllReduce(
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                0,
+                99,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, result::INVALID_ARGUMENT);
+        assert!(last_error().contains("data type 99"), "{}", last_error());
+        // SAFETY: a group without a start.
+        assert_eq!(unsafe { ncclGroupEnd() }, result::INVALID_USAGE);
+    }
+}

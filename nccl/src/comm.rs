@@ -1,0 +1,550 @@
+//! Communicators: the object behind an `ncclComm_t`, the table of live handles, set-up
+//! (ours and the real NCCL's beside it), split and shrink.
+
+use std::collections::{BTreeSet, HashSet};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result as cu, sys as cusys};
+use mscclpp_host::bootstrap::{BlockingBootstrap, UniqueId, create_unique_id};
+use mscclpp_host::collectives::{CollConfig, Collectives};
+use mscclpp_host::communicator::{Backend, CommConfig, Communicator};
+use mscclpp_host::cuda::{CudaError, CudaStream, Gpu, device_count};
+
+use crate::error::Failure;
+use crate::log;
+use crate::real::{self, Ptr, RawUniqueId, Real};
+use crate::types::{Fallback, NcclConfig, NcclResult, result};
+
+/// Tells our communicators from other pointers.
+const COMM_MAGIC: u64 = 0x6d73_6363_6c70_7031; // "msccl pp1"
+
+/// The real NCCL's communicator beside ours.
+#[derive(Debug, Clone, Copy)]
+pub struct RealComm(pub Ptr);
+
+// SAFETY: an NCCL communicator handle; NCCL allows using it from any thread (one at a time,
+// as the NCCL API requires of its callers).
+unsafe impl Send for RealComm {}
+// SAFETY: as above.
+unsafe impl Sync for RealComm {}
+
+/// A set-up communicator.
+pub struct Inner {
+    /// Our collectives (all-reduce, all-gather), with the communicator and bootstrap.
+    pub coll: Collectives,
+    /// The real NCCL's communicator over the same ranks, when a real NCCL is available on
+    /// every rank.
+    pub real: Option<RealComm>,
+    /// Why there is no real communicator, when there is none.
+    pub real_missing: Option<String>,
+    /// `MSCCLPP_NCCL_FALLBACK` at set-up.
+    pub fallback: Fallback,
+    /// `ncclCommFinalize` ran (the final barrier is done).
+    pub finalized: AtomicBool,
+    /// Sequence of shrinks, for bootstrap message tags.
+    pub shrink_seq: AtomicU64,
+    /// Operations made by `ncclRedOpCreatePreMulSum` on this communicator.
+    pub premul_ops: Mutex<HashSet<c_int>>,
+}
+
+/// What an `ncclComm_t` points to.
+pub struct Comm {
+    magic: u64,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// Its GPU (the primary context of the device current at set-up, as the CUDA runtime
+    /// uses).
+    pub gpu: Gpu,
+    /// From the config: blocking calls (we always block; kept for split children).
+    pub blocking: bool,
+    /// Set once set-up ends (at once, or at `ncclGroupEnd` for a set-up inside a group).
+    pub state: OnceLock<Result<Inner, Failure>>,
+}
+
+// SAFETY: the collectives' context holds raw device addresses that are fixed after set-up
+// and only read; NCCL's rules (one thread at a time per communicator, calls ordered on
+// streams) are the callers' duty, as for NCCL itself.
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    /// A communicator whose set-up has not run yet.
+    pub fn new(rank: usize, nranks: usize, gpu: Gpu, blocking: bool) -> Comm {
+        Comm {
+            magic: COMM_MAGIC,
+            rank,
+            nranks,
+            gpu,
+            blocking,
+            state: OnceLock::new(),
+        }
+    }
+
+    /// The CUDA device ordinal.
+    pub fn device(&self) -> usize {
+        self.gpu.info().ordinal
+    }
+
+    /// The set-up state, or why it cannot be used.
+    pub fn ready(&self, call: &str) -> Result<&Inner, Failure> {
+        match self.state.get() {
+            None => Err(Failure::usage(format!(
+                "{call}: the communicator is still being set up (initialised inside a group: \
+                 call ncclGroupEnd first)"
+            ))),
+            Some(Err(f)) => Err(Failure::new(
+                f.code,
+                format!("{call}: the communicator's set-up failed: {}", f.msg),
+            )),
+            Some(Ok(inner)) => Ok(inner),
+        }
+    }
+
+    /// A stream handle (a `cudaStream_t` is a `CUstream`) wrapped without ownership.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device's primary context (or 0, 1, 2: the legacy
+    /// and per-thread default streams) for as long as the wrapper is used.
+    pub unsafe fn stream(&self, stream: Ptr) -> Arc<CudaStream> {
+        // SAFETY: caller contract; dropping the wrapper leaves the stream alone.
+        unsafe {
+            self.gpu
+                .context()
+                .wrap_borrowed_stream(stream as cusys::CUstream)
+        }
+    }
+
+    /// Runs `f` with this device's context current, then restores the caller's.
+    pub fn on_device<T>(&self, f: impl FnOnce() -> T) -> T {
+        on_gpu(&self.gpu, f)
+    }
+}
+
+/// Runs `f` (which makes `gpu`'s context current as needed), then restores the context
+/// that was current on this thread (the CUDA runtime's device stays the caller's).
+pub fn on_gpu<T>(gpu: &Gpu, f: impl FnOnce() -> T) -> T {
+    let prev = cu::ctx::get_current().ok().flatten();
+    let ours = gpu.context().cu_ctx();
+    let out = f();
+    if prev != Some(ours) {
+        // SAFETY: restores the context that was current (or none) on this thread.
+        let _ = unsafe { cu::ctx::set_current(prev.unwrap_or(std::ptr::null_mut())) };
+    }
+    out
+}
+
+/// The live communicators' addresses.
+static COMMS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+/// Registers a communicator and returns its handle.
+pub fn register(comm: Box<Comm>) -> Ptr {
+    let p = Box::into_raw(comm);
+    COMMS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p as usize);
+    p.cast()
+}
+
+/// What a handle is.
+pub enum Handle {
+    /// Null.
+    Null,
+    /// One of ours.
+    Ours(&'static Comm),
+    /// Not ours: the real NCCL's own (or garbage).
+    Foreign(Ptr),
+}
+
+/// Looks a handle up.
+pub fn lookup(p: Ptr) -> Handle {
+    if p.is_null() {
+        return Handle::Null;
+    }
+    if COMMS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&(p as usize))
+    {
+        // SAFETY: registered handles are live boxes until `unregister`.
+        let c: &'static Comm = unsafe { &*(p as *const Comm) };
+        debug_assert_eq!(c.magic, COMM_MAGIC);
+        Handle::Ours(c)
+    } else {
+        Handle::Foreign(p)
+    }
+}
+
+/// Takes a communicator out of the table (for destroy/abort).
+pub fn unregister(p: Ptr) -> Option<Box<Comm>> {
+    let removed = COMMS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(p as usize));
+    // SAFETY: it was registered, so it is a box from `register`, now removed from the table
+    // (no new lookups can return it).
+    removed.then(|| unsafe { Box::from_raw(p as *mut Comm) })
+}
+
+/// The GPU a set-up on this thread uses: the device of the current context (what
+/// `cudaGetDevice` returns; device 0 when none is current). Fails fast, naming "no GPU",
+/// without a driver or a device.
+pub fn current_gpu(call: &str) -> Result<Gpu, Failure> {
+    let no_gpu = |why: String| Failure::new(result::SYSTEM_ERROR, format!("{call}: no GPU: {why}"));
+    match device_count() {
+        Err(CudaError::NoDriver) => {
+            return Err(no_gpu(
+                "no CUDA driver (libcuda.so.1 could not be loaded)".into(),
+            ));
+        }
+        Err(e) => return Err(no_gpu(e.to_string())),
+        Ok(0) => return Err(no_gpu("the CUDA driver reports no device".into())),
+        Ok(_) => {}
+    }
+    let ordinal = match cu::ctx::get_current() {
+        Ok(Some(_)) => {
+            let mut dev: cusys::CUdevice = 0;
+            // SAFETY: a context is current; `dev` is a live out-parameter.
+            let r = unsafe { cusys::cuCtxGetDevice(&mut dev) };
+            if r != cusys::CUresult::CUDA_SUCCESS {
+                return Err(Failure::new(
+                    result::UNHANDLED_CUDA_ERROR,
+                    format!("{call}: cuCtxGetDevice failed: {r:?}"),
+                ));
+            }
+            dev as usize
+        }
+        _ => 0,
+    };
+    open_gpu(call, ordinal)
+}
+
+/// Opens device `ordinal` (its primary context).
+pub fn open_gpu(call: &str, ordinal: usize) -> Result<Gpu, Failure> {
+    Gpu::open(ordinal).map_err(|e| {
+        let code = match e {
+            CudaError::Driver { .. } => result::UNHANDLED_CUDA_ERROR,
+            CudaError::NoSuchGpu { .. } => result::INVALID_ARGUMENT,
+            _ => result::SYSTEM_ERROR,
+        };
+        Failure::new(code, format!("{call}: cannot open GPU {ordinal}: {e}"))
+    })
+}
+
+/// A copy of a caller's config (the fields of our 2.28 layout within its `size`), so that a
+/// set-up deferred to `ncclGroupEnd` does not read the caller's memory later.
+#[derive(Clone, Copy)]
+pub struct ConfigCopy(Option<NcclConfig>);
+
+// SAFETY: the two string pointers in a config are the caller's (valid through the set-up,
+// as NCCL requires); the copy only carries them to the real NCCL.
+unsafe impl Send for ConfigCopy {}
+
+impl ConfigCopy {
+    /// No config.
+    pub const NONE: ConfigCopy = ConfigCopy(None);
+
+    /// Copies `cfg` (already checked by `read_config`).
+    ///
+    /// # Safety
+    /// `cfg` is null or a valid config of `size` bytes.
+    pub unsafe fn new(cfg: *const NcclConfig) -> ConfigCopy {
+        if cfg.is_null() {
+            return ConfigCopy(None);
+        }
+        let ours = std::mem::size_of::<NcclConfig>();
+        // SAFETY: the header is readable (caller contract).
+        let size = unsafe { (*cfg).size }.min(ours);
+        // SAFETY: all-zero bytes are a valid NcclConfig (integers and null pointers).
+        let mut copy: NcclConfig = unsafe { std::mem::zeroed() };
+        // SAFETY: `size` bytes are readable at `cfg` and writable in `copy`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                cfg.cast::<u8>(),
+                (&mut copy as *mut NcclConfig).cast::<u8>(),
+                size,
+            )
+        };
+        copy.size = size;
+        ConfigCopy(Some(copy))
+    }
+
+    fn ptr(&mut self) -> *mut NcclConfig {
+        match &mut self.0 {
+            Some(c) => c,
+            None => std::ptr::null_mut(),
+        }
+    }
+}
+
+/// How the real communicator of a new communicator comes about.
+pub enum RealSetup {
+    /// Rank 0 gets a real unique id and broadcasts it over our bootstrap; every rank calls
+    /// the real `ncclCommInitRankConfig`.
+    Create(ConfigCopy),
+    /// Already made (by a real split or shrink).
+    Given(Option<RealComm>, Option<String>),
+}
+
+/// Sets up our side of a communicator (collective over the ranks of `id`), then the real
+/// NCCL's beside it. Runs on a thread where `gpu`'s context is (made) current.
+pub fn set_up(
+    call: &str,
+    nranks: usize,
+    rank: usize,
+    id: UniqueId,
+    gpu: &Gpu,
+    real_setup: RealSetup,
+) -> Result<Inner, Failure> {
+    gpu.bind()
+        .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: {e}")))?;
+    let config = CommConfig::default();
+    let bootstrap = BlockingBootstrap::init_with_config(nranks, rank, id, config.bootstrap.clone())
+        .map_err(|e| Failure::from_comm(call, &e.into()))?;
+    let comm = Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
+        .map_err(|e| Failure::from_comm(call, &e))?;
+    let coll_config = CollConfig::from_env().map_err(|e| Failure::from_comm(call, &e))?;
+    let coll = Collectives::new(comm, coll_config).map_err(|e| Failure::from_comm(call, &e))?;
+    let fallback = Fallback::parse(&std::env::var("MSCCLPP_NCCL_FALLBACK").unwrap_or_default());
+    if !fallback.unknown.is_empty() {
+        log::warn(&format!(
+            "MSCCLPP_NCCL_FALLBACK: unknown operation(s) {:?} (known: all, allreduce, allgather)",
+            fallback.unknown
+        ));
+    }
+    let (real, real_missing) = match real_setup {
+        RealSetup::Given(r, why) => (r, why),
+        RealSetup::Create(cfg) => create_real(call, coll.communicator().bootstrap(), cfg)?,
+    };
+    log::info(&format!(
+        "rank {rank}/{nranks} on CUDA device {} ({}): native {}{}; fallback: {}",
+        gpu.info().ordinal,
+        gpu.info().name,
+        if fallback.native_all_reduce() {
+            "ncclAllReduce (sum of float, half, bfloat16)"
+        } else {
+            "-"
+        },
+        if fallback.native_all_gather() {
+            ", ncclAllGather"
+        } else {
+            ""
+        },
+        match (&real, &real_missing, real::real_opt()) {
+            (Some(_), _, Some(r)) => format!("{} (version {})", r.path, r.version),
+            (_, Some(why), _) => format!("unavailable: {why}"),
+            _ => "unavailable".into(),
+        }
+    ));
+    Ok(Inner {
+        coll,
+        real,
+        real_missing,
+        fallback,
+        finalized: AtomicBool::new(false),
+        shrink_seq: AtomicU64::new(0),
+        premul_ops: Mutex::new(HashSet::new()),
+    })
+}
+
+/// Creates the real communicator when every rank has a real NCCL (agreed over `bs`);
+/// `(None, why)` otherwise.
+fn create_real(
+    call: &str,
+    bs: &BlockingBootstrap,
+    mut cfg: ConfigCopy,
+) -> Result<(Option<RealComm>, Option<String>), Failure> {
+    let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
+    let mine = real::real();
+    let have = bs.all_gather(&[mine.is_ok() as u8]).map_err(boot)?;
+    let Ok(real) = mine else {
+        return Ok((None, Some(mine.err().unwrap_or_default().to_string())));
+    };
+    let without: Vec<usize> = (0..have.len())
+        .filter(|&r| have[r].first() != Some(&1))
+        .collect();
+    if !without.is_empty() {
+        return Ok((None, Some(format!("no real NCCL on rank(s) {without:?}"))));
+    }
+    let mut id = RawUniqueId { internal: [0; 128] };
+    let mut payload = Vec::new();
+    if bs.rank() == 0 {
+        let get = real.fns.get_unique_id.expect("checked at load");
+        // SAFETY: NCCL's signature; `id` is a live out-parameter.
+        let r = unsafe { get(&mut id) };
+        if r == result::SUCCESS {
+            payload = id.internal.iter().map(|&c| c as u8).collect();
+        }
+    }
+    let got = bs.broadcast(0, &payload).map_err(boot)?;
+    if got.len() != 128 {
+        return Err(Failure::new(
+            result::SYSTEM_ERROR,
+            format!(
+                "{call}: rank 0 could not get a unique id from the real NCCL: {}",
+                // SAFETY: null is allowed.
+                unsafe { real.last_error(std::ptr::null_mut()) }
+            ),
+        ));
+    }
+    for (d, s) in id.internal.iter_mut().zip(&got) {
+        *d = *s as _;
+    }
+    let mut out: Ptr = std::ptr::null_mut();
+    let (n, r) = (bs.nranks() as c_int, bs.rank() as c_int);
+    let code = match (real.fns.comm_init_rank_config, cfg.0.is_some()) {
+        (Some(f), true) => {
+            // SAFETY: NCCL's signature; out-pointer to a local, a config copy alive here.
+            unsafe { f(&mut out, n, id, r, cfg.ptr()) }
+        }
+        _ => {
+            let f = real.fns.comm_init_rank.expect("checked at load");
+            // SAFETY: NCCL's signature; out-pointer to a local.
+            unsafe { f(&mut out, n, id, r) }
+        }
+    };
+    real_result(call, real, std::ptr::null_mut(), code)?;
+    Ok((Some(RealComm(out)), None))
+}
+
+/// `Ok` for success or in-progress, else a failure with the real NCCL's last error (`comm`:
+/// the real communicator the call was made on, or null).
+pub(crate) fn real_result(
+    call: &str,
+    real: &Real,
+    comm: Ptr,
+    code: NcclResult,
+) -> Result<NcclResult, Failure> {
+    if code == result::SUCCESS || code == result::IN_PROGRESS {
+        return Ok(code);
+    }
+    // SAFETY: the real communicator the call was made on (or null).
+    let text = unsafe { real.last_error(comm) };
+    Err(Failure::new(
+        code,
+        format!("{call} (real NCCL {}): error {code}: {text}", real.version),
+    ))
+}
+
+/// Runs `set_up` for several ranks of this process at once (one thread each, each on its
+/// own GPU), as `ncclCommInitAll` and a group of set-ups need.
+pub fn set_up_many(
+    call: &str,
+    jobs: Vec<(usize, usize, UniqueId, Gpu, ConfigCopy)>,
+) -> Vec<Result<Inner, Failure>> {
+    /// A result carried back across threads.
+    struct Carry(Result<Inner, Failure>);
+    // SAFETY: see `Comm`'s Send: the inner is only handed from the set-up thread to ours.
+    unsafe impl Send for Carry {}
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .into_iter()
+            .map(|(nranks, rank, id, gpu, cfg)| {
+                s.spawn(move || Carry(set_up(call, nranks, rank, id, &gpu, RealSetup::Create(cfg))))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(c) => c.0,
+                Err(_) => Err(Failure::new(
+                    result::INTERNAL_ERROR,
+                    format!("{call}: a set-up thread panicked"),
+                )),
+            })
+            .collect()
+    })
+}
+
+/// A fresh bootstrap id (rank 0 of a new communicator hosts the root; 127.0.0.1: one
+/// machine).
+pub fn new_id(call: &str) -> Result<UniqueId, Failure> {
+    create_unique_id().map_err(|e| Failure::new(result::SYSTEM_ERROR, format!("{call}: {e}")))
+}
+
+/// Reads our id from the bytes of an `ncclUniqueId`.
+pub fn parse_id(call: &str, bytes: &[u8]) -> Result<UniqueId, Failure> {
+    UniqueId::from_bytes(bytes).map_err(|e| {
+        Failure::arg(format!(
+            "{call}: the ncclUniqueId was not made by this library's ncclGetUniqueId ({e}); \
+             every rank must load the same library"
+        ))
+    })
+}
+
+/// Everything every rank sends in a split: color and key.
+pub fn encode_color_key(color: c_int, key: c_int) -> Vec<u8> {
+    let mut v = color.to_le_bytes().to_vec();
+    v.extend_from_slice(&key.to_le_bytes());
+    v
+}
+
+/// The inverse of [`encode_color_key`].
+pub fn decode_color_key(b: &[u8]) -> Option<(c_int, c_int)> {
+    if b.len() != 8 {
+        return None;
+    }
+    let c = c_int::from_le_bytes(b[0..4].try_into().ok()?);
+    let k = c_int::from_le_bytes(b[4..8].try_into().ok()?);
+    Some((c, k))
+}
+
+/// The real NCCL's communicator pointer of `inner`, or why there is none.
+pub fn real_of(call: &str, inner: &Inner, what: &str) -> Result<(&'static Real, Ptr), Failure> {
+    let why = |w: &str| {
+        Failure::usage(format!(
+            "{call}: {what} is not served by mscclpp, and there is no real NCCL to fall back to: \
+             {w}"
+        ))
+    };
+    match (real::real(), inner.real) {
+        (Ok(r), Some(rc)) => Ok((r, rc.0)),
+        (Err(e), _) => Err(why(e)),
+        (Ok(_), None) => Err(why(inner
+            .real_missing
+            .as_deref()
+            .unwrap_or("no real communicator was set up"))),
+    }
+}
+
+/// Null pointer of `c_void` (short name for the API module).
+pub fn null() -> Ptr {
+    std::ptr::null_mut::<c_void>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn color_key_roundtrip() {
+        for (c, k) in [(0, 0), (-1, 7), (i32::MAX, i32::MIN)] {
+            assert_eq!(decode_color_key(&encode_color_key(c, k)), Some((c, k)));
+        }
+        assert_eq!(decode_color_key(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn foreign_and_null_handles() {
+        assert!(matches!(lookup(std::ptr::null_mut()), Handle::Null));
+        let x = 5u64;
+        assert!(matches!(
+            lookup(&x as *const u64 as Ptr),
+            Handle::Foreign(_)
+        ));
+        assert!(unregister(&x as *const u64 as Ptr).is_none());
+    }
+
+    #[test]
+    fn ids_from_elsewhere_are_refused() {
+        let e = parse_id("t", &[0u8; 128]).err().unwrap();
+        assert_eq!(e.code, result::INVALID_ARGUMENT);
+        let id = new_id("t").unwrap();
+        assert_eq!(parse_id("t", id.as_bytes()).unwrap(), id);
+    }
+}

@@ -1,0 +1,37 @@
+//! `libmscclpp_nccl.so`: a drop-in NCCL (DESIGN §8).
+//!
+//! The library exports NCCL's C API with NCCL 2.2x's ABI (`include/nccl.h` is its header),
+//! so that a program built against NCCL runs on it unchanged, linked to it or with
+//! `LD_PRELOAD=libmscclpp_nccl.so`.
+//!
+//! - **Native**: `ncclAllReduce` (`ncclSum` of float, half, bfloat16) and `ncclAllGather`
+//!   (every data type: it moves bytes) run on [`mscclpp_host::collectives::Collectives`],
+//!   stream-ordered on the caller's `cudaStream_t` (the same object as a `CUstream`),
+//!   capturable into CUDA graphs.
+//! - **Fallback**: everything else (other operations and types, reduce-scatter, broadcast,
+//!   reduce, send/receive, all-to-all, gather, scatter, registration, windows, the device
+//!   API), and the native calls named by `MSCCLPP_NCCL_FALLBACK=all|allreduce,allgather`,
+//!   run on the real NCCL (found at run time, see [`real`]) over a real communicator set up
+//!   *eagerly* beside ours at `ncclCommInitRank*` (rank 0 gets a real unique id and
+//!   broadcasts it over our bootstrap), so that nothing is set up later inside a group or
+//!   during graph capture. Without a real NCCL, such calls fail with `ncclInvalidUsage` and
+//!   `ncclGetLastError` says what is missing.
+//! - **Handles**: an `ncclComm_t` is a pointer to a [`comm::Comm`], kept in a table. A
+//!   pointer not in the table, with a real NCCL loaded, is the real NCCL's own communicator
+//!   (the real library calling its public API internally reaches us under `LD_PRELOAD`): the
+//!   call passes through unchanged.
+//! - **Errors**: no panic crosses the C boundary ([`error::guard`] at every export);
+//!   failures return NCCL's codes and leave a text for `ncclGetLastError`;
+//!   `MSCCLPP_DEBUG=WARN` prints failures, `MSCCLPP_DEBUG=INFO` also which path served each
+//!   kind of call.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod comm;
+pub mod error;
+pub mod group;
+pub mod log;
+pub mod real;
+pub mod types;

@@ -1,0 +1,100 @@
+//! `MSCCLPP_DEBUG` output on stderr: `WARN` prints failures, `INFO` also the setup of each
+//! communicator and, once per (call, data type, operation, path), which path served a call.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+/// How much is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Nothing.
+    None,
+    /// Failures.
+    Warn,
+    /// Failures, setup and the path of each kind of call.
+    Info,
+}
+
+/// Reads a level name (`NONE`, `WARN`, `INFO`, `TRACE`; any case). Unknown names: `WARN`.
+pub fn parse_level(s: &str) -> Level {
+    match s.trim().to_ascii_uppercase().as_str() {
+        "" | "NONE" | "VERSION" | "0" => Level::None,
+        "INFO" | "TRACE" | "ABORT" | "DEBUG" => Level::Info,
+        _ => Level::Warn,
+    }
+}
+
+/// The level of `MSCCLPP_DEBUG` (read once).
+pub fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        std::env::var("MSCCLPP_DEBUG")
+            .map(|v| parse_level(&v))
+            .unwrap_or(Level::None)
+    })
+}
+
+/// Prints a failure under `WARN` or more.
+pub fn warn(msg: &str) {
+    if level() >= Level::Warn {
+        eprintln!("[mscclpp-nccl pid {}] WARN {msg}", std::process::id());
+    }
+}
+
+/// Prints under `INFO`.
+pub fn info(msg: &str) {
+    if level() >= Level::Info {
+        eprintln!("[mscclpp-nccl pid {}] INFO {msg}", std::process::id());
+    }
+}
+
+/// Which path served a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Path {
+    /// Our kernels.
+    Native,
+    /// The real NCCL, on the real communicator beside ours.
+    Fallback,
+    /// A communicator this library did not create (the real NCCL's own, e.g. when it calls
+    /// its public API internally and LD_PRELOAD sends that call here): passed on unchanged.
+    PassThrough,
+}
+
+impl Path {
+    /// The word printed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Native => "native (mscclpp)",
+            Path::Fallback => "fallback (real NCCL)",
+            Path::PassThrough => "pass-through (real NCCL communicator)",
+        }
+    }
+}
+
+/// Under `INFO`, prints `rank r/n: call dtype op -> path` the first time this combination
+/// is seen in the process.
+pub fn call_path(call: &str, rank: usize, nranks: usize, dtype: &str, op: &str, path: Path) {
+    if level() < Level::Info {
+        return;
+    }
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let key = format!("{call} {dtype} {op} -> {}", path.name());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.get_or_insert_with(HashSet::new).insert(key.clone()) {
+        info(&format!("rank {rank}/{nranks}: {key}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels() {
+        assert_eq!(parse_level("info"), Level::Info);
+        assert_eq!(parse_level("WARN"), Level::Warn);
+        assert_eq!(parse_level(""), Level::None);
+        assert_eq!(parse_level("what"), Level::Warn);
+        assert!(Level::Info > Level::Warn);
+    }
+}

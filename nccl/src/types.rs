@@ -1,0 +1,407 @@
+//! NCCL's C types with their 2.2x ABI values, and what maps onto ours.
+
+use std::ffi::{c_char, c_int, c_uint};
+
+use mscclpp_host::collectives::DataType;
+
+/// `ncclResult_t` (a C enum: `int`).
+pub type NcclResult = c_int;
+/// `ncclDataType_t`.
+pub type NcclDataType = c_int;
+/// `ncclRedOp_t`.
+pub type NcclRedOp = c_int;
+
+/// Result codes.
+pub mod result {
+    use super::NcclResult;
+    /// Success.
+    pub const SUCCESS: NcclResult = 0;
+    /// A CUDA call failed.
+    pub const UNHANDLED_CUDA_ERROR: NcclResult = 1;
+    /// A system call or the environment failed (no GPU, sockets, ...).
+    pub const SYSTEM_ERROR: NcclResult = 2;
+    /// A bug of the library.
+    pub const INTERNAL_ERROR: NcclResult = 3;
+    /// A bad argument.
+    pub const INVALID_ARGUMENT: NcclResult = 4;
+    /// A call in a state that does not allow it, or something not available.
+    pub const INVALID_USAGE: NcclResult = 5;
+    /// A peer failed.
+    pub const REMOTE_ERROR: NcclResult = 6;
+    /// A nonblocking operation is still running.
+    pub const IN_PROGRESS: NcclResult = 7;
+    /// Number of result codes of the 2.28 ABI.
+    pub const NUM_RESULTS: NcclResult = 8;
+}
+
+/// The NCCL version code our ABI follows (2.28.x): reported when no real NCCL is loaded.
+pub const ABI_VERSION_CODE: c_int = 22800;
+
+/// `NCCL_SPLIT_NOCOLOR`.
+pub const SPLIT_NOCOLOR: c_int = -1;
+/// `ncclNumOps`: the first value of a dynamic (`ncclRedOpCreatePreMulSum`) operation.
+pub const NUM_OPS: NcclRedOp = 5;
+/// `ncclMaxRedOp` for a 4-byte enum.
+pub const MAX_RED_OP: NcclRedOp = 0x7fff_ffff;
+/// `ncclNumTypes` of the 2.28 ABI.
+pub const NUM_TYPES: NcclDataType = 12;
+/// `ncclSum`.
+pub const OP_SUM: NcclRedOp = 0;
+/// The magic of `ncclConfig_t` and `ncclSimInfo_t`-style structs (`NCCL_CONFIG_INITIALIZER`).
+pub const CONFIG_MAGIC: c_uint = 0xcafe_beef;
+
+/// Name of a data type as nccl-tests prints it, or `None` for a value outside the ABI.
+pub fn dtype_name(d: NcclDataType) -> Option<&'static str> {
+    Some(match d {
+        0 => "int8",
+        1 => "uint8",
+        2 => "int32",
+        3 => "uint32",
+        4 => "int64",
+        5 => "uint64",
+        6 => "half",
+        7 => "float",
+        8 => "double",
+        9 => "bfloat16",
+        10 => "f8e4m3",
+        11 => "f8e5m2",
+        _ => return None,
+    })
+}
+
+/// Bytes per element of a valid data type.
+pub fn dtype_size(d: NcclDataType) -> Option<usize> {
+    Some(match d {
+        0 | 1 | 10 | 11 => 1,
+        6 | 9 => 2,
+        2 | 3 => 4,
+        4 | 5 | 8 => 8,
+        7 => 4,
+        _ => return None,
+    })
+}
+
+/// Our data type for an NCCL one, when the native kernels handle it.
+pub fn native_dtype(d: NcclDataType) -> Option<DataType> {
+    match d {
+        7 => Some(DataType::F32),
+        6 => Some(DataType::F16),
+        9 => Some(DataType::Bf16),
+        _ => None,
+    }
+}
+
+/// Name of a reduction operation (dynamic ones are `premulsum`).
+pub fn op_name(op: NcclRedOp) -> &'static str {
+    match op {
+        0 => "sum",
+        1 => "prod",
+        2 => "max",
+        3 => "min",
+        4 => "avg",
+        _ => "premulsum",
+    }
+}
+
+/// Whether `op` is a built-in operation.
+pub fn is_builtin_op(op: NcclRedOp) -> bool {
+    (0..NUM_OPS).contains(&op)
+}
+
+/// NCCL's text for a result code (our own words).
+pub fn error_string(r: NcclResult) -> &'static std::ffi::CStr {
+    match r {
+        result::SUCCESS => c"no error",
+        result::UNHANDLED_CUDA_ERROR => c"unhandled cuda error (a CUDA call failed)",
+        result::SYSTEM_ERROR => c"unhandled system error (no GPU, network, memory or file)",
+        result::INTERNAL_ERROR => c"internal error (please report it)",
+        result::INVALID_ARGUMENT => c"invalid argument (see ncclGetLastError)",
+        result::INVALID_USAGE => c"invalid usage (see ncclGetLastError)",
+        result::REMOTE_ERROR => c"remote process exited or there was a network error",
+        result::IN_PROGRESS => c"NCCL operation in progress",
+        _ => c"unknown result code",
+    }
+}
+
+/// `ncclConfig_t` of NCCL 2.28 (`ncclConfig_v22800`): a versioned header (`size`, `magic`,
+/// `version`) then the fields. Callers built against older headers pass a shorter struct:
+/// only the fields within `size` are read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NcclConfig {
+    /// `sizeof(ncclConfig_t)` of the caller's header.
+    pub size: usize,
+    /// [`CONFIG_MAGIC`].
+    pub magic: c_uint,
+    /// The caller's `NCCL_VERSION_CODE`.
+    pub version: c_uint,
+    /// 0: nonblocking calls allowed; 1 or unset: blocking.
+    pub blocking: c_int,
+    /// Thread block cluster size.
+    pub cga_cluster_size: c_int,
+    /// Fewest CTAs.
+    pub min_ctas: c_int,
+    /// Most CTAs.
+    pub max_ctas: c_int,
+    /// Network plugin name.
+    pub net_name: *const c_char,
+    /// Share resources with split children.
+    pub split_share: c_int,
+    /// Network traffic class.
+    pub traffic_class: c_int,
+    /// Communicator name.
+    pub comm_name: *const c_char,
+    /// CollNet on/off.
+    pub collnet_enable: c_int,
+    /// CTA policy flags.
+    pub cta_policy: c_int,
+    /// Share resources with shrink children.
+    pub shrink_share: c_int,
+    /// NVLS CTAs.
+    pub nvls_ctas: c_int,
+    /// Channels per network peer.
+    pub n_channels_per_net_peer: c_int,
+    /// NVLink-centric scheduling.
+    pub nvlink_centric_sched: c_int,
+}
+
+/// `NCCL_CONFIG_UNDEF_INT`.
+pub const CONFIG_UNDEF_INT: c_int = c_int::MIN;
+
+/// What we read from a caller's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigView {
+    /// `blocking` (unset means blocking).
+    pub blocking: bool,
+}
+
+impl Default for ConfigView {
+    fn default() -> Self {
+        ConfigView { blocking: true }
+    }
+}
+
+/// Checks a caller's config header and reads the fields we use.
+///
+/// # Safety
+/// `cfg` is null or points to at least 16 readable bytes, and to `size` bytes when its
+/// header is valid.
+pub unsafe fn read_config(cfg: *const NcclConfig) -> Result<ConfigView, String> {
+    if cfg.is_null() {
+        return Ok(ConfigView::default());
+    }
+    // SAFETY: the header (size, magic, version) is present in every version (caller contract).
+    let (size, magic) = unsafe { ((*cfg).size, (*cfg).magic) };
+    if magic != CONFIG_MAGIC {
+        return Err(format!(
+            "config has magic {magic:#x}, not {CONFIG_MAGIC:#x}: initialise it with \
+             NCCL_CONFIG_INITIALIZER"
+        ));
+    }
+    let blocking_end = std::mem::offset_of!(NcclConfig, blocking) + 4;
+    if size < blocking_end {
+        return Ok(ConfigView::default());
+    }
+    // SAFETY: within `size` bytes (checked above).
+    let blocking = unsafe { (*cfg).blocking };
+    Ok(ConfigView {
+        blocking: blocking != 0,
+    })
+}
+
+/// Which collectives `MSCCLPP_NCCL_FALLBACK` sends to the real NCCL.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fallback {
+    /// `all`: nothing native.
+    pub all: bool,
+    /// All-reduce forwarded.
+    pub all_reduce: bool,
+    /// All-gather forwarded.
+    pub all_gather: bool,
+    /// Names not understood (warned about).
+    pub unknown: Vec<String>,
+}
+
+impl Fallback {
+    /// Reads `all`, `none`, or a comma-separated list of operations (`allreduce`,
+    /// `allgather`, any case, `_`/`-` and an `nccl` prefix ignored; other operations always
+    /// fall back and are accepted).
+    pub fn parse(s: &str) -> Fallback {
+        let mut f = Fallback::default();
+        for word in s.split([',', ' ', ';']).filter(|w| !w.trim().is_empty()) {
+            let w: String = word
+                .trim()
+                .to_ascii_lowercase()
+                .chars()
+                .filter(|c| *c != '_' && *c != '-')
+                .collect();
+            let w = w.strip_prefix("nccl").unwrap_or(&w).to_string();
+            match w.as_str() {
+                "all" => f.all = true,
+                "none" | "0" | "" => {}
+                "allreduce" => f.all_reduce = true,
+                "allgather" => f.all_gather = true,
+                "reducescatter" | "broadcast" | "bcast" | "reduce" | "send" | "recv"
+                | "sendrecv" | "alltoall" | "gather" | "scatter" => {}
+                _ => f.unknown.push(word.trim().to_string()),
+            }
+        }
+        f
+    }
+
+    /// Whether all-reduce runs natively.
+    pub fn native_all_reduce(&self) -> bool {
+        !self.all && !self.all_reduce
+    }
+
+    /// Whether all-gather runs natively.
+    pub fn native_all_gather(&self) -> bool {
+        !self.all && !self.all_gather
+    }
+}
+
+/// Rank order of a split: the members with `colors[me]`'s color, ordered by key then by
+/// parent rank. Returns `None` for [`SPLIT_NOCOLOR`], else the members' parent ranks and
+/// `me`'s place among them.
+pub fn split_members(colors_keys: &[(c_int, c_int)], me: usize) -> Option<(Vec<usize>, usize)> {
+    let (color, _) = colors_keys[me];
+    if color == SPLIT_NOCOLOR {
+        return None;
+    }
+    let mut members: Vec<usize> = (0..colors_keys.len())
+        .filter(|&r| colors_keys[r].0 == color)
+        .collect();
+    members.sort_by_key(|&r| (colors_keys[r].1, r));
+    let place = members
+        .iter()
+        .position(|&r| r == me)
+        .expect("me is a member");
+    Some((members, place))
+}
+
+/// Members of a shrink: every rank of `nranks` not excluded, in rank order; `me`'s place, or
+/// `None` when `me` is excluded.
+pub fn shrink_members(nranks: usize, excluded: &[c_int], me: usize) -> Option<(Vec<usize>, usize)> {
+    let members: Vec<usize> = (0..nranks)
+        .filter(|&r| !excluded.iter().any(|&e| e >= 0 && e as usize == r))
+        .collect();
+    let place = members.iter().position(|&r| r == me)?;
+    Some((members, place))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abi_values() {
+        assert_eq!(result::IN_PROGRESS, 7);
+        assert_eq!(native_dtype(7), Some(DataType::F32));
+        assert_eq!(native_dtype(6), Some(DataType::F16));
+        assert_eq!(native_dtype(9), Some(DataType::Bf16));
+        for d in [0, 1, 2, 3, 4, 5, 8, 10, 11, 12, -1] {
+            assert_eq!(native_dtype(d), None, "{d}");
+        }
+        assert_eq!(dtype_name(8), Some("double"));
+        assert_eq!(dtype_name(NUM_TYPES), None);
+        assert_eq!(dtype_size(8), Some(8));
+        assert_eq!(dtype_size(9), Some(2));
+        assert_eq!(dtype_size(12), None);
+        assert!(is_builtin_op(4) && !is_builtin_op(5) && !is_builtin_op(-1));
+        assert_eq!(op_name(4), "avg");
+    }
+
+    #[test]
+    fn config_layout_is_nccl_2_28() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(NcclConfig, blocking), 16);
+        assert_eq!(offset_of!(NcclConfig, net_name), 32);
+        assert_eq!(offset_of!(NcclConfig, split_share), 40);
+        assert_eq!(offset_of!(NcclConfig, comm_name), 48);
+        assert_eq!(offset_of!(NcclConfig, collnet_enable), 56);
+        assert_eq!(offset_of!(NcclConfig, nvlink_centric_sched), 76);
+        assert_eq!(size_of::<NcclConfig>(), 80);
+    }
+
+    #[test]
+    fn config_checks() {
+        let mut c = NcclConfig {
+            size: size_of::<NcclConfig>(),
+            magic: CONFIG_MAGIC,
+            version: 22800,
+            blocking: 0,
+            cga_cluster_size: CONFIG_UNDEF_INT,
+            min_ctas: CONFIG_UNDEF_INT,
+            max_ctas: CONFIG_UNDEF_INT,
+            net_name: std::ptr::null(),
+            split_share: CONFIG_UNDEF_INT,
+            traffic_class: CONFIG_UNDEF_INT,
+            comm_name: std::ptr::null(),
+            collnet_enable: CONFIG_UNDEF_INT,
+            cta_policy: CONFIG_UNDEF_INT,
+            shrink_share: CONFIG_UNDEF_INT,
+            nvls_ctas: CONFIG_UNDEF_INT,
+            n_channels_per_net_peer: CONFIG_UNDEF_INT,
+            nvlink_centric_sched: CONFIG_UNDEF_INT,
+        };
+        // SAFETY: a live local.
+        assert_eq!(
+            unsafe { read_config(&c) },
+            Ok(ConfigView { blocking: false })
+        );
+        c.blocking = CONFIG_UNDEF_INT;
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { read_config(&c) },
+            Ok(ConfigView { blocking: true })
+        );
+        c.magic = 0;
+        // SAFETY: as above.
+        assert!(unsafe { read_config(&c) }.is_err());
+        // SAFETY: null is allowed.
+        assert_eq!(
+            unsafe { read_config(std::ptr::null()) },
+            Ok(ConfigView::default())
+        );
+    }
+
+    #[test]
+    fn fallback_parse() {
+        let f = Fallback::parse("all");
+        assert!(!f.native_all_reduce() && !f.native_all_gather());
+        let f = Fallback::parse("ncclAllReduce, reduce_scatter");
+        assert!(!f.native_all_reduce() && f.native_all_gather());
+        assert!(f.unknown.is_empty());
+        let f = Fallback::parse("all-gather,bogus");
+        assert!(f.native_all_reduce() && !f.native_all_gather());
+        assert_eq!(f.unknown, vec!["bogus".to_string()]);
+        assert_eq!(Fallback::parse(""), Fallback::default());
+    }
+
+    #[test]
+    fn split_order() {
+        // rank: (color, key)
+        let ck = [(0, 5), (1, 0), (0, 5), (0, -1), (SPLIT_NOCOLOR, 0), (1, 0)];
+        assert_eq!(split_members(&ck, 0), Some((vec![3, 0, 2], 1)));
+        assert_eq!(split_members(&ck, 2), Some((vec![3, 0, 2], 2)));
+        assert_eq!(split_members(&ck, 3), Some((vec![3, 0, 2], 0)));
+        assert_eq!(split_members(&ck, 5), Some((vec![1, 5], 1)));
+        assert_eq!(split_members(&ck, 4), None);
+    }
+
+    #[test]
+    fn shrink_order() {
+        assert_eq!(shrink_members(4, &[1], 2), Some((vec![0, 2, 3], 1)));
+        assert_eq!(shrink_members(4, &[1, 3], 0), Some((vec![0, 2], 0)));
+        assert_eq!(shrink_members(4, &[1], 1), None);
+        assert_eq!(shrink_members(2, &[], 1), Some((vec![0, 1], 1)));
+    }
+
+    #[test]
+    fn error_strings_cover_every_code() {
+        let unknown = error_string(-1);
+        for r in 0..result::NUM_RESULTS {
+            assert_ne!(error_string(r), unknown, "{r}");
+        }
+    }
+}
