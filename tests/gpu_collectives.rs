@@ -72,6 +72,7 @@ fn input(dtype: DataType, seed: u64, rank: usize, i: usize) -> u32 {
         DataType::F32 => v.to_bits(),
         DataType::F16 => f16::from_f32(v).to_bits() as u32,
         DataType::Bf16 => bf16::from_f32(v).to_bits() as u32,
+        _ => unreachable!("this test sweeps f32, f16 and bf16"),
     }
 }
 
@@ -88,6 +89,7 @@ fn add(dtype: DataType, a: u32, b: u32) -> u32 {
             let s = bf16::from_bits(a as u16).to_f32() + bf16::from_bits(b as u16).to_f32();
             bf16::from_f32(s).to_bits() as u32
         }
+        _ => unreachable!("this test sweeps f32, f16 and bf16"),
     }
 }
 

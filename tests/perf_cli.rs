@@ -178,3 +178,52 @@ fn nccl_comparison_is_refused_without_a_gpu() {
     assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
     assert!(stderr.contains("--compare nccl needs GPUs"), "{stderr}");
 }
+
+#[test]
+fn reducescatter_broadcast_reduce_alltoall_sendrecv_on_the_host_transport() {
+    for (op, factor) in [
+        ("reducescatter", "(n-1)/n"),
+        ("broadcast", "1"),
+        ("reduce", "1"),
+        ("alltoall", "(n-1)/n"),
+        ("sendrecv", "1"),
+    ] {
+        let out = perf(&[
+            "--op", op, "--nranks", "3", "--root", "2", "-b", "96", "-e", "96K", "-f", "32", "-n",
+            "2", "-w", "1", "-d", "half",
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(
+            out.status.success(),
+            "{op}: stdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 3, "{op}: {stdout}");
+        for r in &rows {
+            assert_eq!(r.len(), 13, "{op}: {r:?}");
+            let redop = if matches!(op, "reducescatter" | "reduce") {
+                "sum"
+            } else {
+                "none"
+            };
+            assert_eq!(
+                (r[2].as_str(), r[3].as_str()),
+                ("half", redop),
+                "{op}: {r:?}"
+            );
+            assert_eq!(
+                (r[8].as_str(), r[12].as_str()),
+                ("0", "0"),
+                "{op} #wrong: {r:?}"
+            );
+            // busbw = algbw x the factor.
+            let (alg, bus): (f64, f64) = (r[6].parse().unwrap(), r[7].parse().unwrap());
+            let want = if factor == "1" { alg } else { alg * 2.0 / 3.0 };
+            assert!((bus - want).abs() <= 0.01 + want * 0.01, "{op}: {r:?}");
+        }
+        assert!(
+            stdout.contains("# Out of bounds values : 0 OK"),
+            "{op}: {stdout}"
+        );
+    }
+}

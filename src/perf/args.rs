@@ -22,8 +22,9 @@ pub const MAX_SIZES: usize = 4096;
 #[command(
     name = "mscclpp-perf",
     version,
-    about = "All-reduce / all-gather bandwidth and latency, with nccl-tests' columns",
-    long_about = "All-reduce / all-gather bandwidth and latency, with nccl-tests' columns.\n\n\
+    about = "Collective bandwidth and latency, with nccl-tests' columns",
+    long_about = "All-reduce, all-gather, reduce-scatter, broadcast, reduce, all-to-all and \
+        send/recv bandwidth and latency, with nccl-tests' columns.\n\n\
         Started alone it spawns one process per local GPU (or --nranks); under mpirun, \
         torchrun or srun (or with MSCCLPP_RANK/MSCCLPP_NRANKS/MSCCLPP_BOOTSTRAP) every \
         process is one rank. Without a GPU it runs on the Host transport (CPU threads, \
@@ -60,9 +61,12 @@ pub struct Args {
     /// Element type: float (float32, f32, fp32), half (float16, f16, fp16), bfloat16 (bf16).
     #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_dtype)]
     pub dtype: DataType,
-    /// Reduction operation (all-reduce).
+    /// Reduction operation (all-reduce, reduce-scatter, reduce).
     #[arg(short = 'o', long = "redop", default_value = "sum", value_parser = parse_redop)]
     pub redop: ReduceOp,
+    /// Root rank of broadcast and reduce.
+    #[arg(long, default_value_t = 0)]
+    pub root: usize,
     /// Number of CUDA graph launches; the timed iterations are captured into one graph.
     /// 0: plain launches.
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0)]
@@ -93,6 +97,25 @@ pub enum Collective {
     /// All-gather (nccl-tests' all_gather_perf).
     #[value(name = "allgather", alias = "all_gather", alias = "all-gather")]
     AllGather,
+    /// Reduce-scatter (nccl-tests' reduce_scatter_perf; size = one rank's whole input).
+    #[value(
+        name = "reducescatter",
+        alias = "reduce_scatter",
+        alias = "reduce-scatter"
+    )]
+    ReduceScatter,
+    /// Broadcast from `--root` (nccl-tests' broadcast_perf).
+    #[value(name = "broadcast")]
+    Broadcast,
+    /// Reduce to `--root` (nccl-tests' reduce_perf).
+    #[value(name = "reduce")]
+    Reduce,
+    /// All-to-all (nccl-tests' alltoall_perf; size = one rank's whole input).
+    #[value(name = "alltoall", alias = "all_to_all", alias = "all-to-all")]
+    AllToAll,
+    /// Send to rank + 1 and receive from rank - 1 in one group (nccl-tests' sendrecv_perf).
+    #[value(name = "sendrecv", alias = "send_recv", alias = "send-recv")]
+    SendRecv,
 }
 
 impl Collective {
@@ -101,7 +124,25 @@ impl Collective {
         match self {
             Collective::AllReduce => "allreduce",
             Collective::AllGather => "allgather",
+            Collective::ReduceScatter => "reducescatter",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllToAll => "alltoall",
+            Collective::SendRecv => "sendrecv",
         }
+    }
+
+    /// Whether it reduces (takes `-o`).
+    pub fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        )
+    }
+
+    /// Whether it has a root (`--root`).
+    pub fn rooted(self) -> bool {
+        matches!(self, Collective::Broadcast | Collective::Reduce)
     }
 }
 

@@ -52,6 +52,10 @@ pub fn exact_limit(dtype: DataType) -> u64 {
         DataType::F32 => 1 << 24,
         DataType::F16 => 1 << 11,
         DataType::Bf16 => 1 << 8,
+        DataType::F64 => 1 << 53,
+        DataType::I8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => 1 << 3,
+        DataType::U8 => 1 << 7,
+        DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64 => 1 << 24,
     }
 }
 
@@ -63,6 +67,7 @@ pub fn tolerance(dtype: DataType) -> f32 {
         DataType::F32 => 1e-6,
         DataType::F16 => 2e-4,
         DataType::Bf16 => 2e-3,
+        _ => 1e-6,
     }
 }
 
@@ -74,10 +79,11 @@ pub fn input_value(
     rank: usize,
     index: u64,
 ) -> f32 {
-    // Magnitude bound: all-reduce sums `nranks` of them, all-gather copies them.
-    let bound = match collective {
-        Collective::AllReduce => (exact_limit(dtype) / nranks.max(1) as u64).clamp(1, 16),
-        Collective::AllGather => 127,
+    // Magnitude bound: the reductions sum `nranks` of them, the others copy them.
+    let bound = if collective.reduces() {
+        (exact_limit(dtype) / nranks.max(1) as u64).clamp(1, 16)
+    } else {
+        127
     };
     let modulus = 2 * bound + 1;
     let v = (index.wrapping_mul(7) + (rank as u64).wrapping_mul(13)) % modulus;
@@ -100,15 +106,41 @@ pub fn expected(
     send_count: u64,
     index: u64,
 ) -> f32 {
-    match collective {
-        Collective::AllReduce => (0..nranks)
-            .map(|r| input_value(collective, dtype, nranks, r, index))
-            .sum(),
+    expected_at(collective, dtype, nranks, 0, 0, send_count, index).unwrap_or(f32::NAN)
+}
+
+/// Expected element `index` of rank `rank`'s output (`root`: of broadcast and reduce);
+/// `None` where nothing is expected (a reduce's other ranks).
+pub fn expected_at(
+    collective: Collective,
+    dtype: DataType,
+    nranks: usize,
+    rank: usize,
+    root: usize,
+    send_count: u64,
+    index: u64,
+) -> Option<f32> {
+    let n = nranks.max(1);
+    let v = |r: usize, i: u64| input_value(collective, dtype, nranks, r, i);
+    let sum = |i: u64| -> f32 { (0..nranks).map(|r| v(r, i)).sum() };
+    // Elements per block of the input (reduce-scatter, all-to-all).
+    let per = send_count / n as u64;
+    Some(match collective {
+        Collective::AllReduce => sum(index),
         Collective::AllGather => {
-            let rank = (index / send_count.max(1)) as usize;
-            input_value(collective, dtype, nranks, rank, index % send_count.max(1))
+            let r = (index / send_count.max(1)) as usize;
+            v(r, index % send_count.max(1))
         }
-    }
+        Collective::ReduceScatter => sum(rank as u64 * per + index),
+        Collective::Reduce if rank == root => sum(index),
+        Collective::Reduce => return None,
+        Collective::Broadcast => v(root, index),
+        Collective::AllToAll => v(
+            (index / per.max(1)) as usize,
+            rank as u64 * per + index % per.max(1),
+        ),
+        Collective::SendRecv => v((rank + n - 1) % n, index),
+    })
 }
 
 /// Whether `got` passes for `want`.
@@ -128,6 +160,33 @@ pub fn count_wrong<T: Elem>(
         .filter(|(i, g)| {
             let want = expected(collective, T::DTYPE, nranks, send_count, *i as u64);
             !matches(T::DTYPE, g.to_f32(), want)
+        })
+        .count() as u64
+}
+
+/// Elements of rank `rank`'s output `got` that differ from [`expected_at`] (elements with
+/// nothing expected are not counted).
+pub fn count_wrong_at<T: Elem>(
+    collective: Collective,
+    nranks: usize,
+    rank: usize,
+    root: usize,
+    send_count: u64,
+    got: &[T],
+) -> u64 {
+    got.iter()
+        .enumerate()
+        .filter(|(i, g)| {
+            expected_at(
+                collective,
+                T::DTYPE,
+                nranks,
+                rank,
+                root,
+                send_count,
+                *i as u64,
+            )
+            .is_some_and(|want| !matches(T::DTYPE, g.to_f32(), want))
         })
         .count() as u64
 }

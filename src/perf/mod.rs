@@ -1,6 +1,7 @@
 //! The `mscclpp-perf` tool: nccl-tests for this library (DESIGN §8).
 //!
-//! Measures all-reduce or all-gather over a sweep of sizes and prints nccl-tests' columns
+//! Measures all-reduce, all-gather, reduce-scatter, broadcast, reduce, all-to-all or
+//! send/recv over a sweep of sizes and prints nccl-tests' columns
 //! (size, count, type, redop, then time, algbw, busbw and #wrong out of place and in place),
 //! optionally with NCCL run on the same buffers in the same run (`--compare nccl`), a JSON
 //! report (`--json`) and an SVG plot (`--plot`).

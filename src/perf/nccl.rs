@@ -339,6 +339,14 @@ fn nccl_type(dtype: DataType) -> sys::ncclDataType_t {
         DataType::F32 => sys::ncclDataType_t::ncclFloat32,
         DataType::F16 => sys::ncclDataType_t::ncclFloat16,
         DataType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+        DataType::F64 => sys::ncclDataType_t::ncclFloat64,
+        DataType::I8 => sys::ncclDataType_t::ncclInt8,
+        DataType::I32 => sys::ncclDataType_t::ncclInt32,
+        DataType::U32 => sys::ncclDataType_t::ncclUint32,
+        DataType::I64 => sys::ncclDataType_t::ncclInt64,
+        DataType::U64 => sys::ncclDataType_t::ncclUint64,
+        // Moved only (no reduction): the same bytes as uint8.
+        DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => sys::ncclDataType_t::ncclUint8,
     }
 }
 
@@ -408,6 +416,200 @@ impl Nccl {
         }
         .map(|_| ())
         .map_err(|e| nccl_err("ncclAllReduce", e))
+    }
+
+    /// `ncclReduceScatter` (sum) of `recv_count` elements per rank, stream-ordered.
+    ///
+    /// # Safety
+    /// `send` valid for `nranks * recv_count` elements and `recv` for `recv_count`, until
+    /// the stream has run the operation.
+    pub unsafe fn reduce_scatter(
+        &self,
+        send: u64,
+        recv: u64,
+        recv_count: usize,
+        dtype: DataType,
+        stream: &CudaStream,
+    ) -> Result<(), PerfError> {
+        // SAFETY: as for `all_reduce`.
+        unsafe {
+            result::reduce_scatter(
+                send as *const _,
+                recv as *mut _,
+                recv_count,
+                nccl_type(dtype),
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_err("ncclReduceScatter", e))
+    }
+
+    /// `ncclBroadcast` of `count` elements from `root`, stream-ordered.
+    ///
+    /// # Safety
+    /// As for `all_reduce`.
+    pub unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), PerfError> {
+        // SAFETY: as for `all_reduce`.
+        unsafe {
+            result::broadcast(
+                send as *const _,
+                recv as *mut _,
+                count,
+                nccl_type(dtype),
+                root as i32,
+                self.comm,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_err("ncclBroadcast", e))
+    }
+
+    /// `ncclReduce` (sum) of `count` elements to `root`, stream-ordered.
+    ///
+    /// # Safety
+    /// As for `all_reduce`.
+    pub unsafe fn reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), PerfError> {
+        // SAFETY: as for `all_reduce`.
+        unsafe {
+            result::reduce(
+                send as *const _,
+                recv as *mut _,
+                count,
+                nccl_type(dtype),
+                sys::ncclRedOp_t::ncclSum,
+                root as i32,
+                self.comm,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_err("ncclReduce", e))
+    }
+
+    /// All-to-all of `count` elements per peer as nccl-tests runs it: one group of a send
+    /// and a receive per rank, stream-ordered.
+    ///
+    /// # Safety
+    /// `send` and `recv` valid for `nranks * count` elements, until the stream has run the
+    /// operation.
+    pub unsafe fn all_to_all(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        nranks: usize,
+        stream: &CudaStream,
+    ) -> Result<(), PerfError> {
+        let bytes = (count * dtype.size()) as u64;
+        let ops: Vec<(bool, u64, usize)> = (0..nranks)
+            .flat_map(|p| {
+                [
+                    (true, send + p as u64 * bytes, p),
+                    (false, recv + p as u64 * bytes, p),
+                ]
+            })
+            .collect();
+        // SAFETY: as for `all_reduce`; every block lies in its buffer.
+        unsafe { self.group(&ops, count, dtype, stream) }
+    }
+
+    /// Send to `next` and receive from `prev` in one group, stream-ordered.
+    ///
+    /// # Safety
+    /// `send` and `recv` valid for `count` elements until the stream has run the operation.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn send_recv(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        next: usize,
+        prev: usize,
+        stream: &CudaStream,
+    ) -> Result<(), PerfError> {
+        // SAFETY: forwarded.
+        unsafe {
+            self.group(
+                &[(true, send, next), (false, recv, prev)],
+                count,
+                dtype,
+                stream,
+            )
+        }
+    }
+
+    /// `ncclSend`/`ncclRecv` of `count` elements each (`(send, address, peer)`) between
+    /// `ncclGroupStart` and `ncclGroupEnd`.
+    ///
+    /// # Safety
+    /// Every address valid for `count` elements until the stream has run the group.
+    unsafe fn group(
+        &self,
+        ops: &[(bool, u64, usize)],
+        count: usize,
+        dtype: DataType,
+        stream: &CudaStream,
+    ) -> Result<(), PerfError> {
+        let s = stream.cu_stream() as sys::cudaStream_t;
+        result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+        let mut first_err = None;
+        for &(is_send, buf, peer) in ops {
+            // SAFETY: caller contract; the communicator and stream are live.
+            let r = unsafe {
+                if is_send {
+                    result::send(
+                        buf as *const _,
+                        count,
+                        nccl_type(dtype),
+                        peer as i32,
+                        self.comm,
+                        s,
+                    )
+                    .map_err(|e| nccl_err("ncclSend", e))
+                } else {
+                    result::recv(
+                        buf as *mut _,
+                        count,
+                        nccl_type(dtype),
+                        peer as i32,
+                        self.comm,
+                        s,
+                    )
+                    .map_err(|e| nccl_err("ncclRecv", e))
+                }
+            };
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        // End the group whatever happened, so NCCL leaves group mode.
+        let end = result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
+        match first_err {
+            Some(e) => Err(e),
+            None => end.map(|_| ()),
+        }
     }
 
     /// `ncclAllGather` of `send_count` elements per rank, stream-ordered.

@@ -10,11 +10,12 @@ use super::args::Collective;
 /// Elements and bytes of one size of the sweep, rounded as nccl-tests rounds them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
-    /// The size column: all-reduce: bytes per rank; all-gather: total output bytes.
+    /// The size column: all-reduce, broadcast, reduce, send/recv: bytes per rank;
+    /// all-gather: total output bytes; reduce-scatter, all-to-all: one rank's whole input.
     pub bytes: u64,
     /// The count column: elements of `bytes`.
     pub count: u64,
-    /// Elements each rank sends (all-reduce: `count`; all-gather: `count / nranks`).
+    /// Elements each rank sends (all-gather: `count / nranks`; the others: `count`).
     pub send_count: u64,
 }
 
@@ -24,7 +25,10 @@ pub fn shape(collective: Collective, size: u64, dtype: DataType, nranks: usize) 
     let elt = dtype.size() as u64;
     let nranks = nranks.max(1) as u64;
     let s = match collective {
-        Collective::AllReduce => {
+        Collective::AllReduce
+        | Collective::Broadcast
+        | Collective::Reduce
+        | Collective::SendRecv => {
             let count = size / elt;
             Shape {
                 bytes: count * elt,
@@ -41,16 +45,35 @@ pub fn shape(collective: Collective, size: u64, dtype: DataType, nranks: usize) 
                 send_count: per_rank,
             }
         }
+        Collective::ReduceScatter | Collective::AllToAll => {
+            // Whole input per rank: one block of `per_rank` elements per rank.
+            let per_rank = size / elt / nranks;
+            Shape {
+                bytes: per_rank * nranks * elt,
+                count: per_rank * nranks,
+                send_count: per_rank * nranks,
+            }
+        }
     };
     (s.count > 0).then_some(s)
 }
 
-/// nccl-tests' bus bandwidth factor: all-reduce 2(n-1)/n, all-gather (n-1)/n.
+/// nccl-tests' bus bandwidth factor: all-reduce 2(n-1)/n; all-gather, reduce-scatter and
+/// all-to-all (n-1)/n; broadcast, reduce and send/recv 1.
 pub fn bus_factor(collective: Collective, nranks: usize) -> f64 {
     let n = nranks.max(1) as f64;
     match collective {
         Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::AllGather => (n - 1.0) / n,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => (n - 1.0) / n,
+        Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
+    }
+}
+
+/// Elements of a rank's output of `shape`: reduce-scatter `count / nranks`, else `count`.
+pub fn out_count(collective: Collective, shape: &Shape, nranks: usize) -> u64 {
+    match collective {
+        Collective::ReduceScatter => shape.count / nranks.max(1) as u64,
+        _ => shape.count,
     }
 }
 

@@ -9,7 +9,7 @@ use cudarc::driver::DriverError;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use crate::host::bootstrap::BlockingBootstrap;
-use crate::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives};
+use crate::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, P2pOp};
 use crate::host::communicator::{Backend, CommConfig, Communicator};
 use crate::host::cuda::{self, CUevent_flags, CudaError, CudaStream, DeviceBuffer, Gpu};
 use crate::host::launch::{Launch, LaunchError, LocalLauncher};
@@ -170,6 +170,12 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         crate::host::collectives::DataType::Bf16 => {
             sweep::<half::bf16>(config, &coll, nccl.as_ref())?
         }
+        // parse_dtype accepts the three types above only.
+        other => {
+            return Err(PerfError::Args(format!(
+                "-d {other}: the perf tool measures float, half and bfloat16"
+            )));
+        }
     };
     drop(nccl);
     if rank != 0 {
@@ -229,10 +235,37 @@ fn exit_for(rows: &[Row]) -> ExitCode {
 }
 
 fn redop_name(config: &Config) -> &'static str {
-    match config.args.collective {
-        Collective::AllReduce => config.args.redop.name(),
-        Collective::AllGather => "none",
+    if config.args.collective.reduces() {
+        config.args.redop.name()
+    } else {
+        "none"
     }
+}
+
+/// The placement actually run: send/recv always runs out of place (an in-place exchange
+/// could overwrite data before it is sent), so its in-place columns repeat out of place.
+fn effective(c: Collective, placement: Placement) -> Placement {
+    if c == Collective::SendRecv {
+        Placement::OutOfPlace
+    } else {
+        placement
+    }
+}
+
+/// The elements of the receive buffer that hold `rank`'s output.
+fn out_range(
+    c: Collective,
+    placement: Placement,
+    shape: &Shape,
+    rank: usize,
+    nranks: usize,
+) -> std::ops::Range<usize> {
+    let len = report::out_count(c, shape, nranks) as usize;
+    let at = match (c, placement) {
+        (Collective::ReduceScatter, Placement::InPlace) => rank * len,
+        _ => 0,
+    };
+    at..at + len
 }
 
 fn print_header(
@@ -280,12 +313,22 @@ fn print_header(
                 a.graph_launches
             );
         }
-        if a.collective == Collective::AllGather {
+        if matches!(a.collective, Collective::AllGather | Collective::AllToAll) {
             println!(
-                "# in-place all-gather on the Host transport sends from a copy of the rank's \
-                 slot (host slices cannot alias)"
+                "# in-place {} on the Host transport sends from a copy of the rank's input \
+                 (host slices cannot alias)",
+                a.collective.name()
             );
         }
+    }
+    if a.collective.rooted() {
+        println!("# root {}", a.root);
+    }
+    if a.collective == Collective::SendRecv {
+        println!(
+            "# sendrecv: rank r sends to r+1 and receives from r-1 in one group; in place is \
+             not supported (the in-place columns repeat out of place)"
+        );
     }
     if let Some(v) = nccl_version {
         println!(
@@ -377,6 +420,8 @@ fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
             }
             .into()
         }
+        // LL packets or puts, chosen by the library by size.
+        _ => "auto".into(),
     }
 }
 
@@ -503,10 +548,10 @@ fn check_inputs<T: Elem>(
     let mut input = vec![T::default(); shape.send_count as usize];
     check::fill(c, nranks, rank, &mut input);
     let mut recv = vec![T::from_f32(f32::NAN); shape.count as usize];
-    if placement == Placement::InPlace {
+    if effective(c, placement) == Placement::InPlace {
         let at = match c {
-            Collective::AllReduce => 0,
             Collective::AllGather => rank * shape.send_count as usize,
+            _ => 0,
         };
         recv[at..at + input.len()].copy_from_slice(&input);
     }
@@ -548,11 +593,17 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         match placement {
             Placement::OutOfPlace => (self.send.device_ptr(), recv),
             Placement::InPlace => match c {
-                Collective::AllReduce => (recv, recv),
                 Collective::AllGather => {
                     let slot = self.coll.rank() as u64 * shape.send_count * T::DTYPE.size() as u64;
                     (recv + slot, recv)
                 }
+                Collective::ReduceScatter => {
+                    let per = shape.count / self.coll.nranks() as u64;
+                    let slot = self.coll.rank() as u64 * per * T::DTYPE.size() as u64;
+                    (recv, recv + slot)
+                }
+                Collective::SendRecv => (self.send.device_ptr(), recv),
+                _ => (recv, recv),
             },
         }
     }
@@ -568,7 +619,69 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         let c = config.args.collective;
         let (send, recv) = self.pointers(placement, shape, c);
         let dtype = T::DTYPE;
+        let (n, rank, root) = (self.coll.nranks(), self.coll.rank(), config.args.root);
+        let (count, per) = (shape.count as usize, shape.count as usize / n);
+        let op = config.args.redop;
+        let nccl = || {
+            self.nccl
+                .ok_or_else(|| PerfError::Nccl("NCCL is not initialised".into()))
+        };
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
         match (lib, c) {
+            // SAFETY (all of these): as below.
+            (Lib::Mscclpp, Collective::ReduceScatter) => unsafe {
+                self.coll
+                    .reduce_scatter_raw(send, recv, per, dtype, op, &self.stream)
+            }
+            .map_err(PerfError::from),
+            (Lib::Mscclpp, Collective::Broadcast) => unsafe {
+                self.coll
+                    .broadcast_raw(send, recv, count, dtype, root, &self.stream)
+            }
+            .map_err(PerfError::from),
+            (Lib::Mscclpp, Collective::Reduce) => unsafe {
+                self.coll
+                    .reduce_raw(send, recv, count, dtype, op, root, &self.stream)
+            }
+            .map_err(PerfError::from),
+            (Lib::Mscclpp, Collective::AllToAll) => unsafe {
+                self.coll
+                    .all_to_all_raw(send, recv, per, dtype, &self.stream)
+            }
+            .map_err(PerfError::from),
+            (Lib::Mscclpp, Collective::SendRecv) => {
+                let ops = [
+                    P2pOp::Send {
+                        buf: send,
+                        count,
+                        dtype,
+                        peer: next,
+                    },
+                    P2pOp::Recv {
+                        buf: recv,
+                        count,
+                        dtype,
+                        peer: prev,
+                    },
+                ];
+                // SAFETY: as below.
+                unsafe { self.coll.group(&ops, &self.stream) }.map_err(PerfError::from)
+            }
+            (Lib::Nccl, Collective::ReduceScatter) => unsafe {
+                nccl()?.reduce_scatter(send, recv, per, dtype, &self.stream)
+            },
+            (Lib::Nccl, Collective::Broadcast) => unsafe {
+                nccl()?.broadcast(send, recv, count, dtype, root, &self.stream)
+            },
+            (Lib::Nccl, Collective::Reduce) => unsafe {
+                nccl()?.reduce(send, recv, count, dtype, root, &self.stream)
+            },
+            (Lib::Nccl, Collective::AllToAll) => unsafe {
+                nccl()?.all_to_all(send, recv, per, dtype, n, &self.stream)
+            },
+            (Lib::Nccl, Collective::SendRecv) => unsafe {
+                nccl()?.send_recv(send, recv, count, dtype, next, prev, &self.stream)
+            },
             // SAFETY (all four): the buffers hold the largest shape of the sweep and live in
             // `self` until the stream is synchronised in `measure`.
             (Lib::Mscclpp, Collective::AllReduce) => unsafe {
@@ -637,7 +750,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             shape,
         );
         self.recv.copy_from_host(0, &recv)?;
-        if placement == Placement::OutOfPlace {
+        if effective(config.args.collective, placement) == Placement::OutOfPlace {
             self.send.copy_from_host(0, &input)?;
         }
         self.sync()?;
@@ -721,11 +834,14 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             self.sync()?;
             let mut got = vec![T::default(); shape.count as usize];
             self.recv.copy_to_host(0, &mut got)?;
-            Some(check::count_wrong(
-                config.args.collective,
-                self.coll.nranks(),
+            let (c, n, rank) = (config.args.collective, self.coll.nranks(), self.coll.rank());
+            Some(check::count_wrong_at(
+                c,
+                n,
+                rank,
+                config.args.root,
                 shape.send_count,
-                &got,
+                &got[out_range(c, placement, shape, rank, n)],
             ))
         } else {
             None
@@ -759,7 +875,7 @@ impl<T: Elem> HostRunner<T> {
         shape: &Shape,
     ) -> Result<(), PerfError> {
         let (sc, n) = (shape.send_count as usize, shape.count as usize);
-        let op = config.args.redop;
+        let (op, root) = (config.args.redop, config.args.root);
         match (config.args.collective, placement) {
             (Collective::AllReduce, Placement::OutOfPlace) => {
                 coll.all_reduce_host(&self.send[..sc], &mut self.recv[..n], op)?
@@ -772,6 +888,51 @@ impl<T: Elem> HostRunner<T> {
             }
             (Collective::AllGather, Placement::InPlace) => {
                 coll.all_gather_host(&self.slot[..sc], &mut self.recv[..n])?
+            }
+            (Collective::ReduceScatter, Placement::OutOfPlace) => {
+                let per = n / coll.nranks();
+                coll.reduce_scatter_host(&self.send[..sc], &mut self.recv[..per], op)?
+            }
+            (Collective::ReduceScatter, Placement::InPlace) => {
+                coll.reduce_scatter_host_in_place(&mut self.recv[..n], op)?
+            }
+            (Collective::Broadcast, Placement::OutOfPlace) => {
+                coll.broadcast_host(&self.send[..sc], &mut self.recv[..n], root)?
+            }
+            (Collective::Broadcast, Placement::InPlace) => {
+                coll.broadcast_host_in_place(&mut self.recv[..n], root)?
+            }
+            (Collective::Reduce, Placement::OutOfPlace) => {
+                coll.reduce_host(&self.send[..sc], &mut self.recv[..n], op, root)?
+            }
+            (Collective::Reduce, Placement::InPlace) => {
+                coll.reduce_host_in_place(&mut self.recv[..n], op, root)?
+            }
+            (Collective::AllToAll, Placement::OutOfPlace) => {
+                coll.all_to_all_host(&self.send[..sc], &mut self.recv[..n])?
+            }
+            (Collective::AllToAll, Placement::InPlace) => {
+                coll.all_to_all_host(&self.slot[..sc], &mut self.recv[..n])?
+            }
+            (Collective::SendRecv, _) => {
+                let (r, nr) = (coll.rank(), coll.nranks());
+                let ops = [
+                    P2pOp::Send {
+                        buf: self.send.as_ptr() as u64,
+                        count: n,
+                        dtype: T::DTYPE,
+                        peer: (r + 1) % nr,
+                    },
+                    P2pOp::Recv {
+                        buf: self.recv.as_mut_ptr() as u64,
+                        count: n,
+                        dtype: T::DTYPE,
+                        peer: (r + nr - 1) % nr,
+                    },
+                ];
+                // SAFETY: both vectors hold at least `n` elements (the largest shape) and
+                // are borrowed for the call.
+                unsafe { coll.group_host(&ops)? }
             }
         }
         Ok(())
@@ -823,11 +984,14 @@ impl<T: Elem> HostRunner<T> {
         let wrong = if config.check() {
             self.load_inputs(config, coll, placement, shape)?;
             self.run_once(config, coll, placement, shape)?;
-            Some(check::count_wrong(
-                a.collective,
-                coll.nranks(),
+            let (c, n, rank) = (a.collective, coll.nranks(), coll.rank());
+            Some(check::count_wrong_at(
+                c,
+                n,
+                rank,
+                a.root,
                 shape.send_count,
-                &self.recv[..shape.count as usize],
+                &self.recv[out_range(c, placement, shape, rank, n)],
             ))
         } else {
             None

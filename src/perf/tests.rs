@@ -149,7 +149,8 @@ fn bad_command_lines_are_errors() {
             .unwrap_err()
             .contains("sizes")
     );
-    assert!(parse(&["--op", "broadcast"]).is_err());
+    assert!(parse(&["--op", "scan"]).is_err());
+    assert!(parse(&["--op", "broadcast", "--root", "1"]).is_ok());
     assert!(parse(&["--algo", "ring"]).is_err());
     assert!(parse(&["--compare", "rccl"]).is_err());
     assert!(parse(&["-b", "x"]).is_err());
@@ -293,6 +294,8 @@ fn roundtrip_exact<T: Elem>() {
             let send_count = match c {
                 Collective::AllReduce => count,
                 Collective::AllGather => count / nranks as u64,
+
+                _ => unreachable!("the loop runs all-reduce and all-gather"),
             };
             // Every input and expected value survives the element type unchanged.
             for r in 0..nranks {
@@ -304,6 +307,8 @@ fn roundtrip_exact<T: Elem>() {
             let out_len = match c {
                 Collective::AllReduce => count,
                 Collective::AllGather => send_count * nranks as u64,
+
+                _ => unreachable!("the loop runs all-reduce and all-gather"),
             };
             let mut got: Vec<T> = (0..out_len)
                 .map(|j| T::from_f32(check::expected(c, T::DTYPE, nranks, send_count, j)))
@@ -478,4 +483,55 @@ fn size_labels() {
     assert_eq!(plot::size_label((32u64 << 20) as f64), "32M");
     assert_eq!(plot::size_label((1u64 << 30) as f64), "1G");
     assert_eq!(plot::size_label(1536.0), "1536");
+}
+
+#[test]
+fn new_collectives_have_nccl_tests_shapes_factors_and_references() {
+    use Collective::*;
+    let f = report::bus_factor;
+    assert_eq!(f(ReduceScatter, 4), 0.75);
+    assert_eq!(f(AllToAll, 8), 0.875);
+    assert_eq!(f(Broadcast, 8), 1.0);
+    assert_eq!(f(Reduce, 8), 1.0);
+    assert_eq!(f(SendRecv, 2), 1.0);
+    // Reduce-scatter and all-to-all: size = a rank's whole input, in `nranks` blocks.
+    let s = report::shape(ReduceScatter, 1000, DataType::F32, 3).unwrap();
+    assert_eq!((s.bytes, s.count, s.send_count), (996, 249, 249));
+    assert_eq!(report::out_count(ReduceScatter, &s, 3), 83);
+    assert!(report::shape(AllToAll, 8, DataType::F32, 3).is_none());
+    let s = report::shape(Broadcast, 1001, DataType::F16, 3).unwrap();
+    assert_eq!((s.bytes, s.count), (1000, 500));
+    let (n, sc) = (3usize, 12u64);
+    let v = |r: usize, i: u64| check::input_value(ReduceScatter, DataType::F32, n, r, i);
+    // Rank 2's reduce-scatter output: block 2 summed.
+    let want: f32 = (0..n).map(|r| v(r, 8 + 1)).sum();
+    assert_eq!(
+        check::expected_at(ReduceScatter, DataType::F32, n, 2, 0, sc, 1),
+        Some(want)
+    );
+    // All-to-all: element 5 of rank 1's output is block 1 of rank 1 (5 / 4), element 1.
+    let a = |r: usize, i: u64| check::input_value(AllToAll, DataType::F32, n, r, i);
+    assert_eq!(
+        check::expected_at(AllToAll, DataType::F32, n, 1, 0, sc, 5),
+        Some(a(1, 4 + 1))
+    );
+    assert_eq!(
+        check::expected_at(Broadcast, DataType::F32, n, 0, 2, sc, 3),
+        Some(a(2, 3))
+    );
+    assert_eq!(
+        check::expected_at(Reduce, DataType::F32, n, 1, 2, sc, 3),
+        None
+    );
+    assert_eq!(
+        check::expected_at(SendRecv, DataType::F32, n, 0, 0, sc, 3),
+        Some(a(2, 3))
+    );
+    // Wrong elements are counted where something is expected.
+    let got = vec![0f32; 4];
+    assert_eq!(check::count_wrong_at(Reduce, n, 1, 2, 4, &got), 0);
+    assert_eq!(
+        check::count_wrong_at(Broadcast, n, 1, 2, 4, &got),
+        4 - got.iter().zip(0..).filter(|(g, i)| **g == a(2, *i)).count() as u64
+    );
 }

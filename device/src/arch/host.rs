@@ -581,3 +581,28 @@ pub fn add_bf16x2(a: u32, b: u32) -> u32 {
     };
     lane(a & 0xffff, b & 0xffff) | lane(a >> 16, b >> 16) << 16
 }
+
+/// Multiplies two pairs of IEEE half floats lane by lane, rounding to nearest even (the
+/// GPU's `mul.rn.f16x2`): the f32 product of two f16 values is exact (2 * 11 <= 24 bits),
+/// so rounding it to f16 rounds once.
+#[inline]
+pub fn mul_f16x2(a: u32, b: u32) -> u32 {
+    use half::f16;
+    let lane = |x: u32, y: u32| {
+        let s = f16::from_bits(x as u16).to_f32() * f16::from_bits(y as u16).to_f32();
+        f16::from_f32(s).to_bits() as u32
+    };
+    lane(a & 0xffff, b & 0xffff) | lane(a >> 16, b >> 16) << 16
+}
+
+/// An IEEE half float's bits to f32 (exact; the GPU's `cvt.f32.f16`).
+#[inline]
+pub fn f16_to_f32(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+
+/// f32 to IEEE half float bits, rounded to nearest even (the GPU's `cvt.rn.f16.f32`).
+#[inline]
+pub fn f32_to_f16(f: f32) -> u16 {
+    half::f16::from_f32(f).to_bits()
+}

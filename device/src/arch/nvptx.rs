@@ -419,3 +419,40 @@ pub fn add_bf16x2(a: u32, b: u32) -> u32 {
     };
     d
 }
+
+/// Multiplies two pairs of IEEE half floats lane by lane (`mul.rn.f16x2`: round to nearest
+/// even). Each `u32` holds two f16 bit patterns, lane 0 in the low half.
+#[inline(always)]
+pub fn mul_f16x2(a: u32, b: u32) -> u32 {
+    let d: u32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("mul.rn.f16x2 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    d
+}
+
+/// An IEEE half float's bits to f32 (`cvt.f32.f16`, exact).
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let f: f32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.f32.f16 {f}, {h};", f = out(reg32) f, h = in(reg16) h,
+             options(pure, nomem, nostack))
+    };
+    f
+}
+
+/// f32 to IEEE half float bits, rounded to nearest even (`cvt.rn.f16.f32`).
+#[inline(always)]
+pub fn f32_to_f16(f: f32) -> u16 {
+    let h: u16;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.f16.f32 {h}, {f};", h = out(reg16) h, f = in(reg32) f,
+             options(pure, nomem, nostack))
+    };
+    h
+}

@@ -157,6 +157,7 @@ pub unsafe fn one_shot<T: Reduce>(
     recv: *mut u8,
     count: u64,
     tag: u64,
+    op: u32,
 ) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
@@ -197,7 +198,7 @@ pub unsafe fn one_shot<T: Reduce>(
         // of recv is this thread's alone.
         unsafe {
             let own = load_unit(send, i, bytes, aligned);
-            let acc = reduce_unit::<T>(ctx, &mut call, half, i, own);
+            let acc = reduce_unit::<T>(ctx, &mut call, half, i, own, op);
             store_unit(recv, i, bytes, acc, aligned);
         }
         i += stride;
@@ -249,6 +250,7 @@ unsafe fn reduce_unit<T: Reduce>(
     half: u64,
     i: u64,
     own: u64,
+    op: u32,
 ) -> u64 {
     let mut acc = 0u64;
     for q in 0..ctx.nranks {
@@ -258,9 +260,9 @@ unsafe fn reduce_unit<T: Reduce>(
             // SAFETY: forwarded (caller contract), q a peer.
             unsafe { recv_unit(ctx, call, half, i, q) }
         };
-        acc = if q == 0 { v } else { T::add8(acc, v) };
+        acc = if q == 0 { v } else { T::op8(op, acc, v) };
     }
-    acc
+    T::finish8(op, acc, ctx.nranks)
 }
 
 /// Unit `i` of rank `q`'s input, from the LL packet rank `q` wrote into this rank's packet
@@ -333,13 +335,15 @@ fn chunk_part(q: u64, chunk: u64, off: u64, len: u64, count: u64) -> (u64, u64) 
 /// # Safety
 /// `p` valid for element `i`, aligned to `T::SIZE`.
 #[inline(always)]
-unsafe fn load1<T: Reduce>(p: *const u8, i: u64) -> u32 {
+unsafe fn load1<T: Reduce>(p: *const u8, i: u64) -> u64 {
+    let i = i as usize;
     // SAFETY: caller contract.
     unsafe {
-        if T::SIZE == 4 {
-            (p as *const u32).add(i as usize).read()
-        } else {
-            (p as *const u16).add(i as usize).read() as u32
+        match T::SIZE {
+            8 => (p as *const u64).add(i).read(),
+            4 => (p as *const u32).add(i).read() as u64,
+            2 => (p as *const u16).add(i).read() as u64,
+            _ => p.add(i).read() as u64,
         }
     }
 }
@@ -349,18 +353,20 @@ unsafe fn load1<T: Reduce>(p: *const u8, i: u64) -> u32 {
 /// # Safety
 /// As for [`load1`], writable.
 #[inline(always)]
-unsafe fn store1<T: Reduce>(p: *mut u8, i: u64, v: u32) {
+unsafe fn store1<T: Reduce>(p: *mut u8, i: u64, v: u64) {
+    let i = i as usize;
     // SAFETY: caller contract.
     unsafe {
-        if T::SIZE == 4 {
-            (p as *mut u32).add(i as usize).write(v)
-        } else {
-            (p as *mut u16).add(i as usize).write(v as u16)
+        match T::SIZE {
+            8 => (p as *mut u64).add(i).write(v),
+            4 => (p as *mut u32).add(i).write(v as u32),
+            2 => (p as *mut u16).add(i).write(v as u16),
+            _ => p.add(i).write(v as u8),
         }
     }
 }
 
-/// Reduces `len` elements of `srcs` (one source per rank, summed in rank order) into
+/// Reduces `len` elements of `srcs` (one source per rank, combined by `op` in rank order) into
 /// `out` and, unless null, `reduced`. Threads of the block share the work; 16-byte vectors
 /// (two per thread in flight) when every address is 16-byte aligned, elements otherwise
 /// and for the tail.
@@ -376,9 +382,12 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     reduced: *mut u8,
     len: u64,
     thread: u32,
+    op: u32,
 ) {
     let (t, nt) = (thread as u64, arch::block_dim_x() as u64);
-    let add = |a: [u64; 2], x: [u64; 2]| [T::add8(a[0], x[0]), T::add8(a[1], x[1])];
+    let n = srcs.len() as u32;
+    let add = |a: [u64; 2], x: [u64; 2]| [T::op8(op, a[0], x[0]), T::op8(op, a[1], x[1])];
+    let fin = |a: [u64; 2]| [T::finish8(op, a[0], n), T::finish8(op, a[1], n)];
     let per_vec = 16 / T::SIZE;
     let aligned = srcs
         .iter()
@@ -409,6 +418,7 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
                 (add(acc1, x1), add(acc2, x2))
             };
         }
+        let (acc1, acc2) = (fin(acc1), fin(acc2));
         store(out, a1, acc1);
         if !reduced.is_null() {
             store(reduced, a1, acc1);
@@ -423,12 +433,13 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     }
     let mut i = vectors * per_vec + t;
     while i < len {
-        let mut acc = 0u32;
+        let mut acc = 0u64;
         for (q, &p) in srcs.iter().enumerate() {
             // SAFETY: element i < len of a valid, element-aligned range.
             let x = unsafe { load1::<T>(p, i) };
-            acc = if q == 0 { x } else { T::add1(acc, x) };
+            acc = if q == 0 { x } else { T::op1(op, acc, x) };
         }
+        let acc = T::finish1(op, acc, n);
         // SAFETY: as above, this thread's own element.
         unsafe {
             store1::<T>(out, i, acc);
@@ -440,6 +451,25 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
     }
 }
 
+/// [`reduce_sources`] out of line: the any-operation kernels call this one copy per type
+/// (their reductions branch on the operation, which would otherwise be inlined into every
+/// kernel and multiply the embedded PTX); the sum-only kernels inline theirs.
+///
+/// # Safety
+/// As for [`reduce_sources`].
+#[inline(never)]
+pub(crate) unsafe fn reduce_sources_out<T: Reduce>(
+    srcs: &[*const u8],
+    out: *mut u8,
+    reduced: *mut u8,
+    len: u64,
+    thread: u32,
+    op: u32,
+) {
+    // SAFETY: forwarded.
+    unsafe { reduce_sources::<T>(srcs, out, reduced, len, thread, op) }
+}
+
 /// The two-shot (and all-pairs) reduction: rank `q`'s values are `own` for `q == rank`,
 /// else rank `q`'s staged part at byte `slot_off` of a slot (`READ`: slot `rank` of rank
 /// `q`'s scratch, read over NVLink; else slot `q` of this rank's scratch, put there by rank
@@ -449,7 +479,7 @@ pub(crate) unsafe fn reduce_sources<T: Reduce>(
 /// As for [`reduce_sources`]; scratch slots published to this block by a barrier.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn reduce_slots<T: Reduce, const READ: bool>(
+unsafe fn reduce_slots<T: Reduce, const READ: bool, const OUT: bool>(
     ctx: &CollContext,
     slot_bytes: u64,
     slot_off: u64,
@@ -458,6 +488,7 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
     reduced: *mut u8,
     len: u64,
     thread: u32,
+    op: u32,
 ) {
     let (n, r) = (ctx.nranks, ctx.rank);
     let mut srcs = [core::ptr::null::<u8>(); super::MAX_RANKS];
@@ -473,7 +504,13 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
         };
     }
     // SAFETY: forwarded.
-    unsafe { reduce_sources::<T>(&srcs[..n as usize], out, reduced, len, thread) }
+    unsafe {
+        if OUT {
+            T::reduce_out(&srcs[..n as usize], out, reduced, len, thread, op)
+        } else {
+            reduce_sources::<T>(&srcs[..n as usize], out, reduced, len, thread, op)
+        }
+    }
 }
 
 /// Two-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal).
@@ -497,12 +534,13 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool>(
 /// of at least `nranks` threads; the context valid; `send`/`recv` valid for `count`
 /// elements, aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
 #[inline(always)]
-pub unsafe fn two_shot<T: Reduce, const READ: bool>(
+pub unsafe fn two_shot<T: Reduce, const READ: bool, const OUT: bool>(
     ctx: &CollContext,
     send: *const u8,
     recv: *mut u8,
     count: u64,
     tag: u64,
+    op: u32,
 ) {
     let t = arch::thread_idx_x();
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
@@ -552,7 +590,7 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
         let (start, len) = chunk_part(r as u64, chunk, off, e - s, count);
         // SAFETY: ranges as above; the peers' puts were published by the barrier.
         unsafe {
-            reduce_slots::<T, READ>(
+            reduce_slots::<T, READ, OUT>(
                 ctx,
                 slot_bytes,
                 scratch_off,
@@ -561,6 +599,7 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool>(
                 ctx.scratch.add((reduced_base + scratch_off) as usize),
                 len,
                 t,
+                op,
             );
         }
         // SAFETY: every thread of the block.
@@ -619,6 +658,7 @@ pub unsafe fn all_pairs<T: Reduce>(
     recv: *mut u8,
     count: u64,
     tag: u64,
+    op: u32,
 ) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
@@ -670,7 +710,7 @@ pub unsafe fn all_pairs<T: Reduce>(
         // were published by the barrier; recv holds the elements; in place, each element
         // is read before this thread writes it.
         unsafe {
-            reduce_slots::<T, false>(
+            reduce_slots::<T, false, false>(
                 ctx,
                 slot_bytes,
                 half + s * es,
@@ -679,6 +719,7 @@ pub unsafe fn all_pairs<T: Reduce>(
                 core::ptr::null_mut(),
                 e - s,
                 t,
+                op,
             );
         }
     }

@@ -31,6 +31,12 @@
 //! - [`all_gather::all_gather`]: each rank puts its input into its slot of every peer's
 //!   scratch, and each rank copies the peers' slots out into its output; in rounds, each
 //!   block's share cut into pieces whose puts and copies overlap.
+//! - [`reduce_scatter`], [`reduce`], [`broadcast`], [`all_to_all`]: each with an LL path
+//!   (packets, no barrier, on one-shot's call counter, halves and descriptor checks through
+//!   [`ll`]) and a put path (the peers' scratch in rounds, per-block
+//!   barriers, a last barrier like two-shot).
+//! - [`send_recv`]: point-to-point sends and receives, alone or grouped into one launch,
+//!   through a separate p2p scratch with its own semaphores (a second context).
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
 //!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped.
 //!
@@ -52,9 +58,12 @@
 //! (`n` and a tag naming the collective, type, operation and algorithm: [`desc`]) to every
 //! peer as two LL packets with the call's flag, in a [`DESC_BYTES`] area at the end of the
 //! peer's packet scratch (two parities). The semaphore kernels wait for every peer's
-//! descriptor before anything else ([`CollContext::begin`]) and do nothing but advance the
-//! counter when one differs; one-shot sends its descriptor with its data and checks the
-//! peers' after its reduction (and when a data packet is late), off the critical path. A
+//! descriptor before anything else ([`CollContext::begin`], or at their first barrier:
+//! [`CollContext::begin_deferred`]) and do nothing but advance the counter when one
+//! differs; one-shot and the LL paths of the other collectives ([`ll`]) send their
+//! descriptor with their data and check the peers' after their work (and when a data packet
+//! is late), off the critical path. Send/recv ([`send_recv`]) run on a p2p context with its
+//! own counter and exchange no descriptor. A
 //! rank that has read a peer's descriptor of call `k` knows that the peer finished call
 //! `k - 1`, which is what the scratch reuse (one-shot's halves, descriptor parities) needs
 //! even after a mismatch skipped the barriers.
@@ -68,10 +77,21 @@
 
 pub mod all_gather;
 pub mod all_reduce;
+pub mod all_to_all;
+pub mod broadcast;
+pub mod ll;
 pub mod proxy;
+pub mod reduce;
+pub mod reduce_scatter;
+pub mod send_recv;
+pub mod types;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests_more;
+
+pub use types::{Bf16, Bytes, Dyn, F16, F32, F64, I8, I32, I64, Reduce, U8, U32, U64, op};
 
 use crate::arch;
 use crate::channel::DevConn;
@@ -238,25 +258,69 @@ pub const DESC_BYTES: u64 = 64;
 pub mod desc {
     /// Bits 0..8 of the tag: the collective.
     pub const KIND_SHIFT: u32 = 0;
-    /// Bits 8..16: the element type (1 f32, 2 f16, 3 bf16).
+    /// Bits 8..16: the element type (1 f32, 2 f16, 3 bf16, 4 f64, 5 i8, 6 u8, 7 i32, 8 u32,
+    /// 9 i64, 10 u64, 11 fp8 e4m3, 12 fp8 e5m2; 0 for byte movers that take none).
     pub const DTYPE_SHIFT: u32 = 8;
-    /// Bits 16..24: the reduction (1 sum; 0 for all-gather).
+    /// Bits 16..24: the reduction, [`op`](super::op) code + 1 (1 sum, 2 prod, 3 min, 4 max,
+    /// 5 avg; 0 for the collectives that do not reduce). Reducing kernels built for any
+    /// operation read theirs here ([`op_code`]).
     pub const OP_SHIFT: u32 = 16;
     /// Bits 24..32: the algorithm.
     pub const ALGO_SHIFT: u32 = 24;
+    /// Bits 32..40: the root of a rooted collective (reduce, broadcast), which its kernels
+    /// read here ([`root`]); the peer of a send/receive.
+    pub const ROOT_SHIFT: u32 = 32;
     /// Collective: all-reduce.
     pub const ALL_REDUCE: u64 = 1;
     /// Collective: all-gather.
     pub const ALL_GATHER: u64 = 2;
+    /// Collective: reduce-scatter.
+    pub const REDUCE_SCATTER: u64 = 3;
+    /// Collective: reduce (to a root).
+    pub const REDUCE: u64 = 4;
+    /// Collective: broadcast (from a root).
+    pub const BROADCAST: u64 = 5;
+    /// Collective: all-to-all.
+    pub const ALL_TO_ALL: u64 = 6;
+    /// Point-to-point sends and receives (a group; no descriptor exchange, see
+    /// [`send_recv`](super::send_recv)).
+    pub const SEND_RECV: u64 = 7;
     /// Builds a tag.
     #[inline(always)]
     pub const fn tag(kind: u64, dtype: u64, op: u64, algo: u64) -> u64 {
         kind << KIND_SHIFT | dtype << DTYPE_SHIFT | op << OP_SHIFT | algo << ALGO_SHIFT
     }
+    /// A tag with a root (see [`ROOT_SHIFT`]).
+    #[inline(always)]
+    pub const fn rooted_tag(kind: u64, dtype: u64, op: u64, algo: u64, root: u64) -> u64 {
+        tag(kind, dtype, op, algo) | (root & 0xff) << ROOT_SHIFT
+    }
     /// Field `shift` of a tag.
     #[inline(always)]
     pub const fn field(tag: u64, shift: u32) -> u64 {
         (tag >> shift) & 0xff
+    }
+    /// The [`op`](super::op) code of a tag (its [`OP_SHIFT`] field less one).
+    #[inline(always)]
+    pub const fn op_code(tag: u64) -> u32 {
+        (field(tag, OP_SHIFT) as u32).wrapping_sub(1)
+    }
+    /// The operation argument of the any-type kernels ([`Dyn`](super::types::Dyn)): the
+    /// [`op_code`] with the type's code ([`DTYPE_SHIFT`]) above it, `op | dtype << 8`.
+    #[inline(always)]
+    pub const fn type_op(tag: u64) -> u32 {
+        op_code(tag) & 0xff | (field(tag, DTYPE_SHIFT) as u32) << 8
+    }
+    /// The element size of the tag's type ([`DTYPE_SHIFT`]; 0 for a type that is not
+    /// reduced).
+    #[inline(always)]
+    pub const fn type_size(tag: u64) -> u64 {
+        super::types::dtype_size(field(tag, DTYPE_SHIFT) as u32)
+    }
+    /// The root of a tag ([`ROOT_SHIFT`]).
+    #[inline(always)]
+    pub const fn root(tag: u64) -> u32 {
+        field(tag, ROOT_SHIFT) as u32
     }
 }
 
@@ -714,61 +778,6 @@ impl CollContext {
         self.block_agree(call, thread)
     }
 }
-
-/// Element types the reductions support, as lane-wise adds on raw bits.
-pub trait Reduce: Copy {
-    /// Bytes per element.
-    const SIZE: u64;
-    /// Adds the lanes of two 8-byte words (`8 / SIZE` elements each).
-    fn add8(a: u64, b: u64) -> u64;
-    /// Adds two single elements held in the low `SIZE` bytes.
-    fn add1(a: u32, b: u32) -> u32;
-}
-
-/// 32-bit float.
-#[derive(Clone, Copy, Debug)]
-pub struct F32;
-/// IEEE half float.
-#[derive(Clone, Copy, Debug)]
-pub struct F16;
-/// bfloat16.
-#[derive(Clone, Copy, Debug)]
-pub struct Bf16;
-
-impl Reduce for F32 {
-    const SIZE: u64 = 4;
-    #[inline(always)]
-    fn add8(a: u64, b: u64) -> u64 {
-        let lo = Self::add1(a as u32, b as u32);
-        let hi = Self::add1((a >> 32) as u32, (b >> 32) as u32);
-        lo as u64 | (hi as u64) << 32
-    }
-    #[inline(always)]
-    fn add1(a: u32, b: u32) -> u32 {
-        (f32::from_bits(a) + f32::from_bits(b)).to_bits()
-    }
-}
-
-/// The two 16-bit float types: lanes added in pairs by `$add` (one `u32` holds two).
-macro_rules! half_reduce {
-    ($t:ty, $add:path) => {
-        impl Reduce for $t {
-            const SIZE: u64 = 2;
-            #[inline(always)]
-            fn add8(a: u64, b: u64) -> u64 {
-                let lo = $add(a as u32, b as u32);
-                let hi = $add((a >> 32) as u32, (b >> 32) as u32);
-                lo as u64 | (hi as u64) << 32
-            }
-            #[inline(always)]
-            fn add1(a: u32, b: u32) -> u32 {
-                $add(a, b) & 0xffff
-            }
-        }
-    };
-}
-half_reduce!(F16, arch::add_f16x2);
-half_reduce!(Bf16, arch::add_bf16x2);
 
 /// The `k`-th peer (`k < nranks - 1`) that lane `lane` (a block or unit index) of rank `rank`
 /// talks to: every peer once over `k`, and for each `k` a different peer per lane and per rank,

@@ -76,19 +76,20 @@ unsafe fn exchange(ctx: &CollContext, call: &mut Call, slot: u64, len: u64, t: u
     ctx.block_agree(call, t)
 }
 
-/// All-reduce (sum) of `count` elements of `T` over proxy channels; in place allowed.
+/// All-reduce (`op`) of `count` elements of `T` over proxy channels; in place allowed.
 ///
 /// # Safety
 /// One block of at least `nranks` threads, every thread with the same arguments; the
 /// context valid with proxy channels; `send`/`recv` valid for `count` elements aligned to
 /// `T::SIZE`; every rank calls it with the same `count`.
 #[inline(always)]
-pub unsafe fn all_reduce<T: Reduce>(
+pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
     ctx: &CollContext,
     send: *const u8,
     recv: *mut u8,
     count: u64,
     tag: u64,
+    op: u32,
 ) {
     check(ctx);
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
@@ -121,13 +122,12 @@ pub unsafe fn all_reduce<T: Reduce>(
         // SAFETY: every source holds len bytes (receive slots published by the waits and
         // the barrier); recv holds off + len; no second output.
         unsafe {
-            reduce_sources::<T>(
-                &srcs[..n as usize],
-                recv.add(off as usize),
-                core::ptr::null_mut(),
-                len / T::SIZE,
-                t,
-            );
+            let (out, len) = (recv.add(off as usize), len / T::SIZE);
+            if OUT {
+                T::reduce_out(&srcs[..n as usize], out, core::ptr::null_mut(), len, t, op);
+            } else {
+                reduce_sources::<T>(&srcs[..n as usize], out, core::ptr::null_mut(), len, t, op);
+            }
             if !exchange(ctx, &mut call, slot, 0, t) {
                 break;
             }

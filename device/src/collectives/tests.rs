@@ -13,13 +13,13 @@ use std::vec::Vec;
 const LONG_NS: u64 = 60_000_000_000;
 
 /// Zeroed, 16-byte aligned memory reached only through its raw pointer.
-struct Mem {
+pub(super) struct Mem {
     _b: Box<[u128]>,
-    p: *mut u8,
+    pub(super) p: *mut u8,
 }
 
 impl Mem {
-    fn new(bytes: usize) -> Mem {
+    pub(super) fn new(bytes: usize) -> Mem {
         let mut b = vec![0u128; bytes.div_ceil(16).max(1)].into_boxed_slice();
         let p = b.as_mut_ptr() as *mut u8;
         Mem { _b: b, p }
@@ -27,8 +27,8 @@ impl Mem {
 }
 
 /// The memory of `n` ranks and their contexts.
-struct World {
-    ctxs: Vec<CollContext>,
+pub(super) struct World {
+    pub(super) ctxs: Vec<CollContext>,
     _mem: Vec<Mem>,
 }
 
@@ -38,7 +38,7 @@ unsafe impl Sync for World {}
 
 impl World {
     /// `packets_len`: bytes of packet data per packet scratch (the descriptor area is added).
-    fn new(n: usize, scratch_len: u64, packets_len: u64) -> World {
+    pub(super) fn new(n: usize, scratch_len: u64, packets_len: u64) -> World {
         let packets_len = packets_len + DESC_BYTES;
         let mut mem = Vec::new();
         let mut alloc = |bytes: u64| {
@@ -607,6 +607,8 @@ fn peer_order_visits_every_peer_once_and_spreads_destinations() {
 enum Op {
     AllReduce(Ty, Algo, Vec<f32>),
     AllGather(Vec<u8>),
+    /// Any kernel: `(kernel, n, tag, input bytes, output bytes)`.
+    Raw(Kernel, u64, u64, Vec<u8>, usize),
 }
 
 /// Runs `ops[r]` on rank `r` (grid `blocks` x `threads`); returns each rank's output bytes.
@@ -644,6 +646,9 @@ fn run_ops(w: &World, ops: &[Op], blocks: u32, threads: u32) -> Vec<Vec<u8>> {
                                 AG_TAG,
                                 k::all_gather,
                             ),
+                            Op::Raw(f, n_arg, tag, input, out_len) => {
+                                (input.clone(), *out_len, *n_arg, *tag, *f)
+                            }
                         };
                     let send = Mem::new(input.len());
                     let recv = Mem::new(out_len);
@@ -800,6 +805,89 @@ fn every_rank_reports_count_dtype_and_algorithm_mismatches_then_works() {
             Algo::TwoShot,
             &std::format!("n={n} all-gather bytes"),
         );
+    }
+}
+
+/// A reduce-scatter (f32, `op`) of `count` elements per rank on path `ll` (LL or put).
+fn reduce_scatter_op(n: usize, count: usize, op: u32, ll: bool) -> Op {
+    use crate::kernels::collectives_more as m;
+    let f: Kernel = if ll {
+        m::reduce_scatter_ll_b32
+    } else {
+        m::reduce_scatter_put
+    };
+    let tag = desc::tag(desc::REDUCE_SCATTER, 1, op as u64 + 1, 2 - ll as u64);
+    let input = encode(Ty::F32, &int_inputs(1, n * count, 8)[0], 0);
+    Op::Raw(f, count as u64, tag, input, 4 * count)
+}
+
+/// A broadcast of `bytes` from `root` on path `ll` (LL or put).
+fn broadcast_op(bytes: usize, root: usize, ll: bool) -> Op {
+    use crate::kernels::collectives_more as m;
+    let f: Kernel = if ll {
+        m::broadcast_ll
+    } else {
+        m::broadcast_put
+    };
+    let tag = desc::rooted_tag(desc::BROADCAST, 6, 0, 2 - ll as u64, root as u64);
+    Op::Raw(f, bytes as u64, tag, vec![7u8; bytes], bytes)
+}
+
+/// A reduce (f32 sum) of `count` elements to `root` on path `ll` (LL or put).
+fn reduce_op(count: usize, root: usize, ll: bool) -> Op {
+    use crate::kernels::collectives_more as m;
+    let f: Kernel = if ll { m::reduce_ll_b32 } else { m::reduce_put };
+    let tag = desc::rooted_tag(desc::REDUCE, 1, 1, 2 - ll as u64, root as u64);
+    let input = encode(Ty::F32, &int_inputs(1, count, 9)[0], 0);
+    Op::Raw(f, count as u64, tag, input, 4 * count)
+}
+
+#[test]
+fn every_rank_reports_reduce_scatter_broadcast_and_reduce_mismatches_then_works() {
+    for n in [2usize, 3] {
+        // Put paths: several rounds through a scratch of 640 bytes per region.
+        let w = short_world(n, 16 * 40, 8192);
+        for ll in [true, false] {
+            let path = if ll { "LL" } else { "put" };
+            // Reduce-scatter: the last rank asks for more, then for fewer elements.
+            for other in [300usize, 20] {
+                let ops: Vec<Op> = (0..n)
+                    .map(|r| {
+                        let count = if r == n - 1 { other } else { 100 };
+                        reduce_scatter_op(n, count, op::SUM, ll)
+                    })
+                    .collect();
+                let what = std::format!("n={n} reduce_scatter {path} count {other}");
+                mismatch_then_match(&w, &ops, Algo::TwoShot, &what);
+            }
+            // Reduce-scatter: the operation.
+            let ops: Vec<Op> = (0..n)
+                .map(|r| {
+                    let o = if r == 0 { op::MAX } else { op::SUM };
+                    reduce_scatter_op(n, 64, o, ll)
+                })
+                .collect();
+            let what = std::format!("n={n} reduce_scatter {path} op");
+            mismatch_then_match(&w, &ops, Algo::OneShot, &what);
+            // Broadcast: the root (rank 0 thinks it is the root, the others rank 1).
+            let ops: Vec<Op> = (0..n)
+                .map(|r| broadcast_op(200, usize::from(r != 0), ll))
+                .collect();
+            let what = std::format!("n={n} broadcast {path} root");
+            mismatch_then_match(&w, &ops, Algo::TwoShot, &what);
+            // Broadcast: the size.
+            let ops: Vec<Op> = (0..n)
+                .map(|r| broadcast_op(if r == 1 { 900 } else { 200 }, 0, ll))
+                .collect();
+            let what = std::format!("n={n} broadcast {path} bytes");
+            mismatch_then_match(&w, &ops, Algo::OneShot, &what);
+            // Reduce: the root.
+            let ops: Vec<Op> = (0..n)
+                .map(|r| reduce_op(100, usize::from(r != 0), ll))
+                .collect();
+            let what = std::format!("n={n} reduce {path} root");
+            mismatch_then_match(&w, &ops, Algo::AllPairs, &what);
+        }
     }
 }
 

@@ -2,13 +2,21 @@
 //! algorithm and element type. The [`CollContext`] is read from memory (device memory
 //! on a GPU, written once by the host): passed by value, its arrays indexed by rank made
 //! every thread copy all 320 bytes to its local stack first.
-//! Kernels (names `all_reduce_{one_shot,two_shot,two_shot_read,all_pairs,proxy}_{f32,f16,bf16}`,
-//! `all_gather` and `all_gather_proxy`), all taking `(ctx, send, recv, n, tag)`: `tag` is
-//! the call's descriptor tag ([`crate::collectives::desc`]), which every rank sends with `n`
-//! to its peers so that calls that disagree fail on every rank instead of corrupting data.
-//! The host (`mscclpp_host::collectives`) picks the grid and launches them.
+//! Kernels (names `all_reduce_{one_shot,two_shot,two_shot_read,all_pairs,proxy}_{f32,f16,bf16}`:
+//! sum only, the operation fixed at compile time so the sums cost what they always did;
+//! `all_reduce_one_shot_op_{b8,b16,b32,b64}`: any reducing type of that many bits and any
+//! operation, both read from the tag ([`desc::type_op`], see [`Dyn`]);
+//! `all_reduce_{two_shot,proxy}_op`: any reducing type and operation, moved as bytes
+//! ([`Bytes`]); `all_gather` and `all_gather_proxy`), all taking `(ctx, send, recv,
+//! n, tag)`: `tag` is the call's descriptor tag ([`crate::collectives::desc`]), which every
+//! rank sends with `n` to its peers so that calls that disagree fail on every rank instead
+//! of corrupting data. The host (`mscclpp_host::collectives`) picks the grid and launches
+//! them (read-reduce and all-pairs only for sums of the 16/32-bit floats: the other calls
+//! take two-shot, which keeps the embedded PTX small).
 
-use crate::collectives::{Bf16, CollContext, F16, F32, all_gather, all_reduce, proxy};
+use crate::collectives::{
+    Bf16, Bytes, CollContext, Dyn, F16, F32, all_gather, all_reduce, desc, op, proxy,
+};
 use crate::kernel;
 
 macro_rules! all_reduce_kernels {
@@ -18,7 +26,7 @@ macro_rules! all_reduce_kernels {
             /// [`all_reduce::one_shot`].
             pub unsafe fn $one(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::one_shot::<$t>(&*ctx, send, recv, count, tag) }
+                unsafe { all_reduce::one_shot::<$t>(&*ctx, send, recv, count, tag, op::SUM) }
             }
         }
         kernel! {
@@ -26,7 +34,7 @@ macro_rules! all_reduce_kernels {
             /// [`all_reduce::two_shot`].
             pub unsafe fn $two(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::two_shot::<$t, false>(&*ctx, send, recv, count, tag) }
+                unsafe { all_reduce::two_shot::<$t, false, false>(&*ctx, send, recv, count, tag, op::SUM) }
             }
         }
         kernel! {
@@ -34,7 +42,7 @@ macro_rules! all_reduce_kernels {
             /// see [`all_reduce::two_shot`].
             pub unsafe fn $read(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::two_shot::<$t, true>(&*ctx, send, recv, count, tag) }
+                unsafe { all_reduce::two_shot::<$t, true, false>(&*ctx, send, recv, count, tag, op::SUM) }
             }
         }
         crate::launch_bounds!($read, 512);
@@ -43,7 +51,7 @@ macro_rules! all_reduce_kernels {
             /// [`all_reduce::all_pairs`].
             pub unsafe fn $pairs(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { all_reduce::all_pairs::<$t>(&*ctx, send, recv, count, tag) }
+                unsafe { all_reduce::all_pairs::<$t>(&*ctx, send, recv, count, tag, op::SUM) }
             }
         }
         crate::launch_bounds!($pairs, 512);
@@ -52,7 +60,7 @@ macro_rules! all_reduce_kernels {
             /// [`proxy::all_reduce`].
             pub unsafe fn $proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
-                unsafe { proxy::all_reduce::<$t>(&*ctx, send, recv, count, tag) }
+                unsafe { proxy::all_reduce::<$t, false>(&*ctx, send, recv, count, tag, op::SUM) }
             }
         }
         crate::launch_bounds!($proxy, 512);
@@ -69,6 +77,51 @@ all_reduce_kernels! {
     all_reduce_one_shot_bf16, all_reduce_two_shot_bf16, all_reduce_two_shot_read_bf16,
         all_reduce_all_pairs_bf16, all_reduce_proxy_bf16, Bf16;
 }
+
+macro_rules! all_reduce_one_shot_op_kernels {
+    ($($one:ident, $t:ty);* $(;)?) => {$(
+        kernel! {
+            /// One-shot all-reduce of `count` elements, any type of the size and operation (the
+            /// tag's): see [`all_reduce::one_shot`].
+            pub unsafe fn $one(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
+                // SAFETY: forwarded to the launcher (the host validates the context).
+                unsafe { all_reduce::one_shot::<$t>(&*ctx, send, recv, count, tag, desc::type_op(tag)) }
+            }
+        }
+        crate::launch_bounds!($one, 1024);
+    )*};
+}
+
+all_reduce_one_shot_op_kernels! {
+    all_reduce_one_shot_op_b8, Dyn<1>;
+    all_reduce_one_shot_op_b16, Dyn<2>;
+    all_reduce_one_shot_op_b32, Dyn<4>;
+    all_reduce_one_shot_op_b64, Dyn<8>;
+}
+
+kernel! {
+    /// Two-shot all-reduce of `count` elements of any reducing type and operation (the
+    /// tag's), moved as bytes ([`Bytes`]; the call descriptor holds the byte count): see
+    /// [`all_reduce::two_shot`].
+    pub unsafe fn all_reduce_two_shot_op(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
+        let bytes = count * desc::type_size(tag);
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { all_reduce::two_shot::<Bytes, false, true>(&*ctx, send, recv, bytes, tag, desc::type_op(tag)) }
+    }
+}
+crate::launch_bounds!(all_reduce_two_shot_op, 512);
+
+kernel! {
+    /// All-reduce of `count` elements of any reducing type and operation (the tag's) over
+    /// proxy channels (one block), moved as bytes ([`Bytes`]; the call descriptor holds the
+    /// byte count): see [`proxy::all_reduce`].
+    pub unsafe fn all_reduce_proxy_op(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
+        let bytes = count * desc::type_size(tag);
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { proxy::all_reduce::<Bytes, true>(&*ctx, send, recv, bytes, tag, desc::type_op(tag)) }
+    }
+}
+crate::launch_bounds!(all_reduce_proxy_op, 512);
 
 kernel! {
     /// All-gather of `bytes` per rank: see [`all_gather::all_gather`].

@@ -5,18 +5,19 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::CollContext;
 
-use super::{AllReduceAlgo, DataType};
+use super::{AllReduceAlgo, DataType, ReduceOp};
 use crate::communicator::CommError;
 use crate::cuda::{CudaError, CudaFunction, CudaStream, DeviceBuffer, Gpu, KernelModule};
 
 /// The collective kernels of the embedded PTX, loaded once per communicator.
 #[derive(Debug)]
 pub(super) struct Kernels {
-    one_shot: [CudaFunction; 3],
-    two_shot: [CudaFunction; 3],
-    read_reduce: [CudaFunction; 3],
-    all_pairs: [CudaFunction; 3],
-    proxy: [CudaFunction; 3],
+    /// The sum-only kernels of f32, f16 and bf16 (in `more::REDUCE_TYPES` order), per
+    /// algorithm in `AllReduceAlgo` order: one-shot, two-shot, read-reduce, all-pairs, proxy.
+    sum: Vec<[CudaFunction; 5]>,
+    /// The any-type, any-operation kernels per element size (`more::size_class`): one-shot,
+    /// two-shot, proxy.
+    any_op: Vec<[CudaFunction; 3]>,
     pub(super) all_gather_proxy: CudaFunction,
     /// The proxy channels' handles in device memory (the context points at them).
     _conns: Option<DeviceBuffer>,
@@ -47,32 +48,31 @@ impl Kernels {
         let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
         mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
         let f = |name: &str| m.function(name);
+        let sum = super::more::REDUCE_TYPES[..3]
+            .iter()
+            .map(|t| -> Result<[CudaFunction; 5], CudaError> {
+                Ok([
+                    f(&format!("all_reduce_one_shot_{t}"))?,
+                    f(&format!("all_reduce_two_shot_{t}"))?,
+                    f(&format!("all_reduce_two_shot_read_{t}"))?,
+                    f(&format!("all_reduce_all_pairs_{t}"))?,
+                    f(&format!("all_reduce_proxy_{t}"))?,
+                ])
+            })
+            .collect::<Result<_, _>>()?;
+        let any_op = super::more::SIZE_CLASSES
+            .iter()
+            .map(|t| -> Result<[CudaFunction; 3], CudaError> {
+                Ok([
+                    f(&format!("all_reduce_one_shot_op_{t}"))?,
+                    f("all_reduce_two_shot_op")?,
+                    f("all_reduce_proxy_op")?,
+                ])
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Kernels {
-            one_shot: [
-                f("all_reduce_one_shot_f32")?,
-                f("all_reduce_one_shot_f16")?,
-                f("all_reduce_one_shot_bf16")?,
-            ],
-            two_shot: [
-                f("all_reduce_two_shot_f32")?,
-                f("all_reduce_two_shot_f16")?,
-                f("all_reduce_two_shot_bf16")?,
-            ],
-            read_reduce: [
-                f("all_reduce_two_shot_read_f32")?,
-                f("all_reduce_two_shot_read_f16")?,
-                f("all_reduce_two_shot_read_bf16")?,
-            ],
-            all_pairs: [
-                f("all_reduce_all_pairs_f32")?,
-                f("all_reduce_all_pairs_f16")?,
-                f("all_reduce_all_pairs_bf16")?,
-            ],
-            proxy: [
-                f("all_reduce_proxy_f32")?,
-                f("all_reduce_proxy_f16")?,
-                f("all_reduce_proxy_bf16")?,
-            ],
+            sum,
+            any_op,
             all_gather: f("all_gather")?,
             all_gather_packets: f("all_gather_packets")?,
             all_gather_proxy: f("all_gather_proxy")?,
@@ -82,18 +82,16 @@ impl Kernels {
         })
     }
 
-    pub(super) fn all_reduce(&self, algo: AllReduceAlgo, dtype: DataType) -> &CudaFunction {
-        let i = match dtype {
-            DataType::F32 => 0,
-            DataType::F16 => 1,
-            DataType::Bf16 => 2,
-        };
-        match algo {
-            AllReduceAlgo::OneShot => &self.one_shot[i],
-            AllReduceAlgo::ReadReduce => &self.read_reduce[i],
-            AllReduceAlgo::AllPairs => &self.all_pairs[i],
-            AllReduceAlgo::Proxy => &self.proxy[i],
-            _ => &self.two_shot[i],
+    pub(super) fn all_reduce(
+        &self,
+        algo: AllReduceAlgo,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> &CudaFunction {
+        let i = super::more::reduce_index(dtype).expect("a reducing type (checked by the caller)");
+        match super::kernel_slot(algo, dtype, op) {
+            (true, a) => &self.sum[i][a],
+            (false, a) => &self.any_op[super::more::size_class(dtype)][a],
         }
     }
 }
@@ -169,6 +167,16 @@ pub(super) fn check_range(
 }
 
 impl Kernels {
+    /// The context's device address (every collective kernel takes it first).
+    pub(super) fn ctx_ptr(&self) -> u64 {
+        self.ctx.device_ptr()
+    }
+
+    /// Kernel `name` of the loaded module.
+    pub(super) fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
+        self._module.function(name)
+    }
+
     /// Launches `f(ctx, send, recv, n, tag)` with `blocks` x `threads` on `stream`.
     ///
     /// # Safety

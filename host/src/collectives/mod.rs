@@ -1,4 +1,5 @@
-//! Collectives: all-reduce and all-gather over memory channels (DESIGN §8).
+//! Collectives: all-reduce, all-gather, reduce-scatter, reduce, broadcast and all-to-all over
+//! memory channels (DESIGN §8; the last four are in `more.rs`).
 //!
 //! [`Collectives`] takes a set-up-less [`Communicator`], connects a memory channel to every
 //! other rank over a scratch buffer registered once (plus LL-packet scratch and an array of
@@ -55,6 +56,9 @@
 //! override the choice, and an explicit algorithm argument overrides both.
 
 mod gpu;
+mod more;
+
+pub use more::P2pOp;
 
 use std::fmt;
 
@@ -78,23 +82,69 @@ pub enum DataType {
     F16,
     /// bfloat16.
     Bf16,
+    /// 64-bit IEEE float.
+    F64,
+    /// Signed 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 32-bit integer.
+    I32,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Signed 64-bit integer.
+    I64,
+    /// Unsigned 64-bit integer.
+    U64,
+    /// 8-bit float e4m3 (moved, not reduced: all-gather, broadcast, all-to-all, send/recv).
+    Fp8E4M3,
+    /// 8-bit float e5m2 (moved, not reduced).
+    Fp8E5M2,
 }
 
 impl DataType {
+    /// Every type.
+    pub const ALL: [DataType; 12] = [
+        DataType::F32,
+        DataType::F16,
+        DataType::Bf16,
+        DataType::F64,
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+        DataType::Fp8E4M3,
+        DataType::Fp8E5M2,
+    ];
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DataType::F32 => 4,
+            DataType::F64 | DataType::I64 | DataType::U64 => 8,
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
             DataType::F16 | DataType::Bf16 => 2,
+            DataType::I8 | DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => 1,
         }
     }
 
-    /// The name nccl-tests prints (`float`, `half`, `bfloat16`).
+    /// The name nccl-tests prints (`float`, `half`, `bfloat16`, `double`, `int8`, `uint8`,
+    /// `int32`, `uint32`, `int64`, `uint64`, `f8e4m3`, `f8e5m2`).
     pub fn name(self) -> &'static str {
         match self {
             DataType::F32 => "float",
             DataType::F16 => "half",
             DataType::Bf16 => "bfloat16",
+            DataType::F64 => "double",
+            DataType::I8 => "int8",
+            DataType::U8 => "uint8",
+            DataType::I32 => "int32",
+            DataType::U32 => "uint32",
+            DataType::I64 => "int64",
+            DataType::U64 => "uint64",
+            DataType::Fp8E4M3 => "f8e4m3",
+            DataType::Fp8E5M2 => "f8e5m2",
         }
     }
 }
@@ -110,13 +160,34 @@ impl fmt::Display for DataType {
 pub enum ReduceOp {
     /// Element-wise sum.
     Sum,
+    /// Element-wise product.
+    Prod,
+    /// Element-wise minimum (floats by IEEE `totalOrder`: -0 < +0).
+    Min,
+    /// Element-wise maximum (floats by IEEE `totalOrder`).
+    Max,
+    /// The sum divided once, at the end, by the number of ranks (integers: truncated).
+    Avg,
 }
 
 impl ReduceOp {
+    /// Every operation.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
     /// The name nccl-tests prints.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
         }
     }
 }
@@ -175,6 +246,27 @@ impl Element for half::f16 {
 }
 impl Element for half::bf16 {
     const DTYPE: DataType = DataType::Bf16;
+}
+impl Element for f64 {
+    const DTYPE: DataType = DataType::F64;
+}
+impl Element for i8 {
+    const DTYPE: DataType = DataType::I8;
+}
+impl Element for u8 {
+    const DTYPE: DataType = DataType::U8;
+}
+impl Element for i32 {
+    const DTYPE: DataType = DataType::I32;
+}
+impl Element for u32 {
+    const DTYPE: DataType = DataType::U32;
+}
+impl Element for i64 {
+    const DTYPE: DataType = DataType::I64;
+}
+impl Element for u64 {
+    const DTYPE: DataType = DataType::U64;
 }
 
 /// Settings of [`Collectives`].
@@ -288,6 +380,8 @@ pub struct Collectives {
     env_all_reduce: Option<AllReduceAlgo>,
     env_all_gather: Option<AllGatherAlgo>,
     gpu: Option<gpu::Kernels>,
+    more: Option<more::Kernels>,
+    p2p: more::P2p,
     /// The proxy channels' handles on the host (host backend kernels read them here).
     _host_conns: Vec<DevConn<'static>>,
     _scratch: Buffer,
@@ -421,10 +515,12 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
+        let p2p = more::P2p::new(&mut comm, &config, &ctx)?;
         let gpu = match comm.backend() {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
         };
+        let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
         if n > 1 {
             comm.proxy_launch()?;
         }
@@ -435,6 +531,8 @@ impl Collectives {
             env_all_reduce,
             env_all_gather,
             gpu,
+            more,
+            p2p,
             _host_conns: host_conns,
             _scratch: scratch,
             _semaphores: semaphores,
@@ -747,8 +845,8 @@ impl Collectives {
         algo: AllReduceAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let ReduceOp::Sum = op;
         let kernels = self.gpu_kernels("all_reduce")?;
+        more::check_reducing("all_reduce", count, dtype)?;
         self.check_fault("all_reduce", false)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
         if count == 0 {
@@ -759,9 +857,9 @@ impl Collectives {
             gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
             gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
         })())?;
-        let algo = self.resolve(algo, bytes)?;
+        let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let (blocks, threads) = self.grid(Some(algo), bytes);
-        let f = kernels.all_reduce(algo, dtype);
+        let f = kernels.all_reduce(algo, dtype, op);
         let tag = all_reduce_tag(algo, dtype, op);
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.
@@ -952,14 +1050,14 @@ impl Collectives {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let ReduceOp::Sum = op;
         self.host_only("all_reduce_host")?;
+        more::check_reducing("all_reduce_host", count, dtype)?;
         let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
         if count == 0 {
             return Ok(());
         }
-        let algo = self.resolve(AllReduceAlgo::Auto, bytes)?;
-        let f = host_kernel(algo, dtype);
+        let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
+        let f = more::all_reduce_host_kernel(algo, dtype, op);
         let tag = all_reduce_tag(algo, dtype, op);
         let ctx = &*self.ctx as *const CollContext as u64;
         self.run_host("all_reduce_host", || {
@@ -1020,13 +1118,17 @@ impl Collectives {
 
 type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
 
-/// The descriptor codes of the enums (see `mscclpp_device::collectives::desc`).
-fn dtype_code(d: DataType) -> u64 {
-    match d {
-        DataType::F32 => 1,
-        DataType::F16 => 2,
-        DataType::Bf16 => 3,
-    }
+/// The descriptor code of a data type: its index in [`DataType::ALL`] plus one.
+pub(super) fn dtype_code(d: DataType) -> u64 {
+    DataType::ALL
+        .iter()
+        .position(|&x| x == d)
+        .map_or(0, |i| i as u64 + 1)
+}
+
+/// The descriptor code of a reduction: `mscclpp_device::collectives::op` code plus one.
+pub(super) fn op_desc(op: ReduceOp) -> u64 {
+    more::op_code(op) as u64 + 1
 }
 
 const AR_ALGOS: [(AllReduceAlgo, &str); 5] = [
@@ -1041,20 +1143,57 @@ const AG_ALGOS: [(AllGatherAlgo, &str); 3] = [
     (AllGatherAlgo::Proxy, "proxy"),
     (AllGatherAlgo::Packets, "packets"),
 ];
-const DTYPES: [(DataType, &str); 3] = [
-    (DataType::F32, "f32"),
-    (DataType::F16, "f16"),
-    (DataType::Bf16, "bf16"),
-];
+const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
 
-/// The descriptor tag of an all-reduce (`algo` resolved).
+/// Whether `dtype` and `op` have the sum-only kernels (every algorithm): sums of f32, f16
+/// and bf16. Every other all-reduce runs the any-operation kernels, which exist for
+/// one-shot, two-shot and proxy only (see [`route`]).
+fn sum_kernels(dtype: DataType, op: ReduceOp) -> bool {
+    op == ReduceOp::Sum && matches!(dtype, DataType::F32 | DataType::F16 | DataType::Bf16)
+}
+
+/// The algorithm an all-reduce of `dtype` and `op` runs for the resolved `algo`: read-reduce
+/// and all-pairs only for the sums of [`sum_kernels`]; two-shot for the others (their
+/// kernels are not built, to keep the embedded PTX small). The same on every rank.
+fn route(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> AllReduceAlgo {
+    match algo {
+        AllReduceAlgo::ReadReduce | AllReduceAlgo::AllPairs if !sum_kernels(dtype, op) => {
+            AllReduceAlgo::TwoShot
+        }
+        a => a,
+    }
+}
+
+/// Which kernel table runs a routed all-reduce: `(true, i)`: the sum-only kernels,
+/// algorithm `i` of one-shot, two-shot, read-reduce, all-pairs, proxy; `(false, i)`: the
+/// any-operation kernels, `i` of one-shot, two-shot, proxy.
+pub(super) fn kernel_slot(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> (bool, usize) {
+    if sum_kernels(dtype, op) {
+        let i = match algo {
+            AllReduceAlgo::OneShot => 0,
+            AllReduceAlgo::ReadReduce => 2,
+            AllReduceAlgo::AllPairs => 3,
+            AllReduceAlgo::Proxy => 4,
+            _ => 1,
+        };
+        (true, i)
+    } else {
+        let i = match algo {
+            AllReduceAlgo::OneShot => 0,
+            AllReduceAlgo::Proxy => 2,
+            _ => 1,
+        };
+        (false, i)
+    }
+}
+
+/// The descriptor tag of an all-reduce (`algo` resolved and routed).
 fn all_reduce_tag(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> u64 {
-    let ReduceOp::Sum = op;
     let a = AR_ALGOS
         .iter()
         .position(|x| x.0 == algo)
         .map_or(0, |i| i + 1);
-    desc::tag(desc::ALL_REDUCE, dtype_code(dtype), 1, a as u64)
+    desc::tag(desc::ALL_REDUCE, dtype_code(dtype), op_desc(op), a as u64)
 }
 
 /// The descriptor tag of an all-gather (`algo` resolved).
@@ -1066,26 +1205,61 @@ fn all_gather_tag(algo: AllGatherAlgo, dtype: DataType) -> u64 {
     desc::tag(desc::ALL_GATHER, dtype_code(dtype), 0, a as u64)
 }
 
-/// A call descriptor in words: "all_reduce with 400000 f32 (two-shot)".
+/// A call descriptor in words: "all_reduce (sum) with 400000 f32 (two-shot)".
 fn describe(d: [u64; 2]) -> String {
     let [n, tag] = d;
     let field = |shift| desc::field(tag, shift) as usize;
-    let dtype = DTYPES.get(field(desc::DTYPE_SHIFT).wrapping_sub(1));
-    let dname = dtype.map_or("?", |x| x.1);
+    let dtype = DataType::ALL.get(field(desc::DTYPE_SHIFT).wrapping_sub(1));
+    const SHORT: [&str; 12] = [
+        "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "u32", "i64", "u64", "fp8e4m3", "fp8e5m2",
+    ];
+    let dname = SHORT
+        .get(field(desc::DTYPE_SHIFT).wrapping_sub(1))
+        .unwrap_or(&"?");
+    let size = dtype.map_or(1, |x| x.size() as u64);
+    let op = OPS
+        .get(field(desc::OP_SHIFT).wrapping_sub(1))
+        .unwrap_or(&"?");
+    let root = desc::root(tag);
+    let ll = field(desc::ALGO_SHIFT) == 1;
+    let path = if ll { "LL" } else { "put" };
+    // The kernels that move any type as bytes hold the byte count (see
+    // `mscclpp_device::collectives::types::Bytes`): the put paths of reduce-scatter and
+    // reduce, and two-shot and proxy all-reduce but for the sums of `sum_kernels`.
+    let elems = |bytes_n: bool| if bytes_n { n / size } else { n };
     match field(desc::KIND_SHIFT) as u64 {
         desc::ALL_REDUCE => {
-            let algo = AR_ALGOS
-                .get(field(desc::ALGO_SHIFT).wrapping_sub(1))
-                .map_or("?", |x| x.1);
-            format!("all_reduce with {n} {dname} ({algo})")
+            let algo = AR_ALGOS.get(field(desc::ALGO_SHIFT).wrapping_sub(1));
+            let sum = dtype.is_some_and(|d| {
+                OPS.get(field(desc::OP_SHIFT).wrapping_sub(1)) == Some(&"sum")
+                    && sum_kernels(*d, ReduceOp::Sum)
+            });
+            let bytes_n = !sum
+                && algo
+                    .is_some_and(|a| matches!(a.0, AllReduceAlgo::TwoShot | AllReduceAlgo::Proxy));
+            let algo = algo.map_or("?", |x| x.1);
+            format!("all_reduce ({op}) with {} {dname} ({algo})", elems(bytes_n))
         }
         desc::ALL_GATHER => {
             let algo = AG_ALGOS
                 .get(field(desc::ALGO_SHIFT).wrapping_sub(1))
                 .map_or("?", |x| x.1);
-            let size = dtype.map_or(1, |x| x.0.size() as u64);
             format!("all_gather of {} {dname} per rank ({algo})", n / size)
         }
+        desc::REDUCE_SCATTER => format!(
+            "reduce_scatter ({op}) of {} {dname} per rank ({path})",
+            elems(!ll)
+        ),
+        desc::REDUCE => format!(
+            "reduce ({op}) to root {root} with {} {dname} ({path})",
+            elems(!ll)
+        ),
+        desc::BROADCAST => format!(
+            "broadcast from root {root} of {} {dname} ({path})",
+            n / size
+        ),
+        desc::ALL_TO_ALL => format!("all_to_all of {} {dname} per rank ({path})", n / size),
+        desc::SEND_RECV => format!("a send/recv group of {n} operations"),
         _ => format!("an unknown collective ({n}, {tag:#x})"),
     }
 }
@@ -1098,26 +1272,6 @@ fn place_name(place: u64) -> &'static str {
         fault::AT_DESCRIPTOR => "its call descriptor",
         fault::AT_PROXY => "a proxy-channel signal",
         _ => "a signal",
-    }
-}
-
-fn host_kernel(algo: AllReduceAlgo, dtype: DataType) -> HostKernel {
-    match (algo, dtype) {
-        (AllReduceAlgo::OneShot, DataType::F32) => k::all_reduce_one_shot_f32,
-        (AllReduceAlgo::OneShot, DataType::F16) => k::all_reduce_one_shot_f16,
-        (AllReduceAlgo::OneShot, DataType::Bf16) => k::all_reduce_one_shot_bf16,
-        (AllReduceAlgo::ReadReduce, DataType::F32) => k::all_reduce_two_shot_read_f32,
-        (AllReduceAlgo::ReadReduce, DataType::F16) => k::all_reduce_two_shot_read_f16,
-        (AllReduceAlgo::ReadReduce, DataType::Bf16) => k::all_reduce_two_shot_read_bf16,
-        (AllReduceAlgo::AllPairs, DataType::F32) => k::all_reduce_all_pairs_f32,
-        (AllReduceAlgo::AllPairs, DataType::F16) => k::all_reduce_all_pairs_f16,
-        (AllReduceAlgo::AllPairs, DataType::Bf16) => k::all_reduce_all_pairs_bf16,
-        (AllReduceAlgo::Proxy, DataType::F32) => k::all_reduce_proxy_f32,
-        (AllReduceAlgo::Proxy, DataType::F16) => k::all_reduce_proxy_f16,
-        (AllReduceAlgo::Proxy, DataType::Bf16) => k::all_reduce_proxy_bf16,
-        (_, DataType::F32) => k::all_reduce_two_shot_f32,
-        (_, DataType::F16) => k::all_reduce_two_shot_f16,
-        (_, DataType::Bf16) => k::all_reduce_two_shot_bf16,
     }
 }
 

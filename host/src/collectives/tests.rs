@@ -18,7 +18,7 @@ fn comm_config() -> CommConfig {
 }
 
 /// Small scratch (several two-shot rounds for a few KB) and packet limit.
-fn small() -> CollConfig {
+pub(super) fn small() -> CollConfig {
     CollConfig {
         scratch_bytes: 4096,
         packet_max_bytes: 2048,
@@ -27,12 +27,16 @@ fn small() -> CollConfig {
 }
 
 /// Runs `f(collectives)` on `n` host-backed ranks (threads); results in rank order.
-fn ranks<T: Send>(n: usize, config: CollConfig, f: impl Fn(Collectives) -> T + Sync) -> Vec<T> {
+pub(super) fn ranks<T: Send>(
+    n: usize,
+    config: CollConfig,
+    f: impl Fn(Collectives) -> T + Sync,
+) -> Vec<T> {
     ranks_with(n, |_| config.clone(), f)
 }
 
 /// [`ranks`] with rank `r`'s config `config(r)`.
-fn ranks_with<T: Send>(
+pub(super) fn ranks_with<T: Send>(
     n: usize,
     config: impl Fn(usize) -> CollConfig,
     f: impl Fn(Collectives) -> T + Sync,
@@ -256,6 +260,39 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
 }
 
 #[test]
+fn the_any_type_proxy_kernel_reduces_other_types_and_operations() {
+    let config = CollConfig {
+        all_reduce_algo: AllReduceAlgo::Proxy,
+        ..small()
+    };
+    for n in [2, 3] {
+        ranks(n, config.clone(), |c| {
+            let r = c.rank() as i64;
+            for count in [1usize, 5, 333, 2501] {
+                let send: Vec<i32> = (0..count).map(|i| (r * 1000 - i as i64) as i32).collect();
+                let mut out = vec![0i32; count];
+                c.all_reduce_host(&send, &mut out, ReduceOp::Max).unwrap();
+                let top = (n as i64 - 1) * 1000;
+                assert!(
+                    out.iter()
+                        .enumerate()
+                        .all(|(i, &x)| x as i64 == top - i as i64)
+                );
+                let send: Vec<f64> = (0..count).map(|i| (r + 1) as f64 * i as f64).collect();
+                let mut out = vec![0f64; count];
+                c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+                let k = (n * (n + 1) / 2) as f64;
+                assert!(out.iter().enumerate().all(|(i, &x)| x == k * i as f64));
+                let send: Vec<u8> = (0..count).map(|i| (i % 7) as u8 + r as u8).collect();
+                let mut out = vec![0u8; count];
+                c.all_reduce_host(&send, &mut out, ReduceOp::Min).unwrap();
+                assert!(out.iter().enumerate().all(|(i, &x)| x == (i % 7) as u8));
+            }
+        });
+    }
+}
+
+#[test]
 fn proxy_channel_variants_reduce_and_gather_over_the_proxy() {
     let config = CollConfig {
         all_reduce_algo: AllReduceAlgo::Proxy,
@@ -340,8 +377,8 @@ fn mismatched_calls_fail_on_every_rank_naming_the_difference_then_work() {
             // Counts (one-shot: both fit its 2048 bytes).
             let e = reduce_err(&c, [300, 400][r], false);
             let want = format!(
-                "rank {r} called all_reduce with {} f32 ({name}), rank {} all_reduce with {} f32 \
-                 ({name})",
+                "rank {r} called all_reduce (sum) with {} f32 ({name}), rank {} all_reduce (sum) \
+                 with {} f32 ({name})",
                 [300, 400][r],
                 1 - r,
                 [300, 400][1 - r]

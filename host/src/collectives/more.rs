@@ -1,0 +1,1283 @@
+//! Reduce-scatter, broadcast, all-to-all and reduce, and point-to-point send/receive
+//! (issue #14): the calls on [`Collectives`], in the three forms of all-reduce's (`_raw` on
+//! device addresses with a [`DataType`] and a stream; typed on cudarc slices; `_host` on the
+//! host backend).
+//!
+//! Each has two paths, chosen by the bytes one rank sends to one peer: up to
+//! [`CollConfig::packet_max_bytes`](super::CollConfig::packet_max_bytes) (and what a packet
+//! half holds), LL packets with no barrier, sharing one-shot all-reduce's call counter and
+//! packet halves; above, puts into the peers' scratch in rounds with per-block semaphore
+//! barriers. Sums are formed in rank order on every rank, as all-reduce's.
+//!
+//! Sends and receives ([`Collectives::send_raw`], [`Collectives::recv_raw`],
+//! [`Collectives::group`]) go through a separate registered p2p buffer (one slot per source
+//! rank, `scratch_bytes / 32` clamped to 1 KiB..4 MiB, and its own semaphores), so they never
+//! meet a collective's scratch: see `mscclpp_device::collectives::send_recv`. A send ends
+//! once the receiver has copied its data out (rendezvous): a rank that sends to and receives
+//! from the same peer must post both in one [`group`](Collectives::group). Sends and
+//! receives between a pair match in call order and must have equal sizes. Sending to the own
+//! rank is refused (copy locally instead).
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use mscclpp_device::arch::{Dim3, launch};
+use mscclpp_device::collectives::op;
+use mscclpp_device::collectives::send_recv::{
+    MAX_P2P_OPS, P2P_MAX_BLOCKS, P2pOp as DevP2pOp, P2pOps, p2p_chunk,
+};
+use mscclpp_device::collectives::{
+    CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc,
+    one_shot_max_bytes,
+};
+use mscclpp_device::kernels::collectives as k1;
+use mscclpp_device::kernels::collectives_more::{self as k, MoreKernel};
+
+use super::{
+    AllReduceAlgo, CollConfig, Collectives, DataType, Element, ReduceOp, checked_bytes, gpu,
+};
+use crate::communicator::{Backend, Buffer, CommError, Communicator};
+use crate::cuda::{CudaError, CudaFunction, CudaSlice, CudaStream, DeviceBuffer};
+
+/// The collectives of this file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    ReduceScatter,
+    Reduce,
+    Broadcast,
+    AllToAll,
+}
+
+impl Kind {
+    /// The collective's descriptor code (`mscclpp_device::collectives::desc`).
+    fn desc(self) -> u64 {
+        match self {
+            Kind::ReduceScatter => desc::REDUCE_SCATTER,
+            Kind::Reduce => desc::REDUCE,
+            Kind::Broadcast => desc::BROADCAST,
+            Kind::AllToAll => desc::ALL_TO_ALL,
+        }
+    }
+}
+
+/// Every kernel of this file: name and host twin (see [`kernel_index`]). The reducing ones
+/// exist per element size (b8, b16, b32, b64) on the LL path and once on the put path (bytes),
+/// and take the type and operation from the tag.
+const TABLE: &[(&str, MoreKernel)] = &[
+    ("reduce_scatter_ll_b8", k::reduce_scatter_ll_b8),
+    ("reduce_scatter_ll_b16", k::reduce_scatter_ll_b16),
+    ("reduce_scatter_ll_b32", k::reduce_scatter_ll_b32),
+    ("reduce_scatter_ll_b64", k::reduce_scatter_ll_b64),
+    ("reduce_scatter_put", k::reduce_scatter_put),
+    ("reduce_ll_b8", k::reduce_ll_b8),
+    ("reduce_ll_b16", k::reduce_ll_b16),
+    ("reduce_ll_b32", k::reduce_ll_b32),
+    ("reduce_ll_b64", k::reduce_ll_b64),
+    ("reduce_put", k::reduce_put),
+    ("broadcast_ll", k::broadcast_ll),
+    ("broadcast_put", k::broadcast_put),
+    ("all_to_all_ll", k::all_to_all_ll),
+    ("all_to_all_put", k::all_to_all_put),
+];
+
+/// The reducing types' kernel name suffixes, in the order of every per-type table.
+pub(super) const REDUCE_TYPES: [&str; 10] = [
+    "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "u32", "i64", "u64",
+];
+
+/// The index of `dtype` in [`REDUCE_TYPES`]; `None` for the types that are only moved (fp8).
+pub(super) fn reduce_index(dtype: DataType) -> Option<usize> {
+    Some(match dtype {
+        DataType::F32 => 0,
+        DataType::F16 => 1,
+        DataType::Bf16 => 2,
+        DataType::F64 => 3,
+        DataType::I8 => 4,
+        DataType::U8 => 5,
+        DataType::I32 => 6,
+        DataType::U32 => 7,
+        DataType::I64 => 8,
+        DataType::U64 => 9,
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => return None,
+    })
+}
+
+/// The kernels' code of `op`.
+pub(super) fn op_code(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => op::SUM,
+        ReduceOp::Prod => op::PROD,
+        ReduceOp::Min => op::MIN,
+        ReduceOp::Max => op::MAX,
+        ReduceOp::Avg => op::AVG,
+    }
+}
+
+/// Refuses the types that are moved but not reduced; `count` as the kernels take it.
+pub(super) fn check_reducing(call: &str, count: usize, dtype: DataType) -> Result<u64, CommError> {
+    if reduce_index(dtype).is_none() {
+        return Err(invalid(format!(
+            "{call}: {dtype} is moved but not reduced (all-gather, broadcast, all-to-all and \
+             send/recv take it)"
+        )));
+    }
+    Ok(count as u64)
+}
+
+/// The host twins of the sum-only all-reduce kernels (f32, f16, bf16): one-shot, two-shot,
+/// read-reduce, all-pairs, proxy.
+const ALL_REDUCE_SUM_HOST: [[super::HostKernel; 5]; 3] = [
+    [
+        k1::all_reduce_one_shot_f32,
+        k1::all_reduce_two_shot_f32,
+        k1::all_reduce_two_shot_read_f32,
+        k1::all_reduce_all_pairs_f32,
+        k1::all_reduce_proxy_f32,
+    ],
+    [
+        k1::all_reduce_one_shot_f16,
+        k1::all_reduce_two_shot_f16,
+        k1::all_reduce_two_shot_read_f16,
+        k1::all_reduce_all_pairs_f16,
+        k1::all_reduce_proxy_f16,
+    ],
+    [
+        k1::all_reduce_one_shot_bf16,
+        k1::all_reduce_two_shot_bf16,
+        k1::all_reduce_two_shot_read_bf16,
+        k1::all_reduce_all_pairs_bf16,
+        k1::all_reduce_proxy_bf16,
+    ],
+];
+
+/// The host twins of the any-operation all-reduce kernels, per element size ([`size_class`]):
+/// one-shot, two-shot, proxy.
+const ALL_REDUCE_OP_HOST: [[super::HostKernel; 3]; 4] = [
+    [
+        k1::all_reduce_one_shot_op_b8,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
+    ],
+    [
+        k1::all_reduce_one_shot_op_b16,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
+    ],
+    [
+        k1::all_reduce_one_shot_op_b32,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
+    ],
+    [
+        k1::all_reduce_one_shot_op_b64,
+        k1::all_reduce_two_shot_op,
+        k1::all_reduce_proxy_op,
+    ],
+];
+
+/// The index of the any-type kernels of `dtype`'s element size: 0 for 1 byte, 1 for 2, 2
+/// for 4, 3 for 8.
+pub(super) fn size_class(dtype: DataType) -> usize {
+    dtype.size().trailing_zeros() as usize
+}
+
+/// The kernel name suffixes of the element sizes, in [`size_class`] order.
+pub(super) const SIZE_CLASSES: [&str; 4] = ["b8", "b16", "b32", "b64"];
+
+/// The host twin of the all-reduce kernel of routed `algo`, `dtype` (a reducing type) and
+/// `op` (see `super::kernel_slot`).
+pub(super) fn all_reduce_host_kernel(
+    algo: AllReduceAlgo,
+    dtype: DataType,
+    op: ReduceOp,
+) -> super::HostKernel {
+    let i = reduce_index(dtype).expect("a reducing type (checked)");
+    match super::kernel_slot(algo, dtype, op) {
+        (true, a) => ALL_REDUCE_SUM_HOST[i][a],
+        (false, a) => ALL_REDUCE_OP_HOST[size_class(dtype)][a],
+    }
+}
+
+/// The index in [`TABLE`] of the kernel of `kind` on path `ll` for `dtype` (ignored by the
+/// byte movers; a reducing type for the others).
+fn kernel_index(kind: Kind, ll: bool, dtype: DataType) -> usize {
+    let path = usize::from(!ll);
+    let ty = || {
+        reduce_index(dtype).expect("a reducing type (checked)");
+        size_class(dtype)
+    };
+    let reducing = |base: usize| if ll { base + ty() } else { base + 4 };
+    match kind {
+        Kind::ReduceScatter => reducing(0),
+        Kind::Reduce => reducing(5),
+        Kind::Broadcast => 10 + path,
+        Kind::AllToAll => 12 + path,
+    }
+}
+
+/// The kernels of this file in the communicator's loaded module.
+#[derive(Debug)]
+pub(super) struct Kernels {
+    /// In [`TABLE`]'s order.
+    functions: Vec<CudaFunction>,
+    p2p: CudaFunction,
+    ctx: u64,
+}
+
+impl Kernels {
+    pub(super) fn load(base: &gpu::Kernels) -> Result<Kernels, CudaError> {
+        let functions = TABLE
+            .iter()
+            .map(|(name, _)| base.function(name))
+            .collect::<Result<_, _>>()?;
+        Ok(Kernels {
+            functions,
+            p2p: base.function("p2p")?,
+            ctx: base.ctx_ptr(),
+        })
+    }
+
+    /// Launches kernel `TABLE[index]` with `(ctx, send, recv, count, tag)` on `stream`.
+    ///
+    /// # Safety
+    /// `send`/`recv` valid for what the kernel accesses with `count` and `root`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        index: usize,
+        send: u64,
+        recv: u64,
+        count: u64,
+        tag: u64,
+        (blocks, threads): (u32, u32),
+    ) -> Result<(), CommError> {
+        let f = &self.functions[index];
+        let mut l = stream.launch_builder(f);
+        l.arg(&self.ctx).arg(&send).arg(&recv).arg(&count).arg(&tag);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: caller contract for the user ranges; the context in device memory holds
+        // this communicator's registered memory; the argument list matches the kernels'
+        // signature (*const CollContext, *const u8, *mut u8, u64, u64).
+        unsafe { l.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| gpu::classify("launch", "cuLaunchKernel", e))
+    }
+}
+
+fn invalid(m: String) -> CommError {
+    CommError::InvalidArgument(m)
+}
+
+/// Refuses ranges that overlap other than as `allowed` (recv at that byte offset of send).
+fn check_overlap(
+    call: &str,
+    send: u64,
+    send_bytes: usize,
+    recv: u64,
+    recv_bytes: usize,
+    allowed: u64,
+) -> Result<(), CommError> {
+    let disjoint = send + send_bytes as u64 <= recv || recv + recv_bytes as u64 <= send;
+    if disjoint || recv == send + allowed {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{call}: send ({send:#x}, {send_bytes} bytes) and recv ({recv:#x}, {recv_bytes} \
+             bytes) overlap other than in place (recv at send + {allowed} bytes)"
+        )))
+    }
+}
+
+/// What one call launches, once checked.
+struct Plan {
+    kind: Kind,
+    dtype: DataType,
+    /// The kernel's `count` argument (elements, or bytes for the byte movers).
+    count: u64,
+    /// The reduction (reduce-scatter, reduce).
+    op: Option<ReduceOp>,
+    /// Bytes one rank sends one peer (chooses the path).
+    pair_bytes: usize,
+    /// Bytes the call moves on this rank (sizes the grid of the put path).
+    total_bytes: usize,
+    root: usize,
+}
+
+impl Collectives {
+    /// Whether a call of `kind` sending `pair_bytes` to each peer takes the LL path.
+    fn more_ll(&self, pair_bytes: usize) -> bool {
+        let fits = one_shot_max_bytes(self.ctx.packets_len);
+        pair_bytes <= self.config.packet_max_bytes.min(fits as usize)
+    }
+
+    /// The descriptor tag of a plan on path `ll`: the collective, type, operation, path
+    /// (algorithm 1 LL, 2 put) and root.
+    fn more_tag(p: &Plan, ll: bool) -> u64 {
+        desc::rooted_tag(
+            p.kind.desc(),
+            super::dtype_code(p.dtype),
+            p.op.map_or(0, super::op_desc),
+            if ll { 1 } else { 2 },
+            p.root as u64,
+        )
+    }
+
+    fn check_root(&self, call: &str, root: usize) -> Result<(), CommError> {
+        if root >= self.nranks() {
+            return Err(invalid(format!(
+                "{call}: root {root} is not a rank (there are {} ranks)",
+                self.nranks()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The kernel (index in [`TABLE`]) and grid of a plan on the GPU.
+    fn more_gpu_launch(&self, p: &Plan) -> (usize, (u32, u32), u64) {
+        let ll = self.more_ll(p.pair_bytes);
+        let grid = if ll {
+            self.grid(Some(super::AllReduceAlgo::OneShot), p.pair_bytes)
+        } else {
+            self.grid(None, p.total_bytes)
+        };
+        (
+            kernel_index(p.kind, ll, p.dtype),
+            grid,
+            Self::more_tag(p, ll),
+        )
+    }
+
+    /// Launches a checked plan on `stream`.
+    ///
+    /// # Safety
+    /// The ranges valid for the plan (checked by the caller) until it completes.
+    unsafe fn more_launch(
+        &self,
+        p: Plan,
+        send: u64,
+        recv: u64,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let kernels = self.more.as_ref().expect("GPU backend");
+        let (index, grid, tag) = self.more_gpu_launch(&p);
+        // SAFETY: caller contract.
+        self.noted(unsafe { kernels.launch(stream, index, send, recv, p.count, tag, grid) })
+    }
+
+    /// Runs a plan on CPU threads (host backend).
+    ///
+    /// # Safety
+    /// The ranges valid host memory for the plan.
+    unsafe fn more_host(&self, call: &str, p: Plan, send: u64, recv: u64) -> Result<(), CommError> {
+        self.host_only(call)?;
+        if p.pair_bytes == 0 {
+            return Ok(());
+        }
+        let ll = self.more_ll(p.pair_bytes);
+        let f = TABLE[kernel_index(p.kind, ll, p.dtype)].1;
+        let ctx = &*self.ctx as *const CollContext as u64;
+        let (count, tag) = (p.count, Self::more_tag(&p, ll));
+        self.run_host(call, || {
+            // SAFETY: the context (boxed, alive as long as self) holds this communicator's
+            // shared memory; the ranges are valid (caller contract); the grid is one block
+            // of >= nranks threads.
+            unsafe {
+                f(
+                    ctx as *const CollContext,
+                    send as *const u8,
+                    recv as *mut u8,
+                    count,
+                    tag,
+                )
+            }
+        })
+    }
+
+    /// Checks the GPU backend and the stream of a `_raw` call.
+    fn more_gpu_call(&self, call: &str, stream: &CudaStream) -> Result<(), CommError> {
+        self.gpu_kernels(call)?;
+        self.check_fault(call, false)?;
+        self.noted(gpu::check_stream(
+            call,
+            self.gpu().expect("GPU backend"),
+            stream,
+        ))
+    }
+
+    /// Reduce-scatter: `send` holds `nranks * recv_count` elements (block `p` for rank `p`);
+    /// rank `r`'s `recv` gets the sum over the ranks of their block `r` (in rank order, so
+    /// bit-identical to a CPU sum in that order). In place when `recv == send + rank *
+    /// recv_count` elements. Stream-ordered on `stream`; GPU backend; checks as
+    /// [`all_reduce_raw`](Self::all_reduce_raw) (device memory, bounds, alignment) and
+    /// refuses other overlaps. Allocates nothing: capturable into CUDA graphs.
+    ///
+    /// # Safety
+    /// `send` and `recv` must stay valid until the operation completes on `stream`, and not
+    /// be written by others meanwhile.
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        recv_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let call = "reduce_scatter";
+        self.more_gpu_call(call, stream)?;
+        let word = check_reducing(call, recv_count, dtype)?;
+        let (n, es) = (self.nranks(), dtype.size());
+        let bytes = checked_bytes(call, recv_count, es)?;
+        let total = checked_bytes(call, bytes, n)?;
+        if recv_count == 0 {
+            return Ok(());
+        }
+        gpu::check_range("reduce_scatter: send", send, total, es)?;
+        gpu::check_range("reduce_scatter: recv", recv, bytes, es)?;
+        check_overlap(call, send, total, recv, bytes, (self.rank() * bytes) as u64)?;
+        let p = Plan {
+            kind: Kind::ReduceScatter,
+            dtype,
+            op: Some(op),
+            count: word,
+            pair_bytes: bytes,
+            total_bytes: total,
+            root: 0,
+        };
+        // SAFETY: ranges checked above, kept valid by the caller.
+        unsafe { self.more_launch(p, send, recv, stream) }
+    }
+
+    /// Reduce (sum) to `root`: the root's `recv` gets the rank-order sum of every rank's
+    /// `send` (`count` elements each); `recv` is neither checked nor touched on the other
+    /// ranks (pass 0). In place when `send == recv` on the root. As
+    /// [`reduce_scatter_raw`](Self::reduce_scatter_raw) otherwise; `root >= nranks` is an
+    /// error.
+    ///
+    /// # Safety
+    /// As for [`reduce_scatter_raw`](Self::reduce_scatter_raw).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let call = "reduce";
+        self.more_gpu_call(call, stream)?;
+        self.check_root(call, root)?;
+        let word = check_reducing(call, count, dtype)?;
+        let es = dtype.size();
+        let bytes = checked_bytes(call, count, es)?;
+        if count == 0 {
+            return Ok(());
+        }
+        gpu::check_range("reduce: send", send, bytes, es)?;
+        if self.rank() == root {
+            gpu::check_range("reduce: recv", recv, bytes, es)?;
+            check_overlap(call, send, bytes, recv, bytes, 0)?;
+        }
+        let p = Plan {
+            kind: Kind::Reduce,
+            dtype,
+            op: Some(op),
+            count: word,
+            pair_bytes: bytes,
+            total_bytes: bytes,
+            root,
+        };
+        // SAFETY: ranges checked above, kept valid by the caller.
+        unsafe { self.more_launch(p, send, recv, stream) }
+    }
+
+    /// Broadcast from `root`: every rank's `recv` gets the root's `send` (`count` elements of
+    /// `dtype`; any byte count). `send` is read on the root only (other ranks may pass 0); in
+    /// place when `send == recv` on the root. As
+    /// [`reduce_scatter_raw`](Self::reduce_scatter_raw) otherwise; `root >= nranks` is an
+    /// error.
+    ///
+    /// # Safety
+    /// As for [`reduce_scatter_raw`](Self::reduce_scatter_raw).
+    pub unsafe fn broadcast_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let call = "broadcast";
+        self.more_gpu_call(call, stream)?;
+        self.check_root(call, root)?;
+        let es = dtype.size();
+        let bytes = checked_bytes(call, count, es)?;
+        if count == 0 {
+            return Ok(());
+        }
+        gpu::check_range("broadcast: recv", recv, bytes, es)?;
+        if self.rank() == root {
+            gpu::check_range("broadcast: send", send, bytes, es)?;
+            check_overlap(call, send, bytes, recv, bytes, 0)?;
+        }
+        let p = Plan {
+            kind: Kind::Broadcast,
+            dtype,
+            op: None,
+            count: bytes as u64,
+            pair_bytes: bytes,
+            total_bytes: bytes,
+            root,
+        };
+        // SAFETY: ranges checked above, kept valid by the caller.
+        unsafe { self.more_launch(p, send, recv, stream) }
+    }
+
+    /// All-to-all: `send` and `recv` hold `nranks` blocks of `count` elements; block `p` of
+    /// this rank's `send` lands in block `rank` of rank `p`'s `recv`. In place when `send ==
+    /// recv`. As [`reduce_scatter_raw`](Self::reduce_scatter_raw) otherwise.
+    ///
+    /// # Safety
+    /// As for [`reduce_scatter_raw`](Self::reduce_scatter_raw).
+    pub unsafe fn all_to_all_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let call = "all_to_all";
+        self.more_gpu_call(call, stream)?;
+        let es = dtype.size();
+        let bytes = checked_bytes(call, count, es)?;
+        let total = checked_bytes(call, bytes, self.nranks())?;
+        if count == 0 {
+            return Ok(());
+        }
+        gpu::check_range("all_to_all: send", send, total, es)?;
+        gpu::check_range("all_to_all: recv", recv, total, es)?;
+        check_overlap(call, send, total, recv, total, 0)?;
+        let p = Plan {
+            kind: Kind::AllToAll,
+            dtype,
+            op: None,
+            count: bytes as u64,
+            pair_bytes: bytes,
+            total_bytes: total,
+            root: 0,
+        };
+        // SAFETY: ranges checked above, kept valid by the caller.
+        unsafe { self.more_launch(p, send, recv, stream) }
+    }
+
+    /// Reduce-scatter of cudarc slices (`send.len() == nranks * recv.len()`), on `stream`
+    /// (graph capture as in [`all_reduce`](Self::all_reduce)).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let n = self.nranks();
+        if send.len() != n * recv.len() {
+            return Err(invalid(format!(
+                "reduce_scatter: send has {} elements; {n} ranks x recv's {} expected",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let count = recv.len();
+        gpu::check_capture("reduce_scatter", stream)?;
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: the slices are borrowed across the launch and cudarc's guards order later
+        // uses of them after this stream's work.
+        unsafe { self.reduce_scatter_raw(s, r, count, T::DTYPE, op, stream) }
+    }
+
+    /// In-place reduce-scatter: `buf` holds `nranks` blocks; this rank's block (at element
+    /// `rank * buf.len() / nranks`) gets the sum. The length must be a multiple of `nranks`.
+    pub fn reduce_scatter_in_place<T: Element>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::DevicePtrMut;
+        let count = self.blocks_of("reduce_scatter_in_place", buf.len())?;
+        gpu::check_capture("reduce_scatter_in_place", stream)?;
+        let off = (self.rank() * count * std::mem::size_of::<T>()) as u64;
+        let (p, _g) = buf.device_ptr_mut(stream);
+        // SAFETY: as in reduce_scatter.
+        unsafe { self.reduce_scatter_raw(p, p + off, count, T::DTYPE, op, stream) }
+    }
+
+    /// Reduce of cudarc slices to `root` (equal lengths; `recv` is written on the root only).
+    pub fn reduce<T: Element>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        same_len("reduce", send.len(), recv.len())?;
+        gpu::check_capture("reduce", stream)?;
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: as in reduce_scatter.
+        unsafe { self.reduce_raw(s, r, send.len(), T::DTYPE, op, root, stream) }
+    }
+
+    /// In-place reduce to `root` (the root's `buf` gets the sum; others' is not written).
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::DevicePtrMut;
+        gpu::check_capture("reduce_in_place", stream)?;
+        let count = buf.len();
+        let (p, _g) = buf.device_ptr_mut(stream);
+        // SAFETY: as in reduce_scatter.
+        unsafe { self.reduce_raw(p, p, count, T::DTYPE, op, root, stream) }
+    }
+
+    /// Broadcast of cudarc slices from `root` (equal lengths; `send` is read on the root
+    /// only).
+    pub fn broadcast<T: Element>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        same_len("broadcast", send.len(), recv.len())?;
+        gpu::check_capture("broadcast", stream)?;
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: as in reduce_scatter.
+        unsafe { self.broadcast_raw(s, r, send.len(), T::DTYPE, root, stream) }
+    }
+
+    /// In-place broadcast from `root`: every rank's `buf` gets the root's.
+    pub fn broadcast_in_place<T: Element>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::DevicePtrMut;
+        gpu::check_capture("broadcast_in_place", stream)?;
+        let count = buf.len();
+        let (p, _g) = buf.device_ptr_mut(stream);
+        // SAFETY: as in reduce_scatter.
+        unsafe { self.broadcast_raw(p, p, count, T::DTYPE, root, stream) }
+    }
+
+    /// All-to-all of cudarc slices (equal lengths, a multiple of `nranks`).
+    pub fn all_to_all<T: Element>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        same_len("all_to_all", send.len(), recv.len())?;
+        let count = self.blocks_of("all_to_all", send.len())?;
+        gpu::check_capture("all_to_all", stream)?;
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: as in reduce_scatter.
+        unsafe { self.all_to_all_raw(s, r, count, T::DTYPE, stream) }
+    }
+
+    /// `len / nranks`, or an error unless `len` is a multiple of `nranks`.
+    fn blocks_of(&self, call: &str, len: usize) -> Result<usize, CommError> {
+        let n = self.nranks();
+        if !len.is_multiple_of(n) {
+            return Err(invalid(format!(
+                "{call}: {len} elements are not {n} equal blocks (one per rank)"
+            )));
+        }
+        Ok(len / n)
+    }
+
+    /// Host backend: reduce-scatter of host slices (`send.len() == nranks * recv.len()`;
+    /// blocking, CPU threads run the kernel).
+    pub fn reduce_scatter_host<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let call = "reduce_scatter_host";
+        let n = self.nranks();
+        if send.len() != n * recv.len() {
+            return Err(invalid(format!(
+                "{call}: send has {} elements; {n} ranks x recv's {} expected",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let plan = self.plan_rs(call, recv.len(), T::DTYPE, op)?;
+        // SAFETY: both slices are valid for their length and borrowed for the call.
+        unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
+    }
+
+    /// Host backend: in-place reduce-scatter (see
+    /// [`reduce_scatter_in_place`](Self::reduce_scatter_in_place)).
+    pub fn reduce_scatter_host_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let call = "reduce_scatter_host_in_place";
+        let count = self.blocks_of(call, buf.len())?;
+        let plan = self.plan_rs(call, count, T::DTYPE, op)?;
+        let p = buf.as_mut_ptr();
+        // SAFETY: the slice is valid for its length and borrowed for the call; this rank's
+        // block lies in it.
+        unsafe {
+            let r = p.add(self.rank() * count);
+            self.more_host(call, plan, p as u64, r as u64)
+        }
+    }
+
+    fn plan_rs(
+        &self,
+        call: &str,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Plan, CommError> {
+        let bytes = count * dtype.size();
+        Ok(Plan {
+            kind: Kind::ReduceScatter,
+            dtype,
+            op: Some(op),
+            count: check_reducing(call, count, dtype)?,
+            pair_bytes: bytes,
+            total_bytes: bytes * self.nranks(),
+            root: 0,
+        })
+    }
+
+    /// A reduce (with `op`) or broadcast (`op` None) plan.
+    fn plan_rooted(
+        &self,
+        call: &str,
+        count: usize,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        root: usize,
+    ) -> Result<Plan, CommError> {
+        let bytes = count * dtype.size();
+        Ok(Plan {
+            kind: if op.is_some() {
+                Kind::Reduce
+            } else {
+                Kind::Broadcast
+            },
+            dtype,
+            count: match op {
+                Some(_) => check_reducing(call, count, dtype)?,
+                None => bytes as u64,
+            },
+            op,
+            pair_bytes: bytes,
+            total_bytes: bytes,
+            root,
+        })
+    }
+
+    /// Host backend: reduce to `root` (equal lengths; `recv` is written on the root only).
+    pub fn reduce_host<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let call = "reduce_host";
+        same_len(call, send.len(), recv.len())?;
+        self.check_root(call, root)?;
+        let plan = self.plan_rooted(call, send.len(), T::DTYPE, Some(op), root)?;
+        // SAFETY: both slices are valid for their length and borrowed for the call.
+        unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
+    }
+
+    /// Host backend: in-place reduce to `root`.
+    pub fn reduce_host_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let call = "reduce_host_in_place";
+        self.check_root(call, root)?;
+        let plan = self.plan_rooted(call, buf.len(), T::DTYPE, Some(op), root)?;
+        let p = buf.as_mut_ptr() as u64;
+        // SAFETY: the slice is valid for its length and borrowed for the call.
+        unsafe { self.more_host(call, plan, p, p) }
+    }
+
+    /// Host backend: broadcast from `root` (equal lengths; `send` is read on the root only).
+    pub fn broadcast_host<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        root: usize,
+    ) -> Result<(), CommError> {
+        let call = "broadcast_host";
+        same_len(call, send.len(), recv.len())?;
+        self.check_root(call, root)?;
+        let plan = self.plan_rooted(call, send.len(), T::DTYPE, None, root)?;
+        // SAFETY: both slices are valid for their length and borrowed for the call.
+        unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
+    }
+
+    /// Host backend: in-place broadcast from `root`.
+    pub fn broadcast_host_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        root: usize,
+    ) -> Result<(), CommError> {
+        let call = "broadcast_host_in_place";
+        self.check_root(call, root)?;
+        let plan = self.plan_rooted(call, buf.len(), T::DTYPE, None, root)?;
+        let p = buf.as_mut_ptr() as u64;
+        // SAFETY: the slice is valid for its length and borrowed for the call.
+        unsafe { self.more_host(call, plan, p, p) }
+    }
+
+    /// Host backend: all-to-all (equal lengths, a multiple of `nranks`).
+    pub fn all_to_all_host<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CommError> {
+        let call = "all_to_all_host";
+        same_len(call, send.len(), recv.len())?;
+        let count = self.blocks_of(call, send.len())?;
+        let bytes = count * T::DTYPE.size();
+        let plan = Plan {
+            kind: Kind::AllToAll,
+            dtype: T::DTYPE,
+            op: None,
+            count: bytes as u64,
+            pair_bytes: bytes,
+            total_bytes: bytes * self.nranks(),
+            root: 0,
+        };
+        // SAFETY: both slices are valid for their length and borrowed for the call.
+        unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
+    }
+}
+
+fn same_len(call: &str, send: usize, recv: usize) -> Result<(), CommError> {
+    if send != recv {
+        return Err(invalid(format!(
+            "{call}: send has {send} elements, recv {recv}"
+        )));
+    }
+    Ok(())
+}
+
+/// Connection tag of the p2p buffer.
+const TAG_P2P: u32 = 0xC011_0004;
+
+/// Bytes of each source rank's slot of the p2p buffer for a config.
+fn p2p_slot(config: &CollConfig) -> usize {
+    (config.scratch_bytes / 32).clamp(1 << 10, 4 << 20) / 1024 * 1024
+}
+
+/// The p2p context (a [`CollContext`] over the p2p buffer) and its memory.
+#[derive(Debug)]
+pub(super) struct P2p {
+    /// On the host (host backend kernels read it here).
+    ctx: Box<CollContext>,
+    /// In device memory (GPU backend).
+    dev: Option<DeviceBuffer>,
+    _buf: Buffer,
+    _local: Buffer,
+}
+
+/// The ops of a launch as a kernel parameter (by value).
+#[repr(transparent)]
+struct OpsArg(P2pOps);
+
+// SAFETY: plain `#[repr(C)]` integers, the kernel's parameter type.
+unsafe impl DeviceRepr for OpsArg {}
+
+impl P2p {
+    /// Registers the p2p buffer (one slot per source rank, then the semaphores) and connects
+    /// it to every peer (collective; after the communicator's first connection setup and
+    /// before its proxy starts). `base`: the collectives' context, whose fields the p2p
+    /// context shares except the scratch, semaphores and expected words.
+    pub(super) fn new(
+        comm: &mut Communicator,
+        config: &CollConfig,
+        base: &CollContext,
+    ) -> Result<P2p, CommError> {
+        let (n, rank) = (comm.nranks(), comm.rank());
+        let slot = p2p_slot(config);
+        let sems_at = n * slot;
+        let buf = comm.alloc_buffer(sems_at + SEMAPHORE_WORDS * 8)?;
+        // Expected words, then the p2p context's own state (call counter, local fault words).
+        let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
+        let transport = comm.backend().transport();
+        let mut channels = Vec::new();
+        for p in (0..n).filter(|&p| p != rank) {
+            channels.push((p, comm.connect_memory(p, &buf, TAG_P2P, transport, 0)?));
+        }
+        comm.connection_setup()?;
+        let all = comm.memory_channels();
+        let addr = |b: &Buffer| {
+            b.device_ptr()
+                .unwrap_or_else(|| b.host_ptr().unwrap() as u64)
+        };
+        let mine = addr(&buf);
+        let mut ctx = CollContext {
+            scratch_len: slot as u64,
+            scratch: mine as *mut u8,
+            peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
+            sems: (mine + sems_at as u64) as *mut u64,
+            peer_sems: [std::ptr::null_mut(); MAX_RANKS],
+            expected: addr(&local) as *mut u64,
+            state: (addr(&local) + EXPECTED_WORDS as u64 * 8) as *mut u64,
+            ..*base
+        };
+        ctx.peer_scratch[rank] = ctx.scratch;
+        ctx.peer_sems[rank] = ctx.sems;
+        for (p, c) in channels {
+            let remote = all[c].remote_ptr();
+            ctx.peer_scratch[p] = remote;
+            // SAFETY: the peer's buffer is mapped whole: its semaphores follow its slots.
+            ctx.peer_sems[p] = unsafe { remote.add(sems_at) } as *mut u64;
+        }
+        let dev = match comm.backend() {
+            Backend::Gpu(g) => {
+                let mem = DeviceBuffer::zeroed(g, std::mem::size_of::<CollContext>())?;
+                mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
+                Some(mem)
+            }
+            Backend::Host => None,
+        };
+        Ok(P2p {
+            ctx: Box::new(ctx),
+            dev,
+            _buf: buf,
+            _local: local,
+        })
+    }
+}
+
+/// One operation of a [`Collectives::group`]: `count` elements of `dtype` at device (or, for
+/// [`Collectives::group_host`], host) address `buf`, sent to or received from `peer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum P2pOp {
+    /// Send `buf` to `peer` (matched by its next receive from this rank).
+    Send {
+        /// The data.
+        buf: u64,
+        /// Elements.
+        count: usize,
+        /// Element type (sets the size and the alignment checked).
+        dtype: DataType,
+        /// The receiving rank.
+        peer: usize,
+    },
+    /// Receive into `buf` from `peer` (matched by its next send to this rank).
+    Recv {
+        /// Where the data lands.
+        buf: u64,
+        /// Elements.
+        count: usize,
+        /// Element type.
+        dtype: DataType,
+        /// The sending rank.
+        peer: usize,
+    },
+}
+
+impl Collectives {
+    /// Checks `ops` and builds the kernel's operations (empty ones left out); `gpu`: check
+    /// the device ranges too.
+    fn p2p_ops(&self, call: &str, ops: &[P2pOp], gpu_ranges: bool) -> Result<P2pOps, CommError> {
+        if ops.len() > MAX_P2P_OPS {
+            return Err(invalid(format!(
+                "{call}: {} operations; at most {MAX_P2P_OPS} in one group",
+                ops.len()
+            )));
+        }
+        let mut out = P2pOps::default();
+        for op in ops {
+            let (send, buf, count, dtype, peer) = match *op {
+                P2pOp::Send {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => (true, buf, count, dtype, peer),
+                P2pOp::Recv {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => (false, buf, count, dtype, peer),
+            };
+            let what = if send { "send to" } else { "receive from" };
+            if peer >= self.nranks() {
+                return Err(invalid(format!(
+                    "{call}: {what} rank {peer}, which is not a rank (there are {} ranks)",
+                    self.nranks()
+                )));
+            }
+            if peer == self.rank() {
+                return Err(invalid(format!(
+                    "{call}: {what} the own rank {peer} is not supported; copy locally instead"
+                )));
+            }
+            let bytes = checked_bytes(call, count, dtype.size())?;
+            if bytes == 0 {
+                continue;
+            }
+            if gpu_ranges {
+                let name = format!("{call}: {what} rank {peer}");
+                gpu::check_range(&name, buf, bytes, dtype.size())?;
+            }
+            out.ops[out.count as usize] = DevP2pOp {
+                buf,
+                bytes: bytes as u64,
+                peer: peer as u32,
+                send: send as u32,
+                first_block: 0,
+                blocks: 0,
+            };
+            out.count += 1;
+        }
+        // A receive may not overlap any other operation's range (it would overwrite data
+        // still to be sent, or another receive's).
+        let live = &out.ops[..out.count as usize];
+        for (i, a) in live.iter().enumerate() {
+            for (j, b) in live.iter().enumerate() {
+                let overlap = a.buf < b.buf + b.bytes && b.buf < a.buf + a.bytes;
+                if i != j && a.send == 0 && overlap {
+                    return Err(invalid(format!(
+                        "{call}: the receive from rank {} overlaps the {} rank {}",
+                        a.peer,
+                        if b.send != 0 {
+                            "send to"
+                        } else {
+                            "receive from"
+                        },
+                        b.peer
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Most blocks of one transfer on a GPU: a group has up to `2 * (nranks - 1)` lanes side
+    /// by side, and every block of it must be resident at once (a send's blocks wait for the
+    /// peer's receive, which may wait for other lanes): 128 blocks in all (the kernel takes
+    /// 128 registers per thread, one block of 512 threads per SM, and an H100/H200 has 132),
+    /// at most [`P2P_MAX_BLOCKS`] and `max_blocks`. Equal on every rank (it depends only on
+    /// the rank count and the config), as both sides of a transfer must cut it alike.
+    fn p2p_max_blocks(&self) -> u32 {
+        let lanes = 2 * (self.nranks().max(2) as u32 - 1);
+        (128 / lanes).clamp(1, P2P_MAX_BLOCKS.min(self.config.max_blocks))
+    }
+
+    /// Posts the sends and receives of `ops` as one launch on `stream` (NCCL's grouped
+    /// `ncclSend`/`ncclRecv`): all of them progress together, so a rank may send to and
+    /// receive from the same peer in one group. Operations with the same peer and direction
+    /// run in order; at most 16 per group. Each send must be matched by the peer's receive of
+    /// the same size (in call order per pair and direction), posted concurrently: a send
+    /// completes only once the peer has copied its data out. GPU backend; checks every range
+    /// as [`all_reduce_raw`](Self::all_reduce_raw); refuses the own rank and ranks out of
+    /// range, and a receive whose range overlaps another operation's (no in-place
+    /// exchange: a chunk received could overwrite data not yet sent). Allocates nothing:
+    /// capturable into CUDA graphs.
+    ///
+    /// # Safety
+    /// Every buffer must stay valid until the operation completes on `stream`, receive
+    /// buffers not be accessed by others meanwhile, and send buffers not written.
+    pub unsafe fn group(&self, ops: &[P2pOp], stream: &CudaStream) -> Result<(), CommError> {
+        let call = "group";
+        self.more_gpu_call(call, stream)?;
+        let mut ops = self.p2p_ops(call, ops, true)?;
+        if ops.count == 0 {
+            return Ok(());
+        }
+        let blocks = ops.plan(p2p_chunk(self.p2p.ctx.scratch_len), self.p2p_max_blocks());
+        let kernels = self.more.as_ref().expect("GPU backend");
+        let ctx = self.p2p.dev.as_ref().expect("GPU backend").device_ptr();
+        let arg = OpsArg(ops);
+        let mut l = stream.launch_builder(&kernels.p2p);
+        l.arg(&ctx).arg(&arg);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (self.config.threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the p2p context in device memory holds this communicator's registered
+        // memory; the ranges were checked and the caller keeps them valid; the arguments
+        // match the kernel's (*const CollContext, P2pOps).
+        self.noted(
+            unsafe { l.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| gpu::classify(call, "cuLaunchKernel", e)),
+        )
+    }
+
+    /// Sends `count` elements at device address `buf` to `peer`: a group of one (see
+    /// [`group`](Self::group)).
+    ///
+    /// # Safety
+    /// As for [`group`](Self::group).
+    pub unsafe fn send_raw(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let op = P2pOp::Send {
+            buf,
+            count,
+            dtype,
+            peer,
+        };
+        // SAFETY: forwarded.
+        unsafe { self.group(&[op], stream) }
+    }
+
+    /// Receives `count` elements from `peer` into device address `buf`: a group of one (see
+    /// [`group`](Self::group)).
+    ///
+    /// # Safety
+    /// As for [`group`](Self::group).
+    pub unsafe fn recv_raw(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let op = P2pOp::Recv {
+            buf,
+            count,
+            dtype,
+            peer,
+        };
+        // SAFETY: forwarded.
+        unsafe { self.group(&[op], stream) }
+    }
+
+    /// Sends a cudarc slice to `peer` (graph capture as in [`all_reduce`](Self::all_reduce)).
+    pub fn send<T: Element>(
+        &self,
+        buf: &CudaSlice<T>,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::DevicePtr;
+        gpu::check_capture("send", stream)?;
+        let (p, _g) = buf.device_ptr(stream);
+        // SAFETY: the slice is borrowed across the launch and cudarc's guard orders later
+        // uses of it after this stream's work.
+        unsafe { self.send_raw(p, buf.len(), T::DTYPE, peer, stream) }
+    }
+
+    /// Receives into a cudarc slice from `peer`.
+    pub fn recv<T: Element>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        peer: usize,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        use cudarc::driver::DevicePtrMut;
+        gpu::check_capture("recv", stream)?;
+        let count = buf.len();
+        let (p, _g) = buf.device_ptr_mut(stream);
+        // SAFETY: as in send.
+        unsafe { self.recv_raw(p, count, T::DTYPE, peer, stream) }
+    }
+
+    /// Host backend: runs a group of sends and receives on host addresses (blocking; see
+    /// [`group`](Self::group)).
+    ///
+    /// # Safety
+    /// Every buffer valid host memory for its operation during the call.
+    pub unsafe fn group_host(&self, ops: &[P2pOp]) -> Result<(), CommError> {
+        let call = "group_host";
+        self.host_only(call)?;
+        let mut ops = self.p2p_ops(call, ops, false)?;
+        if ops.count == 0 {
+            return Ok(());
+        }
+        self.check_fault(call, true)?;
+        // Two blocks per transfer at most: CPU threads.
+        let blocks = ops.plan(p2p_chunk(self.p2p.ctx.scratch_len), 2);
+        let ctx = &*self.p2p.ctx as *const CollContext as u64;
+        launch(Dim3::x(blocks), Dim3::x(2), || {
+            // SAFETY: the p2p context (boxed, alive as long as self) holds this
+            // communicator's shared memory; the buffers are valid (caller contract).
+            unsafe { k::p2p(ctx as *const CollContext, ops) }
+        })
+        .map_err(|e| {
+            CommError::State(format!(
+                "{call}: the transfer kernel failed on this rank ({e}): a bug or a broken \
+                 contract, not a peer's doing"
+            ))
+        })?;
+        // A wait that gave up (a peer did not post the matching operation within the
+        // device timeout, or with another size, or an abort) recorded why.
+        self.check_fault(call, true)
+    }
+
+    /// Host backend: sends a host slice to `peer` (blocks until the peer has received it).
+    pub fn send_host<T: Element>(&self, buf: &[T], peer: usize) -> Result<(), CommError> {
+        let op = P2pOp::Send {
+            buf: buf.as_ptr() as u64,
+            count: buf.len(),
+            dtype: T::DTYPE,
+            peer,
+        };
+        // SAFETY: the slice is valid for its length and borrowed for the call.
+        unsafe { self.group_host(&[op]) }
+    }
+
+    /// Host backend: receives into a host slice from `peer`.
+    pub fn recv_host<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<(), CommError> {
+        let op = P2pOp::Recv {
+            buf: buf.as_mut_ptr() as u64,
+            count: buf.len(),
+            dtype: T::DTYPE,
+            peer,
+        };
+        // SAFETY: as in send_host.
+        unsafe { self.group_host(&[op]) }
+    }
+}
+
+const _: () = assert!(2 * P2P_MAX_BLOCKS as usize <= MAX_BLOCKS);
+
+#[cfg(test)]
+#[path = "more_tests.rs"]
+mod tests;

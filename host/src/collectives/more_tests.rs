@@ -1,0 +1,437 @@
+//! Reduce-scatter, reduce, broadcast and all-to-all over the Host transport, ranks as
+//! threads of this process, across the LL limit and over several scratch rounds.
+
+use half::{bf16, f16};
+
+use super::super::tests::{ranks, small};
+use super::*;
+
+/// Small integers (exact sums in every type) from rank, index and call.
+fn value(rank: usize, i: usize, call: u64) -> f32 {
+    let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ call << 20 ^ (rank as u64) << 44;
+    ((h >> 31) % 15) as f32 - 7.0
+}
+
+trait Num: Element + PartialEq + std::fmt::Debug {
+    fn from(v: f32) -> Self;
+}
+impl Num for f32 {
+    fn from(v: f32) -> Self {
+        v
+    }
+}
+impl Num for f16 {
+    fn from(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Num for bf16 {
+    fn from(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+fn cases<T: Num>(c: &Collectives, count: usize, call: u64, in_place: bool) {
+    let (n, r) = (c.nranks(), c.rank());
+    let v = |q: usize, i: usize| T::from(value(q, i, call));
+    let sum = |i: usize| T::from((0..n).map(|q| value(q, i, call)).sum());
+    let what = format!(
+        "rank {r} of {n}: {:?} count {count} in_place {in_place}",
+        T::DTYPE
+    );
+    // Reduce-scatter.
+    let send: Vec<T> = (0..n * count).map(|i| v(r, i)).collect();
+    let want: Vec<T> = (0..count).map(|i| sum(r * count + i)).collect();
+    let got = if in_place {
+        let mut b = send.clone();
+        c.reduce_scatter_host_in_place(&mut b, ReduceOp::Sum)
+            .unwrap();
+        b[r * count..(r + 1) * count].to_vec()
+    } else {
+        let mut out = vec![T::from(0.0); count];
+        c.reduce_scatter_host(&send, &mut out, ReduceOp::Sum)
+            .unwrap();
+        out
+    };
+    assert_eq!(got, want, "reduce_scatter {what}");
+    // Reduce and broadcast, from every root.
+    for root in 0..n {
+        let send: Vec<T> = (0..count).map(|i| v(r, i)).collect();
+        let mut out = if in_place {
+            send.clone()
+        } else {
+            vec![T::from(99.0); count]
+        };
+        if in_place {
+            c.reduce_host_in_place(&mut out, ReduceOp::Sum, root)
+                .unwrap();
+        } else {
+            c.reduce_host(&send, &mut out, ReduceOp::Sum, root).unwrap();
+        }
+        let want: Vec<T> = if r == root {
+            (0..count).map(sum).collect()
+        } else if in_place {
+            send.clone()
+        } else {
+            vec![T::from(99.0); count]
+        };
+        assert_eq!(out, want, "reduce root {root} {what}");
+        let mut out = if in_place {
+            send.clone()
+        } else {
+            vec![T::from(0.0); count]
+        };
+        if in_place {
+            c.broadcast_host_in_place(&mut out, root).unwrap();
+        } else {
+            c.broadcast_host(&send, &mut out, root).unwrap();
+        }
+        let want: Vec<T> = (0..count).map(|i| v(root, i)).collect();
+        assert_eq!(out, want, "broadcast root {root} {what}");
+    }
+    // All-to-all (out of place; the raw GPU call takes send == recv).
+    let send: Vec<T> = (0..n * count).map(|i| v(r, i)).collect();
+    let mut out = vec![T::from(0.0); n * count];
+    c.all_to_all_host(&send, &mut out).unwrap();
+    let want: Vec<T> = (0..n * count)
+        .map(|i| v(i / count, r * count + i % count))
+        .collect();
+    assert_eq!(out, want, "all_to_all {what}");
+}
+
+#[test]
+fn every_collective_matches_the_reference_across_the_ll_limit_and_scratch_rounds() {
+    for n in [2, 3] {
+        ranks(n, small(), |c| {
+            let mut call = 0;
+            // The LL limit is 2048 bytes per peer; the scratch slots hold
+            // 1024 (two ranks) or 672 bytes (three) per round.
+            for count in [1usize, 3, 255, 509, 510, 511, 512, 513, 1000, 1500] {
+                for in_place in [false, true] {
+                    call += 1;
+                    cases::<f32>(&c, count, call, in_place);
+                    cases::<f16>(&c, count, call, in_place);
+                    cases::<bf16>(&c, count, call, in_place);
+                }
+            }
+            // One limit for every collective (the rooted ones need no token packet: the
+            // descriptor check orders their calls).
+            assert!(c.more_ll(2048));
+            assert!(!c.more_ll(2049));
+        });
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_reason() {
+    ranks(2, small(), |c| {
+        let err = |e: CommError| e.to_string();
+        let mut out = vec![0f32; 4];
+        let e = err(c
+            .reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum, 2)
+            .unwrap_err());
+        assert!(
+            e.contains("root 2 is not a rank (there are 2 ranks)"),
+            "{e}"
+        );
+        let e = err(c.broadcast_host_in_place(&mut out, 7).unwrap_err());
+        assert!(e.contains("root 7 is not a rank"), "{e}");
+        let e = err(c
+            .reduce_scatter_host(&[1f32; 7], &mut out, ReduceOp::Sum)
+            .unwrap_err());
+        assert!(
+            e.contains("send has 7 elements; 2 ranks x recv's 4 expected"),
+            "{e}"
+        );
+        let e = err(c
+            .reduce_scatter_host_in_place(&mut [1f32; 5], ReduceOp::Sum)
+            .unwrap_err());
+        assert!(e.contains("5 elements are not 2 equal blocks"), "{e}");
+        let e = err(c.all_to_all_host(&[1f32; 4], &mut [0f32; 6]).unwrap_err());
+        assert!(e.contains("send has 4 elements, recv 6"), "{e}");
+        let e = err(c.all_to_all_host(&[1f32; 3], &mut [0f32; 3]).unwrap_err());
+        assert!(e.contains("3 elements are not 2 equal blocks"), "{e}");
+        let e = err(c.broadcast_host(&[1f32; 3], &mut out, 0).unwrap_err());
+        assert!(e.contains("send has 3 elements, recv 4"), "{e}");
+        // Nothing was launched by the refused calls: a good one still works.
+        c.broadcast_host_in_place(&mut out, 1).unwrap();
+        // Partial overlaps of the raw calls' ranges.
+        let e = err(check_overlap("x", 0, 16, 8, 16, 0).unwrap_err());
+        assert!(e.contains("overlap other than in place"), "{e}");
+        assert!(check_overlap("x", 0, 32, 16, 16, 16).is_ok());
+        assert!(check_overlap("x", 0, 16, 16, 16, 0).is_ok());
+    });
+}
+
+#[test]
+fn the_kernel_table_matches_its_index() {
+    assert_eq!(TABLE.len(), 14);
+    for (i, &d) in DataType::ALL.iter().enumerate() {
+        assert_eq!(reduce_index(d), (i < 10).then_some(i), "{d}");
+    }
+    let names = ["reduce_scatter", "reduce"];
+    for (k, kind) in [Kind::ReduceScatter, Kind::Reduce].into_iter().enumerate() {
+        for &d in &DataType::ALL[..10] {
+            let want = format!("{}_ll_{}", names[k], SIZE_CLASSES[size_class(d)]);
+            assert_eq!(TABLE[kernel_index(kind, true, d)].0, want);
+            assert_eq!(
+                TABLE[kernel_index(kind, false, d)].0,
+                format!("{}_put", names[k])
+            );
+        }
+    }
+    for (kind, name) in [
+        (Kind::Broadcast, "broadcast"),
+        (Kind::AllToAll, "all_to_all"),
+    ] {
+        assert_eq!(
+            TABLE[kernel_index(kind, true, DataType::F16)].0,
+            format!("{name}_ll")
+        );
+        assert_eq!(
+            TABLE[kernel_index(kind, false, DataType::F32)].0,
+            format!("{name}_put")
+        );
+    }
+}
+
+#[test]
+fn sends_and_receives_match_in_order_alone_and_grouped() {
+    for n in [2, 3] {
+        ranks(n, small(), |c| {
+            let (n, r) = (c.nranks(), c.rank());
+            let data = |from: usize, to: usize, k: usize, len: usize| -> Vec<f32> {
+                (0..len)
+                    .map(|i| value(from, i + 7 * to, k as u64))
+                    .collect()
+            };
+            // Sizes below and far above the p2p slot (1 KiB: 16-byte chunks).
+            for (k, len) in [1usize, 5, 256, 1000, 4099].into_iter().enumerate() {
+                // A ring in one group.
+                let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                let out = data(r, next, k, len);
+                let mut got = vec![0f32; len];
+                let ops = [
+                    P2pOp::Recv {
+                        buf: got.as_mut_ptr() as u64,
+                        count: len,
+                        dtype: DataType::F32,
+                        peer: prev,
+                    },
+                    P2pOp::Send {
+                        buf: out.as_ptr() as u64,
+                        count: len,
+                        dtype: DataType::F32,
+                        peer: next,
+                    },
+                ];
+                // SAFETY: both vectors live across the call.
+                unsafe { c.group_host(&ops) }.unwrap();
+                assert_eq!(got, data(prev, r, k, len), "rank {r} ring len {len}");
+                // Rank 0 sends to every other rank alone, twice; they receive alone.
+                if r == 0 {
+                    for p in 1..n {
+                        c.send_host(&data(0, p, k, len), p).unwrap();
+                        c.send_host(&data(0, p, k + 100, len + 1), p).unwrap();
+                    }
+                } else {
+                    let mut a = vec![0f32; len];
+                    let mut b = vec![0f32; len + 1];
+                    c.recv_host(&mut a, 0).unwrap();
+                    c.recv_host(&mut b, 0).unwrap();
+                    assert_eq!(a, data(0, r, k, len), "rank {r} first of two, len {len}");
+                    assert_eq!(
+                        b,
+                        data(0, r, k + 100, len + 1),
+                        "rank {r} second, len {len}"
+                    );
+                }
+            }
+            let e = c.send_host(&[1f32; 3], r).unwrap_err().to_string();
+            assert!(e.contains("the own rank"), "{e}");
+            let e = c.recv_host(&mut [1f32; 3], n).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("receive from rank {n}, which is not a rank")),
+                "{e}"
+            );
+            let op = P2pOp::Send {
+                buf: 0,
+                count: 0,
+                dtype: DataType::F16,
+                peer: (r + 1) % n,
+            };
+            // SAFETY: refused before any access.
+            let e = unsafe { c.group_host(&[op; 17]) }.unwrap_err().to_string();
+            assert!(e.contains("17 operations; at most 16"), "{e}");
+            // In place (a receive over the data being sent) is refused.
+            let mut buf = vec![0f32; 8];
+            let p = buf.as_mut_ptr() as u64;
+            let ops = [
+                P2pOp::Send {
+                    buf: p,
+                    count: 8,
+                    dtype: DataType::F32,
+                    peer: (r + 1) % n,
+                },
+                P2pOp::Recv {
+                    buf: p + 4,
+                    count: 2,
+                    dtype: DataType::F32,
+                    peer: (r + n - 1) % n,
+                },
+            ];
+            // SAFETY: refused before any access.
+            let e = unsafe { c.group_host(&ops) }.unwrap_err().to_string();
+            assert!(e.contains("overlaps the send to rank"), "{e}");
+        });
+    }
+}
+
+/// `op` over the ranks' values, as the library defines it (integers wrap; average divides
+/// the wrapped sum once).
+fn int_ref(op: ReduceOp, vals: &[i64], wrap: impl Fn(i64) -> i64) -> i64 {
+    let acc = vals[1..].iter().fold(vals[0], |a, &b| {
+        wrap(match op {
+            ReduceOp::Prod => a.wrapping_mul(b),
+            ReduceOp::Min => a.min(b),
+            ReduceOp::Max => a.max(b),
+            _ => a.wrapping_add(b),
+        })
+    });
+    if op == ReduceOp::Avg {
+        acc / vals.len() as i64
+    } else {
+        acc
+    }
+}
+
+#[test]
+fn every_operation_reaches_the_kernels_for_new_types() {
+    ranks(3, small(), |c| {
+        let (n, r) = (c.nranks(), c.rank());
+        for (k, op) in ReduceOp::ALL.into_iter().enumerate() {
+            // Across the LL limit (2048 bytes) and over scratch rounds.
+            for count in [5usize, 700] {
+                let v = |q: usize, i: usize| ((i * 37 + q * 11 + k * 5) % 23) as i64 - 11;
+                // i32 all-reduce and reduce-scatter.
+                let send: Vec<i32> = (0..n * count).map(|i| v(r, i) as i32).collect();
+                let want = |i: usize| {
+                    let vals: Vec<i64> = (0..n).map(|q| v(q, i)).collect();
+                    int_ref(op, &vals, |x| x as i32 as i64) as i32
+                };
+                let mut out = vec![0i32; n * count];
+                c.all_reduce_host(&send, &mut out, op).unwrap();
+                assert!(
+                    (0..n * count).all(|i| out[i] == want(i)),
+                    "rank {r}: all_reduce i32 {op:?} count {count}"
+                );
+                let mut part = vec![0i32; count];
+                c.reduce_scatter_host(&send, &mut part, op).unwrap();
+                assert!(
+                    (0..count).all(|i| part[i] == want(r * count + i)),
+                    "rank {r}: reduce_scatter i32 {op:?} count {count}"
+                );
+                // u8 reduce to the last rank (wrapping products and sums).
+                let send: Vec<u8> = (0..count).map(|i| (v(r, i) + 11) as u8).collect();
+                let mut out = vec![0u8; count];
+                c.reduce_host(&send, &mut out, op, n - 1).unwrap();
+                if r == n - 1 {
+                    for (i, &o) in out.iter().enumerate() {
+                        let vals: Vec<i64> = (0..n).map(|q| v(q, i) + 11).collect();
+                        let w = int_ref(op, &vals, |x| x as u8 as i64) as u8;
+                        assert_eq!(o, w, "rank {r}: reduce u8 {op:?} [{i}]");
+                    }
+                }
+                // f64 in place: small integers, exact; average divides once.
+                let mut buf: Vec<f64> = (0..count).map(|i| v(r, i) as f64).collect();
+                c.all_reduce_host_in_place(&mut buf, op).unwrap();
+                for (i, &b) in buf.iter().enumerate() {
+                    let vals: Vec<f64> = (0..n).map(|q| v(q, i) as f64).collect();
+                    let acc = vals[1..].iter().fold(vals[0], |a, &x| match op {
+                        ReduceOp::Prod => a * x,
+                        ReduceOp::Min => a.min(x),
+                        ReduceOp::Max => a.max(x),
+                        _ => a + x,
+                    });
+                    let w = if op == ReduceOp::Avg {
+                        acc / n as f64
+                    } else {
+                        acc
+                    };
+                    assert_eq!(b, w, "rank {r}: all_reduce f64 {op:?} [{i}]");
+                }
+            }
+        }
+        let mut out = vec![0u8; 6];
+        // SAFETY: refused before any access (fp8 is not reduced).
+        let e = unsafe {
+            c.host_all_reduce(
+                out.as_ptr() as u64,
+                out.as_mut_ptr() as u64,
+                6,
+                DataType::Fp8E4M3,
+                ReduceOp::Sum,
+            )
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("f8e4m3 is moved but not reduced"), "{e}");
+    });
+}
+
+#[test]
+fn mismatched_reduce_scatter_broadcast_and_reduce_fail_on_every_rank_naming_them() {
+    ranks(2, small(), |c| {
+        let r = c.rank();
+        let err = |res: Result<(), CommError>| match res {
+            Err(CommError::CallMismatch(m)) => m,
+            other => panic!("rank {r}: {other:?}"),
+        };
+        // Reduce-scatter sizes, on the LL path (20, 30 f32) and the put path.
+        for (a, b) in [(20usize, 30usize), (700, 900)] {
+            let count = [a, b][r];
+            let send = vec![1.0f32; 2 * count];
+            let mut recv = vec![0.0f32; count];
+            let m = err(c.reduce_scatter_host(&send, &mut recv, ReduceOp::Sum));
+            assert!(
+                m.contains(&format!("reduce_scatter (sum) of {a} f32 per rank")),
+                "{m}"
+            );
+            assert!(
+                m.contains(&format!("reduce_scatter (sum) of {b} f32 per rank")),
+                "{m}"
+            );
+        }
+        // Reduce-scatter operations.
+        let (send, mut recv) = (vec![1.0f32; 64], vec![0.0f32; 32]);
+        let op = [ReduceOp::Sum, ReduceOp::Max][r];
+        let m = err(c.reduce_scatter_host(&send, &mut recv, op));
+        assert!(m.contains("(sum)") && m.contains("(max)"), "{m}");
+        // Broadcast roots, LL and put.
+        for len in [100usize, 3000] {
+            let mut buf = vec![r as u8; len];
+            let m = err(c.broadcast_host_in_place(&mut buf, r));
+            assert!(
+                m.contains(&format!("broadcast from root 0 of {len} u8"))
+                    && m.contains(&format!("broadcast from root 1 of {len} u8")),
+                "{m}"
+            );
+        }
+        // Reduce roots.
+        let mut buf = vec![1.0f32; 50];
+        let m = err(c.reduce_host_in_place(&mut buf, ReduceOp::Sum, r));
+        assert!(
+            m.contains("reduce (sum) to root 0") && m.contains("to root 1"),
+            "{m}"
+        );
+        // Usable afterwards.
+        let mut buf = vec![r as u8 + 1; 3000];
+        c.broadcast_host_in_place(&mut buf, 1).unwrap();
+        assert!(buf.iter().all(|&x| x == 2));
+        let send = vec![1.0f32; 2 * 700];
+        let mut recv = vec![0.0f32; 700];
+        c.reduce_scatter_host(&send, &mut recv, ReduceOp::Sum)
+            .unwrap();
+        assert!(recv.iter().all(|&x| x == 2.0));
+    });
+}

@@ -1,0 +1,706 @@
+//! Reduce-scatter, reduce, broadcast and all-to-all on GPUs: two processes
+//! (`MSCCLPP_TEST_GPUS=N` for N, 2..=8), one GPU each (all on GPU 0 when the machine has
+//! one). Random data of every power-of-two size from 4 B to 64 MiB and odd counts next to
+//! them, f32/f16/bf16, in place and out of place, every root, checked bit for bit against a
+//! CPU reference that adds in rank order; every reducing type (f32, f16, bf16, f64, i8, u8,
+//! i32, u32, i64, u64) and operation (sum, prod, min, max, avg) on every reducing path,
+//! all-reduce's algorithms included, and the fp8 types on the byte movers; sends and receives (a ring in one group, one-way
+//! sends alone) of the same sizes; one call of each captured into a CUDA graph and replayed
+//! over fresh inputs; the typed API's argument checks. Skips with a reason without
+//! a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{DevicePtr, sys};
+use half::{bf16, f16};
+use mscclpp::host::collectives::{
+    AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp, ReduceOp,
+};
+use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
+use mscclpp::host::cuda::{CudaSlice, CudaStream};
+use mscclpp::host::launch::Launch;
+use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
+
+const ROLE: &str = "MSCCLPP_TEST_ROLE";
+
+/// Ranks of each test: `MSCCLPP_TEST_GPUS` (2..=8), else 2.
+fn test_ranks() -> usize {
+    match std::env::var("MSCCLPP_TEST_GPUS") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (2..=8).contains(&n) => n,
+            _ => panic!("MSCCLPP_TEST_GPUS={v:?}: expected a number in 2..=8"),
+        },
+        Err(_) => 2,
+    }
+}
+
+fn setup() -> (Collectives, Arc<CudaStream>) {
+    let launch = Launch::from_env().unwrap();
+    let bs = launch.blocking_bootstrap().unwrap();
+    let backend = Backend::auto(bs.local_rank()).unwrap();
+    let Backend::Gpu(gpu) = backend.clone() else {
+        panic!("rank {} found no GPU", bs.rank())
+    };
+    let config = CommConfig {
+        device_timeout: Duration::from_secs(60),
+        ..CommConfig::default()
+    };
+    let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
+    let stream = gpu.new_stream().unwrap();
+    (
+        Collectives::new(comm, CollConfig::default()).unwrap(),
+        stream,
+    )
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Element `i` of rank `rank`'s input of call `seed` as raw bits: floats random in
+/// [-4, 4) held exactly by the type, integers over their whole range, fp8 any byte.
+fn input(dtype: DataType, seed: u64, rank: usize, i: usize) -> u64 {
+    let h = splitmix(seed ^ (rank as u64) << 56 ^ i as u64);
+    let v = (h >> 40) as f32 / (1u64 << 21) as f32 - 4.0;
+    match dtype {
+        DataType::F32 => v.to_bits() as u64,
+        DataType::F16 => f16::from_f32(v).to_bits() as u64,
+        DataType::Bf16 => bf16::from_f32(v).to_bits() as u64,
+        DataType::F64 => ((h >> 11) as f64 / (1u64 << 50) as f64 - 4.0).to_bits(),
+        _ => h & mask(dtype.size()),
+    }
+}
+
+fn mask(size: usize) -> u64 {
+    if size == 8 {
+        u64::MAX
+    } else {
+        (1 << (size * 8)) - 1
+    }
+}
+
+/// `op` of two elements' bits (average: the sum), as the library defines it: IEEE
+/// arithmetic rounded to the type, wrapping integers, float min/max by `total_cmp`, ties
+/// keeping `a`.
+fn apply(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
+    use std::cmp::Ordering::{Greater, Less};
+    macro_rules! float {
+        ($x:expr, $y:expr, $to:expr, $mul:expr, $add:expr) => {{
+            let (x, y) = ($x, $y);
+            match op {
+                ReduceOp::Prod => $to($mul(x, y)),
+                ReduceOp::Min => {
+                    if y.total_cmp(&x) == Less {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                ReduceOp::Max => {
+                    if y.total_cmp(&x) == Greater {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                _ => $to($add(x, y)),
+            }
+        }};
+    }
+    macro_rules! int {
+        ($t:ty) => {{
+            let (x, y) = (a as $t, b as $t);
+            (match op {
+                ReduceOp::Prod => x.wrapping_mul(y),
+                ReduceOp::Min => x.min(y),
+                ReduceOp::Max => x.max(y),
+                _ => x.wrapping_add(y),
+            }) as u64
+                & mask(dtype.size())
+        }};
+    }
+    match dtype {
+        DataType::F32 => float!(
+            f32::from_bits(a as u32),
+            f32::from_bits(b as u32),
+            |v: f32| v.to_bits() as u64,
+            |x: f32, y: f32| x * y,
+            |x: f32, y: f32| x + y
+        ),
+        DataType::F64 => float!(
+            f64::from_bits(a),
+            f64::from_bits(b),
+            |v: f64| v.to_bits(),
+            |x: f64, y: f64| x * y,
+            |x: f64, y: f64| x + y
+        ),
+        DataType::F16 => float!(
+            f16::from_bits(a as u16),
+            f16::from_bits(b as u16),
+            |v: f16| v.to_bits() as u64,
+            |x: f16, y: f16| f16::from_f32(x.to_f32() * y.to_f32()),
+            |x: f16, y: f16| f16::from_f32(x.to_f32() + y.to_f32())
+        ),
+        DataType::Bf16 => float!(
+            bf16::from_bits(a as u16),
+            bf16::from_bits(b as u16),
+            |v: bf16| v.to_bits() as u64,
+            |x: bf16, y: bf16| bf16::from_f32(x.to_f32() * y.to_f32()),
+            |x: bf16, y: bf16| bf16::from_f32(x.to_f32() + y.to_f32())
+        ),
+        DataType::I8 => int!(i8),
+        DataType::U8 => int!(u8),
+        DataType::I32 => int!(i32),
+        DataType::U32 => int!(u32),
+        DataType::I64 => int!(i64),
+        DataType::U64 => int!(u64),
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => unreachable!("fp8 is not reduced"),
+    }
+}
+
+/// Average's division of a sum by `n`.
+fn divide(dtype: DataType, a: u64, n: usize) -> u64 {
+    let m = mask(dtype.size());
+    match dtype {
+        DataType::F32 => (f32::from_bits(a as u32) / n as f32).to_bits() as u64,
+        DataType::F64 => (f64::from_bits(a) / n as f64).to_bits(),
+        DataType::F16 => {
+            f16::from_f32(f16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
+        }
+        DataType::Bf16 => {
+            bf16::from_f32(bf16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
+        }
+        DataType::I8 => (a as i8 / n as i8) as u64 & m,
+        DataType::I32 => (a as i32 / n as i32) as u64 & m,
+        DataType::I64 => (a as i64 / n as i64) as u64,
+        _ => a / n as u64,
+    }
+}
+
+/// The reference: `op` over ranks `0..n` of element `i` of call `seed`, in rank order.
+fn reduce(dtype: DataType, op: ReduceOp, seed: u64, n: usize, i: usize) -> u64 {
+    let acc = (1..n).fold(input(dtype, seed, 0, i), |acc, q| {
+        apply(dtype, op, acc, input(dtype, seed, q, i))
+    });
+    if op == ReduceOp::Avg {
+        divide(dtype, acc, n)
+    } else {
+        acc
+    }
+}
+
+fn to_bytes(dtype: DataType, words: impl Iterator<Item = u64>) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = Vec::new();
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes()[..size]);
+    }
+    out
+}
+
+fn mismatches(got: &[u8], want: &[u8], size: usize) -> (usize, Vec<usize>) {
+    let mut first = Vec::new();
+    let mut total = 0;
+    for (i, (g, w)) in got.chunks(size).zip(want.chunks(size)).enumerate() {
+        if g != w {
+            total += 1;
+            if first.len() < 5 {
+                first.push(i);
+            }
+        }
+    }
+    (total, first)
+}
+
+fn dptr(s: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
+    let (p, _g) = s.device_ptr(stream);
+    p
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    AllReduce(AllReduceAlgo),
+    ReduceScatter,
+    Reduce,
+    Broadcast,
+    AllToAll,
+}
+
+/// One call's buffers and expected output on rank `r` of `n`: `(send contents, recv
+/// length, recv byte offset in send when in place, expected recv)`.
+#[allow(clippy::too_many_arguments)]
+fn data(
+    op: Op,
+    dtype: DataType,
+    red: ReduceOp,
+    seed: u64,
+    n: usize,
+    r: usize,
+    count: usize,
+    root: usize,
+    in_place: bool,
+) -> (Vec<u8>, usize, usize, Vec<u8>) {
+    let es = dtype.size();
+    let words = |q: usize, len: usize| (0..len).map(move |i| input(dtype, seed, q, i));
+    match op {
+        Op::AllReduce(_) => (
+            to_bytes(dtype, words(r, count)),
+            count * es,
+            0,
+            to_bytes(dtype, (0..count).map(|i| reduce(dtype, red, seed, n, i))),
+        ),
+        Op::ReduceScatter => (
+            to_bytes(dtype, words(r, n * count)),
+            count * es,
+            r * count * es,
+            to_bytes(
+                dtype,
+                (0..count).map(|i| reduce(dtype, red, seed, n, r * count + i)),
+            ),
+        ),
+        Op::Reduce => {
+            let send = to_bytes(dtype, words(r, count));
+            let want = if r == root {
+                to_bytes(dtype, (0..count).map(|i| reduce(dtype, red, seed, n, i)))
+            } else if in_place {
+                send.clone()
+            } else {
+                vec![0; count * es]
+            };
+            (send, count * es, 0, want)
+        }
+        Op::Broadcast => (
+            to_bytes(dtype, words(r, count)),
+            count * es,
+            0,
+            to_bytes(dtype, words(root, count)),
+        ),
+        Op::AllToAll => (
+            to_bytes(dtype, words(r, n * count)),
+            n * count * es,
+            0,
+            to_bytes(
+                dtype,
+                (0..n * count).map(|i| input(dtype, seed, i / count, r * count + i % count)),
+            ),
+        ),
+    }
+}
+
+/// Issues one raw call on `stream`.
+///
+/// # Safety
+/// The buffers live until the stream is synchronised.
+#[allow(clippy::too_many_arguments)]
+unsafe fn issue(
+    c: &Collectives,
+    op: Op,
+    dtype: DataType,
+    red: ReduceOp,
+    sp: u64,
+    rp: u64,
+    count: usize,
+    root: usize,
+    stream: &CudaStream,
+) {
+    // SAFETY: caller contract.
+    unsafe {
+        match op {
+            Op::AllReduce(algo) => c.all_reduce_raw(sp, rp, count, dtype, red, algo, stream),
+            Op::ReduceScatter => c.reduce_scatter_raw(sp, rp, count, dtype, red, stream),
+            Op::Reduce => c.reduce_raw(sp, rp, count, dtype, red, root, stream),
+            Op::Broadcast => c.broadcast_raw(sp, rp, count, dtype, root, stream),
+            Op::AllToAll => c.all_to_all_raw(sp, rp, count, dtype, stream),
+        }
+    }
+    .unwrap_or_else(|e| panic!("{op:?} {dtype} {red:?} count {count}: {e}"));
+}
+
+/// Element counts for `dtype` and `op` whose message (the input of one rank for
+/// reduce-scatter and all-to-all, else the buffer) is every power of two of bytes from 4 B
+/// to 64 MiB, and an odd count next to each.
+fn counts(op: Op, dtype: DataType, n: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut bytes = 4usize;
+    while bytes <= 64 << 20 {
+        let per = match op {
+            Op::ReduceScatter | Op::AllToAll => n,
+            _ => 1,
+        };
+        let c = (bytes / dtype.size() / per).max(1);
+        v.push(c);
+        v.push(c + if c > 8 { 5 } else { 1 });
+        bytes *= 2;
+    }
+    v
+}
+
+/// Runs one call on fresh buffers and checks it bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn check_call(
+    c: &Collectives,
+    stream: &Arc<CudaStream>,
+    op: Op,
+    dtype: DataType,
+    red: ReduceOp,
+    seed: u64,
+    count: usize,
+    root: usize,
+    in_place: bool,
+) {
+    let (n, r) = (c.nranks(), c.rank());
+    let (send, recv_len, off, want) = data(op, dtype, red, seed, n, r, count, root, in_place);
+    let sbuf: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
+    let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
+    let sp = dptr(&sbuf, stream);
+    let rp = if in_place {
+        sp + off as u64
+    } else {
+        dptr(&rbuf, stream)
+    };
+    // SAFETY: both buffers live until the synchronize below.
+    unsafe { issue(c, op, dtype, red, sp, rp, count, root, stream) };
+    stream.synchronize().unwrap();
+    let got = if in_place {
+        stream.clone_dtoh(&sbuf).unwrap()[off..off + recv_len].to_vec()
+    } else {
+        stream.clone_dtoh(&rbuf).unwrap()
+    };
+    let (bad, first) = mismatches(&got, &want, dtype.size());
+    assert_eq!(
+        bad, 0,
+        "rank {r}: {op:?} {dtype} {red:?} count {count} root {root} in_place {in_place}: \
+         {bad} wrong elements, first at {first:?}"
+    );
+}
+
+fn sweep_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let mut seed = 0u64;
+    for op in [Op::ReduceScatter, Op::Reduce, Op::Broadcast, Op::AllToAll] {
+        for dtype in [DataType::F32, DataType::F16, DataType::Bf16] {
+            if matches!(op, Op::Broadcast | Op::AllToAll) && dtype == DataType::F32 {
+                continue; // byte movers: 2-byte elements give the odd sizes
+            }
+            for (k, count) in counts(op, dtype, n).into_iter().enumerate() {
+                seed += 1;
+                let red = ReduceOp::Sum;
+                check_call(&c, &stream, op, dtype, red, seed, count, k % n, k % 2 == 1);
+            }
+            println!("rank {r}: {op:?} {dtype} up to 64 MiB matched");
+        }
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// Every reducing type and operation on every reducing path (all-reduce's algorithms,
+/// reduce-scatter, reduce), at an LL size and at a size that takes many scratch rounds; the
+/// byte movers on the 1-byte types.
+fn types_and_ops_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let mut seed = 1 << 20;
+    let algos = [
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+        AllReduceAlgo::ReadReduce,
+        AllReduceAlgo::AllPairs,
+        AllReduceAlgo::Proxy,
+    ];
+    for dtype in DataType::ALL {
+        if matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2) {
+            for op in [Op::Broadcast, Op::AllToAll] {
+                for count in [1usize, 4099, (3 << 20) + 1] {
+                    seed += 1;
+                    let red = ReduceOp::Sum;
+                    check_call(&c, &stream, op, dtype, red, seed, count, n - 1, false);
+                }
+            }
+            continue;
+        }
+        for red in ReduceOp::ALL {
+            for count in [37usize, 1001, ((1 << 20) + 40) / dtype.size()] {
+                let mut ops: Vec<Op> = vec![Op::ReduceScatter, Op::Reduce];
+                for a in algos {
+                    // One-shot carries at most a packet half.
+                    if a != AllReduceAlgo::OneShot || count * dtype.size() <= c.one_shot_max_bytes()
+                    {
+                        ops.push(Op::AllReduce(a));
+                    }
+                }
+                for (k, op) in ops.into_iter().enumerate() {
+                    seed += 1;
+                    let in_place = (seed + k as u64).is_multiple_of(2);
+                    check_call(&c, &stream, op, dtype, red, seed, count, k % n, in_place);
+                }
+            }
+        }
+        println!("rank {r}: {dtype}: every operation on every reducing path matched");
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// One call of each collective, small (LL) and large (puts), captured into a CUDA graph and
+/// replayed three times, with a fresh input uploaded before each replay: every replay must
+/// give the new result (fresh packet flags and semaphores each time).
+fn graph_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let dtype = DataType::Bf16;
+    for op in [Op::ReduceScatter, Op::Reduce, Op::Broadcast, Op::AllToAll] {
+        for count in [n * 3, n * (3 << 20)] {
+            let root = n - 1;
+            let red = ReduceOp::Sum;
+            let (send, recv_len, _, _) = data(op, dtype, red, 0, n, r, count, root, false);
+            let sbuf: CudaSlice<u8> = stream.alloc_zeros(send.len()).unwrap();
+            let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
+            let (sp, rp) = (dptr(&sbuf, &stream), dptr(&rbuf, &stream));
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .unwrap();
+            // SAFETY: the buffers live until the synchronize after the replays.
+            unsafe { issue(&c, op, dtype, red, sp, rp, count, root, &stream) };
+            let graph = stream
+                .end_capture(
+                    sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+                )
+                .unwrap()
+                .expect("a graph was captured");
+            for replay in 1..=3u64 {
+                let (send, _, _, want) = data(op, dtype, red, replay, n, r, count, root, false);
+                let tmp: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
+                // SAFETY: device-to-device copy between live buffers of send.len() bytes.
+                unsafe {
+                    mscclpp::host::cuda::memcpy_async(sp, dptr(&tmp, &stream), send.len(), &stream)
+                }
+                .unwrap();
+                stream.synchronize().unwrap();
+                // Every rank's input is in place before any rank replays.
+                c.communicator().bootstrap().barrier().unwrap();
+                graph.launch().unwrap();
+                stream.synchronize().unwrap();
+                let got = stream.clone_dtoh(&rbuf).unwrap();
+                if op == Op::Reduce && r != root {
+                    continue;
+                }
+                let (bad, first) = mismatches(&got, &want, dtype.size());
+                assert_eq!(
+                    bad, 0,
+                    "rank {r}: {op:?} count {count} replay {replay}: {bad} wrong, first at {first:?}"
+                );
+            }
+            println!("rank {r}: graph replays of {op:?} count {count} matched");
+        }
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// The typed calls refuse bad arguments with the reason, and work.
+fn typed_api_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let send: CudaSlice<f32> = stream.clone_htod(&vec![r as f32 + 1.0; n * 10]).unwrap();
+    let mut small: CudaSlice<f32> = stream.alloc_zeros(9).unwrap();
+    let e = c
+        .reduce_scatter(&send, &mut small, ReduceOp::Sum, &stream)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("send has {} elements", n * 10)), "{e}");
+    let mut recv: CudaSlice<f32> = stream.alloc_zeros(10).unwrap();
+    let e = c
+        .reduce(&send, &mut recv, ReduceOp::Sum, 0, &stream)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("recv 10"), "{e}");
+    let mut buf: CudaSlice<f32> = stream.alloc_zeros(10).unwrap();
+    let e = c
+        .broadcast_in_place(&mut buf, n, &stream)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("root {n} is not a rank")), "{e}");
+    let p = {
+        let (p, _g) = send.device_ptr(&stream);
+        p
+    };
+    // SAFETY: refused before any access.
+    let e = unsafe { c.all_to_all_raw(p, p + 4, 4, DataType::F32, &stream) }
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("overlap"), "{e}");
+    c.reduce_scatter(&send, &mut recv, ReduceOp::Sum, &stream)
+        .unwrap();
+    let want = (1..=n).sum::<usize>() as f32;
+    assert!(stream.clone_dtoh(&recv).unwrap().iter().all(|&v| v == want));
+    c.broadcast_in_place(&mut recv, 0, &stream).unwrap();
+    assert!(stream.clone_dtoh(&recv).unwrap().iter().all(|&v| v == want));
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// Bytes rank `from` sends rank `to` as its `k`-th message.
+fn message(from: usize, to: usize, k: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| splitmix(k << 40 ^ (from as u64) << 36 ^ (to as u64) << 32 ^ i as u64) as u8)
+        .collect()
+}
+
+fn send_recv_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let mut bytes = 2usize;
+    let mut k = 0u64;
+    while bytes <= 64 << 20 {
+        for len in [bytes, bytes + 6] {
+            k += 1;
+            let count = len / 2;
+            let out: CudaSlice<u8> = stream.clone_htod(&message(r, next, k, len)).unwrap();
+            let got: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
+            let ops = [
+                P2pOp::Send {
+                    buf: dptr(&out, &stream),
+                    count,
+                    dtype: DataType::F16,
+                    peer: next,
+                },
+                P2pOp::Recv {
+                    buf: dptr(&got, &stream),
+                    count,
+                    dtype: DataType::Bf16,
+                    peer: prev,
+                },
+            ];
+            // SAFETY: both buffers live until the synchronize below.
+            unsafe { c.group(&ops, &stream) }.unwrap();
+            // Rank 0 then sends to every other rank alone.
+            let one: CudaSlice<u8> = if r == 0 {
+                stream.clone_htod(&message(0, 1, k, len)).unwrap()
+            } else {
+                stream.alloc_zeros(len).unwrap()
+            };
+            for p in 1..n {
+                // SAFETY: `one` lives until the synchronize below.
+                unsafe {
+                    if r == 0 {
+                        c.send_raw(dptr(&one, &stream), count, DataType::F16, p, &stream)
+                    } else if r == p {
+                        c.recv_raw(dptr(&one, &stream), count, DataType::F16, 0, &stream)
+                    } else {
+                        Ok(())
+                    }
+                }
+                .unwrap();
+            }
+            stream.synchronize().unwrap();
+            let want = message(prev, r, k, len);
+            let (bad, first) = mismatches(&stream.clone_dtoh(&got).unwrap(), &want, 1);
+            assert_eq!(
+                bad, 0,
+                "rank {r}: ring {len} bytes: {bad} wrong, first at {first:?}"
+            );
+            if r != 0 {
+                let want = message(0, 1, k, len);
+                let (bad, first) = mismatches(&stream.clone_dtoh(&one).unwrap(), &want, 1);
+                assert_eq!(
+                    bad, 0,
+                    "rank {r}: from 0, {len} bytes: {bad} wrong, first {first:?}"
+                );
+            }
+        }
+        bytes *= 2;
+    }
+    println!("rank {r}: send/recv up to 64 MiB matched");
+    // A ring group captured into a graph, replayed over fresh data.
+    let len = 3 << 20;
+    let out: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
+    let got: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
+    let (op, gp) = (dptr(&out, &stream), dptr(&got, &stream));
+    let ops = [
+        P2pOp::Recv {
+            buf: gp,
+            count: len / 2,
+            dtype: DataType::Bf16,
+            peer: prev,
+        },
+        P2pOp::Send {
+            buf: op,
+            count: len / 2,
+            dtype: DataType::Bf16,
+            peer: next,
+        },
+    ];
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    // SAFETY: the buffers live until the last synchronize.
+    unsafe { c.group(&ops, &stream) }.unwrap();
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .unwrap()
+        .expect("a graph was captured");
+    for replay in 1..=3u64 {
+        let tmp: CudaSlice<u8> = stream
+            .clone_htod(&message(r, next, 1000 + replay, len))
+            .unwrap();
+        // SAFETY: device-to-device copy between live buffers of len bytes.
+        unsafe { mscclpp::host::cuda::memcpy_async(op, dptr(&tmp, &stream), len, &stream) }
+            .unwrap();
+        stream.synchronize().unwrap();
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        let want = message(prev, r, 1000 + replay, len);
+        let (bad, first) = mismatches(&stream.clone_dtoh(&got).unwrap(), &want, 1);
+        assert_eq!(
+            bad, 0,
+            "rank {r}: graph replay {replay}: {bad} wrong, first at {first:?}"
+        );
+    }
+    // SAFETY: refused before any access.
+    let e = unsafe { c.send_raw(op, 2, DataType::F16, r, &stream) }
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the own rank"), "{e}");
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+macro_rules! gpu_test {
+    ($name:ident, $rank:ident) => {
+        #[test]
+        fn $name() {
+            if std::env::var(ROLE).is_ok() {
+                $rank();
+            } else if gpu_or_skip(stringify!($name), 0).is_some() {
+                run_test_ranks(
+                    stringify!($name),
+                    test_ranks(),
+                    ROLE,
+                    Duration::from_secs(550),
+                );
+            }
+        }
+    };
+}
+
+gpu_test!(
+    reduce_scatter_reduce_broadcast_all_to_all_match_the_cpu_reference_to_64_mib,
+    sweep_rank
+);
+gpu_test!(one_call_of_each_replays_under_a_cuda_graph, graph_rank);
+gpu_test!(
+    every_type_and_operation_on_every_reducing_path_matches_the_reference,
+    types_and_ops_rank
+);
+gpu_test!(typed_api_checks_arguments, typed_api_rank);
+gpu_test!(
+    sends_and_receives_match_alone_grouped_and_under_a_graph,
+    send_recv_rank
+);
