@@ -19,6 +19,7 @@ pub mod communicator;
 pub mod cuda;
 pub mod launch;
 pub mod proxy;
+pub mod runtime_libs;
 pub mod smoke;
 pub mod testing;
 pub mod transport;

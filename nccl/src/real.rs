@@ -185,79 +185,18 @@ const FILE_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
 const WHEEL_DIRS: [&str; 3] = ["nvidia/nccl/lib", "nvidia/cu13/lib", "nvidia/cu12/lib"];
 
 fn lib_in(dir: &Path) -> Option<PathBuf> {
-    FILE_NAMES.iter().map(|n| dir.join(n)).find(|p| p.is_file())
+    mscclpp_host::runtime_libs::file_in(dir, &FILE_NAMES)
 }
 
-/// Python site-packages folders found without running Python.
-fn site_packages() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PYTHONPATH")
-        .map(|v| std::env::split_paths(&v).collect())
-        .unwrap_or_default();
-    let mut prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .map(PathBuf::from)
-        .collect();
-    // A Python program's own prefix: <prefix>/bin/python3 -> <prefix>/lib/python3*/.
-    if let Ok(exe) = std::fs::read_link("/proc/self/exe")
-        && let Some(prefix) = exe.parent().and_then(Path::parent)
-    {
-        prefixes.push(prefix.to_path_buf());
-    }
-    prefixes.extend(["/usr", "/usr/local"].map(PathBuf::from));
-    if let Some(home) = std::env::var_os("HOME") {
-        prefixes.push(PathBuf::from(home).join(".local"));
-    }
-    for prefix in prefixes {
-        for lib in ["lib", "lib64"] {
-            if let Ok(entries) = std::fs::read_dir(prefix.join(lib)) {
-                let mut found: Vec<PathBuf> = entries
-                    .flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-                    .flat_map(|e| {
-                        [
-                            e.path().join("site-packages"),
-                            e.path().join("dist-packages"),
-                        ]
-                    })
-                    .collect();
-                found.sort();
-                dirs.extend(found);
-            }
-        }
-    }
-    dirs.push(PathBuf::from("/usr/lib/python3/dist-packages"));
-    dirs.dedup();
-    dirs
-}
-
-/// Every folder searched in step 4, in order.
+/// Every folder searched in step 4, in order (no Python is started: this library runs
+/// inside someone else's process).
 pub fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    for site in site_packages() {
-        for w in WHEEL_DIRS {
-            dirs.push(site.join(w));
-        }
-    }
-    if let Some(h) = std::env::var_os("NCCL_HOME") {
-        dirs.push(PathBuf::from(h).join("lib"));
-    }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(h) = std::env::var_os(var) {
-            dirs.push(PathBuf::from(h).join("lib64"));
-        }
-    }
-    for d in [
-        "/usr/local/cuda/lib64",
-        "/usr/local/nccl/lib",
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/local/lib",
-    ] {
-        dirs.push(PathBuf::from(d));
-    }
-    dirs
+    let mut extra: Vec<PathBuf> = std::env::var_os("NCCL_HOME")
+        .map(|h| PathBuf::from(h).join("lib"))
+        .into_iter()
+        .collect();
+    extra.push(PathBuf::from("/usr/local/nccl/lib"));
+    mscclpp_host::runtime_libs::search_dirs(&WHEEL_DIRS, false, &extra)
 }
 
 /// What `MSCCLPP_NCCL_LIB` asks for.

@@ -59,86 +59,17 @@ const FILE_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
 const WHEEL_DIRS: [&str; 3] = ["nvidia/nccl/lib", "nvidia/cu13/lib", "nvidia/cu12/lib"];
 
 fn lib_in(dir: &Path) -> Option<PathBuf> {
-    FILE_NAMES.iter().map(|n| dir.join(n)).find(|p| p.is_file())
-}
-
-/// Python site-packages folders: `python3`'s own list, then the usual places.
-fn site_packages() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let script = "import site, sys\n\
-        paths = list(sys.path)\n\
-        try:\n    paths += site.getsitepackages() + [site.getusersitepackages()]\n\
-        except Exception:\n    pass\n\
-        print('\\n'.join(p for p in paths if p))";
-    for python in ["python3", "python"] {
-        if let Ok(out) = std::process::Command::new(python)
-            .args(["-c", script])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            && out.status.success()
-        {
-            dirs.extend(
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .map(|l| PathBuf::from(l.trim())),
-            );
-            break;
-        }
-    }
-    let mut prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .map(PathBuf::from)
-        .collect();
-    prefixes.extend(["/usr", "/usr/local"].map(PathBuf::from));
-    if let Some(home) = std::env::var_os("HOME") {
-        prefixes.push(PathBuf::from(home).join(".local"));
-    }
-    for prefix in prefixes {
-        for lib in ["lib", "lib64"] {
-            if let Ok(entries) = std::fs::read_dir(prefix.join(lib)) {
-                for e in entries.flatten() {
-                    if e.file_name().to_string_lossy().starts_with("python3") {
-                        dirs.push(e.path().join("site-packages"));
-                        dirs.push(e.path().join("dist-packages"));
-                    }
-                }
-            }
-        }
-    }
-    dirs.push(PathBuf::from("/usr/lib/python3/dist-packages"));
-    dirs.dedup();
-    dirs
+    crate::host::runtime_libs::file_in(dir, &FILE_NAMES)
 }
 
 /// Every folder searched, in order.
 fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    for site in site_packages() {
-        for w in WHEEL_DIRS {
-            dirs.push(site.join(w));
-        }
-    }
-    if let Some(h) = std::env::var_os("NCCL_HOME") {
-        dirs.push(PathBuf::from(h).join("lib"));
-    }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(h) = std::env::var_os(var) {
-            dirs.push(PathBuf::from(h).join("lib64"));
-        }
-    }
-    for d in [
-        "/usr/local/cuda/lib64",
-        "/usr/local/nccl/lib",
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/local/lib",
-    ] {
-        dirs.push(PathBuf::from(d));
-    }
-    dirs
+    let mut extra: Vec<PathBuf> = std::env::var_os("NCCL_HOME")
+        .map(|h| PathBuf::from(h).join("lib"))
+        .into_iter()
+        .collect();
+    extra.push(PathBuf::from("/usr/local/nccl/lib"));
+    crate::host::runtime_libs::search_dirs(&WHEEL_DIRS, true, &extra)
 }
 
 /// Finds NCCL (see the [module](self) for the order).

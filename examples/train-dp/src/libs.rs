@@ -46,94 +46,11 @@ pub fn cublas_loadable() -> bool {
 }
 
 fn lib_in(dir: &Path) -> Option<PathBuf> {
-    FILE_NAMES.iter().map(|n| dir.join(n)).find(|p| p.is_file())
-}
-
-fn glob_dirs(parent: &Path, prefix: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(parent)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
-        .map(|e| e.path())
-        .collect();
-    v.sort();
-    v
-}
-
-/// Python site-packages folders: `python3`'s own list, then the usual places.
-fn site_packages() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let script = "import site, sys\n\
-        paths = list(sys.path)\n\
-        try:\n    paths += site.getsitepackages() + [site.getusersitepackages()]\n\
-        except Exception:\n    pass\n\
-        print('\\n'.join(p for p in paths if p))";
-    if let Ok(out) = std::process::Command::new("python3")
-        .args(["-c", script])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        && out.status.success()
-    {
-        dirs.extend(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(|l| PathBuf::from(l.trim())),
-        );
-    }
-    let mut prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .map(PathBuf::from)
-        .collect();
-    for opt in glob_dirs(Path::new("/opt"), "") {
-        prefixes.push(opt.join(".venv"));
-        prefixes.push(opt.clone());
-    }
-    prefixes.extend(["/usr", "/usr/local"].map(PathBuf::from));
-    if let Some(home) = std::env::var_os("HOME") {
-        prefixes.push(PathBuf::from(home).join(".local"));
-    }
-    for prefix in prefixes {
-        for lib in ["lib", "lib64"] {
-            for py in glob_dirs(&prefix.join(lib), "python3") {
-                dirs.push(py.join("site-packages"));
-                dirs.push(py.join("dist-packages"));
-            }
-        }
-    }
-    dirs.dedup();
-    dirs
+    mscclpp::host::runtime_libs::file_in(dir, &FILE_NAMES)
 }
 
 fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    for site in site_packages() {
-        for w in WHEEL_DIRS {
-            dirs.push(site.join(w));
-        }
-    }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(h) = std::env::var_os(var) {
-            dirs.push(PathBuf::from(h).join("lib64"));
-        }
-    }
-    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
-    dirs.extend(
-        glob_dirs(Path::new("/usr/local"), "cuda-")
-            .into_iter()
-            .rev()
-            .map(|d| d.join("lib64")),
-    );
-    for d in [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-    ] {
-        dirs.push(PathBuf::from(d));
-    }
-    dirs
+    mscclpp::host::runtime_libs::search_dirs(&WHEEL_DIRS, true, &[])
 }
 
 /// Finds cuBLAS: `Ok(None)` when cudarc's names load as they are (see the
