@@ -5,62 +5,22 @@
 //! exactly); CUDA-graph capture and replay; the typed cudarc API. Skips with a reason
 //! without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use half::{bf16, f16};
-use mscclpp::host::collectives::{
-    AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp,
-};
-use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
+use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, DataType, ReduceOp};
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
-use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
-const ROLE: &str = "MSCCLPP_TEST_ROLE";
+mod common;
 
-/// Ranks of each test: `MSCCLPP_TEST_GPUS` (2..=8), else 2.
-fn test_ranks() -> usize {
-    match std::env::var("MSCCLPP_TEST_GPUS") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (2..=8).contains(&n) => n,
-            _ => panic!("MSCCLPP_TEST_GPUS={v:?}: expected a number in 2..=8"),
-        },
-        Err(_) => 2,
-    }
-}
+use common::{ROLE, setup, splitmix, test_ranks};
 
 fn run_ranks(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
     run_test_ranks(test, test_ranks(), ROLE, Duration::from_secs(550));
-}
-
-fn setup() -> (Collectives, Arc<CudaStream>) {
-    let launch = Launch::from_env().unwrap();
-    let bs = launch.blocking_bootstrap().unwrap();
-    let backend = Backend::auto(bs.local_rank()).unwrap();
-    let Backend::Gpu(gpu) = backend.clone() else {
-        panic!("rank {} found no GPU", bs.rank())
-    };
-    let config = CommConfig {
-        device_timeout: Duration::from_secs(60),
-        ..CommConfig::default()
-    };
-    let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
-    let stream = gpu.new_stream().unwrap();
-    (
-        Collectives::new(comm, CollConfig::default()).unwrap(),
-        stream,
-    )
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// Rank `rank`'s input element `i` of call `seed`, as raw bits of `dtype`: random values

@@ -14,52 +14,13 @@ use std::time::Duration;
 
 use cudarc::driver::{DevicePtr, sys};
 use half::{bf16, f16};
-use mscclpp::host::collectives::{
-    AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp, ReduceOp,
-};
-use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
+use mscclpp::host::collectives::{AllReduceAlgo, Collectives, DataType, P2pOp, ReduceOp};
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
-use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
-const ROLE: &str = "MSCCLPP_TEST_ROLE";
+mod common;
 
-/// Ranks of each test: `MSCCLPP_TEST_GPUS` (2..=8), else 2.
-fn test_ranks() -> usize {
-    match std::env::var("MSCCLPP_TEST_GPUS") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (2..=8).contains(&n) => n,
-            _ => panic!("MSCCLPP_TEST_GPUS={v:?}: expected a number in 2..=8"),
-        },
-        Err(_) => 2,
-    }
-}
-
-fn setup() -> (Collectives, Arc<CudaStream>) {
-    let launch = Launch::from_env().unwrap();
-    let bs = launch.blocking_bootstrap().unwrap();
-    let backend = Backend::auto(bs.local_rank()).unwrap();
-    let Backend::Gpu(gpu) = backend.clone() else {
-        panic!("rank {} found no GPU", bs.rank())
-    };
-    let config = CommConfig {
-        device_timeout: Duration::from_secs(60),
-        ..CommConfig::default()
-    };
-    let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
-    let stream = gpu.new_stream().unwrap();
-    (
-        Collectives::new(comm, CollConfig::default()).unwrap(),
-        stream,
-    )
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use common::{ROLE, setup, splitmix, test_ranks};
 
 /// Element `i` of rank `rank`'s input of call `seed` as raw bits: floats random in
 /// [-4, 4) held exactly by the type, integers over their whole range, fp8 any byte.

@@ -1,0 +1,53 @@
+//! What the GPU collective test files share: the rank count, the collectives of one rank,
+//! and the random inputs' hash. Each test binary uses part of it.
+#![allow(dead_code)] // every test file compiles this module and uses a different part
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mscclpp::host::collectives::{CollConfig, Collectives};
+use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
+use mscclpp::host::cuda::CudaStream;
+use mscclpp::host::launch::Launch;
+
+/// The variable that tells a re-executed test binary it is a rank.
+pub const ROLE: &str = "MSCCLPP_TEST_ROLE";
+
+/// Ranks of each test: `MSCCLPP_TEST_GPUS` (2..=8), else 2.
+pub fn test_ranks() -> usize {
+    match std::env::var("MSCCLPP_TEST_GPUS") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (2..=8).contains(&n) => n,
+            _ => panic!("MSCCLPP_TEST_GPUS={v:?}: expected a number in 2..=8"),
+        },
+        Err(_) => 2,
+    }
+}
+
+/// This rank's collectives on its GPU (launched by the test's parent) and a stream.
+pub fn setup() -> (Collectives, Arc<CudaStream>) {
+    let launch = Launch::from_env().unwrap();
+    let bs = launch.blocking_bootstrap().unwrap();
+    let backend = Backend::auto(bs.local_rank()).unwrap();
+    let Backend::Gpu(gpu) = backend.clone() else {
+        panic!("rank {} found no GPU", bs.rank())
+    };
+    let config = CommConfig {
+        device_timeout: Duration::from_secs(60),
+        ..CommConfig::default()
+    };
+    let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
+    let stream = gpu.new_stream().unwrap();
+    (
+        Collectives::new(comm, CollConfig::default()).unwrap(),
+        stream,
+    )
+}
+
+/// SplitMix64: the inputs' hash.
+pub fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
