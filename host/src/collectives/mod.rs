@@ -450,6 +450,7 @@ impl Collectives {
                 "collectives: {n} ranks; at most {MAX_RANKS} ranks (one machine) are supported"
             )));
         }
+        other_host_check(&comm)?;
         let transport = comm.backend().transport();
         // Each of the two regions (see CollContext::scratch_len).
         let region = config.scratch_bytes / 2 / 16 * 16;
@@ -1273,6 +1274,26 @@ fn place_name(place: u64) -> &'static str {
         fault::AT_PROXY => "a proxy-channel signal",
         _ => "a signal",
     }
+}
+
+/// Refuses ranks on other hosts (every rank reads the same host table from the bootstrap,
+/// so all refuse alike, before any connection): the collectives map every peer's memory,
+/// which only ranks of one machine can. Hosts are the bootstrap's host ids (hostname and
+/// boot id, or `MSCCLPP_HOST_ID`).
+fn other_host_check(comm: &Communicator) -> Result<(), CommError> {
+    let bs = comm.bootstrap().as_async();
+    let host = |r: usize| bs.host_id(r).unwrap_or("?").to_string();
+    let mine = host(comm.rank());
+    if let Some(other) = (0..comm.nranks()).find(|&r| host(r) != mine) {
+        return Err(CommError::InvalidArgument(format!(
+            "collectives: rank {other} is on host {:?} and rank {} on {mine:?}; collectives \
+             across hosts are not built yet (every rank of a Collectives must be on one \
+             machine: its peers' memory is mapped)",
+            host(other),
+            comm.rank()
+        )));
+    }
+    Ok(())
 }
 
 /// `count * size` or an error naming the call.

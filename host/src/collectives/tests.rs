@@ -502,3 +502,43 @@ fn abort_stops_a_waiting_collective_at_once_and_sticks() {
         out[0]
     );
 }
+
+/// Ranks on two (simulated) hosts: every rank refuses at once, naming a rank on the other
+/// host, before any connection is tried.
+#[test]
+fn ranks_on_another_host_are_refused_by_name() {
+    let id = create_unique_id().unwrap();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                s.spawn(move || {
+                    let c = comm_config();
+                    let host = if r == 2 { "host-b" } else { "host-a" };
+                    let bs = BlockingBootstrap::init_with_config(
+                        3,
+                        r,
+                        id,
+                        c.bootstrap.clone().with_host_id(host),
+                    )
+                    .unwrap();
+                    let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
+                    // Every rank initialised (a rank dials its successor) before any leaves.
+                    comm.bootstrap().barrier().unwrap();
+                    Collectives::new(comm, small())
+                        .expect_err("ranks on two hosts must be refused")
+                        .to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, e) in errors.iter().enumerate() {
+        assert!(e.contains("across hosts"), "rank {r}: {e}");
+        let other = if r == 2 {
+            "rank 0 is on host \"host-a\""
+        } else {
+            "rank 2 is on host \"host-b\""
+        };
+        assert!(e.contains(other), "rank {r}: {e}");
+    }
+}
