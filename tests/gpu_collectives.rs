@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use half::{bf16, f16};
 use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, DataType, ReduceOp};
-use mscclpp::host::cuda::{CudaSlice, CudaStream};
+use mscclpp::host::cuda::CudaSlice;
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
 mod common;
 
-use common::{ROLE, setup, splitmix, test_ranks};
+use common::{ROLE, dptr, mismatches, setup, splitmix, test_ranks, to_bytes};
 
 fn run_ranks(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
@@ -51,30 +51,6 @@ fn add(dtype: DataType, a: u32, b: u32) -> u32 {
         }
         _ => unreachable!("this test sweeps f32, f16 and bf16"),
     }
-}
-
-fn to_bytes(dtype: DataType, words: impl Iterator<Item = u32>) -> Vec<u8> {
-    let size = dtype.size();
-    let mut out = Vec::new();
-    for w in words {
-        out.extend_from_slice(&w.to_le_bytes()[..size]);
-    }
-    out
-}
-
-/// Element indices whose bytes differ (at most the first few, and the total).
-fn mismatches(got: &[u8], want: &[u8], size: usize) -> (usize, Vec<usize>) {
-    let mut first = Vec::new();
-    let mut total = 0;
-    for (i, (g, w)) in got.chunks(size).zip(want.chunks(size)).enumerate() {
-        if g != w {
-            total += 1;
-            if first.len() < 5 {
-                first.push(i);
-            }
-        }
-    }
-    (total, first)
 }
 
 /// Element counts to test for `dtype`: every power of two of bytes from 4 B to `max`, and
@@ -175,12 +151,6 @@ fn sweep_all_reduce_rank() {
     println!("rank {r}: ok");
 }
 
-fn dptr(s: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
-    use cudarc::driver::DevicePtr;
-    let (p, _g) = s.device_ptr(stream);
-    p
-}
-
 fn sweep_all_gather_rank() {
     let (c, stream) = setup();
     let (n, r) = (c.nranks(), c.rank());
@@ -255,7 +225,7 @@ fn graph_rank() {
         stream.synchronize().unwrap();
         let sum: Vec<f32> = stream.clone_dtoh(&buf).unwrap();
         // The address is taken before capture: cudarc may wait on events for it.
-        let p = dptr_f32(&buf, &stream);
+        let p = dptr(&buf, &stream);
         stream
             .begin_capture(
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -320,7 +290,7 @@ fn typed_api_rank() {
     let want = (1..=n).sum::<usize>() as f32;
     assert!(stream.clone_dtoh(&recv).unwrap().iter().all(|&v| v == want));
     // Misaligned, host and out-of-range pointers are refused before any launch.
-    let p = dptr_f32(&send, &stream);
+    let p = dptr(&send, &stream);
     // SAFETY: the calls are refused before any access.
     unsafe {
         let e = c
@@ -365,12 +335,6 @@ fn typed_api_rank() {
     println!("rank {r}: ok");
 }
 
-fn dptr_f32(s: &CudaSlice<f32>, stream: &CudaStream) -> u64 {
-    use cudarc::driver::DevicePtr;
-    let (p, _g) = s.device_ptr(stream);
-    p
-}
-
 /// Ranks disagree on the count (one-shot and two-shot sizes, and across the two), on the
 /// data type and on the algorithm: every rank's `synchronize` names the mismatch, and the
 /// next, matching call of each shape reduces correctly.
@@ -380,7 +344,7 @@ fn mismatch_rank() {
     let max = 1usize << 20;
     let send: CudaSlice<f32> = stream.clone_htod(&vec![1.0f32; max]).unwrap();
     let recv: CudaSlice<f32> = stream.alloc_zeros(max).unwrap();
-    let (sp, rp) = (dptr_f32(&send, &stream), dptr_f32(&recv, &stream));
+    let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
     let cases: [(
         usize,
         usize,

@@ -20,7 +20,7 @@ use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
 mod common;
 
-use common::{ROLE, setup, splitmix, test_ranks};
+use common::{ROLE, dptr, mismatches, setup, splitmix, test_ranks, to_bytes};
 
 /// Element `i` of rank `rank`'s input of call `seed` as raw bits: floats random in
 /// [-4, 4) held exactly by the type, integers over their whole range, fp8 any byte.
@@ -152,34 +152,6 @@ fn reduce(dtype: DataType, op: ReduceOp, seed: u64, n: usize, i: usize) -> u64 {
     } else {
         acc
     }
-}
-
-fn to_bytes(dtype: DataType, words: impl Iterator<Item = u64>) -> Vec<u8> {
-    let size = dtype.size();
-    let mut out = Vec::new();
-    for w in words {
-        out.extend_from_slice(&w.to_le_bytes()[..size]);
-    }
-    out
-}
-
-fn mismatches(got: &[u8], want: &[u8], size: usize) -> (usize, Vec<usize>) {
-    let mut first = Vec::new();
-    let mut total = 0;
-    for (i, (g, w)) in got.chunks(size).zip(want.chunks(size)).enumerate() {
-        if g != w {
-            total += 1;
-            if first.len() < 5 {
-                first.push(i);
-            }
-        }
-    }
-    (total, first)
-}
-
-fn dptr(s: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
-    let (p, _g) = s.device_ptr(stream);
-    p
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -51,3 +51,38 @@ pub fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
+
+/// The low `dtype.size()` bytes of each word, little-endian, one after the other.
+pub fn to_bytes<W: Into<u64>>(
+    dtype: mscclpp::host::collectives::DataType,
+    words: impl Iterator<Item = W>,
+) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = Vec::new();
+    for w in words {
+        out.extend_from_slice(&w.into().to_le_bytes()[..size]);
+    }
+    out
+}
+
+/// Element indices whose bytes differ (at most the first few, and the total).
+pub fn mismatches(got: &[u8], want: &[u8], size: usize) -> (usize, Vec<usize>) {
+    let mut first = Vec::new();
+    let mut total = 0;
+    for (i, (g, w)) in got.chunks(size).zip(want.chunks(size)).enumerate() {
+        if g != w {
+            total += 1;
+            if first.len() < 5 {
+                first.push(i);
+            }
+        }
+    }
+    (total, first)
+}
+
+/// A slice's device address (its use is ordered on `stream`).
+pub fn dptr<T>(s: &mscclpp::host::cuda::CudaSlice<T>, stream: &CudaStream) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _g) = s.device_ptr(stream);
+    p
+}
