@@ -360,6 +360,16 @@ pub unsafe fn st_release_sys_u64(p: *mut u64, v: u64) {
     unsafe { atomic_u64(p) }.store(v, Ordering::Release)
 }
 
+/// Relaxed store (`st.relaxed.sys.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn st_relaxed_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { atomic_u64(p) }.store(v, Ordering::Relaxed)
+}
+
 /// Release store (`st.release.sys.u32` on the GPU).
 ///
 /// # Safety

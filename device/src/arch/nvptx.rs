@@ -151,6 +151,20 @@ pub unsafe fn st_release_sys_u64(p: *mut u64, v: u64) {
     };
 }
 
+/// `st.relaxed.sys.u64`: a single-copy atomic store with no ordering of earlier accesses
+/// (for words whose writer's earlier loads have completed, such as a count of packets
+/// consumed).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn st_relaxed_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!("st.relaxed.sys.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+}
+
 /// `st.release.sys.u32`; see [`st_release_sys_u64`].
 ///
 /// # Safety

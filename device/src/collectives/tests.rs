@@ -70,7 +70,9 @@ impl World {
                     sems: sems[r],
                     peer_sems: [core::ptr::null_mut(); MAX_RANKS],
                     expected: alloc(EXPECTED_WORDS as u64 * 8) as *mut u64,
-                    state: alloc(STATE_WORDS as u64 * 8) as *mut u64,
+                    // The p2p context's LL sequence numbers follow (unused by collectives).
+                    state: alloc((STATE_WORDS + super::send_recv::P2P_STATE_WORDS) as u64 * 8)
+                        as *mut u64,
                     // Proxy channels need the host's proxy: tested in mscclpp-host.
                     conns: core::ptr::null(),
                     fault: alloc(FAULT_WORDS as u64 * 8) as *mut u64,

@@ -374,13 +374,35 @@ fn rank_slots_are_multiples_of_16() {
 /// One group: `(send, peer, bytes)` per operation.
 type Group = Vec<(bool, usize, usize)>;
 
+/// How a p2p launch cuts transfers: sub-slots per chunk, LL transfers up to `ll_max`
+/// bytes over `ll_blocks` blocks.
+#[derive(Clone, Copy, Debug)]
+struct P2pShape {
+    depth: u32,
+    ll_max: u64,
+    ll_blocks: u32,
+}
+
+const PLAIN: P2pShape = P2pShape {
+    depth: 1,
+    ll_max: 0,
+    ll_blocks: 0,
+};
+
 /// Runs `groups[r]` (rank r's groups, in order) on every rank over p2p contexts of `slot`
 /// bytes per source rank: each group's sends carry `byte(seed, rank, i)`, each receive is
 /// checked against the sender's bytes.
 fn run_p2p(n: usize, slot: u64, max_blocks: u32, groups: &[Vec<Group>]) {
+    run_p2p_shaped(n, slot, max_blocks, PLAIN, groups)
+}
+
+/// [`run_p2p`] with a shape.
+fn run_p2p_shaped(n: usize, slot: u64, max_blocks: u32, shape: P2pShape, groups: &[Vec<Group>]) {
     use send_recv::{P2pOp, P2pOps};
-    // World::new gives 2 * scratch_len bytes of scratch: n slots.
-    let w = World::new(n, (n as u64 * slot).div_ceil(2), 32);
+    // World::new gives 2 * scratch_len bytes of scratch: n slots; packet scratch for LL
+    // transfers of ll_max bytes (two halves of 16-byte packets, the done words).
+    let packets = (4 * shape.ll_max.div_ceil(8) * 8 + send_recv::P2P_DONE_BYTES).max(32);
+    let w = World::new(n, (n as u64 * slot).div_ceil(2), packets);
     std::thread::scope(|s| {
         for (r, rank_groups) in groups.iter().enumerate().take(n) {
             let mut ctx = w.ctxs[r];
@@ -393,6 +415,9 @@ fn run_p2p(n: usize, slot: u64, max_blocks: u32, groups: &[Vec<Group>]) {
                 for (g, group) in rank_groups.iter().enumerate() {
                     let mut ops = P2pOps {
                         count: group.len() as u32,
+                        depth: shape.depth,
+                        ll_max: shape.ll_max,
+                        ll_blocks: shape.ll_blocks,
                         ..P2pOps::default()
                     };
                     // (send, peer, bytes): a message's data depends on (sender, receiver, its
@@ -422,18 +447,19 @@ fn run_p2p(n: usize, slot: u64, max_blocks: u32, groups: &[Vec<Group>]) {
                         };
                         mems.push((m, seed, send, bytes));
                     }
-                    let blocks = ops.plan(send_recv::p2p_chunk(slot), max_blocks);
+                    let piece = send_recv::p2p_piece(slot, shape.depth);
+                    let blocks = ops.plan(piece, max_blocks);
                     launch(Dim3::x(blocks), Dim3::x(3), || {
                         // SAFETY: the p2p context; every op's buffer holds its bytes.
                         unsafe { k::p2p(&ctx, ops) }
                     })
-                    .unwrap_or_else(|e| panic!("rank {r} group {g} {group:?}: {e}"));
+                    .unwrap_or_else(|e| panic!("rank {r} group {g} {group:?} {shape:?}: {e}"));
                     for (i, (m, seed, send, bytes)) in mems.iter().enumerate() {
                         if !send {
                             // SAFETY: the kernel is done; m holds bytes + 1.
                             let got = unsafe { std::slice::from_raw_parts(m.p.add(1), *bytes) };
                             let bad = (0..*bytes).find(|&j| got[j] != byte(*seed, 0, j));
-                            assert_eq!(bad, None, "rank {r} group {g} op {i} {group:?}");
+                            assert_eq!(bad, None, "rank {r} group {g} op {i} {group:?} {shape:?}");
                         }
                     }
                 }
@@ -442,45 +468,97 @@ fn run_p2p(n: usize, slot: u64, max_blocks: u32, groups: &[Vec<Group>]) {
     });
 }
 
+/// Groups of every kind over `n` ranks: a ring both ways, every pair exchanging two messages
+/// of different sizes, one-way transfers, for sizes `1..=33_333`.
+fn p2p_groups(n: usize) -> Vec<Vec<Group>> {
+    let mut groups = vec![Vec::new(); n];
+    for (g, bytes) in [1usize, 17, 100, 4096, 5000, 33_333]
+        .into_iter()
+        .enumerate()
+    {
+        // A ring, both directions in one group.
+        for (r, gr) in groups.iter_mut().enumerate() {
+            gr.push(vec![
+                (true, (r + 1) % n, bytes + g),
+                (false, (r + n - 1) % n, bytes + g),
+            ]);
+        }
+        // Every pair exchanges, two sends to each peer (ordered in one lane) of different
+        // sizes, receives posted before the sends.
+        for (r, gr) in groups.iter_mut().enumerate() {
+            let mut ops = Vec::new();
+            for p in (0..n).filter(|&p| p != r) {
+                ops.push((false, p, bytes));
+                ops.push((false, p, bytes / 2 + 3));
+            }
+            for p in (0..n).filter(|&p| p != r) {
+                ops.push((true, p, bytes));
+                ops.push((true, p, bytes / 2 + 3));
+            }
+            gr.push(ops);
+        }
+        // One-way transfers alone: rank 0 sends to every other rank in turn.
+        for p in 1..n {
+            groups[0].push(vec![(true, p, bytes * 2 + 1)]);
+            groups[p].push(vec![(false, 0, bytes * 2 + 1)]);
+        }
+    }
+    groups
+}
+
 #[test]
 fn grouped_sends_and_receives_match_in_order_per_peer() {
     for n in [2usize, 3, 4] {
-        let mut groups = vec![Vec::new(); n];
-        for (g, bytes) in [1usize, 17, 100, 4096, 5000, 33_333]
-            .into_iter()
-            .enumerate()
-        {
-            // A ring, both directions in one group.
-            for (r, gr) in groups.iter_mut().enumerate() {
-                gr.push(vec![
-                    (true, (r + 1) % n, bytes + g),
-                    (false, (r + n - 1) % n, bytes + g),
-                ]);
-            }
-            // Every pair exchanges, two sends to each peer (ordered in one lane) of different
-            // sizes, receives posted before the sends.
-            for (r, gr) in groups.iter_mut().enumerate() {
-                let mut ops = Vec::new();
-                for p in (0..n).filter(|&p| p != r) {
-                    ops.push((false, p, bytes));
-                    ops.push((false, p, bytes / 2 + 3));
-                }
-                for p in (0..n).filter(|&p| p != r) {
-                    ops.push((true, p, bytes));
-                    ops.push((true, p, bytes / 2 + 3));
-                }
-                gr.push(ops);
-            }
-            // One-way transfers alone: rank 0 sends to every other rank in turn.
-            for p in 1..n {
-                groups[0].push(vec![(true, p, bytes * 2 + 1)]);
-                groups[p].push(vec![(false, 0, bytes * 2 + 1)]);
-            }
-        }
         // Slots of 2048 bytes: chunks of 32 bytes, so large transfers reuse each chunk many
         // times; at most 4 blocks per transfer.
-        run_p2p(n, 2048, 4, &groups);
+        run_p2p(n, 2048, 4, &p2p_groups(n));
     }
+}
+
+#[test]
+fn pipelined_and_ll_transfers_match_in_order_per_peer() {
+    // Slots of 8192 bytes: chunks of 128 bytes cut into 2 or 4 pieces, reused many times;
+    // LL transfers up to 100 or 5000 bytes (the smaller sizes of p2p_groups, and most
+    // transfers repeat one half of the packet scratch, which the done words guard).
+    for n in [2usize, 3] {
+        for shape in [
+            P2pShape {
+                depth: 2,
+                ll_max: 0,
+                ll_blocks: 0,
+            },
+            P2pShape {
+                depth: 4,
+                ll_max: 100,
+                ll_blocks: 1,
+            },
+            P2pShape {
+                depth: 2,
+                ll_max: 5000,
+                ll_blocks: 3,
+            },
+        ] {
+            run_p2p_shaped(n, 8192, 4, shape, &p2p_groups(n));
+        }
+    }
+}
+
+#[test]
+fn many_small_sends_in_a_row_wait_for_the_receiver() {
+    // Rank 0 sends 40 LL messages to rank 1 in 40 launches; a send completes without the
+    // receiver, so rank 0 runs ahead of rank 1, and without the done words a send could
+    // overwrite packets of the send two before it that rank 1 has not read yet.
+    let shape = P2pShape {
+        depth: 1,
+        ll_max: 256,
+        ll_blocks: 2,
+    };
+    let mut groups = vec![Vec::new(); 2];
+    for i in 0..40usize {
+        groups[0].push(vec![(true, 1, 1 + i * 6)]);
+        groups[1].push(vec![(false, 0, 1 + i * 6)]);
+    }
+    run_p2p_shaped(2, 2048, 4, shape, &groups);
 }
 
 #[test]

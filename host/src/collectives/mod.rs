@@ -292,6 +292,16 @@ pub struct CollConfig {
     /// The all-gather algorithm of calls that pass [`AllGatherAlgo::Auto`], unless
     /// `MSCCLPP_ALLGATHER_ALGO` is set.
     pub all_gather_algo: AllGatherAlgo,
+    /// Sends and receives of at most this many bytes go as LL packets, with no rendezvous
+    /// (0: never). Each peer pair gets `4 *` this in packet scratch. Must be equal on every
+    /// rank, as the two following.
+    pub p2p_packet_max_bytes: usize,
+    /// Blocks of every LL send and receive on a GPU (1..=16; at most the blocks a transfer
+    /// may use).
+    pub p2p_packet_blocks: u32,
+    /// Larger sends and receives: pieces in flight per block (1..=4): the sender fills the
+    /// next while the receiver copies one out.
+    pub p2p_depth: u32,
 }
 
 impl Default for CollConfig {
@@ -303,13 +313,17 @@ impl Default for CollConfig {
             threads: 512,
             all_reduce_algo: AllReduceAlgo::Auto,
             all_gather_algo: AllGatherAlgo::Auto,
+            p2p_packet_max_bytes: 256 << 10,
+            p2p_packet_blocks: 16,
+            p2p_depth: 2,
         }
     }
 }
 
 impl CollConfig {
     /// The defaults, with `MSCCLPP_COLL_SCRATCH_BYTES`, `MSCCLPP_COLL_PACKET_MAX_BYTES`,
-    /// `MSCCLPP_COLL_MAX_BLOCKS` and `MSCCLPP_COLL_THREADS` applied when set.
+    /// `MSCCLPP_COLL_MAX_BLOCKS`, `MSCCLPP_COLL_THREADS`, `MSCCLPP_P2P_PACKET_MAX_BYTES`,
+    /// `MSCCLPP_P2P_PACKET_BLOCKS` and `MSCCLPP_P2P_DEPTH` applied when set.
     pub fn from_env() -> Result<CollConfig, CommError> {
         let mut c = CollConfig::default();
         let get = |name: &str| -> Result<Option<u64>, CommError> {
@@ -331,6 +345,15 @@ impl CollConfig {
         }
         if let Some(v) = get("MSCCLPP_COLL_THREADS")? {
             c.threads = v.min(u32::MAX as u64) as u32;
+        }
+        if let Some(v) = get("MSCCLPP_P2P_PACKET_MAX_BYTES")? {
+            c.p2p_packet_max_bytes = v as usize;
+        }
+        if let Some(v) = get("MSCCLPP_P2P_PACKET_BLOCKS")? {
+            c.p2p_packet_blocks = v.min(u32::MAX as u64) as u32;
+        }
+        if let Some(v) = get("MSCCLPP_P2P_DEPTH")? {
+            c.p2p_depth = v.min(u32::MAX as u64) as u32;
         }
         Ok(c)
     }
@@ -360,6 +383,25 @@ impl CollConfig {
             return bad(format!(
                 "threads {} is not a multiple of 32 in 32..=512",
                 self.threads
+            ));
+        }
+        if self.p2p_packet_max_bytes > 4 << 20 {
+            return bad(format!(
+                "p2p_packet_max_bytes {} is above 4 MiB",
+                self.p2p_packet_max_bytes
+            ));
+        }
+        use mscclpp_device::collectives::send_recv::{P2P_LL_BLOCKS, P2P_MAX_DEPTH};
+        if !(1..=P2P_LL_BLOCKS).contains(&self.p2p_packet_blocks) {
+            return bad(format!(
+                "p2p_packet_blocks {} is not in 1..={P2P_LL_BLOCKS}",
+                self.p2p_packet_blocks
+            ));
+        }
+        if !(1..=P2P_MAX_DEPTH).contains(&self.p2p_depth) {
+            return bad(format!(
+                "p2p_depth {} is not in 1..={P2P_MAX_DEPTH}",
+                self.p2p_depth
             ));
         }
         Ok(())

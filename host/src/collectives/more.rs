@@ -10,19 +10,25 @@
 //! barriers. Sums are formed in rank order on every rank, as all-reduce's.
 //!
 //! Sends and receives ([`Collectives::send_raw`], [`Collectives::recv_raw`],
-//! [`Collectives::group`]) go through a separate registered p2p buffer (one slot per source
-//! rank, `scratch_bytes / 32` clamped to 1 KiB..4 MiB, and its own semaphores), so they never
-//! meet a collective's scratch: see `mscclpp_device::collectives::send_recv`. A send ends
-//! once the receiver has copied its data out (rendezvous): a rank that sends to and receives
-//! from the same peer must post both in one [`group`](Collectives::group). Sends and
-//! receives between a pair match in call order and must have equal sizes. Sending to the own
-//! rank is refused (copy locally instead).
+//! [`Collectives::group`]) go through a separate registered p2p buffer (per source rank: a
+//! slot of `scratch_bytes / 32` clamped to 1 KiB..8 MiB, a packet scratch of `4 *`
+//! [`CollConfig::p2p_packet_max_bytes`](super::CollConfig::p2p_packet_max_bytes); its own
+//! semaphores), so they never meet a collective's scratch: see
+//! `mscclpp_device::collectives::send_recv`. A transfer of up to `p2p_packet_max_bytes` goes
+//! as LL packets: the send ends once its packets are written (eager, as NCCL's small
+//! messages), unless the receiver has yet to read the send two before it between the pair.
+//! A larger send ends once the receiver has copied its data out (rendezvous, pipelined
+//! through `p2p_depth` pieces per block). Either way a rank that sends to and receives from
+//! the same peer must post both in one [`group`](Collectives::group). Sends and receives
+//! between a pair match in call order and must have equal sizes. Sending to the own rank is
+//! refused (copy locally instead).
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;
 use mscclpp_device::collectives::send_recv::{
-    MAX_P2P_OPS, P2P_MAX_BLOCKS, P2pOp as DevP2pOp, P2pOps, p2p_chunk,
+    MAX_P2P_OPS, P2P_DONE_BYTES, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2pOp as DevP2pOp, P2pOps,
+    p2p_piece,
 };
 use mscclpp_device::collectives::{
     CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc,
@@ -899,7 +905,14 @@ const TAG_P2P: u32 = 0xC011_0004;
 
 /// Bytes of each source rank's slot of the p2p buffer for a config.
 fn p2p_slot(config: &CollConfig) -> usize {
-    (config.scratch_bytes / 32).clamp(1 << 10, 4 << 20) / 1024 * 1024
+    (config.scratch_bytes / 32).clamp(1 << 10, 8 << 20) / 1024 * 1024
+}
+
+/// Bytes of each source rank's packet scratch of the p2p buffer for a config: two halves
+/// for LL transfers of `p2p_packet_max_bytes` (16-byte packets of 8 data bytes), then the
+/// done words (see `send_recv`).
+fn p2p_packets(config: &CollConfig) -> usize {
+    4 * config.p2p_packet_max_bytes.div_ceil(8) * 8 + P2P_DONE_BYTES as usize
 }
 
 /// The p2p context (a [`CollContext`] over the p2p buffer) and its memory.
@@ -932,10 +945,14 @@ impl P2p {
     ) -> Result<P2p, CommError> {
         let (n, rank) = (comm.nranks(), comm.rank());
         let slot = p2p_slot(config);
-        let sems_at = n * slot;
+        let packets = p2p_packets(config);
+        // n slots, n packet scratches, the semaphores.
+        let packets_at = n * slot;
+        let sems_at = packets_at + n * packets;
         let buf = comm.alloc_buffer(sems_at + SEMAPHORE_WORDS * 8)?;
-        // Expected words, then the p2p context's own state (call counter, local fault words).
-        let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
+        // Expected words, then the p2p context's own state (call counter, local fault words,
+        // the LL sequence numbers).
+        let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS + P2P_STATE_WORDS) * 8)?;
         let transport = comm.backend().transport();
         let mut channels = Vec::new();
         for p in (0..n).filter(|&p| p != rank) {
@@ -950,6 +967,9 @@ impl P2p {
         let mine = addr(&buf);
         let mut ctx = CollContext {
             scratch_len: slot as u64,
+            packets_len: packets as u64,
+            packets_in: [std::ptr::null_mut(); MAX_RANKS],
+            packets_out: [std::ptr::null_mut(); MAX_RANKS],
             scratch: mine as *mut u8,
             peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
             sems: (mine + sems_at as u64) as *mut u64,
@@ -960,8 +980,15 @@ impl P2p {
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
+        for q in 0..n {
+            // This rank's packet scratch that rank q writes into.
+            ctx.packets_in[q] = (mine + (packets_at + q * packets) as u64) as *mut u8;
+        }
         for (p, c) in channels {
             let remote = all[c].remote_ptr();
+            // SAFETY: the peer's buffer is mapped whole: its packet scratch for this rank
+            // follows its slots.
+            ctx.packets_out[p] = unsafe { remote.add(packets_at + rank * packets) };
             ctx.peer_scratch[p] = remote;
             // SAFETY: the peer's buffer is mapped whole: its semaphores follow its slots.
             ctx.peer_sems[p] = unsafe { remote.add(sems_at) } as *mut u64;
@@ -1101,6 +1128,16 @@ impl Collectives {
         (128 / lanes).clamp(1, P2P_MAX_BLOCKS.min(self.config.max_blocks))
     }
 
+    /// Sets how `ops` are cut (the config's, equal on every rank) and plans the launch with
+    /// at most `max_blocks` blocks per transfer; returns the grid's blocks.
+    fn p2p_plan(&self, ops: &mut P2pOps, max_blocks: u32) -> u32 {
+        let c = &self.config;
+        ops.depth = c.p2p_depth;
+        ops.ll_max = c.p2p_packet_max_bytes as u64;
+        ops.ll_blocks = c.p2p_packet_blocks.min(max_blocks);
+        ops.plan(p2p_piece(self.p2p.ctx.scratch_len, c.p2p_depth), max_blocks)
+    }
+
     /// Posts the sends and receives of `ops` as one launch on `stream` (NCCL's grouped
     /// `ncclSend`/`ncclRecv`): all of them progress together, so a rank may send to and
     /// receive from the same peer in one group. Operations with the same peer and direction
@@ -1122,7 +1159,7 @@ impl Collectives {
         if ops.count == 0 {
             return Ok(());
         }
-        let blocks = ops.plan(p2p_chunk(self.p2p.ctx.scratch_len), self.p2p_max_blocks());
+        let blocks = self.p2p_plan(&mut ops, self.p2p_max_blocks());
         let kernels = self.more.as_ref().expect("GPU backend");
         let ctx = self.p2p.dev.as_ref().expect("GPU backend").device_ptr();
         let arg = OpsArg(ops);
@@ -1233,7 +1270,7 @@ impl Collectives {
         }
         self.check_fault(call, true)?;
         // Two blocks per transfer at most: CPU threads.
-        let blocks = ops.plan(p2p_chunk(self.p2p.ctx.scratch_len), 2);
+        let blocks = self.p2p_plan(&mut ops, 2);
         let ctx = &*self.p2p.ctx as *const CollContext as u64;
         launch(Dim3::x(blocks), Dim3::x(2), || {
             // SAFETY: the p2p context (boxed, alive as long as self) holds this
