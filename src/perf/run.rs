@@ -199,7 +199,7 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         let report = Report {
             tool: "mscclpp-perf".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            command_line: std::env::args().collect(),
+            command_line: json::public_command_line(&std::env::args().collect::<Vec<_>>()),
             date: json::now_utc(),
             collective: config.args.collective.name().into(),
             dtype: config.args.dtype.name().into(),

@@ -577,6 +577,43 @@ fn json_round_trip() {
 }
 
 #[test]
+fn command_line_names_the_binary_and_no_folders() {
+    let shown = json::public_command_line(&[
+        "/home/someone/build/target/release/mscclpp-perf",
+        "-b",
+        "8",
+        "--json",
+        "/scratch/runs/2026/out.json",
+        "--plot=/scratch/runs/2026/out.svg",
+        "-d",
+        "int8",
+    ]);
+    assert_eq!(
+        shown,
+        [
+            "mscclpp-perf",
+            "-b",
+            "8",
+            "--json",
+            "out.json",
+            "--plot=out.svg",
+            "-d",
+            "int8"
+        ]
+    );
+    assert!(shown.iter().all(|a| !a.contains('/')), "{shown:?}");
+    // Relative and bare names stay bare; a flag's value is only taken once.
+    assert_eq!(
+        json::public_command_line(&["./mscclpp-perf", "--json", "a.json", "-n", "2"]),
+        ["mscclpp-perf", "--json", "a.json", "-n", "2"]
+    );
+    assert_eq!(
+        json::public_command_line(&["mscclpp-perf"]),
+        ["mscclpp-perf"]
+    );
+}
+
+#[test]
 fn dates() {
     assert_eq!(json::iso8601_utc(0), "1970-01-01T00:00:00Z");
     assert_eq!(json::iso8601_utc(951_782_400), "2000-02-29T00:00:00Z");
