@@ -9,6 +9,11 @@ use mscclpp::perf::json::Report;
 
 /// The tool, started alone (no launcher variables), GPUs hidden.
 fn perf(args: &[&str]) -> Output {
+    perf_with(args, &[])
+}
+
+/// [`perf`] with more environment variables (the ranks inherit them).
+fn perf_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     // Cargo's path to the binary; in a gpu-bundle (tests/ and bin/ side by side, built
     // elsewhere) the packed copy next to this test.
     let mut exe = PathBuf::from(env!("CARGO_BIN_EXE_mscclpp-perf"));
@@ -20,7 +25,9 @@ fn perf(args: &[&str]) -> Output {
         exe = packed;
     }
     let mut cmd = Command::new(exe);
-    cmd.args(args).env("CUDA_VISIBLE_DEVICES", "");
+    cmd.args(args)
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .envs(env.iter().copied());
     for var in [
         "MSCCLPP_RANK",
         "MSCCLPP_NRANKS",
@@ -107,6 +114,30 @@ fn all_reduce_on_the_host_transport_with_json_and_plot() {
 
     let report = Report::from_json(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!((report.nranks, report.backend.as_str()), (2, "host"));
+    // The binary by name, the output files without their folder.
+    let name = |p: &PathBuf| p.file_name().unwrap().to_str().unwrap().to_string();
+    assert_eq!(
+        report.command_line[0], "mscclpp-perf",
+        "{:?}",
+        report.command_line
+    );
+    assert!(
+        report
+            .command_line
+            .windows(2)
+            .any(|w| w[0] == "--json" && w[1] == name(&json))
+            && report
+                .command_line
+                .windows(2)
+                .any(|w| w[0] == "--plot" && w[1] == name(&svg)),
+        "{:?}",
+        report.command_line
+    );
+    assert!(
+        report.command_line.iter().all(|a| !a.contains('/')),
+        "{:?}",
+        report.command_line
+    );
     assert_eq!(report.rows.len(), 4);
     assert!(report.rows.iter().all(|r| r.nccl.is_none()));
     assert_eq!(report.rows[3].mscclpp.in_place.wrong, Some(0));
@@ -160,7 +191,14 @@ fn all_reduce_bfloat16_three_ranks_on_the_host_transport() {
 fn bad_command_lines_exit_2_with_the_reason() {
     for (args, says) in [
         (&["-b", "64M", "-e", "1M"][..], "larger than"),
-        (&["-d", "int8"][..], "not supported"),
+        (&["-d", "int64x"][..], "unknown datatype"),
+        (&["-o", "mulsum"][..], "not supported"),
+        (&["-d", "f8e4m3"][..], "moved, not reduced"),
+        (&["--op", "reduce", "-d", "e5m2"][..], "moved, not reduced"),
+        (
+            &["--op", "allgather", "-d", "f8e4m3", "-o", "prod"][..],
+            "no reduction applies",
+        ),
         (&["-b", "12Q"][..], "unknown size suffix"),
         (&["-n", "0"][..], "iters"),
     ] {
@@ -226,4 +264,150 @@ fn reducescatter_broadcast_reduce_alltoall_sendrecv_on_the_host_transport() {
             "{op}: {stdout}"
         );
     }
+}
+
+/// Packets up to 4 KiB per peer, puts through the scratch above: small sizes reach both
+/// paths of every collective (and two-shot all-reduce), quickly in a debug build.
+const SMALL_PACKETS: [(&str, &str); 1] = [("MSCCLPP_COLL_PACKET_MAX_BYTES", "4096")];
+
+/// Runs the tool once per argument list, a few at a time (each spawns its own ranks), with
+/// [`SMALL_PACKETS`], and checks every run: exit 0, rows of `dtype` and `redop`, and 0 wrong
+/// in both placements.
+/// Returns the algorithms the rows name.
+fn all_pass(runs: &[(Vec<String>, &str, &str)]) -> std::collections::BTreeSet<String> {
+    let algos = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let algos_ref = &algos;
+    std::thread::scope(|s| {
+        for chunk in runs.chunks(runs.len().div_ceil(4)) {
+            s.spawn(move || {
+                for (args, dtype, redop) in chunk {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let out = perf_with(&args, &SMALL_PACKETS);
+                    let (stdout, stderr) = text(&out);
+                    assert!(
+                        out.status.success(),
+                        "{args:?}: stdout:\n{stdout}\nstderr:\n{stderr}"
+                    );
+                    let rows = rows(&stdout);
+                    assert!(!rows.is_empty(), "{args:?}: {stdout}");
+                    for r in &rows {
+                        algos_ref.lock().unwrap().insert(r[4].clone());
+                        assert_eq!((r[2].as_str(), r[3].as_str()), (*dtype, *redop), "{args:?}");
+                        assert_eq!(
+                            (r[8].as_str(), r[12].as_str()),
+                            ("0", "0"),
+                            "{args:?} #wrong: {r:?}"
+                        );
+                    }
+                    assert!(
+                        stdout.contains("# Out of bounds values : 0 OK"),
+                        "{args:?}: {stdout}"
+                    );
+                }
+            });
+        }
+    });
+    algos.into_inner().unwrap()
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+const REDUCING: [&str; 10] = [
+    "float", "half", "bfloat16", "double", "int8", "uint8", "int32", "uint32", "int64", "uint64",
+];
+const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
+
+#[test]
+fn all_reduce_every_type_and_operation_checks_exactly() {
+    // 64 B, 2 KiB, 64 KiB: one-shot packets and, above 4 KiB, two-shot through the scratch.
+    let mut runs = Vec::new();
+    for d in REDUCING {
+        for o in OPS {
+            let args = strings(&[
+                "-d", d, "-o", o, "--nranks", "2", "-b", "64", "-e", "64K", "-f", "32", "-n", "1",
+                "-w", "0",
+            ]);
+            runs.push((args, d, o));
+        }
+    }
+    let algos = all_pass(&runs);
+    // Packets below 4 KiB, a scratch algorithm (all-pairs, two-shot) above.
+    assert!(algos.contains("oneshot") && algos.len() >= 2, "{algos:?}");
+}
+
+#[test]
+fn reduce_scatter_and_reduce_every_operation_on_three_ranks() {
+    // Three ranks: the average divides by 3 (inexact in floats, so the single division is
+    // checked bit for bit) and the reduction order matters for nothing else.
+    let mut runs = Vec::new();
+    for op in ["reducescatter", "reduce"] {
+        for d in ["float", "bfloat16", "double", "int8", "uint32", "int64"] {
+            for o in OPS {
+                let args = strings(&[
+                    "--op", op, "-d", d, "-o", o, "--nranks", "3", "--root", "1", "-b", "96", "-e",
+                    "96K", "-f", "32", "-n", "1", "-w", "0",
+                ]);
+                runs.push((args, d, o));
+            }
+        }
+    }
+    let _ = all_pass(&runs);
+}
+
+#[test]
+fn moved_types_on_the_collectives_that_move_them() {
+    let mut runs = Vec::new();
+    for op in ["allgather", "broadcast", "alltoall", "sendrecv"] {
+        for d in ["f8e4m3", "f8e5m2", "int8", "uint64", "double"] {
+            let args = strings(&[
+                "--op", op, "-d", d, "--nranks", "2", "--root", "1", "-b", "64", "-e", "64K", "-f",
+                "32", "-n", "1", "-w", "0",
+            ]);
+            runs.push((args, d, "none"));
+        }
+    }
+    let _ = all_pass(&runs);
+}
+
+#[test]
+fn fp8_header_and_ignored_redop_are_said() {
+    let out = perf(&[
+        "--op",
+        "allgather",
+        "-d",
+        "fp8_e4m3",
+        "--nranks",
+        "2",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-n",
+        "1",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("move it as uint8"), "{stdout}");
+    let out = perf(&[
+        "--op",
+        "broadcast",
+        "-o",
+        "max",
+        "--nranks",
+        "2",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-n",
+        "1",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("# -o max ignored: broadcast does not reduce"),
+        "{stdout}"
+    );
 }

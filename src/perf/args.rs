@@ -58,10 +58,14 @@ pub struct Args {
     /// Check results (0: no, otherwise yes); #wrong counts mismatching elements.
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u32,
-    /// Element type: float (float32, f32, fp32), half (float16, f16, fp16), bfloat16 (bf16).
+    /// Element type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64
+    /// (every collective), f8e4m3, f8e5m2 (moved only: allgather, broadcast, alltoall,
+    /// sendrecv). Aliases: NCCL's names (float32, float16, float64, char, int, ...) and short
+    /// ones (f32, fp16, bf16, f64, i8, u8, i32, u32, i64, u64, fp8_e4m3, fp8_e5m2).
     #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_dtype)]
     pub dtype: DataType,
-    /// Reduction operation (all-reduce, reduce-scatter, reduce).
+    /// Reduction operation of all-reduce, reduce-scatter and reduce: sum, prod, min, max, avg
+    /// (the sum divided once by the number of ranks).
     #[arg(short = 'o', long = "redop", default_value = "sum", value_parser = parse_redop)]
     pub redop: ReduceOp,
     /// Root rank of broadcast and reduce.
@@ -237,32 +241,92 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
-/// Parses `-d`: nccl-tests' names and NCCL's aliases for the types the collectives have.
+/// Parses `-d`: nccl-tests' names (`float half bfloat16 double int8 uint8 int32 uint32 int64
+/// uint64 f8e4m3 f8e5m2`), NCCL's enum names without the `nccl` prefix (`float32`, `float16`,
+/// `float64`, `char`, `int`, `float8e4m3`, `float8e5m2`) and the short Rust-style ones
+/// (`f32`, `fp16`, `bf16`, `i8`, `u64`, `fp8_e4m3`, `e5m2`, ...).
 pub fn parse_dtype(text: &str) -> Result<DataType, String> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "float" | "float32" | "f32" | "fp32" => Ok(DataType::F32),
-        "half" | "float16" | "f16" | "fp16" => Ok(DataType::F16),
-        "bfloat16" | "bf16" => Ok(DataType::Bf16),
-        "int8" | "char" | "uint8" | "int32" | "int" | "uint32" | "int64" | "uint64" | "double"
-        | "float64" | "f64" | "fp8_e4m3" | "fp8_e5m2" | "all" => Err(format!(
-            "datatype {text:?} is not supported by mscclpp's collectives (use float, half or \
-             bfloat16)"
-        )),
-        _ => Err(format!(
-            "unknown datatype {text:?} (use float, half or bfloat16)"
-        )),
-    }
+    let t = text.trim().to_ascii_lowercase();
+    let t = t.strip_prefix("nccl").unwrap_or(&t);
+    Ok(match t {
+        "float" | "float32" | "f32" | "fp32" => DataType::F32,
+        "half" | "float16" | "f16" | "fp16" => DataType::F16,
+        "bfloat16" | "bf16" => DataType::Bf16,
+        "double" | "float64" | "f64" | "fp64" => DataType::F64,
+        "int8" | "char" | "i8" => DataType::I8,
+        "uint8" | "u8" => DataType::U8,
+        "int32" | "int" | "i32" => DataType::I32,
+        "uint32" | "u32" => DataType::U32,
+        "int64" | "i64" => DataType::I64,
+        "uint64" | "u64" => DataType::U64,
+        "f8e4m3" | "float8e4m3" | "fp8e4m3" | "fp8_e4m3" | "f8_e4m3" | "e4m3" => DataType::Fp8E4M3,
+        "f8e5m2" | "float8e5m2" | "fp8e5m2" | "fp8_e5m2" | "f8_e5m2" | "e5m2" => DataType::Fp8E5M2,
+        "all" => {
+            return Err(
+                "-d all is not supported: run one data type per invocation (the JSON report \
+                 and the plot hold one)"
+                    .into(),
+            );
+        }
+        _ => {
+            return Err(format!(
+                "unknown datatype {text:?} (use {})",
+                DataType::ALL.map(DataType::name).join(", ")
+            ));
+        }
+    })
 }
 
-/// Parses `-o`.
+/// Parses `-o`: nccl-tests' names (`sum prod min max avg`, also with NCCL's `nccl` prefix).
 pub fn parse_redop(text: &str) -> Result<ReduceOp, String> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "sum" => Ok(ReduceOp::Sum),
-        "prod" | "max" | "min" | "avg" | "all" => Err(format!(
-            "reduction {text:?} is not supported by mscclpp's collectives (use sum)"
-        )),
-        _ => Err(format!("unknown reduction {text:?} (use sum)")),
+    let t = text.trim().to_ascii_lowercase();
+    let t = t.strip_prefix("nccl").unwrap_or(&t);
+    Ok(match t {
+        "sum" => ReduceOp::Sum,
+        "prod" | "product" => ReduceOp::Prod,
+        "min" => ReduceOp::Min,
+        "max" => ReduceOp::Max,
+        "avg" | "average" | "mean" => ReduceOp::Avg,
+        "mulsum" | "premulsum" => {
+            return Err(format!(
+                "reduction {text:?} is not supported by mscclpp's collectives (use sum, prod, \
+                 min, max or avg)"
+            ));
+        }
+        "all" => {
+            return Err("-o all is not supported: run one reduction per invocation".into());
+        }
+        _ => {
+            return Err(format!(
+                "unknown reduction {text:?} (use sum, prod, min, max or avg)"
+            ));
+        }
+    })
+}
+
+/// Refuses what the collectives cannot run: fp8 is moved, never reduced, so it goes with
+/// the collectives that only move data and takes no `-o` other than the default.
+pub fn check_combination(
+    collective: Collective,
+    dtype: DataType,
+    redop: ReduceOp,
+) -> Result<(), String> {
+    let fp8 = matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2);
+    if fp8 && collective.reduces() {
+        return Err(format!(
+            "--op {} -d {dtype}: {dtype} is moved, not reduced; it goes with allgather, \
+             broadcast, alltoall and sendrecv (reducing types: float, half, bfloat16, double, \
+             int8, uint8, int32, uint32, int64, uint64)",
+            collective.name()
+        ));
     }
+    if fp8 && redop != ReduceOp::Sum {
+        return Err(format!(
+            "-o {} -d {dtype}: {dtype} is moved, not reduced, so no reduction applies to it",
+            redop.name()
+        ));
+    }
+    Ok(())
 }
 
 /// Validated settings of one run.
@@ -293,6 +357,7 @@ impl Config {
         if args.step_factor == 0 {
             return bad("-f/--stepfactor must be at least 1".into());
         }
+        check_combination(args.collective, args.dtype, args.redop).map_err(PerfError::Args)?;
         let sizes = size_sweep(
             args.min_bytes,
             args.max_bytes,

@@ -1,192 +1,385 @@
 //! Result checking: inputs derived from rank and index, the expected output computed on the
 //! host, and the count of mismatching elements (`#wrong`).
 //!
-//! Inputs are small integers: every partial sum of an all-reduce stays an integer no larger
-//! than the type holds exactly (2^24 for float, 2048 for half, 256 for bfloat16), so a
-//! correct result is exact in any summation order and the tolerance is only a margin.
+//! The reference ([`Reference`]) applies the library's definitions (see
+//! `mscclpp_device::collectives::types`) in rank order, written here independently on Rust's
+//! own types: sums and products rounded in the type (integers wrap), min and max by IEEE
+//! `totalOrder` with ties keeping the earlier rank's value, average as the sum divided once
+//! at the end (f16 and bf16 through an f32 quotient, integers truncating toward zero).
+//!
+//! Inputs are chosen, as nccl-tests does, so that a correct result does not depend on the
+//! summation order: floats take small integers (every partial sum stays below what the type
+//! holds exactly: 2^24 for float, 2048 for half, 256 for bfloat16), or for products ±1, ±2
+//! and ±1/2 on at most eight ranks (exact powers of two); min and max see both signed zeros.
+//! Integer inputs span the whole type, so sums and products wrap. Moved data (fp8 and every
+//! type of the non-reducing collectives) is compared bit for bit.
+//!
+//! This library's results are compared bit for bit ([`Strictness::Exact`]). NCCL's
+//! ([`Strictness::Nccl`]) by value: NCCL's min and max may return either zero of a
+//! ±0 tie, and its float average multiplies each input by `1/nranks` before the sum, so that
+//! one is allowed a few units in the last place.
 
 use half::{bf16, f16};
 
-use crate::host::collectives::{DataType, Element};
+use crate::host::collectives::{DataType, Element, ReduceOp};
 
 use super::args::Collective;
 
-/// An element type the tool can fill and check.
+/// An element type the tool can fill and check, seen as its bits (the low
+/// `size_of::<Self>()` bytes of a `u64`). fp8 runs through `u8`, the same bytes.
 pub trait Elem: Element + Default + std::fmt::Debug {
-    /// From an `f32` (exact for the values used here).
-    fn from_f32(v: f32) -> Self;
-    /// To an `f32`.
-    fn to_f32(self) -> f32;
+    /// The bits of this element.
+    fn to_bits(self) -> u64;
+    /// The element of these bits (higher bits ignored).
+    fn from_bits(bits: u64) -> Self;
 }
 
+macro_rules! int_elem {
+    ($($t:ty, $u:ty);*) => {$(
+        impl Elem for $t {
+            fn to_bits(self) -> u64 {
+                self as $u as u64
+            }
+            fn from_bits(bits: u64) -> Self {
+                bits as $u as $t
+            }
+        }
+    )*};
+}
+int_elem!(i8, u8; u8, u8; i32, u32; u32, u32; i64, u64; u64, u64);
+
 impl Elem for f32 {
-    fn from_f32(v: f32) -> Self {
-        v
+    fn to_bits(self) -> u64 {
+        f32::to_bits(self) as u64
     }
-    fn to_f32(self) -> f32 {
-        self
+    fn from_bits(bits: u64) -> Self {
+        f32::from_bits(bits as u32)
+    }
+}
+
+impl Elem for f64 {
+    fn to_bits(self) -> u64 {
+        f64::to_bits(self)
+    }
+    fn from_bits(bits: u64) -> Self {
+        f64::from_bits(bits)
     }
 }
 
 impl Elem for f16 {
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
+    fn to_bits(self) -> u64 {
+        f16::to_bits(self) as u64
     }
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
+    fn from_bits(bits: u64) -> Self {
+        f16::from_bits(bits as u16)
     }
 }
 
 impl Elem for bf16 {
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
+    fn to_bits(self) -> u64 {
+        bf16::to_bits(self) as u64
     }
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
+    fn from_bits(bits: u64) -> Self {
+        bf16::from_bits(bits as u16)
     }
 }
 
-/// The largest integer magnitude up to which every integer is exact in `dtype`.
+/// Whether `dtype` is one of the floats the collectives reduce.
+pub fn is_float(dtype: DataType) -> bool {
+    matches!(
+        dtype,
+        DataType::F32 | DataType::F16 | DataType::Bf16 | DataType::F64
+    )
+}
+
+/// Whether `dtype` is only moved, never reduced (fp8).
+pub fn moved_only(dtype: DataType) -> bool {
+    matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2)
+}
+
+/// The largest integer magnitude up to which every integer is exact in a float `dtype`
+/// (integers: their whole range is exact; this bounds nothing).
 pub fn exact_limit(dtype: DataType) -> u64 {
     match dtype {
         DataType::F32 => 1 << 24,
         DataType::F16 => 1 << 11,
         DataType::Bf16 => 1 << 8,
         DataType::F64 => 1 << 53,
-        DataType::I8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => 1 << 3,
-        DataType::U8 => 1 << 7,
-        DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64 => 1 << 24,
+        _ => u64::MAX,
     }
 }
 
-/// Relative tolerance of the check: a margin only (correct results are exact), kept below
-/// one unit at the largest result the inputs make (at most 16 per rank, and at most
-/// [`exact_limit`]), so an integer off by one always counts as wrong.
-pub fn tolerance(dtype: DataType) -> f32 {
+/// Mask of a `dtype` element's bits.
+fn mask(dtype: DataType) -> u64 {
+    match dtype.size() {
+        8 => u64::MAX,
+        s => (1u64 << (8 * s)) - 1,
+    }
+}
+
+/// splitmix64 of (index, rank): well-spread input bits.
+fn mix(index: u64, rank: usize) -> u64 {
+    let mut z = index
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add((rank as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The bits of `v` in the float type `dtype` (exact for the values used here).
+fn float_bits(dtype: DataType, v: f64) -> u64 {
     match dtype {
-        DataType::F32 => 1e-6,
-        DataType::F16 => 2e-4,
-        DataType::Bf16 => 2e-3,
-        _ => 1e-6,
+        DataType::F32 => (v as f32).to_bits() as u64,
+        DataType::F64 => v.to_bits(),
+        DataType::F16 => f16::from_f64(v).to_bits() as u64,
+        DataType::Bf16 => bf16::from_f64(v).to_bits() as u64,
+        _ => unreachable!("float_bits of a float type"),
     }
 }
 
-/// Input element `index` of `rank`'s send buffer.
-pub fn input_value(
-    collective: Collective,
-    dtype: DataType,
-    nranks: usize,
-    rank: usize,
-    index: u64,
-) -> f32 {
-    // Magnitude bound: the reductions sum `nranks` of them, the others copy them.
-    let bound = if collective.reduces() {
-        (exact_limit(dtype) / nranks.max(1) as u64).clamp(1, 16)
-    } else {
-        127
-    };
-    let modulus = 2 * bound + 1;
-    let v = (index.wrapping_mul(7) + (rank as u64).wrapping_mul(13)) % modulus;
-    v as f32 - bound as f32
-}
-
-/// Fills `out` with `rank`'s inputs.
-pub fn fill<T: Elem>(collective: Collective, nranks: usize, rank: usize, out: &mut [T]) {
-    for (i, x) in out.iter_mut().enumerate() {
-        *x = T::from_f32(input_value(collective, T::DTYPE, nranks, rank, i as u64));
+/// The value of float bits as an f64 (exact).
+fn float_value(dtype: DataType, b: u64) -> f64 {
+    match dtype {
+        DataType::F32 => f32::from_bits(b as u32) as f64,
+        DataType::F64 => f64::from_bits(b),
+        DataType::F16 => f16::from_bits(b as u16).to_f64(),
+        DataType::Bf16 => bf16::from_bits(b as u16).to_f64(),
+        _ => unreachable!("float_value of a float type"),
     }
 }
 
-/// Expected element `index` of the output (all-gather: of the whole `nranks * send_count`
-/// buffer).
-pub fn expected(
-    collective: Collective,
-    dtype: DataType,
-    nranks: usize,
-    send_count: u64,
-    index: u64,
-) -> f32 {
-    expected_at(collective, dtype, nranks, 0, 0, send_count, index).unwrap_or(f32::NAN)
-}
-
-/// Expected element `index` of rank `rank`'s output (`root`: of broadcast and reduce);
-/// `None` where nothing is expected (a reduce's other ranks).
-pub fn expected_at(
-    collective: Collective,
-    dtype: DataType,
-    nranks: usize,
-    rank: usize,
-    root: usize,
-    send_count: u64,
-    index: u64,
-) -> Option<f32> {
-    let n = nranks.max(1);
-    let v = |r: usize, i: u64| input_value(collective, dtype, nranks, r, i);
-    let sum = |i: u64| -> f32 { (0..nranks).map(|r| v(r, i)).sum() };
-    // Elements per block of the input (reduce-scatter, all-to-all).
-    let per = send_count / n as u64;
-    Some(match collective {
-        Collective::AllReduce => sum(index),
-        Collective::AllGather => {
-            let r = (index / send_count.max(1)) as usize;
-            v(r, index % send_count.max(1))
-        }
-        Collective::ReduceScatter => sum(rank as u64 * per + index),
-        Collective::Reduce if rank == root => sum(index),
-        Collective::Reduce => return None,
-        Collective::Broadcast => v(root, index),
-        Collective::AllToAll => v(
-            (index / per.max(1)) as usize,
-            rank as u64 * per + index % per.max(1),
+/// `op` on two elements of `dtype` (average: the sum), as the library defines it.
+pub fn combine(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
+    use std::cmp::Ordering::{Greater, Less};
+    macro_rules! float {
+        ($t:ty, $from:expr, $to:expr) => {{
+            let (x, y): ($t, $t) = ($from(a), $from(b));
+            let r = match op {
+                ReduceOp::Sum | ReduceOp::Avg => x + y,
+                ReduceOp::Prod => x * y,
+                ReduceOp::Min => {
+                    if y.total_cmp(&x) == Less {
+                        y
+                    } else {
+                        x
+                    }
+                }
+                ReduceOp::Max => {
+                    if y.total_cmp(&x) == Greater {
+                        y
+                    } else {
+                        x
+                    }
+                }
+            };
+            $to(r)
+        }};
+    }
+    macro_rules! int {
+        ($t:ty) => {{
+            let (x, y) = (<$t>::from_bits(a), <$t>::from_bits(b));
+            let r = match op {
+                ReduceOp::Sum | ReduceOp::Avg => x.wrapping_add(y),
+                ReduceOp::Prod => x.wrapping_mul(y),
+                ReduceOp::Min => x.min(y),
+                ReduceOp::Max => x.max(y),
+            };
+            r.to_bits()
+        }};
+    }
+    match dtype {
+        DataType::F32 => float!(f32, |b: u64| f32::from_bits(b as u32), |r: f32| r.to_bits()
+            as u64),
+        DataType::F64 => float!(f64, f64::from_bits, f64::to_bits),
+        // Exact in f32, rounded once to the type (half's arithmetic goes through f32).
+        DataType::F16 => float!(f16, |b: u64| f16::from_bits(b as u16), |r: f16| r.to_bits()
+            as u64),
+        DataType::Bf16 => float!(
+            bf16,
+            |b: u64| bf16::from_bits(b as u16),
+            |r: bf16| r.to_bits() as u64
         ),
-        Collective::SendRecv => v((rank + n - 1) % n, index),
-    })
+        DataType::I8 => int!(i8),
+        DataType::U8 => int!(u8),
+        DataType::I32 => int!(i32),
+        DataType::U32 => int!(u32),
+        DataType::I64 => int!(i64),
+        DataType::U64 => int!(u64),
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => unreachable!("fp8 is not reduced"),
+    }
 }
 
-/// Whether `got` passes for `want`.
-pub fn matches(dtype: DataType, got: f32, want: f32) -> bool {
-    (got - want).abs() <= tolerance(dtype) * want.abs().max(1.0)
+/// The last step of `op` on a combined element: average divides once by `nranks`.
+pub fn finish(dtype: DataType, op: ReduceOp, a: u64, nranks: usize) -> u64 {
+    if op != ReduceOp::Avg {
+        return a;
+    }
+    let n = nranks as u64;
+    match dtype {
+        DataType::F32 => (f32::from_bits(a as u32) / n as f32).to_bits() as u64,
+        DataType::F64 => (f64::from_bits(a) / n as f64).to_bits(),
+        DataType::F16 => {
+            f16::from_f32(f16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
+        }
+        DataType::Bf16 => {
+            bf16::from_f32(bf16::from_bits(a as u16).to_f32() / n as f32).to_bits() as u64
+        }
+        DataType::I8 => (i8::from_bits(a) / n as i8).to_bits(),
+        DataType::U8 => (u8::from_bits(a) / n as u8).to_bits(),
+        DataType::I32 => (i32::from_bits(a) / n as i32).to_bits(),
+        DataType::U32 => (u32::from_bits(a) / n as u32).to_bits(),
+        DataType::I64 => (i64::from_bits(a) / n as i64).to_bits(),
+        DataType::U64 => (a / n).to_bits(),
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => unreachable!("fp8 is not reduced"),
+    }
 }
 
-/// Elements of `got` (an output buffer) that differ from [`expected`]; NaN never matches.
-pub fn count_wrong<T: Elem>(
-    collective: Collective,
-    nranks: usize,
-    send_count: u64,
-    got: &[T],
-) -> u64 {
-    got.iter()
-        .enumerate()
-        .filter(|(i, g)| {
-            let want = expected(collective, T::DTYPE, nranks, send_count, *i as u64);
-            !matches(T::DTYPE, g.to_f32(), want)
+/// How results are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strictness {
+    /// Bit for bit (this library: its definitions are exact and the same on every rank).
+    Exact,
+    /// By value, floats' average within a few units in the last place (NCCL).
+    Nccl,
+}
+
+/// The bits written into receive-buffer elements that the collective should overwrite, so a
+/// collective that writes nothing fails: a quiet NaN for floats (never an expected value),
+/// `0xA5…` otherwise.
+pub fn unwritten(dtype: DataType) -> u64 {
+    match dtype {
+        DataType::F32 => f32::NAN.to_bits() as u64,
+        DataType::F64 => f64::NAN.to_bits(),
+        DataType::F16 => f16::NAN.to_bits() as u64,
+        DataType::Bf16 => bf16::NAN.to_bits() as u64,
+        d => 0xa5a5_a5a5_a5a5_a5a5 & mask(d),
+    }
+}
+
+/// One run's inputs and expected outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reference {
+    /// The collective.
+    pub collective: Collective,
+    /// The element type.
+    pub dtype: DataType,
+    /// The reduction (ignored by the collectives that do not reduce).
+    pub op: ReduceOp,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// Root of broadcast and reduce.
+    pub root: usize,
+}
+
+impl Reference {
+    /// Whether this run reduces (a reducing collective; the type is then a reducing one).
+    fn reduces(&self) -> bool {
+        self.collective.reduces()
+    }
+
+    /// Bits of input element `index` of `rank`'s send buffer.
+    pub fn input(&self, rank: usize, index: u64) -> u64 {
+        let h = mix(index, rank);
+        let d = self.dtype;
+        if !is_float(d) {
+            // Integers and fp8: any bits (integer sums and products wrap).
+            return h & mask(d);
+        }
+        let op = if self.reduces() { Some(self.op) } else { None };
+        let v = match op {
+            Some(ReduceOp::Sum | ReduceOp::Avg) => {
+                // Every partial sum of `nranks` of them stays exact.
+                let bound = (exact_limit(d) / self.nranks.max(1) as u64).clamp(1, 16);
+                ((h >> 8) % (2 * bound + 1)) as f64 - bound as f64
+            }
+            Some(ReduceOp::Prod) => {
+                // ±2^e, e in -1..=1 on ranks below 8 (|product| within 2^±8), ±1 above.
+                let e = if rank < 8 { (h >> 8) % 3 } else { 1 } as i32 - 1;
+                let sign = if h & 1 == 1 { -1.0 } else { 1.0 };
+                sign * 2f64.powi(e)
+            }
+            // Min, max and moved data: small integers, zero with either sign.
+            _ => {
+                let v = ((h >> 8) % 255) as f64 - 127.0;
+                if v == 0.0 && h & 1 == 1 { -0.0 } else { v }
+            }
+        };
+        float_bits(d, v)
+    }
+
+    /// Expected bits of element `index` of rank `rank`'s output (`send_count`: elements of
+    /// one rank's send buffer); `None` where nothing is expected (a reduce's other ranks).
+    pub fn expected(&self, rank: usize, send_count: u64, index: u64) -> Option<u64> {
+        let n = self.nranks.max(1);
+        let v = |r: usize, i: u64| self.input(r, i);
+        let reduced = |i: u64| {
+            let acc = (1..n).fold(v(0, i), |acc, r| combine(self.dtype, self.op, acc, v(r, i)));
+            finish(self.dtype, self.op, acc, n)
+        };
+        // Elements per block of the input (reduce-scatter, all-to-all).
+        let per = send_count / n as u64;
+        Some(match self.collective {
+            Collective::AllReduce => reduced(index),
+            Collective::AllGather => {
+                let r = (index / send_count.max(1)) as usize;
+                v(r, index % send_count.max(1))
+            }
+            Collective::ReduceScatter => reduced(rank as u64 * per + index),
+            Collective::Reduce if rank == self.root => reduced(index),
+            Collective::Reduce => return None,
+            Collective::Broadcast => v(self.root, index),
+            Collective::AllToAll => v(
+                (index / per.max(1)) as usize,
+                rank as u64 * per + index % per.max(1),
+            ),
+            Collective::SendRecv => v((rank + n - 1) % n, index),
         })
-        .count() as u64
-}
+    }
 
-/// Elements of rank `rank`'s output `got` that differ from [`expected_at`] (elements with
-/// nothing expected are not counted).
-pub fn count_wrong_at<T: Elem>(
-    collective: Collective,
-    nranks: usize,
-    rank: usize,
-    root: usize,
-    send_count: u64,
-    got: &[T],
-) -> u64 {
-    got.iter()
-        .enumerate()
-        .filter(|(i, g)| {
-            expected_at(
-                collective,
-                T::DTYPE,
-                nranks,
-                rank,
-                root,
-                send_count,
-                *i as u64,
-            )
-            .is_some_and(|want| !matches(T::DTYPE, g.to_f32(), want))
-        })
-        .count() as u64
+    /// Whether `got` passes for `want`.
+    pub fn matches(&self, strictness: Strictness, got: u64, want: u64) -> bool {
+        let d = self.dtype;
+        if strictness == Strictness::Exact || !is_float(d) || moved_only(d) {
+            return got & mask(d) == want & mask(d);
+        }
+        let (g, w) = (float_value(d, got), float_value(d, want));
+        if self.reduces() && self.op == ReduceOp::Avg {
+            let ulps = match d {
+                DataType::F32 => 1e-6,
+                DataType::F64 => 1e-14,
+                DataType::F16 => 4e-3,
+                _ => 3e-2,
+            };
+            (g - w).abs() <= ulps * w.abs().max(1.0)
+        } else {
+            // -0 == +0; NaN never matches.
+            g == w
+        }
+    }
+
+    /// Elements of rank `rank`'s output `got` that differ from [`expected`](Self::expected)
+    /// (elements with nothing expected are not counted).
+    pub fn count_wrong<T: Elem>(
+        &self,
+        strictness: Strictness,
+        rank: usize,
+        send_count: u64,
+        got: &[T],
+    ) -> u64 {
+        got.iter()
+            .enumerate()
+            .filter(|(i, g)| {
+                self.expected(rank, send_count, *i as u64)
+                    .is_some_and(|want| !self.matches(strictness, g.to_bits(), want))
+            })
+            .count() as u64
+    }
+
+    /// `rank`'s inputs.
+    pub fn fill<T: Elem>(&self, rank: usize, out: &mut [T]) {
+        for (i, x) in out.iter_mut().enumerate() {
+            *x = T::from_bits(self.input(rank, i as u64));
+        }
+    }
 }

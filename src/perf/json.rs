@@ -14,7 +14,8 @@ pub struct Report {
     pub tool: String,
     /// The crate version.
     pub version: String,
-    /// The command line, program included.
+    /// The command line, program included, as [`public_command_line`] writes it: the
+    /// program's file name, not its path, and output files without their folder.
     pub command_line: Vec<String>,
     /// UTC, ISO 8601 (`2026-11-29T12:00:00Z`).
     pub date: String,
@@ -67,6 +68,37 @@ impl Report {
             source: e,
         })
     }
+}
+
+/// The flags whose value is an output file.
+const OUTPUT_FLAGS: [&str; 2] = ["--json", "--plot"];
+
+/// `args` (program first) as a report shows it: the program by its file name only, and the
+/// `--json`/`--plot` files by theirs (`--json /runs/a/out.json` becomes `--json out.json`),
+/// so a report says what ran without naming folders of the machine that ran it.
+pub fn public_command_line<S: AsRef<str>>(args: &[S]) -> Vec<String> {
+    let file_name = |a: &str| {
+        Path::new(a)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| a.to_string())
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut value_of_output = false;
+    for (i, a) in args.iter().map(AsRef::as_ref).enumerate() {
+        let shown = if i == 0 || value_of_output {
+            file_name(a)
+        } else if let Some((flag, value)) = a.split_once('=')
+            && OUTPUT_FLAGS.contains(&flag)
+        {
+            format!("{flag}={}", file_name(value))
+        } else {
+            a.to_string()
+        };
+        value_of_output = i > 0 && !value_of_output && OUTPUT_FLAGS.contains(&a);
+        out.push(shown);
+    }
+    out
 }
 
 /// `secs` since the Unix epoch as an ISO 8601 UTC date (no time-zone database needed).

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use cudarc::nccl::{result, sys};
 
 use crate::host::bootstrap::BlockingBootstrap;
-use crate::host::collectives::DataType;
+use crate::host::collectives::{DataType, ReduceOp};
 use crate::host::cuda::{CudaStream, Gpu};
 
 use super::PerfError;
@@ -265,19 +265,34 @@ pub struct Nccl {
     comm: sys::ncclComm_t,
 }
 
-fn nccl_type(dtype: DataType) -> sys::ncclDataType_t {
+/// NCCL's type for `dtype`.
+pub fn nccl_type(dtype: DataType) -> sys::ncclDataType_t {
     match dtype {
         DataType::F32 => sys::ncclDataType_t::ncclFloat32,
         DataType::F16 => sys::ncclDataType_t::ncclFloat16,
         DataType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
         DataType::F64 => sys::ncclDataType_t::ncclFloat64,
         DataType::I8 => sys::ncclDataType_t::ncclInt8,
+        DataType::U8 => sys::ncclDataType_t::ncclUint8,
         DataType::I32 => sys::ncclDataType_t::ncclInt32,
         DataType::U32 => sys::ncclDataType_t::ncclUint32,
         DataType::I64 => sys::ncclDataType_t::ncclInt64,
         DataType::U64 => sys::ncclDataType_t::ncclUint64,
-        // Moved only (no reduction): the same bytes as uint8.
-        DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => sys::ncclDataType_t::ncclUint8,
+        // NCCL 2.24 and later.
+        DataType::Fp8E4M3 => sys::ncclDataType_t::ncclFloat8e4m3,
+        DataType::Fp8E5M2 => sys::ncclDataType_t::ncclFloat8e5m2,
+    }
+}
+
+/// NCCL's operation for `op` (NCCL's average, like ours, is the sum divided by the number of
+/// ranks; for floats it multiplies each input by `1/nranks` first).
+pub fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Prod => sys::ncclRedOp_t::ncclProd,
+        ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
+        ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+        ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
     }
 }
 
@@ -320,7 +335,7 @@ impl Nccl {
         Ok(Nccl { comm })
     }
 
-    /// `ncclAllReduce` (sum) of `count` elements, stream-ordered.
+    /// `ncclAllReduce` (`op`) of `count` elements, stream-ordered.
     ///
     /// # Safety
     /// `send` and `recv` must be device memory valid for `count` elements until the stream
@@ -331,6 +346,7 @@ impl Nccl {
         recv: u64,
         count: usize,
         dtype: DataType,
+        op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), PerfError> {
         // SAFETY: the caller guarantees the buffers; the communicator and stream are live.
@@ -340,7 +356,7 @@ impl Nccl {
                 recv as *mut _,
                 count,
                 nccl_type(dtype),
-                sys::ncclRedOp_t::ncclSum,
+                nccl_op(op),
                 self.comm,
                 stream.cu_stream() as sys::cudaStream_t,
             )
@@ -349,7 +365,7 @@ impl Nccl {
         .map_err(|e| nccl_err("ncclAllReduce", e))
     }
 
-    /// `ncclReduceScatter` (sum) of `recv_count` elements per rank, stream-ordered.
+    /// `ncclReduceScatter` (`op`) of `recv_count` elements per rank, stream-ordered.
     ///
     /// # Safety
     /// `send` valid for `nranks * recv_count` elements and `recv` for `recv_count`, until
@@ -360,6 +376,7 @@ impl Nccl {
         recv: u64,
         recv_count: usize,
         dtype: DataType,
+        op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), PerfError> {
         // SAFETY: as for `all_reduce`.
@@ -369,7 +386,7 @@ impl Nccl {
                 recv as *mut _,
                 recv_count,
                 nccl_type(dtype),
-                sys::ncclRedOp_t::ncclSum,
+                nccl_op(op),
                 self.comm,
                 stream.cu_stream() as sys::cudaStream_t,
             )
@@ -407,16 +424,18 @@ impl Nccl {
         .map_err(|e| nccl_err("ncclBroadcast", e))
     }
 
-    /// `ncclReduce` (sum) of `count` elements to `root`, stream-ordered.
+    /// `ncclReduce` (`op`) of `count` elements to `root`, stream-ordered.
     ///
     /// # Safety
     /// As for `all_reduce`.
+    #[allow(clippy::too_many_arguments)] // NCCL's own parameters, one each
     pub unsafe fn reduce(
         &self,
         send: u64,
         recv: u64,
         count: usize,
         dtype: DataType,
+        op: ReduceOp,
         root: usize,
         stream: &CudaStream,
     ) -> Result<(), PerfError> {
@@ -427,7 +446,7 @@ impl Nccl {
                 recv as *mut _,
                 count,
                 nccl_type(dtype),
-                sys::ncclRedOp_t::ncclSum,
+                nccl_op(op),
                 root as i32,
                 self.comm,
                 stream.cu_stream() as sys::cudaStream_t,

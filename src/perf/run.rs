@@ -9,14 +9,16 @@ use cudarc::driver::DriverError;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use crate::host::bootstrap::BlockingBootstrap;
-use crate::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, P2pOp};
+use crate::host::collectives::{
+    AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp,
+};
 use crate::host::communicator::{Backend, CommConfig, Communicator};
 use crate::host::cuda::{self, CUevent_flags, CudaError, CudaStream, DeviceBuffer, Gpu};
 use crate::host::launch::{Launch, LaunchError, LocalLauncher};
 
 use super::PerfError;
 use super::args::{AlgoArg, Args, Collective, CompareWith, Config};
-use super::check::{self, Elem};
+use super::check::{self, Elem, Reference, Strictness};
 use super::json::{self, Report};
 use super::nccl::{self, Nccl};
 use super::plot;
@@ -162,20 +164,20 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         Some(g) if compare => Some(Nccl::init(coll.communicator().bootstrap(), g)?),
         _ => None,
     };
+    let theirs = nccl.as_ref();
+    // The buffers' element type: the type itself, or for fp8 (moved only) `u8`, the same
+    // bytes; the collectives are called with `-d`'s type wherever they take one.
     let rows = match config.args.dtype {
-        crate::host::collectives::DataType::F32 => sweep::<f32>(config, &coll, nccl.as_ref())?,
-        crate::host::collectives::DataType::F16 => {
-            sweep::<half::f16>(config, &coll, nccl.as_ref())?
-        }
-        crate::host::collectives::DataType::Bf16 => {
-            sweep::<half::bf16>(config, &coll, nccl.as_ref())?
-        }
-        // parse_dtype accepts the three types above only.
-        other => {
-            return Err(PerfError::Args(format!(
-                "-d {other}: the perf tool measures float, half and bfloat16"
-            )));
-        }
+        DataType::F32 => sweep::<f32>(config, &coll, theirs)?,
+        DataType::F16 => sweep::<half::f16>(config, &coll, theirs)?,
+        DataType::Bf16 => sweep::<half::bf16>(config, &coll, theirs)?,
+        DataType::F64 => sweep::<f64>(config, &coll, theirs)?,
+        DataType::I8 => sweep::<i8>(config, &coll, theirs)?,
+        DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => sweep::<u8>(config, &coll, theirs)?,
+        DataType::I32 => sweep::<i32>(config, &coll, theirs)?,
+        DataType::U32 => sweep::<u32>(config, &coll, theirs)?,
+        DataType::I64 => sweep::<i64>(config, &coll, theirs)?,
+        DataType::U64 => sweep::<u64>(config, &coll, theirs)?,
     };
     drop(nccl);
     if rank != 0 {
@@ -197,7 +199,7 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         let report = Report {
             tool: "mscclpp-perf".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            command_line: std::env::args().collect(),
+            command_line: json::public_command_line(&std::env::args().collect::<Vec<_>>()),
             date: json::now_utc(),
             collective: config.args.collective.name().into(),
             dtype: config.args.dtype.name().into(),
@@ -324,6 +326,19 @@ fn print_header(
     if a.collective.rooted() {
         println!("# root {}", a.root);
     }
+    if !a.collective.reduces() && a.redop != crate::host::collectives::ReduceOp::Sum {
+        println!(
+            "# -o {} ignored: {} does not reduce",
+            a.redop.name(),
+            a.collective.name()
+        );
+    }
+    if !on_gpu && matches!(a.dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2) {
+        println!(
+            "# {} on the Host transport: the typed host calls move it as uint8 (the same bytes)",
+            a.dtype
+        );
+    }
     if a.collective == Collective::SendRecv {
         println!(
             "# sendrecv: rank r sends to r+1 and receives from r-1 in one group; in place is \
@@ -436,7 +451,7 @@ fn sweep<T: Elem>(
     let shapes: Vec<(u64, Option<Shape>)> = config
         .sizes
         .iter()
-        .map(|&s| (s, report::shape(c, s, T::DTYPE, nranks)))
+        .map(|&s| (s, report::shape(c, s, config.args.dtype, nranks)))
         .collect();
     let largest = shapes
         .iter()
@@ -445,7 +460,7 @@ fn sweep<T: Elem>(
         .ok_or_else(|| {
             PerfError::Args(format!(
                 "no size of the sweep holds one {} element{}",
-                T::DTYPE,
+                config.args.dtype,
                 if c == Collective::AllGather {
                     format!(" per rank (x{nranks} ranks, 16-byte multiples)")
                 } else {
@@ -492,7 +507,7 @@ fn sweep<T: Elem>(
         let row = Row {
             bytes: shape.bytes,
             count: shape.count,
-            dtype: T::DTYPE.name().into(),
+            dtype: config.args.dtype.name().into(),
             redop: redop_name(config).into(),
             algo: algo_name(config, coll, &shape),
             mscclpp: ours,
@@ -536,18 +551,31 @@ impl<T: Elem> Runner<'_, T> {
     }
 }
 
+/// The check's reference of this run.
+fn reference(config: &Config, nranks: usize) -> Reference {
+    Reference {
+        collective: config.args.collective,
+        dtype: config.args.dtype,
+        op: config.args.redop,
+        nranks,
+        root: config.args.root,
+    }
+}
+
 /// The inputs of a check run: (send buffer contents, receive buffer contents). Receive
-/// elements not written by the input are NaN, so a collective that writes nothing fails.
+/// elements not written by the input hold [`check::unwritten`], so a collective that writes
+/// nothing fails.
 fn check_inputs<T: Elem>(
-    c: Collective,
+    config: &Config,
     nranks: usize,
     rank: usize,
     placement: Placement,
     shape: &Shape,
 ) -> (Vec<T>, Vec<T>) {
+    let c = config.args.collective;
     let mut input = vec![T::default(); shape.send_count as usize];
-    check::fill(c, nranks, rank, &mut input);
-    let mut recv = vec![T::from_f32(f32::NAN); shape.count as usize];
+    reference(config, nranks).fill(rank, &mut input);
+    let mut recv = vec![T::from_bits(check::unwritten(config.args.dtype)); shape.count as usize];
     if effective(c, placement) == Placement::InPlace {
         let at = match c {
             Collective::AllGather => rank * shape.send_count as usize,
@@ -618,7 +646,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
     ) -> Result<(), PerfError> {
         let c = config.args.collective;
         let (send, recv) = self.pointers(placement, shape, c);
-        let dtype = T::DTYPE;
+        let dtype = config.args.dtype;
         let (n, rank, root) = (self.coll.nranks(), self.coll.rank(), config.args.root);
         let (count, per) = (shape.count as usize, shape.count as usize / n);
         let op = config.args.redop;
@@ -668,13 +696,13 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 unsafe { self.coll.group(&ops, &self.stream) }.map_err(PerfError::from)
             }
             (Lib::Nccl, Collective::ReduceScatter) => unsafe {
-                nccl()?.reduce_scatter(send, recv, per, dtype, &self.stream)
+                nccl()?.reduce_scatter(send, recv, per, dtype, op, &self.stream)
             },
             (Lib::Nccl, Collective::Broadcast) => unsafe {
                 nccl()?.broadcast(send, recv, count, dtype, root, &self.stream)
             },
             (Lib::Nccl, Collective::Reduce) => unsafe {
-                nccl()?.reduce(send, recv, count, dtype, root, &self.stream)
+                nccl()?.reduce(send, recv, count, dtype, op, root, &self.stream)
             },
             (Lib::Nccl, Collective::AllToAll) => unsafe {
                 nccl()?.all_to_all(send, recv, per, dtype, n, &self.stream)
@@ -709,7 +737,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             .map_err(PerfError::from),
             (Lib::Nccl, Collective::AllReduce) => match self.nccl {
                 Some(n) => unsafe {
-                    n.all_reduce(send, recv, shape.count as usize, dtype, &self.stream)
+                    n.all_reduce(send, recv, shape.count as usize, dtype, op, &self.stream)
                 },
                 None => Err(PerfError::Nccl("NCCL is not initialised".into())),
             },
@@ -743,7 +771,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         self.sync()?;
         bs.barrier()?;
         let (input, recv) = check_inputs::<T>(
-            config.args.collective,
+            config,
             self.coll.nranks(),
             self.coll.rank(),
             placement,
@@ -835,11 +863,13 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             let mut got = vec![T::default(); shape.count as usize];
             self.recv.copy_to_host(0, &mut got)?;
             let (c, n, rank) = (config.args.collective, self.coll.nranks(), self.coll.rank());
-            Some(check::count_wrong_at(
-                c,
-                n,
+            let strictness = match lib {
+                Lib::Mscclpp => Strictness::Exact,
+                Lib::Nccl => Strictness::Nccl,
+            };
+            Some(reference(config, n).count_wrong(
+                strictness,
                 rank,
-                config.args.root,
                 shape.send_count,
                 &got[out_range(c, placement, shape, rank, n)],
             ))
@@ -920,13 +950,13 @@ impl<T: Elem> HostRunner<T> {
                     P2pOp::Send {
                         buf: self.send.as_ptr() as u64,
                         count: n,
-                        dtype: T::DTYPE,
+                        dtype: config.args.dtype,
                         peer: (r + 1) % nr,
                     },
                     P2pOp::Recv {
                         buf: self.recv.as_mut_ptr() as u64,
                         count: n,
-                        dtype: T::DTYPE,
+                        dtype: config.args.dtype,
                         peer: (r + nr - 1) % nr,
                     },
                 ];
@@ -948,13 +978,7 @@ impl<T: Elem> HostRunner<T> {
         let bs = coll.communicator().bootstrap();
         // Peers may still be in the previous operation.
         bs.barrier()?;
-        let (input, recv) = check_inputs::<T>(
-            config.args.collective,
-            coll.nranks(),
-            coll.rank(),
-            placement,
-            shape,
-        );
+        let (input, recv) = check_inputs::<T>(config, coll.nranks(), coll.rank(), placement, shape);
         self.recv[..recv.len()].copy_from_slice(&recv);
         self.send[..input.len()].copy_from_slice(&input);
         self.slot = input;
@@ -985,11 +1009,9 @@ impl<T: Elem> HostRunner<T> {
             self.load_inputs(config, coll, placement, shape)?;
             self.run_once(config, coll, placement, shape)?;
             let (c, n, rank) = (a.collective, coll.nranks(), coll.rank());
-            Some(check::count_wrong_at(
-                c,
-                n,
+            Some(reference(config, n).count_wrong(
+                Strictness::Exact,
                 rank,
-                a.root,
                 shape.send_count,
                 &self.recv[out_range(c, placement, shape, rank, n)],
             ))

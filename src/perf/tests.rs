@@ -2,7 +2,7 @@ use clap::Parser;
 use half::{bf16, f16};
 
 use super::args::{AlgoArg, Args, Collective, CompareWith, Config, parse_size, size_sweep};
-use super::check::{self, Elem};
+use super::check::{self, Elem, Reference, Strictness};
 use super::json::{self, Report};
 use super::plot;
 use super::report::{self, Measurement, Pair, Row};
@@ -118,22 +118,93 @@ fn all_flags() {
 fn datatype_names_and_aliases() {
     for (names, want) in [
         (
-            &["float", "float32", "f32", "fp32", "FLOAT"][..],
+            &["float", "float32", "f32", "fp32", "FLOAT", "ncclFloat"][..],
             DataType::F32,
         ),
         (&["half", "float16", "f16", "fp16"][..], DataType::F16),
         (&["bfloat16", "bf16"][..], DataType::Bf16),
+        (&["double", "float64", "f64", "fp64"][..], DataType::F64),
+        (&["int8", "char", "i8", "ncclInt8"][..], DataType::I8),
+        (&["uint8", "u8"][..], DataType::U8),
+        (&["int32", "int", "i32"][..], DataType::I32),
+        (&["uint32", "u32"][..], DataType::U32),
+        (&["int64", "i64"][..], DataType::I64),
+        (&["uint64", "u64"][..], DataType::U64),
+        (
+            &["f8e4m3", "float8e4m3", "fp8_e4m3", "e4m3"][..],
+            DataType::Fp8E4M3,
+        ),
+        (
+            &["f8e5m2", "float8e5m2", "fp8_e5m2", "e5m2"][..],
+            DataType::Fp8E5M2,
+        ),
     ] {
         for n in names {
-            assert_eq!(parse(&["-d", n]).unwrap().args.dtype, want, "{n}");
+            let op = if check::moved_only(want) {
+                "allgather"
+            } else {
+                "allreduce"
+            };
+            assert_eq!(
+                parse(&["-d", n, "--op", op]).unwrap().args.dtype,
+                want,
+                "{n}"
+            );
         }
     }
-    let e = parse(&["-d", "int8"]).unwrap_err();
-    assert!(e.contains("not supported"), "{e}");
+    // Every type's printed name parses back to it.
+    for d in DataType::ALL {
+        assert_eq!(super::args::parse_dtype(d.name()), Ok(d));
+    }
     let e = parse(&["-d", "quux"]).unwrap_err();
-    assert!(e.contains("unknown datatype"), "{e}");
-    let e = parse(&["-o", "max"]).unwrap_err();
-    assert!(e.contains("not supported"), "{e}");
+    assert!(
+        e.contains("unknown datatype") && e.contains("f8e5m2"),
+        "{e}"
+    );
+    assert!(parse(&["-d", "all"]).unwrap_err().contains("one data type"));
+    for (names, want) in [
+        (&["sum", "ncclSum"][..], ReduceOp::Sum),
+        (&["prod", "product"][..], ReduceOp::Prod),
+        (&["min"][..], ReduceOp::Min),
+        (&["max", "MAX"][..], ReduceOp::Max),
+        (&["avg", "average"][..], ReduceOp::Avg),
+    ] {
+        for n in names {
+            assert_eq!(parse(&["-o", n]).unwrap().args.redop, want, "{n}");
+        }
+    }
+    assert!(
+        parse(&["-o", "mulsum"])
+            .unwrap_err()
+            .contains("not supported")
+    );
+    assert!(
+        parse(&["-o", "xor"])
+            .unwrap_err()
+            .contains("unknown reduction")
+    );
+}
+
+#[test]
+fn fp8_is_refused_where_it_would_be_reduced() {
+    for op in ["allreduce", "reducescatter", "reduce"] {
+        let e = parse(&["--op", op, "-d", "f8e4m3"]).unwrap_err();
+        assert!(e.contains("moved, not reduced"), "{op}: {e}");
+    }
+    for op in ["allgather", "broadcast", "alltoall", "sendrecv"] {
+        assert!(parse(&["--op", op, "-d", "f8e5m2"]).is_ok(), "{op}");
+        let e = parse(&["--op", op, "-d", "f8e5m2", "-o", "prod"]).unwrap_err();
+        assert!(e.contains("no reduction applies"), "{op}: {e}");
+    }
+    // Every other type reduces with every operation.
+    for d in DataType::ALL.into_iter().filter(|&d| !check::moved_only(d)) {
+        for o in ReduceOp::ALL {
+            assert!(
+                parse(&["-d", d.name(), "-o", o.name()]).is_ok(),
+                "{d} {o:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -287,103 +358,179 @@ fn summary_lines() {
     assert_eq!(report::total_wrong(&[unchecked]), None);
 }
 
+/// The reference of `c` on `dtype` with `op`, `n` ranks, root 0.
+fn reference(c: Collective, dtype: DataType, op: ReduceOp, n: usize) -> Reference {
+    Reference {
+        collective: c,
+        dtype,
+        op,
+        nranks: n,
+        root: 0,
+    }
+}
+
+/// Every reducing type: expected values round-trip the element type, and corrupting three
+/// elements counts exactly three.
 fn roundtrip_exact<T: Elem>() {
     for c in [Collective::AllReduce, Collective::AllGather] {
-        for nranks in [1, 2, 3, 8, 16] {
-            let count = 1000u64;
-            let send_count = match c {
-                Collective::AllReduce => count,
-                Collective::AllGather => count / nranks as u64,
-
-                _ => unreachable!("the loop runs all-reduce and all-gather"),
-            };
-            // Every input and expected value survives the element type unchanged.
-            for r in 0..nranks {
-                for i in 0..send_count {
-                    let v = check::input_value(c, T::DTYPE, nranks, r, i);
-                    assert_eq!(T::from_f32(v).to_f32(), v, "{c:?} {} r{r} i{i}", T::DTYPE);
-                }
+        for op in ReduceOp::ALL {
+            for nranks in [1, 2, 3, 8, 16] {
+                let r = reference(c, T::DTYPE, op, nranks);
+                let count = 1000u64;
+                let (send_count, out_len) = match c {
+                    Collective::AllReduce => (count, count),
+                    _ => (count / nranks as u64, count / nranks as u64 * nranks as u64),
+                };
+                let mut got: Vec<T> = (0..out_len)
+                    .map(|j| T::from_bits(r.expected(0, send_count, j).unwrap()))
+                    .collect();
+                assert_eq!(r.count_wrong(Strictness::Exact, 0, send_count, &got), 0);
+                assert_eq!(r.count_wrong(Strictness::Nccl, 0, send_count, &got), 0);
+                let n = got.len();
+                let flip = |x: T| T::from_bits(x.to_bits() ^ 0x41);
+                got[0] = flip(got[0]);
+                got[n / 2] = flip(got[n / 2]);
+                got[n - 1] = T::from_bits(check::unwritten(T::DTYPE));
+                assert_eq!(
+                    r.count_wrong(Strictness::Exact, 0, send_count, &got),
+                    3,
+                    "{c:?} {} {op:?} n{nranks}",
+                    T::DTYPE
+                );
             }
-            let out_len = match c {
-                Collective::AllReduce => count,
-                Collective::AllGather => send_count * nranks as u64,
-
-                _ => unreachable!("the loop runs all-reduce and all-gather"),
-            };
-            let mut got: Vec<T> = (0..out_len)
-                .map(|j| T::from_f32(check::expected(c, T::DTYPE, nranks, send_count, j)))
-                .collect();
-            for (j, g) in got.iter().enumerate() {
-                let want = check::expected(c, T::DTYPE, nranks, send_count, j as u64);
-                assert_eq!(g.to_f32(), want, "expected value not exact in {}", T::DTYPE);
-            }
-            assert_eq!(check::count_wrong(c, nranks, send_count, &got), 0);
-            // Corrupt three elements (one NaN): exactly three are counted.
-            let n = got.len();
-            let bump = |x: T| T::from_f32(-x.to_f32() - 1.0);
-            got[0] = bump(got[0]);
-            got[n / 2] = bump(got[n / 2]);
-            got[n - 1] = T::from_f32(f32::NAN);
-            assert_eq!(
-                check::count_wrong(c, nranks, send_count, &got),
-                3,
-                "{c:?} n{nranks}"
-            );
         }
     }
 }
 
 #[test]
-fn expected_values_and_wrong_counts_float() {
+fn expected_values_and_wrong_counts_every_type() {
     roundtrip_exact::<f32>();
-}
-
-#[test]
-fn expected_values_and_wrong_counts_half() {
     roundtrip_exact::<f16>();
-}
-
-#[test]
-fn expected_values_and_wrong_counts_bfloat16() {
     roundtrip_exact::<bf16>();
+    roundtrip_exact::<f64>();
+    roundtrip_exact::<i8>();
+    roundtrip_exact::<u8>();
+    roundtrip_exact::<i32>();
+    roundtrip_exact::<u32>();
+    roundtrip_exact::<i64>();
+    roundtrip_exact::<u64>();
 }
 
 #[test]
-fn all_reduce_expected_is_the_sum_and_all_gather_the_slots() {
+fn all_reduce_expected_applies_the_operation_in_rank_order() {
     let c = Collective::AllReduce;
+    // Floats: small integers, sums exact; the reference is the plain sum.
+    let r = reference(c, DataType::F32, ReduceOp::Sum, 4);
     for i in 0..50 {
-        let sum: f32 = (0..4)
-            .map(|r| check::input_value(c, DataType::F32, 4, r, i))
-            .sum();
-        assert_eq!(check::expected(c, DataType::F32, 4, 50, i), sum);
+        let sum: f32 = (0..4).map(|k| f32::from_bits(r.input(k, i) as u32)).sum();
+        assert_eq!(f32::from_bits(r.expected(0, 50, i).unwrap() as u32), sum);
     }
-    let g = Collective::AllGather;
-    let v = |r, i| check::input_value(g, DataType::F16, 4, r, i);
-    assert_eq!(check::expected(g, DataType::F16, 4, 10, 0), v(0, 0));
-    assert_eq!(check::expected(g, DataType::F16, 4, 10, 25), v(2, 5));
-    // Ranks' inputs differ, so a block landing in the wrong slot is counted.
-    assert!((0..10).any(|i| v(0, i) != v(1, i)));
-    // Inputs take several values, both signs.
-    let vals: std::collections::BTreeSet<i32> = (0..100).map(|i| v(0, i) as i32).collect();
-    assert!(vals.len() > 10 && vals.iter().any(|&x| x < 0) && vals.iter().any(|&x| x > 0));
+    // Integers wrap: int8 sums of full-range inputs overflow somewhere, and match the
+    // wrapping sum.
+    let r = reference(c, DataType::I8, ReduceOp::Sum, 3);
+    let mut wrapped = false;
+    for i in 0..200 {
+        let v: Vec<i8> = (0..3).map(|k| r.input(k, i) as u8 as i8).collect();
+        let wide: i32 = v.iter().map(|&x| x as i32).sum();
+        let want = v.iter().fold(0i8, |a, &x| a.wrapping_add(x));
+        wrapped |= wide != want as i32;
+        assert_eq!(r.expected(0, 200, i), Some(want as u8 as u64));
+    }
+    assert!(wrapped, "int8 inputs never overflow the sum");
+    // Average: the wrapping sum, divided once, truncating toward zero.
+    let r = reference(c, DataType::I32, ReduceOp::Avg, 3);
+    for i in 0..50 {
+        let sum = (0..3).fold(0i32, |a, k| a.wrapping_add(r.input(k, i) as u32 as i32));
+        assert_eq!(r.expected(0, 50, i), Some((sum / 3) as u32 as u64));
+    }
+    // Float average: one division of the exact sum (5/3 is not 1/3+1/3+... in f32).
+    let r = reference(c, DataType::F32, ReduceOp::Avg, 3);
+    for i in 0..50 {
+        let sum: f32 = (0..3).map(|k| f32::from_bits(r.input(k, i) as u32)).sum();
+        assert_eq!(r.expected(0, 50, i), Some((sum / 3.0).to_bits() as u64));
+    }
+    // Half average: through an f32 quotient, rounded once.
+    let r = reference(c, DataType::F16, ReduceOp::Avg, 3);
+    for i in 0..50 {
+        let sum: f32 = (0..3)
+            .map(|k| f16::from_bits(r.input(k, i) as u16).to_f32())
+            .sum();
+        let want = f16::from_f32(sum / 3.0).to_bits() as u64;
+        assert_eq!(r.expected(0, 50, i), Some(want));
+    }
+    // Min by totalOrder: -0 below +0, whichever rank holds it.
+    let r = reference(c, DataType::F32, ReduceOp::Min, 2);
+    assert_eq!(
+        check::combine(DataType::F32, ReduceOp::Min, 0, (-0f32).to_bits() as u64),
+        (-0f32).to_bits() as u64
+    );
+    assert_eq!(
+        check::combine(DataType::F32, ReduceOp::Max, (-0f32).to_bits() as u64, 0),
+        0
+    );
+    // Signed zeros do occur among min/max inputs.
+    let zeros: std::collections::BTreeSet<u64> = (0..2000)
+        .map(|i| r.input(0, i))
+        .filter(|&b| f32::from_bits(b as u32) == 0.0)
+        .collect();
+    assert_eq!(zeros.len(), 2, "both zeros among the inputs: {zeros:?}");
+    // Products stay exact: powers of two, below 2^8 in magnitude, on 16 ranks in bfloat16.
+    let r = reference(c, DataType::Bf16, ReduceOp::Prod, 16);
+    for i in 0..100 {
+        let p: f64 = (0..16)
+            .map(|k| bf16::from_bits(r.input(k, i) as u16).to_f64())
+            .product();
+        let got = bf16::from_bits(r.expected(0, 100, i).unwrap() as u16).to_f64();
+        assert_eq!(got, p);
+        assert!(p.abs() <= 256.0 && p.abs() >= 1.0 / 256.0, "{p}");
+    }
 }
 
 #[test]
-fn tolerance_per_dtype() {
-    assert!(check::matches(DataType::F32, 100.0, 100.0));
-    assert!(!check::matches(DataType::F32, 100.01, 100.0));
-    assert!(check::matches(DataType::Bf16, 100.1, 100.0));
-    assert!(!check::matches(DataType::Bf16, 101.0, 100.0));
-    assert!(check::matches(DataType::F16, 1000.1, 1000.0));
-    assert!(!check::matches(DataType::F16, 1001.0, 1000.0));
-    // Below one unit at the largest result the inputs make (16 per rank, 1024 ranks for
-    // float): an off-by-one always counts.
-    for d in [DataType::F32, DataType::F16, DataType::Bf16] {
-        let top = check::exact_limit(d).min(16 * 1024) as f32;
-        assert!(!check::matches(d, top - 1.0, top), "{d}");
+fn each_operation_gives_a_different_result() {
+    // A collective that ran another operation (or sum for every one) would be counted wrong:
+    // on each operation's own inputs, the other operations' results differ on most elements.
+    for dtype in [DataType::F32, DataType::Bf16, DataType::I8, DataType::U64] {
+        for op in ReduceOp::ALL {
+            let r = reference(Collective::AllReduce, dtype, op, 3);
+            for other in ReduceOp::ALL.into_iter().filter(|&o| o != op) {
+                let differ = (0..200u64)
+                    .filter(|&i| {
+                        let v: Vec<u64> = (0..3).map(|k| r.input(k, i)).collect();
+                        let acc = v[1..]
+                            .iter()
+                            .fold(v[0], |a, &b| check::combine(dtype, other, a, b));
+                        let theirs = check::finish(dtype, other, acc, 3);
+                        Some(theirs) != r.expected(0, 200, i)
+                    })
+                    .count();
+                assert!(differ >= 50, "{dtype} {op:?} vs {other:?}: {differ} of 200");
+            }
+        }
     }
-    assert!(!check::matches(DataType::F16, f32::NAN, 1.0));
-    assert!(!check::matches(DataType::F16, f32::INFINITY, 1.0));
+}
+
+#[test]
+fn strictness() {
+    let avg = reference(Collective::AllReduce, DataType::F32, ReduceOp::Avg, 3);
+    let want = (5f32 / 3.0).to_bits() as u64;
+    let near = (5f32 / 3.0).to_bits() as u64 + 1; // one ulp off (NCCL's pre-multiplied sum)
+    assert!(avg.matches(Strictness::Exact, want, want));
+    assert!(!avg.matches(Strictness::Exact, near, want));
+    assert!(avg.matches(Strictness::Nccl, near, want));
+    let far = (1.7f32).to_bits() as u64;
+    assert!(!avg.matches(Strictness::Nccl, far, want));
+    let min = reference(Collective::AllReduce, DataType::F16, ReduceOp::Min, 3);
+    let (pz, nz) = (0u64, f16::NEG_ZERO.to_bits() as u64);
+    assert!(!min.matches(Strictness::Exact, pz, nz));
+    assert!(min.matches(Strictness::Nccl, pz, nz));
+    let nan = check::unwritten(DataType::F16);
+    assert!(!min.matches(Strictness::Nccl, nan, nan));
+    // Integers and moved data: bits, whatever the strictness.
+    let ints = reference(Collective::AllReduce, DataType::I32, ReduceOp::Avg, 3);
+    assert!(!ints.matches(Strictness::Nccl, 5, 6));
+    let fp8 = reference(Collective::AllGather, DataType::Fp8E4M3, ReduceOp::Sum, 3);
+    assert!(!fp8.matches(Strictness::Nccl, 0x80, 0x00));
 }
 
 fn sample_report() -> Report {
@@ -427,6 +574,43 @@ fn json_round_trip() {
     }
     assert!(v["rows"][1]["nccl"].is_null());
     assert!(Report::from_json("{\"tool\": 1}").is_err());
+}
+
+#[test]
+fn command_line_names_the_binary_and_no_folders() {
+    let shown = json::public_command_line(&[
+        "/home/someone/build/target/release/mscclpp-perf",
+        "-b",
+        "8",
+        "--json",
+        "/scratch/runs/2026/out.json",
+        "--plot=/scratch/runs/2026/out.svg",
+        "-d",
+        "int8",
+    ]);
+    assert_eq!(
+        shown,
+        [
+            "mscclpp-perf",
+            "-b",
+            "8",
+            "--json",
+            "out.json",
+            "--plot=out.svg",
+            "-d",
+            "int8"
+        ]
+    );
+    assert!(shown.iter().all(|a| !a.contains('/')), "{shown:?}");
+    // Relative and bare names stay bare; a flag's value is only taken once.
+    assert_eq!(
+        json::public_command_line(&["./mscclpp-perf", "--json", "a.json", "-n", "2"]),
+        ["mscclpp-perf", "--json", "a.json", "-n", "2"]
+    );
+    assert_eq!(
+        json::public_command_line(&["mscclpp-perf"]),
+        ["mscclpp-perf"]
+    );
 }
 
 #[test]
@@ -502,36 +686,28 @@ fn new_collectives_have_nccl_tests_shapes_factors_and_references() {
     let s = report::shape(Broadcast, 1001, DataType::F16, 3).unwrap();
     assert_eq!((s.bytes, s.count), (1000, 500));
     let (n, sc) = (3usize, 12u64);
-    let v = |r: usize, i: u64| check::input_value(ReduceScatter, DataType::F32, n, r, i);
+    let f32_of = |b: u64| f32::from_bits(b as u32);
+    let rs = reference(ReduceScatter, DataType::F32, ReduceOp::Sum, n);
     // Rank 2's reduce-scatter output: block 2 summed.
-    let want: f32 = (0..n).map(|r| v(r, 8 + 1)).sum();
-    assert_eq!(
-        check::expected_at(ReduceScatter, DataType::F32, n, 2, 0, sc, 1),
-        Some(want)
-    );
+    let want: f32 = (0..n).map(|r| f32_of(rs.input(r, 8 + 1))).sum();
+    assert_eq!(rs.expected(2, sc, 1).map(f32_of), Some(want));
     // All-to-all: element 5 of rank 1's output is block 1 of rank 1 (5 / 4), element 1.
-    let a = |r: usize, i: u64| check::input_value(AllToAll, DataType::F32, n, r, i);
-    assert_eq!(
-        check::expected_at(AllToAll, DataType::F32, n, 1, 0, sc, 5),
-        Some(a(1, 4 + 1))
-    );
-    assert_eq!(
-        check::expected_at(Broadcast, DataType::F32, n, 0, 2, sc, 3),
-        Some(a(2, 3))
-    );
-    assert_eq!(
-        check::expected_at(Reduce, DataType::F32, n, 1, 2, sc, 3),
-        None
-    );
-    assert_eq!(
-        check::expected_at(SendRecv, DataType::F32, n, 0, 0, sc, 3),
-        Some(a(2, 3))
-    );
+    let a2a = reference(AllToAll, DataType::F32, ReduceOp::Sum, n);
+    assert_eq!(a2a.expected(1, sc, 5), Some(a2a.input(1, 4 + 1)));
+    let rooted = |c| Reference {
+        root: 2,
+        ..reference(c, DataType::F32, ReduceOp::Sum, n)
+    };
+    assert_eq!(rooted(Broadcast).expected(0, sc, 3), Some(a2a.input(2, 3)));
+    assert_eq!(rooted(Reduce).expected(1, sc, 3), None);
+    let sr = reference(SendRecv, DataType::F32, ReduceOp::Sum, n);
+    assert_eq!(sr.expected(0, sc, 3), Some(sr.input(2, 3)));
     // Wrong elements are counted where something is expected.
     let got = vec![0f32; 4];
-    assert_eq!(check::count_wrong_at(Reduce, n, 1, 2, 4, &got), 0);
+    assert_eq!(rooted(Reduce).count_wrong(Strictness::Exact, 1, 4, &got), 0);
+    let b = rooted(Broadcast);
     assert_eq!(
-        check::count_wrong_at(Broadcast, n, 1, 2, 4, &got),
-        4 - got.iter().zip(0..).filter(|(g, i)| **g == a(2, *i)).count() as u64
+        b.count_wrong(Strictness::Exact, 1, 4, &got),
+        4 - (0..4).filter(|&i| b.input(2, i) == 0).count() as u64
     );
 }
