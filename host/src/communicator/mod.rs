@@ -699,6 +699,7 @@ impl Communicator {
                         c.inbound as *mut u64,
                         c.expected as *mut u64,
                         timeout_ns,
+                        self.fault.kernel_ptr(),
                     )
                 }
             })
@@ -747,6 +748,10 @@ impl Communicator {
                         c.route.remote_flag as *mut u64,
                         c.expected as *mut u64,
                         timeout_ns,
+                        // The abort word is the fault area's first word.
+                        self.fault
+                            .kernel_ptr()
+                            .wrapping_add(mscclpp_device::collectives::fault::ABORT),
                     );
                     MemoryChannel::from_raw_parts(
                         c.route.local as *mut u8,
@@ -829,7 +834,18 @@ impl Communicator {
         }
     }
 
+    /// The running proxy's first error, as text, if it has reported one (a put outside the
+    /// buffers names the connection, the peer rank, the offsets, the size and both buffer
+    /// sizes). Available as soon as the proxy has refused the trigger, without stopping it;
+    /// [`proxy_stop`](Self::proxy_stop) returns every error as [`CommError::Proxy`].
+    pub fn proxy_error(&self) -> Option<String> {
+        self.proxy_lock().as_ref().and_then(|p| p.first_error())
+    }
+
     /// Errors the running proxy has reported so far (as text) and how many were dropped.
+    /// An error is recorded before the trigger that caused it is popped, so it is here by
+    /// the time the kernel's `signal`/`flush` after that trigger returns (or fails: see
+    /// `DevConn::try_signal`), without stopping the proxy.
     pub fn proxy_errors(&self) -> (Vec<String>, u64) {
         self.proxy_lock()
             .as_ref()
