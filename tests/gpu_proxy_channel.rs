@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use mscclpp::device::kernels::smoke::probe_value;
 use mscclpp::device::kernels::proxy_test::{STATUS_ABORTED, STATUS_REFUSED};
+use mscclpp::device::kernels::smoke::probe_value;
 use mscclpp::host::communicator::{
     Backend, CommConfig, Communicator, DevConnArg, MemoryChannelArg,
 };
@@ -336,7 +336,13 @@ fn bad_put_rank() {
         out.copy_to_host(0, &mut got).unwrap();
         assert_eq!(got, [STATUS_REFUSED, 0], "the signal after the bad put");
         let e = comm.proxy_error().expect("the proxy reported the put");
-        for part in ["connection 0", "rank 1", "offset 1000", "100 bytes", "1024 bytes"] {
+        for part in [
+            "connection 0",
+            "rank 1",
+            "offset 1000",
+            "100 bytes",
+            "1024 bytes",
+        ] {
             assert!(e.contains(part), "{part:?} missing from {e:?}");
         }
     }

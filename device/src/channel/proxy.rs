@@ -267,8 +267,7 @@ impl<'a> DevConn<'a> {
         }
         // Relaxed: the proxy wrote the bit before the tail store this thread acquired.
         // SAFETY: the fault area is live and FAULT_WORDS long (constructor contract).
-        let bits =
-            unsafe { arch::ld_relaxed_sys_u64(self.fault.add(fault::PROXY_REFUSED)) };
+        let bits = unsafe { arch::ld_relaxed_sys_u64(self.fault.add(fault::PROXY_REFUSED)) };
         if bits & (1 << (self.connection_id % 64)) != 0 {
             Err(refused)
         } else {

@@ -22,8 +22,10 @@
 //! transport this backend does not have, a peer on another machine for Host/P2P, buffer
 //! sizes or transports that differ between the two sides (found during setup, reported on
 //! both), connections beyond the trigger's id space. Offsets + sizes of puts are checked by
-//! the proxy against both buffers and reported ([`Communicator::proxy_stop`]), never
-//! performed.
+//! the proxy against both buffers, never performed, and reported at once: to the host
+//! ([`Communicator::proxy_error`], [`Communicator::proxy_errors`], and all of them by
+//! [`Communicator::proxy_stop`]) and to the kernel, whose next `try_signal`/`try_flush` on
+//! that connection fails (see `mscclpp_device::channel::proxy`).
 
 mod fault;
 mod setup;
@@ -771,7 +773,10 @@ impl Communicator {
     /// Aborts the communicator (NCCL's `ncclCommAbort`, without freeing anything): raises
     /// the abort word that the collective kernels' waits look at, so every collective of
     /// this communicator in flight on this rank stops within milliseconds and fails with
-    /// [`CommError::Aborted`], as does every later one. The bootstrap does the same by
+    /// [`CommError::Aborted`], as does every later one. The waits of the handles from
+    /// [`device_connections`](Self::device_connections) and
+    /// [`memory_channels`](Self::memory_channels) look at the same word and give up with
+    /// `ChannelError::Aborted` (their `wait` traps). The bootstrap does the same by
     /// itself when a rank dies. Other ranks are not told: they see this rank's kernels stop
     /// taking part (abort them too, or let their timeouts or the bootstrap report it).
     pub fn abort(&self) {

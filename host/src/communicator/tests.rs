@@ -640,7 +640,13 @@ fn a_put_outside_the_buffer_fails_the_next_signal_and_is_reported_at_once() {
             r.unwrap();
             // The host has it while the proxy still runs.
             let e = comm.proxy_error().expect("the proxy reported the put");
-            for part in ["connection 0", "rank 1", "offset 1000", "100 bytes", "1024 bytes"] {
+            for part in [
+                "connection 0",
+                "rank 1",
+                "offset 1000",
+                "100 bytes",
+                "1024 bytes",
+            ] {
                 assert!(e.contains(part), "{part:?} missing from {e:?}");
             }
             assert_eq!(comm.proxy_errors().0.len(), 1);
@@ -669,7 +675,10 @@ fn a_put_outside_the_buffer_fails_the_next_signal_and_is_reported_at_once() {
 /// Rank 0 waits, in a kernel on CPU threads, for a signal that never comes, while another
 /// thread aborts the communicator after 200 ms: the wait must end with the abort, within a
 /// second of it.
-fn user_wait_ends_at_abort(wait: impl Fn() -> Result<(), ChannelError> + Sync, comm: &Communicator) {
+fn user_wait_ends_at_abort(
+    wait: impl Fn() -> Result<(), ChannelError> + Sync,
+    comm: &Communicator,
+) {
     let aborted_at = std::sync::Mutex::new(None);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -687,7 +696,10 @@ fn user_wait_ends_at_abort(wait: impl Fn() -> Result<(), ChannelError> + Sync, c
             r.into_inner().unwrap(),
             Some(Err(ChannelError::Aborted { word: u64::MAX }))
         );
-        assert!(took < Duration::from_secs(1), "the wait ended {took:?} after the abort");
+        assert!(
+            took < Duration::from_secs(1),
+            "the wait ended {took:?} after the abort"
+        );
     });
 }
 
