@@ -5,8 +5,11 @@
 
 use std::time::Duration;
 
+use mscclpp::device::kernels::proxy_test::{STATUS_ABORTED, STATUS_REFUSED};
 use mscclpp::device::kernels::smoke::probe_value;
-use mscclpp::host::communicator::{Backend, CommConfig, Communicator, DevConnArg};
+use mscclpp::host::communicator::{
+    Backend, CommConfig, Communicator, DevConnArg, MemoryChannelArg,
+};
 use mscclpp::host::cuda::{DeviceBuffer, KernelModule, LaunchConfig, PushKernelArg};
 use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
@@ -150,4 +153,209 @@ fn p2p_all_gather_two_processes() {
         return all_gather_rank();
     }
     run_two("p2p_all_gather_two_processes");
+}
+
+fn one_thread() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Nanoseconds since the Unix epoch (comparable between the processes of one machine).
+fn epoch_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Rank body of the abort tests: both ranks set up a proxy channel and a memory channel
+/// (P2P) and launch the proxy; rank 0 runs `user_wait_status` (waits of 60 s for signals
+/// that never come). With `kill`, rank 1 SIGKILLs itself 300 ms later; without, rank 0
+/// calls `abort()` 300 ms after the launch. Rank 0 checks that both waits ended with the
+/// abort, within a second of it.
+fn user_waits_abort_rank(kill: bool) {
+    let mut comm = gpu_communicator();
+    let Backend::Gpu(gpu) = comm.backend().clone() else {
+        unreachable!()
+    };
+    let (me, peer) = (comm.rank(), 1 - comm.rank());
+    let buf = comm.alloc_buffer(1 << 16).unwrap();
+    comm.connect(peer, &buf, 0, TransportKind::P2p).unwrap();
+    comm.connect_memory(peer, &buf, 1, TransportKind::P2p, 0)
+        .unwrap();
+    comm.connection_setup().unwrap();
+    comm.proxy_launch().unwrap();
+    comm.bootstrap().barrier().unwrap();
+    if me == 1 {
+        if kill {
+            std::thread::sleep(Duration::from_millis(300));
+            println!("killed at {}", epoch_ns());
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid])
+                .status();
+            std::thread::sleep(Duration::from_secs(60));
+            unreachable!("rank 1 was not killed");
+        }
+        // Stay until rank 0 is done (it never signals us, nor we it).
+        comm.bootstrap().barrier().unwrap();
+        comm.proxy_stop().unwrap();
+        println!("rank {me}: ok");
+        return;
+    }
+    let module = KernelModule::load_builtin(&gpu).unwrap();
+    let f = module.function("user_wait_status").unwrap();
+    let out = DeviceBuffer::zeroed(&gpu, 4 * 8).unwrap();
+    let stream = gpu.new_stream().unwrap();
+    let ch = MemoryChannelArg(comm.memory_channels()[0]);
+    let conn = DevConnArg(comm.device_connections()[0]);
+    let (timeout_ns, pout) = (60_000_000_000u64, out.device_ptr());
+    let mut l = stream.launch_builder(&f);
+    l.arg(&ch).arg(&conn).arg(&timeout_ns).arg(&pout);
+    // SAFETY: the channels and `out` belong to `comm`/this scope and outlive the
+    // synchronize below.
+    unsafe { l.launch(one_thread()) }.unwrap();
+    let at = if kill {
+        None
+    } else {
+        std::thread::sleep(Duration::from_millis(300));
+        let t = std::time::Instant::now();
+        comm.abort();
+        Some(t)
+    };
+    stream.synchronize().unwrap();
+    println!("waits ended at {}", epoch_ns());
+    if let Some(t) = at {
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "the waits ended {took:?} after abort()"
+        );
+    }
+    let mut got = [0u64; 4];
+    out.copy_to_host(0, &mut got).unwrap();
+    let word = if kill { 1 + peer as u64 } else { u64::MAX };
+    assert_eq!(
+        got,
+        [STATUS_ABORTED, word, STATUS_ABORTED, word],
+        "memory-channel and proxy-channel wait outcomes"
+    );
+    println!("rank {me}: ok");
+    if kill {
+        // Leave at once: closing the bootstrap politely would wait for the dead rank.
+        std::process::exit(0);
+    }
+    comm.bootstrap().barrier().unwrap();
+    let _ = comm.proxy_stop();
+}
+
+/// A user kernel's waits on a memory channel and a proxy channel end within a second of
+/// `Communicator::abort()` with the abort (not at their 60 s timeout, not with a trap).
+#[test]
+fn p2p_user_waits_end_at_abort_two_processes() {
+    if std::env::var(ROLE).is_ok() {
+        return user_waits_abort_rank(false);
+    }
+    run_two("p2p_user_waits_end_at_abort_two_processes");
+}
+
+/// The same waits end within a second of the peer's `kill -9`, naming it (abort word 2 =
+/// rank 1).
+#[test]
+fn p2p_user_waits_end_when_the_peer_is_killed() {
+    const TEST: &str = "p2p_user_waits_end_when_the_peer_is_killed";
+    if std::env::var(ROLE).is_ok() {
+        return user_waits_abort_rank(true);
+    }
+    if gpu_or_skip(TEST, 0).is_none() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let report = mscclpp::host::launch::LocalLauncher::command(2, exe)
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .bootstrap_timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(180))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    println!("{output}");
+    assert!(
+        !report.ranks[1].status.success(),
+        "rank 1 was not killed:\n{output}"
+    );
+    assert!(report.ranks[0].status.success(), "rank 0: {report}{output}");
+    let stamp = |marker: &str| -> u128 {
+        let line = report
+            .output
+            .iter()
+            .find(|l| l.contains(marker))
+            .unwrap_or_else(|| panic!("no `{marker}` line:\n{output}"));
+        let rest = &line[line.find(marker).unwrap() + marker.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let ms = stamp("waits ended at ").saturating_sub(stamp("killed at ")) as f64 / 1e6;
+    println!("the waits ended {ms:.1} ms after the kill");
+    assert!(ms < 1000.0, "{ms} ms after the kill:\n{output}");
+}
+
+/// Rank 0 puts 100 bytes at offset 1000 of a 1024-byte buffer and signals: the signal
+/// reports the refused put (`STATUS_REFUSED`, connection 0), and the host has the error
+/// before the proxy stops.
+fn bad_put_rank() {
+    let mut comm = gpu_communicator();
+    let Backend::Gpu(gpu) = comm.backend().clone() else {
+        unreachable!()
+    };
+    let (me, peer) = (comm.rank(), 1 - comm.rank());
+    let buf = comm.alloc_buffer(1024).unwrap();
+    comm.connect(peer, &buf, 0, TransportKind::P2p).unwrap();
+    comm.connection_setup().unwrap();
+    comm.proxy_launch().unwrap();
+    if me == 0 {
+        let module = KernelModule::load_builtin(&gpu).unwrap();
+        let f = module.function("proxy_put_status").unwrap();
+        let out = DeviceBuffer::zeroed(&gpu, 2 * 8).unwrap();
+        let stream = gpu.new_stream().unwrap();
+        let conn = DevConnArg(comm.device_connections()[0]);
+        let (dst, size, pout) = (1000u64, 100u64, out.device_ptr());
+        let mut l = stream.launch_builder(&f);
+        l.arg(&conn).arg(&dst).arg(&size).arg(&pout);
+        // SAFETY: the connection and `out` outlive the synchronize below.
+        unsafe { l.launch(one_thread()) }.unwrap();
+        stream.synchronize().unwrap();
+        let mut got = [0u64; 2];
+        out.copy_to_host(0, &mut got).unwrap();
+        assert_eq!(got, [STATUS_REFUSED, 0], "the signal after the bad put");
+        let e = comm.proxy_error().expect("the proxy reported the put");
+        for part in [
+            "connection 0",
+            "rank 1",
+            "offset 1000",
+            "100 bytes",
+            "1024 bytes",
+        ] {
+            assert!(e.contains(part), "{part:?} missing from {e:?}");
+        }
+    }
+    comm.bootstrap().barrier().unwrap();
+    let r = comm.proxy_stop();
+    assert_eq!(r.is_err(), me == 0, "{r:?}");
+    println!("rank {me}: ok");
+}
+
+#[test]
+fn p2p_put_outside_the_buffer_fails_the_signal_two_processes() {
+    if std::env::var(ROLE).is_ok() {
+        return bad_put_rank();
+    }
+    run_two("p2p_put_outside_the_buffer_fails_the_signal_two_processes");
 }

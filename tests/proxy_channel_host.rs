@@ -156,3 +156,100 @@ fn host_all_gather_8_processes() {
     }
     launch("host_all_gather_8_processes", 8);
 }
+
+/// Nanoseconds since the Unix epoch (comparable between the processes of one machine).
+fn epoch_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Rank body of [`user_waits_end_when_the_peer_is_killed`]: rank 0 waits, in a kernel on a
+/// CPU thread, on a memory channel and then a proxy channel whose peer never signals; rank
+/// 1 SIGKILLs itself 300 ms in. Rank 0 prints when and how each wait ended.
+fn killed_peer_rank() {
+    use mscclpp::device::arch::{Dim3, launch};
+    let mut comm = communicator(8);
+    let me = comm.rank();
+    let buf = comm.alloc_buffer(4096).unwrap();
+    comm.connect(1 - me, &buf, 0, TransportKind::Host).unwrap();
+    comm.connect_memory(1 - me, &buf, 1, TransportKind::Host, 0)
+        .unwrap();
+    comm.connection_setup().unwrap();
+    comm.proxy_launch().unwrap();
+    comm.bootstrap().barrier().unwrap();
+    if me == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        println!("killed at {}", epoch_ns());
+        let pid = std::process::id().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
+        std::thread::sleep(Duration::from_secs(60));
+        unreachable!("rank 1 was not killed");
+    }
+    let ch = comm.memory_channels()[0];
+    let conn = comm.device_connections()[0];
+    launch(Dim3::x(1), Dim3::x(1), || {
+        let r = ch.try_wait(60_000_000_000);
+        println!("memory wait ended at {}: {r:?}", epoch_ns());
+        let r = conn.try_wait(60_000_000_000);
+        println!("proxy wait ended at {}: {r:?}", epoch_ns());
+    })
+    .unwrap();
+    println!("reason: {:?}", comm.abort_reason());
+    // Leave at once: closing the bootstrap politely would wait for the dead rank.
+    std::process::exit(0);
+}
+
+/// A user kernel's waits on a memory channel and a proxy channel end with
+/// `ChannelError::Aborted` naming the lost rank (`word: 2` = rank 1) within a second of the
+/// peer's `kill -9`, instead of at their 60 s timeout.
+#[test]
+fn user_waits_end_when_the_peer_is_killed() {
+    const TEST: &str = "user_waits_end_when_the_peer_is_killed";
+    if child() {
+        return killed_peer_rank();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let report = mscclpp::host::launch::LocalLauncher::command(2, exe)
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .bootstrap_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(
+        !report.ranks[1].status.success(),
+        "rank 1 was not killed:\n{output}"
+    );
+    assert!(report.ranks[0].status.success(), "rank 0: {report}{output}");
+    let line_of = |marker: &str| -> &String {
+        report
+            .output
+            .iter()
+            .find(|l| l.contains(marker))
+            .unwrap_or_else(|| panic!("no `{marker}` line:\n{output}"))
+    };
+    let stamp = |marker: &str| -> u128 {
+        let line = line_of(marker);
+        let rest = &line[line.find(marker).unwrap() + marker.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let killed = stamp("killed at ");
+    for what in ["memory wait ended at ", "proxy wait ended at "] {
+        let line = line_of(what);
+        assert!(line.contains("Aborted { word: 2 }"), "{line}\n{output}");
+        let ms = stamp(what).saturating_sub(killed) as f64 / 1e6;
+        println!("{what}{ms:.1} ms after the kill");
+        assert!(ms < 1000.0, "{line}: {ms} ms after the kill\n{output}");
+    }
+    assert!(line_of("reason: ").contains("Lost { rank: 1"), "{output}");
+}

@@ -33,7 +33,18 @@
 //! [`wait_timeout`](DeviceSemaphore::wait_timeout), [`poll`](DeviceSemaphore::poll)) of
 //! one semaphore must come from one thread at a time: they advance the plain expected word.
 //! `wait` traps after the handle's timeout so a lost signal fails the kernel visibly
-//! instead of hanging it; `wait_timeout` returns `false` instead and consumes nothing.
+//! instead of hanging it; `wait_timeout` returns `false` instead and consumes nothing, and
+//! [`try_wait`](DeviceSemaphore::try_wait) says why ([`ChannelError`]).
+//!
+//! # Abort
+//!
+//! A handle made by a communicator carries the address of its abort word (host memory the
+//! host raises on `Communicator::abort` or when the bootstrap loses a rank; null for none).
+//! Waits read it in their slow path only, beside the clock (every 64 failed polls) and at
+//! most once per [`ABORT_LOOK_NS`] per waiting thread, and give up with
+//! [`ChannelError::Aborted`]: an aborted communicator's waits end within a fraction of a
+//! millisecond instead of at their timeout, and a wait whose signal is there costs nothing
+//! more.
 //!
 //! Nothing is validated here: the host builds handles from memory it owns and checks.
 
@@ -41,10 +52,15 @@ use core::fmt;
 use core::marker::PhantomData;
 
 use crate::arch;
+use crate::channel::ChannelError;
+
+/// Least time between two looks at the host's abort word by one waiting thread (a read of
+/// mapped host memory is a PCIe round trip on a GPU).
+pub const ABORT_LOOK_NS: u64 = 50_000;
 
 /// One side of a GPU-to-GPU semaphore, passed by value to kernels (`#[repr(C)]`, `Copy`,
-/// 32 bytes: `inbound`, `remote`, `expected`, `timeout_ns`). See the [module](self) for the
-/// ordering contract.
+/// 40 bytes: `inbound`, `remote`, `expected`, `timeout_ns`, `abort`). See the
+/// [module](self) for the ordering contract.
 ///
 /// `'a` is the lifetime of the counters the handle points at (a zero-sized marker): a
 /// handle obtained from a memory channel borrows what the channel borrows.
@@ -55,10 +71,11 @@ pub struct DeviceSemaphore<'a> {
     remote: *mut u64,
     expected: *mut u64,
     timeout_ns: u64,
+    abort: *const u64,
     _memory: PhantomData<&'a ()>,
 }
 
-const _: () = assert!(core::mem::size_of::<DeviceSemaphore<'static>>() == 32);
+const _: () = assert!(core::mem::size_of::<DeviceSemaphore<'static>>() == 40);
 
 // SAFETY: addresses and a number only; the memory behind them is accessed atomically (or by
 // the one waiting thread, for `expected`) under the contracts of `from_raw_parts`.
@@ -73,6 +90,7 @@ impl fmt::Debug for DeviceSemaphore<'_> {
             .field("remote", &self.remote)
             .field("expected", &self.expected)
             .field("timeout_ns", &self.timeout_ns)
+            .field("abort", &self.abort)
             .finish()
     }
 }
@@ -81,24 +99,28 @@ impl<'a> DeviceSemaphore<'a> {
     /// Assembles a handle (the host's communicator does this). `inbound`: this side's
     /// counter (the peer adds to it); `remote`: the peer's inbound counter mapped here;
     /// `expected`: a local zeroed word used only by this side's waiter; `timeout_ns`: how long
-    /// [`wait`](Self::wait) waits before it traps.
+    /// [`wait`](Self::wait) waits before it traps; `abort`: the communicator's abort word
+    /// (non-zero: give up), or null.
     ///
     /// # Safety
     /// `inbound` and `remote` must be live, 8-byte aligned counters, accessed only atomically
     /// while shared, that start equal to the peer's and this side's expected words (zero);
-    /// `expected` a live, 8-byte aligned word, zero at first, used by this side's waits only.
+    /// `expected` a live, 8-byte aligned word, zero at first, used by this side's waits only;
+    /// `abort` null or a live, 8-byte aligned word written only atomically.
     /// All must stay live for `'a` (the caller picks `'a`; nothing checks it).
     pub unsafe fn from_raw_parts(
         inbound: *mut u64,
         remote: *mut u64,
         expected: *mut u64,
         timeout_ns: u64,
+        abort: *const u64,
     ) -> DeviceSemaphore<'a> {
         DeviceSemaphore {
             inbound,
             remote,
             expected,
             timeout_ns,
+            abort,
             _memory: PhantomData,
         }
     }
@@ -130,21 +152,32 @@ impl<'a> DeviceSemaphore<'a> {
         unsafe { arch::red_add_relaxed_sys_u64(self.remote, 1) };
     }
 
-    /// Waits for the peer's next signal and consumes it; traps after the handle's timeout.
+    /// Waits for the peer's next signal and consumes it; traps after the handle's timeout
+    /// or when the communicator is aborted ([`try_wait`](Self::try_wait) returns instead).
     #[inline]
     pub fn wait(&self) {
-        if !self.wait_timeout(self.timeout_ns) {
+        if self.try_wait(self.timeout_ns).is_err() {
             arch::trap();
         }
     }
 
     /// Waits at most `timeout_ns` for the peer's next signal; `false` if it did not come
-    /// (nothing is consumed then, so a later wait waits for the same signal).
+    /// or the communicator was aborted (nothing is consumed then, so a later wait waits for
+    /// the same signal).
     #[inline]
     pub fn wait_timeout(&self, timeout_ns: u64) -> bool {
+        self.try_wait(timeout_ns).is_ok()
+    }
+
+    /// [`wait_timeout`](Self::wait_timeout) that says why it gave up:
+    /// [`ChannelError::Timeout`] or [`ChannelError::Aborted`] (within about
+    /// [`ABORT_LOOK_NS`] of the abort).
+    #[inline]
+    pub fn try_wait(&self, timeout_ns: u64) -> Result<(), ChannelError> {
         // SAFETY: `inbound` is this side's live aligned counter and `expected` its live word,
-        // used by one waiting thread at a time (constructor and module contract).
-        unsafe { wait_inbound(self.inbound, self.expected, timeout_ns) }
+        // used by one waiting thread at a time; `abort` null or live (constructor and module
+        // contract).
+        unsafe { wait_inbound(self.inbound, self.expected, timeout_ns, self.abort) }
     }
 
     /// If the peer's next signal has arrived, consumes it and returns `true` (with the
@@ -158,27 +191,31 @@ impl<'a> DeviceSemaphore<'a> {
 
 /// The receive side shared by [`DeviceSemaphore`] and the proxy channel's `DevConn`: waits
 /// at most `timeout_ns` until `*inbound` reaches `*expected + 1`, then stores that in
-/// `*expected`; `false` (nothing consumed) on timeout.
+/// `*expected`; an error (nothing consumed) on timeout or when `*abort` (if not null) is
+/// non-zero.
 ///
 /// Acquire at system scope: pairs with the writer's release (a peer's release add, a proxy's
 /// release store, or on P2P the stream write after the copies, which completes after them),
 /// so what the writer published before is visible after this returns. (Relaxed polls with
 /// one fence.acq_rel.sys after them measured slower on 2xH200: 3.7 against 2.5 us per
-/// signal/wait round trip.) The clock is read every 64 polls only.
+/// signal/wait round trip.) The clock is read every 64 polls only, and the abort word at
+/// most once per [`ABORT_LOOK_NS`] after that (the first time at the first look).
 ///
 /// # Safety
 /// `inbound` must be a live, 8-byte aligned counter; `expected` a live, aligned word that
-/// only this waiting thread uses.
+/// only this waiting thread uses; `abort` null or a live, aligned word written atomically.
 #[inline]
 pub(crate) unsafe fn wait_inbound(
     inbound: *const u64,
     expected: *mut u64,
     timeout_ns: u64,
-) -> bool {
+    abort: *const u64,
+) -> Result<(), ChannelError> {
     // SAFETY: caller contract.
     let want = unsafe { *expected } + 1;
     let mut polls = 0u32;
     let mut start = None;
+    let mut last_look = None;
     // SAFETY: caller contract.
     while unsafe { arch::ld_acquire_sys_u64(inbound) } < want {
         polls = polls.wrapping_add(1);
@@ -186,14 +223,47 @@ pub(crate) unsafe fn wait_inbound(
             let now = arch::global_timer_ns();
             let t0 = *start.get_or_insert(now);
             if now.wrapping_sub(t0) > timeout_ns {
-                return false;
+                return Err(ChannelError::Timeout);
             }
+            // SAFETY: caller contract.
+            unsafe { look_at_abort(abort, now, &mut last_look) }?;
         }
         arch::spin_backoff(polls);
     }
     // SAFETY: caller contract.
     unsafe { *expected = want };
-    true
+    Ok(())
+}
+
+/// The slow-path look of a wait at the abort word `abort` (null: none), at most once per
+/// [`ABORT_LOOK_NS`] (`last_look`: this wait's last look; `now`: the clock).
+///
+/// # Safety
+/// `abort` null or a live, aligned word written atomically.
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn look_at_abort(
+    abort: *const u64,
+    now: u64,
+    last_look: &mut Option<u64>,
+) -> Result<(), ChannelError> {
+    if abort.is_null() {
+        return Ok(());
+    }
+    if let Some(last) = *last_look
+        && now.wrapping_sub(last) < ABORT_LOOK_NS
+    {
+        return Ok(());
+    }
+    *last_look = Some(now);
+    // Relaxed: the word only says "stop"; nothing is published through it.
+    // SAFETY: caller contract.
+    let word = unsafe { arch::ld_relaxed_sys_u64(abort) };
+    if word == 0 {
+        Ok(())
+    } else {
+        Err(ChannelError::Aborted { word })
+    }
 }
 
 /// [`wait_inbound`] without waiting: consumes the next signal if it has arrived.

@@ -62,6 +62,9 @@
 //! trap after the semaphore's timeout ([`timeout_ns`](MemoryChannel::timeout_ns));
 //! [`wait_timeout`](MemoryChannel::wait_timeout) and
 //! [`try_unpack_packets`](MemoryChannel::try_unpack_packets) return `false` instead.
+//! The semaphore's waits also give up when the communicator is aborted
+//! ([`try_wait`](MemoryChannel::try_wait) says which); packet waits do not look at the
+//! abort word (they end at their timeout).
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -91,7 +94,7 @@ pub struct MemoryChannel<'a> {
     _memory: PhantomData<&'a ()>,
 }
 
-const _: () = assert!(core::mem::size_of::<MemoryChannel<'static>>() == 88);
+const _: () = assert!(core::mem::size_of::<MemoryChannel<'static>>() == 96);
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed under the
 // contracts of `from_raw_parts` and the module's protocol.
@@ -660,6 +663,13 @@ impl<'a> MemoryChannel<'a> {
     #[inline]
     pub fn wait_timeout(&self, timeout_ns: u64) -> bool {
         self.semaphore.wait_timeout(timeout_ns)
+    }
+
+    /// [`DeviceSemaphore::try_wait`]: gives up on the timeout or when the communicator is
+    /// aborted, saying which.
+    #[inline]
+    pub fn try_wait(&self, timeout_ns: u64) -> Result<(), super::ChannelError> {
+        self.semaphore.try_wait(timeout_ns)
     }
 
     /// [`DeviceSemaphore::poll`].

@@ -10,3 +10,47 @@ pub mod proxy;
 
 pub use memory::{MemoryChannel, PlainData};
 pub use proxy::DevConn;
+
+use core::fmt;
+
+/// Why a channel operation did not succeed (the `try_` methods of [`DevConn`],
+/// [`MemoryChannel`] and [`DeviceSemaphore`](crate::semaphore::DeviceSemaphore)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelError {
+    /// The wait ran out of time.
+    Timeout,
+    /// The communicator was aborted: `word` is its abort word (`1 + rank` of a lost rank,
+    /// or `u64::MAX` for `Communicator::abort`).
+    Aborted {
+        /// The abort word.
+        word: u64,
+    },
+    /// The proxy refused a trigger of this connection (a put outside the buffers, an
+    /// unknown connection id) or failed to carry one out; the host's
+    /// `Communicator::proxy_errors` says which and why.
+    ProxyRefused {
+        /// The connection.
+        connection: u32,
+    },
+}
+
+impl fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ChannelError::Timeout => f.write_str("the wait timed out"),
+            ChannelError::Aborted { word: u64::MAX } => {
+                f.write_str("the communicator was aborted (abort())")
+            }
+            ChannelError::Aborted { word } => {
+                write!(f, "the communicator was aborted: rank {} is gone", word - 1)
+            }
+            ChannelError::ProxyRefused { connection } => write!(
+                f,
+                "the proxy refused or failed a trigger of connection {connection} (see the \
+                 host's proxy errors)"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for ChannelError {}

@@ -22,15 +22,32 @@
 //! (they advance a plain expected-epoch counter).
 //!
 //! Waits time out (`wait` after the handle's timeout traps, so the kernel fails visibly;
-//! [`wait_timeout`](DevConn::wait_timeout) returns `false`). Field limits of the triggers
-//! are those of [`Trigger`]; a put beyond them traps; offsets beyond the buffers are
-//! refused by the proxy, which reports them to the host.
+//! [`wait_timeout`](DevConn::wait_timeout) returns `false`,
+//! [`try_wait`](DevConn::try_wait) says why) and give up when the communicator is aborted
+//! (the handle carries the address of its fault area; see [`crate::semaphore`] for how
+//! often a wait looks at it). Field limits of the triggers are those of [`Trigger`]; a put
+//! beyond them traps.
+//!
+//! Offsets beyond the buffers (and unknown connection ids) are refused by the proxy, which
+//! records the error for the host at once (`Communicator::proxy_errors`), sets this
+//! connection's bit in the fault area and flags the FIFO's tail
+//! ([`TAIL_FAULT`](crate::fifo::TAIL_FAULT)): the next [`try_signal`](DevConn::try_signal),
+//! [`try_flush`](DevConn::try_flush) or [`try_put_with_signal`](DevConn::try_put_with_signal)
+//! on the connection returns [`ChannelError::ProxyRefused`] (and [`signal`](DevConn::signal),
+//! [`flush`](DevConn::flush), [`put_with_signal`](DevConn::put_with_signal) trap), as does
+//! every later one until the proxy is launched again. A refused put is not performed; the
+//! signal after it is still sent, so the peer is not left waiting. Connections are told
+//! apart by their id modulo 64 (one word of bits), so with more than 64 connections a fault
+//! may also be reported on a connection 64 ids away. Checking costs nothing while the
+//! proxy has reported nothing: the flag travels in the tail word that `sync` reads anyway.
 
 use core::fmt;
 use core::marker::PhantomData;
 
+use super::ChannelError;
 use crate::arch;
-use crate::fifo::{FifoDeviceHandle, Trigger, TriggerOp};
+use crate::collectives::fault;
+use crate::fifo::{FifoDeviceHandle, SyncStatus, Trigger, TriggerOp};
 use crate::semaphore::{poll_inbound, wait_inbound};
 
 /// One side of a proxy channel, passed by value to kernels (`#[repr(C)]`, `Copy`).
@@ -48,12 +65,13 @@ pub struct DevConn<'a> {
     connection_id: u32,
     reserved: u32,
     wait_timeout_ns: u64,
+    fault: *mut u64,
     _memory: PhantomData<&'a ()>,
 }
 
 const _: () = assert!(
     core::mem::size_of::<DevConn<'static>>()
-        == core::mem::size_of::<FifoDeviceHandle>() + 3 * 8 + 2 * 4
+        == core::mem::size_of::<FifoDeviceHandle>() + 4 * 8 + 2 * 4
 );
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed atomically (or by
@@ -69,6 +87,7 @@ impl fmt::Debug for DevConn<'_> {
             .field("inbound", &self.inbound)
             .field("expected", &self.expected)
             .field("wait_timeout_ns", &self.wait_timeout_ns)
+            .field("fault", &self.fault)
             .field("fifo", &self.fifo)
             .finish()
     }
@@ -80,7 +99,10 @@ impl<'a> DevConn<'a> {
     /// # Safety
     /// `fifo` must be the live FIFO of the proxy that serves `connection_id`; `inbound` the
     /// live, 8-byte aligned counter the peer's proxy writes for this connection; `expected`
-    /// a live, 8-byte aligned, zero-initialised word used by this connection's waits only.
+    /// a live, 8-byte aligned, zero-initialised word used by this connection's waits only;
+    /// `fault` null or the communicator's fault area
+    /// ([`FAULT_WORDS`](crate::collectives::FAULT_WORDS) live, aligned words written only
+    /// atomically while kernels run: its abort word and the proxy's refused connections).
     /// All must stay live for `'a` (the caller picks `'a`; nothing checks it).
     pub unsafe fn from_raw_parts(
         fifo: FifoDeviceHandle,
@@ -88,6 +110,7 @@ impl<'a> DevConn<'a> {
         inbound: *mut u64,
         expected: *mut u64,
         wait_timeout_ns: u64,
+        fault: *mut u64,
     ) -> DevConn<'a> {
         DevConn {
             fifo,
@@ -96,6 +119,7 @@ impl<'a> DevConn<'a> {
             connection_id,
             reserved: 0,
             wait_timeout_ns,
+            fault,
             _memory: PhantomData,
         }
     }
@@ -114,6 +138,7 @@ impl<'a> DevConn<'a> {
             connection_id: self.connection_id,
             reserved: self.reserved,
             wait_timeout_ns: self.wait_timeout_ns,
+            fault: self.fault,
             _memory: PhantomData,
         }
     }
@@ -148,22 +173,49 @@ impl<'a> DevConn<'a> {
 
     /// Raises the peer's inbound counter after every put queued before it has landed;
     /// returns once the proxy has done so (the sources of those puts may then be reused).
+    /// Traps where [`try_signal`](Self::try_signal) returns an error.
     #[inline]
     pub fn signal(&self) {
+        if self.try_signal().is_err() {
+            arch::trap();
+        }
+    }
+
+    /// [`signal`](Self::signal) that returns an error instead of trapping:
+    /// [`ChannelError::ProxyRefused`] when the proxy has refused a trigger of this
+    /// connection (see the [module](self)), [`ChannelError::Timeout`] when the proxy did not
+    /// act within the FIFO's timeout. The signal itself is sent in the first case.
+    #[inline]
+    pub fn try_signal(&self) -> Result<(), ChannelError> {
         let seq = self.push(TriggerOp::FLAG.union(TriggerOp::SYNC), 0, 0, 0);
-        // SAFETY: the FIFO is live (constructor contract).
-        unsafe { self.fifo.sync(seq) };
+        self.sync(seq)
     }
 
     /// [`put_at`](Self::put_at) then [`signal`](Self::signal), as one trigger.
     #[inline]
     pub fn put_with_signal(&self, dst_offset: u64, src_offset: u64, size: u64) {
+        if self
+            .try_put_with_signal(dst_offset, src_offset, size)
+            .is_err()
+        {
+            arch::trap();
+        }
+    }
+
+    /// [`put_with_signal`](Self::put_with_signal) that returns an error instead of trapping
+    /// (as [`try_signal`](Self::try_signal)).
+    #[inline]
+    pub fn try_put_with_signal(
+        &self,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), ChannelError> {
         let op = TriggerOp::DATA
             .union(TriggerOp::FLAG)
             .union(TriggerOp::SYNC);
         let seq = self.push(op, dst_offset, src_offset, size);
-        // SAFETY: the FIFO is live (constructor contract).
-        unsafe { self.fifo.sync(seq) };
+        self.sync(seq)
     }
 
     /// [`put_with_signal`](Self::put_with_signal); the name states that on return every
@@ -173,35 +225,93 @@ impl<'a> DevConn<'a> {
         self.put_with_signal(dst_offset, src_offset, size);
     }
 
-    /// Waits until the proxy has completed every put queued so far on this FIFO.
+    /// Waits until the proxy has completed every put queued so far on this FIFO. Traps
+    /// where [`try_flush`](Self::try_flush) returns an error.
     #[inline]
     pub fn flush(&self) {
-        let seq = self.push(TriggerOp::SYNC, 0, 0, 0);
-        // SAFETY: the FIFO is live (constructor contract).
-        unsafe { self.fifo.sync(seq) };
-    }
-
-    /// Waits for the peer's next signal; traps after the handle's timeout.
-    #[inline]
-    pub fn wait(&self) {
-        if !self.wait_timeout(self.wait_timeout_ns) {
+        if self.try_flush().is_err() {
             arch::trap();
         }
     }
 
-    /// Waits at most `timeout_ns` for the peer's next signal; `false` if it did not come
-    /// (the expected epoch is then not advanced, so a later wait waits for the same one).
+    /// [`flush`](Self::flush) that returns an error instead of trapping (as
+    /// [`try_signal`](Self::try_signal)).
+    #[inline]
+    pub fn try_flush(&self) -> Result<(), ChannelError> {
+        let seq = self.push(TriggerOp::SYNC, 0, 0, 0);
+        self.sync(seq)
+    }
+
+    /// Waits until the proxy has popped `seq`, then reports a fault it flagged for this
+    /// connection.
+    #[inline(always)]
+    fn sync(&self, seq: u64) -> Result<(), ChannelError> {
+        // SAFETY: the FIFO is live (constructor contract).
+        match unsafe { self.fifo.try_sync_status(seq) } {
+            Ok(SyncStatus::Clean) => Ok(()),
+            Ok(SyncStatus::ProxyFaulted) => self.proxy_fault(),
+            Err(_) => Err(ChannelError::Timeout),
+        }
+    }
+
+    /// The FIFO's tail says the proxy refused or failed some trigger: was it one of this
+    /// connection's?
+    #[cold]
+    #[inline(never)]
+    fn proxy_fault(&self) -> Result<(), ChannelError> {
+        let refused = ChannelError::ProxyRefused {
+            connection: self.connection_id,
+        };
+        if self.fault.is_null() {
+            return Err(refused);
+        }
+        // Relaxed: the proxy wrote the bit before the tail store this thread acquired.
+        // SAFETY: the fault area is live and FAULT_WORDS long (constructor contract).
+        let bits = unsafe { arch::ld_relaxed_sys_u64(self.fault.add(fault::PROXY_REFUSED)) };
+        if bits & (1 << (self.connection_id % 64)) != 0 {
+            Err(refused)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Waits for the peer's next signal; traps after the handle's timeout or when the
+    /// communicator is aborted ([`try_wait`](Self::try_wait) returns instead).
+    #[inline]
+    pub fn wait(&self) {
+        if self.try_wait(self.wait_timeout_ns).is_err() {
+            arch::trap();
+        }
+    }
+
+    /// Waits at most `timeout_ns` for the peer's next signal; `false` if it did not come or
+    /// the communicator was aborted (the expected epoch is then not advanced, so a later
+    /// wait waits for the same one).
     #[inline]
     pub fn wait_timeout(&self, timeout_ns: u64) -> bool {
+        self.try_wait(timeout_ns).is_ok()
+    }
+
+    /// [`wait_timeout`](Self::wait_timeout) that says why it gave up:
+    /// [`ChannelError::Timeout`], or [`ChannelError::Aborted`] within about
+    /// [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS) of the communicator's abort.
+    #[inline]
+    pub fn try_wait(&self, timeout_ns: u64) -> Result<(), ChannelError> {
+        let abort = if self.fault.is_null() {
+            core::ptr::null()
+        } else {
+            self.fault.wrapping_add(fault::ABORT) as *const u64
+        };
         // SAFETY: `inbound` is a live aligned counter and `expected` this connection's live
-        // word, used by one waiting thread at a time (constructor and module contract).
-        unsafe { wait_inbound(self.inbound, self.expected, timeout_ns) }
+        // word, used by one waiting thread at a time; the fault area null or live
+        // (constructor and module contract).
+        unsafe { wait_inbound(self.inbound, self.expected, timeout_ns, abort) }
     }
 
     /// If the peer's next signal has arrived, consumes it and returns `true`; never waits.
     #[inline]
     pub fn poll(&self) -> bool {
-        // SAFETY: as in `wait_timeout`.
+        // SAFETY: as in `try_wait`.
         unsafe { poll_inbound(self.inbound, self.expected) }
     }
 }

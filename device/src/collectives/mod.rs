@@ -225,6 +225,10 @@ pub mod fault {
     pub const THEIRS: usize = 8;
     /// What was waited for ([`AT_SEMAPHORE`], [`AT_PACKET`], [`AT_DESCRIPTOR`], [`AT_PROXY`]).
     pub const PLACE: usize = 10;
+    /// Bits of the proxy channels (`DevConn`) whose triggers the proxy refused or failed:
+    /// bit `id % 64` for connection `id`. Set by the proxy (atomic or) before it publishes
+    /// a flagged tail (`fifo::TAIL_FAULT`); cleared by the host when it starts a proxy.
+    pub const PROXY_REFUSED: usize = 11;
     /// The host's value of [`ABORT`] for `Communicator::abort` (a lost rank `r` is `1 + r`).
     pub const ABORT_REQUESTED: u64 = u64::MAX;
     /// A wait timed out.

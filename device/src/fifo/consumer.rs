@@ -2,7 +2,7 @@
 //! over `arch`, so it runs on the host proxy thread, under loom, and (unused so far) on a
 //! GPU.
 
-use super::device_handle::{FifoConfigError, check_ptr, check_slots, commit_bit};
+use super::device_handle::{FifoConfigError, TAIL_FAULT, check_ptr, check_slots, commit_bit};
 use super::trigger::Trigger;
 use crate::arch;
 
@@ -21,6 +21,9 @@ pub struct FifoConsumer {
     /// The next sequence number to pop; this value's only writer is `self`, so it is
     /// kept here rather than re-read.
     next: u64,
+    /// [`TAIL_FAULT`] once [`mark_fault`](Self::mark_fault) was called, else 0; or-ed into
+    /// every published tail.
+    fault: u64,
 }
 
 // SAFETY: the consumer is addresses into FIFO memory whose liveness `new`'s caller
@@ -47,14 +50,22 @@ impl FifoConsumer {
         check_ptr("trigger ring", triggers)?;
         check_ptr("tail", tail as *const u64)?;
         // Acquire: start after whatever a previous consumer popped, having seen what it
-        // did.
+        // did. A new consumer starts without the fault bit (the host clears its fault
+        // records before starting one); the producers' syncs see it gone at the next pop.
         // SAFETY: `tail` is live and aligned (caller contract, checked alignment).
-        let next = unsafe { arch::ld_acquire_sys_u64(tail) };
+        let raw = unsafe { arch::ld_acquire_sys_u64(tail) };
+        let next = raw & !TAIL_FAULT;
+        if raw != next {
+            // Release, as in `pop`: we are now the tail's only writer.
+            // SAFETY: as above.
+            unsafe { arch::st_release_sys_u64(tail, next) };
+        }
         Ok(FifoConsumer {
             triggers,
             tail,
             slots,
             next,
+            fault: 0,
         })
     }
 
@@ -105,7 +116,15 @@ impl FifoConsumer {
         // before the code after a `sync` on `seq`.
         // SAFETY: `tail` is live and aligned (constructor contract); we are its only
         // writer.
-        unsafe { arch::st_release_sys_u64(self.tail, self.next) };
+        unsafe { arch::st_release_sys_u64(self.tail, self.next | self.fault) };
         Some(seq)
+    }
+
+    /// Sets [`TAIL_FAULT`] in every tail published from now on (the proxy refused or failed
+    /// a trigger): the `sync` of that trigger and of every later one reports it. Call it
+    /// before popping the faulty trigger, after writing what the producers should read
+    /// about the fault (the pop's release store publishes it).
+    pub fn mark_fault(&mut self) {
+        self.fault = TAIL_FAULT;
     }
 }

@@ -12,6 +12,24 @@ pub const MAX_SLOTS: u64 = 1 << 16;
 /// Longest wait a [`FifoDeviceHandle`] accepts for one push or sync: one hour, in ns.
 pub const MAX_TIMEOUT_NS: u64 = 3_600_000_000_000;
 
+/// Bit of the published tail that the consumer sets once the proxy has refused a trigger
+/// (a put outside the buffers, an unknown connection) or failed one: from then on every
+/// [`FifoDeviceHandle::try_sync_status`] reports [`SyncStatus::ProxyFaulted`], and the
+/// caller looks at the fault area to see whether its own connection is concerned.
+/// Sequence numbers never reach 2⁶³, so the bit never collides with a count; every reader
+/// of the tail masks it. It costs the fast path of `sync` nothing: the loaded tail is
+/// tested for it only once the wait is over.
+pub const TAIL_FAULT: u64 = 1 << 63;
+
+/// What a [`FifoDeviceHandle::try_sync_status`] saw besides the trigger being popped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncStatus {
+    /// The proxy has reported no error.
+    Clean,
+    /// The proxy has refused or failed some trigger of this FIFO (see [`TAIL_FAULT`]).
+    ProxyFaulted,
+}
+
 /// The commit bit the producer of sequence `seq` stores in its slot: 1 on even laps, 0 on
 /// odd ones. Slots start zeroed, which reads as "committed in lap -1", so lap 0 needs a 1.
 #[inline(always)]
@@ -333,20 +351,37 @@ impl FifoDeviceHandle {
     /// # Safety
     /// As for [`try_push`](Self::try_push).
     pub unsafe fn try_sync(&self, seq: u64) -> Result<(), FifoTimeout> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.try_sync_status(seq) }.map(|_| ())
+    }
+
+    /// [`try_sync`](Self::try_sync) that also says whether the proxy has refused or failed
+    /// a trigger of this FIFO so far ([`TAIL_FAULT`] in the tail it acquired).
+    ///
+    /// # Safety
+    /// As for [`try_push`](Self::try_push).
+    #[inline]
+    pub unsafe fn try_sync_status(&self, seq: u64) -> Result<SyncStatus, FifoTimeout> {
         let start = arch::global_timer_ns();
         let mut round = 0u32;
         loop {
             // Acquire: pairs with the proxy's release store of the tail (see above).
             // SAFETY: `tail` is a live aligned word (caller contract).
             let tail = unsafe { arch::ld_acquire_sys_u64(self.tail) };
+            // With TAIL_FAULT set this holds at once, so the count is checked again below.
             if tail > seq {
-                return Ok(());
+                if tail & TAIL_FAULT == 0 {
+                    return Ok(SyncStatus::Clean);
+                }
+                if tail & !TAIL_FAULT > seq {
+                    return Ok(SyncStatus::ProxyFaulted);
+                }
             }
             if arch::global_timer_ns().wrapping_sub(start) > self.timeout_ns {
                 return Err(FifoTimeout {
                     wait: FifoWait::Sync,
                     seq,
-                    tail,
+                    tail: tail & !TAIL_FAULT,
                     timeout_ns: self.timeout_ns,
                 });
             }
@@ -409,7 +444,7 @@ unsafe fn wait_for_room(
         // Acquire: pairs with the proxy's release store of the tail, so its reads of the
         // slot we will overwrite happen before our store.
         // SAFETY: `tail` is a live aligned word (caller contract).
-        let seen = unsafe { arch::ld_acquire_sys_u64(tail) };
+        let seen = unsafe { arch::ld_acquire_sys_u64(tail) } & !TAIL_FAULT;
         if seq.wrapping_sub(seen) < slots {
             // Release: a thread that later reads this value (relaxed, then the fence in
             // `try_push`) acquires what we acquired from the tail. Concurrent refreshes

@@ -55,7 +55,7 @@ mod trigger;
 pub use consumer::FifoConsumer;
 pub use device_handle::{
     FifoConfigError, FifoDeviceHandle, FifoTimeout, FifoWait, MAX_SLOTS, MAX_TIMEOUT_NS, MIN_SLOTS,
-    check_slots,
+    SyncStatus, TAIL_FAULT, check_slots,
 };
 pub use trigger::{
     COMMIT_BIT, CONNECTION_ID_BITS, MAX_CONNECTION_ID, MAX_OFFSET, MAX_SIZE, OFFSET_BITS, OP_BITS,

@@ -424,3 +424,45 @@ fn cpu_threads_of_a_launch_push_into_one_ring_and_each_trigger_arrives_once() {
         assert_eq!(c.poll(), None);
     }
 }
+
+#[test]
+fn a_fault_flag_in_the_tail_is_reported_by_sync_and_ignored_by_counts() {
+    let mut f = TestFifo::new(2);
+    let h = f.handle(SECOND);
+    let mut c = f.consumer();
+    let op = TriggerOp::SYNC;
+    // SAFETY: the FIFO memory is live for the whole test; one consumer.
+    unsafe {
+        let s0 = h.try_push(t(op, 0, 0, 0, 0)).unwrap();
+        assert_eq!(c.pop(), Some(s0));
+        assert_eq!(h.try_sync_status(s0), Ok(SyncStatus::Clean));
+        c.mark_fault();
+        let s1 = h.try_push(t(op, 0, 0, 0, 0)).unwrap();
+        assert_eq!(c.pop(), Some(s1));
+        assert_eq!(h.try_sync_status(s1), Ok(SyncStatus::ProxyFaulted));
+        assert_eq!(h.try_sync(s1), Ok(()));
+        // The flag does not make an unpopped trigger look popped, nor the ring look full
+        // (two slots: these pushes need the masked tail to find room).
+        let s2 = h.try_push(t(op, 0, 0, 0, 0)).unwrap();
+        let s3 = h.try_push(t(op, 0, 0, 0, 0)).unwrap();
+        let short = FifoDeviceHandle::new(
+            f.ring.as_mut_ptr(),
+            f.words.as_mut_ptr(),
+            f.words.as_mut_ptr().wrapping_add(1),
+            f.words.as_mut_ptr().wrapping_add(2),
+            2,
+            1_000_000,
+        )
+        .unwrap();
+        assert!(short.try_sync_status(s2).is_err(), "not popped yet");
+        assert_eq!(c.pop(), Some(s2));
+        assert_eq!(c.pop(), Some(s3));
+        assert_eq!(c.tail(), 4);
+        assert_eq!(h.try_sync_status(s3), Ok(SyncStatus::ProxyFaulted));
+    }
+    // A new consumer (this one is done) starts clean and clears the flag at once.
+    let c = f.consumer();
+    assert_eq!(c.tail(), 4);
+    // SAFETY: as above.
+    unsafe { assert_eq!(h.try_sync_status(3), Ok(SyncStatus::Clean)) };
+}

@@ -2,7 +2,7 @@
 //! by the GPU tests and benches.
 
 use crate::arch;
-use crate::channel::DevConn;
+use crate::channel::{ChannelError, DevConn, MemoryChannel};
 use crate::kernel;
 use crate::kernels::smoke::probe_value;
 
@@ -117,6 +117,72 @@ kernel! {
             // SAFETY: `ack` is a live aligned word (caller contract).
             unsafe { arch::st_release_sys_u64(ack, i) };
         }
+    }
+}
+
+/// Writes a channel operation's outcome as two words at `out`: the kind
+/// ([`STATUS_OK`], [`STATUS_TIMEOUT`], [`STATUS_ABORTED`], [`STATUS_REFUSED`]) and the
+/// detail (the abort word, or the refused connection).
+///
+/// # Safety
+/// `out` must be valid for two `u64` writes.
+pub unsafe fn write_status(out: *mut u64, r: Result<(), ChannelError>) {
+    let (kind, detail) = match r {
+        Ok(()) => (STATUS_OK, 0),
+        Err(ChannelError::Timeout) => (STATUS_TIMEOUT, 0),
+        Err(ChannelError::Aborted { word }) => (STATUS_ABORTED, word),
+        Err(ChannelError::ProxyRefused { connection }) => (STATUS_REFUSED, connection as u64),
+    };
+    // SAFETY: caller contract; volatile so the host reads what was written even if the
+    // kernel is stopped later.
+    unsafe {
+        core::ptr::write_volatile(out, kind);
+        core::ptr::write_volatile(out.add(1), detail);
+    }
+}
+
+/// [`write_status`]: the operation succeeded.
+pub const STATUS_OK: u64 = 1;
+/// [`write_status`]: [`ChannelError::Timeout`].
+pub const STATUS_TIMEOUT: u64 = 2;
+/// [`write_status`]: [`ChannelError::Aborted`] (detail: the abort word).
+pub const STATUS_ABORTED: u64 = 3;
+/// [`write_status`]: [`ChannelError::ProxyRefused`] (detail: the connection).
+pub const STATUS_REFUSED: u64 = 4;
+
+kernel! {
+    /// One thread waits up to `timeout_ns` on the memory channel `ch`, then on the proxy
+    /// channel `conn`, for signals that may never come, and writes each outcome
+    /// ([`write_status`]) to `out[0..2]` and `out[2..4]`: a wait of an aborted communicator
+    /// ends with [`STATUS_ABORTED`] instead of hanging until its timeout.
+    pub unsafe fn user_wait_status(
+        ch: MemoryChannel<'_>,
+        conn: DevConn<'_>,
+        timeout_ns: u64,
+        out: *mut u64,
+    ) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        // SAFETY: `out` holds four words (caller contract).
+        unsafe {
+            write_status(out, ch.try_wait(timeout_ns));
+            write_status(out.add(2), conn.try_wait(timeout_ns));
+        }
+    }
+}
+
+kernel! {
+    /// One thread queues a put of `size` bytes from offset 0 to `dst_offset` on `conn`,
+    /// then signals, and writes the signal's outcome ([`write_status`]) to `out[0..2]`: a
+    /// put the proxy refused (outside the buffers) makes it [`STATUS_REFUSED`].
+    pub unsafe fn proxy_put_status(conn: DevConn<'_>, dst_offset: u64, size: u64, out: *mut u64) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        conn.put_at(dst_offset, 0, size);
+        // SAFETY: `out` holds two words (caller contract).
+        unsafe { write_status(out, conn.try_signal()) };
     }
 }
 

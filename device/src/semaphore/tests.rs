@@ -7,18 +7,28 @@ const LONG_NS: u64 = 60_000_000_000;
 const SHORT_NS: u64 = 2_000_000;
 
 /// Both sides' words: inbound and expected of side 0, then of side 1.
-struct Words(Box<[AtomicU64; 4]>);
+struct Words(Box<[AtomicU64; 5]>);
 
 impl Words {
     fn new() -> Words {
-        Words(Box::new([const { AtomicU64::new(0) }; 4]))
+        Words(Box::new([const { AtomicU64::new(0) }; 5]))
+    }
+    /// The abort word both sides' waits look at.
+    fn abort(&self, word: u64) {
+        self.0[4].store(word, Ordering::Relaxed);
     }
     fn side(&self, i: usize, timeout_ns: u64) -> DeviceSemaphore<'_> {
         let w = |k: usize| self.0[k].as_ptr();
         // SAFETY: live, aligned words, zero at first, accessed atomically while shared (the
         // expected word only by this side's one waiter).
         unsafe {
-            DeviceSemaphore::from_raw_parts(w(2 * i), w(2 * (1 - i)), w(2 * i + 1), timeout_ns)
+            DeviceSemaphore::from_raw_parts(
+                w(2 * i),
+                w(2 * (1 - i)),
+                w(2 * i + 1),
+                timeout_ns,
+                w(4),
+            )
         }
     }
     fn inbound(&self, i: usize) -> u64 {
@@ -117,7 +127,7 @@ fn data_written_before_signal_is_read_after_wait() {
 
 #[test]
 fn semaphore_is_laid_out_for_the_host() {
-    assert_eq!(core::mem::size_of::<DeviceSemaphore<'static>>(), 32);
+    assert_eq!(core::mem::size_of::<DeviceSemaphore<'static>>(), 40);
     assert_eq!(
         core::mem::offset_of!(DeviceSemaphore<'static>, timeout_ns),
         24
@@ -126,4 +136,29 @@ fn semaphore_is_laid_out_for_the_host() {
     let s = std::format!("{:?}", w.side(0, 7));
     assert!(s.contains("timeout_ns: 7"), "{s}");
     assert_eq!(w.side(0, 7).timeout_ns(), 7);
+}
+
+#[test]
+fn an_abort_ends_a_wait_long_before_its_timeout_and_consumes_nothing() {
+    use crate::channel::ChannelError;
+    let w = Words::new();
+    let a = w.side(0, 60_000_000_000);
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            w.abort(3);
+        });
+        assert_eq!(
+            a.try_wait(60_000_000_000),
+            Err(ChannelError::Aborted { word: 3 })
+        );
+    });
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+    assert_eq!(w.expected(0), 0, "nothing consumed");
+    // A signal that is there is still taken at once; a wait for one that is not gives up.
+    w.side(1, 1).signal();
+    assert!(a.poll());
+    assert!(!a.wait_timeout(60_000_000_000));
 }

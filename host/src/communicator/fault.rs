@@ -123,6 +123,20 @@ impl FaultArea {
         );
     }
 
+    /// Marks proxy channel `connection` as refused by the proxy (its bit `connection % 64`
+    /// in [`fault::PROXY_REFUSED`]); the proxy thread calls this before it publishes the
+    /// flagged tail of the refused trigger.
+    pub(crate) fn mark_proxy_refused(&self, connection: u32) {
+        // Release: ordered before the proxy's later release store of the tail anyway; the
+        // kernel reads the word after acquiring that tail.
+        self.words()[fault::PROXY_REFUSED].fetch_or(1 << (connection % 64), Ordering::Release);
+    }
+
+    /// Clears the proxy's refused connections (when a proxy starts, with a clean FIFO tail).
+    pub(crate) fn clear_proxy_refused(&self) {
+        self.words()[fault::PROXY_REFUSED].store(0, Ordering::Release);
+    }
+
     /// Why the communicator was aborted, if it was.
     pub(crate) fn abort_reason(&self) -> Option<AbortReason> {
         self.reason

@@ -22,8 +22,10 @@
 //! transport this backend does not have, a peer on another machine for Host/P2P, buffer
 //! sizes or transports that differ between the two sides (found during setup, reported on
 //! both), connections beyond the trigger's id space. Offsets + sizes of puts are checked by
-//! the proxy against both buffers and reported ([`Communicator::proxy_stop`]), never
-//! performed.
+//! the proxy against both buffers, never performed, and reported at once: to the host
+//! ([`Communicator::proxy_error`], [`Communicator::proxy_errors`], and all of them by
+//! [`Communicator::proxy_stop`]) and to the kernel, whose next `try_signal`/`try_flush` on
+//! that connection fails (see `mscclpp_device::channel::proxy`).
 
 mod fault;
 mod setup;
@@ -699,6 +701,7 @@ impl Communicator {
                         c.inbound as *mut u64,
                         c.expected as *mut u64,
                         timeout_ns,
+                        self.fault.kernel_ptr(),
                     )
                 }
             })
@@ -747,6 +750,10 @@ impl Communicator {
                         c.route.remote_flag as *mut u64,
                         c.expected as *mut u64,
                         timeout_ns,
+                        // The abort word is the fault area's first word.
+                        self.fault
+                            .kernel_ptr()
+                            .wrapping_add(mscclpp_device::collectives::fault::ABORT),
                     );
                     MemoryChannel::from_raw_parts(
                         c.route.local as *mut u8,
@@ -766,7 +773,10 @@ impl Communicator {
     /// Aborts the communicator (NCCL's `ncclCommAbort`, without freeing anything): raises
     /// the abort word that the collective kernels' waits look at, so every collective of
     /// this communicator in flight on this rank stops within milliseconds and fails with
-    /// [`CommError::Aborted`], as does every later one. The bootstrap does the same by
+    /// [`CommError::Aborted`], as does every later one. The waits of the handles from
+    /// [`device_connections`](Self::device_connections) and
+    /// [`memory_channels`](Self::memory_channels) look at the same word and give up with
+    /// `ChannelError::Aborted` (their `wait` traps). The bootstrap does the same by
     /// itself when a rank dies. Other ranks are not told: they see this rank's kernels stop
     /// taking part (abort them too, or let their timeouts or the bootstrap report it).
     pub fn abort(&self) {
@@ -829,7 +839,18 @@ impl Communicator {
         }
     }
 
+    /// The running proxy's first error, as text, if it has reported one (a put outside the
+    /// buffers names the connection, the peer rank, the offsets, the size and both buffer
+    /// sizes). Available as soon as the proxy has refused the trigger, without stopping it;
+    /// [`proxy_stop`](Self::proxy_stop) returns every error as [`CommError::Proxy`].
+    pub fn proxy_error(&self) -> Option<String> {
+        self.proxy_lock().as_ref().and_then(|p| p.first_error())
+    }
+
     /// Errors the running proxy has reported so far (as text) and how many were dropped.
+    /// An error is recorded before the trigger that caused it is popped, so it is here by
+    /// the time the kernel's `signal`/`flush` after that trigger returns (or fails: see
+    /// `DevConn::try_signal`), without stopping the proxy.
     pub fn proxy_errors(&self) -> (Vec<String>, u64) {
         self.proxy_lock()
             .as_ref()

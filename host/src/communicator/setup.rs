@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Backend, Buffer, ChannelKind, CommError, Communicator, PendingConnection};
 use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
-use crate::proxy::{ProxyTask, StartHook};
+use crate::proxy::{ProxyTask, RefusedHook, StartHook};
 use crate::transport::host::HostPlane;
 use crate::transport::ib::{
     CONTROL_BYTES, CudaStagingCopy, HostMemory, HostStagingCopy, IbEndpoint, IbHandshake, IbLink,
@@ -1109,11 +1109,17 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
     } else {
         plane
     };
+    // The new consumer starts with a clean tail; so do the refused connections.
+    comm.fault.clear_proxy_refused();
+    let fault = comm.fault.clone();
+    let on_refused: RefusedHook = Box::new(move |id| fault.mark_proxy_refused(id));
     Ok(ProxyTask {
         consumer,
         routes,
         epochs: comm.epochs.clone(),
         plane,
         on_start,
+        peers: comm.connections.iter().map(|c| c.remote_rank).collect(),
+        on_refused: Some(on_refused),
     })
 }

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::bootstrap::create_unique_id;
+use mscclpp_device::arch::{Dim3, launch};
+use mscclpp_device::channel::ChannelError;
 use mscclpp_device::kernels::smoke::probe_value;
 
 fn config() -> CommConfig {
@@ -211,6 +213,7 @@ fn proxy_reports_malformed_triggers_and_keeps_serving() {
                 comm.connections[0].inbound as *mut u64,
                 comm.connections[0].expected as *mut u64,
                 1_000_000_000,
+                comm.fault.kernel_ptr(),
             )
         };
         comm.proxy_launch().unwrap();
@@ -218,7 +221,15 @@ fn proxy_reports_malformed_triggers_and_keeps_serving() {
             unknown.put(0, 8);
             good.put_at(1000, 0, 100); // beyond the 1024-byte buffers
             fill(&buf, 0, 1);
-            good.put_with_signal(0, 0, 1024); // still served after the bad ones
+            // Still served after the bad ones, but the connection's refused put is reported.
+            assert_eq!(
+                good.try_put_with_signal(0, 0, 1024),
+                Err(ChannelError::ProxyRefused { connection: 0 })
+            );
+            assert_eq!(
+                unknown.try_flush(),
+                Err(ChannelError::ProxyRefused { connection: 5 })
+            );
         } else {
             good.wait();
             check(&buf, 0, 1, "after malformed triggers");
@@ -229,7 +240,8 @@ fn proxy_reports_malformed_triggers_and_keeps_serving() {
             let Err(CommError::Proxy(errors)) = r else {
                 panic!("expected proxy errors, got {r:?}")
             };
-            assert_eq!(errors.len(), 2, "{errors:?}");
+            // The unknown connection's flush is refused too.
+            assert_eq!(errors.len(), 3, "{errors:?}");
             assert!(
                 matches!(
                     errors[0],
@@ -601,4 +613,136 @@ fn ib_staging_ring_that_is_never_drained_is_reported() {
             comm.bootstrap().barrier().unwrap();
         },
     );
+}
+
+#[test]
+fn a_put_outside_the_buffer_fails_the_next_signal_and_is_reported_at_once() {
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(1024).unwrap();
+        comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
+        comm.connect(1 - me, &buf, 2, TransportKind::Host).unwrap();
+        comm.connection_setup().unwrap();
+        let conns = comm.device_connections();
+        let (bad, other) = (conns[0], conns[1]);
+        comm.proxy_launch().unwrap();
+        if me == 0 {
+            bad.put_at(1000, 8, 100);
+            let r = launch(Dim3::x(1), Dim3::x(1), || {
+                assert_eq!(
+                    bad.try_signal(),
+                    Err(ChannelError::ProxyRefused { connection: 0 })
+                );
+                // Every later sync of that connection says so too; another one's does not.
+                assert!(bad.try_flush().is_err());
+                assert_eq!(other.try_signal(), Ok(()));
+            });
+            r.unwrap();
+            // The host has it while the proxy still runs.
+            let e = comm.proxy_error().expect("the proxy reported the put");
+            for part in [
+                "connection 0",
+                "rank 1",
+                "offset 1000",
+                "100 bytes",
+                "1024 bytes",
+            ] {
+                assert!(e.contains(part), "{part:?} missing from {e:?}");
+            }
+            assert_eq!(comm.proxy_errors().0.len(), 1);
+        } else {
+            // Both signals arrive: the refused put does not leave the peer waiting.
+            bad.wait();
+            other.wait();
+        }
+        comm.bootstrap().barrier().unwrap();
+        let r = comm.proxy_stop();
+        assert_eq!(r.is_err(), me == 0, "{r:?}");
+        if me == 0 {
+            // A relaunched proxy starts clean.
+            comm.proxy_launch().unwrap();
+            assert_eq!(bad.try_signal(), Ok(()));
+            assert_eq!(comm.proxy_error(), None);
+        } else {
+            comm.proxy_launch().unwrap();
+            bad.wait();
+        }
+        comm.bootstrap().barrier().unwrap();
+        comm.proxy_stop().unwrap();
+    });
+}
+
+/// Rank 0 waits, in a kernel on CPU threads, for a signal that never comes, while another
+/// thread aborts the communicator after 200 ms: the wait must end with the abort, within a
+/// second of it.
+fn user_wait_ends_at_abort(
+    wait: impl Fn() -> Result<(), ChannelError> + Sync,
+    comm: &Communicator,
+) {
+    let aborted_at = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            *aborted_at.lock().unwrap() = Some(std::time::Instant::now());
+            comm.abort();
+        });
+        let r = std::sync::Mutex::new(None);
+        launch(Dim3::x(1), Dim3::x(1), || {
+            *r.lock().unwrap() = Some(wait());
+        })
+        .unwrap();
+        let took = aborted_at.lock().unwrap().expect("aborted").elapsed();
+        assert_eq!(
+            r.into_inner().unwrap(),
+            Some(Err(ChannelError::Aborted { word: u64::MAX }))
+        );
+        assert!(
+            took < Duration::from_secs(1),
+            "the wait ended {took:?} after the abort"
+        );
+    });
+}
+
+#[test]
+fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(1024).unwrap();
+        comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
+        comm.connect_memory(1 - me, &buf, 2, TransportKind::Host, 0)
+            .unwrap();
+        comm.connection_setup().unwrap();
+        comm.proxy_launch().unwrap();
+        // Both ranks are set up before rank 0 aborts (rank 1 never signals).
+        comm.bootstrap().barrier().unwrap();
+        if me == 0 {
+            let conn = comm.device_connections()[0];
+            let ch = comm.memory_channels()[0];
+            let long = 60_000_000_000;
+            user_wait_ends_at_abort(|| ch.try_wait(long), &comm);
+            // Already aborted: the next waits give up at once.
+            assert!(!ch.wait_timeout(long));
+            assert_eq!(
+                conn.try_wait(long),
+                Err(ChannelError::Aborted { word: u64::MAX })
+            );
+        }
+        comm.bootstrap().barrier().unwrap();
+        comm.proxy_stop().unwrap();
+    });
+    // The same for a proxy channel's wait, on a fresh communicator.
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(1024).unwrap();
+        comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
+        comm.connection_setup().unwrap();
+        comm.proxy_launch().unwrap();
+        comm.bootstrap().barrier().unwrap();
+        if me == 0 {
+            let conn = comm.device_connections()[0];
+            user_wait_ends_at_abort(|| conn.try_wait(60_000_000_000), &comm);
+        }
+        comm.bootstrap().barrier().unwrap();
+        comm.proxy_stop().unwrap();
+    });
 }

@@ -290,7 +290,8 @@ impl Fifo {
     /// The published tail: the number of triggers popped so far.
     pub fn tail(&self) -> u64 {
         // SAFETY: `tail` is a live aligned word of the shared memory, accessed atomically.
-        unsafe { mscclpp_device::arch::ld_acquire_sys_u64(self.shared.tail) }
+        let tail = unsafe { mscclpp_device::arch::ld_acquire_sys_u64(self.shared.tail) };
+        tail & !mscclpp_device::fifo::TAIL_FAULT
     }
 
     /// The FIFO's consumer, for the proxy thread: it starts at the published tail and
@@ -355,6 +356,12 @@ impl OwnedFifoConsumer {
         self.consumer.pop().ok_or(FifoError::NothingToPop {
             tail: self.consumer.tail(),
         })
+    }
+
+    /// Flags every tail published from now on: the proxy refused or failed a trigger (see
+    /// `mscclpp_device::fifo::TAIL_FAULT`). A later consumer of the FIFO starts clean.
+    pub fn mark_fault(&mut self) {
+        self.consumer.mark_fault();
     }
 }
 

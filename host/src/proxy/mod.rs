@@ -11,7 +11,7 @@ pub mod fifo_check;
 mod service;
 
 pub use service::{ProxyError, ProxyService};
-pub(crate) use service::{ProxyTask, StartHook};
+pub(crate) use service::{ProxyTask, RefusedHook, StartHook};
 
 pub use fifo::{
     DEFAULT_SLOTS, DEFAULT_TIMEOUT, Fifo, FifoConfig, FifoError, FifoKernelArg, OwnedFifoConsumer,

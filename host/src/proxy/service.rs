@@ -8,6 +8,10 @@
 //! 2. DATA: the route is bounds-checked and the copy queued; a put leaving either buffer is
 //!    reported ([`ProxyError::OutOfBounds`]) and not performed (the signal that may follow it
 //!    is still sent, so the peer is not left waiting; its data is simply not there);
+//!    on this and every other error that names a connection, the task's `on_refused` hook
+//!    runs (the communicator sets the connection's bit in its fault area) and the FIFO's
+//!    consumer flags every tail from then on, so the kernel's next `try_signal`/`try_flush`
+//!    on that connection fails instead of succeeding;
 //! 3. FLAG: the connection's epoch is incremented and written to the peer's inbound counter
 //!    after the data;
 //! 4. SYNC: the plane is flushed, so when the tail moves past this trigger everything
@@ -57,12 +61,14 @@ pub enum ProxyError {
         known: usize,
     },
     /// A put leaving one of the buffers (not performed).
-    #[error("proxy: trigger {seq} on connection {connection}: {error}")]
+    #[error("proxy: trigger {seq} on connection {connection} (to rank {peer}): {error}")]
     OutOfBounds {
         /// Sequence number of the trigger.
         seq: u64,
         /// The connection.
         connection: u32,
+        /// The rank at the other end of the connection.
+        peer: usize,
         /// The bounds error.
         error: TransportError,
     },
@@ -73,12 +79,14 @@ pub enum ProxyError {
         error: TransportError,
     },
     /// The data plane failed (e.g. a CUDA call).
-    #[error("proxy: trigger {seq} on connection {connection}: {error}")]
+    #[error("proxy: trigger {seq} on connection {connection} (to rank {peer}): {error}")]
     Transport {
         /// Sequence number of the trigger.
         seq: u64,
         /// The connection.
         connection: u32,
+        /// The rank at the other end of the connection.
+        peer: usize,
         /// The error.
         error: TransportError,
     },
@@ -125,7 +133,15 @@ pub(crate) struct ProxyTask {
     pub plane: Box<dyn DataPlane>,
     /// Runs first on the proxy thread (binding a CUDA context).
     pub on_start: Option<StartHook>,
+    /// The rank at the other end of each connection id (for error messages).
+    pub peers: Vec<usize>,
+    /// Runs on the proxy thread when a trigger of a connection is refused or fails, before
+    /// the trigger is popped (the communicator marks the connection in its fault area).
+    pub on_refused: Option<RefusedHook>,
 }
+
+/// Work run on the proxy thread when a connection's trigger is refused or fails.
+pub(crate) type RefusedHook = Box<dyn FnMut(u32) + Send>;
 
 impl ProxyService {
     /// Starts the proxy thread.
@@ -142,6 +158,13 @@ impl ProxyService {
             thread: Some(thread),
             errors,
         })
+    }
+
+    /// The first error recorded so far, as text (it is recorded before the trigger that
+    /// caused it is popped, so before the kernel's `sync` on that trigger returns).
+    pub fn first_error(&self) -> Option<String> {
+        let log = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        log.kept.first().map(|e| e.to_string())
     }
 
     /// Errors so far (up to 64 kept) and how many more were dropped.
@@ -222,39 +245,39 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
         let seq = task.consumer.tail();
         let op = trigger.op();
         let id = trigger.connection_id();
+        let peer = task.peers.get(id as usize).copied().unwrap_or(usize::MAX);
+        // Whether this trigger was refused or failed (reported to the kernel, see above).
+        let mut faulted = false;
+        let mut fail = |e: ProxyError| {
+            faulted = true;
+            record(errors, e);
+        };
         match task.routes.get(id as usize) {
-            None => record(
-                errors,
-                ProxyError::UnknownConnection {
-                    seq,
-                    connection: id,
-                    known: task.routes.len(),
-                },
-            ),
+            None => fail(ProxyError::UnknownConnection {
+                seq,
+                connection: id,
+                known: task.routes.len(),
+            }),
             Some(route) => {
                 let plane = &mut task.plane;
                 if op.contains(TriggerOp::DATA) {
                     let (dst, src, size) =
                         (trigger.dst_offset(), trigger.src_offset(), trigger.size());
                     match route.check(dst, src, size) {
-                        Err(error) => record(
-                            errors,
-                            ProxyError::OutOfBounds {
-                                seq,
-                                connection: id,
-                                error,
-                            },
-                        ),
+                        Err(error) => fail(ProxyError::OutOfBounds {
+                            seq,
+                            connection: id,
+                            peer,
+                            error,
+                        }),
                         Ok(()) => {
                             if let Err(error) = plane.put(route, dst, src, size) {
-                                record(
-                                    errors,
-                                    ProxyError::Transport {
-                                        seq,
-                                        connection: id,
-                                        error,
-                                    },
-                                );
+                                fail(ProxyError::Transport {
+                                    seq,
+                                    connection: id,
+                                    peer,
+                                    error,
+                                });
                             }
                         }
                     }
@@ -264,14 +287,12 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
                     // `stop` orders it before a later proxy's reads.
                     let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
                     if let Err(error) = plane.signal(route, epoch) {
-                        record(
-                            errors,
-                            ProxyError::Transport {
-                                seq,
-                                connection: id,
-                                error,
-                            },
-                        );
+                        fail(ProxyError::Transport {
+                            seq,
+                            connection: id,
+                            peer,
+                            error,
+                        });
                     }
                 }
             }
@@ -279,14 +300,21 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
         if op.contains(TriggerOp::SYNC)
             && let Err(error) = task.plane.flush()
         {
-            record(
-                errors,
-                ProxyError::Transport {
-                    seq,
-                    connection: id,
-                    error,
-                },
-            );
+            fail(ProxyError::Transport {
+                seq,
+                connection: id,
+                peer,
+                error,
+            });
+        }
+        if faulted {
+            // Cold: only after an error. The hook's store happens before the flagged tail
+            // the pop below publishes with release, so a kernel that acquires that tail
+            // sees the connection's bit.
+            if let Some(hook) = task.on_refused.as_mut() {
+                hook(id);
+            }
+            task.consumer.mark_fault();
         }
         // The trigger was polled above, so there is one to pop.
         let _ = task.consumer.pop();

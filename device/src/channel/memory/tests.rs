@@ -78,6 +78,7 @@ impl Pair {
                 peer.words,
                 me.words.wrapping_add(1),
                 timeout_ns,
+                core::ptr::null(),
             );
             MemoryChannel::from_raw_parts(
                 me.buf,
@@ -617,7 +618,7 @@ fn channel_waits_time_out_and_trap() {
 
 #[test]
 fn handles_are_laid_out_for_the_host() {
-    assert_eq!(core::mem::size_of::<MemoryChannel<'static>>(), 88);
+    assert_eq!(core::mem::size_of::<MemoryChannel<'static>>(), 96);
     assert_eq!(core::mem::align_of::<MemoryChannel<'static>>(), 8);
     assert_eq!(core::mem::offset_of!(MemoryChannel<'static>, semaphore), 56);
     let pair = Pair::new(16, 16);
