@@ -2,8 +2,8 @@
 # PyTorch on libmscclpp_nccl.so: torch_check.py under torch.distributed.run, first without
 # the library ("plain"), then with it in LD_PRELOAD ("ours", MSCCLPP_DEBUG=INFO); then
 # compares the DDP parameters of the two runs and checks from the INFO lines that our
-# library served the calls it claims (all-reduce sums and all-gather natively, the rest on
-# the real NCCL). Logs under $OUT/torch.
+# library served the calls it claims (all-reduce, all-gather, reduce-scatter, broadcast and
+# send/recv natively; see nccl/src/dispatch.rs). Logs under $OUT/torch.
 #
 #   nccl/scripts/torch-check.sh
 #
@@ -45,10 +45,16 @@ need() {
 }
 need "ncclAllReduce float sum -> native"
 need "ncclAllReduce bfloat16 sum -> native"
+need "ncclAllReduce float max -> native"
+need "ncclAllReduce int32 sum -> native"
 need "ncclAllGather .* -> native"
-need "ncclReduceScatter float sum -> fallback"
-need "ncclAllReduce float max -> fallback"
-need "ncclB[a-z]*cast float - -> fallback"   # ncclBroadcast or ncclBcast (PyTorch)
+need "ncclReduceScatter float sum -> native"
+need "ncclB[a-z]*cast float - -> native"   # ncclBroadcast or ncclBcast (PyTorch)
+need "ncclSend float - -> native"
+need "ncclRecv float - -> native"
+if grep -q -- "-> fallback" "$LOGS/paths.txt"; then
+  echo "note: calls still forwarded:"; grep -- "-> fallback" "$LOGS/paths.txt"
+fi
 if grep -q "WARN" "$LOGS/ours.log"; then
   echo "FAIL: warnings from the library:"; grep "WARN" "$LOGS/ours.log" | head -5; fail=1
 fi

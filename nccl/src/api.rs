@@ -5,19 +5,20 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use mscclpp_host::collectives::{AllGatherAlgo, AllReduceAlgo, ReduceOp};
+use mscclpp_host::collectives::P2pOp;
 
 use crate::comm::{
     self, Comm, ConfigCopy, Handle, Inner, RealSetup, decode_color_key, encode_color_key, lookup,
     new_id, null, parse_id, real_of, register, unregister,
 };
+use crate::dispatch::{self, Launch};
 use crate::error::{Failure, guard, last_error, last_error_ptr};
 use crate::group;
 use crate::log::{self, Path};
 use crate::real::{self, Ptr, RawUniqueId, Real, Team};
 use crate::types::{
-    self, ABI_VERSION_CODE, MAX_RED_OP, NUM_OPS, NcclConfig, NcclDataType, NcclRedOp, NcclResult,
-    OP_SUM, SPLIT_NOCOLOR, dtype_name, is_builtin_op, native_dtype, op_name, read_config, result,
+    self, ABI_VERSION_CODE, MAX_RED_OP, NUM_OPS, NativeCall, NcclConfig, NcclDataType, NcclRedOp,
+    NcclResult, SPLIT_NOCOLOR, dtype_name, is_builtin_op, op_name, read_config, result,
     shrink_members, split_members,
 };
 
@@ -143,7 +144,28 @@ fn forward(
     op: &str,
     f: impl FnOnce(&'static Real, Ptr) -> Result<NcclResult, Failure>,
 ) -> Result<NcclResult, Failure> {
-    let (real, rc) = real_of(call, inner, what)?;
+    forward_because(call, c, inner, what, "", dt, op, f)
+}
+
+/// [`forward`] for a call that could have been native: `why` it is not (said only when
+/// there is no real NCCL; nothing is formatted on the way through).
+#[allow(clippy::too_many_arguments)]
+fn forward_because(
+    call: &str,
+    c: &Comm,
+    inner: &Inner,
+    what: &str,
+    why: dispatch::Why,
+    dt: &str,
+    op: &str,
+    f: impl FnOnce(&'static Real, Ptr) -> Result<NcclResult, Failure>,
+) -> Result<NcclResult, Failure> {
+    let (real, rc) = real_of(call, inner, what).map_err(|mut e| {
+        if !why.is_empty() {
+            e.msg = format!("{} [{dt} {op}: {why}]", e.msg);
+        }
+        e
+    })?;
     log::call_path(call, c.rank, c.nranks, dt, op, Path::Fallback);
     let r = f(real, rc)?;
     comm::real_result(call, real, rc, r)
@@ -766,9 +788,30 @@ export! {
 // ---------------------------------------------------------------------------------------
 // Collectives
 
+/// Runs a native collective on the caller's stream (with this device's context current).
+#[allow(clippy::too_many_arguments)]
+fn native(
+    call: &'static str,
+    c: &Comm,
+    inner: &Inner,
+    dt: &'static str,
+    op: &'static str,
+    launch: Launch,
+    stream: Ptr,
+) -> Result<NcclResult, Failure> {
+    log::call_path(call, c.rank, c.nranks, dt, op, Path::Native);
+    // SAFETY: the caller's stream of this device.
+    let s = unsafe { c.stream(stream) };
+    // SAFETY: the caller's device buffers, sized as NCCL's call says (checked by the
+    // collectives against the device's allocations).
+    c.on_device(|| unsafe { launch.run(&inner.coll, &s) })
+        .map_err(|e| Failure::from_comm(call, &e))?;
+    Ok(result::SUCCESS)
+}
+
 export! {
-    /// `ncclAllReduce`: native for `ncclSum` of float, half and bfloat16 (unless
-    /// `MSCCLPP_NCCL_FALLBACK` says otherwise); everything else on the real NCCL.
+    /// `ncclAllReduce`: native for every built-in operation on every type but fp8 (unless
+    /// `MSCCLPP_NCCL_FALLBACK` names it); pre-multiplied sums and fp8 on the real NCCL.
     fn ncclAllReduce / pncclAllReduce(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
         op: NcclRedOp, comm: Ptr, stream: Ptr,
@@ -776,54 +819,32 @@ export! {
         guard("ncclAllReduce", || {
             let call = "ncclAllReduce";
             let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.all_reduce)?(sendbuff.cast_mut(), recvbuff, count, datatype, op, p, stream) })
+            };
             let c = match target(call, comm)? {
-                Target::Real(real, p) => {
-                    return pass(call, real, p, |real, p| {
-                        // SAFETY: NCCL's signature, the caller's arguments.
-                        Ok(unsafe { need(call, real, real.fns.all_reduce)?(sendbuff.cast_mut(), recvbuff, count, datatype, op, p, stream) })
-                    });
-                }
+                Target::Real(real, p) => return pass(call, real, p, run),
                 Target::Ours(c) => c,
             };
             check_ptr(call, "sendbuff", sendbuff, count)?;
             check_ptr(call, "recvbuff", recvbuff, count)?;
             let inner = c.ready(call)?;
             check_op(call, Some(inner), op)?;
-            if inner.fallback.native_all_reduce() && op == OP_SUM
-                && let Some(d) = native_dtype(datatype)
-            {
-                log::call_path(call, c.rank, c.nranks, dt, "sum", Path::Native);
-                // SAFETY: the caller's stream of this device.
-                let s = unsafe { c.stream(stream) };
-                c.on_device(|| {
-                    // SAFETY: the caller's device buffers of `count` elements (checked by
-                    // the collectives against the device's allocations).
-                    unsafe {
-                        inner.coll.all_reduce_raw(
-                            sendbuff as u64, recvbuff as u64, count, d, ReduceOp::Sum,
-                            AllReduceAlgo::Auto, &s,
-                        )
-                    }
-                })
-                .map_err(|e| Failure::from_comm(call, &e))?;
-                return Ok(result::SUCCESS);
+            match dispatch::reducing(&inner.fallback, NativeCall::AllReduce, datatype, op) {
+                Ok((dtype, o)) => {
+                    let l = Launch::AllReduce { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op: o };
+                    native(call, c, inner, dt, op_name(op), l, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this all-reduce", why, dt, op_name(op), run),
             }
-            let what = if native_dtype(datatype).is_some() && op == OP_SUM {
-                "all-reduce (MSCCLPP_NCCL_FALLBACK)".to_string()
-            } else {
-                format!("all-reduce of {dt} with {}", op_name(op))
-            };
-            forward(call, c, inner, &what, dt, op_name(op), |real, rc| {
-                // SAFETY: NCCL's signature, the caller's arguments on the real communicator.
-                Ok(unsafe { need(call, real, real.fns.all_reduce)?(sendbuff.cast_mut(), recvbuff, count, datatype, op, rc, stream) })
-            })
         })
     }
 }
 
 export! {
     /// `ncclAllGather`: native for every data type (it moves bytes), unless
-    /// `MSCCLPP_NCCL_FALLBACK` says otherwise.
+    /// `MSCCLPP_NCCL_FALLBACK` names it.
     fn ncclAllGather / pncclAllGather(
         sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType,
         comm: Ptr, stream: Ptr,
@@ -831,68 +852,30 @@ export! {
         guard("ncclAllGather", || {
             let call = "ncclAllGather";
             let dt = check_dtype(call, datatype)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { need(call, real, real.fns.all_gather)?(sendbuff.cast_mut(), recvbuff, sendcount, datatype, p, stream) })
+            };
             let c = match target(call, comm)? {
-                Target::Real(real, p) => {
-                    return pass(call, real, p, |real, p| {
-                        // SAFETY: NCCL's signature, the caller's arguments.
-                        Ok(unsafe { need(call, real, real.fns.all_gather)?(sendbuff.cast_mut(), recvbuff, sendcount, datatype, p, stream) })
-                    });
-                }
+                Target::Real(real, p) => return pass(call, real, p, run),
                 Target::Ours(c) => c,
             };
             check_ptr(call, "sendbuff", sendbuff, sendcount)?;
             check_ptr(call, "recvbuff", recvbuff, sendcount)?;
             let inner = c.ready(call)?;
-            let size = types::dtype_size(datatype).expect("checked");
-            let native = native_gather_type(size, sendbuff as u64, recvbuff as u64, sendcount);
-            if inner.fallback.native_all_gather() && let Some((d, n)) = native {
-                log::call_path(call, c.rank, c.nranks, dt, "-", Path::Native);
-                // SAFETY: the caller's stream of this device.
-                let s = unsafe { c.stream(stream) };
-                c.on_device(|| {
-                    // SAFETY: the caller's device buffers (checked by the collectives).
-                    unsafe {
-                        inner.coll.all_gather_raw(
-                            sendbuff as u64, recvbuff as u64, n, d, AllGatherAlgo::Auto, &s,
-                        )
-                    }
-                })
-                .map_err(|e| Failure::from_comm(call, &e))?;
-                return Ok(result::SUCCESS);
+            match dispatch::moving(&inner.fallback, NativeCall::AllGather, datatype) {
+                Ok(dtype) => {
+                    let l = Launch::AllGather { send: sendbuff as u64, recv: recvbuff as u64, count: sendcount, dtype };
+                    native(call, c, inner, dt, "-", l, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this all-gather", why, dt, "-", run),
             }
-            forward(call, c, inner, "this all-gather", dt, "-", |real, rc| {
-                // SAFETY: NCCL's signature, the caller's arguments on the real communicator.
-                Ok(unsafe { need(call, real, real.fns.all_gather)?(sendbuff.cast_mut(), recvbuff, sendcount, datatype, rc, stream) })
-            })
         })
     }
 }
 
-/// All-gather moves bytes: any data type runs as the widest of our types (4 or 2 bytes)
-/// that divides the size and the addresses. `None` for 1-byte rows at odd addresses or
-/// counts, which go to the real NCCL.
-fn native_gather_type(
-    size: usize,
-    send: u64,
-    recv: u64,
-    count: usize,
-) -> Option<(mscclpp_host::collectives::DataType, usize)> {
-    use mscclpp_host::collectives::DataType;
-    let bytes = size.checked_mul(count)?;
-    let fits = |w: usize| {
-        bytes.is_multiple_of(w) && send.is_multiple_of(w as u64) && recv.is_multiple_of(w as u64)
-    };
-    if fits(4) {
-        Some((DataType::F32, bytes / 4))
-    } else if fits(2) {
-        Some((DataType::F16, bytes / 2))
-    } else {
-        None
-    }
-}
-
 export! {
-    /// `ncclReduceScatter`: on the real NCCL.
+    /// `ncclReduceScatter`: native as `ncclAllReduce`.
     fn ncclReduceScatter / pncclReduceScatter(
         sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType,
         op: NcclRedOp, comm: Ptr, stream: Ptr,
@@ -912,13 +895,20 @@ export! {
             check_ptr(call, "recvbuff", recvbuff, recvcount)?;
             let inner = c.ready(call)?;
             check_op(call, Some(inner), op)?;
-            forward(call, c, inner, "reduce-scatter", dt, op_name(op), run)
+            match dispatch::reducing(&inner.fallback, NativeCall::ReduceScatter, datatype, op) {
+                Ok((dtype, o)) => {
+                    let l = Launch::ReduceScatter { send: sendbuff as u64, recv: recvbuff as u64, count: recvcount, dtype, op: o };
+                    native(call, c, inner, dt, op_name(op), l, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this reduce-scatter", why, dt, op_name(op), run),
+            }
         })
     }
 }
 
 export! {
-    /// `ncclBroadcast`: on the real NCCL.
+    /// `ncclBroadcast`: native for every data type (unless `MSCCLPP_NCCL_FALLBACK` names
+    /// `broadcast`).
     fn ncclBroadcast / pncclBroadcast(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
         root: c_int, comm: Ptr, stream: Ptr,
@@ -940,13 +930,19 @@ export! {
             }
             check_ptr(call, "recvbuff", recvbuff, count)?;
             let inner = c.ready(call)?;
-            forward(call, c, inner, "broadcast", dt, "-", run)
+            match dispatch::moving(&inner.fallback, NativeCall::Broadcast, datatype) {
+                Ok(dtype) => {
+                    let l = Launch::Broadcast { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, root: root as usize };
+                    native(call, c, inner, dt, "-", l, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this broadcast", why, dt, "-", run),
+            }
         })
     }
 }
 
 export! {
-    /// `ncclBcast` (in place): on the real NCCL.
+    /// `ncclBcast` (in place): native as `ncclBroadcast`.
     fn ncclBcast / pncclBcast(
         buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Ptr, stream: Ptr,
     ) -> NcclResult {
@@ -964,13 +960,19 @@ export! {
             check_rank(call, "root", root, c.nranks)?;
             check_ptr(call, "buff", buff, count)?;
             let inner = c.ready(call)?;
-            forward(call, c, inner, "broadcast", dt, "-", run)
+            match dispatch::moving(&inner.fallback, NativeCall::Broadcast, datatype) {
+                Ok(dtype) => {
+                    let l = Launch::Broadcast { send: buff as u64, recv: buff as u64, count, dtype, root: root as usize };
+                    native(call, c, inner, dt, "-", l, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this broadcast", why, dt, "-", run),
+            }
         })
     }
 }
 
 export! {
-    /// `ncclReduce`: on the real NCCL.
+    /// `ncclReduce`: native as `ncclAllReduce`.
     fn ncclReduce / pncclReduce(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
         op: NcclRedOp, root: c_int, comm: Ptr, stream: Ptr,
@@ -993,13 +995,22 @@ export! {
             }
             let inner = c.ready(call)?;
             check_op(call, Some(inner), op)?;
-            forward(call, c, inner, "reduce", dt, op_name(op), run)
+            match dispatch::reducing(&inner.fallback, NativeCall::Reduce, datatype, op) {
+                Ok((dtype, o)) => {
+                    let l = Launch::Reduce {
+                        send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op: o, root: root as usize,
+                    };
+                    native(call, c, inner, dt, op_name(op), l, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this reduce", why, dt, op_name(op), run),
+            }
         })
     }
 }
 
 export! {
-    /// `ncclAlltoAll`: on the real NCCL.
+    /// `ncclAlltoAll`: native for every data type (unless `MSCCLPP_NCCL_FALLBACK` names
+    /// `alltoall`).
     fn ncclAlltoAll / pncclAlltoAll(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
         comm: Ptr, stream: Ptr,
@@ -1018,7 +1029,13 @@ export! {
             check_ptr(call, "sendbuff", sendbuff, count)?;
             check_ptr(call, "recvbuff", recvbuff, count)?;
             let inner = c.ready(call)?;
-            forward(call, c, inner, "all-to-all", dt, "-", run)
+            match dispatch::moving(&inner.fallback, NativeCall::AllToAll, datatype) {
+                Ok(dtype) => {
+                    let l = Launch::AllToAll { send: sendbuff as u64, recv: recvbuff as u64, count, dtype };
+                    native(call, c, inner, dt, "-", l, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this all-to-all", why, dt, "-", run),
+            }
         })
     }
 }
@@ -1079,9 +1096,30 @@ export! {
     }
 }
 
+/// A native send or receive: at once as a group of one outside a group, else kept for the
+/// outermost `ncclGroupEnd` (see [`group`]).
+fn p2p(
+    call: &'static str,
+    c: &'static Comm,
+    comm: Ptr,
+    inner: &Inner,
+    dt: &'static str,
+    op: P2pOp,
+    stream: Ptr,
+) -> Result<NcclResult, Failure> {
+    log::call_path(call, c.rank, c.nranks, dt, "-", Path::Native);
+    if group::depth() > 0 {
+        group::add_p2p(comm, op, stream);
+        return Ok(result::SUCCESS);
+    }
+    group::run_p2p(call, c, inner, &[(op, stream)])?;
+    Ok(result::SUCCESS)
+}
+
 export! {
-    /// `ncclSend`: on the real NCCL (inside a group: the real NCCL's group, which pairs it
-    /// with the receives at `ncclGroupEnd`).
+    /// `ncclSend`: native for every data type (unless `MSCCLPP_NCCL_FALLBACK` names
+    /// `send`/`recv`); inside a group it runs, paired with the group's receives, at the
+    /// outermost `ncclGroupEnd`.
     fn ncclSend / pncclSend(
         sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Ptr,
         stream: Ptr,
@@ -1100,13 +1138,19 @@ export! {
             check_rank(call, "peer", peer, c.nranks)?;
             check_ptr(call, "sendbuff", sendbuff, count)?;
             let inner = c.ready(call)?;
-            forward(call, c, inner, "send", dt, "-", run)
+            match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
+                Ok(dtype) => {
+                    let op = P2pOp::Send { buf: sendbuff as u64, count, dtype, peer: peer as usize };
+                    p2p(call, c, comm, inner, dt, op, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this send", why, dt, "-", run),
+            }
         })
     }
 }
 
 export! {
-    /// `ncclRecv`: on the real NCCL (see `ncclSend`).
+    /// `ncclRecv`: native as `ncclSend`.
     fn ncclRecv / pncclRecv(
         recvbuff: *mut c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Ptr,
         stream: Ptr,
@@ -1125,7 +1169,13 @@ export! {
             check_rank(call, "peer", peer, c.nranks)?;
             check_ptr(call, "recvbuff", recvbuff, count)?;
             let inner = c.ready(call)?;
-            forward(call, c, inner, "receive", dt, "-", run)
+            match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
+                Ok(dtype) => {
+                    let op = P2pOp::Recv { buf: recvbuff as u64, count, dtype, peer: peer as usize };
+                    p2p(call, c, comm, inner, dt, op, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this receive", why, dt, "-", run),
+            }
         })
     }
 }
@@ -1141,15 +1191,17 @@ export! {
 }
 
 export! {
-    /// `ncclGroupEnd`: runs deferred set-ups, then ends the real NCCL's group.
+    /// `ncclGroupEnd`: runs deferred set-ups, then (outermost) the group's native sends and
+    /// receives, then ends the real NCCL's group.
     fn ncclGroupEnd / pncclGroupEnd() -> NcclResult {
         guard("ncclGroupEnd", || group::end("ncclGroupEnd", None))
     }
 }
 
 export! {
-    /// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd`, the real NCCL simulating
-    /// its part (`sim_info` is left as is without one).
+    /// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd` without launching its
+    /// native sends and receives, the real NCCL simulating its part (`sim_info` is left as is
+    /// without one).
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: Ptr) -> NcclResult {
         guard("ncclGroupSimulateEnd", || {
             check_out("ncclGroupSimulateEnd", "simInfo", sim_info)?;
@@ -1485,16 +1537,6 @@ mod tests {
         assert!(check_rank("t", "root", -1, 2).is_err());
         assert!(check_ptr("t", "x", std::ptr::null(), 0).is_ok());
         assert!(check_ptr("t", "x", std::ptr::null(), 1).is_err());
-    }
-
-    #[test]
-    fn gather_as_words() {
-        use mscclpp_host::collectives::DataType;
-        assert_eq!(native_gather_type(8, 0, 0, 3), Some((DataType::F32, 6)));
-        assert_eq!(native_gather_type(1, 0, 0, 6), Some((DataType::F16, 3)));
-        assert_eq!(native_gather_type(1, 0, 0, 8), Some((DataType::F32, 2)));
-        assert_eq!(native_gather_type(1, 1, 0, 8), None);
-        assert_eq!(native_gather_type(1, 0, 0, 7), None);
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Communicators: the object behind an `ncclComm_t`, the table of live handles, set-up
 //! (ours and the real NCCL's beside it), split and shrink.
 
+use std::cell::Cell;
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result as cu, sys as cusys};
@@ -32,14 +33,14 @@ unsafe impl Sync for RealComm {}
 
 /// A set-up communicator.
 pub struct Inner {
-    /// Our collectives (all-reduce, all-gather), with the communicator and bootstrap.
+    /// Our collectives, with the communicator and bootstrap.
     pub coll: Collectives,
     /// The real NCCL's communicator over the same ranks, when a real NCCL is available on
     /// every rank.
     pub real: Option<RealComm>,
     /// Why there is no real communicator, when there is none.
     pub real_missing: Option<String>,
-    /// `MSCCLPP_NCCL_FALLBACK` at set-up.
+    /// `MSCCLPP_NCCL_FALLBACK` at set-up, OR-ed over the ranks (see `dispatch`).
     pub fallback: Fallback,
     /// `ncclCommFinalize` ran (the final barrier is done).
     pub finalized: AtomicBool,
@@ -141,13 +142,21 @@ pub fn on_gpu<T>(gpu: &Gpu, f: impl FnOnce() -> T) -> T {
 /// The live communicators' addresses.
 static COMMS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 
+/// Bumped (under the `COMMS` lock) whenever the table changes: a thread's cached answer of
+/// [`lookup`] holds while the generation it was read at is current.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last handle this thread looked up: (address, generation, ours).
+    static LAST: Cell<(usize, u64, bool)> = const { Cell::new((0, u64::MAX, false)) };
+}
+
 /// Registers a communicator and returns its handle.
 pub fn register(comm: Box<Comm>) -> Ptr {
     let p = Box::into_raw(comm);
-    COMMS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(p as usize);
+    let mut t = COMMS.lock().unwrap_or_else(|e| e.into_inner());
+    t.insert(p as usize);
+    GENERATION.fetch_add(1, Ordering::Release);
     p.cast()
 }
 
@@ -161,17 +170,30 @@ pub enum Handle {
     Foreign(Ptr),
 }
 
-/// Looks a handle up.
+/// Looks a handle up. Every call of the C API does: the common case, the handle of the
+/// previous call on this thread with no communicator made or destroyed since, costs one
+/// atomic load and a thread-local read, no lock.
 pub fn lookup(p: Ptr) -> Handle {
     if p.is_null() {
         return Handle::Null;
     }
-    if COMMS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&(p as usize))
-    {
-        // SAFETY: registered handles are live boxes until `unregister`.
+    let generation = GENERATION.load(Ordering::Acquire);
+    let (last, at, ours) = LAST.with(Cell::get);
+    let ours = if last == p as usize && at == generation {
+        ours
+    } else {
+        let ours = COMMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(p as usize));
+        // Cached with the generation read before the lock: if the table changed since, the
+        // next lookup misses and asks again.
+        LAST.with(|l| l.set((p as usize, generation, ours)));
+        ours
+    };
+    if ours {
+        // SAFETY: registered handles are live boxes until `unregister` (using a handle
+        // while another thread destroys it is the caller's breach, as in NCCL).
         let c: &'static Comm = unsafe { &*(p as *const Comm) };
         debug_assert_eq!(c.magic, COMM_MAGIC);
         Handle::Ours(c)
@@ -182,10 +204,12 @@ pub fn lookup(p: Ptr) -> Handle {
 
 /// Takes a communicator out of the table (for destroy/abort).
 pub fn unregister(p: Ptr) -> Option<Box<Comm>> {
-    let removed = COMMS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(p as usize));
+    let removed = {
+        let mut t = COMMS.lock().unwrap_or_else(|e| e.into_inner());
+        let removed = t.remove(&(p as usize));
+        GENERATION.fetch_add(1, Ordering::Release);
+        removed
+    };
     // SAFETY: it was registered, so it is a box from `register`, now removed from the table
     // (no new lookups can return it).
     removed.then(|| unsafe { Box::from_raw(p as *mut Comm) })
@@ -310,31 +334,41 @@ pub fn set_up(
         .map_err(|e| Failure::from_comm(call, &e))?;
     let coll_config = CollConfig::from_env().map_err(|e| Failure::from_comm(call, &e))?;
     let coll = Collectives::new(comm, coll_config).map_err(|e| Failure::from_comm(call, &e))?;
-    let fallback = Fallback::parse(&std::env::var("MSCCLPP_NCCL_FALLBACK").unwrap_or_default());
+    let mut fallback = Fallback::parse(&std::env::var("MSCCLPP_NCCL_FALLBACK").unwrap_or_default());
     if !fallback.unknown.is_empty() {
         log::warn(&format!(
-            "MSCCLPP_NCCL_FALLBACK: unknown operation(s) {:?} (known: all, allreduce, allgather)",
+            "MSCCLPP_NCCL_FALLBACK: unknown operation(s) {:?} (known: all, allreduce, \
+             allgather, reducescatter, broadcast, reduce, alltoall, sendrecv)",
             fallback.unknown
         ));
+    }
+    // Every rank must send a call the same way (see `dispatch`): a call forwarded on any
+    // rank is forwarded on all.
+    let masks = coll
+        .communicator()
+        .bootstrap()
+        .all_gather(&[fallback.mask])
+        .map_err(|e| Failure::from_comm(call, &e.into()))?;
+    let union = masks
+        .iter()
+        .fold(0, |m, b| m | b.first().copied().unwrap_or(0));
+    if union != fallback.mask {
+        log::warn(&format!(
+            "MSCCLPP_NCCL_FALLBACK differs between the ranks: forwarding what any rank names \
+             (mask {union:#x}, this rank {:#x})",
+            fallback.mask
+        ));
+        fallback.mask = union;
     }
     let (real, real_missing) = match real_setup {
         RealSetup::Given(r, why) => (r, why),
         RealSetup::Create(cfg) => create_real(call, coll.communicator().bootstrap(), cfg)?,
     };
     log::info(&format!(
-        "rank {rank}/{nranks} on CUDA device {} ({}): native {}{}; fallback: {}",
+        "rank {rank}/{nranks} on CUDA device {} ({}): native {}; fallback: {}",
         gpu.info().ordinal,
         gpu.info().name,
-        if fallback.native_all_reduce() {
-            "ncclAllReduce (sum of float, half, bfloat16)"
-        } else {
-            "-"
-        },
-        if fallback.native_all_gather() {
-            ", ncclAllGather"
-        } else {
-            ""
-        },
+        fallback.native_names(),
         match (&real, &real_missing, real::real_opt()) {
             (Some(_), _, Some(r)) => format!("{} (version {})", r.path, r.version),
             (_, Some(why), _) => format!("unavailable: {why}"),

@@ -3,9 +3,14 @@
 //! - Each of our group calls is mirrored on the real NCCL (when one is loaded), so that
 //!   forwarded calls made inside a group land in the real NCCL's group and run (fused, send
 //!   and receive paired) at the real `ncclGroupEnd`.
-//! - Native calls inside a group are launched at once, in call order. Every rank makes the
-//!   same calls, so each stream sees the same order everywhere; they never block the host,
-//!   so one thread may drive several GPUs' native calls in a group.
+//! - Native collectives inside a group are launched at once, in call order. Every rank
+//!   makes the same calls, so each stream sees the same order everywhere; they never block
+//!   the host, so one thread may drive several GPUs' native calls in a group.
+//! - Native sends and receives inside a group are kept until the outermost `ncclGroupEnd`,
+//!   then run per communicator as one launch of [`Collectives::group`] (all progressing
+//!   together, as NCCL pairs a group's sends and receives), or in rounds past its size (see
+//!   [`dispatch::plan_p2p`]). They run before the real NCCL's group ends, on every rank
+//!   alike. A group never mixes native and forwarded sends/receives (see [`dispatch`]).
 //! - A communicator set-up (`ncclCommInitRank*`) inside a group is deferred to the outermost
 //!   `ncclGroupEnd`, which runs the deferred set-ups of the thread together, one thread each
 //!   (a single thread driving several GPUs cannot set them up one after the other: each
@@ -14,8 +19,10 @@
 use std::cell::RefCell;
 
 use mscclpp_host::bootstrap::UniqueId;
+use mscclpp_host::collectives::{Collectives, P2pOp};
 
-use crate::comm::{self, ConfigCopy, Handle};
+use crate::comm::{self, Comm, ConfigCopy, Handle, Inner};
+use crate::dispatch;
 use crate::error::Failure;
 use crate::real::{self, Ptr};
 use crate::types::{NcclResult, result};
@@ -35,6 +42,8 @@ struct Group {
     /// For each open level: whether the real NCCL's group was opened with it.
     levels: Vec<bool>,
     pending: Vec<Pending>,
+    /// Native sends and receives: (communicator handle, operation, stream).
+    p2p: Vec<(usize, P2pOp, Ptr)>,
 }
 
 thread_local! {
@@ -66,24 +75,39 @@ pub fn defer(p: Pending) {
     GROUP.with(|g| g.borrow_mut().pending.push(p));
 }
 
+/// Keeps a native send or receive for the outermost `ncclGroupEnd`.
+pub fn add_p2p(comm: Ptr, op: P2pOp, stream: Ptr) {
+    GROUP.with(|g| g.borrow_mut().p2p.push((comm as usize, op, stream)));
+}
+
 /// `ncclGroupEnd` (or `ncclGroupSimulateEnd` with `sim`: the real NCCL's simulation).
-pub fn end(call: &str, sim: Option<Ptr>) -> Result<NcclResult, Failure> {
-    let (mirrored, pending) = GROUP.with(|g| {
+pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> {
+    let (mirrored, pending, p2p) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         let level = g.levels.pop();
-        let pending = if g.levels.is_empty() {
-            std::mem::take(&mut g.pending)
+        if g.levels.is_empty() {
+            (
+                level,
+                std::mem::take(&mut g.pending),
+                std::mem::take(&mut g.p2p),
+            )
         } else {
-            Vec::new()
-        };
-        (level, pending)
+            (level, Vec::new(), Vec::new())
+        }
     });
     let Some(mirrored) = mirrored else {
         return Err(Failure::usage(format!(
             "{call}: no group is open (ncclGroupStart was not called on this thread)"
         )));
     };
-    let first_failure = run_pending(call, pending);
+    let mut first_failure = run_pending(call, pending);
+    // A simulated end launches nothing of ours either (every rank simulates alike).
+    if sim.is_none()
+        && let Err(f) = run_group_p2p(call, p2p)
+        && first_failure.is_none()
+    {
+        first_failure = Some(f);
+    }
     let mut code = result::SUCCESS;
     if mirrored && let Ok(real) = real::real() {
         let r = match (sim, real.fns.group_simulate_end, real.fns.group_end) {
@@ -129,4 +153,106 @@ fn run_pending(call: &str, pending: Vec<Pending>) -> Option<Failure> {
         let _ = c.state.set(r);
     }
     first
+}
+
+/// Runs the kept sends and receives, per communicator in the order of first use; every
+/// communicator is tried. Returns the first failure.
+fn run_group_p2p(call: &'static str, ops: Vec<(usize, P2pOp, Ptr)>) -> Result<(), Failure> {
+    let mut comms: Vec<usize> = Vec::new();
+    for (c, _, _) in &ops {
+        if !comms.contains(c) {
+            comms.push(*c);
+        }
+    }
+    let mut first = Ok(());
+    for handle in comms {
+        let mine: Vec<(P2pOp, Ptr)> = ops
+            .iter()
+            .filter(|(c, _, _)| *c == handle)
+            .map(|(_, o, s)| (*o, *s))
+            .collect();
+        let r = match comm::lookup(handle as Ptr) {
+            Handle::Ours(c) => c
+                .ready(call)
+                .and_then(|inner| run_p2p(call, c, inner, &mine)),
+            _ => Err(Failure::usage(format!(
+                "{call}: a communicator of this group's sends/receives was destroyed before \
+                 ncclGroupEnd"
+            ))),
+        };
+        if let Err(f) = r
+            && first.is_ok()
+        {
+            first = Err(f);
+        }
+    }
+    first
+}
+
+/// Runs a rank's native sends and receives of one group (see [`dispatch::plan_p2p`]) on the
+/// first operation's stream; the other streams of the group wait for it, and it for them
+/// (events), as NCCL joins a group's streams.
+pub fn run_p2p(
+    call: &'static str,
+    c: &Comm,
+    inner: &Inner,
+    ops: &[(P2pOp, Ptr)],
+) -> Result<(), Failure> {
+    let plain: Vec<P2pOp> = ops.iter().map(|(o, _)| *o).collect();
+    let plan =
+        dispatch::plan_p2p(c.rank, &plain).map_err(|e| Failure::usage(format!("{call}: {e}")))?;
+    let mut streams: Vec<Ptr> = Vec::new();
+    for (_, s) in ops {
+        if !streams.contains(s) {
+            streams.push(*s);
+        }
+    }
+    let Some(&first) = streams.first() else {
+        return Ok(());
+    };
+    let cuda = |what: &str, e: cudarc::driver::DriverError| {
+        Failure::new(
+            result::UNHANDLED_CUDA_ERROR,
+            format!("{call}: {what}: {e:?}"),
+        )
+    };
+    // SAFETY: the caller's streams of this device.
+    let main = unsafe { c.stream(first) };
+    // SAFETY: as above.
+    let others: Vec<_> = streams[1..]
+        .iter()
+        .map(|&s| unsafe { c.stream(s) })
+        .collect();
+    c.on_device(|| {
+        for o in &others {
+            main.join(o)
+                .map_err(|e| cuda("joining the group's streams", e))?;
+        }
+        for &(src, dst, bytes) in &plan.self_copies {
+            // SAFETY: the caller's device buffers of `bytes` each (a send to and a receive
+            // from the own rank of equal size), on its stream.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, main.cu_stream()) }
+                .map_err(|e| cuda("cuMemcpyDtoDAsync (send to the own rank)", e))?;
+        }
+        run_launches(&inner.coll, &plan.launches, &main)
+            .map_err(|e| Failure::from_comm(call, &e))?;
+        for o in &others {
+            o.join(&main)
+                .map_err(|e| cuda("joining the group's streams", e))?;
+        }
+        Ok(())
+    })
+}
+
+fn run_launches(
+    coll: &Collectives,
+    launches: &[Vec<P2pOp>],
+    stream: &mscclpp_host::cuda::CudaStream,
+) -> Result<(), mscclpp_host::communicator::CommError> {
+    for l in launches {
+        // SAFETY: the caller's device buffers (NCCL's contract: valid until the group's
+        // work completes on its streams), checked by the collectives.
+        unsafe { coll.group(l, stream) }?;
+    }
+    Ok(())
 }

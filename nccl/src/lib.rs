@@ -4,18 +4,23 @@
 //! so that a program built against NCCL runs on it unchanged, linked to it or with
 //! `LD_PRELOAD=libmscclpp_nccl.so`.
 //!
-//! - **Native**: `ncclAllReduce` (`ncclSum` of float, half, bfloat16) and `ncclAllGather`
-//!   (every data type: it moves bytes) run on [`mscclpp_host::collectives::Collectives`],
-//!   stream-ordered on the caller's `cudaStream_t` (the same object as a `CUstream`),
-//!   capturable into CUDA graphs.
-//! - **Fallback**: everything else (other operations and types, reduce-scatter, broadcast,
-//!   reduce, send/receive, all-to-all, gather, scatter, registration, windows, the device
-//!   API), and the native calls named by `MSCCLPP_NCCL_FALLBACK=all|allreduce,allgather`,
-//!   run on the real NCCL (found at run time, see [`real`]) over a real communicator set up
-//!   *eagerly* beside ours at `ncclCommInitRank*` (rank 0 gets a real unique id and
-//!   broadcasts it over our bootstrap), so that nothing is set up later inside a group or
-//!   during graph capture. Without a real NCCL, such calls fail with `ncclInvalidUsage` and
-//!   `ncclGetLastError` says what is missing.
+//! - **Native** (see [`dispatch`]): `ncclAllReduce`, `ncclReduceScatter` and `ncclReduce`
+//!   for every built-in operation (sum, prod, min, max, avg) on every type but fp8;
+//!   `ncclAllGather`, `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` and `ncclSend`/`ncclRecv`
+//!   (alone or in groups) for every type. They run on
+//!   [`mscclpp_host::collectives::Collectives`], stream-ordered on the caller's
+//!   `cudaStream_t` (the same object as a `CUstream`), capturable into CUDA graphs. The
+//!   choice depends only on what every rank of a call agrees on (call, type, operation,
+//!   `MSCCLPP_NCCL_FALLBACK`), never on addresses or streams: a call is native on every rank
+//!   or on none.
+//! - **Fallback**: pre-multiplied sums, reductions of fp8, gather, scatter, registration,
+//!   windows, the device API, and the calls named by `MSCCLPP_NCCL_FALLBACK=all|op,op`
+//!   (`allreduce`, `allgather`, `reducescatter`, `broadcast`, `reduce`, `alltoall`,
+//!   `sendrecv`), run on the real NCCL (found at run time, see [`real`]) over a real
+//!   communicator set up *eagerly* beside ours at `ncclCommInitRank*` (rank 0 gets a real
+//!   unique id and broadcasts it over our bootstrap), so that nothing is set up later inside
+//!   a group or during graph capture. Without a real NCCL, such calls fail with
+//!   `ncclInvalidUsage` and `ncclGetLastError` says what is missing.
 //! - **Handles**: an `ncclComm_t` is a pointer to a [`comm::Comm`], kept in a table. A
 //!   pointer not in the table, with a real NCCL loaded, is the real NCCL's own communicator
 //!   (the real library calling its public API internally reaches us under `LD_PRELOAD`): the
@@ -30,6 +35,7 @@
 
 pub mod api;
 pub mod comm;
+pub mod dispatch;
 pub mod error;
 pub mod group;
 pub mod log;

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use mscclpp_host::collectives::DataType;
+use mscclpp_host::collectives::{DataType, ReduceOp};
 
 /// `ncclResult_t` (a C enum: `int`).
 pub type NcclResult = c_int;
@@ -81,14 +81,36 @@ pub fn dtype_size(d: NcclDataType) -> Option<usize> {
     })
 }
 
-/// Our data type for an NCCL one, when the native kernels handle it.
+/// Our data type for an NCCL one (every type of the 2.28 ABI has one; the fp8 types are
+/// only moved, not reduced).
 pub fn native_dtype(d: NcclDataType) -> Option<DataType> {
-    match d {
-        7 => Some(DataType::F32),
-        6 => Some(DataType::F16),
-        9 => Some(DataType::Bf16),
-        _ => None,
-    }
+    Some(match d {
+        0 => DataType::I8,
+        1 => DataType::U8,
+        2 => DataType::I32,
+        3 => DataType::U32,
+        4 => DataType::I64,
+        5 => DataType::U64,
+        6 => DataType::F16,
+        7 => DataType::F32,
+        8 => DataType::F64,
+        9 => DataType::Bf16,
+        10 => DataType::Fp8E4M3,
+        11 => DataType::Fp8E5M2,
+        _ => return None,
+    })
+}
+
+/// Our operation for a built-in NCCL one (`None` for `ncclRedOpCreatePreMulSum`'s).
+pub fn native_op(op: NcclRedOp) -> Option<ReduceOp> {
+    Some(match op {
+        0 => ReduceOp::Sum,
+        1 => ReduceOp::Prod,
+        2 => ReduceOp::Max,
+        3 => ReduceOp::Min,
+        4 => ReduceOp::Avg,
+        _ => return None,
+    })
 }
 
 /// Name of a reduction operation (dynamic ones are `premulsum`).
@@ -209,23 +231,73 @@ pub unsafe fn read_config(cfg: *const NcclConfig) -> Result<ConfigView, String> 
     })
 }
 
-/// Which collectives `MSCCLPP_NCCL_FALLBACK` sends to the real NCCL.
+/// The calls that can run on our collectives, as `MSCCLPP_NCCL_FALLBACK` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeCall {
+    /// `ncclAllReduce`.
+    AllReduce,
+    /// `ncclAllGather`.
+    AllGather,
+    /// `ncclReduceScatter`.
+    ReduceScatter,
+    /// `ncclBroadcast` and `ncclBcast`.
+    Broadcast,
+    /// `ncclReduce`.
+    Reduce,
+    /// `ncclAlltoAll`.
+    AllToAll,
+    /// `ncclSend` and `ncclRecv`: one switch for both, since a send and its receive must run
+    /// on the same transport.
+    SendRecv,
+}
+
+impl NativeCall {
+    /// Every native call.
+    pub const ALL: [NativeCall; 7] = [
+        NativeCall::AllReduce,
+        NativeCall::AllGather,
+        NativeCall::ReduceScatter,
+        NativeCall::Broadcast,
+        NativeCall::Reduce,
+        NativeCall::AllToAll,
+        NativeCall::SendRecv,
+    ];
+
+    /// The name `MSCCLPP_NCCL_FALLBACK` takes (and the log prints).
+    pub fn name(self) -> &'static str {
+        match self {
+            NativeCall::AllReduce => "allreduce",
+            NativeCall::AllGather => "allgather",
+            NativeCall::ReduceScatter => "reducescatter",
+            NativeCall::Broadcast => "broadcast",
+            NativeCall::Reduce => "reduce",
+            NativeCall::AllToAll => "alltoall",
+            NativeCall::SendRecv => "sendrecv",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// Which native calls `MSCCLPP_NCCL_FALLBACK` sends to the real NCCL.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fallback {
-    /// `all`: nothing native.
-    pub all: bool,
-    /// All-reduce forwarded.
-    pub all_reduce: bool,
-    /// All-gather forwarded.
-    pub all_gather: bool,
+    /// One bit per [`NativeCall`] forwarded (`all` sets every bit).
+    pub mask: u8,
     /// Names not understood (warned about).
     pub unknown: Vec<String>,
 }
 
 impl Fallback {
-    /// Reads `all`, `none`, or a comma-separated list of operations (`allreduce`,
-    /// `allgather`, any case, `_`/`-` and an `nccl` prefix ignored; other operations always
-    /// fall back and are accepted).
+    /// Every call forwarded.
+    pub const ALL_MASK: u8 = (1 << NativeCall::ALL.len()) - 1;
+
+    /// Reads `all`, `none`, or a comma-separated list of calls (`allreduce`, `allgather`,
+    /// `reducescatter`, `broadcast`/`bcast`, `reduce`, `alltoall`, `send`/`recv`/`sendrecv`
+    /// (all three mean both directions); any case, `_`/`-` and an `nccl` prefix ignored;
+    /// `gather` and `scatter`, always forwarded, are accepted).
     pub fn parse(s: &str) -> Fallback {
         let mut f = Fallback::default();
         for word in s.split([',', ' ', ';']).filter(|w| !w.trim().is_empty()) {
@@ -236,27 +308,46 @@ impl Fallback {
                 .filter(|c| *c != '_' && *c != '-')
                 .collect();
             let w = w.strip_prefix("nccl").unwrap_or(&w).to_string();
-            match w.as_str() {
-                "all" => f.all = true,
-                "none" | "0" | "" => {}
-                "allreduce" => f.all_reduce = true,
-                "allgather" => f.all_gather = true,
-                "reducescatter" | "broadcast" | "bcast" | "reduce" | "send" | "recv"
-                | "sendrecv" | "alltoall" | "gather" | "scatter" => {}
-                _ => f.unknown.push(word.trim().to_string()),
-            }
+            let call = match w.as_str() {
+                "all" => {
+                    f.mask = Self::ALL_MASK;
+                    continue;
+                }
+                "none" | "0" | "" | "gather" | "scatter" => continue,
+                "allreduce" => NativeCall::AllReduce,
+                "allgather" => NativeCall::AllGather,
+                "reducescatter" => NativeCall::ReduceScatter,
+                "broadcast" | "bcast" => NativeCall::Broadcast,
+                "reduce" => NativeCall::Reduce,
+                "alltoall" => NativeCall::AllToAll,
+                "send" | "recv" | "sendrecv" | "p2p" => NativeCall::SendRecv,
+                _ => {
+                    f.unknown.push(word.trim().to_string());
+                    continue;
+                }
+            };
+            f.mask |= call.bit();
         }
         f
     }
 
-    /// Whether all-reduce runs natively.
-    pub fn native_all_reduce(&self) -> bool {
-        !self.all && !self.all_reduce
+    /// Whether `call` may run natively.
+    pub fn native(&self, call: NativeCall) -> bool {
+        self.mask & call.bit() == 0
     }
 
-    /// Whether all-gather runs natively.
-    pub fn native_all_gather(&self) -> bool {
-        !self.all && !self.all_gather
+    /// The names of the calls that may run natively, comma-separated (`-` for none).
+    pub fn native_names(&self) -> String {
+        let v: Vec<&str> = NativeCall::ALL
+            .iter()
+            .filter(|c| self.native(**c))
+            .map(|c| c.name())
+            .collect();
+        if v.is_empty() {
+            "-".into()
+        } else {
+            v.join(",")
+        }
     }
 }
 
@@ -299,9 +390,18 @@ mod tests {
         assert_eq!(native_dtype(7), Some(DataType::F32));
         assert_eq!(native_dtype(6), Some(DataType::F16));
         assert_eq!(native_dtype(9), Some(DataType::Bf16));
-        for d in [0, 1, 2, 3, 4, 5, 8, 10, 11, 12, -1] {
+        for d in 0..NUM_TYPES {
+            let ours = native_dtype(d).unwrap();
+            assert_eq!(Some(ours.size()), dtype_size(d), "{d}");
+            assert_eq!(Some(ours.name()), dtype_name(d), "{d}");
+        }
+        for d in [12, -1] {
             assert_eq!(native_dtype(d), None, "{d}");
         }
+        for op in 0..NUM_OPS {
+            assert_eq!(native_op(op).unwrap().name(), op_name(op), "{op}");
+        }
+        assert_eq!(native_op(NUM_OPS), None);
         assert_eq!(dtype_name(8), Some("double"));
         assert_eq!(dtype_name(NUM_TYPES), None);
         assert_eq!(dtype_size(8), Some(8));
@@ -368,14 +468,30 @@ mod tests {
     #[test]
     fn fallback_parse() {
         let f = Fallback::parse("all");
-        assert!(!f.native_all_reduce() && !f.native_all_gather());
+        assert!(NativeCall::ALL.iter().all(|c| !f.native(*c)));
+        assert_eq!(f.native_names(), "-");
         let f = Fallback::parse("ncclAllReduce, reduce_scatter");
-        assert!(!f.native_all_reduce() && f.native_all_gather());
+        assert!(!f.native(NativeCall::AllReduce) && !f.native(NativeCall::ReduceScatter));
+        assert!(f.native(NativeCall::AllGather) && f.native(NativeCall::SendRecv));
         assert!(f.unknown.is_empty());
         let f = Fallback::parse("all-gather,bogus");
-        assert!(f.native_all_reduce() && !f.native_all_gather());
+        assert!(f.native(NativeCall::AllReduce) && !f.native(NativeCall::AllGather));
         assert_eq!(f.unknown, vec!["bogus".to_string()]);
         assert_eq!(Fallback::parse(""), Fallback::default());
+        assert_eq!(
+            Fallback::default().native_names(),
+            "allreduce,allgather,reducescatter,broadcast,reduce,alltoall,sendrecv"
+        );
+        // A send and its receive must agree: either name forwards both.
+        for w in ["send", "ncclRecv", "SendRecv"] {
+            let f = Fallback::parse(w);
+            assert!(!f.native(NativeCall::SendRecv), "{w}");
+            assert_eq!(f.mask.count_ones(), 1, "{w}");
+        }
+        let f = Fallback::parse("bcast;ncclAlltoAll reduce gather");
+        assert!(!f.native(NativeCall::Broadcast) && !f.native(NativeCall::AllToAll));
+        assert!(!f.native(NativeCall::Reduce) && f.native(NativeCall::ReduceScatter));
+        assert!(f.unknown.is_empty());
     }
 
     #[test]

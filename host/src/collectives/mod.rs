@@ -59,6 +59,8 @@ mod gpu;
 mod more;
 
 pub use more::P2pOp;
+/// Most sends and receives in one [`Collectives::group`].
+pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
 
 use std::fmt;
 

@@ -1,0 +1,399 @@
+//! The native calls through the C API on GPUs: two processes (this test re-run as ranks),
+//! one GPU each (or both on GPU 0 when there is one: CUDA IPC works between processes on
+//! one device), with no real NCCL (`MSCCLPP_NCCL_LIB=none`), so a call that forwarded would
+//! fail. Checks every native collective's results, in and out of place, sends/receives alone
+//! and in groups (to the own rank, past 16 operations, on two streams), and an all-gather
+//! of bytes at an odd address (forwarded before). Passes with a note without a GPU.
+
+use std::ffi::c_void;
+use std::process::Command;
+use std::time::Duration;
+
+use cudarc::driver::result as cu;
+use mscclpp_nccl::api::*;
+use mscclpp_nccl::real::RawUniqueId;
+
+const RANK_ENV: &str = "MSCCLPP_NCCL_TEST_RANK";
+const ID_ENV: &str = "MSCCLPP_NCCL_TEST_ID";
+const N: usize = 2;
+
+fn gpu_count() -> usize {
+    mscclpp_host::cuda::device_count().unwrap_or(0)
+}
+
+#[test]
+fn native_calls_through_the_c_api_on_gpus() {
+    if let Ok(rank) = std::env::var(RANK_ENV) {
+        rank_main(rank.parse().unwrap());
+        return;
+    }
+    if gpu_count() == 0 {
+        assert!(
+            std::env::var_os("MSCCLPP_REQUIRE_GPU").is_none(),
+            "MSCCLPP_REQUIRE_GPU is set and there is no GPU"
+        );
+        eprintln!("skipping native_calls_through_the_c_api_on_gpus: no GPU");
+        return;
+    }
+    let mut id = RawUniqueId { internal: [0; 128] };
+    // SAFETY: a live out-parameter.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, 0);
+    let hex: String = id
+        .internal
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..N)
+        .map(|r| {
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "native_calls_through_the_c_api_on_gpus",
+                    "--nocapture",
+                ])
+                .env(RANK_ENV, r.to_string())
+                .env(ID_ENV, &hex)
+                .env("MSCCLPP_NCCL_LIB", "none")
+                .env("MSCCLPP_DEBUG", "INFO")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    let mut children: Vec<_> = children.into_iter().map(Some).collect();
+    let mut codes = vec![None; N];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if let Some(ch) = c
+                && let Some(s) = ch.try_wait().unwrap()
+            {
+                codes[i] = Some(s.code());
+                *c = None;
+            }
+        }
+        if start.elapsed() > Duration::from_secs(240) {
+            for ch in children.iter_mut().flatten() {
+                let _ = ch.kill();
+            }
+            panic!("ranks hung: {codes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        codes.iter().all(|c| *c == Some(Some(0))),
+        "ranks failed: {codes:?}"
+    );
+}
+
+/// A device buffer of `len` bytes (freed at the end of the process).
+fn dev(len: usize) -> u64 {
+    // SAFETY: a plain allocation in the current context.
+    unsafe { cu::malloc_sync(len.max(1)) }.unwrap()
+}
+
+fn put<T: Copy>(d: u64, v: &[T]) {
+    // SAFETY: `d` holds at least `v`'s bytes (the test sizes them).
+    unsafe { cu::memcpy_htod_sync(d, v) }.unwrap()
+}
+
+fn get<T: Copy + Default>(d: u64, len: usize) -> Vec<T> {
+    let mut v = vec![T::default(); len];
+    // SAFETY: as in put.
+    unsafe { cu::memcpy_dtoh_sync(&mut v, d) }.unwrap();
+    v
+}
+
+fn ok(what: &str, r: i32) {
+    if r != 0 {
+        // SAFETY: null is allowed; a NUL-terminated text.
+        let msg = unsafe { std::ffi::CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) };
+        panic!("{what}: error {r}: {}", msg.to_string_lossy());
+    }
+}
+
+fn p(a: u64) -> *mut c_void {
+    a as *mut c_void
+}
+
+fn rank_main(rank: usize) {
+    let hex = std::env::var(ID_ENV).unwrap();
+    let mut id = RawUniqueId { internal: [0; 128] };
+    for (i, b) in id.internal.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
+    }
+    let device = rank % gpu_count();
+    let ctx = cudarc::driver::CudaContext::new(device).unwrap();
+    let s1 = ctx.new_stream().unwrap();
+    let s2 = ctx.new_stream().unwrap();
+    let (st, st2) = (s1.cu_stream() as *mut c_void, s2.cu_stream() as *mut c_void);
+    let sync = || {
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+    };
+    let mut comm: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a live out-parameter; the id from the parent.
+    ok("ncclCommInitRank", unsafe {
+        ncclCommInitRank(&mut comm, N as i32, id, rank as i32)
+    });
+    let peer = 1 - rank;
+    let val = |q: usize, i: usize| ((q * 5 + i * 3) % 7) as f32 + 1.0;
+
+    for count in [1000usize, 300_000] {
+        let what = |c: &str| format!("rank {rank}: {c} count {count}");
+        let b = count * 4;
+        // All-reduce: f32 sum out of place, i32 max in place, f64 prod.
+        let (x, y) = (dev(b), dev(b));
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        // SAFETY (every call below): device buffers of the sizes NCCL's call implies, our
+        // communicator and streams.
+        ok(&what("allreduce"), unsafe {
+            ncclAllReduce(p(x), p(y), count, 7, 0, comm, st)
+        });
+        sync();
+        let got: Vec<f32> = get(y, count);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, g)| *g == val(0, i) + val(1, i)),
+            "{}",
+            what("allreduce sum")
+        );
+        put(
+            x,
+            &(0..count)
+                .map(|i| (rank as i32 - 1) * i as i32)
+                .collect::<Vec<i32>>(),
+        );
+        ok(&what("allreduce max"), unsafe {
+            ncclAllReduce(p(x), p(x), count, 2, 2, comm, st)
+        });
+        sync();
+        let got: Vec<i32> = get(x, count);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, g)| *g == 0.max(-(i as i32))),
+            "{}",
+            what("allreduce max")
+        );
+        let (xd, yd) = (dev(2 * b), dev(2 * b));
+        put(
+            xd,
+            &(0..count)
+                .map(|i| val(rank, i) as f64)
+                .collect::<Vec<f64>>(),
+        );
+        ok(&what("allreduce prod"), unsafe {
+            ncclAllReduce(p(xd), p(yd), count, 8, 1, comm, st)
+        });
+        sync();
+        let got: Vec<f64> = get(yd, count);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, g)| *g == (val(0, i) * val(1, i)) as f64),
+            "{}",
+            what("allreduce prod")
+        );
+
+        // Reduce-scatter (f32 sum; recv count `count / 2`).
+        let h = count / 2;
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        ok(&what("reducescatter"), unsafe {
+            ncclReduceScatter(p(x), p(y), h, 7, 0, comm, st)
+        });
+        sync();
+        let got: Vec<f32> = get(y, h);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, g)| *g == val(0, rank * h + i) + val(1, rank * h + i)),
+            "{}",
+            what("reducescatter")
+        );
+
+        // Reduce to rank 1 (f32 min).
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        put(y, &vec![-1f32; count]);
+        ok(&what("reduce"), unsafe {
+            ncclReduce(p(x), p(y), count, 7, 3, 1, comm, st)
+        });
+        sync();
+        if rank == 1 {
+            let got: Vec<f32> = get(y, count);
+            assert!(
+                got.iter()
+                    .enumerate()
+                    .all(|(i, g)| *g == val(0, i).min(val(1, i))),
+                "{}",
+                what("reduce")
+            );
+        }
+
+        // Broadcast from 0 (f32), Bcast in place from 1 (int8).
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        ok(&what("broadcast"), unsafe {
+            ncclBroadcast(p(x), p(y), count, 7, 0, comm, st)
+        });
+        sync();
+        let got: Vec<f32> = get(y, count);
+        assert!(
+            got.iter().enumerate().all(|(i, g)| *g == val(0, i)),
+            "{}",
+            what("broadcast")
+        );
+        put(
+            x,
+            &(0..count)
+                .map(|i| (i % 100) as i8 * if rank == 1 { 1 } else { -1 })
+                .collect::<Vec<i8>>(),
+        );
+        ok(&what("bcast"), unsafe {
+            ncclBcast(p(x), count, 0, 1, comm, st)
+        });
+        sync();
+        let got: Vec<i8> = get(x, count);
+        assert!(
+            got.iter().enumerate().all(|(i, g)| *g == (i % 100) as i8),
+            "{}",
+            what("bcast")
+        );
+
+        // All-to-all (f32, blocks of `h`).
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        ok(&what("alltoall"), unsafe {
+            ncclAlltoAll(p(x), p(y), h, 7, comm, st)
+        });
+        sync();
+        let got: Vec<f32> = get(y, count);
+        let want: Vec<f32> = (0..N)
+            .flat_map(|q| (0..h).map(move |i| val(q, rank * h + i)))
+            .collect();
+        assert_eq!(got, want, "{}", what("alltoall"));
+
+        // All-gather of bytes at an odd address, odd count.
+        let n1 = count + 1;
+        let (gx, gy) = (dev(n1 + 1), dev(N * n1 + 1));
+        put(
+            gx + 1,
+            &(0..n1).map(|i| (i * 7 + rank) as u8).collect::<Vec<u8>>(),
+        );
+        ok(&what("allgather"), unsafe {
+            ncclAllGather(p(gx + 1), p(gy + 1), n1, 1, comm, st)
+        });
+        sync();
+        let got: Vec<u8> = get(gy + 1, N * n1);
+        let want: Vec<u8> = (0..N)
+            .flat_map(|q| (0..n1).map(move |i| (i * 7 + q) as u8))
+            .collect();
+        assert_eq!(got, want, "{}", what("allgather bytes"));
+
+        // Send/recv outside a group: 0 -> 1.
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        if rank == 0 {
+            ok(&what("send"), unsafe {
+                ncclSend(p(x), count, 7, 1, comm, st)
+            });
+        } else {
+            ok(&what("recv"), unsafe {
+                ncclRecv(p(y), count, 7, 0, comm, st)
+            });
+        }
+        sync();
+        if rank == 1 {
+            let got: Vec<f32> = get(y, count);
+            assert!(
+                got.iter().enumerate().all(|(i, g)| *g == val(0, i)),
+                "{}",
+                what("send/recv")
+            );
+        }
+
+        // A group: exchange with the peer on two streams, and a send to the own rank.
+        let (z, w) = (dev(b), dev(b));
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        put(
+            z,
+            &(0..count).map(|i| val(rank + 10, i)).collect::<Vec<f32>>(),
+        );
+        ok("groupstart", unsafe { ncclGroupStart() });
+        ok(&what("group send"), unsafe {
+            ncclSend(p(x), count, 7, peer as i32, comm, st)
+        });
+        ok(&what("group recv"), unsafe {
+            ncclRecv(p(y), count, 7, peer as i32, comm, st2)
+        });
+        ok(&what("group self send"), unsafe {
+            ncclSend(p(z), count, 7, rank as i32, comm, st)
+        });
+        ok(&what("group self recv"), unsafe {
+            ncclRecv(p(w), count, 7, rank as i32, comm, st2)
+        });
+        ok("groupend", unsafe { ncclGroupEnd() });
+        sync();
+        let got: Vec<f32> = get(y, count);
+        assert!(
+            got.iter().enumerate().all(|(i, g)| *g == val(peer, i)),
+            "{}",
+            what("group exchange")
+        );
+        let got: Vec<f32> = get(w, count);
+        assert!(
+            got.iter().enumerate().all(|(i, g)| *g == val(rank + 10, i)),
+            "{}",
+            what("group self")
+        );
+    }
+
+    // A group of 20 sends and 20 receives with the peer (past one launch's 16), nested.
+    let m = 20;
+    let k = 4097;
+    let bufs: Vec<(u64, u64)> = (0..m).map(|_| (dev(k * 4), dev(k * 4))).collect();
+    for (j, (sb, _)) in bufs.iter().enumerate() {
+        put(
+            *sb,
+            &(0..k)
+                .map(|i| (rank * 100_000 + j * 1000 + i) as f32)
+                .collect::<Vec<f32>>(),
+        );
+    }
+    ok("groupstart", unsafe { ncclGroupStart() });
+    ok("groupstart inner", unsafe { ncclGroupStart() });
+    for (sb, rb) in &bufs {
+        if rank == 0 {
+            ok("send", unsafe {
+                ncclSend(p(*sb), k, 7, peer as i32, comm, st)
+            });
+            ok("recv", unsafe {
+                ncclRecv(p(*rb), k, 7, peer as i32, comm, st)
+            });
+        } else {
+            ok("recv", unsafe {
+                ncclRecv(p(*rb), k, 7, peer as i32, comm, st)
+            });
+            ok("send", unsafe {
+                ncclSend(p(*sb), k, 7, peer as i32, comm, st)
+            });
+        }
+    }
+    ok("groupend inner", unsafe { ncclGroupEnd() });
+    ok("groupend", unsafe { ncclGroupEnd() });
+    sync();
+    for (j, (_, rb)) in bufs.iter().enumerate() {
+        let got: Vec<f32> = get(*rb, k);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, g)| *g == (peer * 100_000 + j * 1000 + i) as f32),
+            "rank {rank}: big group message {j}"
+        );
+    }
+    let mut async_err = -1;
+    ok("asyncerror", unsafe {
+        ncclCommGetAsyncError(comm, &mut async_err)
+    });
+    assert_eq!(async_err, 0);
+    ok("destroy", unsafe { ncclCommDestroy(comm) });
+    println!("rank {rank}: every native call passed");
+}
