@@ -11,7 +11,7 @@
 //!
 //! Sends and receives ([`Collectives::send_raw`], [`Collectives::recv_raw`],
 //! [`Collectives::group`]) go through a separate registered p2p buffer (per source rank: a
-//! slot of `scratch_bytes / 32` clamped to 1 KiB..8 MiB, a packet scratch of `4 *`
+//! slot of `scratch_bytes / 16` clamped to 1 KiB..32 MiB, a packet scratch of `4 *`
 //! [`CollConfig::p2p_packet_max_bytes`](super::CollConfig::p2p_packet_max_bytes); its own
 //! semaphores), so they never meet a collective's scratch: see
 //! `mscclpp_device::collectives::send_recv`. A transfer of up to `p2p_packet_max_bytes` goes
@@ -905,7 +905,7 @@ const TAG_P2P: u32 = 0xC011_0004;
 
 /// Bytes of each source rank's slot of the p2p buffer for a config.
 fn p2p_slot(config: &CollConfig) -> usize {
-    (config.scratch_bytes / 32).clamp(1 << 10, 8 << 20) / 1024 * 1024
+    (config.scratch_bytes / 16).clamp(1 << 10, 32 << 20) / 1024 * 1024
 }
 
 /// Bytes of each source rank's packet scratch of the p2p buffer for a config: two halves
