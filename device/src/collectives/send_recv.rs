@@ -88,7 +88,8 @@ pub struct P2pOp {
 pub struct P2pOps {
     /// Operations in use.
     pub count: u32,
-    /// Sub-slots per block chunk (0 or 1: none; at most [`P2P_MAX_DEPTH`]).
+    /// Sub-slots per block chunk (0 or 1: none; at most [`P2P_MAX_DEPTH`], and pieces of at
+    /// least 16 bytes: see [`p2p_depth`]).
     pub depth: u32,
     /// Transfers of at most this many bytes go as LL packets (0: none); at most
     /// [`p2p_ll_capacity`] of the context's packet scratch.
@@ -116,17 +117,20 @@ pub fn p2p_ll_capacity(packets_len: u64) -> u64 {
     p2p_ll_half(packets_len) / 2
 }
 
-/// The depth a launch uses (`ops.depth` clamped to 1..=[`P2P_MAX_DEPTH`]).
+/// The depth a launch over slots of `slot` bytes uses: `depth` clamped to
+/// 1..=[`P2P_MAX_DEPTH`], and to pieces of at least 16 bytes.
 #[inline(always)]
-pub fn p2p_depth(depth: u32) -> u32 {
-    depth.clamp(1, P2P_MAX_DEPTH)
+pub fn p2p_depth(slot: u64, depth: u32) -> u32 {
+    let most = (p2p_chunk(slot) / 16).clamp(1, P2P_MAX_DEPTH as u64) as u32;
+    depth.clamp(1, most)
 }
 
-/// Bytes of one sub-slot: the block chunk of a slot of `slot` bytes cut into `depth`
-/// sub-slots (a multiple of 16). Plans and kernels cut transfers into pieces of this size.
+/// Bytes of one sub-slot: the block chunk of a slot of `slot` bytes cut into
+/// [`p2p_depth`] sub-slots (a multiple of 16). Plans and kernels cut transfers into pieces
+/// of this size.
 #[inline(always)]
 pub fn p2p_piece(slot: u64, depth: u32) -> u64 {
-    p2p_chunk(slot) / p2p_depth(depth) as u64 / 16 * 16
+    p2p_chunk(slot) / p2p_depth(slot, depth) as u64 / 16 * 16
 }
 
 /// Bytes of the chunk of one block index in a slot of `slot` bytes (a multiple of 16).
@@ -228,8 +232,8 @@ pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
     arch::sync_threads();
     // SAFETY: written above before the barrier, never written again in this launch.
     let ops = unsafe { &*shared };
-    let depth = p2p_depth(ops.depth);
-    let piece = p2p_piece(ctx.scratch_len, depth);
+    let depth = p2p_depth(ctx.scratch_len, ops.depth);
+    let piece = p2p_piece(ctx.scratch_len, ops.depth);
     if piece == 0
         || arch::grid_dim_x() as usize > MAX_BLOCKS
         || ops.ll_max > p2p_ll_capacity(ctx.packets_len)

@@ -235,7 +235,9 @@ impl Comm<'_> {
                 )?
             },
             // SAFETY: the caller keeps the range valid.
-            Comm::Nccl(n) => unsafe { n.all_reduce(ptr, ptr, count, dtype, stream)? },
+            Comm::Nccl(n) => unsafe {
+                n.all_reduce(ptr, ptr, count, dtype, ReduceOp::Sum, stream)?
+            },
         }
         Ok(())
     }

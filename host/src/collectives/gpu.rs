@@ -112,6 +112,15 @@ pub(super) fn check_stream(call: &str, gpu: &Gpu, stream: &CudaStream) -> Result
 
 /// Refuses a typed call on a capturing stream while cudarc would add (uncapturable) event
 /// waits for the slices.
+/// Whether `stream` is being captured into a CUDA graph (false if the query fails).
+pub(super) fn is_capturing(stream: &CudaStream) -> bool {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream and an out-pointer to a local.
+    let r = unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    r == sys::CUresult::CUDA_SUCCESS
+        && status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
 pub(super) fn check_capture(call: &str, stream: &CudaStream) -> Result<(), CommError> {
     if !stream.context().is_managing_stream_synchronization() {
         return Ok(());

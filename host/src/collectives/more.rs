@@ -41,7 +41,9 @@ use super::{
     AllReduceAlgo, CollConfig, Collectives, DataType, Element, ReduceOp, checked_bytes, gpu,
 };
 use crate::communicator::{Backend, Buffer, CommError, Communicator};
-use crate::cuda::{CudaError, CudaFunction, CudaSlice, CudaStream, DeviceBuffer};
+use std::sync::Mutex;
+
+use crate::cuda::{CudaError, CudaEvent, CudaFunction, CudaSlice, CudaStream, DeviceBuffer};
 
 /// The collectives of this file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -922,8 +924,24 @@ pub(super) struct P2p {
     ctx: Box<CollContext>,
     /// In device memory (GPU backend).
     dev: Option<DeviceBuffer>,
+    /// GPU backend: where the sends of a group that a receive of the same group overlaps
+    /// (an in-place exchange) are copied first; grown on demand (not under capture).
+    stage: Mutex<Option<Stage>>,
     _buf: Buffer,
     _local: Buffer,
+}
+
+/// A staging buffer for sends and the event recorded after the last launch that read it.
+#[derive(Debug)]
+struct Stage {
+    buf: DeviceBuffer,
+    bytes: usize,
+    done: CudaEvent,
+}
+
+/// Bytes a staged send takes in the staging buffer (16-byte aligned pieces).
+fn staged_len(bytes: u64) -> u64 {
+    bytes.div_ceil(16) * 16
 }
 
 /// The ops of a launch as a kernel parameter (by value).
@@ -1004,6 +1022,7 @@ impl P2p {
         Ok(P2p {
             ctx: Box::new(ctx),
             dev,
+            stage: Mutex::new(None),
             _buf: buf,
             _local: local,
         })
@@ -1040,8 +1059,15 @@ pub enum P2pOp {
 
 impl Collectives {
     /// Checks `ops` and builds the kernel's operations (empty ones left out); `gpu`: check
-    /// the device ranges too.
-    fn p2p_ops(&self, call: &str, ops: &[P2pOp], gpu_ranges: bool) -> Result<P2pOps, CommError> {
+    /// the device ranges too. Also returns the mask of the (kernel) operations that are sends
+    /// whose range a receive of the group overlaps: they must be staged (copied elsewhere
+    /// first), or the receive could overwrite data not yet sent.
+    fn p2p_ops(
+        &self,
+        call: &str,
+        ops: &[P2pOp],
+        gpu_ranges: bool,
+    ) -> Result<(P2pOps, u32), CommError> {
         if ops.len() > MAX_P2P_OPS {
             return Err(invalid(format!(
                 "{call}: {} operations; at most {MAX_P2P_OPS} in one group",
@@ -1094,27 +1120,26 @@ impl Collectives {
             };
             out.count += 1;
         }
-        // A receive may not overlap any other operation's range (it would overwrite data
-        // still to be sent, or another receive's).
+        // A receive may not overlap another receive's range; a send whose range a receive
+        // overlaps (an in-place exchange, as nccl-tests' sendrecv in place) is staged.
         let live = &out.ops[..out.count as usize];
+        let mut stage = 0u32;
         for (i, a) in live.iter().enumerate() {
             for (j, b) in live.iter().enumerate() {
                 let overlap = a.buf < b.buf + b.bytes && b.buf < a.buf + a.bytes;
                 if i != j && a.send == 0 && overlap {
-                    return Err(invalid(format!(
-                        "{call}: the receive from rank {} overlaps the {} rank {}",
-                        a.peer,
-                        if b.send != 0 {
-                            "send to"
-                        } else {
-                            "receive from"
-                        },
-                        b.peer
-                    )));
+                    if b.send != 0 {
+                        stage |= 1 << j;
+                    } else {
+                        return Err(invalid(format!(
+                            "{call}: the receive from rank {} overlaps the receive from rank {}",
+                            a.peer, b.peer
+                        )));
+                    }
                 }
             }
         }
-        Ok(out)
+        Ok((out, stage))
     }
 
     /// Most blocks of one transfer on a GPU: a group has up to `2 * (nranks - 1)` lanes side
@@ -1155,10 +1180,90 @@ impl Collectives {
     pub unsafe fn group(&self, ops: &[P2pOp], stream: &CudaStream) -> Result<(), CommError> {
         let call = "group";
         self.more_gpu_call(call, stream)?;
-        let mut ops = self.p2p_ops(call, ops, true)?;
+        let (ops, stage) = self.p2p_ops(call, ops, true)?;
         if ops.count == 0 {
             return Ok(());
         }
+        if stage != 0 {
+            return self.noted(self.group_staged(call, ops, stage, stream));
+        }
+        self.p2p_launch(call, ops, stream)
+    }
+
+    /// [`group`](Self::group) with the sends of `mask` copied into the staging buffer first
+    /// (stream-ordered, after the last launch that read it), their addresses replaced.
+    fn group_staged(
+        &self,
+        call: &str,
+        mut ops: P2pOps,
+        mask: u32,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let total: u64 = (0..ops.count as usize)
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| staged_len(ops.ops[i].bytes))
+            .sum();
+        let capturing = gpu::is_capturing(stream);
+        let mut stage = self.p2p.stage.lock().unwrap_or_else(|p| p.into_inner());
+        if stage.as_ref().is_none_or(|s| (s.bytes as u64) < total) {
+            if capturing {
+                return Err(invalid(format!(
+                    "{call}: an in-place exchange of {total} bytes under CUDA graph capture \
+                     needs a staging buffer that is not there yet; run the same group once \
+                     outside capture first"
+                )));
+            }
+            let gpu = self.gpu().expect("GPU backend");
+            if let Some(old) = stage.take() {
+                // The last launch that read it must be done before it is freed.
+                old.done
+                    .synchronize()
+                    .map_err(|e| gpu::classify(call, "cuEventSynchronize", e))?;
+            }
+            let bytes = (total as usize).next_power_of_two();
+            let done = gpu
+                .context()
+                .new_event(None)
+                .map_err(|e| gpu::classify(call, "cuEventCreate", e))?;
+            *stage = Some(Stage {
+                buf: DeviceBuffer::alloc(gpu, bytes)?,
+                bytes,
+                done,
+            });
+        }
+        let s = stage.as_ref().expect("set above");
+        if !capturing {
+            // A launch on another stream may still read it. (Under capture the graph's
+            // replays are ordered on the stream they are launched on.)
+            stream
+                .wait(&s.done)
+                .map_err(|e| gpu::classify(call, "cuStreamWaitEvent", e))?;
+        }
+        let mut at = s.buf.device_ptr();
+        for i in (0..ops.count as usize).filter(|i| mask & (1 << i) != 0) {
+            let op = &mut ops.ops[i];
+            // SAFETY: the send's range was checked (caller contract keeps it valid); the
+            // staging piece holds its bytes and no launch reads it now (the wait above).
+            unsafe { crate::cuda::memcpy_async(at, op.buf, op.bytes as usize, stream) }?;
+            op.buf = at;
+            at += staged_len(op.bytes);
+        }
+        self.p2p_launch(call, ops, stream)?;
+        if !capturing {
+            s.done
+                .record(stream)
+                .map_err(|e| gpu::classify(call, "cuEventRecord", e))?;
+        }
+        Ok(())
+    }
+
+    /// Launches the p2p kernel for `ops` on `stream`.
+    fn p2p_launch(
+        &self,
+        call: &str,
+        mut ops: P2pOps,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
         let blocks = self.p2p_plan(&mut ops, self.p2p_max_blocks());
         let kernels = self.more.as_ref().expect("GPU backend");
         let ctx = self.p2p.dev.as_ref().expect("GPU backend").device_ptr();
@@ -1264,11 +1369,25 @@ impl Collectives {
     pub unsafe fn group_host(&self, ops: &[P2pOp]) -> Result<(), CommError> {
         let call = "group_host";
         self.host_only(call)?;
-        let mut ops = self.p2p_ops(call, ops, false)?;
+        let (mut ops, stage) = self.p2p_ops(call, ops, false)?;
         if ops.count == 0 {
             return Ok(());
         }
         self.check_fault(call, true)?;
+        // Sends a receive of the group overlaps: copied first (kept alive for the call).
+        let mut staged: Vec<Vec<u8>> = Vec::new();
+        for op in ops.ops[..ops.count as usize]
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| stage & (1 << i) != 0)
+            .map(|(_, op)| op)
+        {
+            // SAFETY: the caller keeps the send's range valid host memory for the call.
+            let data =
+                unsafe { std::slice::from_raw_parts(op.buf as *const u8, op.bytes as usize) };
+            staged.push(data.to_vec());
+            op.buf = staged.last().expect("pushed").as_ptr() as u64;
+        }
         // Two blocks per transfer at most: CPU threads.
         let blocks = self.p2p_plan(&mut ops, 2);
         let ctx = &*self.p2p.ctx as *const CollContext as u64;

@@ -263,26 +263,44 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
             // SAFETY: refused before any access.
             let e = unsafe { c.group_host(&[op; 17]) }.unwrap_err().to_string();
             assert!(e.contains("17 operations; at most 16"), "{e}");
-            // In place (a receive over the data being sent) is refused.
+            // Two receives over one range are refused.
             let mut buf = vec![0f32; 8];
             let p = buf.as_mut_ptr() as u64;
-            let ops = [
-                P2pOp::Send {
-                    buf: p,
-                    count: 8,
-                    dtype: DataType::F32,
-                    peer: (r + 1) % n,
-                },
-                P2pOp::Recv {
-                    buf: p + 4,
-                    count: 2,
-                    dtype: DataType::F32,
-                    peer: (r + n - 1) % n,
-                },
-            ];
+            let recv = |buf, count| P2pOp::Recv {
+                buf,
+                count,
+                dtype: DataType::F32,
+                peer: (r + n - 1) % n,
+            };
             // SAFETY: refused before any access.
-            let e = unsafe { c.group_host(&ops) }.unwrap_err().to_string();
-            assert!(e.contains("overlaps the send to rank"), "{e}");
+            let e = unsafe { c.group_host(&[recv(p, 8), recv(p + 4, 2)]) }
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("overlaps the receive from rank"), "{e}");
+            // In place (a receive over the data being sent, as nccl-tests' sendrecv in
+            // place): the send is staged, so the receive gets the peer's data and the peer
+            // gets this rank's data as it was before the call; below and above the LL limit.
+            for len in [8usize, 3000] {
+                let mine = |q: usize, i: usize| (q * 1000 + i) as f32;
+                let mut buf: Vec<f32> = (0..len).map(|i| mine(r, i)).collect();
+                let p = buf.as_mut_ptr() as u64;
+                let ops = [
+                    P2pOp::Send {
+                        buf: p,
+                        count: len,
+                        dtype: DataType::F32,
+                        peer: (r + 1) % n,
+                    },
+                    recv(p, len),
+                ];
+                // SAFETY: buf holds len elements for the call.
+                unsafe { c.group_host(&ops) }.unwrap();
+                let from = (r + n - 1) % n;
+                assert!(
+                    (0..len).all(|i| buf[i] == mine(from, i)),
+                    "rank {r}: in-place exchange of {len}"
+                );
+            }
         });
     }
 }

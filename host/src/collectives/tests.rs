@@ -22,6 +22,8 @@ pub(super) fn small() -> CollConfig {
     CollConfig {
         scratch_bytes: 4096,
         packet_max_bytes: 2048,
+        // Sends and receives of up to 1 KiB as LL packets, larger ones in pieces.
+        p2p_packet_max_bytes: 1024,
         ..CollConfig::default()
     }
 }
