@@ -26,7 +26,7 @@
 //! ## Small transfers: LL packets, no rendezvous
 //!
 //! A transfer of at most [`P2pOps::ll_max`] bytes goes as LL packets instead
-//! ([`ll_transfer`]): the sender writes 8 bytes of data per 16-byte packet, with a flag, into
+//! (`ll_transfer`): the sender writes 8 bytes of data per 16-byte packet, with a flag, into
 //! the receiver's packet scratch for it (`packets_out[peer]`), and the receiver polls the
 //! flags; neither waits for the other's acknowledgement, so a small send costs one one-way
 //! latency. Every LL transfer uses exactly [`P2pOps::ll_blocks`] blocks (fixed for a
