@@ -28,7 +28,7 @@
 //! that connection fails (see `mscclpp_device::channel::proxy`).
 
 mod fault;
-mod setup;
+pub(crate) mod setup;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -293,14 +293,14 @@ impl Buffer {
 /// A connection asked for with [`Communicator::connect`], set up by
 /// [`Communicator::connection_setup`].
 #[derive(Debug)]
-struct PendingConnection {
-    remote_rank: usize,
-    tag: u32,
-    buffer: Buffer,
-    transport: TransportKind,
-    kind: ChannelKind,
+pub(crate) struct PendingConnection {
+    pub(crate) remote_rank: usize,
+    pub(crate) tag: u32,
+    pub(crate) buffer: Buffer,
+    pub(crate) transport: TransportKind,
+    pub(crate) kind: ChannelKind,
     /// This side's packet scratch (memory channels).
-    packets: Option<Buffer>,
+    pub(crate) packets: Option<Buffer>,
 }
 
 /// What a connection is used as: a proxy channel ([`DevConn`]) or a memory channel
@@ -331,7 +331,7 @@ pub struct Communicator {
     /// Signals sent on each connection (see `ProxyTask::epochs`).
     epochs: Arc<[AtomicU64]>,
     /// The RDMA device, opened by the first `connect` with [`TransportKind::Ib`].
-    ib: Option<setup::IbSession>,
+    ib: Option<ib::setup::IbSession>,
     /// Settings of IB connections.
     ib_config: IbConfig,
     /// The abort word and failure records shared with kernels.
@@ -600,15 +600,25 @@ impl Communicator {
                 }
                 e => CommError::Ib(e),
             })?;
-            self.ib = Some(setup::IbSession::new(verbs));
+            self.ib = Some(ib::setup::IbSession::new(verbs));
         }
         Ok(())
+    }
+
+    /// The RDMA device of IB connections, once opened.
+    pub(crate) fn ib_session(&self) -> Option<&ib::setup::IbSession> {
+        self.ib.as_ref()
+    }
+
+    /// Settings of IB connections.
+    pub(crate) fn ib_config(&self) -> IbConfig {
+        self.ib_config
     }
 
     /// Uses `verbs` for IB connections instead of opening a device (tests: the fake).
     #[cfg(test)]
     pub(crate) fn use_ib_verbs(&mut self, verbs: Arc<dyn ib::Verbs>) {
-        self.ib = Some(setup::IbSession::new(verbs));
+        self.ib = Some(ib::setup::IbSession::new(verbs));
     }
 
     /// Exchanges the pending connections' memory with their peers and maps the peers'
