@@ -15,7 +15,9 @@
 //! shared memory). [`Backend::auto`] picks GPU `local_rank` when there is one. Either backend
 //! can also make proxy channels over InfiniBand ([`TransportKind::Ib`], cargo feature `ib`):
 //! the first such `connect` opens the RDMA device (`MSCCLPP_IB_DEVICE`) and fails with
-//! [`CommError::TransportUnavailable`], saying what was found, when there is none.
+//! [`CommError::TransportUnavailable`], saying what was found, when there is none. The Host
+//! backend can make proxy channels over TCP sockets too ([`TransportKind::Tcp`]; see
+//! `transport::tcp`), to ranks on any machine.
 //!
 //! Validation, all with errors naming the problem: an unknown or own rank, a buffer of 0
 //! bytes or larger than a trigger can address, a tag used twice towards one peer, a
@@ -516,7 +518,24 @@ impl Communicator {
             )));
         }
         let ours = self.backend.transport();
-        if transport == TransportKind::Ib {
+        if transport == TransportKind::Tcp {
+            if kind == ChannelKind::Memory {
+                return Err(CommError::TransportUnavailable {
+                    transport,
+                    reason: "memory channels load and store the peer's memory, which TCP cannot \
+                             map; use a proxy channel (connect) over TCP"
+                        .into(),
+                });
+            }
+            if let Backend::Gpu(_) = self.backend {
+                return Err(CommError::TransportUnavailable {
+                    transport,
+                    reason: "TCP connections need host buffers: GPU staging is not built \
+                             (docs/tcp-transport.md); use the Host backend"
+                        .into(),
+                });
+            }
+        } else if transport == TransportKind::Ib {
             if kind == ChannelKind::Memory {
                 return Err(CommError::TransportUnavailable {
                     transport,
@@ -546,7 +565,7 @@ impl Communicator {
         // names in one setup round only.
         if let BufferMem::Host(s) = &*buffer.mem
             && s.was_shared()
-            && transport != TransportKind::Ib
+            && !matches!(transport, TransportKind::Ib | TransportKind::Tcp)
         {
             return Err(CommError::InvalidArgument(
                 "connect: this shared-memory buffer was already shared in an earlier setup; allocate a new buffer".into(),

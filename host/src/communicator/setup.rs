@@ -37,6 +37,7 @@ use crate::transport::host::HostPlane;
 use crate::transport::ib::setup::IbSetup;
 use crate::transport::p2p::P2pPlane;
 use crate::transport::shm::{ShmError, ShmSegment, remove_name};
+use crate::transport::tcp::TcpSetup;
 use crate::transport::{DataPlane, PlaneSet, Route, TransportKind};
 
 /// Bootstrap tags of setup messages: a high marker | the connection's tag.
@@ -193,6 +194,7 @@ pub(crate) fn setup_of(kind: TransportKind) -> Box<dyn TransportSetup> {
     match kind {
         TransportKind::P2p | TransportKind::Host => Box::new(MappedSetup::default()),
         TransportKind::Ib => Box::new(IbSetup::default()),
+        TransportKind::Tcp => Box::new(TcpSetup::default()),
     }
 }
 
@@ -890,7 +892,7 @@ fn check_peer(
         return Err(CommError::TransportUnavailable {
             transport: mine.transport,
             reason: format!(
-                "rank {rank} is on another machine ({} vs {}); {} connects ranks of one machine (IB is needed across machines)",
+                "rank {rank} is on another machine ({} vs {}); {} connects ranks of one machine (IB or TCP is needed across machines)",
                 peer_host.unwrap_or("?"),
                 my_host.unwrap_or("?"),
                 mine.transport
