@@ -547,7 +547,7 @@ impl Communicator {
             self.open_ib()?;
         } else if transport != ours {
             let reason = match (transport, &self.backend) {
-                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host (or TransportKind::Ib across machines)".to_string(),
+                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host (or TransportKind::Tcp or TransportKind::Ib across machines)".to_string(),
                 _ => format!("this communicator runs on a GPU; use TransportKind::{ours:?} (or TransportKind::Ib across machines)"),
             };
             return Err(CommError::TransportUnavailable { transport, reason });
