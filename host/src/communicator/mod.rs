@@ -15,7 +15,9 @@
 //! shared memory). [`Backend::auto`] picks GPU `local_rank` when there is one. Either backend
 //! can also make proxy channels over InfiniBand ([`TransportKind::Ib`], cargo feature `ib`):
 //! the first such `connect` opens the RDMA device (`MSCCLPP_IB_DEVICE`) and fails with
-//! [`CommError::TransportUnavailable`], saying what was found, when there is none.
+//! [`CommError::TransportUnavailable`], saying what was found, when there is none. The Host
+//! backend can make proxy channels over TCP sockets too ([`TransportKind::Tcp`]; see
+//! `transport::tcp`), to ranks on any machine.
 //!
 //! Validation, all with errors naming the problem: an unknown or own rank, a buffer of 0
 //! bytes or larger than a trigger can address, a tag used twice towards one peer, a
@@ -28,7 +30,7 @@
 //! that connection fails (see `mscclpp_device::channel::proxy`).
 
 mod fault;
-mod setup;
+pub(crate) mod setup;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -293,14 +295,14 @@ impl Buffer {
 /// A connection asked for with [`Communicator::connect`], set up by
 /// [`Communicator::connection_setup`].
 #[derive(Debug)]
-struct PendingConnection {
-    remote_rank: usize,
-    tag: u32,
-    buffer: Buffer,
-    transport: TransportKind,
-    kind: ChannelKind,
+pub(crate) struct PendingConnection {
+    pub(crate) remote_rank: usize,
+    pub(crate) tag: u32,
+    pub(crate) buffer: Buffer,
+    pub(crate) transport: TransportKind,
+    pub(crate) kind: ChannelKind,
     /// This side's packet scratch (memory channels).
-    packets: Option<Buffer>,
+    pub(crate) packets: Option<Buffer>,
 }
 
 /// What a connection is used as: a proxy channel ([`DevConn`]) or a memory channel
@@ -331,7 +333,7 @@ pub struct Communicator {
     /// Signals sent on each connection (see `ProxyTask::epochs`).
     epochs: Arc<[AtomicU64]>,
     /// The RDMA device, opened by the first `connect` with [`TransportKind::Ib`].
-    ib: Option<setup::IbSession>,
+    ib: Option<ib::setup::IbSession>,
     /// Settings of IB connections.
     ib_config: IbConfig,
     /// The abort word and failure records shared with kernels.
@@ -516,7 +518,24 @@ impl Communicator {
             )));
         }
         let ours = self.backend.transport();
-        if transport == TransportKind::Ib {
+        if transport == TransportKind::Tcp {
+            if kind == ChannelKind::Memory {
+                return Err(CommError::TransportUnavailable {
+                    transport,
+                    reason: "memory channels load and store the peer's memory, which TCP cannot \
+                             map; use a proxy channel (connect) over TCP"
+                        .into(),
+                });
+            }
+            if let Backend::Gpu(_) = self.backend {
+                return Err(CommError::TransportUnavailable {
+                    transport,
+                    reason: "TCP connections need host buffers: GPU staging is not built \
+                             (docs/tcp-transport.md); use the Host backend"
+                        .into(),
+                });
+            }
+        } else if transport == TransportKind::Ib {
             if kind == ChannelKind::Memory {
                 return Err(CommError::TransportUnavailable {
                     transport,
@@ -528,7 +547,7 @@ impl Communicator {
             self.open_ib()?;
         } else if transport != ours {
             let reason = match (transport, &self.backend) {
-                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host (or TransportKind::Ib across machines)".to_string(),
+                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host (or TransportKind::Tcp or TransportKind::Ib across machines)".to_string(),
                 _ => format!("this communicator runs on a GPU; use TransportKind::{ours:?} (or TransportKind::Ib across machines)"),
             };
             return Err(CommError::TransportUnavailable { transport, reason });
@@ -546,7 +565,7 @@ impl Communicator {
         // names in one setup round only.
         if let BufferMem::Host(s) = &*buffer.mem
             && s.was_shared()
-            && transport != TransportKind::Ib
+            && !matches!(transport, TransportKind::Ib | TransportKind::Tcp)
         {
             return Err(CommError::InvalidArgument(
                 "connect: this shared-memory buffer was already shared in an earlier setup; allocate a new buffer".into(),
@@ -600,15 +619,25 @@ impl Communicator {
                 }
                 e => CommError::Ib(e),
             })?;
-            self.ib = Some(setup::IbSession::new(verbs));
+            self.ib = Some(ib::setup::IbSession::new(verbs));
         }
         Ok(())
+    }
+
+    /// The RDMA device of IB connections, once opened.
+    pub(crate) fn ib_session(&self) -> Option<&ib::setup::IbSession> {
+        self.ib.as_ref()
+    }
+
+    /// Settings of IB connections.
+    pub(crate) fn ib_config(&self) -> IbConfig {
+        self.ib_config
     }
 
     /// Uses `verbs` for IB connections instead of opening a device (tests: the fake).
     #[cfg(test)]
     pub(crate) fn use_ib_verbs(&mut self, verbs: Arc<dyn ib::Verbs>) {
-        self.ib = Some(setup::IbSession::new(verbs));
+        self.ib = Some(ib::setup::IbSession::new(verbs));
     }
 
     /// Exchanges the pending connections' memory with their peers and maps the peers'

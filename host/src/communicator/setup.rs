@@ -1,11 +1,19 @@
-//! Connection setup: what two ranks exchange over the bootstrap, and mapping the peer's
-//! memory.
+//! Connection setup: what two ranks exchange over the bootstrap, and each transport's part
+//! of it.
 //!
 //! For each pending connection, both sides send a [`ConnInfo`] (bincode over the bootstrap's
 //! tagged send/recv) describing their buffer and the inbound counter the peer's proxy must
-//! write, check the peer's against their own (transport, buffer size, machine), map the
-//! peer's memory (CUDA IPC, peer access in one process, or shared memory), then send an
-//! acknowledgement.
+//! write, check the peer's against their own (transport, buffer size, machine), finish the
+//! connection, then send an acknowledgement. The round (flag memory, the exchange, the
+//! acknowledgements, error handling) is the same for every transport; what a transport
+//! puts into its description, how it finishes a connection from the peer's, and which data
+//! plane its proxy drives are behind [`TransportSetup`], one implementation per transport
+//! ([`setup_of`] is the registry):
+//!
+//! - P2P and Host ([`MappedSetup`], here): map the peer's memory (CUDA IPC, peer access in
+//!   one process, or shared memory);
+//! - IB (`transport::ib::setup`): register memory, connect queue pairs;
+//! - TCP (`transport::tcp`): listen, connect sockets, start the receivers.
 //!
 //! Shared memory (Host backend) has no name until a setup round shares it: each segment is
 //! given a fresh name per peer just before the description carrying it is sent; the peer
@@ -15,9 +23,10 @@
 //! died) does not cut the exchange short: every description still goes out and every one
 //! that arrived is read, so names sent by a rank that died are removed by their receivers.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,13 +34,10 @@ use super::{Backend, Buffer, ChannelKind, CommError, Communicator, PendingConnec
 use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
 use crate::proxy::{ProxyTask, RefusedHook, StartHook};
 use crate::transport::host::HostPlane;
-use crate::transport::ib::{
-    CONTROL_BYTES, CudaStagingCopy, HostMemory, HostStagingCopy, IbEndpoint, IbHandshake, IbLink,
-    IbPlane, LinkStaging, MemoryKind, MemoryRegistration, QpTransition, QueuePair, RdmaRegion,
-    StagingMode, Verbs, decode_handshake, encode_handshake,
-};
+use crate::transport::ib::setup::IbSetup;
 use crate::transport::p2p::P2pPlane;
 use crate::transport::shm::{ShmError, ShmSegment, remove_name};
+use crate::transport::tcp::TcpSetup;
 use crate::transport::{DataPlane, PlaneSet, Route, TransportKind};
 
 /// Bootstrap tags of setup messages: a high marker | the connection's tag.
@@ -40,7 +46,7 @@ const ACK_TAG: u64 = 0x4d53_4341_0000_0000;
 
 /// Memory one side describes to the other.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-enum MemHandle {
+pub(crate) enum MemHandle {
     /// A `cuMemAlloc` buffer: its IPC handle, plus its address and device for a peer in the
     /// same process (which uses peer access instead of IPC).
     Ipc {
@@ -51,30 +57,32 @@ enum MemHandle {
     },
     /// A shared-memory segment.
     Shm { name: String, len: u64 },
-    /// Memory reached through RDMA (IB): nothing to map; addresses and keys travel in the
-    /// IB handshake.
+    /// Memory reached over the network (IB, TCP): nothing to map; what the peer needs
+    /// travels in the transport's handshake ([`ConnInfo::wire`]).
     Remote { len: u64 },
 }
 
+/// One side's description of a connection.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct ConnInfo {
-    tag: u32,
-    transport: TransportKind,
-    kind: ChannelKind,
+pub(crate) struct ConnInfo {
+    pub(crate) tag: u32,
+    pub(crate) transport: TransportKind,
+    pub(crate) kind: ChannelKind,
     /// The packet scratch the peer writes into (memory channels with packets).
-    packets: Option<MemHandle>,
-    packets_len: u64,
-    pid: u32,
-    buffer_len: u64,
-    buffer: MemHandle,
-    flags: MemHandle,
-    flag_index: u32,
-    /// IB connections: the encoded [`IbHandshake`].
-    ib: Option<Vec<u8>>,
+    pub(crate) packets: Option<MemHandle>,
+    pub(crate) packets_len: u64,
+    pub(crate) pid: u32,
+    pub(crate) buffer_len: u64,
+    pub(crate) buffer: MemHandle,
+    pub(crate) flags: MemHandle,
+    pub(crate) flag_index: u32,
+    /// The transport's own handshake, if it has one (IB: the encoded `IbHandshake`; TCP:
+    /// the listening address and connection count).
+    pub(crate) wire: Option<Vec<u8>>,
     /// The sender could not prepare its side (the other fields are placeholders): why. Sent
     /// instead of nothing, so that the peer fails at once naming the reason instead of
     /// waiting for the bootstrap's timeout.
-    failed: Option<String>,
+    pub(crate) failed: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -100,7 +108,7 @@ pub(crate) enum FlagMemory {
 
 /// A peer's memory mapped into this process, unmapped when the last user goes.
 #[derive(Debug)]
-enum PeerMem {
+pub(crate) enum PeerMem {
     Ipc {
         _mapping: PeerMapping,
     },
@@ -109,160 +117,90 @@ enum PeerMem {
     },
     /// Same process: the peer's own allocation, addressed directly.
     Direct,
-    /// Reached through RDMA (IB): nothing mapped here.
+    /// Reached over the network (IB, TCP): nothing mapped here.
     Remote,
 }
 
-/// The RDMA device of a communicator's IB connections.
+/// What one setup round gives a transport: the communicator, and where this round's
+/// connection `k` finds its inbound counter and expected epoch.
 #[derive(Debug)]
-pub(crate) struct IbSession {
-    verbs: Arc<dyn Verbs>,
+pub(crate) struct Round<'a> {
+    pub(crate) comm: &'a Communicator,
+    /// This process (a peer with the same pid on the same host is in this process).
+    pub(crate) pid: u32,
+    /// The id of the round's connection 0.
+    pub(crate) first_id: u32,
+    /// This round's inbound counters (8 bytes per connection), and their size.
+    pub(crate) inbound_base: u64,
+    pub(crate) flag_bytes: u64,
+    /// This round's expected epochs (8 bytes per connection).
+    pub(crate) expected_base: u64,
+    flags: &'a FlagMemory,
+    flags_handle: &'a MemHandle,
 }
 
-impl IbSession {
-    pub(crate) fn new(verbs: Arc<dyn Verbs>) -> IbSession {
-        IbSession { verbs }
+impl Round<'_> {
+    /// Connection `k`'s inbound counter (the peer's signals land there).
+    pub(crate) fn inbound(&self, k: usize) -> u64 {
+        self.inbound_base + k as u64 * 8
+    }
+
+    /// Connection `k`'s expected epoch (local waits).
+    pub(crate) fn expected(&self, k: usize) -> u64 {
+        self.expected_base + k as u64 * 8
+    }
+
+    /// Connection `k`'s id.
+    pub(crate) fn id(&self, k: usize) -> u32 {
+        self.first_id + k as u32
     }
 }
 
-/// The IB side of a set-up connection: its queue pair (shared with the proxy's plane) and the
-/// keys, with the registrations kept alive as long as the connection.
-#[derive(Debug)]
-pub(crate) struct IbConnection {
-    qp: Arc<Mutex<Box<dyn QueuePair>>>,
-    lkey: u32,
-    rkey: u32,
-    flag_rkey: u32,
-    /// Host staging on either side (see `transport::ib::staging`).
-    staging: Option<LinkStaging>,
-    /// Dropped before `_memory` (field order): deregister, then free.
-    _registrations: Vec<Arc<MemoryRegistration>>,
-    _memory: Vec<Arc<HostMemory>>,
+/// One transport's part of connection setup and of starting the proxy. A setup object
+/// lives for one round (it may keep state across the round's connections: a listener,
+/// registrations, mappings); [`setup_of`] makes one.
+pub(crate) trait TransportSetup {
+    /// Whether this transport connects ranks of different machines (else the peer must be
+    /// on this host).
+    fn crosses_hosts(&self) -> bool;
+
+    /// Prepares this side of connection `k` of the round (everything that must happen
+    /// before the exchange) and returns the description the peer gets.
+    fn describe(
+        &mut self,
+        round: &Round<'_>,
+        p: &PendingConnection,
+        k: usize,
+    ) -> Result<ConnInfo, CommError>;
+
+    /// Finishes connection `k` from the peer's description (already checked against ours:
+    /// tag, transport, kind, sizes, host).
+    fn connect(
+        &mut self,
+        round: &Round<'_>,
+        p: &PendingConnection,
+        peer: &ConnInfo,
+        k: usize,
+    ) -> Result<Connection, CommError>;
+
+    /// The data plane serving this transport's connections of `comm` (it is handed only
+    /// routes of connections of this transport). `epochs`: signals already sent on each
+    /// connection (the proxy is stopped, so they are stable).
+    fn plane(&self, comm: &Communicator, epochs: &[u64]) -> Result<Box<dyn DataPlane>, CommError>;
 }
 
-/// An IB connection between sending its handshake and connecting its queue pair.
-struct IbPrep {
-    qp: Box<dyn QueuePair>,
-    psn: u32,
-    /// What the NIC addresses for our buffer: the buffer's registration, or its mirror's.
-    local: Arc<MemoryRegistration>,
-    /// The inbound counters' registration (None when staged: our proxy writes the counter).
-    flags: Option<Arc<MemoryRegistration>>,
-    /// The staging mirror of our buffer, when staged.
-    mirror: Option<Arc<HostMemory>>,
-    control: Arc<HostMemory>,
-    control_reg: Arc<MemoryRegistration>,
-}
-
-/// A mirror of a staged buffer with its registration.
-type Mirror = (Arc<HostMemory>, Arc<MemoryRegistration>);
-
-/// Registers `[addr, addr + len)` once per setup round.
-fn register_once(
-    verbs: &dyn Verbs,
-    registrations: &mut HashMap<(u64, u64), Arc<MemoryRegistration>>,
-    addr: u64,
-    len: u64,
-    kind: MemoryKind,
-) -> Result<Arc<MemoryRegistration>, CommError> {
-    if let Some(r) = registrations.get(&(addr, len)) {
-        return Ok(r.clone());
+/// The registry: the setup of each transport.
+pub(crate) fn setup_of(kind: TransportKind) -> Box<dyn TransportSetup> {
+    match kind {
+        TransportKind::P2p | TransportKind::Host => Box::new(MappedSetup::default()),
+        TransportKind::Ib => Box::new(IbSetup::default()),
+        TransportKind::Tcp => Box::new(TcpSetup::default()),
     }
-    // SAFETY: callers pass memory of this communicator that outlives the registration: a
-    // connection's buffer or staging memory (the connection keeps them and drops the
-    // registrations first), or the round's flag memory (kept in `flag_memory`, which
-    // outlives every connection of the round: connections are dropped first).
-    let r = Arc::new(unsafe { verbs.register(addr, len, kind) }?);
-    registrations.insert((addr, len), r.clone());
-    Ok(r)
 }
 
-/// Registers an IB connection's memory (staging its buffer when asked to, or when a GPU
-/// buffer cannot be registered in [`StagingMode::Auto`]) and creates its queue pair (INIT).
-fn prepare_ib(
-    comm: &Communicator,
-    p: &PendingConnection,
-    inbound_base: u64,
-    flag_bytes: u64,
-    registrations: &mut HashMap<(u64, u64), Arc<MemoryRegistration>>,
-    mirrors: &mut HashMap<(u64, u64), Mirror>,
-) -> Result<IbPrep, CommError> {
-    let session = comm
-        .ib
-        .as_ref()
-        .ok_or_else(|| CommError::State("IB connection without an opened RDMA device".into()))?;
-    let verbs = session.verbs.as_ref();
-    let mode = StagingMode::from_env()?.unwrap_or(comm.ib_config.staging);
-    let (addr, len) = (p.buffer.addr(), p.buffer.len() as u64);
-    let direct = match (&comm.backend, mode) {
-        (_, StagingMode::Always) => None,
-        (_, _) if mirrors.contains_key(&(addr, len)) => None,
-        (Backend::Host, _) => Some(register_once(
-            verbs,
-            registrations,
-            addr,
-            len,
-            MemoryKind::Host,
-        )?),
-        (Backend::Gpu(_), StagingMode::Never) => Some(register_once(
-            verbs,
-            registrations,
-            addr,
-            len,
-            MemoryKind::Gpu,
-        )?),
-        // Auto: GPUDirect RDMA when the adapter takes the GPU memory, else host staging.
-        (Backend::Gpu(_), StagingMode::Auto) => {
-            register_once(verbs, registrations, addr, len, MemoryKind::Gpu).ok()
-        }
-    };
-    let (local, flags, mirror) = match direct {
-        Some(local) => {
-            let flags_kind = match &comm.backend {
-                Backend::Gpu(_) => MemoryKind::Gpu,
-                Backend::Host => MemoryKind::Host,
-            };
-            let flags = register_once(verbs, registrations, inbound_base, flag_bytes, flags_kind)?;
-            (local, Some(flags), None)
-        }
-        None => {
-            let (mem, reg) = match mirrors.get(&(addr, len)) {
-                Some(m) => m.clone(),
-                None => {
-                    let mem = Arc::new(match &comm.backend {
-                        Backend::Gpu(gpu) => HostMemory::pinned(gpu, len as usize)?,
-                        Backend::Host => HostMemory::heap(len as usize)?,
-                    });
-                    let reg =
-                        register_once(verbs, registrations, mem.addr(), len, MemoryKind::Host)?;
-                    mirrors.insert((addr, len), (mem.clone(), reg.clone()));
-                    (mem, reg)
-                }
-            };
-            (reg, None, Some(mem))
-        }
-    };
-    let control = Arc::new(HostMemory::heap(CONTROL_BYTES as usize)?);
-    let control_reg = register_once(
-        verbs,
-        registrations,
-        control.addr(),
-        control.len(),
-        MemoryKind::Host,
-    )?;
-    let mut qp = verbs.create_qp(comm.ib_config.depth)?;
-    qp.modify(QpTransition::Init)?;
-    let psn = rand::random::<u32>() & 0xff_ffff;
-    Ok(IbPrep {
-        qp,
-        psn,
-        local,
-        flags,
-        mirror,
-        control,
-        control_reg,
-    })
-}
+/// Transport state a connection keeps alive (IB: queue pair and registrations; TCP:
+/// sockets and receivers), reached by the transport's own code through `Any`.
+pub(crate) trait Link: Any + Send + Sync + std::fmt::Debug {}
 
 /// What a side that could not prepare a connection sends instead of its description.
 fn failed_info(p: &PendingConnection, pid: u32, reason: String) -> ConnInfo {
@@ -272,9 +210,9 @@ fn failed_info(p: &PendingConnection, pid: u32, reason: String) -> ConnInfo {
     }
 }
 
-/// The description of a connection whose memory the peer reaches remotely (IB): no packets,
-/// no handshake and no flag memory yet (callers fill them in).
-fn remote_info(p: &PendingConnection, pid: u32) -> ConnInfo {
+/// The description of a connection whose memory the peer reaches remotely (IB, TCP): no
+/// packets, no handshake and no flag memory yet (callers fill them in).
+pub(crate) fn remote_info(p: &PendingConnection, pid: u32) -> ConnInfo {
     let len = p.buffer.len() as u64;
     ConnInfo {
         tag: p.tag,
@@ -287,7 +225,7 @@ fn remote_info(p: &PendingConnection, pid: u32) -> ConnInfo {
         buffer: MemHandle::Remote { len },
         flags: MemHandle::Remote { len: 0 },
         flag_index: 0,
-        ib: None,
+        wire: None,
         failed: None,
     }
 }
@@ -295,6 +233,8 @@ fn remote_info(p: &PendingConnection, pid: u32) -> ConnInfo {
 /// A set-up connection.
 #[derive(Debug)]
 pub struct Connection {
+    /// Transport state (dropped first: receivers stop before the memory they write goes).
+    pub(crate) link: Option<Box<dyn Link>>,
     pub(crate) id: u32,
     remote_rank: usize,
     tag: u32,
@@ -313,11 +253,49 @@ pub struct Connection {
     _peer_buffer: Arc<PeerMem>,
     _peer_flags: Arc<PeerMem>,
     _peer_packets: Option<Arc<PeerMem>>,
-    /// IB connections: queue pair and keys.
-    pub(crate) ib: Option<IbConnection>,
 }
 
 impl Connection {
+    /// A proxy-channel connection whose peer is reached over the network (IB, TCP): the
+    /// route's remote addresses are whatever the transport's plane understands.
+    pub(crate) fn remote(
+        round: &Round<'_>,
+        p: &PendingConnection,
+        k: usize,
+        remote: u64,
+        remote_len: u64,
+        remote_flag: u64,
+        link: Box<dyn Link>,
+    ) -> Connection {
+        let id = round.id(k);
+        Connection {
+            link: Some(link),
+            id,
+            remote_rank: p.remote_rank,
+            tag: p.tag,
+            transport: p.transport,
+            route: Route {
+                id,
+                local: p.buffer.addr(),
+                local_len: p.buffer.len() as u64,
+                remote,
+                remote_len,
+                remote_flag,
+            },
+            inbound: round.inbound(k),
+            expected: round.expected(k),
+            kind: p.kind,
+            packets_in: 0,
+            packets_out: 0,
+            packets_len: 0,
+            _local: p.buffer.clone(),
+            _local_packets: None,
+            _peer_buffer: Arc::new(PeerMem::Remote),
+            _peer_flags: Arc::new(PeerMem::Remote),
+            _peer_packets: None,
+        }
+    }
+
     /// The peer.
     pub fn remote_rank(&self) -> usize {
         self.remote_rank
@@ -341,14 +319,18 @@ impl Connection {
     /// Whether this side's buffer goes through a host staging mirror (IB connections whose
     /// GPU memory could not be registered, or with staging forced).
     pub fn ib_staged(&self) -> bool {
-        self.ib
-            .as_ref()
-            .and_then(|i| i.staging.as_ref())
-            .is_some_and(|s| s.mirror.is_some())
+        self.link_as::<crate::transport::ib::setup::IbConnection>()
+            .is_some_and(|i| i.staged())
+    }
+
+    /// The transport state, if it is a `T`.
+    pub(crate) fn link_as<T: Link>(&self) -> Option<&T> {
+        let link: &dyn Any = self.link.as_deref()?;
+        link.downcast_ref::<T>()
     }
 }
 
-fn mismatch(peer: usize, tag: u32, reason: impl Into<String>) -> CommError {
+pub(crate) fn mismatch(peer: usize, tag: u32, reason: impl Into<String>) -> CommError {
     CommError::Mismatch {
         peer,
         tag,
@@ -535,81 +517,122 @@ fn alloc_flags(
     })
 }
 
-/// The description of an IB connection: its handshake (queue pair, the buffer or its
-/// mirror, where the flag goes, the control block) wrapped in a [`ConnInfo`].
-fn ib_info(
-    comm: &Communicator,
-    p: &PendingConnection,
-    prep: &IbPrep,
-    k: usize,
-    inbound_base: u64,
-    flag_bytes: usize,
-    pid: u32,
-) -> Result<ConnInfo, CommError> {
-    let port = comm.ib.as_ref().map(|s| s.verbs.port());
-    let port = port.ok_or_else(|| CommError::State("no RDMA device".into()))?;
-    let len = p.buffer.len() as u64;
-    let control = RdmaRegion {
-        addr: prep.control.addr(),
-        len: prep.control.len(),
-        rkey: prep.control_reg.rkey,
-    };
-    let (buffer, flag) = match (&prep.mirror, &prep.flags) {
-        // Staged: the peer writes into the mirror and its flag into the control block.
-        (Some(mirror), _) => (
-            RdmaRegion {
-                addr: mirror.addr(),
-                len,
-                rkey: prep.local.rkey,
-            },
-            RdmaRegion {
-                addr: control.addr,
-                len: 8,
-                rkey: control.rkey,
-            },
-        ),
-        (None, Some(flags)) => (
-            RdmaRegion {
-                addr: p.buffer.addr(),
-                len,
-                rkey: prep.local.rkey,
-            },
-            RdmaRegion {
-                addr: inbound_base + k as u64 * 8,
-                len: 8,
-                rkey: flags.rkey,
-            },
-        ),
-        (None, None) => {
-            return Err(CommError::State(
-                "IB connection prepared without flag memory".into(),
-            ));
-        }
-    };
-    let handshake = IbHandshake {
-        endpoint: IbEndpoint {
-            lid: port.lid,
-            gid: port.gid,
-            mtu: port.mtu,
-            qpn: prep.qp.qpn(),
-            psn: prep.psn,
-        },
-        buffer,
-        flag,
-        staged: prep.mirror.is_some(),
-        control,
-    };
-    Ok(ConnInfo {
-        flags: MemHandle::Remote {
-            len: flag_bytes as u64,
-        },
-        flag_index: k as u32,
-        ib: Some(encode_handshake(&handshake)),
-        ..remote_info(p, pid)
-    })
+/// The P2P and Host transports' setup: describe the buffer, flags and packet scratch as
+/// memory the peer maps (IPC handles, shared-memory names published for that peer), and map
+/// the peer's.
+#[derive(Debug, Default)]
+pub(crate) struct MappedSetup {
+    /// Every name published this round, removed when the round ends.
+    published: Published,
+    /// The peers' memory mapped this round, one mapping per handle.
+    cache: HashMap<MemHandle, (Arc<PeerMem>, u64)>,
 }
 
-/// Sets up `pending` (ids from `first_id`): exchange, check, map, acknowledge, unlink.
+impl TransportSetup for MappedSetup {
+    fn crosses_hosts(&self) -> bool {
+        false
+    }
+
+    fn describe(
+        &mut self,
+        round: &Round<'_>,
+        p: &PendingConnection,
+        k: usize,
+    ) -> Result<ConnInfo, CommError> {
+        let backend = &round.comm.backend;
+        let published = &mut self.published;
+        Ok(ConnInfo {
+            tag: p.tag,
+            transport: p.transport,
+            kind: p.kind,
+            packets: p
+                .packets
+                .as_ref()
+                .map(|b| describe(b, backend, p.remote_rank, published))
+                .transpose()?,
+            packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
+            pid: round.pid,
+            buffer_len: p.buffer.len() as u64,
+            buffer: describe(&p.buffer, backend, p.remote_rank, published)?,
+            flags: match round.flags {
+                FlagMemory::Host { _inbound: s, .. } => published.handle(s, p.remote_rank)?,
+                _ => round.flags_handle.clone(),
+            },
+            flag_index: k as u32,
+            wire: None,
+            failed: None,
+        })
+    }
+
+    fn connect(
+        &mut self,
+        round: &Round<'_>,
+        p: &PendingConnection,
+        peer: &ConnInfo,
+        k: usize,
+    ) -> Result<Connection, CommError> {
+        let comm = round.comm;
+        let bs = comm.bootstrap.as_async();
+        let same_process =
+            peer.pid == round.pid && bs.host_id(p.remote_rank) == bs.host_id(comm.rank());
+        let cache = &mut self.cache;
+        let (buf_mem, buf_addr) = map_peer(&peer.buffer, same_process, &comm.backend, cache)?;
+        let (flag_mem, flag_addr) = map_peer(&peer.flags, same_process, &comm.backend, cache)?;
+        let flags_len = match &peer.flags {
+            MemHandle::Ipc { len, .. } | MemHandle::Shm { len, .. } | MemHandle::Remote { len } => {
+                *len
+            }
+        };
+        if (peer.flag_index as u64 + 1) * 8 > flags_len {
+            return Err(mismatch(
+                p.remote_rank,
+                p.tag,
+                "peer's flag index is outside its flag memory",
+            ));
+        }
+        let peer_packets = match &peer.packets {
+            Some(h) => Some(map_peer(h, same_process, &comm.backend, cache)?),
+            None => None,
+        };
+        let id = round.id(k);
+        Ok(Connection {
+            link: None,
+            id,
+            remote_rank: p.remote_rank,
+            tag: p.tag,
+            transport: p.transport,
+            route: Route {
+                id,
+                local: p.buffer.addr(),
+                local_len: p.buffer.len() as u64,
+                remote: buf_addr,
+                remote_len: peer.buffer_len,
+                remote_flag: flag_addr + peer.flag_index as u64 * 8,
+            },
+            inbound: round.inbound(k),
+            expected: round.expected(k),
+            kind: p.kind,
+            packets_in: p.packets.as_ref().map_or(0, |b| b.addr()),
+            packets_out: peer_packets.as_ref().map_or(0, |(_, a)| *a),
+            packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
+            _local: p.buffer.clone(),
+            _local_packets: p.packets.clone(),
+            _peer_buffer: buf_mem,
+            _peer_flags: flag_mem,
+            _peer_packets: peer_packets.map(|(m, _)| m),
+        })
+    }
+
+    fn plane(&self, comm: &Communicator, _: &[u64]) -> Result<Box<dyn DataPlane>, CommError> {
+        Ok(match &comm.backend {
+            Backend::Gpu(gpu) => Box::new(P2pPlane::new(gpu.new_stream()?)),
+            Backend::Host => Box::new(HostPlane),
+        })
+    }
+}
+
+/// Sets up `pending` (ids from `first_id`): describe, exchange, check, connect (each
+/// transport its own way), acknowledge.
 pub(super) fn establish(
     comm: &Communicator,
     pending: Vec<PendingConnection>,
@@ -635,100 +658,66 @@ pub(super) fn establish(
         };
     let bs = &comm.bootstrap;
     let me = comm.rank();
-    // Every name published below is removed when this goes, on every path out.
-    let mut published = Published::default();
-    let flags_for = |peer: usize, published: &mut Published| -> Result<MemHandle, CommError> {
-        match &flags {
-            FlagMemory::Host { _inbound: s, .. } => Ok(published.handle(s, peer)?),
-            _ => Ok(flags_handle.clone()),
-        }
-    };
     let my_host = bs.as_async().host_id(me).map(str::to_string);
     let pid = std::process::id();
-
-    // IB connections: register the buffer (or its staging mirror), the flag memory and the
-    // control block, create the queue pair (INIT).
-    let mut ib_preps: Vec<Option<IbPrep>> = Vec::with_capacity(n);
-    let mut local_errors: Vec<Option<CommError>> = Vec::with_capacity(n);
-    let mut registrations: HashMap<(u64, u64), Arc<MemoryRegistration>> = HashMap::new();
-    let mut mirrors: HashMap<(u64, u64), Mirror> = HashMap::new();
+    let round = Round {
+        comm,
+        pid,
+        first_id,
+        inbound_base,
+        flag_bytes: bytes as u64,
+        expected_base,
+        flags: &flags,
+        flags_handle: &flags_handle,
+    };
+    // One setup per transport of the round. Dropped when the round ends, on every path
+    // out (the mapped transports remove the names they published then).
+    let mut setups: HashMap<TransportKind, Box<dyn TransportSetup>> = HashMap::new();
     for p in &pending {
-        if let Some(e) = &round_error {
-            ib_preps.push(None);
-            local_errors.push(Some(CommError::State(e.to_string())));
-            continue;
-        }
-        if p.transport != TransportKind::Ib {
-            ib_preps.push(None);
-            local_errors.push(None);
-            continue;
-        }
-        match prepare_ib(
-            comm,
-            p,
-            inbound_base,
-            bytes as u64,
-            &mut registrations,
-            &mut mirrors,
-        ) {
-            Ok(prep) => {
-                ib_preps.push(Some(prep));
-                local_errors.push(None);
-            }
-            Err(e) => {
-                ib_preps.push(None);
-                local_errors.push(Some(e));
-            }
-        }
+        setups
+            .entry(p.transport)
+            .or_insert_with(|| setup_of(p.transport));
     }
-    drop(registrations);
-    drop(mirrors);
 
-    // 1. Send every description first (sends are buffered by the receiver), then receive.
+    // 1. Describe every connection (every name published, every queue pair created, every
+    // listener open) before any description is sent: a peer removes a name as soon as it
+    // has mapped the segment, and a segment whose names are all gone cannot be given
+    // another (tmpfs links an unnamed file only until its first link goes).
     let mut first_error: Option<CommError> = None;
+    let mut local_errors: Vec<Option<CommError>> = Vec::with_capacity(n);
     let code = |info: &ConnInfo| {
         bincode::serde::encode_to_vec(info, bincode::config::standard())
             .map_err(|e| CommError::InvalidArgument(format!("encoding connection info: {e}")))
     };
-    // Every description is built (every name published) before any is sent: a peer removes
-    // a name as soon as it has mapped the segment, and a segment whose names are all gone
-    // cannot be given another (tmpfs links an unnamed file only until its first link goes).
     let mut outgoing = Vec::with_capacity(n);
     for (k, p) in pending.iter().enumerate() {
-        let built = match (&local_errors[k], &ib_preps[k]) {
-            (Some(e), _) => Err(CommError::State(e.to_string())),
-            (None, Some(prep)) => ib_info(comm, p, prep, k, inbound_base, bytes, pid),
-            (None, None) => (|| -> Result<ConnInfo, CommError> {
-                Ok(ConnInfo {
-                    tag: p.tag,
-                    transport: p.transport,
-                    kind: p.kind,
-                    packets: p
-                        .packets
-                        .as_ref()
-                        .map(|b| describe(b, &comm.backend, p.remote_rank, &mut published))
-                        .transpose()?,
-                    packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
-                    pid,
-                    buffer_len: p.buffer.len() as u64,
-                    buffer: describe(&p.buffer, &comm.backend, p.remote_rank, &mut published)?,
-                    flags: flags_for(p.remote_rank, &mut published)?,
-                    flag_index: k as u32,
-                    ib: None,
-                    failed: None,
-                })
-            })(),
+        let built = match &round_error {
+            Some(e) => Err(CommError::State(e.to_string())),
+            None => setups
+                .get_mut(&p.transport)
+                .expect("a setup per transport of the round")
+                .describe(&round, p, k),
         };
         let info = match built {
-            Ok(info) => info,
-            Err(e) => {
-                let info = failed_info(p, pid, e.to_string());
-                local_errors[k].get_or_insert(e);
+            Ok(info) => {
+                local_errors.push(None);
                 info
+            }
+            Err(e) => {
+                local_errors.push(Some(e));
+                failed_info(
+                    p,
+                    pid,
+                    local_errors[k]
+                        .as_ref()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default(),
+                )
             }
         };
         outgoing.push((p.remote_rank, p.tag, code(&info)?));
     }
+    // 2. Send every description first (sends are buffered by the receiver), then receive.
     for (peer, tag, bytes) in outgoing {
         // A peer that is gone is not a reason to stop: the others still get theirs.
         let what = format!("the setup info of connection tag {tag}");
@@ -736,7 +725,6 @@ pub(super) fn establish(
             first_error.get_or_insert(e.into());
         }
     }
-    let mut cache = HashMap::new();
     let mut conns = Vec::with_capacity(n);
     for (k, p) in pending.into_iter().enumerate() {
         // What a peer sent before dying is still delivered; what it did not send fails at
@@ -780,71 +768,17 @@ pub(super) fn establish(
                     format!("rank {} could not set up its side: {reason}", p.remote_rank),
                 ));
             }
+            let setup = setups
+                .get_mut(&p.transport)
+                .expect("a setup per transport of the round");
             check_peer(
                 &p,
                 peer,
+                setup.crosses_hosts(),
                 my_host.as_deref(),
                 bs.as_async().host_id(p.remote_rank),
             )?;
-            if let Some(prep) = ib_preps[k].take() {
-                return connect_ib(
-                    &p,
-                    peer,
-                    prep,
-                    first_id + k as u32,
-                    inbound_base,
-                    expected_base,
-                    k,
-                );
-            }
-            let same_process =
-                peer.pid == pid && bs.as_async().host_id(p.remote_rank) == my_host.as_deref();
-            let (buf_mem, buf_addr) =
-                map_peer(&peer.buffer, same_process, &comm.backend, &mut cache)?;
-            let (flag_mem, flag_addr) =
-                map_peer(&peer.flags, same_process, &comm.backend, &mut cache)?;
-            let flags_len = match &peer.flags {
-                MemHandle::Ipc { len, .. }
-                | MemHandle::Shm { len, .. }
-                | MemHandle::Remote { len } => *len,
-            };
-            if (peer.flag_index as u64 + 1) * 8 > flags_len {
-                return Err(mismatch(
-                    p.remote_rank,
-                    p.tag,
-                    "peer's flag index is outside its flag memory",
-                ));
-            }
-            let peer_packets = match &peer.packets {
-                Some(h) => Some(map_peer(h, same_process, &comm.backend, &mut cache)?),
-                None => None,
-            };
-            Ok(Connection {
-                id: first_id + k as u32,
-                remote_rank: p.remote_rank,
-                tag: p.tag,
-                transport: p.transport,
-                route: Route {
-                    id: first_id + k as u32,
-                    local: p.buffer.addr(),
-                    local_len: p.buffer.len() as u64,
-                    remote: buf_addr,
-                    remote_len: peer.buffer_len,
-                    remote_flag: flag_addr + peer.flag_index as u64 * 8,
-                },
-                inbound: inbound_base + k as u64 * 8,
-                expected: expected_base + k as u64 * 8,
-                kind: p.kind,
-                packets_in: p.packets.as_ref().map_or(0, |b| b.addr()),
-                packets_out: peer_packets.as_ref().map_or(0, |(_, a)| *a),
-                packets_len: p.packets.as_ref().map_or(0, |b| b.len() as u64),
-                _local: p.buffer.clone(),
-                _local_packets: p.packets.clone(),
-                _peer_buffer: buf_mem,
-                _peer_flags: flag_mem,
-                _peer_packets: peer_packets.map(|(m, _)| m),
-                ib: None,
-            })
+            setup.connect(&round, &p, peer, k)
         })();
         if let Some(info) = &peer_info {
             remove_names(info);
@@ -866,7 +800,8 @@ pub(super) fn establish(
             }
         }
     }
-    // 2. Wait for every peer's acknowledgement, then remove our shared-memory names.
+    // 3. Wait for every peer's acknowledgement, then end the round (our shared-memory names
+    // are removed).
     for c in &conns {
         let what = format!("the setup acknowledgement of connection tag {}", c.tag);
         let raw = match bs.recv_named(c.remote_rank, ACK_TAG | c.tag as u64, &what) {
@@ -888,7 +823,7 @@ pub(super) fn establish(
         }
     }
     // Every peer has mapped (or will not map) what it was sent: no name is needed any more.
-    drop(published);
+    drop(setups);
     if let Some(e) = round_error.or(first_error) {
         return Err(e);
     }
@@ -898,6 +833,7 @@ pub(super) fn establish(
 fn check_peer(
     mine: &PendingConnection,
     peer: &ConnInfo,
+    crosses_hosts: bool,
     my_host: Option<&str>,
     peer_host: Option<&str>,
 ) -> Result<(), CommError> {
@@ -951,12 +887,12 @@ fn check_peer(
             ),
         ));
     }
-    // RDMA connects machines; the others need the peer's memory mapped here.
-    if my_host != peer_host && mine.transport != TransportKind::Ib {
+    // Network transports connect machines; the others need the peer's memory mapped here.
+    if my_host != peer_host && !crosses_hosts {
         return Err(CommError::TransportUnavailable {
             transport: mine.transport,
             reason: format!(
-                "rank {rank} is on another machine ({} vs {}); {} connects ranks of one machine (IB is needed across machines)",
+                "rank {rank} is on another machine ({} vs {}); {} connects ranks of one machine (IB or TCP is needed across machines)",
                 peer_host.unwrap_or("?"),
                 my_host.unwrap_or("?"),
                 mine.transport
@@ -966,148 +902,52 @@ fn check_peer(
     Ok(())
 }
 
-/// Connects an IB connection's queue pair to the peer's (RTR, RTS) from its handshake.
-fn connect_ib(
-    p: &PendingConnection,
-    peer: &ConnInfo,
-    mut prep: IbPrep,
-    id: u32,
-    inbound_base: u64,
-    expected_base: u64,
-    k: usize,
-) -> Result<Connection, CommError> {
-    let (rank, tag) = (p.remote_rank, p.tag);
-    let raw = peer
-        .ib
-        .as_ref()
-        .ok_or_else(|| mismatch(rank, tag, "the peer sent no InfiniBand handshake"))?;
-    let hs = decode_handshake(raw).map_err(|e| mismatch(rank, tag, e.to_string()))?;
-    if hs.buffer.len != peer.buffer_len {
-        return Err(mismatch(
-            rank,
-            tag,
-            format!(
-                "the peer's IB buffer region ({} bytes) differs from its buffer ({} bytes)",
-                hs.buffer.len, peer.buffer_len
-            ),
-        ));
-    }
-    prep.qp.modify(QpTransition::ReadyToReceive(&hs.endpoint))?;
-    prep.qp
-        .modify(QpTransition::ReadyToSend { psn: prep.psn })?;
-    let staging = (prep.mirror.is_some() || hs.staged).then(|| LinkStaging {
-        mirror: prep.mirror.as_ref().map(|m| (m.addr(), prep.local.lkey)),
-        peer_staged: hs.staged,
-        buffer: p.buffer.addr(),
-        buffer_len: p.buffer.len() as u64,
-        inbound: inbound_base + k as u64 * 8,
-        control: prep.control.addr(),
-        peer_control: (hs.control.addr, hs.control.rkey),
-        progress: Arc::default(),
-    });
-    let lkey = prep.local.lkey;
-    let mut registrations = vec![prep.local, prep.control_reg];
-    registrations.extend(prep.flags);
-    let mut memory = vec![prep.control];
-    memory.extend(prep.mirror);
-    Ok(Connection {
-        id,
-        remote_rank: rank,
-        tag,
-        transport: TransportKind::Ib,
-        route: Route {
-            id,
-            local: p.buffer.addr(),
-            local_len: p.buffer.len() as u64,
-            remote: hs.buffer.addr,
-            remote_len: hs.buffer.len,
-            remote_flag: hs.flag.addr,
-        },
-        inbound: inbound_base + k as u64 * 8,
-        expected: expected_base + k as u64 * 8,
-        kind: p.kind,
-        packets_in: 0,
-        packets_out: 0,
-        packets_len: 0,
-        _local: p.buffer.clone(),
-        _local_packets: None,
-        _peer_buffer: Arc::new(PeerMem::Remote),
-        _peer_flags: Arc::new(PeerMem::Remote),
-        _peer_packets: None,
-        ib: Some(IbConnection {
-            qp: Arc::new(Mutex::new(prep.qp)),
-            lkey,
-            rkey: hs.buffer.rkey,
-            flag_rkey: hs.flag.rkey,
-            staging,
-            _registrations: registrations,
-            _memory: memory,
-        }),
-    })
-}
-
-/// The proxy's task for `comm`'s connections.
+/// The proxy's task for `comm`'s connections: one data plane per transport in use (a
+/// [`PlaneSet`] when there are several).
 pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
     let routes = comm.connections.iter().map(|c| c.route).collect();
     let consumer = comm
         .fifo
         .consumer()
         .map_err(|e| CommError::State(format!("proxy FIFO: {e}")))?;
-    let (plane, on_start): (Box<dyn DataPlane>, Option<StartHook>) = match &comm.backend {
-        Backend::Gpu(gpu) => {
-            let stream = gpu.new_stream()?;
-            let g = gpu.clone();
-            (
-                Box::new(P2pPlane::new(stream)),
-                Some(Box::new(move || {
-                    let _ = g.bind();
-                })),
-            )
+    // The proxy is stopped (the caller checks), so the epochs are stable.
+    let epochs: Vec<u64> = comm
+        .epochs
+        .iter()
+        .map(|e| e.load(Ordering::Relaxed))
+        .collect();
+    // Transports in order of first use; with no connection, the backend's own.
+    let mut kinds: Vec<TransportKind> = Vec::new();
+    for c in &comm.connections {
+        if !kinds.contains(&c.transport) {
+            kinds.push(c.transport);
         }
-        Backend::Host => (Box::new(HostPlane), None),
-    };
-    let plane = if comm.connections.iter().any(|c| c.ib.is_some()) {
-        let links = comm
+    }
+    if kinds.is_empty() {
+        kinds.push(comm.backend.transport());
+    }
+    let mut planes = Vec::with_capacity(kinds.len());
+    for &kind in &kinds {
+        planes.push(setup_of(kind).plane(comm, &epochs)?);
+    }
+    let plane = if planes.len() == 1 {
+        planes.pop().expect("one plane")
+    } else {
+        let plane_of = comm
             .connections
             .iter()
-            .map(|c| {
-                c.ib.as_ref().map(|i| IbLink {
-                    qp: i.qp.clone(),
-                    peer: c.remote_rank,
-                    tag: c.tag,
-                    lkey: i.lkey,
-                    rkey: i.rkey,
-                    flag_rkey: i.flag_rkey,
-                    staging: i.staging.clone(),
-                })
-            })
+            .map(|c| kinds.iter().position(|&k| k == c.transport).unwrap_or(0))
             .collect();
-        // The proxy is stopped (the caller checks), so the epochs are stable.
-        let epochs: Vec<u64> = comm
-            .epochs
-            .iter()
-            .map(|e| e.load(Ordering::Relaxed))
-            .collect();
-        let mut ib_plane = IbPlane::new(links, &epochs, comm.ib_config)?;
-        if comm.connections.iter().any(Connection::ib_staged) {
-            ib_plane = ib_plane.with_staging_copy(match &comm.backend {
-                Backend::Gpu(gpu) => Box::new(CudaStagingCopy::new(gpu.new_stream()?)),
-                Backend::Host => Box::new(HostStagingCopy),
-            });
+        Box::new(PlaneSet::new(planes, plane_of))
+    };
+    let on_start: Option<StartHook> = match &comm.backend {
+        Backend::Gpu(gpu) => {
+            let g = gpu.clone();
+            Some(Box::new(move || {
+                let _ = g.bind();
+            }))
         }
-        let ib_plane: Box<dyn DataPlane> = Box::new(ib_plane);
-        if comm.connections.iter().all(|c| c.ib.is_some()) {
-            ib_plane
-        } else {
-            let plane_of = comm
-                .connections
-                .iter()
-                .map(|c| usize::from(c.ib.is_some()))
-                .collect();
-            Box::new(PlaneSet::new(vec![plane, ib_plane], plane_of))
-        }
-    } else {
-        plane
+        Backend::Host => None,
     };
     // The new consumer starts with a clean tail; so do the refused connections.
     comm.fault.clear_proxy_refused();

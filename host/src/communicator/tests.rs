@@ -746,3 +746,69 @@ fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
         comm.proxy_stop().unwrap();
     });
 }
+
+/// One proxy drives a Host and a TCP connection at once (two planes behind one `PlaneSet`),
+/// and a buffer given to TCP in a later round needs no new name; TCP refuses memory
+/// channels.
+#[test]
+fn tcp_and_host_connections_share_one_proxy() {
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let peer = 1 - me;
+        let a = comm.alloc_buffer(4096).unwrap();
+        let b = comm.alloc_buffer(1 << 16).unwrap();
+        let e = comm
+            .connect_memory(peer, &b, 9, TransportKind::Tcp, 0)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CommError::TransportUnavailable {
+                    transport: TransportKind::Tcp,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        comm.connect(peer, &a, 0, TransportKind::Host).unwrap();
+        comm.connect(peer, &b, 1, TransportKind::Tcp).unwrap();
+        comm.connection_setup().unwrap();
+        // `a` was shared by name in the first round: Host refuses it now, TCP does not.
+        assert!(comm.connect(peer, &a, 2, TransportKind::Host).is_err());
+        comm.connect(peer, &a, 3, TransportKind::Tcp).unwrap();
+        comm.connection_setup().unwrap();
+        let kinds: Vec<_> = comm.connections().iter().map(|c| c.transport()).collect();
+        assert_eq!(
+            kinds,
+            [TransportKind::Host, TransportKind::Tcp, TransportKind::Tcp]
+        );
+        let conns = comm.device_connections();
+        comm.proxy_launch().unwrap();
+        for round in 1..=3u64 {
+            fill(&a, me as u64, round);
+            fill(&b, me as u64 + 10, round);
+            comm.bootstrap().barrier().unwrap();
+            // Round 2 moves `a` over TCP instead of shared memory. Each rank sends its
+            // half (the buffers are both sources and destinations).
+            let a_conn = if round == 2 { &conns[2] } else { &conns[0] };
+            let half = |buf: &Buffer| (buf.len() / 2) as u64;
+            a_conn.put(me as u64 * half(&a), half(&a));
+            conns[1].put(me as u64 * half(&b), half(&b));
+            a_conn.signal();
+            conns[1].signal();
+            a_conn.wait();
+            conns[1].wait();
+            for (buf, seed, what) in [(&a, peer as u64, "a"), (&b, peer as u64 + 10, "b")] {
+                let mut words = vec![0u64; buf.len() / 8];
+                buf.read(0, &mut words).unwrap();
+                let theirs = peer * words.len() / 2..(peer + 1) * words.len() / 2;
+                for i in theirs {
+                    let want = probe_value(seed, round, i as u64);
+                    assert_eq!(words[i], want, "{what}, round {round}: word {i}");
+                }
+            }
+            comm.bootstrap().barrier().unwrap();
+        }
+        comm.proxy_stop().unwrap();
+    });
+}

@@ -10,6 +10,8 @@
 //!   proxy thread, the flag with a release store after the data.
 //! - [`TransportKind::Ib`]: RDMA WRITEs on one RC queue pair per connection ([`ib`]), the
 //!   flag an 8-byte inline write after the data (cargo feature `ib` for real devices).
+//! - [`TransportKind::Tcp`]: sockets ([`tcp`]), several per connection, puts striped over
+//!   them in chunks, the flag a frame after the data (Host backend).
 //!
 //! A proxy serving connections of several transports drives a [`PlaneSet`], which hands
 //! each route to its connection's plane.
@@ -21,6 +23,7 @@ pub mod host;
 pub mod ib;
 pub mod p2p;
 pub mod shm;
+pub mod tcp;
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +36,8 @@ pub enum TransportKind {
     Host,
     /// InfiniBand / RoCE RDMA writes by the NIC (cargo feature `ib`; needs an RDMA device).
     Ib,
+    /// Plain TCP sockets moved by the proxy (no RDMA needed; across machines; Host backend).
+    Tcp,
 }
 
 impl std::fmt::Display for TransportKind {
@@ -41,6 +46,7 @@ impl std::fmt::Display for TransportKind {
             TransportKind::P2p => "P2P",
             TransportKind::Host => "Host",
             TransportKind::Ib => "IB",
+            TransportKind::Tcp => "TCP",
         })
     }
 }
@@ -54,6 +60,9 @@ pub enum TransportError {
     /// An InfiniBand operation failed.
     #[error(transparent)]
     Ib(#[from] ib::IbError),
+    /// A TCP connection failed (its peer is gone, or a setting is wrong).
+    #[error(transparent)]
+    Tcp(#[from] tcp::TcpError),
     /// A put that would leave one of the two buffers.
     #[error(
         "put of {size} bytes from offset {src_offset} to offset {dst_offset} does not fit \

@@ -25,6 +25,7 @@
 
 mod handshake;
 mod plane;
+pub(crate) mod setup;
 mod staging;
 
 #[cfg(feature = "ib")]

@@ -1,0 +1,860 @@
+//! The TCP transport: proxy channels over plain sockets, for machines without RDMA (NCCL's
+//! socket transport plays this part there).
+//!
+//! Each connection has `MSCCLPP_TCP_CONNS` sockets to its peer (default 2, "stripes"), set
+//! up by the lower rank connecting to the higher rank's listener (address exchanged in the
+//! connection's description over the bootstrap). Both directions of a connection share the
+//! sockets: this side's proxy writes frames, this side's receiver threads (one per socket,
+//! started at setup, stopped when the connection drops) read the peer's.
+//!
+//! - A put is cut into chunks of at most `MSCCLPP_TCP_CHUNK` bytes (default 512 KiB), sent
+//!   round-robin over the stripes as `DATA(dst_offset, len)` frames straight from the
+//!   registered buffer; the receiver reads each chunk straight into its registered buffer at
+//!   `dst_offset` (bounds-checked again there: the peer is not trusted), then adds `len` to
+//!   its stripe's count of bytes received.
+//! - A signal is a `SIGNAL(epoch, sent[0..stripes])` frame on stripe 0, carrying how many
+//!   data bytes the sender had written on each stripe. Stripe 0's receiver raises the
+//!   inbound counter (release) only once every stripe has received that many bytes, so the
+//!   data is visible before the signal however the stripes interleave.
+//! - Memory is bounded: nothing is buffered here beyond one small frame (the kernel's socket
+//!   buffers do the rest); a put returns once its bytes are written to the sockets, so
+//!   [`DataPlane::flush`] has nothing to wait for and the source may be reused.
+//! - Every wait has a timeout (`MSCCLPP_TCP_TIMEOUT_MS`, default 10 s): connecting,
+//!   accepting, a write that makes no progress, a frame that stops halfway, a signal whose
+//!   data does not arrive.
+//! - A peer that dies closes its sockets: the receivers see it at once and the next put or
+//!   signal to it fails with [`TcpError::PeerLost`], naming the rank.
+//!
+//! The interface: `MSCCLPP_SOCKET_IFNAME` as NCCL's `NCCL_SOCKET_IFNAME` (comma-separated
+//! name prefixes, `^` to exclude them, `=` for exact names); unset, the address the
+//! bootstrap listens on.
+//!
+//! Host backend only: the registered buffers are host memory that the sockets read and
+//! write. The GPU backend needs host staging (see docs/tcp-transport.md) and is refused
+//! at `connect`.
+//!
+//! Not validated: who connects. A hello names a rank and tag, and anyone who can reach the
+//! listener during setup could claim them (as with NCCL's sockets; the bootstrap's secret
+//! is not carried here).
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::communicator::setup::{
+    ConnInfo, Connection, Link, Round, TransportSetup, mismatch, remote_info,
+};
+use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
+
+use super::{DataPlane, Route, TransportError, TransportKind};
+
+/// Environment variable: sockets per connection (1 to 64, default 2).
+pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
+/// Environment variable: largest chunk of a put on one socket, in bytes (4 KiB to 64 MiB,
+/// default 512 KiB).
+pub const TCP_CHUNK_ENV: &str = "MSCCLPP_TCP_CHUNK";
+/// Environment variable: how long any wait of the transport lasts before it fails, in
+/// milliseconds (default 10 000).
+pub const TCP_TIMEOUT_ENV: &str = "MSCCLPP_TCP_TIMEOUT_MS";
+/// Environment variable: which interface to listen on (as `NCCL_SOCKET_IFNAME`).
+pub const SOCKET_IFNAME_ENV: &str = "MSCCLPP_SOCKET_IFNAME";
+
+const HELLO_MAGIC: u64 = 0x4d53_4350_5443_5031; // "MSCPTCP1"
+const OP_DATA: u64 = 1;
+const OP_SIGNAL: u64 = 2;
+const HEADER: usize = 24;
+/// Puts up to this size go out as one write with their header.
+const SMALL: usize = 16 * 1024;
+/// How often a blocked receiver looks at its connection's state.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Errors of the TCP transport.
+#[derive(Debug, thiserror::Error)]
+pub enum TcpError {
+    /// The peer is gone (closed its sockets, died, or stopped making progress).
+    #[error("TCP connection tag {tag} with rank {peer} is lost: {why}")]
+    PeerLost {
+        /// The peer's rank.
+        peer: usize,
+        /// The connection's tag.
+        tag: u32,
+        /// What was seen.
+        why: String,
+    },
+    /// A setting that cannot work.
+    #[error("invalid TCP transport setting: {0}")]
+    Config(String),
+    /// No interface matches `MSCCLPP_SOCKET_IFNAME`.
+    #[error("no network interface matches {SOCKET_IFNAME_ENV}={spec} (interfaces: {found})")]
+    NoInterface {
+        /// The setting.
+        spec: String,
+        /// The interfaces found.
+        found: String,
+    },
+}
+
+/// Settings of the TCP transport, from the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpConfig {
+    /// Sockets per connection.
+    pub conns: usize,
+    /// Largest chunk of a put on one socket.
+    pub chunk: usize,
+    /// Timeout of every wait.
+    pub timeout: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            conns: 2,
+            chunk: 512 * 1024,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl TcpConfig {
+    /// The defaults, overridden by `MSCCLPP_TCP_CONNS`, `MSCCLPP_TCP_CHUNK` and
+    /// `MSCCLPP_TCP_TIMEOUT_MS`.
+    pub fn from_env() -> Result<TcpConfig, TcpError> {
+        let read = |name: &str, lo: u64, hi: u64| -> Result<Option<u64>, TcpError> {
+            match std::env::var(name) {
+                Err(_) => Ok(None),
+                Ok(v) => match v.trim().parse::<u64>() {
+                    Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                    _ => Err(TcpError::Config(format!(
+                        "{name}={v}: expected an integer from {lo} to {hi}"
+                    ))),
+                },
+            }
+        };
+        let d = TcpConfig::default();
+        Ok(TcpConfig {
+            conns: read(TCP_CONNS_ENV, 1, 64)?.map_or(d.conns, |n| n as usize),
+            chunk: read(TCP_CHUNK_ENV, 4096, 64 << 20)?.map_or(d.chunk, |n| n as usize),
+            timeout: read(TCP_TIMEOUT_ENV, 1, 3_600_000)?.map_or(d.timeout, Duration::from_millis),
+        })
+    }
+}
+
+/// The interfaces of this machine with their addresses (IPv4 first, then IPv6; no
+/// link-local IPv6, which would need a scope).
+fn interfaces() -> io::Result<Vec<(String, IpAddr)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes the head of a list that we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null name is a NUL-terminated string of the list.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: a non-null address starts with its family; the casts below follow it.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        if family == libc::AF_INET {
+            // SAFETY: AF_INET addresses are sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            v4.push((name, IpAddr::V4(ip)));
+        } else if family == libc::AF_INET6 {
+            // SAFETY: AF_INET6 addresses are sockaddr_in6.
+            let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            if !ip.is_unicast_link_local() {
+                v6.push((name, IpAddr::V6(ip)));
+            }
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and nothing of it is used after this.
+    unsafe { libc::freeifaddrs(head) };
+    v4.extend(v6);
+    Ok(v4)
+}
+
+/// Whether interface `name` matches an `NCCL_SOCKET_IFNAME`-style `spec`.
+fn ifname_matches(spec: &str, name: &str) -> bool {
+    let (exclude, spec) = match spec.strip_prefix('^') {
+        Some(s) => (true, s),
+        None => (false, spec),
+    };
+    let (exact, spec) = match spec.strip_prefix('=') {
+        Some(s) => (true, s),
+        None => (false, spec),
+    };
+    let hit = spec
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .any(|p| {
+            if exact {
+                name == p
+            } else {
+                name.starts_with(p)
+            }
+        });
+    hit != exclude
+}
+
+/// The address to listen on: the first address of an interface matching
+/// `MSCCLPP_SOCKET_IFNAME`, else `default` (the bootstrap's).
+pub fn listen_ip(default: IpAddr) -> Result<IpAddr, TcpError> {
+    let Ok(spec) = std::env::var(SOCKET_IFNAME_ENV) else {
+        return Ok(default);
+    };
+    let found = interfaces().map_err(|e| TcpError::NoInterface {
+        spec: spec.clone(),
+        found: format!("cannot list them: {e}"),
+    })?;
+    found
+        .iter()
+        .find(|(name, _)| ifname_matches(&spec, name))
+        .map(|(_, ip)| *ip)
+        .ok_or_else(|| TcpError::NoInterface {
+            spec,
+            found: found
+                .iter()
+                .map(|(n, ip)| format!("{n} {ip}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+fn u64s(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+}
+
+fn put_u64s(out: &mut Vec<u8>, words: &[u64]) {
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+}
+
+/// State a connection's receivers share with its sender.
+#[derive(Debug)]
+struct Shared {
+    peer: usize,
+    tag: u32,
+    timeout: Duration,
+    /// Data bytes each stripe's receiver has written into the local buffer.
+    received: Box<[AtomicU64]>,
+    /// The connection is being dropped (receivers stop quietly).
+    closing: AtomicBool,
+    /// Why the peer is gone, once it is.
+    lost: Mutex<Option<String>>,
+    lost_flag: AtomicBool,
+}
+
+impl Shared {
+    fn lose(&self, why: String) {
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        lost.get_or_insert(why);
+        self.lost_flag.store(true, Ordering::Release);
+    }
+
+    fn lost(&self) -> Option<TcpError> {
+        if !self.lost_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        let why = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(self.error(why.clone().unwrap_or_default()))
+    }
+
+    fn error(&self, why: String) -> TcpError {
+        TcpError::PeerLost {
+            peer: self.peer,
+            tag: self.tag,
+            why,
+        }
+    }
+}
+
+/// What a receiver writes into: the local buffer and the connection's inbound counter.
+#[derive(Debug, Clone, Copy)]
+struct Sink {
+    buffer: u64,
+    len: u64,
+    inbound: u64,
+}
+
+enum Stop {
+    /// The connection is being dropped.
+    Closing,
+    /// The peer is gone or misbehaved: why.
+    Lost(String),
+}
+
+/// Fills `buf` from `stream` (whose read timeout is [`POLL`]). Between frames (`idle`),
+/// waiting is unbounded; inside a frame, no progress for the shared timeout is an error.
+fn read_full(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    idle: bool,
+    shared: &Shared,
+) -> Result<(), Stop> {
+    let mut got = 0;
+    let mut last = Instant::now();
+    while got < buf.len() {
+        if shared.closing.load(Ordering::Acquire) {
+            return Err(Stop::Closing);
+        }
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return Err(Stop::Lost("the peer closed the connection".into())),
+            Ok(n) => {
+                got += n;
+                last = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                if !(idle && got == 0) && last.elapsed() > shared.timeout {
+                    return Err(Stop::Lost(format!(
+                        "no data for {:?} in the middle of a frame",
+                        shared.timeout
+                    )));
+                }
+            }
+            Err(e) => return Err(Stop::Lost(format!("reading: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// One stripe's receiver: applies the peer's frames until the connection drops or the peer
+/// goes.
+fn receive(mut stream: TcpStream, stripe: usize, sink: Sink, shared: Arc<Shared>) {
+    let stopped = (|| -> Result<(), Stop> {
+        loop {
+            let mut hdr = [0u8; HEADER];
+            read_full(&mut stream, &mut hdr, true, &shared)?;
+            let [op, a, b]: [u64; 3] = {
+                let mut w = u64s(&hdr);
+                [w.next(), w.next(), w.next()].map(|x| x.unwrap_or(0))
+            };
+            match op {
+                OP_DATA => {
+                    let (dst, len) = (a, b);
+                    if dst.checked_add(len).is_none_or(|end| end > sink.len) {
+                        return Err(Stop::Lost(format!(
+                            "the peer sent {len} bytes for offset {dst}, outside the buffer of {} bytes",
+                            sink.len
+                        )));
+                    }
+                    // SAFETY: the range is inside the local buffer (checked above), which the
+                    // connection keeps mapped until this thread is joined. The DevConn
+                    // contract keeps readers off the range until the signal after it.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut((sink.buffer + dst) as *mut u8, len as usize)
+                    };
+                    read_full(&mut stream, dst, false, &shared)?;
+                    // Release: whoever acquires this count sees the bytes written above.
+                    shared.received[stripe].fetch_add(len, Ordering::Release);
+                }
+                OP_SIGNAL if stripe == 0 && b as usize == shared.received.len() => {
+                    let mut raw = vec![0u8; b as usize * 8];
+                    read_full(&mut stream, &mut raw, false, &shared)?;
+                    let deadline = Instant::now() + shared.timeout;
+                    for (s, want) in u64s(&raw).enumerate() {
+                        // Acquire: pairs with the release above on stripe `s`.
+                        while shared.received[s].load(Ordering::Acquire) < want {
+                            if shared.closing.load(Ordering::Acquire) {
+                                return Err(Stop::Closing);
+                            }
+                            if shared.lost_flag.load(Ordering::Acquire) {
+                                return Err(Stop::Lost("another stripe failed".into()));
+                            }
+                            if Instant::now() > deadline {
+                                return Err(Stop::Lost(format!(
+                                    "the data before signal {a} did not arrive on stripe {s} within {:?}",
+                                    shared.timeout
+                                )));
+                            }
+                            std::thread::yield_now();
+                        }
+                    }
+                    // SAFETY: `inbound` is an aligned word of the round's flag memory, which
+                    // outlives the connection (and so this thread); it is only accessed
+                    // atomically.
+                    let flag = unsafe { AtomicU64::from_ptr(sink.inbound as *mut u64) };
+                    // Release: the waiter's acquire load of this epoch sees every byte
+                    // acquired above.
+                    flag.store(a, Ordering::Release);
+                }
+                _ => {
+                    return Err(Stop::Lost(format!(
+                        "the peer sent an unknown frame (op {op}) on stripe {stripe}"
+                    )));
+                }
+            }
+        }
+    })();
+    if let Err(Stop::Lost(why)) = stopped {
+        shared.lose(why);
+    }
+}
+
+/// The sending side of a connection: its sockets and how many data bytes went on each.
+#[derive(Debug)]
+struct Tx {
+    streams: Vec<TcpStream>,
+    sent: Vec<u64>,
+    next: usize,
+    /// One small frame (header + a small put, or a signal).
+    scratch: Vec<u8>,
+}
+
+/// A TCP connection's state, kept by its [`Connection`]: the sockets, the sender state the
+/// proxy's plane uses, and the receiver threads (stopped and joined on drop).
+#[derive(Debug)]
+pub(crate) struct TcpLink {
+    tx: Arc<Mutex<Tx>>,
+    shared: Arc<Shared>,
+    /// Clones of the sockets, to shut them down on drop.
+    sockets: Vec<TcpStream>,
+    receivers: Vec<JoinHandle<()>>,
+}
+
+impl Link for TcpLink {}
+
+impl Drop for TcpLink {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        for s in &self.sockets {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for r in self.receivers.drain(..) {
+            let _ = r.join();
+        }
+    }
+}
+
+impl TcpLink {
+    fn new(
+        streams: Vec<TcpStream>,
+        sink: Sink,
+        peer: usize,
+        tag: u32,
+        timeout: Duration,
+    ) -> io::Result<TcpLink> {
+        let shared = Arc::new(Shared {
+            peer,
+            tag,
+            timeout,
+            received: streams.iter().map(|_| AtomicU64::new(0)).collect(),
+            closing: AtomicBool::new(false),
+            lost: Mutex::new(None),
+            lost_flag: AtomicBool::new(false),
+        });
+        let mut sockets = Vec::with_capacity(streams.len());
+        for s in &streams {
+            s.set_nodelay(true)?;
+            s.set_write_timeout(Some(timeout))?;
+            s.set_read_timeout(Some(POLL))?;
+            sockets.push(s.try_clone()?);
+        }
+        let mut link = TcpLink {
+            tx: Arc::new(Mutex::new(Tx {
+                sent: vec![0; streams.len()],
+                streams: Vec::new(),
+                next: 0,
+                scratch: Vec::with_capacity(HEADER + SMALL),
+            })),
+            shared: shared.clone(),
+            sockets,
+            receivers: Vec::new(),
+        };
+        let mut senders = Vec::with_capacity(streams.len());
+        for (stripe, s) in streams.into_iter().enumerate() {
+            senders.push(s.try_clone()?);
+            let shared = shared.clone();
+            // On error, `link` drops: the threads started so far are stopped and joined.
+            link.receivers.push(
+                std::thread::Builder::new()
+                    .name(format!("mscclpp-tcp-{peer}-{tag}-{stripe}"))
+                    .spawn(move || receive(s, stripe, sink, shared))?,
+            );
+        }
+        link.tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .streams = senders;
+        Ok(link)
+    }
+}
+
+/// A connection's sender state and the state it shares with its receivers.
+type PlaneLink = (Arc<Mutex<Tx>>, Arc<Shared>);
+
+/// The TCP data plane: writes each connection's frames to its sockets.
+#[derive(Debug)]
+pub struct TcpPlane {
+    links: Vec<Option<PlaneLink>>,
+    chunk: usize,
+}
+
+impl TcpPlane {
+    fn link(&self, route: &Route) -> Result<(&Mutex<Tx>, &Shared), TransportError> {
+        match self.links.get(route.id as usize) {
+            Some(Some((tx, shared))) => match shared.lost() {
+                Some(e) => Err(e.into()),
+                None => Ok((tx, shared)),
+            },
+            _ => Err(TcpError::Config(format!(
+                "connection {} has no TCP sockets in this proxy",
+                route.id
+            ))
+            .into()),
+        }
+    }
+}
+
+/// Writes `parts` to `stream`, naming the peer on failure (and marking it lost).
+fn send(stream: &mut TcpStream, parts: &[&[u8]], shared: &Shared) -> Result<(), TransportError> {
+    for part in parts {
+        if let Err(e) = stream.write_all(part) {
+            let why = match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    format!("no write progress for {:?}", shared.timeout)
+                }
+                _ => format!("writing: {e}"),
+            };
+            shared.lose(why.clone());
+            return Err(shared.lost().unwrap_or_else(|| shared.error(why)).into());
+        }
+    }
+    Ok(())
+}
+
+impl DataPlane for TcpPlane {
+    fn put(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), TransportError> {
+        route.check(dst_offset, src_offset, size)?;
+        let chunk = self.chunk as u64;
+        let (tx, shared) = self.link(route)?;
+        let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = &mut *tx;
+        let mut done = 0;
+        while done < size {
+            let n = chunk.min(size - done);
+            let stripe = tx.next;
+            tx.next = (tx.next + 1) % tx.streams.len();
+            // SAFETY: the route's local range was checked above and is kept alive by the
+            // connection while the proxy runs; the DevConn contract keeps writers off the
+            // source until the put's signal or flush.
+            let src = unsafe {
+                std::slice::from_raw_parts(
+                    (route.local + src_offset + done) as *const u8,
+                    n as usize,
+                )
+            };
+            tx.scratch.clear();
+            put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset + done, n]);
+            if src.len() <= SMALL {
+                tx.scratch.extend_from_slice(src);
+                send(&mut tx.streams[stripe], &[&tx.scratch], shared)?;
+            } else {
+                send(&mut tx.streams[stripe], &[&tx.scratch, src], shared)?;
+            }
+            tx.sent[stripe] += n;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
+        let (tx, shared) = self.link(route)?;
+        let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = &mut *tx;
+        tx.scratch.clear();
+        put_u64s(
+            &mut tx.scratch,
+            &[OP_SIGNAL, epoch, tx.streams.len() as u64],
+        );
+        put_u64s(&mut tx.scratch, &tx.sent);
+        send(&mut tx.streams[0], &[&tx.scratch], shared)
+    }
+
+    fn flush(&mut self) -> Result<(), TransportError> {
+        // Every put and signal is in the sockets when its call returns.
+        Ok(())
+    }
+}
+
+/// The TCP setup of one round: the listener (opened by the first description) and the
+/// sockets accepted for connections not finished yet.
+#[derive(Debug, Default)]
+pub(crate) struct TcpSetup {
+    listener: Option<(TcpListener, SocketAddr)>,
+    config: Option<TcpConfig>,
+    /// Accepted sockets by (rank, tag, stripe), with the stripe count their hello gave.
+    accepted: HashMap<(usize, u32, usize), (TcpStream, usize)>,
+}
+
+/// What a side's description carries for TCP: where it listens, and how many sockets it
+/// wants per connection (the two sides use the smaller).
+fn encode_wire(addr: SocketAddr, conns: usize) -> Vec<u8> {
+    format!("{addr}|{conns}").into_bytes()
+}
+
+fn decode_wire(raw: &[u8]) -> Option<(SocketAddr, usize)> {
+    let s = std::str::from_utf8(raw).ok()?;
+    let (addr, conns) = s.split_once('|')?;
+    let conns = conns.parse().ok().filter(|n| (1..=64).contains(n))?;
+    Some((addr.parse().ok()?, conns))
+}
+
+impl TcpSetup {
+    /// Accepts until the sockets of (`peer`, `tag`) are all here, or the timeout.
+    fn accept_for(
+        &mut self,
+        peer: usize,
+        tag: u32,
+        stripes: usize,
+        timeout: Duration,
+    ) -> Result<Vec<TcpStream>, CommError> {
+        let (listener, _) = self
+            .listener
+            .as_ref()
+            .ok_or_else(|| CommError::State("TCP connection without a listener".into()))?;
+        let deadline = Instant::now() + timeout;
+        while (0..stripes).any(|s| !self.accepted.contains_key(&(peer, tag, s))) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    let hello = (|| -> io::Result<[u64; 5]> {
+                        s.set_nonblocking(false)?;
+                        s.set_read_timeout(Some(timeout))?;
+                        let mut raw = [0u8; 40];
+                        s.read_exact(&mut raw)?;
+                        let mut w = u64s(&raw);
+                        Ok([(); 5].map(|()| w.next().unwrap_or(0)))
+                    })();
+                    // Anything that is not a hello of ours is dropped.
+                    if let Ok([HELLO_MAGIC, rank, t, stripe, n]) = hello {
+                        self.accepted
+                            .insert((rank as usize, t as u32, stripe as usize), (s, n as usize));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        return Err(mismatch(
+                            peer,
+                            tag,
+                            format!(
+                                "rank {peer} did not open its {stripes} TCP socket(s) within {timeout:?}"
+                            ),
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => {
+                    return Err(mismatch(peer, tag, format!("accepting TCP sockets: {e}")));
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(stripes);
+        for s in 0..stripes {
+            let (stream, n) = self
+                .accepted
+                .remove(&(peer, tag, s))
+                .expect("checked above");
+            if n != stripes {
+                return Err(mismatch(
+                    peer,
+                    tag,
+                    format!("the peer opened {n} TCP sockets, {stripes} expected"),
+                ));
+            }
+            out.push(stream);
+        }
+        Ok(out)
+    }
+}
+
+impl TransportSetup for TcpSetup {
+    fn crosses_hosts(&self) -> bool {
+        true
+    }
+
+    fn describe(
+        &mut self,
+        round: &Round<'_>,
+        p: &PendingConnection,
+        _k: usize,
+    ) -> Result<ConnInfo, CommError> {
+        let unavailable = |reason: String| CommError::TransportUnavailable {
+            transport: TransportKind::Tcp,
+            reason,
+        };
+        if !matches!(round.comm.backend(), Backend::Host) {
+            return Err(unavailable(
+                "TCP connections need host buffers (Host backend); GPU staging is not built".into(),
+            ));
+        }
+        let config = match self.config {
+            Some(c) => c,
+            None => *self
+                .config
+                .insert(TcpConfig::from_env().map_err(|e| unavailable(e.to_string()))?),
+        };
+        let addr = match &self.listener {
+            Some((_, a)) => *a,
+            None => {
+                let ip = listen_ip(round.comm.bootstrap().as_async().listen_addr().ip())
+                    .map_err(|e| unavailable(e.to_string()))?;
+                let l = TcpListener::bind((ip, 0))
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .map_err(|e| unavailable(format!("cannot listen on {ip}: {e}")))?;
+                let a = l
+                    .local_addr()
+                    .map_err(|e| unavailable(format!("listener address: {e}")))?;
+                self.listener.insert((l, a)).1
+            }
+        };
+        Ok(ConnInfo {
+            wire: Some(encode_wire(addr, config.conns)),
+            ..remote_info(p, round.pid)
+        })
+    }
+
+    fn connect(
+        &mut self,
+        round: &Round<'_>,
+        p: &PendingConnection,
+        peer: &ConnInfo,
+        k: usize,
+    ) -> Result<Connection, CommError> {
+        let (rank, tag) = (p.remote_rank, p.tag);
+        let config = self.config.unwrap_or_default();
+        let (addr, conns) = peer
+            .wire
+            .as_deref()
+            .and_then(decode_wire)
+            .ok_or_else(|| mismatch(rank, tag, "the peer sent no TCP address"))?;
+        let stripes = conns.min(config.conns);
+        let me = round.comm.rank();
+        let streams = if me < rank {
+            let mut out = Vec::with_capacity(stripes);
+            for s in 0..stripes {
+                let stream = TcpStream::connect_timeout(&addr, config.timeout)
+                    .and_then(|mut st| {
+                        let mut hello = Vec::with_capacity(40);
+                        put_u64s(
+                            &mut hello,
+                            &[HELLO_MAGIC, me as u64, tag as u64, s as u64, stripes as u64],
+                        );
+                        st.set_write_timeout(Some(config.timeout))?;
+                        st.write_all(&hello)?;
+                        Ok(st)
+                    })
+                    .map_err(|e| {
+                        mismatch(
+                            rank,
+                            tag,
+                            format!("connecting to rank {rank} at {addr}: {e}"),
+                        )
+                    })?;
+                out.push(stream);
+            }
+            out
+        } else {
+            self.accept_for(rank, tag, stripes, config.timeout)?
+        };
+        let sink = Sink {
+            buffer: p.buffer.addr(),
+            len: p.buffer.len() as u64,
+            inbound: round.inbound(k),
+        };
+        let link = TcpLink::new(streams, sink, rank, tag, config.timeout)
+            .map_err(|e| mismatch(rank, tag, format!("starting the TCP receivers: {e}")))?;
+        Ok(Connection::remote(
+            round,
+            p,
+            k,
+            0,
+            peer.buffer_len,
+            0,
+            Box::new(link),
+        ))
+    }
+
+    fn plane(&self, comm: &Communicator, _: &[u64]) -> Result<Box<dyn DataPlane>, CommError> {
+        let config = TcpConfig::from_env().map_err(|e| CommError::TransportUnavailable {
+            transport: TransportKind::Tcp,
+            reason: e.to_string(),
+        })?;
+        let links = comm
+            .connections()
+            .iter()
+            .map(|c| {
+                c.link_as::<TcpLink>()
+                    .map(|l| (l.tx.clone(), l.shared.clone()))
+            })
+            .collect();
+        Ok(Box::new(TcpPlane {
+            links,
+            chunk: config.chunk,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifname_spec_as_nccl() {
+        assert!(ifname_matches("eth", "eth0"));
+        assert!(ifname_matches("ib,eth", "eth1"));
+        assert!(!ifname_matches("eth", "lo"));
+        assert!(ifname_matches("^docker,lo", "eth0"));
+        assert!(!ifname_matches("^docker,lo", "docker0"));
+        assert!(ifname_matches("=eth0", "eth0"));
+        assert!(!ifname_matches("=eth0", "eth01"));
+        assert!(!ifname_matches("^=lo", "lo"));
+    }
+
+    #[test]
+    fn loopback_is_listed() {
+        let found = interfaces().unwrap();
+        assert!(found.iter().any(|(_, ip)| ip.is_loopback()), "{found:?}");
+    }
+
+    #[test]
+    fn wire_round_trip_and_garbage() {
+        let a: SocketAddr = "127.0.0.1:4242".parse().unwrap();
+        assert_eq!(decode_wire(&encode_wire(a, 3)), Some((a, 3)));
+        assert_eq!(decode_wire(b"127.0.0.1:1|0"), None);
+        assert_eq!(decode_wire(b"nonsense"), None);
+        assert_eq!(decode_wire(&[0xff, 0xfe]), None);
+    }
+}
