@@ -315,7 +315,7 @@ impl Default for CollConfig {
             threads: 512,
             all_reduce_algo: AllReduceAlgo::Auto,
             all_gather_algo: AllGatherAlgo::Auto,
-            p2p_packet_max_bytes: 256 << 10,
+            p2p_packet_max_bytes: 512 << 10,
             p2p_packet_blocks: 16,
             p2p_depth: 2,
         }
