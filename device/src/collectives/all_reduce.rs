@@ -2,8 +2,8 @@
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
 use super::{
-    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, SLOW_POLLS, fault, packet_half,
-    rotated_rank, round_share, two_shot_slot,
+    COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, fault, packet_half, rotated_rank,
+    round_share, two_shot_slot,
 };
 use crate::arch;
 use crate::channel::memory::copy;
@@ -280,32 +280,11 @@ pub(crate) unsafe fn recv_unit(
     i: u64,
     q: u32,
 ) -> u64 {
-    // SAFETY: this rank's scratch for rank q, same bounds as in `send_unit`.
+    // SAFETY: this rank's scratch for rank q, same bounds as in `send_unit`, written by q.
     unsafe {
         let slot = ctx.packets_in[q as usize & (MAX_RANKS - 1)].add((half + 16 * i) as usize)
             as *const LlPacket;
-        // Inline polling, as before faults were handled: only every SLOW_POLLS-th failed
-        // poll calls out of line.
-        let flag = call.flag();
-        let (mut polls, mut t0) = (0u32, 0u64);
-        loop {
-            if let Some(v) = LlPacket::read(slot, flag) {
-                break v;
-            }
-            if call.failed {
-                break 0;
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(SLOW_POLLS) {
-                if t0 == 0 {
-                    t0 = arch::global_timer_ns().max(1);
-                }
-                if !ctx.keep_waiting(*call, q, fault::AT_PACKET, t0) {
-                    call.failed = true;
-                    break 0;
-                }
-            }
-        }
+        ctx.poll_packet(call, slot, call.flag(), q, fault::AT_PACKET)
     }
 }
 

@@ -16,7 +16,7 @@
 //! its previous call: also for the rooted collectives (broadcast, reduce), whose data moves
 //! one way only.
 
-use super::{Call, CollContext, MAX_BLOCKS, MAX_RANKS, SLOW_POLLS, fault, packet_half};
+use super::{Call, CollContext, MAX_BLOCKS, MAX_RANKS, fault, packet_half};
 use crate::arch;
 use crate::packet::LlPacket;
 
@@ -118,25 +118,7 @@ pub(crate) unsafe fn get(ctx: &CollContext, call: &mut LlCall, peer: u32, i: u64
         let slot = ctx.packets_in[peer as usize & (MAX_RANKS - 1)]
             .add((call.half + 16 * i) as usize) as *const LlPacket;
         let flag = call.call.flag();
-        let (mut polls, mut t0) = (0u32, 0u64);
-        loop {
-            if let Some(v) = LlPacket::read(slot, flag) {
-                return v;
-            }
-            if call.call.failed {
-                return 0;
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(SLOW_POLLS) {
-                if t0 == 0 {
-                    t0 = arch::global_timer_ns().max(1);
-                }
-                if !ctx.keep_waiting(call.call, peer, fault::AT_PACKET, t0) {
-                    call.call.failed = true;
-                    return 0;
-                }
-            }
-        }
+        ctx.poll_packet(&mut call.call, slot, flag, peer, fault::AT_PACKET)
     }
 }
 

@@ -533,6 +533,46 @@ impl CollContext {
         false
     }
 
+    /// Polls the LL packet at `slot` (written by rank `peer`) until it carries `flag` and
+    /// returns its data: inline polls, and every [`SLOW_POLLS`] failed ones
+    /// [`keep_waiting`](Self::keep_waiting) (the clock, the fault words and, at
+    /// [`fault::AT_PACKET`], the peer's descriptor). 0 once the call failed (the value is
+    /// undefined then).
+    ///
+    /// # Safety
+    /// `slot` a live packet slot of this context, accessed by packets only; `peer` a peer.
+    #[inline(always)]
+    pub(crate) unsafe fn poll_packet(
+        &self,
+        call: &mut Call,
+        slot: *const LlPacket,
+        flag: u32,
+        peer: u32,
+        place: u64,
+    ) -> u64 {
+        let (mut polls, mut t0) = (0u32, 0u64);
+        loop {
+            // SAFETY: caller contract.
+            if let Some(v) = unsafe { LlPacket::read(slot, flag) } {
+                return v;
+            }
+            if call.failed {
+                return 0;
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(SLOW_POLLS) {
+                if t0 == 0 {
+                    t0 = arch::global_timer_ns().max(1);
+                }
+                // SAFETY: the context valid (caller contract).
+                if !unsafe { self.keep_waiting(*call, peer, place, t0) } {
+                    call.failed = true;
+                    return 0;
+                }
+            }
+        }
+    }
+
     /// The abort word as this rank's waits see it: the local copy, and, at most once per
     /// [`local_fault::HOST_LOOK_NS`] for the whole rank (the thread that wins a
     /// compare-and-swap of the last look's time), the host's word, copied locally once set.

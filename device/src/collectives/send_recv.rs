@@ -442,25 +442,8 @@ unsafe fn ll_transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32) {
         while i < units && !call.failed {
             // SAFETY: as for the send, in this rank's packet scratch written by the peer.
             let slot = unsafe { inp.add((half + 16 * i) as usize) } as *const LlPacket;
-            let mut polls = 0u32;
-            let mut t0 = 0u64;
-            let d = loop {
-                // SAFETY: a live packet slot, accessed by packets only.
-                if let Some(v) = unsafe { LlPacket::read(slot, flag) } {
-                    break v;
-                }
-                polls = polls.wrapping_add(1);
-                if polls.is_multiple_of(super::SLOW_POLLS) {
-                    if t0 == 0 {
-                        t0 = arch::global_timer_ns().max(1);
-                    }
-                    // SAFETY: the context valid; the peer a valid other rank.
-                    if !unsafe { ctx.keep_waiting(*call, op.peer, fault::AT_SEMAPHORE, t0) } {
-                        call.failed = true;
-                        break 0;
-                    }
-                }
-            };
+            // SAFETY: a live packet slot written by the peer, accessed by packets only.
+            let d = unsafe { ctx.poll_packet(call, slot, flag, op.peer, fault::AT_SEMAPHORE) };
             if call.failed {
                 break;
             }
