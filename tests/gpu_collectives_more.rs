@@ -551,6 +551,35 @@ fn send_recv_rank() {
         bytes *= 2;
     }
     println!("rank {r}: send/recv up to 64 MiB matched");
+    // In place, as nccl-tests' sendrecv: one buffer sent to `next` and received from `prev`
+    // in one group (staged), as LL packets, just above the packet limit, and pipelined.
+    for (k, len) in [(500u64, 1000usize), (501, (512 << 10) + 2), (502, 5 << 20)] {
+        let buf: CudaSlice<u8> = stream.clone_htod(&message(r, next, k, len)).unwrap();
+        let ops = [
+            P2pOp::Send {
+                buf: dptr(&buf, &stream),
+                count: len / 2,
+                dtype: DataType::Bf16,
+                peer: next,
+            },
+            P2pOp::Recv {
+                buf: dptr(&buf, &stream),
+                count: len / 2,
+                dtype: DataType::Bf16,
+                peer: prev,
+            },
+        ];
+        // SAFETY: `buf` lives until the synchronize below; the group stages the send.
+        unsafe { c.group(&ops, &stream) }.unwrap();
+        stream.synchronize().unwrap();
+        let want = message(prev, r, k, len);
+        let (bad, first) = mismatches(&stream.clone_dtoh(&buf).unwrap(), &want, 1);
+        assert_eq!(
+            bad, 0,
+            "rank {r}: in place {len} bytes: {bad} wrong, first at {first:?}"
+        );
+    }
+    println!("rank {r}: in-place send/recv matched");
     // A ring group captured into a graph, replayed over fresh data.
     let len = 3 << 20;
     let out: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();

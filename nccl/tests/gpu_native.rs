@@ -92,9 +92,12 @@ fn dev(len: usize) -> u64 {
     unsafe { cu::malloc_sync(len.max(1)) }.unwrap()
 }
 
+/// Copies `v` to `d` and waits for the copy to land: from pageable memory `cuMemcpyHtoD`
+/// may return before its DMA is done, and the test's streams do not order after it.
 fn put<T: Copy>(d: u64, v: &[T]) {
     // SAFETY: `d` holds at least `v`'s bytes (the test sizes them).
-    unsafe { cu::memcpy_htod_sync(d, v) }.unwrap()
+    unsafe { cu::memcpy_htod_sync(d, v) }.unwrap();
+    cu::ctx::synchronize().unwrap();
 }
 
 fn get<T: Copy + Default>(d: u64, len: usize) -> Vec<T> {
