@@ -527,14 +527,6 @@ impl Communicator {
                         .into(),
                 });
             }
-            if let Backend::Gpu(_) = self.backend {
-                return Err(CommError::TransportUnavailable {
-                    transport,
-                    reason: "TCP connections need host buffers: GPU staging is not built \
-                             (docs/tcp-transport.md); use the Host backend"
-                        .into(),
-                });
-            }
         } else if transport == TransportKind::Ib {
             if kind == ChannelKind::Memory {
                 return Err(CommError::TransportUnavailable {

@@ -24,6 +24,7 @@ pub mod ib;
 pub mod p2p;
 pub mod shm;
 pub mod tcp;
+mod tcp_stage;
 
 use serde::{Deserialize, Serialize};
 
