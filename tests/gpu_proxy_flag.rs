@@ -258,8 +258,11 @@ fn p2p_proxy_flag_modes_must_match() {
 fn host_kernel_rank() {
     let launch_env = Launch::from_env().unwrap();
     let bs = launch_env.blocking_bootstrap().unwrap();
+    // The flag mode only concerns P2P: on the Host backend `cpu` is accepted and changes
+    // nothing (the Host transport's flags are CPU stores already).
     let config = CommConfig {
         device_timeout: Duration::from_secs(60),
+        proxy_flag: ProxyFlagMode::Cpu,
         ..CommConfig::default()
     };
     let mut comm = Communicator::from_bootstrap(bs, Backend::Host, config).unwrap();

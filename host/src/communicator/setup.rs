@@ -627,7 +627,9 @@ impl TransportSetup for MappedSetup {
         let same_process =
             peer.pid == round.pid && bs.host_id(p.remote_rank) == bs.host_id(comm.rank());
         let host_flags = host_flags_for(round, p);
-        if let (Backend::Gpu(_), ChannelKind::Proxy) = (&comm.backend, p.kind) {
+        if let (Backend::Gpu(_), ChannelKind::Proxy, TransportKind::P2p) =
+            (&comm.backend, p.kind, p.transport)
+        {
             // The peer's proxy stores where this rank's kernels poll, and the reverse: both
             // ends must use the same mode.
             let peer_mode = match peer.flags {
