@@ -311,7 +311,7 @@ pub mod desc {
     /// `depth` (below 16).
     #[inline(always)]
     pub const fn with_pipe(tag: u64, piece: u64, depth: u32) -> u64 {
-        tag | (piece / 16 & 0xf_ffff) << PIECE_SHIFT | (depth as u64 & 0xf) << DEPTH_SHIFT
+        tag | ((piece / 16) & 0xf_ffff) << PIECE_SHIFT | (depth as u64 & 0xf) << DEPTH_SHIFT
     }
     /// The piece size (bytes) of a pipelined call's tag ([`with_pipe`]).
     #[inline(always)]

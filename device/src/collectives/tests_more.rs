@@ -947,7 +947,10 @@ fn pipe_shape(bytes: u64, slot: u64, blocks: u32, depth: u32, min_piece: u64) ->
     loop {
         let p = pipe::pipe_piece(bytes, slot, blocks, d, min_piece);
         if p > 0 || d == 1 {
-            assert!(pipe::pipe_fits(slot, blocks, d, p), "{bytes} {slot} {blocks} {d}");
+            assert!(
+                pipe::pipe_fits(slot, blocks, d, p),
+                "{bytes} {slot} {blocks} {d}"
+            );
             return (p, d);
         }
         d -= 1;
@@ -957,9 +960,15 @@ fn pipe_shape(bytes: u64, slot: u64, blocks: u32, depth: u32, min_piece: u64) ->
 #[test]
 fn pipe_pieces_fit_their_chunks() {
     // 128 MiB slots, 128 blocks: 1 MiB chunks; 32 MB over 128 blocks: 8 pieces of 32 KiB.
-    assert_eq!(pipe::pipe_piece(32 << 20, 128 << 20, 128, 2, 16 << 10), 32 << 10);
+    assert_eq!(
+        pipe::pipe_piece(32 << 20, 128 << 20, 128, 2, 16 << 10),
+        32 << 10
+    );
     // Capped by the sub-slot (1 MiB / 2).
-    assert_eq!(pipe::pipe_piece(1 << 30, 128 << 20, 128, 2, 16 << 10), 512 << 10);
+    assert_eq!(
+        pipe::pipe_piece(1 << 30, 128 << 20, 128, 2, 16 << 10),
+        512 << 10
+    );
     // At least the minimum, in multiples of 16.
     assert_eq!(pipe::pipe_piece(100, 128 << 20, 4, 2, 0), 16);
     assert_eq!(pipe::pipe_piece(100, 128 << 20, 4, 2, 1000), 1008);
@@ -968,7 +977,10 @@ fn pipe_pieces_fit_their_chunks() {
     assert!(!pipe::pipe_fits(640, 4, 2, 96));
     assert!(pipe::pipe_fits(640, 4, 2, 80));
     let tag = desc::with_pipe(desc::rooted_tag(desc::REDUCE, 3, 5, 3, 7), 80, 3);
-    assert_eq!((desc::piece(tag), desc::depth(tag), desc::root(tag)), (80, 3, 7));
+    assert_eq!(
+        (desc::piece(tag), desc::depth(tag), desc::root(tag)),
+        (80, 3, 7)
+    );
     assert_eq!(desc::type_op(tag), op::AVG | 3 << 8);
 }
 
@@ -1011,7 +1023,7 @@ fn pipelined_broadcast_and_reduce_match_the_reference_between_other_calls() {
                             threads,
                             // Now and then the receivers start late: the senders run ahead
                             // until their sub-slots are full.
-                            lag_us: if seed % 7 == 0 { 500 } else { 0 },
+                            lag_us: if seed.is_multiple_of(7) { 500 } else { 0 },
                             pipe: Some(pipe_shape(bytes, slot, blocks, depth, min_piece)),
                         };
                         cases.push(case);

@@ -26,11 +26,11 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;
+use mscclpp_device::collectives::pipe::pipe_piece;
 use mscclpp_device::collectives::send_recv::{
     MAX_P2P_OPS, P2P_DONE_BYTES, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2pOp as DevP2pOp, P2pOps,
     p2p_piece,
 };
-use mscclpp_device::collectives::pipe::pipe_piece;
 use mscclpp_device::collectives::{
     CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc,
     one_shot_max_bytes,

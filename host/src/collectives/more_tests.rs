@@ -198,7 +198,10 @@ fn the_kernel_table_matches_its_index() {
         "broadcast_pipe"
     );
     for &d in &DataType::ALL[..10] {
-        assert_eq!(TABLE[kernel_index(Kind::Reduce, Path::Pipe, d)].0, "reduce_pipe");
+        assert_eq!(
+            TABLE[kernel_index(Kind::Reduce, Path::Pipe, d)].0,
+            "reduce_pipe"
+        );
     }
 }
 
@@ -277,8 +280,16 @@ fn pipelined_reduce_applies_every_operation_in_rank_order() {
                             ReduceOp::Max => a.max(x(q, i)),
                             _ => a + x(q, i),
                         });
-                        let w = if op == ReduceOp::Avg { acc / n as f64 } else { acc };
-                        assert_eq!(o.to_bits(), w.to_bits(), "rank {r}: reduce f64 {op:?} [{i}]");
+                        let w = if op == ReduceOp::Avg {
+                            acc / n as f64
+                        } else {
+                            acc
+                        };
+                        assert_eq!(
+                            o.to_bits(),
+                            w.to_bits(),
+                            "rank {r}: reduce f64 {op:?} [{i}]"
+                        );
                     }
                 }
             }
@@ -358,7 +369,12 @@ fn rooted_algorithm_names_parse() {
         rooted_depth: 9,
         ..CollConfig::default()
     };
-    assert!(bad.validate().unwrap_err().to_string().contains("rooted_depth 9"));
+    assert!(
+        bad.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("rooted_depth 9")
+    );
 }
 
 #[test]
