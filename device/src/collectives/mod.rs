@@ -35,6 +35,9 @@
 //!   (packets, no barrier, on one-shot's call counter, halves and descriptor checks through
 //!   [`ll`]) and a put path (the peers' scratch in rounds, per-block
 //!   barriers, a last barrier like two-shot).
+//! - [`pipe`]: the pipelined broadcast and reduce (a selectable variant of their put
+//!   paths): pieces streamed through the scratch with a signal and an acknowledgement per
+//!   piece and no barrier per round.
 //! - [`send_recv`]: point-to-point sends and receives, alone or grouped into one launch,
 //!   through a separate p2p scratch with its own semaphores (a second context).
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or

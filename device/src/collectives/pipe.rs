@@ -6,7 +6,7 @@
 //! A call moves `bytes` cut into pieces of `piece` bytes; block `b` of `nb` moves pieces `b`,
 //! `b + nb`, …, its `j`-th one through sub-slot `j % depth` of chunk `b` of a slot (the chunk:
 //! [`pipe_chunk`], `depth` sub-slots of `piece` bytes). Every rank runs one *stage* per block
-//! ([`run`]): it receives from its *upstream* ranks (data written into its own scratch) and
+//! (`run`): it receives from its *upstream* ranks (data written into its own scratch) and
 //! sends to its *downstream* ranks (writing into theirs). Per piece, a thread `p < nranks`
 //! of the block waits for upstream rank `p`'s signal that the piece has landed, or, before
 //! reusing a sub-slot, for downstream rank `p`'s acknowledgement that the sub-slot's previous
