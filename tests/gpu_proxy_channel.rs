@@ -1,33 +1,53 @@
-//! Proxy channels over P2P between two processes, one GPU each (both on GPU 0 when the
-//! machine has one: CUDA IPC works within a device too). Random data checked by the
-//! receiving kernel word by word; all-gather checked on the host.
-//! Skips with a reason without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
+//! Proxy channels between two processes, one GPU each (both on GPU 0 when the machine has
+//! one: CUDA IPC works within a device too), over P2P and over TCP (each rank then a
+//! simulated host of its own, so the bytes go device -> pinned host slot -> socket ->
+//! pinned host slot -> device). Random data checked by the receiving kernel word by word;
+//! all-gather checked on the host. Skips with a reason without a GPU; fails instead under
+//! MSCCLPP_REQUIRE_GPU=1.
 
 use std::time::Duration;
 
 use mscclpp::device::kernels::proxy_test::{STATUS_ABORTED, STATUS_REFUSED};
 use mscclpp::device::kernels::smoke::probe_value;
+use mscclpp::host::bootstrap::BlockingBootstrap;
 use mscclpp::host::communicator::{
     Backend, CommConfig, Communicator, DevConnArg, MemoryChannelArg,
 };
 use mscclpp::host::cuda::{DeviceBuffer, KernelModule, LaunchConfig, PushKernelArg};
 use mscclpp::host::launch::Launch;
-use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
+use mscclpp::host::testing::{gpu_or_skip, run_test_ranks_env};
 use mscclpp::host::transport::TransportKind;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
 
 fn run_two(test: &str) {
+    run_two_env(test, &[]);
+}
+
+fn run_two_env(test: &str, env: &[(&str, &str)]) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
-    let output = run_test_ranks(test, 2, ROLE, Duration::from_secs(180));
+    let output = run_test_ranks_env(test, 2, ROLE, Duration::from_secs(240), env);
     println!("{}", output.join("\n"));
 }
 
 fn gpu_communicator() -> Communicator {
+    gpu_communicator_on(TransportKind::P2p)
+}
+
+/// This rank's GPU communicator; for TCP on a simulated host of its own.
+fn gpu_communicator_on(transport: TransportKind) -> Communicator {
     let launch = Launch::from_env().unwrap();
-    let bs = launch.blocking_bootstrap().unwrap();
+    let bs = if transport == TransportKind::Tcp {
+        let config = launch
+            .config()
+            .with_host_id(format!("sim-gpu-host-{}", launch.rank));
+        BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)
+            .unwrap()
+    } else {
+        launch.blocking_bootstrap().unwrap()
+    };
     let backend = Backend::auto(bs.local_rank()).unwrap();
     assert!(
         matches!(backend, Backend::Gpu(_)),
@@ -41,15 +61,18 @@ fn gpu_communicator() -> Communicator {
     Communicator::from_bootstrap(bs, backend, config).unwrap()
 }
 
-fn ping_pong_rank() {
-    let mut comm = gpu_communicator();
+/// Ping-pong of `(words, rounds)` per launch over `transport`, checked word by word by the
+/// receiving kernel; the time per round is printed (with two processes on one GPU it is the
+/// driver's time slice, not the channel's).
+fn ping_pong_rank(transport: TransportKind, sizes: &[(usize, u64)]) {
+    let mut comm = gpu_communicator_on(transport);
     let Backend::Gpu(gpu) = comm.backend().clone() else {
         unreachable!()
     };
     let (me, peer) = (comm.rank(), 1 - comm.rank());
-    let words = 1 << 14;
-    let buf = comm.alloc_buffer(words * 8).unwrap();
-    comm.connect(peer, &buf, 0, TransportKind::P2p).unwrap();
+    let max = sizes.iter().map(|s| s.0).max().unwrap();
+    let buf = comm.alloc_buffer(max * 8).unwrap();
+    comm.connect(peer, &buf, 0, transport).unwrap();
     comm.connection_setup().unwrap();
     let conn = DevConnArg(comm.device_connections()[0]);
     comm.proxy_launch().unwrap();
@@ -58,46 +81,59 @@ fn ping_pong_rank() {
     let errors = DeviceBuffer::zeroed(&gpu, 8).unwrap();
     let stream = gpu.new_stream().unwrap();
     let (pbuf, perr) = (buf.device_ptr().unwrap(), errors.device_ptr());
-    let (rounds, rank, seed) = (1000u64, me as u32, 0x5eedu64);
-    let mut l = stream.launch_builder(&f);
-    l.arg(&conn)
-        .arg(&pbuf)
-        .arg(&words)
-        .arg(&rounds)
-        .arg(&rank)
-        .arg(&seed)
-        .arg(&perr);
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: the connection, buffer and counter belong to `comm`/this scope and outlive the
-    // synchronize below.
-    unsafe { l.launch(cfg) }.unwrap();
-    stream.synchronize().unwrap();
-    let mut bad = [0u64];
-    errors.copy_to_host(0, &mut bad).unwrap();
-    assert_eq!(bad[0], 0, "rank {me}: {} wrong words received", bad[0]);
+    for (k, &(words, rounds)) in sizes.iter().enumerate() {
+        let (rank, seed) = (me as u32, 0x5eed + k as u64);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&conn)
+            .arg(&pbuf)
+            .arg(&words)
+            .arg(&rounds)
+            .arg(&rank)
+            .arg(&seed)
+            .arg(&perr);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let t = std::time::Instant::now();
+        // SAFETY: the connection, buffer and counter belong to `comm`/this scope and outlive
+        // the synchronize below.
+        unsafe { l.launch(cfg) }.unwrap();
+        stream.synchronize().unwrap();
+        let us = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+        let mut bad = [0u64];
+        errors.copy_to_host(0, &mut bad).unwrap();
+        assert_eq!(
+            bad[0],
+            0,
+            "rank {me}: {} wrong words received with {} bytes per put over {transport:?}",
+            bad[0],
+            words * 8
+        );
+        println!(
+            "rank {me}: {transport:?}, {} B per put, {rounds} rounds, {us:.1} us per round",
+            words * 8
+        );
+    }
     comm.proxy_stop().unwrap();
     comm.bootstrap().barrier().unwrap();
     println!("rank {me}: ok");
 }
 
-fn all_gather_rank() {
-    let mut comm = gpu_communicator();
+fn all_gather_rank(transport: TransportKind, chunk: usize) {
+    let mut comm = gpu_communicator_on(transport);
     let Backend::Gpu(gpu) = comm.backend().clone() else {
         unreachable!()
     };
     let (me, n) = (comm.rank(), comm.nranks());
-    let chunk = 1usize << 20;
     let buf = comm.alloc_buffer(chunk * n).unwrap();
     let mine: Vec<u64> = (0..chunk as u64 / 8)
         .map(|i| probe_value(me as u64, 3, i))
         .collect();
     buf.write(me * chunk, &mine).unwrap();
     for peer in (0..n).filter(|p| *p != me) {
-        comm.connect(peer, &buf, 1, TransportKind::P2p).unwrap();
+        comm.connect(peer, &buf, 1, transport).unwrap();
     }
     comm.connection_setup().unwrap();
     let conns = comm.device_connections();
@@ -139,10 +175,13 @@ fn all_gather_rank() {
     println!("rank {me}: ok");
 }
 
+/// 8 B, 8 KiB + 8, 1 MiB + 8 and 6 MiB + 8 per put (TCP: one piece, several, odd tails).
+const TCP_SIZES: [(usize, u64); 4] = [(1, 200), (1025, 100), ((1 << 17) + 1, 20), (786_433, 6)];
+
 #[test]
 fn p2p_ping_pong_two_processes() {
     if std::env::var(ROLE).is_ok() {
-        return ping_pong_rank();
+        return ping_pong_rank(TransportKind::P2p, &[(1 << 14, 1000)]);
     }
     run_two("p2p_ping_pong_two_processes");
 }
@@ -150,9 +189,39 @@ fn p2p_ping_pong_two_processes() {
 #[test]
 fn p2p_all_gather_two_processes() {
     if std::env::var(ROLE).is_ok() {
-        return all_gather_rank();
+        return all_gather_rank(TransportKind::P2p, 1 << 20);
     }
     run_two("p2p_all_gather_two_processes");
+}
+
+#[test]
+fn tcp_ping_pong_two_simulated_hosts() {
+    if std::env::var(ROLE).is_ok() {
+        return ping_pong_rank(TransportKind::Tcp, &TCP_SIZES);
+    }
+    run_two("tcp_ping_pong_two_simulated_hosts");
+}
+
+#[test]
+fn tcp_ping_pong_small_chunks_three_sockets() {
+    if std::env::var(ROLE).is_ok() {
+        return ping_pong_rank(TransportKind::Tcp, &TCP_SIZES);
+    }
+    run_two_env(
+        "tcp_ping_pong_small_chunks_three_sockets",
+        &[("MSCCLPP_TCP_CHUNK", "65536"), ("MSCCLPP_TCP_CONNS", "3")],
+    );
+}
+
+#[test]
+fn tcp_all_gather_two_simulated_hosts() {
+    if std::env::var(ROLE).is_ok() {
+        return all_gather_rank(TransportKind::Tcp, (3 << 20) + 8);
+    }
+    run_two_env(
+        "tcp_all_gather_two_simulated_hosts",
+        &[("MSCCLPP_TCP_CHUNK", "262144")],
+    );
 }
 
 fn one_thread() -> LaunchConfig {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use mscclpp::host::bootstrap::BlockingBootstrap;
 use mscclpp::host::communicator::{Backend, Buffer, CommConfig, CommError, Communicator};
 use mscclpp::host::launch::{Launch, LocalLauncher};
+use mscclpp::host::testing::run_test_ranks_env;
 use mscclpp::host::transport::TransportKind;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
@@ -18,27 +19,7 @@ fn child() -> bool {
 
 /// Runs `test` in `nranks` processes with `env` set; returns their output (prefixed by rank).
 fn launch(test: &str, nranks: usize, env: &[(&str, &str)]) -> Vec<String> {
-    let exe = std::env::current_exe().unwrap();
-    let mut l = LocalLauncher::command(nranks, exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "rank")
-        .bootstrap_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(60))
-        .capture_output(true);
-    for (k, v) in env {
-        l = l.env(*k, *v);
-    }
-    let report = l.run().unwrap();
-    let output = report.output.join("\n");
-    assert!(report.success(), "{test}: {report}{output}");
-    for r in 0..nranks {
-        let done = format!("rank {r}: ok");
-        assert!(
-            report.output.iter().any(|l| l.ends_with(&done)),
-            "{test}: rank {r} did not finish:\n{output}"
-        );
-    }
-    report.output
+    run_test_ranks_env(test, nranks, ROLE, Duration::from_secs(60), env)
 }
 
 /// This rank's communicator, on a simulated host of its own.

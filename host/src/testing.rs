@@ -38,13 +38,28 @@ pub fn run_test_ranks(
     role_env: &str,
     timeout: std::time::Duration,
 ) -> Vec<String> {
+    run_test_ranks_env(test, nranks, role_env, timeout, &[])
+}
+
+/// [`run_test_ranks`] with `env` (name, value) set in every rank.
+pub fn run_test_ranks_env(
+    test: &str,
+    nranks: usize,
+    role_env: &str,
+    timeout: std::time::Duration,
+    env: &[(&str, &str)],
+) -> Vec<String> {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let report = crate::launch::LocalLauncher::command(nranks, exe)
+    let mut launcher = crate::launch::LocalLauncher::command(nranks, exe)
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(role_env, "rank")
         .bootstrap_timeout(std::time::Duration::from_secs(30))
         .timeout(timeout)
-        .capture_output(true)
+        .capture_output(true);
+    for (k, v) in env {
+        launcher = launcher.env(*k, *v);
+    }
+    let report = launcher
         .run()
         .unwrap_or_else(|e| panic!("{test}: cannot launch {nranks} ranks: {e}"));
     let output = report.output.join("\n");
