@@ -77,28 +77,16 @@ fn setup(rank: usize, id: UniqueId, ngpus: usize) -> Rank {
 /// Ping-pong of `words` u64 (0: signals alone) for `rounds` rounds; returns rank 0's kernel
 /// time in ms.
 fn ping_pong(r: &Rank, rank: usize, words: usize, rounds: u64, sync: &Barrier) -> f64 {
-    let f = r.module.function("proxy_ping_pong").unwrap();
-    let stream = r.gpu.new_stream().unwrap();
-    let conn = r.conn();
-    let errors = DeviceBuffer::zeroed(&r.gpu, 8).unwrap();
-    let (rank32, seed, perr) = (rank as u32, 1u64, errors.device_ptr());
-    sync.wait();
-    let ms = events_ms(&stream, || {
-        let mut l = stream.launch_builder(&f);
-        l.arg(&conn)
-            .arg(&r.buf_ptr)
-            .arg(&words)
-            .arg(&rounds)
-            .arg(&rank32)
-            .arg(&seed)
-            .arg(&perr);
-        // SAFETY: the connection and buffers live in `r`, past the event synchronize.
-        unsafe { l.launch(grid(1, 1)) }.unwrap();
-    });
-    let mut bad = [0u64];
-    errors.copy_to_host(0, &mut bad).unwrap();
-    assert_eq!(bad[0], 0, "ping-pong data corrupted");
-    ms
+    common::ping_pong_ms(
+        &r.module,
+        &r.gpu,
+        &r.conn(),
+        r.buf_ptr,
+        rank,
+        words,
+        rounds,
+        sync,
+    )
 }
 
 /// What the host issues in one round of [`issue_latency`].

@@ -26,7 +26,7 @@ use std::time::Instant;
 use common::{events_ms, grid};
 use mscclpp::host::bootstrap::{BlockingBootstrap, BootstrapConfig, UniqueId};
 use mscclpp::host::communicator::{Backend, Buffer, CommConfig, Communicator, DevConnArg};
-use mscclpp::host::cuda::{DeviceBuffer, Gpu, KernelModule, PushKernelArg};
+use mscclpp::host::cuda::{Gpu, KernelModule, PushKernelArg};
 use mscclpp::host::transport::TransportKind;
 
 const MAX_BYTES: usize = 1 << 30;
@@ -69,7 +69,8 @@ fn put_ms(
     })
 }
 
-fn ping_pong_ms(
+/// 8 B ping-pong over `comm`'s connection (milliseconds for `rounds` rounds).
+fn ping_pong(
     comm: &Communicator,
     module: &KernelModule,
     gpu: &Gpu,
@@ -78,28 +79,8 @@ fn ping_pong_ms(
     rounds: u64,
     sync: &Barrier,
 ) -> f64 {
-    let f = module.function("proxy_ping_pong").unwrap();
-    let stream = gpu.new_stream().unwrap();
     let conn = DevConnArg(comm.device_connections()[0]);
-    let errors = DeviceBuffer::zeroed(gpu, 8).unwrap();
-    let (words, rank32, seed, perr) = (1usize, rank as u32, 3u64, errors.device_ptr());
-    sync.wait();
-    let ms = events_ms(&stream, || {
-        let mut l = stream.launch_builder(&f);
-        l.arg(&conn)
-            .arg(&buf)
-            .arg(&words)
-            .arg(&rounds)
-            .arg(&rank32)
-            .arg(&seed)
-            .arg(&perr);
-        // SAFETY: the connection and buffers live in `comm`, past the event synchronize.
-        unsafe { l.launch(grid(1, 1)) }.unwrap();
-    });
-    let mut bad = [0u64];
-    errors.copy_to_host(0, &mut bad).unwrap();
-    assert_eq!(bad[0], 0, "ping-pong data corrupted");
-    ms
+    common::ping_pong_ms(module, gpu, &conn, buf, rank, 1, rounds, sync)
 }
 
 /// GB/s of a plain copy of `bytes` from one thread to another over one loopback socket.
@@ -174,9 +155,9 @@ fn main() {
         let buf = buffer.device_ptr().unwrap();
         let module = KernelModule::load_builtin(&gpu).unwrap();
         let rounds = 1000u64;
-        ping_pong_ms(&comm, &module, &gpu, buf, rank, 100, sync);
+        ping_pong(&comm, &module, &gpu, buf, rank, 100, sync);
         let ms = (0..3)
-            .map(|_| ping_pong_ms(&comm, &module, &gpu, buf, rank, rounds, sync))
+            .map(|_| ping_pong(&comm, &module, &gpu, buf, rank, rounds, sync))
             .sum::<f64>()
             / 3.0;
         let rtt = ms * 1e3 / (rounds as f64 / 2.0);

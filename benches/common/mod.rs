@@ -7,8 +7,8 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use mscclpp::host::bootstrap::{BlockingBootstrap, UniqueId, create_unique_id};
-use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
-use mscclpp::host::cuda::{self, Gpu, KernelModule, LaunchConfig};
+use mscclpp::host::communicator::{Backend, CommConfig, Communicator, DevConnArg};
+use mscclpp::host::cuda::{self, DeviceBuffer, Gpu, KernelModule, LaunchConfig, PushKernelArg};
 use mscclpp::host::smoke;
 
 /// Milliseconds between two events recorded around `f` on `stream`.
@@ -91,4 +91,42 @@ pub fn host_flag_round_trip_us() -> f64 {
     )
     .unwrap();
     t.elapsed().as_secs_f64() * 1e6 / rounds as f64
+}
+
+/// One launch of `proxy_ping_pong` (one thread) over `conn`: `rounds` rounds of `words`
+/// words, after a thread barrier with the peer; milliseconds on a new stream of `gpu`.
+/// Panics if the receiving kernel saw wrong data.
+#[allow(clippy::too_many_arguments)]
+pub fn ping_pong_ms(
+    module: &KernelModule,
+    gpu: &Gpu,
+    conn: &DevConnArg<'_>,
+    buf: u64,
+    rank: usize,
+    words: usize,
+    rounds: u64,
+    sync: &Barrier,
+) -> f64 {
+    let f = module.function("proxy_ping_pong").unwrap();
+    let stream = gpu.new_stream().unwrap();
+    let errors = DeviceBuffer::zeroed(gpu, 8).unwrap();
+    let (rank32, seed, perr) = (rank as u32, 1u64, errors.device_ptr());
+    sync.wait();
+    let ms = events_ms(&stream, || {
+        let mut l = stream.launch_builder(&f);
+        l.arg(conn)
+            .arg(&buf)
+            .arg(&words)
+            .arg(&rounds)
+            .arg(&rank32)
+            .arg(&seed)
+            .arg(&perr);
+        // SAFETY: the connection and buffers belong to the caller's communicator, which
+        // outlives the event synchronize.
+        unsafe { l.launch(grid(1, 1)) }.unwrap();
+    });
+    let mut bad = [0u64];
+    errors.copy_to_host(0, &mut bad).unwrap();
+    assert_eq!(bad[0], 0, "ping-pong data corrupted");
+    ms
 }
