@@ -375,12 +375,85 @@ impl Collectives {
         self.noted(unsafe { kernels.launch(stream, index, send, recv, p.count, tag, grid) })
     }
 
-    /// Runs a plan on CPU threads (host backend).
+    /// Runs a plan on the host backend: on CPU threads, or across hosts through
+    /// `cross.rs` (reduce-scatter, broadcast; the others are refused there).
     ///
     /// # Safety
     /// The ranges valid host memory for the plan.
     unsafe fn more_host(&self, call: &str, p: Plan, send: u64, recv: u64) -> Result<(), CommError> {
         self.host_only(call)?;
+        if self.cross().is_some() {
+            if p.pair_bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: caller contract.
+            return unsafe {
+                match p.kind {
+                    Kind::ReduceScatter => self.cross_reduce_scatter(
+                        send,
+                        recv,
+                        p.count as usize,
+                        p.dtype,
+                        p.op.expect("a reduction"),
+                    ),
+                    Kind::Broadcast => {
+                        self.cross_broadcast(send, recv, p.pair_bytes, p.dtype, p.root)
+                    }
+                    Kind::Reduce | Kind::AllToAll => self.not_across_hosts(call),
+                }
+            };
+        }
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, p, send, recv) }
+    }
+
+    /// The local group's broadcast of `bytes` in place at `buf` from local index `root`.
+    ///
+    /// # Safety
+    /// `buf` valid host memory for `bytes`.
+    pub(super) unsafe fn local_broadcast(
+        &self,
+        call: &str,
+        buf: u64,
+        bytes: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let plan = self.plan_rooted(call, bytes / dtype.size(), dtype, None, root)?;
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, plan, buf, buf) }
+    }
+
+    /// The local group's reduce-scatter of `count` elements per local rank (`send` holds
+    /// `nlocal * count`).
+    ///
+    /// # Safety
+    /// `send` valid host memory for `nlocal * count` elements, `recv` for `count`, disjoint.
+    pub(super) unsafe fn local_reduce_scatter(
+        &self,
+        call: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let plan = self.plan_rs(call, count, dtype, op)?;
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, plan, send, recv) }
+    }
+
+    /// Runs a plan on CPU threads over the local group's context.
+    ///
+    /// # Safety
+    /// The ranges valid host memory for the plan.
+    unsafe fn local_more_host(
+        &self,
+        call: &str,
+        p: Plan,
+        send: u64,
+        recv: u64,
+    ) -> Result<(), CommError> {
         if p.pair_bytes == 0 {
             return Ok(());
         }
@@ -1068,6 +1141,7 @@ impl Collectives {
         ops: &[P2pOp],
         gpu_ranges: bool,
     ) -> Result<(P2pOps, u32), CommError> {
+        self.not_across_hosts(&format!("{call} (send/recv)"))?;
         if ops.len() > MAX_P2P_OPS {
             return Err(invalid(format!(
                 "{call}: {} operations; at most {MAX_P2P_OPS} in one group",
@@ -1142,6 +1216,12 @@ impl Collectives {
         Ok((out, stage))
     }
 
+    /// The p2p state, which every Collectives on one host has ([`p2p_ops`](Self::p2p_ops)
+    /// refuses calls across hosts first).
+    fn p2p_one_host(&self) -> &P2p {
+        self.p2p.as_ref().expect("one host (checked by p2p_ops)")
+    }
+
     /// Most blocks of one transfer on a GPU: a group has up to `2 * (nranks - 1)` lanes side
     /// by side, and every block of it must be resident at once (a send's blocks wait for the
     /// peer's receive, which may wait for other lanes): 128 blocks in all (the kernel takes
@@ -1160,7 +1240,10 @@ impl Collectives {
         ops.depth = c.p2p_depth;
         ops.ll_max = c.p2p_packet_max_bytes as u64;
         ops.ll_blocks = c.p2p_packet_blocks.min(max_blocks);
-        ops.plan(p2p_piece(self.p2p.ctx.scratch_len, c.p2p_depth), max_blocks)
+        ops.plan(
+            p2p_piece(self.p2p_one_host().ctx.scratch_len, c.p2p_depth),
+            max_blocks,
+        )
     }
 
     /// Posts the sends and receives of `ops` as one launch on `stream` (NCCL's grouped
@@ -1204,7 +1287,11 @@ impl Collectives {
             .map(|i| staged_len(ops.ops[i].bytes))
             .sum();
         let capturing = gpu::is_capturing(stream);
-        let mut stage = self.p2p.stage.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stage = self
+            .p2p_one_host()
+            .stage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if stage.as_ref().is_none_or(|s| (s.bytes as u64) < total) {
             if capturing {
                 return Err(invalid(format!(
@@ -1266,7 +1353,12 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let blocks = self.p2p_plan(&mut ops, self.p2p_max_blocks());
         let kernels = self.more.as_ref().expect("GPU backend");
-        let ctx = self.p2p.dev.as_ref().expect("GPU backend").device_ptr();
+        let ctx = self
+            .p2p_one_host()
+            .dev
+            .as_ref()
+            .expect("GPU backend")
+            .device_ptr();
         let arg = OpsArg(ops);
         let mut l = stream.launch_builder(&kernels.p2p);
         l.arg(&ctx).arg(&arg);
@@ -1390,7 +1482,7 @@ impl Collectives {
         }
         // Two blocks per transfer at most: CPU threads.
         let blocks = self.p2p_plan(&mut ops, 2);
-        let ctx = &*self.p2p.ctx as *const CollContext as u64;
+        let ctx = &*self.p2p_one_host().ctx as *const CollContext as u64;
         launch(Dim3::x(blocks), Dim3::x(2), || {
             // SAFETY: the p2p context (boxed, alive as long as self) holds this
             // communicator's shared memory; the buffers are valid (caller contract).
