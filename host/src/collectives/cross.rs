@@ -257,7 +257,7 @@ impl Collectives {
     }
 
     /// Runs `body` with the cross state locked, after the pending errors; a failure of the
-    /// body that breaks the partners' agreement is kept and returned by every later call.
+    /// body is kept and returned by every later call (see the [module](self)).
     fn cross_call(
         &self,
         call: &str,
@@ -271,12 +271,9 @@ impl Collectives {
         }
         self.check_fault(call, true)?;
         let r = body(cross, &mut st);
-        if let Err(e) = &r
-            && matches!(
-                e,
-                CommError::Timeout(_) | CommError::Aborted(_) | CommError::State(_)
-            )
-        {
+        // Any failure inside (a local step's too) may leave this rank's rounds behind its
+        // partners': the next exchange would pair different rounds.
+        if let Err(e) = &r {
             st.broken = Some(copy_error(call, e));
         }
         r
