@@ -140,9 +140,31 @@ pub(super) struct Cross {
 }
 
 /// Bytes of each slot of the cross buffer for `hosts` hosts: the buffer holds `4 * hosts`
-/// slots in `scratch_bytes / 2` (so its size does not grow with the job), at least 4 KiB.
+/// slots in `scratch_bytes / 2` (so its size does not grow with the job), each at least
+/// 4 KiB and at least 16 payload bytes per host (an all-gather round gathers a piece of 16
+/// bytes or more from every host into one slot's worth).
 fn slot_bytes(config: &CollConfig, hosts: usize) -> usize {
-    (config.scratch_bytes / 2 / (4 * hosts)).max(4096) / 16 * 16
+    (config.scratch_bytes / 2 / (4 * hosts))
+        .max(4096)
+        .max(16 * hosts + HDR)
+        .next_multiple_of(16)
+}
+
+/// Refuses an average of 8-bit integers over more ranks than the type holds (the quotient's
+/// divisor is the rank count in the type, as in the kernels).
+fn check_avg(call: &str, op: ReduceOp, dtype: DataType, nranks: usize) -> Result<(), CommError> {
+    let max = match dtype {
+        DataType::I8 => i8::MAX as usize,
+        DataType::U8 => u8::MAX as usize,
+        _ => usize::MAX,
+    };
+    if op == ReduceOp::Avg && nranks > max {
+        return Err(CommError::InvalidArgument(format!(
+            "{call}: the average of {dtype} over {nranks} ranks is not supported (the rank \
+             count does not fit the type); sum, then divide"
+        )));
+    }
+    Ok(())
 }
 
 /// A connection request made before the communicator's setup, completed by
@@ -396,6 +418,7 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let call = "all_reduce_host";
+        check_avg(call, op, dtype, self.nranks())?;
         let s = dtype.size();
         // Avg: sums in every step, the quotient once at the end.
         let step_op = if op == ReduceOp::Avg {
@@ -489,7 +512,7 @@ impl Collectives {
             let (nl, nh) = (cross.nlocal(), cross.hosts());
             let me = cross.topo.host;
             // Each round: a piece of every rank's data; nh pieces gathered per local rank.
-            let piece = (cross.payload() / nh / 16 * 16).max(16);
+            let piece = cross.payload() / nh / 16 * 16;
             let mut off = 0usize;
             while off < bytes {
                 let p = piece.min(bytes - off);
@@ -555,6 +578,7 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let call = "reduce_scatter_host";
+        check_avg(call, op, dtype, self.nranks())?;
         let s = dtype.size();
         let step_op = if op == ReduceOp::Avg {
             ReduceOp::Sum
