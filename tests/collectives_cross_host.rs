@@ -477,10 +477,15 @@ fn mismatch_rank() {
     let count = if r < 2 { 5 } else { 7 };
     let mut buf = vec![1f32; count];
     match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
-        Err(CommError::State(m)) => assert!(
-            m.contains("differently across hosts") && m.contains("all_reduce"),
-            "rank {r}: {m}"
-        ),
+        Err(CommError::State(m)) => {
+            assert!(
+                m.contains("differently across hosts")
+                    && m.contains("all_reduce (sum) with 5 f32")
+                    && m.contains("all_reduce (sum) with 7 f32"),
+                "rank {r}: {m}"
+            );
+            println!("rank {r}: {m}");
+        }
         other => panic!("rank {r}: expected the mismatch, got {other:?}"),
     }
     // The partners' rounds no longer agree: every later call says so.

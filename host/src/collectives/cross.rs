@@ -391,14 +391,14 @@ impl Collectives {
                 let theirs = if hdr[0] != round {
                     format!("its round {} where this rank is at {round}", hdr[0])
                 } else {
-                    super::describe([hdr[1], hdr[2]])
+                    describe([hdr[1], hdr[2]])
                 };
                 return Err(CommError::State(format!(
                     "{call}: the ranks called collectives differently across hosts: rank {} \
                      called {}, rank {peer} (host {h}) {theirs}; the collectives cannot be \
                      used any more",
                     self.rank(),
-                    super::describe(descr)
+                    describe(descr)
                 )));
             }
         }
@@ -809,6 +809,16 @@ unsafe fn finish_avg(buf: *mut u8, count: usize, dtype: DataType, n: u32) {
             };
             std::ptr::copy_nonoverlapping(q.to_le_bytes().as_ptr(), p, s);
         }
+    }
+}
+
+/// A cross-host call descriptor in words (`super::describe`, whose algorithm names are the
+/// one-host kernels'; these calls carry none).
+fn describe(d: [u64; 2]) -> String {
+    let s = super::describe(d);
+    match s.strip_suffix(" (?)").or_else(|| s.strip_suffix(" (put)")) {
+        Some(head) => format!("{head} (across hosts)"),
+        None => s,
     }
 }
 

@@ -10,6 +10,18 @@
 //! calls are stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU)
 //! the same kernels run on CPU threads over shared memory, and calls block until done.
 //!
+//! # Across hosts
+//!
+//! Ranks on several hosts (bootstrap host ids, `MSCCLPP_HOST_ID`) are accepted on the host
+//! backend, with the same number of ranks (at most 8) on every host: the kernels run over
+//! this rank's host (memory channels, as on one machine), and the ranks of the same local
+//! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical,
+//! all-gather, reduce-scatter and broadcast are built across hosts; reduce, all-to-all and
+//! send/recv return [`CommError::InvalidArgument`] naming the call. Every rank gets
+//! bit-identical results; sums are formed per host in rank order, then across hosts in host
+//! order (docs/tcp-transport.md, "Collectives across hosts"). The GPU backend refuses ranks
+//! on several hosts.
+//!
 //! # Ordering and failures
 //!
 //! As with NCCL, the calls of one [`Collectives`] must be ordered: one stream (or streams
@@ -482,8 +494,9 @@ fn parse_all_gather_env() -> Result<Option<AllGatherAlgo>, CommError> {
 }
 
 impl Collectives {
-    /// Registers scratch and connects every pair of ranks (collective: every rank calls it,
-    /// with equal configs). `comm` must have no pending connections of its own; it keeps
+    /// Registers scratch and connects every pair of ranks of a host, and each rank to the
+    /// ranks of its local index on the other hosts (over TCP; see [Across
+    /// hosts](self#across-hosts)) (collective: every rank calls it, with equal configs). `comm` must have no pending connections of its own; it keeps
     /// working for the caller's own channels afterwards through [`communicator`]
     /// (read-only).
     ///
