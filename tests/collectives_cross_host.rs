@@ -288,6 +288,36 @@ fn check_reduce_scatter<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp
     }
 }
 
+/// Reduce of `E` to every root for `ops`, out of place (the others' `recv` untouched) and in
+/// place.
+fn check_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp]) {
+    let (n, r) = (c.nranks(), c.rank());
+    for &count in counts {
+        for &op in ops {
+            for root in 0..n {
+                let call = count + op as usize + root;
+                let send: Vec<E> = (0..count).map(|i| value(op, r, i, call)).collect();
+                let want: Vec<E> = (0..count)
+                    .map(|i| reference(op, n, |q| value(op, q, i, call)))
+                    .collect();
+                let sentinel: Vec<E> = (0..count).map(|i| E::of((i % 5) as i64 + 40)).collect();
+                let mut out = sentinel.clone();
+                c.reduce_host(&send, &mut out, op, root).unwrap();
+                if r == root {
+                    assert!(out == want, "rank {r}: reduce {op:?} of {count} to {root}");
+                } else {
+                    assert!(out == sentinel, "rank {r}: reduce to {root} wrote recv");
+                }
+                let mut buf = send.clone();
+                c.reduce_host_in_place(&mut buf, op, root).unwrap();
+                if r == root {
+                    assert!(buf == want, "rank {r}: in-place reduce {op:?} to {root}");
+                }
+            }
+        }
+    }
+}
+
 /// Broadcast from every root, out of place and in place.
 fn check_broadcast(c: &Collectives, counts: &[usize]) {
     let (n, r) = (c.nranks(), c.rank());
@@ -340,6 +370,8 @@ fn two_by_two_rank() {
     check_reduce_scatter::<f32>(&c, &[1, 3, 1001, 3001], &ALL_OPS);
     check_reduce_scatter::<u32>(&c, &[5, 777], &[ReduceOp::Sum, ReduceOp::Max]);
     check_reduce_scatter::<i8>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Min]);
+    check_reduce::<f32>(&c, &[1, 3, 3001], &[ReduceOp::Sum, ReduceOp::Avg]);
+    check_reduce::<i64>(&c, &[5, 1001], &[ReduceOp::Prod, ReduceOp::Min]);
     check_broadcast(&c, &[1, 4, 3001]);
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {}: ok", c.rank());
@@ -361,6 +393,7 @@ fn one_per_host_rank() {
     check_all_reduce::<f32>(&c, &[1, 3, 5001], &ALL_OPS, false);
     check_all_gather::<u8>(&c, &[1, 3, 5001]);
     check_reduce_scatter::<i32>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Avg]);
+    check_reduce::<u8>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Max]);
     check_broadcast(&c, &[3, 1001]);
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {}: ok", c.rank());
@@ -413,10 +446,6 @@ fn unsupported_rank() {
     let (n, r) = (c.nranks(), c.rank());
     let send = vec![1f32; 2 * n];
     let mut out = vec![0f32; 2 * n];
-    expect_unsupported(
-        c.reduce_host(&send, &mut out, ReduceOp::Sum, 0),
-        "reduce_host",
-    );
     expect_unsupported(c.all_to_all_host(&send, &mut out), "all_to_all_host");
     let peer = (r + 1) % n;
     expect_unsupported(c.send_host(&send, peer), "send/recv");

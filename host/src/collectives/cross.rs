@@ -272,7 +272,7 @@ impl Collectives {
             None => Ok(()),
             Some(c) => Err(CommError::InvalidArgument(format!(
                 "{call}: not supported across hosts (this Collectives spans {} hosts); \
-                 across hosts all_reduce, all_gather, reduce_scatter and broadcast are built",
+                 across hosts all_reduce, all_gather, reduce_scatter, reduce and broadcast are built",
                 c.hosts()
             ))),
         }
@@ -405,7 +405,9 @@ impl Collectives {
         Ok(())
     }
 
-    /// Host backend, across hosts: hierarchical all-reduce (see the [module](self)).
+    /// Host backend, across hosts: hierarchical all-reduce (see the [module](self)); with
+    /// `root`, a reduce: the partners send to the root's host only, whose ranks reduce and
+    /// gather the shards, and only the root writes `recv`.
     ///
     /// # Safety
     /// `send`/`recv` valid host memory for `count` elements (equal or disjoint).
@@ -416,8 +418,13 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
+        root: Option<usize>,
     ) -> Result<(), CommError> {
-        let call = "all_reduce_host";
+        let call = if root.is_some() {
+            "reduce_host"
+        } else {
+            "all_reduce_host"
+        };
         check_avg(call, op, dtype, self.nranks())?;
         let s = dtype.size();
         // Avg: sums in every step, the quotient once at the end.
@@ -428,12 +435,30 @@ impl Collectives {
         };
         let descr = [
             count as u64,
-            all_reduce_tag(super::AllReduceAlgo::Auto, dtype, op),
+            match root {
+                None => all_reduce_tag(super::AllReduceAlgo::Auto, dtype, op),
+                Some(r) => desc::rooted_tag(
+                    desc::REDUCE,
+                    super::dtype_code(dtype),
+                    super::op_desc(op),
+                    0,
+                    r as u64,
+                ),
+            },
         ];
         let type_op = desc::type_op(all_reduce_tag(super::AllReduceAlgo::Auto, dtype, step_op));
         let n_all = self.nranks() as u32;
         self.cross_call(call, |cross, st| {
             let nl = cross.nlocal();
+            let me = cross.topo.host;
+            // Reduce: the root's host reduces, the root keeps the result.
+            let root_host = root.map(|r| {
+                (0..cross.hosts())
+                    .find(|&h| cross.topo.hosts[h].contains(&r))
+                    .expect("root checked")
+            });
+            let reducing = root_host.is_none_or(|h| h == me);
+            let is_root = root.is_none_or(|r| r == self.rank());
             let cap = cross.payload() / s;
             let mut off = 0usize;
             while off < count {
@@ -466,8 +491,19 @@ impl Collectives {
                         )?;
                     }
                 }
-                // 2. Every host's sum of it, from the partners.
-                self.exchange(cross, st, call, descr, |_| c * s, |_| cross.topo.host)?;
+                // 2. Every host's sum of it, from the partners (reduce: to the root's host).
+                let lens = |h| {
+                    if root_host.is_none_or(|r| r == h) {
+                        c * s
+                    } else {
+                        0
+                    }
+                };
+                self.exchange(cross, st, call, descr, lens, |_| me)?;
+                if !reducing {
+                    off += len;
+                    continue;
+                }
                 // 3. Reduced in host order (the same on every partner), the average's quotient.
                 let shard = st.shard.as_mut_ptr();
                 reduce_hosts(cross, round, shard, c * s, type_op);
@@ -475,18 +511,23 @@ impl Collectives {
                     // SAFETY: the shard holds c elements of the type.
                     unsafe { finish_avg(shard, c, dtype, n_all) };
                 }
-                // 4. Every local index's shard to every local rank.
+                // 4. Every local index's shard to every local rank (reduce: gathered on the
+                // root's host, kept by the root only).
                 // SAFETY: recv holds count elements (caller contract).
                 unsafe {
                     let dst = (recv as *mut u8).add(off * s);
                     if nl == 1 {
-                        std::ptr::copy_nonoverlapping(shard, dst, len * s);
-                    } else if len == nl * c {
+                        if is_root {
+                            std::ptr::copy_nonoverlapping(shard, dst, len * s);
+                        }
+                    } else if len == nl * c && root.is_none() {
                         self.local_all_gather(call, shard as u64, dst as u64, c * s, dtype)?;
                     } else {
                         let stage = st.stage.as_mut_ptr();
                         self.local_all_gather(call, shard as u64, stage as u64, c * s, dtype)?;
-                        std::ptr::copy_nonoverlapping(stage, dst, len * s);
+                        if is_root {
+                            std::ptr::copy_nonoverlapping(stage, dst, len * s);
+                        }
                     }
                 }
                 off += len;

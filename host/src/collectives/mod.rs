@@ -16,7 +16,7 @@
 //! backend, with the same number of ranks (at most 8) on every host: the kernels run over
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
 //! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical,
-//! all-gather, reduce-scatter and broadcast are built across hosts; reduce, all-to-all and
+//! all-gather, reduce-scatter, reduce and broadcast are built across hosts; all-to-all and
 //! send/recv return [`CommError::InvalidArgument`] naming the call. Every rank gets
 //! bit-identical results; sums are formed per host in rank order, then across hosts in host
 //! order (docs/tcp-transport.md, "Collectives across hosts"). The GPU backend refuses ranks
@@ -1138,7 +1138,7 @@ impl Collectives {
         }
         if self.cross.is_some() {
             // SAFETY: caller contract.
-            return unsafe { self.cross_all_reduce(send, recv, count, dtype, op) };
+            return unsafe { self.cross_all_reduce(send, recv, count, dtype, op, None) };
         }
         let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
         let f = more::all_reduce_host_kernel(algo, dtype, op);

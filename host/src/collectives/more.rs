@@ -376,7 +376,7 @@ impl Collectives {
     }
 
     /// Runs a plan on the host backend: on CPU threads, or across hosts through
-    /// `cross.rs` (reduce-scatter, broadcast; the others are refused there).
+    /// `cross.rs` (reduce-scatter, reduce, broadcast; all-to-all is refused there).
     ///
     /// # Safety
     /// The ranges valid host memory for the plan.
@@ -399,7 +399,15 @@ impl Collectives {
                     Kind::Broadcast => {
                         self.cross_broadcast(send, recv, p.pair_bytes, p.dtype, p.root)
                     }
-                    Kind::Reduce | Kind::AllToAll => self.not_across_hosts(call),
+                    Kind::Reduce => self.cross_all_reduce(
+                        send,
+                        recv,
+                        p.count as usize,
+                        p.dtype,
+                        p.op.expect("a reduction"),
+                        Some(p.root),
+                    ),
+                    Kind::AllToAll => self.not_across_hosts(call),
                 }
             };
         }
