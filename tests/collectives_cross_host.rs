@@ -318,6 +318,21 @@ fn check_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp]) {
     }
 }
 
+/// All-to-all of `E`: rank `q`'s block for this rank lands at block `q`.
+fn check_all_to_all<E: T>(c: &Collectives, counts: &[usize]) {
+    let (n, r) = (c.nranks(), c.rank());
+    // Element i of the block from rank `from` to rank `to`.
+    let v = |from: usize, to: usize, i: usize| E::of(((from * 7 + to * 3 + i) % 61) as i64);
+    for &count in counts {
+        let send: Vec<E> = (0..n * count).map(|k| v(r, k / count, k % count)).collect();
+        let want: Vec<E> = (0..n * count).map(|k| v(k / count, r, k % count)).collect();
+        let mut out = vec![E::of(0); n * count];
+        c.all_to_all_host(&send, &mut out).unwrap();
+        let bad = (0..n * count).find(|&k| out[k] != want[k]);
+        assert_eq!(bad, None, "rank {r}: all_to_all of {count} per pair");
+    }
+}
+
 /// Broadcast from every root, out of place and in place.
 fn check_broadcast(c: &Collectives, counts: &[usize]) {
     let (n, r) = (c.nranks(), c.rank());
@@ -373,6 +388,8 @@ fn two_by_two_rank() {
     check_reduce::<f32>(&c, &[1, 3, 3001], &[ReduceOp::Sum, ReduceOp::Avg]);
     check_reduce::<i64>(&c, &[5, 1001], &[ReduceOp::Prod, ReduceOp::Min]);
     check_broadcast(&c, &[1, 4, 3001]);
+    check_all_to_all::<u8>(&c, &[1, 3, 2001]);
+    check_all_to_all::<f32>(&c, &[5, 1001]);
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {}: ok", c.rank());
 }
@@ -395,6 +412,7 @@ fn one_per_host_rank() {
     check_reduce_scatter::<i32>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Avg]);
     check_reduce::<u8>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Max]);
     check_broadcast(&c, &[3, 1001]);
+    check_all_to_all::<i32>(&c, &[1, 777]);
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {}: ok", c.rank());
 }
@@ -415,12 +433,13 @@ fn sixteen_rank() {
     check_all_reduce::<i32>(&c, &[3, 1001], &[ReduceOp::Max, ReduceOp::Prod], false);
     check_all_gather::<u8>(&c, &[1, 3, 1025]);
     check_all_gather::<f32>(&c, &[5, 333]);
+    check_all_to_all::<u8>(&c, &[3, 301]);
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {}: ok", c.rank());
 }
 
-/// 16 processes as 4 hosts of 4 ranks (beyond the 8 ranks of one host): all-reduce and
-/// all-gather.
+/// 16 processes as 4 hosts of 4 ranks (beyond the 8 ranks of one host): all-reduce,
+/// all-gather and all-to-all.
 #[test]
 fn cross_host_16_ranks_4x4() {
     if child() {
@@ -446,7 +465,6 @@ fn unsupported_rank() {
     let (n, r) = (c.nranks(), c.rank());
     let send = vec![1f32; 2 * n];
     let mut out = vec![0f32; 2 * n];
-    expect_unsupported(c.all_to_all_host(&send, &mut out), "all_to_all_host");
     let peer = (r + 1) % n;
     expect_unsupported(c.send_host(&send, peer), "send/recv");
     expect_unsupported(c.recv_host(&mut out, peer), "send/recv");

@@ -272,7 +272,7 @@ impl Collectives {
             None => Ok(()),
             Some(c) => Err(CommError::InvalidArgument(format!(
                 "{call}: not supported across hosts (this Collectives spans {} hosts); \
-                 across hosts all_reduce, all_gather, reduce_scatter, reduce and broadcast are built",
+                 across hosts every collective but send/recv is built",
                 c.hosts()
             ))),
         }
@@ -770,6 +770,94 @@ impl Collectives {
             if cross.nlocal() > 1 {
                 // SAFETY: recv holds bytes; on the local root it holds the data now.
                 unsafe { self.local_broadcast(call, recv, bytes, dtype, root_local)? };
+            }
+            Ok(())
+        })
+    }
+
+    /// Host backend, across hosts: all-to-all of `bytes` per pair (`send` and `recv` hold
+    /// `nranks * bytes`). Each round, a piece of every block: an all-to-all inside the host
+    /// hands local index `l` every block of this host meant for the ranks of local index `l`
+    /// (on every host); then each rank sends its partner on host `h` the blocks for it (one
+    /// exchange) and places what it receives by source rank.
+    ///
+    /// # Safety
+    /// `send` and `recv` valid for `nranks * bytes`, disjoint.
+    pub(super) unsafe fn cross_all_to_all(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let call = "all_to_all_host";
+        let tag = desc::tag(desc::ALL_TO_ALL, super::dtype_code(dtype), 0, 0);
+        let descr = [bytes as u64, tag];
+        self.cross_call(call, |cross, st| {
+            let (nl, nh) = (cross.nlocal(), cross.hosts());
+            let me = cross.topo.host;
+            // Pieces of p bytes (whole elements): the stage holds the arranged input and the
+            // local all-to-all's output (nl * nh * p each), a slot nl * p.
+            let s = dtype.size();
+            let p_max = ((cross.payload() / (2 * nh)).min(cross.payload() / nl) / s * s).max(s);
+            let mut off = 0usize;
+            while off < bytes {
+                let p = p_max.min(bytes - off);
+                let round = st.round;
+                let half = nl * nh * p;
+                let stage = st.stage.as_mut_ptr();
+                // SAFETY: send and recv hold nranks * bytes (caller contract); the stage holds
+                // nl * payload >= 2 * nl * nh * p bytes; a send slot payload >= nl * p.
+                unsafe {
+                    // Input arranged by destination local index, then host.
+                    for ld in 0..nl {
+                        for hd in 0..nh {
+                            let g = cross.topo.rank_at(hd, ld);
+                            std::ptr::copy_nonoverlapping(
+                                (send as *const u8).add(g * bytes + off),
+                                stage.add((ld * nh + hd) * p),
+                                p,
+                            );
+                        }
+                    }
+                    // From every local rank ls: its blocks for (hd, l), hd in host order.
+                    let local_out = if nl == 1 {
+                        stage as *const u8
+                    } else {
+                        let out = stage.add(half);
+                        self.local_all_to_all(call, stage as u64, out as u64, nh * p, dtype)?;
+                        out as *const u8
+                    };
+                    for hd in 0..nh {
+                        for ls in 0..nl {
+                            let from = local_out.add((ls * nh + hd) * p);
+                            if hd == me {
+                                let g = cross.topo.rank_at(me, ls);
+                                let to = (recv as *mut u8).add(g * bytes + off);
+                                std::ptr::copy_nonoverlapping(from, to, p);
+                            } else {
+                                let to = cross.payload_ptr(round, false, hd).add(ls * p);
+                                std::ptr::copy_nonoverlapping(from, to, p);
+                            }
+                        }
+                    }
+                }
+                self.exchange(cross, st, call, descr, |_| nl * p, |h| h)?;
+                for hs in (0..nh).filter(|&h| h != me) {
+                    for ls in 0..nl {
+                        let g = cross.topo.rank_at(hs, ls);
+                        // SAFETY: the receive slot holds nl * p bytes (published by the
+                        // wait); recv holds nranks * bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                cross.payload_ptr(round, true, hs).add(ls * p),
+                                (recv as *mut u8).add(g * bytes + off),
+                                p,
+                            )
+                        };
+                    }
+                }
+                off += p;
             }
             Ok(())
         })

@@ -16,8 +16,8 @@
 //! backend, with the same number of ranks (at most 8) on every host: the kernels run over
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
 //! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical,
-//! all-gather, reduce-scatter, reduce and broadcast are built across hosts; all-to-all and
-//! send/recv return [`CommError::InvalidArgument`] naming the call. Every rank gets
+//! and every other collective is built across hosts but send/recv, which returns
+//! [`CommError::InvalidArgument`] naming the call. Every rank gets
 //! bit-identical results; sums are formed per host in rank order, then across hosts in host
 //! order (docs/tcp-transport.md, "Collectives across hosts"). The GPU backend refuses ranks
 //! on several hosts.

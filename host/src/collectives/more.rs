@@ -376,7 +376,7 @@ impl Collectives {
     }
 
     /// Runs a plan on the host backend: on CPU threads, or across hosts through
-    /// `cross.rs` (reduce-scatter, reduce, broadcast; all-to-all is refused there).
+    /// `cross.rs`.
     ///
     /// # Safety
     /// The ranges valid host memory for the plan.
@@ -407,7 +407,7 @@ impl Collectives {
                         p.op.expect("a reduction"),
                         Some(p.root),
                     ),
-                    Kind::AllToAll => self.not_across_hosts(call),
+                    Kind::AllToAll => self.cross_all_to_all(send, recv, p.pair_bytes, p.dtype),
                 }
             };
         }
@@ -447,6 +447,32 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let plan = self.plan_rs(call, count, dtype, op)?;
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, plan, send, recv) }
+    }
+
+    /// The local group's all-to-all of `pair_bytes` per pair (`send` and `recv` hold
+    /// `nlocal * pair_bytes`, block `l` for / from local index `l`).
+    ///
+    /// # Safety
+    /// `send`, `recv` valid host memory for `nlocal * pair_bytes`, disjoint.
+    pub(super) unsafe fn local_all_to_all(
+        &self,
+        call: &str,
+        send: u64,
+        recv: u64,
+        pair_bytes: usize,
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let plan = Plan {
+            kind: Kind::AllToAll,
+            dtype,
+            op: None,
+            count: pair_bytes as u64,
+            pair_bytes,
+            total_bytes: pair_bytes * self.ctx.nranks as usize,
+            root: 0,
+        };
         // SAFETY: caller contract.
         unsafe { self.local_more_host(call, plan, send, recv) }
     }
