@@ -10,9 +10,11 @@
 //!   CPU store into host-mapped memory (the floor), `cuStreamWriteValue64`, an 8-byte
 //!   `cuMemcpyAsync` followed by `cuStreamWriteValue64` (what the P2P plane does for
 //!   `put_with_signal`), and the same copy followed by a copy of the epoch.
-//! - put bandwidth, 1 KB to 1 GB: rank 0 queues puts and one signal, timed on its stream
-//!   with CUDA events, against `cuMemcpyAsync` of the same bytes between the same two
-//!   buffers on a stream (the copy engine, which the proxy drives).
+//! - put bandwidth, 1 KB to 1 GB: rank 0 queues puts and one signal; timed with CUDA events
+//!   on rank 1's stream around its kernel, which ends when the signal (after the data)
+//!   arrives, both launched together (a thread barrier); against `cuMemcpyAsync` of the
+//!   same bytes between the same two buffers on a stream (the copy engine, which the proxy
+//!   drives).
 //!
 //! `cargo bench --bench proxy_channel` (skips with the reason without a GPU). Not criterion:
 //! one measurement per size is what a sweep to 1 GB affords; each is the mean of several
@@ -313,7 +315,9 @@ fn main() {
         "{:>12} {:>14} {:>16} {:>7}",
         "bytes", "put GB/s", "cuMemcpy GB/s", "ratio"
     );
-    for (size, put, ce) in &rows[1..] {
+    // Put bandwidth as rank 1 sees it: its kernel ends when the signal, queued after every
+    // put, arrives (rank 0's kernel may end before the proxy's last copies have).
+    for ((size, _, ce), (_, put, _)) in rows[1..].iter().zip(&results[1].0[1..]) {
         println!("{size:>12} {put:>14.1} {ce:>16.1} {:>7.3}", put / ce);
     }
 }

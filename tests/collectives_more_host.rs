@@ -1,12 +1,13 @@
 //! Reduce-scatter, reduce, broadcast and all-to-all over the Host transport across three
 //! processes, and sends/receives (the test binary re-executes itself, one process per rank), from CPU threads,
 //! checked against a CPU reference; sizes on both sides of the LL limit and over many
-//! scratch rounds.
+//! scratch rounds; then again across four processes with the pipelined broadcast and reduce
+//! (`RootedAlgo::Pipelined`).
 
 use std::time::Duration;
 
 use half::bf16;
-use mscclpp::host::collectives::{CollConfig, Collectives, DataType, P2pOp, ReduceOp};
+use mscclpp::host::collectives::{CollConfig, Collectives, DataType, P2pOp, ReduceOp, RootedAlgo};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::run_test_ranks;
@@ -18,7 +19,9 @@ fn value(rank: usize, i: usize, call: usize) -> f32 {
     ((i * 31 + rank * 17 + call * 7) % 13) as f32 - 6.0
 }
 
-fn rank_main() {
+/// `pipelined`: broadcast and reduce above the LL size take the pipelined kernels (pieces of
+/// at least 512 bytes, three in flight).
+fn rank_main(pipelined: bool) {
     let launch = Launch::from_env().unwrap();
     let bs = launch.blocking_bootstrap().unwrap();
     let config = CommConfig {
@@ -32,6 +35,18 @@ fn rank_main() {
         CollConfig {
             scratch_bytes: 64 << 10,
             packet_max_bytes: 16 << 10,
+            broadcast_algo: if pipelined {
+                RootedAlgo::Pipelined
+            } else {
+                RootedAlgo::Auto
+            },
+            reduce_algo: if pipelined {
+                RootedAlgo::Pipelined
+            } else {
+                RootedAlgo::Auto
+            },
+            rooted_piece_bytes: 512,
+            rooted_depth: 3,
             ..CollConfig::default()
         },
     )
@@ -129,11 +144,25 @@ fn rank_main() {
 #[test]
 fn three_processes_reduce_scatter_reduce_broadcast_all_to_all_send_recv() {
     if std::env::var(ROLE).is_ok() {
-        rank_main();
+        rank_main(false);
     } else {
         run_test_ranks(
             "three_processes_reduce_scatter_reduce_broadcast_all_to_all_send_recv",
             3,
+            ROLE,
+            Duration::from_secs(300),
+        );
+    }
+}
+
+#[test]
+fn four_processes_with_pipelined_broadcast_and_reduce() {
+    if std::env::var(ROLE).is_ok() {
+        rank_main(true);
+    } else {
+        run_test_ranks(
+            "four_processes_with_pipelined_broadcast_and_reduce",
+            4,
             ROLE,
             Duration::from_secs(300),
         );

@@ -15,6 +15,7 @@ const KERNELS: &[&str] = &[
     "memory_put_bench",
     "memory_get_bench",
     "proxy_ping_pong",
+    "proxy_bytes_ping_pong",
     "proxy_all_gather",
     "proxy_put_bench",
 ];

@@ -6,7 +6,10 @@
 //! i32, u32, i64, u64) and operation (sum, prod, min, max, avg) on every reducing path,
 //! all-reduce's algorithms included, and the fp8 types on the byte movers; sends and receives (a ring in one group, one-way
 //! sends alone) of the same sizes; one call of each captured into a CUDA graph and replayed
-//! over fresh inputs; the typed API's argument checks. Skips with a reason without
+//! over fresh inputs; the typed API's argument checks; and the pipelined broadcast and
+//! reduce (`RootedAlgo::Pipelined`) over the same sizes, types and operations and under a
+//! graph (`pipelined_broadcast_and_reduce_match_the_cpu_reference_to_64_mib`). Skips with a
+//! reason without
 //! a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
 use std::sync::Arc;
@@ -14,13 +17,15 @@ use std::time::Duration;
 
 use cudarc::driver::{DevicePtr, sys};
 use half::{bf16, f16};
-use mscclpp::host::collectives::{AllReduceAlgo, Collectives, DataType, P2pOp, ReduceOp};
+use mscclpp::host::collectives::{
+    AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp, ReduceOp, RootedAlgo,
+};
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
 mod common;
 
-use common::{ROLE, dptr, mismatches, setup, splitmix, test_ranks, to_bytes};
+use common::{ROLE, dptr, mismatches, setup, setup_with, splitmix, test_ranks, to_bytes};
 
 /// Element `i` of rank `rank`'s input of call `seed` as raw bits: floats random in
 /// [-4, 4) held exactly by the type, integers over their whole range, fp8 any byte.
@@ -385,21 +390,33 @@ fn types_and_ops_rank() {
 /// give the new result (fresh packet flags and semaphores each time).
 fn graph_rank() {
     let (c, stream) = setup();
+    let r = c.rank();
+    graph_replays(
+        &c,
+        &stream,
+        &[Op::ReduceScatter, Op::Reduce, Op::Broadcast, Op::AllToAll],
+    );
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// [`graph_rank`]'s replays of `ops`.
+fn graph_replays(c: &Collectives, stream: &Arc<CudaStream>, ops: &[Op]) {
     let (n, r) = (c.nranks(), c.rank());
     let dtype = DataType::Bf16;
-    for op in [Op::ReduceScatter, Op::Reduce, Op::Broadcast, Op::AllToAll] {
+    for &op in ops {
         for count in [n * 3, n * (3 << 20)] {
             let root = n - 1;
             let red = ReduceOp::Sum;
             let (send, recv_len, _, _) = data(op, dtype, red, 0, n, r, count, root, false);
             let sbuf: CudaSlice<u8> = stream.alloc_zeros(send.len()).unwrap();
             let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
-            let (sp, rp) = (dptr(&sbuf, &stream), dptr(&rbuf, &stream));
+            let (sp, rp) = (dptr(&sbuf, stream), dptr(&rbuf, stream));
             stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .unwrap();
             // SAFETY: the buffers live until the synchronize after the replays.
-            unsafe { issue(&c, op, dtype, red, sp, rp, count, root, &stream) };
+            unsafe { issue(c, op, dtype, red, sp, rp, count, root, stream) };
             let graph = stream
                 .end_capture(
                     sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
@@ -411,7 +428,7 @@ fn graph_rank() {
                 let tmp: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
                 // SAFETY: device-to-device copy between live buffers of send.len() bytes.
                 unsafe {
-                    mscclpp::host::cuda::memcpy_async(sp, dptr(&tmp, &stream), send.len(), &stream)
+                    mscclpp::host::cuda::memcpy_async(sp, dptr(&tmp, stream), send.len(), stream)
                 }
                 .unwrap();
                 stream.synchronize().unwrap();
@@ -432,8 +449,6 @@ fn graph_rank() {
             println!("rank {r}: graph replays of {op:?} count {count} matched");
         }
     }
-    c.communicator().bootstrap().barrier().unwrap();
-    println!("rank {r}: ok");
 }
 
 /// The typed calls refuse bad arguments with the reason, and work.
@@ -634,6 +649,81 @@ fn send_recv_rank() {
     println!("rank {r}: ok");
 }
 
+/// The pipelined broadcast and reduce ([`RootedAlgo::Pipelined`], selected by the config
+/// as `MSCCLPP_BROADCAST_ALGO=pipelined` / `MSCCLPP_REDUCE_ALGO=pipelined` would): every
+/// size to 64 MiB and odd counts next to them, every root, in place and out of place; every
+/// reducing type and operation of reduce; fp8 broadcasts; one graph replay of each.
+fn pipelined_rank() {
+    let (c, stream) = setup_with(CollConfig {
+        broadcast_algo: RootedAlgo::Pipelined,
+        reduce_algo: RootedAlgo::Pipelined,
+        ..CollConfig::default()
+    });
+    let (n, r) = (c.nranks(), c.rank());
+    assert_eq!(c.rooted_algo(false), RootedAlgo::Pipelined);
+    assert_eq!(c.rooted_algo(true), RootedAlgo::Pipelined);
+    let mut seed = 2 << 20;
+    for op in [Op::Reduce, Op::Broadcast] {
+        for dtype in [DataType::F32, DataType::F16, DataType::Bf16] {
+            if op == Op::Broadcast && dtype == DataType::F32 {
+                continue;
+            }
+            for (k, count) in counts(op, dtype, n).into_iter().enumerate() {
+                seed += 1;
+                let red = ReduceOp::Sum;
+                check_call(&c, &stream, op, dtype, red, seed, count, k % n, k % 2 == 1);
+            }
+            println!("rank {r}: pipelined {op:?} {dtype} up to 64 MiB matched");
+        }
+    }
+    for dtype in DataType::ALL {
+        if matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2) {
+            for count in [4099usize, (3 << 20) + 1] {
+                seed += 1;
+                let red = ReduceOp::Sum;
+                check_call(
+                    &c,
+                    &stream,
+                    Op::Broadcast,
+                    dtype,
+                    red,
+                    seed,
+                    count,
+                    0,
+                    false,
+                );
+            }
+            continue;
+        }
+        for red in ReduceOp::ALL {
+            for count in [
+                1001usize,
+                ((1 << 20) + 40) / dtype.size(),
+                ((9 << 20) + 8) / dtype.size(),
+            ] {
+                seed += 1;
+                let in_place = seed.is_multiple_of(2);
+                let root = (seed as usize) % n;
+                check_call(
+                    &c,
+                    &stream,
+                    Op::Reduce,
+                    dtype,
+                    red,
+                    seed,
+                    count,
+                    root,
+                    in_place,
+                );
+            }
+        }
+        println!("rank {r}: pipelined reduce {dtype}: every operation matched");
+    }
+    graph_replays(&c, &stream, &[Op::Reduce, Op::Broadcast]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
 macro_rules! gpu_test {
     ($name:ident, $rank:ident) => {
         #[test]
@@ -662,6 +752,10 @@ gpu_test!(
     types_and_ops_rank
 );
 gpu_test!(typed_api_checks_arguments, typed_api_rank);
+gpu_test!(
+    pipelined_broadcast_and_reduce_match_the_cpu_reference_to_64_mib,
+    pipelined_rank
+);
 gpu_test!(
     sends_and_receives_match_alone_grouped_and_under_a_graph,
     send_recv_rank

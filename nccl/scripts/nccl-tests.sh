@@ -16,6 +16,10 @@
 #
 # Settings: NP (ranks, 2), SIZES ("-b 8 -e 64M -f 8"), ITERS ("-n 20 -w 5"), TYPES, OPS,
 # NCCL_PKG (folder with include/nccl.h and lib/libnccl.so.2), MSCCLPP_NCCL_SO, WORK.
+# ONLY=ours skips the real NCCL's runs and loads no real NCCL beside ours
+# (MSCCLPP_NCCL_LIB=none: a call we would forward fails instead); with
+# NCCL_TESTS_DEVICE=0 every rank uses GPU 0 (nccl-tests' own variable), so a one-GPU
+# machine can check our calls with two ranks (the real NCCL refuses two ranks on one GPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/nccl-tests-out}
@@ -70,8 +74,11 @@ mpi() {
   local which=$1 log=$2; shift 2
   local extra=()
   if [ "$which" = ours ]; then
-    extra=(-x LD_PRELOAD="$LIB" -x MSCCLPP_NCCL_LIB="$REAL" -x MSCCLPP_DEBUG="${MSCCLPP_DEBUG:-INFO}")
+    local real_lib=$REAL
+    [ "${ONLY:-}" = ours ] && real_lib=none
+    extra=(-x LD_PRELOAD="$LIB" -x MSCCLPP_NCCL_LIB="$real_lib" -x MSCCLPP_DEBUG="${MSCCLPP_DEBUG:-INFO}")
   fi
+  [ -n "${NCCL_TESTS_DEVICE:-}" ] && extra+=(-x NCCL_TESTS_DEVICE)
   echo "--- $which: $* " | tee -a "$LOGS/commands.txt"
   timeout "${RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --bind-to none -np "$NP" \
     -x LD_LIBRARY_PATH="$LDP" -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
@@ -85,7 +92,7 @@ run_both() {
   # run_both <name> <binary> <args...>: the real NCCL, then ours, on the same arguments
   local name=$1 bin=$2; shift 2
   mkdir -p "$LOGS/real" "$LOGS/ours"
-  mpi real "$LOGS/real/$name.log" "$BUILD/$bin" "$@"
+  [ "${ONLY:-}" = ours ] || mpi real "$LOGS/real/$name.log" "$BUILD/$bin" "$@"
   mpi ours "$LOGS/ours/$name.log" "$BUILD/$bin" "$@"
 }
 

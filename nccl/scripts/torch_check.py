@@ -36,7 +36,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", choices=["plain", "ours"], required=True)
     args = ap.parse_args()
-    local = int(os.environ["LOCAL_RANK"])
+    # TORCH_CHECK_DEVICE puts every rank on one GPU (a one-GPU machine; ours only: the real
+    # NCCL refuses two ranks on one device).
+    local = int(os.environ.get("TORCH_CHECK_DEVICE", os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
     dist.init_process_group("nccl")

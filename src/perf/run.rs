@@ -805,6 +805,10 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         let stop = ctx.new_event(timing).map_err(drv("cuEventCreate"))?;
         let ops = if a.graph_launches == 0 {
             bs.barrier()?;
+            // Ranks leave the host barrier microseconds apart. One untimed call first waits
+            // on the GPU for the last of them, so the timed calls start together (nccl-tests'
+            // timed loop likewise follows its warm-up on the stream, with no host barrier).
+            self.enqueue(config, lib, placement, shape)?;
             start.record(&self.stream).map_err(drv("cuEventRecord"))?;
             for _ in 0..a.iters {
                 self.enqueue(config, lib, placement, shape)?;
@@ -831,6 +835,8 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             graph.launch().map_err(drv("cuGraphLaunch"))?;
             self.sync()?;
             bs.barrier()?;
+            // As above: one untimed call aligns the ranks.
+            self.enqueue(config, lib, placement, shape)?;
             start.record(&self.stream).map_err(drv("cuEventRecord"))?;
             for _ in 0..a.graph_launches {
                 graph.launch().map_err(drv("cuGraphLaunch"))?;

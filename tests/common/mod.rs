@@ -26,6 +26,11 @@ pub fn test_ranks() -> usize {
 
 /// This rank's collectives on its GPU (launched by the test's parent) and a stream.
 pub fn setup() -> (Collectives, Arc<CudaStream>) {
+    setup_with(CollConfig::default())
+}
+
+/// [`setup`] with the collectives' settings `coll`.
+pub fn setup_with(coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
     let launch = Launch::from_env().unwrap();
     let bs = launch.blocking_bootstrap().unwrap();
     let backend = Backend::auto(bs.local_rank()).unwrap();
@@ -38,10 +43,7 @@ pub fn setup() -> (Collectives, Arc<CudaStream>) {
     };
     let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
     let stream = gpu.new_stream().unwrap();
-    (
-        Collectives::new(comm, CollConfig::default()).unwrap(),
-        stream,
-    )
+    (Collectives::new(comm, coll).unwrap(), stream)
 }
 
 /// SplitMix64: the inputs' hash.

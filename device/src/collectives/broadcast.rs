@@ -148,3 +148,85 @@ pub unsafe fn put(
         ctx.finish(&call);
     }
 }
+
+/// Pipelined broadcast of `bytes` from `root` through the scratch (the whole region as one
+/// slot), with no barrier per round (see [`super::pipe`]): the ranks form a chain in rank
+/// order from the root (`root`, `root + 1`, … mod `nranks`); each piece goes from the root
+/// into the next rank's scratch, and each rank copies it out into `recv` and on into the next
+/// rank's scratch, while its upstream writes the following pieces. Every link carries the
+/// data once (the root sends `bytes`, not `nranks - 1` times them); with two ranks it is
+/// the root writing into the peer's scratch while the peer copies the previous piece out.
+/// The piece size and depth come from the tag ([`desc::piece`](super::desc::piece),
+/// [`desc::depth`](super::desc::depth)); traps unless they fit the grid's chunks.
+///
+/// # Safety
+/// As for [`put`].
+#[inline(always)]
+pub unsafe fn pipelined(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: u64,
+    tag: u64,
+    root: u32,
+) {
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+    let (n, r) = (ctx.nranks, ctx.rank);
+    check_grid(ctx, nb, nt);
+    let slot = ctx.scratch_len / 16 * 16;
+    let (piece, depth) = (super::desc::piece(tag), super::desc::depth(tag));
+    if !super::pipe::pipe_fits(slot, nb, depth, piece) {
+        arch::trap();
+    }
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, bytes, tag) };
+    // SAFETY: every thread of every block; the stage checks the descriptors before it
+    // signals or waits.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
+    let pos = (r + n - root) % n;
+    let (prev, next) = ((r + n - 1) % n, (r + 1) % n);
+    let ups = if pos > 0 { 1 << prev } else { 0 };
+    let downs = if pos + 1 < n { 1 << next } else { 0 };
+    let down_scratch = ctx.peer_scratch[next as usize & (super::MAX_RANKS - 1)];
+    // SAFETY: every thread; the chain's stages agree (same tag, bytes and grid everywhere);
+    // the work touches piece `off..off + len` of send/recv and sub-slot `sub`.
+    unsafe {
+        super::pipe::run(
+            ctx,
+            &mut call,
+            slot,
+            bytes,
+            piece,
+            depth,
+            ups,
+            downs,
+            |off, len, sub| {
+                // The piece: the root's input, else what the upstream rank wrote here.
+                let src = if pos == 0 {
+                    send.add(off as usize)
+                } else {
+                    ctx.scratch.add(sub as usize) as *const u8
+                };
+                if downs != 0 {
+                    // The next rank's sub-slot is free (acknowledged, or never used).
+                    copy(down_scratch.add(sub as usize), src, len, t, nt);
+                }
+                let out = recv.add(off as usize);
+                if !core::ptr::eq(out as *const u8, src) {
+                    copy(out, src, len, t, nt);
+                }
+            },
+        )
+    };
+    if n > 2 {
+        // SAFETY: every thread of the block; no peer writes this rank's scratch in its next
+        // call before every rank has copied its pieces out.
+        unsafe { ctx.barrier(&mut call, b, t) };
+    }
+    // SAFETY: every thread of every block (a block with no piece still checks).
+    unsafe {
+        ctx.check_pending(&mut call, t);
+        ctx.finish(&call);
+    }
+}

@@ -35,6 +35,9 @@
 //!   (packets, no barrier, on one-shot's call counter, halves and descriptor checks through
 //!   [`ll`]) and a put path (the peers' scratch in rounds, per-block
 //!   barriers, a last barrier like two-shot).
+//! - [`pipe`]: the pipelined broadcast and reduce (a selectable variant of their put
+//!   paths): pieces streamed through the scratch with a signal and an acknowledgement per
+//!   piece and no barrier per round.
 //! - [`send_recv`]: point-to-point sends and receives, alone or grouped into one launch,
 //!   through a separate p2p scratch with its own semaphores (a second context).
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
@@ -80,6 +83,7 @@ pub mod all_reduce;
 pub mod all_to_all;
 pub mod broadcast;
 pub mod ll;
+pub mod pipe;
 pub mod proxy;
 pub mod reduce;
 pub mod reduce_scatter;
@@ -298,6 +302,29 @@ pub mod desc {
     #[inline(always)]
     pub const fn rooted_tag(kind: u64, dtype: u64, op: u64, algo: u64, root: u64) -> u64 {
         tag(kind, dtype, op, algo) | (root & 0xff) << ROOT_SHIFT
+    }
+    /// Algorithm code ([`ALGO_SHIFT`]) of the pipelined broadcast and reduce
+    /// ([`pipe`](super::pipe)); 1 is their LL path, 2 their rounds through the scratch.
+    pub const PIPELINED: u64 = 3;
+    /// Bits 40..60 of a pipelined call's tag: its piece size in 16-byte units.
+    pub const PIECE_SHIFT: u32 = 40;
+    /// Bits 60..64: its depth (pieces in flight per block and link).
+    pub const DEPTH_SHIFT: u32 = 60;
+    /// `tag` with a pipelined call's `piece` (bytes, a multiple of 16, below 16 MiB) and
+    /// `depth` (below 16).
+    #[inline(always)]
+    pub const fn with_pipe(tag: u64, piece: u64, depth: u32) -> u64 {
+        tag | ((piece / 16) & 0xf_ffff) << PIECE_SHIFT | (depth as u64 & 0xf) << DEPTH_SHIFT
+    }
+    /// The piece size (bytes) of a pipelined call's tag ([`with_pipe`]).
+    #[inline(always)]
+    pub const fn piece(tag: u64) -> u64 {
+        (tag >> PIECE_SHIFT & 0xf_ffff) * 16
+    }
+    /// The depth of a pipelined call's tag ([`with_pipe`]).
+    #[inline(always)]
+    pub const fn depth(tag: u64) -> u32 {
+        (tag >> DEPTH_SHIFT & 0xf) as u32
     }
     /// Field `shift` of a tag.
     #[inline(always)]

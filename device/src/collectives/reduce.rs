@@ -149,3 +149,102 @@ pub unsafe fn put<T: Reduce>(
         ctx.finish(&call);
     }
 }
+
+/// Pipelined reduce of `count` elements to `root` through the root's scratch (one slot per
+/// source rank, [`rank_slot`]), with no barrier per round (see [`super::pipe`]): every other
+/// rank writes its pieces into its slot of the root's scratch and the root, as soon as piece
+/// `k` has arrived from every rank, reduces it in rank order into `recv` (the same
+/// reduction as [`put`], so bit-identical results) while the ranks write piece `k + 1`. The
+/// root's link carries `nranks - 1` inputs (the bandwidth-optimal shape for two ranks; for
+/// more, a chain in rank order would carry each link once). In place allowed. The piece size
+/// and depth come from the tag ([`desc::piece`](super::desc::piece),
+/// [`desc::depth`](super::desc::depth)); traps unless they fit the grid's chunks.
+///
+/// # Safety
+/// As for [`put`].
+#[inline(always)]
+pub unsafe fn pipelined<T: Reduce>(
+    ctx: &CollContext,
+    send: *const u8,
+    recv: *mut u8,
+    count: u64,
+    tag: u64,
+    root: u32,
+    op: u32,
+) {
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+    let (n, r) = (ctx.nranks, ctx.rank);
+    check_grid(ctx, nb, nt);
+    let es = T::SIZE;
+    let slot_bytes = rank_slot(ctx.scratch_len, n as u64);
+    let (piece, depth) = (super::desc::piece(tag), super::desc::depth(tag));
+    // Pieces are multiples of 16 bytes: whole elements.
+    if !super::pipe::pipe_fits(slot_bytes, nb, depth, piece) || !piece.is_multiple_of(es) {
+        arch::trap();
+    }
+    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
+    // SAFETY: every thread of every block; the stage checks the descriptors before it
+    // signals or waits.
+    unsafe { ctx.begin_deferred(&mut call, b, t) };
+    let others = ((1u32 << n) - 1) & !(1 << r);
+    let (ups, downs) = if r == root {
+        (others, 0)
+    } else {
+        (0, 1 << root)
+    };
+    let root_scratch = ctx.peer_scratch[root as usize & (MAX_RANKS - 1)];
+    // SAFETY: every thread; the stages agree (same tag, count and grid everywhere); the work
+    // touches piece `off..off + len` of send/recv and sub-slot `sub` of slots.
+    unsafe {
+        super::pipe::run(
+            ctx,
+            &mut call,
+            slot_bytes,
+            count * es,
+            piece,
+            depth,
+            ups,
+            downs,
+            |off, len, sub| {
+                if r != root {
+                    // Slot `r` of the root's scratch; the sub-slot is free.
+                    let dst = root_scratch.add((r as u64 * slot_bytes + sub) as usize);
+                    copy(dst, send.add(off as usize), len, t, nt);
+                } else {
+                    let mut srcs = [core::ptr::null::<u8>(); MAX_RANKS];
+                    for (q, src) in srcs.iter_mut().enumerate().take(n as usize) {
+                        *src = if q as u32 == r {
+                            send.wrapping_add(off as usize)
+                        } else {
+                            ctx.scratch
+                                .wrapping_add((q as u64 * slot_bytes + sub) as usize)
+                                as *const u8
+                        };
+                    }
+                    // Every rank's piece has landed (waited for); in place, each element is
+                    // read before this thread writes it.
+                    T::reduce_out(
+                        &srcs[..n as usize],
+                        recv.add(off as usize),
+                        core::ptr::null_mut(),
+                        len / es,
+                        t,
+                        op,
+                    );
+                }
+            },
+        )
+    };
+    if n > 2 {
+        // SAFETY: every thread of the block; no rank writes the root's scratch in its next
+        // call before the root has reduced every rank's pieces.
+        unsafe { ctx.barrier(&mut call, b, t) };
+    }
+    // SAFETY: every thread of every block (a block with no piece still checks).
+    unsafe {
+        ctx.check_pending(&mut call, t);
+        ctx.finish(&call);
+    }
+}

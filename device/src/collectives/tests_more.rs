@@ -108,6 +108,9 @@ struct Case {
     /// The receiving ranks of a rooted call (broadcast: all but the root; reduce: the root)
     /// sleep this long before it, so the writers may run ahead.
     lag_us: u64,
+    /// Broadcast and reduce: the pipelined kernel with this piece size and depth (instead
+    /// of `ll`'s path).
+    pipe: Option<(u64, u32)>,
 }
 
 /// Fill of output bytes a call must not touch.
@@ -180,6 +183,19 @@ impl Case {
                 desc::tag(desc::ALL_REDUCE, 1, 1, 1),
             ),
         };
+        if let (Some((piece, depth)), Broadcast | Reduce(_)) = (self.pipe, self.coll) {
+            let (f, tag): (k::MoreKernel, u64) = match self.coll {
+                Reduce(ty) => (
+                    k::reduce_pipe,
+                    desc::rooted_tag(desc::REDUCE, dt(ty), 1, desc::PIPELINED, root),
+                ),
+                _ => (
+                    k::broadcast_pipe,
+                    desc::rooted_tag(desc::BROADCAST, 0, 0, desc::PIPELINED, root),
+                ),
+            };
+            return (f, c, desc::with_pipe(tag, piece, depth));
+        }
         let tag = match self.coll {
             ReduceScatter(ty) => desc::tag(desc::REDUCE_SCATTER, dt(ty), 1, algo),
             Reduce(ty) => desc::rooted_tag(desc::REDUCE, dt(ty), 1, algo, root),
@@ -300,6 +316,7 @@ fn all_cases(n: usize, counts: &[usize]) -> Vec<Case> {
                             blocks,
                             threads,
                             lag_us: 0,
+                            pipe: None,
                         });
                     }
                 }
@@ -361,6 +378,7 @@ fn rooted_ll_calls_in_a_row_do_not_let_the_root_overrun_its_peers() {
             blocks: 1 + (seed % 3) as u32,
             threads: 4,
             lag_us: 2000,
+            pipe: None,
         });
     }
     run_sequence(&w, n, &cases);
@@ -594,7 +612,7 @@ type Kernel5 = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
 /// descriptor's type code less one) and operation `opc`: all-reduce one-shot, two-shot,
 /// read-reduce, all-pairs (0..4; read-reduce and all-pairs are two-shot but for sums of the
 /// 16/32-bit floats, as the host routes them), reduce-scatter LL and put, reduce LL and put
-/// (4..8) to `root`.
+/// (4..8) to `root`; the test adds the pipelined reduce (8).
 fn reducing_kernel(ti: usize, path: usize, opc: u32, root: usize) -> (Kernel5, u64) {
     const SUM: [[Kernel5; 4]; 3] = [
         [
@@ -846,7 +864,7 @@ fn every_operation_of_every_type_on_every_reducing_path_matches_the_reference() 
                     let mut seed = 0u64;
                     for (ti, ty) in OpTy::ALL.into_iter().enumerate() {
                         for opc in 0..op::COUNT {
-                            for path in 0..8usize {
+                            for path in 0..9usize {
                                 seed += 1;
                                 let count = [37usize, 5, 64, 131][(seed % 4) as usize];
                                 let (pad, in_place) = [(0, false), (ty.size(), true), (0, true), (ty.size(), false)][(seed / 4 % 4) as usize];
@@ -885,8 +903,16 @@ fn every_operation_of_every_type_on_every_reducing_path_matches_the_reference() 
                                     let sp = send.p.add(pad);
                                     (sp as u64, if in_place { sp.add(off) } else { recv.p.add(pad) } as u64)
                                 };
-                                let (f, tag) = reducing_kernel(ti, path, opc, root);
                                 let (blocks, threads) = grid(seed, n);
+                                let (f, tag) = if path == 8 {
+                                    // The pipelined reduce: pieces of 16 or 32 bytes.
+                                    let slot = reduce_scatter::rank_slot(16 * 40, n as u64);
+                                    let (piece, depth) = pipe_shape((count * es) as u64, slot, blocks, 2, 16 * (1 + seed % 2));
+                                    let tag = desc::rooted_tag(desc::REDUCE, ti as u64 + 1, opc as u64 + 1, desc::PIPELINED, root as u64);
+                                    (k::reduce_pipe as Kernel5, desc::with_pipe(tag, piece, depth))
+                                } else {
+                                    reducing_kernel(ti, path, opc, root)
+                                };
                                 launch(Dim3::x(blocks), Dim3::x(threads), || {
                                     // SAFETY: the world's context; buffers as the kernels need.
                                     unsafe {
@@ -910,5 +936,120 @@ fn every_operation_of_every_type_on_every_reducing_path_matches_the_reference() 
                 });
             }
         });
+    }
+}
+
+/// The piece and depth of a pipelined call of `bytes` over `blocks` blocks and slots of
+/// `slot` bytes: [`pipe::pipe_piece`] with `min_piece`, the depth lowered until a sub-slot
+/// holds 16 bytes.
+fn pipe_shape(bytes: u64, slot: u64, blocks: u32, depth: u32, min_piece: u64) -> (u64, u32) {
+    let mut d = depth;
+    loop {
+        let p = pipe::pipe_piece(bytes, slot, blocks, d, min_piece);
+        if p > 0 || d == 1 {
+            assert!(
+                pipe::pipe_fits(slot, blocks, d, p),
+                "{bytes} {slot} {blocks} {d}"
+            );
+            return (p, d);
+        }
+        d -= 1;
+    }
+}
+
+#[test]
+fn pipe_pieces_fit_their_chunks() {
+    // 128 MiB slots, 128 blocks: 1 MiB chunks; 32 MB over 128 blocks: 8 pieces of 32 KiB.
+    assert_eq!(
+        pipe::pipe_piece(32 << 20, 128 << 20, 128, 2, 16 << 10),
+        32 << 10
+    );
+    // Capped by the sub-slot (1 MiB / 2).
+    assert_eq!(
+        pipe::pipe_piece(1 << 30, 128 << 20, 128, 2, 16 << 10),
+        512 << 10
+    );
+    // At least the minimum, in multiples of 16.
+    assert_eq!(pipe::pipe_piece(100, 128 << 20, 4, 2, 0), 16);
+    assert_eq!(pipe::pipe_piece(100, 128 << 20, 4, 2, 1000), 1008);
+    // No room for 16 bytes per sub-slot.
+    assert_eq!(pipe::pipe_piece(1 << 20, 100, 4, 2, 16), 0);
+    assert!(!pipe::pipe_fits(640, 4, 2, 96));
+    assert!(pipe::pipe_fits(640, 4, 2, 80));
+    let tag = desc::with_pipe(desc::rooted_tag(desc::REDUCE, 3, 5, 3, 7), 80, 3);
+    assert_eq!(
+        (desc::piece(tag), desc::depth(tag), desc::root(tag)),
+        (80, 3, 7)
+    );
+    assert_eq!(desc::type_op(tag), op::AVG | 3 << 8);
+}
+
+#[test]
+fn pipelined_broadcast_and_reduce_match_the_reference_between_other_calls() {
+    for n in [1usize, 2, 3, 4] {
+        // A small scratch: 640 bytes, so every block's chunk holds a few pieces of 16 to 80
+        // bytes and the larger calls reuse each sub-slot many times.
+        let scratch = 16 * 40;
+        let w = World::new(n, scratch, 8192);
+        let mut cases = Vec::new();
+        let mut seed = 50_000 + n as u64 * 1000;
+        for count in [1usize, 5, 64, 100, 257, 1000] {
+            for coll in [
+                Coll::Broadcast,
+                Coll::Reduce(Ty::F32),
+                Coll::Reduce(Ty::F16),
+                Coll::Reduce(Ty::Bf16),
+            ] {
+                let (size, slot) = match coll {
+                    Coll::Reduce(t) => (t.size(), reduce_scatter::rank_slot(scratch, n as u64)),
+                    _ => (1, scratch / 16 * 16),
+                };
+                for root in 0..n {
+                    for (pad, in_place) in [(0, false), (0, true), (size, false), (size, true)] {
+                        seed += 1;
+                        let (blocks, threads) = grid(seed, n);
+                        let bytes = (count * size) as u64;
+                        let depth = 1 + (seed % 4) as u32;
+                        let min_piece = [16, 32, 48, 4096][(seed / 4 % 4) as usize];
+                        let case = Case {
+                            coll,
+                            ll: false,
+                            count,
+                            root,
+                            pad,
+                            in_place,
+                            seed,
+                            blocks,
+                            threads,
+                            // Now and then the receivers start late: the senders run ahead
+                            // until their sub-slots are full.
+                            lag_us: if seed.is_multiple_of(7) { 500 } else { 0 },
+                            pipe: Some(pipe_shape(bytes, slot, blocks, depth, min_piece)),
+                        };
+                        cases.push(case);
+                        // Between them, other kernels on the same semaphores and scratch.
+                        let other = match seed % 6 {
+                            0 => Some((Coll::AllToAll, false)),
+                            2 => Some((Coll::Broadcast, false)),
+                            3 => Some((Coll::Reduce(Ty::F32), true)),
+                            5 => Some((Coll::ReduceScatter(Ty::F16), false)),
+                            _ => None,
+                        };
+                        if let Some((coll, ll)) = other {
+                            cases.push(Case {
+                                coll,
+                                ll,
+                                count: 37,
+                                seed: seed << 8,
+                                pipe: None,
+                                lag_us: 0,
+                                ..case
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        run_sequence(&w, n, &cases);
     }
 }

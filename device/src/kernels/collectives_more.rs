@@ -9,8 +9,8 @@
 //! Names: `reduce_scatter_ll_{B}` and `reduce_ll_{B}` for B in b8, b16, b32, b64 (one per
 //! element size, [`Dyn`]), `reduce_scatter_put` and `reduce_put` (every type, as bytes:
 //! [`Bytes`]; their call descriptors hold the byte count),
-//! `broadcast_{ll,put}`, `all_to_all_{ll,put}`; and `p2p(ctx, ops)`, grouped sends and
-//! receives.
+//! `broadcast_{ll,put}`, `all_to_all_{ll,put}`, the pipelined `broadcast_pipe` and
+//! `reduce_pipe` (every type, as bytes); and `p2p(ctx, ops)`, grouped sends and receives.
 
 use crate::collectives::send_recv::{self, P2pOps};
 use crate::collectives::{
@@ -88,6 +88,28 @@ kernel! {
     }
 }
 crate::launch_bounds!(broadcast_put, 512);
+
+kernel! {
+    /// Pipelined broadcast of `bytes` from the tag's root (a chain through the scratch, no
+    /// barrier per round): see [`broadcast::pipelined`].
+    pub unsafe fn broadcast_pipe(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { broadcast::pipelined(&*ctx, send, recv, bytes, tag, desc::root(tag)) }
+    }
+}
+crate::launch_bounds!(broadcast_pipe, 512);
+
+kernel! {
+    /// Pipelined reduce to the tag's root through its scratch (no barrier per round), any
+    /// reducing type, moved as bytes ([`Bytes`]; the call descriptor holds the byte count):
+    /// see [`reduce::pipelined`].
+    pub unsafe fn reduce_pipe(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
+        let bytes = count * desc::type_size(tag);
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { reduce::pipelined::<Bytes>(&*ctx, send, recv, bytes, tag, desc::root(tag), desc::type_op(tag)) }
+    }
+}
+crate::launch_bounds!(reduce_pipe, 512);
 
 kernel! {
     /// LL all-to-all of `bytes` per block: see [`all_to_all::ll`].

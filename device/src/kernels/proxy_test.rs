@@ -62,6 +62,86 @@ kernel! {
     }
 }
 
+/// Byte `i` of the message [`proxy_bytes_ping_pong`] sends in round `round` from `seed`:
+/// the little-endian bytes of [`probe_value`] words.
+#[inline(always)]
+pub fn probe_byte(seed: u64, round: u64, i: u64) -> u8 {
+    (probe_value(seed, round, i / 8) >> (8 * (i % 8))) as u8
+}
+
+kernel! {
+    /// One block, two ranks, messages of any byte count. In round `r` (1-based) the sender
+    /// (rank 0 in odd rounds, rank 1 in even ones) writes `bytes` bytes
+    /// `probe_byte(seed ^ rank, r, i)` at the start of its buffer and `put_with_signal`s
+    /// them (`bytes == 0`: a bare `signal`, no put at all); the other rank `wait`s, then
+    /// checks every byte under the flag and the byte just past the message (`guard`, when
+    /// `bytes < cap`, must still be 0: the buffer starts zeroed and nobody writes it),
+    /// adding mismatches to `*errors`. A flag raised before its data shows as bytes of the
+    /// previous round.
+    #[allow(clippy::too_many_arguments)] // the host side is coded against this signature
+    pub unsafe fn proxy_bytes_ping_pong(
+        conn: DevConn<'_>,
+        buf: *mut u8,
+        bytes: u64,
+        cap: u64,
+        rounds: u64,
+        rank: u32,
+        seed: u64,
+        errors: *mut u64,
+    ) {
+        let t = arch::thread_idx_x() as u64;
+        let nt = arch::block_dim_x() as u64;
+        let peer = 1 - rank;
+        for r in 1..=rounds {
+            let sender = (r % 2 == 1) == (rank == 0);
+            if sender {
+                let mut i = t;
+                while i < bytes {
+                    // SAFETY: buf holds `cap >= bytes` bytes (caller contract).
+                    unsafe { *buf.add(i as usize) = probe_byte(seed ^ rank as u64, r, i) };
+                    i += nt;
+                }
+                arch::sync_threads();
+                if t == 0 {
+                    if bytes == 0 {
+                        conn.signal();
+                    } else {
+                        conn.put_with_signal(0, 0, bytes);
+                    }
+                }
+                arch::sync_threads();
+            } else {
+                if t == 0 {
+                    conn.wait();
+                }
+                arch::sync_threads();
+                let mut bad = 0u64;
+                let mut i = t;
+                while i < bytes {
+                    // SAFETY: as above; volatile, so each byte is read after the wait; the
+                    // peer's put completed before its signal.
+                    let v = unsafe { core::ptr::read_volatile(buf.add(i as usize)) };
+                    if v != probe_byte(seed ^ peer as u64, r, i) {
+                        bad += 1;
+                    }
+                    i += nt;
+                }
+                if t == 0 && bytes < cap {
+                    // SAFETY: `bytes < cap`, inside the buffer.
+                    if unsafe { core::ptr::read_volatile(buf.add(bytes as usize)) } != 0 {
+                        bad += 1;
+                    }
+                }
+                if bad != 0 {
+                    // SAFETY: `errors` is a live counter (caller contract).
+                    unsafe { arch::atomic_add_relaxed_gpu_u64(errors, bad) };
+                }
+                arch::sync_threads();
+            }
+        }
+    }
+}
+
 kernel! {
     /// All-gather over proxy channels: thread `i < nconns` puts this rank's chunk
     /// (`rank * chunk_bytes`, same offset on the peer) over `conns[i]`, signals, then waits

@@ -87,6 +87,17 @@ pub struct Args {
     /// Run on the Host transport with the CPU reference even when a GPU is present.
     #[arg(long)]
     pub host: bool,
+    /// Measure the 1-rank reference of the scaling efficiency in this run: before the
+    /// multi-rank training, rank 0 trains the same model alone at the same per-rank batch
+    /// for the same steps (no all-reduce) while the other ranks wait; the lines and the
+    /// summary then report `samples/s / (nranks x 1-rank samples/s)`.
+    #[arg(long)]
+    pub baseline: bool,
+    /// Most blocks of each all-reduce kernel (`CollConfig::max_blocks`, 1..=128; default
+    /// `MSCCLPP_COLL_MAX_BLOCKS` or 128). Fewer blocks leave more SMs and memory bandwidth
+    /// to the overlapped backward GEMMs. GPU only: the Host transport checks and records it.
+    #[arg(long)]
+    pub allreduce_blocks: Option<u32>,
     /// Use TF32 tensor cores in cuBLAS (faster; the gradient check's bound then does not
     /// hold and the check is skipped unless `--check-grads`).
     #[arg(long)]
@@ -156,6 +167,11 @@ pub struct Config {
     pub tf32: bool,
     /// Where rank 0 writes the final parameters.
     pub dump_params: Option<PathBuf>,
+    /// Rank 0 trains alone first (`--baseline`).
+    pub baseline: bool,
+    /// `--allreduce-blocks`: the collectives' `max_blocks`, when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allreduce_blocks: Option<u32>,
     /// Optimizer settings.
     #[serde(skip)]
     pub adamw: AdamW,
@@ -185,6 +201,12 @@ impl Config {
         if a.bucket_mb.is_nan() || a.bucket_mb <= 0.0 {
             return Err("--bucket-mb must be positive".into());
         }
+        let max_blocks = mscclpp::device::collectives::MAX_BLOCKS as u32;
+        if let Some(b) = a.allreduce_blocks
+            && !(1..=max_blocks).contains(&b)
+        {
+            return Err(format!("--allreduce-blocks {b} is not in 1..={max_blocks}"));
+        }
         if a.log_every == 0 {
             return Err("--log-every must be positive".into());
         }
@@ -211,6 +233,8 @@ impl Config {
             check_grads,
             tf32: a.tf32,
             dump_params: a.dump_params.clone(),
+            baseline: a.baseline,
+            allreduce_blocks: a.allreduce_blocks,
             adamw: AdamW {
                 lr: a.lr,
                 beta1: 0.9,
@@ -220,5 +244,17 @@ impl Config {
                 max_norm: a.clip,
             },
         })
+    }
+
+    /// The configuration of the `--baseline` run: one rank with this run's per-rank batch
+    /// (same model, steps, warm-up, optimizer and buckets); it writes no parameters.
+    pub fn solo(&self) -> Config {
+        Config {
+            batch: self.rank_batch,
+            nranks: 1,
+            dump_params: None,
+            baseline: false,
+            ..self.clone()
+        }
     }
 }

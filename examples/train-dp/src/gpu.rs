@@ -36,10 +36,11 @@ use mscclpp::host::cuda::{
 use mscclpp::perf::nccl::Nccl;
 use train_dp_kernels::{REDUCE_BLOCKS, REDUCE_THREADS, slot};
 
+use crate::baseline::Mode;
 use crate::config::{Args, Compare, Config, GradDtype};
 use crate::host_train::check_gradient;
 use crate::model::{self, Bucket, Mlp, seeds};
-use crate::report::{GradCheck, Recorder, RunReport, StepTime};
+use crate::report::{GradCheck, RunReport, StepTime};
 use crate::{Error, Ranks};
 
 mod ptx {
@@ -616,17 +617,19 @@ impl<'a> Net<'a> {
     }
 }
 
-/// One training run with `comm`.
+/// One training run with `comm` (rank 0 alone with `--baseline`: a one-rank
+/// configuration, so `comm` is never called).
 fn train(
     net: &Net<'_>,
     comm: &Comm<'_>,
     coll: &Collectives,
     ranks: &Ranks,
+    mode: &mut Mode<'_>,
 ) -> Result<RunReport, Error> {
     let cfg = net.cfg;
     let p0 = net.reset()?;
-    let label = if cfg.nranks > 1 { comm.name() } else { "none" };
-    let mut rec = Recorder::default();
+    let label = mode.label(if cfg.nranks > 1 { comm.name() } else { "none" });
+    let mut rec = mode.recorder(cfg.nranks);
     let mut grad_check: Option<GradCheck> = None;
     let mut graph = None;
     for step in 0..cfg.steps {
@@ -690,10 +693,25 @@ fn train(
                 );
             }
         }
+        mode.between_steps()?;
     }
     let params = net.download(&net.params)?;
     drop(graph);
     crate::finish(cfg, coll, ranks, label, "gpu", &params, rec, grad_check)
+}
+
+/// `--baseline` on rank 0: the same training alone (`cfg` and `ranks` are one rank's), on
+/// a network of its own that is freed before the multi-rank run allocates its own.
+pub fn baseline(
+    cfg: &Config,
+    coll: &Collectives,
+    gpu: &Gpu,
+    ranks: &Ranks,
+    mode: &mut Mode<'_>,
+) -> Result<RunReport, Error> {
+    gpu.bind()?;
+    let net = Net::new(cfg, gpu, ranks.rank)?;
+    train(&net, &Comm::Ours(coll), coll, ranks, mode)
 }
 
 /// Trains on this rank's GPU with our all-reduce, then (with `--compare nccl`) again from
@@ -704,13 +722,14 @@ pub fn run(
     coll: &Collectives,
     gpu: &Gpu,
     ranks: &Ranks,
+    mode: &mut Mode<'_>,
 ) -> Result<Vec<RunReport>, Error> {
     gpu.bind()?;
     let net = Net::new(cfg, gpu, ranks.rank)?;
     if ranks.rank == 0 {
         let info = gpu.info();
         println!(
-            "{} ranks on {} ({}), {} layers x {} wide: {} parameters ({:.1} MiB of f32 gradients), global batch {} ({} per rank), {} buckets (cap {:.1} MiB, {}), gradients all-reduced as {:?}{}{}; cuBLAS {}",
+            "{} ranks on {} ({}), {} layers x {} wide: {} parameters ({:.1} MiB of f32 gradients), global batch {} ({} per rank), {} buckets (cap {:.1} MiB, {}), gradients all-reduced as {:?}{}{}{}; cuBLAS {}",
             cfg.nranks,
             info.name,
             ptx_note(),
@@ -729,12 +748,15 @@ pub fn run(
             },
             cfg.grad_dtype,
             if cfg.graph { ", CUDA graph" } else { "" },
+            cfg.allreduce_blocks
+                .map(|b| format!(", all-reduce kernels of <= {b} blocks"))
+                .unwrap_or_default(),
             if cfg.tf32 { ", TF32 GEMMs" } else { "" },
             std::env::var(crate::libs::ENV_CUBLAS_FOUND)
                 .unwrap_or_else(|_| "from the library path".into())
         );
     }
-    let mut out = vec![train(&net, &Comm::Ours(coll), coll, ranks)?];
+    let mut out = vec![train(&net, &Comm::Ours(coll), coll, ranks, mode)?];
     if args.compare == Some(Compare::Nccl) {
         let nccl = Nccl::init(coll.communicator().bootstrap(), gpu)?;
         if ranks.rank == 0 {
@@ -744,7 +766,7 @@ pub fn run(
                 mscclpp::perf::nccl::found_path().unwrap_or_else(|| "from the library path".into())
             );
         }
-        out.push(train(&net, &Comm::Nccl(&nccl), coll, ranks)?);
+        out.push(train(&net, &Comm::Nccl(&nccl), coll, ranks, mode)?);
     }
     Ok(out)
 }

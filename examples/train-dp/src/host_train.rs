@@ -10,10 +10,11 @@ use std::time::Instant;
 
 use mscclpp::host::collectives::{Collectives, ReduceOp};
 
+use crate::baseline::Mode;
 use crate::config::{Config, GradDtype};
 use crate::cpu::{self, AdamState};
 use crate::model::{self, Bucket, Mlp, seeds};
-use crate::report::{GradCheck, Recorder, RunReport, StepTime};
+use crate::report::{GradCheck, RunReport, StepTime};
 use crate::{Error, Ranks};
 
 /// Faults the integration tests inject (`TRAIN_DP_FAULT`) to show that the checks fail.
@@ -34,10 +35,9 @@ fn fault() -> Option<Fault> {
     })
 }
 
-/// All-reduces `g` in place (sum over ranks) in the configured wire type, then scales by
-/// `1 / nranks`.
-fn average(coll: &Collectives, g: &mut [f32], dtype: GradDtype) -> Result<(), Error> {
-    let n = coll.nranks();
+/// All-reduces `g` in place (sum over the `n` ranks) in the configured wire type, then
+/// scales by `1 / n`. One rank (also rank 0 alone, `--baseline`) does nothing.
+fn average(coll: &Collectives, n: usize, g: &mut [f32], dtype: GradDtype) -> Result<(), Error> {
     let f = fault();
     if n > 1 && f != Some(Fault::NoAllReduce) {
         match dtype {
@@ -115,8 +115,14 @@ pub fn check_gradient(
     out
 }
 
-/// Trains on this rank; returns the report (rank 0's lines printed).
-pub fn run(cfg: &Config, coll: &Collectives, ranks: &Ranks) -> Result<RunReport, Error> {
+/// Trains on this rank; returns the report (rank 0's lines printed). `mode`: with the
+/// other ranks, or rank 0 alone (`--baseline`; then `cfg` and `ranks` are one rank's).
+pub fn run(
+    cfg: &Config,
+    coll: &Collectives,
+    ranks: &Ranks,
+    mode: &mut Mode<'_>,
+) -> Result<RunReport, Error> {
     let (rank, n) = (ranks.rank, ranks.nranks);
     let mlp = Mlp::square(cfg.layers, cfg.width);
     let teacher = model::teacher(cfg.width, cfg.teacher_hidden);
@@ -144,10 +150,10 @@ pub fn run(cfg: &Config, coll: &Collectives, ranks: &Ranks) -> Result<RunReport,
     }
     let b = cfg.rank_batch;
     let scale = 2.0 / (b * mlp.output()) as f32;
-    let mut rec = Recorder::default();
+    let mut rec = mode.recorder(n);
     let mut grad = vec![0.0f32; mlp.params];
     let mut grad_check = None;
-    let label = if n > 1 { "mscclpp" } else { "none" };
+    let label = mode.label(if n > 1 { "mscclpp" } else { "none" });
     for step in 0..cfg.steps {
         let t0 = Instant::now();
         let first = (step * cfg.batch + rank * b) as u64;
@@ -191,6 +197,7 @@ pub fn run(cfg: &Config, coll: &Collectives, ranks: &Ranks) -> Result<RunReport,
                 rec.line(label, mean, norm as f64, cfg.batch, rank == 0);
             }
         }
+        mode.between_steps()?;
     }
     crate::finish(cfg, coll, ranks, label, "host", &p, rec, grad_check)
 }
@@ -250,7 +257,7 @@ fn backward_and_average(
                 break;
             }
             first.get_or_insert_with(Instant::now);
-            if let Err(e) = average(coll, &mut g, cfg.grad_dtype) {
+            if let Err(e) = average(coll, cfg.nranks, &mut g, cfg.grad_dtype) {
                 result = Err(e);
                 break;
             }

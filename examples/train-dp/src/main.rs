@@ -10,8 +10,10 @@
 //!
 //! Modules: [`model`] (shape, flat layout, buckets, data), [`cpu`] (reference math and the
 //! gradient tolerance), [`host_train`] (Host transport), [`gpu`] (cuBLAS + our kernels),
-//! [`libs`] (finding cuBLAS and NCCL at run time), [`report`], [`config`].
+//! [`libs`] (finding cuBLAS and NCCL at run time), [`baseline`] (`--baseline`: the 1-rank
+//! reference of the scaling efficiency), [`report`], [`config`].
 
+mod baseline;
 mod config;
 mod cpu;
 mod gpu;
@@ -45,8 +47,12 @@ pub struct Ranks {
 }
 
 impl Ranks {
-    /// Every rank's `bytes`, in rank order (over the bootstrap, not the data path).
+    /// Every rank's `bytes`, in rank order (over the bootstrap, not the data path). One
+    /// rank (also rank 0 alone in a job of several, `--baseline`) needs no bootstrap.
     pub fn gather(&self, coll: &Collectives, bytes: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        if self.nranks == 1 {
+            return Ok(vec![bytes.to_vec()]);
+        }
         Ok(coll.communicator().bootstrap().all_gather(bytes)?)
     }
 
@@ -90,7 +96,7 @@ pub fn finish(
         grad_check,
     };
     if ranks.rank == 0 {
-        report::print_summary(&report);
+        report::print_summary(&report, cfg.nranks);
         if let Some(path) = cfg.dump_params.as_ref().filter(|_| library != "nccl") {
             let bytes: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
             std::fs::write(path, bytes)
@@ -193,10 +199,30 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
         // Shared memory per rank on the Host transport: small models need little.
         coll_config.scratch_bytes = 8 << 20;
     }
+    if let Some(b) = cfg.allreduce_blocks {
+        coll_config.max_blocks = b;
+    }
+    let coll_max_blocks = coll_config.max_blocks;
     let coll = Collectives::new(comm, coll_config)?;
+    let baseline = if cfg.baseline {
+        Some(baseline::run(
+            &cfg,
+            &coll,
+            &ranks,
+            |c, r, mode| match &backend {
+                Backend::Host => host_train::run(c, &coll, r, mode),
+                Backend::Gpu(g) => gpu::baseline(c, &coll, g, r, mode),
+            },
+        )?)
+    } else {
+        None
+    };
+    let mut mode = baseline::Mode::Together {
+        baseline: baseline.as_ref().map(|b| b.samples_per_s),
+    };
     let reports = match &backend {
-        Backend::Host => vec![host_train::run(&cfg, &coll, &ranks)?],
-        Backend::Gpu(g) => gpu::run(&cfg, args, &coll, g, &ranks)?,
+        Backend::Host => vec![host_train::run(&cfg, &coll, &ranks, &mut mode)?],
+        Backend::Gpu(g) => gpu::run(&cfg, args, &coll, g, &ranks, &mut mode)?,
     };
     if ranks.rank == 0 {
         if reports.len() == 2 {
@@ -213,12 +239,16 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
             );
         }
         if let Some(path) = &args.json {
-            let json = serde_json::json!({
+            let mut json = serde_json::json!({
                 "command": std::env::args().collect::<Vec<_>>(),
                 "nranks": ranks.nranks,
                 "config": cfg,
+                "coll_max_blocks": coll_max_blocks,
                 "runs": reports,
             });
+            if let Some(b) = baseline.as_ref().and_then(|b| b.report.as_ref()) {
+                json["baseline"] = serde_json::to_value(b)?;
+            }
             std::fs::write(path, serde_json::to_string_pretty(&json)?)
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         }

@@ -32,6 +32,9 @@ pub struct LogRow {
     pub exposed_comm_ms: f64,
     /// Mean communication span since the last line.
     pub comm_ms: f64,
+    /// With `--baseline`: this line's samples/s over `nranks x` the baseline's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<f64>,
 }
 
 /// Averages over the timed steps.
@@ -51,6 +54,13 @@ pub struct Summary {
     pub first_loss: f64,
     /// Loss after the last step.
     pub last_loss: f64,
+    /// With `--baseline`: samples/s of rank 0 training alone in the same run (same model,
+    /// same per-rank batch, same steps and warm-up).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_samples_per_s: Option<f64>,
+    /// With `--baseline`: `samples_per_s / (nranks * baseline_samples_per_s)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scaling_efficiency: Option<f64>,
 }
 
 /// Result of the first step's gradient check.
@@ -96,9 +106,25 @@ pub struct Recorder {
     pub log: Vec<LogRow>,
     first_loss: Option<f64>,
     last_loss: f64,
+    /// `(1-rank samples/s, ranks)` when a baseline was measured.
+    baseline: Option<(f64, usize)>,
 }
 
 impl Recorder {
+    /// A recorder whose lines and summary also report the scaling efficiency against a
+    /// 1-rank baseline of `baseline_samples_per_s` (when given) over `nranks` ranks.
+    pub fn new(baseline_samples_per_s: Option<f64>, nranks: usize) -> Recorder {
+        Recorder {
+            baseline: baseline_samples_per_s.map(|b| (b, nranks)),
+            ..Recorder::default()
+        }
+    }
+
+    /// `samples_per_s / (nranks * baseline)`, with a baseline.
+    fn scaling(&self, samples_per_s: f64) -> Option<f64> {
+        self.baseline.map(|(b, n)| samples_per_s / (n as f64 * b))
+    }
+
     /// Records a step's timings.
     pub fn step(&mut self, t: StepTime) {
         self.times.push(t);
@@ -117,17 +143,25 @@ impl Recorder {
             samples_per_s: batch as f64 / (mean(|t| t.step_ms) / 1e3),
             exposed_comm_ms: mean(|t| t.exposed_ms),
             comm_ms: mean(|t| t.comm_ms),
+            scaling: None,
+        };
+        let row = LogRow {
+            scaling: self.scaling(row.samples_per_s),
+            ..row
         };
         if print {
             println!(
-                "[{label}] step {:>5}  loss {:>11.6}  |g| {:>9.4}  step {:>9.3} ms  {:>11.1} samples/s  exposed comm {:>8.3} ms  comm {:>8.3} ms",
+                "[{label}] step {:>5}  loss {:>11.6}  |g| {:>9.4}  step {:>9.3} ms  {:>11.1} samples/s  exposed comm {:>8.3} ms  comm {:>8.3} ms{}",
                 row.step,
                 row.loss,
                 row.grad_norm,
                 row.step_ms,
                 row.samples_per_s,
                 row.exposed_comm_ms,
-                row.comm_ms
+                row.comm_ms,
+                row.scaling
+                    .map(|s| format!("  scaling {s:.3}"))
+                    .unwrap_or_default()
             );
         }
         self.first_loss.get_or_insert(loss);
@@ -149,23 +183,34 @@ impl Recorder {
         };
         let n = ts.len().max(1) as f64;
         let step_ms = ts.iter().map(|t| t.step_ms).sum::<f64>() / n;
+        let samples_per_s = batch as f64 / (step_ms / 1e3);
         Summary {
             timed_steps: ts.len(),
             step_ms,
-            samples_per_s: batch as f64 / (step_ms / 1e3),
+            samples_per_s,
             exposed_comm_ms: ts.iter().map(|t| t.exposed_ms).sum::<f64>() / n,
             comm_ms: ts.iter().map(|t| t.comm_ms).sum::<f64>() / n,
             first_loss: self.first_loss.unwrap_or(f64::NAN),
             last_loss: self.last_loss,
+            baseline_samples_per_s: self.baseline.map(|(b, _)| b),
+            scaling_efficiency: self.scaling(samples_per_s),
         }
     }
 }
 
-/// Prints a summary line for a run.
-pub fn print_summary(r: &RunReport) {
+/// Prints a summary line for a run of `nranks` ranks (with `--baseline`, ending with the
+/// scaling efficiency).
+pub fn print_summary(r: &RunReport, nranks: usize) {
     let s = &r.summary;
+    let scaling = match (s.baseline_samples_per_s, s.scaling_efficiency) {
+        (Some(b), Some(e)) => format!(
+            "; scaling efficiency {e:.4} = {:.1} samples/s / ({nranks} x {b:.1} samples/s of the 1-rank baseline in this run)",
+            s.samples_per_s
+        ),
+        _ => String::new(),
+    };
     println!(
-        "[{}] summary: {} timed steps, {:.3} ms/step, {:.1} samples/s, exposed comm {:.3} ms/step ({:.1}% of the step), comm span {:.3} ms/step; loss {:.6} -> {:.6}; parameters {} across ranks (checksum {})",
+        "[{}] summary: {} timed steps, {:.3} ms/step, {:.1} samples/s, exposed comm {:.3} ms/step ({:.1}% of the step), comm span {:.3} ms/step; loss {:.6} -> {:.6}; parameters {} across ranks (checksum {}){scaling}",
         r.library,
         s.timed_steps,
         s.step_ms,

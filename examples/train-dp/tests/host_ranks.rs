@@ -33,28 +33,26 @@ fn run(
     let json = tmp(&format!("{tag}.json"));
     let params = tmp(&format!("{tag}.bin"));
     let mut cmd = Command::new(BIN);
-    cmd.args([
-        "--host",
-        "--nranks",
-        &nranks.to_string(),
-        "--batch",
-        "48",
-        "--steps",
-        "30",
-    ])
-    .args(["--log-every", "5"])
-    .arg("--json")
-    .arg(&json)
-    .arg("--dump-params")
-    .arg(&params)
-    .args(extra)
-    // Small buckets (4 KiB: three or four per step) unless the test sets its own.
-    .args(if extra.contains(&"--bucket-mb") {
-        &[][..]
-    } else {
-        &["--bucket-mb", "0.004"][..]
-    })
-    .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "60");
+    cmd.args(["--host", "--nranks", &nranks.to_string(), "--steps", "30"])
+        // A global batch of 48 unless the test sets its own (clap refuses a flag given twice).
+        .args(if extra.contains(&"--batch") {
+            &[][..]
+        } else {
+            &["--batch", "48"][..]
+        })
+        .args(["--log-every", "5"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--dump-params")
+        .arg(&params)
+        .args(extra)
+        // Small buckets (4 KiB: three or four per step) unless the test sets its own.
+        .args(if extra.contains(&"--bucket-mb") {
+            &[][..]
+        } else {
+            &["--bucket-mb", "0.004"][..]
+        })
+        .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "60");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -194,4 +192,173 @@ fn wrong_averaging_is_caught() {
 fn bad_batch_is_refused() {
     let (out, _, _) = run(2, &["--batch", "47"], &[], "badbatch");
     assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--batch 47 is the global batch"), "{err}");
+}
+
+#[test]
+fn bad_allreduce_blocks_is_refused() {
+    for b in ["0", "129"] {
+        let (out, _, _) = run(2, &["--allreduce-blocks", b], &[], &format!("blocks{b}"));
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("--allreduce-blocks {b} is not in 1..=")),
+            "{err}"
+        );
+    }
+}
+
+fn f64_at(v: &Value, what: &str) -> f64 {
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{what} missing or not a number: {v}"))
+}
+
+/// `a == b` up to floating-point rounding of one division and one product.
+fn close(a: f64, b: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-12 * b.abs(),
+        "{what}: {a} vs {b} (relative {})",
+        (a - b).abs() / b.abs()
+    );
+}
+
+#[test]
+fn baseline_reports_scaling_from_the_same_run() {
+    let (out, json, params) = run(
+        2,
+        &["--baseline", "--allreduce-blocks", "4"],
+        &[],
+        "baseline",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rb: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    check_healthy(&rb, 2);
+    // The knob reached the collectives' configuration.
+    assert_eq!(rb["config"]["allreduce_blocks"].as_u64(), Some(4));
+    assert_eq!(rb["coll_max_blocks"].as_u64(), Some(4));
+
+    // The baseline: rank 0 alone at the per-rank batch (24 of 48) for the same steps.
+    let base = &rb["baseline"];
+    assert_eq!(base["library"], "baseline");
+    assert_eq!(base["backend"], "host");
+    let bs = &base["summary"];
+    let single = f64_at(&bs["samples_per_s"], "baseline samples/s");
+    assert!(single.is_finite() && single > 0.0);
+    close(
+        single,
+        24.0 / (f64_at(&bs["step_ms"], "baseline step_ms") / 1e3),
+        "baseline samples/s from its step time at 24 samples per step",
+    );
+    let multi = &run0(&rb)["summary"];
+    assert_eq!(bs["timed_steps"], multi["timed_steps"]);
+    assert_eq!(
+        base["log"].as_array().unwrap().len(),
+        run0(&rb)["log"].as_array().unwrap().len()
+    );
+    // It is exactly a 1-rank run of the per-rank batch: the same final parameters.
+    let (r1, _) = ok_run(1, &["--batch", "24"], "baseline-ref1");
+    assert_eq!(base["checksum"], run0(&r1)["checksum"]);
+
+    // Scaling = multi / (n * single), in the summary and on every line.
+    close(
+        f64_at(
+            &multi["baseline_samples_per_s"],
+            "summary.baseline_samples_per_s",
+        ),
+        single,
+        "baseline samples/s as every rank received it",
+    );
+    let sps = f64_at(&multi["samples_per_s"], "summary.samples_per_s");
+    close(
+        f64_at(&multi["scaling_efficiency"], "summary.scaling_efficiency"),
+        sps / (2.0 * single),
+        "summary scaling efficiency",
+    );
+    for row in run0(&rb)["log"].as_array().unwrap() {
+        close(
+            f64_at(&row["scaling"], "log scaling"),
+            f64_at(&row["samples_per_s"], "log samples/s") / (2.0 * single),
+            "line scaling",
+        );
+    }
+    assert!(stdout.contains("[baseline] summary:"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("[mscclpp] summary:") && l.contains("scaling efficiency")),
+        "{stdout}"
+    );
+
+    // The baseline changes nothing in the real run, and without the flag there are no
+    // baseline fields anywhere.
+    let (out0, json0, params0) = run(2, &[], &[], "nobaseline");
+    assert!(out0.status.success());
+    let r0: Value = serde_json::from_str(&std::fs::read_to_string(&json0).unwrap()).unwrap();
+    assert_eq!(run0(&r0)["checksum"], run0(&rb)["checksum"]);
+    assert_eq!(read_params(&params0), read_params(&params));
+    assert!(r0.get("baseline").is_none());
+    assert!(r0["config"].get("allreduce_blocks").is_none());
+    let s0 = &run0(&r0)["summary"];
+    assert!(s0.get("scaling_efficiency").is_none() && s0.get("baseline_samples_per_s").is_none());
+    assert!(
+        run0(&r0)["log"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|row| row.get("scaling").is_none())
+    );
+    assert!(!String::from_utf8_lossy(&out0.stdout).contains("scaling"));
+}
+
+#[test]
+fn baseline_wait_is_bounded_and_kept_alive() {
+    let timeout = [("MSCCLPP_BOOTSTRAP_TIMEOUT", "2")];
+    // A baseline longer than the bootstrap timeout (30 steps x 200 ms): heartbeats keep
+    // the waiting ranks going.
+    let t0 = std::time::Instant::now();
+    let (out, _, _) = run(
+        3,
+        &["--baseline"],
+        &[timeout[0], ("TRAIN_DP_FAULT", "baseline-slow")],
+        "baseline-slow",
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        t0.elapsed().as_secs_f64() > 4.0,
+        "the baseline was not slow"
+    );
+    // Rank 0 silent for twice the timeout: the others give up, naming the wait.
+    let (out, _, _) = run(
+        3,
+        &["--baseline"],
+        &[timeout[0], ("TRAIN_DP_FAULT", "baseline-stall")],
+        "baseline-stall",
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("waiting for rank 0's --baseline run") && err.contains("timed out"),
+        "{err}"
+    );
+    // Rank 0's baseline fails: the others are told.
+    let (out, _, _) = run(
+        3,
+        &["--baseline"],
+        &[timeout[0], ("TRAIN_DP_FAULT", "baseline-fail")],
+        "baseline-fail",
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 0's --baseline run failed"), "{err}");
 }

@@ -65,7 +65,9 @@
 //! [`AllReduceAlgo::Auto`] picks by message size and rank count; the environment variables
 //! `MSCCLPP_ALLREDUCE_ALGO` (`oneshot`, `twoshot`, `readreduce`, `allpairs`, `proxy`) and
 //! `MSCCLPP_ALLGATHER_ALGO` (`memory`, `proxy`)
-//! override the choice, and an explicit algorithm argument overrides both.
+//! override the choice, and an explicit algorithm argument overrides both. Broadcast and
+//! reduce above the LL size take [`RootedAlgo`] from `MSCCLPP_BROADCAST_ALGO` and
+//! `MSCCLPP_REDUCE_ALGO` (`rounds`, `pipelined`), else from the config.
 
 mod cross;
 mod gpu;
@@ -247,6 +249,24 @@ pub enum AllGatherAlgo {
     Packets,
 }
 
+/// Algorithm of a broadcast or reduce above the LL size (messages up to
+/// [`CollConfig::packet_max_bytes`] always go as LL packets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RootedAlgo {
+    /// Chosen by size and rank count (and `MSCCLPP_BROADCAST_ALGO` / `MSCCLPP_REDUCE_ALGO`):
+    /// today always [`Rounds`](Self::Rounds).
+    Auto,
+    /// Through the scratch in rounds, a semaphore barrier per round (the put path).
+    Rounds,
+    /// Pieces streamed through the scratch with no barrier per round: the receiving side
+    /// copies out (or reduces) piece `k` while piece `k + 1` arrives, as the pipelined
+    /// send/receive. Broadcast passes the pieces down a chain of the ranks from the root
+    /// (each link carries the data once); reduce has every rank write into its slot of the
+    /// root's scratch. Pieces per [`CollConfig::rooted_piece_bytes`] and
+    /// [`CollConfig::rooted_depth`]. Not measured against [`Rounds`](Self::Rounds) yet.
+    Pipelined,
+}
+
 /// Element types the typed calls accept.
 pub trait Element: Copy + Send + Sync + 'static {
     /// The matching [`DataType`].
@@ -317,6 +337,15 @@ pub struct CollConfig {
     /// Larger sends and receives: pieces in flight per block (1..=4): the sender fills the
     /// next while the receiver copies one out.
     pub p2p_depth: u32,
+    /// The broadcast algorithm above the LL size, unless `MSCCLPP_BROADCAST_ALGO` is set.
+    pub broadcast_algo: RootedAlgo,
+    /// The reduce algorithm above the LL size, unless `MSCCLPP_REDUCE_ALGO` is set.
+    pub reduce_algo: RootedAlgo,
+    /// [`RootedAlgo::Pipelined`]: pieces in flight per block and link (1..=8).
+    pub rooted_depth: u32,
+    /// [`RootedAlgo::Pipelined`]: the smallest piece (bytes; pieces aim at 8 per block,
+    /// capped by what the scratch holds per block and depth). At most 16 MiB.
+    pub rooted_piece_bytes: usize,
 }
 
 impl Default for CollConfig {
@@ -331,6 +360,10 @@ impl Default for CollConfig {
             p2p_packet_max_bytes: 512 << 10,
             p2p_packet_blocks: 16,
             p2p_depth: 2,
+            broadcast_algo: RootedAlgo::Auto,
+            reduce_algo: RootedAlgo::Auto,
+            rooted_depth: 2,
+            rooted_piece_bytes: 16 << 10,
         }
     }
 }
@@ -338,7 +371,8 @@ impl Default for CollConfig {
 impl CollConfig {
     /// The defaults, with `MSCCLPP_COLL_SCRATCH_BYTES`, `MSCCLPP_COLL_PACKET_MAX_BYTES`,
     /// `MSCCLPP_COLL_MAX_BLOCKS`, `MSCCLPP_COLL_THREADS`, `MSCCLPP_P2P_PACKET_MAX_BYTES`,
-    /// `MSCCLPP_P2P_PACKET_BLOCKS` and `MSCCLPP_P2P_DEPTH` applied when set.
+    /// `MSCCLPP_P2P_PACKET_BLOCKS`, `MSCCLPP_P2P_DEPTH`, `MSCCLPP_ROOTED_DEPTH` and
+    /// `MSCCLPP_ROOTED_PIECE_BYTES` applied when set.
     pub fn from_env() -> Result<CollConfig, CommError> {
         let mut c = CollConfig::default();
         let get = |name: &str| -> Result<Option<u64>, CommError> {
@@ -369,6 +403,12 @@ impl CollConfig {
         }
         if let Some(v) = get("MSCCLPP_P2P_DEPTH")? {
             c.p2p_depth = v.min(u32::MAX as u64) as u32;
+        }
+        if let Some(v) = get("MSCCLPP_ROOTED_DEPTH")? {
+            c.rooted_depth = v.min(u32::MAX as u64) as u32;
+        }
+        if let Some(v) = get("MSCCLPP_ROOTED_PIECE_BYTES")? {
+            c.rooted_piece_bytes = v as usize;
         }
         Ok(c)
     }
@@ -419,6 +459,19 @@ impl CollConfig {
                 self.p2p_depth
             ));
         }
+        use mscclpp_device::collectives::pipe::{PIPE_MAX_DEPTH, PIPE_MAX_PIECE};
+        if !(1..=PIPE_MAX_DEPTH).contains(&self.rooted_depth) {
+            return bad(format!(
+                "rooted_depth {} is not in 1..={PIPE_MAX_DEPTH}",
+                self.rooted_depth
+            ));
+        }
+        if self.rooted_piece_bytes as u64 > PIPE_MAX_PIECE {
+            return bad(format!(
+                "rooted_piece_bytes {} is above {PIPE_MAX_PIECE}",
+                self.rooted_piece_bytes
+            ));
+        }
         Ok(())
     }
 }
@@ -436,6 +489,9 @@ pub struct Collectives {
     ctx: Box<CollContext>,
     env_all_reduce: Option<AllReduceAlgo>,
     env_all_gather: Option<AllGatherAlgo>,
+    /// `MSCCLPP_BROADCAST_ALGO`, `MSCCLPP_REDUCE_ALGO`.
+    env_broadcast: Option<RootedAlgo>,
+    env_reduce: Option<RootedAlgo>,
     gpu: Option<gpu::Kernels>,
     more: Option<more::Kernels>,
     /// Sends and receives (one host only).
@@ -493,18 +549,40 @@ fn parse_all_gather_env() -> Result<Option<AllGatherAlgo>, CommError> {
     }
 }
 
+/// `RootedAlgo` from the environment variable `name` (`auto`, `rounds`, `pipelined`).
+fn parse_rooted_env(name: &str) -> Result<Option<RootedAlgo>, CommError> {
+    parse_rooted(name, std::env::var(name).ok())
+}
+
+/// [`parse_rooted_env`] of the value `v` (`None`: unset).
+fn parse_rooted(name: &str, v: Option<String>) -> Result<Option<RootedAlgo>, CommError> {
+    match v {
+        None => Ok(None),
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(None),
+            "rounds" | "put" => Ok(Some(RootedAlgo::Rounds)),
+            "pipelined" | "pipe" => Ok(Some(RootedAlgo::Pipelined)),
+            _ => Err(CommError::InvalidArgument(format!(
+                "{name}={v:?}: expected auto, rounds or pipelined"
+            ))),
+        },
+    }
+}
+
 impl Collectives {
     /// Registers scratch and connects every pair of ranks of a host, and each rank to the
     /// ranks of its local index on the other hosts (over TCP; see [Across
-    /// hosts](self#across-hosts)) (collective: every rank calls it, with equal configs). `comm` must have no pending connections of its own; it keeps
-    /// working for the caller's own channels afterwards through [`communicator`]
-    /// (read-only).
+    /// hosts](self#across-hosts)) (collective: every rank calls it, with equal configs).
+    /// `comm` must have no pending connections of its own; it keeps working for the
+    /// caller's own channels afterwards through [`communicator`] (read-only).
     ///
     /// [`communicator`]: Self::communicator
     pub fn new(mut comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
         config.validate()?;
         let env_all_reduce = parse_all_reduce_env()?;
         let env_all_gather = parse_all_gather_env()?;
+        let env_broadcast = parse_rooted_env("MSCCLPP_BROADCAST_ALGO")?;
+        let env_reduce = parse_rooted_env("MSCCLPP_REDUCE_ALGO")?;
         // The kernels' context spans the local group: this rank's host (every rank, on one
         // host), indexed by local index; other hosts are reached through `cross`.
         let topo = cross::Topology::of(&comm)?;
@@ -512,8 +590,8 @@ impl Collectives {
         if spans_hosts && matches!(comm.backend(), Backend::Gpu(_)) {
             return Err(CommError::InvalidArgument(format!(
                 "collectives: rank {} is on another host than rank {}; collectives across \
-                 hosts are built for the Host backend only (the GPU backend over TCP needs \
-                 GPU staging, which is not built)",
+                 hosts are built for the Host backend only (their cross-host steps run on the \
+                 CPU; on GPUs they are not built)",
                 topo.hosts[1][0], topo.hosts[0][0]
             )));
         }
@@ -609,6 +687,8 @@ impl Collectives {
             ctx: Box::new(ctx),
             env_all_reduce,
             env_all_gather,
+            env_broadcast,
+            env_reduce,
             gpu,
             more,
             p2p,
@@ -1328,7 +1408,11 @@ fn describe(d: [u64; 2]) -> String {
         .unwrap_or(&"?");
     let root = desc::root(tag);
     let ll = field(desc::ALGO_SHIFT) == 1;
-    let path = if ll { "LL" } else { "put" };
+    let path = match field(desc::ALGO_SHIFT) as u64 {
+        1 => "LL",
+        desc::PIPELINED => "pipelined",
+        _ => "put",
+    };
     // The kernels that move any type as bytes hold the byte count (see
     // `mscclpp_device::collectives::types::Bytes`): the put paths of reduce-scatter and
     // reduce, and two-shot and proxy all-reduce but for the sums of `sum_kernels`.

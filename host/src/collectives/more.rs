@@ -26,6 +26,7 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;
+use mscclpp_device::collectives::pipe::pipe_piece;
 use mscclpp_device::collectives::send_recv::{
     MAX_P2P_OPS, P2P_DONE_BYTES, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2pOp as DevP2pOp, P2pOps,
     p2p_piece,
@@ -84,7 +85,19 @@ const TABLE: &[(&str, MoreKernel)] = &[
     ("broadcast_put", k::broadcast_put),
     ("all_to_all_ll", k::all_to_all_ll),
     ("all_to_all_put", k::all_to_all_put),
+    ("broadcast_pipe", k::broadcast_pipe),
+    ("reduce_pipe", k::reduce_pipe),
 ];
+
+/// How a call moves its data: LL packets, rounds through the scratch with a barrier per
+/// round, or pieces pipelined through the scratch (broadcast and reduce,
+/// [`RootedAlgo::Pipelined`](super::RootedAlgo::Pipelined)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Ll,
+    Put,
+    Pipe,
+}
 
 /// The reducing types' kernel name suffixes, in the order of every per-type table.
 pub(super) const REDUCE_TYPES: [&str; 10] = [
@@ -204,9 +217,16 @@ pub(super) fn all_reduce_host_kernel(
     }
 }
 
-/// The index in [`TABLE`] of the kernel of `kind` on path `ll` for `dtype` (ignored by the
-/// byte movers; a reducing type for the others).
-fn kernel_index(kind: Kind, ll: bool, dtype: DataType) -> usize {
+/// The index in [`TABLE`] of the kernel of `kind` on `path` for `dtype` (ignored by the
+/// byte movers; a reducing type for the others). Only broadcast and reduce have a
+/// pipelined path.
+fn kernel_index(kind: Kind, path: Path, dtype: DataType) -> usize {
+    match (kind, path) {
+        (Kind::Broadcast, Path::Pipe) => return 14,
+        (Kind::Reduce, Path::Pipe) => return 15,
+        _ => {}
+    }
+    let ll = path == Path::Ll;
     let path = usize::from(!ll);
     let ty = || {
         reduce_index(dtype).expect("a reducing type (checked)");
@@ -321,16 +341,95 @@ impl Collectives {
         pair_bytes <= self.config.packet_max_bytes.min(fits as usize)
     }
 
-    /// The descriptor tag of a plan on path `ll`: the collective, type, operation, path
-    /// (algorithm 1 LL, 2 put) and root.
-    fn more_tag(p: &Plan, ll: bool) -> u64 {
-        desc::rooted_tag(
+    /// The path of a plan: LL up to the LL size, else pipelined for a broadcast or reduce
+    /// whose algorithm says so ([`rooted_algo`](Self::rooted_algo)), else rounds.
+    fn more_path(&self, p: &Plan) -> Path {
+        if self.more_ll(p.pair_bytes) {
+            return Path::Ll;
+        }
+        let pipelined = match p.kind {
+            Kind::Broadcast => self.rooted_algo(false) == super::RootedAlgo::Pipelined,
+            Kind::Reduce => self.rooted_algo(true) == super::RootedAlgo::Pipelined,
+            _ => false,
+        };
+        if pipelined { Path::Pipe } else { Path::Put }
+    }
+
+    /// The algorithm of a broadcast (`reduce` false) or reduce above the LL size:
+    /// `MSCCLPP_BROADCAST_ALGO` / `MSCCLPP_REDUCE_ALGO`, then
+    /// [`CollConfig::broadcast_algo`](super::CollConfig::broadcast_algo) /
+    /// [`reduce_algo`](super::CollConfig::reduce_algo); [`Auto`](super::RootedAlgo::Auto)
+    /// resolves to [`Rounds`](super::RootedAlgo::Rounds) (never `Auto` here).
+    pub fn rooted_algo(&self, reduce: bool) -> super::RootedAlgo {
+        let algo = if reduce {
+            self.env_reduce.unwrap_or(self.config.reduce_algo)
+        } else {
+            self.env_broadcast.unwrap_or(self.config.broadcast_algo)
+        };
+        match algo {
+            super::RootedAlgo::Auto => super::RootedAlgo::Rounds,
+            a => a,
+        }
+    }
+
+    /// The descriptor tag of a plan on `path` over `blocks` blocks: the collective, type,
+    /// operation, path (algorithm 1 LL, 2 put, 3 pipelined, with its piece size and depth)
+    /// and root.
+    fn more_tag(&self, p: &Plan, path: Path, blocks: u32) -> u64 {
+        let algo = match path {
+            Path::Ll => 1,
+            Path::Put => 2,
+            Path::Pipe => desc::PIPELINED,
+        };
+        let tag = desc::rooted_tag(
             p.kind.desc(),
             super::dtype_code(p.dtype),
             p.op.map_or(0, super::op_desc),
-            if ll { 1 } else { 2 },
+            algo,
             p.root as u64,
-        )
+        );
+        if path != Path::Pipe {
+            return tag;
+        }
+        let (piece, depth) = self.pipe_shape(p, blocks);
+        desc::with_pipe(tag, piece, depth)
+    }
+
+    /// The slot a pipelined plan streams through: the whole region for a broadcast, one slot
+    /// per source rank for a reduce.
+    fn pipe_slot(&self, p: &Plan) -> u64 {
+        let region = self.ctx.scratch_len / 16 * 16;
+        match p.kind {
+            Kind::Reduce => mscclpp_device::collectives::reduce_scatter::rank_slot(
+                region,
+                self.ctx.nranks as u64,
+            ),
+            _ => region,
+        }
+    }
+
+    /// Most blocks a pipelined plan may use: each block's chunk must hold `depth` pieces of
+    /// 16 bytes.
+    fn pipe_max_blocks(&self, p: &Plan) -> u32 {
+        let per = 16 * self.config.rooted_depth.max(1) as u64;
+        (self.pipe_slot(p) / per).clamp(1, MAX_BLOCKS as u64) as u32
+    }
+
+    /// Piece size and depth of a pipelined plan over `blocks` blocks (the depth lowered until
+    /// a sub-slot holds 16 bytes; [`pipe_max_blocks`](Self::pipe_max_blocks) keeps that
+    /// possible).
+    fn pipe_shape(&self, p: &Plan, blocks: u32) -> (u64, u32) {
+        let slot = self.pipe_slot(p);
+        let bytes = p.pair_bytes as u64;
+        let min = self.config.rooted_piece_bytes as u64;
+        let mut depth = self.config.rooted_depth.max(1);
+        loop {
+            let piece = pipe_piece(bytes, slot, blocks, depth, min);
+            if piece > 0 || depth == 1 {
+                return (piece, depth);
+            }
+            depth -= 1;
+        }
     }
 
     fn check_root(&self, call: &str, root: usize) -> Result<(), CommError> {
@@ -343,18 +442,21 @@ impl Collectives {
         Ok(())
     }
 
-    /// The kernel (index in [`TABLE`]) and grid of a plan on the GPU.
+    /// The kernel (index in [`TABLE`]), grid and tag of a plan on the GPU.
     fn more_gpu_launch(&self, p: &Plan) -> (usize, (u32, u32), u64) {
-        let ll = self.more_ll(p.pair_bytes);
-        let grid = if ll {
-            self.grid(Some(super::AllReduceAlgo::OneShot), p.pair_bytes)
-        } else {
-            self.grid(None, p.total_bytes)
+        let path = self.more_path(p);
+        let grid = match path {
+            Path::Ll => self.grid(Some(super::AllReduceAlgo::OneShot), p.pair_bytes),
+            Path::Put => self.grid(None, p.total_bytes),
+            Path::Pipe => {
+                let (blocks, threads) = self.grid(None, p.total_bytes);
+                (blocks.min(self.pipe_max_blocks(p)), threads)
+            }
         };
         (
-            kernel_index(p.kind, ll, p.dtype),
+            kernel_index(p.kind, path, p.dtype),
             grid,
-            Self::more_tag(p, ll),
+            self.more_tag(p, path, grid.0),
         )
     }
 
@@ -491,10 +593,11 @@ impl Collectives {
         if p.pair_bytes == 0 {
             return Ok(());
         }
-        let ll = self.more_ll(p.pair_bytes);
-        let f = TABLE[kernel_index(p.kind, ll, p.dtype)].1;
+        let path = self.more_path(&p);
+        let f = TABLE[kernel_index(p.kind, path, p.dtype)].1;
         let ctx = &*self.ctx as *const CollContext as u64;
-        let (count, tag) = (p.count, Self::more_tag(&p, ll));
+        // One block (`run_host`).
+        let (count, tag) = (p.count, self.more_tag(&p, path, 1));
         self.run_host(call, || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
             // shared memory; the ranges are valid (caller contract); the grid is one block

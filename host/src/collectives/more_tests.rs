@@ -165,7 +165,7 @@ fn bad_arguments_are_refused_with_the_reason() {
 
 #[test]
 fn the_kernel_table_matches_its_index() {
-    assert_eq!(TABLE.len(), 14);
+    assert_eq!(TABLE.len(), 16);
     for (i, &d) in DataType::ALL.iter().enumerate() {
         assert_eq!(reduce_index(d), (i < 10).then_some(i), "{d}");
     }
@@ -173,9 +173,9 @@ fn the_kernel_table_matches_its_index() {
     for (k, kind) in [Kind::ReduceScatter, Kind::Reduce].into_iter().enumerate() {
         for &d in &DataType::ALL[..10] {
             let want = format!("{}_ll_{}", names[k], SIZE_CLASSES[size_class(d)]);
-            assert_eq!(TABLE[kernel_index(kind, true, d)].0, want);
+            assert_eq!(TABLE[kernel_index(kind, Path::Ll, d)].0, want);
             assert_eq!(
-                TABLE[kernel_index(kind, false, d)].0,
+                TABLE[kernel_index(kind, Path::Put, d)].0,
                 format!("{}_put", names[k])
             );
         }
@@ -185,14 +185,196 @@ fn the_kernel_table_matches_its_index() {
         (Kind::AllToAll, "all_to_all"),
     ] {
         assert_eq!(
-            TABLE[kernel_index(kind, true, DataType::F16)].0,
+            TABLE[kernel_index(kind, Path::Ll, DataType::F16)].0,
             format!("{name}_ll")
         );
         assert_eq!(
-            TABLE[kernel_index(kind, false, DataType::F32)].0,
+            TABLE[kernel_index(kind, Path::Put, DataType::F32)].0,
             format!("{name}_put")
         );
     }
+    assert_eq!(
+        TABLE[kernel_index(Kind::Broadcast, Path::Pipe, DataType::U8)].0,
+        "broadcast_pipe"
+    );
+    for &d in &DataType::ALL[..10] {
+        assert_eq!(
+            TABLE[kernel_index(Kind::Reduce, Path::Pipe, d)].0,
+            "reduce_pipe"
+        );
+    }
+}
+
+/// [`small`] with pipelined broadcast and reduce: pieces of at least `piece` bytes, `depth`
+/// in flight.
+fn pipelined(piece: usize, depth: u32) -> CollConfig {
+    CollConfig {
+        broadcast_algo: super::super::RootedAlgo::Pipelined,
+        reduce_algo: super::super::RootedAlgo::Pipelined,
+        rooted_piece_bytes: piece,
+        rooted_depth: depth,
+        ..small()
+    }
+}
+
+#[test]
+fn pipelined_broadcast_and_reduce_match_the_reference_across_pieces_and_sub_slots() {
+    use super::super::RootedAlgo;
+    // Slots of 2048 bytes (broadcast) and 1024, 672 or 512 (reduce, 2-4 ranks): a call of a
+    // few KB is cut into 8 or more pieces and reuses every sub-slot several times.
+    for (n, piece, depth) in [(2, 16, 2), (3, 64, 3), (4, 16, 1), (2, 256, 4)] {
+        ranks(n, pipelined(piece, depth), |c| {
+            assert_eq!(c.rooted_algo(false), RootedAlgo::Pipelined);
+            assert_eq!(c.rooted_algo(true), RootedAlgo::Pipelined);
+            let mut call = 0;
+            // Below and above the LL limit (2048 bytes); odd counts.
+            for count in [3usize, 511, 513, 1001, 1500, 3333] {
+                for in_place in [false, true] {
+                    call += 1;
+                    cases::<f32>(&c, count, call, in_place);
+                    cases::<f16>(&c, count, call, in_place);
+                    cases::<bf16>(&c, count, call, in_place);
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn pipelined_reduce_applies_every_operation_in_rank_order() {
+    ranks(3, pipelined(32, 2), |c| {
+        let (n, r) = (c.nranks(), c.rank());
+        for (k, op) in ReduceOp::ALL.into_iter().enumerate() {
+            let v = |q: usize, i: usize| ((i * 37 + q * 11 + k * 5) % 23) as i64 - 11;
+            for root in 0..n {
+                // u8 (3001 bytes) and i32 (4004 bytes), above the LL limit.
+                let send: Vec<u8> = (0..3001).map(|i| (v(r, i) + 11) as u8).collect();
+                let mut out = vec![0u8; send.len()];
+                c.reduce_host(&send, &mut out, op, root).unwrap();
+                if r == root {
+                    for (i, &o) in out.iter().enumerate() {
+                        let vals: Vec<i64> = (0..n).map(|q| v(q, i) + 11).collect();
+                        let w = int_ref(op, &vals, |x| x as u8 as i64) as u8;
+                        assert_eq!(o, w, "rank {r}: reduce u8 {op:?} root {root} [{i}]");
+                    }
+                }
+                let mut buf: Vec<i32> = (0..1001).map(|i| v(r, i) as i32).collect();
+                c.reduce_host_in_place(&mut buf, op, root).unwrap();
+                if r == root {
+                    for (i, &o) in buf.iter().enumerate() {
+                        let vals: Vec<i64> = (0..n).map(|q| v(q, i)).collect();
+                        let w = int_ref(op, &vals, |x| x as i32 as i64) as i32;
+                        assert_eq!(o, w, "rank {r}: reduce i32 {op:?} root {root} [{i}]");
+                    }
+                }
+                // f64: non-integer values, so the rank order of the sum shows.
+                let x = |q: usize, i: usize| (v(q, i) as f64 + 0.1) * 1.37e-3_f64.powi(q as i32);
+                let send: Vec<f64> = (0..700).map(|i| x(r, i)).collect();
+                let mut out = vec![0f64; 700];
+                c.reduce_host(&send, &mut out, op, root).unwrap();
+                if r == root {
+                    for (i, &o) in out.iter().enumerate() {
+                        let acc = (1..n).fold(x(0, i), |a, q| match op {
+                            ReduceOp::Prod => a * x(q, i),
+                            ReduceOp::Min => a.min(x(q, i)),
+                            ReduceOp::Max => a.max(x(q, i)),
+                            _ => a + x(q, i),
+                        });
+                        let w = if op == ReduceOp::Avg {
+                            acc / n as f64
+                        } else {
+                            acc
+                        };
+                        assert_eq!(
+                            o.to_bits(),
+                            w.to_bits(),
+                            "rank {r}: reduce f64 {op:?} [{i}]"
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn pipelined_and_rounds_calls_that_differ_fail_on_every_rank_naming_them() {
+    use super::super::RootedAlgo;
+    // Rank 0 pipelines, rank 1 goes in rounds: the descriptors name both.
+    super::super::tests::ranks_with(
+        2,
+        |r| CollConfig {
+            broadcast_algo: [RootedAlgo::Pipelined, RootedAlgo::Rounds][r],
+            reduce_algo: [RootedAlgo::Pipelined, RootedAlgo::Auto][r],
+            ..small()
+        },
+        |c| {
+            let r = c.rank();
+            let err = |res: Result<(), CommError>| match res {
+                Err(CommError::CallMismatch(m)) => m,
+                other => panic!("rank {r}: {other:?}"),
+            };
+            let mut buf = vec![r as u8; 3000];
+            let m = err(c.broadcast_host_in_place(&mut buf, 0));
+            assert!(
+                m.contains("broadcast from root 0 of 3000 u8 (pipelined)")
+                    && m.contains("broadcast from root 0 of 3000 u8 (put)"),
+                "{m}"
+            );
+            let mut buf = vec![1.0f32; 1000];
+            let m = err(c.reduce_host_in_place(&mut buf, ReduceOp::Max, 1));
+            assert!(
+                m.contains("reduce (max) to root 1 with 1000 f32 (pipelined)")
+                    && m.contains("(put)"),
+                "{m}"
+            );
+            // Below the LL size both take LL packets and agree.
+            let mut buf = vec![r as u8 + 1; 100];
+            c.broadcast_host_in_place(&mut buf, 1).unwrap();
+            assert!(buf.iter().all(|&x| x == 2));
+        },
+    );
+    // Both pipelined, different sizes.
+    ranks(2, pipelined(16, 2), |c| {
+        let r = c.rank();
+        let mut buf = vec![1.0f32; [1000, 1200][r]];
+        match c.reduce_host_in_place(&mut buf, ReduceOp::Sum, 0) {
+            Err(CommError::CallMismatch(m)) => assert!(
+                m.contains("1000 f32 (pipelined)") && m.contains("1200 f32 (pipelined)"),
+                "{m}"
+            ),
+            other => panic!("rank {r}: {other:?}"),
+        }
+        // Usable afterwards.
+        let mut buf = vec![r as u8 + 1; 5000];
+        c.broadcast_host_in_place(&mut buf, 1).unwrap();
+        assert!(buf.iter().all(|&x| x == 2));
+    });
+}
+
+#[test]
+fn rooted_algorithm_names_parse() {
+    use super::super::{RootedAlgo, parse_rooted};
+    let p = |v: &str| parse_rooted("MSCCLPP_REDUCE_ALGO", Some(v.to_string()));
+    assert_eq!(p("pipelined").unwrap(), Some(RootedAlgo::Pipelined));
+    assert_eq!(p(" Rounds ").unwrap(), Some(RootedAlgo::Rounds));
+    assert_eq!(p("auto").unwrap(), None);
+    assert_eq!(parse_rooted("X", None).unwrap(), None);
+    let e = p("chain").unwrap_err().to_string();
+    assert!(
+        e.contains("MSCCLPP_REDUCE_ALGO=\"chain\": expected auto, rounds or pipelined"),
+        "{e}"
+    );
+    let bad = CollConfig {
+        rooted_depth: 9,
+        ..CollConfig::default()
+    };
+    assert!(
+        bad.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("rooted_depth 9")
+    );
 }
 
 #[test]

@@ -48,6 +48,7 @@ use crate::cuda::{CudaError, DeviceBuffer, Gpu, device_count};
 use crate::proxy::{Fifo, FifoConfig, ProxyError, ProxyService};
 use crate::transport::TransportKind;
 use crate::transport::ib::{self, IbConfig, IbError};
+use crate::transport::p2p::ProxyFlagMode;
 use crate::transport::shm::{ShmError, ShmSegment};
 
 pub use fault::AbortReason;
@@ -174,6 +175,10 @@ pub struct CommConfig {
     pub bootstrap: BootstrapConfig,
     /// Queue-pair depth, signalling interval and completion timeout of IB connections.
     pub ib: IbConfig,
+    /// How the proxy raises the peer's flag on P2P proxy channels (GPU backend): a
+    /// stream-ordered write (default) or a CPU store into host memory the peer polls.
+    /// `MSCCLPP_PROXY_FLAG=stream|cpu` overrides it. Every rank must use the same mode.
+    pub proxy_flag: ProxyFlagMode,
 }
 
 impl Default for CommConfig {
@@ -183,6 +188,7 @@ impl Default for CommConfig {
             device_timeout: Duration::from_secs(30),
             bootstrap: BootstrapConfig::default(),
             ib: IbConfig::default(),
+            proxy_flag: ProxyFlagMode::default(),
         }
     }
 }
@@ -336,6 +342,8 @@ pub struct Communicator {
     ib: Option<ib::setup::IbSession>,
     /// Settings of IB connections.
     ib_config: IbConfig,
+    /// How P2P proxies raise flags (the config's, or the environment's when set).
+    proxy_flag: ProxyFlagMode,
     /// The abort word and failure records shared with kernels.
     fault: Arc<FaultArea>,
 }
@@ -375,6 +383,9 @@ impl Communicator {
             .ib
             .validate()
             .map_err(|e| CommError::InvalidArgument(e.to_string()))?;
+        let proxy_flag = ProxyFlagMode::from_env()
+            .map_err(|e| CommError::InvalidArgument(e.to_string()))?
+            .unwrap_or(config.proxy_flag);
         let fifo_config = FifoConfig {
             slots: config.fifo_slots,
             timeout: config.device_timeout,
@@ -401,8 +412,15 @@ impl Communicator {
             epochs: Arc::from(Vec::new()),
             ib: None,
             ib_config: config.ib,
+            proxy_flag,
             fault,
         })
+    }
+
+    /// How this communicator's P2P proxies raise the peer's flag ([`CommConfig::proxy_flag`],
+    /// or `MSCCLPP_PROXY_FLAG` when set).
+    pub fn proxy_flag_mode(&self) -> ProxyFlagMode {
+        self.proxy_flag
     }
 
     /// This rank.
@@ -524,14 +542,6 @@ impl Communicator {
                     transport,
                     reason: "memory channels load and store the peer's memory, which TCP cannot \
                              map; use a proxy channel (connect) over TCP"
-                        .into(),
-                });
-            }
-            if let Backend::Gpu(_) = self.backend {
-                return Err(CommError::TransportUnavailable {
-                    transport,
-                    reason: "TCP connections need host buffers: GPU staging is not built \
-                             (docs/tcp-transport.md); use the Host backend"
                         .into(),
                 });
             }

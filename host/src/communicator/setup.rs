@@ -31,11 +31,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 use super::{Backend, Buffer, ChannelKind, CommError, Communicator, PendingConnection};
-use crate::cuda::{DeviceBuffer, Gpu, IpcMemHandle, PeerMapping};
+use crate::cuda::{DeviceBuffer, Gpu, HostRegistration, IpcMemHandle, PeerMapping};
 use crate::proxy::{ProxyTask, RefusedHook, StartHook};
 use crate::transport::host::HostPlane;
 use crate::transport::ib::setup::IbSetup;
-use crate::transport::p2p::P2pPlane;
+use crate::transport::p2p::{P2pPlane, PROXY_FLAG_ENV, ProxyFlagMode};
 use crate::transport::shm::{ShmError, ShmSegment, remove_name};
 use crate::transport::tcp::TcpSetup;
 use crate::transport::{DataPlane, PlaneSet, Route, TransportKind};
@@ -98,12 +98,58 @@ pub(crate) enum FlagMemory {
     Device {
         _inbound: DeviceBuffer,
         _expected: DeviceBuffer,
+        /// The inbound counters of the round's P2P proxy channels in the `cpu` flag mode.
+        host: Option<HostFlags>,
     },
     Host {
         _inbound: ShmSegment,
         _expected: Box<[AtomicU64]>,
     },
     None,
+}
+
+/// Inbound counters in host memory that this GPU polls and the peers' proxies store into
+/// (the P2P `cpu` flag mode): a shared-memory segment registered with the device.
+#[derive(Debug)]
+pub(crate) struct HostFlags {
+    /// Declared first, so dropped first: unregistered before the segment is unmapped.
+    registration: HostRegistration,
+    segment: ShmSegment,
+}
+
+impl HostFlags {
+    fn new(gpu: &Gpu, n: usize) -> Result<HostFlags, CommError> {
+        let segment = ShmSegment::create(n * 8)?;
+        // SAFETY: the segment is a fresh mapping of `len` bytes, registered once, and it
+        // outlives the registration (field order above).
+        let registration = unsafe { HostRegistration::new(gpu, segment.as_ptr(), segment.len()) }?;
+        Ok(HostFlags {
+            registration,
+            segment,
+        })
+    }
+
+    /// Connection `k`'s counter, as the device reaches it.
+    fn device_addr(&self, k: usize) -> u64 {
+        self.registration.device_ptr() + k as u64 * 8
+    }
+}
+
+impl FlagMemory {
+    fn host_flags(&self) -> Option<&HostFlags> {
+        match self {
+            FlagMemory::Device { host, .. } => host.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `p`'s inbound counter is a host one in this round (a P2P proxy channel in the
+/// `cpu` flag mode).
+fn host_flags_for<'a>(round: &Round<'a>, p: &PendingConnection) -> Option<&'a HostFlags> {
+    (p.kind == ChannelKind::Proxy && p.transport == TransportKind::P2p)
+        .then(|| round.flags.host_flags())
+        .flatten()
 }
 
 /// A peer's memory mapped into this process, unmapped when the last user goes.
@@ -473,10 +519,12 @@ fn map_peer(
 }
 
 /// The inbound counters and expected epochs of a round of `n` connections: the memory, its
-/// handle for peers, and the two base addresses.
+/// handle for peers, and the two base addresses; with `host_inbound` (GPU backend), also
+/// host inbound counters for the round's P2P proxy channels (`cpu` flag mode).
 fn alloc_flags(
     backend: &Backend,
     n: usize,
+    host_inbound: bool,
 ) -> Result<(FlagMemory, MemHandle, u64, u64), CommError> {
     let bytes = n * 8;
     Ok(match backend {
@@ -484,11 +532,13 @@ fn alloc_flags(
             let inbound = DeviceBuffer::zeroed(gpu, bytes)?;
             let expected = DeviceBuffer::zeroed(gpu, bytes)?;
             let handle = ipc_handle(&inbound, gpu)?;
+            let host = host_inbound.then(|| HostFlags::new(gpu, n)).transpose()?;
             let (i, e) = (inbound.device_ptr(), expected.device_ptr());
             (
                 FlagMemory::Device {
                     _inbound: inbound,
                     _expected: expected,
+                    host,
                 },
                 handle,
                 i,
@@ -554,8 +604,9 @@ impl TransportSetup for MappedSetup {
             pid: round.pid,
             buffer_len: p.buffer.len() as u64,
             buffer: describe(&p.buffer, backend, p.remote_rank, published)?,
-            flags: match round.flags {
-                FlagMemory::Host { _inbound: s, .. } => published.handle(s, p.remote_rank)?,
+            flags: match (round.flags, host_flags_for(round, p)) {
+                (FlagMemory::Host { _inbound: s, .. }, _) => published.handle(s, p.remote_rank)?,
+                (_, Some(h)) => published.handle(&h.segment, p.remote_rank)?,
                 _ => round.flags_handle.clone(),
             },
             flag_index: k as u32,
@@ -575,6 +626,28 @@ impl TransportSetup for MappedSetup {
         let bs = comm.bootstrap.as_async();
         let same_process =
             peer.pid == round.pid && bs.host_id(p.remote_rank) == bs.host_id(comm.rank());
+        let host_flags = host_flags_for(round, p);
+        if let (Backend::Gpu(_), ChannelKind::Proxy, TransportKind::P2p) =
+            (&comm.backend, p.kind, p.transport)
+        {
+            // The peer's proxy stores where this rank's kernels poll, and the reverse: both
+            // ends must use the same mode.
+            let peer_mode = match peer.flags {
+                MemHandle::Shm { .. } => ProxyFlagMode::Cpu,
+                _ => ProxyFlagMode::Stream,
+            };
+            if peer_mode != comm.proxy_flag {
+                return Err(mismatch(
+                    p.remote_rank,
+                    p.tag,
+                    format!(
+                        "proxy flag modes differ: {} here, {peer_mode} on the peer (set \
+                         {PROXY_FLAG_ENV} or CommConfig::proxy_flag alike on every rank)",
+                        comm.proxy_flag
+                    ),
+                ));
+            }
+        }
         let cache = &mut self.cache;
         let (buf_mem, buf_addr) = map_peer(&peer.buffer, same_process, &comm.backend, cache)?;
         let (flag_mem, flag_addr) = map_peer(&peer.flags, same_process, &comm.backend, cache)?;
@@ -609,7 +682,7 @@ impl TransportSetup for MappedSetup {
                 remote_len: peer.buffer_len,
                 remote_flag: flag_addr + peer.flag_index as u64 * 8,
             },
-            inbound: round.inbound(k),
+            inbound: host_flags.map_or(round.inbound(k), |h| h.device_addr(k)),
             expected: round.expected(k),
             kind: p.kind,
             packets_in: p.packets.as_ref().map_or(0, |b| b.addr()),
@@ -625,7 +698,7 @@ impl TransportSetup for MappedSetup {
 
     fn plane(&self, comm: &Communicator, _: &[u64]) -> Result<Box<dyn DataPlane>, CommError> {
         Ok(match &comm.backend {
-            Backend::Gpu(gpu) => Box::new(P2pPlane::new(gpu.new_stream()?)),
+            Backend::Gpu(gpu) => Box::new(P2pPlane::with_mode(gpu.new_stream()?, comm.proxy_flag)),
             Backend::Host => Box::new(HostPlane),
         })
     }
@@ -646,7 +719,13 @@ pub(super) fn establish(
     // A failure before the exchange is not returned at once: every peer still gets a
     // description (marked failed, with the reason), so it fails promptly too.
     let (flags, flags_handle, inbound_base, expected_base, round_error) =
-        match alloc_flags(&comm.backend, n) {
+        match alloc_flags(&comm.backend, n, {
+            // Host inbound counters only when a P2P proxy channel of the round needs them.
+            comm.proxy_flag == ProxyFlagMode::Cpu
+                && pending
+                    .iter()
+                    .any(|p| p.kind == ChannelKind::Proxy && p.transport == TransportKind::P2p)
+        }) {
             Ok((f, h, i, e)) => (f, h, i, e, None),
             Err(e) => (
                 FlagMemory::None,

@@ -14,6 +14,7 @@ fn config() -> CommConfig {
         device_timeout: Duration::from_secs(20),
         bootstrap: BootstrapConfig::default().with_timeout(Duration::from_secs(20)),
         ib: IbConfig::default(),
+        proxy_flag: Default::default(),
     }
 }
 

@@ -288,6 +288,93 @@ impl Drop for MappedHostBuffer {
     }
 }
 
+/// Host memory the caller owns (e.g. a shared-memory segment), page-locked and mapped into
+/// the device with `cuMemHostRegister(DEVICEMAP | PORTABLE)`: kernels reach it at
+/// [`device_ptr`](Self::device_ptr) while the CPU keeps using its own address.
+/// Unregistered on drop (the memory itself stays the caller's).
+#[derive(Debug)]
+pub struct HostRegistration {
+    ctx: Arc<CudaContext>,
+    host: *mut u8,
+    device: CUdeviceptr,
+    len: usize,
+}
+
+// SAFETY: the value holds only addresses of memory it does not own and the context that
+// registered it; unregistering from any thread is allowed by the driver.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above; `&self` methods only hand out addresses.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Registers `len` (> 0) bytes at `host` with the device of `gpu`.
+    ///
+    /// # Safety
+    /// `host..host + len` must be mapped, readable and writable memory (page-aligned, as a
+    /// mapping is) that stays mapped until the returned value is dropped, and must not be
+    /// registered already.
+    pub unsafe fn new(gpu: &Gpu, host: *mut u8, len: usize) -> Result<HostRegistration> {
+        if len == 0 {
+            return Err(CudaError::InvalidArgument(
+                "host registration of 0 bytes".into(),
+            ));
+        }
+        bind(gpu.context())?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the caller guarantees the range is mapped and not yet registered; the
+        // context is current.
+        check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(host as *mut c_void, len, flags)
+        })?;
+        let mut device: CUdeviceptr = 0;
+        // SAFETY: `host` was just registered with DEVICEMAP; `device` is a valid out-pointer.
+        let r = check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0)
+        });
+        if let Err(e) = r {
+            // SAFETY: registered above and not used again.
+            let _ = unsafe { sys::cuMemHostUnregister(host as *mut c_void) };
+            return Err(e);
+        }
+        Ok(HostRegistration {
+            ctx: gpu.context().clone(),
+            host,
+            device,
+            len,
+        })
+    }
+
+    /// The device address of the registered memory (a kernel argument).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.device
+    }
+
+    /// The host address given at registration.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: empty registrations are refused.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: `host` was registered by `new` and is unregistered once; the caller
+            // of `new` keeps it mapped until now.
+            let _ = unsafe { sys::cuMemHostUnregister(self.host as *mut c_void) };
+        }
+    }
+}
+
 /// A dma-buf file descriptor exporting the device allocation around a range (for RDMA
 /// registration with `ibv_reg_dmabuf_mr`), and the range's offset inside it. The fd closes on
 /// drop; registrations made from it keep their own reference.

@@ -11,6 +11,9 @@
 //!   exported), with its CUDA IPC handle ([`IpcMemHandle`]) and [`PeerMapping`] to open one;
 //! - [`MappedHostBuffer`]: pinned host memory mapped into the device, *not*
 //!   write-combined (the CPU reads it: FIFOs, flags), with its device pointer;
+//! - [`HostRegistration`]: memory the caller owns (a shared-memory segment) registered and
+//!   mapped into the device (the P2P transport's `cpu` flag mode puts inbound counters
+//!   there);
 //! - [`KernelModule`]: the embedded PTX for the best arch the device can run.
 //!
 //! What is validated: driver presence and device ordinals (typed errors: [`CudaError::NoDriver`],
@@ -30,10 +33,11 @@ pub use cudarc::driver::{
 };
 pub use device::{Gpu, GpuInfo, device_count, driver_present, list_gpus};
 pub use memory::{
-    DeviceBuffer, DmaBuf, IpcMemHandle, MappedHostBuffer, PeerMapping, dmabuf_for_range,
+    DeviceBuffer, DmaBuf, HostRegistration, IpcMemHandle, MappedHostBuffer, PeerMapping,
+    dmabuf_for_range,
 };
 pub use module::{KernelModule, select_ptx};
-pub use ops::{memcpy_async, stream_idle, write_u64_async};
+pub use ops::{event_reached, memcpy_async, new_event, record_event, stream_idle, write_u64_async};
 
 use cudarc::driver::DriverError;
 use cudarc::driver::sys::CUresult;

@@ -1,7 +1,9 @@
 //! Stream-ordered operations the proxy issues (copy engine, flag writes) and peer access.
 
-use cudarc::driver::CudaStream;
+use std::sync::Arc;
+
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult, CUstreamWriteValue_flags};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
 use super::{CudaError, Gpu, Result, check};
 
@@ -51,6 +53,29 @@ pub fn stream_idle(stream: &CudaStream) -> Result<bool> {
         CUresult::CUDA_ERROR_NOT_READY => Ok(false),
         other => check("cuStreamQuery", other).map(|()| false),
     }
+}
+
+/// A new event without timing (`cuEventCreate(CU_EVENT_DISABLE_TIMING)`), for completion
+/// marks on a stream.
+pub fn new_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent> {
+    ctx.new_event(None)
+        .map_err(|e| CudaError::driver("cuEventCreate", e))
+}
+
+/// Records `event` on `stream` (`cuEventRecord`): it is reached once everything queued on the
+/// stream before it has completed. Re-recording an event moves it to the new point.
+pub fn record_event(event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+    event
+        .record(stream)
+        .map_err(|e| CudaError::driver("cuEventRecord", e))
+}
+
+/// Whether the work before `event`'s last record has completed (`cuEventQuery`), without
+/// waiting; an error of that work (or of the context) is returned.
+pub fn event_reached(event: &CudaEvent) -> Result<bool> {
+    event
+        .try_is_complete()
+        .map_err(|e| CudaError::driver("cuEventQuery", e))
 }
 
 impl Gpu {

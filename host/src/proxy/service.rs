@@ -13,7 +13,9 @@
 //!    consumer flags every tail from then on, so the kernel's next `try_signal`/`try_flush`
 //!    on that connection fails instead of succeeding;
 //! 3. FLAG: the connection's epoch is incremented and written to the peer's inbound counter
-//!    after the data;
+//!    after the data (by the plane: stream-ordered, or in the P2P `cpu` mode held back
+//!    until the copies before it are known complete and then stored by this thread, in
+//!    [`DataPlane::progress`] or at the next flush);
 //! 4. SYNC: the plane is flushed, so when the tail moves past this trigger everything
 //!    before it has completed;
 //! 5. the trigger is popped (the tail is published).
@@ -27,7 +29,8 @@
 //! [`ProxyService::stop`]).
 //!
 //! Stopping drains: after the stop request the thread keeps popping until no published
-//! trigger is left, then exits; no queued trigger is lost. Triggers pushed after that are
+//! trigger is left, lets the plane finish what it holds back ([`DataPlane::finish`]: the
+//! P2P `cpu` flag mode's waiting flags), then exits; no queued trigger is lost. Triggers pushed after that are
 //! not served (stop the kernels first).
 //!
 //! Idle policy: spin for 200 µs after the last trigger, then yield for 5 ms, then sleep
@@ -227,6 +230,10 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
             // published before the request is seen by that poll).
             if stop.load(Ordering::Acquire) && task.consumer.poll().is_none() {
                 if let Err(error) = task.plane.progress() {
+                    record(errors, ProxyError::Progress { error });
+                }
+                // Flags the plane still holds back (P2P `cpu` mode) are stored now.
+                if let Err(error) = task.plane.finish() {
                     record(errors, ProxyError::Progress { error });
                 }
                 return;

@@ -5,7 +5,9 @@
 //!
 //! - [`TransportKind::P2p`]: CUDA IPC (across processes) or peer access (same process),
 //!   copies with `cuMemcpyAsync` on the proxy's stream (copy engine), the flag with
-//!   `cuStreamWriteValue64` on the same stream after the data.
+//!   `cuStreamWriteValue64` on the same stream after the data, or (the `cpu`
+//!   [`p2p::ProxyFlagMode`]) a CPU store into host memory the peer GPU polls, once the
+//!   copies before it are known complete.
 //! - [`TransportKind::Host`]: POSIX shared memory ([`shm`]), copies with memcpy by the
 //!   proxy thread, the flag with a release store after the data.
 //! - [`TransportKind::Ib`]: RDMA WRITEs on one RC queue pair per connection ([`ib`]), the
@@ -19,11 +21,13 @@
 //! Validation: [`Route::check`] refuses any put whose offset + size leaves either buffer,
 //! before a byte moves; the planes themselves trust their routes.
 
+mod flag_queue;
 pub mod host;
 pub mod ib;
 pub mod p2p;
 pub mod shm;
 pub mod tcp;
+mod tcp_stage;
 
 use serde::{Deserialize, Serialize};
 
@@ -142,6 +146,12 @@ pub trait DataPlane: Send {
     fn progress(&mut self) -> Result<bool, TransportError> {
         Ok(false)
     }
+    /// Called once by a stopping proxy after its last trigger: completes what the plane
+    /// still holds back (the P2P `cpu` flag mode stores its waiting flags). The default does
+    /// nothing.
+    fn finish(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// Several planes behind one: each connection's operations go to the plane of its transport
@@ -209,6 +219,16 @@ impl DataPlane for PlaneSet {
             }
         }
         first.map(|()| did)
+    }
+
+    fn finish(&mut self) -> Result<(), TransportError> {
+        let mut first = Ok(());
+        for p in &mut self.planes {
+            if let Err(e) = p.finish() {
+                first = first.and(Err(e));
+            }
+        }
+        first
     }
 }
 

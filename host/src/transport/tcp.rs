@@ -29,9 +29,13 @@
 //! name prefixes, `^` to exclude them, `=` for exact names); unset, the address the
 //! bootstrap listens on.
 //!
-//! Host backend only: the registered buffers are host memory that the sockets read and
-//! write. The GPU backend needs host staging (see docs/tcp-transport.md) and is refused
-//! at `connect`.
+//! On the Host backend the registered buffers are host memory that the sockets read and
+//! write directly. On the GPU backend the bytes pass through pinned host slots
+//! ([`tcp_stage`](super::tcp_stage)): the proxy copies each chunk of a put out of the device
+//! (the next chunk's copy queued while the current one is written to the socket), and each
+//! receiver reads a chunk into a slot and queues its copy into the device buffer on the
+//! connection's copy stream; the signal's flag is then written on that stream
+//! (`cuStreamWriteValue64`), after every copy of the data before it.
 //!
 //! Not validated: who connects. A hello names a rank and tag, and anyone who can reach the
 //! listener during setup could claim them (as with NCCL's sockets; the bootstrap's secret
@@ -46,12 +50,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cudarc::driver::CudaStream;
+
 use crate::communicator::setup::{
     ConnInfo, Connection, Link, Round, TransportSetup, mismatch, remote_info,
 };
 use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
 
+use super::tcp_stage::{self, Slots};
 use super::{DataPlane, Route, TransportError, TransportKind};
+use crate::cuda::{CudaError, Gpu};
 
 /// Environment variable: sockets per connection (1 to 64, default 2).
 pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
@@ -345,10 +353,27 @@ fn read_full(
     Ok(())
 }
 
+/// A GPU receiver's staging: the device's context (bound by the receiver thread) and the
+/// receiver's slots, on the connection's copy stream.
+type RecvStage = (Gpu, Slots);
+
+fn cuda_lost(e: CudaError) -> Stop {
+    Stop::Lost(format!("staging through host memory: {e}"))
+}
+
 /// One stripe's receiver: applies the peer's frames until the connection drops or the peer
 /// goes.
-fn receive(mut stream: TcpStream, stripe: usize, sink: Sink, shared: Arc<Shared>) {
+fn receive(
+    mut stream: TcpStream,
+    stripe: usize,
+    sink: Sink,
+    shared: Arc<Shared>,
+    mut stage: Option<RecvStage>,
+) {
     let stopped = (|| -> Result<(), Stop> {
+        if let Some((gpu, _)) = &stage {
+            gpu.bind().map_err(cuda_lost)?;
+        }
         loop {
             let mut hdr = [0u8; HEADER];
             read_full(&mut stream, &mut hdr, true, &shared)?;
@@ -365,14 +390,39 @@ fn receive(mut stream: TcpStream, stripe: usize, sink: Sink, shared: Arc<Shared>
                             sink.len
                         )));
                     }
-                    // SAFETY: the range is inside the local buffer (checked above), which the
-                    // connection keeps mapped until this thread is joined. The DevConn
-                    // contract keeps readers off the range until the signal after it.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut((sink.buffer + dst) as *mut u8, len as usize)
-                    };
-                    read_full(&mut stream, dst, false, &shared)?;
-                    // Release: whoever acquires this count sees the bytes written above.
+                    match stage.as_mut() {
+                        None => {
+                            // SAFETY: the range is inside the local buffer (checked above),
+                            // which the connection keeps mapped until this thread is joined.
+                            // The DevConn contract keeps readers off the range until the
+                            // signal after it.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    (sink.buffer + dst) as *mut u8,
+                                    len as usize,
+                                )
+                            };
+                            read_full(&mut stream, dst, false, &shared)?;
+                        }
+                        Some((_, slots)) => {
+                            let mut off = 0;
+                            while off < len {
+                                let n = (len - off).min(slots.len() as u64) as usize;
+                                let i = slots.take().map_err(cuda_lost)?;
+                                read_full(&mut stream, slots.bytes(i, n), false, &shared)?;
+                                // SAFETY: inside the local device buffer (checked above), which
+                                // the connection keeps until this thread is joined, and this
+                                // thread waits for its copies before it ends. The DevConn
+                                // contract keeps kernels off the range until the signal after
+                                // it, which the copy stream writes after this copy.
+                                unsafe { slots.drain(i, sink.buffer + dst + off, n) }
+                                    .map_err(cuda_lost)?;
+                                off += n as u64;
+                            }
+                        }
+                    }
+                    // Release: whoever acquires this count sees the bytes written above (or,
+                    // staged, the copies queued above: the flag is queued after them).
                     shared.received[stripe].fetch_add(len, Ordering::Release);
                 }
                 OP_SIGNAL if stripe == 0 && b as usize == shared.received.len() => {
@@ -397,6 +447,13 @@ fn receive(mut stream: TcpStream, stripe: usize, sink: Sink, shared: Arc<Shared>
                             std::thread::yield_now();
                         }
                     }
+                    if let Some((_, slots)) = &stage {
+                        // SAFETY: `inbound` is an aligned word of the round's device flag
+                        // memory, which outlives the connection and its copy stream.
+                        unsafe { tcp_stage::write_flag(slots.stream(), sink.inbound, a) }
+                            .map_err(cuda_lost)?;
+                        continue;
+                    }
                     // SAFETY: `inbound` is an aligned word of the round's flag memory, which
                     // outlives the connection (and so this thread); it is only accessed
                     // atomically.
@@ -413,6 +470,14 @@ fn receive(mut stream: TcpStream, stripe: usize, sink: Sink, shared: Arc<Shared>
             }
         }
     })();
+    if let Some((_, slots)) = stage.as_mut() {
+        // The device buffer may go once this thread is joined: no copy may still be queued.
+        for i in 0..2 {
+            if let Err(e) = slots.wait(i) {
+                shared.lose(format!("staging through host memory: {e}"));
+            }
+        }
+    }
     if let Err(Stop::Lost(why)) = stopped {
         shared.lose(why);
     }
@@ -454,13 +519,15 @@ impl Drop for TcpLink {
 }
 
 impl TcpLink {
+    /// `stage`: on the GPU backend, the device and the bytes per receiver slot.
     fn new(
         streams: Vec<TcpStream>,
         sink: Sink,
         peer: usize,
         tag: u32,
         timeout: Duration,
-    ) -> io::Result<TcpLink> {
+        stage: Option<(&Gpu, usize)>,
+    ) -> Result<TcpLink, String> {
         let shared = Arc::new(Shared {
             peer,
             tag,
@@ -470,13 +537,21 @@ impl TcpLink {
             lost: Mutex::new(None),
             lost_flag: AtomicBool::new(false),
         });
+        let sock = |e: io::Error| format!("starting the TCP receivers: {e}");
         let mut sockets = Vec::with_capacity(streams.len());
         for s in &streams {
-            s.set_nodelay(true)?;
-            s.set_write_timeout(Some(timeout))?;
-            s.set_read_timeout(Some(POLL))?;
-            sockets.push(s.try_clone()?);
+            s.set_nodelay(true).map_err(sock)?;
+            s.set_write_timeout(Some(timeout)).map_err(sock)?;
+            s.set_read_timeout(Some(POLL)).map_err(sock)?;
+            sockets.push(s.try_clone().map_err(sock)?);
         }
+        let copy_stream: Option<Arc<CudaStream>> = match stage {
+            Some((gpu, _)) => Some(
+                gpu.new_stream()
+                    .map_err(|e| format!("the copy stream of the host staging: {e}"))?,
+            ),
+            None => None,
+        };
         let mut link = TcpLink {
             tx: Arc::new(Mutex::new(Tx {
                 sent: vec![0; streams.len()],
@@ -490,13 +565,22 @@ impl TcpLink {
         };
         let mut senders = Vec::with_capacity(streams.len());
         for (stripe, s) in streams.into_iter().enumerate() {
-            senders.push(s.try_clone()?);
+            senders.push(s.try_clone().map_err(sock)?);
             let shared = shared.clone();
+            let recv_stage = match (stage, &copy_stream) {
+                (Some((gpu, len)), Some(cs)) => Some((
+                    gpu.clone(),
+                    Slots::new(gpu, cs.clone(), len)
+                        .map_err(|e| format!("pinned host slots of {len} bytes: {e}"))?,
+                )),
+                _ => None,
+            };
             // On error, `link` drops: the threads started so far are stopped and joined.
             link.receivers.push(
                 std::thread::Builder::new()
                     .name(format!("mscclpp-tcp-{peer}-{tag}-{stripe}"))
-                    .spawn(move || receive(s, stripe, sink, shared))?,
+                    .spawn(move || receive(s, stripe, sink, shared, recv_stage))
+                    .map_err(sock)?,
             );
         }
         link.tx
@@ -515,21 +599,30 @@ type PlaneLink = (Arc<Mutex<Tx>>, Arc<Shared>);
 pub struct TcpPlane {
     links: Vec<Option<PlaneLink>>,
     chunk: usize,
+    /// On the GPU backend: the slots puts are copied out of the device through.
+    stage: Option<Slots>,
 }
 
 impl TcpPlane {
     fn link(&self, route: &Route) -> Result<(&Mutex<Tx>, &Shared), TransportError> {
-        match self.links.get(route.id as usize) {
-            Some(Some((tx, shared))) => match shared.lost() {
-                Some(e) => Err(e.into()),
-                None => Ok((tx, shared)),
-            },
-            _ => Err(TcpError::Config(format!(
-                "connection {} has no TCP sockets in this proxy",
-                route.id
-            ))
-            .into()),
-        }
+        link_of(&self.links, route)
+    }
+}
+
+fn link_of<'a>(
+    links: &'a [Option<PlaneLink>],
+    route: &Route,
+) -> Result<(&'a Mutex<Tx>, &'a Shared), TransportError> {
+    match links.get(route.id as usize) {
+        Some(Some((tx, shared))) => match shared.lost() {
+            Some(e) => Err(e.into()),
+            None => Ok((tx, shared)),
+        },
+        _ => Err(TcpError::Config(format!(
+            "connection {} has no TCP sockets in this proxy",
+            route.id
+        ))
+        .into()),
     }
 }
 
@@ -560,9 +653,14 @@ impl DataPlane for TcpPlane {
     ) -> Result<(), TransportError> {
         route.check(dst_offset, src_offset, size)?;
         let chunk = self.chunk as u64;
-        let (tx, shared) = self.link(route)?;
+        let (tx, shared) = link_of(&self.links, route)?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
+        if let Some(slots) = self.stage.as_mut() {
+            return put_staged(
+                tx, shared, slots, route, dst_offset, src_offset, size, chunk,
+            );
+        }
         let mut done = 0;
         while done < size {
             let n = chunk.min(size - done);
@@ -593,6 +691,7 @@ impl DataPlane for TcpPlane {
 
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
         let (tx, shared) = self.link(route)?;
+        // Staged puts are in the sockets when they return, like the others.
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
         tx.scratch.clear();
@@ -608,6 +707,63 @@ impl DataPlane for TcpPlane {
         // Every put and signal is in the sockets when its call returns.
         Ok(())
     }
+}
+
+/// A put on the GPU backend: chunks of at most `chunk` bytes (and a slot) copied out of the
+/// device through the two slots, the next chunk's copy queued before the current chunk is
+/// written to its socket.
+#[allow(clippy::too_many_arguments)]
+fn put_staged(
+    tx: &mut Tx,
+    shared: &Shared,
+    slots: &mut Slots,
+    route: &Route,
+    dst_offset: u64,
+    src_offset: u64,
+    size: u64,
+    chunk: u64,
+) -> Result<(), TransportError> {
+    let step = chunk.min(slots.len() as u64);
+    let pieces = size.div_ceil(step);
+    let piece = |k: u64| (k * step, step.min(size - k * step));
+    let src = route.local + src_offset;
+    let fill = |slots: &mut Slots, k: u64| -> Result<usize, TransportError> {
+        let (off, n) = piece(k);
+        let i = slots.take()?;
+        // SAFETY: inside the route's local device range (checked by the caller), which the
+        // connection keeps while the proxy runs; the DevConn contract keeps kernels from
+        // writing the source until the put's signal or flush, which come after this put
+        // returns, and this put waits for the copy before it returns.
+        unsafe { slots.fill(i, src + off, n as usize)? };
+        Ok(i)
+    };
+    if pieces == 0 {
+        return Ok(());
+    }
+    let mut cur = fill(slots, 0)?;
+    for k in 0..pieces {
+        let next = if k + 1 < pieces {
+            Some(fill(slots, k + 1)?)
+        } else {
+            None
+        };
+        slots.wait(cur)?;
+        let (off, n) = piece(k);
+        let stripe = tx.next;
+        tx.next = (tx.next + 1) % tx.streams.len();
+        tx.scratch.clear();
+        put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset + off, n]);
+        send(
+            &mut tx.streams[stripe],
+            &[&tx.scratch, slots.bytes(cur, n as usize)],
+            shared,
+        )?;
+        tx.sent[stripe] += n;
+        if let Some(j) = next {
+            cur = j;
+        }
+    }
+    Ok(())
 }
 
 /// The TCP setup of one round: the listener (opened by the first description) and the
@@ -715,11 +871,6 @@ impl TransportSetup for TcpSetup {
             transport: TransportKind::Tcp,
             reason,
         };
-        if !matches!(round.comm.backend(), Backend::Host) {
-            return Err(unavailable(
-                "TCP connections need host buffers (Host backend); GPU staging is not built".into(),
-            ));
-        }
         let config = match self.config {
             Some(c) => c,
             None => *self
@@ -794,8 +945,12 @@ impl TransportSetup for TcpSetup {
             len: p.buffer.len() as u64,
             inbound: round.inbound(k),
         };
-        let link = TcpLink::new(streams, sink, rank, tag, config.timeout)
-            .map_err(|e| mismatch(rank, tag, format!("starting the TCP receivers: {e}")))?;
+        let stage = match round.comm.backend() {
+            Backend::Gpu(gpu) => Some((gpu, config.chunk)),
+            Backend::Host => None,
+        };
+        let link = TcpLink::new(streams, sink, rank, tag, config.timeout, stage)
+            .map_err(|e| mismatch(rank, tag, e))?;
         Ok(Connection::remote(
             round,
             p,
@@ -820,9 +975,21 @@ impl TransportSetup for TcpSetup {
                     .map(|l| (l.tx.clone(), l.shared.clone()))
             })
             .collect();
+        let stage = match comm.backend() {
+            Backend::Gpu(gpu) => {
+                let cuda = |e: CudaError| CommError::TransportUnavailable {
+                    transport: TransportKind::Tcp,
+                    reason: format!("host staging of GPU puts: {e}"),
+                };
+                let stream = gpu.new_stream().map_err(cuda)?;
+                Some(Slots::new(gpu, stream, config.chunk).map_err(cuda)?)
+            }
+            Backend::Host => None,
+        };
         Ok(Box::new(TcpPlane {
             links,
             chunk: config.chunk,
+            stage,
         }))
     }
 }
