@@ -551,3 +551,64 @@ fn cross_host_mismatched_calls_are_named() {
     }
     launch("cross_host_mismatched_calls_are_named", 4, "block:2");
 }
+
+fn killed_partner_rank() {
+    let c = collectives();
+    let r = c.rank();
+    c.communicator().bootstrap().barrier().unwrap();
+    if r == 1 {
+        let pid = std::process::id().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
+        std::thread::sleep(Duration::from_secs(60));
+        unreachable!("rank 1 was not killed");
+    }
+    let start = std::time::Instant::now();
+    let mut buf = vec![1f32; 1000];
+    let e = c
+        .all_reduce_host_in_place(&mut buf, ReduceOp::Sum)
+        .expect_err("the partner is dead");
+    let took = start.elapsed();
+    assert!(
+        matches!(e, CommError::Aborted(_)) && e.to_string().contains("rank 1"),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(10), "the error took {took:?}");
+    // Sticky: the next call says so at once.
+    let e2 = c.all_gather_host(&buf[..1], &mut [0f32; 2]).unwrap_err();
+    assert!(e2.to_string().contains("rank 1"), "{e2}");
+    println!("rank 0: {e} (after {took:?})");
+    println!("rank 0: ok");
+    // Leave at once: closing the bootstrap politely would wait for the dead rank.
+    std::process::exit(0);
+}
+
+/// A partner on the other host that dies: the survivor's cross-host wait ends with an error
+/// naming it (the bootstrap's abort), not at the timeout, and every later call fails.
+#[test]
+fn cross_host_killed_partner_is_named() {
+    const TEST: &str = "cross_host_killed_partner_is_named";
+    if child() {
+        return killed_partner_rank();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let report = LocalLauncher::command(2, exe)
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .env(LAYOUT, "cyclic:2")
+        .bootstrap_timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(report.ranks[0].status.success(), "rank 0: {report}{output}");
+    assert!(
+        report.output.iter().any(|l| l.ends_with("rank 0: ok")),
+        "{output}"
+    );
+    for l in report.output.iter().filter(|l| l.contains("(after ")) {
+        println!("{l}");
+    }
+}
