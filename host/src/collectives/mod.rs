@@ -10,6 +10,18 @@
 //! calls are stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU)
 //! the same kernels run on CPU threads over shared memory, and calls block until done.
 //!
+//! # Across hosts
+//!
+//! Ranks on several hosts (bootstrap host ids, `MSCCLPP_HOST_ID`) are accepted on the host
+//! backend, with the same number of ranks (at most 8) on every host: the kernels run over
+//! this rank's host (memory channels, as on one machine), and the ranks of the same local
+//! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical,
+//! and every other collective is built across hosts but send/recv, which returns
+//! [`CommError::InvalidArgument`] naming the call. Every rank gets
+//! bit-identical results; sums are formed per host in rank order, then across hosts in host
+//! order (docs/tcp-transport.md, "Collectives across hosts"). The GPU backend refuses ranks
+//! on several hosts.
+//!
 //! # Ordering and failures
 //!
 //! As with NCCL, the calls of one [`Collectives`] must be ordered: one stream (or streams
@@ -57,6 +69,7 @@
 //! reduce above the LL size take [`RootedAlgo`] from `MSCCLPP_BROADCAST_ALGO` and
 //! `MSCCLPP_REDUCE_ALGO` (`rounds`, `pipelined`), else from the config.
 
+mod cross;
 mod gpu;
 mod more;
 
@@ -481,7 +494,10 @@ pub struct Collectives {
     env_reduce: Option<RootedAlgo>,
     gpu: Option<gpu::Kernels>,
     more: Option<more::Kernels>,
-    p2p: more::P2p,
+    /// Sends and receives (one host only).
+    p2p: Option<more::P2p>,
+    /// Across hosts: the TCP channels to the partners and the staging (see `cross.rs`).
+    cross: Option<cross::Cross>,
     /// The proxy channels' handles on the host (host backend kernels read them here).
     _host_conns: Vec<DevConn<'static>>,
     _scratch: Buffer,
@@ -554,10 +570,11 @@ fn parse_rooted(name: &str, v: Option<String>) -> Result<Option<RootedAlgo>, Com
 }
 
 impl Collectives {
-    /// Registers scratch and connects every pair of ranks (collective: every rank calls it,
-    /// with equal configs). `comm` must have no pending connections of its own; it keeps
-    /// working for the caller's own channels afterwards through [`communicator`]
-    /// (read-only).
+    /// Registers scratch and connects every pair of ranks of a host, and each rank to the
+    /// ranks of its local index on the other hosts (over TCP; see [Across
+    /// hosts](self#across-hosts)) (collective: every rank calls it, with equal configs).
+    /// `comm` must have no pending connections of its own; it keeps working for the
+    /// caller's own channels afterwards through [`communicator`] (read-only).
     ///
     /// [`communicator`]: Self::communicator
     pub fn new(mut comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
@@ -566,13 +583,20 @@ impl Collectives {
         let env_all_gather = parse_all_gather_env()?;
         let env_broadcast = parse_rooted_env("MSCCLPP_BROADCAST_ALGO")?;
         let env_reduce = parse_rooted_env("MSCCLPP_REDUCE_ALGO")?;
-        let (n, rank) = (comm.nranks(), comm.rank());
-        if n > MAX_RANKS {
+        // The kernels' context spans the local group: this rank's host (every rank, on one
+        // host), indexed by local index; other hosts are reached through `cross`.
+        let topo = cross::Topology::of(&comm)?;
+        let spans_hosts = topo.hosts.len() > 1;
+        if spans_hosts && matches!(comm.backend(), Backend::Gpu(_)) {
             return Err(CommError::InvalidArgument(format!(
-                "collectives: {n} ranks; at most {MAX_RANKS} ranks (one machine) are supported"
+                "collectives: rank {} is on another host than rank {}; collectives across \
+                 hosts are built for the Host backend only (their cross-host steps run on the \
+                 CPU; on GPUs they are not built)",
+                topo.hosts[1][0], topo.hosts[0][0]
             )));
         }
-        other_host_check(&comm)?;
+        let group: Vec<usize> = topo.group().to_vec();
+        let (n, rank) = (group.len(), topo.local);
         let transport = comm.backend().transport();
         // Each of the two regions (see CollContext::scratch_len).
         let region = config.scratch_bytes / 2 / 16 * 16;
@@ -583,12 +607,19 @@ impl Collectives {
         let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
         let mut channels = Vec::new();
         for p in (0..n).filter(|&p| p != rank) {
-            let data = comm.connect_memory(p, &scratch, TAG_SCRATCH, transport, packets_len)?;
-            let sems = comm.connect_memory(p, &semaphores, TAG_SEMAPHORES, transport, 0)?;
-            let proxy = comm.connect(p, &scratch, TAG_PROXY, transport)?;
+            let g = group[p];
+            let data = comm.connect_memory(g, &scratch, TAG_SCRATCH, transport, packets_len)?;
+            let sems = comm.connect_memory(g, &semaphores, TAG_SEMAPHORES, transport, 0)?;
+            let proxy = comm.connect(g, &scratch, TAG_PROXY, transport)?;
             channels.push((p, data, sems, proxy));
         }
+        let cross = if spans_hosts {
+            Some(cross::Cross::connect(&mut comm, &config, topo)?)
+        } else {
+            None
+        };
         comm.connection_setup()?;
+        let cross = cross.map(|c| cross::Cross::finish(&comm, c)).transpose()?;
         let all = comm.memory_channels();
         // SAFETY: the handles are kept in `_host_conns` (and copied to `gpu`) next to `comm`,
         // which owns their memory, and are used only while `self` lives.
@@ -638,13 +669,16 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
-        let p2p = more::P2p::new(&mut comm, &config, &ctx)?;
+        let p2p = match cross {
+            None => Some(more::P2p::new(&mut comm, &config, &ctx)?),
+            Some(_) => None,
+        };
         let gpu = match comm.backend() {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
         };
         let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
-        if n > 1 {
+        if comm.nranks() > 1 {
             comm.proxy_launch()?;
         }
         Ok(Collectives {
@@ -658,6 +692,7 @@ impl Collectives {
             gpu,
             more,
             p2p,
+            cross,
             _host_conns: host_conns,
             _scratch: scratch,
             _semaphores: semaphores,
@@ -1118,7 +1153,7 @@ impl Collectives {
     /// returns).
     fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
         self.check_fault(call, true)?;
-        let threads = (self.nranks() as u32).max(2);
+        let threads = self.ctx.nranks.max(2);
         launch(Dim3::x(1), Dim3::x(threads), body).map_err(|e| {
             CommError::State(format!(
                 "{call}: the collective kernel failed on this rank ({e}): a bug or a broken \
@@ -1181,6 +1216,10 @@ impl Collectives {
         if count == 0 {
             return Ok(());
         }
+        if self.cross.is_some() {
+            // SAFETY: caller contract.
+            return unsafe { self.cross_all_reduce(send, recv, count, dtype, op, None) };
+        }
         let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
         let f = more::all_reduce_host_kernel(algo, dtype, op);
         let tag = all_reduce_tag(algo, dtype, op);
@@ -1217,16 +1256,38 @@ impl Collectives {
             return Ok(());
         }
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
-        let ctx = &*self.ctx as *const CollContext as u64;
+        if self.cross.is_some() {
+            // SAFETY: send holds bytes, recv nranks * bytes (checked), both borrowed.
+            return unsafe { self.cross_all_gather(s, r, bytes as usize, T::DTYPE) };
+        }
         let algo =
             self.resolve_all_gather("all_gather_host", AllGatherAlgo::Auto, bytes as usize)?;
+        // SAFETY: as above.
+        unsafe { self.run_all_gather_kernel("all_gather_host", s, r, bytes, T::DTYPE, algo) }
+    }
+
+    /// Runs the all-gather kernel of resolved `algo` on CPU threads over the local group's
+    /// context (`bytes` per rank; rank `l`'s lands at `recv + l * bytes`).
+    ///
+    /// # Safety
+    /// `send` valid host memory for `bytes`, `recv` for `nlocal * bytes`.
+    unsafe fn run_all_gather_kernel(
+        &self,
+        call: &str,
+        s: u64,
+        r: u64,
+        bytes: u64,
+        dtype: DataType,
+        algo: AllGatherAlgo,
+    ) -> Result<(), CommError> {
+        let ctx = &*self.ctx as *const CollContext as u64;
         let f: HostKernel = match algo {
             AllGatherAlgo::Proxy => k::all_gather_proxy,
             AllGatherAlgo::Packets => k::all_gather_packets,
             _ => k::all_gather,
         };
-        let tag = all_gather_tag(algo, T::DTYPE);
-        self.run_host("all_gather_host", || {
+        let tag = all_gather_tag(algo, dtype);
+        self.run_host(call, || {
             // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
             unsafe {
                 f(
@@ -1402,26 +1463,6 @@ fn place_name(place: u64) -> &'static str {
         fault::AT_PROXY => "a proxy-channel signal",
         _ => "a signal",
     }
-}
-
-/// Refuses ranks on other hosts (every rank reads the same host table from the bootstrap,
-/// so all refuse alike, before any connection): the collectives map every peer's memory,
-/// which only ranks of one machine can. Hosts are the bootstrap's host ids (hostname and
-/// boot id, or `MSCCLPP_HOST_ID`).
-fn other_host_check(comm: &Communicator) -> Result<(), CommError> {
-    let bs = comm.bootstrap().as_async();
-    let host = |r: usize| bs.host_id(r).unwrap_or("?").to_string();
-    let mine = host(comm.rank());
-    if let Some(other) = (0..comm.nranks()).find(|&r| host(r) != mine) {
-        return Err(CommError::InvalidArgument(format!(
-            "collectives: rank {other} is on host {:?} and rank {} on {mine:?}; collectives \
-             across hosts are not built yet (every rank of a Collectives must be on one \
-             machine: its peers' memory is mapped)",
-            host(other),
-            comm.rank()
-        )));
-    }
-    Ok(())
 }
 
 /// `count * size` or an error naming the call.

@@ -400,9 +400,10 @@ impl Collectives {
     fn pipe_slot(&self, p: &Plan) -> u64 {
         let region = self.ctx.scratch_len / 16 * 16;
         match p.kind {
-            Kind::Reduce => {
-                mscclpp_device::collectives::reduce_scatter::rank_slot(region, self.nranks() as u64)
-            }
+            Kind::Reduce => mscclpp_device::collectives::reduce_scatter::rank_slot(
+                region,
+                self.ctx.nranks as u64,
+            ),
             _ => region,
         }
     }
@@ -476,12 +477,119 @@ impl Collectives {
         self.noted(unsafe { kernels.launch(stream, index, send, recv, p.count, tag, grid) })
     }
 
-    /// Runs a plan on CPU threads (host backend).
+    /// Runs a plan on the host backend: on CPU threads, or across hosts through
+    /// `cross.rs`.
     ///
     /// # Safety
     /// The ranges valid host memory for the plan.
     unsafe fn more_host(&self, call: &str, p: Plan, send: u64, recv: u64) -> Result<(), CommError> {
         self.host_only(call)?;
+        if self.cross().is_some() {
+            if p.pair_bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: caller contract.
+            return unsafe {
+                match p.kind {
+                    Kind::ReduceScatter => self.cross_reduce_scatter(
+                        send,
+                        recv,
+                        p.count as usize,
+                        p.dtype,
+                        p.op.expect("a reduction"),
+                    ),
+                    Kind::Broadcast => {
+                        self.cross_broadcast(send, recv, p.pair_bytes, p.dtype, p.root)
+                    }
+                    Kind::Reduce => self.cross_all_reduce(
+                        send,
+                        recv,
+                        p.count as usize,
+                        p.dtype,
+                        p.op.expect("a reduction"),
+                        Some(p.root),
+                    ),
+                    Kind::AllToAll => self.cross_all_to_all(send, recv, p.pair_bytes, p.dtype),
+                }
+            };
+        }
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, p, send, recv) }
+    }
+
+    /// The local group's broadcast of `bytes` in place at `buf` from local index `root`.
+    ///
+    /// # Safety
+    /// `buf` valid host memory for `bytes`.
+    pub(super) unsafe fn local_broadcast(
+        &self,
+        call: &str,
+        buf: u64,
+        bytes: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let plan = self.plan_rooted(call, bytes / dtype.size(), dtype, None, root)?;
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, plan, buf, buf) }
+    }
+
+    /// The local group's reduce-scatter of `count` elements per local rank (`send` holds
+    /// `nlocal * count`).
+    ///
+    /// # Safety
+    /// `send` valid host memory for `nlocal * count` elements, `recv` for `count`, disjoint.
+    pub(super) unsafe fn local_reduce_scatter(
+        &self,
+        call: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let plan = self.plan_rs(call, count, dtype, op)?;
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, plan, send, recv) }
+    }
+
+    /// The local group's all-to-all of `pair_bytes` per pair (`send` and `recv` hold
+    /// `nlocal * pair_bytes`, block `l` for / from local index `l`).
+    ///
+    /// # Safety
+    /// `send`, `recv` valid host memory for `nlocal * pair_bytes`, disjoint.
+    pub(super) unsafe fn local_all_to_all(
+        &self,
+        call: &str,
+        send: u64,
+        recv: u64,
+        pair_bytes: usize,
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let plan = Plan {
+            kind: Kind::AllToAll,
+            dtype,
+            op: None,
+            count: pair_bytes as u64,
+            pair_bytes,
+            total_bytes: pair_bytes * self.ctx.nranks as usize,
+            root: 0,
+        };
+        // SAFETY: caller contract.
+        unsafe { self.local_more_host(call, plan, send, recv) }
+    }
+
+    /// Runs a plan on CPU threads over the local group's context.
+    ///
+    /// # Safety
+    /// The ranges valid host memory for the plan.
+    unsafe fn local_more_host(
+        &self,
+        call: &str,
+        p: Plan,
+        send: u64,
+        recv: u64,
+    ) -> Result<(), CommError> {
         if p.pair_bytes == 0 {
             return Ok(());
         }
@@ -1170,6 +1278,7 @@ impl Collectives {
         ops: &[P2pOp],
         gpu_ranges: bool,
     ) -> Result<(P2pOps, u32), CommError> {
+        self.not_across_hosts(&format!("{call} (send/recv)"))?;
         if ops.len() > MAX_P2P_OPS {
             return Err(invalid(format!(
                 "{call}: {} operations; at most {MAX_P2P_OPS} in one group",
@@ -1244,6 +1353,12 @@ impl Collectives {
         Ok((out, stage))
     }
 
+    /// The p2p state, which every Collectives on one host has ([`p2p_ops`](Self::p2p_ops)
+    /// refuses calls across hosts first).
+    fn p2p_one_host(&self) -> &P2p {
+        self.p2p.as_ref().expect("one host (checked by p2p_ops)")
+    }
+
     /// Most blocks of one transfer on a GPU: a group has up to `2 * (nranks - 1)` lanes side
     /// by side, and every block of it must be resident at once (a send's blocks wait for the
     /// peer's receive, which may wait for other lanes): 128 blocks in all (the kernel takes
@@ -1262,7 +1377,10 @@ impl Collectives {
         ops.depth = c.p2p_depth;
         ops.ll_max = c.p2p_packet_max_bytes as u64;
         ops.ll_blocks = c.p2p_packet_blocks.min(max_blocks);
-        ops.plan(p2p_piece(self.p2p.ctx.scratch_len, c.p2p_depth), max_blocks)
+        ops.plan(
+            p2p_piece(self.p2p_one_host().ctx.scratch_len, c.p2p_depth),
+            max_blocks,
+        )
     }
 
     /// Posts the sends and receives of `ops` as one launch on `stream` (NCCL's grouped
@@ -1306,7 +1424,11 @@ impl Collectives {
             .map(|i| staged_len(ops.ops[i].bytes))
             .sum();
         let capturing = gpu::is_capturing(stream);
-        let mut stage = self.p2p.stage.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stage = self
+            .p2p_one_host()
+            .stage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if stage.as_ref().is_none_or(|s| (s.bytes as u64) < total) {
             if capturing {
                 return Err(invalid(format!(
@@ -1368,7 +1490,12 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let blocks = self.p2p_plan(&mut ops, self.p2p_max_blocks());
         let kernels = self.more.as_ref().expect("GPU backend");
-        let ctx = self.p2p.dev.as_ref().expect("GPU backend").device_ptr();
+        let ctx = self
+            .p2p_one_host()
+            .dev
+            .as_ref()
+            .expect("GPU backend")
+            .device_ptr();
         let arg = OpsArg(ops);
         let mut l = stream.launch_builder(&kernels.p2p);
         l.arg(&ctx).arg(&arg);
@@ -1492,7 +1619,7 @@ impl Collectives {
         }
         // Two blocks per transfer at most: CPU threads.
         let blocks = self.p2p_plan(&mut ops, 2);
-        let ctx = &*self.p2p.ctx as *const CollContext as u64;
+        let ctx = &*self.p2p_one_host().ctx as *const CollContext as u64;
         launch(Dim3::x(blocks), Dim3::x(2), || {
             // SAFETY: the p2p context (boxed, alive as long as self) holds this
             // communicator's shared memory; the buffers are valid (caller contract).

@@ -31,7 +31,7 @@
 //!
 //! On the Host backend the registered buffers are host memory that the sockets read and
 //! write directly. On the GPU backend the bytes pass through pinned host slots
-//! ([`tcp_stage`](super::tcp_stage)): the proxy copies each chunk of a put out of the device
+//! (`tcp_stage.rs`): the proxy copies each chunk of a put out of the device
 //! (the next chunk's copy queued while the current one is written to the socket), and each
 //! receiver reads a chunk into a slot and queues its copy into the device buffer on the
 //! connection's copy stream; the signal's flag is then written on that stream

@@ -1,0 +1,614 @@
+//! Collectives across simulated hosts (issue #17) on the Host backend: each rank reports a
+//! host id of the test's layout through the bootstrap, so ranks of one "host" talk over
+//! shared memory and the hosts over TCP on 127.0.0.1. Every result is checked against a CPU
+//! reference; the test binary re-executes itself, one process per rank.
+//!
+//! The inputs are small integers (and ±1, ±2 for products), so every float sum, product and
+//! average is exact and the reference does not depend on the order of summation.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use half::{bf16, f16};
+use mscclpp::host::bootstrap::BlockingBootstrap;
+use mscclpp::host::collectives::{CollConfig, Collectives, Element, P2pOp, ReduceOp};
+use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
+use mscclpp::host::launch::{Launch, LocalLauncher};
+
+const ROLE: &str = "MSCCLPP_TEST_ROLE";
+/// `block:L` (host = rank / L) or `cyclic:H` (host = rank % H).
+const LAYOUT: &str = "MSCCLPP_TEST_HOST_LAYOUT";
+
+fn child() -> bool {
+    std::env::var(ROLE).is_ok()
+}
+
+/// Runs `test` in `nranks` processes with `layout`; panics unless every rank prints ok.
+fn launch(test: &str, nranks: usize, layout: &str) {
+    let exe = std::env::current_exe().unwrap();
+    let report = LocalLauncher::command(nranks, exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .env(LAYOUT, layout)
+        .bootstrap_timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(report.success(), "{test}: {report}{output}");
+    for r in 0..nranks {
+        let done = format!("rank {r}: ok");
+        assert!(
+            report.output.iter().any(|l| l.ends_with(&done)),
+            "{test}: rank {r} did not finish:\n{output}"
+        );
+    }
+}
+
+fn host_of(rank: usize) -> usize {
+    let layout = std::env::var(LAYOUT).unwrap();
+    let (kind, k) = layout.split_once(':').unwrap();
+    let k: usize = k.parse().unwrap();
+    match kind {
+        "block" => rank / k,
+        "cyclic" => rank % k,
+        _ => panic!("{LAYOUT}={layout:?}"),
+    }
+}
+
+/// This rank's communicator on its simulated host.
+fn communicator() -> Communicator {
+    let launch = Launch::from_env().unwrap();
+    let config = launch
+        .config()
+        .with_host_id(format!("sim-host-{}", host_of(launch.rank)));
+    let bs = BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)
+        .unwrap();
+    let config = CommConfig {
+        fifo_slots: 64,
+        device_timeout: Duration::from_secs(30),
+        ..CommConfig::default()
+    };
+    Communicator::from_bootstrap(bs, Backend::Host, config).unwrap()
+}
+
+/// A small scratch: 4 KiB cross-host slots for two hosts, so larger messages take many
+/// rounds; packet paths below 4 KiB.
+fn collectives() -> Collectives {
+    Collectives::new(
+        communicator(),
+        CollConfig {
+            scratch_bytes: 64 << 10,
+            packet_max_bytes: 4 << 10,
+            ..CollConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Element types under test, with the reference operations (exact on the test's values).
+trait T: Element + PartialEq + Debug {
+    fn of(v: i64) -> Self;
+    fn sum(a: Self, b: Self) -> Self;
+    fn prod(a: Self, b: Self) -> Self;
+    fn min(a: Self, b: Self) -> Self;
+    fn max(a: Self, b: Self) -> Self;
+    /// The average's quotient (floats: rounded to the type; integers: truncated).
+    fn div(a: Self, n: usize) -> Self;
+}
+
+macro_rules! float_t {
+    ($t:ty, $of:expr, $to:expr) => {
+        impl T for $t {
+            fn of(v: i64) -> Self {
+                $of(v as f32)
+            }
+            fn sum(a: Self, b: Self) -> Self {
+                $of($to(a) + $to(b))
+            }
+            fn prod(a: Self, b: Self) -> Self {
+                $of($to(a) * $to(b))
+            }
+            fn min(a: Self, b: Self) -> Self {
+                if $to(b) < $to(a) { b } else { a }
+            }
+            fn max(a: Self, b: Self) -> Self {
+                if $to(b) > $to(a) { b } else { a }
+            }
+            fn div(a: Self, n: usize) -> Self {
+                $of($to(a) / n as f32)
+            }
+        }
+    };
+}
+float_t!(f32, |v: f32| v, |a: f32| a);
+float_t!(bf16, bf16::from_f32, |a: bf16| a.to_f32());
+float_t!(f16, f16::from_f32, |a: f16| a.to_f32());
+
+impl T for f64 {
+    fn of(v: i64) -> Self {
+        v as f64
+    }
+    fn sum(a: Self, b: Self) -> Self {
+        a + b
+    }
+    fn prod(a: Self, b: Self) -> Self {
+        a * b
+    }
+    fn min(a: Self, b: Self) -> Self {
+        a.min(b)
+    }
+    fn max(a: Self, b: Self) -> Self {
+        a.max(b)
+    }
+    fn div(a: Self, n: usize) -> Self {
+        a / n as f64
+    }
+}
+
+macro_rules! int_t {
+    ($($t:ty),*) => {$(
+        impl T for $t {
+            fn of(v: i64) -> Self {
+                v as $t
+            }
+            fn sum(a: Self, b: Self) -> Self {
+                a.wrapping_add(b)
+            }
+            fn prod(a: Self, b: Self) -> Self {
+                a.wrapping_mul(b)
+            }
+            fn min(a: Self, b: Self) -> Self {
+                Ord::min(a, b)
+            }
+            fn max(a: Self, b: Self) -> Self {
+                Ord::max(a, b)
+            }
+            fn div(a: Self, n: usize) -> Self {
+                a / n as $t
+            }
+        }
+    )*};
+}
+int_t!(i32, u8, i64, i8, u32);
+
+/// Rank `r`'s element `i` of call `call`: small integers (in 1..=2 and -2..=-1 for products,
+/// so that products of up to 16 ranks stay exact).
+fn value<E: T>(op: ReduceOp, r: usize, i: usize, call: usize) -> E {
+    let h = (i * 31 + r * 17 + call * 7 + (i >> 5)) % 13;
+    match op {
+        ReduceOp::Prod => E::of([1, 2, -1, -2][h % 4]),
+        _ => E::of(h as i64 - 6),
+    }
+}
+
+/// For unsigned types: values kept non-negative.
+fn input<E: T>(op: ReduceOp, r: usize, i: usize, call: usize, unsigned: bool) -> E {
+    if unsigned {
+        let h = (i * 31 + r * 17 + call * 7) % 13;
+        match op {
+            ReduceOp::Prod => E::of([1, 2, 3][h % 3]),
+            _ => E::of(h as i64),
+        }
+    } else {
+        value(op, r, i, call)
+    }
+}
+
+fn reference<E: T>(op: ReduceOp, n: usize, mut at: impl FnMut(usize) -> E) -> E {
+    let mut acc = at(0);
+    for q in 1..n {
+        let x = at(q);
+        acc = match op {
+            ReduceOp::Sum | ReduceOp::Avg => E::sum(acc, x),
+            ReduceOp::Prod => E::prod(acc, x),
+            ReduceOp::Min => E::min(acc, x),
+            ReduceOp::Max => E::max(acc, x),
+        };
+    }
+    if op == ReduceOp::Avg {
+        E::div(acc, n)
+    } else {
+        acc
+    }
+}
+
+/// All-reduce of `E` for every operation and the counts, out of place and in place.
+fn check_all_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp], unsigned: bool) {
+    let (n, r) = (c.nranks(), c.rank());
+    for (k, &count) in counts.iter().enumerate() {
+        for &op in ops {
+            let call = k * 5 + op as usize;
+            let send: Vec<E> = (0..count)
+                .map(|i| input(op, r, i, call, unsigned))
+                .collect();
+            let want: Vec<E> = (0..count)
+                .map(|i| reference(op, n, |q| input(op, q, i, call, unsigned)))
+                .collect();
+            let mut out = vec![E::of(0); count];
+            c.all_reduce_host(&send, &mut out, op).unwrap();
+            let bad = (0..count).find(|&i| out[i] != want[i]);
+            assert_eq!(
+                bad.map(|i| (i, out[i], want[i])),
+                None,
+                "rank {r}: all_reduce {op:?} of {count} {:?}",
+                E::DTYPE
+            );
+            let mut buf = send.clone();
+            c.all_reduce_host_in_place(&mut buf, op).unwrap();
+            assert!(
+                buf == want,
+                "rank {r}: in-place all_reduce {op:?} of {count}"
+            );
+        }
+    }
+}
+
+/// All-gather of `E`.
+fn check_all_gather<E: T>(c: &Collectives, counts: &[usize]) {
+    let (n, r) = (c.nranks(), c.rank());
+    for &count in counts {
+        let mine = |q: usize| -> Vec<E> {
+            (0..count)
+                .map(|i| value(ReduceOp::Sum, q, i, count))
+                .collect()
+        };
+        let want: Vec<E> = (0..n).flat_map(mine).collect();
+        let mut out = vec![E::of(0); n * count];
+        c.all_gather_host(&mine(r), &mut out).unwrap();
+        assert!(
+            out == want,
+            "rank {r}: all_gather of {count} {:?}",
+            E::DTYPE
+        );
+    }
+}
+
+/// Reduce-scatter of `E` for `ops`, out of place and in place.
+fn check_reduce_scatter<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp]) {
+    let (n, r) = (c.nranks(), c.rank());
+    for &count in counts {
+        for &op in ops {
+            let call = count + op as usize;
+            let send: Vec<E> = (0..n * count).map(|i| value(op, r, i, call)).collect();
+            let want: Vec<E> = (0..count)
+                .map(|i| reference(op, n, |q| value(op, q, r * count + i, call)))
+                .collect();
+            let mut out = vec![E::of(0); count];
+            c.reduce_scatter_host(&send, &mut out, op).unwrap();
+            assert!(out == want, "rank {r}: reduce_scatter {op:?} of {count}");
+            let mut buf = send.clone();
+            c.reduce_scatter_host_in_place(&mut buf, op).unwrap();
+            assert!(
+                buf[r * count..(r + 1) * count] == want[..],
+                "rank {r}: in-place reduce_scatter {op:?} of {count}"
+            );
+        }
+    }
+}
+
+/// Reduce of `E` to every root for `ops`, out of place (the others' `recv` untouched) and in
+/// place.
+fn check_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp]) {
+    let (n, r) = (c.nranks(), c.rank());
+    for &count in counts {
+        for &op in ops {
+            for root in 0..n {
+                let call = count + op as usize + root;
+                let send: Vec<E> = (0..count).map(|i| value(op, r, i, call)).collect();
+                let want: Vec<E> = (0..count)
+                    .map(|i| reference(op, n, |q| value(op, q, i, call)))
+                    .collect();
+                let sentinel: Vec<E> = (0..count).map(|i| E::of((i % 5) as i64 + 40)).collect();
+                let mut out = sentinel.clone();
+                c.reduce_host(&send, &mut out, op, root).unwrap();
+                if r == root {
+                    assert!(out == want, "rank {r}: reduce {op:?} of {count} to {root}");
+                } else {
+                    assert!(out == sentinel, "rank {r}: reduce to {root} wrote recv");
+                }
+                let mut buf = send.clone();
+                c.reduce_host_in_place(&mut buf, op, root).unwrap();
+                if r == root {
+                    assert!(buf == want, "rank {r}: in-place reduce {op:?} to {root}");
+                }
+            }
+        }
+    }
+}
+
+/// All-to-all of `E`: rank `q`'s block for this rank lands at block `q`.
+fn check_all_to_all<E: T>(c: &Collectives, counts: &[usize]) {
+    let (n, r) = (c.nranks(), c.rank());
+    // Element i of the block from rank `from` to rank `to`.
+    let v = |from: usize, to: usize, i: usize| E::of(((from * 7 + to * 3 + i) % 61) as i64);
+    for &count in counts {
+        let send: Vec<E> = (0..n * count).map(|k| v(r, k / count, k % count)).collect();
+        let want: Vec<E> = (0..n * count).map(|k| v(k / count, r, k % count)).collect();
+        let mut out = vec![E::of(0); n * count];
+        c.all_to_all_host(&send, &mut out).unwrap();
+        let bad = (0..n * count).find(|&k| out[k] != want[k]);
+        assert_eq!(bad, None, "rank {r}: all_to_all of {count} per pair");
+    }
+}
+
+/// Broadcast from every root, out of place and in place.
+fn check_broadcast(c: &Collectives, counts: &[usize]) {
+    let (n, r) = (c.nranks(), c.rank());
+    let word = |q: usize, i: usize| bf16::from_bits((i * 7 + q * 1001) as u16);
+    for &count in counts {
+        for root in 0..n {
+            let send: Vec<bf16> = (0..count).map(|i| word(r, i)).collect();
+            let want: Vec<bf16> = (0..count).map(|i| word(root, i)).collect();
+            let mut out = vec![bf16::ZERO; count];
+            c.broadcast_host(&send, &mut out, root).unwrap();
+            assert!(
+                out.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rank {r}: broadcast of {count} from {root}"
+            );
+            let mut buf = send.clone();
+            c.broadcast_host_in_place(&mut buf, root).unwrap();
+            assert!(
+                buf.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rank {r}: in-place broadcast of {count} from {root}"
+            );
+        }
+    }
+}
+
+const ALL_OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Avg,
+];
+
+fn two_by_two_rank() {
+    let c = collectives();
+    let counts = [1usize, 3, 1001, 5001];
+    check_all_reduce::<f32>(&c, &counts, &ALL_OPS, false);
+    check_all_reduce::<i32>(&c, &counts, &ALL_OPS, false);
+    check_all_reduce::<bf16>(&c, &[1, 3, 4099], &ALL_OPS, false);
+    check_all_reduce::<f16>(&c, &[7, 1001], &[ReduceOp::Sum, ReduceOp::Avg], false);
+    check_all_reduce::<f64>(&c, &[5, 3001], &[ReduceOp::Sum, ReduceOp::Max], false);
+    check_all_reduce::<u8>(&c, &[1, 17, 4099], &ALL_OPS, true);
+    check_all_reduce::<i64>(&c, &[3, 777], &[ReduceOp::Sum, ReduceOp::Min], false);
+    check_all_gather::<u8>(&c, &[1, 3, 1001, 9_999]);
+    check_all_gather::<f32>(&c, &[1, 5, 3001]);
+    check_all_gather::<i64>(&c, &[7, 1001]);
+    check_reduce_scatter::<f32>(&c, &[1, 3, 1001, 3001], &ALL_OPS);
+    check_reduce_scatter::<u32>(&c, &[5, 777], &[ReduceOp::Sum, ReduceOp::Max]);
+    check_reduce_scatter::<i8>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Min]);
+    check_reduce::<f32>(&c, &[1, 3, 3001], &[ReduceOp::Sum, ReduceOp::Avg]);
+    check_reduce::<i64>(&c, &[5, 1001], &[ReduceOp::Prod, ReduceOp::Min]);
+    check_broadcast(&c, &[1, 4, 3001]);
+    check_all_to_all::<u8>(&c, &[1, 3, 2001]);
+    check_all_to_all::<f32>(&c, &[5, 1001]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {}: ok", c.rank());
+}
+
+/// 4 processes as 2 hosts of 2 ranks, the hosts interleaved (host = rank % 2, so local
+/// indexes and host order differ from rank order): every collective built across hosts,
+/// odd counts, several types and every operation, against the CPU reference.
+#[test]
+fn cross_host_2x2_every_collective() {
+    if child() {
+        return two_by_two_rank();
+    }
+    launch("cross_host_2x2_every_collective", 4, "cyclic:2");
+}
+
+fn one_per_host_rank() {
+    let c = collectives();
+    check_all_reduce::<f32>(&c, &[1, 3, 5001], &ALL_OPS, false);
+    check_all_gather::<u8>(&c, &[1, 3, 5001]);
+    check_reduce_scatter::<i32>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Avg]);
+    check_reduce::<u8>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Max]);
+    check_broadcast(&c, &[3, 1001]);
+    check_all_to_all::<i32>(&c, &[1, 777]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {}: ok", c.rank());
+}
+
+/// 3 processes, each its own host (no local step).
+#[test]
+fn cross_host_3_hosts_of_one_rank() {
+    if child() {
+        return one_per_host_rank();
+    }
+    launch("cross_host_3_hosts_of_one_rank", 3, "cyclic:3");
+}
+
+fn sixteen_rank() {
+    let c = collectives();
+    assert_eq!(c.nranks(), 16);
+    check_all_reduce::<f32>(&c, &[1, 3001], &[ReduceOp::Sum, ReduceOp::Avg], false);
+    check_all_reduce::<i32>(&c, &[3, 1001], &[ReduceOp::Max, ReduceOp::Prod], false);
+    check_all_gather::<u8>(&c, &[1, 3, 1025]);
+    check_all_gather::<f32>(&c, &[5, 333]);
+    check_all_to_all::<u8>(&c, &[3, 301]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {}: ok", c.rank());
+}
+
+/// 16 processes as 4 hosts of 4 ranks (beyond the 8 ranks of one host): all-reduce,
+/// all-gather and all-to-all.
+#[test]
+fn cross_host_16_ranks_4x4() {
+    if child() {
+        return sixteen_rank();
+    }
+    launch("cross_host_16_ranks_4x4", 16, "block:4");
+}
+
+fn expect_unsupported(r: Result<(), CommError>, what: &str) {
+    match r {
+        Err(CommError::InvalidArgument(m)) => {
+            assert!(
+                m.contains("not supported across hosts") && m.contains(what),
+                "{what}: {m}"
+            );
+        }
+        other => panic!("{what}: expected a clear error, got {other:?}"),
+    }
+}
+
+fn unsupported_rank() {
+    let c = collectives();
+    let (n, r) = (c.nranks(), c.rank());
+    let send = vec![1f32; 2 * n];
+    let mut out = vec![0f32; 2 * n];
+    let peer = (r + 1) % n;
+    expect_unsupported(c.send_host(&send, peer), "send/recv");
+    expect_unsupported(c.recv_host(&mut out, peer), "send/recv");
+    let ops = [P2pOp::Send {
+        buf: send.as_ptr() as u64,
+        count: 1,
+        dtype: mscclpp::host::collectives::DataType::F32,
+        peer,
+    }];
+    // SAFETY: send outlives the call.
+    expect_unsupported(unsafe { c.group_host(&ops) }, "send/recv");
+    // The collectives stay usable after the refusals.
+    c.all_reduce_host_in_place(&mut out, ReduceOp::Sum).unwrap();
+    assert!(out.iter().all(|&v| v == 0.0), "rank {r}");
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// What is not built across hosts fails with an error naming the call, on every rank, and
+/// leaves the collectives usable.
+#[test]
+fn cross_host_unsupported_calls_error_clearly() {
+    if child() {
+        return unsupported_rank();
+    }
+    launch("cross_host_unsupported_calls_error_clearly", 4, "block:2");
+}
+
+fn unequal_rank() {
+    let comm = communicator();
+    let r = comm.rank();
+    // Every rank's bootstrap connections are up before one leaves.
+    comm.bootstrap().barrier().unwrap();
+    match Collectives::new(comm, CollConfig::default()) {
+        Err(CommError::InvalidArgument(m)) => {
+            assert!(m.contains("same number of ranks on every host"), "{m}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    println!("rank {r}: ok");
+}
+
+/// Hosts of different sizes (2 + 1) are refused on every rank, before any connection.
+#[test]
+fn cross_host_unequal_hosts_are_refused() {
+    if child() {
+        return unequal_rank();
+    }
+    launch("cross_host_unequal_hosts_are_refused", 3, "block:2");
+}
+
+fn mismatch_rank() {
+    let c = collectives();
+    let r = c.rank();
+    // The ranks of host 0 all-reduce 5 elements, those of host 1 seven: each host agrees
+    // inside, the hosts disagree.
+    let count = if r < 2 { 5 } else { 7 };
+    let mut buf = vec![1f32; count];
+    match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+        Err(CommError::State(m)) => {
+            assert!(
+                m.contains("differently across hosts")
+                    && m.contains("all_reduce (sum) with 5 f32")
+                    && m.contains("all_reduce (sum) with 7 f32"),
+                "rank {r}: {m}"
+            );
+            println!("rank {r}: {m}");
+        }
+        other => panic!("rank {r}: expected the mismatch, got {other:?}"),
+    }
+    // The partners' rounds no longer agree: every later call says so.
+    match c.all_gather_host(&buf[..1], &mut [0f32; 4]) {
+        Err(CommError::State(m)) => assert!(m.contains("an earlier call failed"), "{m}"),
+        other => panic!("rank {r}: expected the earlier error, got {other:?}"),
+    }
+    println!("rank {r}: ok");
+}
+
+/// Hosts that call different collectives are told so on every rank, naming both calls.
+#[test]
+fn cross_host_mismatched_calls_are_named() {
+    if child() {
+        return mismatch_rank();
+    }
+    launch("cross_host_mismatched_calls_are_named", 4, "block:2");
+}
+
+fn killed_partner_rank() {
+    let c = collectives();
+    let r = c.rank();
+    c.communicator().bootstrap().barrier().unwrap();
+    if r == 1 {
+        let pid = std::process::id().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
+        std::thread::sleep(Duration::from_secs(60));
+        unreachable!("rank 1 was not killed");
+    }
+    let start = std::time::Instant::now();
+    let mut buf = vec![1f32; 1000];
+    let e = c
+        .all_reduce_host_in_place(&mut buf, ReduceOp::Sum)
+        .expect_err("the partner is dead");
+    let took = start.elapsed();
+    assert!(
+        matches!(e, CommError::Aborted(_)) && e.to_string().contains("rank 1"),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(10), "the error took {took:?}");
+    // Sticky: the next call says so at once.
+    let e2 = c.all_gather_host(&buf[..1], &mut [0f32; 2]).unwrap_err();
+    assert!(e2.to_string().contains("rank 1"), "{e2}");
+    println!("rank 0: {e} (after {took:?})");
+    println!("rank 0: ok");
+    // Leave at once: closing the bootstrap politely would wait for the dead rank.
+    std::process::exit(0);
+}
+
+/// A partner on the other host that dies: the survivor's cross-host wait ends with an error
+/// naming it (the bootstrap's abort), not at the timeout, and every later call fails.
+#[test]
+fn cross_host_killed_partner_is_named() {
+    const TEST: &str = "cross_host_killed_partner_is_named";
+    if child() {
+        return killed_partner_rank();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let report = LocalLauncher::command(2, exe)
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .env(LAYOUT, "cyclic:2")
+        .bootstrap_timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(report.ranks[0].status.success(), "rank 0: {report}{output}");
+    assert!(
+        report.output.iter().any(|l| l.ends_with("rank 0: ok")),
+        "{output}"
+    );
+    for l in report.output.iter().filter(|l| l.contains("(after ")) {
+        println!("{l}");
+    }
+}
