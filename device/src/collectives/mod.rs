@@ -245,6 +245,12 @@ pub mod fault {
     pub const AT_DESCRIPTOR: u64 = 3;
     /// A proxy channel's signal.
     pub const AT_PROXY: u64 = 4;
+    /// A send and a receive of different sizes found by this call (see
+    /// [`send_recv`](super::send_recv)).
+    pub const AT_P2P: u64 = 5;
+    /// An earlier LL send of this rank that its receiver found of another size, reported
+    /// by a later send to that receiver (see [`send_recv`](super::send_recv)).
+    pub const AT_P2P_EARLIER: u64 = 6;
 }
 
 /// `u64` words of the fault area.
@@ -613,22 +619,46 @@ impl CollContext {
     #[cold]
     #[inline(never)]
     pub unsafe fn fail(&self, call: Call, kind: u64, peer: u32, theirs: [u64; 2], place: u64) {
+        // SAFETY: the context valid (caller contract).
+        unsafe {
+            self.record(call.seq, kind, peer, call.desc, theirs, place);
+            arch::st_release_sys_u64(self.state.add(local_fault::STOP), call.seq + 1);
+        }
+    }
+
+    /// Writes a record into the fault area if none is there (first writer wins), without
+    /// stopping the call's other waits: for a failure that concerns one operation only (a
+    /// send and a receive of different sizes, see [`send_recv`]). `own` and `theirs` are
+    /// the two sides' descriptors.
+    ///
+    /// # Safety
+    /// The context valid.
+    #[cold]
+    #[inline(never)]
+    pub unsafe fn record(
+        &self,
+        seq: u64,
+        kind: u64,
+        peer: u32,
+        own: [u64; 2],
+        theirs: [u64; 2],
+        place: u64,
+    ) {
         let f = self.fault;
         // SAFETY: the fault area is live and FAULT_WORDS long (context contract); the
         // claim makes this thread the only writer of the details until the host clears the
         // record, which it does only while no kernel of this communicator runs.
         unsafe {
             if arch::atomic_add_relaxed_sys_u64(f.add(fault::CLAIM), 1) == 0 {
-                core::ptr::write_volatile(f.add(fault::SEQ), call.seq);
+                core::ptr::write_volatile(f.add(fault::SEQ), seq);
                 core::ptr::write_volatile(f.add(fault::PEER), peer as u64);
-                core::ptr::write_volatile(f.add(fault::OWN), call.desc[0]);
-                core::ptr::write_volatile(f.add(fault::OWN + 1), call.desc[1]);
+                core::ptr::write_volatile(f.add(fault::OWN), own[0]);
+                core::ptr::write_volatile(f.add(fault::OWN + 1), own[1]);
                 core::ptr::write_volatile(f.add(fault::THEIRS), theirs[0]);
                 core::ptr::write_volatile(f.add(fault::THEIRS + 1), theirs[1]);
                 core::ptr::write_volatile(f.add(fault::PLACE), place);
                 arch::st_release_sys_u64(f.add(fault::RECORD), kind);
             }
-            arch::st_release_sys_u64(self.state.add(local_fault::STOP), call.seq + 1);
         }
     }
 

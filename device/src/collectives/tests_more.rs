@@ -401,7 +401,7 @@ fn run_p2p_shaped(n: usize, slot: u64, max_blocks: u32, shape: P2pShape, groups:
     use send_recv::{P2pOp, P2pOps};
     // World::new gives 2 * scratch_len bytes of scratch: n slots; packet scratch for LL
     // transfers of ll_max bytes (two halves of 16-byte packets, the done words).
-    let packets = (4 * shape.ll_max.div_ceil(8) * 8 + send_recv::P2P_DONE_BYTES).max(32);
+    let packets = (4 * shape.ll_max.div_ceil(8) * 8 + send_recv::P2P_TAIL_BYTES).max(32);
     let w = World::new(n, (n as u64 * slot).div_ceil(2), packets);
     std::thread::scope(|s| {
         for (r, rank_groups) in groups.iter().enumerate().take(n) {

@@ -27,7 +27,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;
 use mscclpp_device::collectives::send_recv::{
-    MAX_P2P_OPS, P2P_DONE_BYTES, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2pOp as DevP2pOp, P2pOps,
+    MAX_P2P_OPS, P2P_TAIL_BYTES, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2pOp as DevP2pOp, P2pOps,
     p2p_piece,
 };
 use mscclpp_device::collectives::{
@@ -914,7 +914,7 @@ fn p2p_slot(config: &CollConfig) -> usize {
 /// for LL transfers of `p2p_packet_max_bytes` (16-byte packets of 8 data bytes), then the
 /// done words (see `send_recv`).
 fn p2p_packets(config: &CollConfig) -> usize {
-    4 * config.p2p_packet_max_bytes.div_ceil(8) * 8 + P2P_DONE_BYTES as usize
+    4 * config.p2p_packet_max_bytes.div_ceil(8) * 8 + P2P_TAIL_BYTES as usize
 }
 
 /// The p2p context (a [`CollContext`] over the p2p buffer) and its memory.
