@@ -40,8 +40,8 @@
 //! written by the receiver) that it finished transfer `seq - 2`: usually long ago, so the
 //! check costs one local load.
 
-use super::all_reduce::{load_unit, store_unit};
 use super::all_reduce::{advance_counter, read_counter};
+use super::all_reduce::{load_unit, store_unit};
 use super::{
     COUNTER_WORDS, Call, CollContext, MAX_BLOCKS, MAX_RANKS, SLOW_POLLS, STATE_WORDS, desc, fault,
 };
@@ -444,7 +444,14 @@ unsafe fn post(ctx: &CollContext, call: &Call, op: &P2pOp, xfer: u64) {
 /// # Safety
 /// `op.peer` a peer; the context a p2p context.
 #[inline(always)]
-unsafe fn mismatch(ctx: &CollContext, call: &Call, op: &P2pOp, xfer: u64, theirs: u64, ll_max: u64) {
+unsafe fn mismatch(
+    ctx: &CollContext,
+    call: &Call,
+    op: &P2pOp,
+    xfer: u64,
+    theirs: u64,
+    ll_max: u64,
+) {
     let send = op.send != 0;
     // SAFETY: the context valid.
     unsafe {
@@ -459,7 +466,11 @@ unsafe fn mismatch(ctx: &CollContext, call: &Call, op: &P2pOp, xfer: u64, theirs
     };
     if !send && is_ll(theirs, ll_max) {
         // The sender (eager) ended without knowing: tell it, for its next send to this rank.
-        let note = tail(ctx, ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)], TAIL_NOTE);
+        let note = tail(
+            ctx,
+            ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)],
+            TAIL_NOTE,
+        );
         // SAFETY: the note in the peer's packet scratch for this rank, accessed by packets.
         unsafe {
             LlWidePacket::write(note as *mut LlWidePacket, [theirs, op.bytes], flag_of(xfer))
@@ -609,12 +620,14 @@ unsafe fn receiver_bytes(ctx: &CollContext, call: &mut Call, peer: u32, xfer: u6
     // SAFETY: a post slot of this rank's packet scratch written by the peer, accessed by
     // packets only.
     let ok = unsafe {
-        ctx.wait_until(call, peer, fault::AT_P2P, || match LlPacket::read(slot, flag) {
-            Some(v) => {
-                m = v;
-                true
+        ctx.wait_until(call, peer, fault::AT_P2P, || {
+            match LlPacket::read(slot, flag) {
+                Some(v) => {
+                    m = v;
+                    true
+                }
+                None => false,
             }
-            None => false,
         })
     };
     ok.then_some(m)
@@ -692,7 +705,11 @@ unsafe fn receive_mismatch(
         unsafe { mismatch(ctx, call, op, xfer, theirs, ops.ll_max) };
     }
     if is_ll(theirs, ops.ll_max) && !is_ll(op.bytes, ops.ll_max) && t < ops.ll_blocks {
-        let done = tail(ctx, ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)], 8 * t as u64);
+        let done = tail(
+            ctx,
+            ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)],
+            8 * t as u64,
+        );
         // SAFETY: done word t < P2P_LL_BLOCKS of the peer's scratch for this rank; a maximum,
         // so no later transfer's value is lowered.
         unsafe { arch::red_max_relaxed_sys_u64(done as *mut u64, xfer + 1) };
@@ -743,9 +760,8 @@ unsafe fn ll_transfer(
         // of the last LL send to the peer through this block and half, this block's
         // thread 0's alone.
         let last_at = unsafe {
-            ctx.state.add(
-                STATE_WORDS + LAST_LL_AT + (peer * P2P_LL_BLOCKS as usize + k as usize) * 2,
-            )
+            ctx.state
+                .add(STATE_WORDS + LAST_LL_AT + (peer * P2P_LL_BLOCKS as usize + k as usize) * 2)
         }
         .wrapping_add(parity as usize);
         if t == 0 {

@@ -27,7 +27,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;
 use mscclpp_device::collectives::send_recv::{
-    MAX_P2P_OPS, P2P_TAIL_BYTES, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2pOp as DevP2pOp, P2pOps,
+    MAX_P2P_OPS, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2P_TAIL_BYTES, P2pOp as DevP2pOp, P2pOps,
     p2p_piece,
 };
 use mscclpp_device::collectives::{
