@@ -555,6 +555,8 @@ unsafe fn transfer(
                     }
                     return;
                 }
+                // Separates this use of the agreement slot from the next (depth 1).
+                arch::sync_threads();
             }
             if t == 0 {
                 // SAFETY: as above.
@@ -563,7 +565,7 @@ unsafe fn transfer(
         } else {
             if t == 0 {
                 // SAFETY: as above.
-                theirs = unsafe { wait_piece(ctx, call, peer, k, xfer, op.bytes) };
+                theirs = unsafe { wait_piece(ctx, call, peer, k, xfer, op.bytes, j == 0) };
             }
             // Syncs the block (the data was published by the signal thread 0 waited for).
             if !agree(call, &mut theirs, t) {
@@ -636,7 +638,9 @@ unsafe fn receiver_bytes(ctx: &CollContext, call: &mut Call, peer: u32, xfer: u6
 /// Waits for rank `peer`'s next data signal on semaphore `k` (as [`CollContext::wait`]),
 /// looking every [`SLOW_POLLS`] failed polls at the size the peer posted for its send
 /// `xfer`: `Some(its bytes)` (nothing consumed) when they differ from `bytes`, for the
-/// sender then signals nothing.
+/// sender then signals nothing. The `first` signal of a transfer is taken only once that
+/// post is there and shows `bytes`: after a mismatch the sender goes on to its next
+/// transfer, whose signal may come before this block has looked at the post.
 ///
 /// # Safety
 /// As for [`CollContext::wait`]; the context a p2p context.
@@ -648,6 +652,7 @@ unsafe fn wait_piece(
     k: u32,
     xfer: u64,
     bytes: u64,
+    first: bool,
 ) -> Option<u64> {
     let idx = peer as usize * MAX_BLOCKS + k as usize;
     // SAFETY: our own counter and expected word (caller contract), one waiter.
@@ -659,7 +664,18 @@ unsafe fn wait_piece(
     let ok = unsafe {
         ctx.wait_until(call, peer, fault::AT_SEMAPHORE, || {
             if arch::ld_acquire_sys_u64(inbound) >= want {
-                return true;
+                if !first {
+                    return true;
+                }
+                match sent_bytes(ctx, peer, xfer, None) {
+                    Some(n) if n == bytes => return true,
+                    Some(n) => {
+                        theirs = Some(n);
+                        return true;
+                    }
+                    // The post of the transfer whose first piece this is, on its way.
+                    None => {}
+                }
             }
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(SLOW_POLLS)
