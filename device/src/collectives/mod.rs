@@ -63,7 +63,7 @@
 //! differs; one-shot and the LL paths of the other collectives ([`ll`]) send their
 //! descriptor with their data and check the peers' after their work (and when a data packet
 //! is late), off the critical path. Send/recv ([`send_recv`]) run on a p2p context with its
-//! own counter and exchange no descriptor. A
+//! own counter and exchange no descriptor (each transfer carries its size instead). A
 //! rank that has read a peer's descriptor of call `k` knows that the peer finished call
 //! `k - 1`, which is what the scratch reuse (one-shot's halves, descriptor parities) needs
 //! even after a mismatch skipped the barriers.

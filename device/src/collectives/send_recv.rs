@@ -32,13 +32,38 @@
 //! latency. Every LL transfer uses exactly [`P2pOps::ll_blocks`] blocks (fixed for a
 //! communicator), and block `k` always moves units `k * threads + t + m * ll_blocks *
 //! threads`, so the sender's block `k` and the receiver's block `k` share a set of packet
-//! slots across transfers. Each such pair keeps its own sequence number per (peer,
-//! direction) in the p2p state words after [`STATE_WORDS`]; the flag is `seq + 1`, and the
-//! packets alternate between two halves of the packet scratch by `seq` parity. Before
-//! writing transfer `seq >= 2` into a half, sender block `k` waits until receiver block `k`
-//! has reported (a *done* word at the end of the sender's packet scratch for that peer,
-//! written by the receiver) that it finished transfer `seq - 2`: usually long ago, so the
-//! check costs one local load.
+//! slots across transfers. The packets of transfer `x` (see below) carry the
+//! flag `x + 1` and use half `x & 1` of the packet scratch. Before writing into a half,
+//! sender block `k` waits until receiver block `k` has reported (a *done* word at the end of
+//! the sender's packet scratch for that peer, written by the receiver with a maximum) that
+//! it finished the last LL transfer through that half: usually long ago, so the check costs
+//! one local load.
+//!
+//! ## Mismatched sizes
+//!
+//! Every transfer has a number `x` between its pair in its direction (0 for the first),
+//! counted on both sides in the p2p state words after [`STATE_WORDS`] (one counter per peer
+//! and direction, kept like the call counter), so both sides agree on it whatever the sizes.
+//! Each side *posts* its size at the start of a transfer: one LL packet (flag `x + 1`) in a
+//! ring of [`P2P_POST_RING`] at the end of the peer's packet scratch ([`P2P_TAIL_BYTES`]).
+//! An LL send also writes its size in a header packet per block, next to its data.
+//!
+//! - A pipelined send copies its first piece, then signals it only once the receiver's post
+//!   shows the same size (usually there long before the copy ends); otherwise it signals
+//!   nothing and records the mismatch at once.
+//! - A receive compares the sender's size: an LL receive reads its block's header after
+//!   its data (a smaller receive reads every unit it wants), and a wait that is not
+//!   answered looks at the header and the sender's post every [`SLOW_POLLS`] polls (a larger
+//!   receive, or one on the other path). A pipelined receive takes the first signal of a
+//!   transfer only once the sender's post shows the same size.
+//! - Nothing is signalled or acknowledged for a mismatched transfer, both sides count it,
+//!   LL flags and halves follow `x`, and a receive that will not read an LL send's packets
+//!   raises the done words past it: the pair stays in step, and only that transfer fails
+//!   (recorded with [`CollContext::record`], which does not stop the call's other waits).
+//! - An LL send is eager: it ends before the receiver looks. The receiver leaves a note in
+//!   the sender's packet scratch, which the sender's next send to it reports (as an earlier
+//!   transfer's mismatch, [`fault::AT_P2P_EARLIER`]); two such notes before that send keep
+//!   the newer one.
 
 use super::all_reduce::{advance_counter, read_counter};
 use super::all_reduce::{load_unit, store_unit};

@@ -1174,6 +1174,15 @@ impl Collectives {
     /// exchange: a chunk received could overwrite data not yet sent). Allocates nothing:
     /// capturable into CUDA graphs.
     ///
+    /// A send and a receive of different sizes (the same number of operations per pair and
+    /// direction, in the same order, but other byte counts) fail that transfer alone, without
+    /// a timeout: [`async_error`](Self::async_error) / [`synchronize`](Self::synchronize)
+    /// return [`CommError::CallMismatch`] ("rank 1 sent 4000 bytes to rank 0, which expected
+    /// 6000") on the receiver and on a pipelined sender; an LL sender (at most
+    /// `p2p_packet_max_bytes`: eager, done before the receiver looks) learns of it at its next
+    /// send to that peer, whose call then reports it. The receive buffer is undefined; the
+    /// group's other operations and the pair's later transfers work.
+    ///
     /// # Safety
     /// Every buffer must stay valid until the operation completes on `stream`, receive
     /// buffers not be accessed by others meanwhile, and send buffers not written.
@@ -1402,8 +1411,8 @@ impl Collectives {
                  contract, not a peer's doing"
             ))
         })?;
-        // A wait that gave up (a peer did not post the matching operation within the
-        // device timeout, or with another size, or an abort) recorded why.
+        // A transfer of another size than the peer's, or a wait that gave up (a peer did not
+        // post the matching operation within the device timeout, or an abort), recorded why.
         self.check_fault(call, true)
     }
 
