@@ -61,9 +61,9 @@
 //!   raises the done words past it: the pair stays in step, and only that transfer fails
 //!   (recorded with [`CollContext::record`], which does not stop the call's other waits).
 //! - An LL send is eager: it ends before the receiver looks. The receiver leaves a note in
-//!   the sender's packet scratch, which the sender's next send to it reports (as an earlier
-//!   transfer's mismatch, [`fault::AT_P2P_EARLIER`]); two such notes before that send keep
-//!   the newer one.
+//!   the sender's packet scratch, which the sender's send reports once it has written its
+//!   data if the note is there, else its next send to that peer (as a mismatch found by a
+//!   note, [`fault::AT_P2P_EARLIER`]); two notes before the sender looks keep the newer.
 
 use super::all_reduce::{advance_counter, read_counter};
 use super::all_reduce::{load_unit, store_unit};
@@ -371,7 +371,7 @@ pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
             let k = b - op.first_block;
             if k == 0 && arch::thread_idx_x() == 0 {
                 // SAFETY: forwarded; the peer checked above.
-                unsafe { post(ctx, &call, op, xfer) };
+                unsafe { post(ctx, op, xfer) };
             }
             if is_ll(op.bytes, ops.ll_max) {
                 if op.blocks != ops.ll_blocks {
@@ -383,6 +383,11 @@ pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
             } else {
                 // SAFETY: forwarded; k < op.blocks <= P2P_MAX_BLOCKS.
                 unsafe { transfer(ctx, &mut call, op, k, piece, depth, xfer, ops) };
+            }
+            if k == 0 && op.send != 0 && arch::thread_idx_x() == 0 {
+                // After the data, off its path.
+                // SAFETY: forwarded.
+                unsafe { report_note(ctx, &call, op) };
             }
         }
     }
@@ -409,13 +414,12 @@ pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
 
 /// Thread 0 of an operation's block 0, at its start: posts the operation's size for the
 /// peer (a send: into the peer's scratch, where its receive's waits look; a receive: where
-/// the peer's send checks it before its first signal), and for a send reports a note the
-/// peer left about an earlier LL send of another size.
+/// the peer's send checks it before its first signal).
 ///
 /// # Safety
 /// `op.peer` a peer; the context a p2p context.
 #[inline(always)]
-unsafe fn post(ctx: &CollContext, call: &Call, op: &P2pOp, xfer: u64) {
+unsafe fn post(ctx: &CollContext, op: &P2pOp, xfer: u64) {
     let peer = op.peer as usize & (MAX_RANKS - 1);
     let send = op.send != 0;
     let at = if send { TAIL_SPOST } else { TAIL_RPOST } + (xfer % P2P_POST_RING) * 16;
@@ -428,9 +432,16 @@ unsafe fn post(ctx: &CollContext, call: &Call, op: &P2pOp, xfer: u64) {
             flag_of(xfer),
         )
     };
-    if !send {
-        return;
-    }
+}
+
+/// Thread 0 of a send's block 0, after its data: reports a note the peer left about an
+/// earlier LL send of another size, once.
+///
+/// # Safety
+/// `op.peer` a peer; the context a p2p context.
+#[inline(always)]
+unsafe fn report_note(ctx: &CollContext, call: &Call, op: &P2pOp) {
+    let peer = op.peer as usize & (MAX_RANKS - 1);
     let note = tail(ctx, ctx.packets_in[peer], TAIL_NOTE) as *const u64;
     // SAFETY: the note in this rank's packet scratch written by the peer (two packets,
     // each read whole; the flags tell a torn note).
@@ -490,7 +501,7 @@ unsafe fn mismatch(
         )
     };
     if !send && is_ll(theirs, ll_max) {
-        // The sender (eager) ended without knowing: tell it, for its next send to this rank.
+        // The sender (eager) may have ended without knowing: tell it (see the module docs).
         let note = tail(
             ctx,
             ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)],

@@ -1331,9 +1331,9 @@ fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
     );
     let here = if rec.place == fault::AT_P2P_EARLIER {
         format!(
-            "; found by this call, which completed its own transfers: that send went as LL \
-             packets (at most p2p_packet_max_bytes), which end before the receiver looks, so \
-             rank {me} learns of it from rank {to} at its next send to it"
+            "; rank {me} learnt it from a note of rank {to}, at the end of that send or of its \
+             next send to rank {to} (an LL send, at most p2p_packet_max_bytes, does not wait \
+             for its receiver); this call's other transfers completed"
         )
     } else if sent {
         "; nothing was sent".to_string()

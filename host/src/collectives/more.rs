@@ -1179,8 +1179,9 @@ impl Collectives {
     /// a timeout: [`async_error`](Self::async_error) / [`synchronize`](Self::synchronize)
     /// return [`CommError::CallMismatch`] ("rank 1 sent 4000 bytes to rank 0, which expected
     /// 6000") on the receiver and on a pipelined sender; an LL sender (at most
-    /// `p2p_packet_max_bytes`: eager, done before the receiver looks) learns of it at its next
-    /// send to that peer, whose call then reports it. The receive buffer is undefined; the
+    /// `p2p_packet_max_bytes`: eager, done before the receiver looks) learns of it from a note
+    /// the receiver leaves, at the end of that send if it is there, else at its next send to
+    /// that peer, whose call then reports it (once). The receive buffer is undefined; the
     /// group's other operations and the pair's later transfers work.
     ///
     /// # Safety
