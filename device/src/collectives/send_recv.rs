@@ -58,7 +58,9 @@
 //!   transfer only once the sender's post shows the same size.
 //! - Nothing is signalled or acknowledged for a mismatched transfer, both sides count it,
 //!   LL flags and halves follow `x`, and a receive that will not read an LL send's packets
-//!   raises the done words past it: the pair stays in step, and only that transfer fails
+//!   marks it skipped (a word per LL block and half beside the done words; not the done word,
+//!   which a slower block of the receiver may still owe for the transfer before it through
+//!   that half): the pair stays in step, and only that transfer fails
 //!   (recorded with [`CollContext::record`], which does not stop the call's other waits).
 //! - An LL send is eager: it ends before the receiver looks. The receiver leaves a note in
 //!   the sender's packet scratch, which the sender's send reports once it has written its
@@ -88,12 +90,14 @@ pub const P2P_LL_BLOCKS: u32 = 16;
 pub const P2P_POST_RING: u64 = 32;
 /// Bytes at the end of every packet scratch of a p2p context, all written by the scratch's
 /// writer `w` (in rank `r`'s scratch for `w`): the done words of the LL transfers `r` sends
-/// `w` (one per LL block, 128 bytes), a note of the last LL send of `r` that `w` received
+/// `w` (one per LL block, 128 bytes), the skip words (per half and LL block: the last LL
+/// send of `r` that `w` received as a pipelined transfer, so never read), a note of the last LL send of `r` that `w` received
 /// with another size (32), the posts of `w`'s receives from `r` and of `w`'s sends to `r`
 /// ([`P2P_POST_RING`] packets each), the LL headers of `w`'s sends (two halves of one packet
 /// per LL block).
 pub const P2P_TAIL_BYTES: u64 = TAIL_HEADER + 2 * P2P_LL_BLOCKS as u64 * 16;
-const TAIL_NOTE: u64 = P2P_LL_BLOCKS as u64 * 8;
+const TAIL_SKIP: u64 = P2P_LL_BLOCKS as u64 * 8;
+const TAIL_NOTE: u64 = TAIL_SKIP + 2 * P2P_LL_BLOCKS as u64 * 8;
 const TAIL_RPOST: u64 = TAIL_NOTE + 32;
 const TAIL_SPOST: u64 = TAIL_RPOST + P2P_POST_RING * 16;
 const TAIL_HEADER: u64 = TAIL_SPOST + P2P_POST_RING * 16;
@@ -269,6 +273,12 @@ fn flag_of(xfer: u64) -> u32 {
 #[inline(always)]
 fn tail(ctx: &CollContext, base: *mut u8, at: u64) -> *mut u8 {
     base.wrapping_add((ctx.packets_len - P2P_TAIL_BYTES + at) as usize)
+}
+
+/// Offset in the tail of the skip word of LL block `k` and half `parity`.
+#[inline(always)]
+fn skip_off(k: u32, parity: u64) -> u64 {
+    TAIL_SKIP + (parity * P2P_LL_BLOCKS as u64 + k as u64) * 8
 }
 
 /// This rank's transfer counter for `peer` in one direction (see [`P2P_STATE_WORDS`]).
@@ -733,8 +743,8 @@ unsafe fn wait_piece(
 
 /// A receive's block `k` that found the sender's size `theirs` differs from its own (every
 /// thread of the block): block 0 records it and, when the sender sent LL packets that this
-/// receive will never read, raises the done word of every LL block past the transfer, so
-/// the sender may reuse that half.
+/// receive will never read, marks the transfer skipped for every LL block, so the sender
+/// may reuse that half.
 ///
 /// # Safety
 /// `op.peer` a peer; the context a p2p context.
@@ -757,14 +767,12 @@ unsafe fn receive_mismatch(
         unsafe { mismatch(ctx, call, op, xfer, theirs, ops.ll_max) };
     }
     if is_ll(theirs, ops.ll_max) && !is_ll(op.bytes, ops.ll_max) && t < ops.ll_blocks {
-        let done = tail(
-            ctx,
-            ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)],
-            8 * t as u64,
-        );
-        // SAFETY: done word t < P2P_LL_BLOCKS of the peer's scratch for this rank; a maximum,
-        // so no later transfer's value is lowered.
-        unsafe { arch::red_max_relaxed_sys_u64(done as *mut u64, xfer + 1) };
+        // Not the done word: block t of this rank may still be reading an earlier transfer
+        // through the same half.
+        let out = ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)];
+        let skip = tail(ctx, out, skip_off(t, xfer & 1));
+        // SAFETY: skip word (t, half) of the peer's scratch for this rank; a maximum.
+        unsafe { arch::red_max_relaxed_sys_u64(skip as *mut u64, xfer + 1) };
     }
 }
 
@@ -823,11 +831,16 @@ unsafe fn ll_transfer(
                 // SAFETY: the done word of block k at the end of this rank's packet scratch
                 // written by the peer (for the transfers this rank sends it), local.
                 let done = tail(ctx, ctx.packets_in[peer], done_off) as *const u64;
+                let skip = tail(ctx, ctx.packets_in[peer], skip_off(k, parity)) as *const u64;
                 // SAFETY: as above; the peer's block k raises it past a transfer after
-                // reading it (relaxed: its loads were complete, their values stored).
+                // reading it (relaxed: its loads were complete, their values stored). Or
+                // the last LL send through this half was received as a pipelined transfer
+                // (a mismatch): nobody reads it, and the sender wrote it only once the
+                // transfer before it through the half had been read.
                 unsafe {
                     ctx.wait_until(call, op.peer, fault::AT_SEMAPHORE, || {
                         arch::ld_relaxed_sys_u64(done) >= last
+                            || arch::ld_relaxed_sys_u64(skip) >= last
                     })
                 };
             }
