@@ -20,6 +20,7 @@ use half::{bf16, f16};
 use mscclpp::host::collectives::{
     AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp, ReduceOp, RootedAlgo,
 };
+use mscclpp::host::communicator::CommError;
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
@@ -724,6 +725,155 @@ fn pipelined_rank() {
     println!("rank {r}: ok");
 }
 
+/// The text of a `CallMismatch`, or a panic naming what came instead.
+fn mismatch_text(r: usize, what: &str, res: Result<(), CommError>) -> String {
+    match res {
+        Err(CommError::CallMismatch(m)) => m,
+        other => panic!("rank {r}: {what}: expected a CallMismatch, got {other:?}"),
+    }
+}
+
+/// Sends and receives of different sizes between ranks 0 and 1 (the others idle): an LL
+/// send to a smaller and to a larger receive, pipelined ones both ways, the two paths
+/// against each other, one inside a group; each reported by `synchronize` on the receiver
+/// and on a pipelined sender at once, on an LL sender at its next send; after each, the
+/// pair moves matching messages intact (LL and pipelined, both directions).
+fn p2p_mismatch_rank() {
+    let (c, stream) = setup();
+    let r = c.rank();
+    let ll_max = c.config().p2p_packet_max_bytes;
+    let barrier = || c.communicator().bootstrap().barrier().unwrap();
+    let mut k = 1000u64;
+    // Matching transfers 0 -> 1 and a ring between 0 and 1; `earlier`: the text rank 0's
+    // first send must report.
+    let usable = |k: &mut u64, earlier: Option<&str>| {
+        for (i, len) in [100usize, (512 << 10) + 2, 3 << 20].into_iter().enumerate() {
+            *k += 1;
+            let buf: CudaSlice<u8> = if r == 0 {
+                stream.clone_htod(&message(0, 1, *k, len)).unwrap()
+            } else {
+                stream.alloc_zeros(len).unwrap()
+            };
+            // SAFETY: `buf` lives until the synchronize below.
+            unsafe {
+                match r {
+                    0 => c.send_raw(dptr(&buf, &stream), len, DataType::U8, 1, &stream),
+                    1 => c.recv_raw(dptr(&buf, &stream), len, DataType::U8, 0, &stream),
+                    _ => Ok(()),
+                }
+            }
+            .unwrap();
+            let res = c.synchronize(&stream);
+            match (r, earlier, i) {
+                (0, Some(text), 0) => {
+                    let m = mismatch_text(r, "the send after an LL mismatch", res);
+                    assert!(
+                        m.contains(text) && m.contains("learnt it from a note"),
+                        "{m}"
+                    );
+                }
+                _ => res.unwrap(),
+            }
+            if r == 1 {
+                let (bad, first) = mismatches(
+                    &stream.clone_dtoh(&buf).unwrap(),
+                    &message(0, 1, *k, len),
+                    1,
+                );
+                assert_eq!(
+                    bad, 0,
+                    "rank 1: {len} bytes after a mismatch: first {first:?}"
+                );
+            }
+        }
+        barrier();
+    };
+    let cases = [
+        (4000usize, 2400usize),
+        (2400, 4000),
+        (4 << 20, 6 << 20),
+        (6 << 20, 4 << 20),
+        (400 << 10, 600 << 10),
+        (600 << 10, 400 << 10),
+    ];
+    for (sent, want) in cases {
+        k += 1;
+        let len = [sent, want][r.min(1)];
+        let buf: CudaSlice<u8> = if r == 0 {
+            stream.clone_htod(&message(0, 1, k, len)).unwrap()
+        } else {
+            stream.alloc_zeros(len).unwrap()
+        };
+        // SAFETY: `buf` lives until the synchronize below.
+        unsafe {
+            match r {
+                0 => c.send_raw(dptr(&buf, &stream), len, DataType::U8, 1, &stream),
+                1 => c.recv_raw(dptr(&buf, &stream), len, DataType::U8, 0, &stream),
+                _ => Ok(()),
+            }
+        }
+        .unwrap();
+        let res = c.synchronize(&stream);
+        let text = format!("rank 0 sent {sent} bytes to rank 1, which expected {want}");
+        let ll_sender = sent <= ll_max;
+        // An LL sender reports it once: at the end of this send if the receiver's note is
+        // already there, else at its next send.
+        let mut later = None;
+        if r == 1 || (r == 0 && (!ll_sender || res.is_err())) {
+            let m = mismatch_text(r, &text, res);
+            assert!(m.contains(&text), "rank {r}: {m}");
+        } else if r == 0 {
+            res.unwrap();
+            later = Some(text.as_str());
+        } else {
+            res.unwrap();
+        }
+        barrier();
+        usable(&mut k, later);
+        println!("rank {r}: {sent} bytes sent, {want} expected: reported, pair usable");
+    }
+    // In a group: 0 -> 1 matches, 1 -> 0 does not (pipelined).
+    if r < 2 {
+        let (sent, want) = ([300usize, 2 << 20][r], [1 << 20, 300][r]);
+        let out: CudaSlice<u8> = stream.clone_htod(&message(r, 1 - r, 7, sent)).unwrap();
+        let got: CudaSlice<u8> = stream.alloc_zeros(want).unwrap();
+        let ops = [
+            P2pOp::Send {
+                buf: dptr(&out, &stream),
+                count: sent,
+                dtype: DataType::U8,
+                peer: 1 - r,
+            },
+            P2pOp::Recv {
+                buf: dptr(&got, &stream),
+                count: want,
+                dtype: DataType::U8,
+                peer: 1 - r,
+            },
+        ];
+        // SAFETY: both buffers live until the synchronize below.
+        unsafe { c.group(&ops, &stream) }.unwrap();
+        let m = mismatch_text(r, "group", c.synchronize(&stream));
+        let text = format!(
+            "rank 1 sent {} bytes to rank 0, which expected {}",
+            2 << 20,
+            1 << 20
+        );
+        assert!(m.contains(&text), "rank {r}: {m}");
+        if r == 1 {
+            let (bad, first) =
+                mismatches(&stream.clone_dtoh(&got).unwrap(), &message(0, 1, 7, 300), 1);
+            assert_eq!(
+                bad, 0,
+                "rank 1: the matching transfer of the group: first {first:?}"
+            );
+        }
+    }
+    barrier();
+    usable(&mut k, None);
+    println!("rank {r}: send/recv mismatches reported on both sides, pair usable");
+}
+
 macro_rules! gpu_test {
     ($name:ident, $rank:ident) => {
         #[test]
@@ -759,4 +909,8 @@ gpu_test!(
 gpu_test!(
     sends_and_receives_match_alone_grouped_and_under_a_graph,
     send_recv_rank
+);
+gpu_test!(
+    sends_and_receives_of_different_sizes_fail_on_both_sides_and_the_pair_stays_usable,
+    p2p_mismatch_rank
 );

@@ -433,6 +433,16 @@ pub unsafe fn red_add_release_sys_u64(p: *mut u64, v: u64) {
     unsafe { atomic_add_release_sys_u64(p, v) };
 }
 
+/// Relaxed maximum without a result (`red.relaxed.sys.global.max.u64` on the GPU).
+///
+/// # Safety
+/// `p` must be valid and 8-byte aligned, and only accessed atomically while shared.
+#[inline]
+pub unsafe fn red_max_relaxed_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees validity, alignment and atomic-only shared access.
+    unsafe { atomic_u64(p) }.fetch_max(v, Ordering::Relaxed);
+}
+
 /// Relaxed add without a result (`red.relaxed.sys.global.add.u64` on the GPU).
 ///
 /// # Safety

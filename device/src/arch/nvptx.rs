@@ -282,6 +282,22 @@ pub unsafe fn red_add_relaxed_sys_u64(p: *mut u64, v: u64) {
     };
 }
 
+/// `red.relaxed.sys.global.max.u64`: a posted maximum that orders nothing (a word that
+/// only grows, written by several threads: none can lower what another wrote).
+///
+/// # Safety
+/// `p` must be valid, 8-byte aligned global memory.
+#[inline(always)]
+pub unsafe fn red_max_relaxed_sys_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees `p` is valid, aligned and in the global window.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; red.relaxed.sys.global.max.u64 [g], {v}; }}",
+            p = in(reg64) p, v = in(reg64) v, options(nostack)
+        )
+    };
+}
+
 /// `fence.acq_rel.sys`: a release fence for earlier and an acquire fence for later accesses
 /// of this thread, at system scope (pairs with relaxed flag accesses on either side).
 #[inline(always)]

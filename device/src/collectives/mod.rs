@@ -66,7 +66,7 @@
 //! differs; one-shot and the LL paths of the other collectives ([`ll`]) send their
 //! descriptor with their data and check the peers' after their work (and when a data packet
 //! is late), off the critical path. Send/recv ([`send_recv`]) run on a p2p context with its
-//! own counter and exchange no descriptor. A
+//! own counter and exchange no descriptor (each transfer carries its size instead). A
 //! rank that has read a peer's descriptor of call `k` knows that the peer finished call
 //! `k - 1`, which is what the scratch reuse (one-shot's halves, descriptor parities) needs
 //! even after a mismatch skipped the barriers.
@@ -249,6 +249,12 @@ pub mod fault {
     pub const AT_DESCRIPTOR: u64 = 3;
     /// A proxy channel's signal.
     pub const AT_PROXY: u64 = 4;
+    /// A send and a receive of different sizes found by this call (see
+    /// [`send_recv`](super::send_recv)).
+    pub const AT_P2P: u64 = 5;
+    /// An earlier LL send of this rank that its receiver found of another size, reported
+    /// by a later send to that receiver (see [`send_recv`](super::send_recv)).
+    pub const AT_P2P_EARLIER: u64 = 6;
 }
 
 /// `u64` words of the fault area.
@@ -640,22 +646,46 @@ impl CollContext {
     #[cold]
     #[inline(never)]
     pub unsafe fn fail(&self, call: Call, kind: u64, peer: u32, theirs: [u64; 2], place: u64) {
+        // SAFETY: the context valid (caller contract).
+        unsafe {
+            self.record(call.seq, kind, peer, call.desc, theirs, place);
+            arch::st_release_sys_u64(self.state.add(local_fault::STOP), call.seq + 1);
+        }
+    }
+
+    /// Writes a record into the fault area if none is there (first writer wins), without
+    /// stopping the call's other waits: for a failure that concerns one operation only (a
+    /// send and a receive of different sizes, see [`send_recv`]). `own` and `theirs` are
+    /// the two sides' descriptors.
+    ///
+    /// # Safety
+    /// The context valid.
+    #[cold]
+    #[inline(never)]
+    pub unsafe fn record(
+        &self,
+        seq: u64,
+        kind: u64,
+        peer: u32,
+        own: [u64; 2],
+        theirs: [u64; 2],
+        place: u64,
+    ) {
         let f = self.fault;
         // SAFETY: the fault area is live and FAULT_WORDS long (context contract); the
         // claim makes this thread the only writer of the details until the host clears the
         // record, which it does only while no kernel of this communicator runs.
         unsafe {
             if arch::atomic_add_relaxed_sys_u64(f.add(fault::CLAIM), 1) == 0 {
-                core::ptr::write_volatile(f.add(fault::SEQ), call.seq);
+                core::ptr::write_volatile(f.add(fault::SEQ), seq);
                 core::ptr::write_volatile(f.add(fault::PEER), peer as u64);
-                core::ptr::write_volatile(f.add(fault::OWN), call.desc[0]);
-                core::ptr::write_volatile(f.add(fault::OWN + 1), call.desc[1]);
+                core::ptr::write_volatile(f.add(fault::OWN), own[0]);
+                core::ptr::write_volatile(f.add(fault::OWN + 1), own[1]);
                 core::ptr::write_volatile(f.add(fault::THEIRS), theirs[0]);
                 core::ptr::write_volatile(f.add(fault::THEIRS + 1), theirs[1]);
                 core::ptr::write_volatile(f.add(fault::PLACE), place);
                 arch::st_release_sys_u64(f.add(fault::RECORD), kind);
             }
-            arch::st_release_sys_u64(self.state.add(local_fault::STOP), call.seq + 1);
         }
     }
 

@@ -32,19 +32,49 @@
 //! latency. Every LL transfer uses exactly [`P2pOps::ll_blocks`] blocks (fixed for a
 //! communicator), and block `k` always moves units `k * threads + t + m * ll_blocks *
 //! threads`, so the sender's block `k` and the receiver's block `k` share a set of packet
-//! slots across transfers. Each such pair keeps its own sequence number per (peer,
-//! direction) in the p2p state words after [`STATE_WORDS`]; the flag is `seq + 1`, and the
-//! packets alternate between two halves of the packet scratch by `seq` parity. Before
-//! writing transfer `seq >= 2` into a half, sender block `k` waits until receiver block `k`
-//! has reported (a *done* word at the end of the sender's packet scratch for that peer,
-//! written by the receiver) that it finished transfer `seq - 2`: usually long ago, so the
-//! check costs one local load.
+//! slots across transfers. The packets of transfer `x` (see below) carry the
+//! flag `x + 1` and use half `x & 1` of the packet scratch. Before writing into a half,
+//! sender block `k` waits until receiver block `k` has reported (a *done* word at the end of
+//! the sender's packet scratch for that peer, written by the receiver with a maximum) that
+//! it finished the last LL transfer through that half: usually long ago, so the check costs
+//! one local load.
+//!
+//! ## Mismatched sizes
+//!
+//! Every transfer has a number `x` between its pair in its direction (0 for the first),
+//! counted on both sides in the p2p state words after [`STATE_WORDS`] (one counter per peer
+//! and direction, kept like the call counter), so both sides agree on it whatever the sizes.
+//! Each side *posts* its size at the start of a transfer: one LL packet (flag `x + 1`) in a
+//! ring of [`P2P_POST_RING`] at the end of the peer's packet scratch ([`P2P_TAIL_BYTES`]).
+//! An LL send also writes its size in a header packet per block, next to its data.
+//!
+//! - A pipelined send copies its first piece, then signals it only once the receiver's post
+//!   shows the same size (usually there long before the copy ends); otherwise it signals
+//!   nothing and records the mismatch at once.
+//! - A receive compares the sender's size: an LL receive reads its block's header after
+//!   its data (a smaller receive reads every unit it wants), and a wait that is not
+//!   answered looks at the header and the sender's post every [`SLOW_POLLS`] polls (a larger
+//!   receive, or one on the other path). A pipelined receive takes the first signal of a
+//!   transfer only once the sender's post shows the same size.
+//! - Nothing is signalled or acknowledged for a mismatched transfer, both sides count it,
+//!   LL flags and halves follow `x`, and a receive that will not read an LL send's packets
+//!   marks it skipped (a word per LL block and half beside the done words; not the done word,
+//!   which a slower block of the receiver may still owe for the transfer before it through
+//!   that half): the pair stays in step, and only that transfer fails
+//!   (recorded with [`CollContext::record`], which does not stop the call's other waits).
+//! - An LL send is eager: it ends before the receiver looks. The receiver leaves a note in
+//!   the sender's packet scratch, which the sender's send reports once it has written its
+//!   data if the note is there, else its next send to that peer (as a mismatch found by a
+//!   note, [`fault::AT_P2P_EARLIER`]); two notes before the sender looks keep the newer.
 
+use super::all_reduce::{advance_counter, read_counter};
 use super::all_reduce::{load_unit, store_unit};
-use super::{Call, CollContext, MAX_BLOCKS, MAX_RANKS, STATE_WORDS, desc, fault};
+use super::{
+    COUNTER_WORDS, Call, CollContext, MAX_BLOCKS, MAX_RANKS, SLOW_POLLS, STATE_WORDS, desc, fault,
+};
 use crate::arch;
 use crate::channel::memory::copy;
-use crate::packet::LlPacket;
+use crate::packet::{LlPacket, LlWidePacket};
 
 /// Most operations of one group.
 pub const MAX_P2P_OPS: usize = 16;
@@ -55,12 +85,47 @@ pub const P2P_MAX_BLOCKS: u32 = 64;
 pub const P2P_MAX_DEPTH: u32 = 4;
 /// Most blocks of an LL transfer ([`P2pOps::ll_blocks`]); sets the state and done words.
 pub const P2P_LL_BLOCKS: u32 = 16;
-/// Bytes at the end of every packet scratch of a p2p context holding the done words (one
-/// per LL block) of the transfers this rank sends to the scratch's writer.
-pub const P2P_DONE_BYTES: u64 = P2P_LL_BLOCKS as u64 * 8;
-/// State words of a p2p context after [`STATE_WORDS`]: the LL sequence numbers, per
-/// direction (send, receive), peer and LL block.
-pub const P2P_STATE_WORDS: usize = 2 * MAX_RANKS * P2P_LL_BLOCKS as usize;
+/// Transfers whose posts (sizes) a packet scratch keeps: a ring indexed by transfer number
+/// (see the [module](self), "Mismatched sizes").
+pub const P2P_POST_RING: u64 = 32;
+/// Bytes at the end of every packet scratch of a p2p context, all written by the scratch's
+/// writer `w` (in rank `r`'s scratch for `w`): the done words of the LL transfers `r` sends
+/// `w` (one per LL block, 128 bytes), the skip words (per half and LL block: the last LL
+/// send of `r` that `w` received as a pipelined transfer, so never read), a note of the last LL send of `r` that `w` received
+/// with another size (32), the posts of `w`'s receives from `r` and of `w`'s sends to `r`
+/// ([`P2P_POST_RING`] packets each), the LL headers of `w`'s sends (two halves of one packet
+/// per LL block).
+pub const P2P_TAIL_BYTES: u64 = TAIL_HEADER + 2 * P2P_LL_BLOCKS as u64 * 16;
+const TAIL_SKIP: u64 = P2P_LL_BLOCKS as u64 * 8;
+const TAIL_NOTE: u64 = TAIL_SKIP + 2 * P2P_LL_BLOCKS as u64 * 8;
+const TAIL_RPOST: u64 = TAIL_NOTE + 32;
+const TAIL_SPOST: u64 = TAIL_RPOST + P2P_POST_RING * 16;
+const TAIL_HEADER: u64 = TAIL_SPOST + P2P_POST_RING * 16;
+const _: () = assert!(P2P_TAIL_BYTES.is_multiple_of(32));
+/// State words of a p2p context after [`STATE_WORDS`]: the transfer counters per direction
+/// (send, receive) and peer (each [`COUNTER_WORDS`] long), then per peer, LL block and half
+/// the number (plus one) of the last LL send through it, then per peer the flag of the last
+/// note reported.
+pub const P2P_STATE_WORDS: usize = REPORTED_AT + MAX_RANKS;
+const LAST_LL_AT: usize = 2 * MAX_RANKS * COUNTER_WORDS;
+const REPORTED_AT: usize = LAST_LL_AT + MAX_RANKS * P2P_LL_BLOCKS as usize * 2;
+/// Bit of a p2p mismatch record's tag where the transfer number (its low 24 bits) starts
+/// (see [`p2p_desc`]).
+pub const P2P_XFER_SHIFT: u32 = 40;
+
+/// One side of a transfer as a mismatch record holds it (`[bytes, tag]`): the tag is
+/// [`desc::SEND_RECV`] with algorithm 1 for the sending side, 2 for the receiving side, the
+/// other rank in the root field, and the transfer's number between the pair in that
+/// direction (0 for the first) from [`P2P_XFER_SHIFT`].
+#[inline(always)]
+pub const fn p2p_desc(bytes: u64, send: bool, other: u32, xfer: u64) -> [u64; 2] {
+    let algo = if send { 1 } else { 2 };
+    [
+        bytes,
+        desc::rooted_tag(desc::SEND_RECV, 0, 0, algo, other as u64)
+            | (xfer & 0xff_ffff) << P2P_XFER_SHIFT,
+    ]
+}
 
 /// One send or receive of a group (`#[repr(C)]`, 32 bytes).
 #[repr(C)]
@@ -107,7 +172,7 @@ const _: () = assert!(core::mem::size_of::<P2pOps>() == 536);
 /// Bytes of each of the two packet halves of a p2p packet scratch of `packets_len` bytes.
 #[inline(always)]
 pub fn p2p_ll_half(packets_len: u64) -> u64 {
-    packets_len.saturating_sub(P2P_DONE_BYTES) / 2 / 16 * 16
+    packets_len.saturating_sub(P2P_TAIL_BYTES) / 2 / 16 * 16
 }
 
 /// Most bytes of one LL transfer over a p2p packet scratch of `packets_len` bytes (8 data
@@ -198,25 +263,75 @@ fn is_ll(bytes: u64, ll_max: u64) -> bool {
     bytes <= ll_max
 }
 
+/// The flag of transfer `xfer`'s packets (its LL data, header and posts; never 0).
+#[inline(always)]
+fn flag_of(xfer: u64) -> u32 {
+    (xfer % u32::MAX as u64) as u32 + 1
+}
+
+/// The tail ([`P2P_TAIL_BYTES`]) of packet scratch `base` plus `at` bytes.
+#[inline(always)]
+fn tail(ctx: &CollContext, base: *mut u8, at: u64) -> *mut u8 {
+    base.wrapping_add((ctx.packets_len - P2P_TAIL_BYTES + at) as usize)
+}
+
+/// Offset in the tail of the skip word of LL block `k` and half `parity`.
+#[inline(always)]
+fn skip_off(k: u32, parity: u64) -> u64 {
+    TAIL_SKIP + (parity * P2P_LL_BLOCKS as u64 + k as u64) * 8
+}
+
+/// This rank's transfer counter for `peer` in one direction (see [`P2P_STATE_WORDS`]).
+#[inline(always)]
+fn xfer_counter(ctx: &CollContext, send: bool, peer: u32) -> *mut u64 {
+    let dir = (!send) as usize;
+    ctx.state.wrapping_add(
+        STATE_WORDS + (dir * MAX_RANKS + (peer as usize & (MAX_RANKS - 1))) * COUNTER_WORDS,
+    )
+}
+
+/// The size rank `peer` posted for its send `xfer` to this rank, if its post has arrived, or
+/// (`k` given: an LL receive's block) the header of its LL block `k`.
+///
+/// # Safety
+/// `peer` a peer; the context a p2p context.
+#[inline(always)]
+unsafe fn sent_bytes(ctx: &CollContext, peer: u32, xfer: u64, k: Option<u32>) -> Option<u64> {
+    let inp = ctx.packets_in[peer as usize & (MAX_RANKS - 1)];
+    let flag = flag_of(xfer);
+    if let Some(k) = k {
+        let at = TAIL_HEADER + ((xfer & 1) * P2P_LL_BLOCKS as u64 + k as u64) * 16;
+        // SAFETY: a header slot of this rank's packet scratch written by the peer, accessed
+        // by packets only.
+        if let Some(n) = unsafe { LlPacket::read(tail(ctx, inp, at) as *const LlPacket, flag) } {
+            return Some(n);
+        }
+    }
+    let at = TAIL_SPOST + (xfer % P2P_POST_RING) * 16;
+    // SAFETY: as above, a post slot.
+    unsafe { LlPacket::read(tail(ctx, inp, at) as *const LlPacket, flag) }
+}
+
 /// Runs the operations of `ops` that block `blockIdx.x` takes part in, in order. Traps on an
 /// empty piece, a peer out of range or the own rank, an LL transfer larger than the packet
 /// scratch holds, or a grid of more than `MAX_BLOCKS` blocks.
 ///
 /// A launch is one call of the p2p context ([`Call`], on the p2p context's own call counter
 /// and local fault words, so sends and receives never shift the collectives' sequence) with
-/// the descriptor `(ops.count, SEND_RECV tag)`; it exchanges no descriptor (a pair's
-/// operations are not a call of every rank). Its waits follow the fault protocol: they give
-/// up on abort or timeout, recording why in the fault area the p2p context shares with the
-/// collectives, and the block skips the rest of its operations (keeping every
-/// `sync_threads`). A send and a receive of different sizes are therefore not reported as a
-/// mismatch: the side left waiting times out.
+/// the descriptor `(ops.count, SEND_RECV tag)`; it exchanges no call descriptor (a pair's
+/// operations are not a call of every rank), but every transfer carries its size (see the
+/// [module](self), "Mismatched sizes"): a send and a receive of different sizes are
+/// recorded as a [`fault::MISMATCH`] of that transfer alone (the call's other operations go
+/// on) and leave the pair in step. Waits follow the fault protocol: they give up on abort or
+/// timeout, recording why in the fault area the p2p context shares with the collectives, and
+/// the block skips the rest of its operations (keeping every `sync_threads`).
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; `ctx` a p2p context (its
 /// scratch a slot of `scratch_len` bytes per source rank, its semaphores, expected and state
-/// words its own); every operation's buffer valid for its bytes; the peers post matching
-/// operations (same bytes, same order per pair and direction) and run them concurrently
-/// with these.
+/// words its own, its packet scratch ending with [`P2P_TAIL_BYTES`]); every operation's
+/// buffer valid for its bytes; the peers post the same number of operations per pair and
+/// direction, in the same order, and run them concurrently with these.
 #[inline(always)]
 pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
     let b = arch::block_idx_x();
@@ -237,6 +352,7 @@ pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
     if piece == 0
         || arch::grid_dim_x() as usize > MAX_BLOCKS
         || ops.ll_max > p2p_ll_capacity(ctx.packets_len)
+        || ctx.packets_len < P2P_TAIL_BYTES
         || (ops.ll_max > 0 && !(1..=P2P_LL_BLOCKS).contains(&ops.ll_blocks))
     {
         arch::trap();
@@ -248,37 +364,186 @@ pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
     let mut i = 0;
     while i < n {
         let op = &ops.ops[i];
-        i += 1;
         if op.peer >= ctx.nranks || op.peer == ctx.rank || op.blocks > P2P_MAX_BLOCKS {
             arch::trap();
         }
+        // The transfer's number between the pair in its direction: the same on both sides
+        // whatever the sizes (both post the same operations per pair and direction).
+        let earlier = ops.ops[..i]
+            .iter()
+            .filter(|o| o.peer == op.peer && o.send == op.send)
+            .count() as u64;
+        // SAFETY: the counter's COUNTER_WORDS words are this context's state (caller
+        // contract), advanced only at the end of launches.
+        let xfer = unsafe { read_counter(xfer_counter(ctx, op.send != 0, op.peer), b) } + earlier;
+        i += 1;
         if b >= op.first_block && b - op.first_block < op.blocks {
             let k = b - op.first_block;
+            if k == 0 && arch::thread_idx_x() == 0 {
+                // SAFETY: forwarded; the peer checked above.
+                unsafe { post(ctx, op, xfer) };
+            }
             if is_ll(op.bytes, ops.ll_max) {
                 if op.blocks != ops.ll_blocks {
                     arch::trap();
                 }
                 // SAFETY: forwarded; k < ll_blocks <= P2P_LL_BLOCKS, the packets fit (checked
                 // above).
-                unsafe { ll_transfer(ctx, &mut call, op, k) };
+                unsafe { ll_transfer(ctx, &mut call, op, k, xfer, ops) };
             } else {
                 // SAFETY: forwarded; k < op.blocks <= P2P_MAX_BLOCKS.
-                unsafe { transfer(ctx, &mut call, op, k, piece, depth) };
+                unsafe { transfer(ctx, &mut call, op, k, piece, depth, xfer, ops) };
             }
+            if k == 0 && op.send != 0 && arch::thread_idx_x() == 0 {
+                // After the data, off its path.
+                // SAFETY: forwarded.
+                unsafe { report_note(ctx, &call, op) };
+            }
+        }
+    }
+    // Advance the transfer counter of every (peer, direction) of the launch, once each.
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let nb = arch::grid_dim_x();
+    for (i, op) in ops.ops[..n].iter().enumerate() {
+        let same = |o: &P2pOp| o.peer == op.peer && o.send == op.send;
+        if ops.ops[..i].iter().any(same) {
+            continue;
+        }
+        let count = ops.ops[..n].iter().filter(|o| same(o)).count() as u64;
+        let counter = xfer_counter(ctx, op.send != 0, op.peer);
+        // SAFETY: every thread of every block, after reading the counter above (each block
+        // runs this same loop); the counter's words are the context's own.
+        unsafe {
+            let base = read_counter(counter, b);
+            advance_counter(counter, base + count, t, nt, b, nb);
         }
     }
     // SAFETY: every thread of every block gets here.
     unsafe { ctx.finish(&call) };
 }
 
+/// Thread 0 of an operation's block 0, at its start: posts the operation's size for the
+/// peer (a send: into the peer's scratch, where its receive's waits look; a receive: where
+/// the peer's send checks it before its first signal).
+///
+/// # Safety
+/// `op.peer` a peer; the context a p2p context.
+#[inline(always)]
+unsafe fn post(ctx: &CollContext, op: &P2pOp, xfer: u64) {
+    let peer = op.peer as usize & (MAX_RANKS - 1);
+    let send = op.send != 0;
+    let at = if send { TAIL_SPOST } else { TAIL_RPOST } + (xfer % P2P_POST_RING) * 16;
+    // SAFETY: a post slot of the peer's packet scratch for this rank, accessed by packets
+    // only; the ring is long enough that the peer has read the post it replaces.
+    unsafe {
+        LlPacket::write(
+            tail(ctx, ctx.packets_out[peer], at) as *mut LlPacket,
+            op.bytes,
+            flag_of(xfer),
+        )
+    };
+}
+
+/// Thread 0 of a send's block 0, after its data: reports a note the peer left about an
+/// earlier LL send of another size, once.
+///
+/// # Safety
+/// `op.peer` a peer; the context a p2p context.
+#[inline(always)]
+unsafe fn report_note(ctx: &CollContext, call: &Call, op: &P2pOp) {
+    let peer = op.peer as usize & (MAX_RANKS - 1);
+    let note = tail(ctx, ctx.packets_in[peer], TAIL_NOTE) as *const u64;
+    // SAFETY: the note in this rank's packet scratch written by the peer (two packets,
+    // each read whole; the flags tell a torn note).
+    let (lo, hi) = unsafe {
+        (
+            LlPacket::from_words(arch::ld_volatile_v2_u64(note)),
+            LlPacket::from_words(arch::ld_volatile_v2_u64(note.add(2))),
+        )
+    };
+    let f = lo.flag0;
+    // SAFETY: this rank's own state word, used by this lane's block 0 only.
+    let reported = unsafe { ctx.state.add(STATE_WORDS + REPORTED_AT + peer) };
+    // SAFETY: as above.
+    if f != 0 && lo.has_flag(f) && hi.has_flag(f) && unsafe { *reported } != f as u64 {
+        // SAFETY: as above.
+        unsafe { *reported = f as u64 };
+        let earlier = f as u64 - 1;
+        // SAFETY: the context valid.
+        unsafe {
+            ctx.record(
+                call.seq,
+                fault::MISMATCH,
+                op.peer,
+                p2p_desc(lo.data(), true, op.peer, earlier),
+                p2p_desc(hi.data(), false, ctx.rank, earlier),
+                fault::AT_P2P_EARLIER,
+            )
+        };
+    }
+}
+
+/// Records on this rank that transfer `xfer` of `op` (`op.bytes`) met `theirs` bytes on the
+/// peer, and (a receive from an LL send) leaves the sender a note of it. Thread 0 of the
+/// operation's block 0.
+///
+/// # Safety
+/// `op.peer` a peer; the context a p2p context.
+#[inline(always)]
+unsafe fn mismatch(
+    ctx: &CollContext,
+    call: &Call,
+    op: &P2pOp,
+    xfer: u64,
+    theirs: u64,
+    ll_max: u64,
+) {
+    let send = op.send != 0;
+    // SAFETY: the context valid.
+    unsafe {
+        ctx.record(
+            call.seq,
+            fault::MISMATCH,
+            op.peer,
+            p2p_desc(op.bytes, send, op.peer, xfer),
+            p2p_desc(theirs, !send, ctx.rank, xfer),
+            fault::AT_P2P,
+        )
+    };
+    if !send && is_ll(theirs, ll_max) {
+        // The sender (eager) may have ended without knowing: tell it (see the module docs).
+        let note = tail(
+            ctx,
+            ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)],
+            TAIL_NOTE,
+        );
+        // SAFETY: the note in the peer's packet scratch for this rank, accessed by packets.
+        unsafe {
+            LlWidePacket::write(note as *mut LlWidePacket, [theirs, op.bytes], flag_of(xfer))
+        };
+    }
+}
+
 /// Block `k` of operation `op`: its pieces `k`, `k + op.blocks`, … through the `depth`
 /// sub-slots of chunk `k` of the slot, in turn (see the [module](self)). Once a wait of the
 /// block failed (`call.failed`, agreed by the block), nothing more is copied or signalled.
+/// A send signals its first piece only once the receiver's post shows the same size; a
+/// receive whose first signal does not come looks for the sender's post.
 ///
 /// # Safety
 /// As for [`run`]; `k < op.blocks`; `piece` is [`p2p_piece`] of the slot and `depth`.
 #[inline(always)]
-unsafe fn transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32, piece: u64, depth: u32) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn transfer(
+    ctx: &CollContext,
+    call: &mut Call,
+    op: &P2pOp,
+    k: u32,
+    piece: u64,
+    depth: u32,
+    xfer: u64,
+    ops: &P2pOps,
+) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (peer, buf) = (op.peer, op.buf as *mut u8);
     let pieces = op.bytes.div_ceil(piece);
@@ -287,6 +552,7 @@ unsafe fn transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32, piece
     let chunk_at = k as u64 * p2p_chunk(ctx.scratch_len);
     // Separates this operation's uses of the agreement slot from the previous one's.
     arch::sync_threads();
+    let mut theirs = None;
     // Pieces this block has moved (sub-slot j % depth for the j-th).
     let mut j = 0u64;
     let mut c = k as u64;
@@ -303,7 +569,7 @@ unsafe fn transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32, piece
                     unsafe { ctx.wait(call, peer, P2P_MAX_BLOCKS + k) };
                 }
                 // Syncs the block (after the last piece's sync), which agrees on a failure.
-                if !agree(call, t) {
+                if !agree(call, &mut theirs, t) {
                     break;
                 }
             }
@@ -317,6 +583,27 @@ unsafe fn transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32, piece
                 copy(dst, buf.add(off as usize), len, t, nt);
             }
             arch::sync_threads();
+            if j == 0 {
+                // Nothing is signalled before the receiver is known to expect these bytes
+                // (its post is usually there long before the first piece is copied).
+                if t == 0 {
+                    // SAFETY: as above.
+                    if let Some(m) = unsafe { receiver_bytes(ctx, call, peer, xfer) }
+                        && m != op.bytes
+                    {
+                        theirs = Some(m);
+                    }
+                }
+                if !agree(call, &mut theirs, t) {
+                    if let (Some(m), 0, 0) = (theirs, k, t) {
+                        // SAFETY: as above.
+                        unsafe { mismatch(ctx, call, op, xfer, m, ops.ll_max) };
+                    }
+                    return;
+                }
+                // Separates this use of the agreement slot from the next (depth 1).
+                arch::sync_threads();
+            }
             if t == 0 {
                 // SAFETY: as above.
                 unsafe { ctx.signal(peer, k) };
@@ -324,11 +611,15 @@ unsafe fn transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32, piece
         } else {
             if t == 0 {
                 // SAFETY: as above.
-                unsafe { ctx.wait(call, peer, k) };
+                theirs = unsafe { wait_piece(ctx, call, peer, k, xfer, op.bytes, j == 0) };
             }
             // Syncs the block (the data was published by the signal thread 0 waited for).
-            if !agree(call, t) {
-                break;
+            if !agree(call, &mut theirs, t) {
+                if let Some(m) = theirs {
+                    // SAFETY: as above.
+                    unsafe { receive_mismatch(ctx, call, op, k, xfer, m, ops) };
+                }
+                return;
             }
             // SAFETY: the sub-slot of this rank's slot for the peer that the sender's j-th
             // piece of chunk k went to, published by its signal (waited for before the
@@ -359,20 +650,150 @@ unsafe fn transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32, piece
             }
         }
         // Syncs the block (after the last piece's sync), which agrees on a failure.
-        agree(call, t);
+        agree(call, &mut theirs, t);
     }
 }
 
-/// Block `k` of the LL transfer `op` (see the [module](self)): a send writes its units as
-/// packets into the peer's packet scratch, once the peer's block `k` has finished the
-/// transfer that last used the same half; a receive polls them into `op.buf` and reports
-/// done. Both advance the block's sequence number for the peer and direction.
+/// The size rank `peer` posted for its receive `xfer` from this rank (waiting for the post);
+/// `None` when the wait gave up (`call.failed`).
+///
+/// # Safety
+/// `peer` a peer; the context a p2p context.
+#[inline(always)]
+unsafe fn receiver_bytes(ctx: &CollContext, call: &mut Call, peer: u32, xfer: u64) -> Option<u64> {
+    let at = TAIL_RPOST + (xfer % P2P_POST_RING) * 16;
+    let slot = tail(ctx, ctx.packets_in[peer as usize & (MAX_RANKS - 1)], at) as *const LlPacket;
+    let flag = flag_of(xfer);
+    let mut m = 0;
+    // SAFETY: a post slot of this rank's packet scratch written by the peer, accessed by
+    // packets only.
+    let ok = unsafe {
+        ctx.wait_until(call, peer, fault::AT_P2P, || {
+            match LlPacket::read(slot, flag) {
+                Some(v) => {
+                    m = v;
+                    true
+                }
+                None => false,
+            }
+        })
+    };
+    ok.then_some(m)
+}
+
+/// Waits for rank `peer`'s next data signal on semaphore `k` (as [`CollContext::wait`]),
+/// looking every [`SLOW_POLLS`] failed polls at the size the peer posted for its send
+/// `xfer`: `Some(its bytes)` (nothing consumed) when they differ from `bytes`, for the
+/// sender then signals nothing. The `first` signal of a transfer is taken only once that
+/// post is there and shows `bytes`: after a mismatch the sender goes on to its next
+/// transfer, whose signal may come before this block has looked at the post.
+///
+/// # Safety
+/// As for [`CollContext::wait`]; the context a p2p context.
+#[inline(always)]
+unsafe fn wait_piece(
+    ctx: &CollContext,
+    call: &mut Call,
+    peer: u32,
+    k: u32,
+    xfer: u64,
+    bytes: u64,
+    first: bool,
+) -> Option<u64> {
+    let idx = peer as usize * MAX_BLOCKS + k as usize;
+    // SAFETY: our own counter and expected word (caller contract), one waiter.
+    let (inbound, expected) = unsafe { (ctx.sems.add(idx), ctx.expected.add(idx)) };
+    // SAFETY: as above.
+    let want = unsafe { *expected } + 1;
+    let (mut polls, mut theirs) = (0u32, None);
+    // SAFETY: as above; acquire at system scope pairs with the peer's release add.
+    let ok = unsafe {
+        ctx.wait_until(call, peer, fault::AT_SEMAPHORE, || {
+            if arch::ld_acquire_sys_u64(inbound) >= want {
+                if !first {
+                    return true;
+                }
+                match sent_bytes(ctx, peer, xfer, None) {
+                    Some(n) if n == bytes => return true,
+                    Some(n) => {
+                        theirs = Some(n);
+                        return true;
+                    }
+                    // The post of the transfer whose first piece this is, on its way.
+                    None => {}
+                }
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(SLOW_POLLS)
+                && let Some(n) = sent_bytes(ctx, peer, xfer, None)
+                && n != bytes
+            {
+                theirs = Some(n);
+                return true;
+            }
+            false
+        })
+    };
+    if ok && theirs.is_none() {
+        // SAFETY: as above.
+        unsafe { *expected = want };
+    }
+    theirs
+}
+
+/// A receive's block `k` that found the sender's size `theirs` differs from its own (every
+/// thread of the block): block 0 records it and, when the sender sent LL packets that this
+/// receive will never read, marks the transfer skipped for every LL block, so the sender
+/// may reuse that half.
+///
+/// # Safety
+/// `op.peer` a peer; the context a p2p context.
+#[inline(always)]
+unsafe fn receive_mismatch(
+    ctx: &CollContext,
+    call: &Call,
+    op: &P2pOp,
+    k: u32,
+    xfer: u64,
+    theirs: u64,
+    ops: &P2pOps,
+) {
+    let t = arch::thread_idx_x();
+    if k != 0 {
+        return;
+    }
+    if t == 0 {
+        // SAFETY: forwarded.
+        unsafe { mismatch(ctx, call, op, xfer, theirs, ops.ll_max) };
+    }
+    if is_ll(theirs, ops.ll_max) && !is_ll(op.bytes, ops.ll_max) && t < ops.ll_blocks {
+        // Not the done word: block t of this rank may still be reading an earlier transfer
+        // through the same half.
+        let out = ctx.packets_out[op.peer as usize & (MAX_RANKS - 1)];
+        let skip = tail(ctx, out, skip_off(t, xfer & 1));
+        // SAFETY: skip word (t, half) of the peer's scratch for this rank; a maximum.
+        unsafe { arch::red_max_relaxed_sys_u64(skip as *mut u64, xfer + 1) };
+    }
+}
+
+/// Block `k` of the LL transfer `op`, number `xfer` between the pair in its direction (see
+/// the [module](self)): a send writes its header and units as packets into the peer's packet
+/// scratch (half `xfer & 1`, flag from `xfer`), once the peer's block `k` has finished the
+/// last LL transfer through the same half; a receive polls them into `op.buf`, checks the
+/// header's size and reports done.
 ///
 /// # Safety
 /// As for [`run`]; `k < ops.ll_blocks <= P2P_LL_BLOCKS`; `op.bytes <=
 /// p2p_ll_capacity(packets_len)`; the p2p state holds [`P2P_STATE_WORDS`] more words.
 #[inline(always)]
-unsafe fn ll_transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32) {
+unsafe fn ll_transfer(
+    ctx: &CollContext,
+    call: &mut Call,
+    op: &P2pOp,
+    k: u32,
+    xfer: u64,
+    ops: &P2pOps,
+) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (peer, buf, bytes) = (
         op.peer as usize & (MAX_RANKS - 1),
@@ -382,48 +803,61 @@ unsafe fn ll_transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32) {
     let units = bytes.div_ceil(8);
     let send = op.send != 0;
     let half_bytes = p2p_ll_half(ctx.packets_len);
-    // Separates this operation's uses of the agreement slot and of the sequence number
-    // from the previous one's.
+    // Separates this operation's uses of the agreement slots from the previous one's.
     arch::sync_threads();
-    // SAFETY: the state words after STATE_WORDS (caller contract): this block's own
-    // sequence number for (direction, peer), read after the barrier above (which follows
-    // the previous update) and before the barrier that precedes the next update.
-    let seq_at = unsafe {
-        ctx.state.add(
-            STATE_WORDS
-                + ((!send) as usize * MAX_RANKS + peer) * P2P_LL_BLOCKS as usize
-                + k as usize,
-        )
-    };
-    // SAFETY: as above.
-    let seq = unsafe { core::ptr::read_volatile(seq_at) };
-    let flag = (seq as u32).wrapping_add(1).max(1);
-    let half = half_bytes * (seq & 1);
+    let flag = flag_of(xfer);
+    let parity = xfer & 1;
+    let half = half_bytes * parity;
     let (first, stride) = (
         k as u64 * nt as u64 + t as u64,
         op.blocks as u64 * nt as u64,
     );
-    let done_off = (ctx.packets_len - P2P_DONE_BYTES + 8 * k as u64) as usize;
+    let done_off = 8 * k as u64;
+    let header_off = TAIL_HEADER + (parity * P2P_LL_BLOCKS as u64 + k as u64) * 16;
+    let mut theirs = None;
     if send {
-        if seq >= 2 {
-            if t == 0 {
+        // SAFETY: the state words after STATE_WORDS (caller contract): the number (plus one)
+        // of the last LL send to the peer through this block and half, this block's
+        // thread 0's alone.
+        let last_at = unsafe {
+            ctx.state
+                .add(STATE_WORDS + LAST_LL_AT + (peer * P2P_LL_BLOCKS as usize + k as usize) * 2)
+        }
+        .wrapping_add(parity as usize);
+        if t == 0 {
+            // SAFETY: as above.
+            let last = unsafe { core::ptr::read_volatile(last_at) };
+            if last != 0 {
                 // SAFETY: the done word of block k at the end of this rank's packet scratch
                 // written by the peer (for the transfers this rank sends it), local.
-                let done = unsafe { ctx.packets_in[peer].add(done_off) } as *const u64;
-                // SAFETY: as above; the peer's block k stores `seq + 1` there after reading
-                // transfer `seq` (relaxed: its loads were complete, their values stored).
+                let done = tail(ctx, ctx.packets_in[peer], done_off) as *const u64;
+                let skip = tail(ctx, ctx.packets_in[peer], skip_off(k, parity)) as *const u64;
+                // SAFETY: as above; the peer's block k raises it past a transfer after
+                // reading it (relaxed: its loads were complete, their values stored). Or
+                // the last LL send through this half was received as a pipelined transfer
+                // (a mismatch): nobody reads it, and the sender wrote it only once the
+                // transfer before it through the half had been read.
                 unsafe {
                     ctx.wait_until(call, op.peer, fault::AT_SEMAPHORE, || {
-                        arch::ld_relaxed_sys_u64(done) + 1 >= seq
+                        arch::ld_relaxed_sys_u64(done) >= last
+                            || arch::ld_relaxed_sys_u64(skip) >= last
                     })
                 };
             }
-            if !agree(call, t) {
-                return;
-            }
+        }
+        if !agree(call, &mut theirs, t) {
+            return;
         }
         let aligned = (buf as usize).is_multiple_of(8);
         let out = ctx.packets_out[peer];
+        if t == 0 {
+            // SAFETY: the header slot of block k in this half of the peer's packet scratch,
+            // free as the data's half is.
+            unsafe {
+                LlPacket::write(tail(ctx, out, header_off) as *mut LlPacket, bytes, flag);
+                core::ptr::write_volatile(last_at, xfer + 1);
+            }
+        }
         let mut i = first;
         while i < units {
             // SAFETY: i < units (buf holds bytes); the slot is in the first 2 * half_bytes
@@ -439,70 +873,151 @@ unsafe fn ll_transfer(ctx: &CollContext, call: &mut Call, op: &P2pOp, k: u32) {
         let aligned = (buf as usize).is_multiple_of(8);
         let inp = ctx.packets_in[peer];
         let mut i = first;
-        while i < units && !call.failed {
+        while i < units && !call.failed && theirs.is_none() {
             // SAFETY: as for the send, in this rank's packet scratch written by the peer.
             let slot = unsafe { inp.add((half + 16 * i) as usize) } as *const LlPacket;
             // SAFETY: a live packet slot written by the peer, accessed by packets only.
-            let d = unsafe { ctx.poll_packet(call, slot, flag, op.peer, fault::AT_SEMAPHORE) };
-            if call.failed {
-                break;
+            match unsafe { poll_unit(ctx, call, slot, op.peer, xfer, k, bytes) } {
+                // SAFETY: i < units, buf holds bytes; unit i is this thread's.
+                Ok(d) => unsafe { store_unit(buf, i, bytes, d, aligned) },
+                Err(n) => theirs = n,
             }
-            // SAFETY: i < units, buf holds bytes; unit i is this thread's.
-            unsafe { store_unit(buf, i, bytes, d, aligned) };
             i += stride;
         }
+        if t == 0 && !call.failed && theirs.is_none() {
+            // The header: the size the sender sent (a smaller receive reads all its units).
+            let slot = tail(ctx, inp, header_off) as *const LlPacket;
+            // SAFETY: the header slot of block k in this half, written by the peer.
+            match unsafe { poll_unit(ctx, call, slot, op.peer, xfer, k, bytes) } {
+                Ok(n) if n != bytes => theirs = Some(n),
+                Ok(_) => {}
+                Err(n) => theirs = n,
+            }
+        }
         // Every thread of the block has read its packets (the values are stored).
-        if !agree_any(call, t) {
+        agree_any(call, &mut theirs, t);
+        if call.failed {
             return;
         }
         if t == 0 {
             // SAFETY: the done word of block k at the end of the peer's packet scratch
-            // written by this rank, mapped here.
+            // written by this rank, mapped here; a maximum (a mismatched receive of a
+            // rendezvous op may raise it from another block).
             unsafe {
-                let done = ctx.packets_out[peer].add(done_off) as *mut u64;
-                arch::st_relaxed_sys_u64(done, seq + 1);
+                let done = tail(ctx, ctx.packets_out[peer], done_off) as *mut u64;
+                arch::red_max_relaxed_sys_u64(done, xfer + 1);
+            }
+        }
+        if let (Some(n), 0, 0) = (theirs, k, t) {
+            // SAFETY: forwarded.
+            unsafe { mismatch(ctx, call, op, xfer, n, ops.ll_max) };
+        }
+    }
+}
+
+/// Polls the LL packet at `slot` of transfer `xfer` from rank `peer` (an LL receive of
+/// `bytes` on block `k`): its data, or `Err(Some(n))` when the sender's header or post shows
+/// it sent `n != bytes` (looked at every [`SLOW_POLLS`] failed polls, with the clock and the
+/// fault words), `Err(None)` once the call failed.
+///
+/// # Safety
+/// `slot` a live packet slot of this context, accessed by packets only; `peer` a peer.
+#[inline(always)]
+unsafe fn poll_unit(
+    ctx: &CollContext,
+    call: &mut Call,
+    slot: *const LlPacket,
+    peer: u32,
+    xfer: u64,
+    k: u32,
+    bytes: u64,
+) -> Result<u64, Option<u64>> {
+    let flag = flag_of(xfer);
+    let (mut polls, mut t0) = (0u32, 0u64);
+    loop {
+        // SAFETY: caller contract.
+        if let Some(v) = unsafe { LlPacket::read(slot, flag) } {
+            return Ok(v);
+        }
+        if call.failed {
+            return Err(None);
+        }
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(SLOW_POLLS) {
+            // SAFETY: caller contract.
+            if let Some(n) = unsafe { sent_bytes(ctx, peer, xfer, Some(k)) }
+                && n != bytes
+            {
+                return Err(Some(n));
+            }
+            if t0 == 0 {
+                t0 = arch::global_timer_ns().max(1);
+            }
+            // SAFETY: the context valid (caller contract).
+            if !unsafe { ctx.keep_waiting(*call, peer, fault::AT_SEMAPHORE, t0) } {
+                call.failed = true;
+                return Err(None);
             }
         }
     }
-    // Every thread has read `seq` before the update.
-    arch::sync_threads();
-    if t == 0 {
-        // SAFETY: this block's own word (see above).
-        unsafe { core::ptr::write_volatile(seq_at, seq + 1) };
-    }
 }
 
-/// Syncs the block and makes thread 0's `call.failed` (the only waiter's) every thread's;
-/// `!call.failed`. Every thread of the block; a `sync_threads` between two uses.
+/// Syncs the block and makes thread 0's outcome (the only waiter's: `call.failed`, or a
+/// mismatch found, `theirs`) every thread's; `!call.failed && theirs.is_none()`. Every
+/// thread of the block; a `sync_threads` between two uses.
 #[inline(always)]
-fn agree(call: &mut Call, t: u32) -> bool {
-    let slot = crate::shared_array!(P2P_FAILED: u32; 1);
+fn agree(call: &mut Call, theirs: &mut Option<u64>, t: u32) -> bool {
+    let slot = crate::shared_array!(P2P_OUTCOME: u64; 2);
     if t == 0 {
-        // SAFETY: the block's one slot, written by thread 0 only, read after the sync.
-        unsafe { slot.write_volatile(call.failed as u32) };
+        // SAFETY: the block's two slots, written by thread 0 only, read after the sync.
+        unsafe {
+            slot.write_volatile(call.failed as u64 | (theirs.is_some() as u64) << 1);
+            slot.add(1).write_volatile(theirs.unwrap_or(0));
+        }
     }
     arch::sync_threads();
     // SAFETY: as above.
-    call.failed = unsafe { slot.read_volatile() } != 0;
-    !call.failed
+    let (state, n) = unsafe { (slot.read_volatile(), slot.add(1).read_volatile()) };
+    call.failed = state & 1 != 0;
+    *theirs = (state & 2 != 0).then_some(n);
+    !call.failed && theirs.is_none()
 }
 
-/// Syncs the block and makes `call.failed` true on every thread if it is on any; returns
-/// `!call.failed`. Every thread of the block; a `sync_threads` between two uses.
+/// Syncs the block and makes `call.failed`, and a mismatch (`theirs`), every thread's if any
+/// thread has them; `!call.failed && theirs.is_none()`. Every thread of the block; a
+/// `sync_threads` between two uses.
 #[inline(always)]
-fn agree_any(call: &mut Call, t: u32) -> bool {
-    let slot = crate::shared_array!(P2P_FAILED: u32; 1);
+fn agree_any(call: &mut Call, theirs: &mut Option<u64>, t: u32) -> bool {
+    let slot = crate::shared_array!(P2P_ANY: u64; 3);
     if t == 0 {
-        // SAFETY: the block's one slot, reset by thread 0 before the barrier below.
-        unsafe { slot.write_volatile(0) };
+        // SAFETY: the block's slots, reset by thread 0 before the barrier below.
+        unsafe {
+            slot.write_volatile(0);
+            slot.add(1).write_volatile(0);
+        }
     }
     arch::sync_threads();
-    if call.failed {
-        // SAFETY: as above; every writer stores the same value.
-        unsafe { slot.write_volatile(1) };
+    // SAFETY: as above; every writer of a slot stores the same value (the sender's size is
+    // one number, whichever of its header or post a thread read it from).
+    unsafe {
+        if call.failed {
+            slot.write_volatile(1);
+        }
+        if let Some(n) = *theirs {
+            slot.add(2).write_volatile(n);
+            slot.add(1).write_volatile(1);
+        }
     }
     arch::sync_threads();
     // SAFETY: as above.
-    call.failed = unsafe { slot.read_volatile() } != 0;
-    !call.failed
+    let (failed, mis, n) = unsafe {
+        (
+            slot.read_volatile(),
+            slot.add(1).read_volatile(),
+            slot.add(2).read_volatile(),
+        )
+    };
+    call.failed = failed != 0;
+    *theirs = (mis != 0).then_some(n);
+    !call.failed && theirs.is_none()
 }

@@ -419,7 +419,7 @@ fn run_p2p_shaped(n: usize, slot: u64, max_blocks: u32, shape: P2pShape, groups:
     use send_recv::{P2pOp, P2pOps};
     // World::new gives 2 * scratch_len bytes of scratch: n slots; packet scratch for LL
     // transfers of ll_max bytes (two halves of 16-byte packets, the done words).
-    let packets = (4 * shape.ll_max.div_ceil(8) * 8 + send_recv::P2P_DONE_BYTES).max(32);
+    let packets = (4 * shape.ll_max.div_ceil(8) * 8 + send_recv::P2P_TAIL_BYTES).max(32);
     let w = World::new(n, (n as u64 * slot).div_ceil(2), packets);
     std::thread::scope(|s| {
         for (r, rank_groups) in groups.iter().enumerate().take(n) {
@@ -1052,4 +1052,122 @@ fn pipelined_broadcast_and_reduce_match_the_reference_between_other_calls() {
         }
         run_sequence(&w, n, &cases);
     }
+}
+
+#[test]
+fn mismatched_sizes_are_recorded_and_every_matching_transfer_around_them_arrives() {
+    // Three ranks, 30 launches; in each, every rank sends two messages to and receives two
+    // from every peer (two lanes per peer, several transfers per lane). Sizes span both
+    // paths (LL up to 256 bytes; pieces of 8192 / 64 / 2 = 64 bytes, at most 4 blocks); about
+    // one transfer in four is received with another size, on either or across the paths.
+    // Every launch must end without a timeout, every matching transfer must arrive intact,
+    // and a rank that receives a wrong size (or sends a pipelined one) records a mismatch.
+    use send_recv::{P2pOp, P2pOps};
+    const SIZES: [usize; 7] = [1, 17, 100, 256, 257, 1000, 5000];
+    let (n, slot, launches) = (3usize, 8192u64, 30usize);
+    let shape = P2pShape {
+        depth: 2,
+        ll_max: 256,
+        ll_blocks: 2,
+    };
+    let h = |from: usize, to: usize, x: u64| splitmix((from as u64) << 40 ^ (to as u64) << 32 ^ x);
+    let sent = |from, to, x| SIZES[(h(from, to, x) % 7) as usize];
+    let wanted = |from, to, x| {
+        let v = h(from, to, x);
+        if (v >> 20) % 4 == 0 {
+            SIZES[((v % 7) + 1 + (v >> 30) % 6) as usize % 7]
+        } else {
+            SIZES[(v % 7) as usize]
+        }
+    };
+    let packets = 4 * shape.ll_max + send_recv::P2P_TAIL_BYTES;
+    let w = World::new(n, (n as u64 * slot).div_ceil(2), packets);
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let mut ctx = w.ctxs[r];
+            ctx.timeout_ns = TIMEOUT_NS;
+            ctx.scratch_len = slot;
+            s.spawn(move || {
+                let mut count = vec![[0u64; 2]; n]; // [sent to p, received from p]
+                let mut mismatched = 0;
+                for g in 0..launches {
+                    let mut ops = P2pOps {
+                        depth: shape.depth,
+                        ll_max: shape.ll_max,
+                        ll_blocks: shape.ll_blocks,
+                        ..P2pOps::default()
+                    };
+                    let mut mems = Vec::new();
+                    let mut expect_record = false;
+                    for p in (0..n).filter(|&p| p != r) {
+                        for send in [false, true] {
+                            for _ in 0..2 {
+                                let x = count[p][(!send) as usize];
+                                count[p][(!send) as usize] += 1;
+                                let (from, to) = if send { (r, p) } else { (p, r) };
+                                let (mine, theirs) = if send {
+                                    (sent(from, to, x), wanted(from, to, x))
+                                } else {
+                                    (wanted(from, to, x), sent(from, to, x))
+                                };
+                                let pipelined_send = send && mine as u64 > shape.ll_max;
+                                if mine != theirs && (!send || pipelined_send) {
+                                    expect_record = true;
+                                }
+                                mismatched += (mine != theirs) as usize;
+                                let seed = (from as u64) << 32 | (to as u64) << 24 | x;
+                                let m = Mem::new(mine);
+                                if send {
+                                    for j in 0..mine {
+                                        // SAFETY: j < mine.
+                                        unsafe { m.p.add(j).write(byte(seed, 0, j)) };
+                                    }
+                                }
+                                ops.ops[ops.count as usize] = P2pOp {
+                                    buf: m.p as u64,
+                                    bytes: mine as u64,
+                                    peer: p as u32,
+                                    send: send as u32,
+                                    ..P2pOp::default()
+                                };
+                                ops.count += 1;
+                                mems.push((m, seed, send, mine, mine == theirs));
+                            }
+                        }
+                    }
+                    let piece = send_recv::p2p_piece(slot, shape.depth);
+                    let blocks = ops.plan(piece, 4);
+                    launch(Dim3::x(blocks), Dim3::x(3), || {
+                        // SAFETY: the p2p context; every op's buffer holds its bytes.
+                        unsafe { k::p2p(&ctx, ops) }
+                    })
+                    .unwrap();
+                    // SAFETY: the fault area, FAULT_WORDS words; no kernel runs.
+                    let f = unsafe { core::slice::from_raw_parts_mut(ctx.fault, FAULT_WORDS) };
+                    let kind = f[fault::RECORD];
+                    assert!(
+                        kind == 0 || kind == fault::MISMATCH,
+                        "rank {r} launch {g}: record {f:?}"
+                    );
+                    if expect_record {
+                        assert_eq!(kind, fault::MISMATCH, "rank {r} launch {g}");
+                    }
+                    f[fault::RECORD] = 0;
+                    f[fault::CLAIM] = 0;
+                    for (i, (m, seed, send, bytes, matched)) in mems.iter().enumerate() {
+                        if !send && *matched {
+                            // SAFETY: the kernel is done; m holds bytes.
+                            let got = unsafe { std::slice::from_raw_parts(m.p, *bytes) };
+                            let bad = (0..*bytes).find(|&j| got[j] != byte(*seed, 0, j));
+                            assert_eq!(bad, None, "rank {r} launch {g} op {i} of {bytes}");
+                        }
+                    }
+                }
+                assert!(
+                    mismatched > 20,
+                    "rank {r}: only {mismatched} mismatched transfers"
+                );
+            });
+        }
+    });
 }

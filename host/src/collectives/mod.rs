@@ -805,6 +805,9 @@ impl Collectives {
     fn fault_error(&self, call: &str, rec: &FaultRecord) -> CommError {
         let me = self.rank();
         match rec.kind {
+            fault::MISMATCH if desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV => {
+                CommError::CallMismatch(format!("{call}: {}", p2p_mismatch(me, rec)))
+            }
             fault::MISMATCH => CommError::CallMismatch(format!(
                 "{call}: the ranks called collective #{} differently: rank {me} called {}, \
                  rank {} {}; every rank reports this error and the call did nothing (its \
@@ -1454,9 +1457,41 @@ fn describe(d: [u64; 2]) -> String {
     }
 }
 
+/// A send and a receive of different sizes, as rank `me` recorded it: "rank 1 sent 4000
+/// bytes to rank 0, which expected 6000", then what it means on this side.
+fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
+    use mscclpp_device::collectives::send_recv::P2P_XFER_SHIFT;
+    let (own, theirs, peer) = (rec.own[0], rec.theirs[0], rec.peer);
+    let sent = desc::field(rec.own[1], desc::ALGO_SHIFT) == 1;
+    let xfer = (rec.own[1] >> P2P_XFER_SHIFT) & 0xff_ffff;
+    let (from, to, sent_n, want_n) = if sent {
+        (me, peer, own, theirs)
+    } else {
+        (peer, me, theirs, own)
+    };
+    let what = format!(
+        "rank {from} sent {sent_n} bytes to rank {to}, which expected {want_n} (transfer #{} \
+         from rank {from} to rank {to}, counted modulo 2^24)",
+        xfer + 1
+    );
+    let here = if rec.place == fault::AT_P2P_EARLIER {
+        format!(
+            "; rank {me} learnt it from a note of rank {to}, at the end of that send or of its \
+             next send to rank {to} (an LL send, at most p2p_packet_max_bytes, does not wait \
+             for its receiver); this call's other transfers completed"
+        )
+    } else if sent {
+        "; nothing was sent".to_string()
+    } else {
+        "; the receive buffer is undefined".to_string()
+    };
+    format!("{what}{here}; sends and receives between the two ranks stay usable")
+}
+
 /// What a failed wait waited for.
 fn place_name(place: u64) -> &'static str {
     match place {
+        fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",
         fault::AT_SEMAPHORE => "a semaphore signal",
         fault::AT_PACKET => "data packets",
         fault::AT_DESCRIPTOR => "its call descriptor",

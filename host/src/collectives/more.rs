@@ -28,7 +28,7 @@ use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;
 use mscclpp_device::collectives::pipe::pipe_piece;
 use mscclpp_device::collectives::send_recv::{
-    MAX_P2P_OPS, P2P_DONE_BYTES, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2pOp as DevP2pOp, P2pOps,
+    MAX_P2P_OPS, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2P_TAIL_BYTES, P2pOp as DevP2pOp, P2pOps,
     p2p_piece,
 };
 use mscclpp_device::collectives::{
@@ -1124,7 +1124,7 @@ fn p2p_slot(config: &CollConfig) -> usize {
 /// for LL transfers of `p2p_packet_max_bytes` (16-byte packets of 8 data bytes), then the
 /// done words (see `send_recv`).
 fn p2p_packets(config: &CollConfig) -> usize {
-    4 * config.p2p_packet_max_bytes.div_ceil(8) * 8 + P2P_DONE_BYTES as usize
+    4 * config.p2p_packet_max_bytes.div_ceil(8) * 8 + P2P_TAIL_BYTES as usize
 }
 
 /// The p2p context (a [`CollContext`] over the p2p buffer) and its memory.
@@ -1394,6 +1394,16 @@ impl Collectives {
     /// exchange: a chunk received could overwrite data not yet sent). Allocates nothing:
     /// capturable into CUDA graphs.
     ///
+    /// A send and a receive of different sizes (the same number of operations per pair and
+    /// direction, in the same order, but other byte counts) fail that transfer alone, without
+    /// a timeout: [`async_error`](Self::async_error) / [`synchronize`](Self::synchronize)
+    /// return [`CommError::CallMismatch`] ("rank 1 sent 4000 bytes to rank 0, which expected
+    /// 6000") on the receiver and on a pipelined sender; an LL sender (at most
+    /// `p2p_packet_max_bytes`: eager, done before the receiver looks) learns of it from a note
+    /// the receiver leaves, at the end of that send if it is there, else at its next send to
+    /// that peer, whose call then reports it (once). The receive buffer is undefined; the
+    /// group's other operations and the pair's later transfers work.
+    ///
     /// # Safety
     /// Every buffer must stay valid until the operation completes on `stream`, receive
     /// buffers not be accessed by others meanwhile, and send buffers not written.
@@ -1631,8 +1641,8 @@ impl Collectives {
                  contract, not a peer's doing"
             ))
         })?;
-        // A wait that gave up (a peer did not post the matching operation within the
-        // device timeout, or with another size, or an abort) recorded why.
+        // A transfer of another size than the peer's, or a wait that gave up (a peer did not
+        // post the matching operation within the device timeout, or an abort), recorded why.
         self.check_fault(call, true)
     }
 

@@ -635,3 +635,166 @@ fn mismatched_reduce_scatter_broadcast_and_reduce_fail_on_every_rank_naming_them
         assert!(recv.iter().all(|&x| x == 2.0));
     });
 }
+
+/// Send/recv mismatches over two host ranks (`small()`: LL up to 1024 bytes, above in 16-byte
+/// pieces): rank 0 sends `sent` f32 to rank 1, which receives `want`.
+mod p2p_mismatch {
+    use super::*;
+
+    fn data(k: usize, len: usize) -> Vec<f32> {
+        (0..len).map(|i| value(0, i, k as u64)).collect()
+    }
+
+    fn mismatch_text(r: usize, res: Result<(), CommError>) -> String {
+        match res {
+            Err(CommError::CallMismatch(m)) => m,
+            other => panic!("rank {r}: expected a CallMismatch, got {other:?}"),
+        }
+    }
+
+    /// One transfer from rank 0 to rank 1 of `sent` / `want` f32 (rank 1 checks the data
+    /// when they are equal); the call's result.
+    fn one_way(c: &Collectives, sent: usize, want: usize, k: usize) -> Result<(), CommError> {
+        if c.rank() == 0 {
+            c.send_host(&data(k, sent), 1)
+        } else {
+            let mut got = vec![0f32; want];
+            let res = c.recv_host(&mut got, 0);
+            if res.is_ok() {
+                assert_eq!(got, data(k, want), "rank 1: transfer {k} of {want} f32");
+            }
+            res
+        }
+    }
+
+    /// Matching transfers after a mismatch: LL and pipelined, both directions, in one group
+    /// and alone; all must arrive intact. `earlier`: the text rank 0's first send must report
+    /// (an LL send's mismatch, learnt at its next send).
+    fn still_usable(c: &Collectives, earlier: Option<&str>) {
+        let r = c.rank();
+        c.communicator().bootstrap().barrier().unwrap();
+        let res = one_way(c, 50, 50, 900);
+        match (r, earlier) {
+            (0, Some(text)) => {
+                let m = mismatch_text(r, res);
+                assert!(
+                    m.contains(text) && m.contains("learnt it from a note"),
+                    "{m}"
+                );
+            }
+            _ => res.unwrap(),
+        }
+        for (k, len) in [(901, 700usize), (902, 3), (903, 256), (904, 2000)] {
+            one_way(c, len, len, k).unwrap();
+            let out: Vec<f32> = (0..len).map(|i| value(r, i, k as u64)).collect();
+            let mut got = vec![0f32; len];
+            let peer = 1 - r;
+            let ops = [
+                P2pOp::Recv {
+                    buf: got.as_mut_ptr() as u64,
+                    count: len,
+                    dtype: DataType::F32,
+                    peer,
+                },
+                P2pOp::Send {
+                    buf: out.as_ptr() as u64,
+                    count: len,
+                    dtype: DataType::F32,
+                    peer,
+                },
+            ];
+            // SAFETY: both vectors live across the call.
+            unsafe { c.group_host(&ops) }.unwrap();
+            let want: Vec<f32> = (0..len).map(|i| value(peer, i, k as u64)).collect();
+            assert_eq!(got, want, "rank {r}: exchange {k} of {len}");
+        }
+    }
+
+    /// Rank 0 sends `sent` f32, rank 1 expects `want`: the receiver reports it at once, the
+    /// sender at once when it waited for the receiver (pipelined) and at its next send when
+    /// it did not (LL); then the pair works.
+    fn case(sent: usize, want: usize) {
+        ranks(2, small(), |c| {
+            let r = c.rank();
+            let text = format!(
+                "rank 0 sent {} bytes to rank 1, which expected {}",
+                4 * sent,
+                4 * want
+            );
+            let ll_sender = 4 * sent <= small().p2p_packet_max_bytes;
+            let res = one_way(&c, sent, want, 1);
+            // An LL sender reports it once: at the end of this send if the receiver's note
+            // is already there, else at its next send.
+            let mut later = None;
+            if r == 1 || !ll_sender || res.is_err() {
+                let m = mismatch_text(r, res);
+                assert!(m.contains(&text), "rank {r}: {m}");
+                assert!(m.contains("stay usable"), "rank {r}: {m}");
+            } else {
+                later = Some(text.as_str());
+            }
+            still_usable(&c, later);
+        });
+    }
+
+    #[test]
+    fn ll_send_to_a_smaller_receive_is_reported_on_both_sides() {
+        case(100, 60);
+    }
+
+    #[test]
+    fn ll_send_to_a_larger_receive_is_reported_without_a_timeout() {
+        case(60, 100);
+    }
+
+    #[test]
+    fn pipelined_sends_and_receives_of_different_sizes_fail_on_both_sides() {
+        case(1000, 1500);
+        case(1500, 1000);
+    }
+
+    #[test]
+    fn a_send_and_a_receive_on_different_paths_are_reported() {
+        // LL send (800 bytes), pipelined receive (2000), and the other way round.
+        case(200, 500);
+        case(500, 200);
+    }
+
+    #[test]
+    fn a_mismatch_inside_a_group_fails_that_transfer_only() {
+        ranks(2, small(), |c| {
+            let r = c.rank();
+            // Rank 0 -> 1 matches (300 f32, LL); rank 1 -> 0 does not (2000 f32 sent, 1000
+            // expected, pipelined).
+            let (sent, want) = ([300usize, 2000][r], [1000usize, 300][r]);
+            let out: Vec<f32> = (0..sent).map(|i| value(r, i, 7)).collect();
+            let mut got = vec![0f32; want];
+            let peer = 1 - r;
+            let ops = [
+                P2pOp::Send {
+                    buf: out.as_ptr() as u64,
+                    count: sent,
+                    dtype: DataType::F32,
+                    peer,
+                },
+                P2pOp::Recv {
+                    buf: got.as_mut_ptr() as u64,
+                    count: want,
+                    dtype: DataType::F32,
+                    peer,
+                },
+            ];
+            // SAFETY: both vectors live across the call.
+            let m = mismatch_text(r, unsafe { c.group_host(&ops) });
+            assert!(
+                m.contains("rank 1 sent 8000 bytes to rank 0, which expected 4000"),
+                "rank {r}: {m}"
+            );
+            if r == 1 {
+                let from0: Vec<f32> = (0..300).map(|i| value(0, i, 7)).collect();
+                assert_eq!(got, from0, "rank 1: the matching transfer of the group");
+            }
+            still_usable(&c, None);
+        });
+    }
+}
