@@ -872,6 +872,8 @@ fn p2p_mismatch_rank() {
     barrier();
     usable(&mut k, None);
     println!("rank {r}: send/recv mismatches reported on both sides, pair usable");
+    barrier();
+    println!("rank {r}: ok");
 }
 
 macro_rules! gpu_test {
