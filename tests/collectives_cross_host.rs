@@ -557,6 +557,9 @@ fn killed_partner_rank() {
     let r = c.rank();
     c.communicator().bootstrap().barrier().unwrap();
     if r == 1 {
+        // Let rank 0 leave the barrier and enter the all-reduce first: a kill right at the
+        // barrier's end can reach rank 0 while its own barrier is still finishing.
+        std::thread::sleep(Duration::from_millis(300));
         let pid = std::process::id().to_string();
         let _ = std::process::Command::new("kill")
             .args(["-9", &pid])
