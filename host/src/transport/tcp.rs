@@ -57,9 +57,9 @@ use crate::communicator::setup::{
 };
 use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
 
-use super::tcp_stage::{self, Slots};
+use super::tcp_stage::Slots;
 use super::{DataPlane, Route, TransportError, TransportKind};
-use crate::cuda::{CudaError, Gpu};
+use crate::cuda::{CudaError, Gpu, write_u64_async};
 
 /// Environment variable: sockets per connection (1 to 64, default 2).
 pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
@@ -450,7 +450,7 @@ fn receive(
                     if let Some((_, slots)) = &stage {
                         // SAFETY: `inbound` is an aligned word of the round's device flag
                         // memory, which outlives the connection and its copy stream.
-                        unsafe { tcp_stage::write_flag(slots.stream(), sink.inbound, a) }
+                        unsafe { write_u64_async(sink.inbound, a, slots.stream()) }
                             .map_err(cuda_lost)?;
                         continue;
                     }
@@ -603,12 +603,6 @@ pub struct TcpPlane {
     stage: Option<Slots>,
 }
 
-impl TcpPlane {
-    fn link(&self, route: &Route) -> Result<(&Mutex<Tx>, &Shared), TransportError> {
-        link_of(&self.links, route)
-    }
-}
-
 fn link_of<'a>(
     links: &'a [Option<PlaneLink>],
     route: &Route,
@@ -690,7 +684,7 @@ impl DataPlane for TcpPlane {
     }
 
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
-        let (tx, shared) = self.link(route)?;
+        let (tx, shared) = link_of(&self.links, route)?;
         // Staged puts are in the sockets when they return, like the others.
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;

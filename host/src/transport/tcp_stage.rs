@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use crate::cuda::{CudaError, Gpu, MappedHostBuffer, memcpy_async, write_u64_async};
+use crate::cuda::{CudaError, Gpu, MappedHostBuffer, memcpy_async};
 
 /// Two pinned host slots and the copy stream they are copied on.
 #[derive(Debug)]
@@ -121,18 +121,4 @@ impl Slots {
         unsafe { memcpy_async(dst, self.slots[i].host_ptr() as u64, n, &self.stream)? };
         self.queued(i)
     }
-}
-
-/// Writes `value` to the device word `flag` on `stream`, after every copy queued on it.
-///
-/// # Safety
-/// `flag` must be an aligned device word that stays valid until the stream has run the
-/// write.
-pub(crate) unsafe fn write_flag(
-    stream: &CudaStream,
-    flag: u64,
-    value: u64,
-) -> Result<(), CudaError> {
-    // SAFETY: the caller guarantees the word.
-    unsafe { write_u64_async(flag, value, stream) }
 }
