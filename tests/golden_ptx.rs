@@ -206,3 +206,63 @@ fn launch_bounds_reach_the_ptx_entries() {
         );
     }
 }
+
+/// The kernels the host launches with programmatic dependent launch (one-shot all-reduce,
+/// packet all-gather, the LL paths of the other collectives; `host/src/collectives/gpu.rs`)
+/// may start while the previous kernel on the stream still runs: in the sm_90 PTX each must
+/// execute `griddepcontrol.wait` before any load or store that is not a parameter read or a
+/// prefetch, and trigger its dependents only after that wait.
+#[test]
+fn dependent_launched_kernels_wait_before_touching_memory() {
+    let (_, ptx) = PTX
+        .iter()
+        .find(|(cc, _)| *cc == 90)
+        .expect("no sm_90 PTX embedded");
+    let mut names: Vec<String> = ["f32", "f16", "bf16"]
+        .iter()
+        .map(|t| format!("all_reduce_one_shot_{t}"))
+        .collect();
+    for b in ["b8", "b16", "b32", "b64"] {
+        names.push(format!("all_reduce_one_shot_op_{b}"));
+        names.push(format!("reduce_scatter_ll_{b}"));
+        names.push(format!("reduce_ll_{b}"));
+    }
+    names.extend(["all_gather_packets", "broadcast_ll", "all_to_all_ll"].map(String::from));
+    for name in &names {
+        let body = entry(ptx, name);
+        let wait = body
+            .find("griddepcontrol.wait")
+            .unwrap_or_else(|| panic!("{name}: no griddepcontrol.wait"));
+        let trigger = body
+            .find("griddepcontrol.launch_dependents")
+            .unwrap_or_else(|| panic!("{name}: no griddepcontrol.launch_dependents"));
+        assert!(
+            wait < trigger,
+            "{name}: triggers its dependents before it waits"
+        );
+        // Before the wait: parameter reads, prefetches and one 64-bit load (the context's
+        // `state` pointer, for the counters' L2 prefetch); nothing else reads or writes.
+        let before = &body[..wait];
+        let mut loads = 0;
+        for line in before.lines().map(str::trim) {
+            let op = line.split_whitespace().next().unwrap_or("");
+            if op == "ld.global.u64" || op == "ld.global.b64" {
+                loads += 1;
+                continue;
+            }
+            let touches = (op.starts_with("ld.") && !op.starts_with("ld.param"))
+                || op.starts_with("st.")
+                || op.starts_with("atom.")
+                || op.starts_with("red.");
+            assert!(
+                !touches,
+                "{name}: `{line}` before griddepcontrol.wait (only parameter reads, the \
+                 context's state pointer and prefetches may come first)"
+            );
+        }
+        assert!(
+            loads <= 1,
+            "{name}: {loads} loads before griddepcontrol.wait"
+        );
+    }
+}

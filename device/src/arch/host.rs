@@ -272,6 +272,19 @@ pub fn sync_threads() {
     }
 }
 
+/// Programmatic dependent launch, waiting side: nothing on the host (emulated kernels run
+/// one launch at a time).
+pub fn grid_dependency_wait() {}
+
+/// A cache hint: nothing on the host.
+pub fn prefetch_l1(_p: *const u8) {}
+
+/// A cache hint: nothing on the host.
+pub fn prefetch_l2(_p: *const u8) {}
+
+/// Programmatic dependent launch, triggering side: nothing on the host.
+pub fn launch_dependents() {}
+
 /// Ends the emulated kernel with a panic, which [`launch`] reports as an error.
 pub fn trap() -> ! {
     panic!("trap")

@@ -87,6 +87,54 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
+/// Programmatic dependent launch, the waiting side (`griddepcontrol.wait`, sm_90): blocks
+/// until every grid this one depends on programmatically (the previous kernel on the stream,
+/// when this one was launched with programmatic stream serialization) has completed and its
+/// memory is visible. Without such a dependency it returns at once. On PTX for older arches
+/// it is nothing (and the host must not launch with the attribute: `mscclpp_host` only does
+/// for PTX of sm_90 or newer). A kernel launched with the attribute calls it before it
+/// touches any memory an earlier kernel may write.
+#[inline(always)]
+pub fn grid_dependency_wait() {
+    #[cfg(target_feature = "sm_90")]
+    // SAFETY: griddepcontrol.wait has no operands and no memory preconditions; it may
+    // only delay this thread. It orders memory (no `nomem`), so no access moves above it.
+    unsafe {
+        core::arch::asm!("griddepcontrol.wait;", options(nostack))
+    }
+}
+
+/// `prefetch.global.L1`: a hint to bring the line of `p` into this SM's L1; no effect on
+/// memory, never faults. Only for memory no one writes while this kernel may read it
+/// through L1 (L1 is not coherent).
+#[inline(always)]
+pub fn prefetch_l1(p: *const u8) {
+    // SAFETY: a prefetch has no architectural effect and does not fault.
+    unsafe { asm!("prefetch.global.L1 [{p}];", p = in(reg64) p, options(nostack, readonly)) }
+}
+
+/// `prefetch.global.L2`: a hint to bring the line of `p` into L2 (coherent for every
+/// access of this GPU); no effect on memory, never faults.
+#[inline(always)]
+pub fn prefetch_l2(p: *const u8) {
+    // SAFETY: a prefetch has no architectural effect and does not fault.
+    unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly)) }
+}
+
+/// Programmatic dependent launch, the triggering side (`griddepcontrol.launch_dependents`,
+/// sm_90): once every block of this grid has executed it (or exited), the next kernel on
+/// the stream, if launched with programmatic stream serialization, may start; it still
+/// waits in [`grid_dependency_wait`] for this grid's completion before it touches memory.
+/// Nothing on older arches.
+#[inline(always)]
+pub fn launch_dependents() {
+    #[cfg(target_feature = "sm_90")]
+    // SAFETY: no operands, no memory effects on this grid.
+    unsafe {
+        core::arch::asm!("griddepcontrol.launch_dependents;", options(nostack))
+    }
+}
+
 /// Aborts the kernel (`trap`); the launch fails with an error the host sees.
 #[inline(always)]
 pub fn trap() -> ! {

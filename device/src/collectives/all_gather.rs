@@ -196,6 +196,8 @@ pub unsafe fn all_gather_packets(
     tag: u64,
 ) {
     use super::all_reduce::{load_unit, recv_unit, send_unit, store_unit};
+    // SAFETY: first thing of every thread (launched with PDL by the host).
+    unsafe { ctx.dependent_launch_entry() };
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let units = bytes.div_ceil(8);

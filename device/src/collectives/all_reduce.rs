@@ -159,6 +159,8 @@ pub unsafe fn one_shot<T: Reduce>(
     tag: u64,
     op: u32,
 ) {
+    // SAFETY: first thing of every thread (launched with PDL by the host).
+    unsafe { ctx.dependent_launch_entry() };
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let bytes = count * T::SIZE;

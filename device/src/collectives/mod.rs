@@ -387,6 +387,32 @@ impl Call {
 }
 
 impl CollContext {
+    /// The entry of a kernel the host may launch with programmatic stream serialization
+    /// (programmatic dependent launch, PDL, sm_90; `mscclpp_host` does for one-shot
+    /// all-reduce and packet all-gather unless `MSCCLPP_PDL=0`): such a kernel may start
+    /// while the previous kernel on the stream still runs. Here it first touches only what
+    /// no kernel writes (the context's lines into L1, the call counters' line into L2), then
+    /// waits for the previous kernel's completion ([`arch::grid_dependency_wait`]), then
+    /// lets the next kernel launch ([`arch::launch_dependents`]), whose start thereby
+    /// overlaps this call. On the host and on older arches only the prefetch hints remain
+    /// (nothing).
+    ///
+    /// # Safety
+    /// The context valid; called by every thread before any other memory access of the
+    /// kernel.
+    #[inline(always)]
+    pub unsafe fn dependent_launch_entry(&self) {
+        let base = self as *const CollContext as *const u8;
+        let mut off = 0;
+        while off < core::mem::size_of::<CollContext>() {
+            arch::prefetch_l1(base.wrapping_add(off));
+            off += 128;
+        }
+        arch::prefetch_l2(self.state as *const u8);
+        arch::grid_dependency_wait();
+        arch::launch_dependents();
+    }
+
     /// Starts call `seq` of a kernel: reads the call counter as block `block` sees it.
     ///
     /// # Safety

@@ -26,6 +26,8 @@ macro_rules! reducing_ll_kernels {
         kernel! {
             /// LL reduce-scatter: see [`reduce_scatter::ll`].
             pub unsafe fn $rs_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
+                // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
+                unsafe { (*ctx).dependent_launch_entry() };
                 // SAFETY: forwarded to the launcher (the host validates the context).
                 unsafe { reduce_scatter::ll::<$t>(&*ctx, send, recv, count, tag, desc::type_op(tag)) }
             }
@@ -34,6 +36,8 @@ macro_rules! reducing_ll_kernels {
         kernel! {
             /// LL reduce to the tag's root: see [`reduce::ll`].
             pub unsafe fn $red_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
+                // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
+                unsafe { (*ctx).dependent_launch_entry() };
                 // SAFETY: forwarded to the launcher (the host validates the context).
                 unsafe { reduce::ll::<$t>(&*ctx, send, recv, count, tag, desc::root(tag), desc::type_op(tag)) }
             }
@@ -74,6 +78,8 @@ crate::launch_bounds!(reduce_put, 512);
 kernel! {
     /// LL broadcast of `bytes` from `root`: see [`broadcast::ll`].
     pub unsafe fn broadcast_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
+        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
+        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { broadcast::ll(&*ctx, send, recv, bytes, tag, desc::root(tag)) }
     }
@@ -114,6 +120,8 @@ crate::launch_bounds!(reduce_pipe, 512);
 kernel! {
     /// LL all-to-all of `bytes` per block: see [`all_to_all::ll`].
     pub unsafe fn all_to_all_ll(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
+        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
+        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { all_to_all::ll(&*ctx, send, recv, bytes, tag) }
     }

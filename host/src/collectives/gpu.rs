@@ -25,6 +25,8 @@ pub(super) struct Kernels {
     pub(super) all_gather_packets: CudaFunction,
     /// The context in device memory (kernels take its address).
     ctx: DeviceBuffer,
+    /// Programmatic dependent launch for the kernels that wait for it (see [`Self::launch`]).
+    pub(super) pdl: bool,
     _module: KernelModule,
 }
 
@@ -78,6 +80,7 @@ impl Kernels {
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
             ctx: mem,
+            pdl: m.arch() >= 90 && std::env::var("MSCCLPP_PDL").map_or(true, |v| v.trim() != "0"),
             _module: m,
         })
     }
@@ -186,7 +189,12 @@ impl Kernels {
         self._module.function(name)
     }
 
-    /// Launches `f(ctx, send, recv, n, tag)` with `blocks` x `threads` on `stream`.
+    /// Launches `f(ctx, send, recv, n, tag)` with `blocks` x `threads` on `stream`. With
+    /// `dependent` (only for kernels that call `arch::grid_dependency_wait` before touching
+    /// memory, such as one-shot all-reduce) and programmatic dependent launch on (PTX of sm_90
+    /// or newer, `MSCCLPP_PDL` not `0`), the launch carries programmatic stream
+    /// serialization: the kernel may start while the previous kernel on the stream ends, and
+    /// waits for it on the GPU.
     ///
     /// # Safety
     /// `send`/`recv` valid for what the kernel accesses with `n`.
@@ -201,8 +209,15 @@ impl Kernels {
         tag: u64,
         blocks: u32,
         threads: u32,
+        dependent: bool,
     ) -> Result<(), CommError> {
         let ctx = self.ctx.device_ptr();
+        if dependent && self.pdl {
+            // SAFETY: forwarded (caller contract; the arguments match the signature).
+            return unsafe {
+                launch_dependent(stream, f, [ctx, send, recv, n, tag], (blocks, threads))
+            };
+        }
         let mut l = stream.launch_builder(f);
         l.arg(&ctx).arg(&send).arg(&recv).arg(&n).arg(&tag);
         let cfg = LaunchConfig {
@@ -217,6 +232,56 @@ impl Kernels {
             .map(|_| ())
             .map_err(|e| classify("launch", "cuLaunchKernel", e))
     }
+}
+
+/// Launches a collective kernel `f(ctx, send, recv, n, tag)` (`args` in that order) with
+/// programmatic stream serialization (programmatic dependent launch): it may start while the
+/// previous kernel on `stream` ends; the kernel waits for that kernel on the GPU
+/// (`CollContext::dependent_launch_entry`) before touching memory.
+///
+/// # Safety
+/// `f` calls `dependent_launch_entry` first on every thread, takes `(*const CollContext,
+/// *const u8, *mut u8, u64, u64)`, and belongs to a module of the stream's context (bound on
+/// this thread); the pointers in `args` valid for what the kernel accesses.
+pub(super) unsafe fn launch_dependent(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    args: [u64; 5],
+    (blocks, threads): (u32, u32),
+) -> Result<(), CommError> {
+    let mut ptrs = args.map(|_| std::ptr::null_mut::<std::ffi::c_void>());
+    for (p, a) in ptrs.iter_mut().zip(&args) {
+        *p = a as *const u64 as *mut std::ffi::c_void;
+    }
+    // SAFETY: an all-zero attribute is a valid plain-old-data value; the id and the union
+    // member it selects are set next.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `ptrs` points at the five u64s of `args`, which outlive the call and match the
+    // kernel's parameters (caller contract); `cfg` and `attr` outlive the call.
+    let r = unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    r.result()
+        .map_err(|e| classify("launch", "cuLaunchKernelEx", e))
 }
 
 /// Whether `status` is one of the errors that leave the CUDA context unusable (every later

@@ -60,6 +60,16 @@
 //! or faulted: a bad pointer) is reported as [`CommError::ContextLost`] by every later call,
 //! instead of blaming its arguments.
 //!
+//! # Launches
+//!
+//! The latency kernels (one-shot all-reduce, packet all-gather, the LL paths of the other
+//! collectives) are launched with programmatic stream serialization (programmatic dependent
+//! launch, sm_90 PTX only; `MSCCLPP_PDL=0` turns it off, read when the collectives are
+//! created): such a kernel may start while the previous kernel on the stream ends, waits for
+//! it on the GPU before touching memory, and lets the next one start likewise, so
+//! back-to-back calls overlap their launch latency. Stream order and graph capture are
+//! unchanged for every other kernel.
+//!
 //! # Algorithms
 //!
 //! [`AllReduceAlgo::Auto`] picks by message size and rank count; the environment variables
@@ -1027,7 +1037,17 @@ impl Collectives {
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.
         self.noted(unsafe {
-            kernels.launch(stream, f, send, recv, count as u64, tag, blocks, threads)
+            kernels.launch(
+                stream,
+                f,
+                send,
+                recv,
+                count as u64,
+                tag,
+                blocks,
+                threads,
+                algo == AllReduceAlgo::OneShot,
+            )
         })
     }
 
@@ -1073,7 +1093,17 @@ impl Collectives {
         let tag = all_gather_tag(algo, dtype);
         // SAFETY: as in all_reduce_raw.
         self.noted(unsafe {
-            kernels.launch(stream, f, send, recv, bytes as u64, tag, blocks, threads)
+            kernels.launch(
+                stream,
+                f,
+                send,
+                recv,
+                bytes as u64,
+                tag,
+                blocks,
+                threads,
+                algo == AllGatherAlgo::Packets,
+            )
         })
     }
 

@@ -248,6 +248,8 @@ pub(super) struct Kernels {
     functions: Vec<CudaFunction>,
     p2p: CudaFunction,
     ctx: u64,
+    /// Programmatic dependent launch for the LL kernels (see `gpu::Kernels::launch`).
+    pdl: bool,
 }
 
 impl Kernels {
@@ -260,6 +262,7 @@ impl Kernels {
             functions,
             p2p: base.function("p2p")?,
             ctx: base.ctx_ptr(),
+            pdl: base.pdl,
         })
     }
 
@@ -277,8 +280,21 @@ impl Kernels {
         count: u64,
         tag: u64,
         (blocks, threads): (u32, u32),
+        dependent: bool,
     ) -> Result<(), CommError> {
         let f = &self.functions[index];
+        if dependent && self.pdl {
+            // SAFETY: the LL kernels call dependent_launch_entry first; caller contract for
+            // the ranges; the stream's context was bound by the call's check_stream.
+            return unsafe {
+                gpu::launch_dependent(
+                    stream,
+                    f,
+                    [self.ctx, send, recv, count, tag],
+                    (blocks, threads),
+                )
+            };
+        }
         let mut l = stream.launch_builder(f);
         l.arg(&self.ctx).arg(&send).arg(&recv).arg(&count).arg(&tag);
         let cfg = LaunchConfig {
@@ -473,8 +489,11 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let kernels = self.more.as_ref().expect("GPU backend");
         let (index, grid, tag) = self.more_gpu_launch(&p);
+        let dependent = self.more_path(&p) == Path::Ll;
         // SAFETY: caller contract.
-        self.noted(unsafe { kernels.launch(stream, index, send, recv, p.count, tag, grid) })
+        self.noted(unsafe {
+            kernels.launch(stream, index, send, recv, p.count, tag, grid, dependent)
+        })
     }
 
     /// Runs a plan on the host backend: on CPU threads, or across hosts through
