@@ -208,7 +208,8 @@ fn launch_bounds_reach_the_ptx_entries() {
 }
 
 /// The kernels the host launches with programmatic dependent launch (one-shot all-reduce,
-/// packet all-gather, the LL paths of the other collectives; `host/src/collectives/gpu.rs`)
+/// packet all-gather, the LL paths of the other collectives, send/recv;
+/// `host/src/collectives/gpu.rs`)
 /// may start while the previous kernel on the stream still runs: in the sm_90 PTX each must
 /// execute `griddepcontrol.wait` before any load or store that is not a parameter read or a
 /// prefetch, and trigger its dependents only after that wait.
@@ -227,7 +228,7 @@ fn dependent_launched_kernels_wait_before_touching_memory() {
         names.push(format!("reduce_scatter_ll_{b}"));
         names.push(format!("reduce_ll_{b}"));
     }
-    names.extend(["all_gather_packets", "broadcast_ll", "all_to_all_ll"].map(String::from));
+    names.extend(["all_gather_packets", "broadcast_ll", "all_to_all_ll", "p2p"].map(String::from));
     for name in &names {
         let body = entry(ptx, name);
         let wait = body

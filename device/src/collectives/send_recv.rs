@@ -334,6 +334,9 @@ unsafe fn sent_bytes(ctx: &CollContext, peer: u32, xfer: u64, k: Option<u32>) ->
 /// direction, in the same order, and run them concurrently with these.
 #[inline(always)]
 pub unsafe fn run(ctx: &CollContext, ops: &P2pOps) {
+    // SAFETY: first of every thread; the host launches it with PDL (`gpu.rs`); `ops` is the
+    // kernel parameter, not memory another kernel writes.
+    unsafe { ctx.dependent_launch_entry() };
     let b = arch::block_idx_x();
     // The operations are indexed at run time below. Indexing the kernel parameter itself
     // made every thread copy all 536 bytes of it into local memory first (about 7 us per

@@ -247,12 +247,28 @@ pub(super) unsafe fn launch_dependent(
     stream: &CudaStream,
     f: &CudaFunction,
     args: [u64; 5],
-    (blocks, threads): (u32, u32),
+    grid: (u32, u32),
 ) -> Result<(), CommError> {
     let mut ptrs = args.map(|_| std::ptr::null_mut::<std::ffi::c_void>());
     for (p, a) in ptrs.iter_mut().zip(&args) {
         *p = a as *const u64 as *mut std::ffi::c_void;
     }
+    // SAFETY: forwarded; `ptrs` points at the five u64s of `args`, which outlive the call.
+    unsafe { launch_dependent_params(stream, f, &mut ptrs, grid) }
+}
+
+/// [`launch_dependent`] with the kernel's parameters given as `cuLaunchKernelEx` takes them:
+/// one pointer per parameter, to a value of the parameter's type.
+///
+/// # Safety
+/// As for [`launch_dependent`], with `params` matching the kernel's parameter list and
+/// pointing at values that outlive the call.
+pub(super) unsafe fn launch_dependent_params(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    params: &mut [*mut std::ffi::c_void],
+    (blocks, threads): (u32, u32),
+) -> Result<(), CommError> {
     // SAFETY: an all-zero attribute is a valid plain-old-data value; the id and the union
     // member it selects are set next.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -270,13 +286,13 @@ pub(super) unsafe fn launch_dependent(
         attrs: &mut attr,
         numAttrs: 1,
     };
-    // SAFETY: `ptrs` points at the five u64s of `args`, which outlive the call and match the
-    // kernel's parameters (caller contract); `cfg` and `attr` outlive the call.
+    // SAFETY: `params` match the kernel's parameters and point at values that outlive the
+    // call (caller contract); `cfg` and `attr` outlive the call.
     let r = unsafe {
         sys::cuLaunchKernelEx(
             &cfg,
             f.cu_function(),
-            ptrs.as_mut_ptr(),
+            params.as_mut_ptr(),
             std::ptr::null_mut(),
         )
     };

@@ -63,7 +63,7 @@
 //! # Launches
 //!
 //! The latency kernels (one-shot all-reduce, packet all-gather, the LL paths of the other
-//! collectives) are launched with programmatic stream serialization (programmatic dependent
+//! collectives, send/recv) are launched with programmatic stream serialization (programmatic dependent
 //! launch, sm_90 PTX only; `MSCCLPP_PDL=0` turns it off, read when the collectives are
 //! created): such a kernel may start while the previous kernel on the stream ends, waits for
 //! it on the GPU before touching memory, and lets the next one start likewise, so

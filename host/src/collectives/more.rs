@@ -1526,6 +1526,22 @@ impl Collectives {
             .expect("GPU backend")
             .device_ptr();
         let arg = OpsArg(ops);
+        if kernels.pdl {
+            let mut params = [
+                &ctx as *const u64 as *mut std::ffi::c_void,
+                &arg as *const OpsArg as *mut std::ffi::c_void,
+            ];
+            // SAFETY: the p2p kernel calls dependent_launch_entry first; the parameters
+            // (*const CollContext, P2pOps by value) point at live locals; the rest as below.
+            return self.noted(unsafe {
+                gpu::launch_dependent_params(
+                    stream,
+                    &kernels.p2p,
+                    &mut params,
+                    (blocks, self.config.threads),
+                )
+            });
+        }
         let mut l = stream.launch_builder(&kernels.p2p);
         l.arg(&ctx).arg(&arg);
         let cfg = LaunchConfig {
