@@ -26,7 +26,7 @@ pub(super) struct Kernels {
     /// The context in device memory (kernels take its address).
     ctx: DeviceBuffer,
     /// Programmatic dependent launch for the kernels that wait for it (see [`Self::launch`]).
-    pub(super) pdl: bool,
+    pub(super) pdl: Pdl,
     _module: KernelModule,
 }
 
@@ -80,7 +80,9 @@ impl Kernels {
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
             ctx: mem,
-            pdl: m.arch() >= 90 && std::env::var("MSCCLPP_PDL").map_or(true, |v| v.trim() != "0"),
+            pdl: Pdl::new(
+                m.arch() >= 90 && std::env::var("MSCCLPP_PDL").map_or(true, |v| v.trim() != "0"),
+            ),
             _module: m,
         })
     }
@@ -212,11 +214,13 @@ impl Kernels {
         dependent: bool,
     ) -> Result<(), CommError> {
         let ctx = self.ctx.device_ptr();
-        if dependent && self.pdl {
-            // SAFETY: forwarded (caller contract; the arguments match the signature).
-            return unsafe {
-                launch_dependent(stream, f, [ctx, send, recv, n, tag], (blocks, threads))
-            };
+        if dependent
+            && let Some(r) = self.pdl.launch(|| {
+                // SAFETY: forwarded (caller contract; the arguments match the signature).
+                unsafe { launch_dependent(stream, f, [ctx, send, recv, n, tag], (blocks, threads)) }
+            })
+        {
+            return r;
         }
         let mut l = stream.launch_builder(f);
         l.arg(&ctx).arg(&send).arg(&recv).arg(&n).arg(&tag);
@@ -231,6 +235,43 @@ impl Kernels {
         unsafe { l.launch(cfg) }
             .map(|_| ())
             .map_err(|e| classify("launch", "cuLaunchKernel", e))
+    }
+}
+
+/// Whether the latency kernels go out with programmatic dependent launch: on for sm_90 PTX
+/// unless `MSCCLPP_PDL=0`, and off for good the first time the driver refuses such a launch
+/// (an old driver, a setup without it); they are then launched plainly, which the kernels'
+/// wait makes a no-op.
+#[derive(Debug)]
+pub(super) struct Pdl(std::sync::atomic::AtomicBool);
+
+impl Pdl {
+    pub(super) fn new(on: bool) -> Pdl {
+        Pdl(std::sync::atomic::AtomicBool::new(on))
+    }
+
+    pub(super) fn is_on(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs `launch` (a dependent launch) if on. `None` if off, or if the driver refused it
+    /// (then off from now on, and nothing was launched): the caller launches plainly. A lost
+    /// context is returned as is.
+    pub(super) fn launch(
+        &self,
+        launch: impl FnOnce() -> Result<(), CommError>,
+    ) -> Option<Result<(), CommError>> {
+        if !self.is_on() {
+            return None;
+        }
+        match launch() {
+            Err(CommError::ContextLost(m)) => Some(Err(CommError::ContextLost(m))),
+            Err(_) => {
+                self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+                None
+            }
+            Ok(()) => Some(Ok(())),
+        }
     }
 }
 

@@ -248,8 +248,8 @@ pub(super) struct Kernels {
     functions: Vec<CudaFunction>,
     p2p: CudaFunction,
     ctx: u64,
-    /// Programmatic dependent launch for the LL kernels (see `gpu::Kernels::launch`).
-    pdl: bool,
+    /// Programmatic dependent launch for the LL and p2p kernels (see `gpu::Kernels::launch`).
+    pdl: gpu::Pdl,
 }
 
 impl Kernels {
@@ -262,7 +262,7 @@ impl Kernels {
             functions,
             p2p: base.function("p2p")?,
             ctx: base.ctx_ptr(),
-            pdl: base.pdl,
+            pdl: gpu::Pdl::new(base.pdl.is_on()),
         })
     }
 
@@ -283,17 +283,21 @@ impl Kernels {
         dependent: bool,
     ) -> Result<(), CommError> {
         let f = &self.functions[index];
-        if dependent && self.pdl {
-            // SAFETY: the LL kernels call dependent_launch_entry first; caller contract for
-            // the ranges; the stream's context was bound by the call's check_stream.
-            return unsafe {
-                gpu::launch_dependent(
-                    stream,
-                    f,
-                    [self.ctx, send, recv, count, tag],
-                    (blocks, threads),
-                )
-            };
+        if dependent
+            && let Some(r) = self.pdl.launch(|| {
+                // SAFETY: the LL kernels call dependent_launch_entry first; caller contract
+                // for the ranges; the stream's context was bound by the call's check_stream.
+                unsafe {
+                    gpu::launch_dependent(
+                        stream,
+                        f,
+                        [self.ctx, send, recv, count, tag],
+                        (blocks, threads),
+                    )
+                }
+            })
+        {
+            return r;
         }
         let mut l = stream.launch_builder(f);
         l.arg(&self.ctx).arg(&send).arg(&recv).arg(&count).arg(&tag);
@@ -1526,21 +1530,23 @@ impl Collectives {
             .expect("GPU backend")
             .device_ptr();
         let arg = OpsArg(ops);
-        if kernels.pdl {
-            let mut params = [
-                &ctx as *const u64 as *mut std::ffi::c_void,
-                &arg as *const OpsArg as *mut std::ffi::c_void,
-            ];
+        let mut params = [
+            &ctx as *const u64 as *mut std::ffi::c_void,
+            &arg as *const OpsArg as *mut std::ffi::c_void,
+        ];
+        if let Some(r) = kernels.pdl.launch(|| {
             // SAFETY: the p2p kernel calls dependent_launch_entry first; the parameters
             // (*const CollContext, P2pOps by value) point at live locals; the rest as below.
-            return self.noted(unsafe {
+            unsafe {
                 gpu::launch_dependent_params(
                     stream,
                     &kernels.p2p,
                     &mut params,
                     (blocks, self.config.threads),
                 )
-            });
+            }
+        }) {
+            return self.noted(r);
         }
         let mut l = stream.launch_builder(&kernels.p2p);
         l.arg(&ctx).arg(&arg);

@@ -543,3 +543,25 @@ fn hosts_of_different_sizes_are_refused_by_name() {
         );
     }
 }
+
+/// Programmatic dependent launch falls back to plain launches for good once the driver
+/// refuses one (nothing was launched then), but a lost context is an error of the call.
+#[test]
+fn dependent_launch_falls_back_once_refused_but_not_on_a_lost_context() {
+    use super::gpu::Pdl;
+    let off = Pdl::new(false);
+    assert!(off.launch(|| panic!("must not launch when off")).is_none());
+
+    let pdl = Pdl::new(true);
+    assert!(matches!(pdl.launch(|| Ok(())), Some(Ok(()))));
+    let lost = pdl.launch(|| Err(CommError::ContextLost("trap".into())));
+    assert!(
+        matches!(lost, Some(Err(CommError::ContextLost(_)))),
+        "{lost:?}"
+    );
+    assert!(pdl.is_on(), "a lost context says nothing about PDL");
+    let refused = pdl.launch(|| Err(CommError::InvalidArgument("not supported".into())));
+    assert!(refused.is_none(), "{refused:?}");
+    assert!(!pdl.is_on());
+    assert!(pdl.launch(|| panic!("off for good")).is_none());
+}
