@@ -1,0 +1,126 @@
+//! How the proxy-channel collectives ([`AllReduceAlgo::Proxy`], [`AllGatherAlgo::Proxy`])
+//! are cut: blocks (one lane of proxy channels each) and chunk size, both recorded in the
+//! call's tag so that ranks that disagree fail with a mismatch instead of corrupting data.
+//! The device side and the scratch layout are in `mscclpp_device::collectives::proxy`;
+//! the design note is `docs/proxy-pipeline.md`.
+//!
+//! [`AllReduceAlgo::Proxy`]: super::AllReduceAlgo::Proxy
+//! [`AllGatherAlgo::Proxy`]: super::AllGatherAlgo::Proxy
+
+use mscclpp_device::collectives::desc;
+use mscclpp_device::collectives::proxy::{PROXY_LANES, proxy_layout};
+
+use super::Collectives;
+use crate::communicator::CommError;
+
+/// Bytes per block the default plan aims at: a block stages and reduces its share while
+/// the copy engine moves the others', so large messages spread over every lane.
+const BYTES_PER_BLOCK: u64 = 2 << 20;
+/// The smallest chunk the default plan cuts (smaller shares go as one chunk).
+const MIN_CHUNK: u64 = 16 << 10;
+/// The largest chunk a tag can carry (`desc::PIECE_SHIFT`: 20 bits of 16-byte units).
+const MAX_CHUNK: u64 = 0xf_ffff * 16;
+
+/// The proxy collectives' settings: `None` picks by size (see [`Collectives::proxy_plan`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct ProxyPipe {
+    /// Blocks (lanes) of every call, 1..=`PROXY_LANES`.
+    pub(super) blocks: Option<u32>,
+    /// Bytes per chunk (a multiple of 16, at most `MAX_CHUNK`; the kernel caps it at a slot).
+    pub(super) chunk: Option<u64>,
+}
+
+impl ProxyPipe {
+    /// Checks `blocks` and `chunk` (named for the error).
+    fn checked(blocks: Option<u32>, chunk: Option<u64>, what: &str) -> Result<Self, CommError> {
+        if let Some(b) = blocks
+            && !(1..=PROXY_LANES as u32).contains(&b)
+        {
+            return Err(CommError::InvalidArgument(format!(
+                "{what}: {b} proxy blocks; 1..={PROXY_LANES} (one lane of proxy channels each)"
+            )));
+        }
+        if let Some(c) = chunk
+            && (c == 0 || !c.is_multiple_of(16) || c > MAX_CHUNK)
+        {
+            return Err(CommError::InvalidArgument(format!(
+                "{what}: proxy chunk of {c} bytes; a multiple of 16 in 16..={MAX_CHUNK}"
+            )));
+        }
+        Ok(ProxyPipe { blocks, chunk })
+    }
+
+    /// `MSCCLPP_PROXY_BLOCKS` and `MSCCLPP_PROXY_CHUNK_BYTES`, when set.
+    pub(super) fn from_env() -> Result<Self, CommError> {
+        let get = |name: &str| -> Result<Option<u64>, CommError> {
+            match std::env::var(name) {
+                Ok(v) if v.trim().is_empty() || v.trim() == "auto" => Ok(None),
+                Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+                    CommError::InvalidArgument(format!("{name}={v:?} is not a number"))
+                }),
+                Err(_) => Ok(None),
+            }
+        };
+        let blocks = get("MSCCLPP_PROXY_BLOCKS")?.map(|b| b.min(u32::MAX as u64) as u32);
+        let chunk = get("MSCCLPP_PROXY_CHUNK_BYTES")?;
+        Self::checked(
+            blocks,
+            chunk,
+            "MSCCLPP_PROXY_BLOCKS / MSCCLPP_PROXY_CHUNK_BYTES",
+        )
+    }
+}
+
+impl Collectives {
+    /// Sets how the proxy-channel collectives cut a call: `blocks` (1..=8; each drives its
+    /// own proxy channel to every peer and stages and reduces its share of the message) and
+    /// `chunk_bytes` (a multiple of 16; the unit each put moves, capped at a staging slot);
+    /// `None` picks by size, as do the environment variables `MSCCLPP_PROXY_BLOCKS` and
+    /// `MSCCLPP_PROXY_CHUNK_BYTES` read by [`Collectives::new`]. Every rank must use the same
+    /// settings: a call whose ranks differ fails on every rank with
+    /// [`CommError::CallMismatch`].
+    pub fn set_proxy_pipeline(
+        &mut self,
+        blocks: Option<u32>,
+        chunk_bytes: Option<usize>,
+    ) -> Result<(), CommError> {
+        self.proxy_pipe =
+            ProxyPipe::checked(blocks, chunk_bytes.map(|c| c as u64), "set_proxy_pipeline")?;
+        Ok(())
+    }
+
+    /// The plan of a proxy call of `bytes` (per rank): `(blocks, chunk)`. By default one
+    /// block per 2 MiB (at most 8), and chunks of an eighth of a block's share (at least 16
+    /// KiB, at most a slot), so a block keeps several chunks in flight.
+    pub(super) fn proxy_plan(&self, bytes: usize) -> (u32, u64) {
+        let (region, n) = (self.ctx.scratch_len, self.ctx.nranks as u64);
+        let bytes = bytes as u64;
+        let mut blocks = self.proxy_pipe.blocks.unwrap_or_else(|| {
+            bytes
+                .div_ceil(BYTES_PER_BLOCK)
+                .clamp(1, PROXY_LANES as u64)
+                .min(self.config.max_blocks.max(1) as u64) as u32
+        });
+        // Slots too small for the blocks asked: fewer blocks (one always has >= 64 bytes:
+        // a region holds at least 2 KiB and there are at most 8 ranks).
+        while blocks > 1 && proxy_layout(region, n, blocks as u64).slot < 64 {
+            blocks -= 1;
+        }
+        let layout = proxy_layout(region, n, blocks as u64);
+        let chunk = self.proxy_pipe.chunk.unwrap_or_else(|| {
+            let share = bytes.div_ceil(blocks as u64);
+            share
+                .div_ceil(layout.depth)
+                .max(MIN_CHUNK.min(share))
+                .next_multiple_of(16)
+        });
+        (blocks, chunk.clamp(16, layout.slot.clamp(16, MAX_CHUNK)))
+    }
+
+    /// `tag` of a proxy call of `bytes` with its plan: the chunk and the block count in the
+    /// tag's piece and depth fields ([`desc::with_pipe`]).
+    pub(super) fn proxy_tag(&self, tag: u64, bytes: usize) -> u64 {
+        let (blocks, chunk) = self.proxy_plan(bytes);
+        desc::with_pipe(tag, chunk, blocks)
+    }
+}
