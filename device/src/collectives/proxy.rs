@@ -1,4 +1,4 @@
-//! The collectives over proxy channels ([`DevConn`](crate::channel::DevConn)): GPU threads
+//! The collectives over proxy channels ([`DevConn`]): GPU threads
 //! stage data in the scratch and queue puts; the proxy moves it with the copy engine (P2P),
 //! RDMA (IB) or memcpy (Host) into the peers' scratch; the flag lands after the data. For
 //! peers whose memory this GPU cannot map (no peer access, another machine), where memory

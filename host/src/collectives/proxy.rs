@@ -17,7 +17,13 @@ use crate::communicator::CommError;
 /// the copy engine moves the others', so large messages spread over every lane.
 const BYTES_PER_BLOCK: u64 = 2 << 20;
 /// The smallest chunk the default plan cuts (smaller shares go as one chunk).
-const MIN_CHUNK: u64 = 16 << 10;
+const MIN_CHUNK: u64 = 64 << 10;
+/// Chunks per block share the default plan aims at: as many as a block keeps in flight with
+/// 8 slots (`L + 1 = 4`). Fewer, larger chunks cost the proxy fewer triggers (on P2P each
+/// is a `cuMemcpyAsync` and a flag write by one CPU thread, a few microseconds: at 32 MiB
+/// that thread, not the link, may set the pace); more overlap staging with the transfer
+/// better. Not measured: `MSCCLPP_PROXY_CHUNK_BYTES` overrides it.
+const CHUNKS_PER_SHARE: u64 = 4;
 /// The largest chunk a tag can carry (`desc::PIECE_SHIFT`: 20 bits of 16-byte units).
 const MAX_CHUNK: u64 = 0xf_ffff * 16;
 
@@ -90,8 +96,9 @@ impl Collectives {
     }
 
     /// The plan of a proxy call of `bytes` (per rank): `(blocks, chunk)`. By default one
-    /// block per 2 MiB (at most 8), and chunks of an eighth of a block's share (at least 16
-    /// KiB, at most a slot), so a block keeps several chunks in flight.
+    /// block per 2 MiB (at most 8), and chunks of a quarter of a block's share (at least 64
+    /// KiB unless the share is smaller, at most a slot), so a block keeps several chunks in
+    /// flight.
     pub(super) fn proxy_plan(&self, bytes: usize) -> (u32, u64) {
         let (region, n) = (self.ctx.scratch_len, self.ctx.nranks as u64);
         let bytes = bytes as u64;
@@ -110,7 +117,7 @@ impl Collectives {
         let chunk = self.proxy_pipe.chunk.unwrap_or_else(|| {
             let share = bytes.div_ceil(blocks as u64);
             share
-                .div_ceil(layout.depth)
+                .div_ceil(CHUNKS_PER_SHARE)
                 .max(MIN_CHUNK.min(share))
                 .next_multiple_of(16)
         });

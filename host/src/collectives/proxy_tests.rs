@@ -267,14 +267,75 @@ fn the_default_plan_spreads_large_messages_over_lanes_and_chunks() {
         ..CollConfig::default()
     };
     ranks(2, config, |c| {
-        // 32 MiB per region; with 8 blocks 4 MiB per block: 2 ranks x 8 slots of 256 KiB.
+        // 32 MiB per region; with 8 blocks 4 MiB per block: 2 ranks x 8 slots of 256 KiB
+        // (with 2 blocks, 16 MiB per block: slots of 1 MiB).
         // A small message: one block, one chunk (rounded up to 16 bytes).
         assert_eq!(c.proxy_plan(1000), (1, 1008));
-        // 1 MiB: one block, eighths of it.
-        assert_eq!(c.proxy_plan(1 << 20), (1, 128 << 10));
-        // 4 MiB: a block per 2 MiB, eighths of a share.
-        assert_eq!(c.proxy_plan(4 << 20), (2, 256 << 10));
-        // 32 MiB: every lane; an eighth of a 4 MiB share is 512 KiB, capped at a slot.
+        // 100 KiB: one block; a quarter would be below 64 KiB.
+        assert_eq!(c.proxy_plan(100 << 10), (1, 64 << 10));
+        // 1 MiB: one block, quarters of it.
+        assert_eq!(c.proxy_plan(1 << 20), (1, 256 << 10));
+        // 4 MiB: a block per 2 MiB, quarters of a 2 MiB share (slots of 1 MiB).
+        assert_eq!(c.proxy_plan(4 << 20), (2, 512 << 10));
+        // 32 MiB: every lane; a quarter of a 4 MiB share is 1 MiB, capped at a slot.
         assert_eq!(c.proxy_plan(32 << 20), (8, 256 << 10));
     });
+}
+
+/// A rank that aborts in the middle of a long pipelined call: its own call ends with
+/// [`CommError::Aborted`] at once, and its peer, left waiting for chunks that will not
+/// come, gives up after the device timeout naming the proxy-channel signal (neither hangs
+/// nor traps).
+#[test]
+fn an_abort_in_the_middle_of_the_pipeline_ends_both_ranks() {
+    use std::time::{Duration, Instant};
+
+    use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
+    use crate::communicator::CommConfig;
+
+    let id = create_unique_id().unwrap();
+    let out: Vec<(String, Duration)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                s.spawn(move || {
+                    let cc = CommConfig {
+                        device_timeout: Duration::from_millis(1000),
+                        bootstrap: BootstrapConfig::default().with_timeout(Duration::from_secs(30)),
+                        ..CommConfig::default()
+                    };
+                    let bs = BlockingBootstrap::init_with_config(2, r, id, cc.bootstrap.clone())
+                        .unwrap();
+                    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
+                    let mut c = Collectives::new(comm, config()).unwrap();
+                    // 16-byte chunks of 4 MB: a million chunks, far longer than the test.
+                    c.set_proxy_pipeline(Some(2), Some(16)).unwrap();
+                    let send = vec![1f32; 1 << 20];
+                    let mut out = vec![0f32; 1 << 20];
+                    std::thread::scope(|s2| {
+                        if r == 1 {
+                            s2.spawn(|| {
+                                std::thread::sleep(Duration::from_millis(300));
+                                c.abort();
+                            });
+                        }
+                        let t0 = Instant::now();
+                        let e = c
+                            .all_reduce_host(&send, &mut out, ReduceOp::Sum)
+                            .unwrap_err();
+                        (e.to_string(), t0.elapsed())
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (e1, t1) = &out[1];
+    assert!(e1.contains("abort()"), "rank 1: {e1}");
+    assert!(*t1 < Duration::from_millis(3000), "rank 1 took {t1:?}");
+    let (e0, t0) = &out[0];
+    assert!(
+        e0.contains("waited") && e0.contains("a proxy-channel signal"),
+        "rank 0: {e0}"
+    );
+    assert!(*t0 < Duration::from_millis(6000), "rank 0 took {t0:?}");
 }
