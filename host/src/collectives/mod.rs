@@ -1262,8 +1262,8 @@ impl Collectives {
         let ctx = &*self.ctx as *const CollContext as u64;
         self.run_host_blocks("all_reduce_host", blocks, || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
-            // shared memory; the slices are valid (caller contract) and the grid is one block
-            // of >= nranks threads.
+            // shared memory; the slices are valid (caller contract) and the grid is blocks
+            // of >= nranks threads (at most PROXY_LANES: proxy_plan).
             unsafe {
                 f(
                     ctx as *const CollContext,
@@ -1444,19 +1444,40 @@ fn all_gather_tag(algo: AllGatherAlgo, dtype: DataType) -> u64 {
     desc::tag(desc::ALL_GATHER, dtype_code(dtype), 0, a as u64)
 }
 
-/// [`describe`] of both sides of a mismatch; where those read the same (proxy calls cut
-/// differently: `set_proxy_pipeline`, `MSCCLPP_PROXY_*`), with each side's plan added.
+/// [`describe`] of both sides of a mismatch; where those read the same (calls cut
+/// differently: proxy plans from `set_proxy_pipeline` / `MSCCLPP_PROXY_*`, pipelined
+/// pieces), with each side's plan added.
 fn describe_pair(own: [u64; 2], theirs: [u64; 2]) -> (String, String) {
     let (a, b) = (describe(own), describe(theirs));
     if a != b {
         return (a, b);
     }
     let plan = |tag: u64| {
-        format!(
-            " [{} proxy blocks, chunks of {} bytes]",
-            desc::depth(tag),
-            desc::piece(tag)
-        )
+        let algo = desc::field(tag, desc::ALGO_SHIFT) as usize;
+        let proxy = match desc::field(tag, desc::KIND_SHIFT) {
+            desc::ALL_REDUCE => {
+                AR_ALGOS.get(algo.wrapping_sub(1)).map(|a| a.0) == Some(AllReduceAlgo::Proxy)
+            }
+            desc::ALL_GATHER => {
+                AG_ALGOS.get(algo.wrapping_sub(1)).map(|a| a.0) == Some(AllGatherAlgo::Proxy)
+            }
+            _ => false,
+        };
+        if proxy {
+            format!(
+                " [{} proxy blocks, chunks of {} bytes]",
+                desc::depth(tag),
+                desc::piece(tag)
+            )
+        } else if algo as u64 == desc::PIPELINED {
+            format!(
+                " [pieces of {} bytes, depth {}]",
+                desc::piece(tag),
+                desc::depth(tag)
+            )
+        } else {
+            format!(" [tag {tag:#x}]")
+        }
     };
     (a + &plan(own[1]), b + &plan(theirs[1]))
 }
