@@ -177,8 +177,9 @@ pub struct CollContext {
     /// This rank's state words ([`STATE_WORDS`], local, zeroed at first).
     pub state: *mut u64,
     /// `conns[b * nranks + p]`: lane `b`'s proxy channel to rank `p`, over the scratch on
-    /// both sides (an array of [`proxy::PROXY_LANES`]` * nranks` handles; the own entries
-    /// are unused; block `b` of a proxy kernel uses lane `b`). Null when proxy channels are
+    /// both sides (an array of `lanes * nranks` handles, `lanes` at most
+    /// [`proxy::MAX_PROXY_LANES`] and at least the grid of every proxy kernel; the own
+    /// entries are unused; block `b` of a proxy kernel uses lane `b`). Null when proxy channels are
     /// not set up.
     pub conns: *const DevConn<'static>,
     /// The fault area ([`FAULT_WORDS`] words, see [`fault`]): memory that this rank's host

@@ -6,9 +6,9 @@
 //!
 //! # Grid and lanes
 //!
-//! A call runs on `nb` blocks (`1..=`[`PROXY_LANES`], chosen by the host from the size and
-//! recorded in the call's tag, so ranks that disagree fail with a mismatch) of at least
-//! `nranks` threads. Block `b` owns the bytes [`block_share`] gives it and drives its own
+//! A call runs on `nb` blocks (at most the lanes the host built, `1..=`[`MAX_PROXY_LANES`];
+//! chosen by the host from the size and recorded in the call's tag, so ranks that disagree
+//! fail with a mismatch) of at least `nranks` threads. Block `b` owns the bytes [`block_share`] gives it and drives its own
 //! proxy channel to every peer, `conns[b * nranks + p]` (a *lane*): a channel's inbound
 //! counter counts every signal on it, so blocks sharing one could not tell whose chunk had
 //! arrived. Thread `p < nranks` of a block talks to rank `p`; the whole block stages,
@@ -62,9 +62,11 @@ use crate::arch;
 use crate::channel::memory::copy;
 use crate::channel::{ChannelError, DevConn};
 
-/// Most blocks of a proxy kernel: the host builds this many proxy channels (lanes) to each
-/// peer; block `b` uses `conns[b * nranks + p]`.
-pub const PROXY_LANES: usize = 8;
+/// Most lanes (proxy channels to each peer, one per block of a proxy kernel) a host may
+/// build, and so most blocks of a proxy kernel; block `b` uses `conns[b * nranks + p]`. The
+/// host builds 8 unless told otherwise (`MSCCLPP_PROXY_LANES`) and never launches more
+/// blocks than it built lanes.
+pub const MAX_PROXY_LANES: usize = 32;
 
 /// Where a block's slots are in the shared scratch region (see the [module](self)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,11 +98,11 @@ pub fn proxy_layout(scratch_len: u64, nranks: u64, blocks: u64) -> ProxyLayout {
     }
 }
 
-/// Traps unless the grid is at most [`PROXY_LANES`] blocks of at least `nranks` threads, the
+/// Traps unless the grid is at most [`MAX_PROXY_LANES`] blocks of at least `nranks` threads, the
 /// proxy channels exist (or there are no peers) and every slot holds at least 16 bytes.
 #[inline(always)]
 fn check(ctx: &CollContext, layout: &ProxyLayout) {
-    if arch::grid_dim_x() as usize > PROXY_LANES
+    if arch::grid_dim_x() as usize > MAX_PROXY_LANES
         || arch::block_dim_x() < ctx.nranks
         || (ctx.nranks > 1 && (ctx.conns.is_null() || layout.slot == 0))
     {
@@ -263,8 +265,9 @@ impl Plan {
 /// All-reduce (`op`) of `count` elements of `T` over proxy channels; in place allowed.
 ///
 /// # Safety
-/// At most [`PROXY_LANES`] blocks of at least `nranks` threads, every thread with the same
-/// arguments; the context valid with proxy channels (`grid_dim_x() * nranks` of them);
+/// At most as many blocks as the context has lanes (`conns` holds at least `grid_dim_x() *
+/// nranks` proxy channels), of at least `nranks` threads, every thread with the same
+/// arguments; the context valid;
 /// `send`/`recv` valid for `count` elements aligned to `T::SIZE`; every rank calls it with
 /// the same `count`, tag and grid.
 #[inline(always)]
@@ -282,7 +285,8 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
     let layout = proxy_layout(ctx.scratch_len, n as u64, nb as u64);
     check(ctx, &layout);
     let plan = Plan::new(layout, tag, count * T::SIZE, b, nb);
-    // SAFETY: at most PROXY_LANES blocks (check); finish() below on every thread.
+    // SAFETY: at most MAX_PROXY_LANES <= MAX_BLOCKS blocks (check); finish() below on
+    // every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
     // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
     let go = unsafe { ctx.begin(&mut call, b, t) };
@@ -356,7 +360,8 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
     let layout = proxy_layout(ctx.scratch_len, n as u64, nb as u64);
     check(ctx, &layout);
     let plan = Plan::new(layout, tag, bytes, b, nb);
-    // SAFETY: at most PROXY_LANES blocks (check); finish() below on every thread.
+    // SAFETY: at most MAX_PROXY_LANES <= MAX_BLOCKS blocks (check); finish() below on
+    // every thread.
     let mut call = unsafe { ctx.call(b, bytes, tag) };
     // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
     let go = unsafe { ctx.begin(&mut call, b, t) };

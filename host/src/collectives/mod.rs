@@ -82,7 +82,6 @@ use std::fmt;
 
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::channel::DevConn;
-use mscclpp_device::collectives::proxy::PROXY_LANES;
 use mscclpp_device::collectives::{
     CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc, fault,
     one_shot_max_bytes,
@@ -618,10 +617,9 @@ impl Collectives {
             let data = comm.connect_memory(g, &scratch, TAG_SCRATCH, transport, packets_len)?;
             let sems = comm.connect_memory(g, &semaphores, TAG_SEMAPHORES, transport, 0)?;
             // One proxy channel per lane (block of a proxy kernel).
-            let mut proxy = [0usize; PROXY_LANES];
-            for (l, c) in proxy.iter_mut().enumerate() {
-                *c = comm.connect(g, &scratch, TAG_PROXY + l as u32, transport)?;
-            }
+            let proxy = (0..proxy_pipe.lanes)
+                .map(|l| comm.connect(g, &scratch, TAG_PROXY + l, transport))
+                .collect::<Result<Vec<_>, _>>()?;
             channels.push((p, data, sems, proxy));
         }
         let cross = if spans_hosts {
@@ -638,10 +636,10 @@ impl Collectives {
         // conns[l * n + p] = lane l's proxy channel to rank p; the own entries repeat
         // another (unused).
         let host_conns: Vec<DevConn<'static>> = match channels.first() {
-            Some(&(_, _, _, any)) => (0..PROXY_LANES * n)
+            Some((_, _, _, any)) => (0..proxy_pipe.lanes as usize * n)
                 .map(|i| {
                     let (l, q) = (i / n, i % n);
-                    let lane = channels.iter().find(|c| c.0 == q).map_or(any, |c| c.3);
+                    let lane = channels.iter().find(|c| c.0 == q).map_or(any, |c| &c.3);
                     proxies[lane[l]]
                 })
                 .collect(),
@@ -675,7 +673,7 @@ impl Collectives {
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
-        for (p, data, sems, _) in channels {
+        for &(p, data, sems, _) in &channels {
             let (d, s) = (&all[data], &all[sems]);
             ctx.peer_scratch[p] = d.remote_ptr();
             ctx.packets_in[p] = d.packets_in_ptr();
@@ -1263,7 +1261,7 @@ impl Collectives {
         self.run_host_blocks("all_reduce_host", blocks, || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
             // shared memory; the slices are valid (caller contract) and the grid is blocks
-            // of >= nranks threads (at most PROXY_LANES: proxy_plan).
+            // of >= nranks threads (at most the lanes built: proxy_plan).
             unsafe {
                 f(
                     ctx as *const CollContext,
@@ -1466,7 +1464,7 @@ fn describe_pair(own: [u64; 2], theirs: [u64; 2]) -> (String, String) {
         if proxy {
             format!(
                 " [{} proxy blocks, chunks of {} bytes]",
-                desc::depth(tag),
+                proxy::proxy_tag_blocks(tag),
                 desc::piece(tag)
             )
         } else if algo as u64 == desc::PIPELINED {

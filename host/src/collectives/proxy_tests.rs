@@ -339,3 +339,22 @@ fn an_abort_in_the_middle_of_the_pipeline_ends_both_ranks() {
     );
     assert!(*t0 < Duration::from_millis(6000), "rank 0 took {t0:?}");
 }
+
+#[test]
+fn lane_counts_outside_1_to_32_are_refused() {
+    use super::proxy::ProxyPipe;
+    for lanes in [0, 33] {
+        let e = ProxyPipe::checked(lanes, None, None, "MSCCLPP_PROXY_LANES")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("{lanes} proxy lanes")) && e.contains("1..=32"),
+            "{e}"
+        );
+    }
+    let e = ProxyPipe::checked(16, Some(17), None, "x")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("17 proxy blocks; 1..=16"), "{e}");
+    assert!(ProxyPipe::checked(32, Some(32), Some(1 << 20), "x").is_ok());
+}
