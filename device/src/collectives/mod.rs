@@ -179,8 +179,8 @@ pub struct CollContext {
     /// `conns[b * nranks + p]`: lane `b`'s proxy channel to rank `p`, over the scratch on
     /// both sides (an array of `lanes * nranks` handles, `lanes` at most
     /// [`proxy::MAX_PROXY_LANES`] and at least the grid of every proxy kernel; the own
-    /// entries are unused; block `b` of a proxy kernel uses lane `b`). Null when proxy channels are
-    /// not set up.
+    /// entries are unused; block `b` of a proxy kernel uses lane `b`). Null when proxy
+    /// channels are not set up.
     pub conns: *const DevConn<'static>,
     /// The fault area ([`FAULT_WORDS`] words, see [`fault`]): memory that this rank's host
     /// and kernels both read and write while kernels run (mapped pinned host memory on a

@@ -1,17 +1,17 @@
-//! The collectives over proxy channels ([`DevConn`]): GPU threads
-//! stage data in the scratch and queue puts; the proxy moves it with the copy engine (P2P),
-//! RDMA (IB) or memcpy (Host) into the peers' scratch; the flag lands after the data. For
-//! peers whose memory this GPU cannot map (no peer access, another machine), where memory
-//! channels do not work. Design note: `docs/proxy-pipeline.md`.
+//! The collectives over proxy channels ([`DevConn`]): GPU threads stage data in the scratch
+//! and queue puts; the proxy moves it with the copy engine (P2P), RDMA (IB) or memcpy (Host)
+//! into the peers' scratch; the flag lands after the data. For peers whose memory this GPU
+//! cannot map (no peer access, another machine), where memory channels do not work. Design
+//! note: `docs/proxy-pipeline.md`.
 //!
 //! # Grid and lanes
 //!
 //! A call runs on `nb` blocks (at most the lanes the host built, `1..=`[`MAX_PROXY_LANES`];
 //! chosen by the host from the size and recorded in the call's tag, so ranks that disagree
-//! fail with a mismatch) of at least `nranks` threads. Block `b` owns the bytes [`block_share`] gives it and drives its own
-//! proxy channel to every peer, `conns[b * nranks + p]` (a *lane*): a channel's inbound
-//! counter counts every signal on it, so blocks sharing one could not tell whose chunk had
-//! arrived. Thread `p < nranks` of a block talks to rank `p`; the whole block stages,
+//! fail with a mismatch) of at least `nranks` threads. Block `b` owns the bytes
+//! [`block_share`] gives it and drives its own proxy channel to every peer,
+//! `conns[b * nranks + p]` (a *lane*): a channel's inbound counter counts every signal on
+//! it, so blocks sharing one could not tell whose chunk had arrived. Thread `p < nranks` of a block talks to rank `p`; the whole block stages,
 //! reduces and copies.
 //!
 //! # Scratch layout
