@@ -211,3 +211,38 @@ fn a_killed_rank_is_named_by_the_survivors_within_a_second() {
         assert!(ms < 3000.0, "rank {r} took {ms} ms:\n{output}");
     }
 }
+
+/// Two processes over 16 lanes of proxy channels (`MSCCLPP_PROXY_LANES`, more than the 8
+/// built by default), every call on 16 blocks (`MSCCLPP_PROXY_BLOCKS`) in 256-byte chunks
+/// (`MSCCLPP_PROXY_CHUNK_BYTES`: the slots of a 32 KiB region cut 16 ways): the environment
+/// reaches the plan, and the blocks beyond 8 find their lanes.
+#[test]
+fn two_processes_over_16_proxy_lanes_from_the_environment() {
+    const TEST: &str = "two_processes_over_16_proxy_lanes_from_the_environment";
+    if std::env::var(ROLE).is_ok() {
+        return rank_main(true);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let report = mscclpp::host::launch::LocalLauncher::command(2, exe)
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .env("MSCCLPP_PROXY_LANES", "16")
+        .env("MSCCLPP_PROXY_BLOCKS", "16")
+        .env("MSCCLPP_PROXY_CHUNK_BYTES", "256")
+        .bootstrap_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(300))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    for r in 0..2 {
+        assert!(
+            report.ranks[r].status.success(),
+            "rank {r}: {report}{output}"
+        );
+        assert!(
+            output.contains(&format!("rank {r}: ok")),
+            "rank {r}:\n{output}"
+        );
+    }
+}

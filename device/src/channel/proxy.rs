@@ -10,8 +10,11 @@
 //!   epoch; when it returns, the data the peer put before its matching signal is visible;
 //! - extras: [`flush`](DevConn::flush) (all queued puts of this FIFO done),
 //!   [`poll`](DevConn::poll) (a wait that does not block),
-//!   [`put_with_signal`](DevConn::put_with_signal) and
-//!   [`put_with_signal_and_flush`](DevConn::put_with_signal_and_flush).
+//!   [`put_with_signal`](DevConn::put_with_signal),
+//!   [`put_with_signal_and_flush`](DevConn::put_with_signal_and_flush) and
+//!   [`try_put_with_signal_queued`](DevConn::try_put_with_signal_queued) (a put and a
+//!   signal that do not wait for the proxy: for pipelines that know by other means when
+//!   the source is free again).
 //!
 //! The inbound counter holds the number of signals the peer has sent on this connection; the
 //! peer's proxy writes it after the data, in the same ordered engine, so a value is never
@@ -216,6 +219,34 @@ impl<'a> DevConn<'a> {
             .union(TriggerOp::SYNC);
         let seq = self.push(op, dst_offset, src_offset, size);
         self.sync(seq)
+    }
+
+    /// [`put_at`](Self::put_at) then a signal, as one trigger, *without* waiting for the
+    /// proxy: returns once the trigger is queued. The peer's inbound counter is raised after
+    /// the data has landed, as with [`put_with_signal`](Self::put_with_signal), but on return
+    /// the proxy may not have read the source yet: reuse it only after a
+    /// [`flush`](Self::flush), or after the peer has shown that the data arrived (e.g. a
+    /// signal it sent after waiting for this one). A refused put is reported by this
+    /// connection's next [`try_signal`](Self::try_signal) or [`try_flush`](Self::try_flush).
+    /// [`ChannelError::Timeout`] when the FIFO stayed full for its timeout (the FIFO is then
+    /// broken: the claimed slot is never published).
+    #[inline]
+    pub fn try_put_with_signal_queued(
+        &self,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), ChannelError> {
+        let op = TriggerOp::DATA.union(TriggerOp::FLAG);
+        let t = match Trigger::new(op, self.connection_id, dst_offset, src_offset, size) {
+            Ok(t) => t,
+            Err(_) => arch::trap(),
+        };
+        // SAFETY: the FIFO is live (constructor contract).
+        match unsafe { self.fifo.try_push(t) } {
+            Ok(_) => Ok(()),
+            Err(_) => Err(ChannelError::Timeout),
+        }
     }
 
     /// [`put_with_signal`](Self::put_with_signal); the name states that on return every

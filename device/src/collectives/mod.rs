@@ -41,7 +41,9 @@
 //! - [`send_recv`]: point-to-point sends and receives, alone or grouped into one launch,
 //!   through a separate p2p scratch with its own semaphores (a second context).
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
-//!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped.
+//!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped;
+//!   pipelined (several chunks in flight per peer and block, the peers' data signals doubling
+//!   as credits), one lane of channels per block.
 //!
 //! Reductions add in rank order 0, 1, …, n−1 on every rank, so all ranks get bit-identical
 //! results.
@@ -174,8 +176,11 @@ pub struct CollContext {
     pub expected: *mut u64,
     /// This rank's state words ([`STATE_WORDS`], local, zeroed at first).
     pub state: *mut u64,
-    /// `conns[p]`: the proxy channel to rank `p`, over the scratch on both sides (an array
-    /// of `nranks` handles; the own entry is unused). Null when proxy channels are not set up.
+    /// `conns[b * nranks + p]`: lane `b`'s proxy channel to rank `p`, over the scratch on
+    /// both sides (an array of `lanes * nranks` handles, `lanes` at most
+    /// [`proxy::MAX_PROXY_LANES`] and at least the grid of every proxy kernel; the own
+    /// entries are unused; block `b` of a proxy kernel uses lane `b`). Null when proxy
+    /// channels are not set up.
     pub conns: *const DevConn<'static>,
     /// The fault area ([`FAULT_WORDS`] words, see [`fault`]): memory that this rank's host
     /// and kernels both read and write while kernels run (mapped pinned host memory on a
@@ -255,6 +260,12 @@ pub mod fault {
     /// An earlier LL send of this rank that its receiver found of another size, reported
     /// by a later send to that receiver (see [`send_recv`](super::send_recv)).
     pub const AT_P2P_EARLIER: u64 = 6;
+    /// Queueing a proxy channel's put (the FIFO stayed full for its timeout: the proxy
+    /// stopped serving), or the flush at the end of a proxy collective timing out.
+    pub const AT_PROXY_QUEUE: u64 = 7;
+    /// The flush at the end of a proxy collective: the proxy refused or failed one of the
+    /// call's puts (the host's proxy errors say which and why; recorded as [`ABORTED`]).
+    pub const AT_PROXY_FLUSH: u64 = 8;
 }
 
 /// `u64` words of the fault area.

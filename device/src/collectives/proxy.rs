@@ -1,87 +1,275 @@
-//! The collectives over proxy channels ([`DevConn`](crate::channel::DevConn)): GPU threads stage data in the scratch
-//! and queue puts; the proxy moves it with the copy engine (P2P), RDMA (IB) or memcpy
-//! (Host) into the peers' scratch; the flag lands after the data. For peers whose memory
-//! this GPU cannot map (no peer access, another machine), where memory channels do not work.
+//! The collectives over proxy channels ([`DevConn`]): GPU threads stage data in the scratch
+//! and queue puts; the proxy moves it with the copy engine (P2P), RDMA (IB) or memcpy (Host)
+//! into the peers' scratch; the flag lands after the data. For peers whose memory this GPU
+//! cannot map (no peer access, another machine), where memory channels do not work. Design
+//! note: `docs/proxy-pipeline.md`.
 //!
-//! One block drives a call (the grid must be one block of at least `nranks` threads): the
-//! copy engine moves the bytes, the block only stages and reduces. The scratch holds a
-//! staging slot then one receive slot per rank (`proxy_slot` bytes each); per round:
+//! # Grid and lanes
 //!
-//! 1. the block copies its part of the input into the staging slot; barrier;
-//! 2. thread `p` puts the staging slot into rank `p`'s receive slot for this rank, signals
-//!    (returns once the proxy has copied it, so the staging slot is free again) and waits
-//!    for rank `p`'s data in its own receive slot `p`; barrier;
-//! 3. all-reduce: the block sums in rank order into `recv`; all-gather: it copies each
-//!    receive slot to its place in `recv`; barrier;
-//! 4. thread `p` signals rank `p` that its receive slot is read and waits for the same
-//!    (so the next round may overwrite them); barrier.
+//! A call runs on `nb` blocks (at most the lanes the host built, `1..=`[`MAX_PROXY_LANES`];
+//! chosen by the host from the size and recorded in the call's tag, so ranks that disagree
+//! fail with a mismatch) of at least `nranks` threads. Block `b` owns the bytes
+//! [`block_share`] gives it and drives its own proxy channel to every peer,
+//! `conns[b * nranks + p]` (a *lane*): a channel's inbound counter counts every signal on
+//! it, so blocks sharing one could not tell whose chunk had arrived. Thread `p < nranks` of a block talks to rank `p`; the whole block stages,
+//! reduces and copies.
+//!
+//! # Scratch layout
+//!
+//! The shared region (`scratch_len` bytes) is cut into `nb` equal block areas; block `b`'s
+//! area ([`ProxyLayout::area`] bytes from `b * area`) holds `K = depth` slots of
+//! [`ProxyLayout::slot`] bytes for staging, then `K` receive slots for each other rank:
+//!
+//! ```text
+//! | staging 0..K | from peer #0: 0..K | from peer #1: 0..K | ... (nranks - 1 peers)
+//! ```
+//!
+//! where peer `#i` is the `i`-th other rank in rank order. `K` is 8 when the slots are still
+//! at least 64 KiB, else 4 ([`proxy_layout`]). A call's data moves in *chunks* of at most
+//! one slot (the host picks the chunk size, also in the tag: [`desc::piece`]); chunk `i` of a
+//! block goes through staging slot `i % K` and receive slot `i % K`.
+//!
+//! # Pipeline and flow control
+//!
+//! With `L = K / 2 - 1`, iteration `i` of a block:
+//!
+//! 1. (`i < rounds`) the block copies chunk `i` of its input into staging slot `i % K`;
+//!    barrier; thread `p` queues one put-with-signal of it into rank `p`'s receive slot
+//!    `i % K` for this rank ([`DevConn::try_put_with_signal_queued`]: no wait for the
+//!    proxy);
+//! 2. (`i >= L`) thread `p` waits for rank `p`'s signal of chunk `j = i - L`; the block
+//!    agrees; it reduces chunk `j` of every rank in rank order into `recv` (all-gather:
+//!    copies each peer's chunk `j` to its place in `recv`).
+//!
+//! So the block stages and reduces while the proxy's engine moves up to `L + 1` chunks per
+//! peer. No acknowledgement is sent: *a peer's signal of chunk `m` is the credit*. A rank
+//! queues chunk `m` only after it has consumed chunk `m - 1 - L` of every peer (step 2 of
+//! the iteration before); so when this rank queues chunk `i` it has consumed chunk `i - 1 -
+//! L` of rank `p`, hence received rank `p`'s chunk `i - K + L + 1 <= i - 1 - L` (as `K >=
+//! 2L + 2`), which rank `p` queued only after it had read this rank's chunk `i - K` out of
+//! receive slot `i % K`. That slot is free, and since the chunk had landed there the engine
+//! had read staging slot `i % K` too: the staging slot is free as well, without a flush.
+//! A call starts after every peer's call descriptor has arrived ([`CollContext::begin`]),
+//! so the peers have finished the previous call: every slot is free at a call's start.
+//!
+//! At the end of a call thread `p` flushes its lane ([`DevConn::try_flush`]) so that a put
+//! the proxy refused is reported; a queue that stays full or a refused put fails the call
+//! (recorded as [`fault::AT_PROXY_FLUSH`] / [`fault::AT_PROXY_QUEUE`]), never traps.
 
 use super::all_reduce::reduce_sources;
-use super::{Call, CollContext, MAX_RANKS, Reduce, fault};
+use super::{Call, CollContext, MAX_RANKS, Reduce, block_share, desc, fault};
 use crate::arch;
 use crate::channel::memory::copy;
+use crate::channel::{ChannelError, DevConn};
 
-/// Bytes of the staging slot and of each receive slot in a scratch of `scratch_len` bytes
-/// for `nranks` ranks (a multiple of 16).
-#[inline(always)]
-pub fn proxy_slot(scratch_len: u64, nranks: u64) -> u64 {
-    (scratch_len / (nranks + 1)) / 16 * 16
+/// Most lanes (proxy channels to each peer, one per block of a proxy kernel) a host may
+/// build, and so most blocks of a proxy kernel; block `b` uses `conns[b * nranks + p]`. The
+/// host builds 8 unless told otherwise (`MSCCLPP_PROXY_LANES`) and never launches more
+/// blocks than it built lanes.
+pub const MAX_PROXY_LANES: usize = 32;
+
+/// Where a block's slots are in the shared scratch region (see the [module](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxyLayout {
+    /// Staging slots per block, and receive slots per block and peer (`K`: 4 or 8).
+    pub depth: u64,
+    /// Bytes of each slot (a multiple of 16; 0 when the scratch is too small).
+    pub slot: u64,
+    /// Bytes of each block's area: `nranks * depth * slot`.
+    pub area: u64,
 }
 
-/// Traps unless the grid is one block of at least `nranks` threads and the proxy channels
-/// exist (or there are no peers).
+/// The layout of a scratch region of `scratch_len` bytes for `nranks` ranks and `blocks`
+/// blocks: `depth` 8 while the slots are at least 64 KiB, else 4.
 #[inline(always)]
-fn check(ctx: &CollContext) {
-    if arch::grid_dim_x() != 1
+pub fn proxy_layout(scratch_len: u64, nranks: u64, blocks: u64) -> ProxyLayout {
+    let per_block = scratch_len / blocks.max(1);
+    let n = nranks.max(1);
+    let depth = if per_block / (n * 8) >= 64 << 10 {
+        8
+    } else {
+        4
+    };
+    let slot = per_block / (n * depth) / 16 * 16;
+    ProxyLayout {
+        depth,
+        slot,
+        area: n * depth * slot,
+    }
+}
+
+/// Traps unless the grid is at most [`MAX_PROXY_LANES`] blocks of at least `nranks` threads, the
+/// proxy channels exist (or there are no peers) and every slot holds at least 16 bytes.
+#[inline(always)]
+fn check(ctx: &CollContext, layout: &ProxyLayout) {
+    if arch::grid_dim_x() as usize > MAX_PROXY_LANES
         || arch::block_dim_x() < ctx.nranks
-        || (ctx.nranks > 1 && ctx.conns.is_null())
+        || (ctx.nranks > 1 && (ctx.conns.is_null() || layout.slot == 0))
     {
         arch::trap();
     }
 }
 
-/// How long one `DevConn::wait_timeout` of [`exchange`] waits before the fault area is
-/// looked at again.
+/// How long one `DevConn::wait_timeout` of a chunk wait lasts before the fault area is looked
+/// at again.
 const WAIT_SLICE_NS: u64 = 200_000;
 
-/// Steps 2 and 4 of a round for thread `t`: with `len > 0`, put the staging slot into the
-/// peer's receive slot for this rank and signal; without, signal only; then wait for the
-/// peer's signal, in slices between which the abort word, the call's stop word and the
-/// clock are looked at ([`CollContext::keep_waiting`]). Block barriers around it; `false`
-/// on every thread when a wait of the block gave up (nothing more is signalled then).
-///
-/// # Safety
-/// Every thread of the block; the context valid with proxy channels; `len <= slot`.
-#[inline(always)]
-unsafe fn exchange(ctx: &CollContext, call: &mut Call, slot: u64, len: u64, t: u32) -> bool {
-    arch::sync_threads();
-    if t < ctx.nranks && t != ctx.rank && !call.failed {
-        // SAFETY: conns holds nranks handles (context contract).
-        let c = unsafe { &*ctx.conns.add(t as usize) };
-        if len > 0 {
-            c.put_with_signal((1 + ctx.rank as u64) * slot, 0, len);
+/// One block's part of a call: its bytes, chunks and slots.
+struct Plan {
+    layout: ProxyLayout,
+    /// This block's area in the scratch (byte offset).
+    base: u64,
+    /// This block's share of the message: `[start, end)`.
+    start: u64,
+    end: u64,
+    /// Bytes per chunk (a multiple of 16, at most a slot).
+    chunk: u64,
+    rounds: u64,
+    /// `L`: how many iterations a chunk's consumption trails its put.
+    lag: u64,
+    block: u32,
+}
+
+impl Plan {
+    #[inline(always)]
+    fn new(layout: ProxyLayout, tag: u64, bytes: u64, block: u32, blocks: u32) -> Plan {
+        let (start, end) = block_share(bytes, 16, block as u64, blocks as u64);
+        let asked = desc::piece(tag);
+        let chunk = if asked == 0 {
+            layout.slot
         } else {
-            c.signal();
+            asked.min(layout.slot)
+        };
+        let rounds = if chunk == 0 {
+            0
+        } else {
+            (end - start).div_ceil(chunk)
+        };
+        Plan {
+            layout,
+            base: block as u64 * layout.area,
+            start,
+            end,
+            chunk,
+            rounds,
+            lag: layout.depth / 2 - 1,
+            block,
         }
-        let mut start = None;
-        while !c.wait_timeout(WAIT_SLICE_NS) {
-            let t0 = *start.get_or_insert_with(arch::global_timer_ns);
-            // SAFETY: the context valid.
-            if !unsafe { ctx.keep_waiting(*call, t, fault::AT_PROXY, t0) } {
+    }
+
+    /// Offset (in the message) and length of chunk `i`.
+    #[inline(always)]
+    fn span(&self, i: u64) -> (u64, u64) {
+        let off = self.start + i * self.chunk;
+        (off, self.chunk.min(self.end - off))
+    }
+
+    /// Scratch offset of staging slot `s`.
+    #[inline(always)]
+    fn staging(&self, s: u64) -> u64 {
+        self.base + s * self.layout.slot
+    }
+
+    /// Scratch offset of receive slot `s` for the data of rank `from`, in the scratch of
+    /// rank `at` (`from != at`).
+    #[inline(always)]
+    fn receive(&self, at: u32, from: u32, s: u64) -> u64 {
+        let peer_index = (from - (from > at) as u32) as u64;
+        self.base + ((1 + peer_index) * self.layout.depth + s) * self.layout.slot
+    }
+
+    /// This block's lane to rank `p`.
+    ///
+    /// # Safety
+    /// `p < nranks`; the context's `conns` holds `grid_dim_x() * nranks` handles.
+    #[inline(always)]
+    unsafe fn conn<'c>(&self, ctx: &'c CollContext, p: u32) -> &'c DevConn<'static> {
+        // SAFETY: caller contract.
+        unsafe { &*ctx.conns.add((self.block * ctx.nranks + p) as usize) }
+    }
+
+    /// Step 1's second half (every thread of the block, after staging chunk `i` of `len`
+    /// bytes): barrier, then thread `p` queues the put with signal to rank `p`. A queue that
+    /// stays full fails the call on this thread (the next [`Plan::wait`] agrees on it).
+    ///
+    /// # Safety
+    /// As for [`Plan::conn`], every thread of the block.
+    #[inline(always)]
+    unsafe fn put(&self, ctx: &CollContext, call: &mut Call, i: u64, len: u64, t: u32) {
+        arch::sync_threads();
+        if t < ctx.nranks && t != ctx.rank && !call.failed {
+            let s = i % self.layout.depth;
+            // SAFETY: t is a peer (caller contract).
+            let c = unsafe { self.conn(ctx, t) };
+            let dst = self.receive(t, ctx.rank, s);
+            if c.try_put_with_signal_queued(dst, self.staging(s), len)
+                .is_err()
+            {
+                // SAFETY: the context valid.
+                unsafe { ctx.fail(*call, fault::TIMEOUT, t, [0; 2], fault::AT_PROXY_QUEUE) };
                 call.failed = true;
-                break;
             }
         }
     }
-    ctx.block_agree(call, t)
+
+    /// Step 2's wait (every thread of the block): thread `p` waits for rank `p`'s next
+    /// signal on this lane, in slices between which the abort word, the call's stop word and
+    /// the clock are looked at ([`CollContext::keep_waiting`]); the block agrees. `false` on
+    /// every thread when a wait of the block gave up or the call failed.
+    ///
+    /// # Safety
+    /// As for [`Plan::put`].
+    #[inline(always)]
+    unsafe fn wait(&self, ctx: &CollContext, call: &mut Call, t: u32) -> bool {
+        if t < ctx.nranks && t != ctx.rank && !call.failed {
+            // SAFETY: t is a peer (caller contract); one waiter per lane (this thread).
+            let c = unsafe { self.conn(ctx, t) };
+            let mut start = None;
+            while !c.wait_timeout(WAIT_SLICE_NS) {
+                let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+                // SAFETY: the context valid.
+                if !unsafe { ctx.keep_waiting(*call, t, fault::AT_PROXY, t0) } {
+                    call.failed = true;
+                    break;
+                }
+            }
+        }
+        arch::sync_threads();
+        ctx.block_agree(call, t)
+    }
+
+    /// The end of a call on a block that moved data: thread `p` flushes its lane, so that a
+    /// put the proxy refused (or a proxy that stopped serving) fails the call instead of
+    /// leaving wrong data unreported.
+    ///
+    /// # Safety
+    /// As for [`Plan::put`].
+    #[inline(always)]
+    unsafe fn flush(&self, ctx: &CollContext, call: &mut Call, t: u32) {
+        if self.rounds == 0 || call.failed || t >= ctx.nranks || t == ctx.rank {
+            return;
+        }
+        // SAFETY: t is a peer (caller contract).
+        let c = unsafe { self.conn(ctx, t) };
+        let (kind, place) = match c.try_flush() {
+            Ok(()) => return,
+            Err(ChannelError::Timeout) => (fault::TIMEOUT, fault::AT_PROXY_QUEUE),
+            Err(_) => (fault::ABORTED, fault::AT_PROXY_FLUSH),
+        };
+        // SAFETY: the context valid.
+        unsafe { ctx.fail(*call, kind, t, [0; 2], place) };
+        call.failed = true;
+    }
 }
 
 /// All-reduce (`op`) of `count` elements of `T` over proxy channels; in place allowed.
 ///
 /// # Safety
-/// One block of at least `nranks` threads, every thread with the same arguments; the
-/// context valid with proxy channels; `send`/`recv` valid for `count` elements aligned to
-/// `T::SIZE`; every rank calls it with the same `count`.
+/// At most as many blocks as the context has lanes (`conns` holds at least `grid_dim_x() *
+/// nranks` proxy channels), of at least `nranks` threads, every thread with the same
+/// arguments; the context valid;
+/// `send`/`recv` valid for `count` elements aligned to `T::SIZE`; every rank calls it with
+/// the same `count`, tag and grid.
 #[inline(always)]
 pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
     ctx: &CollContext,
@@ -91,32 +279,52 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
     tag: u64,
     op: u32,
 ) {
-    check(ctx);
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
-    let slot = proxy_slot(ctx.scratch_len, n as u64);
-    let bytes = count * T::SIZE;
-    let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
-    // SAFETY: one block (check); finish() below on every thread.
-    let mut call = unsafe { ctx.call(0, count, tag) };
+    let layout = proxy_layout(ctx.scratch_len, n as u64, nb as u64);
+    check(ctx, &layout);
+    let plan = Plan::new(layout, tag, count * T::SIZE, b, nb);
+    // SAFETY: at most MAX_PROXY_LANES <= MAX_BLOCKS blocks (check); finish() below on
+    // every thread.
+    let mut call = unsafe { ctx.call(b, count, tag) };
     // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
-    let go = unsafe { ctx.begin(&mut call, 0, t) };
-    for j in 0..if go { rounds } else { 0 } {
-        let off = j * slot;
-        let len = slot.min(bytes - off);
-        // SAFETY: the staging slot holds slot >= len bytes; send holds off + len.
-        if !unsafe {
-            copy(ctx.scratch, send.add(off as usize), len, t, nt);
-            exchange(ctx, &mut call, slot, len, t)
-        } {
+    let go = unsafe { ctx.begin(&mut call, b, t) };
+    let iterations = if go { plan.rounds + plan.lag } else { 0 };
+    for i in 0..iterations {
+        if i < plan.rounds {
+            let (off, len) = plan.span(i);
+            let s = i % layout.depth;
+            // SAFETY: the staging slot holds slot >= len bytes, free (module: flow
+            // control); send holds off + len; every thread of the block.
+            unsafe {
+                copy(
+                    ctx.scratch.add(plan.staging(s) as usize),
+                    send.add(off as usize),
+                    len,
+                    t,
+                    nt,
+                );
+                plan.put(ctx, &mut call, i, len, t);
+            }
+        }
+        if i < plan.lag {
+            continue;
+        }
+        let j = i - plan.lag;
+        // SAFETY: every thread of the block.
+        if !unsafe { plan.wait(ctx, &mut call, t) } {
             break;
         }
+        let (off, len) = plan.span(j);
+        let s = j % layout.depth;
         let mut srcs = [core::ptr::null::<u8>(); MAX_RANKS];
-        for (q, s) in srcs.iter_mut().enumerate().take(n as usize) {
-            *s = if q as u32 == r {
+        for (q, src) in srcs.iter_mut().enumerate().take(n as usize) {
+            *src = if q as u32 == r {
                 send.wrapping_add(off as usize)
             } else {
-                ctx.scratch.wrapping_add(((1 + q as u64) * slot) as usize)
+                ctx.scratch
+                    .wrapping_add(plan.receive(r, q as u32, s) as usize)
             };
         }
         // SAFETY: every source holds len bytes (receive slots published by the waits and
@@ -128,13 +336,15 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
             } else {
                 reduce_sources::<T>(&srcs[..n as usize], out, core::ptr::null_mut(), len, t, op);
             }
-            if !exchange(ctx, &mut call, slot, 0, t) {
-                break;
-            }
         }
     }
     // SAFETY: every thread of the block.
-    unsafe { ctx.finish(&call) };
+    unsafe {
+        if go {
+            plan.flush(ctx, &mut call, t);
+        }
+        ctx.finish(&call)
+    };
 }
 
 /// All-gather of `bytes` per rank over proxy channels (rank `q`'s `send` lands at
@@ -144,52 +354,62 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
 /// As for [`all_reduce`], with `recv` valid for `nranks * bytes`.
 #[inline(always)]
 pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
-    check(ctx);
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
-    let slot = proxy_slot(ctx.scratch_len, n as u64);
-    let rounds = if slot == 0 { 0 } else { bytes.div_ceil(slot) };
-    // SAFETY: one block (check); finish() below on every thread.
-    let mut call = unsafe { ctx.call(0, bytes, tag) };
+    let layout = proxy_layout(ctx.scratch_len, n as u64, nb as u64);
+    check(ctx, &layout);
+    let plan = Plan::new(layout, tag, bytes, b, nb);
+    // SAFETY: at most MAX_PROXY_LANES <= MAX_BLOCKS blocks (check); finish() below on
+    // every thread.
+    let mut call = unsafe { ctx.call(b, bytes, tag) };
     // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
-    let go = unsafe { ctx.begin(&mut call, 0, t) };
-    for j in 0..if go { rounds } else { 0 } {
-        let off = j * slot;
-        let len = slot.min(bytes - off);
-        // SAFETY: as in all_reduce; the own part of recv holds off + len.
-        unsafe {
-            let src = send.add(off as usize);
-            copy(ctx.scratch, src, len, t, nt);
-            let own = recv.add((r as u64 * bytes + off) as usize);
-            if !core::ptr::eq(own as *const u8, src) {
-                copy(own, src, len, t, nt);
-            }
-        }
-        // SAFETY: every thread of the block.
-        if !unsafe { exchange(ctx, &mut call, slot, len, t) } {
-            break;
-        }
-        for q in 0..n {
-            if q != r {
-                // SAFETY: receive slot q (published by the wait and the barrier) into
-                // rank q's part of recv.
-                unsafe {
-                    let from = ctx.scratch.add(((1 + q as u64) * slot) as usize);
-                    copy(
-                        recv.add((q as u64 * bytes + off) as usize),
-                        from,
-                        len,
-                        t,
-                        nt,
-                    );
+    let go = unsafe { ctx.begin(&mut call, b, t) };
+    let iterations = if go { plan.rounds + plan.lag } else { 0 };
+    for i in 0..iterations {
+        if i < plan.rounds {
+            let (off, len) = plan.span(i);
+            let s = i % layout.depth;
+            // SAFETY: as in all_reduce; the own part of recv holds off + len.
+            unsafe {
+                let src = send.add(off as usize);
+                copy(ctx.scratch.add(plan.staging(s) as usize), src, len, t, nt);
+                let own = recv.add((r as u64 * bytes + off) as usize);
+                if !core::ptr::eq(own as *const u8, src) {
+                    copy(own, src, len, t, nt);
                 }
+                plan.put(ctx, &mut call, i, len, t);
             }
         }
+        if i < plan.lag {
+            continue;
+        }
+        let j = i - plan.lag;
         // SAFETY: every thread of the block.
-        if !unsafe { exchange(ctx, &mut call, slot, 0, t) } {
+        if !unsafe { plan.wait(ctx, &mut call, t) } {
             break;
+        }
+        let (off, len) = plan.span(j);
+        let s = j % layout.depth;
+        for q in (0..n).filter(|&q| q != r) {
+            // SAFETY: receive slot s of rank q (published by the wait and the barrier)
+            // into rank q's part of recv.
+            unsafe {
+                copy(
+                    recv.add((q as u64 * bytes + off) as usize),
+                    ctx.scratch.add(plan.receive(r, q, s) as usize),
+                    len,
+                    t,
+                    nt,
+                );
+            }
         }
     }
     // SAFETY: every thread of the block.
-    unsafe { ctx.finish(&call) };
+    unsafe {
+        if go {
+            plan.flush(ctx, &mut call, t);
+        }
+        ctx.finish(&call)
+    };
 }

@@ -82,6 +82,7 @@
 mod cross;
 mod gpu;
 mod more;
+mod proxy;
 
 pub use more::P2pOp;
 /// Most sends and receives in one [`Collectives::group`].
@@ -489,7 +490,8 @@ impl CollConfig {
 /// Connection tags the collectives use (high, to stay clear of a user's).
 const TAG_SCRATCH: u32 = 0xC011_0001;
 const TAG_SEMAPHORES: u32 = 0xC011_0002;
-const TAG_PROXY: u32 = 0xC011_0003;
+/// Lane `l`'s proxy channels (see `mscclpp_device::collectives::proxy`): `TAG_PROXY + l`.
+const TAG_PROXY: u32 = 0xC011_0100;
 
 /// All-reduce and all-gather over one communicator. See the [module](self).
 pub struct Collectives {
@@ -502,6 +504,9 @@ pub struct Collectives {
     /// `MSCCLPP_BROADCAST_ALGO`, `MSCCLPP_REDUCE_ALGO`.
     env_broadcast: Option<RootedAlgo>,
     env_reduce: Option<RootedAlgo>,
+    /// How proxy calls are cut (`MSCCLPP_PROXY_BLOCKS`, `MSCCLPP_PROXY_CHUNK_BYTES`,
+    /// [`Collectives::set_proxy_pipeline`]).
+    proxy_pipe: proxy::ProxyPipe,
     gpu: Option<gpu::Kernels>,
     more: Option<more::Kernels>,
     /// Sends and receives (one host only).
@@ -593,6 +598,7 @@ impl Collectives {
         let env_all_gather = parse_all_gather_env()?;
         let env_broadcast = parse_rooted_env("MSCCLPP_BROADCAST_ALGO")?;
         let env_reduce = parse_rooted_env("MSCCLPP_REDUCE_ALGO")?;
+        let proxy_pipe = proxy::ProxyPipe::from_env()?;
         // The kernels' context spans the local group: this rank's host (every rank, on one
         // host), indexed by local index; other hosts are reached through `cross`.
         let topo = cross::Topology::of(&comm)?;
@@ -620,7 +626,10 @@ impl Collectives {
             let g = group[p];
             let data = comm.connect_memory(g, &scratch, TAG_SCRATCH, transport, packets_len)?;
             let sems = comm.connect_memory(g, &semaphores, TAG_SEMAPHORES, transport, 0)?;
-            let proxy = comm.connect(g, &scratch, TAG_PROXY, transport)?;
+            // One proxy channel per lane (block of a proxy kernel).
+            let proxy = (0..proxy_pipe.lanes)
+                .map(|l| comm.connect(g, &scratch, TAG_PROXY + l, transport))
+                .collect::<Result<Vec<_>, _>>()?;
             channels.push((p, data, sems, proxy));
         }
         let cross = if spans_hosts {
@@ -634,12 +643,14 @@ impl Collectives {
         // SAFETY: the handles are kept in `_host_conns` (and copied to `gpu`) next to `comm`,
         // which owns their memory, and are used only while `self` lives.
         let proxies = unsafe { comm.device_connections_detached() };
-        // conns[p] = the proxy channel to rank p; the own entry repeats another (unused).
+        // conns[l * n + p] = lane l's proxy channel to rank p; the own entries repeat
+        // another (unused).
         let host_conns: Vec<DevConn<'static>> = match channels.first() {
-            Some(&(_, _, _, any)) => (0..n)
-                .map(|q| {
-                    let i = channels.iter().find(|c| c.0 == q).map_or(any, |c| c.3);
-                    proxies[i]
+            Some((_, _, _, any)) => (0..proxy_pipe.lanes as usize * n)
+                .map(|i| {
+                    let (l, q) = (i / n, i % n);
+                    let lane = channels.iter().find(|c| c.0 == q).map_or(any, |c| &c.3);
+                    proxies[lane[l]]
                 })
                 .collect(),
             None => Vec::new(),
@@ -672,7 +683,7 @@ impl Collectives {
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
-        for (p, data, sems, _) in channels {
+        for &(p, data, sems, _) in &channels {
             let (d, s) = (&all[data], &all[sems]);
             ctx.peer_scratch[p] = d.remote_ptr();
             ctx.packets_in[p] = d.packets_in_ptr();
@@ -699,6 +710,7 @@ impl Collectives {
             env_all_gather,
             env_broadcast,
             env_reduce,
+            proxy_pipe,
             gpu,
             more,
             p2p,
@@ -818,15 +830,16 @@ impl Collectives {
             fault::MISMATCH if desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV => {
                 CommError::CallMismatch(format!("{call}: {}", p2p_mismatch(me, rec)))
             }
-            fault::MISMATCH => CommError::CallMismatch(format!(
-                "{call}: the ranks called collective #{} differently: rank {me} called {}, \
-                 rank {} {}; every rank reports this error and the call did nothing (its \
-                 output is undefined); the collectives stay usable",
-                rec.seq + 1,
-                describe(rec.own),
-                rec.peer,
-                describe(rec.theirs)
-            )),
+            fault::MISMATCH => {
+                let (own, theirs) = describe_pair(rec.own, rec.theirs);
+                CommError::CallMismatch(format!(
+                    "{call}: the ranks called collective #{} differently: rank {me} called \
+                     {own}, rank {} {theirs}; every rank reports this error and the call did \
+                     nothing (its output is undefined); the collectives stay usable",
+                    rec.seq + 1,
+                    rec.peer,
+                ))
+            }
             fault::TIMEOUT => CommError::Timeout(format!(
                 "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and gave \
                  up: that rank did not take part, or is stuck; the collectives cannot be used \
@@ -958,8 +971,9 @@ impl Collectives {
     fn grid(&self, algo: Option<AllReduceAlgo>, bytes: usize) -> (u32, u32) {
         let threads = self.config.threads;
         match algo {
-            // One block stages and reduces; the copy engine moves the data.
-            Some(AllReduceAlgo::Proxy) => (1, threads),
+            // A few blocks stage and reduce, each over its own lane of proxy channels; the
+            // copy engine moves the data.
+            Some(AllReduceAlgo::Proxy) => (self.proxy_plan(bytes).0, threads),
             Some(AllReduceAlgo::OneShot) => {
                 let units = bytes.div_ceil(8).max(1);
                 // One warp more than the units need, while the block has room: the last
@@ -1033,7 +1047,7 @@ impl Collectives {
         let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let (blocks, threads) = self.grid(Some(algo), bytes);
         let f = kernels.all_reduce(algo, dtype, op);
-        let tag = all_reduce_tag(algo, dtype, op);
+        let tag = self.plan_tag(all_reduce_tag(algo, dtype, op), algo, bytes);
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.
         self.noted(unsafe {
@@ -1091,6 +1105,10 @@ impl Collectives {
             _ => &kernels.all_gather,
         };
         let tag = all_gather_tag(algo, dtype);
+        let tag = match algo {
+            AllGatherAlgo::Proxy => self.proxy_tag(tag, bytes),
+            _ => tag,
+        };
         // SAFETY: as in all_reduce_raw.
         self.noted(unsafe {
             kernels.launch(
@@ -1180,14 +1198,23 @@ impl Collectives {
     }
 
     /// Runs a kernel body on CPU threads (host backend): one block of `max(nranks, 2)`
-    /// threads (proxy kernels need exactly one block; the others take any grid, and more
-    /// threads only add contention on a CPU). Returns the pending error before, and the
-    /// kernel's record after (the kernels do not trap: a failed wait records why and
-    /// returns).
+    /// threads (the kernels take any grid, and more threads only add contention on a CPU).
+    /// Returns the pending error before, and the kernel's record after (the kernels do not
+    /// trap: a failed wait records why and returns).
     fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
+        self.run_host_blocks(call, 1, body)
+    }
+
+    /// [`run_host`](Self::run_host) on `blocks` blocks (the proxy kernels' lanes).
+    fn run_host_blocks(
+        &self,
+        call: &str,
+        blocks: u32,
+        body: impl Fn() + Sync,
+    ) -> Result<(), CommError> {
         self.check_fault(call, true)?;
         let threads = self.ctx.nranks.max(2);
-        launch(Dim3::x(1), Dim3::x(threads), body).map_err(|e| {
+        launch(Dim3::x(blocks), Dim3::x(threads), body).map_err(|e| {
             CommError::State(format!(
                 "{call}: the collective kernel failed on this rank ({e}): a bug or a broken \
                  contract, not a peer's doing"
@@ -1255,12 +1282,16 @@ impl Collectives {
         }
         let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
         let f = more::all_reduce_host_kernel(algo, dtype, op);
-        let tag = all_reduce_tag(algo, dtype, op);
+        let tag = self.plan_tag(all_reduce_tag(algo, dtype, op), algo, bytes);
+        let blocks = match algo {
+            AllReduceAlgo::Proxy => self.proxy_plan(bytes).0,
+            _ => 1,
+        };
         let ctx = &*self.ctx as *const CollContext as u64;
-        self.run_host("all_reduce_host", || {
+        self.run_host_blocks("all_reduce_host", blocks, || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
-            // shared memory; the slices are valid (caller contract) and the grid is one block
-            // of >= nranks threads.
+            // shared memory; the slices are valid (caller contract) and the grid is blocks
+            // of >= nranks threads (at most the lanes built: proxy_plan).
             unsafe {
                 f(
                     ctx as *const CollContext,
@@ -1319,8 +1350,14 @@ impl Collectives {
             AllGatherAlgo::Packets => k::all_gather_packets,
             _ => k::all_gather,
         };
-        let tag = all_gather_tag(algo, dtype);
-        self.run_host(call, || {
+        let (tag, blocks) = match algo {
+            AllGatherAlgo::Proxy => (
+                self.proxy_tag(all_gather_tag(algo, dtype), bytes as usize),
+                self.proxy_plan(bytes as usize).0,
+            ),
+            _ => (all_gather_tag(algo, dtype), 1),
+        };
+        self.run_host_blocks(call, blocks, || {
             // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
             unsafe {
                 f(
@@ -1406,6 +1443,17 @@ pub(super) fn kernel_slot(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) ->
     }
 }
 
+impl Collectives {
+    /// `tag` of an all-reduce of `bytes` with the resolved `algo`'s plan (proxy calls carry
+    /// theirs: [`Collectives::proxy_tag`]).
+    fn plan_tag(&self, tag: u64, algo: AllReduceAlgo, bytes: usize) -> u64 {
+        match algo {
+            AllReduceAlgo::Proxy => self.proxy_tag(tag, bytes),
+            _ => tag,
+        }
+    }
+}
+
 /// The descriptor tag of an all-reduce (`algo` resolved and routed).
 fn all_reduce_tag(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> u64 {
     let a = AR_ALGOS
@@ -1422,6 +1470,44 @@ fn all_gather_tag(algo: AllGatherAlgo, dtype: DataType) -> u64 {
         .position(|x| x.0 == algo)
         .map_or(0, |i| i + 1);
     desc::tag(desc::ALL_GATHER, dtype_code(dtype), 0, a as u64)
+}
+
+/// [`describe`] of both sides of a mismatch; where those read the same (calls cut
+/// differently: proxy plans from `set_proxy_pipeline` / `MSCCLPP_PROXY_*`, pipelined
+/// pieces), with each side's plan added.
+fn describe_pair(own: [u64; 2], theirs: [u64; 2]) -> (String, String) {
+    let (a, b) = (describe(own), describe(theirs));
+    if a != b {
+        return (a, b);
+    }
+    let plan = |tag: u64| {
+        let algo = desc::field(tag, desc::ALGO_SHIFT) as usize;
+        let proxy = match desc::field(tag, desc::KIND_SHIFT) {
+            desc::ALL_REDUCE => {
+                AR_ALGOS.get(algo.wrapping_sub(1)).map(|a| a.0) == Some(AllReduceAlgo::Proxy)
+            }
+            desc::ALL_GATHER => {
+                AG_ALGOS.get(algo.wrapping_sub(1)).map(|a| a.0) == Some(AllGatherAlgo::Proxy)
+            }
+            _ => false,
+        };
+        if proxy {
+            format!(
+                " [{} proxy blocks, chunks of {} bytes]",
+                proxy::proxy_tag_blocks(tag),
+                desc::piece(tag)
+            )
+        } else if algo as u64 == desc::PIPELINED {
+            format!(
+                " [pieces of {} bytes, depth {}]",
+                desc::piece(tag),
+                desc::depth(tag)
+            )
+        } else {
+            format!(" [tag {tag:#x}]")
+        }
+    };
+    (a + &plan(own[1]), b + &plan(theirs[1]))
 }
 
 /// A call descriptor in words: "all_reduce (sum) with 400000 f32 (two-shot)".
@@ -1526,6 +1612,10 @@ fn place_name(place: u64) -> &'static str {
         fault::AT_PACKET => "data packets",
         fault::AT_DESCRIPTOR => "its call descriptor",
         fault::AT_PROXY => "a proxy-channel signal",
+        fault::AT_PROXY_QUEUE => "its proxy: a queued put or the final flush",
+        fault::AT_PROXY_FLUSH => {
+            "its proxy, which refused or failed a put of the call (see Communicator::proxy_errors)"
+        }
         _ => "a signal",
     }
 }
@@ -1538,5 +1628,7 @@ fn checked_bytes(call: &str, count: usize, size: usize) -> Result<usize, CommErr
         .ok_or_else(|| CommError::InvalidArgument(format!("{call}: count {count} is too large")))
 }
 
+#[cfg(test)]
+mod proxy_tests;
 #[cfg(test)]
 mod tests;
