@@ -56,7 +56,7 @@ macro_rules! all_reduce_kernels {
         }
         crate::launch_bounds!($pairs, 512);
         kernel! {
-            /// All-reduce (sum) of `count` elements over proxy channels (one block): see
+            /// All-reduce (sum) of `count` elements over proxy channels (pipelined, a block per lane): see
             /// [`proxy::all_reduce`].
             pub unsafe fn $proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
                 // SAFETY: forwarded to the launcher (the host validates the context).
@@ -113,7 +113,7 @@ crate::launch_bounds!(all_reduce_two_shot_op, 512);
 
 kernel! {
     /// All-reduce of `count` elements of any reducing type and operation (the tag's) over
-    /// proxy channels (one block), moved as bytes ([`Bytes`]; the call descriptor holds the
+    /// proxy channels (pipelined, a block per lane), moved as bytes ([`Bytes`]; the call descriptor holds the
     /// byte count): see [`proxy::all_reduce`].
     pub unsafe fn all_reduce_proxy_op(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
         let bytes = count * desc::type_size(tag);
@@ -133,7 +133,7 @@ kernel! {
 crate::launch_bounds!(all_gather, 512);
 
 kernel! {
-    /// All-gather of `bytes` per rank over proxy channels (one block): see
+    /// All-gather of `bytes` per rank over proxy channels (pipelined, a block per lane): see
     /// [`proxy::all_gather`].
     pub unsafe fn all_gather_proxy(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
         // SAFETY: forwarded to the launcher (the host validates the context).
