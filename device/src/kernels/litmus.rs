@@ -60,8 +60,14 @@ kernel! {
     /// reader's thread 0 waits for the flag to reach `i`, the block syncs, every thread
     /// loads its 16 bytes with weak loads and counts a violation when they are older than
     /// `i`. `variant` 0: the library's `red.release.sys` add and `ld.acquire.sys` poll;
-    /// 1: a relaxed add (no release); 2: a relaxed poll (no acquire). Blocks of `words / 2`
-    /// threads (`words` even).
+    /// 1: a relaxed add (no release); 2: a relaxed poll (no acquire). The latency candidates
+    /// of `kernels::latency`, each with the library's other half: 3: `fence.acq_rel.sys` +
+    /// relaxed add (its weakened twin: 1); 4: `st.release.sys` of the count `i`; 5:
+    /// `fence.acq_rel.sys` + `st.relaxed.sys` of `i` (the twin of 4 and 5: 8, a relaxed
+    /// store of `i`); 6: relaxed polls + one `fence.acq_rel.sys` after (twin: 2); 7: every
+    /// thread `fence.acq_rel.sys` before the barrier, then thread 0's relaxed add (ordered by
+    /// the hardware's fences, not a release pattern of the model; twin: 1). Blocks of
+    /// `words / 2` threads (`words` even).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn litmus_message_passing(
         local: *mut u64,
@@ -92,22 +98,42 @@ kernel! {
                 arch::sync_threads();
                 // SAFETY: see above; the reader has checked iteration i - 1.
                 unsafe { arch::st_weak_v2_u64(theirs.add(data as usize), i, i) };
+                if variant == 7 {
+                    arch::fence_acq_rel_sys();
+                }
                 arch::sync_threads();
                 if t == 0 {
-                    // SAFETY: see above.
+                    // SAFETY: see above; thread 0 is the flag's only writer (stores of `i`).
                     unsafe {
-                        if variant == 1 {
-                            arch::red_add_relaxed_sys_u64(theirs.add(flag as usize), 1);
-                        } else {
-                            arch::red_add_release_sys_u64(theirs.add(flag as usize), 1);
+                        let f = theirs.add(flag as usize);
+                        match variant {
+                            1 | 7 => arch::red_add_relaxed_sys_u64(f, 1),
+                            3 => {
+                                arch::fence_acq_rel_sys();
+                                arch::red_add_relaxed_sys_u64(f, 1);
+                            }
+                            4 => arch::st_release_sys_u64(f, i),
+                            5 => {
+                                arch::fence_acq_rel_sys();
+                                arch::st_relaxed_sys_u64(f, i);
+                            }
+                            8 => arch::st_relaxed_sys_u64(f, i),
+                            _ => arch::red_add_release_sys_u64(f, 1),
                         }
                     }
                 }
             } else {
                 // SAFETY: see above.
-                if t == 0 && unsafe { !wait_at_least(mine.add(flag as usize), i, variant != 2, out) } {
+                if t == 0 {
                     // SAFETY: see above.
-                    unsafe { set_stop(stop) };
+                    if unsafe { !wait_at_least(mine.add(flag as usize), i, variant != 2 && variant != 6, out) } {
+                        // SAFETY: see above.
+                        unsafe { set_stop(stop) };
+                    }
+                    if variant == 6 {
+                        // Acquire pattern: the relaxed poll that saw `i`, then a fence.
+                        arch::fence_acq_rel_sys();
+                    }
                 }
                 arch::sync_threads();
                 // SAFETY: see above; published by the flag (variant 0).
@@ -293,7 +319,8 @@ mod tests {
 
     #[test]
     fn message_passing_finishes_clean_on_cpu_threads() {
-        for variant in 0..3 {
+        // 0-2 as before, and the latency candidates that claim release/acquire (3-6).
+        for variant in 0..7 {
             assert_eq!(
                 run(litmus_message_passing, variant),
                 [0, 0],
