@@ -2,10 +2,10 @@
 //! rely on, run across two GPUs (two processes; both on GPU 0 when the machine has one) for
 //! millions of checked words each, with every violation counted. The library's variant and
 //! the latency candidates of `kernels::latency` must show none; each deliberately weakened
-//! variant runs beside them and its count is printed
-//! (whether the hardware ever shows the reordering is what that line reports; it is not
-//! asserted, since a machine that never reorders is not a failure of the library). Skips
-//! with a reason without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
+//! (or hardware-only) variant runs beside them and its count is printed (whether the
+//! hardware ever shows the reordering is what that line reports; it is not asserted, since a
+//! machine that never reorders is not a failure of the library). Skips with a reason without
+//! a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 //!
 //! Sizes: `MSCCLPP_LITMUS_ITERS` iterations (default 20 000) of 16 blocks x 128 threads,
 //! so 2048 checked 16-byte units per iteration.

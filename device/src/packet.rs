@@ -205,9 +205,9 @@ impl LlPacket {
 /// An LL8 packet (MSCCL++'s LL8 layout): 4 data bytes and one copy of the flag in one
 /// 8-byte word, stored with one `st.volatile.global.u64` and loaded with one
 /// `ld.volatile.global.u64`. The word is single-copy atomic, so a reader that sees the flag
-/// has the data of the same store. It takes twice the scratch per data byte of
-/// [`LlPacket`] (8 bytes per 4) but gives a block of `n` threads one packet each for `4 n`
-/// bytes, where LL16 leaves half of them idle.
+/// has the data of the same store. It takes the same scratch per data byte as [`LlPacket`]
+/// (8 bytes per 4) with one 8-byte access per packet, and gives a block of `n` threads one
+/// packet each for `4 n` bytes, where LL16 leaves half of them idle.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ll8Packet {
