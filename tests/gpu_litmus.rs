@@ -207,6 +207,7 @@ fn ll_packets_are_never_seen_torn() {
                     "four 4-byte stores, flags first (weakened)",
                     Claim::Shown,
                 ),
+                (2, "two LL8 packets, one 8-byte store each", Claim::Ordered),
             ],
         );
     }

@@ -13,7 +13,7 @@
 
 use crate::arch;
 use crate::kernel;
-use crate::packet::LlPacket;
+use crate::packet::{Ll8Packet, LlPacket, poll_words};
 
 /// Words of one block's region for `words` data words: the data, then the flag and the
 /// acknowledgement 16 words (128 bytes) apart.
@@ -163,7 +163,9 @@ kernel! {
     /// iteration, no signal); the reader's threads poll their packet until both flag copies
     /// equal the iteration's and count a violation when its data is not that iteration's.
     /// After the block syncs, the reader's thread 0 acknowledges. `variant` 0: the library's one 16-byte store;
-    /// 1: four 4-byte stores, flags first (a writer that can be seen torn). Blocks of
+    /// 1: four 4-byte stores, flags first (a writer that can be seen torn); 2: the same 8
+    /// data bytes as two [`Ll8Packet`]s (one 8-byte store each, read and validated one by
+    /// one: the LL8 layout of `kernels::latency`). Blocks of
     /// `words / 2` threads (`words` even).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn litmus_ll_packets(
@@ -195,7 +197,11 @@ kernel! {
                 // SAFETY: see above.
                 unsafe {
                     let slot = theirs.add((t * 2) as usize) as *mut LlPacket;
-                    if variant == 1 {
+                    if variant == 2 {
+                        let p = slot as *mut Ll8Packet;
+                        Ll8Packet::write(p, want as u32, flag);
+                        Ll8Packet::write(p.add(1), (want >> 32) as u32, flag);
+                    } else if variant == 1 {
                         let w = slot as *mut u32;
                         core::ptr::write_volatile(w.add(1), flag);
                         core::ptr::write_volatile(w.add(3), flag);
@@ -209,7 +215,16 @@ kernel! {
                 {
                     // SAFETY: see above.
                     let got = unsafe {
-                        LlPacket::poll(mine.add((t * 2) as usize) as *const LlPacket, flag, 10_000_000_000)
+                        let slot = mine.add((t * 2) as usize);
+                        if variant == 2 {
+                            let p = slot as *const Ll8Packet;
+                            match (poll_words(p, flag, 10_000_000_000), poll_words(p.add(1), flag, 10_000_000_000)) {
+                                (Some(lo), Some(hi)) => Some(lo[0] | hi[0] << 32),
+                                _ => None,
+                            }
+                        } else {
+                            LlPacket::poll(slot as *const LlPacket, flag, 10_000_000_000)
+                        }
                     };
                     match got {
                         Some(v) if v != want => {
@@ -332,5 +347,6 @@ mod tests {
     #[test]
     fn ll_packets_finish_clean_on_cpu_threads() {
         assert_eq!(run(litmus_ll_packets, 0), [0, 0]);
+        assert_eq!(run(litmus_ll_packets, 2), [0, 0], "LL8");
     }
 }
