@@ -12,6 +12,8 @@ const KERNELS: &[&str] = &[
     "memory_get_ping_pong",
     "memory_packet_ping_pong",
     "memory_signal_ping_pong",
+    "memory_ll8_block_ping_pong",
+    "memory_ll16_block_ping_pong",
     "memory_put_bench",
     "memory_get_bench",
     "proxy_ping_pong",
@@ -162,6 +164,100 @@ fn memory_channel_kernels_use_their_memory_model_instructions() {
 }
 
 #[test]
+fn latency_variants_use_exactly_their_instructions() {
+    use mscclpp_device::kernels::latency::{Signal, VARIANTS, Wait};
+    for (cc, ptx) in PTX {
+        for v in VARIANTS {
+            let body = entry(ptx, v.kernel);
+            let k = v.kernel;
+            // What the signal must emit, and what it must not (another variant's publish).
+            let (has, lacks): (&[&str], &[&str]) = match v.signal {
+                Signal::RedRelease => (
+                    &["red.release.sys.global.add.u64"],
+                    &["red.relaxed.sys", "st.release.sys"],
+                ),
+                Signal::RedRelaxed => (
+                    &["red.relaxed.sys.global.add.u64"],
+                    &["red.release", "fence.", "st.release"],
+                ),
+                Signal::FenceRedRelaxed => (
+                    &["fence.acq_rel.sys;", "red.relaxed.sys.global.add.u64"],
+                    &["red.release", "st.release"],
+                ),
+                Signal::FenceStRelaxed => (
+                    &["fence.acq_rel.sys;", "st.relaxed.sys.u64"],
+                    &["red.", "st.release"],
+                ),
+                Signal::StRelease => (&["st.release.sys.u64"], &["red.", "fence."]),
+                Signal::StRelaxed => (&["st.relaxed.sys.u64"], &["red.", "fence.", "st.release"]),
+                Signal::AtomRelease => (&["atom.add.release.sys.u64"], &["red.", "fence."]),
+                Signal::EachThreadFence => (
+                    &[
+                        "fence.acq_rel.sys;",
+                        "red.relaxed.sys.global.add.u64",
+                        "bar.sync",
+                    ],
+                    &["red.release"],
+                ),
+            };
+            for i in has {
+                assert!(body.contains(i), "sm_{cc}: {k} lacks `{i}`");
+            }
+            for i in lacks {
+                assert!(!body.contains(i), "sm_{cc}: {k} has `{i}`");
+            }
+            let clock = body.contains("%globaltimer");
+            match v.wait {
+                Wait::Library | Wait::ClockEveryPoll => {
+                    assert!(
+                        body.contains("ld.acquire.sys.u64") && clock,
+                        "sm_{cc}: {k}: wait"
+                    )
+                }
+                Wait::NoClock => assert!(
+                    body.contains("ld.acquire.sys.u64") && !clock,
+                    "sm_{cc}: {k}: wait"
+                ),
+                Wait::RelaxedPollFence => assert!(
+                    body.contains("ld.relaxed.sys.u64") && !body.contains("ld.acquire") && clock,
+                    "sm_{cc}: {k}: wait"
+                ),
+                Wait::RelaxedNoClock => assert!(
+                    !body.contains("ld.acquire") && !clock && !body.contains("fence."),
+                    "sm_{cc}: {k}: wait"
+                ),
+            }
+            assert_eq!(body.contains("bar.sync"), v.block, "sm_{cc}: {k}: barriers");
+            assert!(
+                !body.contains("atom.global"),
+                "sm_{cc}: {k} uses a plain atomic"
+            );
+        }
+        for (k, st, ld) in [
+            (
+                "memory_ll8_block_ping_pong",
+                "st.volatile.global.u64",
+                "ld.volatile.global.u64",
+            ),
+            (
+                "memory_ll16_block_ping_pong",
+                "st.volatile.global.v2.u64",
+                "ld.volatile.global.v2.u64",
+            ),
+        ] {
+            let body = entry(ptx, k);
+            for i in [st, ld, "bar.sync"] {
+                assert!(body.contains(i), "sm_{cc}: {k} lacks `{i}`");
+            }
+            // Packets need no fence and no signal (the error count is a GPU-scope add).
+            for absent in ["fence.", "red.", "atom.add.release", "atom.add.relaxed.sys"] {
+                assert!(!body.contains(absent), "sm_{cc}: {k} has `{absent}`");
+            }
+        }
+    }
+}
+
+#[test]
 fn every_embedded_ptx_compiles_with_ptxas() {
     let ptxas = match mscclpp_device_builder::find_ptxas() {
         Ok(p) => p,
@@ -191,6 +287,10 @@ fn launch_bounds_reach_the_ptx_entries() {
             ("memory_ping_pong", 1024),
             ("memory_packet_ping_pong", 1024),
             ("memory_put_bench", 512),
+            ("memory_ll8_block_ping_pong", 1024),
+            ("memory_ll16_block_ping_pong", 1024),
+            ("lat_sem_block_red_release", 1024),
+            ("lat_sem_block_each_fence", 1024),
         ] {
             let body = entry(ptx, k);
             let header = &body[..body.find('{').unwrap_or(body.len())];

@@ -15,6 +15,10 @@
 //! `data1 | flag << 32`; the reader loads it with one 16-byte `ld.volatile.global.v2.u64`
 //! and accepts it only when *both* flags equal the flag it expects.
 //!
+//! [`Ll8Packet`], 8 bytes, 4 bytes of data (MSCCL++'s LL8 layout): `data` then the flag in
+//! one word, stored with one `st.volatile.global.u64` and loaded with one
+//! `ld.volatile.global.u64`; the flag and the data come from one single-copy atomic store.
+//!
 //! [`LlWidePacket`], 32 bytes, 16 bytes of data: two LL16 halves, `lo` carrying data bytes
 //! 0..8 and `hi` bytes 8..16, each with its own copy of the flag, written with two 16-byte
 //! stores and read with two 16-byte loads; valid when all four flags match. It takes the
@@ -198,6 +202,72 @@ impl LlPacket {
     }
 }
 
+/// An LL8 packet (MSCCL++'s LL8 layout): 4 data bytes and one copy of the flag in one
+/// 8-byte word, stored with one `st.volatile.global.u64` and loaded with one
+/// `ld.volatile.global.u64`. The word is single-copy atomic, so a reader that sees the flag
+/// has the data of the same store. It takes the same scratch per data byte as [`LlPacket`]
+/// (8 bytes per 4) with one 8-byte access per packet, and gives a block of `n` threads one
+/// packet each for `4 n` bytes, where LL16 leaves half of them idle.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ll8Packet {
+    /// The 4 data bytes.
+    pub data: u32,
+    /// The flag.
+    pub flag: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Ll8Packet>() == 8);
+
+impl Ll8Packet {
+    /// The packet carrying `data` with `flag`.
+    #[inline(always)]
+    pub const fn new(data: u32, flag: u32) -> Ll8Packet {
+        Ll8Packet { data, flag }
+    }
+
+    /// The word as stored: `data | flag << 32`.
+    #[inline(always)]
+    pub const fn to_word(self) -> u64 {
+        word(self.data, self.flag)
+    }
+
+    /// The packet whose stored word is `w` (inverse of [`to_word`](Self::to_word)).
+    #[inline(always)]
+    pub const fn from_word(w: u64) -> Ll8Packet {
+        Ll8Packet {
+            data: w as u32,
+            flag: (w >> 32) as u32,
+        }
+    }
+
+    /// Stores `data` with `flag` at `p` with one 8-byte volatile store. Traps on flag 0.
+    ///
+    /// # Safety
+    /// `p` must point to a live, 8-byte aligned packet slot in global memory that is only
+    /// accessed through this module while shared.
+    #[inline(always)]
+    pub unsafe fn write(p: *mut Ll8Packet, data: u32, flag: u32) {
+        check_flag(flag);
+        // Volatile (relaxed.sys) 8-byte store: single-copy atomic, data with its flag.
+        // SAFETY: caller guarantees a live aligned global slot with atomic-only access.
+        unsafe { arch::st_volatile_u64(p as *mut u64, Ll8Packet::new(data, flag).to_word()) };
+    }
+
+    /// Loads the packet at `p` once: its data if its flag equals `flag`, else `None`. Traps
+    /// on flag 0.
+    ///
+    /// # Safety
+    /// As for [`write`](Self::write).
+    #[inline(always)]
+    pub unsafe fn read(p: *const Ll8Packet, flag: u32) -> Option<u32> {
+        check_flag(flag);
+        // SAFETY: caller guarantees a live aligned global slot with atomic-only access.
+        let pk = Ll8Packet::from_word(unsafe { arch::ld_volatile_u64(p as *const u64) });
+        if pk.flag == flag { Some(pk.data) } else { None }
+    }
+}
+
 /// A wide LL packet: 16 data bytes in two LL16 halves, each with its own flags, 32 bytes
 /// written with two 16-byte stores (see the [module](self)).
 #[repr(C, align(16))]
@@ -291,7 +361,8 @@ impl LlWidePacket {
 }
 
 /// A packet format usable by [`pack`] / [`unpack`] and memory channels: a fixed number of
-/// data bytes (at most 16) validated by flags within the packet.
+/// data bytes (at most 16) validated by flags within the packet. Slots are aligned to the
+/// packet's own alignment (16 bytes, 8 for [`Ll8Packet`]).
 pub trait Packet: Copy {
     /// Data bytes per packet, 1..=16.
     const DATA_BYTES: u64;
@@ -300,8 +371,8 @@ pub trait Packet: Copy {
     /// (little-endian words) with `flag`. Traps on flag 0.
     ///
     /// # Safety
-    /// `p` must point to a live, 16-byte aligned packet slot in global memory that is only
-    /// accessed through packet functions while shared.
+    /// `p` must point to a live packet slot in global memory, aligned as `Self`, that is
+    /// only accessed through packet functions while shared.
     unsafe fn write_words(p: *mut Self, data: [u64; 2], flag: u32);
 
     /// Loads the packet at `p` once: its data words (unused bytes zero) if every flag in it
@@ -323,6 +394,20 @@ impl Packet for LlPacket {
     unsafe fn read_words(p: *const Self, flag: u32) -> Option<[u64; 2]> {
         // SAFETY: forwarded to the caller.
         unsafe { LlPacket::read(p, flag) }.map(|d| [d, 0])
+    }
+}
+
+impl Packet for Ll8Packet {
+    const DATA_BYTES: u64 = 4;
+    #[inline(always)]
+    unsafe fn write_words(p: *mut Self, data: [u64; 2], flag: u32) {
+        // SAFETY: forwarded to the caller.
+        unsafe { Ll8Packet::write(p, data[0] as u32, flag) }
+    }
+    #[inline(always)]
+    unsafe fn read_words(p: *const Self, flag: u32) -> Option<[u64; 2]> {
+        // SAFETY: forwarded to the caller.
+        unsafe { Ll8Packet::read(p, flag) }.map(|d| [d as u64, 0])
     }
 }
 
@@ -465,7 +550,8 @@ pub(crate) fn check_partition(thread: u32, threads: u32) {
 ///
 /// # Safety
 /// `src..src + size` must be valid for reads and not written concurrently; `dst` must point
-/// to `ceil(size / P::DATA_BYTES)` live, 16-byte aligned packet slots in global memory,
+/// to `ceil(size / P::DATA_BYTES)` live packet slots in global memory (the first one
+/// 16-byte aligned),
 /// accessed only through packet functions while shared.
 #[inline(always)]
 pub unsafe fn pack<P: Packet>(
@@ -505,8 +591,8 @@ pub unsafe fn pack<P: Packet>(
 ///
 /// # Safety
 /// `dst..dst + size` must be valid for writes and not accessed concurrently; `src` must
-/// point to `ceil(size / P::DATA_BYTES)` live, 16-byte aligned packet slots in global
-/// memory, accessed only through packet functions while shared.
+/// point to `ceil(size / P::DATA_BYTES)` live packet slots (the first one 16-byte aligned)
+/// in global memory, accessed only through packet functions while shared.
 #[inline(always)]
 pub unsafe fn unpack<P: Packet>(
     dst: *mut u8,

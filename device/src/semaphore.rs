@@ -131,6 +131,14 @@ impl<'a> DeviceSemaphore<'a> {
         self.timeout_ns
     }
 
+    /// `(inbound, remote, expected)`: the counters behind the handle, for the latency
+    /// variants (`kernels::latency`) that signal and wait with other instructions than
+    /// [`signal`](Self::signal) and [`wait`](Self::wait) on the same counters.
+    #[inline]
+    pub(crate) fn counters(&self) -> (*mut u64, *mut u64, *mut u64) {
+        (self.inbound, self.remote, self.expected)
+    }
+
     /// Adds 1 to the peer's inbound counter with release semantics: every access this
     /// thread made before (and its block's, after a `sync_threads`) happens before what the
     /// peer does after the matching wait.

@@ -499,6 +499,26 @@ pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
     }
 }
 
+/// The 8-byte volatile store (`st.volatile.global.u64` on the GPU): a relaxed atomic store.
+///
+/// # Safety
+/// `p` must point to 8 valid, 8-byte aligned bytes accessed only atomically while shared.
+#[inline]
+pub unsafe fn st_volatile_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees 8 valid aligned bytes with atomic-only shared access.
+    unsafe { atomic_u64(p) }.store(v, Ordering::Relaxed)
+}
+
+/// The 8-byte volatile load (`ld.volatile.global.u64` on the GPU): a relaxed atomic load.
+///
+/// # Safety
+/// `p` must point to 8 valid, 8-byte aligned bytes accessed only atomically while shared.
+#[inline]
+pub unsafe fn ld_volatile_u64(p: *const u64) -> u64 {
+    // SAFETY: caller guarantees 8 valid aligned bytes with atomic-only shared access.
+    unsafe { atomic_u64(p as *mut u64) }.load(Ordering::Relaxed)
+}
+
 /// The 16-byte volatile load (`ld.volatile.global.v2.u64` on the GPU): each word with a
 /// relaxed atomic load, `lo` first. Like the GPU's, each word is read whole and nothing is
 /// ordered, so a reader must validate each word on its own (LL packets carry a flag in both).

@@ -388,6 +388,43 @@ pub unsafe fn st_volatile_v2_u64(p: *mut u64, lo: u64, hi: u64) {
     };
 }
 
+/// One 8-byte `st.volatile.global.u64`: a single-copy atomic store (volatile has the
+/// memory-model semantics of `relaxed.sys`), not cached in L1. An LL8 packet (4 data bytes
+/// and the flag in one word) is published with it.
+///
+/// # Safety
+/// `p` must point to 8 valid, 8-byte aligned bytes of global memory (device, peer or
+/// host-mapped).
+#[inline(always)]
+pub unsafe fn st_volatile_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller guarantees `p` is valid, aligned and in the global window.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; st.volatile.global.u64 [g], {v}; }}",
+            p = in(reg64) p, v = in(reg64) v, options(nostack)
+        )
+    };
+}
+
+/// One 8-byte `ld.volatile.global.u64`: read whole (single-copy atomic), never hoisted out
+/// of a polling loop, ordering nothing. LL8 packets are read with it.
+///
+/// # Safety
+/// `p` must point to 8 valid, 8-byte aligned bytes of global memory (device, peer or
+/// host-mapped).
+#[inline(always)]
+pub unsafe fn ld_volatile_u64(p: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: caller guarantees `p` is valid, aligned and in the global window.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.volatile.global.u64 {v}, [g]; }}",
+            p = in(reg64) p, v = out(reg64) v, options(nostack)
+        )
+    };
+    v
+}
+
 /// One 16-byte `ld.volatile.global.v2.u64`: one load of both words, not cached in L1 and
 /// never merged, split or hoisted out of a polling loop by the compiler. Volatile has the
 /// memory-model semantics of `relaxed.sys`, applied to each `u64` element: each word is read

@@ -13,7 +13,7 @@
 
 use crate::arch;
 use crate::kernel;
-use crate::packet::LlPacket;
+use crate::packet::{Ll8Packet, LlPacket, poll_words};
 
 /// Words of one block's region for `words` data words: the data, then the flag and the
 /// acknowledgement 16 words (128 bytes) apart.
@@ -60,8 +60,14 @@ kernel! {
     /// reader's thread 0 waits for the flag to reach `i`, the block syncs, every thread
     /// loads its 16 bytes with weak loads and counts a violation when they are older than
     /// `i`. `variant` 0: the library's `red.release.sys` add and `ld.acquire.sys` poll;
-    /// 1: a relaxed add (no release); 2: a relaxed poll (no acquire). Blocks of `words / 2`
-    /// threads (`words` even).
+    /// 1: a relaxed add (no release); 2: a relaxed poll (no acquire). The latency candidates
+    /// of `kernels::latency`, each with the library's other half: 3: `fence.acq_rel.sys` +
+    /// relaxed add (its weakened twin: 1); 4: `st.release.sys` of the count `i`; 5:
+    /// `fence.acq_rel.sys` + `st.relaxed.sys` of `i` (the twin of 4 and 5: 8, a relaxed
+    /// store of `i`); 6: relaxed polls + one `fence.acq_rel.sys` after (twin: 2); 7: every
+    /// thread `fence.acq_rel.sys` before the barrier, then thread 0's relaxed add (ordered by
+    /// the hardware's fences, not a release pattern of the model; twin: 1). Blocks of
+    /// `words / 2` threads (`words` even).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn litmus_message_passing(
         local: *mut u64,
@@ -92,22 +98,42 @@ kernel! {
                 arch::sync_threads();
                 // SAFETY: see above; the reader has checked iteration i - 1.
                 unsafe { arch::st_weak_v2_u64(theirs.add(data as usize), i, i) };
+                if variant == 7 {
+                    arch::fence_acq_rel_sys();
+                }
                 arch::sync_threads();
                 if t == 0 {
-                    // SAFETY: see above.
+                    // SAFETY: see above; thread 0 is the flag's only writer (stores of `i`).
                     unsafe {
-                        if variant == 1 {
-                            arch::red_add_relaxed_sys_u64(theirs.add(flag as usize), 1);
-                        } else {
-                            arch::red_add_release_sys_u64(theirs.add(flag as usize), 1);
+                        let f = theirs.add(flag as usize);
+                        match variant {
+                            1 | 7 => arch::red_add_relaxed_sys_u64(f, 1),
+                            3 => {
+                                arch::fence_acq_rel_sys();
+                                arch::red_add_relaxed_sys_u64(f, 1);
+                            }
+                            4 => arch::st_release_sys_u64(f, i),
+                            5 => {
+                                arch::fence_acq_rel_sys();
+                                arch::st_relaxed_sys_u64(f, i);
+                            }
+                            8 => arch::st_relaxed_sys_u64(f, i),
+                            _ => arch::red_add_release_sys_u64(f, 1),
                         }
                     }
                 }
             } else {
                 // SAFETY: see above.
-                if t == 0 && unsafe { !wait_at_least(mine.add(flag as usize), i, variant != 2, out) } {
+                if t == 0 {
                     // SAFETY: see above.
-                    unsafe { set_stop(stop) };
+                    if unsafe { !wait_at_least(mine.add(flag as usize), i, variant != 2 && variant != 6, out) } {
+                        // SAFETY: see above.
+                        unsafe { set_stop(stop) };
+                    }
+                    if variant == 6 {
+                        // Acquire pattern: the relaxed poll that saw `i`, then a fence.
+                        arch::fence_acq_rel_sys();
+                    }
                 }
                 arch::sync_threads();
                 // SAFETY: see above; published by the flag (variant 0).
@@ -137,7 +163,9 @@ kernel! {
     /// iteration, no signal); the reader's threads poll their packet until both flag copies
     /// equal the iteration's and count a violation when its data is not that iteration's.
     /// After the block syncs, the reader's thread 0 acknowledges. `variant` 0: the library's one 16-byte store;
-    /// 1: four 4-byte stores, flags first (a writer that can be seen torn). Blocks of
+    /// 1: four 4-byte stores, flags first (a writer that can be seen torn); 2: the same 8
+    /// data bytes as two [`Ll8Packet`]s (one 8-byte store each, read and validated one by
+    /// one: the LL8 layout of `kernels::latency`). Blocks of
     /// `words / 2` threads (`words` even).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn litmus_ll_packets(
@@ -169,7 +197,11 @@ kernel! {
                 // SAFETY: see above.
                 unsafe {
                     let slot = theirs.add((t * 2) as usize) as *mut LlPacket;
-                    if variant == 1 {
+                    if variant == 2 {
+                        let p = slot as *mut Ll8Packet;
+                        Ll8Packet::write(p, want as u32, flag);
+                        Ll8Packet::write(p.add(1), (want >> 32) as u32, flag);
+                    } else if variant == 1 {
                         let w = slot as *mut u32;
                         core::ptr::write_volatile(w.add(1), flag);
                         core::ptr::write_volatile(w.add(3), flag);
@@ -183,7 +215,16 @@ kernel! {
                 {
                     // SAFETY: see above.
                     let got = unsafe {
-                        LlPacket::poll(mine.add((t * 2) as usize) as *const LlPacket, flag, 10_000_000_000)
+                        let slot = mine.add((t * 2) as usize);
+                        if variant == 2 {
+                            let p = slot as *const Ll8Packet;
+                            match (poll_words(p, flag, 10_000_000_000), poll_words(p.add(1), flag, 10_000_000_000)) {
+                                (Some(lo), Some(hi)) => Some(lo[0] | hi[0] << 32),
+                                _ => None,
+                            }
+                        } else {
+                            LlPacket::poll(slot as *const LlPacket, flag, 10_000_000_000)
+                        }
                     };
                     match got {
                         Some(v) if v != want => {
@@ -293,7 +334,8 @@ mod tests {
 
     #[test]
     fn message_passing_finishes_clean_on_cpu_threads() {
-        for variant in 0..3 {
+        // 0-2 as before, and the latency candidates that claim release/acquire (3-6).
+        for variant in 0..7 {
             assert_eq!(
                 run(litmus_message_passing, variant),
                 [0, 0],
@@ -305,5 +347,6 @@ mod tests {
     #[test]
     fn ll_packets_finish_clean_on_cpu_threads() {
         assert_eq!(run(litmus_ll_packets, 0), [0, 0]);
+        assert_eq!(run(litmus_ll_packets, 2), [0, 0], "LL8");
     }
 }

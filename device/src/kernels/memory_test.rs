@@ -92,7 +92,7 @@ pub unsafe fn count_mismatches(
 
 /// Adds `bad` to the error counter, if non-zero.
 #[inline(always)]
-fn report(errors: *mut u64, bad: u64) {
+pub(crate) fn report(errors: *mut u64, bad: u64) {
     if bad != 0 {
         // Relaxed: a count read by the host after the kernel ends.
         // SAFETY: `errors` is a live counter (kernel contract).
@@ -102,7 +102,7 @@ fn report(errors: *mut u64, bad: u64) {
 
 /// Whether `rank` sends in round `round`: rank 0 in odd rounds, rank 1 in even ones.
 #[inline(always)]
-fn sends(rank: u32, round: u64) -> bool {
+pub(crate) fn sends(rank: u32, round: u64) -> bool {
     (round % 2 == 1) == (rank == 0)
 }
 

@@ -5,6 +5,7 @@ pub mod arch_check;
 pub mod collectives;
 pub mod collectives_more;
 pub mod fifo_test;
+pub mod latency;
 pub mod litmus;
 pub mod memory_test;
 pub mod proxy_test;
