@@ -32,12 +32,17 @@ fn entry<'a>(ptx: &'a str, name: &str) -> &'a str {
     &rest[..end]
 }
 
+/// The embedded PTX for sm_90.
+fn sm90_ptx() -> &'static str {
+    PTX.iter()
+        .find(|(cc, _)| *cc == 90)
+        .map(|(_, ptx)| *ptx)
+        .expect("no sm_90 PTX embedded")
+}
+
 #[test]
 fn sm90_ptx_is_embedded_with_its_target_line() {
-    let (_, ptx) = PTX
-        .iter()
-        .find(|(cc, _)| *cc == 90)
-        .expect("no sm_90 PTX embedded");
+    let ptx = sm90_ptx();
     assert!(ptx.contains(".target sm_90"));
     assert!(ptx.contains(".address_size 64"));
 }
@@ -308,17 +313,14 @@ fn launch_bounds_reach_the_ptx_entries() {
 }
 
 /// The kernels the host launches with programmatic dependent launch (one-shot all-reduce,
-/// packet all-gather, the LL paths of the other collectives, send/recv;
-/// `host/src/collectives/gpu.rs`)
-/// may start while the previous kernel on the stream still runs: in the sm_90 PTX each must
+/// packet all-gather, the LL paths of the other collectives, send/recv; see
+/// `host/src/collectives/gpu.rs`) may start while the previous kernel on the stream still
+/// runs: in the sm_90 PTX each must
 /// execute `griddepcontrol.wait` before any load or store that is not a parameter read or a
 /// prefetch, and trigger its dependents only after that wait.
 #[test]
 fn dependent_launched_kernels_wait_before_touching_memory() {
-    let (_, ptx) = PTX
-        .iter()
-        .find(|(cc, _)| *cc == 90)
-        .expect("no sm_90 PTX embedded");
+    let ptx = sm90_ptx();
     let mut names: Vec<String> = ["f32", "f16", "bf16"]
         .iter()
         .map(|t| format!("all_reduce_one_shot_{t}"))
