@@ -62,8 +62,8 @@
 //!
 //! # Launches
 //!
-//! The latency kernels (one-shot all-reduce, packet all-gather, the LL paths of the other
-//! collectives, send/recv) are launched with programmatic stream serialization (programmatic dependent
+//! The collective kernels over memory channels (all but the proxy-channel algorithms) are
+//! launched with programmatic stream serialization (programmatic dependent
 //! launch, sm_90 PTX only; `MSCCLPP_PDL=0` turns it off, read when the collectives are
 //! created): such a kernel may start while the previous kernel on the stream ends, waits for
 //! it on the GPU before touching memory, and lets the next one start likewise, so
@@ -1060,7 +1060,7 @@ impl Collectives {
                 tag,
                 blocks,
                 threads,
-                algo == AllReduceAlgo::OneShot,
+                algo != AllReduceAlgo::Proxy,
             )
         })
     }
@@ -1120,7 +1120,7 @@ impl Collectives {
                 tag,
                 blocks,
                 threads,
-                algo == AllGatherAlgo::Packets,
+                algo != AllGatherAlgo::Proxy,
             )
         })
     }

@@ -248,7 +248,7 @@ pub(super) struct Kernels {
     functions: Vec<CudaFunction>,
     p2p: CudaFunction,
     ctx: u64,
-    /// Programmatic dependent launch for the LL and p2p kernels (see `gpu::Kernels::launch`).
+    /// Programmatic dependent launch for every kernel here (see `gpu::Kernels::launch`).
     pdl: gpu::Pdl,
 }
 
@@ -285,7 +285,7 @@ impl Kernels {
         let f = &self.functions[index];
         if dependent
             && let Some(r) = self.pdl.launch(|| {
-                // SAFETY: the LL kernels call dependent_launch_entry first; caller contract
+                // SAFETY: TABLE's kernels call dependent_launch_entry first; caller contract
                 // for the ranges; the stream's context was bound by the call's check_stream.
                 unsafe {
                     gpu::launch_dependent(
@@ -493,7 +493,8 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let kernels = self.more.as_ref().expect("GPU backend");
         let (index, grid, tag) = self.more_gpu_launch(&p);
-        let dependent = self.more_path(&p) == Path::Ll;
+        // Every kernel of TABLE starts with dependent_launch_entry.
+        let dependent = true;
         // SAFETY: caller contract.
         self.noted(unsafe {
             kernels.launch(stream, index, send, recv, p.count, tag, grid, dependent)
