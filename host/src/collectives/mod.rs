@@ -587,14 +587,6 @@ impl Collectives {
         // host), indexed by local index; other hosts are reached through `cross`.
         let topo = cross::Topology::of(&comm)?;
         let spans_hosts = topo.hosts.len() > 1;
-        if spans_hosts && matches!(comm.backend(), Backend::Gpu(_)) {
-            return Err(CommError::InvalidArgument(format!(
-                "collectives: rank {} is on another host than rank {}; collectives across \
-                 hosts are built for the Host backend only (their cross-host steps run on the \
-                 CPU; on GPUs they are not built)",
-                topo.hosts[1][0], topo.hosts[0][0]
-            )));
-        }
         let group: Vec<usize> = topo.group().to_vec();
         let (n, rank) = (group.len(), topo.local);
         let transport = comm.backend().transport();
@@ -619,7 +611,6 @@ impl Collectives {
             None
         };
         comm.connection_setup()?;
-        let cross = cross.map(|c| cross::Cross::finish(&comm, c)).transpose()?;
         let all = comm.memory_channels();
         // SAFETY: the handles are kept in `_host_conns` (and copied to `gpu`) next to `comm`,
         // which owns their memory, and are used only while `self` lives.
@@ -669,7 +660,7 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
-        let p2p = match cross {
+        let p2p = match &cross {
             None => Some(more::P2p::new(&mut comm, &config, &ctx)?),
             Some(_) => None,
         };
@@ -677,6 +668,9 @@ impl Collectives {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
         };
+        let cross = cross
+            .map(|c| cross::Cross::finish(&comm, c, gpu.as_ref()))
+            .transpose()?;
         let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
         if comm.nranks() > 1 {
             comm.proxy_launch()?;
@@ -788,12 +782,20 @@ impl Collectives {
                 self.rank()
             )));
         }
+        // A cross-host step's record is never cleared (the partners' rounds may no longer
+        // pair): every later call returns it.
         let Some(rec) = area
             .record()
-            .filter(|r| mismatch || r.kind != fault::MISMATCH)
+            .filter(|r| mismatch || r.kind != fault::MISMATCH || cross::is_cross(r.place))
         else {
-            return Ok(());
+            return match self.cross {
+                Some(_) => self.cross_fault(call),
+                None => Ok(()),
+            };
         };
+        if cross::is_cross(rec.place) {
+            return Err(self.cross_error(call, &rec));
+        }
         let e = self.fault_error(call, &rec);
         if rec.kind == fault::MISMATCH {
             area.clear_record();
@@ -1020,6 +1022,10 @@ impl Collectives {
             gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
             gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
         })())?;
+        if self.cross.is_some() {
+            // SAFETY: the ranges were checked above; the caller keeps them valid.
+            return unsafe { self.gpu_cross_all_reduce(send, recv, count, dtype, op, stream) };
+        }
         let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let (blocks, threads) = self.grid(Some(algo), bytes);
         let f = kernels.all_reduce(algo, dtype, op);
@@ -1046,10 +1052,12 @@ impl Collectives {
         algo: AllGatherAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let kernels = self.gpu_kernels("all_gather")?;
+        self.gpu_kernels("all_gather")?;
         self.check_fault("all_gather", false)?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
-        let algo = self.resolve_all_gather("all_gather", algo, bytes)?;
+        if self.cross.is_none() {
+            self.resolve_all_gather("all_gather", algo, bytes)?;
+        }
         if send_count == 0 {
             return Ok(());
         }
@@ -1059,6 +1067,31 @@ impl Collectives {
             gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
             gpu::check_range("all_gather: recv", recv, total, dtype.size())
         })())?;
+        if self.cross.is_some() {
+            // SAFETY: the ranges were checked above; the caller keeps them valid.
+            return unsafe { self.gpu_cross_all_gather(send, recv, bytes, dtype, stream) };
+        }
+        let algo = self.resolve_all_gather("all_gather", algo, bytes)?;
+        // SAFETY: as in all_reduce_raw.
+        unsafe { self.launch_all_gather(send, recv, bytes, dtype, algo, stream) }
+    }
+
+    /// Launches the all-gather kernel of resolved `algo` over the local group on `stream`
+    /// (`bytes` per local rank).
+    ///
+    /// # Safety
+    /// `send` valid device memory for `bytes`, `recv` for `nlocal * bytes`, until the stream
+    /// ran the kernel.
+    unsafe fn launch_all_gather(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        dtype: DataType,
+        algo: AllGatherAlgo,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let kernels = self.gpu_kernels("all_gather")?;
         let (blocks, threads) = match algo {
             AllGatherAlgo::Proxy => self.grid(Some(AllReduceAlgo::Proxy), bytes),
             // The same unit-per-thread grid as one-shot all-reduce.
@@ -1071,7 +1104,7 @@ impl Collectives {
             _ => &kernels.all_gather,
         };
         let tag = all_gather_tag(algo, dtype);
-        // SAFETY: as in all_reduce_raw.
+        // SAFETY: caller contract; the context holds this communicator's registered memory.
         self.noted(unsafe {
             kernels.launch(stream, f, send, recv, bytes as u64, tag, blocks, threads)
         })

@@ -553,6 +553,28 @@ impl Collectives {
         unsafe { self.local_more_host(call, plan, send, recv) }
     }
 
+    /// The local group's reduce-scatter kernel on `stream` (GPU backend): `count` elements
+    /// per local rank (`send` holds `nlocal * count`).
+    ///
+    /// # Safety
+    /// `send` valid device memory for `nlocal * count` elements, `recv` for `count`,
+    /// disjoint, until the stream ran the kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn gpu_local_reduce_scatter(
+        &self,
+        call: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let plan = self.plan_rs(call, count, dtype, op)?;
+        // SAFETY: caller contract.
+        unsafe { self.more_launch(plan, send, recv, stream) }
+    }
+
     /// The local group's all-to-all of `pair_bytes` per pair (`send` and `recv` hold
     /// `nlocal * pair_bytes`, block `l` for / from local index `l`).
     ///
@@ -617,6 +639,7 @@ impl Collectives {
     /// Checks the GPU backend and the stream of a `_raw` call.
     fn more_gpu_call(&self, call: &str, stream: &CudaStream) -> Result<(), CommError> {
         self.gpu_kernels(call)?;
+        self.not_across_hosts(call)?;
         self.check_fault(call, false)?;
         self.noted(gpu::check_stream(
             call,
