@@ -37,9 +37,8 @@ fn setup(coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
     let config = launch
         .config()
         .with_host_id(format!("sim-gpu-host-{}", launch.rank));
-    let bs =
-        BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)
-            .unwrap();
+    let bs = BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)
+        .unwrap();
     let backend = Backend::auto(bs.local_rank()).unwrap();
     let Backend::Gpu(gpu) = backend.clone() else {
         panic!("rank {} found no GPU", bs.rank())
@@ -124,8 +123,16 @@ fn all_reduce_rank() {
     let (n, r) = (c.nranks(), c.rank());
     assert_eq!(n, 2);
     let cases: [(DataType, ReduceOp, &[usize]); 4] = [
-        (DataType::F32, ReduceOp::Sum, &[1, 7, 1001, 262_144, 16 << 20]),
-        (DataType::Bf16, ReduceOp::Max, &[2, 7, 1001, 524_288, 32 << 20]),
+        (
+            DataType::F32,
+            ReduceOp::Sum,
+            &[1, 7, 1001, 262_144, 16 << 20],
+        ),
+        (
+            DataType::Bf16,
+            ReduceOp::Max,
+            &[2, 7, 1001, 524_288, 32 << 20],
+        ),
         (DataType::F32, ReduceOp::Avg, &[1, 1001, 262_144 + 3]),
         (DataType::I32, ReduceOp::Prod, &[5, 100_003]),
     ];
@@ -139,7 +146,12 @@ fn all_reduce_rank() {
                 let want = bytes_of(
                     dtype,
                     (0..count).map(|i| {
-                        reduce(dtype, op, input(dtype, seed, 0, i), input(dtype, seed, 1, i))
+                        reduce(
+                            dtype,
+                            op,
+                            input(dtype, seed, 0, i),
+                            input(dtype, seed, 1, i),
+                        )
                     }),
                 );
                 let send: CudaSlice<u8> = stream.clone_htod(&mine).unwrap();
@@ -147,10 +159,8 @@ fn all_reduce_rank() {
                 let sp = dptr(&send, &stream);
                 let rp = if in_place { sp } else { dptr(&recv, &stream) };
                 // SAFETY: both slices live until the synchronize below.
-                unsafe {
-                    c.all_reduce_raw(sp, rp, count, dtype, op, AllReduceAlgo::Auto, &stream)
-                }
-                .unwrap();
+                unsafe { c.all_reduce_raw(sp, rp, count, dtype, op, AllReduceAlgo::Auto, &stream) }
+                    .unwrap();
                 c.synchronize(&stream).unwrap();
                 let got = stream
                     .clone_dtoh(if in_place { &send } else { &recv })
@@ -191,7 +201,10 @@ fn all_reduce_rank() {
 fn all_gather_rank() {
     let (c, stream) = setup(small_scratch());
     let (n, r) = (c.nranks(), c.rank());
-    for (k, bytes) in [4usize, 6, 1001, 1 << 20, (64 << 20) + 4].into_iter().enumerate() {
+    for (k, bytes) in [4usize, 6, 1001, 1 << 20, (64 << 20) + 4]
+        .into_iter()
+        .enumerate()
+    {
         let part = |q: usize| -> Vec<u8> {
             (0..bytes)
                 .map(|i| splitmix((k as u64) << 40 ^ (q as u64) << 32 ^ i as u64) as u8)
@@ -249,7 +262,15 @@ fn graph_rank() {
         let p = dptr(&buf, &stream);
         // SAFETY: buf lives until the synchronize.
         unsafe {
-            c.all_reduce_raw(p, p, count, DataType::F32, ReduceOp::Sum, AllReduceAlgo::Auto, &stream)
+            c.all_reduce_raw(
+                p,
+                p,
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+                AllReduceAlgo::Auto,
+                &stream,
+            )
         }
         .unwrap();
         c.synchronize(&stream).unwrap();

@@ -850,6 +850,12 @@ impl Collectives {
         self.comm.nranks()
     }
 
+    /// The number of hosts the ranks are on (bootstrap host ids); above 1 the collectives
+    /// run across hosts (see [Across hosts](self#across-hosts)).
+    pub fn hosts(&self) -> usize {
+        self.cross.as_ref().map_or(1, |c| c.topo.hosts.len())
+    }
+
     /// The settings.
     pub fn config(&self) -> &CollConfig {
         &self.config
