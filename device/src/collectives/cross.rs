@@ -34,7 +34,8 @@
 //!    writes the own send slot's header; barrier.
 //! 2. For every partner host `h` (threads take hosts `t, t + nt, …`): with per-destination
 //!    slots ([`PER_DEST`]), the thread writes slot `h`'s header; it puts the header and
-//!    payload (`len` bytes, or none for a host that gets none: [`to_host`]) into the
+//!    payload (`len` bytes, or none for a host that gets none: [`to_host`], or with
+//!    [`HEADER_ONLY`]) into the
 //!    partner's receive slot of this host in the round's half, with the signal
 //!    (`try_put_with_signal` returns once the proxy has taken the source, so the send slots
 //!    may be rewritten by the next round).
@@ -48,7 +49,8 @@
 //!    its send slot), reduced by the tag's operation into `out` (`len` bytes), average as a
 //!    sum divided once at the end by the job's rank count ([`flags`]); a [`to_host`] step
 //!    reduces on that host only. [`GATHER`]: host `h`'s payload copied to `out + h *
-//!    stride`. [`NONE`]: the caller reads the slots itself.
+//!    stride`. [`PICK`]: host `stride`'s payload copied to `out`. [`NONE`]: nothing (the
+//!    Host backend's caller may read the slots itself).
 //! 5. Thread 0 advances [`ROUND`] (after a barrier).
 //!
 //! A rank writes a partner's receive slot of round `k + 2` (the half of round `k`) only
@@ -73,9 +75,14 @@ pub const NONE: u64 = 0;
 pub const REDUCE: u64 = 1;
 /// Mode: copy host `h`'s payload to `out + h * stride`.
 pub const GATHER: u64 = 2;
+/// Mode: copy the payload of host `stride` (the own send slot for this host) to `out`.
+pub const PICK: u64 = 3;
 /// Flag: the payload for host `h` is in send slot `h` (else every partner gets the own send
 /// slot `rank`).
 pub const PER_DEST: u64 = 1 << 4;
+/// Flag: this rank sends every partner the header alone (a round in which other hosts
+/// send, e.g. a broadcast's); `len` still sizes what the mode copies.
+pub const HEADER_ONLY: u64 = 1 << 5;
 /// Bits of [`flags`] holding the host that alone gets the payload ([`to_host`]).
 const TO_SHIFT: u32 = 8;
 /// "Every partner" in the [`TO_SHIFT`] field.
@@ -147,6 +154,8 @@ pub unsafe fn step(
     let per_dest = flags & PER_DEST != 0;
     let to = (flags >> TO_SHIFT) & TO_ALL;
     let gets = |h: u32| to == TO_ALL || to == h as u64;
+    let sends = flags & HEADER_ONLY == 0;
+    let own_len = if sends { len } else { 0 };
     let base = ctx.scratch;
     // The block's agreement on a failure: thread 0 seeds it from the sticky broken word.
     let failed_flag = crate::shared_array!(CROSS_FAILED: u32; 1);
@@ -183,7 +192,7 @@ pub unsafe fn step(
             unsafe { copy(own.add(HDR as usize), src, len, t, nt) };
         }
         if !per_dest && t == 0 {
-            header(own, len);
+            header(own, own_len);
         }
     }
     arch::sync_threads();
@@ -191,7 +200,7 @@ pub unsafe fn step(
     let mut h = t;
     while h < nh && !call.failed {
         if h != me {
-            let l = if gets(h) { len } else { 0 };
+            let l = if gets(h) { own_len } else { 0 };
             let from = send_slot(slot, if per_dest { h } else { me } as u64);
             if per_dest {
                 header(base.wrapping_add(from as usize), l);
@@ -276,6 +285,10 @@ pub unsafe fn step(
             // caller, the others published by the waits and the barrier); out holds len
             // bytes (caller contract).
             unsafe { reduce_hosts(payload, nh, out, len, tag, (flags >> AVG_SHIFT) as u32) };
+        } else if mode == PICK {
+            let from = (stride as u32).min(nh - 1);
+            // SAFETY: as above; out holds len bytes.
+            unsafe { copy(out, payload(from), len, t, nt) };
         } else if mode == GATHER {
             for h in 0..nh {
                 // SAFETY: as above; out holds (nh - 1) * stride + len bytes.

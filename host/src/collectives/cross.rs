@@ -24,7 +24,7 @@ use std::sync::Mutex;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
-use mscclpp_device::collectives::cross::{self as xk, GATHER, NONE, PER_DEST, REDUCE};
+use mscclpp_device::collectives::cross::{self as xk, GATHER, HEADER_ONLY, PER_DEST, PICK, REDUCE};
 use mscclpp_device::collectives::{CollContext, MAX_RANKS, STATE_WORDS, desc, fault};
 
 use super::gpu;
@@ -151,7 +151,7 @@ pub(super) struct Cross {
     /// Host backend runs the step over it in the calling thread.
     ctx: Box<CollContext>,
     /// The step's state words on the Host backend (the host context points here).
-    host_state: Box<[u64]>,
+    _host_state: Box<[u64]>,
     /// Address of the cross buffer (host or device): `hosts` send slots, then two halves
     /// of `hosts` receive slots, `slot` bytes each.
     base: u64,
@@ -282,7 +282,7 @@ impl Cross {
         };
         Ok(Cross {
             ctx: Box::new(ctx),
-            host_state,
+            _host_state: host_state,
             _conns: conns,
             base,
             slot: p.slot,
@@ -313,20 +313,6 @@ impl Cross {
     /// Payload address of send slot `h`.
     fn send_payload(&self, h: usize) -> u64 {
         self.base + xk::send_slot(self.slot as u64, h as u64) + HDR as u64
-    }
-
-    /// Payload address of receive slot `h` of `round`'s half.
-    fn recv_payload(&self, round: u64, h: usize) -> u64 {
-        self.base
-            + xk::recv_slot(self.slot as u64, self.hosts() as u64, round, h as u64)
-            + HDR as u64
-    }
-
-    /// Host backend: the rounds done (the next step's round).
-    fn host_round(&self) -> u64 {
-        // SAFETY: the step's state words, written only by steps run in a thread holding the
-        // state lock (as this caller does).
-        unsafe { std::ptr::read_volatile(self.host_state.as_ptr().add(xk::ROUND)) }
     }
 }
 
@@ -364,45 +350,135 @@ impl Collectives {
         self.cross.as_ref()
     }
 
-    /// The error of a call that is not built across hosts (on this backend).
+    /// The error of a call that is not built across hosts.
     pub(super) fn not_across_hosts(&self, call: &str) -> Result<(), CommError> {
         match &self.cross {
             None => Ok(()),
-            Some(c) if self.gpu.is_some() => Err(CommError::InvalidArgument(format!(
-                "{call}: not built on GPUs across hosts (this Collectives spans {} hosts); on \
-                 GPUs across hosts all-reduce and all-gather are built (the Host backend runs \
-                 every collective but send/recv across hosts)",
-                c.hosts()
-            ))),
             Some(c) => Err(CommError::InvalidArgument(format!(
                 "{call}: not supported across hosts (this Collectives spans {} hosts); \
-                 across hosts every collective but send/recv is built",
+                 across hosts every collective but send/recv is built (GPU and Host backends)",
                 c.hosts()
             ))),
         }
     }
 
     /// Runs `body` with the cross state locked, after the pending errors; a failure of the
-    /// body is kept and returned by every later call (see the [module](self)).
+    /// body is kept and returned by every later call (see the [module](self)). The body gets
+    /// the shard's and the stage's addresses (host or device memory, by `ex`).
     fn cross_call(
         &self,
         call: &str,
-        body: impl FnOnce(&Cross, &mut State) -> Result<(), CommError>,
+        ex: Exec<'_>,
+        body: impl FnOnce(&Cross, u64, u64) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
-        self.host_only(call)?;
+        if matches!(ex, Exec::Host) {
+            self.host_only(call)?;
+        }
         let cross = self.cross.as_ref().expect("a cross-host Collectives");
         let mut st = cross.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = &st.broken {
             return Err(copy_error(call, e));
         }
-        self.check_fault(call, true)?;
-        let r = body(cross, &mut st);
+        // On a GPU, a local kernel's mismatch record is left for async_error (see there).
+        self.check_fault(call, matches!(ex, Exec::Host))?;
+        let (shard, stage) = match (ex, &cross.gpu) {
+            (Exec::Gpu(_), Some(g)) => (g.shard.device_ptr(), g.stage.device_ptr()),
+            _ => (st.shard.as_mut_ptr() as u64, st.stage.as_mut_ptr() as u64),
+        };
+        let r = body(cross, shard, stage);
         // Any failure inside (a local step's too) may leave this rank's rounds behind its
         // partners': the next exchange would pair different rounds.
         if let Err(e) = &r {
             st.broken = Some(copy_error(call, e));
         }
         r
+    }
+
+    /// One round with the partners on `ex` ([`host_step`](Self::host_step) or
+    /// [`gpu_step`](Self::gpu_step)).
+    ///
+    /// # Safety
+    /// As for [`xk::step`], with memory of `ex`'s kind.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn x_step(
+        &self,
+        ex: Exec<'_>,
+        cross: &Cross,
+        call: &str,
+        src: u64,
+        out: u64,
+        descr: [u64; 2],
+        len: usize,
+        flags: u64,
+        stride: usize,
+    ) -> Result<(), CommError> {
+        // SAFETY: caller contract.
+        unsafe {
+            match ex {
+                Exec::Host => self.host_step(cross, call, src, out, descr, len, flags, stride),
+                Exec::Gpu(s) => self.gpu_step(cross, s, src, out, descr, len, flags, stride),
+            }
+        }
+    }
+
+    /// Copies `bytes` from `src` to `dst` on `ex` (`memcpy`, or `cuMemcpyAsync` on the
+    /// stream); nothing when they are equal.
+    ///
+    /// # Safety
+    /// Both ranges valid memory of `ex`'s kind (until the stream ran the copy), disjoint or
+    /// equal.
+    unsafe fn x_copy(
+        &self,
+        ex: Exec<'_>,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), CommError> {
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        match ex {
+            Exec::Host => {
+                // SAFETY: caller contract.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+                Ok(())
+            }
+            Exec::Gpu(stream) => {
+                // SAFETY: caller contract.
+                let r = unsafe { memcpy_async(dst, src, bytes, stream) };
+                self.noted(r.map_err(CommError::from))
+            }
+        }
+    }
+
+    /// The local group's all-gather of `bytes` per rank (rank `l`'s at `recv + l * bytes`)
+    /// on `ex`: memory channels or LL packets (never the proxy channels).
+    ///
+    /// # Safety
+    /// `send` valid for `bytes`, `recv` for `nlocal * bytes`, disjoint.
+    unsafe fn local_all_gather(
+        &self,
+        ex: Exec<'_>,
+        call: &str,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let algo = match self.choose_all_gather(bytes) {
+            AllGatherAlgo::Packets if bytes > self.one_shot_max_bytes() => AllGatherAlgo::Memory,
+            AllGatherAlgo::Proxy | AllGatherAlgo::Auto => AllGatherAlgo::Memory,
+            a => a,
+        };
+        // SAFETY: caller contract.
+        unsafe {
+            match ex {
+                Exec::Host => {
+                    self.run_all_gather_kernel(call, send, recv, bytes as u64, dtype, algo)
+                }
+                Exec::Gpu(s) => self.launch_all_gather(send, recv, bytes, dtype, algo, s),
+            }
+        }
     }
 
     /// Host backend: one round with the partners ([`xk::step`], in this thread as a block of
@@ -587,14 +663,21 @@ impl Collectives {
         (descr, flags, step_op)
     }
 
-    /// Host backend, across hosts: hierarchical all-reduce (see the [module](self)); with
-    /// `root`, a reduce: the partners send to the root's host only, whose ranks reduce and
-    /// gather the shards, and only the root writes `recv`.
+    /// Across hosts: hierarchical all-reduce (see the [module](self)) on `ex`; with `root`,
+    /// a reduce: the partners send to the root's host only, whose ranks reduce and gather
+    /// the shards, and only the root writes `recv`.
+    ///
+    /// Per round, `L * c` elements (`L` ranks per host): the local reduce-scatter into the
+    /// own send slot (one rank per host: the step copies the input there), the step
+    /// (reduction in host order), the local all-gather.
     ///
     /// # Safety
-    /// `send`/`recv` valid host memory for `count` elements (equal or disjoint).
+    /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint;
+    /// `recv` on the root only for a reduce), until the stream ran the call.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn cross_all_reduce(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         count: usize,
@@ -602,14 +685,15 @@ impl Collectives {
         op: ReduceOp,
         root: Option<usize>,
     ) -> Result<(), CommError> {
-        let call = if root.is_some() {
-            "reduce_host"
+        let call = ex.name(if root.is_some() {
+            "reduce"
         } else {
-            "all_reduce_host"
-        };
+            "all_reduce"
+        });
+        let call = call.as_str();
         check_avg(call, op, dtype, self.nranks())?;
         let s = dtype.size();
-        self.cross_call(call, |cross, st| {
+        self.cross_call(call, ex, |cross, shard, stage| {
             let (descr, flags, step_op) = self.all_reduce_plan(cross, count, dtype, op, root);
             let nl = cross.nlocal();
             let me = cross.topo.host;
@@ -623,53 +707,42 @@ impl Collectives {
                 let c = rem.div_ceil(nl).min(cap);
                 let len = rem.min(nl * c);
                 let at = |b: u64| b + (off * s) as u64;
-                // 1. This host's sum of the shard of this local index, into the own send slot
-                // (one rank per host: the step copies the input there).
-                let src = if nl == 1 {
-                    at(send)
-                } else {
-                    let own = cross.send_payload(me);
-                    let input = if len == nl * c {
+                // SAFETY (every step below): send and recv hold count elements (caller
+                // contract); the stage holds nl * payload >= nl * c elements, the shard and
+                // a send slot's payload >= c.
+                unsafe {
+                    // 1. This host's sum of the shard of this local index, into the own send
+                    // slot (one rank per host: the step copies the input there).
+                    let src = if nl == 1 {
                         at(send)
                     } else {
-                        // SAFETY: send holds count elements (caller contract); the stage
-                        // holds nl * payload >= nl * c elements.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                at(send) as *const u8,
-                                st.stage.as_mut_ptr(),
-                                len * s,
-                            )
-                        };
-                        st.stage.as_ptr() as u64
-                    };
-                    // SAFETY: input holds nl * c elements, the send slot payload >= c.
-                    unsafe { self.local_reduce_scatter(call, input, own, c, dtype, step_op)? };
-                    0
-                };
-                // 2, 3. Every host's sum of it from the partners (reduce: to the root's host
-                // only), reduced in host order (the average's quotient included).
-                let shard = st.shard.as_mut_ptr() as u64;
-                let out = match (reducing, nl) {
-                    (false, _) => 0,
-                    (true, 1) => at(recv),
-                    _ => shard,
-                };
-                // SAFETY: src holds c elements, out c elements (recv: count, caller contract).
-                unsafe { self.host_step(cross, call, src, out, descr, c * s, flags, 0)? };
-                // 4. Every local index's shard to every local rank (reduce: gathered on the
-                // root's host, kept by the root only).
-                if reducing && nl > 1 {
-                    // SAFETY: recv holds count elements (caller contract); the stage
-                    // nl * payload >= nl * c elements.
-                    unsafe {
-                        if len == nl * c && root.is_none() {
-                            self.local_all_gather(call, shard, at(recv), c * s, dtype)?;
+                        let input = if len == nl * c {
+                            at(send)
                         } else {
-                            let stage = st.stage.as_mut_ptr();
-                            self.local_all_gather(call, shard, stage as u64, c * s, dtype)?;
+                            self.x_copy(ex, stage, at(send), len * s)?;
+                            stage
+                        };
+                        let own = cross.send_payload(me);
+                        self.local_reduce_scatter(ex, call, input, own, c, dtype, step_op)?;
+                        0
+                    };
+                    // 2, 3. Every host's sum of it from the partners (reduce: to the root's
+                    // host only), reduced in host order (the average's quotient included).
+                    let out = match (reducing, nl) {
+                        (false, _) => 0,
+                        (true, 1) => at(recv),
+                        _ => shard,
+                    };
+                    self.x_step(ex, cross, call, src, out, descr, c * s, flags, 0)?;
+                    // 4. Every local index's shard to every local rank (reduce: gathered on
+                    // the root's host, kept by the root only).
+                    if reducing && nl > 1 {
+                        if len == nl * c && root.is_none() {
+                            self.local_all_gather(ex, call, shard, at(recv), c * s, dtype)?;
+                        } else {
+                            self.local_all_gather(ex, call, shard, stage, c * s, dtype)?;
                             if is_root {
-                                std::ptr::copy_nonoverlapping(stage, at(recv) as *mut u8, len * s);
+                                self.x_copy(ex, at(recv), stage, len * s)?;
                             }
                         }
                     }
@@ -680,21 +753,26 @@ impl Collectives {
         })
     }
 
-    /// Host backend, across hosts: all-gather (see the [module](self)); `bytes` per rank.
+    /// Across hosts: all-gather of `bytes` per rank on `ex` (see the [module](self)). Per
+    /// round, a piece of every rank's input goes to the partners (the step gathers the
+    /// hosts' pieces), then the local all-gather and copies to their places.
     ///
     /// # Safety
-    /// `send` valid for `bytes`, `recv` for `nranks * bytes` (in place as the one-host call).
+    /// `send` valid for `bytes`, `recv` for `nranks * bytes` (in place as the one-host call),
+    /// memory of `ex`'s kind until the stream ran the call.
     pub(super) unsafe fn cross_all_gather(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         bytes: usize,
         dtype: DataType,
     ) -> Result<(), CommError> {
-        let call = "all_gather_host";
+        let call = ex.name("all_gather");
+        let call = call.as_str();
         let descr = [bytes as u64, all_gather_tag(AllGatherAlgo::Auto, dtype)];
         let flags = xk::flags(GATHER, 0);
-        self.cross_call(call, |cross, st| {
+        self.cross_call(call, ex, |cross, shard, stage| {
             let (nl, nh) = (cross.nlocal(), cross.hosts());
             // Each round: a piece of every rank's data; nh pieces gathered per local rank.
             let piece = cross.payload() / nh / 16 * 16;
@@ -702,31 +780,23 @@ impl Collectives {
             while off < bytes {
                 let p = piece.min(bytes - off);
                 let src = send + off as u64;
-                if nl == 1 {
-                    // One rank per host: rank h is host h; the pieces go to their places.
-                    // SAFETY: send holds bytes, recv nranks * bytes (caller contract).
-                    unsafe {
-                        self.host_step(cross, call, src, recv + off as u64, descr, p, flags, bytes)?
-                    };
-                    off += p;
-                    continue;
-                }
-                // The pieces of this local index's ranks, in host order, in the shard.
-                let shard = st.shard.as_mut_ptr();
-                // SAFETY: the shard holds payload >= nh * p bytes.
-                unsafe { self.host_step(cross, call, src, shard as u64, descr, p, flags, p)? };
-                let stage = st.stage.as_mut_ptr();
-                // SAFETY: the stage holds nl * payload >= nl * nh * p bytes.
-                unsafe { self.local_all_gather(call, shard as u64, stage as u64, nh * p, dtype)? };
-                for lq in 0..nl {
-                    for h in 0..nh {
-                        let g = cross.topo.rank_at(h, lq);
-                        // SAFETY: recv holds nranks * bytes (caller contract); the stage
-                        // holds nh * p bytes per local index.
-                        unsafe {
-                            let from = stage.add((lq * nh + h) * p);
-                            let to = (recv as *mut u8).add(g * bytes + off);
-                            std::ptr::copy_nonoverlapping(from, to, p);
+                // SAFETY (every step below): send holds bytes, recv nranks * bytes (caller
+                // contract); the shard holds payload >= nh * p bytes, the stage nl *
+                // payload >= nl * nh * p.
+                unsafe {
+                    if nl == 1 {
+                        // One rank per host: rank h is host h; the pieces go to their places.
+                        let out = recv + off as u64;
+                        self.x_step(ex, cross, call, src, out, descr, p, flags, bytes)?;
+                    } else {
+                        self.x_step(ex, cross, call, src, shard, descr, p, flags, p)?;
+                        self.local_all_gather(ex, call, shard, stage, nh * p, dtype)?;
+                        for lq in 0..nl {
+                            for h in 0..nh {
+                                let to = recv + (cross.topo.rank_at(h, lq) * bytes + off) as u64;
+                                let from = stage + ((lq * nh + h) * p) as u64;
+                                self.x_copy(ex, to, from, p)?;
+                            }
                         }
                     }
                 }
@@ -736,24 +806,27 @@ impl Collectives {
         })
     }
 
-    /// Host backend, across hosts: reduce-scatter of `count` elements per rank (`send` holds
-    /// `nranks * count`, block `g` for rank `g`). Each round: the blocks are arranged by local
-    /// index (local index `l` gets, in host order, the blocks of the ranks of local index `l`),
-    /// reduce-scattered inside the host (local order), and each host's partial of block `g`
-    /// sent to `g`'s host, where it is reduced in host order.
+    /// Across hosts: reduce-scatter of `count` elements per rank on `ex` (`send` holds
+    /// `nranks * count`, block `g` for rank `g`). Each round: the blocks are arranged by
+    /// local index (local index `l` gets, in host order, the blocks of the ranks of local
+    /// index `l`), reduce-scattered inside the host (local order), and each host's partial of
+    /// block `g` sent to `g`'s host, where the step reduces them in host order.
     ///
     /// # Safety
     /// `send` valid for `nranks * count` elements, `recv` for `count` (in place as the
-    /// one-host call).
+    /// one-host call), memory of `ex`'s kind until the stream ran the call.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn cross_reduce_scatter(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         count: usize,
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let call = "reduce_scatter_host";
+        let call = ex.name("reduce_scatter");
+        let call = call.as_str();
         check_avg(call, op, dtype, self.nranks())?;
         let s = dtype.size();
         let step_op = if op == ReduceOp::Avg {
@@ -769,53 +842,39 @@ impl Collectives {
         );
         let descr = [count as u64, tag];
         let flags = xk::flags(REDUCE | PER_DEST, self.nranks() as u32);
-        self.cross_call(call, |cross, st| {
+        self.cross_call(call, ex, |cross, shard, stage| {
             let (nl, nh) = (cross.nlocal(), cross.hosts());
             // Per round, c elements of every block: the stage holds nl * nh * c of them, the
-            // local result nh * c (in the send slots, one per host).
-            let cap = (cross.payload() / nh).min(cross.payload()) / s;
+            // local result nh * c (the shard), then one piece per send slot.
+            let cap = cross.payload() / nh / s;
             let mut off = 0usize;
             while off < count {
                 let c = (count - off).min(cap);
-                // SAFETY: send holds nranks * count elements; the stage holds nl * payload
-                // bytes >= nl * nh * c elements; each send slot payload >= c elements.
+                // SAFETY (every step below): send holds nranks * count elements, recv count
+                // (caller contract); the stage holds nl * payload >= nl * nh * c elements,
+                // the shard payload >= nh * c, each send slot's payload >= c.
                 unsafe {
-                    let stage = st.stage.as_mut_ptr();
                     for lq in 0..nl {
                         for h in 0..nh {
                             let g = cross.topo.rank_at(h, lq);
-                            std::ptr::copy_nonoverlapping(
-                                (send as *const u8).add((g * count + off) * s),
-                                stage.add((lq * nh + h) * c * s),
-                                c * s,
-                            );
+                            let from = send + ((g * count + off) * s) as u64;
+                            let to = stage + ((lq * nh + h) * c * s) as u64;
+                            self.x_copy(ex, to, from, c * s)?;
                         }
                     }
-                    // This host's partial of the blocks of this local index, host by host,
-                    // gathered in the shard, then spread over the send slots.
-                    let shard = st.shard.as_mut_ptr();
-                    if nl == 1 {
-                        std::ptr::copy_nonoverlapping(stage, shard, nh * c * s);
+                    // This host's partial of the blocks of this local index, host by host.
+                    let partial = if nl == 1 {
+                        stage
                     } else {
-                        self.local_reduce_scatter(
-                            call,
-                            stage as u64,
-                            shard as u64,
-                            nh * c,
-                            dtype,
-                            step_op,
-                        )?;
-                    }
+                        self.local_reduce_scatter(ex, call, stage, shard, nh * c, dtype, step_op)?;
+                        shard
+                    };
                     for h in 0..nh {
-                        std::ptr::copy_nonoverlapping(
-                            shard.add(h * c * s),
-                            cross.send_payload(h) as *mut u8,
-                            c * s,
-                        );
+                        let from = partial + (h * c * s) as u64;
+                        self.x_copy(ex, cross.send_payload(h), from, c * s)?;
                     }
-                    // recv holds count elements.
                     let out = recv + (off * s) as u64;
-                    self.host_step(cross, call, 0, out, descr, c * s, flags, 0)?;
+                    self.x_step(ex, cross, call, 0, out, descr, c * s, flags, 0)?;
                 }
                 off += c;
             }
@@ -823,25 +882,28 @@ impl Collectives {
         })
     }
 
-    /// Host backend, across hosts: broadcast of `bytes` from `root`: the root's data goes
-    /// over TCP to the ranks of its local index on the other hosts (the other local indexes
-    /// do not exchange), then each host broadcasts it from that local index.
+    /// Across hosts: broadcast of `bytes` from `root` on `ex`: the root's data goes to the
+    /// ranks of its local index on the other hosts (the other local indexes do not exchange),
+    /// then each host broadcasts it from that local index.
     ///
     /// # Safety
-    /// `send` valid for `bytes` on the root, `recv` for `bytes` everywhere.
+    /// `send` valid for `bytes` on the root, `recv` for `bytes` everywhere, memory of `ex`'s
+    /// kind until the stream ran the call.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn cross_broadcast(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         bytes: usize,
         dtype: DataType,
         root: usize,
     ) -> Result<(), CommError> {
-        let call = "broadcast_host";
+        let call = ex.name("broadcast");
+        let call = call.as_str();
         let tag = desc::rooted_tag(desc::BROADCAST, super::dtype_code(dtype), 0, 0, root as u64);
         let descr = [bytes as u64, tag];
-        let flags = xk::flags(NONE, 0);
-        self.cross_call(call, |cross, _| {
+        self.cross_call(call, ex, |cross, _, _| {
             let topo = &cross.topo;
             let root_host = (0..topo.hosts.len())
                 .find(|&h| topo.hosts[h].contains(&root))
@@ -855,123 +917,101 @@ impl Collectives {
                 let mut off = 0;
                 while off < bytes {
                     let p = cross.payload().min(bytes - off);
-                    let round = cross.host_round();
-                    if me == root_host {
-                        // SAFETY: send holds bytes on the root.
-                        unsafe {
-                            self.host_step(cross, call, send + off as u64, 0, descr, p, flags, 0)?;
-                            if send != recv {
-                                // Disjoint or equal (checked by the caller).
-                                std::ptr::copy(
-                                    (send as *const u8).add(off),
-                                    (recv as *mut u8).add(off),
-                                    p,
-                                )
-                            }
-                        }
+                    // The root puts its piece; the others send headers and copy the root's.
+                    let (src, flags) = if me == root_host {
+                        (send + off as u64, xk::flags(PICK, 0))
                     } else {
-                        // SAFETY: the header alone goes out; recv holds bytes, the receive
-                        // slot p (published by the step's wait).
-                        unsafe {
-                            self.host_step(cross, call, 0, 0, descr, 0, flags, 0)?;
-                            std::ptr::copy_nonoverlapping(
-                                cross.recv_payload(round, root_host) as *const u8,
-                                (recv as *mut u8).add(off),
-                                p,
-                            )
-                        };
-                    }
+                        (0, xk::flags(PICK | HEADER_ONLY, 0))
+                    };
+                    let out = if me == root_host && send == recv {
+                        0
+                    } else {
+                        recv + off as u64
+                    };
+                    // SAFETY: send holds bytes on the root, recv bytes (caller contract).
+                    unsafe { self.x_step(ex, cross, call, src, out, descr, p, flags, root_host)? };
                     off += p;
                 }
             }
             if cross.nlocal() > 1 {
                 // SAFETY: recv holds bytes; on the local root it holds the data now.
-                unsafe { self.local_broadcast(call, recv, bytes, dtype, root_local)? };
+                unsafe { self.local_broadcast(ex, call, recv, bytes, dtype, root_local)? };
             }
             Ok(())
         })
     }
 
-    /// Host backend, across hosts: all-to-all of `bytes` per pair (`send` and `recv` hold
-    /// `nranks * bytes`). Each round, a piece of every block: an all-to-all inside the host
-    /// hands local index `l` every block of this host meant for the ranks of local index `l`
-    /// (on every host); then each rank sends its partner on host `h` the blocks for it (one
-    /// exchange) and places what it receives by source rank.
+    /// Across hosts: all-to-all of `bytes` per pair on `ex` (`send` and `recv` hold `nranks *
+    /// bytes`). Each round, a piece of every block: an all-to-all inside the host hands local
+    /// index `l` every block of this host meant for the ranks of local index `l` (on every
+    /// host); each rank puts its partner on host `h` the blocks for it (a send slot per
+    /// host, the own host's too), the step gathers every host's blocks, and they are copied
+    /// to their places by source rank.
     ///
     /// # Safety
-    /// `send` and `recv` valid for `nranks * bytes`, disjoint.
+    /// `send` and `recv` valid for `nranks * bytes`, disjoint, memory of `ex`'s kind until the
+    /// stream ran the call.
     pub(super) unsafe fn cross_all_to_all(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         bytes: usize,
         dtype: DataType,
     ) -> Result<(), CommError> {
-        let call = "all_to_all_host";
+        let call = ex.name("all_to_all");
+        let call = call.as_str();
         let tag = desc::tag(desc::ALL_TO_ALL, super::dtype_code(dtype), 0, 0);
         let descr = [bytes as u64, tag];
-        let flags = xk::flags(NONE | PER_DEST, 0);
-        self.cross_call(call, |cross, st| {
+        let flags = xk::flags(GATHER | PER_DEST, 0);
+        self.cross_call(call, ex, |cross, _, stage| {
             let (nl, nh) = (cross.nlocal(), cross.hosts());
-            let me = cross.topo.host;
             // Pieces of p bytes (whole elements): the stage holds the arranged input and the
-            // local all-to-all's output (nl * nh * p each), a slot nl * p.
+            // local all-to-all's output (nl * nh * p each), later the gathered blocks; a
+            // slot nl * p.
             let s = dtype.size();
             let p_max = ((cross.payload() / (2 * nh)).min(cross.payload() / nl) / s * s).max(s);
             let mut off = 0usize;
             while off < bytes {
                 let p = p_max.min(bytes - off);
-                let round = cross.host_round();
-                let half = nl * nh * p;
-                let stage = st.stage.as_mut_ptr();
-                // SAFETY: send and recv hold nranks * bytes (caller contract); the stage holds
-                // nl * payload >= 2 * nl * nh * p bytes; a send slot payload >= nl * p.
+                let half = (nl * nh * p) as u64;
+                // SAFETY (every step below): send and recv hold nranks * bytes (caller
+                // contract); the stage holds nl * payload >= 2 * nl * nh * p bytes; a send
+                // slot's payload >= nl * p.
                 unsafe {
                     // Input arranged by destination local index, then host.
                     for ld in 0..nl {
                         for hd in 0..nh {
                             let g = cross.topo.rank_at(hd, ld);
-                            std::ptr::copy_nonoverlapping(
-                                (send as *const u8).add(g * bytes + off),
-                                stage.add((ld * nh + hd) * p),
-                                p,
-                            );
+                            let from = send + (g * bytes + off) as u64;
+                            let to = stage + ((ld * nh + hd) * p) as u64;
+                            self.x_copy(ex, to, from, p)?;
                         }
                     }
                     // From every local rank ls: its blocks for (hd, l), hd in host order.
                     let local_out = if nl == 1 {
-                        stage as *const u8
+                        stage
                     } else {
-                        let out = stage.add(half);
-                        self.local_all_to_all(call, stage as u64, out as u64, nh * p, dtype)?;
-                        out as *const u8
+                        let out = stage + half;
+                        self.local_all_to_all(ex, call, stage, out, nh * p, dtype)?;
+                        out
                     };
                     for hd in 0..nh {
                         for ls in 0..nl {
-                            let from = local_out.add((ls * nh + hd) * p);
-                            let to = if hd == me {
-                                let g = cross.topo.rank_at(me, ls);
-                                (recv as *mut u8).add(g * bytes + off)
-                            } else {
-                                (cross.send_payload(hd) as *mut u8).add(ls * p)
-                            };
-                            std::ptr::copy_nonoverlapping(from, to, p);
+                            let from = local_out + ((ls * nh + hd) * p) as u64;
+                            let to = cross.send_payload(hd) + (ls * p) as u64;
+                            self.x_copy(ex, to, from, p)?;
                         }
                     }
-                    self.host_step(cross, call, 0, 0, descr, nl * p, flags, 0)?;
-                }
-                for hs in (0..nh).filter(|&h| h != me) {
-                    for ls in 0..nl {
-                        let g = cross.topo.rank_at(hs, ls);
-                        // SAFETY: the receive slot holds nl * p bytes (published by the
-                        // step's wait); recv holds nranks * bytes.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                (cross.recv_payload(round, hs) as *const u8).add(ls * p),
-                                (recv as *mut u8).add(g * bytes + off),
-                                p,
-                            )
-                        };
+                    // Host hs's blocks (nl * p bytes, by source local index) at stage +
+                    // hs * nl * p.
+                    self.x_step(ex, cross, call, 0, stage, descr, nl * p, flags, nl * p)?;
+                    for hs in 0..nh {
+                        for ls in 0..nl {
+                            let g = cross.topo.rank_at(hs, ls);
+                            let from = stage + ((hs * nl + ls) * p) as u64;
+                            self.x_copy(ex, recv + (g * bytes + off) as u64, from, p)?;
+                        }
                     }
                 }
                 off += p;
@@ -979,188 +1019,25 @@ impl Collectives {
             Ok(())
         })
     }
+}
 
-    /// The local group's all-gather of `bytes` per rank (rank `l`'s at `recv + l * bytes`).
-    ///
-    /// # Safety
-    /// `send` valid for `bytes`, `recv` for `nlocal * bytes`, disjoint.
-    unsafe fn local_all_gather(
-        &self,
-        call: &str,
-        send: u64,
-        recv: u64,
-        bytes: usize,
-        dtype: DataType,
-    ) -> Result<(), CommError> {
-        let algo = self.local_all_gather_algo(bytes);
-        // SAFETY: caller contract.
-        unsafe { self.run_all_gather_kernel(call, send, recv, bytes as u64, dtype, algo) }
-    }
+/// Where a cross-host call runs: on the calling thread (Host backend) or queued on a stream
+/// (GPU backend).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Exec<'a> {
+    /// Host backend: blocking, in this thread.
+    Host,
+    /// GPU backend: stream-ordered launches and copies.
+    Gpu(&'a CudaStream),
+}
 
-    /// The algorithm of a local all-gather step: memory channels or LL packets (never the
-    /// proxy channels).
-    fn local_all_gather_algo(&self, bytes: usize) -> AllGatherAlgo {
-        match self.choose_all_gather(bytes) {
-            AllGatherAlgo::Packets if bytes > self.one_shot_max_bytes() => AllGatherAlgo::Memory,
-            AllGatherAlgo::Proxy | AllGatherAlgo::Auto => AllGatherAlgo::Memory,
-            a => a,
+impl Exec<'_> {
+    /// The call's name in messages: `name` on a GPU, `name_host` on the Host backend.
+    fn name(self, name: &str) -> String {
+        match self {
+            Exec::Host => format!("{name}_host"),
+            Exec::Gpu(_) => name.to_string(),
         }
-    }
-
-    /// GPU backend, across hosts: hierarchical all-reduce of `count` elements on `stream`
-    /// (ranges checked by the caller): per round, the local reduce-scatter kernel into the
-    /// own send slot (one rank per host: the step copies the input), the cross step, the
-    /// local all-gather kernel; copies with `cuMemcpyAsync` where a round is partial. No
-    /// host synchronisation, no allocation: capturable into a CUDA graph.
-    ///
-    /// # Safety
-    /// `send`/`recv` valid device ranges of `count` elements (equal or disjoint) until the
-    /// stream has run the call.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gpu_cross_all_reduce(
-        &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        let call = "all_reduce";
-        check_avg(call, op, dtype, self.nranks())?;
-        let cross = self.cross.as_ref().expect("a cross-host Collectives");
-        let g = cross.gpu.as_ref().expect("the GPU backend");
-        let (descr, flags, step_op) = self.all_reduce_plan(cross, count, dtype, op, None);
-        let s = dtype.size();
-        let (nl, me) = (cross.nlocal(), cross.topo.host);
-        let (shard, stage) = (g.shard.device_ptr(), g.stage.device_ptr());
-        let cap = cross.payload() / s;
-        let mut off = 0usize;
-        while off < count {
-            let rem = count - off;
-            let c = rem.div_ceil(nl).min(cap);
-            let len = rem.min(nl * c);
-            let at = |b: u64| b + (off * s) as u64;
-            // SAFETY (every launch and copy below): send and recv hold count elements (caller
-            // contract), the stage nl * payload >= nl * c elements, the shard and a send
-            // slot's payload >= c elements; all device memory of this context, ordered on
-            // `stream`.
-            unsafe {
-                if nl == 1 {
-                    self.gpu_step(cross, stream, at(send), at(recv), descr, c * s, flags, 0)?;
-                    off += len;
-                    continue;
-                }
-                let input = if len == nl * c {
-                    at(send)
-                } else {
-                    self.gpu_copy(stream, stage, at(send), len * s)?;
-                    stage
-                };
-                let own = cross.send_payload(me);
-                self.gpu_local_reduce_scatter(call, input, own, c, dtype, step_op, stream)?;
-                self.gpu_step(cross, stream, 0, shard, descr, c * s, flags, 0)?;
-                if len == nl * c {
-                    self.gpu_local_all_gather(call, shard, at(recv), c * s, dtype, stream)?;
-                } else {
-                    self.gpu_local_all_gather(call, shard, stage, c * s, dtype, stream)?;
-                    self.gpu_copy(stream, at(recv), stage, len * s)?;
-                }
-            }
-            off += len;
-        }
-        Ok(())
-    }
-
-    /// GPU backend, across hosts: all-gather of `bytes` per rank on `stream` (ranges checked
-    /// by the caller): per round, a piece of every rank's input goes to the partners (the
-    /// cross step gathers the hosts' pieces), then the local all-gather kernel and copies to
-    /// their places (`cuMemcpyAsync`). Capturable as [`gpu_cross_all_reduce`](Self::gpu_cross_all_reduce).
-    ///
-    /// # Safety
-    /// `send` valid for `bytes`, `recv` for `nranks * bytes` (in place as the one-host call),
-    /// until the stream has run the call.
-    pub(super) unsafe fn gpu_cross_all_gather(
-        &self,
-        send: u64,
-        recv: u64,
-        bytes: usize,
-        dtype: DataType,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        let call = "all_gather";
-        let cross = self.cross.as_ref().expect("a cross-host Collectives");
-        let g = cross.gpu.as_ref().expect("the GPU backend");
-        let descr = [bytes as u64, all_gather_tag(AllGatherAlgo::Auto, dtype)];
-        let flags = xk::flags(GATHER, 0);
-        let (nl, nh) = (cross.nlocal(), cross.hosts());
-        let (shard, stage) = (g.shard.device_ptr(), g.stage.device_ptr());
-        let piece = cross.payload() / nh / 16 * 16;
-        let mut off = 0usize;
-        while off < bytes {
-            let p = piece.min(bytes - off);
-            let src = send + off as u64;
-            // SAFETY (every launch and copy below): send holds bytes and recv nranks * bytes
-            // (caller contract); the shard holds payload >= nh * p bytes, the stage nl *
-            // payload >= nl * nh * p; ordered on `stream`.
-            unsafe {
-                if nl == 1 {
-                    // One rank per host: rank h is host h; the pieces go to their places.
-                    let out = recv + off as u64;
-                    self.gpu_step(cross, stream, src, out, descr, p, flags, bytes)?;
-                } else {
-                    self.gpu_step(cross, stream, src, shard, descr, p, flags, p)?;
-                    self.gpu_local_all_gather(call, shard, stage, nh * p, dtype, stream)?;
-                    for lq in 0..nl {
-                        for h in 0..nh {
-                            let to = recv + (cross.topo.rank_at(h, lq) * bytes + off) as u64;
-                            let from = stage + ((lq * nh + h) * p) as u64;
-                            self.gpu_copy(stream, to, from, p)?;
-                        }
-                    }
-                }
-            }
-            off += p;
-        }
-        Ok(())
-    }
-
-    /// Queues a device-to-device copy on `stream`.
-    ///
-    /// # Safety
-    /// Both ranges valid device memory of `bytes` until the stream ran the copy.
-    unsafe fn gpu_copy(
-        &self,
-        stream: &CudaStream,
-        dst: u64,
-        src: u64,
-        bytes: usize,
-    ) -> Result<(), CommError> {
-        if bytes == 0 || dst == src {
-            return Ok(());
-        }
-        // SAFETY: caller contract.
-        let r = unsafe { memcpy_async(dst, src, bytes, stream) };
-        self.noted(r.map_err(CommError::from))
-    }
-
-    /// The local group's all-gather kernel on `stream` (`bytes` per local rank).
-    ///
-    /// # Safety
-    /// Device ranges as for the host twin (`local_all_gather`), until the stream ran it.
-    unsafe fn gpu_local_all_gather(
-        &self,
-        call: &str,
-        send: u64,
-        recv: u64,
-        bytes: usize,
-        dtype: DataType,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        let _ = call;
-        let algo = self.local_all_gather_algo(bytes);
-        // SAFETY: caller contract.
-        unsafe { self.launch_all_gather(send, recv, bytes, dtype, algo, stream) }
     }
 }
 

@@ -1030,7 +1030,9 @@ impl Collectives {
         })())?;
         if self.cross.is_some() {
             // SAFETY: the ranges were checked above; the caller keeps them valid.
-            return unsafe { self.gpu_cross_all_reduce(send, recv, count, dtype, op, stream) };
+            return unsafe {
+                self.cross_all_reduce(cross::Exec::Gpu(stream), send, recv, count, dtype, op, None)
+            };
         }
         let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let (blocks, threads) = self.grid(Some(algo), bytes);
@@ -1075,7 +1077,9 @@ impl Collectives {
         })())?;
         if self.cross.is_some() {
             // SAFETY: the ranges were checked above; the caller keeps them valid.
-            return unsafe { self.gpu_cross_all_gather(send, recv, bytes, dtype, stream) };
+            return unsafe {
+                self.cross_all_gather(cross::Exec::Gpu(stream), send, recv, bytes, dtype)
+            };
         }
         let algo = self.resolve_all_gather("all_gather", algo, bytes)?;
         // SAFETY: as in all_reduce_raw.
@@ -1260,7 +1264,9 @@ impl Collectives {
         }
         if self.cross.is_some() {
             // SAFETY: caller contract.
-            return unsafe { self.cross_all_reduce(send, recv, count, dtype, op, None) };
+            return unsafe {
+                self.cross_all_reduce(cross::Exec::Host, send, recv, count, dtype, op, None)
+            };
         }
         let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
         let f = more::all_reduce_host_kernel(algo, dtype, op);
@@ -1300,7 +1306,9 @@ impl Collectives {
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
         if self.cross.is_some() {
             // SAFETY: send holds bytes, recv nranks * bytes (checked), both borrowed.
-            return unsafe { self.cross_all_gather(s, r, bytes as usize, T::DTYPE) };
+            return unsafe {
+                self.cross_all_gather(cross::Exec::Host, s, r, bytes as usize, T::DTYPE)
+            };
         }
         let algo =
             self.resolve_all_gather("all_gather_host", AllGatherAlgo::Auto, bytes as usize)?;
