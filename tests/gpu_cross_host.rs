@@ -5,8 +5,9 @@
 //! All-reduce (f32 sum and average, bf16 max, i32 product) at 4 B, odd counts, 1 MiB and
 //! 64 MiB, in place and out of place, and all-gather, against a CPU reference (with one rank
 //! per host the host order is the rank order); a CUDA-graph capture and replay of an
-//! all-reduce; the collectives not built on GPUs across hosts are refused. Skips with a
-//! reason without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
+//! all-reduce; reduce-scatter, reduce and broadcast to and from each root, all-to-all; and
+//! send/recv, not built across hosts, refused. Skips with a reason without a GPU; fails
+//! instead under MSCCLPP_REQUIRE_GPU=1.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -175,24 +176,124 @@ fn all_reduce_rank() {
             println!("rank {r}: all_reduce {dtype} {op:?} of {count} matched");
         }
     }
-    // Not built on GPUs across hosts: a clear error, no launch, and the collectives stay
-    // usable.
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// f32 elements `i` of rank `q`'s input of case `seed` (small integers: every sum exact).
+fn ints(seed: u64, q: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| (splitmix(seed << 48 ^ (q as u64) << 40 ^ i as u64) % 17) as f32 - 8.0)
+        .collect()
+}
+
+/// Reduce-scatter, reduce to each root, broadcast from each root and all-to-all against
+/// the CPU reference; send/recv is refused with the reason.
+fn more_rank() {
+    let (c, stream) = setup(small_scratch());
+    let (n, r) = (c.nranks(), c.rank());
+    for (k, count) in [1usize, 1001, 262_145].into_iter().enumerate() {
+        let seed = 100 + k as u64;
+        let send: CudaSlice<f32> = stream.clone_htod(&ints(seed, r, n * count)).unwrap();
+        let recv: CudaSlice<f32> = stream.alloc_zeros(count).unwrap();
+        let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
+        // SAFETY: the slices live until the synchronize.
+        unsafe { c.reduce_scatter_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, &stream) }
+            .unwrap();
+        c.synchronize(&stream).unwrap();
+        let got = stream.clone_dtoh(&recv).unwrap();
+        let (a, b) = (ints(seed, 0, n * count), ints(seed, 1, n * count));
+        let want: Vec<f32> = (0..count)
+            .map(|i| a[r * count + i] + b[r * count + i])
+            .collect();
+        assert!(got == want, "rank {r}: reduce_scatter of {count} per rank");
+        println!("rank {r}: reduce_scatter of {count} per rank matched");
+    }
+    for root in 0..n {
+        for count in [7usize, 300_001] {
+            let seed = 200 + (root * 10 + count % 10) as u64;
+            let send: CudaSlice<f32> = stream.clone_htod(&ints(seed, r, count)).unwrap();
+            let recv: CudaSlice<f32> = stream.alloc_zeros(count).unwrap();
+            let sp = dptr(&send, &stream);
+            // The other ranks pass no receive buffer.
+            let rp = if r == root { dptr(&recv, &stream) } else { 0 };
+            // SAFETY: the slices live until the synchronize.
+            unsafe { c.reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, root, &stream) }
+                .unwrap();
+            c.synchronize(&stream).unwrap();
+            if r == root {
+                let got = stream.clone_dtoh(&recv).unwrap();
+                let (a, b) = (ints(seed, 0, count), ints(seed, 1, count));
+                let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+                assert!(got == want, "rank {r}: reduce of {count} to {root}");
+            }
+            let bytes = count * 4 + 3;
+            let data: Vec<u8> = (0..bytes)
+                .map(|i| splitmix(seed ^ i as u64) as u8)
+                .collect();
+            let mine: Vec<u8> = if r == root {
+                data.clone()
+            } else {
+                vec![0; bytes]
+            };
+            let send: CudaSlice<u8> = stream.clone_htod(&mine).unwrap();
+            let recv: CudaSlice<u8> = stream.alloc_zeros(bytes).unwrap();
+            let sp = if r == root { dptr(&send, &stream) } else { 0 };
+            let rp = dptr(&recv, &stream);
+            // SAFETY: the slices live until the synchronize.
+            unsafe { c.broadcast_raw(sp, rp, bytes, DataType::U8, root, &stream) }.unwrap();
+            c.synchronize(&stream).unwrap();
+            let got = stream.clone_dtoh(&recv).unwrap();
+            let (bad, first) = mismatches(&got, &data, 1);
+            assert_eq!(
+                bad, 0,
+                "rank {r}: broadcast of {bytes} from {root}: first at {first:?}"
+            );
+        }
+        println!("rank {r}: reduce and broadcast with root {root} matched");
+    }
+    for count in [1usize, 100_003] {
+        let block = |q: usize, d: usize| -> Vec<u32> {
+            (0..count)
+                .map(|i| splitmix((q as u64) << 48 ^ (d as u64) << 40 ^ i as u64) as u32)
+                .collect()
+        };
+        let mine: Vec<u32> = (0..n).flat_map(|d| block(r, d)).collect();
+        let want: Vec<u32> = (0..n).flat_map(|q| block(q, r)).collect();
+        let send: CudaSlice<u32> = stream.clone_htod(&mine).unwrap();
+        let recv: CudaSlice<u32> = stream.alloc_zeros(n * count).unwrap();
+        let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
+        // SAFETY: the slices live until the synchronize.
+        unsafe { c.all_to_all_raw(sp, rp, count, DataType::U32, &stream) }.unwrap();
+        c.synchronize(&stream).unwrap();
+        let got = stream.clone_dtoh(&recv).unwrap();
+        assert!(got == want, "rank {r}: all_to_all of {count} per pair");
+        println!("rank {r}: all_to_all of {count} per pair matched");
+    }
+    // Send/recv is not built across hosts: a clear error, nothing launched, and the
+    // collectives stay usable.
     let buf: CudaSlice<f32> = stream.alloc_zeros(8).unwrap();
     let p = dptr(&buf, &stream);
     // SAFETY: refused before any launch.
-    let e = unsafe { c.reduce_scatter_raw(p, p, 4, DataType::F32, ReduceOp::Sum, &stream) }
-        .unwrap_err();
+    let e = unsafe { c.send_raw(p, 8, DataType::F32, 1 - r, &stream) }.unwrap_err();
     assert!(
-        matches!(&e, CommError::InvalidArgument(m) if m.contains("not built on GPUs across hosts")
-            && m.contains("reduce_scatter")),
+        matches!(&e, CommError::InvalidArgument(m) if m.contains("not supported across hosts")),
         "rank {r}: {e}"
     );
-    // SAFETY: refused before any launch.
-    let e = unsafe { c.broadcast_raw(p, p, 8, DataType::F32, 0, &stream) }.unwrap_err();
-    assert!(
-        matches!(&e, CommError::InvalidArgument(m) if m.contains("not built on GPUs across hosts")),
-        "rank {r}: {e}"
-    );
+    // SAFETY: the buffer lives until the synchronize.
+    unsafe {
+        c.all_reduce_raw(
+            p,
+            p,
+            8,
+            DataType::F32,
+            ReduceOp::Sum,
+            AllReduceAlgo::Auto,
+            &stream,
+        )
+    }
+    .unwrap();
+    c.synchronize(&stream).unwrap();
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
 }
@@ -338,4 +439,8 @@ two_rank_test!(
     all_reduce_rank
 );
 two_rank_test!(cross_host_all_gather_places_every_rank, all_gather_rank);
+two_rank_test!(
+    cross_host_reduce_scatter_reduce_broadcast_all_to_all_match,
+    more_rank
+);
 two_rank_test!(cross_host_all_reduce_replays_under_a_cuda_graph, graph_rank);

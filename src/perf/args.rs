@@ -364,7 +364,7 @@ impl Config {
             return bad("--simulate-hosts must be at least 1".into());
         }
         if let (Some(h), Some(n)) = (args.simulate_hosts, args.nranks)
-            && n % h != 0
+            && !n.is_multiple_of(h)
         {
             return bad(format!(
                 "--simulate-hosts {h} does not divide --nranks {n} (every simulated host needs \

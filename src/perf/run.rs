@@ -130,7 +130,7 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
     let bootstrap = match config.args.simulate_hosts {
         None => launch.blocking_bootstrap()?,
         Some(h) => {
-            if launch.nranks % h != 0 {
+            if !launch.nranks.is_multiple_of(h) {
                 return Err(PerfError::Args(format!(
                     "--simulate-hosts {h} does not divide the {} ranks (every simulated host \
                      needs the same number of ranks)",
