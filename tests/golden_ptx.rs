@@ -208,13 +208,13 @@ fn launch_bounds_reach_the_ptx_entries() {
 }
 
 #[test]
-fn the_cross_host_step_is_an_entry_of_up_to_1024_threads() {
+fn the_cross_host_step_is_an_entry_of_up_to_512_threads() {
     for (cc, ptx) in PTX {
         let body = entry(ptx, "cross_step");
         let header = &body[..body.find('{').unwrap_or(body.len())];
         assert!(
-            header.contains(".maxntid 1024, 1, 1"),
-            "sm_{cc}: cross_step lacks .maxntid 1024"
+            header.contains(".maxntid 512, 1, 1"),
+            "sm_{cc}: cross_step lacks .maxntid 512"
         );
         // Its waits read the proxy channels' counters with acquire at system scope.
         assert!(body.contains("ld.acquire.sys"), "sm_{cc}: cross_step");

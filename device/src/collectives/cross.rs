@@ -4,7 +4,7 @@
 //! by a reduction of the hosts' payloads in host order or a gather of them.
 //!
 //! The same function, [`step`], runs as a one-block GPU kernel on the GPU backend (the
-//! `cross_step` kernel of [`crate::kernels::collectives`]) and in the calling CPU thread on
+//! [`cross_step`] kernel, one block) and in the calling CPU thread on
 //! the Host backend (a block of one thread: `sync_threads` is then a no-op), so the logic
 //! CI tests over TCP loopback is the logic the GPU runs.
 //!
@@ -128,13 +128,15 @@ pub const fn buffer_bytes(slot: u64, hosts: u64) -> u64 {
 /// One round (see the [module](self)): `n` and `tag` are the call's descriptor (checked
 /// against every partner's), `len` the payload bytes (at most `scratch_len - HDR`), `src`
 /// (null: the payload is already in the send slots) the own payload, `out` and `stride` the
-/// destination of [`REDUCE`] / [`GATHER`] (null: none on this rank).
+/// destination of [`REDUCE`] / [`GATHER`] / [`PICK`] (null: none on this rank; for
+/// [`PICK`], `stride` is the host whose payload is copied).
 ///
 /// # Safety
 /// Every thread of one block, with the same arguments; `ctx` a valid cross context (see the
 /// [module](self)); `src` valid for `len` bytes; `out` valid for `len` bytes ([`REDUCE`],
-/// aligned to the tag's element size) or `(nranks - 1) * stride + len` bytes ([`GATHER`]),
-/// disjoint from the cross buffer; the payloads `len` bytes of whole elements.
+/// aligned to the tag's element size; [`PICK`]) or `(nranks - 1) * stride + len` bytes
+/// ([`GATHER`]), disjoint from the cross buffer; the payloads `len` bytes of whole
+/// elements.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn step(
@@ -429,4 +431,4 @@ crate::kernel! {
         unsafe { step(&*ctx, src, out, n, tag, len, flags, stride) }
     }
 }
-crate::launch_bounds!(cross_step, 1024);
+crate::launch_bounds!(cross_step, 512);

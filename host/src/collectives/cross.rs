@@ -1,24 +1,29 @@
-//! Collectives across hosts (issue #17), Host backend: ranks of one host keep the memory
-//! channels and kernels of a one-host [`Collectives`] (over the *local group*: the host's
-//! ranks, indexed by local index), and reach the other hosts through proxy channels over
-//! [`TransportKind::Tcp`] to their *partners*: the ranks with the same local index on the
-//! other hosts (one per host). Design notes and the order of summation:
+//! Collectives across hosts (issue #17), GPU and Host backends: ranks of one host keep the
+//! memory channels and kernels of a one-host [`Collectives`] (over the *local group*: the
+//! host's ranks, indexed by local index), and reach the other hosts through proxy channels
+//! over [`TransportKind::Tcp`] to their *partners*: the ranks with the same local index on
+//! the other hosts (one per host). Design notes and the order of summation:
 //! `docs/tcp-transport.md`, "Collectives across hosts".
 //!
-//! Every cross-host step is an *exchange* of one round: this rank puts a 32-byte header (the
-//! round number and the call's descriptor) and a payload from a send slot of its cross
-//! buffer into its slot of every partner's receive area, with the signal, then waits for
-//! every partner's signal and checks their headers. Rounds alternate between two halves of
-//! the buffer: a rank writes a partner's half of round `k + 2` only after it has received
-//! that partner's round `k + 1`, which the partner sends only after it has read its half of
-//! round `k`, so no acknowledgement is needed. The ranks of one cross group (one local
-//! index) exchange among themselves only; different groups never meet, so a group whose
-//! ranks all skip a step (a broadcast's other groups) stays in step.
+//! Every cross-host step is one *round* of `mscclpp_device::collectives::cross::step`: this
+//! rank puts a 32-byte header (the round number and the call's descriptor) and a payload
+//! from a send slot of its cross buffer into its slot of every partner's receive area, with
+//! the signal, waits for every partner's signal (fault-aware: abort word, device timeout),
+//! checks their headers, and reduces the hosts' payloads in host order (or gathers them).
+//! Receive slots alternate between two halves by round: a rank writes a partner's half of
+//! round `k + 2` only after it has received that partner's round `k + 1`, which the partner
+//! sends only after its round `k` ended, so no acknowledgement is needed. The ranks of one
+//! cross group (one local index) exchange among themselves only; different groups never
+//! meet, so a group whose ranks all skip a step (a broadcast's other groups) stays in step.
 //!
-//! Calls block (the Host backend's calls do anyway), allocate nothing (staging is sized at
-//! setup), and every wait is bounded by the device timeout and stopped by an abort. A
-//! cross-host failure (a timeout, an abort, a lost peer, calls that differ between hosts) is
-//! sticky: the rounds of the partners no longer agree, so every later call returns it.
+//! One orchestration ([`Exec`]) serves both backends: on a GPU the step is the one-block
+//! `cross_step` kernel and the copies are `cuMemcpyAsync`, all queued on the caller's
+//! stream (no host synchronisation, no allocation: capturable into a CUDA graph; the round
+//! counter lives in device memory, so graph replays keep alternating); on the Host backend
+//! the same step runs in the calling thread and the calls block. A cross-host failure (a
+//! timeout, an abort, a lost peer, calls that differ between hosts) is sticky: the rounds of
+//! the partners no longer agree, so every later call returns it (a fault record that is
+//! never cleared, and `fault::CROSS_BROKEN`, which makes every later step skip its work).
 
 use std::sync::Mutex;
 
@@ -537,7 +542,8 @@ impl Collectives {
         let g = cross.gpu.as_ref().expect("the GPU backend");
         let ctx = g.ctx.device_ptr();
         let (n, tag, len, stride) = (descr[0], descr[1], len as u64, stride as u64);
-        let threads = self.config.threads.clamp(32, 1024);
+        // At most the kernel's launch bound (`.maxntid 512`: registers without spills).
+        let threads = self.config.threads.clamp(32, 512);
         let mut l = stream.launch_builder(&g.step);
         l.arg(&ctx)
             .arg(&src)

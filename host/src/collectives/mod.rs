@@ -12,15 +12,18 @@
 //!
 //! # Across hosts
 //!
-//! Ranks on several hosts (bootstrap host ids, `MSCCLPP_HOST_ID`) are accepted on the host
-//! backend, with the same number of ranks (at most 8) on every host: the kernels run over
+//! Ranks on several hosts (bootstrap host ids, `MSCCLPP_HOST_ID`) are accepted on both
+//! backends, with the same number of ranks (at most 8) on every host: the kernels run over
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
-//! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical,
-//! and every other collective is built across hosts but send/recv, which returns
-//! [`CommError::InvalidArgument`] naming the call. Every rank gets
-//! bit-identical results; sums are formed per host in rank order, then across hosts in host
-//! order (docs/tcp-transport.md, "Collectives across hosts"). The GPU backend refuses ranks
-//! on several hosts.
+//! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical
+//! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
+//! other collective is built across hosts but send/recv, which returns
+//! [`CommError::InvalidArgument`] naming the call. The cross-host step is a device kernel
+//! (`cross_step`, one block) on GPUs and the same code on a CPU thread on the Host backend;
+//! GPU calls stay stream-ordered and capturable. Every rank gets bit-identical results;
+//! sums are formed per host in rank order, then across hosts in host order
+//! (docs/tcp-transport.md, "Collectives across hosts"). The algorithm arguments and
+//! `MSCCLPP_*_ALGO` choose nothing across hosts.
 //!
 //! # Ordering and failures
 //!
