@@ -1,6 +1,6 @@
 //! Collectives across hosts on GPUs (issue #17): two processes, each a simulated host of its
-//! own (bootstrap host ids `sim-gpu-host-<rank>`), one GPU each (both on GPU 0 when the
-//! machine has one), so the cross-host step runs as the `cross_step` kernel over TCP proxy
+//! own (bootstrap host ids `sim-gpu-host-<rank>`; `MSCCLPP_TEST_RANKS_PER_HOST=2`: four
+//! processes as two hosts of two), one GPU each (all on GPU 0 when the machine has one), so the cross-host step runs as the `cross_step` kernel over TCP proxy
 //! channels with GPU memory (device -> pinned host -> socket -> pinned host -> device).
 //! All-reduce (f32 sum and average, bf16 max, i32 product) at 4 B, odd counts, 1 MiB and
 //! 64 MiB, in place and out of place, and all-gather, against a CPU reference (with one rank
@@ -25,11 +25,24 @@ mod common;
 
 use common::{ROLE, dptr, mismatches, splitmix};
 
+/// Ranks per simulated host: `MSCCLPP_TEST_RANKS_PER_HOST` (1..=4, default 1; with 2, four
+/// processes as two hosts of two also run the local reduce-scatter and all-gather kernels
+/// over memory channels, all on GPU 0 of a one-GPU machine).
+fn ranks_per_host() -> usize {
+    match std::env::var("MSCCLPP_TEST_RANKS_PER_HOST") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(l) if (1..=4).contains(&l) => l,
+            _ => panic!("MSCCLPP_TEST_RANKS_PER_HOST={v:?}: expected a number in 1..=4"),
+        },
+        Err(_) => 1,
+    }
+}
+
 fn run_two(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
-    run_test_ranks(test, 2, ROLE, Duration::from_secs(550));
+    run_test_ranks(test, 2 * ranks_per_host(), ROLE, Duration::from_secs(550));
 }
 
 /// This rank's collectives, on a simulated host of its own, and a stream.
@@ -37,7 +50,7 @@ fn setup(coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
     let launch = Launch::from_env().unwrap();
     let config = launch
         .config()
-        .with_host_id(format!("sim-gpu-host-{}", launch.rank));
+        .with_host_id(format!("sim-gpu-host-{}", launch.rank / ranks_per_host()));
     let bs = BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)
         .unwrap();
     let backend = Backend::auto(bs.local_rank()).unwrap();
@@ -112,6 +125,35 @@ fn reduce(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
     }
 }
 
+/// Element `i` of an all-reduce of case `seed` over `n` ranks in the library's order: each
+/// host's ranks in rank order, then the hosts' partials in host order; the average divides
+/// that sum once by `n`.
+fn expected(dtype: DataType, op: ReduceOp, seed: u64, i: usize, n: usize) -> u64 {
+    let l = ranks_per_host();
+    let step = if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    let mut acc = None;
+    for h in 0..n / l {
+        let mut part = input(dtype, seed, h * l, i);
+        for q in 1..l {
+            part = reduce(dtype, step, part, input(dtype, seed, h * l + q, i));
+        }
+        acc = Some(match acc {
+            None => part,
+            Some(a) => reduce(dtype, step, a, part),
+        });
+    }
+    let v = acc.expect("at least one host");
+    if op == ReduceOp::Avg {
+        (f32::from_bits(v as u32) / n as f32).to_bits() as u64
+    } else {
+        v
+    }
+}
+
 fn bytes_of(dtype: DataType, words: impl Iterator<Item = u64>) -> Vec<u8> {
     let s = dtype.size();
     words.flat_map(|w| w.to_le_bytes()[..s].to_vec()).collect()
@@ -122,7 +164,7 @@ fn bytes_of(dtype: DataType, words: impl Iterator<Item = u64>) -> Vec<u8> {
 fn all_reduce_rank() {
     let (c, stream) = setup(small_scratch());
     let (n, r) = (c.nranks(), c.rank());
-    assert_eq!(n, 2);
+    assert_eq!(c.hosts(), 2);
     let cases: [(DataType, ReduceOp, &[usize]); 4] = [
         (
             DataType::F32,
@@ -144,17 +186,7 @@ fn all_reduce_rank() {
                 seed += 1;
                 let s = dtype.size();
                 let mine = bytes_of(dtype, (0..count).map(|i| input(dtype, seed, r, i)));
-                let want = bytes_of(
-                    dtype,
-                    (0..count).map(|i| {
-                        reduce(
-                            dtype,
-                            op,
-                            input(dtype, seed, 0, i),
-                            input(dtype, seed, 1, i),
-                        )
-                    }),
-                );
+                let want = bytes_of(dtype, (0..count).map(|i| expected(dtype, op, seed, i, n)));
                 let send: CudaSlice<u8> = stream.clone_htod(&mine).unwrap();
                 let recv: CudaSlice<u8> = stream.alloc_zeros(count * s).unwrap();
                 let sp = dptr(&send, &stream);
@@ -202,9 +234,9 @@ fn more_rank() {
             .unwrap();
         c.synchronize(&stream).unwrap();
         let got = stream.clone_dtoh(&recv).unwrap();
-        let (a, b) = (ints(seed, 0, n * count), ints(seed, 1, n * count));
+        let all: Vec<Vec<f32>> = (0..n).map(|q| ints(seed, q, n * count)).collect();
         let want: Vec<f32> = (0..count)
-            .map(|i| a[r * count + i] + b[r * count + i])
+            .map(|i| all.iter().map(|x| x[r * count + i]).sum())
             .collect();
         assert!(got == want, "rank {r}: reduce_scatter of {count} per rank");
         println!("rank {r}: reduce_scatter of {count} per rank matched");
@@ -223,8 +255,8 @@ fn more_rank() {
             c.synchronize(&stream).unwrap();
             if r == root {
                 let got = stream.clone_dtoh(&recv).unwrap();
-                let (a, b) = (ints(seed, 0, count), ints(seed, 1, count));
-                let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+                let all: Vec<Vec<f32>> = (0..n).map(|q| ints(seed, q, count)).collect();
+                let want: Vec<f32> = (0..count).map(|i| all.iter().map(|x| x[i]).sum()).collect();
                 assert!(got == want, "rank {r}: reduce of {count} to {root}");
             }
             let bytes = count * 4 + 3;
@@ -275,7 +307,7 @@ fn more_rank() {
     let buf: CudaSlice<f32> = stream.alloc_zeros(8).unwrap();
     let p = dptr(&buf, &stream);
     // SAFETY: refused before any launch.
-    let e = unsafe { c.send_raw(p, 8, DataType::F32, 1 - r, &stream) }.unwrap_err();
+    let e = unsafe { c.send_raw(p, 8, DataType::F32, (r + 1) % n, &stream) }.unwrap_err();
     assert!(
         matches!(&e, CommError::InvalidArgument(m) if m.contains("not supported across hosts")),
         "rank {r}: {e}"
