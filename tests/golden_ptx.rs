@@ -360,8 +360,6 @@ fn dependent_launched_kernels_wait_before_touching_memory() {
             wait < trigger,
             "{name}: triggers its dependents before it waits"
         );
-        // Before the wait: parameter reads, prefetches and one 64-bit load (the context's
-        // `state` pointer, for the counters' L2 prefetch); nothing else reads or writes.
         // Before the wait: parameter reads, prefetches, one 64-bit load (the context's
         // `state` pointer, for the counters' L2 prefetch) and reads of the module's own
         // constant tables (a `switch` table); nothing else reads or writes.
@@ -423,4 +421,17 @@ fn reads_module_table(text: &str, line: &str) -> bool {
             .is_some_and(|src| src.first().is_some_and(|s| !s.starts_with('%')))
     };
     defined(addr, "add.s64").is_some_and(|srcs| srcs.iter().any(|r| from_symbol(r)))
+}
+#[test]
+fn the_cross_host_step_is_an_entry_of_up_to_512_threads() {
+    for (cc, ptx) in PTX {
+        let body = entry(ptx, "cross_step");
+        let header = &body[..body.find('{').unwrap_or(body.len())];
+        assert!(
+            header.contains(".maxntid 512, 1, 1"),
+            "sm_{cc}: cross_step lacks .maxntid 512"
+        );
+        // Its waits read the proxy channels' counters with acquire at system scope.
+        assert!(body.contains("ld.acquire.sys"), "sm_{cc}: cross_step");
+    }
 }

@@ -411,3 +411,59 @@ fn fp8_header_and_ignored_redop_are_said() {
         "{stdout}"
     );
 }
+
+#[test]
+fn simulated_hosts_run_across_hosts_and_say_so() {
+    let json = temp("xhost.json");
+    let out = perf(&[
+        "--nranks",
+        "4",
+        "--simulate-hosts",
+        "2",
+        "-b",
+        "64",
+        "-e",
+        "64K",
+        "-f",
+        "32",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("# simulated hosts: 2"), "{stdout}");
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 3, "{stdout}");
+    for r in &rows {
+        assert_eq!(r[4], "cross-host", "{r:?}");
+        assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "#wrong: {r:?}");
+    }
+    let report = Report::from_json(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(
+        report.rows.iter().all(|r| r.algo == "cross-host"),
+        "{:?}",
+        report.rows
+    );
+    let _ = std::fs::remove_file(&json);
+
+    let out = perf(&[
+        "--nranks",
+        "4",
+        "--simulate-hosts",
+        "3",
+        "-b",
+        "8",
+        "-e",
+        "8",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "stdout:\n{stdout}");
+    assert!(
+        stderr.contains("--simulate-hosts 3 does not divide"),
+        "{stderr}"
+    );
+}

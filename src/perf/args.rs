@@ -81,6 +81,12 @@ pub struct Args {
     /// Local processes to spawn when started alone (default: one per GPU, 2 without a GPU).
     #[arg(long)]
     pub nranks: Option<usize>,
+    /// Split the ranks into N simulated hosts (rank r on `simhost{r * N / nranks}`, as
+    /// `MSCCLPP_HOST_ID` would), so the collectives run across hosts over TCP loopback. N
+    /// must divide the rank count. With `--compare nccl`, set NCCL_P2P_DISABLE=1
+    /// NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo for NCCL to do the same.
+    #[arg(long, value_name = "N")]
+    pub simulate_hosts: Option<usize>,
     /// Run this library too, on the same buffers in the same run, and print the ratio.
     #[arg(long, value_enum)]
     pub compare: Option<CompareWith>,
@@ -353,6 +359,17 @@ impl Config {
         }
         if args.nranks == Some(0) {
             return bad("--nranks must be at least 1".into());
+        }
+        if args.simulate_hosts == Some(0) {
+            return bad("--simulate-hosts must be at least 1".into());
+        }
+        if let (Some(h), Some(n)) = (args.simulate_hosts, args.nranks)
+            && !n.is_multiple_of(h)
+        {
+            return bad(format!(
+                "--simulate-hosts {h} does not divide --nranks {n} (every simulated host needs \
+                 the same number of ranks)"
+            ));
         }
         if args.step_factor == 0 {
             return bad("-f/--stepfactor must be at least 1".into());

@@ -127,7 +127,21 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         nccl::reexec_if_needed()?;
     }
     let backend = Backend::auto(launch.local_rank.unwrap_or(launch.rank))?;
-    let bootstrap = launch.blocking_bootstrap()?;
+    let bootstrap = match config.args.simulate_hosts {
+        None => launch.blocking_bootstrap()?,
+        Some(h) => {
+            if !launch.nranks.is_multiple_of(h) {
+                return Err(PerfError::Args(format!(
+                    "--simulate-hosts {h} does not divide the {} ranks (every simulated host \
+                     needs the same number of ranks)",
+                    launch.nranks
+                )));
+            }
+            let host = format!("simhost{}", launch.rank * h / launch.nranks);
+            let bs_config = launch.config().with_host_id(host);
+            BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, bs_config)?
+        }
+    };
     let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
     let all = bootstrap.all_gather(describe(&backend).as_bytes())?;
     let hosts_devices: Vec<(String, String)> = all
@@ -153,6 +167,12 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
     };
     if rank == 0 {
         print_header(config, nranks, &hosts_devices, gpu.is_some(), &nccl_version);
+        if let Some(h) = config.args.simulate_hosts {
+            println!(
+                "# simulated hosts: {h} (rank r on simhost{{r * {h} / {nranks}}}); the \
+                 collectives run across hosts over TCP"
+            );
+        }
     }
     let comm = Communicator::from_bootstrap(bootstrap, backend, CommConfig::default())?;
     let mut coll_config = CollConfig::from_env()?;
@@ -410,6 +430,10 @@ fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
 }
 
 fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
+    if coll.hosts() > 1 {
+        // Hierarchical across hosts: the algorithm choice applies to nothing there.
+        return "cross-host".into();
+    }
     match config.args.collective {
         Collective::AllGather => {
             let per_rank = shape.bytes as usize / coll.nranks().max(1);

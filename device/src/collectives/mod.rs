@@ -40,6 +40,9 @@
 //!   piece and no barrier per round.
 //! - [`send_recv`]: point-to-point sends and receives, alone or grouped into one launch,
 //!   through a separate p2p scratch with its own semaphores (a second context).
+//! - [`cross`]: the cross-host step of the hierarchical collectives (an exchange of one
+//!   round with the partners on the other hosts over proxy channels, then a reduction in
+//!   host order or a gather), run by the GPU and by the Host backend alike.
 //! - [`proxy`]: both collectives over proxy channels ([`DevConn`]): the copy engine (or
 //!   RDMA) moves the data between scratches, for peers whose memory cannot be mapped;
 //!   pipelined (several chunks in flight per peer and block, the peers' data signals doubling
@@ -84,6 +87,7 @@ pub mod all_gather;
 pub mod all_reduce;
 pub mod all_to_all;
 pub mod broadcast;
+pub mod cross;
 pub mod ll;
 pub mod pipe;
 pub mod proxy;
@@ -238,6 +242,10 @@ pub mod fault {
     /// bit `id % 64` for connection `id`. Set by the proxy (atomic or) before it publishes
     /// a flagged tail (`fifo::TAIL_FAULT`); cleared by the host when it starts a proxy.
     pub const PROXY_REFUSED: usize = 11;
+    /// Non-zero once a cross-host round ([`cross`](super::cross)) failed on this rank:
+    /// every later round skips its work (the partners' rounds may no longer pair), and the
+    /// host reports the failure from then on.
+    pub const CROSS_BROKEN: usize = 12;
     /// The host's value of [`ABORT`] for `Communicator::abort` (a lost rank `r` is `1 + r`).
     pub const ABORT_REQUESTED: u64 = u64::MAX;
     /// A wait timed out.
@@ -266,6 +274,12 @@ pub mod fault {
     /// The flush at the end of a proxy collective: the proxy refused or failed one of the
     /// call's puts (the host's proxy errors say which and why; recorded as [`ABORTED`]).
     pub const AT_PROXY_FLUSH: u64 = 8;
+    /// A partner's round across hosts ([`cross`](super::cross)): [`PEER`] is its host
+    /// index, [`OWN`] and [`THEIRS`] the two call descriptors of a mismatch.
+    pub const AT_CROSS: u64 = 9;
+    /// A partner across hosts at another round ([`cross`](super::cross)): [`PEER`] is its
+    /// host index, word 0 of [`OWN`] and [`THEIRS`] the two rounds, word 1 the tags.
+    pub const AT_CROSS_ROUND: u64 = 10;
 }
 
 /// `u64` words of the fault area.

@@ -1,43 +1,49 @@
-//! Collectives across hosts (issue #17), Host backend: ranks of one host keep the memory
-//! channels and kernels of a one-host [`Collectives`] (over the *local group*: the host's
-//! ranks, indexed by local index), and reach the other hosts through proxy channels over
-//! [`TransportKind::Tcp`] to their *partners*: the ranks with the same local index on the
-//! other hosts (one per host). Design notes and the order of summation:
+//! Collectives across hosts (issue #17), GPU and Host backends: ranks of one host keep the
+//! memory channels and kernels of a one-host [`Collectives`] (over the *local group*: the
+//! host's ranks, indexed by local index), and reach the other hosts through proxy channels
+//! over [`TransportKind::Tcp`] to their *partners*: the ranks with the same local index on
+//! the other hosts (one per host). Design notes and the order of summation:
 //! `docs/tcp-transport.md`, "Collectives across hosts".
 //!
-//! Every cross-host step is an *exchange* of one round: this rank puts a 32-byte header (the
-//! round number and the call's descriptor) and a payload from a send slot of its cross
-//! buffer into its slot of every partner's receive area, with the signal, then waits for
-//! every partner's signal and checks their headers. Rounds alternate between two halves of
-//! the buffer: a rank writes a partner's half of round `k + 2` only after it has received
-//! that partner's round `k + 1`, which the partner sends only after it has read its half of
-//! round `k`, so no acknowledgement is needed. The ranks of one cross group (one local
-//! index) exchange among themselves only; different groups never meet, so a group whose
-//! ranks all skip a step (a broadcast's other groups) stays in step.
+//! Every cross-host step is one *round* of `mscclpp_device::collectives::cross::step`: this
+//! rank puts a 32-byte header (the round number and the call's descriptor) and a payload
+//! from a send slot of its cross buffer into its slot of every partner's receive area, with
+//! the signal, waits for every partner's signal (fault-aware: abort word, device timeout),
+//! checks their headers, and reduces the hosts' payloads in host order (or gathers them).
+//! Receive slots alternate between two halves by round: a rank writes a partner's half of
+//! round `k + 2` only after it has received that partner's round `k + 1`, which the partner
+//! sends only after its round `k` ended, so no acknowledgement is needed. The ranks of one
+//! cross group (one local index) exchange among themselves only; different groups never
+//! meet, so a group whose ranks all skip a step (a broadcast's other groups) stays in step.
 //!
-//! Calls block (the Host backend's calls do anyway), allocate nothing (staging is sized at
-//! setup), and every wait is bounded by the device timeout and stopped by an abort. A
-//! cross-host failure (a timeout, an abort, a lost peer, calls that differ between hosts) is
-//! sticky: the rounds of the partners no longer agree, so every later call returns it.
+//! One orchestration ([`Exec`]) serves both backends: on a GPU the step is the one-block
+//! `cross_step` kernel and the copies are `cuMemcpyAsync`, all queued on the caller's
+//! stream (no host synchronisation, no allocation: capturable into a CUDA graph; the round
+//! counter lives in device memory, so graph replays keep alternating); on the Host backend
+//! the same step runs in the calling thread and the calls block. A cross-host failure (a
+//! timeout, an abort, a lost peer, calls that differ between hosts) is sticky: the rounds of
+//! the partners no longer agree, so every later call returns it (a fault record that is
+//! never cleared, and `fault::CROSS_BROKEN`, which makes every later step skip its work).
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
-use mscclpp_device::collectives::{Bytes, Dyn, Reduce, desc, op};
+use mscclpp_device::collectives::cross::{self as xk, GATHER, HEADER_ONLY, PER_DEST, PICK, REDUCE};
+use mscclpp_device::collectives::{CollContext, MAX_RANKS, STATE_WORDS, desc, fault};
 
+use super::gpu;
 use super::{
     AllGatherAlgo, CollConfig, Collectives, DataType, ReduceOp, all_gather_tag, all_reduce_tag,
 };
-use crate::communicator::{Buffer, CommError, Communicator};
+use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord};
+use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu, memcpy_async};
 use crate::transport::TransportKind;
 
 /// Connection tag of the cross-host buffer.
 pub(super) const TAG_CROSS: u32 = 0xC011_0005;
 /// Bytes of the header before every payload: round, descriptor (`n`, tag), payload bytes.
-const HDR: usize = 32;
-/// How long one `wait_timeout` waits before the abort word and the clock are looked at.
-const WAIT_SLICE_NS: u64 = 1_000_000;
+const HDR: usize = xk::HDR as usize;
 
 /// The hosts of a communicator: its ranks grouped by bootstrap host id, hosts in the order of
 /// their lowest rank, ranks ascending within a host.
@@ -110,11 +116,9 @@ impl Topology {
     }
 }
 
-/// What a call holds while it runs: the round counter and the staging memory.
+/// What a Host-backend call holds while it runs: the staging memory.
 #[derive(Debug)]
 struct State {
-    /// Rounds exchanged so far with the partners (both halves alternate on it).
-    round: u64,
     /// A reduced shard / the gathered pieces of one round (`payload` bytes).
     shard: Vec<u8>,
     /// The local group's side of one round (`nlocal * payload` bytes).
@@ -123,28 +127,51 @@ struct State {
     broken: Option<CommError>,
 }
 
+/// The GPU side of a [`Cross`]: the cross context and the staging in device memory, and
+/// the step kernel.
+#[derive(Debug)]
+struct GpuCross {
+    /// The cross context (the step kernel takes its address).
+    ctx: DeviceBuffer,
+    /// The partners' handles (the context points at them).
+    _conns: DeviceBuffer,
+    /// The step's state words (the context points at them).
+    _state: DeviceBuffer,
+    /// A reduced shard / the gathered pieces of one round (`payload` bytes).
+    shard: DeviceBuffer,
+    /// The local group's side of one round (`nlocal * payload` bytes).
+    stage: DeviceBuffer,
+    /// `cross_step` of the loaded module.
+    step: CudaFunction,
+}
+
 /// The cross-host state of a [`Collectives`] spanning hosts.
 #[derive(Debug)]
 pub(super) struct Cross {
     pub(super) topo: Topology,
-    /// `conns[h]`: the proxy channel (TCP) to this rank's partner on host `h`; `None` for
-    /// the own host.
-    conns: Vec<Option<DevConn<'static>>>,
-    /// Host address of the cross buffer: two halves of `hosts` send slots then `hosts`
-    /// receive slots, `slot` bytes each.
-    base: usize,
+    /// `conns[h]`: the proxy channel (TCP) to this rank's partner on host `h`; the own
+    /// host's entry repeats another (unused). The host copy of the context points here.
+    _conns: Vec<DevConn<'static>>,
+    /// The cross context (`mscclpp_device::collectives::cross`) with host addresses: the
+    /// Host backend runs the step over it in the calling thread.
+    ctx: Box<CollContext>,
+    /// The step's state words on the Host backend (the host context points here).
+    _host_state: Box<[u64]>,
+    /// Address of the cross buffer (host or device): `hosts` send slots, then two halves
+    /// of `hosts` receive slots, `slot` bytes each.
+    base: u64,
     slot: usize,
-    timeout: Duration,
     state: Mutex<State>,
+    gpu: Option<GpuCross>,
     _buf: Buffer,
 }
 
-/// Bytes of each slot of the cross buffer for `hosts` hosts: the buffer holds `4 * hosts`
+/// Bytes of each slot of the cross buffer for `hosts` hosts: the buffer holds `3 * hosts`
 /// slots in `scratch_bytes / 2` (so its size does not grow with the job), each at least
 /// 4 KiB and at least 16 payload bytes per host (an all-gather round gathers a piece of 16
 /// bytes or more from every host into one slot's worth).
 fn slot_bytes(config: &CollConfig, hosts: usize) -> usize {
-    (config.scratch_bytes / 2 / (4 * hosts))
+    (config.scratch_bytes / 2 / (3 * hosts))
         .max(4096)
         .max(16 * hosts + HDR)
         .next_multiple_of(16)
@@ -177,6 +204,11 @@ pub(super) struct Pending {
     channels: Vec<(usize, usize)>,
 }
 
+/// Whether a fault record is a cross-host step's.
+pub(super) fn is_cross(place: u64) -> bool {
+    matches!(place, fault::AT_CROSS | fault::AT_CROSS_ROUND)
+}
+
 impl Cross {
     /// Registers the cross buffer and asks for a TCP proxy channel to every partner (the
     /// setup itself is the caller's `connection_setup`).
@@ -187,7 +219,7 @@ impl Cross {
     ) -> Result<Pending, CommError> {
         let nh = topo.hosts.len();
         let slot = slot_bytes(config, nh);
-        let buf = comm.alloc_buffer(4 * nh * slot)?;
+        let buf = comm.alloc_buffer(xk::buffer_bytes(slot as u64, nh as u64) as usize)?;
         let mut channels = Vec::new();
         for h in (0..nh).filter(|&h| h != topo.host) {
             let p = topo.rank_at(h, topo.local);
@@ -201,34 +233,70 @@ impl Cross {
         })
     }
 
-    /// After the setup: takes the channels' handles.
-    pub(super) fn finish(comm: &Communicator, p: Pending) -> Result<Cross, CommError> {
+    /// After the setup: takes the channels' handles and builds the cross context (on a GPU,
+    /// its device copy, the device staging and the step kernel of `kernels`).
+    pub(super) fn finish(
+        comm: &Communicator,
+        p: Pending,
+        kernels: Option<&gpu::Kernels>,
+    ) -> Result<Cross, CommError> {
         // SAFETY: the handles are kept in the Cross, which lives in the Collectives next to
         // `comm` (which owns their memory), and are used only while it lives.
         let all = unsafe { comm.device_connections_detached() };
         let nh = p.topo.hosts.len();
-        let mut conns = vec![None; nh];
-        for (h, i) in p.channels {
-            conns[h] = Some(all[i]);
+        let any = all[p.channels[0].1];
+        let mut conns = vec![any; nh];
+        for &(h, i) in &p.channels {
+            conns[h] = all[i];
         }
         let nlocal = p.topo.group().len();
         let payload = p.slot - HDR;
-        let base = p.buf.host_ptr().ok_or_else(|| {
-            CommError::InvalidArgument(
-                "collectives across hosts run on the Host backend only".into(),
-            )
-        })? as usize;
+        let base = p
+            .buf
+            .device_ptr()
+            .or_else(|| p.buf.host_ptr().map(|a| a as u64))
+            .expect("a buffer has an address");
+        let mut host_state = vec![0u64; STATE_WORDS].into_boxed_slice();
+        let ctx = CollContext {
+            rank: p.topo.host as u32,
+            nranks: nh as u32,
+            timeout_ns: comm.device_timeout().as_nanos().min(u64::MAX as u128) as u64,
+            scratch_len: p.slot as u64,
+            packets_len: 0,
+            scratch: base as *mut u8,
+            peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
+            packets_in: [std::ptr::null_mut(); MAX_RANKS],
+            packets_out: [std::ptr::null_mut(); MAX_RANKS],
+            sems: std::ptr::null_mut(),
+            peer_sems: [std::ptr::null_mut(); MAX_RANKS],
+            expected: std::ptr::null_mut(),
+            state: host_state.as_mut_ptr(),
+            conns: conns.as_ptr(),
+            fault: comm.fault_area().kernel_ptr(),
+        };
+        let gpu = match (comm.backend(), kernels) {
+            (Backend::Gpu(g), Some(k)) => {
+                Some(GpuCross::load(g, k, &ctx, &conns, payload, nlocal)?)
+            }
+            _ => None,
+        };
+        let (shard, stage) = if gpu.is_some() {
+            (Vec::new(), Vec::new())
+        } else {
+            (vec![0; payload], vec![0; nlocal * payload])
+        };
         Ok(Cross {
-            conns,
+            ctx: Box::new(ctx),
+            _host_state: host_state,
+            _conns: conns,
             base,
             slot: p.slot,
-            timeout: comm.device_timeout(),
             state: Mutex::new(State {
-                round: 0,
-                shard: vec![0; payload],
-                stage: vec![0; nlocal * payload],
+                shard,
+                stage,
                 broken: None,
             }),
+            gpu,
             topo: p.topo,
             _buf: p.buf,
         })
@@ -247,16 +315,37 @@ impl Cross {
         self.slot - HDR
     }
 
-    /// Offset in the cross buffer of send slot `h` (receive slot with `recv`) of `round`'s
-    /// half.
-    fn slot_off(&self, round: u64, recv: bool, h: usize) -> usize {
-        let nh = self.hosts();
-        ((round as usize & 1) * 2 * nh + usize::from(recv) * nh + h) * self.slot
+    /// Payload address of send slot `h`.
+    fn send_payload(&self, h: usize) -> u64 {
+        self.base + xk::send_slot(self.slot as u64, h as u64) + HDR as u64
     }
+}
 
-    /// Payload address of a slot.
-    fn payload_ptr(&self, round: u64, recv: bool, h: usize) -> *mut u8 {
-        (self.base + self.slot_off(round, recv, h) + HDR) as *mut u8
+impl GpuCross {
+    fn load(
+        gpu: &Gpu,
+        kernels: &gpu::Kernels,
+        host_ctx: &CollContext,
+        conns: &[DevConn<'static>],
+        payload: usize,
+        nlocal: usize,
+    ) -> Result<GpuCross, CommError> {
+        let mut ctx = *host_ctx;
+        let conn_mem = DeviceBuffer::zeroed(gpu, std::mem::size_of_val(conns))?;
+        conn_mem.copy_from_host(0, conns)?;
+        ctx.conns = conn_mem.device_ptr() as *const DevConn<'static>;
+        let state = DeviceBuffer::zeroed(gpu, STATE_WORDS * 8)?;
+        ctx.state = state.device_ptr() as *mut u64;
+        let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
+        mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
+        Ok(GpuCross {
+            ctx: mem,
+            _conns: conn_mem,
+            _state: state,
+            shard: DeviceBuffer::zeroed(gpu, payload)?,
+            stage: DeviceBuffer::zeroed(gpu, nlocal * payload)?,
+            step: kernels.function("cross_step")?,
+        })
     }
 }
 
@@ -272,27 +361,36 @@ impl Collectives {
             None => Ok(()),
             Some(c) => Err(CommError::InvalidArgument(format!(
                 "{call}: not supported across hosts (this Collectives spans {} hosts); \
-                 across hosts every collective but send/recv is built",
+                 across hosts every collective but send/recv is built (GPU and Host backends)",
                 c.hosts()
             ))),
         }
     }
 
     /// Runs `body` with the cross state locked, after the pending errors; a failure of the
-    /// body is kept and returned by every later call (see the [module](self)).
+    /// body is kept and returned by every later call (see the [module](self)). The body gets
+    /// the shard's and the stage's addresses (host or device memory, by `ex`).
     fn cross_call(
         &self,
         call: &str,
-        body: impl FnOnce(&Cross, &mut State) -> Result<(), CommError>,
+        ex: Exec<'_>,
+        body: impl FnOnce(&Cross, u64, u64) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
-        self.host_only(call)?;
+        if matches!(ex, Exec::Host) {
+            self.host_only(call)?;
+        }
         let cross = self.cross.as_ref().expect("a cross-host Collectives");
         let mut st = cross.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = &st.broken {
             return Err(copy_error(call, e));
         }
-        self.check_fault(call, true)?;
-        let r = body(cross, &mut st);
+        // On a GPU, a local kernel's mismatch record is left for async_error (see there).
+        self.check_fault(call, matches!(ex, Exec::Host))?;
+        let (shard, stage) = match (ex, &cross.gpu) {
+            (Exec::Gpu(_), Some(g)) => (g.shard.device_ptr(), g.stage.device_ptr()),
+            _ => (st.shard.as_mut_ptr() as u64, st.stage.as_mut_ptr() as u64),
+        };
+        let r = body(cross, shard, stage);
         // Any failure inside (a local step's too) may leave this rank's rounds behind its
         // partners': the next exchange would pair different rounds.
         if let Err(e) = &r {
@@ -301,138 +399,248 @@ impl Collectives {
         r
     }
 
-    /// One round with the partners: for every other host `h` (with `lens[h]` payload bytes,
-    /// taken from send slot `src(h)` of the round's half where the caller put them), put the
-    /// header and payload into the partner's receive slot of this host, with the signal;
-    /// then wait for every partner's and check their headers. `skip`: hosts not exchanged
-    /// with this round.
-    fn exchange(
+    /// One round with the partners on `ex` ([`host_step`](Self::host_step) or
+    /// [`gpu_step`](Self::gpu_step)).
+    ///
+    /// # Safety
+    /// As for [`xk::step`], with memory of `ex`'s kind.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn x_step(
         &self,
+        ex: Exec<'_>,
         cross: &Cross,
-        st: &mut State,
         call: &str,
+        src: u64,
+        out: u64,
         descr: [u64; 2],
-        lens: impl Fn(usize) -> usize,
-        src: impl Fn(usize) -> usize,
+        len: usize,
+        flags: u64,
+        stride: usize,
     ) -> Result<(), CommError> {
-        let round = st.round;
-        st.round += 1;
-        let me = cross.topo.host;
-        for h in (0..cross.hosts()).filter(|&h| h != me) {
-            let (len, from) = (lens(h), src(h));
-            let off = cross.slot_off(round, false, from);
-            let hdr = [round, descr[0], descr[1], len as u64];
-            // SAFETY: the send slot's header lies in the cross buffer (this rank's own);
-            // no put reads it now (the last put of this half's slots completed when its
-            // try_put_with_signal returned).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    hdr.as_ptr() as *const u8,
-                    (cross.base + off) as *mut u8,
-                    HDR,
-                )
-            };
-            let dst = cross.slot_off(round, true, me);
-            let conn = cross.conns[h].as_ref().expect("a partner's channel");
-            if conn
-                .try_put_with_signal(dst as u64, off as u64, (HDR + len) as u64)
-                .is_err()
-            {
-                let why = self.comm.proxy_error().unwrap_or_else(|| {
-                    "the proxy did not take the put within the FIFO timeout".into()
-                });
-                return Err(CommError::State(format!(
-                    "{call}: rank {}: the put to rank {} (host {h}) failed: {why}; the \
-                     collectives cannot be used any more",
-                    self.rank(),
-                    cross.topo.rank_at(h, cross.topo.local)
-                )));
+        // SAFETY: caller contract.
+        unsafe {
+            match ex {
+                Exec::Host => self.host_step(cross, call, src, out, descr, len, flags, stride),
+                Exec::Gpu(s) => self.gpu_step(cross, s, src, out, descr, len, flags, stride),
             }
         }
-        for h in (0..cross.hosts()).filter(|&h| h != me) {
-            let peer = cross.topo.rank_at(h, cross.topo.local);
-            let conn = cross.conns[h].as_ref().expect("a partner's channel");
-            let start = Instant::now();
-            while !conn.wait_timeout(WAIT_SLICE_NS) {
-                if let Some(reason) = self.comm.abort_reason() {
-                    return Err(CommError::Aborted(format!(
-                        "{call}: rank {}: {reason} (while waiting for rank {peer} on host \
-                         {h}); the collectives cannot be used any more",
-                        self.rank()
-                    )));
-                }
-                if let Some(e) = self.comm.proxy_error() {
-                    return Err(CommError::State(format!(
-                        "{call}: rank {}: {e}; the collectives cannot be used any more",
-                        self.rank()
-                    )));
-                }
-                if start.elapsed() > cross.timeout {
-                    return Err(CommError::Timeout(format!(
-                        "{call}: rank {} waited {:?} for rank {peer} (host {h}, over TCP) and \
-                         gave up: that rank did not take part, or is stuck; the collectives \
-                         cannot be used any more",
-                        self.rank(),
-                        cross.timeout
-                    )));
-                }
+    }
+
+    /// Copies `bytes` from `src` to `dst` on `ex` (`memcpy`, or `cuMemcpyAsync` on the
+    /// stream); nothing when they are equal.
+    ///
+    /// # Safety
+    /// Both ranges valid memory of `ex`'s kind (until the stream ran the copy), disjoint or
+    /// equal.
+    unsafe fn x_copy(
+        &self,
+        ex: Exec<'_>,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), CommError> {
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        match ex {
+            Exec::Host => {
+                // SAFETY: caller contract.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+                Ok(())
             }
-            let mut hdr = [0u64; 4];
-            // SAFETY: the receive slot's header, published by the wait (the TCP receiver
-            // writes the data before it raises the counter).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (cross.base + cross.slot_off(round, true, h)) as *const u8,
-                    hdr.as_mut_ptr() as *mut u8,
-                    HDR,
-                )
-            };
-            if hdr[0] != round || [hdr[1], hdr[2]] != descr {
-                let theirs = if hdr[0] != round {
-                    format!("its round {} where this rank is at {round}", hdr[0])
-                } else {
-                    describe([hdr[1], hdr[2]])
-                };
-                return Err(CommError::State(format!(
-                    "{call}: the ranks called collectives differently across hosts: rank {} \
-                     called {}, rank {peer} (host {h}) {theirs}; the collectives cannot be \
-                     used any more",
-                    self.rank(),
-                    describe(descr)
-                )));
+            Exec::Gpu(stream) => {
+                // SAFETY: caller contract.
+                let r = unsafe { memcpy_async(dst, src, bytes, stream) };
+                self.noted(r.map_err(CommError::from))
             }
+        }
+    }
+
+    /// The local group's all-gather of `bytes` per rank (rank `l`'s at `recv + l * bytes`)
+    /// on `ex`: memory channels or LL packets (never the proxy channels).
+    ///
+    /// # Safety
+    /// `send` valid for `bytes`, `recv` for `nlocal * bytes`, disjoint.
+    unsafe fn local_all_gather(
+        &self,
+        ex: Exec<'_>,
+        call: &str,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let algo = match self.choose_all_gather(bytes) {
+            AllGatherAlgo::Packets if bytes > self.one_shot_max_bytes() => AllGatherAlgo::Memory,
+            AllGatherAlgo::Proxy | AllGatherAlgo::Auto => AllGatherAlgo::Memory,
+            a => a,
+        };
+        // SAFETY: caller contract.
+        unsafe {
+            match ex {
+                Exec::Host => {
+                    self.run_all_gather_kernel(call, send, recv, bytes as u64, dtype, algo)
+                }
+                Exec::Gpu(s) => self.launch_all_gather(send, recv, bytes, dtype, algo, s),
+            }
+        }
+    }
+
+    /// Host backend: one round with the partners ([`xk::step`], in this thread as a block of
+    /// one), then its failure if one was recorded.
+    ///
+    /// # Safety
+    /// As for [`xk::step`]: `src` (0: none) valid for `len` bytes, `out` (0: none) for what
+    /// the mode writes; the caller holds the state lock.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn host_step(
+        &self,
+        cross: &Cross,
+        call: &str,
+        src: u64,
+        out: u64,
+        descr: [u64; 2],
+        len: usize,
+        flags: u64,
+        stride: usize,
+    ) -> Result<(), CommError> {
+        // SAFETY: the host context holds this communicator's live memory (the cross buffer,
+        // the partners' handles, the state words, the fault area); caller contract for the
+        // ranges; outside a launch the step runs as a block of one thread.
+        unsafe {
+            xk::step(
+                &cross.ctx,
+                src as *const u8,
+                out as *mut u8,
+                descr[0],
+                descr[1],
+                len as u64,
+                flags,
+                stride as u64,
+            )
+        };
+        self.cross_fault(call)
+    }
+
+    /// GPU backend: queues one round with the partners (the `cross_step` kernel, one block)
+    /// on `stream`.
+    ///
+    /// # Safety
+    /// As for [`host_step`](Self::host_step), device addresses valid until the kernel ran.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gpu_step(
+        &self,
+        cross: &Cross,
+        stream: &CudaStream,
+        src: u64,
+        out: u64,
+        descr: [u64; 2],
+        len: usize,
+        flags: u64,
+        stride: usize,
+    ) -> Result<(), CommError> {
+        let g = cross.gpu.as_ref().expect("the GPU backend");
+        let ctx = g.ctx.device_ptr();
+        let (n, tag, len, stride) = (descr[0], descr[1], len as u64, stride as u64);
+        // At most the kernel's launch bound (`.maxntid 512`: registers without spills).
+        let threads = self.config.threads.clamp(32, 512);
+        let mut l = stream.launch_builder(&g.step);
+        l.arg(&ctx)
+            .arg(&src)
+            .arg(&out)
+            .arg(&n)
+            .arg(&tag)
+            .arg(&len)
+            .arg(&flags)
+            .arg(&stride);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: caller contract for the ranges; the context in device memory holds this
+        // communicator's registered memory; the argument list matches `cross_step`'s
+        // signature (*const CollContext, *const u8, *mut u8, u64, u64, u64, u64, u64).
+        self.noted(
+            unsafe { l.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| gpu::classify("launch", "cuLaunchKernel", e)),
+        )
+    }
+
+    /// A cross-host failure recorded in the fault area, as `call`'s error.
+    pub(super) fn cross_fault(&self, call: &str) -> Result<(), CommError> {
+        let area = self.comm.fault_area();
+        if let Some(rec) = area.record().filter(|r| is_cross(r.place)) {
+            return Err(self.cross_error(call, &rec));
+        }
+        if area.cross_broken() {
+            return Err(CommError::State(format!(
+                "{call}: rank {}: a round across hosts failed earlier (another failure holds \
+                 the fault record); the collectives cannot be used any more",
+                self.rank()
+            )));
         }
         Ok(())
     }
 
-    /// Host backend, across hosts: hierarchical all-reduce (see the [module](self)); with
-    /// `root`, a reduce: the partners send to the root's host only, whose ranks reduce and
-    /// gather the shards, and only the root writes `recv`.
-    ///
-    /// # Safety
-    /// `send`/`recv` valid host memory for `count` elements (equal or disjoint).
-    pub(super) unsafe fn cross_all_reduce(
+    /// The error a cross-host step's record stands for (never cleared: the partners' rounds
+    /// may no longer pair).
+    pub(super) fn cross_error(&self, call: &str, rec: &FaultRecord) -> CommError {
+        let me = self.rank();
+        let h = rec.peer;
+        let peer = match &self.cross {
+            Some(c) if h < c.hosts() => c.topo.rank_at(h, c.topo.local).to_string(),
+            _ => "?".into(),
+        };
+        match rec.kind {
+            fault::MISMATCH if rec.place == fault::AT_CROSS_ROUND => CommError::State(format!(
+                "{call}: the ranks called collectives differently across hosts: rank {peer} \
+                 (host {h}) is at its round {} across hosts where rank {me} is at {}; the \
+                 collectives cannot be used any more",
+                rec.theirs[0], rec.own[0]
+            )),
+            fault::MISMATCH => CommError::State(format!(
+                "{call}: the ranks called collectives differently across hosts: rank {me} \
+                 called {}, rank {peer} (host {h}) {}; the collectives cannot be used any more",
+                describe(rec.own),
+                describe(rec.theirs)
+            )),
+            fault::TIMEOUT => {
+                let proxy = self
+                    .comm
+                    .proxy_error()
+                    .map_or(String::new(), |e| format!(" (the proxy reported: {e})"));
+                CommError::Timeout(format!(
+                    "{call}: rank {me} waited {:?} for rank {peer} (host {h}, over TCP) and gave \
+                     up: that rank did not take part, or is stuck{proxy}; the collectives cannot \
+                     be used any more",
+                    self.comm.device_timeout()
+                ))
+            }
+            _ => {
+                let reason = self
+                    .comm
+                    .abort_reason()
+                    .map_or("the communicator was aborted".into(), |r| r.to_string());
+                CommError::Aborted(format!(
+                    "{call}: rank {me}: {reason} (while waiting for rank {peer} on host {h}); \
+                     the collectives cannot be used any more"
+                ))
+            }
+        }
+    }
+
+    /// The call descriptor and step flags of an all-reduce (`root`: a reduce) across hosts,
+    /// and the local steps' operation (an average sums; the step divides once).
+    fn all_reduce_plan(
         &self,
-        send: u64,
-        recv: u64,
+        cross: &Cross,
         count: usize,
         dtype: DataType,
         op: ReduceOp,
         root: Option<usize>,
-    ) -> Result<(), CommError> {
-        let call = if root.is_some() {
-            "reduce_host"
-        } else {
-            "all_reduce_host"
-        };
-        check_avg(call, op, dtype, self.nranks())?;
-        let s = dtype.size();
-        // Avg: sums in every step, the quotient once at the end.
-        let step_op = if op == ReduceOp::Avg {
-            ReduceOp::Sum
-        } else {
-            op
-        };
+    ) -> ([u64; 2], u64, ReduceOp) {
         let descr = [
             count as u64,
             match root {
@@ -446,18 +654,57 @@ impl Collectives {
                 ),
             },
         ];
-        let type_op = desc::type_op(all_reduce_tag(super::AllReduceAlgo::Auto, dtype, step_op));
-        let n_all = self.nranks() as u32;
-        self.cross_call(call, |cross, st| {
+        let mut flags = xk::flags(REDUCE, self.nranks() as u32);
+        if let Some(r) = root {
+            let h = (0..cross.hosts())
+                .find(|&h| cross.topo.hosts[h].contains(&r))
+                .expect("root checked");
+            flags = xk::to_host(flags, h as u32);
+        }
+        let step_op = if op == ReduceOp::Avg {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        (descr, flags, step_op)
+    }
+
+    /// Across hosts: hierarchical all-reduce (see the [module](self)) on `ex`; with `root`,
+    /// a reduce: the partners send to the root's host only, whose ranks reduce and gather
+    /// the shards, and only the root writes `recv`.
+    ///
+    /// Per round, `L * c` elements (`L` ranks per host): the local reduce-scatter into the
+    /// own send slot (one rank per host: the step copies the input there), the step
+    /// (reduction in host order), the local all-gather.
+    ///
+    /// # Safety
+    /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint;
+    /// `recv` on the root only for a reduce), until the stream ran the call.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn cross_all_reduce(
+        &self,
+        ex: Exec<'_>,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: Option<usize>,
+    ) -> Result<(), CommError> {
+        let call = ex.name(if root.is_some() {
+            "reduce"
+        } else {
+            "all_reduce"
+        });
+        let call = call.as_str();
+        check_avg(call, op, dtype, self.nranks())?;
+        let s = dtype.size();
+        self.cross_call(call, ex, |cross, shard, stage| {
+            let (descr, flags, step_op) = self.all_reduce_plan(cross, count, dtype, op, root);
             let nl = cross.nlocal();
             let me = cross.topo.host;
             // Reduce: the root's host reduces, the root keeps the result.
-            let root_host = root.map(|r| {
-                (0..cross.hosts())
-                    .find(|&h| cross.topo.hosts[h].contains(&r))
-                    .expect("root checked")
-            });
-            let reducing = root_host.is_none_or(|h| h == me);
+            let reducing = root.is_none_or(|r| cross.topo.hosts[me].contains(&r));
             let is_root = root.is_none_or(|r| r == self.rank());
             let cap = cross.payload() / s;
             let mut off = 0usize;
@@ -465,68 +712,44 @@ impl Collectives {
                 let rem = count - off;
                 let c = rem.div_ceil(nl).min(cap);
                 let len = rem.min(nl * c);
-                let round = st.round;
-                let own = cross.payload_ptr(round, false, cross.topo.host);
-                // 1. This host's sum of the shard of this local index, into the own send slot.
-                // SAFETY: send holds count elements (caller contract); the stage holds
-                // nl * payload >= nl * c elements; the send slot holds payload bytes.
+                let at = |b: u64| b + (off * s) as u64;
+                // SAFETY (every step below): send and recv hold count elements (caller
+                // contract); the stage holds nl * payload >= nl * c elements, the shard and
+                // a send slot's payload >= c.
                 unsafe {
-                    let src = (send as *const u8).add(off * s);
-                    if nl == 1 {
-                        std::ptr::copy_nonoverlapping(src, own, len * s);
+                    // 1. This host's sum of the shard of this local index, into the own send
+                    // slot (one rank per host: the step copies the input there).
+                    let src = if nl == 1 {
+                        at(send)
                     } else {
                         let input = if len == nl * c {
-                            src
+                            at(send)
                         } else {
-                            std::ptr::copy_nonoverlapping(src, st.stage.as_mut_ptr(), len * s);
-                            st.stage.as_ptr()
+                            self.x_copy(ex, stage, at(send), len * s)?;
+                            stage
                         };
-                        self.local_reduce_scatter(
-                            call,
-                            input as u64,
-                            own as u64,
-                            c,
-                            dtype,
-                            step_op,
-                        )?;
-                    }
-                }
-                // 2. Every host's sum of it, from the partners (reduce: to the root's host).
-                let lens = |h| {
-                    if root_host.is_none_or(|r| r == h) {
-                        c * s
-                    } else {
+                        let own = cross.send_payload(me);
+                        self.local_reduce_scatter(ex, call, input, own, c, dtype, step_op)?;
                         0
-                    }
-                };
-                self.exchange(cross, st, call, descr, lens, |_| me)?;
-                if !reducing {
-                    off += len;
-                    continue;
-                }
-                // 3. Reduced in host order (the same on every partner), the average's quotient.
-                let shard = st.shard.as_mut_ptr();
-                reduce_hosts(cross, round, shard, c * s, type_op);
-                if op == ReduceOp::Avg {
-                    // SAFETY: the shard holds c elements of the type.
-                    unsafe { finish_avg(shard, c, dtype, n_all) };
-                }
-                // 4. Every local index's shard to every local rank (reduce: gathered on the
-                // root's host, kept by the root only).
-                // SAFETY: recv holds count elements (caller contract).
-                unsafe {
-                    let dst = (recv as *mut u8).add(off * s);
-                    if nl == 1 {
-                        if is_root {
-                            std::ptr::copy_nonoverlapping(shard, dst, len * s);
-                        }
-                    } else if len == nl * c && root.is_none() {
-                        self.local_all_gather(call, shard as u64, dst as u64, c * s, dtype)?;
-                    } else {
-                        let stage = st.stage.as_mut_ptr();
-                        self.local_all_gather(call, shard as u64, stage as u64, c * s, dtype)?;
-                        if is_root {
-                            std::ptr::copy_nonoverlapping(stage, dst, len * s);
+                    };
+                    // 2, 3. Every host's sum of it from the partners (reduce: to the root's
+                    // host only), reduced in host order (the average's quotient included).
+                    let out = match (reducing, nl) {
+                        (false, _) => 0,
+                        (true, 1) => at(recv),
+                        _ => shard,
+                    };
+                    self.x_step(ex, cross, call, src, out, descr, c * s, flags, 0)?;
+                    // 4. Every local index's shard to every local rank (reduce: gathered on
+                    // the root's host, kept by the root only).
+                    if reducing && nl > 1 {
+                        if len == nl * c && root.is_none() {
+                            self.local_all_gather(ex, call, shard, at(recv), c * s, dtype)?;
+                        } else {
+                            self.local_all_gather(ex, call, shard, stage, c * s, dtype)?;
+                            if is_root {
+                                self.x_copy(ex, at(recv), stage, len * s)?;
+                            }
                         }
                     }
                 }
@@ -536,61 +759,49 @@ impl Collectives {
         })
     }
 
-    /// Host backend, across hosts: all-gather (see the [module](self)); `bytes` per rank.
+    /// Across hosts: all-gather of `bytes` per rank on `ex` (see the [module](self)). Per
+    /// round, a piece of every rank's input goes to the partners (the step gathers the
+    /// hosts' pieces), then the local all-gather and copies to their places.
     ///
     /// # Safety
-    /// `send` valid for `bytes`, `recv` for `nranks * bytes` (in place as the one-host call).
+    /// `send` valid for `bytes`, `recv` for `nranks * bytes` (in place as the one-host call),
+    /// memory of `ex`'s kind until the stream ran the call.
     pub(super) unsafe fn cross_all_gather(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         bytes: usize,
         dtype: DataType,
     ) -> Result<(), CommError> {
-        let call = "all_gather_host";
+        let call = ex.name("all_gather");
+        let call = call.as_str();
         let descr = [bytes as u64, all_gather_tag(AllGatherAlgo::Auto, dtype)];
-        self.cross_call(call, |cross, st| {
+        let flags = xk::flags(GATHER, 0);
+        self.cross_call(call, ex, |cross, shard, stage| {
             let (nl, nh) = (cross.nlocal(), cross.hosts());
-            let me = cross.topo.host;
             // Each round: a piece of every rank's data; nh pieces gathered per local rank.
             let piece = cross.payload() / nh / 16 * 16;
             let mut off = 0usize;
             while off < bytes {
                 let p = piece.min(bytes - off);
-                let round = st.round;
-                // SAFETY: send holds bytes (caller contract); a send slot holds payload >= p.
+                let src = send + off as u64;
+                // SAFETY (every step below): send holds bytes, recv nranks * bytes (caller
+                // contract); the shard holds payload >= nh * p bytes, the stage nl *
+                // payload >= nl * nh * p.
                 unsafe {
-                    let src = (send as *const u8).add(off);
-                    std::ptr::copy_nonoverlapping(src, cross.payload_ptr(round, false, me), p);
-                }
-                self.exchange(cross, st, call, descr, |_| p, |_| me)?;
-                // The pieces of this local index's ranks, in host order.
-                let shard = st.shard.as_mut_ptr();
-                for h in 0..nh {
-                    let from = cross.payload_ptr(round, h != me, h);
-                    // SAFETY: slots of payload >= p bytes; the shard holds payload >= nh * p.
-                    unsafe { std::ptr::copy_nonoverlapping(from, shard.add(h * p), p) };
-                }
-                let (gathered, stride) = if nl == 1 {
-                    (shard as *const u8, 0)
-                } else {
-                    let stage = st.stage.as_mut_ptr();
-                    // SAFETY: the stage holds nl * payload >= nl * nh * p bytes.
-                    unsafe {
-                        self.local_all_gather(call, shard as u64, stage as u64, nh * p, dtype)?
-                    };
-                    (stage as *const u8, nh * p)
-                };
-                for lq in 0..nl {
-                    for h in 0..nh {
-                        let g = cross.topo.rank_at(h, lq);
-                        // SAFETY: recv holds nranks * bytes (caller contract); the source
-                        // block holds nh * p bytes per local index.
-                        unsafe {
-                            let from = gathered.add(lq * stride + h * p);
-                            let to = (recv as *mut u8).add(g * bytes + off);
-                            if !std::ptr::eq(from, to) {
-                                std::ptr::copy(from, to, p);
+                    if nl == 1 {
+                        // One rank per host: rank h is host h; the pieces go to their places.
+                        let out = recv + off as u64;
+                        self.x_step(ex, cross, call, src, out, descr, p, flags, bytes)?;
+                    } else {
+                        self.x_step(ex, cross, call, src, shard, descr, p, flags, p)?;
+                        self.local_all_gather(ex, call, shard, stage, nh * p, dtype)?;
+                        for lq in 0..nl {
+                            for h in 0..nh {
+                                let to = recv + (cross.topo.rank_at(h, lq) * bytes + off) as u64;
+                                let from = stage + ((lq * nh + h) * p) as u64;
+                                self.x_copy(ex, to, from, p)?;
                             }
                         }
                     }
@@ -601,24 +812,27 @@ impl Collectives {
         })
     }
 
-    /// Host backend, across hosts: reduce-scatter of `count` elements per rank (`send` holds
-    /// `nranks * count`, block `g` for rank `g`). Each round: the blocks are arranged by local
-    /// index (local index `l` gets, in host order, the blocks of the ranks of local index `l`),
-    /// reduce-scattered inside the host (local order), and each host's partial of block `g`
-    /// sent to `g`'s host, where it is reduced in host order.
+    /// Across hosts: reduce-scatter of `count` elements per rank on `ex` (`send` holds
+    /// `nranks * count`, block `g` for rank `g`). Each round: the blocks are arranged by
+    /// local index (local index `l` gets, in host order, the blocks of the ranks of local
+    /// index `l`), reduce-scattered inside the host (local order), and each host's partial of
+    /// block `g` sent to `g`'s host, where the step reduces them in host order.
     ///
     /// # Safety
     /// `send` valid for `nranks * count` elements, `recv` for `count` (in place as the
-    /// one-host call).
+    /// one-host call), memory of `ex`'s kind until the stream ran the call.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn cross_reduce_scatter(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         count: usize,
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let call = "reduce_scatter_host";
+        let call = ex.name("reduce_scatter");
+        let call = call.as_str();
         check_avg(call, op, dtype, self.nranks())?;
         let s = dtype.size();
         let step_op = if op == ReduceOp::Avg {
@@ -633,67 +847,40 @@ impl Collectives {
             0,
         );
         let descr = [count as u64, tag];
-        let type_op = desc::type_op(desc::tag(
-            desc::REDUCE_SCATTER,
-            super::dtype_code(dtype),
-            super::op_desc(step_op),
-            0,
-        ));
-        let n_all = self.nranks() as u32;
-        self.cross_call(call, |cross, st| {
+        let flags = xk::flags(REDUCE | PER_DEST, self.nranks() as u32);
+        self.cross_call(call, ex, |cross, shard, stage| {
             let (nl, nh) = (cross.nlocal(), cross.hosts());
             // Per round, c elements of every block: the stage holds nl * nh * c of them, the
-            // local result nh * c (in the send slots, one per host).
-            let cap = (cross.payload() / nh).min(cross.payload()) / s;
+            // local result nh * c (the shard), then one piece per send slot.
+            let cap = cross.payload() / nh / s;
             let mut off = 0usize;
             while off < count {
                 let c = (count - off).min(cap);
-                let round = st.round;
-                // SAFETY: send holds nranks * count elements; the stage nl * payload bytes
-                // >= nl * nh * c elements; each send slot payload >= c elements.
+                // SAFETY (every step below): send holds nranks * count elements, recv count
+                // (caller contract); the stage holds nl * payload >= nl * nh * c elements,
+                // the shard payload >= nh * c, each send slot's payload >= c.
                 unsafe {
-                    let stage = st.stage.as_mut_ptr();
                     for lq in 0..nl {
                         for h in 0..nh {
                             let g = cross.topo.rank_at(h, lq);
-                            std::ptr::copy_nonoverlapping(
-                                (send as *const u8).add((g * count + off) * s),
-                                stage.add((lq * nh + h) * c * s),
-                                c * s,
-                            );
+                            let from = send + ((g * count + off) * s) as u64;
+                            let to = stage + ((lq * nh + h) * c * s) as u64;
+                            self.x_copy(ex, to, from, c * s)?;
                         }
                     }
-                    // This host's partial of the blocks of this local index, host by host,
-                    // gathered in the shard, then spread over the send slots.
-                    let shard = st.shard.as_mut_ptr();
-                    if nl == 1 {
-                        std::ptr::copy_nonoverlapping(stage, shard, nh * c * s);
+                    // This host's partial of the blocks of this local index, host by host.
+                    let partial = if nl == 1 {
+                        stage
                     } else {
-                        self.local_reduce_scatter(
-                            call,
-                            stage as u64,
-                            shard as u64,
-                            nh * c,
-                            dtype,
-                            step_op,
-                        )?;
-                    }
+                        self.local_reduce_scatter(ex, call, stage, shard, nh * c, dtype, step_op)?;
+                        shard
+                    };
                     for h in 0..nh {
-                        std::ptr::copy_nonoverlapping(
-                            shard.add(h * c * s),
-                            cross.payload_ptr(round, false, h),
-                            c * s,
-                        );
+                        let from = partial + (h * c * s) as u64;
+                        self.x_copy(ex, cross.send_payload(h), from, c * s)?;
                     }
-                }
-                self.exchange(cross, st, call, descr, |_| c * s, |h| h)?;
-                // SAFETY: recv holds count elements.
-                unsafe {
-                    let out = (recv as *mut u8).add(off * s);
-                    reduce_hosts(cross, round, out, c * s, type_op);
-                    if op == ReduceOp::Avg {
-                        finish_avg(out, c, dtype, n_all);
-                    }
+                    let out = recv + (off * s) as u64;
+                    self.x_step(ex, cross, call, 0, out, descr, c * s, flags, 0)?;
                 }
                 off += c;
             }
@@ -701,24 +888,28 @@ impl Collectives {
         })
     }
 
-    /// Host backend, across hosts: broadcast of `bytes` from `root`: the root's data goes
-    /// over TCP to the ranks of its local index on the other hosts (the other local indexes
-    /// do not exchange), then each host broadcasts it from that local index.
+    /// Across hosts: broadcast of `bytes` from `root` on `ex`: the root's data goes to the
+    /// ranks of its local index on the other hosts (the other local indexes do not exchange),
+    /// then each host broadcasts it from that local index.
     ///
     /// # Safety
-    /// `send` valid for `bytes` on the root, `recv` for `bytes` everywhere.
+    /// `send` valid for `bytes` on the root, `recv` for `bytes` everywhere, memory of `ex`'s
+    /// kind until the stream ran the call.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn cross_broadcast(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         bytes: usize,
         dtype: DataType,
         root: usize,
     ) -> Result<(), CommError> {
-        let call = "broadcast_host";
+        let call = ex.name("broadcast");
+        let call = call.as_str();
         let tag = desc::rooted_tag(desc::BROADCAST, super::dtype_code(dtype), 0, 0, root as u64);
         let descr = [bytes as u64, tag];
-        self.cross_call(call, |cross, st| {
+        self.cross_call(call, ex, |cross, _, _| {
             let topo = &cross.topo;
             let root_host = (0..topo.hosts.len())
                 .find(|&h| topo.hosts[h].contains(&root))
@@ -732,129 +923,101 @@ impl Collectives {
                 let mut off = 0;
                 while off < bytes {
                     let p = cross.payload().min(bytes - off);
-                    let round = st.round;
-                    let lens = |_| if me == root_host { p } else { 0 };
-                    if me == root_host {
-                        // SAFETY: send holds bytes on the root; the slot payload >= p.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                (send as *const u8).add(off),
-                                cross.payload_ptr(round, false, me),
-                                p,
-                            )
-                        };
-                    }
-                    self.exchange(cross, st, call, descr, lens, |_| me)?;
-                    if me != root_host {
-                        // SAFETY: recv holds bytes; the receive slot p.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                cross.payload_ptr(round, true, root_host),
-                                (recv as *mut u8).add(off),
-                                p,
-                            )
-                        };
-                    } else if send != recv {
-                        // SAFETY: as above, disjoint or equal (checked by the caller).
-                        unsafe {
-                            std::ptr::copy(
-                                (send as *const u8).add(off),
-                                (recv as *mut u8).add(off),
-                                p,
-                            )
-                        };
-                    }
+                    // The root puts its piece; the others send headers and copy the root's.
+                    let (src, flags) = if me == root_host {
+                        (send + off as u64, xk::flags(PICK, 0))
+                    } else {
+                        (0, xk::flags(PICK | HEADER_ONLY, 0))
+                    };
+                    let out = if me == root_host && send == recv {
+                        0
+                    } else {
+                        recv + off as u64
+                    };
+                    // SAFETY: send holds bytes on the root, recv bytes (caller contract).
+                    unsafe { self.x_step(ex, cross, call, src, out, descr, p, flags, root_host)? };
                     off += p;
                 }
             }
             if cross.nlocal() > 1 {
                 // SAFETY: recv holds bytes; on the local root it holds the data now.
-                unsafe { self.local_broadcast(call, recv, bytes, dtype, root_local)? };
+                unsafe { self.local_broadcast(ex, call, recv, bytes, dtype, root_local)? };
             }
             Ok(())
         })
     }
 
-    /// Host backend, across hosts: all-to-all of `bytes` per pair (`send` and `recv` hold
-    /// `nranks * bytes`). Each round, a piece of every block: an all-to-all inside the host
-    /// hands local index `l` every block of this host meant for the ranks of local index `l`
-    /// (on every host); then each rank sends its partner on host `h` the blocks for it (one
-    /// exchange) and places what it receives by source rank.
+    /// Across hosts: all-to-all of `bytes` per pair on `ex` (`send` and `recv` hold `nranks *
+    /// bytes`). Each round, a piece of every block: an all-to-all inside the host hands local
+    /// index `l` every block of this host meant for the ranks of local index `l` (on every
+    /// host); each rank puts its partner on host `h` the blocks for it (a send slot per
+    /// host, the own host's too), the step gathers every host's blocks, and they are copied
+    /// to their places by source rank.
     ///
     /// # Safety
-    /// `send` and `recv` valid for `nranks * bytes`, disjoint.
+    /// `send` and `recv` valid for `nranks * bytes`, disjoint, memory of `ex`'s kind until the
+    /// stream ran the call.
     pub(super) unsafe fn cross_all_to_all(
         &self,
+        ex: Exec<'_>,
         send: u64,
         recv: u64,
         bytes: usize,
         dtype: DataType,
     ) -> Result<(), CommError> {
-        let call = "all_to_all_host";
+        let call = ex.name("all_to_all");
+        let call = call.as_str();
         let tag = desc::tag(desc::ALL_TO_ALL, super::dtype_code(dtype), 0, 0);
         let descr = [bytes as u64, tag];
-        self.cross_call(call, |cross, st| {
+        let flags = xk::flags(GATHER | PER_DEST, 0);
+        self.cross_call(call, ex, |cross, _, stage| {
             let (nl, nh) = (cross.nlocal(), cross.hosts());
-            let me = cross.topo.host;
             // Pieces of p bytes (whole elements): the stage holds the arranged input and the
-            // local all-to-all's output (nl * nh * p each), a slot nl * p.
+            // local all-to-all's output (nl * nh * p each), later the gathered blocks; a
+            // slot nl * p.
             let s = dtype.size();
             let p_max = ((cross.payload() / (2 * nh)).min(cross.payload() / nl) / s * s).max(s);
             let mut off = 0usize;
             while off < bytes {
                 let p = p_max.min(bytes - off);
-                let round = st.round;
-                let half = nl * nh * p;
-                let stage = st.stage.as_mut_ptr();
-                // SAFETY: send and recv hold nranks * bytes (caller contract); the stage holds
-                // nl * payload >= 2 * nl * nh * p bytes; a send slot payload >= nl * p.
+                let half = (nl * nh * p) as u64;
+                // SAFETY (every step below): send and recv hold nranks * bytes (caller
+                // contract); the stage holds nl * payload >= 2 * nl * nh * p bytes; a send
+                // slot's payload >= nl * p.
                 unsafe {
                     // Input arranged by destination local index, then host.
                     for ld in 0..nl {
                         for hd in 0..nh {
                             let g = cross.topo.rank_at(hd, ld);
-                            std::ptr::copy_nonoverlapping(
-                                (send as *const u8).add(g * bytes + off),
-                                stage.add((ld * nh + hd) * p),
-                                p,
-                            );
+                            let from = send + (g * bytes + off) as u64;
+                            let to = stage + ((ld * nh + hd) * p) as u64;
+                            self.x_copy(ex, to, from, p)?;
                         }
                     }
                     // From every local rank ls: its blocks for (hd, l), hd in host order.
                     let local_out = if nl == 1 {
-                        stage as *const u8
+                        stage
                     } else {
-                        let out = stage.add(half);
-                        self.local_all_to_all(call, stage as u64, out as u64, nh * p, dtype)?;
-                        out as *const u8
+                        let out = stage + half;
+                        self.local_all_to_all(ex, call, stage, out, nh * p, dtype)?;
+                        out
                     };
                     for hd in 0..nh {
                         for ls in 0..nl {
-                            let from = local_out.add((ls * nh + hd) * p);
-                            if hd == me {
-                                let g = cross.topo.rank_at(me, ls);
-                                let to = (recv as *mut u8).add(g * bytes + off);
-                                std::ptr::copy_nonoverlapping(from, to, p);
-                            } else {
-                                let to = cross.payload_ptr(round, false, hd).add(ls * p);
-                                std::ptr::copy_nonoverlapping(from, to, p);
-                            }
+                            let from = local_out + ((ls * nh + hd) * p) as u64;
+                            let to = cross.send_payload(hd) + (ls * p) as u64;
+                            self.x_copy(ex, to, from, p)?;
                         }
                     }
-                }
-                self.exchange(cross, st, call, descr, |_| nl * p, |h| h)?;
-                for hs in (0..nh).filter(|&h| h != me) {
-                    for ls in 0..nl {
-                        let g = cross.topo.rank_at(hs, ls);
-                        // SAFETY: the receive slot holds nl * p bytes (published by the
-                        // wait); recv holds nranks * bytes.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                cross.payload_ptr(round, true, hs).add(ls * p),
-                                (recv as *mut u8).add(g * bytes + off),
-                                p,
-                            )
-                        };
+                    // Host hs's blocks (nl * p bytes, by source local index) at stage +
+                    // hs * nl * p.
+                    self.x_step(ex, cross, call, 0, stage, descr, nl * p, flags, nl * p)?;
+                    for hs in 0..nh {
+                        for ls in 0..nl {
+                            let g = cross.topo.rank_at(hs, ls);
+                            let from = stage + ((hs * nl + ls) * p) as u64;
+                            self.x_copy(ex, recv + (g * bytes + off) as u64, from, p)?;
+                        }
                     }
                 }
                 off += p;
@@ -862,81 +1025,24 @@ impl Collectives {
             Ok(())
         })
     }
-
-    /// The local group's all-gather of `bytes` per rank (rank `l`'s at `recv + l * bytes`).
-    ///
-    /// # Safety
-    /// `send` valid for `bytes`, `recv` for `nlocal * bytes`, disjoint.
-    unsafe fn local_all_gather(
-        &self,
-        call: &str,
-        send: u64,
-        recv: u64,
-        bytes: usize,
-        dtype: DataType,
-    ) -> Result<(), CommError> {
-        let algo = match self.choose_all_gather(bytes) {
-            AllGatherAlgo::Packets if bytes > self.one_shot_max_bytes() => AllGatherAlgo::Memory,
-            AllGatherAlgo::Proxy | AllGatherAlgo::Auto => AllGatherAlgo::Memory,
-            a => a,
-        };
-        // SAFETY: caller contract.
-        unsafe { self.run_all_gather_kernel(call, send, recv, bytes as u64, dtype, algo) }
-    }
 }
 
-/// Reduces the round's payloads of every host in host order (this host's from its own send
-/// slot, the others' from the receive slots) into `out`, `len` bytes, with `type_op`
-/// (`op | dtype << 8`): the same sources in the same order on every partner.
-fn reduce_hosts(cross: &Cross, round: u64, out: *mut u8, len: usize, type_op: u32) {
-    let me = cross.topo.host;
-    let nh = cross.hosts();
-    let src = |h: usize| cross.payload_ptr(round, h != me, h) as *const u8;
-    // Up to 64 sources per pass; more hosts are folded in passes whose first source is the
-    // result so far (still host order).
-    let mut v: [*const u8; 64] = [std::ptr::null(); 64];
-    let mut h = 0;
-    while h < nh {
-        let mut k = 0;
-        if h > 0 {
-            v[0] = out;
-            k = 1;
-        }
-        while k < v.len() && h < nh {
-            v[k] = src(h);
-            k += 1;
-            h += 1;
-        }
-        // SAFETY: every source holds len bytes of the round (the own send slot written by
-        // this rank, receive slots published by the waits); out holds len bytes and is
-        // either disjoint from them or the first source (read before written, element by
-        // element); called outside a launch, as one thread (the host arch's block of one).
-        unsafe { Bytes::reduce_out(&v[..k], out, std::ptr::null_mut(), len as u64, 0, type_op) };
-    }
+/// Where a cross-host call runs: on the calling thread (Host backend) or queued on a stream
+/// (GPU backend).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Exec<'a> {
+    /// Host backend: blocking, in this thread.
+    Host,
+    /// GPU backend: stream-ordered launches and copies.
+    Gpu(&'a CudaStream),
 }
 
-/// The average's quotient: every element of `buf` divided by `n` as the kernels do it
-/// (`Reduce::finish1` of average).
-///
-/// # Safety
-/// `buf` valid for `count` elements of `dtype`.
-unsafe fn finish_avg(buf: *mut u8, count: usize, dtype: DataType, n: u32) {
-    let code = op::AVG | (super::dtype_code(dtype) as u32) << 8;
-    let s = dtype.size();
-    for i in 0..count {
-        // SAFETY: element i of buf (caller contract).
-        unsafe {
-            let p = buf.add(i * s);
-            let mut bits = [0u8; 8];
-            std::ptr::copy_nonoverlapping(p, bits.as_mut_ptr(), s);
-            let a = u64::from_le_bytes(bits);
-            let q = match s {
-                1 => <Dyn<1> as Reduce>::finish1(code, a, n),
-                2 => <Dyn<2> as Reduce>::finish1(code, a, n),
-                4 => <Dyn<4> as Reduce>::finish1(code, a, n),
-                _ => <Dyn<8> as Reduce>::finish1(code, a, n),
-            };
-            std::ptr::copy_nonoverlapping(q.to_le_bytes().as_ptr(), p, s);
+impl Exec<'_> {
+    /// The call's name in messages: `name` on a GPU, `name_host` on the Host backend.
+    fn name(self, name: &str) -> String {
+        match self {
+            Exec::Host => format!("{name}_host"),
+            Exec::Gpu(_) => name.to_string(),
         }
     }
 }

@@ -12,15 +12,18 @@
 //!
 //! # Across hosts
 //!
-//! Ranks on several hosts (bootstrap host ids, `MSCCLPP_HOST_ID`) are accepted on the host
-//! backend, with the same number of ranks (at most 8) on every host: the kernels run over
+//! Ranks on several hosts (bootstrap host ids, `MSCCLPP_HOST_ID`) are accepted on both
+//! backends, with the same number of ranks (at most 8) on every host: the kernels run over
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
-//! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical,
-//! and every other collective is built across hosts but send/recv, which returns
-//! [`CommError::InvalidArgument`] naming the call. Every rank gets
-//! bit-identical results; sums are formed per host in rank order, then across hosts in host
-//! order (docs/tcp-transport.md, "Collectives across hosts"). The GPU backend refuses ranks
-//! on several hosts.
+//! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical
+//! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
+//! other collective is built across hosts but send/recv, which returns
+//! [`CommError::InvalidArgument`] naming the call. The cross-host step is a device kernel
+//! (`cross_step`, one block) on GPUs and the same code on a CPU thread on the Host backend;
+//! GPU calls stay stream-ordered and capturable. Every rank gets bit-identical results;
+//! sums are formed per host in rank order, then across hosts in host order
+//! (docs/tcp-transport.md, "Collectives across hosts"). The algorithm arguments and
+//! `MSCCLPP_*_ALGO` choose nothing across hosts.
 //!
 //! # Ordering and failures
 //!
@@ -603,14 +606,6 @@ impl Collectives {
         // host), indexed by local index; other hosts are reached through `cross`.
         let topo = cross::Topology::of(&comm)?;
         let spans_hosts = topo.hosts.len() > 1;
-        if spans_hosts && matches!(comm.backend(), Backend::Gpu(_)) {
-            return Err(CommError::InvalidArgument(format!(
-                "collectives: rank {} is on another host than rank {}; collectives across \
-                 hosts are built for the Host backend only (their cross-host steps run on the \
-                 CPU; on GPUs they are not built)",
-                topo.hosts[1][0], topo.hosts[0][0]
-            )));
-        }
         let group: Vec<usize> = topo.group().to_vec();
         let (n, rank) = (group.len(), topo.local);
         let transport = comm.backend().transport();
@@ -638,7 +633,6 @@ impl Collectives {
             None
         };
         comm.connection_setup()?;
-        let cross = cross.map(|c| cross::Cross::finish(&comm, c)).transpose()?;
         let all = comm.memory_channels();
         // SAFETY: the handles are kept in `_host_conns` (and copied to `gpu`) next to `comm`,
         // which owns their memory, and are used only while `self` lives.
@@ -690,7 +684,7 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
-        let p2p = match cross {
+        let p2p = match &cross {
             None => Some(more::P2p::new(&mut comm, &config, &ctx)?),
             Some(_) => None,
         };
@@ -698,6 +692,9 @@ impl Collectives {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
         };
+        let cross = cross
+            .map(|c| cross::Cross::finish(&comm, c, gpu.as_ref()))
+            .transpose()?;
         let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
         if comm.nranks() > 1 {
             comm.proxy_launch()?;
@@ -810,12 +807,20 @@ impl Collectives {
                 self.rank()
             )));
         }
+        // A cross-host step's record is never cleared (the partners' rounds may no longer
+        // pair): every later call returns it.
         let Some(rec) = area
             .record()
-            .filter(|r| mismatch || r.kind != fault::MISMATCH)
+            .filter(|r| mismatch || r.kind != fault::MISMATCH || cross::is_cross(r.place))
         else {
-            return Ok(());
+            return match self.cross {
+                Some(_) => self.cross_fault(call),
+                None => Ok(()),
+            };
         };
+        if cross::is_cross(rec.place) {
+            return Err(self.cross_error(call, &rec));
+        }
         let e = self.fault_error(call, &rec);
         if rec.kind == fault::MISMATCH {
             area.clear_record();
@@ -869,6 +874,12 @@ impl Collectives {
     /// Number of ranks.
     pub fn nranks(&self) -> usize {
         self.comm.nranks()
+    }
+
+    /// The number of hosts the ranks are on (bootstrap host ids); above 1 the collectives
+    /// run across hosts (see [Across hosts](self#across-hosts)).
+    pub fn hosts(&self) -> usize {
+        self.cross.as_ref().map_or(1, |c| c.topo.hosts.len())
     }
 
     /// The settings.
@@ -1044,6 +1055,12 @@ impl Collectives {
             gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
             gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
         })())?;
+        if self.cross.is_some() {
+            // SAFETY: the ranges were checked above; the caller keeps them valid.
+            return unsafe {
+                self.cross_all_reduce(cross::Exec::Gpu(stream), send, recv, count, dtype, op, None)
+            };
+        }
         let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let (blocks, threads) = self.grid(Some(algo), bytes);
         let f = kernels.all_reduce(algo, dtype, op);
@@ -1080,10 +1097,12 @@ impl Collectives {
         algo: AllGatherAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let kernels = self.gpu_kernels("all_gather")?;
+        self.gpu_kernels("all_gather")?;
         self.check_fault("all_gather", false)?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
-        let algo = self.resolve_all_gather("all_gather", algo, bytes)?;
+        if self.cross.is_none() {
+            self.resolve_all_gather("all_gather", algo, bytes)?;
+        }
         if send_count == 0 {
             return Ok(());
         }
@@ -1093,6 +1112,33 @@ impl Collectives {
             gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
             gpu::check_range("all_gather: recv", recv, total, dtype.size())
         })())?;
+        if self.cross.is_some() {
+            // SAFETY: the ranges were checked above; the caller keeps them valid.
+            return unsafe {
+                self.cross_all_gather(cross::Exec::Gpu(stream), send, recv, bytes, dtype)
+            };
+        }
+        let algo = self.resolve_all_gather("all_gather", algo, bytes)?;
+        // SAFETY: as in all_reduce_raw.
+        unsafe { self.launch_all_gather(send, recv, bytes, dtype, algo, stream) }
+    }
+
+    /// Launches the all-gather kernel of resolved `algo` over the local group on `stream`
+    /// (`bytes` per local rank).
+    ///
+    /// # Safety
+    /// `send` valid device memory for `bytes`, `recv` for `nlocal * bytes`, until the stream
+    /// ran the kernel.
+    unsafe fn launch_all_gather(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        dtype: DataType,
+        algo: AllGatherAlgo,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        let kernels = self.gpu_kernels("all_gather")?;
         let (blocks, threads) = match algo {
             AllGatherAlgo::Proxy => self.grid(Some(AllReduceAlgo::Proxy), bytes),
             // The same unit-per-thread grid as one-shot all-reduce.
@@ -1278,7 +1324,9 @@ impl Collectives {
         }
         if self.cross.is_some() {
             // SAFETY: caller contract.
-            return unsafe { self.cross_all_reduce(send, recv, count, dtype, op, None) };
+            return unsafe {
+                self.cross_all_reduce(cross::Exec::Host, send, recv, count, dtype, op, None)
+            };
         }
         let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
         let f = more::all_reduce_host_kernel(algo, dtype, op);
@@ -1322,7 +1370,9 @@ impl Collectives {
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
         if self.cross.is_some() {
             // SAFETY: send holds bytes, recv nranks * bytes (checked), both borrowed.
-            return unsafe { self.cross_all_gather(s, r, bytes as usize, T::DTYPE) };
+            return unsafe {
+                self.cross_all_gather(cross::Exec::Host, s, r, bytes as usize, T::DTYPE)
+            };
         }
         let algo =
             self.resolve_all_gather("all_gather_host", AllGatherAlgo::Auto, bytes as usize)?;

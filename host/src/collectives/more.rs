@@ -38,6 +38,7 @@ use mscclpp_device::collectives::{
 use mscclpp_device::kernels::collectives as k1;
 use mscclpp_device::kernels::collectives_more::{self as k, MoreKernel};
 
+use super::cross::Exec;
 use super::{
     AllReduceAlgo, CollConfig, Collectives, DataType, Element, ReduceOp, checked_bytes, gpu,
 };
@@ -509,44 +510,105 @@ impl Collectives {
     unsafe fn more_host(&self, call: &str, p: Plan, send: u64, recv: u64) -> Result<(), CommError> {
         self.host_only(call)?;
         if self.cross().is_some() {
-            if p.pair_bytes == 0 {
-                return Ok(());
-            }
             // SAFETY: caller contract.
-            return unsafe {
-                match p.kind {
-                    Kind::ReduceScatter => self.cross_reduce_scatter(
-                        send,
-                        recv,
-                        p.count as usize,
-                        p.dtype,
-                        p.op.expect("a reduction"),
-                    ),
-                    Kind::Broadcast => {
-                        self.cross_broadcast(send, recv, p.pair_bytes, p.dtype, p.root)
-                    }
-                    Kind::Reduce => self.cross_all_reduce(
-                        send,
-                        recv,
-                        p.count as usize,
-                        p.dtype,
-                        p.op.expect("a reduction"),
-                        Some(p.root),
-                    ),
-                    Kind::AllToAll => self.cross_all_to_all(send, recv, p.pair_bytes, p.dtype),
-                }
-            };
+            return unsafe { self.cross_more(Exec::Host, p, send, recv) };
         }
         // SAFETY: caller contract.
         unsafe { self.local_more_host(call, p, send, recv) }
     }
 
+    /// Runs a plan across hosts (`cross.rs`) on `ex`.
+    ///
+    /// # Safety
+    /// The ranges valid memory of `ex`'s kind for the plan (until the stream ran it).
+    unsafe fn cross_more(
+        &self,
+        ex: Exec<'_>,
+        p: Plan,
+        send: u64,
+        recv: u64,
+    ) -> Result<(), CommError> {
+        if p.pair_bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: caller contract.
+        unsafe {
+            match p.kind {
+                Kind::ReduceScatter => self.cross_reduce_scatter(
+                    ex,
+                    send,
+                    recv,
+                    p.count as usize,
+                    p.dtype,
+                    p.op.expect("a reduction"),
+                ),
+                Kind::Broadcast => {
+                    self.cross_broadcast(ex, send, recv, p.pair_bytes, p.dtype, p.root)
+                }
+                Kind::Reduce => self.cross_all_reduce(
+                    ex,
+                    send,
+                    recv,
+                    p.count as usize,
+                    p.dtype,
+                    p.op.expect("a reduction"),
+                    Some(p.root),
+                ),
+                Kind::AllToAll => self.cross_all_to_all(ex, send, recv, p.pair_bytes, p.dtype),
+            }
+        }
+    }
+
+    /// A checked plan on the GPU: across hosts through `cross.rs`, else the kernel.
+    ///
+    /// # Safety
+    /// The ranges valid for the plan (checked by the caller) until it completes.
+    unsafe fn more_gpu(
+        &self,
+        p: Plan,
+        send: u64,
+        recv: u64,
+        stream: &CudaStream,
+    ) -> Result<(), CommError> {
+        // SAFETY: caller contract.
+        unsafe {
+            if self.cross().is_some() {
+                self.cross_more(Exec::Gpu(stream), p, send, recv)
+            } else {
+                self.more_launch(p, send, recv, stream)
+            }
+        }
+    }
+
+    /// Runs a local-group plan on `ex` (CPU threads, or the kernel on the stream).
+    ///
+    /// # Safety
+    /// The ranges valid memory of `ex`'s kind for the plan.
+    unsafe fn local_more(
+        &self,
+        ex: Exec<'_>,
+        call: &str,
+        p: Plan,
+        send: u64,
+        recv: u64,
+    ) -> Result<(), CommError> {
+        // SAFETY: caller contract.
+        unsafe {
+            match ex {
+                Exec::Host => self.local_more_host(call, p, send, recv),
+                Exec::Gpu(_) if p.pair_bytes == 0 => Ok(()),
+                Exec::Gpu(stream) => self.more_launch(p, send, recv, stream),
+            }
+        }
+    }
+
     /// The local group's broadcast of `bytes` in place at `buf` from local index `root`.
     ///
     /// # Safety
-    /// `buf` valid host memory for `bytes`.
+    /// `buf` valid memory of `ex`'s kind for `bytes`.
     pub(super) unsafe fn local_broadcast(
         &self,
+        ex: Exec<'_>,
         call: &str,
         buf: u64,
         bytes: usize,
@@ -555,16 +617,19 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let plan = self.plan_rooted(call, bytes / dtype.size(), dtype, None, root)?;
         // SAFETY: caller contract.
-        unsafe { self.local_more_host(call, plan, buf, buf) }
+        unsafe { self.local_more(ex, call, plan, buf, buf) }
     }
 
     /// The local group's reduce-scatter of `count` elements per local rank (`send` holds
     /// `nlocal * count`).
     ///
     /// # Safety
-    /// `send` valid host memory for `nlocal * count` elements, `recv` for `count`, disjoint.
+    /// `send` valid memory of `ex`'s kind for `nlocal * count` elements, `recv` for
+    /// `count`, disjoint.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn local_reduce_scatter(
         &self,
+        ex: Exec<'_>,
         call: &str,
         send: u64,
         recv: u64,
@@ -574,16 +639,17 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let plan = self.plan_rs(call, count, dtype, op)?;
         // SAFETY: caller contract.
-        unsafe { self.local_more_host(call, plan, send, recv) }
+        unsafe { self.local_more(ex, call, plan, send, recv) }
     }
 
     /// The local group's all-to-all of `pair_bytes` per pair (`send` and `recv` hold
     /// `nlocal * pair_bytes`, block `l` for / from local index `l`).
     ///
     /// # Safety
-    /// `send`, `recv` valid host memory for `nlocal * pair_bytes`, disjoint.
+    /// `send`, `recv` valid memory of `ex`'s kind for `nlocal * pair_bytes`, disjoint.
     pub(super) unsafe fn local_all_to_all(
         &self,
+        ex: Exec<'_>,
         call: &str,
         send: u64,
         recv: u64,
@@ -600,7 +666,7 @@ impl Collectives {
             root: 0,
         };
         // SAFETY: caller contract.
-        unsafe { self.local_more_host(call, plan, send, recv) }
+        unsafe { self.local_more(ex, call, plan, send, recv) }
     }
 
     /// Runs a plan on CPU threads over the local group's context.
@@ -690,7 +756,7 @@ impl Collectives {
             root: 0,
         };
         // SAFETY: ranges checked above, kept valid by the caller.
-        unsafe { self.more_launch(p, send, recv, stream) }
+        unsafe { self.more_gpu(p, send, recv, stream) }
     }
 
     /// Reduce (sum) to `root`: the root's `recv` gets the rank-order sum of every rank's
@@ -736,7 +802,7 @@ impl Collectives {
             root,
         };
         // SAFETY: ranges checked above, kept valid by the caller.
-        unsafe { self.more_launch(p, send, recv, stream) }
+        unsafe { self.more_gpu(p, send, recv, stream) }
     }
 
     /// Broadcast from `root`: every rank's `recv` gets the root's `send` (`count` elements of
@@ -779,7 +845,7 @@ impl Collectives {
             root,
         };
         // SAFETY: ranges checked above, kept valid by the caller.
-        unsafe { self.more_launch(p, send, recv, stream) }
+        unsafe { self.more_gpu(p, send, recv, stream) }
     }
 
     /// All-to-all: `send` and `recv` hold `nranks` blocks of `count` elements; block `p` of
@@ -817,7 +883,7 @@ impl Collectives {
             root: 0,
         };
         // SAFETY: ranges checked above, kept valid by the caller.
-        unsafe { self.more_launch(p, send, recv, stream) }
+        unsafe { self.more_gpu(p, send, recv, stream) }
     }
 
     /// Reduce-scatter of cudarc slices (`send.len() == nranks * recv.len()`), on `stream`

@@ -137,6 +137,11 @@ impl FaultArea {
         self.words()[fault::PROXY_REFUSED].store(0, Ordering::Release);
     }
 
+    /// Whether a cross-host step failed on this rank ([`fault::CROSS_BROKEN`]).
+    pub(crate) fn cross_broken(&self) -> bool {
+        self.words()[fault::CROSS_BROKEN].load(Ordering::Acquire) != 0
+    }
+
     /// Why the communicator was aborted, if it was.
     pub(crate) fn abort_reason(&self) -> Option<AbortReason> {
         self.reason

@@ -1,0 +1,434 @@
+//! The cross-host step of the hierarchical collectives (issue #17): one *round* of an
+//! exchange between a rank and its *partners*, the ranks of its local index on the other
+//! hosts, over proxy channels ([`DevConn`](crate::channel::DevConn), TCP or IB), followed
+//! by a reduction of the hosts' payloads in host order or a gather of them.
+//!
+//! The same function, [`step`], runs as a one-block GPU kernel on the GPU backend (the
+//! [`cross_step`] kernel, one block) and in the calling CPU thread on
+//! the Host backend (a block of one thread: `sync_threads` is then a no-op), so the logic
+//! CI tests over TCP loopback is the logic the GPU runs.
+//!
+//! # The cross context
+//!
+//! A [`CollContext`] of its own (not the local group's) describes the step; its fields
+//! mean:
+//!
+//! - `rank`: this rank's host index; `nranks`: the number of hosts (any number);
+//! - `scratch`: the *cross buffer*, registered for the proxy channels, of `3 * nranks`
+//!   slots of `scratch_len` bytes (a multiple of 16): `nranks` send slots (slot `h` for
+//!   what goes to host `h`; slot `rank` for a payload every partner gets), then two halves
+//!   (alternate rounds) of `nranks` receive slots (slot `h` for host `h`'s payload);
+//!   every slot is a [`HDR`]-byte header (round, call descriptor `n` and tag, payload
+//!   bytes) then the payload;
+//! - `conns`: `nranks` handles, `conns[h]` the proxy channel to the partner on host `h`
+//!   (over the cross buffer on both sides; the own entry is unused);
+//! - `state`: this step's own [`STATE_WORDS`](super::STATE_WORDS) words (zeroed at first):
+//!   [`ROUND`] (rounds done) and the local fault words ([`super::local_fault`]) its
+//!   waits use;
+//! - `fault`, `timeout_ns`: the communicator's fault area and device timeout, as for the
+//!   collective kernels; the rest is unused.
+//!
+//! # A round
+//!
+//! 1. The block copies `src` (unless null) into the own send slot's payload; thread 0
+//!    writes the own send slot's header; barrier.
+//! 2. For every partner host `h` (threads take hosts `t, t + nt, …`): with per-destination
+//!    slots ([`PER_DEST`]), the thread writes slot `h`'s header; it puts the header and
+//!    payload (`len` bytes, or none for a host that gets none: [`to_host`], or with
+//!    [`HEADER_ONLY`]) into the
+//!    partner's receive slot of this host in the round's half, with the signal
+//!    (`try_put_with_signal` returns once the proxy has taken the source, so the send slots
+//!    may be rewritten by the next round).
+//! 3. The same thread waits for every such partner's signal, through
+//!    [`CollContext::keep_waiting`] every slice (abort word, stop word, device timeout; no
+//!    trap), and checks the partner's header: a different round or descriptor is recorded
+//!    in the fault area ([`fault::MISMATCH`] at [`fault::AT_CROSS`] with both descriptors,
+//!    or at [`fault::AT_CROSS_ROUND`] with both rounds in the descriptor words) and the
+//!    step is *broken*: [`fault::CROSS_BROKEN`] is raised in the fault area. Barrier.
+//! 4. Unless broken: [`REDUCE`]: the payloads of every host, in host order (the own from
+//!    its send slot), reduced by the tag's operation into `out` (`len` bytes), average as a
+//!    sum divided once at the end by the job's rank count ([`flags`]); a [`to_host`] step
+//!    reduces on that host only. [`GATHER`]: host `h`'s payload copied to `out + h *
+//!    stride`. [`PICK`]: host `stride`'s payload copied to `out`. [`NONE`]: nothing (the
+//!    Host backend's caller may read the slots itself).
+//! 5. Thread 0 advances [`ROUND`] (after a barrier).
+//!
+//! A rank writes a partner's receive slot of round `k + 2` (the half of round `k`) only
+//! after it has received that partner's round `k + 1`, which the partner sends only after
+//! its round `k` ended: no acknowledgement is needed. Once broken (a failed wait, a
+//! mismatch, a refused put), every later step only advances the round: the rounds of the
+//! partners may no longer pair, and the host reports the recorded failure from then on.
+
+use super::{Bytes, Call, CollContext, Dyn, Reduce, desc, fault, op};
+use crate::arch;
+use crate::channel::memory::copy;
+
+/// Bytes of the header in front of every payload: round, descriptor (`n`, tag), payload
+/// bytes (four `u64`).
+pub const HDR: u64 = 32;
+/// Index in the cross context's `state` of the number of rounds done.
+pub const ROUND: usize = 0;
+
+/// Mode ([`flags`]): the caller reads the receive slots itself.
+pub const NONE: u64 = 0;
+/// Mode: reduce the hosts' payloads in host order into `out`.
+pub const REDUCE: u64 = 1;
+/// Mode: copy host `h`'s payload to `out + h * stride`.
+pub const GATHER: u64 = 2;
+/// Mode: copy the payload of host `stride` (the own send slot for this host) to `out`.
+pub const PICK: u64 = 3;
+/// Flag: the payload for host `h` is in send slot `h` (else every partner gets the own send
+/// slot `rank`).
+pub const PER_DEST: u64 = 1 << 4;
+/// Flag: this rank sends every partner the header alone (a round in which other hosts
+/// send, e.g. a broadcast's); `len` still sizes what the mode copies.
+pub const HEADER_ONLY: u64 = 1 << 5;
+/// Bits of [`flags`] holding the host that alone gets the payload ([`to_host`]).
+const TO_SHIFT: u32 = 8;
+/// "Every partner" in the [`TO_SHIFT`] field.
+const TO_ALL: u64 = 0xff_ffff;
+/// Bits of [`flags`] holding the average's divisor.
+const AVG_SHIFT: u32 = 32;
+/// How long one `wait_timeout` waits before the fault words are looked at.
+const WAIT_SLICE_NS: u64 = 200_000;
+
+/// The `flags` argument of [`step`]: a mode ([`NONE`], [`REDUCE`], [`GATHER`]) or'ed with
+/// [`PER_DEST`] and [`to_host`], and `avg_n`, the job's rank count (the divisor of an
+/// average; ignored for other operations).
+#[inline(always)]
+pub const fn flags(mode: u64, avg_n: u32) -> u64 {
+    mode | TO_ALL << TO_SHIFT | (avg_n as u64) << AVG_SHIFT
+}
+
+/// `flags` with only host `h` getting the payload (the others get the header alone, with
+/// the signal) and only host `h` reducing ([`REDUCE`]).
+#[inline(always)]
+pub const fn to_host(flags: u64, h: u32) -> u64 {
+    flags & !(TO_ALL << TO_SHIFT) | ((h as u64 & TO_ALL) << TO_SHIFT)
+}
+
+/// Byte offset of send slot `h` in the cross buffer.
+#[inline(always)]
+pub const fn send_slot(slot: u64, h: u64) -> u64 {
+    h * slot
+}
+
+/// Byte offset of receive slot `h` of `round`'s half for `hosts` hosts.
+#[inline(always)]
+pub const fn recv_slot(slot: u64, hosts: u64, round: u64, h: u64) -> u64 {
+    (hosts + (round & 1) * hosts + h) * slot
+}
+
+/// Bytes of a cross buffer with slots of `slot` bytes for `hosts` hosts.
+#[inline(always)]
+pub const fn buffer_bytes(slot: u64, hosts: u64) -> u64 {
+    3 * hosts * slot
+}
+
+/// One round (see the [module](self)): `n` and `tag` are the call's descriptor (checked
+/// against every partner's), `len` the payload bytes (at most `scratch_len - HDR`), `src`
+/// (null: the payload is already in the send slots) the own payload, `out` and `stride` the
+/// destination of [`REDUCE`] / [`GATHER`] / [`PICK`] (null: none on this rank; for
+/// [`PICK`], `stride` is the host whose payload is copied).
+///
+/// # Safety
+/// Every thread of one block, with the same arguments; `ctx` a valid cross context (see the
+/// [module](self)); `src` valid for `len` bytes; `out` valid for `len` bytes ([`REDUCE`],
+/// aligned to the tag's element size; [`PICK`]) or `(nranks - 1) * stride + len` bytes
+/// ([`GATHER`]), disjoint from the cross buffer; the payloads `len` bytes of whole
+/// elements.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn step(
+    ctx: &CollContext,
+    src: *const u8,
+    out: *mut u8,
+    n: u64,
+    tag: u64,
+    len: u64,
+    flags: u64,
+    stride: u64,
+) {
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (me, nh) = (ctx.rank, ctx.nranks);
+    let slot = ctx.scratch_len;
+    let mode = flags & 0xf;
+    let per_dest = flags & PER_DEST != 0;
+    let to = (flags >> TO_SHIFT) & TO_ALL;
+    let gets = |h: u32| to == TO_ALL || to == h as u64;
+    let sends = flags & HEADER_ONLY == 0;
+    let own_len = if sends { len } else { 0 };
+    let base = ctx.scratch;
+    // The block's agreement on a failure: thread 0 seeds it from the sticky broken word.
+    let failed_flag = crate::shared_array!(CROSS_FAILED: u32; 1);
+    // SAFETY: the state words are live and this step's own (context contract); the last
+    // writer was the previous step on this stream (a kernel boundary) or this thread.
+    let round = unsafe { core::ptr::read_volatile(ctx.state.add(ROUND)) };
+    if t == 0 {
+        // SAFETY: the fault area is live (context contract); the shared word is the block's.
+        unsafe {
+            let broken = arch::ld_relaxed_sys_u64(ctx.fault.add(fault::CROSS_BROKEN));
+            failed_flag.write_volatile(u32::from(broken != 0));
+        }
+    }
+    arch::sync_threads();
+    let mut call = Call {
+        seq: round,
+        desc: [n, tag],
+        // SAFETY: written by thread 0 before the barrier.
+        failed: unsafe { failed_flag.read_volatile() } != 0,
+        desc_pending: false,
+    };
+    let header = |at: *mut u8, l: u64| {
+        let h = [round, n, tag, l];
+        for (i, w) in h.iter().enumerate() {
+            // SAFETY: a send slot's header (HDR bytes at a 16-byte aligned slot start).
+            unsafe { core::ptr::write_volatile((at as *mut u64).add(i), *w) };
+        }
+    };
+    if !call.failed {
+        let own = base.wrapping_add(send_slot(slot, me as u64) as usize);
+        if !src.is_null() {
+            // SAFETY: the own send slot's payload holds slot - HDR >= len bytes; src holds
+            // len bytes (caller contract).
+            unsafe { copy(own.add(HDR as usize), src, len, t, nt) };
+        }
+        if !per_dest && t == 0 {
+            header(own, own_len);
+        }
+    }
+    arch::sync_threads();
+    let dst = recv_slot(slot, nh as u64, round, me as u64);
+    let mut h = t;
+    while h < nh && !call.failed {
+        if h != me {
+            let l = if gets(h) { own_len } else { 0 };
+            let from = send_slot(slot, if per_dest { h } else { me } as u64);
+            if per_dest {
+                header(base.wrapping_add(from as usize), l);
+            }
+            // The block's payload and headers before the trigger, for the proxy's copy.
+            arch::fence_acq_rel_sys();
+            // SAFETY: conns holds nranks handles (context contract).
+            let c = unsafe { &*ctx.conns.add(h as usize) };
+            if c.try_put_with_signal(dst, from, HDR + l).is_err() {
+                // SAFETY: the context valid.
+                unsafe { ctx.fail(call, fault::TIMEOUT, h, [0; 2], fault::AT_CROSS) };
+                call.failed = true;
+            }
+        }
+        h += nt;
+    }
+    let mut h = t;
+    while h < nh && !call.failed {
+        if h != me {
+            // SAFETY: as above.
+            let c = unsafe { &*ctx.conns.add(h as usize) };
+            let mut start = None;
+            while !c.wait_timeout(WAIT_SLICE_NS) {
+                let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+                // SAFETY: the context valid.
+                if !unsafe { ctx.keep_waiting(call, h, fault::AT_CROSS, t0) } {
+                    call.failed = true;
+                    break;
+                }
+            }
+            if !call.failed {
+                let at = base.wrapping_add(recv_slot(slot, nh as u64, round, h as u64) as usize);
+                let mut hdr = [0u64; 4];
+                for (i, w) in hdr.iter_mut().enumerate() {
+                    // SAFETY: the receive slot's header, published by the wait (the proxy
+                    // writes the data before it raises the counter).
+                    *w = unsafe { core::ptr::read_volatile((at as *const u64).add(i)) };
+                }
+                if hdr[0] != round {
+                    // Both rounds in the record's descriptor words.
+                    let rounds = Call {
+                        desc: [round, tag],
+                        ..call
+                    };
+                    let theirs = [hdr[0], hdr[2]];
+                    // SAFETY: the context valid.
+                    unsafe { ctx.fail(rounds, fault::MISMATCH, h, theirs, fault::AT_CROSS_ROUND) };
+                    call.failed = true;
+                } else if [hdr[1], hdr[2]] != call.desc {
+                    // SAFETY: the context valid.
+                    unsafe {
+                        ctx.fail(call, fault::MISMATCH, h, [hdr[1], hdr[2]], fault::AT_CROSS)
+                    };
+                    call.failed = true;
+                }
+            }
+        }
+        h += nt;
+    }
+    if call.failed {
+        // SAFETY: the fault area is live (context contract); the shared word the block's.
+        unsafe {
+            arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
+            failed_flag.write_volatile(1);
+        }
+    }
+    arch::sync_threads();
+    // Every thread reads the same word after the barrier: the block agrees.
+    // SAFETY: written before the barrier.
+    let broken = unsafe { failed_flag.read_volatile() } != 0;
+    if !broken && !out.is_null() {
+        let payload = |h: u32| {
+            let off = if h == me {
+                send_slot(slot, me as u64)
+            } else {
+                recv_slot(slot, nh as u64, round, h as u64)
+            };
+            base.wrapping_add((off + HDR) as usize) as *const u8
+        };
+        if mode == REDUCE && gets(me) {
+            // SAFETY: every payload holds len bytes (the own written above or by the
+            // caller, the others published by the waits and the barrier); out holds len
+            // bytes (caller contract).
+            unsafe { reduce_hosts(payload, nh, out, len, tag, (flags >> AVG_SHIFT) as u32) };
+        } else if mode == PICK {
+            let from = (stride as u32).min(nh - 1);
+            // SAFETY: as above; out holds len bytes.
+            unsafe { copy(out, payload(from), len, t, nt) };
+        } else if mode == GATHER {
+            for h in 0..nh {
+                // SAFETY: as above; out holds (nh - 1) * stride + len bytes.
+                unsafe {
+                    copy(
+                        out.add((h as u64 * stride) as usize),
+                        payload(h),
+                        len,
+                        t,
+                        nt,
+                    )
+                };
+            }
+        }
+    }
+    arch::sync_threads();
+    if t == 0 {
+        // SAFETY: the state words are live; read by the next step after a kernel boundary
+        // (or in this thread).
+        unsafe { core::ptr::write_volatile(ctx.state.add(ROUND), round + 1) };
+    }
+}
+
+/// Most sources one reduction pass takes (more hosts fold in passes whose first source is
+/// the result so far: still host order, so the same bits).
+const PASS: usize = 16;
+
+/// Reduces `len` bytes of the payloads of hosts `0..nh` (`payload(h)`) in host order into
+/// `out` with the tag's operation; an average sums, then divides by `avg_n`.
+///
+/// # Safety
+/// Every thread of the block; the payloads and `out` valid for `len` bytes of whole
+/// elements of the tag's type, published to the block.
+#[inline(always)]
+unsafe fn reduce_hosts(
+    payload: impl Fn(u32) -> *const u8,
+    nh: u32,
+    out: *mut u8,
+    len: u64,
+    tag: u64,
+    avg_n: u32,
+) {
+    let t = arch::thread_idx_x();
+    let type_op = desc::type_op(tag);
+    let avg = type_op & 0xff == op::AVG;
+    let step_op = if avg {
+        type_op & !0xff | op::SUM
+    } else {
+        type_op
+    };
+    let mut srcs = [core::ptr::null::<u8>(); PASS];
+    let mut h = 0;
+    while h < nh {
+        let mut k = 0;
+        if h > 0 {
+            arch::sync_threads();
+            srcs[0] = out;
+            k = 1;
+        }
+        while k < PASS && h < nh {
+            srcs[k] = payload(h);
+            k += 1;
+            h += 1;
+        }
+        // SAFETY: caller contract; out is either disjoint from the sources or the first
+        // one (each element read before this thread writes it; passes separated by
+        // barriers).
+        unsafe { Bytes::reduce_out(&srcs[..k], out, core::ptr::null_mut(), len, t, step_op) };
+    }
+    if avg {
+        arch::sync_threads();
+        // SAFETY: out holds len bytes of the type (caller contract).
+        unsafe { finish_avg(out, len, type_op, avg_n) };
+    }
+}
+
+/// Divides every element of `out` (`len` bytes of the type of `type_op`) by `n`, as the
+/// kernels' average does ([`Reduce::finish1`]); the block's threads share the elements.
+///
+/// # Safety
+/// `out` valid for `len` bytes of whole elements; every thread of the block.
+#[inline(always)]
+pub unsafe fn finish_avg(out: *mut u8, len: u64, type_op: u32, n: u32) {
+    let (t, nt) = (arch::thread_idx_x() as u64, arch::block_dim_x() as u64);
+    let code = op::AVG | type_op & !0xff;
+    let s = super::types::dtype_size(type_op >> 8);
+    if s == 0 {
+        return;
+    }
+    let mut i = t;
+    while i < len / s {
+        // SAFETY: element i of out (caller contract), this thread's own.
+        unsafe {
+            let p = out.add((i * s) as usize);
+            match s {
+                1 => p.write(<Dyn<1> as Reduce>::finish1(code, p.read() as u64, n) as u8),
+                2 => {
+                    let p = p as *mut u16;
+                    p.write_unaligned(<Dyn<2> as Reduce>::finish1(
+                        code,
+                        p.read_unaligned() as u64,
+                        n,
+                    ) as u16)
+                }
+                4 => {
+                    let p = p as *mut u32;
+                    p.write_unaligned(<Dyn<4> as Reduce>::finish1(
+                        code,
+                        p.read_unaligned() as u64,
+                        n,
+                    ) as u32)
+                }
+                _ => {
+                    let p = p as *mut u64;
+                    p.write_unaligned(<Dyn<8> as Reduce>::finish1(code, p.read_unaligned(), n))
+                }
+            }
+        }
+        i += nt;
+    }
+}
+
+crate::kernel! {
+    /// One cross-host round ([`step`]) as a one-block kernel: `ctx` the cross context in
+    /// device memory.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn cross_step(
+        ctx: *const CollContext,
+        src: *const u8,
+        out: *mut u8,
+        n: u64,
+        tag: u64,
+        len: u64,
+        flags: u64,
+        stride: u64,
+    ) {
+        // SAFETY: forwarded to the launcher (the host builds the context).
+        unsafe { step(&*ctx, src, out, n, tag, len, flags, stride) }
+    }
+}
+crate::launch_bounds!(cross_step, 512);
