@@ -312,9 +312,10 @@ fn launch_bounds_reach_the_ptx_entries() {
     }
 }
 
-/// The kernels the host launches with programmatic dependent launch (every collective
-/// kernel over memory channels and send/recv; see `host/src/collectives/gpu.rs`) may start
-/// while the previous kernel on the stream still runs: in the sm_90 PTX each must execute
+/// The kernels that start with the dependent-launch entry (every collective kernel over
+/// memory channels, and send/recv; the host launches the latency ones as dependents, see
+/// `host/src/collectives/mod.rs`, "Launches") may start while the previous kernel on the
+/// stream still runs: in the sm_90 PTX each must execute
 /// `griddepcontrol.wait` before any load or store that is not a parameter read or a
 /// prefetch, and trigger its dependents only after that wait.
 #[test]

@@ -65,13 +65,18 @@
 //!
 //! # Launches
 //!
-//! The collective kernels over memory channels (all but the proxy-channel algorithms) are
-//! launched with programmatic stream serialization (programmatic dependent
+//! The latency kernels (one-shot all-reduce, packet all-gather, the LL paths of the other
+//! collectives, send/recv groups of LL-sized transfers) are launched with programmatic
+//! stream serialization (programmatic dependent
 //! launch, sm_90 PTX only; `MSCCLPP_PDL=0` turns it off, read when the collectives are
 //! created): such a kernel may start while the previous kernel on the stream ends, waits for
 //! it on the GPU before touching memory, and lets the next one start likewise, so
 //! back-to-back calls overlap their launch latency. Stream order and graph capture are
-//! unchanged for every other kernel.
+//! unchanged for every other kernel. The other memory-channel kernels start with the same
+//! wait but are launched plainly: with every kernel launched dependent, two ranks sharing
+//! one GPU (MPS) hung in all-pairs all-reduce at 4 MB (the waiting blocks of a dependent
+//! kernel take room on the GPU while it runs the previous one), and that is not understood
+//! yet.
 //!
 //! # Algorithms
 //!
@@ -1077,7 +1082,7 @@ impl Collectives {
                 tag,
                 blocks,
                 threads,
-                algo != AllReduceAlgo::Proxy,
+                algo == AllReduceAlgo::OneShot,
             )
         })
     }
@@ -1166,7 +1171,7 @@ impl Collectives {
                 tag,
                 blocks,
                 threads,
-                algo != AllGatherAlgo::Proxy,
+                algo == AllGatherAlgo::Packets,
             )
         })
     }

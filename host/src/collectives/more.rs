@@ -249,7 +249,7 @@ pub(super) struct Kernels {
     functions: Vec<CudaFunction>,
     p2p: CudaFunction,
     ctx: u64,
-    /// Programmatic dependent launch for every kernel here (see `gpu::Kernels::launch`).
+    /// Programmatic dependent launch for the LL and p2p kernels (see `gpu::Kernels::launch`).
     pdl: gpu::Pdl,
 }
 
@@ -286,7 +286,7 @@ impl Kernels {
         let f = &self.functions[index];
         if dependent
             && let Some(r) = self.pdl.launch(|| {
-                // SAFETY: TABLE's kernels call dependent_launch_entry first; caller contract
+                // SAFETY: the LL kernels call dependent_launch_entry first; caller contract
                 // for the ranges; the stream's context was bound by the call's check_stream.
                 unsafe {
                     gpu::launch_dependent(
@@ -494,8 +494,9 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let kernels = self.more.as_ref().expect("GPU backend");
         let (index, grid, tag) = self.more_gpu_launch(&p);
-        // Every kernel of TABLE starts with dependent_launch_entry.
-        let dependent = true;
+        // Every kernel of TABLE starts with dependent_launch_entry, but only the LL path's
+        // (small grids, checked on GPUs) go out as dependents (see `mod.rs`, "Launches").
+        let dependent = self.more_path(&p) == Path::Ll;
         // SAFETY: caller contract.
         self.noted(unsafe {
             kernels.launch(stream, index, send, recv, p.count, tag, grid, dependent)
@@ -1601,18 +1602,25 @@ impl Collectives {
             &ctx as *const u64 as *mut std::ffi::c_void,
             &arg as *const OpsArg as *mut std::ffi::c_void,
         ];
-        if let Some(r) = kernels.pdl.launch(|| {
-            // SAFETY: the p2p kernel calls dependent_launch_entry first; the parameters
-            // (*const CollContext, P2pOps by value) point at live locals; the rest as below.
-            unsafe {
-                gpu::launch_dependent_params(
-                    stream,
-                    &kernels.p2p,
-                    &mut params,
-                    (blocks, self.config.threads),
-                )
-            }
-        }) {
+        // Dependent only when every transfer goes as LL packets (the latency case, checked
+        // on GPUs; see `mod.rs`, "Launches").
+        let ll_only = ops.ops[..(ops.count as usize).min(ops.ops.len())]
+            .iter()
+            .all(|o| o.bytes <= ops.ll_max);
+        if ll_only
+            && let Some(r) = kernels.pdl.launch(|| {
+                // SAFETY: the p2p kernel calls dependent_launch_entry first; the parameters
+                // (*const CollContext, P2pOps by value) point at live locals; the rest as below.
+                unsafe {
+                    gpu::launch_dependent_params(
+                        stream,
+                        &kernels.p2p,
+                        &mut params,
+                        (blocks, self.config.threads),
+                    )
+                }
+            })
+        {
             return self.noted(r);
         }
         let mut l = stream.launch_builder(&kernels.p2p);
