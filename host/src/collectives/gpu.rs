@@ -215,6 +215,7 @@ impl Kernels {
     ) -> Result<(), CommError> {
         let ctx = self.ctx.device_ptr();
         if dependent
+            && dependent_grid(blocks, threads)
             && let Some(r) = self.pdl.launch(|| {
                 // SAFETY: forwarded (caller contract; the arguments match the signature).
                 unsafe { launch_dependent(stream, f, [ctx, send, recv, n, tag], (blocks, threads)) }
@@ -236,6 +237,18 @@ impl Kernels {
             .map(|_| ())
             .map_err(|e| classify("launch", "cuLaunchKernel", e))
     }
+}
+
+/// Most threads of a grid launched as a dependent (programmatic dependent launch): the latency
+/// cases (one-shot all-reduce to 128 KiB and the like) stay below it. Larger grids are
+/// launched plainly, where saving a launch latency matters little. This is also a caution:
+/// with every kernel launched dependent, a large grid (all-pairs all-reduce at 4 MB) hung
+/// with two ranks on one GPU under MPS, for a reason not found (see `mod.rs`, "Launches").
+pub(super) const PDL_MAX_THREADS: u64 = 16 * 1024;
+
+/// Whether a grid of `blocks` x `threads` may be launched as a dependent ([`PDL_MAX_THREADS`]).
+pub(super) fn dependent_grid(blocks: u32, threads: u32) -> bool {
+    blocks as u64 * threads as u64 <= PDL_MAX_THREADS
 }
 
 /// Whether the latency kernels go out with programmatic dependent launch: on for sm_90 PTX

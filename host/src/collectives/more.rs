@@ -285,6 +285,7 @@ impl Kernels {
     ) -> Result<(), CommError> {
         let f = &self.functions[index];
         if dependent
+            && gpu::dependent_grid(blocks, threads)
             && let Some(r) = self.pdl.launch(|| {
                 // SAFETY: the LL kernels call dependent_launch_entry first; caller contract
                 // for the ranges; the stream's context was bound by the call's check_stream.
@@ -1608,6 +1609,7 @@ impl Collectives {
             .iter()
             .all(|o| o.bytes <= ops.ll_max);
         if ll_only
+            && gpu::dependent_grid(blocks, self.config.threads)
             && let Some(r) = kernels.pdl.launch(|| {
                 // SAFETY: the p2p kernel calls dependent_launch_entry first; the parameters
                 // (*const CollContext, P2pOps by value) point at live locals; the rest as below.

@@ -565,3 +565,18 @@ fn dependent_launch_falls_back_once_refused_but_not_on_a_lost_context() {
     assert!(!pdl.is_on());
     assert!(pdl.launch(|| panic!("off for good")).is_none());
 }
+
+/// Only small grids go out as dependents: the latency cases fit, large grids do not.
+#[test]
+fn only_small_grids_are_launched_as_dependents() {
+    use super::gpu::{PDL_MAX_THREADS, dependent_grid};
+    assert!(dependent_grid(1, 64));
+    assert!(
+        dependent_grid(16, 1024),
+        "one-shot at 128 KiB: 16 blocks of 1024"
+    );
+    assert!(dependent_grid((PDL_MAX_THREADS / 512) as u32, 512));
+    assert!(!dependent_grid((PDL_MAX_THREADS / 512) as u32 + 1, 512));
+    assert!(!dependent_grid(128, 512), "all-pairs at 4 MB");
+    assert!(!dependent_grid(u32::MAX, u32::MAX), "no overflow");
+}
