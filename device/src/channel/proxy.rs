@@ -297,9 +297,11 @@ impl<'a> DevConn<'a> {
             return Err(refused);
         }
         // Relaxed: the proxy wrote the bit before the tail store this thread acquired.
-        // SAFETY: the fault area is live and FAULT_WORDS long (constructor contract).
-        let bits = unsafe { arch::ld_relaxed_sys_u64(self.fault.add(fault::PROXY_REFUSED)) };
-        if bits & (1 << (self.connection_id % 64)) != 0 {
+        let (word, mask) = fault::refused_bit(self.connection_id);
+        // SAFETY: the fault area is live and FAULT_WORDS long (constructor contract), and
+        // refused_bit's word lies below FAULT_WORDS.
+        let bits = unsafe { arch::ld_relaxed_sys_u64(self.fault.add(word)) };
+        if bits & mask != 0 {
             Err(refused)
         } else {
             Ok(())

@@ -238,14 +238,30 @@ pub mod fault {
     pub const THEIRS: usize = 8;
     /// What was waited for ([`AT_SEMAPHORE`], [`AT_PACKET`], [`AT_DESCRIPTOR`], [`AT_PROXY`]).
     pub const PLACE: usize = 10;
-    /// Bits of the proxy channels (`DevConn`) whose triggers the proxy refused or failed:
-    /// bit `id % 64` for connection `id`. Set by the proxy (atomic or) before it publishes
-    /// a flagged tail (`fifo::TAIL_FAULT`); cleared by the host when it starts a proxy.
-    pub const PROXY_REFUSED: usize = 11;
+    /// Not used (it held the proxy's refused bits before they grew to
+    /// [`PROXY_REFUSED_WORDS`] words at [`PROXY_REFUSED`]).
+    pub const UNUSED_11: usize = 11;
     /// Non-zero once a cross-host round ([`cross`](super::cross)) failed on this rank:
     /// every later round skips its work (the partners' rounds may no longer pair), and the
     /// host reports the failure from then on.
     pub const CROSS_BROKEN: usize = 12;
+    /// The first of [`PROXY_REFUSED_WORDS`] words of bits of the proxy channels (`DevConn`)
+    /// whose triggers the proxy refused or failed: connection `id` has the bit
+    /// [`refused_bit`]`(id)`. Set by the proxy (atomic or) before it publishes a flagged
+    /// tail (`fifo::TAIL_FAULT`); cleared by the host when it starts a proxy.
+    pub const PROXY_REFUSED: usize = 16;
+    /// Words of refused bits: connections `0..64 * PROXY_REFUSED_WORDS` each have their own
+    /// bit (a rank of 8 GPUs with 8 proxy lanes per peer has more than 64 connections);
+    /// beyond that, ids share bits modulo that many (a refusal may then be reported on
+    /// another connection too).
+    pub const PROXY_REFUSED_WORDS: usize = 4;
+
+    /// Word (index in the fault area) and mask of connection `id`'s refused bit.
+    #[inline(always)]
+    pub const fn refused_bit(id: u32) -> (usize, u64) {
+        let bit = id as usize % (64 * PROXY_REFUSED_WORDS);
+        (PROXY_REFUSED + bit / 64, 1 << (bit % 64))
+    }
     /// The host's value of [`ABORT`] for `Communicator::abort` (a lost rank `r` is `1 + r`).
     pub const ABORT_REQUESTED: u64 = u64::MAX;
     /// A wait timed out.
@@ -283,7 +299,7 @@ pub mod fault {
 }
 
 /// `u64` words of the fault area.
-pub const FAULT_WORDS: usize = 16;
+pub const FAULT_WORDS: usize = fault::PROXY_REFUSED + fault::PROXY_REFUSED_WORDS;
 /// Failed polls between two looks at the clock and the fault area.
 pub const SLOW_POLLS: u32 = 64;
 /// Bytes at the end of every packet scratch reserved for call descriptors: two parities of

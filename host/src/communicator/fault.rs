@@ -123,18 +123,29 @@ impl FaultArea {
         );
     }
 
-    /// Marks proxy channel `connection` as refused by the proxy (its bit `connection % 64`
-    /// in [`fault::PROXY_REFUSED`]); the proxy thread calls this before it publishes the
-    /// flagged tail of the refused trigger.
+    /// Marks proxy channel `connection` as refused by the proxy (its bit
+    /// [`fault::refused_bit`]); the proxy thread calls this before it publishes the flagged
+    /// tail of the refused trigger.
     pub(crate) fn mark_proxy_refused(&self, connection: u32) {
+        let (word, mask) = fault::refused_bit(connection);
         // Release: ordered before the proxy's later release store of the tail anyway; the
         // kernel reads the word after acquiring that tail.
-        self.words()[fault::PROXY_REFUSED].fetch_or(1 << (connection % 64), Ordering::Release);
+        self.words()[word].fetch_or(mask, Ordering::Release);
+    }
+
+    /// Whether proxy channel `connection`'s refused bit is set (what its kernel-side sync
+    /// looks at after a flagged tail).
+    #[cfg(test)]
+    pub(crate) fn is_proxy_refused(&self, connection: u32) -> bool {
+        let (word, mask) = fault::refused_bit(connection);
+        self.words()[word].load(Ordering::Acquire) & mask != 0
     }
 
     /// Clears the proxy's refused connections (when a proxy starts, with a clean FIFO tail).
     pub(crate) fn clear_proxy_refused(&self) {
-        self.words()[fault::PROXY_REFUSED].store(0, Ordering::Release);
+        for w in &self.words()[fault::PROXY_REFUSED..][..fault::PROXY_REFUSED_WORDS] {
+            w.store(0, Ordering::Release);
+        }
     }
 
     /// Whether a cross-host step failed on this rank ([`fault::CROSS_BROKEN`]).
@@ -186,4 +197,37 @@ pub(crate) struct FaultRecord {
     pub(crate) own: [u64; 2],
     pub(crate) theirs: [u64; 2],
     pub(crate) place: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection of a large rank (8 GPUs, 8 proxy lanes per peer: more than 64
+    /// connections) has its own refused bit, and clearing clears them all.
+    #[test]
+    fn refused_bits_are_per_connection_beyond_64() {
+        let area = FaultArea::new(None).unwrap();
+        area.mark_proxy_refused(70);
+        assert!(area.is_proxy_refused(70));
+        for id in (0..(64 * fault::PROXY_REFUSED_WORDS) as u32).filter(|&i| i != 70) {
+            assert!(
+                !area.is_proxy_refused(id),
+                "connection {id} reads 70's refusal"
+            );
+        }
+        area.mark_proxy_refused(3);
+        area.mark_proxy_refused(255);
+        area.clear_proxy_refused();
+        for id in [3, 70, 255] {
+            assert!(
+                !area.is_proxy_refused(id),
+                "{id} still refused after clearing"
+            );
+        }
+        // The bits lie in the fault area, past every other word.
+        let (first, _) = fault::refused_bit(0);
+        let (last, _) = fault::refused_bit(u32::MAX);
+        assert!(first > fault::CROSS_BROKEN && last < mscclpp_device::collectives::FAULT_WORDS);
+    }
 }
