@@ -226,35 +226,8 @@ fn graph_rank() {
         let sum: Vec<f32> = stream.clone_dtoh(&buf).unwrap();
         // The address is taken before capture: cudarc may wait on events for it.
         let p = dptr(&buf, &stream);
-        stream
-            .begin_capture(
-                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-            .unwrap();
-        for _ in 0..10 {
-            // SAFETY: buf lives until the synchronize after the replays.
-            unsafe {
-                c.all_reduce_raw(
-                    p,
-                    p,
-                    count,
-                    DataType::F32,
-                    ReduceOp::Sum,
-                    AllReduceAlgo::Auto,
-                    &stream,
-                )
-            }
-            .unwrap();
-        }
-        let graph = stream
-            .end_capture(
-                cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-            )
-            .unwrap()
-            .expect("a graph was captured");
-        for _ in 0..3 {
-            graph.launch().unwrap();
-        }
+        // buf lives until the synchronize after the replays.
+        common::replay_in_place_sums(&c, &stream, p, count);
         stream.synchronize().unwrap();
         let got: Vec<f32> = stream.clone_dtoh(&buf).unwrap();
         let scale = (n as f32).powi(30);

@@ -16,7 +16,7 @@ use half::bf16;
 use mscclpp::host::bootstrap::BlockingBootstrap;
 use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives};
 use mscclpp::host::collectives::{DataType, ReduceOp};
-use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
+use mscclpp::host::communicator::CommError;
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
@@ -53,17 +53,7 @@ fn setup(coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
         .with_host_id(format!("sim-gpu-host-{}", launch.rank / ranks_per_host()));
     let bs = BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)
         .unwrap();
-    let backend = Backend::auto(bs.local_rank()).unwrap();
-    let Backend::Gpu(gpu) = backend.clone() else {
-        panic!("rank {} found no GPU", bs.rank())
-    };
-    let config = CommConfig {
-        device_timeout: Duration::from_secs(60),
-        ..CommConfig::default()
-    };
-    let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
-    let stream = gpu.new_stream().unwrap();
-    (Collectives::new(comm, coll).unwrap(), stream)
+    common::collectives_on(bs, coll)
 }
 
 /// A small scratch, so that the cross buffer's slots are about 340 KiB and 1 MiB and 64 MiB
@@ -408,35 +398,8 @@ fn graph_rank() {
         .unwrap();
         c.synchronize(&stream).unwrap();
         let sum: Vec<f32> = stream.clone_dtoh(&buf).unwrap();
-        stream
-            .begin_capture(
-                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-            .unwrap();
-        for _ in 0..10 {
-            // SAFETY: buf lives until the synchronize after the replays.
-            unsafe {
-                c.all_reduce_raw(
-                    p,
-                    p,
-                    count,
-                    DataType::F32,
-                    ReduceOp::Sum,
-                    AllReduceAlgo::Auto,
-                    &stream,
-                )
-            }
-            .unwrap();
-        }
-        let graph = stream
-            .end_capture(
-                cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-            )
-            .unwrap()
-            .expect("a graph was captured");
-        for _ in 0..3 {
-            graph.launch().unwrap();
-        }
+        // buf lives until the synchronize after the replays.
+        common::replay_in_place_sums(&c, &stream, p, count);
         c.synchronize(&stream).unwrap();
         let got: Vec<f32> = stream.clone_dtoh(&buf).unwrap();
         let scale = (n as f32).powi(30);

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mscclpp::host::collectives::{CollConfig, Collectives};
+use mscclpp::host::bootstrap::BlockingBootstrap;
+use mscclpp::host::collectives::{AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::CudaStream;
 use mscclpp::host::launch::Launch;
@@ -32,7 +33,12 @@ pub fn setup() -> (Collectives, Arc<CudaStream>) {
 /// [`setup`] with the collectives' settings `coll`.
 pub fn setup_with(coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
     let launch = Launch::from_env().unwrap();
-    let bs = launch.blocking_bootstrap().unwrap();
+    collectives_on(launch.blocking_bootstrap().unwrap(), coll)
+}
+
+/// The collectives with settings `coll` of the rank that `bs` bootstrapped, on its GPU, and
+/// a stream.
+pub fn collectives_on(bs: BlockingBootstrap, coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
     let backend = Backend::auto(bs.local_rank()).unwrap();
     let Backend::Gpu(gpu) = backend.clone() else {
         panic!("rank {} found no GPU", bs.rank())
@@ -87,4 +93,39 @@ pub fn dptr<T>(s: &mscclpp::host::cuda::CudaSlice<T>, stream: &CudaStream) -> u6
     use cudarc::driver::DevicePtr;
     let (p, _g) = s.device_ptr(stream);
     p
+}
+
+/// Captures ten in-place f32 sum all-reduces of the `count` elements at device address `p`
+/// into a CUDA graph on `stream` and launches the graph three times (the caller
+/// synchronises and checks).
+pub fn replay_in_place_sums(c: &Collectives, stream: &Arc<CudaStream>, p: u64, count: usize) {
+    stream
+        .begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+        .unwrap();
+    for _ in 0..10 {
+        // SAFETY: the caller keeps the buffer at p alive until it synchronises.
+        unsafe {
+            c.all_reduce_raw(
+                p,
+                p,
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+                AllReduceAlgo::Auto,
+                stream,
+            )
+        }
+        .unwrap();
+    }
+    let graph = stream
+        .end_capture(
+            cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+        )
+        .unwrap()
+        .expect("a graph was captured");
+    for _ in 0..3 {
+        graph.launch().unwrap();
+    }
 }
