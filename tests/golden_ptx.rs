@@ -312,43 +312,25 @@ fn launch_bounds_reach_the_ptx_entries() {
     }
 }
 
-/// The kernels that start with the dependent-launch entry (every collective kernel over
-/// memory channels, and send/recv; the host launches the latency ones as dependents, see
+/// The kernels the host launches with programmatic dependent launch (one-shot all-reduce,
+/// packet all-gather, the LL paths of the other collectives, send/recv; see
 /// `host/src/collectives/mod.rs`, "Launches") may start while the previous kernel on the
-/// stream still runs: in the sm_90 PTX each must execute
-/// `griddepcontrol.wait` before any load or store that is not a parameter read or a
-/// prefetch, and trigger its dependents only after that wait.
+/// stream still runs: in the sm_90 PTX each must execute `griddepcontrol.wait` before any
+/// load or store that is not a parameter read or a prefetch, and trigger its dependents only
+/// after that wait.
 #[test]
 fn dependent_launched_kernels_wait_before_touching_memory() {
     let ptx = sm90_ptx();
-    let mut names: Vec<String> = Vec::new();
-    for t in ["f32", "f16", "bf16"] {
-        for algo in ["one_shot", "two_shot", "two_shot_read", "all_pairs"] {
-            names.push(format!("all_reduce_{algo}_{t}"));
-        }
-    }
+    let mut names: Vec<String> = ["f32", "f16", "bf16"]
+        .iter()
+        .map(|t| format!("all_reduce_one_shot_{t}"))
+        .collect();
     for b in ["b8", "b16", "b32", "b64"] {
         names.push(format!("all_reduce_one_shot_op_{b}"));
         names.push(format!("reduce_scatter_ll_{b}"));
         names.push(format!("reduce_ll_{b}"));
     }
-    names.extend(
-        [
-            "all_reduce_two_shot_op",
-            "all_gather",
-            "all_gather_packets",
-            "reduce_scatter_put",
-            "reduce_put",
-            "broadcast_ll",
-            "broadcast_put",
-            "broadcast_pipe",
-            "reduce_pipe",
-            "all_to_all_ll",
-            "all_to_all_put",
-            "p2p",
-        ]
-        .map(String::from),
-    );
+    names.extend(["all_gather_packets", "broadcast_ll", "all_to_all_ll", "p2p"].map(String::from));
     for name in &names {
         let body = entry(ptx, name);
         let wait = body
@@ -361,18 +343,14 @@ fn dependent_launched_kernels_wait_before_touching_memory() {
             wait < trigger,
             "{name}: triggers its dependents before it waits"
         );
-        // Before the wait: parameter reads, prefetches, one 64-bit load (the context's
-        // `state` pointer, for the counters' L2 prefetch) and reads of the module's own
-        // constant tables (a `switch` table); nothing else reads or writes.
+        // Before the wait: parameter reads, prefetches and one 64-bit load (the context's
+        // `state` pointer, for the counters' L2 prefetch); nothing else reads or writes.
         let before = &body[..wait];
         let mut loads = 0;
         for line in before.lines().map(str::trim) {
             let op = line.split_whitespace().next().unwrap_or("");
             if op == "ld.global.u64" || op == "ld.global.b64" {
                 loads += 1;
-                continue;
-            }
-            if op.starts_with("ld.global.nc") && reads_module_table(before, line) {
                 continue;
             }
             let touches = (op.starts_with("ld.") && !op.starts_with("ld.param"))
@@ -382,8 +360,7 @@ fn dependent_launched_kernels_wait_before_touching_memory() {
             assert!(
                 !touches,
                 "{name}: `{line}` before griddepcontrol.wait (only parameter reads, the \
-                 context's state pointer, the module's constant tables and prefetches may \
-                 come first)"
+                 context's state pointer and prefetches may come first)"
             );
         }
         assert!(
@@ -391,37 +368,6 @@ fn dependent_launched_kernels_wait_before_touching_memory() {
             "{name}: {loads} loads before griddepcontrol.wait"
         );
     }
-}
-
-/// Whether the load `line` (`ld... %rX, [%rdA];`) reads an address computed in `text` from a
-/// module symbol: `%rdA` is `add.s64 %rdA, %rdB, %rdC` with one of `%rdB`/`%rdC` set by
-/// `mov.b64 %rdB, symbol` (a global of the module, such as a `switch` table).
-fn reads_module_table(text: &str, line: &str) -> bool {
-    let Some(addr) = line
-        .split('[')
-        .nth(1)
-        .and_then(|r| r.split(']').next())
-        .map(str::trim)
-    else {
-        return false;
-    };
-    let defined = |reg: &str, op: &str| {
-        text.lines().map(str::trim).find_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some(op) && w.next().map(|d| d.trim_end_matches(',')) == Some(reg)).then(
-                || {
-                    w.map(|x| x.trim_end_matches([',', ';']))
-                        .collect::<Vec<_>>()
-                },
-            )
-        })
-    };
-    let from_symbol = |reg: &str| {
-        defined(reg, "mov.b64")
-            .or_else(|| defined(reg, "mov.u64"))
-            .is_some_and(|src| src.first().is_some_and(|s| !s.starts_with('%')))
-    };
-    defined(addr, "add.s64").is_some_and(|srcs| srcs.iter().any(|r| from_symbol(r)))
 }
 #[test]
 fn the_cross_host_step_is_an_entry_of_up_to_512_threads() {

@@ -33,8 +33,6 @@ macro_rules! all_reduce_kernels {
             /// Two-shot all-reduce (sum) of `count` elements: see
             /// [`all_reduce::two_shot`].
             pub unsafe fn $two(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
-                // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-                unsafe { (*ctx).dependent_launch_entry() };
                 // SAFETY: forwarded to the launcher (the host validates the context).
                 unsafe { all_reduce::two_shot::<$t, false, false>(&*ctx, send, recv, count, tag, op::SUM) }
             }
@@ -43,8 +41,6 @@ macro_rules! all_reduce_kernels {
             /// Two-shot all-reduce (sum) of `count` elements, reading peers' staged parts:
             /// see [`all_reduce::two_shot`].
             pub unsafe fn $read(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
-                // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-                unsafe { (*ctx).dependent_launch_entry() };
                 // SAFETY: forwarded to the launcher (the host validates the context).
                 unsafe { all_reduce::two_shot::<$t, true, false>(&*ctx, send, recv, count, tag, op::SUM) }
             }
@@ -54,8 +50,6 @@ macro_rules! all_reduce_kernels {
             /// All-pairs all-reduce (sum) of `count` elements: see
             /// [`all_reduce::all_pairs`].
             pub unsafe fn $pairs(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
-                // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-                unsafe { (*ctx).dependent_launch_entry() };
                 // SAFETY: forwarded to the launcher (the host validates the context).
                 unsafe { all_reduce::all_pairs::<$t>(&*ctx, send, recv, count, tag, op::SUM) }
             }
@@ -111,8 +105,6 @@ kernel! {
     /// [`all_reduce::two_shot`].
     pub unsafe fn all_reduce_two_shot_op(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
         let bytes = count * desc::type_size(tag);
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { all_reduce::two_shot::<Bytes, false, true>(&*ctx, send, recv, bytes, tag, desc::type_op(tag)) }
     }
@@ -134,8 +126,6 @@ crate::launch_bounds!(all_reduce_proxy_op, 512);
 kernel! {
     /// All-gather of `bytes` per rank: see [`all_gather::all_gather`].
     pub unsafe fn all_gather(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { all_gather::all_gather(&*ctx, send, recv, bytes, tag) }
     }

@@ -58,8 +58,6 @@ kernel! {
     /// call descriptor holds the byte count): see [`reduce_scatter::put`].
     pub unsafe fn reduce_scatter_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
         let bytes = count * desc::type_size(tag);
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { reduce_scatter::put::<Bytes>(&*ctx, send, recv, bytes, tag, desc::type_op(tag)) }
     }
@@ -71,8 +69,6 @@ kernel! {
     /// ([`Bytes`]; the call descriptor holds the byte count): see [`reduce::put`].
     pub unsafe fn reduce_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
         let bytes = count * desc::type_size(tag);
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { reduce::put::<Bytes>(&*ctx, send, recv, bytes, tag, desc::root(tag), desc::type_op(tag)) }
     }
@@ -93,8 +89,6 @@ crate::launch_bounds!(broadcast_ll, 1024);
 kernel! {
     /// Broadcast of `bytes` from `root` through the scratch: see [`broadcast::put`].
     pub unsafe fn broadcast_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { broadcast::put(&*ctx, send, recv, bytes, tag, desc::root(tag)) }
     }
@@ -105,8 +99,6 @@ kernel! {
     /// Pipelined broadcast of `bytes` from the tag's root (a chain through the scratch, no
     /// barrier per round): see [`broadcast::pipelined`].
     pub unsafe fn broadcast_pipe(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { broadcast::pipelined(&*ctx, send, recv, bytes, tag, desc::root(tag)) }
     }
@@ -119,8 +111,6 @@ kernel! {
     /// see [`reduce::pipelined`].
     pub unsafe fn reduce_pipe(ctx: *const CollContext, send: *const u8, recv: *mut u8, count: u64, tag: u64) {
         let bytes = count * desc::type_size(tag);
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { reduce::pipelined::<Bytes>(&*ctx, send, recv, bytes, tag, desc::root(tag), desc::type_op(tag)) }
     }
@@ -141,8 +131,6 @@ crate::launch_bounds!(all_to_all_ll, 1024);
 kernel! {
     /// All-to-all of `bytes` per block through the scratch: see [`all_to_all::put`].
     pub unsafe fn all_to_all_put(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
-        // SAFETY: first of every thread; the host may launch it with PDL (`gpu.rs`).
-        unsafe { (*ctx).dependent_launch_entry() };
         // SAFETY: forwarded to the launcher (the host validates the context).
         unsafe { all_to_all::put(&*ctx, send, recv, bytes, tag) }
     }

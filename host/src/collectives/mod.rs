@@ -72,8 +72,8 @@
 //! created): such a kernel may start while the previous kernel on the stream ends, waits for
 //! it on the GPU before touching memory, and lets the next one start likewise, so
 //! back-to-back calls overlap their launch latency. Stream order and graph capture are
-//! unchanged for every other kernel. The other memory-channel kernels start with the same
-//! wait but are launched plainly: with every kernel launched dependent, two ranks sharing
+//! unchanged for every other kernel. The other memory-channel kernels are launched plainly:
+//! with every kernel launched dependent, two ranks sharing
 //! one GPU (MPS) hung in all-pairs all-reduce at 4 MB (the waiting blocks of a dependent
 //! kernel take room on the GPU while it runs the previous one), and that is not understood
 //! yet.

@@ -495,8 +495,8 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let kernels = self.more.as_ref().expect("GPU backend");
         let (index, grid, tag) = self.more_gpu_launch(&p);
-        // Every kernel of TABLE starts with dependent_launch_entry, but only the LL path's
-        // (small grids, checked on GPUs) go out as dependents (see `mod.rs`, "Launches").
+        // The LL kernels start with dependent_launch_entry and go out as dependents (small
+        // grids, checked on GPUs; see `mod.rs`, "Launches"); the others do not.
         let dependent = self.more_path(&p) == Path::Ll;
         // SAFETY: caller contract.
         self.noted(unsafe {

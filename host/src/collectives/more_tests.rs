@@ -798,3 +798,37 @@ mod p2p_mismatch {
         });
     }
 }
+
+/// The host launches the LL path's kernels with programmatic dependent launch, which is
+/// correct only for kernels that wait for the previous kernel first
+/// (`dependent_launch_entry`, added to the `*_ll` entries only): every kernel the LL path
+/// picks must be one of those, and no other path may pick one.
+#[test]
+fn only_ll_kernels_are_launched_as_dependent() {
+    for kind in [
+        Kind::ReduceScatter,
+        Kind::Reduce,
+        Kind::Broadcast,
+        Kind::AllToAll,
+    ] {
+        for path in [Path::Ll, Path::Put, Path::Pipe] {
+            if path == Path::Pipe && !matches!(kind, Kind::Broadcast | Kind::Reduce) {
+                continue;
+            }
+            for dtype in DataType::ALL {
+                if path == Path::Ll
+                    && matches!(kind, Kind::ReduceScatter | Kind::Reduce)
+                    && reduce_index(dtype).is_none()
+                {
+                    continue;
+                }
+                let name = TABLE[kernel_index(kind, path, dtype)].0;
+                assert_eq!(
+                    name.contains("_ll"),
+                    path == Path::Ll,
+                    "{kind:?} {path:?} {dtype:?} picks {name}"
+                );
+            }
+        }
+    }
+}
