@@ -303,10 +303,9 @@ pub(super) unsafe fn launch_dependent(
     args: [u64; 5],
     grid: (u32, u32),
 ) -> Result<(), CommError> {
-    let mut ptrs = args.map(|_| std::ptr::null_mut::<std::ffi::c_void>());
-    for (p, a) in ptrs.iter_mut().zip(&args) {
-        *p = a as *const u64 as *mut std::ffi::c_void;
-    }
+    let mut ptrs = args
+        .each_ref()
+        .map(|a| a as *const u64 as *mut std::ffi::c_void);
     // SAFETY: forwarded; `ptrs` points at the five u64s of `args`, which outlive the call.
     unsafe { launch_dependent_params(stream, f, &mut ptrs, grid) }
 }
