@@ -661,8 +661,8 @@ fn pipelined_rank() {
         ..CollConfig::default()
     });
     let (n, r) = (c.nranks(), c.rank());
-    assert_eq!(c.rooted_algo(false), RootedAlgo::Pipelined);
-    assert_eq!(c.rooted_algo(true), RootedAlgo::Pipelined);
+    assert_eq!(c.rooted_algo(false, 1 << 20), RootedAlgo::Pipelined);
+    assert_eq!(c.rooted_algo(true, 1 << 20), RootedAlgo::Pipelined);
     let mut seed = 2 << 20;
     for op in [Op::Reduce, Op::Broadcast] {
         for dtype in [DataType::F32, DataType::F16, DataType::Bf16] {

@@ -30,9 +30,10 @@
 //! the receiver's packet scratch for it (`packets_out[peer]`), and the receiver polls the
 //! flags; neither waits for the other's acknowledgement, so a small send costs one one-way
 //! latency. Every LL transfer uses exactly [`P2pOps::ll_blocks`] blocks (fixed for a
-//! communicator), and block `k` always moves units `k * threads + t + m * ll_blocks *
-//! threads`, so the sender's block `k` and the receiver's block `k` share a set of packet
-//! slots across transfers. The packets of transfer `x` (see below) carry the
+//! communicator), and block `k` always moves rows `k`, `k + ll_blocks`, … of
+//! [`P2pOps::ll_row`] units, so the sender's block `k` and the receiver's block `k` share a
+//! set of packet slots across transfers, whatever the block size of either launch (a group
+//! of LL transfers only is launched with blocks as small as its largest transfer allows). The packets of transfer `x` (see below) carry the
 //! flag `x + 1` and use half `x & 1` of the packet scratch. Before writing into a half,
 //! sender block `k` waits until receiver block `k` has reported (a *done* word at the end of
 //! the sender's packet scratch for that peer, written by the receiver with a maximum) that
@@ -146,7 +147,7 @@ pub struct P2pOp {
 }
 
 /// The operations of one launch, passed by value (`#[repr(C)]`, 536 bytes). `depth`,
-/// `ll_max` and `ll_blocks` must be the same on every rank of the communicator (both sides
+/// `ll_max`, `ll_blocks` and `ll_row` must be the same on every rank of the communicator (both sides
 /// of a transfer cut it alike); the default (zeros) means one sub-slot and no LL transfers.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -161,8 +162,11 @@ pub struct P2pOps {
     pub ll_max: u64,
     /// Blocks of every LL transfer (1..=[`P2P_LL_BLOCKS`] when `ll_max > 0`).
     pub ll_blocks: u32,
-    /// Unused (alignment).
-    pub _pad: u32,
+    /// Units (8 bytes) per row of an LL transfer: block `k` of `ll_blocks` owns rows `k`,
+    /// `k + ll_blocks`, … of this many units each, whatever the launch's block size, so the
+    /// two sides of a transfer agree on what each block moves even when their launches have
+    /// different block sizes (0: the launch's block size). Equal on every rank.
+    pub ll_row: u32,
     /// The operations, in call order.
     pub ops: [P2pOp; MAX_P2P_OPS],
 }
@@ -811,10 +815,7 @@ unsafe fn ll_transfer(
     let flag = flag_of(xfer);
     let parity = xfer & 1;
     let half = half_bytes * parity;
-    let (first, stride) = (
-        k as u64 * nt as u64 + t as u64,
-        op.blocks as u64 * nt as u64,
-    );
+    let row = if ops.ll_row == 0 { nt } else { ops.ll_row };
     let done_off = 8 * k as u64;
     let header_off = TAIL_HEADER + (parity * P2P_LL_BLOCKS as u64 + k as u64) * 16;
     let mut theirs = None;
@@ -861,8 +862,7 @@ unsafe fn ll_transfer(
                 core::ptr::write_volatile(last_at, xfer + 1);
             }
         }
-        let mut i = first;
-        while i < units {
+        for_block_units(k, op.blocks, row, units, |i| {
             // SAFETY: i < units (buf holds bytes); the slot is in the first 2 * half_bytes
             // of the peer's packet scratch for this rank (units * 16 <= half_bytes), free
             // (the peer's block k finished the transfer that last used this half: above).
@@ -870,13 +870,12 @@ unsafe fn ll_transfer(
                 let d = load_unit(buf, i, bytes, aligned);
                 LlPacket::write(out.add((half + 16 * i) as usize) as *mut LlPacket, d, flag);
             }
-            i += stride;
-        }
+            true
+        });
     } else {
         let aligned = (buf as usize).is_multiple_of(8);
         let inp = ctx.packets_in[peer];
-        let mut i = first;
-        while i < units && !call.failed && theirs.is_none() {
+        for_block_units(k, op.blocks, row, units, |i| {
             // SAFETY: as for the send, in this rank's packet scratch written by the peer.
             let slot = unsafe { inp.add((half + 16 * i) as usize) } as *const LlPacket;
             // SAFETY: a live packet slot written by the peer, accessed by packets only.
@@ -885,8 +884,8 @@ unsafe fn ll_transfer(
                 Ok(d) => unsafe { store_unit(buf, i, bytes, d, aligned) },
                 Err(n) => theirs = n,
             }
-            i += stride;
-        }
+            !call.failed && theirs.is_none()
+        });
         if t == 0 && !call.failed && theirs.is_none() {
             // The header: the size the sender sent (a smaller receive reads all its units).
             let slot = tail(ctx, inp, header_off) as *const LlPacket;
@@ -915,6 +914,43 @@ unsafe fn ll_transfer(
             // SAFETY: forwarded.
             unsafe { mismatch(ctx, call, op, xfer, n, ops.ll_max) };
         }
+    }
+}
+
+/// Calls `f(i)` for the units `i < units` of an LL transfer that this thread moves as
+/// block `k` of `blocks`: block `k` owns rows `k`, `k + blocks`, … of `row` units (see
+/// [`P2pOps::ll_row`]), and the block's threads take a row's units in turn. Stops at the
+/// first `false`.
+#[inline(always)]
+fn for_block_units(k: u32, blocks: u32, row: u32, units: u64, f: impl FnMut(u64) -> bool) {
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    block_units(k, blocks, row, units, t, nt, f);
+}
+
+/// [`for_block_units`] for thread `t` of `nt`.
+#[inline(always)]
+pub(crate) fn block_units(
+    k: u32,
+    blocks: u32,
+    row: u32,
+    units: u64,
+    t: u32,
+    nt: u32,
+    mut f: impl FnMut(u64) -> bool,
+) {
+    let (t, nt) = (t as u64, nt.max(1) as u64);
+    let (row, rows) = (row.max(1) as u64, blocks.max(1) as u64);
+    let mut start = k as u64 * row;
+    while start < units {
+        let end = (start + row).min(units);
+        let mut i = start + t;
+        while i < end {
+            if !f(i) {
+                return;
+            }
+            i += nt;
+        }
+        start += rows * row;
     }
 }
 

@@ -399,12 +399,16 @@ struct P2pShape {
     depth: u32,
     ll_max: u64,
     ll_blocks: u32,
+    /// `P2pOps::ll_row`; when set, rank `r` launches blocks of `2 + r` threads (the two
+    /// sides of a transfer then run different block sizes), else every rank 3.
+    ll_row: u32,
 }
 
 const PLAIN: P2pShape = P2pShape {
     depth: 1,
     ll_max: 0,
     ll_blocks: 0,
+    ll_row: 0,
 };
 
 /// Runs `groups[r]` (rank r's groups, in order) on every rank over p2p contexts of `slot`
@@ -436,6 +440,7 @@ fn run_p2p_shaped(n: usize, slot: u64, max_blocks: u32, shape: P2pShape, groups:
                         depth: shape.depth,
                         ll_max: shape.ll_max,
                         ll_blocks: shape.ll_blocks,
+                        ll_row: shape.ll_row,
                         ..P2pOps::default()
                     };
                     // (send, peer, bytes): a message's data depends on (sender, receiver, its
@@ -467,7 +472,8 @@ fn run_p2p_shaped(n: usize, slot: u64, max_blocks: u32, shape: P2pShape, groups:
                     }
                     let piece = send_recv::p2p_piece(slot, shape.depth);
                     let blocks = ops.plan(piece, max_blocks);
-                    launch(Dim3::x(blocks), Dim3::x(3), || {
+                    let threads = if shape.ll_row > 0 { 2 + r as u32 } else { 3 };
+                    launch(Dim3::x(blocks), Dim3::x(threads), || {
                         // SAFETY: the p2p context; every op's buffer holds its bytes.
                         unsafe { k::p2p(&ctx, ops) }
                     })
@@ -544,16 +550,19 @@ fn pipelined_and_ll_transfers_match_in_order_per_peer() {
                 depth: 2,
                 ll_max: 0,
                 ll_blocks: 0,
+                ll_row: 0,
             },
             P2pShape {
                 depth: 4,
                 ll_max: 100,
                 ll_blocks: 1,
+                ll_row: 0,
             },
             P2pShape {
                 depth: 2,
                 ll_max: 5000,
                 ll_blocks: 3,
+                ll_row: 0,
             },
         ] {
             run_p2p_shaped(n, 8192, 4, shape, &p2p_groups(n));
@@ -570,11 +579,73 @@ fn many_small_sends_in_a_row_wait_for_the_receiver() {
         depth: 1,
         ll_max: 256,
         ll_blocks: 2,
+        ll_row: 0,
     };
     let mut groups = vec![Vec::new(); 2];
     for i in 0..40usize {
         groups[0].push(vec![(true, 1, 1 + i * 6)]);
         groups[1].push(vec![(false, 0, 1 + i * 6)]);
+    }
+    run_p2p_shaped(2, 2048, 4, shape, &groups);
+}
+
+#[test]
+fn ll_blocks_own_the_same_units_whatever_the_block_size() {
+    // What block k of an LL transfer moves must not depend on the launch's block size: the
+    // host launches groups of LL transfers with smaller blocks than other groups, so the
+    // sender's and the receiver's launches may differ. Every unit once, and per block the
+    // same set for every block size.
+    for (units, blocks, row) in [
+        (1u64, 1u32, 4u32),
+        (37, 3, 4),
+        (1000, 16, 512),
+        (4096, 2, 7),
+    ] {
+        let owned = |nt: u32| {
+            let mut by_block = vec![Vec::new(); blocks as usize];
+            for (k, set) in by_block.iter_mut().enumerate() {
+                for t in 0..nt {
+                    send_recv::block_units(k as u32, blocks, row, units, t, nt, |i| {
+                        set.push(i);
+                        true
+                    });
+                }
+                set.sort_unstable();
+            }
+            by_block
+        };
+        let want = owned(row);
+        let mut all: Vec<u64> = want.concat();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..units).collect::<Vec<_>>(),
+            "{units} units over {blocks} blocks"
+        );
+        for nt in [1, 2, 3, 5, 32, 128] {
+            assert_eq!(
+                owned(nt),
+                want,
+                "{units} units, {blocks} blocks, rows of {row}, {nt} threads"
+            );
+        }
+    }
+}
+
+#[test]
+fn ll_transfers_match_when_the_two_sides_launch_different_block_sizes() {
+    // Rank r launches blocks of 2 + r threads, rows of 4 units: 30 LL sends in a row through
+    // both halves of the packet scratch (so the done words guard each reuse), both ways.
+    let shape = P2pShape {
+        depth: 1,
+        ll_max: 256,
+        ll_blocks: 2,
+        ll_row: 4,
+    };
+    let mut groups = vec![Vec::new(); 2];
+    for i in 0..30usize {
+        groups[0].push(vec![(true, 1, 1 + i * 8), (false, 1, 250 - i * 8)]);
+        groups[1].push(vec![(false, 0, 1 + i * 8), (true, 0, 250 - i * 8)]);
     }
     run_p2p_shaped(2, 2048, 4, shape, &groups);
 }
@@ -1069,6 +1140,7 @@ fn mismatched_sizes_are_recorded_and_every_matching_transfer_around_them_arrives
         depth: 2,
         ll_max: 256,
         ll_blocks: 2,
+        ll_row: 0,
     };
     let h = |from: usize, to: usize, x: u64| splitmix((from as u64) << 40 ^ (to as u64) << 32 ^ x);
     let sent = |from, to, x| SIZES[(h(from, to, x) % 7) as usize];

@@ -272,8 +272,9 @@ pub enum AllGatherAlgo {
 /// [`CollConfig::packet_max_bytes`] always go as LL packets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RootedAlgo {
-    /// Chosen by size and rank count (and `MSCCLPP_BROADCAST_ALGO` / `MSCCLPP_REDUCE_ALGO`):
-    /// today always [`Rounds`](Self::Rounds).
+    /// Chosen by size (and `MSCCLPP_BROADCAST_ALGO` / `MSCCLPP_REDUCE_ALGO`):
+    /// [`Pipelined`](Self::Pipelined) above [`ROOTED_PIPELINED_ABOVE`], else
+    /// [`Rounds`](Self::Rounds).
     Auto,
     /// Through the scratch in rounds, a semaphore barrier per round (the put path).
     Rounds,
@@ -282,9 +283,21 @@ pub enum RootedAlgo {
     /// send/receive. Broadcast passes the pieces down a chain of the ranks from the root
     /// (each link carries the data once); reduce has every rank write into its slot of the
     /// root's scratch. Pieces per [`CollConfig::rooted_piece_bytes`] and
-    /// [`CollConfig::rooted_depth`]. Not measured against [`Rounds`](Self::Rounds) yet.
+    /// [`CollConfig::rooted_depth`].
     Pipelined,
 }
+
+/// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot with two ranks.
+/// On 2x H200 under a CUDA graph (`docs/perf/2026-12-01-2xH200-fourth/`), all-pairs took
+/// 8.4 us at 512 KB and 9.8 us at 1 MB where one-shot took 9.6 and 13.5.
+pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
+
+/// Message size (bytes) above which [`RootedAlgo::Auto`] pipelines a broadcast or reduce.
+/// On 2x H200 (`docs/perf/2026-12-01-2xH200-fourth/`), with depth 8 and pieces of at least
+/// 256 KiB, pipelined broadcast took 105 us at 32 MB and 376 us at 128 MB against 117 and 452
+/// in rounds (NCCL 110 and 386), reduce 106 and 386 against 130 and 428 (NCCL 102 and 376);
+/// at 2-8 MB rounds were as fast or faster.
+pub const ROOTED_PIPELINED_ABOVE: usize = 8 << 20;
 
 /// Element types the typed calls accept.
 pub trait Element: Copy + Send + Sync + 'static {
@@ -381,8 +394,8 @@ impl Default for CollConfig {
             p2p_depth: 2,
             broadcast_algo: RootedAlgo::Auto,
             reduce_algo: RootedAlgo::Auto,
-            rooted_depth: 2,
-            rooted_piece_bytes: 16 << 10,
+            rooted_depth: 8,
+            rooted_piece_bytes: 256 << 10,
         }
     }
 }
@@ -906,7 +919,8 @@ impl Collectives {
     }
 
     /// The algorithm [`AllReduceAlgo::Auto`] resolves to for `bytes` per rank
-    /// (`MSCCLPP_ALLREDUCE_ALGO` first, then the config): one-shot up to `packet_max_bytes`;
+    /// (`MSCCLPP_ALLREDUCE_ALGO` first, then the config): one-shot up to `packet_max_bytes`
+    /// (for two ranks, up to [`TWO_RANK_ONE_SHOT_MAX`]);
     /// above, all-pairs for two ranks (the same NVLink traffic as two-shot with one barrier
     /// less per round; measured faster on 2x H200 from 2 MB to 8 MB and from 128 MB up,
     /// within 5% between) and two-shot for more ranks (all-pairs would send `nranks - 1`
@@ -918,7 +932,18 @@ impl Collectives {
         if self.config.all_reduce_algo != AllReduceAlgo::Auto {
             return self.config.all_reduce_algo;
         }
-        if bytes <= self.config.packet_max_bytes.min(self.one_shot_max_bytes()) {
+        let one_shot_max = if self.nranks() == 2 {
+            TWO_RANK_ONE_SHOT_MAX
+        } else {
+            usize::MAX
+        };
+        if bytes
+            <= self
+                .config
+                .packet_max_bytes
+                .min(self.one_shot_max_bytes())
+                .min(one_shot_max)
+        {
             AllReduceAlgo::OneShot
         } else if self.nranks() == 2 {
             AllReduceAlgo::AllPairs

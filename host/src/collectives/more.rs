@@ -370,8 +370,10 @@ impl Collectives {
             return Path::Ll;
         }
         let pipelined = match p.kind {
-            Kind::Broadcast => self.rooted_algo(false) == super::RootedAlgo::Pipelined,
-            Kind::Reduce => self.rooted_algo(true) == super::RootedAlgo::Pipelined,
+            Kind::Broadcast => {
+                self.rooted_algo(false, p.pair_bytes) == super::RootedAlgo::Pipelined
+            }
+            Kind::Reduce => self.rooted_algo(true, p.pair_bytes) == super::RootedAlgo::Pipelined,
             _ => false,
         };
         if pipelined { Path::Pipe } else { Path::Put }
@@ -381,14 +383,19 @@ impl Collectives {
     /// `MSCCLPP_BROADCAST_ALGO` / `MSCCLPP_REDUCE_ALGO`, then
     /// [`CollConfig::broadcast_algo`](super::CollConfig::broadcast_algo) /
     /// [`reduce_algo`](super::CollConfig::reduce_algo); [`Auto`](super::RootedAlgo::Auto)
-    /// resolves to [`Rounds`](super::RootedAlgo::Rounds) (never `Auto` here).
-    pub fn rooted_algo(&self, reduce: bool) -> super::RootedAlgo {
+    /// resolves by the message's `bytes`: [`Pipelined`](super::RootedAlgo::Pipelined) above
+    /// [`ROOTED_PIPELINED_ABOVE`](super::ROOTED_PIPELINED_ABOVE), else
+    /// [`Rounds`](super::RootedAlgo::Rounds) (never `Auto` here).
+    pub fn rooted_algo(&self, reduce: bool, bytes: usize) -> super::RootedAlgo {
         let algo = if reduce {
             self.env_reduce.unwrap_or(self.config.reduce_algo)
         } else {
             self.env_broadcast.unwrap_or(self.config.broadcast_algo)
         };
         match algo {
+            super::RootedAlgo::Auto if bytes > super::ROOTED_PIPELINED_ABOVE => {
+                super::RootedAlgo::Pipelined
+            }
             super::RootedAlgo::Auto => super::RootedAlgo::Rounds,
             a => a,
         }
@@ -1469,6 +1476,9 @@ impl Collectives {
         ops.depth = c.p2p_depth;
         ops.ll_max = c.p2p_packet_max_bytes as u64;
         ops.ll_blocks = c.p2p_packet_blocks.min(max_blocks);
+        // The rows of an LL transfer: fixed by the config (equal on every rank), so a launch
+        // may run its LL transfers with smaller blocks (see `p2p_threads`).
+        ops.ll_row = c.threads;
         ops.plan(
             p2p_piece(self.p2p_one_host().ctx.scratch_len, c.p2p_depth),
             max_blocks,
@@ -1591,6 +1601,7 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let blocks = self.p2p_plan(&mut ops, self.p2p_max_blocks());
+        let threads = p2p_threads(&ops, self.config.threads);
         let kernels = self.more.as_ref().expect("GPU backend");
         let ctx = self
             .p2p_one_host()
@@ -1609,7 +1620,7 @@ impl Collectives {
             .iter()
             .all(|o| o.bytes <= ops.ll_max);
         if ll_only
-            && gpu::dependent_grid(blocks, self.config.threads)
+            && gpu::dependent_grid(blocks, threads)
             && let Some(r) = kernels.pdl.launch(|| {
                 // SAFETY: the p2p kernel calls dependent_launch_entry first; the parameters
                 // (*const CollContext, P2pOps by value) point at live locals; the rest as below.
@@ -1618,7 +1629,7 @@ impl Collectives {
                         stream,
                         &kernels.p2p,
                         &mut params,
-                        (blocks, self.config.threads),
+                        (blocks, threads),
                     )
                 }
             })
@@ -1629,7 +1640,7 @@ impl Collectives {
         l.arg(&ctx).arg(&arg);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
-            block_dim: (self.config.threads, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the p2p context in device memory holds this communicator's registered
@@ -1790,6 +1801,26 @@ impl Collectives {
 }
 
 const _: () = assert!(2 * P2P_MAX_BLOCKS as usize <= MAX_BLOCKS);
+
+/// Threads per block of a p2p launch of `ops` (planned) with blocks of `most` threads: a
+/// group of LL transfers only takes half a thread per unit of its largest block share, in
+/// warps, at least 128 (on 2x H200, an 8 B send/recv under a CUDA graph took 7.1 us with
+/// 512 threads per block and 5.7 us with 128, and 32 KB 7.5 and 6.6 us: the blocks of the
+/// p2p kernel take a whole SM's registers at 512); any other launch `most`. Only this rank's
+/// launch depends on it ([`P2pOps::ll_row`] fixes what each block moves).
+fn p2p_threads(ops: &P2pOps, most: u32) -> u32 {
+    let n = (ops.count as usize).min(ops.ops.len());
+    let mut units_per_block = 0u64;
+    for op in &ops.ops[..n] {
+        if op.bytes > ops.ll_max {
+            return most;
+        }
+        let per = op.bytes.div_ceil(8).div_ceil(ops.ll_blocks.max(1) as u64);
+        units_per_block = units_per_block.max(per);
+    }
+    let want = units_per_block.div_ceil(2).next_multiple_of(32).max(128);
+    want.min(most as u64) as u32
+}
 
 #[cfg(test)]
 #[path = "more_tests.rs"]

@@ -224,8 +224,8 @@ fn pipelined_broadcast_and_reduce_match_the_reference_across_pieces_and_sub_slot
     // few KB is cut into 8 or more pieces and reuses every sub-slot several times.
     for (n, piece, depth) in [(2, 16, 2), (3, 64, 3), (4, 16, 1), (2, 256, 4)] {
         ranks(n, pipelined(piece, depth), |c| {
-            assert_eq!(c.rooted_algo(false), RootedAlgo::Pipelined);
-            assert_eq!(c.rooted_algo(true), RootedAlgo::Pipelined);
+            assert_eq!(c.rooted_algo(false, 1 << 20), RootedAlgo::Pipelined);
+            assert_eq!(c.rooted_algo(true, 1 << 20), RootedAlgo::Pipelined);
             let mut call = 0;
             // Below and above the LL limit (2048 bytes); odd counts.
             for count in [3usize, 511, 513, 1001, 1500, 3333] {
@@ -831,4 +831,65 @@ fn only_ll_kernels_are_launched_as_dependent() {
             }
         }
     }
+}
+
+#[test]
+fn auto_pipelines_broadcast_and_reduce_only_above_8_mib() {
+    use super::super::{ROOTED_PIPELINED_ABOVE, RootedAlgo};
+    ranks(2, small(), |c| {
+        for reduce in [false, true] {
+            assert_eq!(c.rooted_algo(reduce, 4096), RootedAlgo::Rounds);
+            assert_eq!(
+                c.rooted_algo(reduce, ROOTED_PIPELINED_ABOVE),
+                RootedAlgo::Rounds
+            );
+            assert_eq!(
+                c.rooted_algo(reduce, ROOTED_PIPELINED_ABOVE + 1),
+                RootedAlgo::Pipelined
+            );
+        }
+    });
+    // A configured algorithm wins at every size.
+    let config = CollConfig {
+        broadcast_algo: RootedAlgo::Rounds,
+        reduce_algo: RootedAlgo::Pipelined,
+        ..small()
+    };
+    ranks(2, config, |c| {
+        assert_eq!(c.rooted_algo(false, 1 << 30), RootedAlgo::Rounds);
+        assert_eq!(c.rooted_algo(true, 16), RootedAlgo::Pipelined);
+    });
+}
+
+#[test]
+fn ll_only_groups_launch_smaller_blocks_and_other_groups_the_configured_size() {
+    use mscclpp_device::collectives::send_recv::{P2pOp as Op, P2pOps};
+    let ops = |sizes: &[u64]| {
+        let mut o = P2pOps {
+            count: sizes.len() as u32,
+            ll_max: 512 << 10,
+            ll_blocks: 16,
+            ll_row: 512,
+            ..P2pOps::default()
+        };
+        for (i, &bytes) in sizes.iter().enumerate() {
+            o.ops[i] = Op {
+                bytes,
+                peer: 1,
+                send: (i % 2) as u32,
+                ..Op::default()
+            };
+        }
+        o
+    };
+    // 8 B and 32 KB (256 units per block): 128 threads, as measured; 128 KB (1024 units per
+    // block): the configured 512; the largest transfer of the group decides.
+    assert_eq!(super::p2p_threads(&ops(&[8, 8]), 512), 128);
+    assert_eq!(super::p2p_threads(&ops(&[32 << 10, 8]), 512), 128);
+    assert_eq!(super::p2p_threads(&ops(&[8, 64 << 10]), 512), 256);
+    assert_eq!(super::p2p_threads(&ops(&[128 << 10]), 512), 512);
+    assert_eq!(super::p2p_threads(&ops(&[512 << 10]), 512), 512);
+    // A transfer above the LL size: the configured size; never more than configured.
+    assert_eq!(super::p2p_threads(&ops(&[8, (512 << 10) + 1]), 512), 512);
+    assert_eq!(super::p2p_threads(&ops(&[8]), 64), 64);
 }

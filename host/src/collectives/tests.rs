@@ -138,6 +138,37 @@ fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
 }
 
 #[test]
+fn two_ranks_send_one_shot_only_up_to_256_kib_and_more_ranks_up_to_the_packet_limit() {
+    let config = CollConfig {
+        scratch_bytes: 4096,
+        packet_max_bytes: 1 << 20,
+        ..CollConfig::default()
+    };
+    for n in [2, 3] {
+        ranks(n, config.clone(), |c| {
+            let big = 1 << 20;
+            assert!(c.one_shot_max_bytes() >= big);
+            assert_eq!(
+                c.choose_all_reduce(super::TWO_RANK_ONE_SHOT_MAX),
+                AllReduceAlgo::OneShot
+            );
+            let (mid, above) = if n == 2 {
+                (AllReduceAlgo::AllPairs, AllReduceAlgo::AllPairs)
+            } else {
+                (AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot)
+            };
+            assert_eq!(
+                c.choose_all_reduce(super::TWO_RANK_ONE_SHOT_MAX + 1),
+                mid,
+                "{n} ranks"
+            );
+            assert_eq!(c.choose_all_reduce(big), mid, "{n} ranks");
+            assert_eq!(c.choose_all_reduce(big + 1), above, "{n} ranks");
+        });
+    }
+}
+
+#[test]
 fn many_calls_without_reinit_and_all_gathers_between_them() {
     ranks(2, small(), |c| {
         let r = c.rank();
