@@ -35,7 +35,16 @@ run() {
     "$ROOT/nccl/scripts/torch_check.py" --out "$LOGS" --mode "$mode" >"$LOGS/$mode.log" 2>&1
   local rc=$?
   tail -5 "$LOGS/$mode.log"
-  [ $rc -eq 0 ] || { echo "FAIL: $mode run exited $rc (log: $LOGS/$mode.log)"; fail=1; }
+  local passed
+  passed=$(grep -c "torch_check $mode: 0 failure(s)" "$LOGS/$mode.log")
+  if [ $rc -eq 124 ] && [ "$mode" = plain ] && [ "$passed" -eq "$NPROC" ]; then
+    # The reference run (the real NCCL, nothing of ours loaded) passed every check and saved
+    # its DDP parameters, then hung in barrier()/destroy_process_group(): seen twice on
+    # 2x H200 with NCCL 2.28.9 and PyTorch 2.11. Not a failure of our library; said plainly.
+    echo "note: the plain run (real NCCL) passed every check on all $NPROC ranks, then hung in its teardown and was stopped after ${RUN_TIMEOUT:-400}s"
+  elif [ $rc -ne 0 ]; then
+    echo "FAIL: $mode run exited $rc (log: $LOGS/$mode.log)"; fail=1
+  fi
 }
 
 if [ "${ONLY:-}" = ours ]; then

@@ -150,9 +150,13 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         torch.save(params, os.path.join(args.out, f"ddp_{args.mode}.pt"))
 
-    dist.barrier()
-    dist.destroy_process_group()
+    # The result before the teardown, so that a hang there (seen once with the real NCCL on
+    # 2x H200, after every check had passed) still shows what was checked; the run still
+    # fails on its timeout.
     print(f"[rank {rank}] torch_check {args.mode}: {len(failures)} failure(s)", flush=True)
+    dist.barrier(device_ids=[local])
+    dist.destroy_process_group()
+    print(f"[rank {rank}] torch_check {args.mode}: teardown done", flush=True)
     return 1 if failures else 0
 
 
