@@ -1601,7 +1601,7 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let blocks = self.p2p_plan(&mut ops, self.p2p_max_blocks());
-        let threads = p2p_threads(&ops, self.config.threads);
+        let (threads, ll_only) = p2p_threads(&ops, self.config.threads);
         let kernels = self.more.as_ref().expect("GPU backend");
         let ctx = self
             .p2p_one_host()
@@ -1616,9 +1616,6 @@ impl Collectives {
         ];
         // Dependent only when every transfer goes as LL packets (the latency case, checked
         // on GPUs; see `mod.rs`, "Launches").
-        let ll_only = ops.ops[..(ops.count as usize).min(ops.ops.len())]
-            .iter()
-            .all(|o| o.bytes <= ops.ll_max);
         if ll_only
             && gpu::dependent_grid(blocks, threads)
             && let Some(r) = kernels.pdl.launch(|| {
@@ -1802,24 +1799,25 @@ impl Collectives {
 
 const _: () = assert!(2 * P2P_MAX_BLOCKS as usize <= MAX_BLOCKS);
 
-/// Threads per block of a p2p launch of `ops` (planned) with blocks of `most` threads: a
-/// group of LL transfers only takes half a thread per unit of its largest block share, in
-/// warps, at least 128 (on 2x H200, an 8 B send/recv under a CUDA graph took 7.1 us with
-/// 512 threads per block and 5.7 us with 128, and 32 KB 7.5 and 6.6 us: the blocks of the
-/// p2p kernel take a whole SM's registers at 512); any other launch `most`. Only this rank's
-/// launch depends on it ([`P2pOps::ll_row`] fixes what each block moves).
-fn p2p_threads(ops: &P2pOps, most: u32) -> u32 {
+/// Threads per block of a p2p launch of `ops` (planned) with blocks of `most` threads, and
+/// whether every transfer of it goes as LL packets: such a group takes half a thread per
+/// unit of its largest block share, in warps, at least 128 (on 2x H200, an 8 B send/recv
+/// under a CUDA graph took 7.1 us with 512 threads per block and 5.7 us with 128, and 32 KB
+/// 7.5 and 6.6 us: the blocks of the p2p kernel take a whole SM's registers at 512); any
+/// other launch `most`. Only this rank's launch depends on it ([`P2pOps::ll_row`] fixes
+/// what each block moves).
+fn p2p_threads(ops: &P2pOps, most: u32) -> (u32, bool) {
     let n = (ops.count as usize).min(ops.ops.len());
     let mut units_per_block = 0u64;
     for op in &ops.ops[..n] {
         if op.bytes > ops.ll_max {
-            return most;
+            return (most, false);
         }
         let per = op.bytes.div_ceil(8).div_ceil(ops.ll_blocks.max(1) as u64);
         units_per_block = units_per_block.max(per);
     }
     let want = units_per_block.div_ceil(2).next_multiple_of(32).max(128);
-    want.min(most as u64) as u32
+    (want.min(most as u64) as u32, true)
 }
 
 #[cfg(test)]

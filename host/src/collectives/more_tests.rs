@@ -884,12 +884,16 @@ fn ll_only_groups_launch_smaller_blocks_and_other_groups_the_configured_size() {
     };
     // 8 B and 32 KB (256 units per block): 128 threads, as measured; 128 KB (1024 units per
     // block): the configured 512; the largest transfer of the group decides.
-    assert_eq!(super::p2p_threads(&ops(&[8, 8]), 512), 128);
-    assert_eq!(super::p2p_threads(&ops(&[32 << 10, 8]), 512), 128);
-    assert_eq!(super::p2p_threads(&ops(&[8, 64 << 10]), 512), 256);
-    assert_eq!(super::p2p_threads(&ops(&[128 << 10]), 512), 512);
-    assert_eq!(super::p2p_threads(&ops(&[512 << 10]), 512), 512);
-    // A transfer above the LL size: the configured size; never more than configured.
-    assert_eq!(super::p2p_threads(&ops(&[8, (512 << 10) + 1]), 512), 512);
-    assert_eq!(super::p2p_threads(&ops(&[8]), 64), 64);
+    assert_eq!(super::p2p_threads(&ops(&[8, 8]), 512), (128, true));
+    assert_eq!(super::p2p_threads(&ops(&[32 << 10, 8]), 512), (128, true));
+    assert_eq!(super::p2p_threads(&ops(&[8, 64 << 10]), 512), (256, true));
+    assert_eq!(super::p2p_threads(&ops(&[128 << 10]), 512), (512, true));
+    assert_eq!(super::p2p_threads(&ops(&[512 << 10]), 512), (512, true));
+    // A transfer above the LL size: the configured size, not LL-only (a plain launch);
+    // never more than configured.
+    assert_eq!(
+        super::p2p_threads(&ops(&[8, (512 << 10) + 1]), 512),
+        (512, false)
+    );
+    assert_eq!(super::p2p_threads(&ops(&[8]), 64), (64, true));
 }
