@@ -229,6 +229,9 @@ fn killed_peer_rank() {
     comm.proxy_launch().unwrap();
     comm.bootstrap().barrier().unwrap();
     if me == 1 {
+        // Let rank 0 leave the barrier first: killed at once, rank 1 could die while rank 0
+        // was still finishing it (seen once in CI: rank 0's barrier got PeerLost).
+        std::thread::sleep(Duration::from_millis(300));
         let pid = std::process::id().to_string();
         let _ = std::process::Command::new("kill")
             .args(["-9", &pid])
@@ -238,6 +241,8 @@ fn killed_peer_rank() {
     }
     std::thread::sleep(Duration::from_millis(200));
     let start = Instant::now();
+    // Rank 1 dies about 100 ms into this loop, so the 2 s bound holds about 1.9 s for the
+    // detection.
     let error = loop {
         conn.put(0, 1 << 20);
         let _ = conn.try_signal();
