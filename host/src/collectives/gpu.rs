@@ -213,30 +213,52 @@ impl Kernels {
         threads: u32,
         dependent: bool,
     ) -> Result<(), CommError> {
-        let ctx = self.ctx.device_ptr();
-        if dependent
-            && dependent_grid(blocks, threads)
-            && let Some(r) = self.pdl.launch(|| {
-                // SAFETY: forwarded (caller contract; the arguments match the signature).
-                unsafe { launch_dependent(stream, f, [ctx, send, recv, n, tag], (blocks, threads)) }
-            })
-        {
-            return r;
-        }
-        let mut l = stream.launch_builder(f);
-        l.arg(&ctx).arg(&send).arg(&recv).arg(&n).arg(&tag);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: caller contract for the user ranges; the context in device memory holds
-        // this communicator's registered memory; the argument list matches the kernels'
-        // signature (*const CollContext, *const u8, *mut u8, u64, u64).
-        unsafe { l.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| classify("launch", "cuLaunchKernel", e))
+        let args = [self.ctx.device_ptr(), send, recv, n, tag];
+        // SAFETY: forwarded (caller contract); the context in device memory holds this
+        // communicator's registered memory.
+        unsafe { launch_coll(stream, &self.pdl, f, args, (blocks, threads), dependent) }
     }
+}
+
+/// Launches a collective kernel `f(ctx, send, recv, n, tag)` (`args` in that order) on
+/// `stream` with `grid` (blocks, threads): as a dependent ([`launch_dependent`]) when
+/// `dependent`, the grid is small enough ([`dependent_grid`]) and `pdl` is on, else plainly.
+///
+/// # Safety
+/// `f` takes `(*const CollContext, *const u8, *mut u8, u64, u64)`; `args[0]` is a context
+/// in device memory holding the communicator's registered memory; the other pointers valid
+/// for what the kernel accesses; with `dependent`, `f` calls `dependent_launch_entry`
+/// first on every thread and the stream's context is bound on this thread.
+pub(super) unsafe fn launch_coll(
+    stream: &CudaStream,
+    pdl: &Pdl,
+    f: &CudaFunction,
+    args: [u64; 5],
+    (blocks, threads): (u32, u32),
+    dependent: bool,
+) -> Result<(), CommError> {
+    if dependent
+        && dependent_grid(blocks, threads)
+        && let Some(r) = pdl.launch(|| {
+            // SAFETY: forwarded (caller contract; the arguments match the signature).
+            unsafe { launch_dependent(stream, f, args, (blocks, threads)) }
+        })
+    {
+        return r;
+    }
+    let [ctx, send, recv, n, tag] = args;
+    let mut l = stream.launch_builder(f);
+    l.arg(&ctx).arg(&send).arg(&recv).arg(&n).arg(&tag);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: caller contract for the context and the user ranges; the argument list
+    // matches the kernels' signature (*const CollContext, *const u8, *mut u8, u64, u64).
+    unsafe { l.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| classify("launch", "cuLaunchKernel", e))
 }
 
 /// Most threads of a grid launched as a dependent (programmatic dependent launch): the latency

@@ -283,37 +283,20 @@ impl Kernels {
         (blocks, threads): (u32, u32),
         dependent: bool,
     ) -> Result<(), CommError> {
-        let f = &self.functions[index];
-        if dependent
-            && gpu::dependent_grid(blocks, threads)
-            && let Some(r) = self.pdl.launch(|| {
-                // SAFETY: the LL kernels call dependent_launch_entry first; caller contract
-                // for the ranges; the stream's context was bound by the call's check_stream.
-                unsafe {
-                    gpu::launch_dependent(
-                        stream,
-                        f,
-                        [self.ctx, send, recv, count, tag],
-                        (blocks, threads),
-                    )
-                }
-            })
-        {
-            return r;
+        let args = [self.ctx, send, recv, count, tag];
+        // SAFETY: forwarded (caller contract); the LL kernels, the only ones launched as
+        // dependents, call dependent_launch_entry first, and the stream's context was bound
+        // by the call's check_stream.
+        unsafe {
+            gpu::launch_coll(
+                stream,
+                &self.pdl,
+                &self.functions[index],
+                args,
+                (blocks, threads),
+                dependent,
+            )
         }
-        let mut l = stream.launch_builder(f);
-        l.arg(&self.ctx).arg(&send).arg(&recv).arg(&count).arg(&tag);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: caller contract for the user ranges; the context in device memory holds
-        // this communicator's registered memory; the argument list matches the kernels'
-        // signature (*const CollContext, *const u8, *mut u8, u64, u64).
-        unsafe { l.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| gpu::classify("launch", "cuLaunchKernel", e))
     }
 }
 
