@@ -303,18 +303,7 @@ fn more_rank() {
         "rank {r}: {e}"
     );
     // SAFETY: the buffer lives until the synchronize.
-    unsafe {
-        c.all_reduce_raw(
-            p,
-            p,
-            8,
-            DataType::F32,
-            ReduceOp::Sum,
-            AllReduceAlgo::Auto,
-            &stream,
-        )
-    }
-    .unwrap();
+    unsafe { common::sum_in_place(&c, &stream, p, 8) };
     c.synchronize(&stream).unwrap();
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
@@ -384,18 +373,7 @@ fn graph_rank() {
         let buf: CudaSlice<f32> = stream.clone_htod(&base).unwrap();
         let p = dptr(&buf, &stream);
         // SAFETY: buf lives until the synchronize.
-        unsafe {
-            c.all_reduce_raw(
-                p,
-                p,
-                count,
-                DataType::F32,
-                ReduceOp::Sum,
-                AllReduceAlgo::Auto,
-                &stream,
-            )
-        }
-        .unwrap();
+        unsafe { common::sum_in_place(&c, &stream, p, count) };
         c.synchronize(&stream).unwrap();
         let sum: Vec<f32> = stream.clone_dtoh(&buf).unwrap();
         // buf lives until the synchronize after the replays.

@@ -95,6 +95,27 @@ pub fn dptr<T>(s: &mscclpp::host::cuda::CudaSlice<T>, stream: &CudaStream) -> u6
     p
 }
 
+/// Queues an in-place f32 sum all-reduce (`AllReduceAlgo::Auto`) of the `count` elements at
+/// device address `p` on `stream`; panics if the call is refused.
+///
+/// # Safety
+/// The buffer at `p` holds `count` f32 and stays alive until the stream has run the call.
+pub unsafe fn sum_in_place(c: &Collectives, stream: &CudaStream, p: u64, count: usize) {
+    // SAFETY: caller contract.
+    unsafe {
+        c.all_reduce_raw(
+            p,
+            p,
+            count,
+            DataType::F32,
+            ReduceOp::Sum,
+            AllReduceAlgo::Auto,
+            stream,
+        )
+    }
+    .unwrap();
+}
+
 /// Captures ten in-place f32 sum all-reduces of the `count` elements at device address `p`
 /// into a CUDA graph on `stream` and launches the graph three times (the caller
 /// synchronises and checks).
@@ -106,18 +127,7 @@ pub fn replay_in_place_sums(c: &Collectives, stream: &Arc<CudaStream>, p: u64, c
         .unwrap();
     for _ in 0..10 {
         // SAFETY: the caller keeps the buffer at p alive until it synchronises.
-        unsafe {
-            c.all_reduce_raw(
-                p,
-                p,
-                count,
-                DataType::F32,
-                ReduceOp::Sum,
-                AllReduceAlgo::Auto,
-                stream,
-            )
-        }
-        .unwrap();
+        unsafe { sum_in_place(c, stream, p, count) };
     }
     let graph = stream
         .end_capture(
