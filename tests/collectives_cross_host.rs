@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use half::{bf16, f16};
 use mscclpp::host::bootstrap::BlockingBootstrap;
-use mscclpp::host::collectives::{CollConfig, Collectives, Element, P2pOp, ReduceOp};
+use mscclpp::host::collectives::{
+    AllReduceAlgo, CROSS_TWO_SHOT_SAVES, CollConfig, Collectives, Element, P2pOp, ReduceOp,
+};
 use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
 use mscclpp::host::launch::{Launch, LocalLauncher};
 
@@ -76,15 +78,78 @@ fn communicator() -> Communicator {
 /// A small scratch: 4 KiB cross-host slots for two hosts, so larger messages take many
 /// rounds; packet paths below 4 KiB.
 fn collectives() -> Collectives {
+    collectives_with(|_| AllReduceAlgo::Auto)
+}
+
+/// [`collectives`] with the all-reduce algorithm `algo(rank)` in the config.
+fn collectives_with(algo: impl Fn(usize) -> AllReduceAlgo) -> Collectives {
+    let comm = communicator();
+    let all_reduce_algo = algo(comm.rank());
     Collectives::new(
-        communicator(),
+        comm,
         CollConfig {
             scratch_bytes: 64 << 10,
             packet_max_bytes: 4 << 10,
+            all_reduce_algo,
             ..CollConfig::default()
         },
     )
     .unwrap()
+}
+
+/// The hosts as the library orders them (by lowest rank), each with its ranks ascending.
+fn hosts(n: usize) -> Vec<Vec<usize>> {
+    let mut hosts: Vec<(usize, Vec<usize>)> = Vec::new();
+    for q in 0..n {
+        match hosts.iter_mut().find(|(h, _)| *h == host_of(q)) {
+            Some((_, ranks)) => ranks.push(q),
+            None => hosts.push((host_of(q), vec![q])),
+        }
+    }
+    hosts.into_iter().map(|(_, r)| r).collect()
+}
+
+/// f32 sums whose rounding depends on the order: every rank's result must be, bit for bit,
+/// each host's inputs summed in rank order, then the hosts' sums in host order (the order
+/// `docs/tcp-transport.md` documents, whichever cross-host algorithm runs). Returns whether
+/// that order gave other bits than a flat rank-order sum for some element (so the check
+/// could tell the orders apart).
+fn check_sum_order(c: &Collectives, counts: &[usize]) -> bool {
+    let (n, r) = (c.nranks(), c.rank());
+    let x = |q: usize, i: usize| -> f32 {
+        let u = (q as u64 * 0x9E37_79B9 + i as u64 * 0x85EB_CA6B) % 1_000_003;
+        let scale = [1.0f32, 1e-3, 1e3, 3e-7][(u % 4) as usize];
+        let sign = if u.is_multiple_of(3) { -1.0 } else { 1.0 };
+        sign * (u % 65_521) as f32 / 997.0 * scale
+    };
+    let hosts = hosts(n);
+    let mut differs = false;
+    for &count in counts {
+        let send: Vec<f32> = (0..count).map(|i| x(r, i)).collect();
+        let want: Vec<f32> = (0..count)
+            .map(|i| {
+                let per_host = hosts.iter().map(|g| g.iter().map(|&q| x(q, i)));
+                per_host
+                    .map(|g| g.reduce(|a, b| a + b).unwrap())
+                    .reduce(|a, b| a + b)
+                    .unwrap()
+            })
+            .collect();
+        differs |= (0..count).any(|i| {
+            let flat = (0..n).map(|q| x(q, i)).reduce(|a, b| a + b).unwrap();
+            flat.to_bits() != want[i].to_bits()
+        });
+        let mut out = vec![0f32; count];
+        c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+        let bad = (0..count).find(|&i| out[i].to_bits() != want[i].to_bits());
+        assert_eq!(
+            bad.map(|i| (i, out[i], want[i])),
+            None,
+            "rank {r}: all_reduce of {count} f32 ({:?}) not in host order",
+            c.choose_all_reduce(count * 4)
+        );
+    }
+    differs
 }
 
 /// Element types under test, with the reference operations (exact on the test's values).
@@ -371,6 +436,8 @@ const ALL_OPS: [ReduceOp; 5] = [
 
 fn two_by_two_rank() {
     let c = collectives();
+    // Two hosts: two-shot would send as much as one-shot, in two rounds.
+    assert_eq!(c.choose_all_reduce(1 << 30), AllReduceAlgo::OneShot);
     let counts = [1usize, 3, 1001, 5001];
     check_all_reduce::<f32>(&c, &counts, &ALL_OPS, false);
     check_all_reduce::<i32>(&c, &counts, &ALL_OPS, false);
@@ -407,6 +474,14 @@ fn cross_host_2x2_every_collective() {
 
 fn one_per_host_rank() {
     let c = collectives();
+    // Three hosts of one rank: two-shot sends 2/3 of the bytes one-shot sends, so Auto takes
+    // it once that saves CROSS_TWO_SHOT_SAVES: from 1.5 times that.
+    let from = CROSS_TWO_SHOT_SAVES * 3 / 2;
+    assert_eq!(c.choose_all_reduce(from - 64), AllReduceAlgo::OneShot);
+    assert_eq!(c.choose_all_reduce(from), AllReduceAlgo::TwoShot);
+    let big = from / 4 + 1001;
+    check_all_reduce::<f32>(&c, &[big], &[ReduceOp::Sum, ReduceOp::Min], false);
+    check_sum_order(&c, &[5, big]);
     check_all_reduce::<f32>(&c, &[1, 3, 5001], &ALL_OPS, false);
     check_all_gather::<u8>(&c, &[1, 3, 5001]);
     check_reduce_scatter::<i32>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Avg]);
@@ -424,6 +499,70 @@ fn cross_host_3_hosts_of_one_rank() {
         return one_per_host_rank();
     }
     launch("cross_host_3_hosts_of_one_rank", 3, "cyclic:3");
+}
+
+fn two_shot_rank() {
+    let c = collectives_with(|_| AllReduceAlgo::TwoShot);
+    assert_eq!(c.choose_all_reduce(4), AllReduceAlgo::TwoShot);
+    // Counts below the host count (pieces of one element), odd, and over many rounds.
+    let counts = [1usize, 2, 3, 1001, 5001];
+    check_all_reduce::<f32>(&c, &counts, &ALL_OPS, false);
+    check_all_reduce::<i32>(&c, &counts, &ALL_OPS, false);
+    check_all_reduce::<bf16>(&c, &[1, 4099], &ALL_OPS, false);
+    check_all_reduce::<f64>(&c, &[5, 3001], &[ReduceOp::Sum, ReduceOp::Avg], false);
+    check_all_reduce::<u8>(&c, &[1, 17, 4099], &ALL_OPS, true);
+    check_all_reduce::<i64>(&c, &[3, 777], &[ReduceOp::Prod, ReduceOp::Min], false);
+    let differs = check_sum_order(&c, &[1, 7, 4099, 20_001]);
+    assert!(differs, "the inputs never told host order from rank order");
+    // The other collectives are unaffected and still work after the two-shot calls.
+    check_reduce_scatter::<f32>(&c, &[3, 1001], &[ReduceOp::Sum]);
+    check_all_gather::<u8>(&c, &[3, 1001]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {}: ok", c.rank());
+}
+
+/// 6 processes as 3 interleaved hosts of 2 ranks with the two-shot all-reduce across hosts
+/// forced: every operation and several types against the CPU reference, and f32 sums in
+/// host order bit for bit (the same bits as one-shot).
+#[test]
+fn cross_host_two_shot_all_reduce_3x2() {
+    if child() {
+        return two_shot_rank();
+    }
+    launch("cross_host_two_shot_all_reduce_3x2", 6, "cyclic:3");
+}
+
+fn algo_mismatch_rank() {
+    let c = collectives_with(|r| {
+        if r == 0 {
+            AllReduceAlgo::TwoShot
+        } else {
+            AllReduceAlgo::OneShot
+        }
+    });
+    let r = c.rank();
+    let mut buf = vec![1f32; 1000];
+    match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+        Err(CommError::State(m)) => {
+            assert!(
+                m.contains("differently across hosts") && m.contains("1000 f32 (two-shot across"),
+                "rank {r}: {m}"
+            );
+            println!("rank {r}: {m}");
+        }
+        other => panic!("rank {r}: expected the mismatch, got {other:?}"),
+    }
+    println!("rank {r}: ok");
+}
+
+/// Ranks that choose different all-reduce algorithms across hosts fail the call on every
+/// rank, naming the two-shot side, instead of mixing pieces and shards.
+#[test]
+fn cross_host_algorithm_mismatch_is_named() {
+    if child() {
+        return algo_mismatch_rank();
+    }
+    launch("cross_host_algorithm_mismatch_is_named", 3, "cyclic:3");
 }
 
 fn sixteen_rank() {

@@ -179,6 +179,10 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
     if config.args.algo == AlgoArg::Proxy {
         coll_config.all_gather_algo = AllGatherAlgo::Proxy;
     }
+    if config.args.algo != AlgoArg::Auto {
+        // The host calls (and the calls across hosts) take the algorithm from the config.
+        coll_config.all_reduce_algo = config.args.algo.all_reduce();
+    }
     let coll = Collectives::new(comm, coll_config)?;
     let nccl = match &gpu {
         Some(g) if compare => Some(Nccl::init(coll.communicator().bootstrap(), g)?),
@@ -431,7 +435,14 @@ fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
 
 fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
     if coll.hosts() > 1 {
-        // Hierarchical across hosts: the algorithm choice applies to nothing there.
+        // Hierarchical across hosts: only the all-reduce's cross-host part has a choice.
+        if config.args.collective == Collective::AllReduce {
+            return match coll.choose_all_reduce(shape.bytes as usize) {
+                AllReduceAlgo::TwoShot => "cross-host-twoshot",
+                _ => "cross-host-oneshot",
+            }
+            .into();
+        }
         return "cross-host".into();
     }
     match config.args.collective {

@@ -22,8 +22,14 @@
 //! (`cross_step`, one block) on GPUs and the same code on a CPU thread on the Host backend;
 //! GPU calls stay stream-ordered and capturable. Every rank gets bit-identical results;
 //! sums are formed per host in rank order, then across hosts in host order
-//! (docs/tcp-transport.md, "Collectives across hosts"). The algorithm arguments and
-//! `MSCCLPP_*_ALGO` choose nothing across hosts.
+//! (docs/tcp-transport.md, "Collectives across hosts"). The cross-host part of an
+//! all-reduce is one-shot (each rank sends its whole shard to every partner: one round) or,
+//! from three hosts up and once it saves [`CROSS_TWO_SHOT_SAVES`] bytes per rank, two-shot
+//! (the shard reduce-scattered across hosts, then all-gathered: two rounds, `2 / H` of the
+//! bytes for `H` hosts); [`AllReduceAlgo::OneShot`] / [`AllReduceAlgo::TwoShot`] (argument,
+//! `MSCCLPP_ALLREDUCE_ALGO`, config) force one, and both give the same bits.
+//! [`Collectives::choose_all_reduce`] tells which `Auto` takes. The other algorithm
+//! arguments and `MSCCLPP_*_ALGO` choose nothing across hosts.
 //!
 //! # Ordering and failures
 //!
@@ -92,6 +98,7 @@ mod gpu;
 mod more;
 mod proxy;
 
+pub use cross::CROSS_TWO_SHOT_SAVES;
 pub use more::P2pOp;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
@@ -925,7 +932,14 @@ impl Collectives {
     /// less per round; measured faster on 2x H200 from 2 MB to 8 MB and from 128 MB up,
     /// within 5% between) and two-shot for more ranks (all-pairs would send `nranks - 1`
     /// times the input).
+    ///
+    /// Across hosts ([`hosts`](Self::hosts) above 1) it answers with the cross-host
+    /// algorithm instead: [`AllReduceAlgo::OneShot`] or [`AllReduceAlgo::TwoShot`] (see
+    /// [Across hosts](self#across-hosts)).
     pub fn choose_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
+        if let Some(c) = self.cross() {
+            return self.cross_all_reduce_algo(c, AllReduceAlgo::Auto, bytes);
+        }
         if let Some(a) = self.env_all_reduce {
             return a;
         }
@@ -1085,11 +1099,11 @@ impl Collectives {
             gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
             gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
         })())?;
-        if self.cross.is_some() {
+        if let Some(c) = self.cross() {
+            let algo = self.cross_all_reduce_algo(c, algo, bytes);
+            let ex = cross::Exec::Gpu(stream);
             // SAFETY: the ranges were checked above; the caller keeps them valid.
-            return unsafe {
-                self.cross_all_reduce(cross::Exec::Gpu(stream), send, recv, count, dtype, op, None)
-            };
+            return unsafe { self.cross_all_reduce(ex, send, recv, count, dtype, op, None, algo) };
         }
         let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let (blocks, threads) = self.grid(Some(algo), bytes);
@@ -1352,11 +1366,11 @@ impl Collectives {
         if count == 0 {
             return Ok(());
         }
-        if self.cross.is_some() {
+        if let Some(c) = self.cross() {
+            let algo = self.cross_all_reduce_algo(c, AllReduceAlgo::Auto, bytes);
+            let ex = cross::Exec::Host;
             // SAFETY: caller contract.
-            return unsafe {
-                self.cross_all_reduce(cross::Exec::Host, send, recv, count, dtype, op, None)
-            };
+            return unsafe { self.cross_all_reduce(ex, send, recv, count, dtype, op, None, algo) };
         }
         let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
         let f = more::all_reduce_host_kernel(algo, dtype, op);

@@ -545,6 +545,7 @@ impl Collectives {
                     p.dtype,
                     p.op.expect("a reduction"),
                     Some(p.root),
+                    super::AllReduceAlgo::OneShot,
                 ),
                 Kind::AllToAll => self.cross_all_to_all(ex, send, recv, p.pair_bytes, p.dtype),
             }
