@@ -12,7 +12,8 @@ use std::time::Duration;
 use half::{bf16, f16};
 use mscclpp::host::bootstrap::BlockingBootstrap;
 use mscclpp::host::collectives::{
-    AllReduceAlgo, CROSS_TWO_SHOT_SAVES, CollConfig, Collectives, Element, P2pOp, ReduceOp,
+    AllReduceAlgo, CROSS_TWO_SHOT_SAVES, CollConfig, Collectives, DataType, Element, P2pOp,
+    ReduceOp,
 };
 use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
 use mscclpp::host::launch::{Launch, LocalLauncher};
@@ -587,49 +588,231 @@ fn cross_host_16_ranks_4x4() {
     launch("cross_host_16_ranks_4x4", 16, "block:4");
 }
 
-fn expect_unsupported(r: Result<(), CommError>, what: &str) {
-    match r {
-        Err(CommError::InvalidArgument(m)) => {
-            assert!(
-                m.contains("not supported across hosts") && m.contains(what),
-                "{what}: {m}"
-            );
+/// [`collectives`] with `p2p_remote_max` set.
+fn collectives_remote_max(max: usize) -> Collectives {
+    Collectives::new(
+        communicator(),
+        CollConfig {
+            scratch_bytes: 64 << 10,
+            packet_max_bytes: 4 << 10,
+            p2p_remote_max: max,
+            ..CollConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Element `i` of what rank `from` sends rank `to` in exchange `x` (every byte matters).
+fn word(from: usize, to: usize, x: usize, i: usize) -> u32 {
+    ((from * 131 + to * 17 + x * 7919) as u32).wrapping_mul(0x9E37_79B9) ^ i as u32
+}
+
+/// One group in which rank `q` sends `sends(q)` (peer, count) in that order and receives,
+/// in rank order of the senders, what is sent to it; every received element is checked.
+/// Send `k` of rank `q` carries [`word`]`(q, peer, x + k, i)`.
+fn group_of(c: &Collectives, x: usize, sends: impl Fn(usize) -> Vec<(usize, usize)>) {
+    let (n, r) = (c.nranks(), c.rank());
+    // (sender, count, the sender's index of that send)
+    let mut recvs = Vec::new();
+    for q in 0..n {
+        for (k, (to, count)) in sends(q).into_iter().enumerate() {
+            if to == r {
+                recvs.push((q, count, k));
+            }
         }
-        other => panic!("{what}: expected a clear error, got {other:?}"),
+    }
+    let data: Vec<Vec<u32>> = sends(r)
+        .into_iter()
+        .enumerate()
+        .map(|(k, (to, count))| (0..count).map(|i| word(r, to, x + k, i)).collect())
+        .collect();
+    let mut out: Vec<Vec<u32>> = recvs.iter().map(|&(_, count, _)| vec![0; count]).collect();
+    let mut ops: Vec<P2pOp> = Vec::new();
+    for (d, (to, _)) in data.iter().zip(sends(r)) {
+        ops.push(P2pOp::Send {
+            buf: d.as_ptr() as u64,
+            count: d.len(),
+            dtype: DataType::U32,
+            peer: to,
+        });
+    }
+    for (o, &(from, _, _)) in out.iter_mut().zip(&recvs) {
+        ops.push(P2pOp::Recv {
+            buf: o.as_mut_ptr() as u64,
+            count: o.len(),
+            dtype: DataType::U32,
+            peer: from,
+        });
+    }
+    // SAFETY: the buffers outlive the blocking call.
+    unsafe { c.group_host(&ops) }.unwrap_or_else(|e| panic!("rank {r}: exchange {x}: {e}"));
+    for (o, &(from, count, k)) in out.iter().zip(&recvs) {
+        let bad = (0..count).find(|&i| o[i] != word(from, r, x + k, i));
+        assert_eq!(
+            bad, None,
+            "rank {r}: exchange {x}: {count} from rank {from}"
+        );
     }
 }
 
-fn unsupported_rank() {
+fn send_recv_rank() {
     let c = collectives();
     let (n, r) = (c.nranks(), c.rank());
-    let send = vec![1f32; 2 * n];
-    let mut out = vec![0f32; 2 * n];
-    let peer = (r + 1) % n;
-    expect_unsupported(c.send_host(&send, peer), "send/recv");
-    expect_unsupported(c.recv_host(&mut out, peer), "send/recv");
-    let ops = [P2pOp::Send {
-        buf: send.as_ptr() as u64,
-        count: 1,
-        dtype: mscclpp::host::collectives::DataType::F32,
-        peer,
-    }];
-    // SAFETY: send outlives the call.
-    expect_unsupported(unsafe { c.group_host(&ops) }, "send/recv");
-    // The collectives stay usable after the refusals.
-    c.all_reduce_host_in_place(&mut out, ReduceOp::Sum).unwrap();
-    assert!(out.iter().all(|&v| v == 0.0), "rank {r}");
+    // Layout cyclic:2: ranks of one parity share a host, so r +- 1 is on the other host and
+    // r +- 2 on this one.
+    let next = move |q: usize, k: usize| (q + k) % n;
+    // Sizes from one element to many pieces of the 4 KiB slots (more than the window of
+    // four pieces, so credits flow).
+    for (x, count) in [1usize, 3, 1001, 5001, 20_000].into_iter().enumerate() {
+        // A ring across hosts.
+        group_of(&c, 10 * x, move |q| vec![(next(q, 1), count)]);
+        // Inside the host.
+        group_of(&c, 10 * x + 1, move |q| vec![(next(q, 2), count)]);
+        // Mixed: both at once, with two sends to the same remote rank (kept in order) of
+        // different sizes.
+        group_of(&c, 10 * x + 2, move |q| {
+            vec![
+                (next(q, 1), count),
+                (next(q, 2), count + 1),
+                (next(q, 1), count / 2 + 1),
+                (next(q, 3), 7),
+            ]
+        });
+    }
+    // Blocking single calls: even ranks send first, odd ranks receive first.
+    let peer = next(r, 1);
+    let from = (r + n - 1) % n;
+    let data: Vec<u32> = (0..9000).map(|i| word(r, peer, 99, i)).collect();
+    let mut got = vec![0u32; 9000];
+    if r % 2 == 0 {
+        c.send_host(&data, peer).unwrap();
+        c.recv_host(&mut got, from).unwrap();
+    } else {
+        c.recv_host(&mut got, from).unwrap();
+        c.send_host(&data, peer).unwrap();
+    }
+    assert!(
+        (0..9000).all(|i| got[i] == word(from, r, 99, i)),
+        "rank {r}: blocking send/recv"
+    );
+    // In place: send a buffer to the next rank and receive the previous rank's into it.
+    let mut buf: Vec<u32> = (0..3001).map(|i| word(r, peer, 7, i)).collect();
+    let ops = [
+        P2pOp::Send {
+            buf: buf.as_ptr() as u64,
+            count: buf.len(),
+            dtype: DataType::U32,
+            peer,
+        },
+        P2pOp::Recv {
+            buf: buf.as_mut_ptr() as u64,
+            count: buf.len(),
+            dtype: DataType::U32,
+            peer: from,
+        },
+    ];
+    // SAFETY: buf outlives the call.
+    unsafe { c.group_host(&ops) }.unwrap();
+    assert!(
+        (0..3001).all(|i| buf[i] == word(from, r, 7, i)),
+        "rank {r}: in-place exchange"
+    );
+    // The collectives still work.
+    check_all_reduce::<f32>(&c, &[3, 1001], &[ReduceOp::Sum], false);
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
 }
 
-/// What is not built across hosts fails with an error naming the call, on every rank, and
-/// leaves the collectives usable.
+/// 4 processes as 2 interleaved hosts of 2: send/recv across hosts (TCP), inside a host
+/// (shared memory) and both in one group, one element to many pieces, in order per pair,
+/// blocking single calls and an in-place exchange, every element checked.
 #[test]
-fn cross_host_unsupported_calls_error_clearly() {
+fn cross_host_send_recv_2x2() {
     if child() {
-        return unsupported_rank();
+        return send_recv_rank();
     }
-    launch("cross_host_unsupported_calls_error_clearly", 4, "block:2");
+    launch("cross_host_send_recv_2x2", 4, "cyclic:2");
+}
+
+fn send_recv_mismatch_rank() {
+    let c = collectives();
+    let r = c.rank();
+    // Rank 0 sends 1000 u32 to rank 1 (another host), which expects 600: rank 1 is told,
+    // with both sizes; rank 0's send completes.
+    if r == 0 {
+        let data = vec![5u32; 1000];
+        c.send_host(&data, 1).unwrap();
+    } else if r == 1 {
+        let mut got = vec![0u32; 600];
+        match c.recv_host(&mut got, 0) {
+            Err(CommError::CallMismatch(m)) => {
+                assert!(
+                    m.contains("rank 0 sent 4000 bytes to rank 1, which expected 2400"),
+                    "{m}"
+                );
+                println!("rank 1: {m}");
+            }
+            other => panic!("rank 1: expected the mismatch, got {other:?}"),
+        }
+    }
+    // The pair stays in step: the next transfer arrives whole.
+    if r < 2 {
+        let data: Vec<u32> = (0..5000).map(|i| word(0, 1, 3, i)).collect();
+        if r == 0 {
+            c.send_host(&data, 1).unwrap();
+        } else {
+            let mut got = vec![0u32; 5000];
+            c.recv_host(&mut got, 0).unwrap();
+            assert!(got == data, "rank 1: the transfer after the mismatch");
+        }
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// A send and a receive of different sizes across hosts: the receiver gets
+/// `CallMismatch` naming both sizes, nobody waits for a timeout, and the pair stays usable.
+#[test]
+fn cross_host_send_recv_size_mismatch_is_named() {
+    if child() {
+        return send_recv_mismatch_rank();
+    }
+    launch("cross_host_send_recv_size_mismatch_is_named", 4, "cyclic:2");
+}
+
+fn remote_off_rank() {
+    let c = collectives_remote_max(0);
+    let (n, r) = (c.nranks(), c.rank());
+    let send = vec![1f32; 8];
+    let mut out = vec![0f32; 8];
+    match c.send_host(&send, (r + 1) % n) {
+        Err(CommError::InvalidArgument(m)) => assert!(
+            m.contains("on another host") && m.contains("MSCCLPP_P2P_REMOTE_MAX"),
+            "rank {r}: {m}"
+        ),
+        other => panic!("rank {r}: expected a clear refusal, got {other:?}"),
+    }
+    // Inside the host it works, and so do the collectives.
+    let peer = (r + 2) % n;
+    if r < 2 {
+        c.send_host(&send, peer).unwrap();
+    } else {
+        c.recv_host(&mut out, peer).unwrap();
+        assert!(out == send, "rank {r}");
+    }
+    c.all_reduce_host_in_place(&mut out, ReduceOp::Sum).unwrap();
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// With `p2p_remote_max` below the ranks on other hosts, a send to one is refused with a
+/// message naming the setting; send/recv inside the host and the collectives still work.
+#[test]
+fn cross_host_send_recv_off_is_refused_clearly() {
+    if child() {
+        return remote_off_rank();
+    }
+    launch("cross_host_send_recv_off_is_refused_clearly", 4, "cyclic:2");
 }
 
 fn unequal_rank() {
@@ -691,8 +874,8 @@ fn cross_host_mismatched_calls_are_named() {
     launch("cross_host_mismatched_calls_are_named", 4, "block:2");
 }
 
-fn killed_partner_rank() {
-    let c = collectives();
+/// Rank 1 kills itself after the barrier; rank 0 then runs `call` and returns its error.
+fn survive_a_kill(c: &Collectives, call: impl FnOnce(&Collectives) -> CommError) {
     let r = c.rank();
     c.communicator().bootstrap().barrier().unwrap();
     if r == 1 {
@@ -707,10 +890,7 @@ fn killed_partner_rank() {
         unreachable!("rank 1 was not killed");
     }
     let start = std::time::Instant::now();
-    let mut buf = vec![1f32; 1000];
-    let e = c
-        .all_reduce_host_in_place(&mut buf, ReduceOp::Sum)
-        .expect_err("the partner is dead");
+    let e = call(c);
     let took = start.elapsed();
     assert!(
         matches!(e, CommError::Aborted(_)) && e.to_string().contains("rank 1"),
@@ -718,7 +898,7 @@ fn killed_partner_rank() {
     );
     assert!(took < Duration::from_secs(10), "the error took {took:?}");
     // Sticky: the next call says so at once.
-    let e2 = c.all_gather_host(&buf[..1], &mut [0f32; 2]).unwrap_err();
+    let e2 = c.all_gather_host(&[1f32], &mut [0f32; 2]).unwrap_err();
     assert!(e2.to_string().contains("rank 1"), "{e2}");
     println!("rank 0: {e} (after {took:?})");
     println!("rank 0: ok");
@@ -726,17 +906,27 @@ fn killed_partner_rank() {
     std::process::exit(0);
 }
 
-/// A partner on the other host that dies: the survivor's cross-host wait ends with an error
-/// naming it (the bootstrap's abort), not at the timeout, and every later call fails.
-#[test]
-fn cross_host_killed_partner_is_named() {
-    const TEST: &str = "cross_host_killed_partner_is_named";
-    if child() {
-        return killed_partner_rank();
-    }
+fn killed_partner_rank() {
+    survive_a_kill(&collectives(), |c| {
+        let mut buf = vec![1f32; 1000];
+        c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum)
+            .expect_err("the partner is dead")
+    });
+}
+
+fn killed_sender_rank() {
+    survive_a_kill(&collectives(), |c| {
+        let mut buf = vec![0u32; 10_000];
+        c.recv_host(&mut buf, 1).expect_err("the sender is dead")
+    });
+}
+
+/// Runs `test` in 2 processes on 2 simulated hosts, of which rank 1 kills itself; rank 0
+/// must finish.
+fn launch_kill(test: &str) {
     let exe = std::env::current_exe().unwrap();
     let report = LocalLauncher::command(2, exe)
-        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(ROLE, "rank")
         .env(LAYOUT, "cyclic:2")
         .bootstrap_timeout(Duration::from_secs(60))
@@ -753,4 +943,24 @@ fn cross_host_killed_partner_is_named() {
     for l in report.output.iter().filter(|l| l.contains("(after ")) {
         println!("{l}");
     }
+}
+
+/// A rank on the other host that dies before sending: the receive ends with an error naming
+/// it (the bootstrap's abort), not at the timeout, and every later call fails.
+#[test]
+fn cross_host_killed_sender_is_named() {
+    if child() {
+        return killed_sender_rank();
+    }
+    launch_kill("cross_host_killed_sender_is_named");
+}
+
+/// A partner on the other host that dies: the survivor's cross-host wait ends with an error
+/// naming it (the bootstrap's abort), not at the timeout, and every later call fails.
+#[test]
+fn cross_host_killed_partner_is_named() {
+    if child() {
+        return killed_partner_rank();
+    }
+    launch_kill("cross_host_killed_partner_is_named");
 }

@@ -6,8 +6,8 @@
 //! 64 MiB, in place and out of place, and all-gather, against a CPU reference (with one rank
 //! per host the host order is the rank order); a CUDA-graph capture and replay of an
 //! all-reduce; reduce-scatter, reduce and broadcast to and from each root, all-to-all; and
-//! send/recv, not built across hosts, refused. Skips with a reason without a GPU; fails
-//! instead under MSCCLPP_REQUIRE_GPU=1.
+//! send/recv across hosts (the `xp2p` kernel), in place too, and a mismatch of sizes. Skips
+//! with a reason without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use std::time::Duration;
 use half::bf16;
 use mscclpp::host::bootstrap::BlockingBootstrap;
 use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives};
-use mscclpp::host::collectives::{DataType, ReduceOp};
+use mscclpp::host::collectives::{DataType, P2pOp, ReduceOp};
 use mscclpp::host::communicator::CommError;
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::launch::Launch;
@@ -210,7 +210,7 @@ fn ints(seed: u64, q: usize, len: usize) -> Vec<f32> {
 }
 
 /// Reduce-scatter, reduce to each root, broadcast from each root and all-to-all against
-/// the CPU reference; send/recv is refused with the reason.
+/// the CPU reference.
 fn more_rank() {
     let (c, stream) = setup(small_scratch());
     let (n, r) = (c.nranks(), c.rank());
@@ -292,19 +292,107 @@ fn more_rank() {
         assert!(got == want, "rank {r}: all_to_all of {count} per pair");
         println!("rank {r}: all_to_all of {count} per pair matched");
     }
-    // Send/recv is not built across hosts: a clear error, nothing launched, and the
-    // collectives stay usable.
-    let buf: CudaSlice<f32> = stream.alloc_zeros(8).unwrap();
-    let p = dptr(&buf, &stream);
-    // SAFETY: refused before any launch.
-    let e = unsafe { c.send_raw(p, 8, DataType::F32, (r + 1) % n, &stream) }.unwrap_err();
-    assert!(
-        matches!(&e, CommError::InvalidArgument(m) if m.contains("not supported across hosts")),
-        "rank {r}: {e}"
-    );
-    // SAFETY: the buffer lives until the synchronize.
-    unsafe { common::sum_in_place(&c, &stream, p, 8) };
-    c.synchronize(&stream).unwrap();
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// Send/recv with ranks on the other host (the `xp2p` kernel over TCP) and, with two ranks
+/// per host, inside the host in the same group: a ring exchange (send to the next rank,
+/// receive from the previous) of 4 B to 8 MiB + 4 (many 256 KiB pieces), out of place and
+/// in place (staged), then a mismatch of sizes named on the receiver, every byte checked.
+fn send_recv_rank() {
+    let (c, stream) = setup(CollConfig::default());
+    let (n, r) = (c.nranks(), c.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let data = |q: usize, seed: u64, len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|i| splitmix(seed << 40 ^ (q as u64) << 32 ^ i as u64) as u8)
+            .collect()
+    };
+    for (k, len) in [4usize, 1001, 262_145, (8 << 20) + 4]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 500 + k as u64;
+        let send: CudaSlice<u8> = stream.clone_htod(&data(r, seed, len)).unwrap();
+        let recv: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
+        let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
+        let ops = [
+            P2pOp::Send {
+                buf: sp,
+                count: len,
+                dtype: DataType::U8,
+                peer: next,
+            },
+            P2pOp::Recv {
+                buf: rp,
+                count: len,
+                dtype: DataType::U8,
+                peer: prev,
+            },
+        ];
+        // SAFETY: the slices live until the synchronize.
+        unsafe { c.group(&ops, &stream) }.unwrap();
+        c.synchronize(&stream).unwrap();
+        let got = stream.clone_dtoh(&recv).unwrap();
+        let (bad, first) = mismatches(&got, &data(prev, seed, len), 1);
+        assert_eq!(
+            bad, 0,
+            "rank {r}: {len} B from rank {prev}: first bad bytes {first:?}"
+        );
+        // In place: the same buffer sent and received (the send is staged first).
+        let ops = [
+            P2pOp::Send {
+                buf: sp,
+                count: len,
+                dtype: DataType::U8,
+                peer: next,
+            },
+            P2pOp::Recv {
+                buf: sp,
+                count: len,
+                dtype: DataType::U8,
+                peer: prev,
+            },
+        ];
+        // SAFETY: as above.
+        unsafe { c.group(&ops, &stream) }.unwrap();
+        c.synchronize(&stream).unwrap();
+        let got = stream.clone_dtoh(&send).unwrap();
+        let (bad, _) = mismatches(&got, &data(prev, seed, len), 1);
+        assert_eq!(bad, 0, "rank {r}: in place, {len} B from rank {prev}");
+        println!("rank {r}: send/recv of {len} B matched");
+    }
+    // Rank 0 sends 1000 B to rank 1 (the other host with one rank per host), which expects
+    // 600: rank 1 is told, with both sizes, and the pair stays usable.
+    if ranks_per_host() == 1 {
+        let buf: CudaSlice<u8> = stream.alloc_zeros(1000).unwrap();
+        let p = dptr(&buf, &stream);
+        let other = 1 - r;
+        // SAFETY: buf lives until the synchronize.
+        let res = unsafe {
+            if r == 0 {
+                c.send_raw(p, 1000, DataType::U8, other, &stream)
+            } else {
+                c.recv_raw(p, 600, DataType::U8, other, &stream)
+            }
+        };
+        res.unwrap();
+        let res = c.synchronize(&stream);
+        if r == 0 {
+            res.unwrap();
+        } else {
+            match res {
+                Err(CommError::CallMismatch(m)) => {
+                    assert!(
+                        m.contains("sent 1000 bytes to rank 1, which expected 600"),
+                        "{m}"
+                    )
+                }
+                other => panic!("rank 1: expected the mismatch, got {other:?}"),
+            }
+        }
+    }
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
 }
@@ -417,3 +505,4 @@ two_rank_test!(
     more_rank
 );
 two_rank_test!(cross_host_all_reduce_replays_under_a_cuda_graph, graph_rank);
+two_rank_test!(cross_host_send_recv_moves_every_byte, send_recv_rank);

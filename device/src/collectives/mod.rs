@@ -95,6 +95,7 @@ pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
 pub mod types;
+pub mod xp2p;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
@@ -296,6 +297,10 @@ pub mod fault {
     /// A partner across hosts at another round ([`cross`](super::cross)): [`PEER`] is its
     /// host index, word 0 of [`OWN`] and [`THEIRS`] the two rounds, word 1 the tags.
     pub const AT_CROSS_ROUND: u64 = 10;
+    /// A send or receive with a rank on another host ([`xp2p`](super::xp2p)): [`PEER`] is
+    /// that rank; a mismatch holds the two sizes as
+    /// [`p2p_desc`](super::send_recv::p2p_desc)s.
+    pub const AT_XP2P: u64 = 11;
 }
 
 /// `u64` words of the fault area.

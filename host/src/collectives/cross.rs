@@ -365,18 +365,6 @@ impl Collectives {
         self.cross.as_ref()
     }
 
-    /// The error of a call that is not built across hosts.
-    pub(super) fn not_across_hosts(&self, call: &str) -> Result<(), CommError> {
-        match &self.cross {
-            None => Ok(()),
-            Some(c) => Err(CommError::InvalidArgument(format!(
-                "{call}: not supported across hosts (this Collectives spans {} hosts); \
-                 across hosts every collective but send/recv is built (GPU and Host backends)",
-                c.hosts()
-            ))),
-        }
-    }
-
     /// Runs `body` with the cross state locked, after the pending errors; a failure of the
     /// body is kept and returned by every later call (see the [module](self)). The body gets
     /// the shard's and the stage's addresses (host or device memory, by `ex`).

@@ -17,8 +17,10 @@
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
 //! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical
 //! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
-//! other collective is built across hosts but send/recv, which returns
-//! [`CommError::InvalidArgument`] naming the call. The cross-host step is a device kernel
+//! other collective is built across hosts. Send/recv with a rank on another host goes over
+//! two TCP channels per such rank, set up while there are at most
+//! [`CollConfig::p2p_remote_max`] of them (else refused with
+//! [`CommError::InvalidArgument`]). The cross-host step is a device kernel
 //! (`cross_step`, one block) on GPUs and the same code on a CPU thread on the Host backend;
 //! GPU calls stay stream-ordered and capturable. Every rank gets bit-identical results;
 //! sums are formed per host in rank order, then across hosts in host order
@@ -97,6 +99,7 @@ mod cross;
 mod gpu;
 mod more;
 mod proxy;
+mod xp2p;
 
 pub use cross::CROSS_TWO_SHOT_SAVES;
 pub use more::P2pOp;
@@ -385,6 +388,11 @@ pub struct CollConfig {
     /// [`RootedAlgo::Pipelined`]: the smallest piece (bytes; pieces aim at 8 per block,
     /// capped by what the scratch holds per block and depth). At most 16 MiB.
     pub rooted_piece_bytes: usize,
+    /// Across hosts: send/recv with ranks on other hosts is set up (two TCP channels and
+    /// `scratch_bytes / 8`, between 32 KiB and 2 MiB, of buffer per such rank) when there are at most
+    /// this many of them; above, such sends and receives are refused. Must be equal on every
+    /// rank.
+    pub p2p_remote_max: usize,
 }
 
 impl Default for CollConfig {
@@ -403,6 +411,7 @@ impl Default for CollConfig {
             reduce_algo: RootedAlgo::Auto,
             rooted_depth: 8,
             rooted_piece_bytes: 256 << 10,
+            p2p_remote_max: 16,
         }
     }
 }
@@ -410,8 +419,8 @@ impl Default for CollConfig {
 impl CollConfig {
     /// The defaults, with `MSCCLPP_COLL_SCRATCH_BYTES`, `MSCCLPP_COLL_PACKET_MAX_BYTES`,
     /// `MSCCLPP_COLL_MAX_BLOCKS`, `MSCCLPP_COLL_THREADS`, `MSCCLPP_P2P_PACKET_MAX_BYTES`,
-    /// `MSCCLPP_P2P_PACKET_BLOCKS`, `MSCCLPP_P2P_DEPTH`, `MSCCLPP_ROOTED_DEPTH` and
-    /// `MSCCLPP_ROOTED_PIECE_BYTES` applied when set.
+    /// `MSCCLPP_P2P_PACKET_BLOCKS`, `MSCCLPP_P2P_DEPTH`, `MSCCLPP_ROOTED_DEPTH`,
+    /// `MSCCLPP_ROOTED_PIECE_BYTES` and `MSCCLPP_P2P_REMOTE_MAX` applied when set.
     pub fn from_env() -> Result<CollConfig, CommError> {
         let mut c = CollConfig::default();
         let get = |name: &str| -> Result<Option<u64>, CommError> {
@@ -448,6 +457,9 @@ impl CollConfig {
         }
         if let Some(v) = get("MSCCLPP_ROOTED_PIECE_BYTES")? {
             c.rooted_piece_bytes = v as usize;
+        }
+        if let Some(v) = get("MSCCLPP_P2P_REMOTE_MAX")? {
+            c.p2p_remote_max = v as usize;
         }
         Ok(c)
     }
@@ -537,8 +549,11 @@ pub struct Collectives {
     proxy_pipe: proxy::ProxyPipe,
     gpu: Option<gpu::Kernels>,
     more: Option<more::Kernels>,
-    /// Sends and receives (one host only).
+    /// Sends and receives between the ranks of this host (every Collectives has it).
     p2p: Option<more::P2p>,
+    /// Sends and receives with ranks on other hosts (across hosts, unless there are more
+    /// than `p2p_remote_max` of those).
+    xp2p: Option<xp2p::XP2p>,
     /// Across hosts: the TCP channels to the partners and the staging (see `cross.rs`).
     cross: Option<cross::Cross>,
     /// The proxy channels' handles on the host (host backend kernels read them here).
@@ -652,6 +667,12 @@ impl Collectives {
                 .collect::<Result<Vec<_>, _>>()?;
             channels.push((p, data, sems, proxy));
         }
+        let remote_ranks = comm.nranks() - n;
+        let xp2p = if spans_hosts && remote_ranks <= config.p2p_remote_max {
+            Some(xp2p::XP2p::connect(&mut comm, &config, &topo)?)
+        } else {
+            None
+        };
         let cross = if spans_hosts {
             Some(cross::Cross::connect(&mut comm, &config, topo)?)
         } else {
@@ -709,16 +730,16 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
-        let p2p = match &cross {
-            None => Some(more::P2p::new(&mut comm, &config, &ctx)?),
-            Some(_) => None,
-        };
+        let p2p = Some(more::P2p::new(&mut comm, &config, &ctx, &group, rank)?);
         let gpu = match comm.backend() {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
             Backend::Host => None,
         };
         let cross = cross
             .map(|c| cross::Cross::finish(&comm, c, gpu.as_ref()))
+            .transpose()?;
+        let xp2p = xp2p
+            .map(|x| xp2p::XP2p::finish(&comm, x, gpu.as_ref()))
             .transpose()?;
         let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
         if comm.nranks() > 1 {
@@ -736,6 +757,7 @@ impl Collectives {
             gpu,
             more,
             p2p,
+            xp2p,
             cross,
             _host_conns: host_conns,
             _scratch: scratch,
@@ -856,6 +878,14 @@ impl Collectives {
     /// The error a kernel's record stands for.
     fn fault_error(&self, call: &str, rec: &FaultRecord) -> CommError {
         let me = self.rank();
+        // Across hosts the kernels inside a host name their peer by local index.
+        let rec = &match &self.cross {
+            Some(c) if rec.place != fault::AT_XP2P => FaultRecord {
+                peer: c.topo.group().get(rec.peer).copied().unwrap_or(rec.peer),
+                ..*rec
+            },
+            _ => *rec,
+        };
         match rec.kind {
             fault::MISMATCH if desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV => {
                 CommError::CallMismatch(format!("{call}: {}", p2p_mismatch(me, rec)))
@@ -1702,6 +1732,7 @@ fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
 fn place_name(place: u64) -> &'static str {
     match place {
         fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",
+        fault::AT_XP2P => "its matching send or receive, across hosts over TCP",
         fault::AT_SEMAPHORE => "a semaphore signal",
         fault::AT_PACKET => "data packets",
         fault::AT_DESCRIPTOR => "its call descriptor",

@@ -31,6 +31,7 @@ use mscclpp_device::collectives::send_recv::{
     MAX_P2P_OPS, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2P_TAIL_BYTES, P2pOp as DevP2pOp, P2pOps,
     p2p_piece,
 };
+use mscclpp_device::collectives::xp2p::XOps;
 use mscclpp_device::collectives::{
     CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc,
     one_shot_max_bytes,
@@ -1249,12 +1250,17 @@ impl P2p {
     /// it to every peer (collective; after the communicator's first connection setup and
     /// before its proxy starts). `base`: the collectives' context, whose fields the p2p
     /// context shares except the scratch, semaphores and expected words.
+    ///
+    /// Across hosts the context spans this rank's host: `group` holds its ranks (ascending,
+    /// `group[local]` this rank), and the kernel's peers are local indexes.
     pub(super) fn new(
         comm: &mut Communicator,
         config: &CollConfig,
         base: &CollContext,
+        group: &[usize],
+        local: usize,
     ) -> Result<P2p, CommError> {
-        let (n, rank) = (comm.nranks(), comm.rank());
+        let (n, rank) = (group.len(), local);
         let slot = p2p_slot(config);
         let packets = p2p_packets(config);
         // n slots, n packet scratches, the semaphores.
@@ -1267,7 +1273,10 @@ impl P2p {
         let transport = comm.backend().transport();
         let mut channels = Vec::new();
         for p in (0..n).filter(|&p| p != rank) {
-            channels.push((p, comm.connect_memory(p, &buf, TAG_P2P, transport, 0)?));
+            channels.push((
+                p,
+                comm.connect_memory(group[p], &buf, TAG_P2P, transport, 0)?,
+            ));
         }
         comm.connection_setup()?;
         let all = comm.memory_channels();
@@ -1361,7 +1370,6 @@ impl Collectives {
         ops: &[P2pOp],
         gpu_ranges: bool,
     ) -> Result<(P2pOps, u32), CommError> {
-        self.not_across_hosts(&format!("{call} (send/recv)"))?;
         if ops.len() > MAX_P2P_OPS {
             return Err(invalid(format!(
                 "{call}: {} operations; at most {MAX_P2P_OPS} in one group",
@@ -1394,6 +1402,19 @@ impl Collectives {
             if peer == self.rank() {
                 return Err(invalid(format!(
                     "{call}: {what} the own rank {peer} is not supported; copy locally instead"
+                )));
+            }
+            if let Some(c) = self.cross()
+                && !c.topo.group().contains(&peer)
+                && self.xp2p.is_none()
+            {
+                return Err(invalid(format!(
+                    "{call}: {what} rank {peer}, on another host: send/recv across hosts is \
+                     off for this Collectives ({} ranks on other hosts, more than \
+                     CollConfig::p2p_remote_max = {}; each would take two TCP channels); \
+                     raise it (MSCCLPP_P2P_REMOTE_MAX) on every rank",
+                    self.nranks() - c.topo.group().len(),
+                    self.config.p2p_remote_max
                 )));
             }
             let bytes = checked_bytes(call, count, dtype.size())?;
@@ -1436,10 +1457,41 @@ impl Collectives {
         Ok((out, stage))
     }
 
-    /// The p2p state, which every Collectives on one host has ([`p2p_ops`](Self::p2p_ops)
-    /// refuses calls across hosts first).
+    /// The p2p state of this rank's host (every Collectives has it).
     fn p2p_one_host(&self) -> &P2p {
-        self.p2p.as_ref().expect("one host (checked by p2p_ops)")
+        self.p2p.as_ref().expect("built by Collectives::new")
+    }
+
+    /// Splits checked operations (peers as job ranks) into those with ranks of this host
+    /// (peers as local indexes, for the p2p kernel) and those with ranks on other hosts
+    /// (for [`xp2p`](super::xp2p)); each keeps the call order.
+    fn p2p_split(&self, ops: &P2pOps) -> (P2pOps, XOps) {
+        let mut local = P2pOps { count: 0, ..*ops };
+        let mut remote = XOps::default();
+        for op in &ops.ops[..ops.count as usize] {
+            let g = op.peer as usize;
+            match (&self.xp2p, self.cross()) {
+                (Some(x), _) if x.remote(g).is_some() => {
+                    remote.ops[remote.count as usize] = x.op(op.buf, op.bytes, g, op.send != 0);
+                    remote.count += 1;
+                }
+                (_, c) => {
+                    let peer = c.map_or(g, |c| {
+                        c.topo
+                            .group()
+                            .iter()
+                            .position(|&r| r == g)
+                            .expect("checked")
+                    });
+                    local.ops[local.count as usize] = DevP2pOp {
+                        peer: peer as u32,
+                        ..*op
+                    };
+                    local.count += 1;
+                }
+            }
+        }
+        (local, remote)
     }
 
     /// Most blocks of one transfer on a GPU: a group has up to `2 * (nranks - 1)` lanes side
@@ -1449,7 +1501,7 @@ impl Collectives {
     /// at most [`P2P_MAX_BLOCKS`] and `max_blocks`. Equal on every rank (it depends only on
     /// the rank count and the config), as both sides of a transfer must cut it alike.
     fn p2p_max_blocks(&self) -> u32 {
-        let lanes = 2 * (self.nranks().max(2) as u32 - 1);
+        let lanes = 2 * (self.ctx.nranks.max(2) - 1);
         (128 / lanes).clamp(1, P2P_MAX_BLOCKS.min(self.config.max_blocks))
     }
 
@@ -1577,8 +1629,26 @@ impl Collectives {
         Ok(())
     }
 
-    /// Launches the p2p kernel for `ops` on `stream`.
-    fn p2p_launch(
+    /// Queues `ops` on `stream`: the p2p kernel for the transfers inside this host, then
+    /// the `xp2p` kernel for those with other hosts.
+    fn p2p_launch(&self, call: &str, ops: P2pOps, stream: &CudaStream) -> Result<(), CommError> {
+        let (local, remote) = self.p2p_split(&ops);
+        if local.count > 0 {
+            self.p2p_launch_local(call, local, stream)?;
+        }
+        if remote.count > 0 {
+            let x = self
+                .xp2p
+                .as_ref()
+                .expect("remote operations need it (p2p_ops)");
+            // SAFETY: the ranges were checked (p2p_ops) and the caller keeps them valid.
+            self.noted(unsafe { x.launch(call, remote, self.config.threads, stream) })?;
+        }
+        Ok(())
+    }
+
+    /// Launches the p2p kernel for `ops` (peers as local indexes) on `stream`.
+    fn p2p_launch_local(
         &self,
         call: &str,
         mut ops: P2pOps,
@@ -1737,20 +1807,32 @@ impl Collectives {
             staged.push(data.to_vec());
             op.buf = staged.last().expect("pushed").as_ptr() as u64;
         }
-        // Two blocks per transfer at most: CPU threads.
-        let blocks = self.p2p_plan(&mut ops, 2);
-        let ctx = &*self.p2p_one_host().ctx as *const CollContext as u64;
-        launch(Dim3::x(blocks), Dim3::x(2), || {
-            // SAFETY: the p2p context (boxed, alive as long as self) holds this
-            // communicator's shared memory; the buffers are valid (caller contract).
-            unsafe { k::p2p(ctx as *const CollContext, ops) }
-        })
-        .map_err(|e| {
-            CommError::State(format!(
-                "{call}: the transfer kernel failed on this rank ({e}): a bug or a broken \
-                 contract, not a peer's doing"
-            ))
-        })?;
+        let (mut local, remote) = self.p2p_split(&ops);
+        if local.count > 0 {
+            // Two blocks per transfer at most: CPU threads.
+            let blocks = self.p2p_plan(&mut local, 2);
+            let ctx = &*self.p2p_one_host().ctx as *const CollContext as u64;
+            launch(Dim3::x(blocks), Dim3::x(2), || {
+                // SAFETY: the p2p context (boxed, alive as long as self) holds this
+                // communicator's shared memory; the buffers are valid (caller contract).
+                unsafe { k::p2p(ctx as *const CollContext, local) }
+            })
+            .map_err(|e| {
+                CommError::State(format!(
+                    "{call}: the transfer kernel failed on this rank ({e}): a bug or a broken \
+                     contract, not a peer's doing"
+                ))
+            })?;
+        }
+        if remote.count > 0 {
+            let x = self
+                .xp2p
+                .as_ref()
+                .expect("remote operations need it (p2p_ops)");
+            // SAFETY: the buffers are valid host memory for the call (caller contract;
+            // staged sends kept alive above).
+            unsafe { x.run_host(&remote) };
+        }
         // A transfer of another size than the peer's, or a wait that gave up (a peer did not
         // post the matching operation within the device timeout, or an abort), recorded why.
         self.check_fault(call, true)
