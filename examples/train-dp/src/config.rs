@@ -98,6 +98,12 @@ pub struct Args {
     /// to the overlapped backward GEMMs. GPU only: the Host transport checks and records it.
     #[arg(long)]
     pub allreduce_blocks: Option<u32>,
+    /// Split the ranks into N simulated hosts (rank r on `simhost{r * N / nranks}`, as
+    /// `MSCCLPP_HOST_ID` would on real machines), so the gradient all-reduce runs across
+    /// hosts: the ranks of a host over memory channels, the hosts over TCP on loopback. N
+    /// must divide the rank count.
+    #[arg(long, value_name = "N")]
+    pub simulate_hosts: Option<usize>,
     /// Use TF32 tensor cores in cuBLAS (faster; the gradient check's bound then does not
     /// hold and the check is skipped unless `--check-grads`).
     #[arg(long)]

@@ -26,6 +26,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use mscclpp::host::bootstrap::BlockingBootstrap;
 use mscclpp::host::collectives::{CollConfig, Collectives};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::device_count;
@@ -178,7 +179,22 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
         // Before the bootstrap starts threads: may replace this process.
         libs::reexec_if_needed(args.compare.is_some())?;
     }
-    let bootstrap = launch.blocking_bootstrap()?;
+    let bootstrap = match args.simulate_hosts {
+        None => launch.blocking_bootstrap()?,
+        Some(h) => {
+            if h == 0 || !launch.nranks.is_multiple_of(h) {
+                return Err(format!(
+                    "--simulate-hosts {h} does not divide the {} ranks (every simulated host \
+                     needs the same number of ranks)",
+                    launch.nranks
+                )
+                .into());
+            }
+            let host = format!("simhost{}", launch.rank * h / launch.nranks);
+            let config = launch.config().with_host_id(host);
+            BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)?
+        }
+    };
     let backend = if on_gpu {
         Backend::auto(bootstrap.local_rank())?
     } else {
@@ -204,6 +220,18 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
     }
     let coll_max_blocks = coll_config.max_blocks;
     let coll = Collectives::new(comm, coll_config)?;
+    if ranks.rank == 0 && coll.hosts() > 1 {
+        println!(
+            "across {} hosts (simulated: --simulate-hosts): the all-reduce runs inside each \
+             host, then across hosts over TCP ({} for a {:.0} KiB bucket)",
+            coll.hosts(),
+            match coll.choose_all_reduce(cfg.bucket_bytes) {
+                mscclpp::host::collectives::AllReduceAlgo::TwoShot => "two-shot",
+                _ => "one-shot",
+            },
+            cfg.bucket_bytes as f64 / 1024.0
+        );
+    }
     let baseline = if cfg.baseline {
         Some(baseline::run(
             &cfg,

@@ -151,6 +151,27 @@ fn one_two_three_ranks_train_and_agree() {
 }
 
 #[test]
+fn four_ranks_on_two_simulated_hosts_train_and_agree_with_one() {
+    let (r1, p1) = ok_run(1, &[], "sim1");
+    let (r4, p4) = ok_run(4, &["--simulate-hosts", "2"], "sim4");
+    check_healthy(&r4, 4);
+    close_losses(&losses(&r4), &losses(&r1));
+    let d = max_diff(&p4, &p1);
+    assert!(
+        d <= PARAM_TOL,
+        "4 ranks on 2 hosts vs 1: parameters differ by {d}"
+    );
+    // A host count that does not divide the ranks is refused.
+    let (out, _, _) = run(4, &["--simulate-hosts", "3"], &[], "sim-bad");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--simulate-hosts 3 does not divide the 4 ranks"),
+        "{err}"
+    );
+}
+
+#[test]
 fn overlap_does_not_change_results_and_bf16_trains() {
     let (a, pa) = ok_run(2, &[], "ov");
     let (b, pb) = ok_run(2, &["--no-overlap"], "noov");
