@@ -296,6 +296,37 @@ fn more_rank() {
     println!("rank {r}: ok");
 }
 
+/// One group: `len` bytes at `send` to `next`, from `prev` into `recv`; synchronized.
+///
+/// # Safety
+/// Both ranges device memory of `len` bytes until the call returns.
+unsafe fn ring(
+    c: &Collectives,
+    stream: &Arc<CudaStream>,
+    send: u64,
+    recv: u64,
+    len: usize,
+    (next, prev): (usize, usize),
+) {
+    let ops = [
+        P2pOp::Send {
+            buf: send,
+            count: len,
+            dtype: DataType::U8,
+            peer: next,
+        },
+        P2pOp::Recv {
+            buf: recv,
+            count: len,
+            dtype: DataType::U8,
+            peer: prev,
+        },
+    ];
+    // SAFETY: caller contract.
+    unsafe { c.group(&ops, stream) }.unwrap();
+    c.synchronize(stream).unwrap();
+}
+
 /// Send/recv with ranks on the other host (the `xp2p` kernel over TCP) and, with two ranks
 /// per host, inside the host in the same group: a ring exchange (send to the next rank,
 /// receive from the previous) of 4 B to 8 MiB + 4 (many 256 KiB pieces), out of place and
@@ -317,23 +348,8 @@ fn send_recv_rank() {
         let send: CudaSlice<u8> = stream.clone_htod(&data(r, seed, len)).unwrap();
         let recv: CudaSlice<u8> = stream.alloc_zeros(len).unwrap();
         let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
-        let ops = [
-            P2pOp::Send {
-                buf: sp,
-                count: len,
-                dtype: DataType::U8,
-                peer: next,
-            },
-            P2pOp::Recv {
-                buf: rp,
-                count: len,
-                dtype: DataType::U8,
-                peer: prev,
-            },
-        ];
         // SAFETY: the slices live until the synchronize.
-        unsafe { c.group(&ops, &stream) }.unwrap();
-        c.synchronize(&stream).unwrap();
+        unsafe { ring(&c, &stream, sp, rp, len, (next, prev)) };
         let got = stream.clone_dtoh(&recv).unwrap();
         let (bad, first) = mismatches(&got, &data(prev, seed, len), 1);
         assert_eq!(
@@ -341,23 +357,8 @@ fn send_recv_rank() {
             "rank {r}: {len} B from rank {prev}: first bad bytes {first:?}"
         );
         // In place: the same buffer sent and received (the send is staged first).
-        let ops = [
-            P2pOp::Send {
-                buf: sp,
-                count: len,
-                dtype: DataType::U8,
-                peer: next,
-            },
-            P2pOp::Recv {
-                buf: sp,
-                count: len,
-                dtype: DataType::U8,
-                peer: prev,
-            },
-        ];
         // SAFETY: as above.
-        unsafe { c.group(&ops, &stream) }.unwrap();
-        c.synchronize(&stream).unwrap();
+        unsafe { ring(&c, &stream, sp, sp, len, (next, prev)) };
         let got = stream.clone_dtoh(&send).unwrap();
         let (bad, _) = mismatches(&got, &data(prev, seed, len), 1);
         assert_eq!(bad, 0, "rank {r}: in place, {len} B from rank {prev}");

@@ -214,6 +214,43 @@ pub(super) struct Pending {
     channels: Vec<(usize, usize)>,
 }
 
+/// The address of a registered buffer (device or host memory).
+pub(super) fn buffer_addr(b: &Buffer) -> u64 {
+    b.device_ptr()
+        .or_else(|| b.host_ptr().map(|a| a as u64))
+        .expect("a buffer has an address")
+}
+
+/// A [`CollContext`] for a step over proxy channels alone (the cross-host step, the xp2p
+/// transfers): `(rank, nranks)` as the step counts them, the buffer's `(address, slot
+/// bytes)` as its scratch, its own state words and handles, the communicator's timeout and
+/// fault area; the memory-channel fields null.
+pub(super) fn proxy_context(
+    comm: &Communicator,
+    (rank, nranks): (usize, usize),
+    (base, slot): (u64, usize),
+    state: *mut u64,
+    conns: *const DevConn<'static>,
+) -> CollContext {
+    CollContext {
+        rank: rank as u32,
+        nranks: nranks as u32,
+        timeout_ns: comm.device_timeout().as_nanos().min(u64::MAX as u128) as u64,
+        scratch_len: slot as u64,
+        packets_len: 0,
+        scratch: base as *mut u8,
+        peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
+        packets_in: [std::ptr::null_mut(); MAX_RANKS],
+        packets_out: [std::ptr::null_mut(); MAX_RANKS],
+        sems: std::ptr::null_mut(),
+        peer_sems: [std::ptr::null_mut(); MAX_RANKS],
+        expected: std::ptr::null_mut(),
+        state,
+        conns,
+        fault: comm.fault_area().kernel_ptr(),
+    }
+}
+
 /// Whether a fault record is a cross-host step's.
 pub(super) fn is_cross(place: u64) -> bool {
     matches!(place, fault::AT_CROSS | fault::AT_CROSS_ROUND)
@@ -261,29 +298,15 @@ impl Cross {
         }
         let nlocal = p.topo.group().len();
         let payload = p.slot - HDR;
-        let base = p
-            .buf
-            .device_ptr()
-            .or_else(|| p.buf.host_ptr().map(|a| a as u64))
-            .expect("a buffer has an address");
+        let base = buffer_addr(&p.buf);
         let mut host_state = vec![0u64; STATE_WORDS].into_boxed_slice();
-        let ctx = CollContext {
-            rank: p.topo.host as u32,
-            nranks: nh as u32,
-            timeout_ns: comm.device_timeout().as_nanos().min(u64::MAX as u128) as u64,
-            scratch_len: p.slot as u64,
-            packets_len: 0,
-            scratch: base as *mut u8,
-            peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
-            packets_in: [std::ptr::null_mut(); MAX_RANKS],
-            packets_out: [std::ptr::null_mut(); MAX_RANKS],
-            sems: std::ptr::null_mut(),
-            peer_sems: [std::ptr::null_mut(); MAX_RANKS],
-            expected: std::ptr::null_mut(),
-            state: host_state.as_mut_ptr(),
-            conns: conns.as_ptr(),
-            fault: comm.fault_area().kernel_ptr(),
-        };
+        let ctx = proxy_context(
+            comm,
+            (p.topo.host, nh),
+            (base, p.slot),
+            host_state.as_mut_ptr(),
+            conns.as_ptr(),
+        );
         let gpu = match (comm.backend(), kernels) {
             (Backend::Gpu(g), Some(k)) => {
                 Some(GpuCross::load(g, k, &ctx, &conns, payload, nlocal)?)

@@ -11,10 +11,10 @@ use std::sync::Mutex;
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
+use mscclpp_device::collectives::STATE_WORDS;
 use mscclpp_device::collectives::xp2p::{self as xk, COUNTERS, XContext, XOp, XOps};
-use mscclpp_device::collectives::{CollContext, MAX_RANKS, STATE_WORDS};
 
-use super::cross::Topology;
+use super::cross::{Topology, buffer_addr, proxy_context};
 use super::{CollConfig, gpu};
 use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu};
@@ -157,32 +157,16 @@ impl XP2p {
         for (j, &g) in p.remotes.iter().enumerate() {
             remote[g] = Some((j as u32, p.at_peer[j]));
         }
-        let base = p
-            .buf
-            .device_ptr()
-            .or_else(|| p.buf.host_ptr().map(|a| a as u64))
-            .expect("a buffer has an address");
         let mut state = vec![0u64; STATE_WORDS].into_boxed_slice();
         let mut counters = vec![0u64; COUNTERS * p.remotes.len().max(1)].into_boxed_slice();
-        let coll = CollContext {
-            rank: comm.rank() as u32,
-            nranks: comm.nranks() as u32,
-            timeout_ns: comm.device_timeout().as_nanos().min(u64::MAX as u128) as u64,
-            scratch_len: p.slot as u64,
-            packets_len: 0,
-            scratch: base as *mut u8,
-            peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
-            packets_in: [std::ptr::null_mut(); MAX_RANKS],
-            packets_out: [std::ptr::null_mut(); MAX_RANKS],
-            sems: std::ptr::null_mut(),
-            peer_sems: [std::ptr::null_mut(); MAX_RANKS],
-            expected: std::ptr::null_mut(),
-            state: state.as_mut_ptr(),
-            conns: conns.as_ptr(),
-            fault: comm.fault_area().kernel_ptr(),
-        };
         let ctx = XContext {
-            coll,
+            coll: proxy_context(
+                comm,
+                (comm.rank(), comm.nranks()),
+                (buffer_addr(&p.buf), p.slot),
+                state.as_mut_ptr(),
+                conns.as_ptr(),
+            ),
             counters: counters.as_mut_ptr(),
             depth: DEPTH,
         };
