@@ -483,6 +483,9 @@ fn one_per_host_rank() {
     let big = from / 4 + 1001;
     check_all_reduce::<f32>(&c, &[big], &[ReduceOp::Sum, ReduceOp::Min], false);
     check_sum_order(&c, &[5, big]);
+    // Reduce and broadcast as large take their two-shot forms too.
+    check_reduce::<f32>(&c, &[big], &[ReduceOp::Sum]);
+    check_broadcast(&c, &[from / 2 + 1]);
     check_all_reduce::<f32>(&c, &[1, 3, 5001], &ALL_OPS, false);
     check_all_gather::<u8>(&c, &[1, 3, 5001]);
     check_reduce_scatter::<i32>(&c, &[3, 1001], &[ReduceOp::Sum, ReduceOp::Avg]);
@@ -515,6 +518,11 @@ fn two_shot_rank() {
     check_all_reduce::<i64>(&c, &[3, 777], &[ReduceOp::Prod, ReduceOp::Min], false);
     let differs = check_sum_order(&c, &[1, 7, 4099, 20_001]);
     assert!(differs, "the inputs never told host order from rank order");
+    // The forced setting takes the reduce two-shot too (gathered on the root's host only).
+    check_reduce::<f32>(&c, &[1, 2, 3001], &[ReduceOp::Sum, ReduceOp::Avg]);
+    check_reduce::<i64>(&c, &[5, 1001], &[ReduceOp::Prod, ReduceOp::Min]);
+    // Broadcasts of at least 384 KiB go two-shot across three hosts (scatter, gather).
+    check_broadcast(&c, &[3, 200_001]);
     // The other collectives are unaffected and still work after the two-shot calls.
     check_reduce_scatter::<f32>(&c, &[3, 1001], &[ReduceOp::Sum]);
     check_all_gather::<u8>(&c, &[3, 1001]);
@@ -522,9 +530,10 @@ fn two_shot_rank() {
     println!("rank {}: ok", c.rank());
 }
 
-/// 6 processes as 3 interleaved hosts of 2 ranks with the two-shot all-reduce across hosts
-/// forced: every operation and several types against the CPU reference, and f32 sums in
-/// host order bit for bit (the same bits as one-shot).
+/// 6 processes as 3 interleaved hosts of 2 ranks with the two-shot all-reduce (and reduce)
+/// across hosts forced: every operation and several types against the CPU reference, f32
+/// sums in host order bit for bit (the same bits as one-shot), reduce to every root, and a
+/// broadcast large enough for its two-shot form from every root.
 #[test]
 fn cross_host_two_shot_all_reduce_3x2() {
     if child() {

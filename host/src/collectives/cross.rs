@@ -214,6 +214,20 @@ pub(super) struct Pending {
     channels: Vec<(usize, usize)>,
 }
 
+/// Whether splitting `bytes` that one rank would send whole to every other host into a
+/// scatter and a gather across hosts saves [`CROSS_TWO_SHOT_SAVES`] bytes on its link: from
+/// three hosts (`hosts - 1` copies against `2 * (hosts - 1) / hosts`).
+pub(super) fn two_shot_pays(hosts: usize, bytes: usize) -> bool {
+    hosts >= 3 && (hosts - 1) * bytes - 2 * (hosts - 1) * bytes / hosts >= CROSS_TWO_SHOT_SAVES
+}
+
+/// The algorithm code (the descriptor's [`desc::ALGO_SHIFT`] field) of the two-shot forms
+/// across hosts, for all-reduce, reduce and broadcast alike (one-shot's is 0).
+fn two_shot_code() -> u64 {
+    let tag = all_reduce_tag(AllReduceAlgo::TwoShot, DataType::F32, ReduceOp::Sum);
+    desc::field(tag, desc::ALGO_SHIFT)
+}
+
 /// The address of a registered buffer (device or host memory).
 pub(super) fn buffer_addr(b: &Buffer) -> u64 {
     b.device_ptr()
@@ -652,7 +666,8 @@ impl Collectives {
         }
     }
 
-    /// The all-reduce algorithm across hosts for `requested` and `bytes` per rank:
+    /// The all-reduce (and reduce) algorithm across hosts for `requested` and `bytes` per
+    /// rank:
     /// [`AllReduceAlgo::OneShot`] (every partner gets this rank's whole shard, one round) or
     /// [`AllReduceAlgo::TwoShot`] (the shard reduce-scattered across hosts, then the pieces
     /// all-gathered: two rounds, `2 / H` of one-shot's bytes for `H` hosts). `OneShot` and
@@ -679,10 +694,7 @@ impl Collectives {
         {
             return a;
         }
-        let h = cross.hosts();
-        let shard = bytes.div_ceil(cross.nlocal());
-        let saved = (h - 1) * shard - 2 * (h - 1) * shard / h;
-        if h >= 3 && saved >= CROSS_TWO_SHOT_SAVES {
+        if two_shot_pays(cross.hosts(), bytes.div_ceil(cross.nlocal())) {
             AllReduceAlgo::TwoShot
         } else {
             AllReduceAlgo::OneShot
@@ -715,7 +727,11 @@ impl Collectives {
                     desc::REDUCE,
                     super::dtype_code(dtype),
                     super::op_desc(op),
-                    0,
+                    if algo == AllReduceAlgo::TwoShot {
+                        two_shot_code()
+                    } else {
+                        0
+                    },
                     r as u64,
                 ),
             },
@@ -768,10 +784,10 @@ impl Collectives {
         });
         let call = call.as_str();
         check_avg(call, op, dtype, self.nranks())?;
-        if root.is_none() && algo == AllReduceAlgo::TwoShot {
+        if algo == AllReduceAlgo::TwoShot {
             // SAFETY: caller contract.
             return unsafe {
-                self.cross_all_reduce_two_shot(ex, call, send, recv, count, dtype, op)
+                self.cross_all_reduce_two_shot(ex, call, send, recv, count, dtype, op, root)
             };
         }
         let s = dtype.size();
@@ -836,18 +852,20 @@ impl Collectives {
         })
     }
 
-    /// Across hosts: the two-shot all-reduce on `ex`. Per round, `L * c` elements (`L` ranks
-    /// per host, `c` a multiple of the host count `H`): the local reduce-scatter leaves this
-    /// host's partial of the shard of this local index (`c` elements, summed in local rank
-    /// order); piece `h` of it (`c / H` elements) goes to send slot `h`; a
-    /// [`PER_DEST`] step reduces this host's piece over the hosts in host order (so the bits
-    /// are one-shot's); a [`GATHER`] step hands every partner the reduced piece; the local
-    /// all-gather spreads the shards. Each rank sends `2 * (H - 1) * c / H` elements to the
-    /// other hosts where one-shot sends `(H - 1) * c`.
+    /// Across hosts: the two-shot all-reduce on `ex` (with `root`, a reduce). Per round,
+    /// `L * c` elements (`L` ranks per host, `c` a multiple of the host count `H`): the local
+    /// reduce-scatter leaves this host's partial of the shard of this local index (`c`
+    /// elements, summed in local rank order); piece `h` of it (`c / H` elements) goes to
+    /// send slot `h`; a [`PER_DEST`] step reduces this host's piece over the hosts in host
+    /// order (so the bits are one-shot's); a [`GATHER`] step hands every partner (a reduce:
+    /// the root's host only) the reduced piece; the local all-gather spreads the shards (a
+    /// reduce: on the root's host, and only the root keeps the result). Each rank sends `2 *
+    /// (H - 1) * c / H` elements to the other hosts where one-shot sends `(H - 1) * c` (a
+    /// reduce: the root's host receives `2 * (H - 1) * c / H` instead of `(H - 1) * c`).
     ///
     /// # Safety
-    /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint),
-    /// until the stream ran the call.
+    /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint;
+    /// `recv` on the root only for a reduce), until the stream ran the call.
     #[allow(clippy::too_many_arguments)]
     unsafe fn cross_all_reduce_two_shot(
         &self,
@@ -858,13 +876,27 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
+        root: Option<usize>,
     ) -> Result<(), CommError> {
         let s = dtype.size();
         self.cross_call(call, ex, |cross, shard, stage| {
             let (descr, _, step_op) =
-                self.all_reduce_plan(cross, count, dtype, op, None, AllReduceAlgo::TwoShot);
+                self.all_reduce_plan(cross, count, dtype, op, root, AllReduceAlgo::TwoShot);
             let scatter = xk::flags(REDUCE | PER_DEST, self.nranks() as u32);
-            let gather = xk::flags(GATHER, 0);
+            let me = cross.topo.host;
+            // A reduce: the gather goes to the root's host only, whose ranks gather the
+            // shards; the root keeps the result.
+            let root_host = root.map(|r| {
+                (0..cross.hosts())
+                    .find(|&h| cross.topo.hosts[h].contains(&r))
+                    .expect("root checked")
+            });
+            let gather = match root_host {
+                None => xk::flags(GATHER, 0),
+                Some(h) => xk::to_host(xk::flags(GATHER, 0), h as u32),
+            };
+            let reducing = root_host.is_none_or(|h| h == me);
+            let is_root = root.is_none_or(|r| r == self.rank());
             let (nl, nh) = (cross.nlocal(), cross.hosts());
             // A piece fills at most a slot's payload; a shard (nh pieces) at most the shard
             // buffer (one payload).
@@ -899,19 +931,29 @@ impl Collectives {
                     }
                     // 2. This host's piece of the shard, reduced over the hosts in host order
                     // (the average's quotient included) into its place in the result.
-                    let whole = if nl == 1 && len == c { at(recv) } else { shard };
-                    let mine = whole + (cross.topo.host * q * s) as u64;
+                    let direct = nl == 1 && len == c && root.is_none();
+                    let whole = if direct { at(recv) } else { shard };
+                    let mine = whole + (me * q * s) as u64;
                     self.x_step(ex, cross, call, 0, mine, descr, q * s, scatter, 0)?;
-                    // 3. Every host's reduced piece to every partner: the whole shard.
-                    self.x_step(ex, cross, call, mine, whole, descr, q * s, gather, q * s)?;
-                    // 4. Every local index's shard to every local rank.
-                    if nl == 1 {
-                        self.x_copy(ex, at(recv), whole, len * s)?;
-                    } else if len == nl * c {
+                    // 3. Every host's reduced piece to every partner (a reduce: to the root's
+                    // host only): the whole shard.
+                    let out = if reducing { whole } else { 0 };
+                    self.x_step(ex, cross, call, mine, out, descr, q * s, gather, q * s)?;
+                    // 4. Every local index's shard to every local rank (a reduce: on the
+                    // root's host, kept by the root only).
+                    if !reducing {
+                        // The root's host has it all.
+                    } else if nl == 1 {
+                        if is_root {
+                            self.x_copy(ex, at(recv), whole, len * s)?;
+                        }
+                    } else if len == nl * c && root.is_none() {
                         self.local_all_gather(ex, call, shard, at(recv), c * s, dtype)?;
                     } else {
                         self.local_all_gather(ex, call, shard, stage, c * s, dtype)?;
-                        self.x_copy(ex, at(recv), stage, len * s)?;
+                        if is_root {
+                            self.x_copy(ex, at(recv), stage, len * s)?;
+                        }
                     }
                 }
                 off += len;
@@ -1068,9 +1110,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = ex.name("broadcast");
         let call = call.as_str();
-        let tag = desc::rooted_tag(desc::BROADCAST, super::dtype_code(dtype), 0, 0, root as u64);
-        let descr = [bytes as u64, tag];
-        self.cross_call(call, ex, |cross, _, _| {
+        self.cross_call(call, ex, |cross, shard, _| {
             let topo = &cross.topo;
             let root_host = (0..topo.hosts.len())
                 .find(|&h| topo.hosts[h].contains(&root))
@@ -1079,7 +1119,24 @@ impl Collectives {
                 .iter()
                 .position(|&r| r == root)
                 .expect("listed");
-            if topo.local == root_local {
+            let two_shot = two_shot_pays(cross.hosts(), bytes);
+            let code = if two_shot { two_shot_code() } else { 0 };
+            let tag = desc::rooted_tag(
+                desc::BROADCAST,
+                super::dtype_code(dtype),
+                0,
+                code,
+                root as u64,
+            );
+            let descr = [bytes as u64, tag];
+            if topo.local == root_local && two_shot {
+                // SAFETY: caller contract; the shard is the cross state's.
+                unsafe {
+                    self.broadcast_two_shot(
+                        ex, call, cross, send, recv, bytes, root_host, descr, shard,
+                    )?
+                };
+            } else if topo.local == root_local {
                 let me = topo.host;
                 let mut off = 0;
                 while off < bytes {
@@ -1106,6 +1163,66 @@ impl Collectives {
             }
             Ok(())
         })
+    }
+
+    /// The cross-host part of a two-shot broadcast from host `root_host` (its rank of this
+    /// local index is the root): per round, `p` bytes in `H` pieces of `q`; the root puts
+    /// piece `h` to host `h` alone (a [`PER_DEST`] [`PICK`] step, the others send headers),
+    /// then a [`GATHER`] step hands every partner every piece. The root's link carries `2 *
+    /// (H - 1) / H` of the bytes instead of `H - 1` times them.
+    ///
+    /// # Safety
+    /// As for [`cross_broadcast`](Self::cross_broadcast); `shard` the cross state's.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn broadcast_two_shot(
+        &self,
+        ex: Exec<'_>,
+        call: &str,
+        cross: &Cross,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        root_host: usize,
+        descr: [u64; 2],
+        shard: u64,
+    ) -> Result<(), CommError> {
+        let (nh, me) = (cross.hosts(), cross.topo.host);
+        let most = cross.payload() / nh;
+        let scatter = if me == root_host {
+            xk::flags(PICK | PER_DEST, 0)
+        } else {
+            xk::flags(PICK | PER_DEST | HEADER_ONLY, 0)
+        };
+        let gather = xk::flags(GATHER, 0);
+        let mut off = 0;
+        while off < bytes {
+            let p = (bytes - off).min(nh * most);
+            let q = p.div_ceil(nh);
+            // Straight into recv when the pieces fill it exactly, else through the shard
+            // (payload >= nh * q bytes).
+            let direct = p == nh * q;
+            let whole = if direct { recv + off as u64 } else { shard };
+            let mine = whole + (me * q) as u64;
+            // SAFETY (every step below): send holds bytes on the root, recv bytes (caller
+            // contract); a send slot's payload holds q bytes.
+            unsafe {
+                if me == root_host {
+                    for h in 0..nh {
+                        // The last pieces may be short (or empty) past p.
+                        let valid = p.saturating_sub(h * q).min(q);
+                        let from = send + (off + h * q) as u64;
+                        self.x_copy(ex, cross.send_payload(h), from, valid)?;
+                    }
+                }
+                self.x_step(ex, cross, call, 0, mine, descr, q, scatter, root_host)?;
+                self.x_step(ex, cross, call, mine, whole, descr, q, gather, q)?;
+                if !direct {
+                    self.x_copy(ex, recv + off as u64, shard, p)?;
+                }
+            }
+            off += p;
+        }
+        Ok(())
     }
 
     /// Across hosts: all-to-all of `bytes` per pair on `ex` (`send` and `recv` hold `nranks *
@@ -1212,13 +1329,13 @@ impl Exec<'_> {
 /// one-host kernels'; these calls carry none).
 fn describe(d: [u64; 2]) -> String {
     let [n, tag] = d;
-    // The two-shot all-reduce's descriptor holds the count in elements, as one-shot's: its
-    // algorithm code is read here, and the rest as one-shot's.
-    let two_shot = all_reduce_tag(AllReduceAlgo::TwoShot, DataType::F32, ReduceOp::Sum);
-    let algo_mask = 0xff << desc::ALGO_SHIFT;
-    let kind_mask = 0xff << desc::KIND_SHIFT;
-    let (tag, how) = if tag & (algo_mask | kind_mask) == two_shot & (algo_mask | kind_mask) {
-        (tag & !algo_mask, "two-shot across hosts")
+    // The two-shot forms' descriptors hold what one-shot's hold: their algorithm code is
+    // read here, and the rest as one-shot's.
+    let kind = desc::field(tag, desc::KIND_SHIFT);
+    let two_shot = matches!(kind, desc::ALL_REDUCE | desc::REDUCE | desc::BROADCAST)
+        && desc::field(tag, desc::ALGO_SHIFT) == two_shot_code();
+    let (tag, how) = if two_shot {
+        (tag & !(0xff << desc::ALGO_SHIFT), "two-shot across hosts")
     } else {
         (tag, "across hosts")
     };

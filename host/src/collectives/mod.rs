@@ -30,8 +30,11 @@
 //! (the shard reduce-scattered across hosts, then all-gathered: two rounds, `2 / H` of the
 //! bytes for `H` hosts); [`AllReduceAlgo::OneShot`] / [`AllReduceAlgo::TwoShot`] (argument,
 //! `MSCCLPP_ALLREDUCE_ALGO`, config) force one, and both give the same bits.
-//! [`Collectives::choose_all_reduce`] tells which `Auto` takes. The other algorithm
-//! arguments and `MSCCLPP_*_ALGO` choose nothing across hosts.
+//! [`Collectives::choose_all_reduce`] tells which `Auto` takes. A reduce takes the same
+//! choice (its two-shot form gathers the reduced pieces on the root's host only), and a
+//! broadcast of at least as many bytes goes two-shot too (the root scatters one piece to
+//! each host, then the hosts all-gather them). The other algorithm arguments and
+//! `MSCCLPP_*_ALGO` choose nothing across hosts.
 //!
 //! # Ordering and failures
 //!

@@ -546,7 +546,12 @@ impl Collectives {
                     p.dtype,
                     p.op.expect("a reduction"),
                     Some(p.root),
-                    super::AllReduceAlgo::OneShot,
+                    // As the all-reduce decides (a reduce's bytes per rank: pair_bytes).
+                    self.cross_all_reduce_algo(
+                        self.cross().expect("across hosts"),
+                        super::AllReduceAlgo::Auto,
+                        p.pair_bytes,
+                    ),
                 ),
                 Kind::AllToAll => self.cross_all_to_all(ex, send, recv, p.pair_bytes, p.dtype),
             }
