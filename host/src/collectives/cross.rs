@@ -271,12 +271,13 @@ pub(super) fn is_cross(place: u64) -> bool {
 }
 
 impl Cross {
-    /// Registers the cross buffer and asks for a TCP proxy channel to every partner (the
-    /// setup itself is the caller's `connection_setup`).
+    /// Registers the cross buffer and asks for a proxy channel over `network` (TCP or IB)
+    /// to every partner (the setup itself is the caller's `connection_setup`).
     pub(super) fn connect(
         comm: &mut Communicator,
         config: &CollConfig,
         topo: Topology,
+        network: TransportKind,
     ) -> Result<Pending, CommError> {
         let nh = topo.hosts.len();
         let slot = slot_bytes(config, nh);
@@ -284,7 +285,7 @@ impl Cross {
         let mut channels = Vec::new();
         for h in (0..nh).filter(|&h| h != topo.host) {
             let p = topo.rank_at(h, topo.local);
-            channels.push((h, comm.connect(p, &buf, TAG_CROSS, TransportKind::Tcp)?));
+            channels.push((h, comm.connect(p, &buf, TAG_CROSS, network)?));
         }
         Ok(Pending {
             topo,

@@ -121,6 +121,7 @@ use mscclpp_device::kernels::collectives as k;
 
 use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
+use crate::transport::TransportKind;
 
 /// Element type of a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -300,6 +301,32 @@ pub enum RootedAlgo {
     Pipelined,
 }
 
+/// The network between hosts ([`CollConfig::cross_transport`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrossTransport {
+    /// InfiniBand / RoCE when this build has the `ib` feature and the machine an RDMA
+    /// device (as NCCL prefers its IB transport), TCP otherwise.
+    Auto,
+    /// TCP sockets ([`TransportKind::Tcp`]).
+    Tcp,
+    /// RDMA writes ([`TransportKind::Ib`]; the `ib` feature and an RDMA device).
+    Ib,
+}
+
+impl CrossTransport {
+    /// The transport this setting takes on this machine.
+    pub fn resolve(self) -> TransportKind {
+        match self {
+            CrossTransport::Tcp => TransportKind::Tcp,
+            CrossTransport::Ib => TransportKind::Ib,
+            CrossTransport::Auto => match crate::transport::ib::list_devices() {
+                Ok(d) if !d.is_empty() => TransportKind::Ib,
+                _ => TransportKind::Tcp,
+            },
+        }
+    }
+}
+
 /// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot with two ranks.
 /// On 2x H200 under a CUDA graph (`docs/perf/2026-12-01-2xH200-fourth/`), all-pairs took
 /// 8.4 us at 512 KB and 9.8 us at 1 MB where one-shot took 9.6 and 13.5.
@@ -391,6 +418,9 @@ pub struct CollConfig {
     /// [`RootedAlgo::Pipelined`]: the smallest piece (bytes; pieces aim at 8 per block,
     /// capped by what the scratch holds per block and depth). At most 16 MiB.
     pub rooted_piece_bytes: usize,
+    /// Across hosts: the network transport of the proxy channels between hosts (the
+    /// cross-host steps and send/recv with other hosts). Must agree on every rank.
+    pub cross_transport: CrossTransport,
     /// Across hosts: send/recv with ranks on other hosts is set up (two TCP channels and
     /// `scratch_bytes / 8`, between 32 KiB and 2 MiB, of buffer per such rank) when there are at most
     /// this many of them; above, such sends and receives are refused. Must be equal on every
@@ -415,6 +445,7 @@ impl Default for CollConfig {
             rooted_depth: 8,
             rooted_piece_bytes: 256 << 10,
             p2p_remote_max: 16,
+            cross_transport: CrossTransport::Auto,
         }
     }
 }
@@ -423,7 +454,8 @@ impl CollConfig {
     /// The defaults, with `MSCCLPP_COLL_SCRATCH_BYTES`, `MSCCLPP_COLL_PACKET_MAX_BYTES`,
     /// `MSCCLPP_COLL_MAX_BLOCKS`, `MSCCLPP_COLL_THREADS`, `MSCCLPP_P2P_PACKET_MAX_BYTES`,
     /// `MSCCLPP_P2P_PACKET_BLOCKS`, `MSCCLPP_P2P_DEPTH`, `MSCCLPP_ROOTED_DEPTH`,
-    /// `MSCCLPP_ROOTED_PIECE_BYTES` and `MSCCLPP_P2P_REMOTE_MAX` applied when set.
+    /// `MSCCLPP_ROOTED_PIECE_BYTES`, `MSCCLPP_P2P_REMOTE_MAX` and `MSCCLPP_CROSS_TRANSPORT`
+    /// (`auto`, `tcp`, `ib`) applied when set.
     pub fn from_env() -> Result<CollConfig, CommError> {
         let mut c = CollConfig::default();
         let get = |name: &str| -> Result<Option<u64>, CommError> {
@@ -463,6 +495,18 @@ impl CollConfig {
         }
         if let Some(v) = get("MSCCLPP_P2P_REMOTE_MAX")? {
             c.p2p_remote_max = v as usize;
+        }
+        if let Ok(v) = std::env::var("MSCCLPP_CROSS_TRANSPORT") {
+            c.cross_transport = match v.trim().to_ascii_lowercase().as_str() {
+                "" | "auto" => CrossTransport::Auto,
+                "tcp" => CrossTransport::Tcp,
+                "ib" => CrossTransport::Ib,
+                _ => {
+                    return Err(CommError::InvalidArgument(format!(
+                        "MSCCLPP_CROSS_TRANSPORT={v:?}: expected auto, tcp or ib"
+                    )));
+                }
+            };
         }
         Ok(c)
     }
@@ -671,13 +715,18 @@ impl Collectives {
             channels.push((p, data, sems, proxy));
         }
         let remote_ranks = comm.nranks() - n;
+        let network = if spans_hosts {
+            config.cross_transport.resolve()
+        } else {
+            TransportKind::Tcp
+        };
         let xp2p = if spans_hosts && remote_ranks <= config.p2p_remote_max {
-            Some(xp2p::XP2p::connect(&mut comm, &config, &topo)?)
+            Some(xp2p::XP2p::connect(&mut comm, &config, &topo, network)?)
         } else {
             None
         };
         let cross = if spans_hosts {
-            Some(cross::Cross::connect(&mut comm, &config, topo)?)
+            Some(cross::Cross::connect(&mut comm, &config, topo, network)?)
         } else {
             None
         };

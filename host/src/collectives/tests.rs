@@ -611,3 +611,105 @@ fn only_small_grids_are_launched_as_dependents() {
     assert!(!dependent_grid(128, 512), "all-pairs at 4 MB");
     assert!(!dependent_grid(u32::MAX, u32::MAX), "no overflow");
 }
+
+/// Collectives and send/recv across hosts over IB: 6 thread ranks as 3 interleaved
+/// simulated hosts of 2 (host `r % 3`), every rank with its own device on the fake fabric,
+/// `cross_transport` IB: the channels between hosts are IB queue pairs, and all-reduce
+/// (one-shot and the forced two-shot), all-gather, broadcast and a send/recv ring across
+/// hosts give the CPU reference's results.
+#[test]
+fn across_hosts_over_ib_on_the_fake_fabric() {
+    use crate::transport::ib::fake::{FakeFabric, FakeVerbs};
+    use std::sync::Arc;
+    const N: usize = 6;
+    let fabric = FakeFabric::new();
+    let id = create_unique_id().unwrap();
+    let value = |r: usize, i: usize| ((r * 7 + i * 3) % 11) as f32 - 5.0;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..N)
+            .map(|r| {
+                let fabric = &fabric;
+                s.spawn(move || {
+                    let c = comm_config();
+                    let host = format!("ib-host-{}", r % 3);
+                    let bs = BlockingBootstrap::init_with_config(
+                        N,
+                        r,
+                        id,
+                        c.bootstrap.clone().with_host_id(host),
+                    )
+                    .unwrap();
+                    let mut comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
+                    comm.use_ib_verbs(Arc::new(FakeVerbs::new(fabric)));
+                    let config = CollConfig {
+                        scratch_bytes: 64 << 10,
+                        cross_transport: CrossTransport::Ib,
+                        all_reduce_algo: AllReduceAlgo::TwoShot,
+                        ..small()
+                    };
+                    let coll = Collectives::new(comm, config).unwrap();
+                    assert_eq!(coll.hosts(), 3);
+                    let ib = coll
+                        .communicator()
+                        .connections()
+                        .iter()
+                        .filter(|k| k.transport() == TransportKind::Ib)
+                        .count();
+                    // Two partners (cross step) and two channels per rank on another host.
+                    assert_eq!(ib, 2 + 2 * 4, "rank {r}: IB channels");
+                    for count in [1usize, 5, 3001] {
+                        let send: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+                        let want: Vec<f32> = (0..count)
+                            .map(|i| (0..N).map(|q| value(q, i)).sum())
+                            .collect();
+                        let mut out = vec![0f32; count];
+                        coll.all_reduce_host(&send, &mut out, ReduceOp::Sum)
+                            .unwrap();
+                        assert_eq!(out, want, "rank {r}: two-shot all-reduce of {count}");
+                        let mut all = vec![0f32; N * count];
+                        coll.all_gather_host(&send, &mut all).unwrap();
+                        for q in 0..N {
+                            assert!(
+                                (0..count).all(|i| all[q * count + i] == value(q, i)),
+                                "rank {r}: all-gather block {q}"
+                            );
+                        }
+                        let mut b = vec![0f32; count];
+                        coll.broadcast_host(&send, &mut b, 4).unwrap();
+                        assert!(
+                            (0..count).all(|i| b[i] == value(4, i)),
+                            "rank {r}: broadcast"
+                        );
+                        // A ring across hosts: r + 1 is always on another host.
+                        let (next, prev) = ((r + 1) % N, (r + N - 1) % N);
+                        let mut got = vec![0f32; count];
+                        let ops = [
+                            P2pOp::Send {
+                                buf: send.as_ptr() as u64,
+                                count,
+                                dtype: DataType::F32,
+                                peer: next,
+                            },
+                            P2pOp::Recv {
+                                buf: got.as_mut_ptr() as u64,
+                                count,
+                                dtype: DataType::F32,
+                                peer: prev,
+                            },
+                        ];
+                        // SAFETY: the buffers outlive the blocking call.
+                        unsafe { coll.group_host(&ops) }.unwrap();
+                        assert!(
+                            (0..count).all(|i| got[i] == value(prev, i)),
+                            "rank {r}: send/recv of {count} from {prev}"
+                        );
+                    }
+                    coll.communicator().bootstrap().barrier().unwrap();
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+}

@@ -99,12 +99,13 @@ struct GpuX {
 }
 
 impl XP2p {
-    /// Registers the xp2p buffer and asks for the two TCP proxy channels to every remote
-    /// rank (the setup itself is the caller's `connection_setup`).
+    /// Registers the xp2p buffer and asks for the two proxy channels over `network` (TCP or
+    /// IB) to every remote rank (the setup itself is the caller's `connection_setup`).
     pub(super) fn connect(
         comm: &mut Communicator,
         config: &CollConfig,
         topo: &Topology,
+        network: TransportKind,
     ) -> Result<Pending, CommError> {
         let me = comm.rank();
         let remotes = remotes_of(topo, me);
@@ -119,8 +120,8 @@ impl XP2p {
             } else {
                 (TAG_DOWN, TAG_UP)
             };
-            let out = comm.connect(p, &buf, out_tag, TransportKind::Tcp)?;
-            let inc = comm.connect(p, &buf, in_tag, TransportKind::Tcp)?;
+            let out = comm.connect(p, &buf, out_tag, network)?;
+            let inc = comm.connect(p, &buf, in_tag, network)?;
             channels.push((out, inc));
             let theirs = remotes_of(topo, p);
             let at = theirs
