@@ -436,9 +436,9 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("# simulated hosts: 2"), "{stdout}");
-    let rows = rows(&stdout);
-    assert_eq!(rows.len(), 3, "{stdout}");
-    for r in &rows {
+    let ar = rows(&stdout);
+    assert_eq!(ar.len(), 3, "{stdout}");
+    for r in &ar {
         // Two hosts: the all-reduce across hosts is one-shot at every size.
         assert_eq!(r[4], "cross-host-oneshot", "{r:?}");
         assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "#wrong: {r:?}");
@@ -450,6 +450,34 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
         report.rows
     );
     let _ = std::fs::remove_file(&json);
+
+    // Send/recv across the simulated hosts (rank r to r + 1: every other pair crosses).
+    let out = perf(&[
+        "--nranks",
+        "4",
+        "--simulate-hosts",
+        "2",
+        "--op",
+        "sendrecv",
+        "-b",
+        "64",
+        "-e",
+        "64K",
+        "-f",
+        "32",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let p2p = rows(&stdout);
+    assert_eq!(p2p.len(), 3, "{stdout}");
+    for r in &p2p {
+        assert_eq!(r[4], "cross-host", "{r:?}");
+        assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "#wrong: {r:?}");
+    }
 
     let out = perf(&[
         "--nranks",
