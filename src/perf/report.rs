@@ -301,11 +301,64 @@ pub fn summary(rows: &[Row]) -> Vec<String> {
             "# Avg bus bandwidth NCCL: {n:.3} GB/s (mscclpp/NCCL {r:.2})"
         ));
     }
+    out.extend(ratio_lines(rows));
     let wrong = total_wrong(rows);
     match wrong {
         None => out.push("# Out of bounds values : N/A (not checked: -c 0)".into()),
         Some(0) => out.push("# Out of bounds values : 0 OK".into()),
         Some(n) => out.push(format!("# Out of bounds values : {n} FAILED")),
+    }
+    out
+}
+
+/// Largest size (bytes) of the "small" geometric mean: the issues' goal is a mean ratio of
+/// at least 1.5 up to 1 MB.
+pub const SMALL_MAX_BYTES: u64 = 1 << 20;
+
+/// Geometric mean of the ratios (NCCL time / ours) of `rows` in one placement, and the
+/// lowest with its size; `None` without NCCL rows (or no positive ratio).
+pub fn ratio_stats(rows: &[&Row], in_place: bool) -> Option<(f64, f64, u64)> {
+    let pick = |p: &Pair| {
+        if in_place { p.in_place } else { p.out_of_place }
+    };
+    let rs: Vec<(f64, u64)> = rows
+        .iter()
+        .filter_map(|r| {
+            r.nccl
+                .map(|n| (ratio(&pick(&r.mscclpp), &pick(&n)), r.bytes))
+        })
+        .filter(|&(x, _)| x > 0.0)
+        .collect();
+    if rs.is_empty() {
+        return None;
+    }
+    let geo = (rs.iter().map(|&(x, _)| x.ln()).sum::<f64>() / rs.len() as f64).exp();
+    let (low, at) = rs.iter().copied().fold(
+        (f64::INFINITY, 0),
+        |m, (x, b)| if x < m.0 { (x, b) } else { m },
+    );
+    Some((geo, low, at))
+}
+
+/// With NCCL side by side: the geometric mean of the ratios up to [`SMALL_MAX_BYTES`] and
+/// over every size, each placement, and the lowest row.
+fn ratio_lines(rows: &[Row]) -> Vec<String> {
+    let mut out = Vec::new();
+    let small: Vec<&Row> = rows.iter().filter(|r| r.bytes <= SMALL_MAX_BYTES).collect();
+    let all: Vec<&Row> = rows.iter().collect();
+    for (what, set) in [("up to 1 MB", &small), ("all sizes", &all)] {
+        let (Some(o), Some(i)) = (ratio_stats(set, false), ratio_stats(set, true)) else {
+            continue;
+        };
+        out.push(format!(
+            "# Ratio NCCL/mscclpp, geometric mean {what}: {:.2} out of place, {:.2} in place \
+             ({} sizes; lowest {:.2} at {} B)",
+            o.0,
+            i.0,
+            set.len(),
+            o.1.min(i.1),
+            if o.1 <= i.1 { o.2 } else { i.2 }
+        ));
     }
     out
 }

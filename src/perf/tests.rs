@@ -351,11 +351,64 @@ fn summary_lines() {
         s[1].contains("NCCL") && s[1].contains("mscclpp/NCCL"),
         "{s:?}"
     );
-    assert_eq!(s[2], "# Out of bounds values : 3 FAILED");
+    assert!(
+        s[2].starts_with("# Ratio NCCL/mscclpp, geometric mean all sizes"),
+        "{s:?}"
+    );
+    assert_eq!(s[3], "# Out of bounds values : 3 FAILED");
     assert_eq!(report::total_wrong(&[row(false)]), Some(0));
     let mut unchecked = row(false);
     unchecked.mscclpp.out_of_place.wrong = None;
     assert_eq!(report::total_wrong(&[unchecked]), None);
+}
+
+/// The geometric mean of NCCL/ours over rows, the lowest ratio and its size, per placement,
+/// and the summary lines split at 1 MB.
+#[test]
+fn ratio_geometric_means() {
+    let at = |bytes: u64, ours: f64, theirs: f64| {
+        let mut r = row(true);
+        r.bytes = bytes;
+        r.mscclpp.out_of_place.time_us = ours;
+        r.mscclpp.in_place.time_us = ours;
+        r.nccl.as_mut().unwrap().out_of_place.time_us = theirs;
+        r.nccl.as_mut().unwrap().in_place.time_us = 2.0 * theirs;
+        r
+    };
+    // Ratios 2 and 8 (geometric mean 4) up to 1 MB, then 0.5 at 4 MB.
+    let rows = [
+        at(8, 1.0, 2.0),
+        at(1 << 20, 1.0, 8.0),
+        at(4 << 20, 4.0, 2.0),
+    ];
+    let refs: Vec<&Row> = rows.iter().collect();
+    let (geo, low, size) = report::ratio_stats(&refs[..2], false).unwrap();
+    assert!((geo - 4.0).abs() < 1e-12, "{geo}");
+    assert_eq!((low, size), (2.0, 8));
+    // In place NCCL took twice as long: ratios 4 and 16.
+    let (geo, _, _) = report::ratio_stats(&refs[..2], true).unwrap();
+    assert!((geo - 8.0).abs() < 1e-12, "{geo}");
+    // Over all three: (2 * 8 * 0.5)^(1/3) = 2.
+    let (geo, low, size) = report::ratio_stats(&refs, false).unwrap();
+    assert!((geo - 2.0).abs() < 1e-12, "{geo}");
+    assert_eq!((low, size), (0.5, 4 << 20));
+    let lines = report::summary(&rows);
+    assert!(
+        lines[2]
+            .contains("up to 1 MB: 4.00 out of place, 8.00 in place (2 sizes; lowest 2.00 at 8 B)"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[3].contains("all sizes: 2.00 out of place")
+            && lines[3].contains("lowest 0.50 at 4194304 B"),
+        "{lines:?}"
+    );
+    // Without NCCL there is no ratio line.
+    assert!(
+        report::summary(&[row(false)])
+            .iter()
+            .all(|l| !l.contains("Ratio"))
+    );
 }
 
 /// The reference of `c` on `dtype` with `op`, `n` ranks, root 0.
