@@ -825,26 +825,35 @@ fn cross_host_send_recv_off_is_refused_clearly() {
 }
 
 fn unequal_rank() {
-    let comm = communicator();
-    let r = comm.rank();
-    // Every rank's bootstrap connections are up before one leaves.
-    comm.bootstrap().barrier().unwrap();
-    match Collectives::new(comm, CollConfig::default()) {
-        Err(CommError::InvalidArgument(m)) => {
-            assert!(m.contains("same number of ranks on every host"), "{m}")
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let c = collectives();
+    let (n, r) = (c.nranks(), c.rank());
+    // Hosts of 2 and 1 ranks: every rank its own host, said so.
+    assert_eq!(c.hosts(), n);
+    let note = c.layout_note().expect("a note");
+    assert!(
+        note.contains("has 2 ranks and host") && note.contains("every rank is its own host"),
+        "{note}"
+    );
+    check_all_reduce::<f32>(&c, &[1, 1001], &[ReduceOp::Sum, ReduceOp::Max], false);
+    check_all_gather::<u8>(&c, &[3, 1001]);
+    check_broadcast(&c, &[5, 1001]);
+    group_of(&c, 0, move |q| vec![((q + 1) % n, 3001)]);
+    c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
 }
 
-/// Hosts of different sizes (2 + 1) are refused on every rank, before any connection.
+/// Hosts of different sizes (2 + 1) run with every rank its own host: the collectives and
+/// send/recv give the reference's results, and `layout_note` says why.
 #[test]
-fn cross_host_unequal_hosts_are_refused() {
+fn cross_host_unequal_hosts_run_with_every_rank_its_own_host() {
     if child() {
         return unequal_rank();
     }
-    launch("cross_host_unequal_hosts_are_refused", 3, "block:2");
+    launch(
+        "cross_host_unequal_hosts_run_with_every_rank_its_own_host",
+        3,
+        "block:2",
+    );
 }
 
 fn mismatch_rank() {

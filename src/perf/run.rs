@@ -184,6 +184,9 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         coll_config.all_reduce_algo = config.args.algo.all_reduce();
     }
     let coll = Collectives::new(comm, coll_config)?;
+    if let (0, Some(note)) = (rank, coll.layout_note()) {
+        println!("# note: {note}");
+    }
     let nccl = match &gpu {
         Some(g) if compare => Some(Nccl::init(coll.communicator().bootstrap(), g)?),
         _ => None,

@@ -220,6 +220,9 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
     }
     let coll_max_blocks = coll_config.max_blocks;
     let coll = Collectives::new(comm, coll_config)?;
+    if let (0, Some(note)) = (ranks.rank, coll.layout_note()) {
+        println!("note: {note}");
+    }
     if ranks.rank == 0 && coll.hosts() > 1 {
         println!(
             "across {} hosts (simulated: --simulate-hosts): the all-reduce runs inside each \

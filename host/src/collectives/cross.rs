@@ -65,11 +65,15 @@ pub(super) struct Topology {
     pub(super) host: usize,
     /// This rank's index in its host's ranks.
     pub(super) local: usize,
+    /// Why the hosts are not used as such, if they are not: hosts of different sizes, or
+    /// one with more ranks than [`MAX_RANKS`]; every rank is then its own host.
+    pub(super) flat: Option<String>,
 }
 
 impl Topology {
     /// Reads every rank's host id from the bootstrap (every rank reads the same table, so
-    /// every rank builds the same topology and refuses alike).
+    /// every rank builds the same topology). Hosts of different sizes, or one of more than
+    /// [`MAX_RANKS`] ranks, give the *flat* topology: every rank its own host.
     pub(super) fn of(comm: &Communicator) -> Result<Topology, CommError> {
         let bs = comm.bootstrap().as_async();
         let mut ids: Vec<String> = Vec::new();
@@ -85,34 +89,49 @@ impl Topology {
             }
         }
         let me = comm.rank();
+        let max = mscclpp_device::collectives::MAX_RANKS;
+        let oversized = hosts.iter().enumerate().find(|(_, r)| r.len() > max);
+        let unequal = hosts.iter().position(|r| r.len() != hosts[0].len());
+        let reason = match (oversized, unequal) {
+            (Some((h, ranks)), _) => Some(format!(
+                "host {:?} has {} ranks, more than the {max} a host's memory channels serve",
+                ids[h],
+                ranks.len()
+            )),
+            (None, Some(h)) => Some(format!(
+                "host {:?} has {} ranks and host {:?} {} (each rank's partners on the other \
+                 hosts are the ranks of its local index, so hosts must be alike)",
+                ids[0],
+                hosts[0].len(),
+                ids[h],
+                hosts[h].len()
+            )),
+            (None, None) => None,
+        };
+        if let Some(reason) = reason {
+            // Every rank its own host: correct on any layout, at the network's speed.
+            return Ok(Topology {
+                hosts: (0..comm.nranks()).map(|r| vec![r]).collect(),
+                host: me,
+                local: 0,
+                flat: Some(format!(
+                    "{reason}: every rank is its own host for the collectives, so all their \
+                     traffic goes over the network transport (TCP or IB), also between ranks \
+                     of one machine (no NVLink or shared memory); sums are in rank order"
+                )),
+            });
+        }
         let host = hosts
             .iter()
             .position(|h| h.contains(&me))
             .expect("every rank is on a host");
         let local = hosts[host].iter().position(|&r| r == me).expect("listed");
-        let max = mscclpp_device::collectives::MAX_RANKS;
-        if let Some((h, ranks)) = hosts.iter().enumerate().find(|(_, r)| r.len() > max) {
-            return Err(CommError::InvalidArgument(format!(
-                "collectives: host {:?} has {} ranks; at most {max} ranks per host are \
-                 supported (memory channels between the ranks of a host)",
-                ids[h],
-                ranks.len()
-            )));
-        }
-        if hosts.len() > 1
-            && let Some(h) = hosts.iter().position(|r| r.len() != hosts[0].len())
-        {
-            return Err(CommError::InvalidArgument(format!(
-                "collectives: host {:?} has {} ranks and host {:?} {}; collectives across \
-                 hosts need the same number of ranks on every host (each rank's partners on \
-                 the other hosts are the ranks of its local index)",
-                ids[0],
-                hosts[0].len(),
-                ids[h],
-                hosts[h].len()
-            )));
-        }
-        Ok(Topology { hosts, host, local })
+        Ok(Topology {
+            hosts,
+            host,
+            local,
+            flat: None,
+        })
     }
 
     /// Ranks of this rank's host (the local group), ascending.

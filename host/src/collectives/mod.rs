@@ -13,9 +13,11 @@
 //! # Across hosts
 //!
 //! Ranks on several hosts (bootstrap host ids, `MSCCLPP_HOST_ID`) are accepted on both
-//! backends, with the same number of ranks (at most 8) on every host: the kernels run over
+//! backends. With the same number of ranks (at most 8) on every host, the kernels run over
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
-//! index on the other hosts are reached over TCP proxy channels. All-reduce is hierarchical
+//! index on the other hosts are reached over TCP (or IB) proxy channels. Otherwise (hosts of
+//! different sizes, or one of more than 8 ranks) every rank is its own host, all traffic
+//! goes over the network transport, and [`Collectives::layout_note`] says why. All-reduce is hierarchical
 //! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
 //! other collective is built across hosts. Send/recv with a rank on another host goes over
 //! two TCP channels per such rank, set up while there are at most
@@ -987,6 +989,14 @@ impl Collectives {
     /// run across hosts (see [Across hosts](self#across-hosts)).
     pub fn hosts(&self) -> usize {
         self.cross.as_ref().map_or(1, |c| c.topo.hosts.len())
+    }
+
+    /// Why the ranks' hosts are not used as such, if they are not: hosts with different
+    /// rank counts, or one with more than 8 ranks, make every rank its own host (all traffic
+    /// over the network transport, also inside a machine). `None` on one host and on alike
+    /// hosts. Tools print it (`mscclpp-perf` does).
+    pub fn layout_note(&self) -> Option<&str> {
+        self.cross.as_ref().and_then(|c| c.topo.flat.as_deref())
     }
 
     /// The settings.

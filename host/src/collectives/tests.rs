@@ -536,13 +536,13 @@ fn abort_stops_a_waiting_collective_at_once_and_sticks() {
     );
 }
 
-/// Ranks on two (simulated) hosts of different sizes (2 + 1): every rank refuses at once,
-/// naming both hosts and their sizes, before any connection is tried (collectives across
-/// hosts pair each rank with the ranks of its local index on the other hosts).
+/// Ranks on two (simulated) hosts of different sizes (2 + 1): no rank refuses; every rank
+/// is its own host (three hosts), the layout note names both hosts and their sizes, and an
+/// all-reduce gives the sum on every rank.
 #[test]
-fn hosts_of_different_sizes_are_refused_by_name() {
+fn hosts_of_different_sizes_make_every_rank_its_own_host() {
     let id = create_unique_id().unwrap();
-    let errors: Vec<String> = std::thread::scope(|s| {
+    let out: Vec<(usize, String, Vec<f32>)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..3)
             .map(|r| {
                 s.spawn(move || {
@@ -556,22 +556,26 @@ fn hosts_of_different_sizes_are_refused_by_name() {
                     )
                     .unwrap();
                     let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
-                    // Every rank initialised (a rank dials its successor) before any leaves.
-                    comm.bootstrap().barrier().unwrap();
-                    Collectives::new(comm, small())
-                        .expect_err("hosts of different sizes must be refused")
-                        .to_string()
+                    let coll = Collectives::new(comm, small()).unwrap();
+                    let mut v = vec![(r + 1) as f32; 1001];
+                    coll.all_reduce_host_in_place(&mut v, ReduceOp::Sum)
+                        .unwrap();
+                    let note = coll.layout_note().unwrap_or("").to_string();
+                    coll.communicator().bootstrap().barrier().unwrap();
+                    (coll.hosts(), note, v)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for (r, e) in errors.iter().enumerate() {
+    for (r, (hosts, note, v)) in out.iter().enumerate() {
+        assert_eq!(*hosts, 3, "rank {r}");
         assert!(
-            e.contains("host \"host-a\" has 2 ranks and host \"host-b\" 1")
-                && e.contains("same number of ranks on every host"),
-            "rank {r}: {e}"
+            note.contains("host \"host-a\" has 2 ranks and host \"host-b\" 1")
+                && note.contains("every rank is its own host"),
+            "rank {r}: {note}"
         );
+        assert!(v.iter().all(|&x| x == 6.0), "rank {r}");
     }
 }
 
