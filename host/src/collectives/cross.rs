@@ -139,6 +139,14 @@ impl Topology {
         &self.hosts[self.host]
     }
 
+    /// The host of rank `r`.
+    pub(super) fn host_of(&self, r: usize) -> usize {
+        self.hosts
+            .iter()
+            .position(|h| h.contains(&r))
+            .expect("every rank is on a host")
+    }
+
     /// The rank of local index `local` on host `h`.
     pub(super) fn rank_at(&self, h: usize, local: usize) -> usize {
         self.hosts[h][local]
@@ -758,10 +766,7 @@ impl Collectives {
         ];
         let mut flags = xk::flags(REDUCE, self.nranks() as u32);
         if let Some(r) = root {
-            let h = (0..cross.hosts())
-                .find(|&h| cross.topo.hosts[h].contains(&r))
-                .expect("root checked");
-            flags = xk::to_host(flags, h as u32);
+            flags = xk::to_host(flags, cross.topo.host_of(r) as u32);
         }
         let step_op = if op == ReduceOp::Avg {
             ReduceOp::Sum
@@ -856,20 +861,49 @@ impl Collectives {
                     // 4. Every local index's shard to every local rank (reduce: gathered on
                     // the root's host, kept by the root only).
                     if reducing && nl > 1 {
-                        if len == nl * c && root.is_none() {
-                            self.local_all_gather(ex, call, shard, at(recv), c * s, dtype)?;
-                        } else {
-                            self.local_all_gather(ex, call, shard, stage, c * s, dtype)?;
-                            if is_root {
-                                self.x_copy(ex, at(recv), stage, len * s)?;
-                            }
-                        }
+                        let whole = len == nl * c && root.is_none();
+                        let at_recv = is_root.then(|| at(recv));
+                        let shape = (c * s, len * s, whole);
+                        self.spread(ex, call, (shard, stage), at_recv, shape, dtype)?;
                     }
                 }
                 off += len;
             }
             Ok(())
         })
+    }
+
+    /// The last step of an all-reduce round with several ranks per host: the local
+    /// all-gather of every local index's `shard` (`(shard bytes, round bytes, whole)`),
+    /// straight into `recv` when the round is `whole` (a full round of an all-reduce), else
+    /// through `stage` and a copy of the round's bytes into `recv` (`None`: a reduce's
+    /// non-root, which keeps nothing).
+    ///
+    /// # Safety
+    /// `shard` valid for its bytes, `stage` for the local ranks' shards, `recv` for the
+    /// round's bytes (`L` shards when `whole`), memory of `ex`'s kind.
+    unsafe fn spread(
+        &self,
+        ex: Exec<'_>,
+        call: &str,
+        (shard, stage): (u64, u64),
+        recv: Option<u64>,
+        (shard_bytes, round_bytes, whole): (usize, usize, bool),
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        // SAFETY: caller contract.
+        unsafe {
+            match recv {
+                Some(r) if whole => self.local_all_gather(ex, call, shard, r, shard_bytes, dtype),
+                _ => {
+                    self.local_all_gather(ex, call, shard, stage, shard_bytes, dtype)?;
+                    match recv {
+                        Some(r) => self.x_copy(ex, r, stage, round_bytes),
+                        None => Ok(()),
+                    }
+                }
+            }
+        }
     }
 
     /// Across hosts: the two-shot all-reduce on `ex` (with `root`, a reduce). Per round,
@@ -906,11 +940,7 @@ impl Collectives {
             let me = cross.topo.host;
             // A reduce: the gather goes to the root's host only, whose ranks gather the
             // shards; the root keeps the result.
-            let root_host = root.map(|r| {
-                (0..cross.hosts())
-                    .find(|&h| cross.topo.hosts[h].contains(&r))
-                    .expect("root checked")
-            });
+            let root_host = root.map(|r| cross.topo.host_of(r));
             let gather = match root_host {
                 None => xk::flags(GATHER, 0),
                 Some(h) => xk::to_host(xk::flags(GATHER, 0), h as u32),
@@ -967,13 +997,11 @@ impl Collectives {
                         if is_root {
                             self.x_copy(ex, at(recv), whole, len * s)?;
                         }
-                    } else if len == nl * c && root.is_none() {
-                        self.local_all_gather(ex, call, shard, at(recv), c * s, dtype)?;
                     } else {
-                        self.local_all_gather(ex, call, shard, stage, c * s, dtype)?;
-                        if is_root {
-                            self.x_copy(ex, at(recv), stage, len * s)?;
-                        }
+                        let whole = len == nl * c && root.is_none();
+                        let at_recv = is_root.then(|| at(recv));
+                        let shape = (c * s, len * s, whole);
+                        self.spread(ex, call, (shard, stage), at_recv, shape, dtype)?;
                     }
                 }
                 off += len;
@@ -1132,9 +1160,7 @@ impl Collectives {
         let call = call.as_str();
         self.cross_call(call, ex, |cross, shard, _| {
             let topo = &cross.topo;
-            let root_host = (0..topo.hosts.len())
-                .find(|&h| topo.hosts[h].contains(&root))
-                .expect("root checked");
+            let root_host = topo.host_of(root);
             let root_local = topo.hosts[root_host]
                 .iter()
                 .position(|&r| r == root)
