@@ -11,7 +11,9 @@
 //!
 //! Columns: the largest `Collectives::new` time over the ranks (every rank starts it after a
 //! bootstrap barrier), the connections of one rank (memory and proxy channels to its host's
-//! ranks, one TCP channel per other host), and the resident memory of one rank (largest over
+//! ranks, one TCP channel per other host, and two per rank on another host for send/recv
+//! while there are at most `CollConfig::p2p_remote_max` of those), and the resident memory
+//! of one rank (largest over
 //! the ranks) before and after `Collectives::new` (shared-memory segments count once they
 //! are touched). The collectives use a 1 MiB scratch and 64 KiB packet scratch
 //! (`CollConfig`), so the numbers show how state grows with the job, not the defaults'
