@@ -1,6 +1,7 @@
 //! Collectives across hosts on GPUs (issue #17): two processes, each a simulated host of its
 //! own (bootstrap host ids `sim-gpu-host-<rank>`; `MSCCLPP_TEST_RANKS_PER_HOST=2`: four
-//! processes as two hosts of two), one GPU each (all on GPU 0 when the machine has one), so the cross-host step runs as the `cross_step` kernel over TCP proxy
+//! processes as two hosts of two; `MSCCLPP_TEST_HOSTS=3`: three hosts, where large calls
+//! take the two-shot forms), one GPU each (all on GPU 0 when the machine has one), so the cross-host step runs as the `cross_step` kernel over TCP proxy
 //! channels with GPU memory (device -> pinned host -> socket -> pinned host -> device).
 //! All-reduce (f32 sum and average, bf16 max, i32 product) at 4 B, odd counts, 1 MiB and
 //! 64 MiB, in place and out of place, and all-gather, against a CPU reference (with one rank
@@ -38,11 +39,25 @@ fn ranks_per_host() -> usize {
     }
 }
 
+/// Simulated hosts: `MSCCLPP_TEST_HOSTS` (2..=8, default 2). From 3 hosts, large calls take
+/// the two-shot forms across hosts (more processes than GPUs share them: run under MPS,
+/// `scripts/with-mps.sh`).
+fn test_hosts() -> usize {
+    match std::env::var("MSCCLPP_TEST_HOSTS") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(h) if (2..=8).contains(&h) => h,
+            _ => panic!("MSCCLPP_TEST_HOSTS={v:?}: expected a number in 2..=8"),
+        },
+        Err(_) => 2,
+    }
+}
+
 fn run_two(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
-    run_test_ranks(test, 2 * ranks_per_host(), ROLE, Duration::from_secs(550));
+    let n = test_hosts() * ranks_per_host();
+    run_test_ranks(test, n, ROLE, Duration::from_secs(550));
 }
 
 /// This rank's collectives, on a simulated host of its own, and a stream.
@@ -154,7 +169,7 @@ fn bytes_of(dtype: DataType, words: impl Iterator<Item = u64>) -> Vec<u8> {
 fn all_reduce_rank() {
     let (c, stream) = setup(small_scratch());
     let (n, r) = (c.nranks(), c.rank());
-    assert_eq!(c.hosts(), 2);
+    assert_eq!(c.hosts(), test_hosts());
     let cases: [(DataType, ReduceOp, &[usize]); 4] = [
         (
             DataType::F32,
@@ -366,7 +381,7 @@ fn send_recv_rank() {
     }
     // Rank 0 sends 1000 B to rank 1 (the other host with one rank per host), which expects
     // 600: rank 1 is told, with both sizes, and the pair stays usable.
-    if ranks_per_host() == 1 {
+    if ranks_per_host() == 1 && r < 2 {
         let buf: CudaSlice<u8> = stream.alloc_zeros(1000).unwrap();
         let p = dptr(&buf, &stream);
         let other = 1 - r;
