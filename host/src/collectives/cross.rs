@@ -68,6 +68,11 @@ pub(super) struct Topology {
     /// Why the hosts are not used as such, if they are not: hosts of different sizes, or
     /// one with more ranks than [`MAX_RANKS`]; every rank is then its own host.
     pub(super) flat: Option<String>,
+    /// The machine (bootstrap host id, numbered in order of first rank) of every rank: in a
+    /// flat topology, ranks of one machine are different hosts but need no network.
+    machine: Vec<usize>,
+    /// This rank.
+    rank: usize,
 }
 
 impl Topology {
@@ -78,11 +83,16 @@ impl Topology {
         let bs = comm.bootstrap().as_async();
         let mut ids: Vec<String> = Vec::new();
         let mut hosts: Vec<Vec<usize>> = Vec::new();
+        let mut machine = Vec::with_capacity(comm.nranks());
         for r in 0..comm.nranks() {
             let id = bs.host_id(r).unwrap_or("?").to_string();
             match ids.iter().position(|x| *x == id) {
-                Some(h) => hosts[h].push(r),
+                Some(h) => {
+                    hosts[h].push(r);
+                    machine.push(h);
+                }
                 None => {
+                    machine.push(ids.len());
                     ids.push(id);
                     hosts.push(vec![r]);
                 }
@@ -115,10 +125,13 @@ impl Topology {
                 host: me,
                 local: 0,
                 flat: Some(format!(
-                    "{reason}: every rank is its own host for the collectives, so all their \
-                     traffic goes over the network transport (TCP or IB), also between ranks \
-                     of one machine (no NVLink or shared memory); sums are in rank order"
+                    "{reason}: every rank is its own host for the collectives, all their \
+                     traffic goes over proxy channels (the network transport between \
+                     machines, the copy engine or shared memory inside one; no memory-channel \
+                     kernels), and sums are in rank order"
                 )),
+                machine,
+                rank: me,
             });
         }
         let host = hosts
@@ -131,7 +144,24 @@ impl Topology {
             host,
             local,
             flat: None,
+            machine,
+            rank: me,
         })
+    }
+
+    /// The transport of a proxy channel to rank `p`: `local` (the backend's own, P2P or
+    /// Host) when `p` shares this rank's machine (only in a flat topology), else `network`.
+    pub(super) fn transport_to(
+        &self,
+        p: usize,
+        network: TransportKind,
+        local: TransportKind,
+    ) -> TransportKind {
+        if self.machine[p] == self.machine[self.rank] {
+            local
+        } else {
+            network
+        }
     }
 
     /// Ranks of this rank's host (the local group), ascending.
@@ -312,7 +342,8 @@ impl Cross {
         let mut channels = Vec::new();
         for h in (0..nh).filter(|&h| h != topo.host) {
             let p = topo.rank_at(h, topo.local);
-            channels.push((h, comm.connect(p, &buf, TAG_CROSS, network)?));
+            let t = topo.transport_to(p, network, comm.backend().transport());
+            channels.push((h, comm.connect(p, &buf, TAG_CROSS, t)?));
         }
         Ok(Pending {
             topo,

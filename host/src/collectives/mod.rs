@@ -17,7 +17,8 @@
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
 //! index on the other hosts are reached over TCP (or IB) proxy channels. Otherwise (hosts of
 //! different sizes, or one of more than 8 ranks) every rank is its own host, all traffic
-//! goes over the network transport, and [`Collectives::layout_note`] says why. All-reduce is hierarchical
+//! goes over proxy channels (the network between machines, the backend's transport inside
+//! one), and [`Collectives::layout_note`] says why. All-reduce is hierarchical
 //! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
 //! other collective is built across hosts. Send/recv with a rank on another host goes over
 //! two TCP channels per such rank, set up while there are at most
@@ -993,7 +994,8 @@ impl Collectives {
 
     /// Why the ranks' hosts are not used as such, if they are not: hosts with different
     /// rank counts, or one with more than 8 ranks, make every rank its own host (all traffic
-    /// over the network transport, also inside a machine). `None` on one host and on alike
+    /// over proxy channels: the network between machines, the copy engine or shared memory
+    /// inside one). `None` on one host and on alike
     /// hosts. Tools print it (`mscclpp-perf` does).
     pub fn layout_note(&self) -> Option<&str> {
         self.cross.as_ref().and_then(|c| c.topo.flat.as_deref())

@@ -561,6 +561,18 @@ fn hosts_of_different_sizes_make_every_rank_its_own_host() {
                     coll.all_reduce_host_in_place(&mut v, ReduceOp::Sum)
                         .unwrap();
                     let note = coll.layout_note().unwrap_or("").to_string();
+                    // Proxy channels (cross step, and two for send/recv) to every other rank:
+                    // over the network to the other machine, over shared memory inside one.
+                    let count = |t| {
+                        coll.communicator()
+                            .connections()
+                            .iter()
+                            .filter(|k| k.transport() == t)
+                            .count()
+                    };
+                    let (same, other) = if r == 2 { (0, 2) } else { (1, 1) };
+                    assert_eq!(count(TransportKind::Tcp), 3 * other, "rank {r}: TCP");
+                    assert_eq!(count(TransportKind::Host), 3 * same, "rank {r}: Host");
                     coll.communicator().bootstrap().barrier().unwrap();
                     (coll.hosts(), note, v)
                 })

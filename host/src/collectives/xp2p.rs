@@ -120,8 +120,9 @@ impl XP2p {
             } else {
                 (TAG_DOWN, TAG_UP)
             };
-            let out = comm.connect(p, &buf, out_tag, network)?;
-            let inc = comm.connect(p, &buf, in_tag, network)?;
+            let t = topo.transport_to(p, network, comm.backend().transport());
+            let out = comm.connect(p, &buf, out_tag, t)?;
+            let inc = comm.connect(p, &buf, in_tag, t)?;
             channels.push((out, inc));
             let theirs = remotes_of(topo, p);
             let at = theirs
