@@ -706,7 +706,7 @@ impl Collectives {
                     .proxy_error()
                     .map_or(String::new(), |e| format!(" (the proxy reported: {e})"));
                 CommError::Timeout(format!(
-                    "{call}: rank {me} waited {:?} for rank {peer} (host {h}, over TCP) and gave \
+                    "{call}: rank {me} waited {:?} for rank {peer} (host {h}, across hosts) and gave \
                      up: that rank did not take part, or is stuck{proxy}; the collectives cannot \
                      be used any more",
                     self.comm.device_timeout()

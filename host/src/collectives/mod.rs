@@ -1796,7 +1796,7 @@ fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
 fn place_name(place: u64) -> &'static str {
     match place {
         fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",
-        fault::AT_XP2P => "its matching send or receive, across hosts over TCP",
+        fault::AT_XP2P => "its matching send or receive, across hosts",
         fault::AT_SEMAPHORE => "a semaphore signal",
         fault::AT_PACKET => "data packets",
         fault::AT_DESCRIPTOR => "its call descriptor",

@@ -1,7 +1,8 @@
 //! Sends and receives with ranks on other hosts (issue #17), GPU and Host backends: the
 //! transfers of a send/recv group whose peer is on another host run through
-//! [`mscclpp_device::collectives::xp2p`] over TCP proxy channels (two per remote rank),
-//! after the group's transfers inside the host (memory channels, as on one machine). On a
+//! [`mscclpp_device::collectives::xp2p`] over proxy channels (two per remote rank; TCP or IB
+//! between machines), after the group's transfers inside the host (memory channels, as on
+//! one machine). On a
 //! GPU that is the one-block `xp2p` kernel queued on the caller's stream (no host
 //! synchronisation, no allocation: capturable); on the Host backend the same function runs
 //! in the calling thread. Design notes: `docs/tcp-transport.md`, "Send and receive across
