@@ -4,7 +4,7 @@
 # hosts, train-dp across simulated hosts. For the device tool on nvidia-h200-x2, with the
 # release binaries packed as the other sessions did:
 #
-#   .gpu/b/{gpu_cross_host,gpu_collectives_more,mscclpp-perf,train-dp}  (stripped)
+#   .gpu/b/{gpu_cross_host,gpu_collectives_more,mscclpp-perf,train-dp,libmscclpp_nccl.so}
 #   tar czf .gpu/b.tgz -C .gpu b;  run: carry [".gpu"], command scripts/gpu-cross-hosts-check.sh
 #
 # Logs go to $OUT/xh (tarred into $OUT/xh.tgz after every step, so a timeout keeps them).
@@ -43,7 +43,15 @@ for a in oneshot twoshot; do
     -b 64K -e 64M -f 4 -n 10 -w 3 --json "$R/allreduce-3hosts-$a.json" \
     > "$R/allreduce-3hosts-$a.txt" 2>&1; st "allreduce-3hosts-$a" $?
 done
-# 6. The training loop across two simulated hosts against NCCL (socket transport for both
+# 6. Other people's code across simulated hosts: nccl-tests through our NCCL library, its
+#    two ranks as two hosts (MSCCLPP_SIMULATE_HOSTS; needs .gpu/b/libmscclpp_nccl.so).
+if [ -f $B/libmscclpp_nccl.so ]; then
+  ( MSCCLPP_SIMULATE_HOSTS=2 ONLY=ours MSCCLPP_NCCL_SO=$PWD/$B/libmscclpp_nccl.so WORK=/tmp/ncclt \
+    RUN_TIMEOUT=60 TYPES=float OPS=sum SIZES="-b 8 -e 32M -f 8" \
+    timeout 250 nccl/scripts/nccl-tests.sh sendrecv all_reduce all_gather broadcast ) \
+    > "$R/nccl-tests-simhosts.txt" 2>&1; st nccl-tests-simhosts $?
+fi
+# 7. The training loop across two simulated hosts against NCCL (socket transport for both
 #    sides' cross-host traffic is not forced here: NCCL picks its own).
 timeout 200 $B/train-dp --preset compute --steps 20 --simulate-hosts 2 --compare nccl \
   --json "$R/train-simhosts.json" > "$R/train-simhosts.txt" 2>&1; st train-simhosts $?

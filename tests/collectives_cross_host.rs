@@ -28,11 +28,16 @@ fn child() -> bool {
 
 /// Runs `test` in `nranks` processes with `layout`; panics unless every rank prints ok.
 fn launch(test: &str, nranks: usize, layout: &str) {
+    launch_env(test, nranks, (LAYOUT, layout));
+}
+
+/// [`launch`] with the variable `key` set to `value` in every rank.
+fn launch_env(test: &str, nranks: usize, (key, value): (&str, &str)) {
     let exe = std::env::current_exe().unwrap();
     let report = LocalLauncher::command(nranks, exe)
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(ROLE, "rank")
-        .env(LAYOUT, layout)
+        .env(key, value)
         .bootstrap_timeout(Duration::from_secs(60))
         .timeout(Duration::from_secs(120))
         .capture_output(true)
@@ -981,4 +986,37 @@ fn cross_host_killed_partner_is_named() {
         return killed_partner_rank();
     }
     launch_kill("cross_host_killed_partner_is_named");
+}
+
+fn simulate_env_rank() {
+    // No explicit host id: the bootstrap takes MSCCLPP_SIMULATE_HOSTS from the environment,
+    // as any program (nccl-tests, PyTorch through the NCCL library) would.
+    let launch = Launch::from_env().unwrap();
+    let bs = launch.blocking_bootstrap().unwrap();
+    let (n, r) = (bs.nranks(), bs.rank());
+    for q in 0..n {
+        let want = format!("simhost{}", q * 2 / n);
+        assert_eq!(
+            bs.as_async().host_id(q),
+            Some(want.as_str()),
+            "rank {q}'s host"
+        );
+    }
+    let comm = Communicator::from_bootstrap(bs, Backend::Host, CommConfig::default()).unwrap();
+    let c = Collectives::new(comm, CollConfig::default()).unwrap();
+    assert_eq!(c.hosts(), 2);
+    check_all_reduce::<f32>(&c, &[1, 1001], &[ReduceOp::Sum], false);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// `MSCCLPP_SIMULATE_HOSTS=2` splits 4 processes into two simulated hosts without any code:
+/// the bootstrap names them `simhost0`/`simhost1` and the collectives run across hosts.
+#[test]
+fn simulate_hosts_variable_splits_one_machine() {
+    if child() {
+        return simulate_env_rank();
+    }
+    let test = "simulate_hosts_variable_splits_one_machine";
+    launch_env(test, 4, ("MSCCLPP_SIMULATE_HOSTS", "2"));
 }

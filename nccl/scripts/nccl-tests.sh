@@ -16,6 +16,8 @@
 #
 # Settings: NP (ranks, 2), SIZES ("-b 8 -e 64M -f 8"), ITERS ("-n 20 -w 5"), TYPES, OPS,
 # NCCL_PKG (folder with include/nccl.h and lib/libnccl.so.2), MSCCLPP_NCCL_SO, WORK.
+# MSCCLPP_SIMULATE_HOSTS=N runs our library's ranks as N simulated hosts (across hosts over
+# TCP on one machine; the real NCCL's runs do not see it).
 # ONLY=ours skips the real NCCL's runs and loads no real NCCL beside ours
 # (MSCCLPP_NCCL_LIB=none: a call we would forward fails instead); with
 # NCCL_TESTS_DEVICE=0 every rank uses GPU 0 (nccl-tests' own variable), so a one-GPU
@@ -79,6 +81,8 @@ mpi() {
     extra=(-x LD_PRELOAD="$LIB" -x MSCCLPP_NCCL_LIB="$real_lib" -x MSCCLPP_DEBUG="${MSCCLPP_DEBUG:-INFO}")
   fi
   [ -n "${NCCL_TESTS_DEVICE:-}" ] && extra+=(-x NCCL_TESTS_DEVICE)
+  # Our library only: the ranks as simulated hosts (collectives and send/recv across hosts).
+  [ "$which" = ours ] && [ -n "${MSCCLPP_SIMULATE_HOSTS:-}" ] && extra+=(-x MSCCLPP_SIMULATE_HOSTS)
   echo "--- $which: $* " | tee -a "$LOGS/commands.txt"
   timeout "${RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --bind-to none -np "$NP" \
     -x LD_LIBRARY_PATH="$LDP" -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \

@@ -84,7 +84,8 @@ pub struct BootstrapConfig {
     /// Largest message (one rank's `all_gather` contribution, one `send`). Default 1 GiB.
     pub max_message_size: usize,
     /// Identity of this rank's node; ranks with equal ids count as one node. Default: the
-    /// `MSCCLPP_HOST_ID` variable, else hostname and boot id.
+    /// `MSCCLPP_HOST_ID` variable, else `MSCCLPP_SIMULATE_HOSTS` (see
+    /// [`simulated_host_id`]), else hostname and boot id.
     pub host_id: Option<String>,
     /// Address this rank listens on for its peers. Default: the local address of its
     /// connection to the root (the interface that reaches the root).
@@ -218,6 +219,29 @@ impl std::fmt::Display for BootstrapRoot {
             BootstrapRoot::Id(id) => id.fmt(f),
             BootstrapRoot::Addr(addr) => addr.fmt(f),
         }
+    }
+}
+
+/// The host id of `rank` of `nranks` when one machine is split into `spec` simulated hosts
+/// (the value of `MSCCLPP_SIMULATE_HOSTS`): `simhost{rank * hosts / nranks}`, as
+/// `mscclpp-perf --simulate-hosts` and `train-dp --simulate-hosts` name them, so that any
+/// program (nccl-tests, PyTorch through the NCCL library) can run its collectives across
+/// hosts on one machine. `None` for `None` or an empty value; an error for anything but a
+/// number of hosts from 1 to `nranks`.
+pub fn simulated_host_id(
+    spec: Option<&str>,
+    rank: usize,
+    nranks: usize,
+) -> Result<Option<String>, BootstrapError> {
+    let Some(v) = spec.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match v.parse::<usize>() {
+        Ok(h) if (1..=nranks).contains(&h) => Ok(Some(format!("simhost{}", rank * h / nranks))),
+        _ => Err(BootstrapError::InvalidArgument(format!(
+            "MSCCLPP_SIMULATE_HOSTS={v:?}: expected a number of simulated hosts from 1 to the \
+             {nranks} ranks"
+        ))),
     }
 }
 
@@ -726,7 +750,16 @@ async fn rendezvous(
         nranks: nranks as u32,
         rank: rank as u32,
         listen_addr,
-        host_id: truncate(config.host_id.clone().unwrap_or_else(default_host_id)),
+        host_id: truncate(match &config.host_id {
+            Some(id) => id.clone(),
+            None if std::env::var_os("MSCCLPP_HOST_ID").is_some_and(|v| !v.is_empty()) => {
+                default_host_id()
+            }
+            None => {
+                let spec = std::env::var("MSCCLPP_SIMULATE_HOSTS").ok();
+                simulated_host_id(spec.as_deref(), rank, nranks)?.unwrap_or_else(default_host_id)
+            }
+        }),
     });
     let frame_err = |what: &str| {
         let context = format!("rank {rank}: {what} the bootstrap root at {root_addr}");

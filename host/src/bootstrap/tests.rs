@@ -54,3 +54,31 @@ fn config_builders_set_fields() {
     assert_eq!(c.listen_ip, Some(ip));
     assert_eq!(BootstrapConfig::default().timeout, Duration::from_secs(30));
 }
+
+/// `MSCCLPP_SIMULATE_HOSTS`: rank `r` of `n` on `simhost{r * h / n}`, unset or empty is no
+/// simulation, and anything but 1..=n hosts is refused with the variable's name.
+#[test]
+fn simulated_host_ids_split_the_ranks_in_blocks() {
+    let ids = |spec: &str, n: usize| -> Vec<Option<String>> {
+        (0..n)
+            .map(|r| simulated_host_id(Some(spec), r, n).unwrap())
+            .collect()
+    };
+    let names = |v: &[usize]| -> Vec<Option<String>> {
+        v.iter().map(|h| Some(format!("simhost{h}"))).collect()
+    };
+    assert_eq!(ids("2", 4), names(&[0, 0, 1, 1]));
+    assert_eq!(ids(" 3 ", 6), names(&[0, 0, 1, 1, 2, 2]));
+    assert_eq!(ids("4", 4), names(&[0, 1, 2, 3]));
+    // Not a divisor: hosts of different sizes (the collectives then run flat).
+    assert_eq!(ids("2", 3), names(&[0, 0, 1]));
+    assert_eq!(simulated_host_id(None, 0, 2).unwrap(), None);
+    assert_eq!(simulated_host_id(Some(""), 0, 2).unwrap(), None);
+    for bad in ["0", "5", "two", "-1"] {
+        let e = simulated_host_id(Some(bad), 0, 4).unwrap_err().to_string();
+        assert!(
+            e.contains("MSCCLPP_SIMULATE_HOSTS") && e.contains("from 1 to the 4 ranks"),
+            "{bad}: {e}"
+        );
+    }
+}
