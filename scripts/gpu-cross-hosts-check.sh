@@ -51,6 +51,11 @@ if [ -f $B/libmscclpp_nccl.so ]; then
     timeout 250 nccl/scripts/nccl-tests.sh sendrecv all_reduce all_gather broadcast ) \
     > "$R/nccl-tests-simhosts.txt" 2>&1; st nccl-tests-simhosts $?
 fi
+# PyTorch through our library across two simulated hosts (torchrun passes the variable on).
+if [ -f $B/libmscclpp_nccl.so ]; then
+  ( MSCCLPP_SIMULATE_HOSTS=2 ONLY=ours MSCCLPP_NCCL_SO=$PWD/$B/libmscclpp_nccl.so RUN_TIMEOUT=90 \
+    timeout 150 nccl/scripts/torch-check.sh ) > "$R/torch-simhosts.txt" 2>&1; st torch-simhosts $?
+fi
 # 7. The training loop across two simulated hosts against NCCL (socket transport for both
 #    sides' cross-host traffic is not forced here: NCCL picks its own).
 timeout 200 $B/train-dp --preset compute --steps 20 --simulate-hosts 2 --compare nccl \
