@@ -415,7 +415,7 @@ fn fp8_header_and_ignored_redop_are_said() {
 #[test]
 fn simulated_hosts_run_across_hosts_and_say_so() {
     let json = temp("xhost.json");
-    let out = perf(&[
+    let sweep = [
         "--nranks",
         "4",
         "--simulate-hosts",
@@ -432,7 +432,8 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
         "1",
         "--json",
         json.to_str().unwrap(),
-    ]);
+    ];
+    let out = perf(&sweep);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("# simulated hosts: 2"), "{stdout}");
@@ -451,25 +452,9 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
     );
     let _ = std::fs::remove_file(&json);
 
-    // Send/recv across the simulated hosts (rank r to r + 1: every other pair crosses).
-    let out = perf(&[
-        "--nranks",
-        "4",
-        "--simulate-hosts",
-        "2",
-        "--op",
-        "sendrecv",
-        "-b",
-        "64",
-        "-e",
-        "64K",
-        "-f",
-        "32",
-        "-n",
-        "2",
-        "-w",
-        "1",
-    ]);
+    // Send/recv across the simulated hosts (rank r to r + 1: every other pair crosses): the
+    // same sweep with --op sendrecv in place of the JSON output.
+    let out = perf(&[&sweep[..sweep.len() - 2], &["--op", "sendrecv"]].concat());
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     let p2p = rows(&stdout);
