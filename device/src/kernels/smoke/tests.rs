@@ -24,7 +24,11 @@ fn vector_add_on_cpu_threads_covers_every_element() {
     }
 }
 
-fn run_probe(ack_rounds: u64, rounds: u64) -> (u64, u64) {
+/// Runs the probe for `rounds` with the host acknowledging the first `ack_rounds`; the
+/// kernel gives up on a round after `timeout_ns` without an acknowledgement. The host side
+/// stops waiting once the kernel has given up (its status), so a kernel that timed out under
+/// a loaded machine fails the test instead of hanging it.
+fn run_probe(ack_rounds: u64, rounds: u64, timeout_ns: u64) -> (u64, u64) {
     let n = 300;
     let mut data = std::vec![0u64; n];
     let mut ctl = ProbeControl::default();
@@ -41,16 +45,23 @@ fn run_probe(ack_rounds: u64, rounds: u64) -> (u64, u64) {
                         pc as *mut ProbeControl,
                         rounds,
                         42,
-                        50_000_000,
+                        timeout_ns,
                     )
                 }
             })
             .unwrap();
         });
         let ctl = pc as *mut ProbeControl;
-        for r in 1..=ack_rounds {
+        'rounds: for r in 1..=ack_rounds {
             // SAFETY: ctl is live; its words are accessed atomically by both sides.
-            while unsafe { crate::arch::ld_acquire_sys_u64(&raw const (*ctl).flag) } < r {}
+            while unsafe { crate::arch::ld_acquire_sys_u64(&raw const (*ctl).flag) } < r {
+                // SAFETY: as above.
+                if unsafe { crate::arch::ld_acquire_sys_u64(&raw const (*ctl).status) } != 0 {
+                    // The kernel gave up (or ended): no flag is coming.
+                    break 'rounds;
+                }
+                std::thread::yield_now();
+            }
             for i in 0..n {
                 // SAFETY: data is live; the GPU side does not write until acknowledged.
                 let v = unsafe { (pd as *const u64).add(i).read_volatile() };
@@ -66,12 +77,16 @@ fn run_probe(ack_rounds: u64, rounds: u64) -> (u64, u64) {
 
 #[test]
 fn ordering_probe_on_cpu_threads_completes_every_round() {
-    assert_eq!(run_probe(200, 200), (200, PROBE_DONE));
+    // A generous per-round timeout: on a loaded 2-core machine the acknowledging thread
+    // may be descheduled for long (a 50 ms timeout once ended the kernel while the host
+    // waited for a flag forever).
+    assert_eq!(run_probe(200, 200, 20_000_000_000), (200, PROBE_DONE));
 }
 
 #[test]
 fn ordering_probe_times_out_when_the_host_stops_acknowledging() {
-    assert_eq!(run_probe(3, 10), (3, PROBE_TIMEOUT));
+    // Long enough that an acknowledged round does not time out on a loaded machine.
+    assert_eq!(run_probe(3, 10, 2_000_000_000), (3, PROBE_TIMEOUT));
 }
 
 #[test]
