@@ -485,6 +485,9 @@ fn one_per_host_rank() {
     let from = CROSS_TWO_SHOT_SAVES * 3 / 2;
     assert_eq!(c.choose_all_reduce(from - 64), AllReduceAlgo::OneShot);
     assert_eq!(c.choose_all_reduce(from), AllReduceAlgo::TwoShot);
+    // A broadcast's bytes all leave the root: the same rule on its bytes.
+    assert!(!c.broadcast_two_shot_across_hosts(from - 64));
+    assert!(c.broadcast_two_shot_across_hosts(from));
     let big = from / 4 + 1001;
     check_all_reduce::<f32>(&c, &[big], &[ReduceOp::Sum, ReduceOp::Min], false);
     check_sum_order(&c, &[5, big]);

@@ -464,6 +464,39 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
         assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "#wrong: {r:?}");
     }
 
+    // Three hosts: a broadcast of 512 KB goes two-shot (the root scatters, the hosts
+    // all-gather), one of 64 B one-shot; both checked.
+    let out = perf(&[
+        "--nranks",
+        "3",
+        "--simulate-hosts",
+        "3",
+        "--op",
+        "broadcast",
+        "-b",
+        "64",
+        "-e",
+        "512K",
+        "-f",
+        "8192",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let bc = rows(&stdout);
+    let algos: Vec<&str> = bc.iter().map(|r| r[4].as_str()).collect();
+    assert_eq!(
+        algos,
+        ["cross-host-oneshot", "cross-host-twoshot"],
+        "{stdout}"
+    );
+    for r in &bc {
+        assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "#wrong: {r:?}");
+    }
+
     let out = perf(&[
         "--nranks",
         "4",

@@ -438,15 +438,22 @@ fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
 
 fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
     if coll.hosts() > 1 {
-        // Hierarchical across hosts: only the all-reduce's cross-host part has a choice.
-        if config.args.collective == Collective::AllReduce {
-            return match coll.choose_all_reduce(shape.bytes as usize) {
-                AllReduceAlgo::TwoShot => "cross-host-twoshot",
-                _ => "cross-host-oneshot",
+        // Hierarchical across hosts: all-reduce, reduce (which follows it) and broadcast
+        // choose between one-shot and two-shot across hosts; the others have one form.
+        let bytes = shape.bytes as usize;
+        let two_shot = match config.args.collective {
+            Collective::AllReduce | Collective::Reduce => {
+                Some(coll.choose_all_reduce(bytes) == AllReduceAlgo::TwoShot)
             }
-            .into();
+            Collective::Broadcast => Some(coll.broadcast_two_shot_across_hosts(bytes)),
+            _ => None,
+        };
+        return match two_shot {
+            Some(true) => "cross-host-twoshot",
+            Some(false) => "cross-host-oneshot",
+            None => "cross-host",
         }
-        return "cross-host".into();
+        .into();
     }
     match config.args.collective {
         Collective::AllGather => {

@@ -992,6 +992,14 @@ impl Collectives {
         self.cross.as_ref().map_or(1, |c| c.topo.hosts.len())
     }
 
+    /// Across hosts: whether a broadcast of `bytes` takes its two-shot form (the root
+    /// scatters a piece per host, then the hosts all-gather; see [Across
+    /// hosts](self#across-hosts)). `false` on one host.
+    pub fn broadcast_two_shot_across_hosts(&self, bytes: usize) -> bool {
+        self.cross()
+            .is_some_and(|c| cross::two_shot_pays(c.topo.hosts.len(), bytes))
+    }
+
     /// Why the ranks' hosts are not used as such, if they are not: hosts with different
     /// rank counts, or one with more than 8 ranks, make every rank its own host (all traffic
     /// over proxy channels: the network between machines, the copy engine or shared memory
