@@ -811,12 +811,19 @@ impl Collectives {
     /// a reduce: the partners send to the root's host only, whose ranks reduce and gather
     /// the shards, and only the root writes `recv`.
     ///
-    /// Per round, `L * c` elements (`L` ranks per host): the local reduce-scatter into the
-    /// own send slot (one rank per host: the step copies the input there), the step
-    /// (reduction in host order), the local all-gather.
-    ///
-    /// An all-reduce with `algo` [`AllReduceAlgo::TwoShot`] takes
-    /// [`cross_all_reduce_two_shot`](Self::cross_all_reduce_two_shot); any other is one-shot.
+    /// Per round, `L * c` elements (`L` ranks per host): the local reduce-scatter leaves
+    /// this host's partial of the shard of this local index (`c` elements, summed in local
+    /// rank order; one rank per host: the input itself), the exchange with the partners
+    /// reduces it over the hosts in host order, and the local all-gather spreads the shards.
+    /// The exchange is
+    /// - one-shot (any `algo` but [`AllReduceAlgo::TwoShot`]): the partial goes whole to
+    ///   every partner (a reduce: to the root's host only) and each reduces all of them:
+    ///   `(H - 1) * c` elements sent per rank for `H` hosts, one round;
+    /// - two-shot: `c` is a multiple of `H`, piece `h` of the partial goes to host `h`
+    ///   ([`PER_DEST`]), which reduces it over the hosts, then a [`GATHER`] step hands every
+    ///   partner (a reduce: the root's host only) every reduced piece: `2 * (H - 1) * c / H`
+    ///   elements per rank (a reduce: the root's host receives that instead of
+    ///   `(H - 1) * c`), two rounds. The same sources in the same order: the same bits.
     ///
     /// # Safety
     /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint;
@@ -840,58 +847,95 @@ impl Collectives {
         });
         let call = call.as_str();
         check_avg(call, op, dtype, self.nranks())?;
-        if algo == AllReduceAlgo::TwoShot {
-            // SAFETY: caller contract.
-            return unsafe {
-                self.cross_all_reduce_two_shot(ex, call, send, recv, count, dtype, op, root)
-            };
-        }
+        let two_shot = algo == AllReduceAlgo::TwoShot;
+        let algo = if two_shot {
+            algo
+        } else {
+            AllReduceAlgo::OneShot
+        };
         let s = dtype.size();
         self.cross_call(call, ex, |cross, shard, stage| {
-            let (descr, flags, step_op) =
-                self.all_reduce_plan(cross, count, dtype, op, root, AllReduceAlgo::OneShot);
-            let nl = cross.nlocal();
-            let me = cross.topo.host;
+            let (descr, flags, step_op) = self.all_reduce_plan(cross, count, dtype, op, root, algo);
+            let (nl, nh, me) = (cross.nlocal(), cross.hosts(), cross.topo.host);
             // Reduce: the root's host reduces, the root keeps the result.
-            let reducing = root.is_none_or(|r| cross.topo.hosts[me].contains(&r));
+            let root_host = root.map(|r| cross.topo.host_of(r));
+            let reducing = root_host.is_none_or(|h| h == me);
             let is_root = root.is_none_or(|r| r == self.rank());
-            let cap = cross.payload() / s;
+            // Two-shot's pieces and exchanges (one-shot's step is `flags`).
+            let scatter = xk::flags(REDUCE | PER_DEST, self.nranks() as u32);
+            let gather = match root_host {
+                None => xk::flags(GATHER, 0),
+                Some(h) => xk::to_host(xk::flags(GATHER, 0), h as u32),
+            };
+            // A shard fills at most a slot's payload (one-shot) or the shard buffer, in nh
+            // pieces of at most a slot's payload (two-shot).
+            let unit = if two_shot { nh } else { 1 };
+            let most = cross.payload() / s / unit * unit;
             let mut off = 0usize;
             while off < count {
                 let rem = count - off;
-                let c = rem.div_ceil(nl).min(cap);
-                let len = rem.min(nl * c);
+                let c = rem.div_ceil(nl).next_multiple_of(unit).min(most);
+                let (q, len) = (c / unit, rem.min(nl * c));
                 let at = |b: u64| b + (off * s) as u64;
+                // The reduced shard: straight into recv when this rank keeps a whole round
+                // of one shard, else the shard buffer.
+                let res = if nl == 1 && len == c && is_root {
+                    at(recv)
+                } else {
+                    shard
+                };
+                let out = if reducing { res } else { 0 };
                 // SAFETY (every step below): send and recv hold count elements (caller
-                // contract); the stage holds nl * payload >= nl * c elements, the shard and
-                // a send slot's payload >= c.
+                // contract); the stage holds nl * payload >= nl * c elements, the shard
+                // payload >= c, a send slot's payload >= q.
                 unsafe {
-                    // 1. This host's sum of the shard of this local index, into the own send
-                    // slot (one rank per host: the step copies the input there).
-                    let src = if nl == 1 {
+                    // 1. This host's partial of the shard of this local index (past len,
+                    // the stage's stale bytes, reduced but never written out).
+                    let input = if len == nl * c {
                         at(send)
                     } else {
-                        let input = if len == nl * c {
-                            at(send)
+                        self.x_copy(ex, stage, at(send), len * s)?;
+                        stage
+                    };
+                    let rs =
+                        |to: u64| self.local_reduce_scatter(ex, call, input, to, c, dtype, step_op);
+                    if two_shot {
+                        let partial = if nl == 1 {
+                            input
                         } else {
-                            self.x_copy(ex, stage, at(send), len * s)?;
-                            stage
+                            rs(shard)?;
+                            shard
                         };
-                        let own = cross.send_payload(me);
-                        self.local_reduce_scatter(ex, call, input, own, c, dtype, step_op)?;
-                        0
-                    };
-                    // 2, 3. Every host's sum of it from the partners (reduce: to the root's
-                    // host only), reduced in host order (the average's quotient included).
-                    let out = match (reducing, nl) {
-                        (false, _) => 0,
-                        (true, 1) => at(recv),
-                        _ => shard,
-                    };
-                    self.x_step(ex, cross, call, src, out, descr, c * s, flags, 0)?;
-                    // 4. Every local index's shard to every local rank (reduce: gathered on
-                    // the root's host, kept by the root only).
-                    if reducing && nl > 1 {
+                        for h in 0..nh {
+                            let from = partial + (h * q * s) as u64;
+                            self.x_copy(ex, cross.send_payload(h), from, q * s)?;
+                        }
+                        // 2. This host's piece, reduced over the hosts in host order (the
+                        // average's quotient included) into its place in the result.
+                        let mine = res + (me * q * s) as u64;
+                        self.x_step(ex, cross, call, 0, mine, descr, q * s, scatter, 0)?;
+                        // 3. Every host's reduced piece to every partner (a reduce: to the
+                        // root's host only): the whole shard.
+                        self.x_step(ex, cross, call, mine, out, descr, q * s, gather, q * s)?;
+                    } else {
+                        // Into the own send slot (one rank per host: the step copies the
+                        // input there).
+                        let src = if nl == 1 {
+                            input
+                        } else {
+                            rs(cross.send_payload(me))?;
+                            0
+                        };
+                        // 2, 3. Every host's partial from the partners (a reduce: to the
+                        // root's host only), reduced in host order (the average's quotient
+                        // included).
+                        self.x_step(ex, cross, call, src, out, descr, c * s, flags, 0)?;
+                    }
+                    // 4. Every local index's shard to every local rank (a reduce: on the
+                    // root's host, kept by the root only).
+                    if reducing && nl == 1 && is_root {
+                        self.x_copy(ex, at(recv), res, len * s)?;
+                    } else if reducing && nl > 1 {
                         let whole = len == nl * c && root.is_none();
                         let at_recv = is_root.then(|| at(recv));
                         let shape = (c * s, len * s, whole);
@@ -935,110 +979,6 @@ impl Collectives {
                 }
             }
         }
-    }
-
-    /// Across hosts: the two-shot all-reduce on `ex` (with `root`, a reduce). Per round,
-    /// `L * c` elements (`L` ranks per host, `c` a multiple of the host count `H`): the local
-    /// reduce-scatter leaves this host's partial of the shard of this local index (`c`
-    /// elements, summed in local rank order); piece `h` of it (`c / H` elements) goes to
-    /// send slot `h`; a [`PER_DEST`] step reduces this host's piece over the hosts in host
-    /// order (so the bits are one-shot's); a [`GATHER`] step hands every partner (a reduce:
-    /// the root's host only) the reduced piece; the local all-gather spreads the shards (a
-    /// reduce: on the root's host, and only the root keeps the result). Each rank sends `2 *
-    /// (H - 1) * c / H` elements to the other hosts where one-shot sends `(H - 1) * c` (a
-    /// reduce: the root's host receives `2 * (H - 1) * c / H` instead of `(H - 1) * c`).
-    ///
-    /// # Safety
-    /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint;
-    /// `recv` on the root only for a reduce), until the stream ran the call.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn cross_all_reduce_two_shot(
-        &self,
-        ex: Exec<'_>,
-        call: &str,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: Option<usize>,
-    ) -> Result<(), CommError> {
-        let s = dtype.size();
-        self.cross_call(call, ex, |cross, shard, stage| {
-            let (descr, _, step_op) =
-                self.all_reduce_plan(cross, count, dtype, op, root, AllReduceAlgo::TwoShot);
-            let scatter = xk::flags(REDUCE | PER_DEST, self.nranks() as u32);
-            let me = cross.topo.host;
-            // A reduce: the gather goes to the root's host only, whose ranks gather the
-            // shards; the root keeps the result.
-            let root_host = root.map(|r| cross.topo.host_of(r));
-            let gather = match root_host {
-                None => xk::flags(GATHER, 0),
-                Some(h) => xk::to_host(xk::flags(GATHER, 0), h as u32),
-            };
-            let reducing = root_host.is_none_or(|h| h == me);
-            let is_root = root.is_none_or(|r| r == self.rank());
-            let (nl, nh) = (cross.nlocal(), cross.hosts());
-            // A piece fills at most a slot's payload; a shard (nh pieces) at most the shard
-            // buffer (one payload).
-            let most = cross.payload() / s / nh * nh;
-            let mut off = 0usize;
-            while off < count {
-                let rem = count - off;
-                let c = rem.div_ceil(nl).next_multiple_of(nh).min(most);
-                let (q, len) = (c / nh, rem.min(nl * c));
-                let at = |b: u64| b + (off * s) as u64;
-                // SAFETY (every step below): send and recv hold count elements (caller
-                // contract); the stage holds nl * payload >= nl * c elements, the shard
-                // payload >= c, a send slot's payload >= q.
-                unsafe {
-                    // 1. This host's partial of the shard of this local index (c elements;
-                    // past len, the stage's stale bytes, reduced but never written out).
-                    let input = if len == nl * c {
-                        at(send)
-                    } else {
-                        self.x_copy(ex, stage, at(send), len * s)?;
-                        stage
-                    };
-                    let partial = if nl == 1 {
-                        input
-                    } else {
-                        self.local_reduce_scatter(ex, call, input, shard, c, dtype, step_op)?;
-                        shard
-                    };
-                    for h in 0..nh {
-                        let from = partial + (h * q * s) as u64;
-                        self.x_copy(ex, cross.send_payload(h), from, q * s)?;
-                    }
-                    // 2. This host's piece of the shard, reduced over the hosts in host order
-                    // (the average's quotient included) into its place in the result.
-                    let direct = nl == 1 && len == c && root.is_none();
-                    let whole = if direct { at(recv) } else { shard };
-                    let mine = whole + (me * q * s) as u64;
-                    self.x_step(ex, cross, call, 0, mine, descr, q * s, scatter, 0)?;
-                    // 3. Every host's reduced piece to every partner (a reduce: to the root's
-                    // host only): the whole shard.
-                    let out = if reducing { whole } else { 0 };
-                    self.x_step(ex, cross, call, mine, out, descr, q * s, gather, q * s)?;
-                    // 4. Every local index's shard to every local rank (a reduce: on the
-                    // root's host, kept by the root only).
-                    if !reducing {
-                        // The root's host has it all.
-                    } else if nl == 1 {
-                        if is_root {
-                            self.x_copy(ex, at(recv), whole, len * s)?;
-                        }
-                    } else {
-                        let whole = len == nl * c && root.is_none();
-                        let at_recv = is_root.then(|| at(recv));
-                        let shape = (c * s, len * s, whole);
-                        self.spread(ex, call, (shard, stage), at_recv, shape, dtype)?;
-                    }
-                }
-                off += len;
-            }
-            Ok(())
-        })
     }
 
     /// Across hosts: all-gather of `bytes` per rank on `ex` (see the [module](self)). Per
