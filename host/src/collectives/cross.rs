@@ -322,6 +322,21 @@ pub(super) fn proxy_context(
     }
 }
 
+/// The device side of a [`proxy_context`]: copies `conns` to device memory and allocates
+/// zeroed state words there, and points `ctx` at both (the buffers must outlive its use).
+pub(super) fn proxy_context_on_device(
+    gpu: &Gpu,
+    ctx: &mut CollContext,
+    conns: &[DevConn<'static>],
+) -> Result<(DeviceBuffer, DeviceBuffer), CommError> {
+    let conn_mem = DeviceBuffer::zeroed(gpu, std::mem::size_of_val(conns).max(8))?;
+    conn_mem.copy_from_host(0, conns)?;
+    ctx.conns = conn_mem.device_ptr() as *const DevConn<'static>;
+    let state = DeviceBuffer::zeroed(gpu, STATE_WORDS * 8)?;
+    ctx.state = state.device_ptr() as *mut u64;
+    Ok((conn_mem, state))
+}
+
 /// Whether a fault record is a cross-host step's.
 pub(super) fn is_cross(place: u64) -> bool {
     matches!(place, fault::AT_CROSS | fault::AT_CROSS_ROUND)
@@ -437,11 +452,7 @@ impl GpuCross {
         nlocal: usize,
     ) -> Result<GpuCross, CommError> {
         let mut ctx = *host_ctx;
-        let conn_mem = DeviceBuffer::zeroed(gpu, std::mem::size_of_val(conns))?;
-        conn_mem.copy_from_host(0, conns)?;
-        ctx.conns = conn_mem.device_ptr() as *const DevConn<'static>;
-        let state = DeviceBuffer::zeroed(gpu, STATE_WORDS * 8)?;
-        ctx.state = state.device_ptr() as *mut u64;
+        let (conn_mem, state) = proxy_context_on_device(gpu, &mut ctx, conns)?;
         let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
         mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
         Ok(GpuCross {

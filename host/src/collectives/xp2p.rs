@@ -15,7 +15,7 @@ use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::STATE_WORDS;
 use mscclpp_device::collectives::xp2p::{self as xk, COUNTERS, XContext, XOp, XOps};
 
-use super::cross::{Topology, buffer_addr, proxy_context};
+use super::cross::{Topology, buffer_addr, proxy_context, proxy_context_on_device};
 use super::{CollConfig, gpu};
 use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu};
@@ -260,11 +260,7 @@ impl GpuX {
         counters: usize,
     ) -> Result<GpuX, CommError> {
         let mut ctx = *host_ctx;
-        let conn_mem = DeviceBuffer::zeroed(gpu, std::mem::size_of_val(conns).max(8))?;
-        conn_mem.copy_from_host(0, conns)?;
-        ctx.coll.conns = conn_mem.device_ptr() as *const DevConn<'static>;
-        let state = DeviceBuffer::zeroed(gpu, STATE_WORDS * 8)?;
-        ctx.coll.state = state.device_ptr() as *mut u64;
+        let (conn_mem, state) = proxy_context_on_device(gpu, &mut ctx.coll, conns)?;
         let count = DeviceBuffer::zeroed(gpu, counters * 8)?;
         ctx.counters = count.device_ptr() as *mut u64;
         let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<XContext>())?;
