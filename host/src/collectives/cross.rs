@@ -1,8 +1,8 @@
 //! Collectives across hosts (issue #17), GPU and Host backends: ranks of one host keep the
 //! memory channels and kernels of a one-host [`Collectives`] (over the *local group*: the
 //! host's ranks, indexed by local index), and reach the other hosts through proxy channels
-//! over [`TransportKind::Tcp`] to their *partners*: the ranks with the same local index on
-//! the other hosts (one per host). Design notes and the order of summation:
+//! ([`TransportKind::Tcp`] or [`TransportKind::Ib`], `CollConfig::cross_transport`) to
+//! their *partners*: the ranks with the same local index on the other hosts (one per host). Design notes and the order of summation:
 //! `docs/tcp-transport.md`, "Collectives across hosts".
 //!
 //! Every cross-host step is one *round* of `mscclpp_device::collectives::cross::step`: this

@@ -21,7 +21,7 @@
 //! one), and [`Collectives::layout_note`] says why. All-reduce is hierarchical
 //! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
 //! other collective is built across hosts. Send/recv with a rank on another host goes over
-//! two TCP channels per such rank, set up while there are at most
+//! two network channels (TCP or IB) per such rank, set up while there are at most
 //! [`CollConfig::p2p_remote_max`] of them (else refused with
 //! [`CommError::InvalidArgument`]). The cross-host step is a device kernel
 //! (`cross_step`, one block) on GPUs and the same code on a CPU thread on the Host backend;
@@ -424,10 +424,10 @@ pub struct CollConfig {
     /// Across hosts: the network transport of the proxy channels between hosts (the
     /// cross-host steps and send/recv with other hosts). Must agree on every rank.
     pub cross_transport: CrossTransport,
-    /// Across hosts: send/recv with ranks on other hosts is set up (two TCP channels and
-    /// `scratch_bytes / 8`, between 32 KiB and 2 MiB, of buffer per such rank) when there are at most
-    /// this many of them; above, such sends and receives are refused. Must be equal on every
-    /// rank.
+    /// Across hosts: send/recv with ranks on other hosts is set up (two network channels,
+    /// TCP or IB, and `scratch_bytes / 8`, between 32 KiB and 2 MiB, of buffer per such
+    /// rank) when there are at most this many of them; above, such sends and receives are
+    /// refused. Must be equal on every rank.
     pub p2p_remote_max: usize,
 }
 

@@ -1416,7 +1416,7 @@ impl Collectives {
                 return Err(invalid(format!(
                     "{call}: {what} rank {peer}, on another host: send/recv across hosts is \
                      off for this Collectives ({} ranks on other hosts, more than \
-                     CollConfig::p2p_remote_max = {}; each would take two TCP channels); \
+                     CollConfig::p2p_remote_max = {}; each would take two network channels); \
                      raise it (MSCCLPP_P2P_REMOTE_MAX) on every rank",
                     self.nranks() - c.topo.group().len(),
                     self.config.p2p_remote_max
