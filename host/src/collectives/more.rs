@@ -1475,25 +1475,26 @@ impl Collectives {
         let mut remote = XOps::default();
         for op in &ops.ops[..ops.count as usize] {
             let g = op.peer as usize;
-            match (&self.xp2p, self.cross()) {
-                (Some(x), _) if x.remote(g).is_some() => {
-                    remote.ops[remote.count as usize] = x.op(op.buf, op.bytes, g, op.send != 0);
-                    remote.count += 1;
-                }
-                (_, c) => {
-                    let peer = c.map_or(g, |c| {
-                        c.topo
-                            .group()
-                            .iter()
-                            .position(|&r| r == g)
-                            .expect("checked")
-                    });
-                    local.ops[local.count as usize] = DevP2pOp {
-                        peer: peer as u32,
-                        ..*op
-                    };
-                    local.count += 1;
-                }
+            let xop = self
+                .xp2p
+                .as_ref()
+                .and_then(|x| x.op(op.buf, op.bytes, g, op.send != 0));
+            if let Some(x) = xop {
+                remote.ops[remote.count as usize] = x;
+                remote.count += 1;
+            } else {
+                let peer = self.cross().map_or(g, |c| {
+                    c.topo
+                        .group()
+                        .iter()
+                        .position(|&r| r == g)
+                        .expect("checked")
+                });
+                local.ops[local.count as usize] = DevP2pOp {
+                    peer: peer as u32,
+                    ..*op
+                };
+                local.count += 1;
             }
         }
         (local, remote)

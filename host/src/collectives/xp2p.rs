@@ -189,23 +189,18 @@ impl XP2p {
         })
     }
 
-    /// Rank `g`'s number among this rank's remote ranks and this rank's among `g`'s, or
-    /// `None` for a rank of this host.
-    pub(super) fn remote(&self, g: usize) -> Option<(u32, u32)> {
-        self.remote.get(g).copied().flatten()
-    }
-
-    /// The operation of a transfer with remote rank `peer` (see [`remote`](Self::remote)).
-    pub(super) fn op(&self, buf: u64, bytes: u64, peer: usize, send: bool) -> XOp {
-        let (index, at_peer) = self.remote(peer).expect("a remote rank");
-        XOp {
+    /// The operation of a transfer with rank `peer`, or `None` for a rank of this host
+    /// (which the p2p kernel serves).
+    pub(super) fn op(&self, buf: u64, bytes: u64, peer: usize, send: bool) -> Option<XOp> {
+        let (index, at_peer) = self.remote.get(peer).copied().flatten()?;
+        Some(XOp {
             buf,
             bytes,
             peer: peer as u32,
             send: send as u32,
             index,
             at_peer,
-        }
+        })
     }
 
     /// Host backend: runs `ops` in the calling thread (blocks until they are done or failed;
