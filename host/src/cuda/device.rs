@@ -1,9 +1,9 @@
 //! Devices: presence, enumeration, primary contexts.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
-use cudarc::driver::{CudaContext, DriverError, result};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
 
 use super::{CudaError, Result};
 
@@ -64,6 +64,16 @@ pub fn list_gpus() -> Result<Vec<GpuInfo>> {
     (0..n)
         .map(|i| Gpu::open(i).map(|g| g.info().clone()))
         .collect()
+}
+
+/// What a stream of [`Gpu::shared_stream`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamRole {
+    /// Copies from device memory into host staging before a send (TCP puts).
+    StageOut,
+    /// Copies from host staging into device memory after a receive, and the flag writes
+    /// that follow them (TCP receivers).
+    StageIn,
 }
 
 /// One device with its primary context (shared with cudarc and the runtime API).
@@ -136,6 +146,33 @@ impl Gpu {
         self.ctx
             .new_stream()
             .map_err(|e| CudaError::driver("cuStreamCreate", e))
+    }
+
+    /// The process's one stream for `role` on this device's context, created on first use
+    /// and shared by every caller while any holds it.
+    ///
+    /// Why shared: the driver maps a process's streams onto a few hardware work queues
+    /// (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default; fewer under MPS, whose clients share one
+    /// pool). Beyond that many streams, two streams share a queue, and work queued on one
+    /// waits for the other's. A proxy that queues copies and flag writes for a kernel that
+    /// spins on another stream must not share that kernel's queue, or neither finishes. A
+    /// stream per connection (as the TCP transport had: one per peer) passes that count from
+    /// a few peers on; one stream per role keeps the process's streams few.
+    pub(crate) fn shared_stream(&self, role: StreamRole) -> Result<Arc<CudaStream>> {
+        static STREAMS: Mutex<Vec<(StreamRole, Weak<CudaStream>)>> = Mutex::new(Vec::new());
+        let mut streams = STREAMS.lock().unwrap_or_else(PoisonError::into_inner);
+        streams.retain(|(_, w)| w.strong_count() > 0);
+        let found = streams
+            .iter()
+            .filter(|(r, _)| *r == role)
+            .filter_map(|(_, w)| w.upgrade())
+            .find(|s| **s.context() == *self.ctx);
+        if let Some(s) = found {
+            return Ok(s);
+        }
+        let s = self.new_stream()?;
+        streams.push((role, Arc::downgrade(&s)));
+        Ok(s)
     }
 
     /// Waits for all work on the device.

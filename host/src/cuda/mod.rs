@@ -31,6 +31,7 @@ pub use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig,
     PushKernelArg,
 };
+pub(crate) use device::StreamRole;
 pub use device::{Gpu, GpuInfo, device_count, driver_present, list_gpus};
 pub use memory::{
     DeviceBuffer, DmaBuf, HostRegistration, IpcMemHandle, MappedHostBuffer, PeerMapping,

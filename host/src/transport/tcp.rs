@@ -34,8 +34,12 @@
 //! (`tcp_stage.rs`): the proxy copies each chunk of a put out of the device
 //! (the next chunk's copy queued while the current one is written to the socket), and each
 //! receiver reads a chunk into a slot and queues its copy into the device buffer on the
-//! connection's copy stream; the signal's flag is then written on that stream
-//! (`cuStreamWriteValue64`), after every copy of the data before it.
+//! copy stream; the signal's flag is then written on that stream
+//! (`cuStreamWriteValue64`), after every copy of the data before it. Every connection of
+//! the process on one device shares that receive stream, and the proxies one send stream
+//! ([`Gpu::shared_stream`]): a stream per connection made a process with a few peers pass
+//! the driver's count of hardware work queues, and a copy queued behind the spinning kernel
+//! that waits for it never ran (seen on one H200 with three simulated hosts under MPS).
 //!
 //! Not validated: who connects. A hello names a rank and tag, and anyone who can reach the
 //! listener during setup could claim them (as with NCCL's sockets; the bootstrap's secret
@@ -59,7 +63,7 @@ use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
 
 use super::tcp_stage::Slots;
 use super::{DataPlane, Route, TransportError, TransportKind};
-use crate::cuda::{CudaError, Gpu, write_u64_async};
+use crate::cuda::{CudaError, Gpu, StreamRole, write_u64_async};
 
 /// Environment variable: sockets per connection (1 to 64, default 2).
 pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
@@ -354,7 +358,7 @@ fn read_full(
 }
 
 /// A GPU receiver's staging: the device's context (bound by the receiver thread) and the
-/// receiver's slots, on the connection's copy stream.
+/// receiver's slots, on the process's shared receive stream.
 type RecvStage = (Gpu, Slots);
 
 fn cuda_lost(e: CudaError) -> Stop {
@@ -449,7 +453,8 @@ fn receive(
                     }
                     if let Some((_, slots)) = &stage {
                         // SAFETY: `inbound` is an aligned word of the round's device flag
-                        // memory, which outlives the connection and its copy stream.
+                        // memory, which outlives the connection; this thread waits for the
+                        // stream before it ends (below), so the write runs before that.
                         unsafe { write_u64_async(sink.inbound, a, slots.stream()) }
                             .map_err(cuda_lost)?;
                         continue;
@@ -471,11 +476,14 @@ fn receive(
         }
     })();
     if let Some((_, slots)) = stage.as_mut() {
-        // The device buffer may go once this thread is joined: no copy may still be queued.
-        for i in 0..2 {
-            if let Err(e) = slots.wait(i) {
-                shared.lose(format!("staging through host memory: {e}"));
-            }
+        // The device buffer and the flag may go once this thread is joined: no copy or flag
+        // write of this connection may still be queued (the stream is shared, so it may hold
+        // other connections' work too, which ends on its own).
+        let done = (0..2)
+            .try_for_each(|i| slots.wait(i))
+            .and_then(|()| slots.synchronize());
+        if let Err(e) = done {
+            shared.lose(format!("staging through host memory: {e}"));
         }
     }
     if let Err(Stop::Lost(why)) = stopped {
@@ -547,7 +555,7 @@ impl TcpLink {
         }
         let copy_stream: Option<Arc<CudaStream>> = match stage {
             Some((gpu, _)) => Some(
-                gpu.new_stream()
+                gpu.shared_stream(StreamRole::StageIn)
                     .map_err(|e| format!("the copy stream of the host staging: {e}"))?,
             ),
             None => None,
@@ -975,7 +983,7 @@ impl TransportSetup for TcpSetup {
                     transport: TransportKind::Tcp,
                     reason: format!("host staging of GPU puts: {e}"),
                 };
-                let stream = gpu.new_stream().map_err(cuda)?;
+                let stream = gpu.shared_stream(StreamRole::StageOut).map_err(cuda)?;
                 Some(Slots::new(gpu, stream, config.chunk).map_err(cuda)?)
             }
             Backend::Host => None,

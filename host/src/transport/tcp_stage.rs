@@ -5,9 +5,9 @@
 //! The sender (the proxy's plane) fills a slot from the device, waits for it, and writes it
 //! to a socket, having queued the next slot's copy before the wait. A receiver reads a frame
 //! into a slot and queues its copy to the device; the slot is taken again only once that
-//! copy is done. The receivers of a connection share one stream, and the flag that follows
-//! the data is written on that stream after every copy queued before it
-//! (`cuStreamWriteValue64`), so a kernel that sees the flag sees the data.
+//! copy is done. The receivers share one stream (every connection's, on one device), and
+//! the flag that follows the data is written on that stream after every copy queued before
+//! it (`cuStreamWriteValue64`), so a kernel that sees the flag sees the data.
 
 use std::sync::Arc;
 
@@ -53,6 +53,16 @@ impl Slots {
     /// The copy stream.
     pub(crate) fn stream(&self) -> &CudaStream {
         &self.stream
+    }
+
+    /// Waits for everything queued on the copy stream so far (this slot pair's copies and
+    /// whatever else shares the stream).
+    pub(crate) fn synchronize(&mut self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+        self.pending = [false; 2];
+        Ok(())
     }
 
     /// Bytes per slot.
