@@ -271,7 +271,11 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
         }
         if let Some(path) = &args.json {
             let mut json = serde_json::json!({
-                "command": std::env::args().collect::<Vec<_>>(),
+                // The binary by its file name and the output files by theirs: a report
+                // names no folder of the machine that ran it.
+                "command": mscclpp::perf::json::public_command_line(
+                    &std::env::args().collect::<Vec<_>>()
+                ),
                 "nranks": ranks.nranks,
                 "config": cfg,
                 "coll_max_blocks": coll_max_blocks,
