@@ -85,12 +85,19 @@ fn shared_streams_are_one_per_role_and_context_while_held() {
     // Another handle of the same device (another primary-context retain) gets the same one.
     let again = Gpu::open(0).unwrap();
     let b = again.shared_stream(StreamRole::StageIn).unwrap();
-    assert!(Arc::ptr_eq(&a, &b), "the same role on one context shares its stream");
+    assert!(
+        Arc::ptr_eq(&a, &b),
+        "the same role on one context shares its stream"
+    );
     let out = gpu.shared_stream(StreamRole::StageOut).unwrap();
     assert!(!Arc::ptr_eq(&a, &out), "each role has a stream of its own");
     drop((a, b));
     // Nobody holds it any more: the next caller gets a new stream (not a dangling one).
     let c = gpu.shared_stream(StreamRole::StageIn).unwrap();
     c.synchronize().unwrap();
-    assert_eq!(Arc::strong_count(&c), 1, "the registry holds only a weak reference");
+    assert_eq!(
+        Arc::strong_count(&c),
+        1,
+        "the registry holds only a weak reference"
+    );
 }
