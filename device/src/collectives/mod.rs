@@ -145,7 +145,7 @@ pub mod local_fault {
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 
 /// What the collective kernels need to reach every rank, passed by value (`#[repr(C)]`,
-/// `Copy`, 328 bytes). Built by the host (`mscclpp_host::collectives`); kernels trust it,
+/// `Copy`, 344 bytes). Built by the host (`mscclpp_host::collectives`); kernels trust it,
 /// which is why launching them is `unsafe`. Entries for ranks ≥ `nranks` are null; the own
 /// rank's `peer_*` entries are unused.
 #[repr(C)]
@@ -191,9 +191,17 @@ pub struct CollContext {
     /// and kernels both read and write while kernels run (mapped pinned host memory on a
     /// GPU). The host raises [`fault::ABORT`] in it; kernels record why a call failed.
     pub fault: *mut u64,
+    /// Non-zero for the kernels inside a host of a communicator that spans hosts: every call
+    /// first reads [`fault::CROSS_BROKEN`], and once a round across hosts failed on this rank
+    /// its descriptor is [`desc::BROKEN`], so the host's other ranks fail the call (a
+    /// mismatch) instead of taking what this rank's buffers hold. On a GPU the whole of a
+    /// call across hosts is queued at once, so the local kernels after a failed round still
+    /// run. Zero elsewhere (the word lives in pinned host memory: a read costs a PCIe round
+    /// trip that one-host calls do not pay).
+    pub cross_guard: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<CollContext>() == 336);
+const _: () = assert!(core::mem::size_of::<CollContext>() == 344);
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed under the
 // protocols of this module.
@@ -345,6 +353,9 @@ pub mod desc {
     /// Point-to-point sends and receives (a group; no descriptor exchange, see
     /// [`send_recv`](super::send_recv)).
     pub const SEND_RECV: u64 = 7;
+    /// The descriptor tag of a rank whose round across hosts failed earlier
+    /// ([`CollContext::cross_guard`]): no call's tag (its kind field would be 0xff).
+    pub const BROKEN: u64 = u64::MAX;
     /// Builds a tag.
     #[inline(always)]
     pub const fn tag(kind: u64, dtype: u64, op: u64, algo: u64) -> u64 {
@@ -468,9 +479,12 @@ impl CollContext {
     pub unsafe fn call(&self, block: u32, n: u64, tag: u64) -> Call {
         // SAFETY: the call counter is the first of the state's two (caller contract).
         let seq = unsafe { all_reduce::read_counter(self.state, block) };
+        // SAFETY: the fault area is live (context contract); read only when guarded.
+        let broken = self.cross_guard != 0
+            && unsafe { arch::ld_relaxed_sys_u64(self.fault.add(fault::CROSS_BROKEN)) } != 0;
         Call {
             seq,
-            desc: [n, tag],
+            desc: [n, if broken { desc::BROKEN } else { tag }],
             failed: false,
             desc_pending: false,
         }

@@ -76,6 +76,7 @@ impl World {
                     // Proxy channels need the host's proxy: tested in mscclpp-host.
                     conns: core::ptr::null(),
                     fault: alloc(FAULT_WORDS as u64 * 8) as *mut u64,
+                    cross_guard: 0,
                 };
                 for p in 0..n {
                     c.peer_scratch[p] = scratch[p];
@@ -735,6 +736,76 @@ fn mismatch_then_match(w: &World, ops: &[Op], algo: Algo, what: &str) {
             );
             assert_eq!(record(w, r).0, 0, "{what}: rank {r} recorded a failure");
         }
+    }
+}
+
+/// A rank whose round across hosts failed earlier (`CROSS_BROKEN` in its fault area) takes
+/// part in no later call inside its host: with `cross_guard` on, its descriptor is
+/// `desc::BROKEN`, so every other rank records a mismatch naming it (an error, never its
+/// buffers' contents taken as a result), for the LL one-shot, the scratch two-shot and the
+/// all-gather. Without the guard (one-host contexts) the word is not read at all.
+#[test]
+fn a_rank_broken_across_hosts_fails_the_calls_inside_its_host() {
+    let n = 3;
+    let mut w = short_world(n, 16 * 40, 8192);
+    for c in &mut w.ctxs {
+        c.cross_guard = 1;
+    }
+    let set_broken = |w: &World, v: u64| {
+        // SAFETY: rank 1's fault area; no kernel running.
+        unsafe { w.ctxs[1].fault.add(fault::CROSS_BROKEN).write(v) }
+    };
+    set_broken(&w, 1);
+    let inputs = int_inputs(n, 150, 5);
+    let cases: Vec<(&str, Vec<Op>)> = vec![
+        (
+            "one-shot",
+            inputs
+                .iter()
+                .map(|v| Op::AllReduce(Ty::F32, Algo::OneShot, v.clone()))
+                .collect(),
+        ),
+        (
+            "two-shot",
+            inputs
+                .iter()
+                .map(|v| Op::AllReduce(Ty::F32, Algo::TwoShot, v.clone()))
+                .collect(),
+        ),
+        (
+            "all-gather",
+            (0..n).map(|r| Op::AllGather(vec![r as u8; 96])).collect(),
+        ),
+    ];
+    for (what, ops) in &cases {
+        run_ops(&w, ops, 2, 8);
+        for r in 0..n {
+            let (kind, peer, own, theirs) = record(&w, r);
+            assert_eq!(kind, fault::MISMATCH, "{what}: rank {r} recorded {kind}");
+            if r == 1 {
+                assert_eq!(own[1], desc::BROKEN, "{what}: the broken rank sends BROKEN");
+            } else {
+                assert_eq!(peer, 1, "{what}: rank {r} names the broken rank");
+                assert_eq!(theirs[1], desc::BROKEN, "{what}: rank {r}");
+                assert_ne!(own[1], desc::BROKEN, "{what}: rank {r}");
+            }
+        }
+    }
+    // The word is what decides: cleared, the same calls agree and are exact.
+    set_broken(&w, 0);
+    let want = encode(Ty::F32, &expected(&inputs), 0);
+    for (r, got) in run_ops(&w, &cases[0].1, 2, 8).iter().enumerate() {
+        assert_eq!(got, &want, "rank {r} once nothing is broken");
+        assert_eq!(record(&w, r).0, 0, "rank {r} recorded a failure");
+    }
+    // Unguarded contexts never read it: a broken word changes nothing there.
+    for c in &mut w.ctxs {
+        c.cross_guard = 0;
+    }
+    set_broken(&w, 1);
+    for (r, got) in run_ops(&w, &cases[1].1, 2, 8).iter().enumerate() {
+        assert_eq!(got, &want, "rank {r} unguarded");
+        assert_eq!(record(&w, r).0, 0, "rank {r} recorded a failure unguarded");
     }
 }
 

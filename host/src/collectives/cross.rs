@@ -319,6 +319,8 @@ pub(super) fn proxy_context(
         state,
         conns,
         fault: comm.fault_area().kernel_ptr(),
+        // The step has its own handling of a failed round.
+        cross_guard: 0,
     }
 }
 

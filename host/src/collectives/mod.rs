@@ -775,6 +775,9 @@ impl Collectives {
                 host_conns.as_ptr()
             },
             fault: comm.fault_area().kernel_ptr(),
+            // The kernels inside a host fail, rather than pass on whatever this rank holds,
+            // once a round across hosts failed on this rank (see the field).
+            cross_guard: u64::from(cross.is_some()),
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
@@ -945,6 +948,23 @@ impl Collectives {
             fault::MISMATCH if desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV => {
                 CommError::CallMismatch(format!("{call}: {}", p2p_mismatch(me, rec)))
             }
+            // This rank's own round across hosts failed earlier (its record says why).
+            fault::MISMATCH if rec.own[1] == desc::BROKEN => {
+                self.cross_fault(call).err().unwrap_or_else(|| {
+                    CommError::State(format!(
+                        "{call}: rank {me}: a round across hosts failed earlier; the \
+                         collectives cannot be used any more"
+                    ))
+                })
+            }
+            fault::MISMATCH if rec.theirs[1] == desc::BROKEN => CommError::State(format!(
+                "{call}: rank {} of this host could not take part in collective #{}: a round \
+                 across hosts failed on it earlier (it reports why), so the call failed on \
+                 rank {me} too (its output is undefined); the collectives cannot be used any \
+                 more",
+                rec.peer,
+                rec.seq + 1,
+            )),
             fault::MISMATCH => {
                 let (own, theirs) = describe_pair(rec.own, rec.theirs);
                 CommError::CallMismatch(format!(
