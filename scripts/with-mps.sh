@@ -30,11 +30,12 @@ nvidia-cuda-mps-control -d || { echo "$0: the MPS daemon did not start (see $CUD
 # transport's receivers, the proxy's copy engine) and never see them: a deadlock from three
 # processes on one GPU up. The caller may set another value.
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-8}
-# Stop the command and the daemon when this script is stopped (timeout sends TERM here).
+# Stop the command (its whole process group: a launcher's ranks too) and the daemon when
+# this script is stopped (timeout sends TERM here).
 child=0
 trap 'echo quit | nvidia-cuda-mps-control' EXIT
-trap '[ $child -gt 0 ] && kill -TERM $child 2>/dev/null; exit 143' TERM INT
+trap '[ $child -gt 0 ] && kill -TERM -- -$child 2>/dev/null; sleep 1; kill -KILL -- -$child 2>/dev/null; exit 143' TERM INT
 sleep 1
-"$@" &
+setsid "$@" &
 child=$!
 wait $child
