@@ -46,6 +46,24 @@ pub(super) const TAG_CROSS: u32 = 0xC011_0005;
 /// Bytes of the header before every payload: round, descriptor (`n`, tag), payload bytes.
 const HDR: usize = xk::HDR as usize;
 
+/// The driver's variable for the hardware work queues of a process's streams.
+const WORK_QUEUES_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// What a timeout across hosts should add when `CUDA_DEVICE_MAX_CONNECTIONS` (`value`) is
+/// set below 4: the step kernel spins while the proxy's copies and flag writes run on
+/// streams of their own, and with fewer queues than streams they can wait behind the kernel
+/// that waits for them (README, "Work queues"). `None` when unset or at least 4.
+pub(super) fn work_queue_hint(value: Option<&str>) -> Option<String> {
+    let v = value?;
+    match v.trim().parse::<u32>() {
+        Ok(n) if n >= 4 => None,
+        _ => Some(format!(
+            "{WORK_QUEUES_ENV}={v} is set: with that few hardware work queues the proxy's \
+             copies can wait behind the kernel that waits for them; unset it or set it to 8"
+        )),
+    }
+}
+
 /// Across three hosts or more, [`AllReduceAlgo::Auto`] runs the two-shot all-reduce across
 /// hosts once it sends at least this many bytes per rank less than one-shot does. One-shot
 /// puts this rank's whole shard (`c` bytes: the call's bytes over the ranks of a host) to
@@ -718,10 +736,17 @@ impl Collectives {
                     .comm
                     .proxy_error()
                     .map_or(String::new(), |e| format!(" (the proxy reported: {e})"));
+                let queues = match self.comm.backend() {
+                    Backend::Gpu(_) => {
+                        work_queue_hint(std::env::var(WORK_QUEUES_ENV).ok().as_deref())
+                    }
+                    Backend::Host => None,
+                }
+                .map_or(String::new(), |hint| format!("; {hint}"));
                 CommError::Timeout(format!(
                     "{call}: rank {me} waited {:?} for rank {peer} (host {h}, across hosts) and gave \
-                     up: that rank did not take part, or is stuck{proxy}; the collectives cannot \
-                     be used any more",
+                     up: that rank did not take part, or is stuck{proxy}{queues}; the collectives \
+                     cannot be used any more",
                     self.comm.device_timeout()
                 ))
             }

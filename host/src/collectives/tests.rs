@@ -729,3 +729,19 @@ fn across_hosts_over_ib_on_the_fake_fabric() {
         }
     });
 }
+
+#[test]
+fn a_timeout_across_hosts_names_too_few_work_queues() {
+    use super::cross::work_queue_hint;
+    assert_eq!(work_queue_hint(None), None);
+    assert_eq!(work_queue_hint(Some("8")), None);
+    assert_eq!(work_queue_hint(Some("4")), None);
+    for low in ["1", "3", "0", "lots"] {
+        let hint = work_queue_hint(Some(low)).expect(low);
+        assert!(
+            hint.contains(&format!("CUDA_DEVICE_MAX_CONNECTIONS={low}"))
+                && hint.contains("set it to 8"),
+            "{hint}"
+        );
+    }
+}
