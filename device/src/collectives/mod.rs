@@ -354,7 +354,8 @@ pub mod desc {
     /// [`send_recv`](super::send_recv)).
     pub const SEND_RECV: u64 = 7;
     /// The descriptor tag of a rank whose round across hosts failed earlier
-    /// ([`CollContext::cross_guard`]): no call's tag (its kind field would be 0xff).
+    /// ([`CollContext::cross_guard`](super::CollContext::cross_guard)): no call's tag (its
+    /// kind field would be 0xff).
     pub const BROKEN: u64 = u64::MAX;
     /// Builds a tag.
     #[inline(always)]

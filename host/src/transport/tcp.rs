@@ -37,7 +37,7 @@
 //! copy stream; the signal's flag is then written on that stream
 //! (`cuStreamWriteValue64`), after every copy of the data before it. Every connection of
 //! the process on one device shares that receive stream, and the proxies one send stream
-//! ([`Gpu::shared_stream`]): a stream per connection made a process with a few peers pass
+//! (`Gpu::shared_stream`): a stream per connection made a process with a few peers pass
 //! the driver's count of hardware work queues, and a copy queued behind the spinning kernel
 //! that waits for it never ran (seen on one H200 with three simulated hosts under MPS).
 //!
