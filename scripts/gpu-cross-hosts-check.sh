@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# First GPU checks of the cross-host work written without device time (2026-12-01, fifth
-# session): send/recv across hosts (the xp2p kernel), the two-shot forms across three or more
-# hosts, train-dp across simulated hosts. For the device tool on nvidia-h200-x2, with the
-# release binaries packed as the other sessions did:
+# GPU checks of the cross-host work: send/recv across hosts (the xp2p kernel), the two-shot
+# forms across three or more hosts, two hosts of two ranks, train-dp, nccl-tests and PyTorch
+# across simulated hosts. On the development machine (Rust, no GPU), build and pack:
 #
-#   .gpu/b/{gpu_cross_host,gpu_collectives_more,mscclpp-perf,train-dp,libmscclpp_nccl.so}
-#   tar czf .gpu/b.tgz -C .gpu b;  run: carry [".gpu"], command scripts/gpu-cross-hosts-check.sh
+#   scripts/gpu-cross-hosts-check.sh --pack     # -> .gpu/b.tgz (about 12 MB)
+#
+# then call the device tool with carry [".gpu"] and command
+# `scripts/gpu-cross-hosts-check.sh` (on nvidia-h200-x2 every step; on one GPU see below).
 #
 # On a machine with ONE GPU (nvidia-h200) every rank is on GPU 0: every step runs under an MPS
 # daemon of its own (a kernel that traps in one MPS client fails every client of that daemon,
@@ -14,6 +15,21 @@
 #
 # Logs go to $OUT/xh (tarred into $OUT/xh.tgz after every step, so a timeout keeps them).
 cd "$(dirname "$0")/.." || exit 1
+if [ "${1:-}" = --pack ]; then
+  set -e
+  cargo build --release --workspace --bins --tests
+  cargo build --release -p mscclpp-nccl
+  rm -rf .gpu/b && mkdir -p .gpu/b
+  for t in gpu_cross_host gpu_collectives_more; do
+    # The newest build of each test (cargo keeps older hashes beside it).
+    cp "$(ls -t target/release/deps/$t-* | grep -E "/$t-[0-9a-f]{16}$" | head -1)" .gpu/b/$t
+  done
+  cp target/release/{mscclpp-perf,train-dp,libmscclpp_nccl.so} .gpu/b/
+  strip .gpu/b/*
+  tar czf .gpu/b.tgz -C .gpu b && rm -rf .gpu/b
+  ls -l .gpu/b.tgz
+  exit 0
+fi
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 CMP="--compare nccl" M="" NR=""
 [ "$NGPU" = 1 ] && {
