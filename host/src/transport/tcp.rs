@@ -477,12 +477,10 @@ fn receive(
     })();
     if let Some((_, slots)) = stage.as_mut() {
         // The device buffer and the flag may go once this thread is joined: no copy or flag
-        // write of this connection may still be queued (the stream is shared, so it may hold
-        // other connections' work too, which ends on its own).
-        let done = (0..2)
-            .try_for_each(|i| slots.wait(i))
-            .and_then(|()| slots.synchronize());
-        if let Err(e) = done {
+        // write of this connection may still be queued. The slots' copies are on the same
+        // stream, so its synchronize covers them (the stream is shared, so it may hold other
+        // connections' work too, which ends on its own).
+        if let Err(e) = slots.synchronize() {
             shared.lose(format!("staging through host memory: {e}"));
         }
     }
