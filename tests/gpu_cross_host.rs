@@ -30,38 +30,21 @@ use common::{ROLE, dptr, mismatches, splitmix};
 /// processes as two hosts of two also run the local reduce-scatter and all-gather kernels
 /// over memory channels, all on GPU 0 of a one-GPU machine).
 fn ranks_per_host() -> usize {
-    match std::env::var("MSCCLPP_TEST_RANKS_PER_HOST") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(l) if (1..=4).contains(&l) => l,
-            _ => panic!("MSCCLPP_TEST_RANKS_PER_HOST={v:?}: expected a number in 1..=4"),
-        },
-        Err(_) => 1,
-    }
+    common::env_number("MSCCLPP_TEST_RANKS_PER_HOST", 1..=4, 1) as usize
 }
 
 /// Simulated hosts: `MSCCLPP_TEST_HOSTS` (2..=8, default 2). From 3 hosts, large calls take
 /// the two-shot forms across hosts (more processes than GPUs share them: run under MPS,
 /// `scripts/with-mps.sh`).
 fn test_hosts() -> usize {
-    match std::env::var("MSCCLPP_TEST_HOSTS") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(h) if (2..=8).contains(&h) => h,
-            _ => panic!("MSCCLPP_TEST_HOSTS={v:?}: expected a number in 2..=8"),
-        },
-        Err(_) => 2,
-    }
+    common::env_number("MSCCLPP_TEST_HOSTS", 2..=8, 2) as usize
 }
 
-/// How long the ranks of one test may run: `MSCCLPP_TEST_TIMEOUT_S` (default 550), so that a
-/// run under a shorter outer limit still prints the ranks' output when one hangs.
+/// How long the ranks of one test may run, in seconds: `MSCCLPP_TEST_TIMEOUT_S` (1 to a
+/// day, default 550), so that a run under a shorter outer limit still prints the ranks'
+/// output when one hangs.
 fn test_timeout_s() -> u64 {
-    match std::env::var("MSCCLPP_TEST_TIMEOUT_S") {
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(s) if s > 0 => s,
-            _ => panic!("MSCCLPP_TEST_TIMEOUT_S={v:?}: expected a positive number of seconds"),
-        },
-        Err(_) => 550,
-    }
+    common::env_number("MSCCLPP_TEST_TIMEOUT_S", 1..=86_400, 550)
 }
 
 fn run_two(test: &str) {

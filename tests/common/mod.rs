@@ -16,12 +16,22 @@ pub const ROLE: &str = "MSCCLPP_TEST_ROLE";
 
 /// Ranks of each test: `MSCCLPP_TEST_GPUS` (2..=8), else 2.
 pub fn test_ranks() -> usize {
-    match std::env::var("MSCCLPP_TEST_GPUS") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (2..=8).contains(&n) => n,
-            _ => panic!("MSCCLPP_TEST_GPUS={v:?}: expected a number in 2..=8"),
+    env_number("MSCCLPP_TEST_GPUS", 2..=8, 2) as usize
+}
+
+/// The number in environment variable `name`, which must lie in `ok`; `default` when unset.
+/// Panics, naming the variable and the range, on anything else.
+pub fn env_number(name: &str, ok: std::ops::RangeInclusive<u64>, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) if ok.contains(&n) => n,
+            _ => panic!(
+                "{name}={v:?}: expected a number in {}..={}",
+                ok.start(),
+                ok.end()
+            ),
         },
-        Err(_) => 2,
+        Err(_) => default,
     }
 }
 
