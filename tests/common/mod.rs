@@ -35,6 +35,14 @@ pub fn env_number(name: &str, ok: std::ops::RangeInclusive<u64>, default: u64) -
     }
 }
 
+/// The device timeout of the tests' communicators: 60 s, or a third of
+/// `MSCCLPP_TEST_TIMEOUT_S` (at least 5 s) when that is shorter, so that a wait that never
+/// ends traps and says what it waited for before the test's limit kills the ranks.
+pub fn device_timeout() -> Duration {
+    let limit = env_number("MSCCLPP_TEST_TIMEOUT_S", 1..=86_400, 180);
+    Duration::from_secs((limit / 3).clamp(5, 60))
+}
+
 /// This rank's collectives on its GPU (launched by the test's parent) and a stream.
 pub fn setup() -> (Collectives, Arc<CudaStream>) {
     setup_with(CollConfig::default())
@@ -54,7 +62,7 @@ pub fn collectives_on(bs: BlockingBootstrap, coll: CollConfig) -> (Collectives, 
         panic!("rank {} found no GPU", bs.rank())
     };
     let config = CommConfig {
-        device_timeout: Duration::from_secs(60),
+        device_timeout: device_timeout(),
         ..CommConfig::default()
     };
     let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();

@@ -92,6 +92,14 @@
 //! kernel take room on the GPU while it runs the previous one), and that is not understood
 //! yet.
 //!
+//! **Ranks sharing a GPU** (several processes on one device under MPS: tests, simulated
+//! hosts) get at most `multiprocessors / k` blocks per kernel, for `k` ranks on the most
+//! shared device of the communicator (read from the bootstrap when the collectives are
+//! created; `max_blocks` and the one-shot grid are capped). A kernel's blocks wait for its
+//! peers' blocks, so the kernels of the ranks on one device must fit on it together; the
+//! kernels take one 512-thread block per multiprocessor. Without the cap, four ranks on one
+//! H200 (two simulated hosts of two) hung in all-gather at 4 MiB, and ran with one block.
+//!
 //! # Algorithms
 //!
 //! [`AllReduceAlgo::Auto`] picks by message size and rank count; the environment variables
@@ -112,6 +120,7 @@ pub use more::P2pOp;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
 
+use std::collections::HashMap;
 use std::fmt;
 
 use mscclpp_device::arch::{Dim3, launch};
@@ -587,6 +596,9 @@ const TAG_PROXY: u32 = 0xC011_0100;
 pub struct Collectives {
     comm: Communicator,
     config: CollConfig,
+    /// The most blocks of any kernel when ranks share this rank's GPU
+    /// ([`shared_gpu_block_cap`]; `u32::MAX` when they do not).
+    block_cap: u32,
     /// The context on the host (host backend kernels read it here).
     ctx: Box<CollContext>,
     env_all_reduce: Option<AllReduceAlgo>,
@@ -677,6 +689,51 @@ fn parse_rooted(name: &str, v: Option<String>) -> Result<Option<RootedAlgo>, Com
     }
 }
 
+/// The most blocks a collective kernel may have when ranks share a GPU (several processes on
+/// one device under MPS), else `u32::MAX`. The kernels' blocks wait for their peers' blocks,
+/// so every kernel of the ranks on one device must fit on it at once: a kernel that fills the
+/// device while its local peer's kernel waits for room never ends (seen with four ranks on
+/// one H200: two simulated hosts of two, all-gather at 4 MiB). The kernels are built for 512
+/// threads at 128 registers, one block per multiprocessor, so each of `k` ranks sharing a
+/// device gets `multiprocessors / k` blocks. Every rank computes the same cap from the same
+/// table (the most ranks on any one device of the communicator), so grids stay equal on
+/// every rank.
+fn shared_gpu_block_cap(comm: &Communicator) -> Result<u32, CommError> {
+    // Each rank's device as "multiprocessors pci-bus-id" (empty on the host backend).
+    let me = match comm.backend() {
+        Backend::Gpu(g) => format!("{} {}", g.info().multiprocessors, g.info().pci_bus_id),
+        Backend::Host => String::new(),
+    };
+    let table = comm.bootstrap_all_gather(me.as_bytes())?;
+    let bs = comm.bootstrap().as_async();
+    let mut per_device: HashMap<(&str, &[u8]), u32> = HashMap::new();
+    // The smallest device of the job, so that every rank computes the same cap.
+    let mut sms = u32::MAX;
+    for (r, dev) in table.iter().enumerate() {
+        let text = String::from_utf8_lossy(dev);
+        if let Some(n) = text.split(' ').next().and_then(|n| n.parse::<u32>().ok()) {
+            sms = sms.min(n);
+            *per_device
+                .entry((bs.host_id(r).unwrap_or("?"), dev.as_slice()))
+                .or_default() += 1;
+        }
+    }
+    Ok(share_cap(
+        per_device.values().copied().max().unwrap_or(1),
+        sms,
+    ))
+}
+
+/// The block cap for `sharing` ranks on a device of `multiprocessors` (see
+/// [`shared_gpu_block_cap`]): no cap for one rank.
+fn share_cap(sharing: u32, multiprocessors: u32) -> u32 {
+    if sharing <= 1 {
+        u32::MAX
+    } else {
+        (multiprocessors / sharing).max(1)
+    }
+}
+
 impl Collectives {
     /// Registers scratch and connects every pair of ranks of a host, and each rank to the
     /// ranks of its local index on the other hosts (over TCP; see [Across
@@ -685,8 +742,10 @@ impl Collectives {
     /// caller's own channels afterwards through [`communicator`] (read-only).
     ///
     /// [`communicator`]: Self::communicator
-    pub fn new(mut comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
+    pub fn new(mut comm: Communicator, mut config: CollConfig) -> Result<Collectives, CommError> {
         config.validate()?;
+        let block_cap = shared_gpu_block_cap(&comm)?;
+        config.max_blocks = config.max_blocks.min(block_cap);
         let env_all_reduce = parse_all_reduce_env()?;
         let env_all_gather = parse_all_gather_env()?;
         let env_broadcast = parse_rooted_env("MSCCLPP_BROADCAST_ALGO")?;
@@ -806,6 +865,7 @@ impl Collectives {
         Ok(Collectives {
             comm,
             config,
+            block_cap,
             ctx: Box::new(ctx),
             env_all_reduce,
             env_all_gather,
@@ -1157,7 +1217,8 @@ impl Collectives {
                 // threads of block 0 send and check the call descriptors, and in a warp of
                 // their own they do not hold up the data threads' polls.
                 let threads = ((units.next_multiple_of(32) + 32) as u32).clamp(64, threads);
-                let blocks = units.div_ceil(threads as usize).clamp(1, 128) as u32;
+                let most = self.block_cap.min(128) as usize;
+                let blocks = units.div_ceil(threads as usize).clamp(1, most) as u32;
                 (blocks, threads)
             }
             _ => {

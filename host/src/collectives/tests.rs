@@ -745,3 +745,16 @@ fn a_timeout_across_hosts_names_too_few_work_queues() {
         );
     }
 }
+
+#[test]
+fn ranks_sharing_a_gpu_split_its_multiprocessors() {
+    // One rank per device: no cap (the config's max_blocks stands).
+    assert_eq!(share_cap(1, 132), u32::MAX);
+    // Four ranks on an H200 (132 multiprocessors, one 512-thread block each): 33 blocks
+    // each, so the four kernels fit at once (4 * 33 <= 132).
+    assert_eq!(share_cap(4, 132), 33);
+    assert!(4 * share_cap(4, 132) <= 132);
+    assert_eq!(share_cap(2, 132), 66);
+    // More ranks than multiprocessors: still one block each.
+    assert_eq!(share_cap(200, 132), 1);
+}
