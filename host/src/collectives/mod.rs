@@ -689,6 +689,46 @@ fn parse_rooted(name: &str, v: Option<String>) -> Result<Option<RootedAlgo>, Com
     }
 }
 
+/// How [`wait_idle`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    /// The stream is idle, or querying it failed (the caller synchronises to learn why).
+    Done,
+    /// The communicator was aborted first.
+    Aborted,
+}
+
+/// Waits until `idle` says the stream is idle (or fails), or `aborted` says the communicator
+/// was aborted: spins for the first 200 us (short collectives return at once), then
+/// yields until 20 ms, then sleeps 50 us between queries; the abort is looked at from the
+/// first yield on.
+fn wait_idle<E>(
+    mut idle: impl FnMut() -> Result<bool, E>,
+    mut aborted: impl FnMut() -> bool,
+) -> Waited {
+    const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+    const YIELD: std::time::Duration = std::time::Duration::from_millis(20);
+    let start = std::time::Instant::now();
+    loop {
+        if idle().unwrap_or(true) {
+            return Waited::Done;
+        }
+        let waited = start.elapsed();
+        if waited < SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        if aborted() {
+            return Waited::Aborted;
+        }
+        if waited < YIELD {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
 /// The most blocks a collective kernel may have when ranks share a GPU (several processes on
 /// one device under MPS), else `u32::MAX`. The kernels' blocks wait for their peers' blocks,
 /// so every kernel of the ranks on one device must fit on it at once: a kernel that fills the
@@ -925,8 +965,30 @@ impl Collectives {
     /// Synchronises `stream`, then returns [`async_error`](Self::async_error): the
     /// outcome of every collective queued on it. GPU backend only. A sticky CUDA error
     /// (an earlier kernel trapped or faulted) is returned as [`CommError::ContextLost`].
+    ///
+    /// The wait has a way out: an abort of the communicator (a rank lost, or
+    /// [`abort`](Self::abort)) ends it with [`CommError::Aborted`] even while work on the
+    /// stream has not run, e.g. kernels that cannot start because ranks sharing one GPU
+    /// hold it (the work stays queued; memory freed stream-ordered after it is safe).
     pub fn synchronize(&self, stream: &CudaStream) -> Result<(), CommError> {
         self.gpu_kernels("synchronize")?;
+        let area = self.comm.fault_area();
+        let idle = || crate::cuda::stream_idle(stream);
+        let aborted = || area.abort_reason().is_some();
+        if !matches!(wait_idle(idle, aborted), Waited::Aborted) {
+            return self.synchronize_now(stream);
+        }
+        match self.check_fault("synchronize", true) {
+            Err(e) => Err(e),
+            Ok(()) => Err(CommError::Aborted(
+                "synchronize: the communicator was aborted".into(),
+            )),
+        }
+    }
+
+    /// [`synchronize`](Self::synchronize) once the stream is idle (or its query failed:
+    /// `cuStreamSynchronize` then returns the same error, classified).
+    fn synchronize_now(&self, stream: &CudaStream) -> Result<(), CommError> {
         if let Err(e) = stream.synchronize() {
             let e = gpu::classify("synchronize", "cuStreamSynchronize", e);
             self.note_lost(&e);

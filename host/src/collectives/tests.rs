@@ -758,3 +758,29 @@ fn ranks_sharing_a_gpu_split_its_multiprocessors() {
     // More ranks than multiprocessors: still one block each.
     assert_eq!(share_cap(200, 132), 1);
 }
+
+#[test]
+fn synchronize_returns_on_an_abort_while_the_stream_never_finishes() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    // A stream that finishes on the fifth query: done, whatever the abort flag says later.
+    let queries = AtomicUsize::new(0);
+    let w = wait_idle(
+        || Ok::<_, ()>(queries.fetch_add(1, Ordering::Relaxed) >= 4),
+        || false,
+    );
+    assert_eq!(w, Waited::Done);
+    assert_eq!(queries.load(Ordering::Relaxed), 5);
+    // A failed query ends the wait too (the caller synchronises to learn the error).
+    assert_eq!(wait_idle(|| Err::<bool, _>("lost"), || false), Waited::Done);
+    // Work that never runs (kernels that cannot start on a shared GPU): before, a plain
+    // cuStreamSynchronize waited forever; the abort raised 30 ms in ends the wait.
+    let abort = AtomicBool::new(false);
+    let w = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(30));
+            abort.store(true, Ordering::Release);
+        });
+        wait_idle(|| Ok::<_, ()>(false), || abort.load(Ordering::Acquire))
+    });
+    assert_eq!(w, Waited::Aborted);
+}
