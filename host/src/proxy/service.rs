@@ -267,17 +267,33 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
             }),
             Some(route) => {
                 let plane = &mut task.plane;
-                if op.contains(TriggerOp::DATA) {
-                    let (dst, src, size) =
-                        (trigger.dst_offset(), trigger.src_offset(), trigger.size());
-                    match route.check(dst, src, size) {
-                        Err(error) => fail(ProxyError::OutOfBounds {
+                let (dst, src, size) = (trigger.dst_offset(), trigger.src_offset(), trigger.size());
+                // The put's bounds, when there is a put.
+                let checked = op
+                    .contains(TriggerOp::DATA)
+                    .then(|| route.check(dst, src, size));
+                // Relaxed (the epochs below): this thread is the only writer while it runs;
+                // the join in `stop` orders it before a later proxy's reads.
+                if op.contains(TriggerOp::FLAG) && matches!(checked, Some(Ok(()))) {
+                    // Both at once: a plane may send them together (TCP: one write).
+                    let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
+                    if let Err(error) = plane.put_with_signal(route, dst, src, size, epoch) {
+                        fail(ProxyError::Transport {
+                            seq,
+                            connection: id,
+                            peer,
+                            error,
+                        });
+                    }
+                } else {
+                    match checked {
+                        Some(Err(error)) => fail(ProxyError::OutOfBounds {
                             seq,
                             connection: id,
                             peer,
                             error,
                         }),
-                        Ok(()) => {
+                        Some(Ok(())) => {
                             if let Err(error) = plane.put(route, dst, src, size) {
                                 fail(ProxyError::Transport {
                                     seq,
@@ -287,19 +303,18 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
                                 });
                             }
                         }
+                        None => {}
                     }
-                }
-                if op.contains(TriggerOp::FLAG) {
-                    // Relaxed: this thread is the only writer while it runs; the join in
-                    // `stop` orders it before a later proxy's reads.
-                    let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
-                    if let Err(error) = plane.signal(route, epoch) {
-                        fail(ProxyError::Transport {
-                            seq,
-                            connection: id,
-                            peer,
-                            error,
-                        });
+                    if op.contains(TriggerOp::FLAG) {
+                        let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
+                        if let Err(error) = plane.signal(route, epoch) {
+                            fail(ProxyError::Transport {
+                                seq,
+                                connection: id,
+                                peer,
+                                error,
+                            });
+                        }
                     }
                 }
             }

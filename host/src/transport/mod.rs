@@ -138,6 +138,23 @@ pub trait DataPlane: Send {
     ) -> Result<(), TransportError>;
     /// Queues the write of `epoch` to the peer's inbound counter, after all earlier puts.
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError>;
+    /// A [`put`](Self::put) followed by a [`signal`](Self::signal) on the same connection
+    /// (the kernel's `put_with_signal`; the route already checked): a plane may send both at
+    /// once. As the two calls, the signal goes even when the put fails (the error is
+    /// returned: the proxy records it and the kernel learns of it), so the peer is never
+    /// left waiting. The default makes the two calls.
+    fn put_with_signal(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+        epoch: u64,
+    ) -> Result<(), TransportError> {
+        let put = self.put(route, dst_offset, src_offset, size);
+        let signal = self.signal(route, epoch);
+        put.and(signal)
+    }
     /// Waits until everything queued so far has completed (sources may be reused).
     fn flush(&mut self) -> Result<(), TransportError>;
     /// Work the plane does on its own, called by the proxy on every turn of its loop
@@ -197,6 +214,18 @@ impl DataPlane for PlaneSet {
 
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
         self.plane(route)?.signal(route, epoch)
+    }
+
+    fn put_with_signal(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+        epoch: u64,
+    ) -> Result<(), TransportError> {
+        self.plane(route)?
+            .put_with_signal(route, dst_offset, src_offset, size, epoch)
     }
 
     fn flush(&mut self) -> Result<(), TransportError> {

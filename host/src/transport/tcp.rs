@@ -703,6 +703,73 @@ impl DataPlane for TcpPlane {
         send(&mut tx.streams[0], &[&tx.scratch], shared)
     }
 
+    /// A put of at most [`SMALL`] bytes (and one chunk) and its signal go out as one write on stripe 0 (the
+    /// data frame, then the signal frame counting it): one system call, and one receiver
+    /// applies both in one wake-up (the signal of a put sent on another stripe waits for
+    /// that stripe's receiver). Larger puts, and a put that fails, take the two calls.
+    fn put_with_signal(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+        epoch: u64,
+    ) -> Result<(), TransportError> {
+        // At most one chunk (a GPU connection's staging slot holds one).
+        let small = SMALL.min(self.chunk) as u64;
+        if size == 0 || size > small || route.check(dst_offset, src_offset, size).is_err() {
+            let put = self.put(route, dst_offset, src_offset, size);
+            let signal = self.signal(route, epoch);
+            return put.and(signal);
+        }
+        let (tx, shared) = link_of(&self.links, route)?;
+        let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = &mut *tx;
+        tx.scratch.clear();
+        put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset, size]);
+        let src = route.local + src_offset;
+        match self.stage.as_mut() {
+            // SAFETY: the route's local range was checked above and is kept alive by the
+            // connection while the proxy runs; the DevConn contract keeps writers off the
+            // source until the put's signal, which is this call.
+            None => tx.scratch.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(src as *const u8, size as usize)
+            }),
+            Some(slots) => {
+                let staged = (|| -> Result<usize, TransportError> {
+                    let i = slots.take()?;
+                    // SAFETY: inside the route's local device range (checked above), kept by
+                    // the connection while the proxy runs; the DevConn contract keeps kernels
+                    // from writing the source until this signal, and the copy is waited for
+                    // below, before this call returns.
+                    unsafe { slots.fill(i, src, size as usize)? };
+                    slots.wait(i)?;
+                    Ok(i)
+                })();
+                match staged {
+                    Ok(i) => tx.scratch.extend_from_slice(slots.bytes(i, size as usize)),
+                    Err(e) => {
+                        // As a failed put: the signal still goes (without the data).
+                        tx.scratch.clear();
+                        put_u64s(
+                            &mut tx.scratch,
+                            &[OP_SIGNAL, epoch, tx.streams.len() as u64],
+                        );
+                        put_u64s(&mut tx.scratch, &tx.sent);
+                        return send(&mut tx.streams[0], &[&tx.scratch], shared).and(Err(e));
+                    }
+                }
+            }
+        }
+        tx.sent[0] += size;
+        put_u64s(
+            &mut tx.scratch,
+            &[OP_SIGNAL, epoch, tx.streams.len() as u64],
+        );
+        put_u64s(&mut tx.scratch, &tx.sent);
+        send(&mut tx.streams[0], &[&tx.scratch], shared)
+    }
+
     fn flush(&mut self) -> Result<(), TransportError> {
         // Every put and signal is in the sockets when its call returns.
         Ok(())
