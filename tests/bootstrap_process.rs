@@ -200,3 +200,45 @@ fn launcher_timeout_kills_the_ranks() {
         assert!(!exit.status.success());
     }
 }
+
+/// A rank killed at the launch timeout is reported with its threads as they stood just
+/// before the kill (name, state, kernel wait channel), so a hang says where it hung.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_rank_killed_at_the_timeout_is_reported_with_its_threads() {
+    if role().is_some() {
+        let (_tx, rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::Builder::new()
+            .name("hung-worker".into())
+            .spawn(move || rx.recv())
+            .unwrap();
+        println!("hanging");
+        let _ = worker.join();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let test = "a_rank_killed_at_the_timeout_is_reported_with_its_threads";
+    let report = LocalLauncher::command(1, exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "hang")
+        .timeout(Duration::from_secs(3))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    print!("{report}");
+    let r = &report.ranks[0];
+    assert!(r.killed_at_timeout, "{report}");
+    assert!(printed(&report, 0, "hanging"), "{:?}", report.output);
+    // The worker blocks in a futex: asleep (S), in some kernel wait function.
+    let worker = r.threads.iter().find(|l| l.starts_with("hung-worker "));
+    let fields: Vec<&str> = worker
+        .unwrap_or_else(|| panic!("no hung-worker thread in {:?}", r.threads))
+        .split(' ')
+        .collect();
+    assert_eq!(fields.len(), 3, "{fields:?}");
+    assert_eq!(fields[1], "S", "{fields:?}");
+    assert!(
+        report.to_string().contains("its threads before the kill: "),
+        "{report}"
+    );
+}

@@ -433,6 +433,42 @@ pub struct RankExit {
     pub status: ExitStatus,
     /// Whether the launcher killed it at the timeout.
     pub killed_at_timeout: bool,
+    /// When it was killed at the timeout: its threads just before the kill, one line each
+    /// (`name state wait-channel`, read from `/proc` on Linux: where a hung rank stood,
+    /// e.g. `mscclpp-proxy-0 S futex_wait_queue`); else empty.
+    pub threads: Vec<String>,
+}
+
+/// The threads of process `pid` as `name state wait-channel` lines (Linux `/proc`; empty
+/// elsewhere or when the process is gone). The state is `R` running, `S` sleeping, `D`
+/// uninterruptible; the wait channel is the kernel function a sleeping thread waits in
+/// (`0` while running).
+pub fn thread_states(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u64, String)> = tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| {
+            let tid = t.file_name().to_string_lossy().parse::<u64>().ok()?;
+            let read = |f: &str| std::fs::read_to_string(t.path().join(f)).ok();
+            let stat = read("stat")?;
+            // `pid (comm) state ...`: comm may hold spaces and parentheses, so split at the
+            // last ')'.
+            let (head, tail) = stat.rsplit_once(')')?;
+            let name = head.split_once('(').map_or("?", |(_, n)| n);
+            let state = tail.split_whitespace().next().unwrap_or("?");
+            let wchan = read("wchan").unwrap_or_default();
+            let wchan = if wchan.trim().is_empty() {
+                "0"
+            } else {
+                wchan.trim()
+            };
+            Some((tid, format!("{name} {state} {wchan}")))
+        })
+        .collect();
+    out.sort();
+    out.into_iter().map(|(_, l)| l).collect()
 }
 
 /// How a whole launch ended.
@@ -463,6 +499,14 @@ impl std::fmt::Display for LaunchReport {
                 f.write_str(" (killed at the launch timeout)")?;
             }
             writeln!(f)?;
+            if !r.threads.is_empty() {
+                writeln!(
+                    f,
+                    "[rank {}] its threads before the kill: {}",
+                    r.rank,
+                    r.threads.join("; ")
+                )?;
+            }
         }
         Ok(())
     }
@@ -625,18 +669,21 @@ impl LocalLauncher {
                         rank,
                         status,
                         killed_at_timeout: false,
+                        threads: Vec::new(),
                     });
                 }
             }
             if Instant::now() >= deadline {
                 for (rank, child) in children.iter_mut().enumerate() {
                     if exits[rank].is_none() {
+                        let threads = thread_states(child.id());
                         let _ = child.kill();
                         if let Ok(status) = child.wait() {
                             exits[rank] = Some(RankExit {
                                 rank,
                                 status,
                                 killed_at_timeout: true,
+                                threads,
                             });
                         }
                     }
@@ -660,6 +707,7 @@ impl LocalLauncher {
                     rank,
                     status: failed_status(),
                     killed_at_timeout: true,
+                    threads: Vec::new(),
                 })
             })
             .collect();
