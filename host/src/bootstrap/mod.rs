@@ -252,6 +252,12 @@ pub fn default_host_id() -> String {
     {
         return truncate(id);
     }
+    machine_id()
+}
+
+/// This machine as `hostname/boot-id`, whatever `MSCCLPP_HOST_ID` says (simulated hosts
+/// split one machine; this names the machine itself).
+pub(crate) fn machine_id() -> String {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .ok()

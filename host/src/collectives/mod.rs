@@ -739,29 +739,36 @@ fn wait_idle<E>(
 /// table (the most ranks on any one device of the communicator), so grids stay equal on
 /// every rank.
 fn shared_gpu_block_cap(comm: &Communicator) -> Result<u32, CommError> {
-    // Each rank's device as "multiprocessors pci-bus-id" (empty on the host backend).
+    // Each rank's device as "multiprocessors pci-bus-id machine" (empty on the host
+    // backend). The machine, not the bootstrap's host id: simulated hosts
+    // (`MSCCLPP_HOST_ID`) split one machine, and their ranks may share its devices.
     let me = match comm.backend() {
-        Backend::Gpu(g) => format!("{} {}", g.info().multiprocessors, g.info().pci_bus_id),
+        Backend::Gpu(g) => format!(
+            "{} {} {}",
+            g.info().multiprocessors,
+            g.info().pci_bus_id,
+            crate::bootstrap::machine_id()
+        ),
         Backend::Host => String::new(),
     };
     let table = comm.bootstrap_all_gather(me.as_bytes())?;
-    let bs = comm.bootstrap().as_async();
-    let mut per_device: HashMap<(&str, &[u8]), u32> = HashMap::new();
-    // The smallest device of the job, so that every rank computes the same cap.
+    Ok(block_cap_of(&table))
+}
+
+/// The cap from every rank's device (as "multiprocessors pci-bus-id machine", empty
+/// without a GPU): the most ranks on one device, over the smallest device. The same on
+/// every rank, which reads the same table.
+fn block_cap_of(devices: &[Vec<u8>]) -> u32 {
+    let mut per_device: HashMap<&[u8], u32> = HashMap::new();
     let mut sms = u32::MAX;
-    for (r, dev) in table.iter().enumerate() {
+    for dev in devices {
         let text = String::from_utf8_lossy(dev);
         if let Some(n) = text.split(' ').next().and_then(|n| n.parse::<u32>().ok()) {
             sms = sms.min(n);
-            *per_device
-                .entry((bs.host_id(r).unwrap_or("?"), dev.as_slice()))
-                .or_default() += 1;
+            *per_device.entry(dev.as_slice()).or_default() += 1;
         }
     }
-    Ok(share_cap(
-        per_device.values().copied().max().unwrap_or(1),
-        sms,
-    ))
+    share_cap(per_device.values().copied().max().unwrap_or(1), sms)
 }
 
 /// The block cap for `sharing` ranks on a device of `multiprocessors` (see

@@ -784,3 +784,27 @@ fn synchronize_returns_on_an_abort_while_the_stream_never_finishes() {
     });
     assert_eq!(w, Waited::Aborted);
 }
+
+#[test]
+fn the_block_cap_is_read_from_every_rank_and_counts_ranks_per_device() {
+    let dev = |sms: u32, bus: &str, machine: &str| format!("{sms} {bus} {machine}").into_bytes();
+    let a = dev(132, "0000:19:00", "m0/boot");
+    let b = dev(132, "0000:3b:00", "m0/boot");
+    // One rank per device: no cap.
+    assert_eq!(block_cap_of(&[a.clone(), b.clone()]), u32::MAX);
+    // The same bus id on two machines is two devices.
+    assert_eq!(
+        block_cap_of(&[a.clone(), dev(132, "0000:19:00", "m1/boot")]),
+        u32::MAX
+    );
+    // Four ranks on one device (e.g. two simulated hosts of two on one GPU: the machine,
+    // not the host id, is in the key): 33 blocks each, 4 * 33 <= 132.
+    assert_eq!(block_cap_of(&vec![a.clone(); 4]), 33);
+    // Two ranks share device a, one is alone on b: every rank gets the shared device's cap.
+    assert_eq!(block_cap_of(&[a.clone(), a.clone(), b.clone()]), 66);
+    // The smallest device of the job sets it (every rank the same grids).
+    let small = dev(78, "0000:5d:00", "m0/boot");
+    assert_eq!(block_cap_of(&[a.clone(), a, small]), 39);
+    // Without a GPU (empty entries): no cap.
+    assert_eq!(block_cap_of(&[Vec::new(), Vec::new()]), u32::MAX);
+}
