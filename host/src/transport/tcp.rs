@@ -703,10 +703,11 @@ impl DataPlane for TcpPlane {
         send(&mut tx.streams[0], &[&tx.scratch], shared)
     }
 
-    /// A put of at most [`SMALL`] bytes (and one chunk) and its signal go out as one write on stripe 0 (the
-    /// data frame, then the signal frame counting it): one system call, and one receiver
-    /// applies both in one wake-up (the signal of a put sent on another stripe waits for
-    /// that stripe's receiver). Larger puts, and a put that fails, take the two calls.
+    /// A put of at most 16 KiB (and one chunk) and its signal go out as one write on stripe
+    /// 0 (the data frame, then the signal frame counting it): one system call, and one
+    /// receiver applies both in one wake-up (the signal of a put sent on another stripe
+    /// waits for that stripe's receiver). Larger puts, and a put that fails, take the two
+    /// calls.
     fn put_with_signal(
         &mut self,
         route: &Route,
