@@ -11,7 +11,8 @@
 # On a machine with ONE GPU (nvidia-h200) every rank is on GPU 0: every step runs under an MPS
 # daemon of its own (a kernel that traps in one MPS client fails every client of that daemon,
 # so one failing step would fail the rest), and the runs against NCCL are left out (NCCL
-# refuses two ranks on one GPU). STEPS="1 2 ..." runs only those steps.
+# refuses two ranks on one GPU). STEPS="1 2 ..." runs only those steps; step 10 (the 2x2
+# all-gather without MPS) runs only when named.
 #
 # Logs go to $OUT/xh (tarred into $OUT/xh.tgz after every step, so a timeout keeps them).
 cd "$(dirname "$0")/.." || exit 1
@@ -38,7 +39,7 @@ CMP="--compare nccl" M="" NR=""
 }
 # Each test's ranks stop (and print what they said) before the step's own limit.
 export MSCCLPP_TEST_TIMEOUT_S=${MSCCLPP_TEST_TIMEOUT_S:-200}
-want() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
+want() { { [ -z "${STEPS:-}" ] && [ "$1" != 10 ]; } || [[ " ${STEPS:-} " == *" $1 "* ]]; }
 [ -d .gpu/b ] || tar xzf .gpu/b.tgz -C .gpu || exit 1
 B=.gpu/b
 R=${OUT:-/tmp}/xh
@@ -94,4 +95,10 @@ want 8 && [ -f $B/libmscclpp_nccl.so ] && {
 #    sides' cross-host traffic is not forced here: NCCL picks its own).
 want 9 && { timeout 200 $M $B/train-dp --preset compute --steps 20 $NR --simulate-hosts 2 $CMP \
   --json "$R/train-simhosts.json" > "$R/train-simhosts.txt" 2>&1; st train-simhosts $?; }
+# 10. The 2x2 all-gather test WITHOUT MPS (four processes time-sliced on whatever GPUs there
+#     are): on one GPU it separates MPS from our code in the 2x2 hang (slow, but it should
+#     pass if the hang is about MPS).
+want 10 && { MSCCLPP_TEST_RANKS_PER_HOST=2 MSCCLPP_TEST_TIMEOUT_S=150 timeout 180 \
+  $B/gpu_cross_host --test-threads 1 --exact cross_host_all_gather_places_every_rank \
+  > "$R/gpu_cross_host-2x2-nomps.txt" 2>&1; st gpu_cross_host-2x2-nomps $?; }
 echo done >> "$R/steps.txt"; snap
