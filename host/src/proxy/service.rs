@@ -268,54 +268,38 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
             Some(route) => {
                 let plane = &mut task.plane;
                 let (dst, src, size) = (trigger.dst_offset(), trigger.src_offset(), trigger.size());
-                // The put's bounds, when there is a put.
+                // Relaxed: this thread is the only writer while it runs; the join in `stop`
+                // orders it before a later proxy's reads.
+                let epoch = op
+                    .contains(TriggerOp::FLAG)
+                    .then(|| task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1);
                 let checked = op
                     .contains(TriggerOp::DATA)
                     .then(|| route.check(dst, src, size));
-                // Relaxed (the epochs below): this thread is the only writer while it runs;
-                // the join in `stop` orders it before a later proxy's reads.
-                if op.contains(TriggerOp::FLAG) && matches!(checked, Some(Ok(()))) {
-                    // Both at once: a plane may send them together (TCP: one write).
-                    let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
-                    if let Err(error) = plane.put_with_signal(route, dst, src, size, epoch) {
-                        fail(ProxyError::Transport {
+                let sent = match (checked, epoch) {
+                    // A refused put: the signal still goes, so the peer is not left waiting.
+                    (Some(Err(error)), epoch) => {
+                        fail(ProxyError::OutOfBounds {
                             seq,
                             connection: id,
                             peer,
                             error,
                         });
+                        epoch.map_or(Ok(()), |e| plane.signal(route, e))
                     }
-                } else {
-                    match checked {
-                        Some(Err(error)) => fail(ProxyError::OutOfBounds {
-                            seq,
-                            connection: id,
-                            peer,
-                            error,
-                        }),
-                        Some(Ok(())) => {
-                            if let Err(error) = plane.put(route, dst, src, size) {
-                                fail(ProxyError::Transport {
-                                    seq,
-                                    connection: id,
-                                    peer,
-                                    error,
-                                });
-                            }
-                        }
-                        None => {}
-                    }
-                    if op.contains(TriggerOp::FLAG) {
-                        let epoch = task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1;
-                        if let Err(error) = plane.signal(route, epoch) {
-                            fail(ProxyError::Transport {
-                                seq,
-                                connection: id,
-                                peer,
-                                error,
-                            });
-                        }
-                    }
+                    // Both at once: a plane may send them together (TCP: one write).
+                    (Some(Ok(())), Some(e)) => plane.put_with_signal(route, dst, src, size, e),
+                    (Some(Ok(())), None) => plane.put(route, dst, src, size),
+                    (None, Some(e)) => plane.signal(route, e),
+                    (None, None) => Ok(()),
+                };
+                if let Err(error) = sent {
+                    fail(ProxyError::Transport {
+                        seq,
+                        connection: id,
+                        peer,
+                        error,
+                    });
                 }
             }
         }

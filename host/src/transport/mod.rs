@@ -151,9 +151,7 @@ pub trait DataPlane: Send {
         size: u64,
         epoch: u64,
     ) -> Result<(), TransportError> {
-        let put = self.put(route, dst_offset, src_offset, size);
-        let signal = self.signal(route, epoch);
-        put.and(signal)
+        put_then_signal(self, route, dst_offset, src_offset, size, epoch)
     }
     /// Waits until everything queued so far has completed (sources may be reused).
     fn flush(&mut self) -> Result<(), TransportError>;
@@ -169,6 +167,22 @@ pub trait DataPlane: Send {
     fn finish(&mut self) -> Result<(), TransportError> {
         Ok(())
     }
+}
+
+/// [`DataPlane::put_with_signal`] as its two calls: the signal goes even when the put
+/// fails; the first error is returned. The default, and a plane's way for what it does not
+/// send at once.
+pub(crate) fn put_then_signal<P: DataPlane + ?Sized>(
+    plane: &mut P,
+    route: &Route,
+    dst_offset: u64,
+    src_offset: u64,
+    size: u64,
+    epoch: u64,
+) -> Result<(), TransportError> {
+    let put = plane.put(route, dst_offset, src_offset, size);
+    let signal = plane.signal(route, epoch);
+    put.and(signal)
 }
 
 /// Several planes behind one: each connection's operations go to the plane of its transport

@@ -62,7 +62,7 @@ use crate::communicator::setup::{
 use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
 
 use super::tcp_stage::Slots;
-use super::{DataPlane, Route, TransportError, TransportKind};
+use super::{DataPlane, Route, TransportError, TransportKind, put_then_signal};
 use crate::cuda::{CudaError, Gpu, StreamRole, write_u64_async};
 
 /// Environment variable: sockets per connection (1 to 64, default 2).
@@ -499,6 +499,18 @@ struct Tx {
     scratch: Vec<u8>,
 }
 
+impl Tx {
+    /// Appends a `SIGNAL(epoch, sent[0..stripes])` frame to the scratch: the data bytes sent
+    /// so far on each stripe, which the peer's stripe 0 waits for before raising the flag.
+    fn push_signal(&mut self, epoch: u64) {
+        put_u64s(
+            &mut self.scratch,
+            &[OP_SIGNAL, epoch, self.streams.len() as u64],
+        );
+        put_u64s(&mut self.scratch, &self.sent);
+    }
+}
+
 /// A TCP connection's state, kept by its [`Connection`]: the sockets, the sender state the
 /// proxy's plane uses, and the receiver threads (stopped and joined on drop).
 #[derive(Debug)]
@@ -695,11 +707,7 @@ impl DataPlane for TcpPlane {
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
         tx.scratch.clear();
-        put_u64s(
-            &mut tx.scratch,
-            &[OP_SIGNAL, epoch, tx.streams.len() as u64],
-        );
-        put_u64s(&mut tx.scratch, &tx.sent);
+        tx.push_signal(epoch);
         send(&mut tx.streams[0], &[&tx.scratch], shared)
     }
 
@@ -719,9 +727,7 @@ impl DataPlane for TcpPlane {
         // At most one chunk (a GPU connection's staging slot holds one).
         let small = SMALL.min(self.chunk) as u64;
         if size == 0 || size > small || route.check(dst_offset, src_offset, size).is_err() {
-            let put = self.put(route, dst_offset, src_offset, size);
-            let signal = self.signal(route, epoch);
-            return put.and(signal);
+            return put_then_signal(self, route, dst_offset, src_offset, size, epoch);
         }
         let (tx, shared) = link_of(&self.links, route)?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
@@ -752,22 +758,14 @@ impl DataPlane for TcpPlane {
                     Err(e) => {
                         // As a failed put: the signal still goes (without the data).
                         tx.scratch.clear();
-                        put_u64s(
-                            &mut tx.scratch,
-                            &[OP_SIGNAL, epoch, tx.streams.len() as u64],
-                        );
-                        put_u64s(&mut tx.scratch, &tx.sent);
+                        tx.push_signal(epoch);
                         return send(&mut tx.streams[0], &[&tx.scratch], shared).and(Err(e));
                     }
                 }
             }
         }
         tx.sent[0] += size;
-        put_u64s(
-            &mut tx.scratch,
-            &[OP_SIGNAL, epoch, tx.streams.len() as u64],
-        );
-        put_u64s(&mut tx.scratch, &tx.sent);
+        tx.push_signal(epoch);
         send(&mut tx.streams[0], &[&tx.scratch], shared)
     }
 
