@@ -40,19 +40,12 @@ fn test_hosts() -> usize {
     common::env_number("MSCCLPP_TEST_HOSTS", 2..=8, 2) as usize
 }
 
-/// How long the ranks of one test may run, in seconds: `MSCCLPP_TEST_TIMEOUT_S` (1 to a
-/// day, default 550), so that a run under a shorter outer limit still prints the ranks'
-/// output when one hangs.
-fn test_timeout_s() -> u64 {
-    common::env_number("MSCCLPP_TEST_TIMEOUT_S", 1..=86_400, 550)
-}
-
 fn run_two(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
     let n = test_hosts() * ranks_per_host();
-    run_test_ranks(test, n, ROLE, Duration::from_secs(test_timeout_s()));
+    run_test_ranks(test, n, ROLE, Duration::from_secs(common::test_timeout_s()));
 }
 
 /// This rank's collectives, on a simulated host of its own, and a stream.

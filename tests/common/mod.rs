@@ -35,12 +35,18 @@ pub fn env_number(name: &str, ok: std::ops::RangeInclusive<u64>, default: u64) -
     }
 }
 
-/// The device timeout of the tests' communicators: 60 s, or a third of
-/// `MSCCLPP_TEST_TIMEOUT_S` (at least 5 s) when that is shorter, so that a wait that never
-/// ends traps and says what it waited for before the test's limit kills the ranks.
+/// How long the ranks of one multi-process GPU test may run, in seconds:
+/// `MSCCLPP_TEST_TIMEOUT_S` (1 to a day, default 550), so that a run under a shorter outer
+/// limit still prints the ranks' output when one hangs.
+pub fn test_timeout_s() -> u64 {
+    env_number("MSCCLPP_TEST_TIMEOUT_S", 1..=86_400, 550)
+}
+
+/// The device timeout of the tests' communicators: a third of [`test_timeout_s`], between
+/// 5 and 60 s (60 by default), so that a wait that never ends gives up and says what it
+/// waited for before the test's limit kills the ranks.
 pub fn device_timeout() -> Duration {
-    let limit = env_number("MSCCLPP_TEST_TIMEOUT_S", 1..=86_400, 180);
-    Duration::from_secs((limit / 3).clamp(5, 60))
+    Duration::from_secs((test_timeout_s() / 3).clamp(5, 60))
 }
 
 /// This rank's collectives on its GPU (launched by the test's parent) and a stream.

@@ -774,14 +774,22 @@ fn synchronize_returns_on_an_abort_while_the_stream_never_finishes() {
     assert_eq!(wait_idle(|| Err::<bool, _>("lost"), || false), Waited::Done);
     // Work that never runs (kernels that cannot start on a shared GPU): before, a plain
     // cuStreamSynchronize waited forever; the abort raised 30 ms in ends the wait.
-    let abort = AtomicBool::new(false);
-    let w = std::thread::scope(|s| {
-        s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(30));
-            abort.store(true, Ordering::Release);
-        });
-        wait_idle(|| Ok::<_, ()>(false), || abort.load(Ordering::Acquire))
+    // The wait runs on a thread of its own, so that a wait that never ends fails the test
+    // (after 10 s) instead of hanging it.
+    let abort = std::sync::Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = abort.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(wait_idle(
+            || Ok::<_, ()>(false),
+            || waiting.load(Ordering::Acquire),
+        ));
     });
+    std::thread::sleep(Duration::from_millis(30));
+    abort.store(true, Ordering::Release);
+    let w = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the wait did not end on the abort");
     assert_eq!(w, Waited::Aborted);
 }
 
