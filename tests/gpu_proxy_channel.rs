@@ -65,13 +65,31 @@ fn gpu_communicator_on(transport: TransportKind) -> Communicator {
 /// receiving kernel; the time per round is printed (with two processes on one GPU it is the
 /// driver's time slice, not the channel's).
 fn ping_pong_rank(transport: TransportKind, sizes: &[(usize, u64)]) {
+    ping_pong_rank_on(transport, sizes, false)
+}
+
+/// `mapped`: the buffer is host-mapped memory (`alloc_mapped_buffer`, TCP only), which the
+/// kernel writes and reads over PCIe and the sockets directly.
+fn ping_pong_rank_on(transport: TransportKind, sizes: &[(usize, u64)], mapped: bool) {
     let mut comm = gpu_communicator_on(transport);
     let Backend::Gpu(gpu) = comm.backend().clone() else {
         unreachable!()
     };
     let (me, peer) = (comm.rank(), 1 - comm.rank());
     let max = sizes.iter().map(|s| s.0).max().unwrap();
-    let buf = comm.alloc_buffer(max * 8).unwrap();
+    let buf = if mapped {
+        let b = comm.alloc_mapped_buffer(max * 8).unwrap();
+        assert!(b.is_mapped());
+        // Host-mapped memory serves TCP proxy channels only.
+        let e = comm
+            .connect_memory(peer, &b, 7, TransportKind::P2p, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("host-mapped buffer"), "{e}");
+        b
+    } else {
+        comm.alloc_buffer(max * 8).unwrap()
+    };
     comm.connect(peer, &buf, 0, transport).unwrap();
     comm.connection_setup().unwrap();
     let conn = DevConnArg(comm.device_connections()[0]);
@@ -209,6 +227,19 @@ fn tcp_ping_pong_small_chunks_three_sockets() {
     }
     run_two_env(
         "tcp_ping_pong_small_chunks_three_sockets",
+        &[("MSCCLPP_TCP_CHUNK", "65536"), ("MSCCLPP_TCP_CONNS", "3")],
+    );
+}
+
+/// The same over host-mapped buffers on both sides (no staging copies, the flag a CPU
+/// store), with small chunks over three sockets so that large puts stripe.
+#[test]
+fn tcp_ping_pong_host_mapped_buffers() {
+    if std::env::var(ROLE).is_ok() {
+        return ping_pong_rank_on(TransportKind::Tcp, &TCP_SIZES, true);
+    }
+    run_two_env(
+        "tcp_ping_pong_host_mapped_buffers",
         &[("MSCCLPP_TCP_CHUNK", "65536"), ("MSCCLPP_TCP_CONNS", "3")],
     );
 }

@@ -44,7 +44,7 @@ use mscclpp_device::semaphore::DeviceSemaphore;
 use crate::bootstrap::{
     BlockingBootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, UniqueId,
 };
-use crate::cuda::{CudaError, DeviceBuffer, Gpu, device_count};
+use crate::cuda::{CudaError, DeviceBuffer, Gpu, MappedHostBuffer, device_count};
 use crate::proxy::{Fifo, FifoConfig, ProxyError, ProxyService};
 use crate::transport::TransportKind;
 use crate::transport::ib::{self, IbConfig, IbError};
@@ -194,7 +194,8 @@ impl Default for CommConfig {
 }
 
 /// Memory that connections read from and write to: GPU memory on a GPU backend, shared
-/// memory on the host backend. Cloning shares it.
+/// memory on the host backend, or (for TCP connections on a GPU backend) pinned host memory
+/// mapped into the device. Cloning shares it.
 #[derive(Debug, Clone)]
 pub struct Buffer {
     mem: Arc<BufferMem>,
@@ -204,6 +205,9 @@ pub struct Buffer {
 enum BufferMem {
     Device(DeviceBuffer),
     Host(ShmSegment),
+    /// Pinned host memory the device reads and writes over PCIe, and the TCP transport's
+    /// sockets directly (no staging copies, no stream-ordered flag write).
+    Mapped(MappedHostBuffer),
 }
 
 impl Buffer {
@@ -212,6 +216,7 @@ impl Buffer {
         match &*self.mem {
             BufferMem::Device(d) => d.len(),
             BufferMem::Host(s) => s.len(),
+            BufferMem::Mapped(m) => m.len(),
         }
     }
 
@@ -220,27 +225,54 @@ impl Buffer {
         false
     }
 
-    /// The device address, for a GPU buffer.
+    /// The device address, for a GPU buffer (or a host-mapped one: its device address).
     pub fn device_ptr(&self) -> Option<u64> {
         match &*self.mem {
             BufferMem::Device(d) => Some(d.device_ptr()),
             BufferMem::Host(_) => None,
+            BufferMem::Mapped(m) => Some(m.device_ptr()),
         }
     }
 
-    /// The host address, for a host (shared-memory) buffer.
+    /// The host address, for a host (shared-memory) buffer or a host-mapped one.
     pub fn host_ptr(&self) -> Option<*mut u8> {
         match &*self.mem {
             BufferMem::Device(_) => None,
             BufferMem::Host(s) => Some(s.as_ptr()),
+            BufferMem::Mapped(m) => Some(m.host_ptr()),
         }
     }
 
-    /// The address connections use: device address or host address.
+    /// Whether this is pinned host memory mapped into the device
+    /// ([`Communicator::alloc_mapped_buffer`]).
+    pub fn is_mapped(&self) -> bool {
+        matches!(&*self.mem, BufferMem::Mapped(_))
+    }
+
+    /// The address connections use: device address (host-mapped memory: its device
+    /// address) or host address.
     pub(crate) fn addr(&self) -> u64 {
         match &*self.mem {
             BufferMem::Device(d) => d.device_ptr(),
             BufferMem::Host(s) => s.as_ptr() as u64,
+            BufferMem::Mapped(m) => m.device_ptr(),
+        }
+    }
+
+    /// The host address of host-mapped memory (what the TCP transport's sockets use).
+    pub(crate) fn mapped_host_addr(&self) -> Option<u64> {
+        match &*self.mem {
+            BufferMem::Mapped(m) => Some(m.host_ptr() as u64),
+            _ => None,
+        }
+    }
+
+    /// The host address of host-readable memory, for the synchronous copies.
+    fn host_bytes(&self) -> Option<*mut u8> {
+        match &*self.mem {
+            BufferMem::Device(_) => None,
+            BufferMem::Host(s) => Some(s.as_ptr()),
+            BufferMem::Mapped(m) => Some(m.host_ptr()),
         }
     }
 
@@ -249,20 +281,17 @@ impl Buffer {
     pub fn write<T: Copy>(&self, offset: usize, src: &[T]) -> Result<(), CommError> {
         let bytes = std::mem::size_of_val(src);
         self.check(offset, bytes)?;
-        match &*self.mem {
-            BufferMem::Device(d) => Ok(d.copy_from_host(offset, src)?),
-            BufferMem::Host(s) => {
+        match (&*self.mem, self.host_bytes()) {
+            (BufferMem::Device(d), _) => Ok(d.copy_from_host(offset, src)?),
+            (_, Some(p)) => {
                 // SAFETY: the range is inside the mapping (checked); concurrent access is
                 // excluded by the caller per the doc.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        src.as_ptr() as *const u8,
-                        s.as_ptr().add(offset),
-                        bytes,
-                    )
+                    std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, p.add(offset), bytes)
                 };
                 Ok(())
             }
+            (_, None) => unreachable!("every buffer but a device one has a host address"),
         }
     }
 
@@ -270,19 +299,16 @@ impl Buffer {
     pub fn read<T: Copy>(&self, offset: usize, dst: &mut [T]) -> Result<(), CommError> {
         let bytes = std::mem::size_of_val(dst);
         self.check(offset, bytes)?;
-        match &*self.mem {
-            BufferMem::Device(d) => Ok(d.copy_to_host(offset, dst)?),
-            BufferMem::Host(s) => {
+        match (&*self.mem, self.host_bytes()) {
+            (BufferMem::Device(d), _) => Ok(d.copy_to_host(offset, dst)?),
+            (_, Some(p)) => {
                 // SAFETY: as in `write`; `T: Copy` plain data is what callers store here.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        s.as_ptr().add(offset),
-                        dst.as_mut_ptr() as *mut u8,
-                        bytes,
-                    )
+                    std::ptr::copy_nonoverlapping(p.add(offset), dst.as_mut_ptr() as *mut u8, bytes)
                 };
                 Ok(())
             }
+            (_, None) => unreachable!("every buffer but a device one has a host address"),
         }
     }
 
@@ -460,6 +486,27 @@ impl Communicator {
         Ok(Buffer { mem: Arc::new(mem) })
     }
 
+    /// Allocates `bytes` of connection memory for TCP connections: on a GPU backend, pinned
+    /// host memory mapped into the device (zeroed), which kernels read and write over PCIe
+    /// and the TCP transport's sockets read and write directly, so a put needs no copy out
+    /// of the device, and a signal no stream-ordered flag write (the receiver stores the
+    /// flag into host memory the kernel polls). On the Host backend, [`alloc_buffer`]'s
+    /// memory. Such a buffer serves [`TransportKind::Tcp`] connections only.
+    ///
+    /// [`alloc_buffer`]: Self::alloc_buffer
+    pub fn alloc_mapped_buffer(&self, bytes: usize) -> Result<Buffer, CommError> {
+        match &self.backend {
+            Backend::Gpu(gpu) => {
+                if bytes == 0 {
+                    return Err(CommError::InvalidArgument("buffer of 0 bytes".into()));
+                }
+                let mem = BufferMem::Mapped(MappedHostBuffer::alloc(gpu, bytes)?);
+                Ok(Buffer { mem: Arc::new(mem) })
+            }
+            Backend::Host => self.alloc_buffer(bytes),
+        }
+    }
+
     /// Asks for a proxy channel to `remote_rank` whose puts copy from `buffer` into the
     /// peer's buffer of its matching `connect(this rank, _, tag, _)`. Returns the channel's
     /// index in [`device_connections`](Self::device_connections). Nothing is exchanged until
@@ -562,9 +609,16 @@ impl Communicator {
             };
             return Err(CommError::TransportUnavailable { transport, reason });
         }
+        if buffer.is_mapped() && (transport != TransportKind::Tcp || kind != ChannelKind::Proxy) {
+            return Err(CommError::InvalidArgument(format!(
+                "connect: a host-mapped buffer (alloc_mapped_buffer) serves TCP proxy channels \
+                 only, not {transport:?}"
+            )));
+        }
         let matches_backend = matches!(
             (&*buffer.mem, &self.backend),
-            (BufferMem::Device(_), Backend::Gpu(_)) | (BufferMem::Host(_), Backend::Host)
+            (BufferMem::Device(_) | BufferMem::Mapped(_), Backend::Gpu(_))
+                | (BufferMem::Host(_), Backend::Host)
         );
         if !matches_backend {
             return Err(CommError::InvalidArgument(

@@ -35,7 +35,14 @@
 //! (the next chunk's copy queued while the current one is written to the socket), and each
 //! receiver reads a chunk into a slot and queues its copy into the device buffer on the
 //! copy stream; the signal's flag is then written on that stream
-//! (`cuStreamWriteValue64`), after every copy of the data before it. Every connection of
+//! (`cuStreamWriteValue64`), after every copy of the data before it. A connection over a
+//! *host-mapped* buffer ([`Communicator::alloc_mapped_buffer`]: pinned host memory the
+//! kernels reach over PCIe) skips all of that, as on the Host backend: puts are written to
+//! the sockets straight from the buffer (the kernel's trigger is a system-scope release of
+//! what it wrote there), the receivers read straight into it, and the signal's flag is a
+//! CPU store (release) into a host-mapped inbound counter that the kernel polls. This is
+//! the latency path of the collectives across hosts (their cross buffer is host-mapped on
+//! the GPU backend): per hop, no copy engine work and no stream to wait for. Every connection of
 //! the process on one device shares that receive stream, and the proxies one send stream
 //! (`Gpu::shared_stream`): a stream per connection made a process with a few peers pass
 //! the driver's count of hardware work queues, and a copy queued behind the spinning kernel
@@ -63,7 +70,7 @@ use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
 
 use super::tcp_stage::Slots;
 use super::{DataPlane, Route, TransportError, TransportKind, put_then_signal};
-use crate::cuda::{CudaError, Gpu, StreamRole, write_u64_async};
+use crate::cuda::{CudaError, Gpu, MappedHostBuffer, StreamRole, write_u64_async};
 
 /// Environment variable: sockets per connection (1 to 64, default 2).
 pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
@@ -520,6 +527,11 @@ pub(crate) struct TcpLink {
     /// Clones of the sockets, to shut them down on drop.
     sockets: Vec<TcpStream>,
     receivers: Vec<JoinHandle<()>>,
+    /// For a host-mapped local buffer: its host address (puts read from there directly).
+    direct: Option<u64>,
+    /// For a host-mapped local buffer: the host-mapped inbound counters the receivers store
+    /// into (kept until the receivers are joined, and as long as the connection).
+    _flags: Option<Arc<MappedHostBuffer>>,
 }
 
 impl Link for TcpLink {}
@@ -537,14 +549,16 @@ impl Drop for TcpLink {
 }
 
 impl TcpLink {
-    /// `stage`: on the GPU backend, the device and the bytes per receiver slot.
+    /// `stage`: on the GPU backend, the device and the bytes per receiver slot (`None`
+    /// for a host-mapped buffer, whose `sink` holds host addresses); `direct`: a host-mapped
+    /// buffer's host address and its inbound counters.
     fn new(
         streams: Vec<TcpStream>,
         sink: Sink,
-        peer: usize,
-        tag: u32,
+        (peer, tag): (usize, u32),
         timeout: Duration,
         stage: Option<(&Gpu, usize)>,
+        direct: Option<(u64, Arc<MappedHostBuffer>)>,
     ) -> Result<TcpLink, String> {
         let shared = Arc::new(Shared {
             peer,
@@ -580,6 +594,8 @@ impl TcpLink {
             shared: shared.clone(),
             sockets,
             receivers: Vec::new(),
+            direct: direct.as_ref().map(|(a, _)| *a),
+            _flags: direct.map(|(_, f)| f),
         };
         let mut senders = Vec::with_capacity(streams.len());
         for (stripe, s) in streams.into_iter().enumerate() {
@@ -609,8 +625,9 @@ impl TcpLink {
     }
 }
 
-/// A connection's sender state and the state it shares with its receivers.
-type PlaneLink = (Arc<Mutex<Tx>>, Arc<Shared>);
+/// A connection's sender state, the state it shares with its receivers, and its local
+/// buffer's host address when that is host-mapped (puts then read it directly).
+type PlaneLink = (Arc<Mutex<Tx>>, Arc<Shared>, Option<u64>);
 
 /// The TCP data plane: writes each connection's frames to its sockets.
 #[derive(Debug)]
@@ -621,14 +638,18 @@ pub struct TcpPlane {
     stage: Option<Slots>,
 }
 
+/// The link of `route`, and the host address its puts read from: the local buffer's own
+/// (a host-mapped buffer, or any on the Host backend), or `None` when they are staged out of
+/// the device.
 fn link_of<'a>(
     links: &'a [Option<PlaneLink>],
     route: &Route,
-) -> Result<(&'a Mutex<Tx>, &'a Shared), TransportError> {
+    staged: bool,
+) -> Result<(&'a Mutex<Tx>, &'a Shared, Option<u64>), TransportError> {
     match links.get(route.id as usize) {
-        Some(Some((tx, shared))) => match shared.lost() {
+        Some(Some((tx, shared, direct))) => match shared.lost() {
             Some(e) => Err(e.into()),
-            None => Ok((tx, shared)),
+            None => Ok((tx, shared, direct.or((!staged).then_some(route.local)))),
         },
         _ => Err(TcpError::Config(format!(
             "connection {} has no TCP sockets in this proxy",
@@ -665,27 +686,29 @@ impl DataPlane for TcpPlane {
     ) -> Result<(), TransportError> {
         route.check(dst_offset, src_offset, size)?;
         let chunk = self.chunk as u64;
-        let (tx, shared) = link_of(&self.links, route)?;
+        let (tx, shared, host) = link_of(&self.links, route, self.stage.is_some())?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
-        if let Some(slots) = self.stage.as_mut() {
+        let Some(base) = host else {
+            let slots = self
+                .stage
+                .as_mut()
+                .expect("link_of gives an address unless staged");
             return put_staged(
                 tx, shared, slots, route, dst_offset, src_offset, size, chunk,
             );
-        }
+        };
         let mut done = 0;
         while done < size {
             let n = chunk.min(size - done);
             let stripe = tx.next;
             tx.next = (tx.next + 1) % tx.streams.len();
-            // SAFETY: the route's local range was checked above and is kept alive by the
-            // connection while the proxy runs; the DevConn contract keeps writers off the
-            // source until the put's signal or flush.
+            // SAFETY: the route's local range was checked above (`base` is the host address
+            // of the same buffer) and is kept alive by the connection while the proxy runs;
+            // the DevConn contract keeps writers off the source until the put's signal or
+            // flush, and a kernel's trigger releases (system scope) what it wrote before.
             let src = unsafe {
-                std::slice::from_raw_parts(
-                    (route.local + src_offset + done) as *const u8,
-                    n as usize,
-                )
+                std::slice::from_raw_parts((base + src_offset + done) as *const u8, n as usize)
             };
             tx.scratch.clear();
             put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset + done, n]);
@@ -702,7 +725,7 @@ impl DataPlane for TcpPlane {
     }
 
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
-        let (tx, shared) = link_of(&self.links, route)?;
+        let (tx, shared, _) = link_of(&self.links, route, self.stage.is_some())?;
         // Staged puts are in the sockets when they return, like the others.
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
@@ -729,20 +752,22 @@ impl DataPlane for TcpPlane {
         if size == 0 || size > small || route.check(dst_offset, src_offset, size).is_err() {
             return put_then_signal(self, route, dst_offset, src_offset, size, epoch);
         }
-        let (tx, shared) = link_of(&self.links, route)?;
+        let (tx, shared, host) = link_of(&self.links, route, self.stage.is_some())?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
         tx.scratch.clear();
         put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset, size]);
         let src = route.local + src_offset;
-        match self.stage.as_mut() {
-            // SAFETY: the route's local range was checked above and is kept alive by the
-            // connection while the proxy runs; the DevConn contract keeps writers off the
-            // source until the put's signal, which is this call.
-            None => tx.scratch.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(src as *const u8, size as usize)
+        match (host, self.stage.as_mut()) {
+            // SAFETY: the route's local range was checked above (`base` the host address
+            // of the same buffer) and is kept alive by the connection while the proxy runs;
+            // the DevConn contract keeps writers off the source until the put's signal,
+            // which is this call, and the kernel's trigger released what it wrote there.
+            (Some(base), _) => tx.scratch.extend_from_slice(unsafe {
+                std::slice::from_raw_parts((base + src_offset) as *const u8, size as usize)
             }),
-            Some(slots) => {
+            (None, None) => unreachable!("link_of gives an address unless staged"),
+            (None, Some(slots)) => {
                 let staged = (|| -> Result<usize, TransportError> {
                     let i = slots.take()?;
                     // SAFETY: inside the route's local device range (checked above), kept by
@@ -840,6 +865,9 @@ pub(crate) struct TcpSetup {
     config: Option<TcpConfig>,
     /// Accepted sockets by (rank, tag, stripe), with the stripe count their hello gave.
     accepted: HashMap<(usize, u32, usize), (TcpStream, usize)>,
+    /// The round's host-mapped inbound counters (one per connection of the round), made by
+    /// the first connection over a host-mapped buffer and shared by the round's others.
+    host_flags: Option<Arc<MappedHostBuffer>>,
 }
 
 /// What a side's description carries for TCP: where it listens, and how many sockets it
@@ -1006,26 +1034,51 @@ impl TransportSetup for TcpSetup {
         } else {
             self.accept_for(rank, tag, stripes, config.timeout)?
         };
-        let sink = Sink {
-            buffer: p.buffer.addr(),
-            len: p.buffer.len() as u64,
-            inbound: round.inbound(k),
-        };
-        let stage = match round.comm.backend() {
-            Backend::Gpu(gpu) => Some((gpu, config.chunk)),
-            Backend::Host => None,
-        };
-        let link = TcpLink::new(streams, sink, rank, tag, config.timeout, stage)
+        let len = p.buffer.len() as u64;
+        let (sink, stage, direct, device_inbound) =
+            match (round.comm.backend(), p.buffer.mapped_host_addr()) {
+                (Backend::Gpu(gpu), Some(host)) => {
+                    // Host-mapped: the receivers write the buffer and the counter directly.
+                    let flags = match &self.host_flags {
+                        Some(f) => f.clone(),
+                        None => self
+                            .host_flags
+                            .insert(Arc::new(
+                                MappedHostBuffer::alloc(gpu, round.flag_bytes as usize).map_err(
+                                    |e| mismatch(rank, tag, format!("host-mapped counters: {e}")),
+                                )?,
+                            ))
+                            .clone(),
+                    };
+                    let at = k as u64 * 8;
+                    let sink = Sink {
+                        buffer: host,
+                        len,
+                        inbound: flags.host_ptr() as u64 + at,
+                    };
+                    let device = flags.device_ptr() + at;
+                    (sink, None, Some((host, flags)), Some(device))
+                }
+                (backend, _) => {
+                    let sink = Sink {
+                        buffer: p.buffer.addr(),
+                        len,
+                        inbound: round.inbound(k),
+                    };
+                    let stage = match backend {
+                        Backend::Gpu(gpu) => Some((gpu, config.chunk)),
+                        Backend::Host => None,
+                    };
+                    (sink, stage, None, None)
+                }
+            };
+        let link = TcpLink::new(streams, sink, (rank, tag), config.timeout, stage, direct)
             .map_err(|e| mismatch(rank, tag, e))?;
-        Ok(Connection::remote(
-            round,
-            p,
-            k,
-            0,
-            peer.buffer_len,
-            0,
-            Box::new(link),
-        ))
+        let mut conn = Connection::remote(round, p, k, 0, peer.buffer_len, 0, Box::new(link));
+        if let Some(device) = device_inbound {
+            conn.inbound = device;
+        }
+        Ok(conn)
     }
 
     fn plane(&self, comm: &Communicator, _: &[u64]) -> Result<Box<dyn DataPlane>, CommError> {
@@ -1038,7 +1091,7 @@ impl TransportSetup for TcpSetup {
             .iter()
             .map(|c| {
                 c.link_as::<TcpLink>()
-                    .map(|l| (l.tx.clone(), l.shared.clone()))
+                    .map(|l| (l.tx.clone(), l.shared.clone(), l.direct))
             })
             .collect();
         let stage = match comm.backend() {
