@@ -21,7 +21,7 @@ if [ "${1:-}" = --pack ]; then
   cargo build --release --workspace --bins --tests
   cargo build --release -p mscclpp-nccl
   rm -rf .gpu/b && mkdir -p .gpu/b
-  for t in gpu_cross_host gpu_collectives_more; do
+  for t in gpu_cross_host gpu_collectives_more gpu_proxy_channel; do
     # The newest build of each test (cargo keeps older hashes beside it).
     cp "$(ls -t target/release/deps/$t-* | grep -E "/$t-[0-9a-f]{16}$" | head -1)" .gpu/b/$t
   done

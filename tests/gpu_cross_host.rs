@@ -1,8 +1,11 @@
 //! Collectives across hosts on GPUs (issue #17): two processes, each a simulated host of its
 //! own (bootstrap host ids `sim-gpu-host-<rank>`; `MSCCLPP_TEST_RANKS_PER_HOST=2`: four
 //! processes as two hosts of two; `MSCCLPP_TEST_HOSTS=3`: three hosts, where large calls
-//! take the two-shot forms), one GPU each (all on GPU 0 when the machine has one), so the cross-host step runs as the `cross_step` kernel over TCP proxy
-//! channels with GPU memory (device -> pinned host -> socket -> pinned host -> device).
+//! take the two-shot forms), one GPU each (all on GPU 0 when the machine has one), so the
+//! cross-host step runs as the `cross_step` kernel over TCP proxy channels: by default
+//! through host-mapped cross buffers (kernel -> pinned host memory -> socket -> pinned host
+//! memory -> kernel), and in one test with odd ranks on device cross buffers (device ->
+//! pinned slot -> socket -> pinned slot -> device).
 //! All-reduce (f32 sum and average, bf16 max, i32 product) at 4 B, odd counts, 1 MiB and
 //! 64 MiB, in place and out of place, and all-gather, against a CPU reference (with one rank
 //! per host the host order is the rank order); a CUDA-graph capture and replay of an
@@ -20,7 +23,7 @@ use mscclpp::host::collectives::{DataType, P2pOp, ReduceOp};
 use mscclpp::host::communicator::CommError;
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::launch::Launch;
-use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
+use mscclpp::host::testing::{gpu_or_skip, run_test_ranks, run_test_ranks_env};
 
 mod common;
 
@@ -155,9 +158,19 @@ fn bytes_of(dtype: DataType, words: impl Iterator<Item = u64>) -> Vec<u8> {
 /// All-reduce of every case against the CPU reference, then the calls that are not built on
 /// GPUs across hosts.
 fn all_reduce_rank() {
-    let (c, stream) = setup(small_scratch());
+    // Odd ranks with the device cross buffer under MSCCLPP_TEST_MIXED_CROSS_BUFFER: each
+    // rank chooses for itself, the wire is the same.
+    let mixed = std::env::var("MSCCLPP_TEST_MIXED_CROSS_BUFFER").is_ok();
+    let launch_rank = Launch::from_env().unwrap().rank;
+    let host_buffer = !(mixed && launch_rank % 2 == 1);
+    let (c, stream) = setup(CollConfig {
+        cross_buffer_host: host_buffer,
+        ..small_scratch()
+    });
     let (n, r) = (c.nranks(), c.rank());
     assert_eq!(c.hosts(), test_hosts());
+    // Every partner is over TCP here: the setting decides.
+    assert_eq!(c.cross_buffer_mapped(), host_buffer, "rank {r}");
     let cases: [(DataType, ReduceOp, &[usize]); 4] = [
         (
             DataType::F32,
@@ -516,6 +529,29 @@ two_rank_test!(
     all_reduce_rank
 );
 two_rank_test!(cross_host_all_gather_places_every_rank, all_gather_rank);
+
+/// The all-reduce test with odd ranks on the device cross buffer (staged by the copy
+/// engine) and even ranks on the host-mapped one.
+#[test]
+fn cross_host_all_reduce_mixes_host_and_device_cross_buffers() {
+    if std::env::var(ROLE).is_ok() {
+        all_reduce_rank();
+        return;
+    }
+    let test = "cross_host_all_reduce_mixes_host_and_device_cross_buffers";
+    if gpu_or_skip(test, 0).is_none() {
+        return;
+    }
+    let n = test_hosts() * ranks_per_host();
+    let limit = Duration::from_secs(common::test_timeout_s());
+    run_test_ranks_env(
+        test,
+        n,
+        ROLE,
+        limit,
+        &[("MSCCLPP_TEST_MIXED_CROSS_BUFFER", "1")],
+    );
+}
 two_rank_test!(
     cross_host_reduce_scatter_reduce_broadcast_all_to_all_match,
     more_rank

@@ -187,6 +187,14 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
     if let (0, Some(note)) = (rank, coll.layout_note()) {
         println!("# note: {note}");
     }
+    if rank == 0 && coll.hosts() > 1 {
+        let kind = if coll.cross_buffer_mapped() {
+            "host-mapped (MSCCLPP_CROSS_BUFFER=host)"
+        } else {
+            "device memory"
+        };
+        println!("# rank 0's cross buffer: {kind}");
+    }
     let nccl = match &gpu {
         Some(g) if compare => Some(Nccl::init(coll.communicator().bootstrap(), g)?),
         _ => None,

@@ -413,6 +413,104 @@ pub unsafe fn finish_avg(out: *mut u8, len: u64, type_op: u32, n: u32) {
     }
 }
 
+/// The reduction of the round [`step`] just did without an `out` (null), shared by every
+/// block of a grid, for payloads that one block would read too slowly (a host-mapped cross
+/// buffer, read over PCIe): block `b` reduces its share (cut at multiples of 16 bytes) of
+/// the `len` bytes of every host's payload of that round, in host order, into `out`, as
+/// [`step`]'s [`REDUCE`] would (the same sources in the same order: the same bits). The own
+/// payload is `src` (the step's input, also in the own send slot) when it is not null and
+/// not `out`, else the own send slot's. Nothing when the round failed (the fault area's
+/// [`fault::CROSS_BROKEN`]) or `flags` give the payload to another host ([`to_host`]).
+///
+/// # Safety
+/// Every thread of every block, with the same arguments, on the stream right after that
+/// step (a kernel boundary publishes its round and the payloads); `ctx`, `flags`, `tag` and
+/// `len` as the step's; `src` null or valid for `len` bytes; `out` valid for `len` bytes,
+/// aligned to the tag's element size, disjoint from the cross buffer.
+#[inline(always)]
+pub unsafe fn reduce_round(
+    ctx: &CollContext,
+    src: *const u8,
+    out: *mut u8,
+    tag: u64,
+    len: u64,
+    flags: u64,
+) {
+    let (me, nh, slot) = (ctx.rank, ctx.nranks, ctx.scratch_len);
+    let to = (flags >> TO_SHIFT) & TO_ALL;
+    if to != TO_ALL && to != me as u64 {
+        return;
+    }
+    // The block's agreement on a failed round: thread 0 reads the sticky word.
+    let broken = crate::shared_array!(CROSS_REDUCE_BROKEN: u32; 1);
+    if arch::thread_idx_x() == 0 {
+        // SAFETY: the fault area is live (context contract); the shared word is the block's.
+        unsafe {
+            let b = arch::ld_relaxed_sys_u64(ctx.fault.add(fault::CROSS_BROKEN));
+            broken.write_volatile(u32::from(b != 0));
+        }
+    }
+    arch::sync_threads();
+    // SAFETY: written by thread 0 before the barrier.
+    if unsafe { broken.read_volatile() } != 0 {
+        return;
+    }
+    // SAFETY: the state words are live; the step advanced the round before this kernel.
+    let round = unsafe { core::ptr::read_volatile(ctx.state.add(ROUND)) }.wrapping_sub(1);
+    let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+    let share = len.div_ceil(nb).next_multiple_of(16);
+    let lo = b * share;
+    if lo >= len {
+        return;
+    }
+    let n = share.min(len - lo);
+    let base = ctx.scratch;
+    let own = if !src.is_null() && !core::ptr::eq(src, out) {
+        src
+    } else {
+        base.wrapping_add((send_slot(slot, me as u64) + HDR) as usize) as *const u8
+    };
+    let payload = |h: u32| {
+        let p = if h == me {
+            own
+        } else {
+            base.wrapping_add((recv_slot(slot, nh as u64, round, h as u64) + HDR) as usize)
+                as *const u8
+        };
+        p.wrapping_add(lo as usize)
+    };
+    // SAFETY: every payload holds len bytes (the own: src or the send slot; the others
+    // published by the step's waits and the kernel boundary), out len bytes (caller
+    // contract); this block's share [lo, lo + n) is whole elements (16-byte cuts).
+    unsafe {
+        reduce_hosts(
+            payload,
+            nh,
+            out.add(lo as usize),
+            n,
+            tag,
+            (flags >> AVG_SHIFT) as u32,
+        )
+    };
+}
+
+crate::kernel! {
+    /// The grid-wide reduction of a round ([`reduce_round`]): `ctx` the cross context in
+    /// device memory.
+    pub unsafe fn cross_reduce(
+        ctx: *const CollContext,
+        src: *const u8,
+        out: *mut u8,
+        tag: u64,
+        len: u64,
+        flags: u64,
+    ) {
+        // SAFETY: forwarded to the launcher (the host builds the context).
+        unsafe { reduce_round(&*ctx, src, out, tag, len, flags) }
+    }
+}
+crate::launch_bounds!(cross_reduce, 512);
+
 crate::kernel! {
     /// One cross-host round ([`step`]) as a one-block kernel: `ctx` the cross context in
     /// device memory.

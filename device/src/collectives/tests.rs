@@ -1016,3 +1016,93 @@ fn a_wait_gives_up_on_abort_and_names_it_without_trapping() {
         unsafe { w.ctxs[0].fault.add(fault::ABORT).write(0) };
     }
 }
+
+/// The grid-wide reduction of a round (`cross::reduce_round`, which a large round over a
+/// host-mapped cross buffer uses instead of the step's one block): every block's share,
+/// reduced in host order exactly as one block would (f32 values whose sum depends on the
+/// order), from the own send slot or from `src`; nothing once the round broke, or on a host
+/// that does not get the payload.
+#[test]
+fn a_round_reduced_by_a_grid_keeps_the_host_order() {
+    use super::cross::{self as xk, HDR, ROUND};
+    let (nh, me) = (3u32, 1u32);
+    let count = 5003usize;
+    let len = (count * 4) as u64;
+    let slot = (len + HDR).next_multiple_of(16);
+    let bytes = xk::buffer_bytes(slot, nh as u64);
+    let w = World::new(1, bytes.div_ceil(2), 0);
+    let mut ctx = w.ctxs[0];
+    (ctx.rank, ctx.nranks, ctx.scratch_len) = (me, nh, slot);
+    // Values whose f32 sum changes with the order: large and small magnitudes mixed.
+    let value = |h: u32, i: usize| -> f32 {
+        let x = (h as u64 * 1_000_003 + i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let x = x ^ x >> 29;
+        let mag = [1.0e7f32, 1.0, 3.0e-3][(x % 3) as usize];
+        (x >> 8) as u32 as f32 / u32::MAX as f32 * mag - mag / 2.0
+    };
+    let round = 4u64; // the round the step just did (its half: round & 1)
+    // SAFETY: every slot lies inside the world's scratch (bytes of it); state words live.
+    unsafe {
+        for h in 0..nh {
+            let at = if h == me {
+                xk::send_slot(slot, h as u64)
+            } else {
+                xk::recv_slot(slot, nh as u64, round, h as u64)
+            };
+            let p = ctx.scratch.add((at + HDR) as usize) as *mut f32;
+            for i in 0..count {
+                p.add(i).write(value(h, i));
+            }
+        }
+        ctx.state.add(ROUND).write(round + 1);
+    }
+    let want: Vec<u32> = (0..count)
+        .map(|i| ((value(0, i) + value(1, i)) + value(2, i)).to_bits())
+        .collect();
+    let tag = desc::tag(
+        desc::ALL_REDUCE,
+        types::dtype::F32 as u64,
+        op::SUM as u64 + 1,
+        0,
+    );
+    let own: Vec<f32> = (0..count).map(|i| value(me, i)).collect();
+    let run = |src: *const u8, flags: u64| -> Vec<u32> {
+        let out = Mem::new(len as usize);
+        // SAFETY: the out memory is distinct and sentinel-filled below; the kernel reads
+        // the world's slots and `src` (count f32 or null) and writes `len` bytes of out.
+        unsafe { core::ptr::write_bytes(out.p, 0xee, len as usize) };
+        let (c, o) = (&ctx, out.p as usize);
+        let s = src as usize;
+        // SAFETY: every thread of every block, the same arguments (see above).
+        launch(Dim3::x(4), Dim3::x(64), || unsafe {
+            xk::reduce_round(c, s as *const u8, o as *mut u8, tag, len, flags)
+        })
+        .unwrap();
+        // SAFETY: out holds count f32 (written or sentinel).
+        unsafe { std::slice::from_raw_parts(out.p as *const u32, count) }.to_vec()
+    };
+    let all = xk::flags(xk::REDUCE, 3);
+    assert_eq!(
+        run(core::ptr::null(), all),
+        want,
+        "own payload from the send slot"
+    );
+    assert_eq!(
+        run(own.as_ptr() as *const u8, all),
+        want,
+        "own payload from src"
+    );
+    let untouched = vec![0xeeee_eeee_u32; count];
+    assert_eq!(
+        run(core::ptr::null(), xk::to_host(all, 0)),
+        untouched,
+        "another host's"
+    );
+    // SAFETY: the fault area's live word.
+    unsafe { ctx.fault.add(fault::CROSS_BROKEN).write(1) };
+    assert_eq!(
+        run(core::ptr::null(), all),
+        untouched,
+        "after a broken round"
+    );
+}

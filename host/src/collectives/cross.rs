@@ -46,6 +46,50 @@ pub(super) const TAG_CROSS: u32 = 0xC011_0005;
 /// Bytes of the header before every payload: round, descriptor (`n`, tag), payload bytes.
 const HDR: usize = xk::HDR as usize;
 
+/// Environment variable: where the cross buffer of a GPU rank whose partners are all
+/// reached over TCP lives ([`CollConfig::cross_buffer_host`]): `host` (the default: pinned
+/// host memory mapped into the device, which the sockets read and write directly) or
+/// `device` (device memory, staged through pinned slots by the copy engine).
+pub const CROSS_BUFFER_ENV: &str = "MSCCLPP_CROSS_BUFFER";
+
+/// The value of [`CROSS_BUFFER_ENV`]: `host` is `true`, `device` `false`; anything else
+/// is an error naming the variable.
+pub(super) fn cross_buffer_host(setting: &str) -> Result<bool, CommError> {
+    match setting.trim() {
+        "host" => Ok(true),
+        "device" => Ok(false),
+        v => Err(CommError::InvalidArgument(format!(
+            "{CROSS_BUFFER_ENV}={v:?}: expected `host` or `device`"
+        ))),
+    }
+}
+
+/// Allocates the buffer of the proxy channels across hosts (`bytes`): host-mapped when
+/// the backend is a GPU, every channel of it goes over TCP (`transports`), and the config
+/// asks for it; else the backend's connection memory.
+pub(super) fn alloc_cross_buffer(
+    comm: &Communicator,
+    config: &CollConfig,
+    transports: impl IntoIterator<Item = TransportKind>,
+    bytes: usize,
+) -> Result<Buffer, CommError> {
+    let mapped = config.cross_buffer_host
+        && matches!(comm.backend(), Backend::Gpu(_))
+        && transports.into_iter().all(|t| t == TransportKind::Tcp);
+    if mapped {
+        comm.alloc_mapped_buffer(bytes)
+    } else {
+        comm.alloc_buffer(bytes)
+    }
+}
+
+/// From this many payload bytes, a reducing round over a host-mapped cross buffer leaves
+/// its reduction to the grid-wide `cross_reduce` kernel: the step's one block reads the
+/// payloads from host memory over PCIe several times slower than a grid does.
+const MAPPED_GRID_REDUCE_BYTES: usize = 256 << 10;
+/// Most blocks of that reduction (each reads host memory at a fraction of PCIe's rate).
+const MAPPED_REDUCE_BLOCKS: u32 = 16;
+
 /// The driver's variable for the hardware work queues of a process's streams.
 const WORK_QUEUES_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
@@ -228,6 +272,8 @@ struct GpuCross {
     stage: DeviceBuffer,
     /// `cross_step` of the loaded module.
     step: CudaFunction,
+    /// `cross_reduce` of the loaded module (large reductions over a host-mapped buffer).
+    reduce: CudaFunction,
 }
 
 /// The cross-host state of a [`Collectives`] spanning hosts.
@@ -248,7 +294,7 @@ pub(super) struct Cross {
     slot: usize,
     state: Mutex<State>,
     gpu: Option<GpuCross>,
-    _buf: Buffer,
+    buf: Buffer,
 }
 
 /// Bytes of each slot of the cross buffer for `hosts` hosts: the buffer holds `3 * hosts`
@@ -373,11 +419,21 @@ impl Cross {
     ) -> Result<Pending, CommError> {
         let nh = topo.hosts.len();
         let slot = slot_bytes(config, nh);
-        let buf = comm.alloc_buffer(xk::buffer_bytes(slot as u64, nh as u64) as usize)?;
+        let partners: Vec<(usize, usize, TransportKind)> = (0..nh)
+            .filter(|&h| h != topo.host)
+            .map(|h| {
+                let p = topo.rank_at(h, topo.local);
+                (
+                    h,
+                    p,
+                    topo.transport_to(p, network, comm.backend().transport()),
+                )
+            })
+            .collect();
+        let bytes = xk::buffer_bytes(slot as u64, nh as u64) as usize;
+        let buf = alloc_cross_buffer(comm, config, partners.iter().map(|&(_, _, t)| t), bytes)?;
         let mut channels = Vec::new();
-        for h in (0..nh).filter(|&h| h != topo.host) {
-            let p = topo.rank_at(h, topo.local);
-            let t = topo.transport_to(p, network, comm.backend().transport());
+        for (h, p, t) in partners {
             channels.push((h, comm.connect(p, &buf, TAG_CROSS, t)?));
         }
         Ok(Pending {
@@ -439,12 +495,17 @@ impl Cross {
             }),
             gpu,
             topo: p.topo,
-            _buf: p.buf,
+            buf: p.buf,
         })
     }
 
     fn hosts(&self) -> usize {
         self.topo.hosts.len()
+    }
+
+    /// Whether the cross buffer is host-mapped memory.
+    pub(super) fn buffer_mapped(&self) -> bool {
+        self.buf.is_mapped()
     }
 
     fn nlocal(&self) -> usize {
@@ -482,6 +543,7 @@ impl GpuCross {
             shard: DeviceBuffer::zeroed(gpu, payload)?,
             stage: DeviceBuffer::zeroed(gpu, nlocal * payload)?,
             step: kernels.function("cross_step")?,
+            reduce: kernels.function("cross_reduce")?,
         })
     }
 }
@@ -666,6 +728,13 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let g = cross.gpu.as_ref().expect("the GPU backend");
         let ctx = g.ctx.device_ptr();
+        // Over a host-mapped buffer, a large reduction runs on a grid after the step.
+        let grid_reduce = cross.buffer_mapped()
+            && flags & 0xf == REDUCE
+            && out != 0
+            && len >= MAPPED_GRID_REDUCE_BYTES;
+        let (step_out, reduce_out) = if grid_reduce { (0, out) } else { (out, 0) };
+        let out = step_out;
         let (n, tag, len, stride) = (descr[0], descr[1], len as u64, stride as u64);
         // At most the kernel's launch bound (`.maxntid 512`: registers without spills).
         let threads = self.config.threads.clamp(32, 512);
@@ -686,6 +755,32 @@ impl Collectives {
         // SAFETY: caller contract for the ranges; the context in device memory holds this
         // communicator's registered memory; the argument list matches `cross_step`'s
         // signature (*const CollContext, *const u8, *mut u8, u64, u64, u64, u64, u64).
+        self.noted(
+            unsafe { l.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| gpu::classify("launch", "cuLaunchKernel", e)),
+        )?;
+        if reduce_out == 0 {
+            return Ok(());
+        }
+        let blocks = (len / MAPPED_GRID_REDUCE_BYTES as u64 * 4)
+            .clamp(1, MAPPED_REDUCE_BLOCKS.min(self.config.max_blocks) as u64)
+            as u32;
+        let mut l = stream.launch_builder(&g.reduce);
+        l.arg(&ctx)
+            .arg(&src)
+            .arg(&reduce_out)
+            .arg(&tag)
+            .arg(&len)
+            .arg(&flags);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as above (the step's ranges, `reduce_out` its `out`), on the stream right
+        // after the step; the argument list matches `cross_reduce`'s signature
+        // (*const CollContext, *const u8, *mut u8, u64, u64, u64).
         self.noted(
             unsafe { l.launch(cfg) }
                 .map(|_| ())

@@ -115,7 +115,7 @@ mod more;
 mod proxy;
 mod xp2p;
 
-pub use cross::CROSS_TWO_SHOT_SAVES;
+pub use cross::{CROSS_BUFFER_ENV, CROSS_TWO_SHOT_SAVES};
 pub use more::P2pOp;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
@@ -438,6 +438,13 @@ pub struct CollConfig {
     /// rank) when there are at most this many of them; above, such sends and receives are
     /// refused. Must be equal on every rank.
     pub p2p_remote_max: usize,
+    /// Across hosts, on a GPU whose partners are all reached over TCP: the cross buffer and
+    /// the send/recv buffer are pinned host memory mapped into the device (`true`, the
+    /// default; the sockets read and write them directly, and a signal is a CPU store the
+    /// kernel polls) rather than device memory staged by the copy engine (`false`). Each
+    /// rank may choose for itself (the wire is the same); `MSCCLPP_CROSS_BUFFER=host|device`
+    /// ([`CROSS_BUFFER_ENV`]) sets it in [`from_env`](Self::from_env).
+    pub cross_buffer_host: bool,
 }
 
 impl Default for CollConfig {
@@ -458,6 +465,7 @@ impl Default for CollConfig {
             rooted_piece_bytes: 256 << 10,
             p2p_remote_max: 16,
             cross_transport: CrossTransport::Auto,
+            cross_buffer_host: true,
         }
     }
 }
@@ -466,8 +474,8 @@ impl CollConfig {
     /// The defaults, with `MSCCLPP_COLL_SCRATCH_BYTES`, `MSCCLPP_COLL_PACKET_MAX_BYTES`,
     /// `MSCCLPP_COLL_MAX_BLOCKS`, `MSCCLPP_COLL_THREADS`, `MSCCLPP_P2P_PACKET_MAX_BYTES`,
     /// `MSCCLPP_P2P_PACKET_BLOCKS`, `MSCCLPP_P2P_DEPTH`, `MSCCLPP_ROOTED_DEPTH`,
-    /// `MSCCLPP_ROOTED_PIECE_BYTES`, `MSCCLPP_P2P_REMOTE_MAX` and `MSCCLPP_CROSS_TRANSPORT`
-    /// (`auto`, `tcp`, `ib`) applied when set.
+    /// `MSCCLPP_ROOTED_PIECE_BYTES`, `MSCCLPP_P2P_REMOTE_MAX`, `MSCCLPP_CROSS_TRANSPORT`
+    /// (`auto`, `tcp`, `ib`) and `MSCCLPP_CROSS_BUFFER` (`host`, `device`) applied when set.
     pub fn from_env() -> Result<CollConfig, CommError> {
         let mut c = CollConfig::default();
         let get = |name: &str| -> Result<Option<u64>, CommError> {
@@ -519,6 +527,9 @@ impl CollConfig {
                     )));
                 }
             };
+        }
+        if let Ok(v) = std::env::var(CROSS_BUFFER_ENV) {
+            c.cross_buffer_host = cross::cross_buffer_host(&v)?;
         }
         Ok(c)
     }
@@ -1147,6 +1158,14 @@ impl Collectives {
     pub fn broadcast_two_shot_across_hosts(&self, bytes: usize) -> bool {
         self.cross()
             .is_some_and(|c| cross::two_shot_pays(c.topo.hosts.len(), bytes))
+    }
+
+    /// Across hosts: whether the cross buffer (the memory the rounds across hosts pass
+    /// through) is pinned host memory mapped into the device, which the TCP transport's
+    /// sockets read and write directly (see [`CROSS_BUFFER_ENV`]). `false` on one host, on
+    /// the Host backend, over IB, and with `MSCCLPP_CROSS_BUFFER=device`.
+    pub fn cross_buffer_mapped(&self) -> bool {
+        self.cross.as_ref().is_some_and(|c| c.buffer_mapped())
     }
 
     /// Why the ranks' hosts are not used as such, if they are not: hosts with different

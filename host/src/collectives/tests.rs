@@ -573,6 +573,8 @@ fn hosts_of_different_sizes_make_every_rank_its_own_host() {
                     let (same, other) = if r == 2 { (0, 2) } else { (1, 1) };
                     assert_eq!(count(TransportKind::Tcp), 3 * other, "rank {r}: TCP");
                     assert_eq!(count(TransportKind::Host), 3 * same, "rank {r}: Host");
+                    // Host-mapped cross buffers are a GPU backend's (here: shared memory).
+                    assert!(!coll.cross_buffer_mapped(), "rank {r}");
                     coll.communicator().bootstrap().barrier().unwrap();
                     (coll.hosts(), note, v)
                 })
@@ -742,6 +744,22 @@ fn a_timeout_across_hosts_names_too_few_work_queues() {
             hint.contains(&format!("CUDA_DEVICE_MAX_CONNECTIONS={low}"))
                 && hint.contains("set it to 8"),
             "{hint}"
+        );
+    }
+}
+
+#[test]
+fn the_cross_buffer_setting_is_host_or_device() {
+    use super::cross::cross_buffer_host;
+    assert!(CollConfig::default().cross_buffer_host);
+    assert!(cross_buffer_host("host").unwrap());
+    assert!(cross_buffer_host(" host\n").unwrap());
+    assert!(!cross_buffer_host("device").unwrap());
+    for bad in ["", "gpu", "Host", "1"] {
+        let e = cross_buffer_host(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("MSCCLPP_CROSS_BUFFER") && e.contains("`host` or `device`"),
+            "{bad:?}: {e}"
         );
     }
 }

@@ -15,7 +15,9 @@ use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::STATE_WORDS;
 use mscclpp_device::collectives::xp2p::{self as xk, COUNTERS, XContext, XOp, XOps};
 
-use super::cross::{Topology, buffer_addr, proxy_context, proxy_context_on_device};
+use super::cross::{
+    Topology, alloc_cross_buffer, buffer_addr, proxy_context, proxy_context_on_device,
+};
 use super::{CollConfig, gpu};
 use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu};
@@ -112,16 +114,20 @@ impl XP2p {
         let remotes = remotes_of(topo, me);
         let slot = slot_bytes(config);
         let bytes = xk::buffer_bytes(slot as u64, DEPTH, remotes.len() as u64) as usize;
-        let buf = comm.alloc_buffer(bytes)?;
+        let transports: Vec<TransportKind> = remotes
+            .iter()
+            .map(|&p| topo.transport_to(p, network, comm.backend().transport()))
+            .collect();
+        // As the cross buffer: host-mapped where every remote rank is reached over TCP.
+        let buf = alloc_cross_buffer(comm, config, transports.iter().copied(), bytes)?;
         let mut channels = Vec::with_capacity(remotes.len());
         let mut at_peer = Vec::with_capacity(remotes.len());
-        for &p in &remotes {
+        for (&p, &t) in remotes.iter().zip(&transports) {
             let (out_tag, in_tag) = if me < p {
                 (TAG_UP, TAG_DOWN)
             } else {
                 (TAG_DOWN, TAG_UP)
             };
-            let t = topo.transport_to(p, network, comm.backend().transport());
             let out = comm.connect(p, &buf, out_tag, t)?;
             let inc = comm.connect(p, &buf, in_tag, t)?;
             channels.push((out, inc));
