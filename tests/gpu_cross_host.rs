@@ -23,7 +23,7 @@ use mscclpp::host::collectives::{DataType, P2pOp, ReduceOp};
 use mscclpp::host::communicator::CommError;
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
 use mscclpp::host::launch::Launch;
-use mscclpp::host::testing::{gpu_or_skip, run_test_ranks, run_test_ranks_env};
+use mscclpp::host::testing::{gpu_or_skip, run_test_ranks_env};
 
 mod common;
 
@@ -44,11 +44,17 @@ fn test_hosts() -> usize {
 }
 
 fn run_two(test: &str) {
+    run_two_env(test, &[]);
+}
+
+/// [`run_two`] with `env` set in every rank.
+fn run_two_env(test: &str, env: &[(&str, &str)]) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
     let n = test_hosts() * ranks_per_host();
-    run_test_ranks(test, n, ROLE, Duration::from_secs(common::test_timeout_s()));
+    let limit = Duration::from_secs(common::test_timeout_s());
+    run_test_ranks_env(test, n, ROLE, limit, env);
 }
 
 /// This rank's collectives, on a simulated host of its own, and a stream.
@@ -538,17 +544,8 @@ fn cross_host_all_reduce_mixes_host_and_device_cross_buffers() {
         all_reduce_rank();
         return;
     }
-    let test = "cross_host_all_reduce_mixes_host_and_device_cross_buffers";
-    if gpu_or_skip(test, 0).is_none() {
-        return;
-    }
-    let n = test_hosts() * ranks_per_host();
-    let limit = Duration::from_secs(common::test_timeout_s());
-    run_test_ranks_env(
-        test,
-        n,
-        ROLE,
-        limit,
+    run_two_env(
+        "cross_host_all_reduce_mixes_host_and_device_cross_buffers",
         &[("MSCCLPP_TEST_MIXED_CROSS_BUFFER", "1")],
     );
 }

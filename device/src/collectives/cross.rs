@@ -119,6 +119,19 @@ pub const fn recv_slot(slot: u64, hosts: u64, round: u64, h: u64) -> u64 {
     (hosts + (round & 1) * hosts + h) * slot
 }
 
+/// Address of host `h`'s payload of `round` in the cross buffer of `ctx`: the own send
+/// slot's for this host, else the receive slot of `h` in the round's half.
+#[inline(always)]
+fn round_payload(ctx: &CollContext, round: u64, h: u32) -> *const u8 {
+    let (slot, nh) = (ctx.scratch_len, ctx.nranks as u64);
+    let off = if h == ctx.rank {
+        send_slot(slot, h as u64)
+    } else {
+        recv_slot(slot, nh, round, h as u64)
+    };
+    ctx.scratch.wrapping_add((off + HDR) as usize) as *const u8
+}
+
 /// Bytes of a cross buffer with slots of `slot` bytes for `hosts` hosts.
 #[inline(always)]
 pub const fn buffer_bytes(slot: u64, hosts: u64) -> u64 {
@@ -274,14 +287,7 @@ pub unsafe fn step(
     // SAFETY: written before the barrier.
     let broken = unsafe { failed_flag.read_volatile() } != 0;
     if !broken && !out.is_null() {
-        let payload = |h: u32| {
-            let off = if h == me {
-                send_slot(slot, me as u64)
-            } else {
-                recv_slot(slot, nh as u64, round, h as u64)
-            };
-            base.wrapping_add((off + HDR) as usize) as *const u8
-        };
+        let payload = |h: u32| round_payload(ctx, round, h);
         if mode == REDUCE && gets(me) {
             // SAFETY: every payload holds len bytes (the own written above or by the
             // caller, the others published by the waits and the barrier); out holds len
@@ -436,7 +442,7 @@ pub unsafe fn reduce_round(
     len: u64,
     flags: u64,
 ) {
-    let (me, nh, slot) = (ctx.rank, ctx.nranks, ctx.scratch_len);
+    let (me, nh) = (ctx.rank, ctx.nranks);
     let to = (flags >> TO_SHIFT) & TO_ALL;
     if to != TO_ALL && to != me as u64 {
         return;
@@ -464,18 +470,12 @@ pub unsafe fn reduce_round(
         return;
     }
     let n = share.min(len - lo);
-    let base = ctx.scratch;
-    let own = if !src.is_null() && !core::ptr::eq(src, out) {
-        src
-    } else {
-        base.wrapping_add((send_slot(slot, me as u64) + HDR) as usize) as *const u8
-    };
+    let from_src = !src.is_null() && !core::ptr::eq(src, out);
     let payload = |h: u32| {
-        let p = if h == me {
-            own
+        let p = if h == me && from_src {
+            src
         } else {
-            base.wrapping_add((recv_slot(slot, nh as u64, round, h as u64) + HDR) as usize)
-                as *const u8
+            round_payload(ctx, round, h)
         };
         p.wrapping_add(lo as usize)
     };

@@ -267,21 +267,12 @@ impl Buffer {
         }
     }
 
-    /// The host address of host-readable memory, for the synchronous copies.
-    fn host_bytes(&self) -> Option<*mut u8> {
-        match &*self.mem {
-            BufferMem::Device(_) => None,
-            BufferMem::Host(s) => Some(s.as_ptr()),
-            BufferMem::Mapped(m) => Some(m.host_ptr()),
-        }
-    }
-
     /// Copies `src` into the buffer at `offset` (synchronous; for a host buffer, a memcpy
     /// that must not race with a peer's puts into the same range).
     pub fn write<T: Copy>(&self, offset: usize, src: &[T]) -> Result<(), CommError> {
         let bytes = std::mem::size_of_val(src);
         self.check(offset, bytes)?;
-        match (&*self.mem, self.host_bytes()) {
+        match (&*self.mem, self.host_ptr()) {
             (BufferMem::Device(d), _) => Ok(d.copy_from_host(offset, src)?),
             (_, Some(p)) => {
                 // SAFETY: the range is inside the mapping (checked); concurrent access is
@@ -299,7 +290,7 @@ impl Buffer {
     pub fn read<T: Copy>(&self, offset: usize, dst: &mut [T]) -> Result<(), CommError> {
         let bytes = std::mem::size_of_val(dst);
         self.check(offset, bytes)?;
-        match (&*self.mem, self.host_bytes()) {
+        match (&*self.mem, self.host_ptr()) {
             (BufferMem::Device(d), _) => Ok(d.copy_to_host(offset, dst)?),
             (_, Some(p)) => {
                 // SAFETY: as in `write`; `T: Copy` plain data is what callers store here.

@@ -527,8 +527,9 @@ pub(crate) struct TcpLink {
     /// Clones of the sockets, to shut them down on drop.
     sockets: Vec<TcpStream>,
     receivers: Vec<JoinHandle<()>>,
-    /// For a host-mapped local buffer: its host address (puts read from there directly).
-    direct: Option<u64>,
+    /// The host address puts read the local buffer from (the buffer itself on the Host
+    /// backend, a host-mapped buffer's host address); `None`: staged out of the device.
+    host_src: Option<u64>,
     /// For a host-mapped local buffer: the host-mapped inbound counters the receivers store
     /// into (kept until the receivers are joined, and as long as the connection).
     _flags: Option<Arc<MappedHostBuffer>>,
@@ -550,15 +551,16 @@ impl Drop for TcpLink {
 
 impl TcpLink {
     /// `stage`: on the GPU backend, the device and the bytes per receiver slot (`None`
-    /// for a host-mapped buffer, whose `sink` holds host addresses); `direct`: a host-mapped
-    /// buffer's host address and its inbound counters.
+    /// for a host-mapped buffer, whose `sink` holds host addresses); `host_src`: as the
+    /// field; `flags`: a host-mapped buffer's inbound counters.
     fn new(
         streams: Vec<TcpStream>,
         sink: Sink,
         (peer, tag): (usize, u32),
         timeout: Duration,
         stage: Option<(&Gpu, usize)>,
-        direct: Option<(u64, Arc<MappedHostBuffer>)>,
+        host_src: Option<u64>,
+        flags: Option<Arc<MappedHostBuffer>>,
     ) -> Result<TcpLink, String> {
         let shared = Arc::new(Shared {
             peer,
@@ -594,8 +596,8 @@ impl TcpLink {
             shared: shared.clone(),
             sockets,
             receivers: Vec::new(),
-            direct: direct.as_ref().map(|(a, _)| *a),
-            _flags: direct.map(|(_, f)| f),
+            host_src,
+            _flags: flags,
         };
         let mut senders = Vec::with_capacity(streams.len());
         for (stripe, s) in streams.into_iter().enumerate() {
@@ -625,8 +627,8 @@ impl TcpLink {
     }
 }
 
-/// A connection's sender state, the state it shares with its receivers, and its local
-/// buffer's host address when that is host-mapped (puts then read it directly).
+/// A connection's sender state, the state it shares with its receivers, and the host
+/// address its puts read from (`None`: staged out of the device).
 type PlaneLink = (Arc<Mutex<Tx>>, Arc<Shared>, Option<u64>);
 
 /// The TCP data plane: writes each connection's frames to its sockets.
@@ -638,18 +640,16 @@ pub struct TcpPlane {
     stage: Option<Slots>,
 }
 
-/// The link of `route`, and the host address its puts read from: the local buffer's own
-/// (a host-mapped buffer, or any on the Host backend), or `None` when they are staged out of
-/// the device.
+/// The link of `route`, and the host address its puts read from (`None`: staged out of
+/// the device).
 fn link_of<'a>(
     links: &'a [Option<PlaneLink>],
     route: &Route,
-    staged: bool,
 ) -> Result<(&'a Mutex<Tx>, &'a Shared, Option<u64>), TransportError> {
     match links.get(route.id as usize) {
-        Some(Some((tx, shared, direct))) => match shared.lost() {
+        Some(Some((tx, shared, host_src))) => match shared.lost() {
             Some(e) => Err(e.into()),
-            None => Ok((tx, shared, direct.or((!staged).then_some(route.local)))),
+            None => Ok((tx, shared, *host_src)),
         },
         _ => Err(TcpError::Config(format!(
             "connection {} has no TCP sockets in this proxy",
@@ -686,14 +686,14 @@ impl DataPlane for TcpPlane {
     ) -> Result<(), TransportError> {
         route.check(dst_offset, src_offset, size)?;
         let chunk = self.chunk as u64;
-        let (tx, shared, host) = link_of(&self.links, route, self.stage.is_some())?;
+        let (tx, shared, host) = link_of(&self.links, route)?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
         let Some(base) = host else {
             let slots = self
                 .stage
                 .as_mut()
-                .expect("link_of gives an address unless staged");
+                .expect("the plane has slots while a link stages");
             return put_staged(
                 tx, shared, slots, route, dst_offset, src_offset, size, chunk,
             );
@@ -725,7 +725,7 @@ impl DataPlane for TcpPlane {
     }
 
     fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
-        let (tx, shared, _) = link_of(&self.links, route, self.stage.is_some())?;
+        let (tx, shared, _) = link_of(&self.links, route)?;
         // Staged puts are in the sockets when they return, like the others.
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
@@ -752,7 +752,7 @@ impl DataPlane for TcpPlane {
         if size == 0 || size > small || route.check(dst_offset, src_offset, size).is_err() {
             return put_then_signal(self, route, dst_offset, src_offset, size, epoch);
         }
-        let (tx, shared, host) = link_of(&self.links, route, self.stage.is_some())?;
+        let (tx, shared, host) = link_of(&self.links, route)?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
         tx.scratch.clear();
@@ -766,7 +766,7 @@ impl DataPlane for TcpPlane {
             (Some(base), _) => tx.scratch.extend_from_slice(unsafe {
                 std::slice::from_raw_parts((base + src_offset) as *const u8, size as usize)
             }),
-            (None, None) => unreachable!("link_of gives an address unless staged"),
+            (None, None) => unreachable!("the plane has slots while a link stages"),
             (None, Some(slots)) => {
                 let staged = (|| -> Result<usize, TransportError> {
                     let i = slots.take()?;
@@ -1035,7 +1035,7 @@ impl TransportSetup for TcpSetup {
             self.accept_for(rank, tag, stripes, config.timeout)?
         };
         let len = p.buffer.len() as u64;
-        let (sink, stage, direct, device_inbound) =
+        let (sink, stage, host_src, flags, device_inbound) =
             match (round.comm.backend(), p.buffer.mapped_host_addr()) {
                 (Backend::Gpu(gpu), Some(host)) => {
                     // Host-mapped: the receivers write the buffer and the counter directly.
@@ -1057,7 +1057,7 @@ impl TransportSetup for TcpSetup {
                         inbound: flags.host_ptr() as u64 + at,
                     };
                     let device = flags.device_ptr() + at;
-                    (sink, None, Some((host, flags)), Some(device))
+                    (sink, None, Some(host), Some(flags), Some(device))
                 }
                 (backend, _) => {
                     let sink = Sink {
@@ -1065,15 +1065,24 @@ impl TransportSetup for TcpSetup {
                         len,
                         inbound: round.inbound(k),
                     };
-                    let stage = match backend {
-                        Backend::Gpu(gpu) => Some((gpu, config.chunk)),
-                        Backend::Host => None,
+                    // The Host backend's buffer is host memory the sockets use as it is.
+                    let (stage, host_src) = match backend {
+                        Backend::Gpu(gpu) => (Some((gpu, config.chunk)), None),
+                        Backend::Host => (None, Some(sink.buffer)),
                     };
-                    (sink, stage, None, None)
+                    (sink, stage, host_src, None, None)
                 }
             };
-        let link = TcpLink::new(streams, sink, (rank, tag), config.timeout, stage, direct)
-            .map_err(|e| mismatch(rank, tag, e))?;
+        let link = TcpLink::new(
+            streams,
+            sink,
+            (rank, tag),
+            config.timeout,
+            stage,
+            host_src,
+            flags,
+        )
+        .map_err(|e| mismatch(rank, tag, e))?;
         let mut conn = Connection::remote(round, p, k, 0, peer.buffer_len, 0, Box::new(link));
         if let Some(device) = device_inbound {
             conn.inbound = device;
@@ -1086,16 +1095,18 @@ impl TransportSetup for TcpSetup {
             transport: TransportKind::Tcp,
             reason: e.to_string(),
         })?;
-        let links = comm
+        let links: Vec<Option<PlaneLink>> = comm
             .connections()
             .iter()
             .map(|c| {
                 c.link_as::<TcpLink>()
-                    .map(|l| (l.tx.clone(), l.shared.clone(), l.direct))
+                    .map(|l| (l.tx.clone(), l.shared.clone(), l.host_src))
             })
             .collect();
+        // Staging slots only where a link stages (device memory on a GPU).
+        let stages = links.iter().flatten().any(|(_, _, host)| host.is_none());
         let stage = match comm.backend() {
-            Backend::Gpu(gpu) => {
+            Backend::Gpu(gpu) if stages => {
                 let cuda = |e: CudaError| CommError::TransportUnavailable {
                     transport: TransportKind::Tcp,
                     reason: format!("host staging of GPU puts: {e}"),
@@ -1103,7 +1114,7 @@ impl TransportSetup for TcpSetup {
                 let stream = gpu.shared_stream(StreamRole::StageOut).map_err(cuda)?;
                 Some(Slots::new(gpu, stream, config.chunk).map_err(cuda)?)
             }
-            Backend::Host => None,
+            _ => None,
         };
         Ok(Box::new(TcpPlane {
             links,
