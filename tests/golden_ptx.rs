@@ -343,24 +343,30 @@ fn dependent_launched_kernels_wait_before_touching_memory() {
             wait < trigger,
             "{name}: triggers its dependents before it waits"
         );
-        // Before the wait: parameter reads, prefetches and one 64-bit load (the context's
-        // `state` pointer, for the counters' L2 prefetch); nothing else reads or writes.
+        // Before the wait: parameter reads, prefetches, stores to the block's own shared
+        // memory and one 64-bit load (the context's `state` pointer, for the counters' L2
+        // prefetch); nothing else reads or writes. Inline asm may group several
+        // instructions on one line (`{ .reg ..; cvta..; st.shared..; }`): each is checked.
         let before = &body[..wait];
         let mut loads = 0;
-        for line in before.lines().map(str::trim) {
-            let op = line.split_whitespace().next().unwrap_or("");
+        let instructions = before
+            .lines()
+            .flat_map(|l| l.split(';'))
+            .map(|i| i.trim().trim_start_matches('{').trim());
+        for ins in instructions {
+            let op = ins.split_whitespace().next().unwrap_or("");
             if op == "ld.global.u64" || op == "ld.global.b64" {
                 loads += 1;
                 continue;
             }
             let touches = (op.starts_with("ld.") && !op.starts_with("ld.param"))
-                || op.starts_with("st.")
+                || (op.starts_with("st.") && !op.starts_with("st.shared"))
                 || op.starts_with("atom.")
                 || op.starts_with("red.");
             assert!(
                 !touches,
-                "{name}: `{line}` before griddepcontrol.wait (only parameter reads, the \
-                 context's state pointer and prefetches may come first)"
+                "{name}: `{ins}` before griddepcontrol.wait (only parameter reads, shared \
+                 stores, the context's state pointer and prefetches may come first)"
             );
         }
         assert!(

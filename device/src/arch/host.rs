@@ -276,6 +276,15 @@ pub fn sync_threads() {
 /// one launch at a time).
 pub fn grid_dependency_wait() {}
 
+/// A store into the emulated block's shared memory.
+///
+/// # Safety
+/// `p` points into this block's shared memory, 8-aligned, not accessed concurrently.
+pub unsafe fn st_shared_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller contract.
+    unsafe { p.write_volatile(v) }
+}
+
 /// A cache hint: nothing on the host.
 pub fn prefetch_l1(_p: *const u8) {}
 

@@ -104,6 +104,26 @@ pub fn grid_dependency_wait() {
     }
 }
 
+/// `st.shared.u64`: stores `v` at `p`, a generic address of this block's shared memory
+/// (from [`shared_array!`](crate::shared_array)). An explicit shared-memory store, so that a
+/// kernel launched as a dependent may fill shared memory before
+/// [`grid_dependency_wait`] (the `golden_ptx` test tells it from a global store).
+///
+/// # Safety
+/// `p` points into this block's shared memory, 8-aligned, not accessed concurrently.
+#[inline(always)]
+pub unsafe fn st_shared_u64(p: *mut u64, v: u64) {
+    // SAFETY: caller contract: `p` is a shared-window address of this block.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 a; cvta.to.shared.u64 a, {p}; st.shared.u64 [a], {v}; }}",
+            p = in(reg64) p,
+            v = in(reg64) v,
+            options(nostack),
+        )
+    }
+}
+
 /// `prefetch.global.L1`: a hint to bring the line of `p` into this SM's L1; no effect on
 /// memory, never faults. Only for memory no one writes while this kernel may read it
 /// through L1 (L1 is not coherent).
