@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+cd "$(dirname "$0")/.." || exit 1
+[ -d .gpu/b ] || tar xzf .gpu/b.tgz -C .gpu || exit 1
+R=$OUT/r5; mkdir -p $R; V=.gpu/v; B=.gpu/b; T0=$(date +%s)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 MSCCLPP_REQUIRE_GPU=1
+st() { echo "== $1 rc=$2 t=$(( $(date +%s) - T0 ))s" | tee -a "$R/steps.txt"; tar czf $OUT/r5.tgz -C $OUT r5; }
+M=scripts/with-mps.sh
+S="--nranks 2 -b 8 -e 512K -f 4 -n 200 -w 20"
+for i in 1 2; do for v in copy outline; do
+  timeout 60 $M $V/perf-$v --op sendrecv $S -G 10 --json $R/sendrecv-graph-$v-$i.json > $R/sendrecv-graph-$v-$i.txt 2>&1; st sr-graph-$v-$i $?
+  timeout 60 $M $V/perf-$v --op sendrecv $S --json $R/sendrecv-plain-$v-$i.json > $R/sendrecv-plain-$v-$i.txt 2>&1; st sr-plain-$v-$i $?
+done; done
+timeout 60 $M $V/perf-outline --op sendrecv --nranks 2 -b 1M -e 64M -f 4 -n 20 -w 5 -G 5 --json $R/large-graph-outline-1.json > $R/large-graph-outline-1.txt 2>&1; st large-outline $?
+timeout 60 $M $V/perf-copy --op sendrecv --nranks 2 -b 1M -e 64M -f 4 -n 20 -w 5 -G 5 --json $R/large-graph-copy-1.json > $R/large-graph-copy-1.txt 2>&1; st large-copy $?
+MSCCLPP_TEST_TIMEOUT_S=150 timeout 200 $M $B/gpu_collectives_more --test-threads 1 send graph > $R/gpu_collectives_more.txt 2>&1; st gpu-more $?
+echo done >> $R/steps.txt; tar czf $OUT/r5.tgz -C $OUT r5
