@@ -1,4 +1,4 @@
-# Ratio table of two forms measured in one run: python3 ab.py PREFIX DIR A B reads
+# Ratio table of two forms measured in one run: python3 scripts/perf-ab.py PREFIX DIR A B reads
 # DIR/PREFIX-A-*.json and DIR/PREFIX-B-*.json (mscclpp-perf --json) and prints the mean time
 # per size (out of place and in place together) and B/A.
 import json,sys,math,glob
