@@ -456,8 +456,9 @@ impl CollContext {
     /// (nothing).
     ///
     /// # Safety
-    /// The context valid; called by every thread before any other memory access of the
-    /// kernel.
+    /// The context valid; called by every thread before it accesses any memory an earlier
+    /// kernel may write (reading the kernel's parameters and writing the block's shared
+    /// memory may come first, as the p2p kernel's copy of its operations does).
     #[inline(always)]
     pub unsafe fn dependent_launch_entry(&self) {
         let base = self as *const CollContext as *const u8;
