@@ -5,6 +5,8 @@
 #
 #   scripts/gpu-cross-hosts-check.sh --pack     # -> .gpu/b.tgz (about 12 MB)
 #
+# (PACK_EXTRA="gpu_litmus gpu_fifo ..." packs those test binaries too.)
+#
 # then call the device tool with carry [".gpu"] and command
 # `scripts/gpu-cross-hosts-check.sh` (on nvidia-h200-x2 every step; on one GPU see below).
 #
@@ -21,7 +23,7 @@ if [ "${1:-}" = --pack ]; then
   cargo build --release --workspace --bins --tests
   cargo build --release -p mscclpp-nccl
   rm -rf .gpu/b && mkdir -p .gpu/b
-  for t in gpu_cross_host gpu_collectives_more gpu_proxy_channel; do
+  for t in gpu_cross_host gpu_collectives_more gpu_proxy_channel ${PACK_EXTRA:-}; do
     # The newest build of each test (cargo keeps older hashes beside it).
     cp "$(ls -t target/release/deps/$t-* | grep -E "/$t-[0-9a-f]{16}$" | head -1)" .gpu/b/$t
   done

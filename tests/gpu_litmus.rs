@@ -9,6 +9,13 @@
 //!
 //! Sizes: `MSCCLPP_LITMUS_ITERS` iterations (default 20 000) of 16 blocks x 128 threads,
 //! so 2048 checked 16-byte units per iteration.
+//!
+//! Two more run in one process, between the GPU and the proxy's side on the CPU: the FIFO
+//! publish (`fifo_publish_*`: each of 2048 threads stores data, then pushes a trigger,
+//! `MSCCLPP_LITMUS_ITERS / 20` times; this thread pops every trigger and checks it is whole
+//! and its data there) and the proxy's flag after a copy (`flag_after_copy_*`:
+//! `MSCCLPP_LITMUS_ITERS` copies of 64 KiB, each followed by the flag in one of the two ways
+//! the P2P proxy raises it, or a weakened way; a kernel checks every word under the flag).
 
 use std::time::Duration;
 
@@ -212,4 +219,229 @@ fn ll_packets_are_never_seen_torn() {
         );
     }
     run_two("ll_packets_are_never_seen_torn");
+}
+
+#[test]
+fn fifo_publish_shows_every_trigger_whole_and_after_its_data() {
+    use mscclpp::host::proxy::fifo_litmus::{PublishShape, PublishVariant, run_publish_litmus};
+    use mscclpp::host::proxy::{Fifo, FifoConfig};
+    use mscclpp::host::smoke::Backend as SmokeBackend;
+
+    let test = "fifo_publish_shows_every_trigger_whole_and_after_its_data";
+    let Some(gpu) = gpu_or_skip(test, 0) else {
+        return;
+    };
+    let module = KernelModule::load_builtin(&gpu).unwrap();
+    // 2048 threads; MSCCLPP_LITMUS_ITERS / 20 pushes each (1000 by default: 2 M triggers
+    // per variant through a ring of 512 slots, the proxy's default size being larger).
+    let shape = PublishShape {
+        blocks: 16,
+        threads: 128,
+        pushes: (iters() / 20).max(1) as u32,
+        timeout: Duration::from_secs(240),
+    };
+    let variants = [
+        (
+            PublishVariant::Library,
+            "fence + one 16-byte store (library)",
+            Claim::Ordered,
+        ),
+        (
+            PublishVariant::NoFence,
+            "one 16-byte store, no fence (weakened)",
+            Claim::Shown,
+        ),
+        (
+            PublishVariant::HighWordFirst,
+            "fence + high word, then low word (weakened)",
+            Claim::Shown,
+        ),
+    ];
+    for (variant, name, claim) in variants {
+        let fifo = Fifo::new_gpu(&gpu, FifoConfig::with_slots(512)).unwrap();
+        let c = run_publish_litmus(SmokeBackend::Gpu(&gpu, &module), &fifo, &shape, variant)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        println!(
+            "litmus_fifo_publish {name}: {} torn, {} before their data, of {} triggers ({:.2?})",
+            c.torn, c.stale, c.popped, c.elapsed
+        );
+        assert_eq!(c.popped, shape.triggers(), "{name}");
+        if claim == Claim::Ordered {
+            assert_eq!(
+                (c.torn, c.stale),
+                (0, 0),
+                "{name}: the library's push showed violations"
+            );
+        }
+    }
+}
+
+/// How `flag_after_copy_never_shows_old_data` raises the flag after each copy.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum FlagWay {
+    /// `cuStreamWriteValue64` on the copy's stream (the P2P proxy's `stream` flag mode).
+    StreamWrite,
+    /// A CPU store into host memory the GPU polls, once an event recorded after the copy is
+    /// reached (the `cpu` flag mode).
+    CpuAfterEvent,
+    /// Weakened: the CPU store right after queueing the copy.
+    CpuAtOnce,
+    /// Weakened: `cuStreamWriteValue64` on another stream.
+    OtherStream,
+}
+
+#[test]
+fn flag_after_copy_never_shows_old_data() {
+    use mscclpp::host::cuda::{
+        Gpu, MappedHostBuffer, device_count, event_reached, memcpy_async, new_event, record_event,
+        write_u64_async,
+    };
+    use mscclpp_device::kernels::litmus::copy_pattern;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let test = "flag_after_copy_never_shows_old_data";
+    let Some(sender) = gpu_or_skip(test, 0) else {
+        return;
+    };
+    // The copy goes from GPU 0 to GPU 1 where there are two, as a proxy's put to a peer
+    // does; on a machine with one GPU, within GPU 0.
+    let receiver = if device_count().unwrap_or(1) >= 2 {
+        let r = Gpu::open(1).unwrap();
+        sender.enable_peer_access(&r).unwrap();
+        r
+    } else {
+        Gpu::open(0).unwrap()
+    };
+    const BLOCKS: u32 = 8;
+    const THREADS: u32 = 256;
+    const WORDS: u64 = 8192; // 64 KiB per copy
+    let n = iters();
+    let module = KernelModule::load_builtin(&receiver).unwrap();
+    let f = module.function("litmus_flag_after_copy").unwrap();
+    let src: Vec<DeviceBuffer> = (0..2u64)
+        .map(|p| {
+            let b = DeviceBuffer::alloc(&sender, WORDS as usize * 8).unwrap();
+            let v: Vec<u64> = (0..WORDS).map(|j| copy_pattern(p, j)).collect();
+            b.copy_from_host(0, &v).unwrap();
+            b
+        })
+        .collect();
+    let ways = [
+        (
+            FlagWay::StreamWrite,
+            "stream write after the copy (library, `stream` mode)",
+            Claim::Ordered,
+        ),
+        (
+            FlagWay::CpuAfterEvent,
+            "CPU store once the copy's event is reached (library, `cpu` mode)",
+            Claim::Ordered,
+        ),
+        (
+            FlagWay::CpuAtOnce,
+            "CPU store right after queueing the copy (weakened)",
+            Claim::Shown,
+        ),
+        (
+            FlagWay::OtherStream,
+            "stream write on another stream (weakened)",
+            Claim::Shown,
+        ),
+    ];
+    for (way, name, claim) in ways {
+        let dst = DeviceBuffer::zeroed(&receiver, WORDS as usize * 8).unwrap();
+        let flag_dev = DeviceBuffer::zeroed(&receiver, 8).unwrap();
+        let flag_host = MappedHostBuffer::alloc(&receiver, 8).unwrap();
+        let ack = MappedHostBuffer::alloc(&receiver, 8).unwrap();
+        let out = DeviceBuffer::zeroed(&receiver, 16).unwrap();
+        // SAFETY: both mapped buffers hold 8 zeroed, aligned bytes, live for this iteration
+        // of the loop and accessed only atomically (here and by the kernel).
+        let (host_flag, host_ack) = unsafe {
+            (
+                AtomicU64::from_ptr(flag_host.host_ptr() as *mut u64),
+                AtomicU64::from_ptr(ack.host_ptr() as *mut u64),
+            )
+        };
+        let flag_ptr = match way {
+            FlagWay::StreamWrite | FlagWay::OtherStream => flag_dev.device_ptr(),
+            FlagWay::CpuAfterEvent | FlagWay::CpuAtOnce => flag_host.device_ptr(),
+        };
+        let kernel_stream = receiver.new_stream().unwrap();
+        let (copy_stream, other_stream) =
+            (sender.new_stream().unwrap(), sender.new_stream().unwrap());
+        let event = new_event(sender.context()).unwrap();
+        let (pdst, pack, pout) = (dst.device_ptr(), ack.device_ptr(), out.device_ptr());
+        let mut l = kernel_stream.launch_builder(&f);
+        l.arg(&pdst)
+            .arg(&WORDS)
+            .arg(&flag_ptr)
+            .arg(&pack)
+            .arg(&n)
+            .arg(&pout);
+        let cfg = LaunchConfig {
+            grid_dim: (BLOCKS, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every buffer the kernel gets outlives the synchronize below.
+        unsafe { l.launch(cfg) }.unwrap();
+        let start = std::time::Instant::now();
+        let mut stuck = None;
+        for i in 1..=n {
+            sender.bind().unwrap();
+            // SAFETY: `dst` and the source hold WORDS words, live until the streams are
+            // synchronised below; the kernel reads `dst` only between a flag and its ack,
+            // and the next copy is queued only after the ack.
+            unsafe {
+                memcpy_async(
+                    pdst,
+                    src[(i % 2) as usize].device_ptr(),
+                    WORDS as usize * 8,
+                    &copy_stream,
+                )
+                .unwrap();
+                match way {
+                    FlagWay::StreamWrite => write_u64_async(flag_ptr, i, &copy_stream).unwrap(),
+                    FlagWay::OtherStream => write_u64_async(flag_ptr, i, &other_stream).unwrap(),
+                    FlagWay::CpuAfterEvent => {
+                        record_event(&event, &copy_stream).unwrap();
+                        while !event_reached(&event).unwrap() {
+                            std::hint::spin_loop();
+                        }
+                        host_flag.store(i, Ordering::Release);
+                    }
+                    FlagWay::CpuAtOnce => host_flag.store(i, Ordering::Release),
+                }
+            }
+            let t0 = std::time::Instant::now();
+            while host_ack.load(Ordering::Acquire) < i * BLOCKS as u64 {
+                if t0.elapsed() > Duration::from_secs(20) {
+                    stuck = Some(i);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            if stuck.is_some() {
+                break;
+            }
+        }
+        let elapsed = start.elapsed();
+        kernel_stream.synchronize().unwrap();
+        copy_stream.synchronize().unwrap();
+        other_stream.synchronize().unwrap();
+        let mut got = [0u64; 2];
+        out.copy_to_host(0, &mut got).unwrap();
+        println!(
+            "litmus_flag_after_copy {name}: {} violations, {} timeouts in {n} iterations x {WORDS} words ({elapsed:.2?})",
+            got[0], got[1]
+        );
+        assert_eq!(
+            (stuck, got[1]),
+            (None, 0),
+            "{name}: the kernel or the host timed out"
+        );
+        if claim == Claim::Ordered {
+            assert_eq!(got[0], 0, "{name}: an ordered way showed old data");
+        }
+    }
 }

@@ -30,6 +30,22 @@ pub enum SyncStatus {
     ProxyFaulted,
 }
 
+/// How [`FifoDeviceHandle::try_push_as`] publishes a trigger: the library's way
+/// ([`try_push`](FifoDeviceHandle::try_push)) or a deliberately weakened one, which only the
+/// litmus kernel uses (to show that the test can see what the library's way prevents).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Publish {
+    /// `fence.acq_rel.sys`, then one 16-byte store of both words.
+    Library,
+    /// The 16-byte store without the fence before it: the data written before the push is
+    /// not released with the trigger.
+    NoFence,
+    /// The fence, then the high word (with the commit bit) and the low word as two 8-byte
+    /// stores in that order: the proxy may see the commit bit with the previous lap's low
+    /// word.
+    HighWordFirst,
+}
+
 /// The commit bit the producer of sequence `seq` stores in its slot: 1 on even laps, 0 on
 /// odd ones. Slots start zeroed, which reads as "committed in lap -1", so lap 0 needs a 1.
 #[inline(always)]
@@ -299,6 +315,22 @@ impl FifoDeviceHandle {
     /// live while the call runs.
     #[inline]
     pub unsafe fn try_push(&self, trigger: Trigger) -> Result<u64, FifoTimeout> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.try_push_as(trigger, Publish::Library) }
+    }
+
+    /// [`try_push`](Self::try_push) with the slot store done as `publish` says: the
+    /// library's way, or one of the weakened ways the litmus test
+    /// (`kernels::litmus::litmus_fifo_publish`) runs beside it to show what it would catch.
+    ///
+    /// # Safety
+    /// As for [`try_push`](Self::try_push).
+    #[inline(always)]
+    pub(crate) unsafe fn try_push_as(
+        &self,
+        trigger: Trigger,
+        publish: Publish,
+    ) -> Result<u64, FifoTimeout> {
         // Relaxed: the head only hands out distinct sequence numbers; nothing is published
         // through it (the slot store below and the tail do the ordering).
         // SAFETY: `head` is a live aligned counter (caller contract).
@@ -321,13 +353,24 @@ impl FifoDeviceHandle {
         // trigger refers to (written by this thread before the push) is visible to the
         // proxy once it acquires the slot's high word. The 16-byte store itself is
         // `st.volatile` (relaxed, system scope) on the GPU; the fence makes it a release.
-        arch::fence_acq_rel_sys();
+        if publish != Publish::NoFence {
+            arch::fence_acq_rel_sys();
+        }
         let [lo, _] = trigger.to_words();
         let hi = trigger.hi_with_commit(commit_bit(seq, self.slots));
+        let slot = self.slot(seq);
         // SAFETY: the slot is inside the live ring (index masked by the power-of-two slot
         // count) and 16-byte aligned; tail > seq - slots, so no consumer reads it until
         // the commit bit of this lap appears, and no other producer holds `seq`.
-        unsafe { arch::st_volatile_v2_u64(self.slot(seq), lo, hi) };
+        unsafe {
+            if publish == Publish::HighWordFirst {
+                // Weakened: the commit bit can be seen before the low word lands.
+                arch::st_volatile_u64(slot.wrapping_add(1), hi);
+                arch::st_volatile_u64(slot, lo);
+            } else {
+                arch::st_volatile_v2_u64(slot, lo, hi);
+            }
+        }
         Ok(seq)
     }
 

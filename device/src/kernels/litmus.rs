@@ -3,7 +3,11 @@
 //! can see a violation (where the hardware ever shows one). The CPU emulation cannot see weak
 //! ordering, so these only mean something on GPUs (`tests/gpu_litmus.rs`).
 //!
-//! Both kernels run one writer (rank 0) and one reader (rank 1), each with a grid of blocks;
+//! Two of them are between GPUs and the others between a GPU and the proxy's CPU thread:
+//! [`litmus_fifo_publish`] (a trigger is seen whole and after the data written before its
+//! push) and [`litmus_flag_after_copy`] (the proxy's flag is seen after the copy it follows).
+//!
+//! The two GPU-to-GPU kernels run one writer (rank 0) and one reader (rank 1), each with a grid of blocks;
 //! block `b` uses region `b` of both ranks' buffers ([`region_words`] words each): `words`
 //! data words, then a flag word and an acknowledgement word on lines of their own. The writer
 //! writes into the reader's buffer (`remote`, mapped over NVLink), the reader acknowledges
@@ -12,7 +16,9 @@
 //! (the kernel then stops).
 
 use crate::arch;
+use crate::fifo::{FifoDeviceHandle, Publish};
 use crate::kernel;
+use crate::kernels::fifo_test;
 use crate::packet::{Ll8Packet, LlPacket, poll_words};
 
 /// Words of one block's region for `words` data words: the data, then the flag and the
@@ -255,6 +261,139 @@ kernel! {
     }
 }
 
+/// The word layout of the data buffer of [`litmus_fifo_publish`]: two words (one 16-byte
+/// unit) per thread of the grid, thread `t` of block `b` at unit `b * threads + t`.
+pub const FIFO_DATA_WORDS_PER_THREAD: u64 = 2;
+
+kernel! {
+    /// FIFO publish: the data a trigger names is seen with it, and a trigger is never seen
+    /// torn. Every thread of the grid, for `k` in `0..pushes`, stores `k + 1` into both
+    /// words of its unit of `data` (host-mapped memory the consumer reads; relaxed stores,
+    /// which the push's fence orders as it does the kernels' weak ones), then pushes
+    /// [`fifo_test::test_trigger`]`(block, thread, k)`. The consumer (the proxy's side, on
+    /// the CPU) checks every trigger it pops: that it decodes (not torn), and that the
+    /// thread's unit holds at least `k + 1` (not stale). `variant` 0: the library's push
+    /// (`fence.acq_rel.sys`, one 16-byte store); 1: without the fence; 2: the fence, then
+    /// the high word (commit bit) and the low word as two 8-byte stores. A wait that times
+    /// out is reported in `status_words` as by [`fifo_test::fifo_push_test`].
+    pub unsafe fn litmus_fifo_publish(
+        fifo: FifoDeviceHandle,
+        data: *mut u64,
+        pushes: u32,
+        variant: u32,
+        status_words: *mut u64,
+    ) {
+        let (block, thread) = (arch::block_idx_x(), arch::thread_idx_x());
+        let unit = (block as u64 * arch::block_dim_x() as u64 + thread as u64)
+            * FIFO_DATA_WORDS_PER_THREAD;
+        let publish = match variant {
+            1 => Publish::NoFence,
+            2 => Publish::HighWordFirst,
+            _ => Publish::Library,
+        };
+        for k in 0..pushes {
+            // SAFETY: `data` holds FIFO_DATA_WORDS_PER_THREAD words per thread of the grid
+            // (launch contract), this unit is this thread's alone to write, and the
+            // consumer reads it only with atomic loads.
+            unsafe {
+                arch::st_volatile_v2_u64(data.wrapping_add(unit as usize), k as u64 + 1, k as u64 + 1)
+            };
+            // SAFETY: the host keeps the FIFO alive until the kernel has finished.
+            let r = unsafe { fifo.try_push_as(fifo_test::test_trigger(block, thread, k), publish) };
+            if let Err(e) = r {
+                // SAFETY: `status_words` holds status::COUNT live, aligned words (launch
+                // contract). Release: the seq is written before the state that points to it.
+                unsafe {
+                    arch::st_release_sys_u64(status_words.wrapping_add(fifo_test::status::TIMED_OUT_SEQ), e.seq);
+                    arch::st_release_sys_u64(
+                        status_words.wrapping_add(fifo_test::status::STATE),
+                        fifo_test::TIMED_OUT,
+                    );
+                }
+                break;
+            }
+        }
+        // Release: the host, seeing every thread counted, also sees the status above.
+        // SAFETY: `status_words` is live (launch contract).
+        unsafe {
+            arch::atomic_add_release_sys_u64(
+                status_words.wrapping_add(fifo_test::status::FINISHED_THREADS),
+                1,
+            )
+        };
+    }
+}
+
+/// Word `j` of the source buffer of parity `p` of [`litmus_flag_after_copy`] (never 0, and
+/// different for the two parities).
+#[inline(always)]
+pub const fn copy_pattern(p: u64, j: u64) -> u64 {
+    ((j << 1) | (p & 1)) ^ 0x3c3c_0000_0000_0001
+}
+
+kernel! {
+    /// The proxy's flag after a copy: in iteration `i` (from 1) the host copies the source
+    /// buffer of parity `i % 2` ([`copy_pattern`]) over `dst` with the copy engine and
+    /// then raises `flag` to `i`, in the way under test (a stream-ordered write, or a CPU
+    /// store once it knows the copy complete). Thread 0 of every block polls `flag` with
+    /// acquire loads until it reaches `i`, the block syncs, every thread checks its words of
+    /// `dst` (word `j` for `j % (blocks * threads)` its global index) and counts each one
+    /// that is not the iteration's in `out[0]`; the block syncs and thread 0 adds 1 to
+    /// `ack` (release), so the host starts iteration `i + 1` once every block has counted
+    /// `i` (`ack == i * blocks`). A flag wait longer than 10 s counts in `out[1]` and ends
+    /// the kernel.
+    pub unsafe fn litmus_flag_after_copy(
+        dst: *const u64,
+        words: u64,
+        flag: *const u64,
+        ack: *mut u64,
+        iters: u64,
+        out: *mut u64,
+    ) {
+        let (t, nt) = (arch::thread_idx_x() as u64, arch::block_dim_x() as u64);
+        let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
+        let stride = nt * nb;
+        // The block's stop word lives in shared memory: no buffer of the host's is needed.
+        let stop = crate::shared_array!(stop: u64; 1);
+        if t == 0 {
+            // SAFETY: the block's own shared word.
+            unsafe { stop.write(0) };
+        }
+        arch::sync_threads();
+        for i in 1..=iters {
+            // SAFETY: `flag` and `out` valid (launch contract).
+            if t == 0 && unsafe { !wait_at_least(flag, i, true, out) } {
+                // SAFETY: as above.
+                unsafe { stop.write(1) };
+            }
+            arch::sync_threads();
+            // SAFETY: every thread reads it after the barrier that follows its only write.
+            if unsafe { stop.read() } != 0 {
+                return;
+            }
+            let mut bad = 0u64;
+            let mut j = b * nt + t;
+            while j < words {
+                // SAFETY: j < words, `dst` valid for `words` words (launch contract); the
+                // copy of this iteration has completed (the flag).
+                if unsafe { arch::ld_volatile_u64(dst.add(j as usize)) } != copy_pattern(i, j) {
+                    bad += 1;
+                }
+                j += stride;
+            }
+            if bad != 0 {
+                // SAFETY: `out` holds two words.
+                unsafe { arch::atomic_add_relaxed_gpu_u64(out, bad) };
+            }
+            arch::sync_threads();
+            if t == 0 {
+                // SAFETY: `ack` valid (launch contract); written only by these adds.
+                unsafe { arch::red_add_release_sys_u64(ack, 1) };
+            }
+        }
+    }
+}
+
 /// The data of slot `t` of block `b` in iteration `i`: differs from every other iteration's.
 #[inline(always)]
 fn pattern(i: u64, b: u64, t: u64) -> u64 {
@@ -330,6 +469,79 @@ mod tests {
             }
         });
         out[1]
+    }
+
+    /// `litmus_flag_after_copy` on CPU threads, with this thread as the copy engine and the
+    /// proxy: per iteration it copies the source of the iteration's parity over `dst` with
+    /// atomic stores and raises the flag; `flag_first`: it raises the flag first and copies
+    /// 20 ms later (a proxy that does not wait for its copy). Returns `out`.
+    fn run_flag_after_copy(flag_first: bool) -> [u64; 2] {
+        let (blocks, threads, iters, words) = (2u32, 4u32, 6u64, 37u64);
+        let dst: std::vec::Vec<u64> = vec![0; words as usize];
+        let mut words3 = [0u64; 4]; // flag, ack, out[0], out[1]
+        let (pd, pw) = (dst.as_ptr() as usize, words3.as_mut_ptr() as usize);
+        std::thread::scope(|s| {
+            let kernel = s.spawn(move || {
+                launch(Dim3::x(blocks), Dim3::x(threads), || {
+                    let w = pw as *mut u64;
+                    // SAFETY: `dst` holds `words` words and `words3` four; both outlive
+                    // the scope and are accessed atomically by both sides.
+                    unsafe {
+                        litmus_flag_after_copy(
+                            pd as *const u64,
+                            words,
+                            w,
+                            w.add(1),
+                            iters,
+                            w.add(2),
+                        )
+                    }
+                })
+                .unwrap();
+            });
+            let w = pw as *mut u64;
+            let copy = |i: u64| {
+                for j in 0..words {
+                    // SAFETY: as above.
+                    unsafe {
+                        arch::st_volatile_u64((pd as *mut u64).add(j as usize), copy_pattern(i, j))
+                    };
+                }
+            };
+            for i in 1..=iters {
+                if flag_first {
+                    // SAFETY: as above.
+                    unsafe { arch::st_release_sys_u64(w, i) };
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    copy(i);
+                } else {
+                    copy(i);
+                    // SAFETY: as above.
+                    unsafe { arch::st_release_sys_u64(w, i) };
+                }
+                // SAFETY: as above.
+                while unsafe { arch::ld_acquire_sys_u64(w.add(1)) } < i * blocks as u64 {
+                    std::thread::yield_now();
+                }
+            }
+            kernel.join().unwrap();
+        });
+        [words3[2], words3[3]]
+    }
+
+    #[test]
+    fn flag_after_copy_counts_nothing_when_the_flag_follows_the_copy() {
+        assert_eq!(run_flag_after_copy(false), [0, 0]);
+    }
+
+    #[test]
+    fn flag_after_copy_counts_every_word_of_a_copy_that_lands_after_its_flag() {
+        // An iteration's check normally runs within the 20 ms before its copy, and then finds
+        // every word the previous parity's (or zero, the first time); a check delayed past
+        // the copy would count less, so only "some, and at most every word" is asserted.
+        let [bad, timeouts] = run_flag_after_copy(true);
+        assert!((1..=6 * 37).contains(&bad), "{bad} violations counted");
+        assert_eq!(timeouts, 0);
     }
 
     #[test]
