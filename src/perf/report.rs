@@ -88,6 +88,12 @@ pub struct Measurement {
     pub busbw_gbps: f64,
     /// Mismatching elements summed over ranks; `None` when not checked.
     pub wrong: Option<u64>,
+    /// CPU time to queue one operation (the library call returning, launches included),
+    /// microseconds, max over ranks, from the timed loop of plain launches; `None` under
+    /// a CUDA graph and on the Host transport. When it is close to `time_us`, the plain
+    /// loop was bound by the host, not the GPU.
+    #[serde(default)]
+    pub host_us: Option<f64>,
 }
 
 impl Measurement {
@@ -103,6 +109,7 @@ impl Measurement {
             algbw_gbps: algbw,
             busbw_gbps: algbw * factor,
             wrong,
+            host_us: None,
         }
     }
 }
@@ -274,7 +281,8 @@ pub fn format_row(row: &Row) -> String {
 }
 
 /// The closing lines: average bus bandwidth (over both placements, as nccl-tests), NCCL's
-/// and the ratio, and the total of wrong elements.
+/// and the ratio, the host time per queued call (plain launches), and the total of wrong
+/// elements.
 pub fn summary(rows: &[Row]) -> Vec<String> {
     let avg = |f: &dyn Fn(&Row) -> Option<[f64; 2]>| {
         let v: Vec<f64> = rows.iter().filter_map(f).flatten().collect();
@@ -302,6 +310,7 @@ pub fn summary(rows: &[Row]) -> Vec<String> {
         ));
     }
     out.extend(ratio_lines(rows));
+    out.extend(host_line(rows));
     let wrong = total_wrong(rows);
     match wrong {
         None => out.push("# Out of bounds values : N/A (not checked: -c 0)".into()),
@@ -309,6 +318,30 @@ pub fn summary(rows: &[Row]) -> Vec<String> {
         Some(n) => out.push(format!("# Out of bounds values : {n} FAILED")),
     }
     out
+}
+
+/// The CPU time per queued call of the plain-launch rows, as `min-max` over sizes and
+/// placements, for each library that has one: a line, or nothing under a CUDA graph and on
+/// the Host transport.
+pub fn host_line(rows: &[Row]) -> Option<String> {
+    let range = |f: &dyn Fn(&Row) -> Option<Pair>| {
+        let v: Vec<f64> = rows
+            .iter()
+            .filter_map(f)
+            .flat_map(|p| [p.out_of_place.host_us, p.in_place.host_us])
+            .flatten()
+            .collect();
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (!v.is_empty()).then(|| format!("{lo:.2}-{hi:.2} us"))
+    };
+    let ours = range(&|r| Some(r.mscclpp))?;
+    let nccl = range(&|r| r.nccl)
+        .map(|n| format!(", NCCL {n}"))
+        .unwrap_or_default();
+    Some(format!(
+        "# Host time per queued call (plain launches, max over ranks): mscclpp {ours}{nccl}"
+    ))
 }
 
 /// Largest size (bytes) of the "small" geometric mean: the issues' goal is a mean ratio of

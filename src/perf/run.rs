@@ -436,6 +436,16 @@ fn max_over_ranks(bs: &BlockingBootstrap, v: f64) -> Result<f64, PerfError> {
         .fold(f64::NEG_INFINITY, f64::max))
 }
 
+/// One timed operation as a rank (or, after [`Runner::measure`], every rank) saw it.
+struct Timed {
+    /// Microseconds per operation on the GPU (or the wall clock on the Host transport).
+    us: f64,
+    /// CPU microseconds to queue one operation (plain launches on a GPU only).
+    host_us: Option<f64>,
+    /// Mismatching elements, when checked.
+    wrong: Option<u64>,
+}
+
 /// Sum over ranks.
 fn sum_over_ranks(bs: &BlockingBootstrap, v: u64) -> Result<u64, PerfError> {
     Ok(gather_words(bs, v.to_le_bytes())?
@@ -540,8 +550,10 @@ fn sweep<T: Elem>(
                 .into_iter()
                 .enumerate()
             {
-                let (us, wrong) = runner.measure(config, coll, lib, p, &shape)?;
-                m[i] = Some(Measurement::new(shape.bytes, us, factor, wrong));
+                let t = runner.measure(config, coll, lib, p, &shape)?;
+                let mut one = Measurement::new(shape.bytes, t.us, factor, t.wrong);
+                one.host_us = t.host_us;
+                m[i] = Some(one);
             }
             match m {
                 [Some(o), Some(i)] => Ok(Pair {
@@ -589,18 +601,26 @@ impl<T: Elem> Runner<'_, T> {
         lib: Lib,
         placement: Placement,
         shape: &Shape,
-    ) -> Result<(f64, Option<u64>), PerfError> {
+    ) -> Result<Timed, PerfError> {
         let bs = coll.communicator().bootstrap();
-        let (us, wrong) = match self {
+        let t = match self {
             Runner::Gpu(g) => g.measure(config, lib, placement, shape)?,
             Runner::Host(h) => h.measure(config, coll, placement, shape)?,
         };
-        let us = max_over_ranks(bs, us)?;
-        let wrong = match wrong {
+        // Every rank times the same way (plain or graph), so all or none have a host time.
+        let host_us = match t.host_us {
+            Some(h) => Some(max_over_ranks(bs, h)?),
+            None => None,
+        };
+        let wrong = match t.wrong {
             Some(w) => Some(sum_over_ranks(bs, w)?),
             None => None,
         };
-        Ok((us, wrong))
+        Ok(Timed {
+            us: max_over_ranks(bs, t.us)?,
+            host_us,
+            wrong,
+        })
     }
 }
 
@@ -845,7 +865,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         lib: Lib,
         placement: Placement,
         shape: &Shape,
-    ) -> Result<f64, PerfError> {
+    ) -> Result<(f64, Option<f64>), PerfError> {
         let bs = self.coll.communicator().bootstrap();
         let a = &config.args;
         for _ in 0..a.warmup_iters {
@@ -856,6 +876,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let start = ctx.new_event(timing).map_err(drv("cuEventCreate"))?;
         let stop = ctx.new_event(timing).map_err(drv("cuEventCreate"))?;
+        let mut host_us = None;
         let ops = if a.graph_launches == 0 {
             bs.barrier()?;
             // Ranks leave the host barrier microseconds apart. One untimed call first waits
@@ -863,9 +884,11 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             // timed loop likewise follows its warm-up on the stream, with no host barrier).
             self.enqueue(config, lib, placement, shape)?;
             start.record(&self.stream).map_err(drv("cuEventRecord"))?;
+            let queued_at = std::time::Instant::now();
             for _ in 0..a.iters {
                 self.enqueue(config, lib, placement, shape)?;
             }
+            host_us = Some(queued_at.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64);
             stop.record(&self.stream).map_err(drv("cuEventRecord"))?;
             a.iters as f64
         } else {
@@ -900,7 +923,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         stop.synchronize().map_err(drv("cuEventSynchronize"))?;
         let ms = start.elapsed_ms(&stop).map_err(drv("cuEventElapsedTime"))? as f64;
         self.sync()?;
-        Ok(ms * 1e3 / ops)
+        Ok((ms * 1e3 / ops, host_us))
     }
 
     fn measure(
@@ -909,11 +932,11 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         lib: Lib,
         placement: Placement,
         shape: &Shape,
-    ) -> Result<(f64, Option<u64>), PerfError> {
+    ) -> Result<Timed, PerfError> {
         if config.check() {
             self.load_inputs(config, placement, shape)?;
         }
-        let us = self.time(config, lib, placement, shape)?;
+        let (us, host_us) = self.time(config, lib, placement, shape)?;
         // NCCL's all-to-all does not support in place (it is grouped sends and receives
         // of the same buffer): timed as nccl-tests does, not checked.
         let unsupported = lib == Lib::Nccl
@@ -940,7 +963,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         } else {
             None
         };
-        Ok((us, wrong))
+        Ok(Timed { us, host_us, wrong })
     }
 }
 
@@ -1055,7 +1078,7 @@ impl<T: Elem> HostRunner<T> {
         coll: &Collectives,
         placement: Placement,
         shape: &Shape,
-    ) -> Result<(f64, Option<u64>), PerfError> {
+    ) -> Result<Timed, PerfError> {
         let a = &config.args;
         let bs = coll.communicator().bootstrap();
         // Inputs always: the in-place all-gather sends from `slot`.
@@ -1082,6 +1105,10 @@ impl<T: Elem> HostRunner<T> {
         } else {
             None
         };
-        Ok((us, wrong))
+        Ok(Timed {
+            us,
+            host_us: None,
+            wrong,
+        })
     }
 }

@@ -362,6 +362,41 @@ fn summary_lines() {
     assert_eq!(report::total_wrong(&[unchecked]), None);
 }
 
+#[test]
+fn host_time_line_spans_every_plain_measurement_of_each_library() {
+    assert_eq!(
+        report::host_line(&[row(true)]),
+        None,
+        "no host time: no line"
+    );
+    let mut a = row(true);
+    a.mscclpp.out_of_place.host_us = Some(3.25);
+    a.mscclpp.in_place.host_us = Some(0.5);
+    let mut b = row(true);
+    b.mscclpp.out_of_place.host_us = Some(4.0);
+    b.mscclpp.in_place.host_us = Some(1.0);
+    let line = report::host_line(&[a.clone(), b.clone()]).unwrap();
+    assert!(line.ends_with("mscclpp 0.50-4.00 us"), "{line}");
+    let n = b.nccl.as_mut().unwrap();
+    n.out_of_place.host_us = Some(7.5);
+    n.in_place.host_us = Some(6.0);
+    let line = report::host_line(&[a, b.clone()]).unwrap();
+    assert!(
+        line.ends_with("mscclpp 0.50-4.00 us, NCCL 6.00-7.50 us"),
+        "{line}"
+    );
+    let s = report::summary(&[b]);
+    assert!(
+        s.iter()
+            .any(|l| l.starts_with("# Host time per queued call")),
+        "{s:?}"
+    );
+    assert!(
+        s.last().unwrap().starts_with("# Out of bounds values"),
+        "{s:?}"
+    );
+}
+
 /// The geometric mean of NCCL/ours over rows, the lowest ratio and its size, per placement,
 /// and the summary lines split at 1 MB.
 #[test]
