@@ -67,6 +67,11 @@ fn counts(dtype: DataType, max: usize) -> Vec<usize> {
     v
 }
 
+/// Set (to anything), the all-reduce sweep prints each call before making it: run with a
+/// `MSCCLPP_TEST_TIMEOUT_S` below the outer limit, the ranks are stopped and their lines
+/// printed, the last one naming the call that did not return.
+const TRACE: &str = "MSCCLPP_TEST_TRACE";
+
 /// The largest all-reduce of the sweep: `MSCCLPP_TEST_MAX_BYTES`, else 1 GiB (f32; 64 MiB
 /// for the 16-bit types). Runs of more ranks than GPUs share GPUs and want a smaller one.
 fn max_bytes() -> usize {
@@ -81,6 +86,7 @@ fn sweep_all_reduce_rank() {
     let (n, r) = (c.nranks(), c.rank());
     let mut seed = 0u64;
     let max = max_bytes();
+    let trace = std::env::var_os(TRACE).is_some();
     for (dtype, max) in [
         (DataType::F32, max),
         (DataType::F16, max.min(64 << 20)),
@@ -129,6 +135,12 @@ fn sweep_all_reduce_rank() {
                     };
                     let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
                     let rp = if in_place { sp } else { rp };
+                    if trace {
+                        // The last of these lines says which call a stopped run was in.
+                        println!(
+                            "rank {r}: all_reduce {dtype} count {count} {algo:?} in_place {in_place}"
+                        );
+                    }
                     // SAFETY: both buffers live until the synchronize below.
                     unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }
                         .unwrap();
