@@ -111,14 +111,10 @@ pub fn run_push_test(
             "{test:?} pushes nothing"
         )));
     }
+    check_backend(&backend, fifo)?;
     let mut consumer = fifo.consumer()?;
     match backend {
         Backend::Gpu(gpu, module) => {
-            if !fifo.is_on_gpu() {
-                return Err(FifoCheckError::InvalidArgument(
-                    "GPU backend with a host FIFO (use Fifo::new_gpu)".into(),
-                ));
-            }
             let words = MappedHostBuffer::alloc(gpu, status::COUNT * 8)?;
             let f = module.function("fifo_push_test")?;
             let stream = gpu.new_stream()?;
@@ -148,55 +144,77 @@ pub fn run_push_test(
             checked
         }
         Backend::Host => {
-            if fifo.is_on_gpu() {
-                return Err(FifoCheckError::InvalidArgument(
-                    "host backend with a GPU FIFO (use Fifo::new_host)".into(),
-                ));
-            }
             let mut words = [0u64; status::COUNT];
             let ptr = words.as_mut_ptr() as usize;
             let handle = fifo.device_handle();
             let threads = test.blocks as u64 * test.threads as u64;
             let start = Instant::now();
-            let (launched, checked) = std::thread::scope(|s| {
-                let kernel = s.spawn(|| {
-                    arch::launch(Dim3::x(test.blocks), Dim3::x(test.threads), || {
-                        // SAFETY: the FIFO and `words` outlive the scope.
-                        unsafe {
-                            fifo_test::fifo_push_test(
-                                handle,
-                                test.pushes,
-                                test.sync_each as u32,
-                                ptr as *mut u64,
-                            )
-                        }
-                    })
-                });
-                let checked = consume_and_check(&mut consumer, test, start, || {
-                    // SAFETY: `words` is live for the scope and accessed atomically.
-                    let (state, seq, _) = unsafe { read_status(ptr as *mut u64, threads) };
-                    (state, seq, kernel.is_finished())
-                });
-                (kernel.join(), checked)
-            });
-            match launched {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(FifoCheckError::InvalidArgument(
-                        "the host launch thread panicked".into(),
-                    ));
+            let launch = || {
+                // SAFETY: the FIFO and `words` outlive the run.
+                unsafe {
+                    fifo_test::fifo_push_test(
+                        handle,
+                        test.pushes,
+                        test.sync_each as u32,
+                        ptr as *mut u64,
+                    )
                 }
-            }
-            checked
+            };
+            on_host_threads(test.blocks, test.threads, launch, |ended| {
+                consume_and_check(&mut consumer, test, start, || {
+                    // SAFETY: `words` is live for the run and accessed atomically.
+                    let (state, seq, _) = unsafe { read_status(ptr as *mut u64, threads) };
+                    (state, seq, ended())
+                })
+            })?
         }
     }
+}
+
+/// Refuses a GPU backend with a host FIFO and the other way round.
+pub(super) fn check_backend(backend: &Backend<'_>, fifo: &Fifo) -> Result<(), FifoCheckError> {
+    match (backend, fifo.is_on_gpu()) {
+        (Backend::Gpu(..), false) => Err(FifoCheckError::InvalidArgument(
+            "GPU backend with a host FIFO (use Fifo::new_gpu)".into(),
+        )),
+        (Backend::Host, true) => Err(FifoCheckError::InvalidArgument(
+            "host backend with a GPU FIFO (use Fifo::new_host)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Runs `kernel` on CPU threads (a grid of `blocks` x `threads`, [`arch::launch`]) while
+/// `consume` runs on this thread, given a look at whether the grid has ended; returns what
+/// `consume` returned once the grid has ended too. An error when a grid thread panicked or
+/// trapped.
+pub(super) fn on_host_threads<R>(
+    blocks: u32,
+    threads: u32,
+    kernel: impl Fn() + Sync,
+    consume: impl FnOnce(&dyn Fn() -> bool) -> R,
+) -> Result<R, FifoCheckError> {
+    let (launched, out) = std::thread::scope(|s| {
+        let grid = s.spawn(|| arch::launch(Dim3::x(blocks), Dim3::x(threads), &kernel));
+        let out = consume(&|| grid.is_finished());
+        (grid.join(), out)
+    });
+    match launched {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(FifoCheckError::InvalidArgument(
+                "the host launch thread panicked".into(),
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// (state, timed-out sequence, all threads ended) from the kernel's status words.
 ///
 /// # Safety
 /// `words` must hold `status::COUNT` live aligned words accessed only atomically.
-unsafe fn read_status(words: *mut u64, threads: u64) -> (u64, u64, bool) {
+pub(super) unsafe fn read_status(words: *mut u64, threads: u64) -> (u64, u64, bool) {
     // SAFETY: forwarded to the caller.
     let w = |i| unsafe { AtomicU64::from_ptr(words.add(i)) };
     // Acquire: pairs with the kernel's release add, so a complete count comes with the

@@ -8,13 +8,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use mscclpp_device::arch::{self, Dim3};
+use mscclpp_device::arch;
 use mscclpp_device::fifo::Trigger;
 use mscclpp_device::kernels::fifo_test::{TIMED_OUT, decode_test_trigger, status};
 use mscclpp_device::kernels::litmus::{FIFO_DATA_WORDS_PER_THREAD, litmus_fifo_publish};
 
 use super::fifo::{Fifo, OwnedFifoConsumer};
-use super::fifo_check::FifoCheckError;
+use super::fifo_check::{FifoCheckError, check_backend, on_host_threads, read_status};
 use crate::cuda::{CudaError, LaunchConfig, MappedHostBuffer, PushKernelArg};
 use crate::smoke::Backend;
 
@@ -106,16 +106,12 @@ pub fn run_publish_litmus(
             "{shape:?} pushes nothing"
         )));
     }
+    check_backend(&backend, fifo)?;
     let mut consumer = fifo.consumer()?;
     let threads = shape.blocks as u64 * shape.threads as u64;
     let data_words = (threads * FIFO_DATA_WORDS_PER_THREAD) as usize;
     match backend {
         Backend::Gpu(gpu, module) => {
-            if !fifo.is_on_gpu() {
-                return Err(FifoCheckError::InvalidArgument(
-                    "GPU backend with a host FIFO (use Fifo::new_gpu)".into(),
-                ));
-            }
             let words = MappedHostBuffer::alloc(gpu, status::COUNT * 8)?;
             let data = MappedHostBuffer::alloc(gpu, data_words * 8)?;
             let f = module.function("litmus_fifo_publish")?;
@@ -150,65 +146,33 @@ pub fn run_publish_litmus(
             counted
         }
         Backend::Host => {
-            if fifo.is_on_gpu() {
-                return Err(FifoCheckError::InvalidArgument(
-                    "host backend with a GPU FIFO (use Fifo::new_host)".into(),
-                ));
-            }
             let mut words = [0u64; status::COUNT];
             let mut data = vec![0u64; data_words];
             let (sptr, dptr) = (words.as_mut_ptr() as usize, data.as_mut_ptr() as usize);
             let handle = fifo.device_handle();
             let start = Instant::now();
-            let (launched, counted) = std::thread::scope(|s| {
-                let kernel = s.spawn(|| {
-                    arch::launch(Dim3::x(shape.blocks), Dim3::x(shape.threads), || {
-                        // SAFETY: the FIFO, `data` and `words` outlive the scope; `data`
-                        // holds a unit per thread of the grid.
-                        unsafe {
-                            litmus_fifo_publish(
-                                handle,
-                                dptr as *mut u64,
-                                shape.pushes,
-                                variant as u32,
-                                sptr as *mut u64,
-                            )
-                        }
-                    })
-                });
-                let counted = consume(&mut consumer, shape, start, dptr as *mut u64, || {
-                    // SAFETY: `words` is live for the scope and accessed atomically.
-                    let (state, seq, _) = unsafe { read_status(sptr as *mut u64, threads) };
-                    (state, seq, kernel.is_finished())
-                });
-                (kernel.join(), counted)
-            });
-            match launched {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(FifoCheckError::InvalidArgument(
-                        "the host launch thread panicked".into(),
-                    ));
+            let launch = || {
+                // SAFETY: the FIFO, `data` and `words` outlive the run; `data` holds a unit
+                // per thread of the grid.
+                unsafe {
+                    litmus_fifo_publish(
+                        handle,
+                        dptr as *mut u64,
+                        shape.pushes,
+                        variant as u32,
+                        sptr as *mut u64,
+                    )
                 }
-            }
-            counted
+            };
+            on_host_threads(shape.blocks, shape.threads, launch, |ended| {
+                consume(&mut consumer, shape, start, dptr as *mut u64, || {
+                    // SAFETY: `words` is live for the run and accessed atomically.
+                    let (state, seq, _) = unsafe { read_status(sptr as *mut u64, threads) };
+                    (state, seq, ended())
+                })
+            })?
         }
     }
-}
-
-/// (state, timed-out sequence, all threads ended) from the kernel's status words.
-///
-/// # Safety
-/// `words` must hold `status::COUNT` live aligned words accessed only atomically.
-unsafe fn read_status(words: *mut u64, threads: u64) -> (u64, u64, bool) {
-    // SAFETY: forwarded to the caller.
-    let w = |i| unsafe { AtomicU64::from_ptr(words.add(i)) };
-    // Acquire: pairs with the kernel's release add, so a complete count comes with the
-    // state and sequence its threads stored before.
-    let ended = w(status::FINISHED_THREADS).load(Ordering::Acquire) == threads;
-    let state = w(status::STATE).load(Ordering::Acquire);
-    let seq = w(status::TIMED_OUT_SEQ).load(Ordering::Relaxed);
-    (state, seq, ended)
 }
 
 /// Pops every trigger of the run, judging each with [`check_published`] against `data`
