@@ -388,6 +388,9 @@ fn flag_after_copy_never_shows_old_data() {
         let start = std::time::Instant::now();
         let mut stuck = None;
         for i in 1..=n {
+            // One limit for this iteration's waits here: the copy's event, then the ack.
+            let t0 = std::time::Instant::now();
+            let late = || t0.elapsed() > Duration::from_secs(20);
             sender.bind().unwrap();
             // SAFETY: `dst` and the source hold WORDS words, live until the streams are
             // synchronised below; the kernel reads `dst` only between a flag and its ack,
@@ -405,7 +408,7 @@ fn flag_after_copy_never_shows_old_data() {
                     FlagWay::OtherStream => write_u64_async(flag_ptr, i, &other_stream).unwrap(),
                     FlagWay::CpuAfterEvent => {
                         record_event(&event, &copy_stream).unwrap();
-                        while !event_reached(&event).unwrap() {
+                        while !event_reached(&event).unwrap() && !late() {
                             std::hint::spin_loop();
                         }
                         host_flag.store(i, Ordering::Release);
@@ -413,9 +416,8 @@ fn flag_after_copy_never_shows_old_data() {
                     FlagWay::CpuAtOnce => host_flag.store(i, Ordering::Release),
                 }
             }
-            let t0 = std::time::Instant::now();
             while host_ack.load(Ordering::Acquire) < i * BLOCKS as u64 {
-                if t0.elapsed() > Duration::from_secs(20) {
+                if late() {
                     stuck = Some(i);
                     break;
                 }

@@ -519,8 +519,15 @@ mod tests {
                     // SAFETY: as above.
                     unsafe { arch::st_release_sys_u64(w, i) };
                 }
+                // The kernel's own flag wait gives up after 10 s; this one after 30 s, or as
+                // soon as the kernel has ended without acknowledging.
+                let t0 = std::time::Instant::now();
                 // SAFETY: as above.
                 while unsafe { arch::ld_acquire_sys_u64(w.add(1)) } < i * blocks as u64 {
+                    assert!(
+                        !kernel.is_finished() && t0.elapsed() < std::time::Duration::from_secs(30),
+                        "iteration {i} was not acknowledged (the kernel ended or 30 s passed)"
+                    );
                     std::thread::yield_now();
                 }
             }
