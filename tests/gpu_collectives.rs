@@ -14,13 +14,18 @@ use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
 mod common;
 
-use common::{ROLE, dptr, mismatches, setup, splitmix, test_ranks, to_bytes};
+use common::{ROLE, dptr, mismatches, par_bytes, setup, splitmix, test_ranks};
 
 fn run_ranks(test: &str) {
     if gpu_or_skip(test, 0).is_none() {
         return;
     }
-    run_test_ranks(test, test_ranks(), ROLE, Duration::from_secs(550));
+    run_test_ranks(
+        test,
+        test_ranks(),
+        ROLE,
+        Duration::from_secs(common::test_timeout_s()),
+    );
 }
 
 /// Rank `rank`'s input element `i` of call `seed`, as raw bits of `dtype`: random values
@@ -72,13 +77,20 @@ fn counts(dtype: DataType, max: usize) -> Vec<usize> {
 /// printed, the last one naming the call that did not return.
 const TRACE: &str = "MSCCLPP_TEST_TRACE";
 
-/// The largest all-reduce of the sweep: `MSCCLPP_TEST_MAX_BYTES`, else 1 GiB (f32; 64 MiB
-/// for the 16-bit types). Runs of more ranks than GPUs share GPUs and want a smaller one.
+/// The largest all-reduce of the sweep: `MSCCLPP_TEST_MAX_BYTES` (a size as the perf tool
+/// reads it: `65536`, `64K`, `16M`), else 1 GiB (f32; 64 MiB for the 16-bit types). Runs of
+/// more ranks than GPUs share GPUs and want a smaller one. A value that is not a size stops
+/// the test: until 2026-12-02 `16M` was silently read as "unset", and runs meant to stop at
+/// 16 MiB swept to 1 GiB.
 fn max_bytes() -> usize {
-    std::env::var("MSCCLPP_TEST_MAX_BYTES")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(1 << 30)
+    match std::env::var("MSCCLPP_TEST_MAX_BYTES") {
+        Ok(v) => match mscclpp::perf::args::parse_size(&v) {
+            Ok(b) if (4..=1 << 30).contains(&b) => b as usize,
+            Ok(b) => panic!("MSCCLPP_TEST_MAX_BYTES={v:?}: {b} bytes is outside 4 B..=1 GiB"),
+            Err(e) => panic!("MSCCLPP_TEST_MAX_BYTES: {e}"),
+        },
+        Err(_) => 1 << 30,
+    }
 }
 
 fn sweep_all_reduce_rank() {
@@ -87,6 +99,7 @@ fn sweep_all_reduce_rank() {
     let mut seed = 0u64;
     let max = max_bytes();
     let trace = std::env::var_os(TRACE).is_some();
+    let t0 = std::time::Instant::now();
     for (dtype, max) in [
         (DataType::F32, max),
         (DataType::F16, max.min(64 << 20)),
@@ -118,15 +131,13 @@ fn sweep_all_reduce_rank() {
                         continue; // the largest sizes once, to keep the run short
                     }
                     seed += 1;
-                    let mine = to_bytes(dtype, (0..count).map(|i| input(dtype, seed, r, i)));
-                    let want = to_bytes(
-                        dtype,
-                        (0..count).map(|i| {
-                            (1..n).fold(input(dtype, seed, 0, i), |acc, q| {
-                                add(dtype, acc, input(dtype, seed, q, i))
-                            })
-                        }),
-                    );
+                    let t_prep = std::time::Instant::now();
+                    let mine = par_bytes(dtype, count, |i| input(dtype, seed, r, i));
+                    let want = par_bytes(dtype, count, |i| {
+                        (1..n).fold(input(dtype, seed, 0, i), |acc, q| {
+                            add(dtype, acc, input(dtype, seed, q, i))
+                        })
+                    });
                     let send: CudaSlice<u8> = stream.clone_htod(&mine).unwrap();
                     let recv: CudaSlice<u8> = if in_place {
                         send.clone()
@@ -138,17 +149,30 @@ fn sweep_all_reduce_rank() {
                     if trace {
                         // The last of these lines says which call a stopped run was in.
                         println!(
-                            "rank {r}: all_reduce {dtype} count {count} {algo:?} in_place {in_place}"
+                            "rank {r}: {:.1} s: all_reduce {dtype} count {count} {algo:?} \
+                             in_place {in_place}",
+                            t0.elapsed().as_secs_f64()
                         );
                     }
+                    let t_call = std::time::Instant::now();
                     // SAFETY: both buffers live until the synchronize below.
                     unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }
                         .unwrap();
                     stream.synchronize().unwrap();
+                    let t_check = std::time::Instant::now();
                     let got = stream
                         .clone_dtoh(if in_place { &send } else { &recv })
                         .unwrap();
                     let (bad, first) = mismatches(&got, &want, dtype.size());
+                    if trace && t_prep.elapsed() > Duration::from_millis(500) {
+                        // Where a slow call's time went (the sweep is long on one GPU).
+                        println!(
+                            "rank {r}:   inputs and upload {:.2} s, call {:.3} s, check {:.2} s",
+                            (t_call - t_prep).as_secs_f64(),
+                            (t_check - t_call).as_secs_f64(),
+                            t_check.elapsed().as_secs_f64()
+                        );
+                    }
                     assert_eq!(
                         bad, 0,
                         "rank {r}: all_reduce {dtype} count {count} {algo:?} in_place {in_place}: \
@@ -429,3 +453,36 @@ two_rank_test!(
 two_rank_test!(all_reduce_replays_under_a_cuda_graph, graph_rank);
 two_rank_test!(typed_api_checks_arguments_and_reduces, typed_api_rank);
 two_rank_test!(mismatched_calls_fail_on_every_rank_then_work, mismatch_rank);
+
+/// The threaded input builder gives the same bytes as the one-thread one, for counts that
+/// split unevenly across threads and chunks, 2- and 4-byte types, and an empty buffer; and the
+/// whole-buffer shortcut of `mismatches` still counts a difference.
+#[test]
+fn par_bytes_matches_to_bytes_and_mismatches_counts() {
+    use common::to_bytes;
+    for (dtype, count) in [
+        (DataType::F32, 0),
+        (DataType::F32, 1),
+        (DataType::F16, (1 << 16) + 3),
+        (DataType::Bf16, 9 * (1 << 16) + 7),
+        (DataType::F32, 3 * (1 << 16) - 1),
+    ] {
+        let one = to_bytes(dtype, (0..count).map(|i| input(dtype, 5, 1, i)));
+        let par = par_bytes(dtype, count, |i| input(dtype, 5, 1, i));
+        assert_eq!(par.len(), count * dtype.size(), "{dtype} count {count}");
+        assert!(
+            par == one,
+            "{dtype} count {count}: par_bytes differs from to_bytes"
+        );
+        assert_eq!(mismatches(&par, &one, dtype.size()), (0, vec![]));
+        if count > 2 {
+            let mut bad = par.clone();
+            bad[dtype.size() * (count - 1)] ^= 1;
+            bad[dtype.size() + 1] ^= 0x80;
+            assert_eq!(
+                mismatches(&bad, &one, dtype.size()),
+                (2, vec![1, count - 1])
+            );
+        }
+    }
+}

@@ -887,7 +887,7 @@ macro_rules! gpu_test {
                     stringify!($name),
                     test_ranks(),
                     ROLE,
-                    Duration::from_secs(550),
+                    Duration::from_secs(common::test_timeout_s()),
                 );
             }
         }
