@@ -32,11 +32,17 @@ const THREADS: u32 = 128;
 /// Data words per block: two per thread (one 16-byte unit or one LL packet).
 const WORDS: u64 = 2 * THREADS as u64;
 
+/// `MSCCLPP_LITMUS_ITERS`, else 20 000; a value that is not a whole number from 1 to
+/// 1 000 000 000 stops the test instead of being taken as unset (`gpu_collectives`' size limit
+/// was, and misled several sessions).
 fn iters() -> u64 {
-    std::env::var("MSCCLPP_LITMUS_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000)
+    match std::env::var("MSCCLPP_LITMUS_ITERS") {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) if (1..=1_000_000_000).contains(&n) => n,
+            _ => panic!("MSCCLPP_LITMUS_ITERS={v:?}: expected a whole number from 1 to 10^9"),
+        },
+        Err(_) => 20_000,
+    }
 }
 
 /// One variant of a litmus kernel: its number, its name, and whether it claims the ordering
