@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The measurements the open issues still need from a machine with two or more GPUs
+# (nvidia-h200-x2 or larger), in the order of what they settle, so that a session with
+# little device time runs the most important first. On the development machine (Rust, no
+# GPU), build and pack (about 15 MB, with the test binaries below):
+#
+#   scripts/gpu-x2-check.sh --pack
+#
+# then call the device tool with carry [".gpu"] and command `scripts/gpu-x2-check.sh`.
+# STEPS="1 4" runs only those steps; DRY=1 prints the commands instead of running them.
+# Logs go to $OUT/x2 (tarred into $OUT/x2.tgz after every step, so a timeout keeps them).
+#
+#  1  all-reduce against NCCL, CUDA graph and plain, 8 B-512 MB       (#13 cost, #15, #18)
+#  2  send/recv against NCCL, graph and plain                          (#14: below 1.0 in rows)
+#  3  the other collectives against NCCL under a graph                 (#14)
+#  4  proxy all-reduce against NCCL: the plan and what the one-GPU sweep suggests (#17)
+#  5  the GPU test suites, the litmus tests across two GPUs, a kill's timing (#13, #18)
+#  6  nccl-tests with the real NCCL and with our library, side by side (#15)
+#  7  PyTorch with and without our library (#15)
+#  8  the training loop against NCCL's all-reduce (#16)
+#
+# Every step has its own time limit (at most about 40 min in all; a device call may run 10
+# minutes, so split it: STEPS="1 2 3 4", then "5", then "6 7 8"); every test runs with
+# MSCCLPP_REQUIRE_GPU=1. With fewer than two GPUs the script stops: NCCL refuses two ranks
+# on one GPU, and scripts/with-mps.sh with scripts/gpu-cross-hosts-check.sh cover that case.
+cd "$(dirname "$0")/.." || exit 1
+if [ "${1:-}" = --pack ]; then
+  PACK_EXTRA="gpu_collectives gpu_litmus gpu_proxy_flag ${PACK_EXTRA:-}" \
+    exec scripts/gpu-cross-hosts-check.sh --pack
+fi
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${DRY:-}" != 1 ] && [ "${NGPU:-0}" -lt 2 ]; then
+  echo "$0: needs two GPUs, found ${NGPU:-0}" >&2
+  exit 2
+fi
+[ "${DRY:-}" = 1 ] || [ -d .gpu/b ] || tar xzf .gpu/b.tgz -C .gpu || exit 1
+B=.gpu/b
+R=${OUT:-/tmp}/x2
+mkdir -p "$R"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 MSCCLPP_REQUIRE_GPU=1
+# The suites' ranks stop (and print what they said) before the step's own limit.
+export MSCCLPP_TEST_TIMEOUT_S=${MSCCLPP_TEST_TIMEOUT_S:-180}
+T0=$(date +%s)
+want() { [ -z "${STEPS:-}" ] || [[ " ${STEPS} " == *" $1 "* ]]; }
+have_lib() { [ "${DRY:-}" = 1 ] || [ -f $B/libmscclpp_nccl.so ]; }
+snap() { tar czf "${OUT:-/tmp}/x2.tgz" -C "${OUT:-/tmp}" x2 2>/dev/null; }
+st() { echo "== $1 rc=$2 t=$(( $(date +%s) - T0 ))s" | tee -a "$R/steps.txt"; snap; }
+# run NAME LIMIT_S COMMAND...: the command's output into $R/NAME.txt.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  if [ "${DRY:-}" = 1 ]; then
+    echo "[$name, ${limit} s] $*"
+    return
+  fi
+  ( time timeout "$limit" "$@" ) > "$R/$name.txt" 2>&1
+  st "$name" $?
+}
+# perf NAME LIMIT_S ARGS...: mscclpp-perf against NCCL in the same run, with JSON.
+perf() {
+  local name=$1 limit=$2
+  shift 2
+  run "$name" "$limit" "$B/mscclpp-perf" "$@" --compare nccl --json "$R/$name.json"
+}
+P="-b 8 -e 512M -f 4 -n 20 -w 5"
+
+want 1 && {
+  perf allreduce-graph 60 $P -G 10
+  perf allreduce-plain 60 $P
+}
+want 2 && {
+  perf sendrecv-graph 60 --op sendrecv $P -G 10
+  perf sendrecv-plain 60 --op sendrecv $P
+}
+want 3 && for op in allgather reducescatter broadcast reduce alltoall; do
+  perf "$op-graph" 60 --op "$op" $P -G 10
+done
+# The one-GPU sweep (docs/perf/2026-12-02-1xH200-proxy-plan) found the time follows the
+# number of chunks: a larger scratch gives larger slots and chunks, fewer blocks likewise,
+# and the cpu flag mode drops one driver call per chunk.
+want 4 && {
+  PP="--algo proxy -b 32M -e 512M -f 2 -n 10 -w 3"
+  perf proxy-default 60 $PP
+  run proxy-scratch1g 60 env MSCCLPP_COLL_SCRATCH_BYTES=1073741824 \
+    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-scratch1g.json"
+  run proxy-blocks4 60 env MSCCLPP_PROXY_BLOCKS=4 \
+    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-blocks4.json"
+  run proxy-flagcpu 60 env MSCCLPP_PROXY_FLAG=cpu \
+    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-flagcpu.json"
+}
+want 5 && {
+  run gpu_collectives 200 "$B/gpu_collectives" --test-threads 1
+  run gpu_collectives_more 200 "$B/gpu_collectives_more" --test-threads 1
+  # Includes the waits that must end within a second of a peer's kill -9.
+  run gpu_proxy_channel 200 "$B/gpu_proxy_channel" --test-threads 1
+  run gpu_proxy_flag 150 "$B/gpu_proxy_flag" --test-threads 1
+  # Its ranks' own limit is 300 s.
+  run gpu_litmus 320 env MSCCLPP_LITMUS_ITERS=100000 "$B/gpu_litmus" --test-threads 1
+}
+want 6 && have_lib && {
+  # Its logs and side-by-side table land in $R/nccl-tests.
+  run nccl-tests 280 env OUT="$R" MSCCLPP_NCCL_SO="$PWD/$B/libmscclpp_nccl.so" WORK=/tmp/ncclt \
+    RUN_TIMEOUT=30 TYPES=float OPS=sum SIZES="-b 8 -e 128M -f 4" \
+    nccl/scripts/nccl-tests.sh all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv graph
+}
+want 7 && have_lib && {
+  run torch-check 150 env OUT="$R" MSCCLPP_NCCL_SO="$PWD/$B/libmscclpp_nccl.so" RUN_TIMEOUT=60 \
+    nccl/scripts/torch-check.sh
+}
+want 8 && {
+  run train-comm 120 "$B/train-dp" --preset comm --baseline --compare nccl --json "$R/train-comm.json"
+  run train-compute 120 "$B/train-dp" --preset compute --baseline --compare nccl \
+    --json "$R/train-compute.json"
+}
+[ "${DRY:-}" = 1 ] || { echo done >> "$R/steps.txt"; snap; }
