@@ -64,6 +64,35 @@ pub fn decode_test_trigger(t: &Trigger) -> Option<(u32, u32, u32)> {
     (test_trigger(block, thread, k) == *t).then_some((block, thread, k))
 }
 
+/// Reports in `status_words` (see [`status`]) that a push or sync of sequence `seq` timed
+/// out: the seq first, then the state that points to it (both release).
+///
+/// # Safety
+/// `status_words` holds [`status::COUNT`] live, aligned words that the host reads only
+/// atomically.
+#[inline(always)]
+pub unsafe fn report_timeout(status_words: *mut u64, seq: u64) {
+    // SAFETY: caller contract. Release: the seq is written before the state that points
+    // to it.
+    unsafe {
+        arch::st_release_sys_u64(status_words.wrapping_add(status::TIMED_OUT_SEQ), seq);
+        arch::st_release_sys_u64(status_words.wrapping_add(status::STATE), TIMED_OUT);
+    }
+}
+
+/// Counts this thread as finished in `status_words[status::FINISHED_THREADS]` (release: the
+/// host, seeing every thread counted, also sees a [`report_timeout`] made before).
+///
+/// # Safety
+/// As for [`report_timeout`].
+#[inline(always)]
+pub unsafe fn count_finished(status_words: *mut u64) {
+    // SAFETY: caller contract.
+    unsafe {
+        arch::atomic_add_release_sys_u64(status_words.wrapping_add(status::FINISHED_THREADS), 1)
+    };
+}
+
 kernel! {
     /// Every thread of every block pushes `pushes` triggers ([`test_trigger`]`(block,
     /// thread, k)` for `k` in `0..pushes`) into `fifo`; with `sync_each != 0` it also
@@ -89,19 +118,12 @@ kernel! {
             };
             if let Err(e) = r {
                 // SAFETY: `status_words` holds status::COUNT live, aligned words (caller
-                // contract). Release: the seq is written before the state that points
-                // to it.
-                unsafe {
-                    arch::st_release_sys_u64(status_words.wrapping_add(status::TIMED_OUT_SEQ), e.seq);
-                    arch::st_release_sys_u64(status_words.wrapping_add(status::STATE), TIMED_OUT);
-                }
+                // contract).
+                unsafe { report_timeout(status_words, e.seq) };
                 break;
             }
         }
-        // Release: the host, seeing every thread counted, also sees the status above.
-        // SAFETY: `status_words` is live (caller contract).
-        unsafe {
-            arch::atomic_add_release_sys_u64(status_words.wrapping_add(status::FINISHED_THREADS), 1)
-        };
+        // SAFETY: as above.
+        unsafe { count_finished(status_words) };
     }
 }

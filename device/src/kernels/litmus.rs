@@ -302,25 +302,13 @@ kernel! {
             let r = unsafe { fifo.try_push_as(fifo_test::test_trigger(block, thread, k), publish) };
             if let Err(e) = r {
                 // SAFETY: `status_words` holds status::COUNT live, aligned words (launch
-                // contract). Release: the seq is written before the state that points to it.
-                unsafe {
-                    arch::st_release_sys_u64(status_words.wrapping_add(fifo_test::status::TIMED_OUT_SEQ), e.seq);
-                    arch::st_release_sys_u64(
-                        status_words.wrapping_add(fifo_test::status::STATE),
-                        fifo_test::TIMED_OUT,
-                    );
-                }
+                // contract).
+                unsafe { fifo_test::report_timeout(status_words, e.seq) };
                 break;
             }
         }
-        // Release: the host, seeing every thread counted, also sees the status above.
-        // SAFETY: `status_words` is live (launch contract).
-        unsafe {
-            arch::atomic_add_release_sys_u64(
-                status_words.wrapping_add(fifo_test::status::FINISHED_THREADS),
-                1,
-            )
-        };
+        // SAFETY: as above.
+        unsafe { fifo_test::count_finished(status_words) };
     }
 }
 
