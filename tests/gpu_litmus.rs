@@ -318,16 +318,16 @@ fn flag_after_copy_never_shows_old_data() {
     } else {
         Gpu::open(0).unwrap()
     };
-    const BLOCKS: u32 = 8;
-    const THREADS: u32 = 256;
-    const WORDS: u64 = 8192; // 64 KiB per copy
+    const COPY_BLOCKS: u32 = 8;
+    const COPY_THREADS: u32 = 256;
+    const COPY_WORDS: u64 = 8192; // 64 KiB per copy
     let n = iters();
     let module = KernelModule::load_builtin(&receiver).unwrap();
     let f = module.function("litmus_flag_after_copy").unwrap();
     let src: Vec<DeviceBuffer> = (0..2u64)
         .map(|p| {
-            let b = DeviceBuffer::alloc(&sender, WORDS as usize * 8).unwrap();
-            let v: Vec<u64> = (0..WORDS).map(|j| copy_pattern(p, j)).collect();
+            let b = DeviceBuffer::alloc(&sender, COPY_WORDS as usize * 8).unwrap();
+            let v: Vec<u64> = (0..COPY_WORDS).map(|j| copy_pattern(p, j)).collect();
             b.copy_from_host(0, &v).unwrap();
             b
         })
@@ -355,7 +355,7 @@ fn flag_after_copy_never_shows_old_data() {
         ),
     ];
     for (way, name, claim) in ways {
-        let dst = DeviceBuffer::zeroed(&receiver, WORDS as usize * 8).unwrap();
+        let dst = DeviceBuffer::zeroed(&receiver, COPY_WORDS as usize * 8).unwrap();
         let flag_dev = DeviceBuffer::zeroed(&receiver, 8).unwrap();
         let flag_host = MappedHostBuffer::alloc(&receiver, 8).unwrap();
         let ack = MappedHostBuffer::alloc(&receiver, 8).unwrap();
@@ -379,14 +379,14 @@ fn flag_after_copy_never_shows_old_data() {
         let (pdst, pack, pout) = (dst.device_ptr(), ack.device_ptr(), out.device_ptr());
         let mut l = kernel_stream.launch_builder(&f);
         l.arg(&pdst)
-            .arg(&WORDS)
+            .arg(&COPY_WORDS)
             .arg(&flag_ptr)
             .arg(&pack)
             .arg(&n)
             .arg(&pout);
         let cfg = LaunchConfig {
-            grid_dim: (BLOCKS, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            grid_dim: (COPY_BLOCKS, 1, 1),
+            block_dim: (COPY_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: every buffer the kernel gets outlives the synchronize below.
@@ -398,14 +398,14 @@ fn flag_after_copy_never_shows_old_data() {
             let t0 = std::time::Instant::now();
             let late = || t0.elapsed() > Duration::from_secs(20);
             sender.bind().unwrap();
-            // SAFETY: `dst` and the source hold WORDS words, live until the streams are
+            // SAFETY: `dst` and the source hold COPY_WORDS words, live until the streams are
             // synchronised below; the kernel reads `dst` only between a flag and its ack,
             // and the next copy is queued only after the ack.
             unsafe {
                 memcpy_async(
                     pdst,
                     src[(i % 2) as usize].device_ptr(),
-                    WORDS as usize * 8,
+                    COPY_WORDS as usize * 8,
                     &copy_stream,
                 )
                 .unwrap();
@@ -422,7 +422,7 @@ fn flag_after_copy_never_shows_old_data() {
                     FlagWay::CpuAtOnce => host_flag.store(i, Ordering::Release),
                 }
             }
-            while host_ack.load(Ordering::Acquire) < i * BLOCKS as u64 {
+            while host_ack.load(Ordering::Acquire) < i * COPY_BLOCKS as u64 {
                 if late() {
                     stuck = Some(i);
                     break;
@@ -440,7 +440,7 @@ fn flag_after_copy_never_shows_old_data() {
         let mut got = [0u64; 2];
         out.copy_to_host(0, &mut got).unwrap();
         println!(
-            "litmus_flag_after_copy {name}: {} violations, {} timeouts in {n} iterations x {WORDS} words ({elapsed:.2?})",
+            "litmus_flag_after_copy {name}: {} violations, {} timeouts in {n} iterations x {COPY_WORDS} words ({elapsed:.2?})",
             got[0], got[1]
         );
         assert_eq!(
