@@ -1040,5 +1040,6 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
         on_start,
         peers: comm.connections.iter().map(|c| c.remote_rank).collect(),
         on_refused: Some(on_refused),
+        stats: crate::proxy::stats_wanted(),
     })
 }

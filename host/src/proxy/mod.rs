@@ -12,8 +12,8 @@ pub mod fifo_check;
 pub mod fifo_litmus;
 mod service;
 
-pub use service::{ProxyError, ProxyService};
-pub(crate) use service::{ProxyTask, RefusedHook, StartHook};
+pub use service::{PROXY_STATS_ENV, ProxyError, ProxyService, ProxyStats};
+pub(crate) use service::{ProxyTask, RefusedHook, StartHook, stats_wanted};
 
 pub use fifo::{
     DEFAULT_SLOTS, DEFAULT_TIMEOUT, Fifo, FifoConfig, FifoError, FifoKernelArg, OwnedFifoConsumer,

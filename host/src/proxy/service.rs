@@ -36,6 +36,12 @@
 //! Idle policy: spin for 200 µs after the last trigger, then yield for 5 ms, then sleep
 //! 20 µs between polls, so an idle proxy does not hold a core (CI machines have two) while
 //! one in a conversation answers within a poll.
+//!
+//! With [`PROXY_STATS_ENV`]`=1` every proxy thread times its work and prints one line to
+//! standard error when it stops (see [`ProxyStats`];
+//! [`ProxyService::stop_with_stats`] returns them): how many triggers it served, how many
+//! were already waiting, and the CPU time each took, to tell a proxy that sets a
+//! collective's pace from one that waits for the kernels.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -118,6 +124,8 @@ pub struct ProxyService {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     errors: Arc<Mutex<ErrorLog>>,
+    /// The thread's [`ProxyStats`], once it has stopped (when its task asked for them).
+    stats: Arc<Mutex<Option<ProxyStats>>>,
 }
 
 /// Work run first on the proxy thread (binding a CUDA context).
@@ -141,6 +149,9 @@ pub(crate) struct ProxyTask {
     /// Runs on the proxy thread when a trigger of a connection is refused or fails, before
     /// the trigger is popped (the communicator marks the connection in its fault area).
     pub on_refused: Option<RefusedHook>,
+    /// Time the work and keep [`ProxyStats`] (printed to standard error at the end); the
+    /// communicator sets it from [`PROXY_STATS_ENV`].
+    pub stats: bool,
 }
 
 /// Work run on the proxy thread when a connection's trigger is refused or fails.
@@ -151,15 +162,18 @@ impl ProxyService {
     pub(crate) fn launch(task: ProxyTask, name: String) -> std::io::Result<ProxyService> {
         let stop = Arc::new(AtomicBool::new(false));
         let errors = Arc::new(Mutex::new(ErrorLog::default()));
+        let stats = Arc::new(Mutex::new(None));
         let thread = std::thread::Builder::new().name(name).spawn({
             let stop = stop.clone();
             let errors = errors.clone();
-            move || run(task, &stop, &errors)
+            let stats = stats.clone();
+            move || run(task, &stop, &errors, &stats)
         })?;
         Ok(ProxyService {
             stop,
             thread: Some(thread),
             errors,
+            stats,
         })
     }
 
@@ -181,10 +195,17 @@ impl ProxyService {
 
     /// Asks the thread to drain the FIFO and exit, waits for it, and returns every error
     /// it recorded (empty when all went well).
-    pub fn stop(mut self) -> Vec<ProxyError> {
+    pub fn stop(self) -> Vec<ProxyError> {
+        self.stop_with_stats().0
+    }
+
+    /// As [`stop`](Self::stop), also returning the thread's [`ProxyStats`] when its task
+    /// kept them ([`PROXY_STATS_ENV`]).
+    pub fn stop_with_stats(mut self) -> (Vec<ProxyError>, Option<ProxyStats>) {
         self.shutdown();
         let mut log = self.errors.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::take(&mut log.kept)
+        let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner()).take();
+        (std::mem::take(&mut log.kept), stats)
     }
 
     fn shutdown(&mut self) {
@@ -212,20 +233,119 @@ fn record(errors: &Mutex<ErrorLog>, e: ProxyError) {
     }
 }
 
-fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
+/// The environment variable that makes every proxy thread print its [`ProxyStats`] to
+/// standard error when it stops (`1`; unset or `0`: nothing is timed).
+pub const PROXY_STATS_ENV: &str = "MSCCLPP_PROXY_STATS";
+
+/// What a proxy thread did, timed with the monotonic clock around each trigger (only when
+/// [`PROXY_STATS_ENV`] is `1`; two clock reads per trigger and step).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ProxyStats {
+    /// Triggers served.
+    pub triggers: u64,
+    /// Of them, with data (puts), and the bytes they asked to move.
+    pub puts: u64,
+    /// Bytes of the puts.
+    pub bytes: u64,
+    /// Triggers with a flag (signals).
+    pub signals: u64,
+    /// Triggers with `SYNC` (flushes).
+    pub syncs: u64,
+    /// Triggers that were already published when the proxy finished the one before (the
+    /// proxy, not the kernel, was late for them): near `triggers`, the proxy sets the pace.
+    pub queued: u64,
+    /// Time in the plane's put / signal calls (the driver calls on P2P).
+    pub plane: Duration,
+    /// Time in flushes.
+    pub flush: Duration,
+    /// Time from polling a trigger to having popped it (plane, flush, checks, pop).
+    pub served: Duration,
+    /// Time in the plane's `progress` calls that found work (P2P `cpu` mode: flags stored).
+    pub progress: Duration,
+    /// From the first trigger polled to the last one popped.
+    pub span: Duration,
+}
+
+impl ProxyStats {
+    /// One line: counts, then microseconds per trigger.
+    pub fn summary(&self, name: &str) -> String {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / self.triggers.max(1) as f64;
+        format!(
+            "mscclpp proxy {name}: {} triggers ({} puts of {} bytes, {} signals, {} syncs; {} \
+             already waiting) over {:.3} ms; per trigger {:.2} us served, of which {:.2} us in \
+             the plane and {:.2} us flushing; progress {:.3} ms; busy {:.0}% of the span",
+            self.triggers,
+            self.puts,
+            self.bytes,
+            self.signals,
+            self.syncs,
+            self.queued,
+            self.span.as_secs_f64() * 1e3,
+            per(self.served),
+            per(self.plane),
+            per(self.flush),
+            self.progress.as_secs_f64() * 1e3,
+            100.0 * (self.served + self.progress).as_secs_f64() / self.span.as_secs_f64().max(1e-9),
+        )
+    }
+}
+
+/// Whether [`PROXY_STATS_ENV`] asks for [`ProxyStats`].
+pub(crate) fn stats_wanted() -> bool {
+    std::env::var(PROXY_STATS_ENV).is_ok_and(|v| v.trim() == "1")
+}
+
+fn run(
+    task: ProxyTask,
+    stop: &AtomicBool,
+    errors: &Mutex<ErrorLog>,
+    out: &Mutex<Option<ProxyStats>>,
+) {
+    if task.stats {
+        let mut stats = ProxyStats::default();
+        run_loop(task, stop, errors, Some(&mut stats));
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        eprintln!("{}", stats.summary(&name));
+        *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    } else {
+        run_loop(task, stop, errors, None);
+    }
+}
+
+fn run_loop(
+    mut task: ProxyTask,
+    stop: &AtomicBool,
+    errors: &Mutex<ErrorLog>,
+    mut stats: Option<&mut ProxyStats>,
+) {
     if let Some(f) = task.on_start.take() {
         f();
     }
     // When the FIFO last had a trigger (None while busy).
     let mut idle_since: Option<Instant> = None;
+    // The first trigger's poll (for the stats' span).
+    let mut first: Option<Instant> = None;
+    // Whether the last turn served a trigger (for the stats' `queued`).
+    let mut just_served = false;
     loop {
         // The plane's own work (IB host staging delivers arrived data here).
+        let t_progress = stats.is_some().then(Instant::now);
         match task.plane.progress() {
-            Ok(true) => idle_since = None,
+            Ok(true) => {
+                idle_since = None;
+                if let (Some(s), Some(t)) = (stats.as_deref_mut(), t_progress) {
+                    s.progress += t.elapsed();
+                }
+            }
             Ok(false) => {}
             Err(error) => record(errors, ProxyError::Progress { error }),
         }
-        let Some(trigger) = task.consumer.poll() else {
+        let polled = task.consumer.poll();
+        if let Some(s) = stats.as_deref_mut() {
+            s.queued += u64::from(just_served && polled.is_some());
+            just_served = false;
+        }
+        let Some(trigger) = polled else {
             // Acquire: see the stop request; then one more poll decides (a trigger
             // published before the request is seen by that poll).
             if stop.load(Ordering::Acquire) && task.consumer.poll().is_none() {
@@ -249,6 +369,10 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
             continue;
         };
         idle_since = None;
+        let t_polled = stats.is_some().then(Instant::now);
+        if first.is_none() {
+            first = t_polled;
+        }
         let seq = task.consumer.tail();
         let op = trigger.op();
         let id = trigger.connection_id();
@@ -293,6 +417,14 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
                     (None, Some(e)) => plane.signal(route, e),
                     (None, None) => Ok(()),
                 };
+                if let (Some(s), Some(t)) = (stats.as_deref_mut(), t_polled) {
+                    s.plane += t.elapsed();
+                    if op.contains(TriggerOp::DATA) {
+                        s.puts += 1;
+                        s.bytes += size;
+                    }
+                    s.signals += u64::from(op.contains(TriggerOp::FLAG));
+                }
                 if let Err(error) = sent {
                     fail(ProxyError::Transport {
                         seq,
@@ -303,15 +435,20 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
                 }
             }
         }
-        if op.contains(TriggerOp::SYNC)
-            && let Err(error) = task.plane.flush()
-        {
-            fail(ProxyError::Transport {
-                seq,
-                connection: id,
-                peer,
-                error,
-            });
+        if op.contains(TriggerOp::SYNC) {
+            let t_flush = stats.is_some().then(Instant::now);
+            if let Err(error) = task.plane.flush() {
+                fail(ProxyError::Transport {
+                    seq,
+                    connection: id,
+                    peer,
+                    error,
+                });
+            }
+            if let (Some(s), Some(t)) = (stats.as_deref_mut(), t_flush) {
+                s.flush += t.elapsed();
+                s.syncs += 1;
+            }
         }
         if faulted {
             // Cold: only after an error. The hook's store happens before the flagged tail
@@ -324,5 +461,86 @@ fn run(mut task: ProxyTask, stop: &AtomicBool, errors: &Mutex<ErrorLog>) {
         }
         // The trigger was polled above, so there is one to pop.
         let _ = task.consumer.pop();
+        if let (Some(s), Some(t), Some(f)) = (stats.as_deref_mut(), t_polled, first) {
+            s.triggers += 1;
+            s.served += t.elapsed();
+            s.span = f.elapsed();
+            just_served = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::{Fifo, FifoConfig};
+    use crate::transport::host::HostPlane;
+    use mscclpp_device::fifo::Trigger;
+
+    /// Counts the stats keep for triggers pushed before the proxy starts (all waiting), and
+    /// that nothing is kept without asking.
+    #[test]
+    fn stats_count_what_the_proxy_served() {
+        for keep in [true, false] {
+            let fifo = Fifo::new_host(FifoConfig::with_slots(16)).unwrap();
+            let src = vec![7u8; 256];
+            let mut dst = vec![0u8; 256];
+            let flag = Box::new(0u64);
+            let route = Route {
+                id: 0,
+                local: src.as_ptr() as u64,
+                local_len: src.len() as u64,
+                remote: dst.as_mut_ptr() as u64,
+                remote_len: dst.len() as u64,
+                remote_flag: &*flag as *const u64 as u64,
+            };
+            let handle = fifo.device_handle();
+            let ops = [
+                (TriggerOp::DATA, 64),
+                (TriggerOp::DATA | TriggerOp::FLAG, 32),
+                (TriggerOp::FLAG, 0),
+                (TriggerOp::DATA | TriggerOp::FLAG | TriggerOp::SYNC, 16),
+                (TriggerOp::FLAG | TriggerOp::SYNC, 0),
+            ];
+            for (i, &(op, size)) in ops.iter().enumerate() {
+                let t = Trigger::new(op, 0, 64 * i as u64, 0, size).unwrap();
+                // SAFETY: the FIFO lives until the end of the test; 5 of 16 slots.
+                unsafe { handle.push(t) };
+            }
+            let task = ProxyTask {
+                consumer: fifo.consumer().unwrap(),
+                routes: vec![route],
+                epochs: Arc::from(vec![AtomicU64::new(0)]),
+                plane: Box::new(HostPlane),
+                on_start: None,
+                peers: vec![1],
+                on_refused: None,
+                stats: keep,
+            };
+            let service = ProxyService::launch(task, "stats-test".into()).unwrap();
+            while fifo.tail() < ops.len() as u64 {
+                std::thread::yield_now();
+            }
+            let (errors, stats) = service.stop_with_stats();
+            assert!(errors.is_empty(), "{errors:?}");
+            // The puts landed and the last flag is the fourth signal's epoch.
+            assert_eq!(&dst[..64], &src[..64]);
+            assert_eq!(&dst[64..96], &src[..32]);
+            assert_eq!(*flag, 4);
+            let Some(s) = stats else {
+                assert!(!keep, "stats asked for, none kept");
+                continue;
+            };
+            assert!(keep, "stats kept without asking");
+            assert_eq!(
+                (s.triggers, s.puts, s.bytes, s.signals, s.syncs),
+                (5, 3, 112, 4, 2)
+            );
+            // Every trigger but the first was waiting when the one before was done.
+            assert_eq!(s.queued, 4);
+            assert!(s.served >= s.plane + s.flush && s.span >= s.served, "{s:?}");
+            let line = s.summary("p");
+            assert!(line.contains("5 triggers (3 puts of 112 bytes"), "{line}");
+        }
     }
 }
