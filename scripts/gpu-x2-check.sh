@@ -75,18 +75,25 @@ want 2 && {
 want 3 && for op in allgather reducescatter broadcast reduce alltoall; do
   perf "$op-graph" 60 --op "$op" $P -G 10
 done
-# The one-GPU sweep (docs/perf/2026-12-02-1xH200-proxy-plan) found the time follows the
-# number of chunks: a larger scratch gives larger slots and chunks, fewer blocks likewise,
-# and the cpu flag mode drops one driver call per chunk.
+# On one GPU (docs/perf/2026-12-02-1xH200-proxy-workers) the default plan of 2 lanes of up to
+# 16 blocks took half the time of 8 lanes of one block at 64-256 MiB; the rest is what that
+# run left open: 4 lanes of 8 blocks (smaller chunks), the cpu flag mode (one driver call
+# less per chunk; best there with 4 lanes), a larger scratch (larger chunks), and the proxy
+# thread's own numbers (MSCCLPP_PROXY_STATS: "already waiting" near the trigger count means
+# the proxy sets the pace).
 want 4 && {
   PP="--algo proxy -b 32M -e 512M -f 2 -n 10 -w 3"
-  perf proxy-default 60 $PP
+  run proxy-default 60 env MSCCLPP_PROXY_STATS=1 \
+    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-default.json"
+  run proxy-l4w8 60 env MSCCLPP_PROXY_BLOCKS=4 MSCCLPP_PROXY_WORKERS=8 \
+    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-l4w8.json"
+  run proxy-flagcpu 60 env MSCCLPP_PROXY_FLAG=cpu MSCCLPP_PROXY_STATS=1 \
+    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-flagcpu.json"
+  run proxy-flagcpu-l4w8 60 env MSCCLPP_PROXY_FLAG=cpu MSCCLPP_PROXY_BLOCKS=4 \
+    MSCCLPP_PROXY_WORKERS=8 "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-flagcpu-l4w8.json"
   run proxy-scratch1g 60 env MSCCLPP_COLL_SCRATCH_BYTES=1073741824 \
     "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-scratch1g.json"
-  run proxy-blocks4 60 env MSCCLPP_PROXY_BLOCKS=4 \
-    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-blocks4.json"
-  run proxy-flagcpu 60 env MSCCLPP_PROXY_FLAG=cpu \
-    "$B/mscclpp-perf" $PP --compare nccl --json "$R/proxy-flagcpu.json"
+  perf proxy-allgather 60 --op allgather $PP
 }
 want 5 && {
   run gpu_collectives 200 "$B/gpu_collectives" --test-threads 1

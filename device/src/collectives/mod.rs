@@ -119,8 +119,15 @@ pub const EXPECTED_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 pub const COUNTER_WORDS: usize = 1 + MAX_BLOCKS;
 /// `u64` words of [`CollContext::state`]: the call counter (every collective kernel
 /// advances it; see [`Call`]), then the all-pairs round counter, then the
-/// [`LOCAL_FAULT_WORDS`] local fault words ([`local_fault`]).
-pub const STATE_WORDS: usize = 2 * COUNTER_WORDS + LOCAL_FAULT_WORDS;
+/// [`LOCAL_FAULT_WORDS`] local fault words ([`local_fault`]), then the
+/// [`PROXY_SYNC_WORDS`] words the blocks of one lane of a proxy collective meet at
+/// ([`proxy`]).
+pub const STATE_WORDS: usize = PROXY_SYNC_BASE + PROXY_SYNC_WORDS;
+/// Index in [`CollContext::state`] of the first of the [`PROXY_SYNC_WORDS`].
+pub const PROXY_SYNC_BASE: usize = 2 * COUNTER_WORDS + LOCAL_FAULT_WORDS;
+/// `u64` words the proxy collectives' blocks meet at: one per block ("staged up to chunk
+/// ..."), then one per lane ("the peers' chunks arrived up to ...").
+pub const PROXY_SYNC_WORDS: usize = MAX_BLOCKS + proxy::MAX_PROXY_LANES;
 /// `u64` words of the local fault words at the end of [`CollContext::state`].
 pub const LOCAL_FAULT_WORDS: usize = 3;
 

@@ -6,13 +6,22 @@
 //!
 //! # Grid and lanes
 //!
-//! A call runs on `nb` blocks (at most the lanes the host built, `1..=`[`MAX_PROXY_LANES`];
-//! chosen by the host from the size and recorded in the call's tag, so ranks that disagree
-//! fail with a mismatch) of at least `nranks` threads. Block `b` owns the bytes
+//! A call runs on `lanes` lanes (at most the lanes the host built, `1..=`[`MAX_PROXY_LANES`])
+//! of `workers` blocks each ([`proxy_workers`]: 1 to [`MAX_PROXY_WORKERS`]), `nb = lanes *
+//! workers` blocks of at least `nranks` threads; both numbers are chosen by the host from
+//! the size and recorded in the call's tag, so ranks that disagree fail with a mismatch.
+//! Block `b` is worker `b % workers` of lane `b / workers`. Lane `l` owns the bytes
 //! [`block_share`] gives it and drives its own proxy channel to every peer,
-//! `conns[b * nranks + p]` (a *lane*): a channel's inbound counter counts every signal on
-//! it, so blocks sharing one could not tell whose chunk had arrived. Thread `p < nranks` of a block talks to rank `p`; the whole block stages,
-//! reduces and copies.
+//! `conns[l * nranks + p]`: a channel's inbound counter counts every signal on it, so lanes
+//! sharing one could not tell whose chunk had arrived. Every chunk of a lane is cut again
+//! among its workers ([`block_share`] of the chunk): each stages and reduces its part, so a
+//! lane moves large chunks (few triggers for the proxy) with the memory bandwidth of several
+//! blocks. Thread `p < nranks` of worker 0 talks to rank `p`; the other workers meet it
+//! through two words of the rank's state ([`PROXY_SYNC_WORDS`](super::PROXY_SYNC_WORDS)):
+//! each worker publishes how many chunks it has staged (worker 0 puts a chunk once every
+//! worker has staged its part), and worker 0 publishes how many chunks of every peer have
+//! arrived (the workers reduce their part once it has). The words carry the call's sequence
+//! number above the count, so no reset is needed between calls.
 //!
 //! # Scratch layout
 //!
@@ -57,7 +66,9 @@
 //! (recorded as [`fault::AT_PROXY_FLUSH`] / [`fault::AT_PROXY_QUEUE`]), never traps.
 
 use super::all_reduce::reduce_sources;
-use super::{Call, CollContext, MAX_RANKS, Reduce, block_share, desc, fault};
+use super::{
+    Call, CollContext, MAX_BLOCKS, MAX_RANKS, PROXY_SYNC_BASE, Reduce, block_share, desc, fault,
+};
 use crate::arch;
 use crate::channel::memory::copy;
 use crate::channel::{ChannelError, DevConn};
@@ -67,6 +78,16 @@ use crate::channel::{ChannelError, DevConn};
 /// host builds 8 unless told otherwise (`MSCCLPP_PROXY_LANES`) and never launches more
 /// blocks than it built lanes.
 pub const MAX_PROXY_LANES: usize = 32;
+
+/// Most blocks per lane ([`proxy_workers`]): the tag's depth field holds `workers - 1`.
+pub const MAX_PROXY_WORKERS: u32 = 16;
+
+/// The blocks per lane of a proxy call's tag: its [`desc::depth`] field plus one (the host
+/// writes `workers - 1` there with [`desc::with_pipe`]).
+#[inline(always)]
+pub const fn proxy_workers(tag: u64) -> u32 {
+    desc::depth(tag) + 1
+}
 
 /// Where a block's slots are in the shared scratch region (see the [module](self)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,15 +119,60 @@ pub fn proxy_layout(scratch_len: u64, nranks: u64, blocks: u64) -> ProxyLayout {
     }
 }
 
-/// Traps unless the grid is at most [`MAX_PROXY_LANES`] blocks of at least `nranks` threads, the
+/// Traps unless the grid is a whole number of lanes of `workers` blocks, at most
+/// [`MAX_PROXY_LANES`] lanes and [`MAX_BLOCKS`] blocks, of at least `nranks` threads, the
 /// proxy channels exist (or there are no peers) and every slot holds at least 16 bytes.
 #[inline(always)]
-fn check(ctx: &CollContext, layout: &ProxyLayout) {
-    if arch::grid_dim_x() as usize > MAX_PROXY_LANES
+fn check(ctx: &CollContext, layout: &ProxyLayout, workers: u32) {
+    let nb = arch::grid_dim_x();
+    if !nb.is_multiple_of(workers)
+        || (nb / workers) as usize > MAX_PROXY_LANES
+        || nb as usize > MAX_BLOCKS
         || arch::block_dim_x() < ctx.nranks
         || (ctx.nranks > 1 && (ctx.conns.is_null() || layout.slot == 0))
     {
         arch::trap();
+    }
+}
+
+/// `count` tagged with the call: `seq + 1` in the high half (never 0, so the zeroed state
+/// matches no call), so a word left by an earlier call never reads as this one's.
+#[inline(always)]
+fn sync_mark(call: &Call, count: u64) -> u64 {
+    ((call.seq + 1) & 0xffff_ffff) << 32 | (count & 0xffff_ffff)
+}
+
+/// Whether the sync word `v` says at least `want` ([`sync_mark`]) for the same call.
+#[inline(always)]
+fn sync_reached(v: u64, want: u64) -> bool {
+    v >> 32 == want >> 32 && (v & 0xffff_ffff) >= (want & 0xffff_ffff)
+}
+
+/// Polls the sync word `p` until it reaches `want` ([`sync_reached`]), looking at the abort
+/// word, the call's stop word and the clock ([`CollContext::keep_waiting`]) every few
+/// thousand polls. `false` when the call failed meanwhile.
+///
+/// # Safety
+/// `p` a live word of the context's state; the context valid.
+#[inline(always)]
+unsafe fn sync_wait(ctx: &CollContext, call: Call, p: *const u64, want: u64) -> bool {
+    let mut polls = 0u32;
+    let mut start = None;
+    loop {
+        // SAFETY: caller contract (a live aligned word, accessed atomically).
+        if sync_reached(unsafe { arch::ld_acquire_sys_u64(p) }, want) {
+            return true;
+        }
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(4096) {
+            let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+            // SAFETY: the context valid (caller contract).
+            if !unsafe { ctx.keep_waiting(call, ctx.rank, fault::AT_PROXY, t0) } {
+                return false;
+            }
+        }
+        // Nothing on a GPU; CPU threads (Host backend) yield.
+        arch::spin_backoff(polls);
     }
 }
 
@@ -127,13 +193,25 @@ struct Plan {
     rounds: u64,
     /// `L`: how many iterations a chunk's consumption trails its put.
     lag: u64,
-    block: u32,
+    lane: u32,
+    /// This block's index in its lane, and the lane's blocks.
+    worker: u32,
+    workers: u32,
 }
 
 impl Plan {
+    /// The plan of block `block` of a grid of `lanes * workers` blocks.
     #[inline(always)]
-    fn new(layout: ProxyLayout, tag: u64, bytes: u64, block: u32, blocks: u32) -> Plan {
-        let (start, end) = block_share(bytes, 16, block as u64, blocks as u64);
+    fn new(
+        layout: ProxyLayout,
+        tag: u64,
+        bytes: u64,
+        block: u32,
+        lanes: u32,
+        workers: u32,
+    ) -> Plan {
+        let lane = block / workers;
+        let (start, end) = block_share(bytes, 16, lane as u64, lanes as u64);
         let asked = desc::piece(tag);
         let chunk = if asked == 0 {
             layout.slot
@@ -147,14 +225,36 @@ impl Plan {
         };
         Plan {
             layout,
-            base: block as u64 * layout.area,
+            base: lane as u64 * layout.area,
             start,
             end,
             chunk,
             rounds,
             lag: layout.depth / 2 - 1,
-            block,
+            lane,
+            worker: block % workers,
+            workers,
         }
+    }
+
+    /// This block's part of a chunk of `len` bytes: `[from, to)` within the chunk.
+    #[inline(always)]
+    fn part(&self, len: u64) -> (u64, u64) {
+        block_share(len, 16, self.worker as u64, self.workers as u64)
+    }
+
+    /// The "staged" sync word of block `worker` of this lane.
+    #[inline(always)]
+    fn staged_word(&self, ctx: &CollContext, worker: u32) -> *mut u64 {
+        let block = (self.lane * self.workers + worker) as usize;
+        ctx.state.wrapping_add(PROXY_SYNC_BASE + block)
+    }
+
+    /// The lane's "arrived" sync word.
+    #[inline(always)]
+    fn arrived_word(&self, ctx: &CollContext) -> *mut u64 {
+        ctx.state
+            .wrapping_add(PROXY_SYNC_BASE + MAX_BLOCKS + self.lane as usize)
     }
 
     /// Offset (in the message) and length of chunk `i`.
@@ -185,18 +285,52 @@ impl Plan {
     #[inline(always)]
     unsafe fn conn<'c>(&self, ctx: &'c CollContext, p: u32) -> &'c DevConn<'static> {
         // SAFETY: caller contract.
-        unsafe { &*ctx.conns.add((self.block * ctx.nranks + p) as usize) }
+        unsafe { &*ctx.conns.add((self.lane * ctx.nranks + p) as usize) }
     }
 
-    /// Step 1's second half (every thread of the block, after staging chunk `i` of `len`
-    /// bytes): barrier, then thread `p` queues the put with signal to rank `p`. A queue that
+    /// Step 1's second half (every thread of the block, after staging its part of chunk `i`
+    /// of `len` bytes): barrier; with several workers, the other workers publish that they
+    /// staged chunk `i` and worker 0 waits until all have (the block agrees); then thread `p`
+    /// of worker 0 queues the put with signal of the whole chunk to rank `p`. A queue that
     /// stays full fails the call on this thread (the next [`Plan::wait`] agrees on it).
     ///
     /// # Safety
-    /// As for [`Plan::conn`], every thread of the block.
+    /// As for [`Plan::conn`], every thread of the block; the block's part of chunk `i`
+    /// staged.
     #[inline(always)]
     unsafe fn put(&self, ctx: &CollContext, call: &mut Call, i: u64, len: u64, t: u32) {
         arch::sync_threads();
+        if self.workers > 1 {
+            if self.worker != 0 {
+                if t == 0 && !call.failed {
+                    // SAFETY: this block's own sync word in the state. Release (system scope:
+                    // the copy engine reads the staged bytes once worker 0 has queued the
+                    // put): the block's staging writes, ordered before by the barrier.
+                    unsafe {
+                        arch::st_release_sys_u64(
+                            self.staged_word(ctx, self.worker),
+                            sync_mark(call, i + 1),
+                        )
+                    };
+                }
+                return;
+            }
+            if t == 0 && !call.failed {
+                let want = sync_mark(call, i + 1);
+                for w in 1..self.workers {
+                    // SAFETY: the lane's sync words in the state; the context valid.
+                    if !unsafe { sync_wait(ctx, *call, self.staged_word(ctx, w), want) } {
+                        call.failed = true;
+                        break;
+                    }
+                }
+            }
+            if !ctx.block_agree(call, t) {
+                return;
+            }
+        } else if self.worker != 0 {
+            return;
+        }
         if t < ctx.nranks && t != ctx.rank && !call.failed {
             let s = i % self.layout.depth;
             // SAFETY: t is a peer (caller contract).
@@ -212,15 +346,28 @@ impl Plan {
         }
     }
 
-    /// Step 2's wait (every thread of the block): thread `p` waits for rank `p`'s next
-    /// signal on this lane, in slices between which the abort word, the call's stop word and
-    /// the clock are looked at ([`CollContext::keep_waiting`]); the block agrees. `false` on
-    /// every thread when a wait of the block gave up or the call failed.
+    /// Step 2's wait for chunk `j` (every thread of the block): thread `p` of worker 0 waits
+    /// for rank `p`'s next signal on this lane, in slices between which the abort word, the
+    /// call's stop word and the clock are looked at ([`CollContext::keep_waiting`]); the block
+    /// agrees, and with several workers publishes that chunk `j` arrived, which thread 0 of
+    /// every other worker waits for. `false` on every thread when a wait of the block gave up
+    /// or the call failed.
     ///
     /// # Safety
     /// As for [`Plan::put`].
     #[inline(always)]
-    unsafe fn wait(&self, ctx: &CollContext, call: &mut Call, t: u32) -> bool {
+    unsafe fn wait(&self, ctx: &CollContext, call: &mut Call, j: u64, t: u32) -> bool {
+        if self.worker != 0 {
+            // The other workers learn it from worker 0.
+            if t == 0 && !call.failed {
+                // SAFETY: the lane's sync word in the state; the context valid.
+                call.failed = !unsafe {
+                    sync_wait(ctx, *call, self.arrived_word(ctx), sync_mark(call, j + 1))
+                };
+            }
+            arch::sync_threads();
+            return ctx.block_agree(call, t);
+        }
         if t < ctx.nranks && t != ctx.rank && !call.failed {
             // SAFETY: t is a peer (caller contract); one waiter per lane (this thread).
             let c = unsafe { self.conn(ctx, t) };
@@ -235,7 +382,13 @@ impl Plan {
             }
         }
         arch::sync_threads();
-        ctx.block_agree(call, t)
+        let ok = ctx.block_agree(call, t);
+        if ok && self.workers > 1 && t == 0 {
+            // SAFETY: the lane's sync word in the state. Release (system scope, as the waits'
+            // acquire of the peers' flags): the peers' chunk `j` is in this rank's memory.
+            unsafe { arch::st_release_sys_u64(self.arrived_word(ctx), sync_mark(call, j + 1)) };
+        }
+        ok
     }
 
     /// The end of a call on a block that moved data: thread `p` flushes its lane, so that a
@@ -246,7 +399,7 @@ impl Plan {
     /// As for [`Plan::put`].
     #[inline(always)]
     unsafe fn flush(&self, ctx: &CollContext, call: &mut Call, t: u32) {
-        if self.rounds == 0 || call.failed || t >= ctx.nranks || t == ctx.rank {
+        if self.rounds == 0 || call.failed || self.worker != 0 || t >= ctx.nranks || t == ctx.rank {
             return;
         }
         // SAFETY: t is a peer (caller contract).
@@ -282,10 +435,12 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
-    let layout = proxy_layout(ctx.scratch_len, n as u64, nb as u64);
-    check(ctx, &layout);
-    let plan = Plan::new(layout, tag, count * T::SIZE, b, nb);
-    // SAFETY: at most MAX_PROXY_LANES <= MAX_BLOCKS blocks (check); finish() below on
+    let workers = proxy_workers(tag);
+    let lanes = nb / workers;
+    let layout = proxy_layout(ctx.scratch_len, n as u64, lanes as u64);
+    check(ctx, &layout, workers);
+    let plan = Plan::new(layout, tag, count * T::SIZE, b, lanes, workers);
+    // SAFETY: at most MAX_BLOCKS blocks (check); finish() below on
     // every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
     // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
@@ -294,14 +449,15 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
     for i in 0..iterations {
         if i < plan.rounds {
             let (off, len) = plan.span(i);
+            let (from, to) = plan.part(len);
             let s = i % layout.depth;
             // SAFETY: the staging slot holds slot >= len bytes, free (module: flow
             // control); send holds off + len; every thread of the block.
             unsafe {
                 copy(
-                    ctx.scratch.add(plan.staging(s) as usize),
-                    send.add(off as usize),
-                    len,
+                    ctx.scratch.add((plan.staging(s) + from) as usize),
+                    send.add((off + from) as usize),
+                    to - from,
                     t,
                     nt,
                 );
@@ -313,10 +469,12 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
         }
         let j = i - plan.lag;
         // SAFETY: every thread of the block.
-        if !unsafe { plan.wait(ctx, &mut call, t) } {
+        if !unsafe { plan.wait(ctx, &mut call, j, t) } {
             break;
         }
         let (off, len) = plan.span(j);
+        let (from, to) = plan.part(len);
+        let (off, len) = (off + from, to - from);
         let s = j % layout.depth;
         let mut srcs = [core::ptr::null::<u8>(); MAX_RANKS];
         for (q, src) in srcs.iter_mut().enumerate().take(n as usize) {
@@ -324,7 +482,7 @@ pub unsafe fn all_reduce<T: Reduce, const OUT: bool>(
                 send.wrapping_add(off as usize)
             } else {
                 ctx.scratch
-                    .wrapping_add(plan.receive(r, q as u32, s) as usize)
+                    .wrapping_add((plan.receive(r, q as u32, s) + from) as usize)
             };
         }
         // SAFETY: every source holds len bytes (receive slots published by the waits and
@@ -357,10 +515,12 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
-    let layout = proxy_layout(ctx.scratch_len, n as u64, nb as u64);
-    check(ctx, &layout);
-    let plan = Plan::new(layout, tag, bytes, b, nb);
-    // SAFETY: at most MAX_PROXY_LANES <= MAX_BLOCKS blocks (check); finish() below on
+    let workers = proxy_workers(tag);
+    let lanes = nb / workers;
+    let layout = proxy_layout(ctx.scratch_len, n as u64, lanes as u64);
+    check(ctx, &layout, workers);
+    let plan = Plan::new(layout, tag, bytes, b, lanes, workers);
+    // SAFETY: at most MAX_BLOCKS blocks (check); finish() below on
     // every thread.
     let mut call = unsafe { ctx.call(b, bytes, tag) };
     // SAFETY: every thread of the block; block-uniform (see `CollContext::begin`).
@@ -369,14 +529,16 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
     for i in 0..iterations {
         if i < plan.rounds {
             let (off, len) = plan.span(i);
+            let (from, to) = plan.part(len);
             let s = i % layout.depth;
             // SAFETY: as in all_reduce; the own part of recv holds off + len.
             unsafe {
-                let src = send.add(off as usize);
-                copy(ctx.scratch.add(plan.staging(s) as usize), src, len, t, nt);
-                let own = recv.add((r as u64 * bytes + off) as usize);
+                let src = send.add((off + from) as usize);
+                let stage = ctx.scratch.add((plan.staging(s) + from) as usize);
+                copy(stage, src, to - from, t, nt);
+                let own = recv.add((r as u64 * bytes + off + from) as usize);
                 if !core::ptr::eq(own as *const u8, src) {
-                    copy(own, src, len, t, nt);
+                    copy(own, src, to - from, t, nt);
                 }
                 plan.put(ctx, &mut call, i, len, t);
             }
@@ -386,19 +548,20 @@ pub unsafe fn all_gather(ctx: &CollContext, send: *const u8, recv: *mut u8, byte
         }
         let j = i - plan.lag;
         // SAFETY: every thread of the block.
-        if !unsafe { plan.wait(ctx, &mut call, t) } {
+        if !unsafe { plan.wait(ctx, &mut call, j, t) } {
             break;
         }
         let (off, len) = plan.span(j);
+        let (from, to) = plan.part(len);
         let s = j % layout.depth;
         for q in (0..n).filter(|&q| q != r) {
-            // SAFETY: receive slot s of rank q (published by the wait and the barrier)
-            // into rank q's part of recv.
+            // SAFETY: this block's part of receive slot s of rank q (published by the wait
+            // and the barrier) into rank q's part of recv.
             unsafe {
                 copy(
-                    recv.add((q as u64 * bytes + off) as usize),
-                    ctx.scratch.add(plan.receive(r, q, s) as usize),
-                    len,
+                    recv.add((q as u64 * bytes + off + from) as usize),
+                    ctx.scratch.add((plan.receive(r, q, s) + from) as usize),
+                    to - from,
                     t,
                     nt,
                 );

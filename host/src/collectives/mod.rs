@@ -1857,11 +1857,7 @@ fn describe_pair(own: [u64; 2], theirs: [u64; 2]) -> (String, String) {
             _ => false,
         };
         if proxy {
-            format!(
-                " [{} proxy blocks, chunks of {} bytes]",
-                proxy::proxy_tag_blocks(tag),
-                desc::piece(tag)
-            )
+            format!(" {}", proxy::proxy_tag_plan(tag))
         } else if algo as u64 == desc::PIPELINED {
             format!(
                 " [pieces of {} bytes, depth {}]",

@@ -1,23 +1,31 @@
 //! How the proxy-channel collectives ([`AllReduceAlgo::Proxy`], [`AllGatherAlgo::Proxy`])
-//! are cut: blocks (one lane of proxy channels each) and chunk size, both recorded in the
-//! call's tag so that ranks that disagree fail with a mismatch instead of corrupting data.
+//! are cut: lanes (proxy channels to every peer), blocks per lane and chunk size, all
+//! recorded in the call's tag so that ranks that disagree fail with a mismatch instead of
+//! corrupting data.
 //! The device side and the scratch layout are in `mscclpp_device::collectives::proxy`;
 //! the design note is `docs/proxy-pipeline.md`.
 //!
 //! [`AllReduceAlgo::Proxy`]: super::AllReduceAlgo::Proxy
 //! [`AllGatherAlgo::Proxy`]: super::AllGatherAlgo::Proxy
 
-use mscclpp_device::collectives::desc;
-use mscclpp_device::collectives::proxy::{MAX_PROXY_LANES, proxy_layout};
+use mscclpp_device::collectives::proxy::{
+    MAX_PROXY_LANES, MAX_PROXY_WORKERS, proxy_layout, proxy_workers,
+};
+use mscclpp_device::collectives::{MAX_BLOCKS, desc};
 
 use super::Collectives;
 use crate::communicator::CommError;
 
 /// Lanes (proxy channels per peer, so most blocks of a proxy call) built by default.
 const DEFAULT_LANES: u32 = 8;
-/// Bytes per block the default plan aims at: a block stages and reduces its share while
-/// the copy engine moves the others', so large messages spread over every lane.
-const BYTES_PER_BLOCK: u64 = 2 << 20;
+/// From this size on the default plan uses two lanes (one below): more lanes would cut the
+/// scratch into smaller slots, so smaller chunks and more proxy triggers.
+const TWO_LANES_FROM: u64 = 8 << 20;
+/// Bytes of a lane's share per block the default plan aims at (blocks per lane, up to
+/// [`DEFAULT_WORKERS`]).
+const BYTES_PER_WORKER: u64 = 512 << 10;
+/// Most blocks per lane the default plan takes (2 lanes of 16: 32 blocks).
+const DEFAULT_WORKERS: u32 = 16;
 /// The smallest chunk the default plan cuts (smaller shares go as one chunk).
 const MIN_CHUNK: u64 = 64 << 10;
 /// Chunks per block share the default plan aims at: as many as a block keeps in flight with
@@ -38,6 +46,9 @@ pub(super) struct ProxyPipe {
     pub(super) blocks: Option<u32>,
     /// Bytes per chunk (a multiple of 16, at most `MAX_CHUNK`; the kernel caps it at a slot).
     pub(super) chunk: Option<u64>,
+    /// Blocks per lane, 1..=`MAX_PROXY_WORKERS` (each stages and reduces a part of every
+    /// chunk of its lane).
+    pub(super) workers: Option<u32>,
 }
 
 impl ProxyPipe {
@@ -72,11 +83,33 @@ impl ProxyPipe {
             lanes,
             blocks,
             chunk,
+            workers: None,
         })
     }
 
-    /// `MSCCLPP_PROXY_LANES`, `MSCCLPP_PROXY_BLOCKS` and `MSCCLPP_PROXY_CHUNK_BYTES`, when
-    /// set.
+    /// These settings with `workers` blocks per lane (`what` names their source in the
+    /// error).
+    pub(super) fn with_workers(self, workers: Option<u32>, what: &str) -> Result<Self, CommError> {
+        if let Some(w) = workers
+            && !(1..=MAX_PROXY_WORKERS).contains(&w)
+        {
+            return Err(CommError::InvalidArgument(format!(
+                "{what}: {w} blocks per proxy lane; 1..={MAX_PROXY_WORKERS}"
+            )));
+        }
+        if let (Some(w), Some(b)) = (workers, self.blocks)
+            && (w * b) as usize > MAX_BLOCKS
+        {
+            return Err(CommError::InvalidArgument(format!(
+                "{what}: {b} proxy lanes of {w} blocks is {} blocks; at most {MAX_BLOCKS}",
+                w * b
+            )));
+        }
+        Ok(ProxyPipe { workers, ..self })
+    }
+
+    /// `MSCCLPP_PROXY_LANES`, `MSCCLPP_PROXY_BLOCKS`, `MSCCLPP_PROXY_CHUNK_BYTES` and
+    /// `MSCCLPP_PROXY_WORKERS`, when set.
     pub(super) fn from_env() -> Result<Self, CommError> {
         let get = |name: &str| -> Result<Option<u64>, CommError> {
             match std::env::var(name) {
@@ -91,12 +124,14 @@ impl ProxyPipe {
         let lanes = get("MSCCLPP_PROXY_LANES")?.map_or(DEFAULT_LANES, small);
         let blocks = get("MSCCLPP_PROXY_BLOCKS")?.map(small);
         let chunk = get("MSCCLPP_PROXY_CHUNK_BYTES")?;
+        let workers = get("MSCCLPP_PROXY_WORKERS")?.map(small);
         Self::checked(
             lanes,
             blocks,
             chunk,
             "MSCCLPP_PROXY_LANES / MSCCLPP_PROXY_BLOCKS / MSCCLPP_PROXY_CHUNK_BYTES",
-        )
+        )?
+        .with_workers(workers, "MSCCLPP_PROXY_WORKERS")
     }
 }
 
@@ -119,49 +154,98 @@ impl Collectives {
             blocks,
             chunk_bytes.map(|c| c as u64),
             "set_proxy_pipeline",
-        )?;
+        )?
+        .with_workers(self.proxy_pipe.workers, "set_proxy_pipeline")?;
         Ok(())
     }
 
-    /// The plan of a proxy call of `bytes` (per rank): `(blocks, chunk)`. By default one
-    /// block per 2 MiB (at most the lanes built, 8 by default), and chunks of a quarter of a block's share (at least 64
-    /// KiB unless the share is smaller, at most a slot), so a block keeps several chunks in
-    /// flight.
-    pub(super) fn proxy_plan(&self, bytes: usize) -> (u32, u64) {
+    /// Sets how many blocks drive each lane of a proxy-channel collective (1..=16; `None`
+    /// picks by size, as does `MSCCLPP_PROXY_WORKERS` read by [`Collectives::new`]): the
+    /// lane's chunks are cut among them for staging and reducing, so a lane moves large
+    /// chunks (few proxy triggers) with the memory bandwidth of several blocks. Every rank
+    /// must use the same setting ([`CommError::CallMismatch`] otherwise).
+    pub fn set_proxy_workers(&mut self, workers: Option<u32>) -> Result<(), CommError> {
+        self.proxy_pipe = self.proxy_pipe.with_workers(workers, "set_proxy_workers")?;
+        Ok(())
+    }
+
+    /// The plan of a proxy call of `bytes` (per rank): `(blocks, chunk, workers)`, the grid
+    /// (`lanes * workers` blocks), the chunk and the blocks per lane.
+    ///
+    /// By default two lanes from [`TWO_LANES_FROM`] bytes (one below; at most the lanes
+    /// built), one block per lane and [`BYTES_PER_WORKER`] of its share up to
+    /// [`DEFAULT_WORKERS`] (and at most `CollConfig::max_blocks` in all; one block per lane
+    /// on the Host backend, where blocks are CPU threads), and chunks of a
+    /// quarter of a lane's share (at least 64 KiB unless the share is smaller, at most a
+    /// slot), so a lane keeps several chunks in flight. Few lanes make large slots, so large
+    /// chunks and few proxy triggers (each a `cuMemcpyAsync` of 5-8 us of CPU on P2P); the
+    /// workers give every lane the memory bandwidth of several blocks. On one H200 (two
+    /// ranks under MPS) 2 lanes of 16 blocks took 0.49-0.52x the time of the old plan (8
+    /// lanes of one block) at 64-256 MiB: `docs/perf/2026-12-02-1xH200-proxy-workers/`.
+    pub(super) fn proxy_plan(&self, bytes: usize) -> (u32, u64, u32) {
+        self.proxy_plan_for(bytes, self.gpu.is_some())
+    }
+
+    /// [`proxy_plan`](Self::proxy_plan) for a GPU backend (`on_gpu`) or the Host backend.
+    pub(super) fn proxy_plan_for(&self, bytes: usize, on_gpu: bool) -> (u32, u64, u32) {
         let (region, n) = (self.ctx.scratch_len, self.ctx.nranks as u64);
         let bytes = bytes as u64;
-        let mut blocks = self.proxy_pipe.blocks.unwrap_or_else(|| {
-            bytes
-                .div_ceil(BYTES_PER_BLOCK)
-                .clamp(1, self.proxy_pipe.lanes as u64)
-                .min(self.config.max_blocks.max(1) as u64) as u32
+        let most = self.config.max_blocks.max(1);
+        let mut lanes = self.proxy_pipe.blocks.unwrap_or_else(|| {
+            let lanes = if bytes >= TWO_LANES_FROM { 2 } else { 1 };
+            lanes.min(self.proxy_pipe.lanes).min(most)
         });
-        // Slots too small for the blocks asked: fewer blocks (one always has >= 64 bytes:
+        // Slots too small for the lanes asked: fewer lanes (one always has >= 64 bytes:
         // a region holds at least 2 KiB and there are at most 8 ranks).
-        while blocks > 1 && proxy_layout(region, n, blocks as u64).slot < 64 {
-            blocks -= 1;
+        while lanes > 1 && proxy_layout(region, n, lanes as u64).slot < 64 {
+            lanes -= 1;
         }
-        let layout = proxy_layout(region, n, blocks as u64);
+        let layout = proxy_layout(region, n, lanes as u64);
+        let share = bytes.div_ceil(lanes as u64);
         let chunk = self.proxy_pipe.chunk.unwrap_or_else(|| {
-            let share = bytes.div_ceil(blocks as u64);
             share
                 .div_ceil(CHUNKS_PER_SHARE)
                 .max(MIN_CHUNK.min(share))
                 .next_multiple_of(16)
         });
-        (blocks, chunk.clamp(16, layout.slot.clamp(16, MAX_CHUNK)))
+        let workers = match self.proxy_pipe.workers {
+            Some(w) => w,
+            // On the Host backend the proxy's memcpy moves the bytes and every block is CPU
+            // threads: more of them only compete for the cores.
+            None if !on_gpu => 1,
+            None => share
+                .div_ceil(BYTES_PER_WORKER)
+                .clamp(1, DEFAULT_WORKERS as u64) as u32,
+        }
+        .min(MAX_BLOCKS as u32 / lanes)
+        .min((most / lanes).max(1))
+        .max(1);
+        (
+            lanes * workers,
+            chunk.clamp(16, layout.slot.clamp(16, MAX_CHUNK)),
+            workers,
+        )
     }
 
-    /// `tag` of a proxy call of `bytes` with its plan: the chunk in the tag's piece field
-    /// ([`desc::with_pipe`]) and the block count in its root field (unused by these
-    /// collectives: [`proxy_tag_blocks`] reads it).
+    /// `tag` of a proxy call of `bytes` with its plan: the chunk in the tag's piece field and
+    /// the blocks per lane less one in its depth field ([`desc::with_pipe`]), the lanes in
+    /// its root field (unused by these collectives; [`proxy_tag_plan`] reads them all).
     pub(super) fn proxy_tag(&self, tag: u64, bytes: usize) -> u64 {
-        let (blocks, chunk) = self.proxy_plan(bytes);
-        desc::with_pipe(tag, chunk, 0) | (blocks as u64 & 0xff) << desc::ROOT_SHIFT
+        let (blocks, chunk, workers) = self.proxy_plan(bytes);
+        let lanes = blocks / workers;
+        desc::with_pipe(tag, chunk, workers - 1) | (lanes as u64 & 0xff) << desc::ROOT_SHIFT
     }
 }
 
-/// The block count of a proxy call's tag (see [`Collectives::proxy_tag`]).
-pub(super) fn proxy_tag_blocks(tag: u64) -> u64 {
-    desc::root(tag) as u64
+/// How a proxy call's tag cuts it (see [`Collectives::proxy_tag`]), for mismatch messages:
+/// `[2 proxy blocks, chunks of 64 bytes]`, or with several blocks per lane `[2 proxy lanes
+/// of 4 blocks, chunks of 64 bytes]`.
+pub(super) fn proxy_tag_plan(tag: u64) -> String {
+    let (lanes, workers) = (desc::root(tag), proxy_workers(tag));
+    let chunk = desc::piece(tag);
+    if workers == 1 {
+        format!("[{lanes} proxy blocks, chunks of {chunk} bytes]")
+    } else {
+        format!("[{lanes} proxy lanes of {workers} blocks, chunks of {chunk} bytes]")
+    }
 }

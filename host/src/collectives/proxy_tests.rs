@@ -27,22 +27,37 @@ fn x(rank: usize, i: usize, call: u64) -> f32 {
     (((h >> 29) % 2001) as f32 - 1000.0) * 0.013 / (rank + 1) as f32
 }
 
-/// `(blocks, chunk bytes)` plans to try for `n` ranks (fewer blocks for more ranks: every
-/// block is `max(n, 2)` CPU threads per rank).
-fn plans(n: usize) -> Vec<(Option<u32>, Option<usize>)> {
-    let mut p = vec![(Some(1), Some(16)), (Some(3), Some(48)), (None, None)];
+/// `(lanes, chunk bytes, blocks per lane)` plans to try for `n` ranks (fewer blocks for
+/// more ranks: every block is `max(n, 2)` CPU threads per rank). Several blocks per lane cut
+/// each chunk into parts of 16-byte units, some of them empty (48 bytes over 4 blocks).
+type Plan = (Option<u32>, Option<usize>, Option<u32>);
+fn plans(n: usize) -> Vec<Plan> {
+    let mut p = vec![
+        (Some(1), Some(16), None),
+        (Some(3), Some(48), None),
+        (None, None, None),
+        (Some(1), Some(48), Some(4)),
+        (Some(2), Some(80), Some(3)),
+    ];
     if n == 2 {
-        p.push((Some(8), Some(32)));
+        p.push((Some(8), Some(32), None));
+        p.push((Some(4), Some(160), Some(2)));
     }
     p
+}
+
+/// Sets plan `p` on `c`.
+fn set_plan(c: &mut Collectives, (lanes, chunk, workers): Plan) {
+    c.set_proxy_pipeline(lanes, chunk).unwrap();
+    c.set_proxy_workers(workers).unwrap();
 }
 
 #[test]
 fn pipelined_all_reduce_matches_the_rank_order_reference_over_many_chunks() {
     for n in [2, 3, 4] {
-        for (blocks, chunk) in plans(n) {
+        for plan in plans(n) {
             ranks(n, config(), |mut c| {
-                c.set_proxy_pipeline(blocks, chunk).unwrap();
+                set_plan(&mut c, plan);
                 let r = c.rank();
                 let mut call = 0u64;
                 // 5003 f32 in 16-byte chunks: 1251 chunks in one block (slots: 4 or 8).
@@ -64,7 +79,7 @@ fn pipelined_all_reduce_matches_the_rank_order_reference_over_many_chunks() {
                             assert_eq!(
                                 g.to_bits(),
                                 want.to_bits(),
-                                "rank {r} of {n}, plan {blocks:?}/{chunk:?}, count {count}, \
+                                "rank {r} of {n}, plan {plan:?}, count {count}, \
                                  in place {in_place}: [{i}] {g} != {want}"
                             );
                         }
@@ -153,9 +168,9 @@ fn pipelined_all_reduce_every_operation_and_type() {
 #[test]
 fn pipelined_all_gather_of_odd_sizes_in_and_out_of_place() {
     for n in [2, 3, 4] {
-        for (blocks, chunk) in plans(n) {
+        for plan in plans(n) {
             ranks(n, config(), |mut c| {
-                c.set_proxy_pipeline(blocks, chunk).unwrap();
+                set_plan(&mut c, plan);
                 let r = c.rank();
                 let v = |q: usize, i: usize, call: u64| {
                     ((i as u64 * 31 + q as u64 * 101 + call * 7) % 251) as u8
@@ -190,7 +205,7 @@ fn pipelined_all_gather_of_odd_sizes_in_and_out_of_place() {
                                 assert_eq!(
                                     out[q * count + i],
                                     v(q, i, call),
-                                    "rank {r} of {n}, plan {blocks:?}/{chunk:?}, count \
+                                    "rank {r} of {n}, plan {plan:?}, count \
                                      {count}, in place {in_place}: rank {q}'s [{i}]"
                                 );
                             }
@@ -231,8 +246,22 @@ fn ranks_that_cut_proxy_calls_differently_fail_by_name_then_work() {
                     && e.to_string().contains("[3 proxy blocks"),
                 "rank {r}: {e}"
             );
+            // The same lanes and chunks, cut among different numbers of blocks per lane.
+            c.set_proxy_pipeline(Some(2), Some(64)).unwrap();
+            c.set_proxy_workers(Some([1, 2][r])).unwrap();
+            let e = c
+                .all_reduce_host(&send, &mut out, ReduceOp::Sum)
+                .unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("[2 proxy blocks, chunks of 64 bytes]")
+                    && e.to_string()
+                        .contains("[2 proxy lanes of 2 blocks, chunks of 64 bytes]"),
+                "rank {r}: {e}"
+            );
             // Agreeing again: the collectives work.
             c.set_proxy_pipeline(Some(3), Some(48)).unwrap();
+            c.set_proxy_workers(Some(2)).unwrap();
             c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
             assert!(out.iter().all(|&v| v == 2.0), "rank {r}");
             c.async_error().unwrap();
@@ -257,7 +286,27 @@ fn bad_proxy_pipelines_are_refused_with_the_reason() {
         );
         let e = c.set_proxy_pipeline(None, Some(0)).unwrap_err().to_string();
         assert!(e.contains("chunk of 0 bytes"), "{e}");
+        for w in [0, 17] {
+            let e = c.set_proxy_workers(Some(w)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{w} blocks per proxy lane")) && e.contains("1..=16"),
+                "{e}"
+            );
+        }
+        // 8 lanes (all built) of 16 blocks: the most a grid has.
+        c.set_proxy_workers(Some(16)).unwrap();
+        c.set_proxy_pipeline(Some(8), None).unwrap();
     });
+    // More lanes built (MSCCLPP_PROXY_LANES=32): 32 lanes of 16 blocks would be 512.
+    let e = proxy::ProxyPipe::checked(32, Some(32), None, "test")
+        .unwrap()
+        .with_workers(Some(16), "test")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("32 proxy lanes of 16 blocks is 512 blocks"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -266,19 +315,40 @@ fn the_default_plan_spreads_large_messages_over_lanes_and_chunks() {
         scratch_bytes: 64 << 20,
         ..CollConfig::default()
     };
-    ranks(2, config, |c| {
-        // 32 MiB per region; with 8 blocks 4 MiB per block: 2 ranks x 8 slots of 256 KiB
-        // (with 2 blocks, 16 MiB per block: slots of 1 MiB).
-        // A small message: one block, one chunk (rounded up to 16 bytes).
-        assert_eq!(c.proxy_plan(1000), (1, 1008));
+    ranks(2, config, |mut c| {
+        // 32 MiB per region: with one lane 2 ranks x 8 slots of 2 MiB, with two 1 MiB.
+        // The plan a GPU backend would take:
+        let gpu = |c: &Collectives, bytes| c.proxy_plan_for(bytes, true);
+        // A small message: one lane of one block, one chunk (rounded up to 16 bytes).
+        assert_eq!(gpu(&c, 1000), (1, 1008, 1));
         // 100 KiB: one block; a quarter would be below 64 KiB.
-        assert_eq!(c.proxy_plan(100 << 10), (1, 64 << 10));
-        // 1 MiB: one block, quarters of it.
-        assert_eq!(c.proxy_plan(1 << 20), (1, 256 << 10));
-        // 4 MiB: a block per 2 MiB, quarters of a 2 MiB share (slots of 1 MiB).
-        assert_eq!(c.proxy_plan(4 << 20), (2, 512 << 10));
-        // 32 MiB: every lane; a quarter of a 4 MiB share is 1 MiB, capped at a slot.
-        assert_eq!(c.proxy_plan(32 << 20), (8, 256 << 10));
+        assert_eq!(gpu(&c, 100 << 10), (1, 64 << 10, 1));
+        // 1 MiB: one lane of a block per 512 KiB, chunks of a quarter.
+        assert_eq!(gpu(&c, 1 << 20), (2, 256 << 10, 2));
+        // 4 MiB: one lane of 8 blocks, chunks of 1 MiB.
+        assert_eq!(gpu(&c, 4 << 20), (8, 1 << 20, 8));
+        // 32 MiB: two lanes of 16 blocks; a quarter of a 16 MiB share is capped at a slot.
+        assert_eq!(gpu(&c, 32 << 20), (32, 1 << 20, 16));
+        // This Host backend: the same lanes and chunks, one block per lane.
+        assert_eq!(c.proxy_plan(4 << 20), (1, 1 << 20, 1));
+        assert_eq!(c.proxy_plan(32 << 20), (2, 1 << 20, 1));
+        // Set: four blocks per lane (on either backend), the lanes and chunks as before.
+        c.set_proxy_workers(Some(4)).unwrap();
+        assert_eq!(c.proxy_plan(4 << 20), (4, 1 << 20, 4));
+        assert_eq!(c.proxy_plan(32 << 20), (8, 1 << 20, 4));
+        // 8 lanes of 16 blocks: 128, the most a grid has.
+        c.set_proxy_workers(Some(16)).unwrap();
+        c.set_proxy_pipeline(Some(8), None).unwrap();
+        assert_eq!(c.proxy_plan(32 << 20), (128, 256 << 10, 16));
+    });
+    // CollConfig::max_blocks bounds the grid.
+    let config = CollConfig {
+        scratch_bytes: 64 << 20,
+        max_blocks: 8,
+        ..CollConfig::default()
+    };
+    ranks(2, config, |c| {
+        assert_eq!(c.proxy_plan_for(32 << 20, true), (8, 1 << 20, 4));
     });
 }
 
