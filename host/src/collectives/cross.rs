@@ -91,7 +91,7 @@ const MAPPED_GRID_REDUCE_BYTES: usize = 256 << 10;
 const MAPPED_REDUCE_BLOCKS: u32 = 16;
 
 /// The driver's variable for the hardware work queues of a process's streams.
-const WORK_QUEUES_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+pub(super) const WORK_QUEUES_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
 /// What a timeout across hosts should add when `CUDA_DEVICE_MAX_CONNECTIONS` (`value`) is
 /// set below 4: the step kernel spins while the proxy's copies and flag writes run on

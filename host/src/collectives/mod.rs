@@ -1115,16 +1115,23 @@ impl Collectives {
                     rec.peer,
                 ))
             }
-            fault::TIMEOUT => CommError::Timeout(format!(
-                "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and gave \
-                 up: that rank did not take part, or is stuck; the collectives cannot be used \
-                 any more",
-                self.comm.device_timeout(),
-                rec.peer,
-                place_name(rec.place),
-                rec.seq + 1,
-                describe(rec.own)
-            )),
+            fault::TIMEOUT => {
+                let on_gpu = matches!(self.comm.backend(), Backend::Gpu(_));
+                let queues = proxy_wait_hint(rec.place, on_gpu, || {
+                    std::env::var(cross::WORK_QUEUES_ENV).ok()
+                })
+                .map_or(String::new(), |hint| format!("; {hint}"));
+                CommError::Timeout(format!(
+                    "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and \
+                     gave up: that rank did not take part, or is stuck{queues}; the collectives \
+                     cannot be used any more",
+                    self.comm.device_timeout(),
+                    rec.peer,
+                    place_name(rec.place),
+                    rec.seq + 1,
+                    describe(rec.own)
+                ))
+            }
             _ => CommError::Aborted(format!(
                 "{call}: rank {me}: collective #{} ({}) was aborted while waiting for rank {} \
                  ({}); the collectives cannot be used any more",
@@ -1979,6 +1986,23 @@ fn place_name(place: u64) -> &'static str {
             "its proxy, which refused or failed a put of the call (see Communicator::proxy_errors)"
         }
         _ => "a signal",
+    }
+}
+
+/// What a timeout at `place` should add about `CUDA_DEVICE_MAX_CONNECTIONS` (read by
+/// `queues` only when it matters): on a GPU backend a proxy-channel wait ([`fault::AT_PROXY`],
+/// [`fault::AT_PROXY_QUEUE`]) waits for copies the proxy queued on a stream of its own, which
+/// with too few hardware work queues can sit behind the waiting kernel (see
+/// `cross::work_queue_hint`).
+fn proxy_wait_hint(
+    place: u64,
+    on_gpu: bool,
+    queues: impl FnOnce() -> Option<String>,
+) -> Option<String> {
+    if on_gpu && matches!(place, fault::AT_PROXY | fault::AT_PROXY_QUEUE) {
+        cross::work_queue_hint(queues().as_deref())
+    } else {
+        None
     }
 }
 

@@ -749,6 +749,24 @@ fn a_timeout_across_hosts_names_too_few_work_queues() {
 }
 
 #[test]
+fn a_proxy_channel_timeout_on_a_gpu_names_too_few_work_queues() {
+    use super::proxy_wait_hint;
+    let one = || Some("1".to_string());
+    for place in [fault::AT_PROXY, fault::AT_PROXY_QUEUE] {
+        let hint = proxy_wait_hint(place, true, one).expect("a hint");
+        assert!(hint.contains("CUDA_DEVICE_MAX_CONNECTIONS=1"), "{hint}");
+        assert_eq!(proxy_wait_hint(place, true, || None), None);
+        assert_eq!(proxy_wait_hint(place, true, || Some("8".into())), None);
+        // The Host backend has no work queues.
+        assert_eq!(proxy_wait_hint(place, false, one), None);
+    }
+    // Waits that are not for the proxy's copies.
+    for place in [fault::AT_SEMAPHORE, fault::AT_PACKET, fault::AT_PROXY_FLUSH] {
+        assert_eq!(proxy_wait_hint(place, true, one), None);
+    }
+}
+
+#[test]
 fn the_cross_buffer_setting_is_host_or_device() {
     use super::cross::cross_buffer_host;
     assert!(CollConfig::default().cross_buffer_host);
