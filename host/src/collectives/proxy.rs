@@ -42,7 +42,7 @@ const MAX_CHUNK: u64 = 0xf_ffff * 16;
 pub(super) struct ProxyPipe {
     /// Lanes built at setup (1..=`MAX_PROXY_LANES`): the most blocks of a call.
     pub(super) lanes: u32,
-    /// Blocks of every call, 1..=`lanes`.
+    /// Lanes every call uses, 1..=`lanes` (named from when a lane had one block).
     pub(super) blocks: Option<u32>,
     /// Bytes per chunk (a multiple of 16, at most `MAX_CHUNK`; the kernel caps it at a slot).
     pub(super) chunk: Option<u64>,
@@ -136,14 +136,15 @@ impl ProxyPipe {
 }
 
 impl Collectives {
-    /// Sets how the proxy-channel collectives cut a call: `blocks` (1..=the lanes built at
-    /// setup, 8 unless `MSCCLPP_PROXY_LANES` said otherwise; each block drives its own lane of
-    /// proxy channels to every peer and stages and reduces its share of the message) and
-    /// `chunk_bytes` (a multiple of 16; the unit each put moves, capped at a staging slot);
-    /// `None` picks by size, as do the environment variables `MSCCLPP_PROXY_BLOCKS` and
-    /// `MSCCLPP_PROXY_CHUNK_BYTES` read by [`Collectives::new`]. Every rank must use the same
-    /// settings: a call whose ranks differ fails on every rank with
-    /// [`CommError::CallMismatch`].
+    /// Sets how the proxy-channel collectives cut a call: `blocks`, the lanes a call uses
+    /// (1..=the lanes built at setup, 8 unless `MSCCLPP_PROXY_LANES` said otherwise; each lane
+    /// is one proxy channel to every peer and moves its share of the message, staged and
+    /// reduced by the blocks [`set_proxy_workers`](Self::set_proxy_workers) gives it; the
+    /// name is from when a lane had one block) and `chunk_bytes` (a multiple of 16; the unit
+    /// each put moves, capped at a staging slot); `None` picks by size, as do the environment
+    /// variables `MSCCLPP_PROXY_BLOCKS` and `MSCCLPP_PROXY_CHUNK_BYTES` read by
+    /// [`Collectives::new`]. Every rank must use the same settings: a call whose ranks differ
+    /// fails on every rank with [`CommError::CallMismatch`].
     pub fn set_proxy_pipeline(
         &mut self,
         blocks: Option<u32>,
