@@ -960,9 +960,18 @@ impl CollContext {
     #[inline(always)]
     pub unsafe fn barrier(&self, call: &mut Call, block: u32, thread: u32) -> bool {
         arch::sync_threads();
-        // SAFETY: every thread of the block, just synced (caller contract).
-        if call.desc_pending && !unsafe { self.check_pending(call, thread) } {
-            return false;
+        if call.desc_pending {
+            // SAFETY: every thread of the block, just synced (caller contract).
+            if !unsafe { self.check_pending(call, thread) } {
+                return false;
+            }
+            // Every thread has read the slots of that agreement before the agreement below
+            // writes them again: without this, a thread whose wait below failed at once
+            // (say on an abort) could overwrite its slot while a slower thread still read
+            // the first agreement, which then saw a failure the others did not, left the
+            // kernel early and left them waiting at a barrier it never reached (seen on CPU
+            // threads: a survivor of a killed rank hung in `a_killed_rank_is_named_...`).
+            arch::sync_threads();
         }
         if thread < self.nranks && thread != self.rank && !call.failed {
             // SAFETY: thread is a valid peer; one waiter per (peer, block).
