@@ -89,29 +89,25 @@ pub const fn proxy_workers(tag: u64) -> u32 {
     desc::depth(tag) + 1
 }
 
-/// Where a block's slots are in the shared scratch region (see the [module](self)).
+/// Where a lane's slots are in the shared scratch region (see the [module](self)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProxyLayout {
-    /// Staging slots per block, and receive slots per block and peer (`K`: 4 or 8).
+    /// Staging slots per lane, and receive slots per lane and peer (`K`: 4 or 8).
     pub depth: u64,
     /// Bytes of each slot (a multiple of 16; 0 when the scratch is too small).
     pub slot: u64,
-    /// Bytes of each block's area: `nranks * depth * slot`.
+    /// Bytes of each lane's area: `nranks * depth * slot`.
     pub area: u64,
 }
 
-/// The layout of a scratch region of `scratch_len` bytes for `nranks` ranks and `blocks`
-/// blocks: `depth` 8 while the slots are at least 64 KiB, else 4.
+/// The layout of a scratch region of `scratch_len` bytes for `nranks` ranks and `lanes`
+/// lanes: `depth` 8 while the slots are at least 64 KiB, else 4.
 #[inline(always)]
-pub fn proxy_layout(scratch_len: u64, nranks: u64, blocks: u64) -> ProxyLayout {
-    let per_block = scratch_len / blocks.max(1);
+pub fn proxy_layout(scratch_len: u64, nranks: u64, lanes: u64) -> ProxyLayout {
+    let per_lane = scratch_len / lanes.max(1);
     let n = nranks.max(1);
-    let depth = if per_block / (n * 8) >= 64 << 10 {
-        8
-    } else {
-        4
-    };
-    let slot = per_block / (n * depth) / 16 * 16;
+    let depth = if per_lane / (n * 8) >= 64 << 10 { 8 } else { 4 };
+    let slot = per_lane / (n * depth) / 16 * 16;
     ProxyLayout {
         depth,
         slot,
@@ -180,10 +176,10 @@ unsafe fn sync_wait(ctx: &CollContext, call: Call, p: *const u64, want: u64) -> 
 /// at again.
 const WAIT_SLICE_NS: u64 = 200_000;
 
-/// One block's part of a call: its bytes, chunks and slots.
+/// One block's part of a call: its lane's bytes, chunks and slots, and its part of each chunk.
 struct Plan {
     layout: ProxyLayout,
-    /// This block's area in the scratch (byte offset).
+    /// This block's lane's area in the scratch (byte offset).
     base: u64,
     /// This block's share of the message: `[start, end)`.
     start: u64,

@@ -181,8 +181,8 @@ impl Collectives {
     /// slot), so a lane keeps several chunks in flight. Few lanes make large slots, so large
     /// chunks and few proxy triggers (each a `cuMemcpyAsync` of 5-8 us of CPU on P2P); the
     /// workers give every lane the memory bandwidth of several blocks. On one H200 (two
-    /// ranks under MPS) 2 lanes of 16 blocks took 0.49-0.52x the time of the old plan (8
-    /// lanes of one block) at 64-256 MiB: `docs/perf/2026-12-02-1xH200-proxy-workers/`.
+    /// ranks under MPS) this plan took 0.49-0.51x the time of the old one (8 lanes of one
+    /// block) at 256 MiB and 0.40-0.53x at 64 MiB: `docs/perf/2026-12-02-1xH200-proxy-workers/`.
     pub(super) fn proxy_plan(&self, bytes: usize) -> (u32, u64, u32) {
         self.proxy_plan_for(bytes, self.gpu.is_some())
     }

@@ -518,7 +518,14 @@ mod tests {
                 stats: keep,
             };
             let service = ProxyService::launch(task, "stats-test".into()).unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
             while fifo.tail() < ops.len() as u64 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the proxy served {} of {} triggers in 30 s",
+                    fifo.tail(),
+                    ops.len()
+                );
                 std::thread::yield_now();
             }
             let (errors, stats) = service.stop_with_stats();
