@@ -29,6 +29,10 @@ if [ "${1:-}" = --pack ]; then
   done
   cp target/release/{mscclpp-perf,train-dp,libmscclpp_nccl.so} .gpu/b/
   strip .gpu/b/*
+  # nccl-tests' source (unmodified, built on the GPU machine by nccl/scripts/nccl-tests.sh,
+  # which looks for it in .gpu/b/nccl-tests): the device copy of the tree has no shared/.
+  NT=${NCCL_TESTS_SRC:-../shared/third_party/nccl-tests-2.19.6}
+  if [ -d "$NT" ]; then cp -r "$NT" .gpu/b/nccl-tests; else echo "no nccl-tests at $NT: not packed" >&2; fi
   tar czf .gpu/b.tgz -C .gpu b && rm -rf .gpu/b
   ls -l .gpu/b.tgz
   exit 0
@@ -57,8 +61,9 @@ SOCK="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME
 want 1 && { timeout 300 $M $B/gpu_cross_host --test-threads 1 > "$R/gpu_cross_host.txt" 2>&1
   st gpu_cross_host $?; }
 # 2. Two hosts of two ranks (four processes: under MPS unless there is a GPU per rank).
-#    On one H200 (four ranks on GPU 0) this hangs (docs/perf/2026-12-01-1xH200-2x2); with a
-#    GPU per rank it is the layout of real hosts of two GPUs.
+#    On one H200 (four ranks on GPU 0) it hung until the block cap for ranks sharing a GPU
+#    (docs/perf/2026-12-01-1xH200-2x2-cap: passed); with a GPU per rank it is the layout of
+#    real hosts of two GPUs.
 M4=scripts/with-mps.sh M3=scripts/with-mps.sh
 [ "$NGPU" -ge 4 ] && M4=""
 [ "$NGPU" -ge 3 ] && M3=""

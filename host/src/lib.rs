@@ -17,6 +17,7 @@ pub mod bootstrap;
 pub mod collectives;
 pub mod communicator;
 pub mod cuda;
+pub mod diag;
 pub mod launch;
 pub mod proxy;
 pub mod runtime_libs;

@@ -9,7 +9,7 @@
 # tool may run 10 minutes: split the list across calls if needed (the build is kept in
 # $WORK between calls of one machine; logs go to $OUT/nccl-tests).
 #
-# Needs, from the project root: shared/nccl-tests (nccl-tests 2.19.6 source),
+# Needs, from the project root: nccl-tests 2.19.6 source (see SRC below),
 # target/release/libmscclpp_nccl.so (cargo build --release -p mscclpp-nccl; carry it),
 # nvcc in $CUDA_HOME (/usr/local/cuda), Open MPI's mpirun, and NCCL's headers and library
 # (default: PyTorch's wheel in /opt/torch/.venv, nvidia/nccl/{include,lib}).
@@ -33,7 +33,15 @@ ITERS=${ITERS:--n 20 -w 5}
 TYPES=${TYPES:-float half bfloat16 int32 int8 double}
 OPS=${OPS:-sum prod max min avg}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-SRC=${NCCL_TESTS_SRC:-$ROOT/shared/nccl-tests}
+# The source: NCCL_TESTS_SRC, else the first of shared/nccl-tests, what the GPU packs carry
+# (.gpu/b/nccl-tests) and the copy beside the project.
+SRC=${NCCL_TESTS_SRC:-}
+if [ -z "$SRC" ]; then
+  for d in "$ROOT/shared/nccl-tests" "$ROOT/.gpu/b/nccl-tests" "$ROOT/../shared/third_party/nccl-tests-2.19.6"; do
+    [ -d "$d" ] && { SRC=$d; break; }
+  done
+fi
+SRC=${SRC:-$ROOT/shared/nccl-tests}
 LIB=${MSCCLPP_NCCL_SO:-$ROOT/target/release/libmscclpp_nccl.so}
 MPI_HOME=${MPI_HOME:-/usr/lib/x86_64-linux-gnu/openmpi}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

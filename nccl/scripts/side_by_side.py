@@ -91,6 +91,8 @@ def main():
         if not name.endswith(".log"):
             continue
         real, real_err, _ = parse(os.path.join(real_dir, name))
+        if not os.path.isdir(real_dir) or not os.listdir(real_dir):
+            real_err = []  # the real NCCL did not run (ONLY=ours): nothing is missing
         ours, ours_err, paths = parse(os.path.join(ours_dir, name))
         print(f"\n== {name[:-4]}")
         if paths:

@@ -1,7 +1,10 @@
 //! `MSCCLPP_DEBUG` output on stderr: `WARN` prints failures, `INFO` also the setup of each
 //! communicator and, once per (call, data type, operation, path), which path served a call.
+//! Each line is written whole ([`eprint_line`]): the ranks of a job usually share stderr.
 
 use std::collections::HashSet;
+
+use mscclpp_host::diag::eprint_line;
 use std::sync::{Mutex, OnceLock};
 
 /// How much is printed.
@@ -37,14 +40,20 @@ pub fn level() -> Level {
 /// Prints a failure under `WARN` or more.
 pub fn warn(msg: &str) {
     if level() >= Level::Warn {
-        eprintln!("[mscclpp-nccl pid {}] WARN {msg}", std::process::id());
+        eprint_line(&format!(
+            "[mscclpp-nccl pid {}] WARN {msg}",
+            std::process::id()
+        ));
     }
 }
 
 /// Prints under `INFO`.
 pub fn info(msg: &str) {
     if level() >= Level::Info {
-        eprintln!("[mscclpp-nccl pid {}] INFO {msg}", std::process::id());
+        eprint_line(&format!(
+            "[mscclpp-nccl pid {}] INFO {msg}",
+            std::process::id()
+        ));
     }
 }
 

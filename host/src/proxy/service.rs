@@ -305,7 +305,7 @@ fn run(
         let mut stats = ProxyStats::default();
         run_loop(task, stop, errors, Some(&mut stats));
         let name = std::thread::current().name().unwrap_or("?").to_string();
-        eprintln!("{}", stats.summary(&name));
+        crate::diag::eprint_line(&stats.summary(&name));
         *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
     } else {
         run_loop(task, stop, errors, None);
