@@ -4,14 +4,17 @@
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::{c_int, c_void};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result as cu, sys as cusys};
-use mscclpp_host::bootstrap::{BlockingBootstrap, UniqueId, create_unique_id};
+
+use mscclpp_host::bootstrap::{BlockingBootstrap, BootstrapConfig, UniqueId, create_unique_id_at};
 use mscclpp_host::collectives::{CollConfig, Collectives};
 use mscclpp_host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp_host::cuda::{CudaError, CudaStream, Gpu, device_count};
+use mscclpp_host::transport::tcp::root_ip;
 
 use crate::error::Failure;
 use crate::log;
@@ -495,10 +498,23 @@ pub fn set_up_many(
     })
 }
 
-/// A fresh bootstrap id (rank 0 of a new communicator hosts the root; 127.0.0.1: one
-/// machine).
+/// A fresh bootstrap id. Its root runs in this process and listens where ranks on other
+/// machines can reach it, as NCCL's does: on the interface `MSCCLPP_SOCKET_IFNAME` or
+/// `NCCL_SOCKET_IFNAME` names, else on NCCL's default choice
+/// ([`mscclpp_host::transport::tcp::root_ip`]: `ib*`, then any but `docker*`/`lo*`, ...).
 pub fn new_id(call: &str) -> Result<UniqueId, Failure> {
-    create_unique_id().map_err(|e| Failure::new(result::SYSTEM_ERROR, format!("{call}: {e}")))
+    let ip = root_ip().map_err(|e| {
+        Failure::new(
+            result::SYSTEM_ERROR,
+            format!("{call}: where the bootstrap root should listen: {e}"),
+        )
+    })?;
+    create_unique_id_at(SocketAddr::new(ip, 0), BootstrapConfig::default()).map_err(|e| {
+        Failure::new(
+            result::SYSTEM_ERROR,
+            format!("{call}: bootstrap root on {ip}: {e}"),
+        )
+    })
 }
 
 /// Reads our id from the bytes of an `ncclUniqueId`.
@@ -580,5 +596,25 @@ mod tests {
         assert_eq!(e.code, result::INVALID_ARGUMENT);
         let id = new_id("t").unwrap();
         assert_eq!(parse_id("t", id.as_bytes()).unwrap(), id);
+    }
+
+    #[test]
+    fn a_new_ids_root_listens_where_other_machines_can_reach_it_and_ranks_join() {
+        let id = new_id("t").unwrap();
+        // Not 127.0.0.1 unless this machine has nothing else (root_ip's own tests check
+        // the order); here, where it is, two ranks meet through it.
+        assert_eq!(id.root_addr().ip(), root_ip().unwrap());
+        assert_ne!(id.root_addr().port(), 0);
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let b = BlockingBootstrap::init(2, rank, id).unwrap();
+                    b.all_gather(&[rank as u8]).unwrap()
+                })
+            })
+            .collect();
+        for r in ranks {
+            assert_eq!(r.join().unwrap(), vec![vec![0u8], vec![1u8]]);
+        }
     }
 }

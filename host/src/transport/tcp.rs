@@ -25,7 +25,7 @@
 //! - A peer that dies closes its sockets: the receivers see it at once and the next put or
 //!   signal to it fails with [`TcpError::PeerLost`], naming the rank.
 //!
-//! The interface: `MSCCLPP_SOCKET_IFNAME` as NCCL's `NCCL_SOCKET_IFNAME` (comma-separated
+//! The interface: `MSCCLPP_SOCKET_IFNAME` (else `NCCL_SOCKET_IFNAME`) as NCCL's (comma-separated
 //! name prefixes, `^` to exclude them, `=` for exact names); unset, the address the
 //! bootstrap listens on.
 //!
@@ -82,6 +82,9 @@ pub const TCP_CHUNK_ENV: &str = "MSCCLPP_TCP_CHUNK";
 pub const TCP_TIMEOUT_ENV: &str = "MSCCLPP_TCP_TIMEOUT_MS";
 /// Environment variable: which interface to listen on (as `NCCL_SOCKET_IFNAME`).
 pub const SOCKET_IFNAME_ENV: &str = "MSCCLPP_SOCKET_IFNAME";
+/// NCCL's variable for the same choice, read when [`SOCKET_IFNAME_ENV`] is not set (so that
+/// a job set up for NCCL picks the same interface on us).
+pub const NCCL_SOCKET_IFNAME_ENV: &str = "NCCL_SOCKET_IFNAME";
 
 const HELLO_MAGIC: u64 = 0x4d53_4350_5443_5031; // "MSCPTCP1"
 const OP_DATA: u64 = 1;
@@ -108,9 +111,11 @@ pub enum TcpError {
     /// A setting that cannot work.
     #[error("invalid TCP transport setting: {0}")]
     Config(String),
-    /// No interface matches `MSCCLPP_SOCKET_IFNAME`.
-    #[error("no network interface matches {SOCKET_IFNAME_ENV}={spec} (interfaces: {found})")]
+    /// No interface matches `MSCCLPP_SOCKET_IFNAME` (or `NCCL_SOCKET_IFNAME`).
+    #[error("no network interface matches {var}={spec} (interfaces: {found})")]
     NoInterface {
+        /// The variable that was read.
+        var: &'static str,
         /// The setting.
         spec: String,
         /// The interfaces found.
@@ -230,28 +235,82 @@ fn ifname_matches(spec: &str, name: &str) -> bool {
     hit != exclude
 }
 
-/// The address to listen on: the first address of an interface matching
-/// `MSCCLPP_SOCKET_IFNAME`, else `default` (the bootstrap's).
-pub fn listen_ip(default: IpAddr) -> Result<IpAddr, TcpError> {
-    let Ok(spec) = std::env::var(SOCKET_IFNAME_ENV) else {
-        return Ok(default);
-    };
-    let found = interfaces().map_err(|e| TcpError::NoInterface {
-        spec: spec.clone(),
+/// The interface setting: `MSCCLPP_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME` (blank values
+/// count as unset), with the variable's name.
+fn ifname_spec() -> Option<(&'static str, String)> {
+    [SOCKET_IFNAME_ENV, NCCL_SOCKET_IFNAME_ENV]
+        .into_iter()
+        .find_map(|var| match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => Some((var, v.trim().to_string())),
+            _ => None,
+        })
+}
+
+/// This machine's interfaces, or a [`TcpError::NoInterface`] for `var`/`spec` that says why
+/// they could not be listed.
+fn interfaces_for(var: &'static str, spec: &str) -> Result<Vec<(String, IpAddr)>, TcpError> {
+    interfaces().map_err(|e| TcpError::NoInterface {
+        var,
+        spec: spec.to_string(),
         found: format!("cannot list them: {e}"),
-    })?;
+    })
+}
+
+/// The first address of an interface of `found` that matches `spec`, or the error naming
+/// `var`, `spec` and every interface.
+fn matching_ip(
+    var: &'static str,
+    spec: &str,
+    found: &[(String, IpAddr)],
+) -> Result<IpAddr, TcpError> {
     found
         .iter()
-        .find(|(name, _)| ifname_matches(&spec, name))
+        .find(|(name, _)| ifname_matches(spec, name))
         .map(|(_, ip)| *ip)
         .ok_or_else(|| TcpError::NoInterface {
-            spec,
+            var,
+            spec: spec.to_string(),
             found: found
                 .iter()
                 .map(|(n, ip)| format!("{n} {ip}"))
                 .collect::<Vec<_>>()
                 .join(", "),
         })
+}
+
+/// The address to listen on: the first address of an interface matching
+/// `MSCCLPP_SOCKET_IFNAME` (else `NCCL_SOCKET_IFNAME`), else `default` (the bootstrap's).
+pub fn listen_ip(default: IpAddr) -> Result<IpAddr, TcpError> {
+    let Some((var, spec)) = ifname_spec() else {
+        return Ok(default);
+    };
+    matching_ip(var, &spec, &interfaces_for(var, &spec)?)
+}
+
+/// The address a bootstrap root created without an address (the NCCL library's
+/// `ncclGetUniqueId`) listens on, so that ranks on other machines can reach it: an
+/// interface matching `MSCCLPP_SOCKET_IFNAME` (else `NCCL_SOCKET_IFNAME`); unset, NCCL's
+/// own order: an `ib*` interface, else any but `docker*` and `lo*`, else `docker*`, else
+/// loopback (IPv4 before IPv6 in each).
+pub fn root_ip() -> Result<IpAddr, TcpError> {
+    match ifname_spec() {
+        Some((var, spec)) => matching_ip(var, &spec, &interfaces_for(var, &spec)?),
+        None => Ok(default_root_ip(&interfaces().unwrap_or_default())),
+    }
+}
+
+/// [`root_ip`]'s choice among `found` (in [`interfaces`]' order) when no interface is named;
+/// 127.0.0.1 when none fits.
+fn default_root_ip(found: &[(String, IpAddr)]) -> IpAddr {
+    ["ib", "^docker,lo", "docker", "lo"]
+        .into_iter()
+        .find_map(|spec| {
+            found
+                .iter()
+                .find(|(name, ip)| ifname_matches(spec, name) && !ip.is_unspecified())
+                .map(|(_, ip)| *ip)
+        })
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
 fn u64s(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
@@ -1138,6 +1197,53 @@ mod tests {
         assert!(ifname_matches("=eth0", "eth0"));
         assert!(!ifname_matches("=eth0", "eth01"));
         assert!(!ifname_matches("^=lo", "lo"));
+    }
+
+    fn iface(name: &str, ip: &str) -> (String, IpAddr) {
+        (name.to_string(), ip.parse().unwrap())
+    }
+
+    #[test]
+    fn the_root_address_follows_nccl_order_without_a_setting() {
+        let lo = iface("lo", "127.0.0.1");
+        let eth = iface("eth0", "10.0.0.5");
+        let eth6 = iface("eth1", "fd00::5");
+        let ib = iface("ib0", "192.168.1.7");
+        let docker = iface("docker0", "172.17.0.1");
+        let ip = |found: &[(String, IpAddr)]| default_root_ip(found).to_string();
+        assert_eq!(ip(&[lo.clone(), eth.clone(), ib.clone()]), "192.168.1.7");
+        assert_eq!(ip(&[lo.clone(), docker.clone(), eth.clone()]), "10.0.0.5");
+        assert_eq!(ip(&[lo.clone(), docker.clone(), eth6.clone()]), "fd00::5");
+        assert_eq!(ip(&[lo.clone(), docker.clone()]), "172.17.0.1");
+        assert_eq!(ip(std::slice::from_ref(&lo)), "127.0.0.1");
+        assert_eq!(ip(&[]), "127.0.0.1");
+    }
+
+    #[test]
+    fn a_named_interface_is_used_or_refused_with_every_interface_named() {
+        let found = [iface("lo", "127.0.0.1"), iface("eth0", "10.0.0.5")];
+        let ip = matching_ip(NCCL_SOCKET_IFNAME_ENV, "=lo", &found).unwrap();
+        assert_eq!(ip.to_string(), "127.0.0.1");
+        let ip = matching_ip(SOCKET_IFNAME_ENV, "^lo", &found).unwrap();
+        assert_eq!(ip.to_string(), "10.0.0.5");
+        let e = matching_ip(NCCL_SOCKET_IFNAME_ENV, "ib", &found)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("NCCL_SOCKET_IFNAME=ib") && e.contains("lo 127.0.0.1, eth0 10.0.0.5"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_default_root_address_takes_connections() {
+        // On this machine, whatever it picks (its own address, or loopback) must accept a
+        // connection from here, as ranks on the same machine make.
+        let ip = default_root_ip(&interfaces().unwrap());
+        let l = TcpListener::bind((ip, 0)).unwrap();
+        let addr = l.local_addr().unwrap();
+        let _c = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        let (_s, _) = l.accept().unwrap();
     }
 
     #[test]
