@@ -3,10 +3,13 @@
  *
  * Written for the mscclpp (Rust) project. Programs built against NVIDIA's nccl.h of a 2.2x
  * release run on libmscclpp_nccl.so unchanged (link to it, or LD_PRELOAD it); this header is
- * for building against the library directly. All-reduce (sum of float, half, bfloat16) and
- * all-gather run on mscclpp's kernels; every other call goes to the real NCCL, which the
- * library loads at run time (MSCCLPP_NCCL_LIB, or a libnccl.so.2 already loaded, on the
- * library path, or in a Python site-packages).
+ * for building against the library directly. All-reduce, reduce-scatter and reduce (sum,
+ * prod, min, max, avg on every integer and floating type but fp8), all-gather, broadcast,
+ * all-to-all and send/recv (every type) run on mscclpp's kernels; the rest (pre-multiplied
+ * sums, fp8 reductions, gather/scatter, registration, windows, the device API, and whatever
+ * MSCCLPP_NCCL_FALLBACK names) goes to the real NCCL, which the library loads at run time
+ * (MSCCLPP_NCCL_LIB, or a libnccl.so.2 already loaded, on the library path, or in a Python
+ * site-packages). The README's "NCCL library" section has the details.
  */
 #ifndef NCCL_H_
 #define NCCL_H_

@@ -19,11 +19,12 @@ pub struct Report {
     pub command_line: Vec<String>,
     /// UTC, ISO 8601 (`2026-11-29T12:00:00Z`).
     pub date: String,
-    /// `allreduce` or `allgather`.
+    /// `--op`: `allreduce`, `allgather`, `reducescatter`, `broadcast`, `reduce`, `alltoall`
+    /// or `sendrecv`.
     pub collective: String,
     /// Data type name.
     pub dtype: String,
-    /// Reduction name (`none` for all-gather).
+    /// Reduction name (`none` for the collectives that only move bytes).
     pub redop: String,
     /// `--algo`.
     pub algo: String,

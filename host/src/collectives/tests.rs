@@ -633,10 +633,9 @@ fn only_small_grids_are_launched_as_dependents() {
 /// Collectives and send/recv across hosts over IB: 6 thread ranks as 3 interleaved
 /// simulated hosts of 2 (host `r % 3`), every rank with its own device on the fake fabric,
 /// `cross_transport` IB: the channels between hosts are IB queue pairs, and all-reduce
-/// (one-shot and the forced two-shot), all-gather, broadcast and a send/recv ring across
-/// hosts give the CPU reference's results.
-#[test]
-fn across_hosts_over_ib_on_the_fake_fabric() {
+/// (cross-host step forced to `algo`), all-gather, reduce-scatter, reduce, broadcast,
+/// all-to-all and a send/recv ring across hosts give the CPU reference's results.
+fn across_hosts_over_ib_on_the_fake_fabric(algo: AllReduceAlgo) {
     use crate::transport::ib::fake::{FakeFabric, FakeVerbs};
     use std::sync::Arc;
     const N: usize = 6;
@@ -662,7 +661,7 @@ fn across_hosts_over_ib_on_the_fake_fabric() {
                     let config = CollConfig {
                         scratch_bytes: 64 << 10,
                         cross_transport: CrossTransport::Ib,
-                        all_reduce_algo: AllReduceAlgo::TwoShot,
+                        all_reduce_algo: algo,
                         ..small()
                     };
                     let coll = Collectives::new(comm, config).unwrap();
@@ -683,7 +682,35 @@ fn across_hosts_over_ib_on_the_fake_fabric() {
                         let mut out = vec![0f32; count];
                         coll.all_reduce_host(&send, &mut out, ReduceOp::Sum)
                             .unwrap();
-                        assert_eq!(out, want, "rank {r}: two-shot all-reduce of {count}");
+                        assert_eq!(out, want, "rank {r}: {algo:?} all-reduce of {count}");
+                        // Reduce to rank 4 (written there only), then reduce-scatter and
+                        // all-to-all of N blocks of `count`.
+                        let mut red = vec![7f32; count];
+                        coll.reduce_host(&send, &mut red, ReduceOp::Sum, 4).unwrap();
+                        if r == 4 {
+                            assert_eq!(red, want, "rank {r}: reduce of {count}");
+                        } else {
+                            assert!(red.iter().all(|&x| x == 7.0), "rank {r}: reduce wrote");
+                        }
+                        let blocks: Vec<f32> = (0..N * count).map(|i| value(r, i)).collect();
+                        let mut rs = vec![0f32; count];
+                        coll.reduce_scatter_host(&blocks, &mut rs, ReduceOp::Max)
+                            .unwrap();
+                        assert!(
+                            (0..count).all(|i| {
+                                let at = r * count + i;
+                                let max = (0..N).map(|q| value(q, at)).fold(f32::MIN, f32::max);
+                                rs[i] == max
+                            }),
+                            "rank {r}: reduce-scatter (max) of {count}"
+                        );
+                        let mut a2a = vec![0f32; N * count];
+                        coll.all_to_all_host(&blocks, &mut a2a).unwrap();
+                        assert!(
+                            (0..N).all(|q| (0..count)
+                                .all(|i| a2a[q * count + i] == value(q, r * count + i))),
+                            "rank {r}: all-to-all of {count}"
+                        );
                         let mut all = vec![0f32; N * count];
                         coll.all_gather_host(&send, &mut all).unwrap();
                         for q in 0..N {
@@ -730,6 +757,16 @@ fn across_hosts_over_ib_on_the_fake_fabric() {
             h.join().unwrap();
         }
     });
+}
+
+#[test]
+fn across_hosts_over_ib_on_the_fake_fabric_two_shot() {
+    across_hosts_over_ib_on_the_fake_fabric(AllReduceAlgo::TwoShot);
+}
+
+#[test]
+fn across_hosts_over_ib_on_the_fake_fabric_one_shot() {
+    across_hosts_over_ib_on_the_fake_fabric(AllReduceAlgo::OneShot);
 }
 
 #[test]
