@@ -2,10 +2,12 @@
 # nccl-tests on the real NCCL, then on libmscclpp_nccl.so (LD_PRELOAD, falling back to the
 # same real NCCL), with data checks (-c 1), and a side-by-side table of the two.
 #
-#   nccl/scripts/nccl-tests.sh [test ...]     # default: every test below
+#   nccl/scripts/nccl-tests.sh [test ...]     # default: the default set below
 #
-# Tests: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv graph
-# ("graph": all_reduce of float sum captured into CUDA graphs, -G 20). A command of the GPU
+# Tests: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv graph (the
+# default set; "graph": all_reduce of float sum captured into CUDA graphs, -G 20), and on
+# request gather scatter alltoallv hypercube (grouped sends and receives) and graph_all
+# (every test once under -G 20). A command of the GPU
 # tool may run 10 minutes: split the list across calls if needed (the build is kept in
 # $WORK between calls of one machine; logs go to $OUT/nccl-tests).
 #
@@ -117,12 +119,20 @@ for t in $TESTS; do
           run_both "${t}_${d}_${o}" "${t}_perf" $SIZES $ITERS -c 1 -d "$d" -o "$o"
         done
       done ;;
-    all_gather | broadcast | alltoall | sendrecv)
+    all_gather | broadcast | alltoall | sendrecv | gather | scatter | alltoallv | hypercube)
       for d in $TYPES; do
         run_both "${t}_${d}" "${t}_perf" $SIZES $ITERS -c 1 -d "$d"
       done ;;
     graph)
       run_both "all_reduce_graph_float_sum" all_reduce_perf $SIZES $ITERS -c 1 -d float -o sum -G 20 ;;
+    graph_all)
+      # Every test once under CUDA graphs (float; sum where it reduces).
+      for b in all_reduce reduce_scatter reduce; do
+        run_both "${b}_graph_float_sum" "${b}_perf" $SIZES $ITERS -c 1 -d float -o sum -G 20
+      done
+      for b in all_gather broadcast alltoall sendrecv gather scatter alltoallv hypercube; do
+        run_both "${b}_graph_float" "${b}_perf" $SIZES $ITERS -c 1 -d float -G 20
+      done ;;
     *) die "unknown test $t" ;;
   esac
 done

@@ -68,6 +68,8 @@ need "ncclReduceScatter float sum -> native"
 need "ncclB[a-z]*cast float - -> native"   # ncclBroadcast or ncclBcast (PyTorch)
 need "ncclSend float - -> native"
 need "ncclRecv float - -> native"
+need "ncclAlltoAll float - -> native"
+need "ncclReduce float sum -> native"
 if grep -q -- "-> fallback" "$LOGS/paths.txt"; then
   echo "note: calls still forwarded:"; grep -- "-> fallback" "$LOGS/paths.txt"
 fi

@@ -4,7 +4,8 @@
     python -m torch.distributed.run --nproc_per_node 2 torch_check.py --out DIR --mode plain|ours
 
 Checks all_reduce (float, half, bfloat16 sums; max; int32), all_gather_into_tensor,
-reduce_scatter_tensor, broadcast, send/recv, all_to_all_single, barrier, an all_reduce
+reduce_scatter_tensor, broadcast, send/recv, all_to_all_single, reduce, gather, scatter,
+barrier, an all_reduce
 captured into a CUDA graph and replayed, and a few DistributedDataParallel steps whose
 parameters are saved to DIR/ddp_<mode>.pt (torch_check.sh compares the two modes). Mode
 "ours" also checks that libmscclpp_nccl.so is mapped into the process. Exit status 1 on any
@@ -102,6 +103,25 @@ def main():
     dist.all_to_all_single(out, inp)
     want = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float32, device=dev) + 1000 * r for r in range(world)])
     check(close(out, want), "all_to_all_single")
+
+    # reduce to the last rank (native: ncclReduce); the others' tensors keep their values
+    x = torch.full((3000,), float(rank + 1), device=dev)
+    dist.reduce(x, dst=world - 1)
+    want = float(sum(r + 1 for r in range(world))) if rank == world - 1 else float(rank + 1)
+    check(close(x, torch.full_like(x, want)), "reduce")
+
+    # gather to rank 0 and scatter from it (PyTorch spells both as grouped sends/receives)
+    n = 777
+    inp = torch.arange(n, dtype=torch.float32, device=dev) + 100 * rank
+    outs = [torch.empty(n, dtype=torch.float32, device=dev) for _ in range(world)] if rank == 0 else None
+    dist.gather(inp, gather_list=outs, dst=0)
+    if rank == 0:
+        check(all(close(outs[r], torch.arange(n, dtype=torch.float32, device=dev) + 100 * r)
+                  for r in range(world)), "gather")
+    pieces = [torch.arange(n, dtype=torch.float32, device=dev) - r for r in range(world)] if rank == 0 else None
+    out = torch.empty(n, dtype=torch.float32, device=dev)
+    dist.scatter(out, scatter_list=pieces, src=0)
+    check(close(out, torch.arange(n, dtype=torch.float32, device=dev) - rank), "scatter")
 
     dist.barrier()
 

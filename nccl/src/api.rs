@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use mscclpp_host::collectives::P2pOp;
+use mscclpp_host::collectives::{DataType, P2pOp};
 
 use crate::comm::{
     self, Comm, ConfigCopy, Handle, Inner, RealSetup, decode_color_key, encode_color_key, lookup,
@@ -1041,7 +1041,10 @@ export! {
 }
 
 export! {
-    /// `ncclGather`: on the real NCCL.
+    /// `ncclGather`: native for every data type as the sends and receives it stands for
+    /// (every rank's piece to the root; the root's own by a stream copy, none in place),
+    /// unless `MSCCLPP_NCCL_FALLBACK` names `sendrecv`; inside a group they run with the
+    /// group's other sends and receives at the outermost `ncclGroupEnd`.
     fn ncclGather / pncclGather(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
         root: c_int, comm: Ptr, stream: Ptr,
@@ -1063,13 +1066,21 @@ export! {
                 check_ptr(call, "recvbuff", recvbuff, count)?;
             }
             let inner = c.ready(call)?;
-            forward(call, c, inner, "gather", dt, "-", run)
+            match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
+                Ok(dtype) => {
+                    let ops = rooted_ops(RootedKind::Gather, c.rank, c.nranks, root as usize,
+                        sendbuff as u64, recvbuff as u64, count, dtype);
+                    p2p(call, c, comm, inner, dt, &ops, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this gather", why, dt, "-", run),
+            }
         })
     }
 }
 
 export! {
-    /// `ncclScatter`: on the real NCCL.
+    /// `ncclScatter`: native as [`ncclGather`], the other way (the root's piece `q` to rank
+    /// `q`).
     fn ncclScatter / pncclScatter(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
         root: c_int, comm: Ptr, stream: Ptr,
@@ -1091,29 +1102,117 @@ export! {
             }
             check_ptr(call, "recvbuff", recvbuff, count)?;
             let inner = c.ready(call)?;
-            forward(call, c, inner, "scatter", dt, "-", run)
+            match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
+                Ok(dtype) => {
+                    let ops = rooted_ops(RootedKind::Scatter, c.rank, c.nranks, root as usize,
+                        sendbuff as u64, recvbuff as u64, count, dtype);
+                    p2p(call, c, comm, inner, dt, &ops, stream)
+                }
+                Err(why) => forward_because(call, c, inner, "this scatter", why, dt, "-", run),
+            }
         })
     }
 }
 
-/// A native send or receive: at once as a group of one outside a group, else kept for the
-/// outermost `ncclGroupEnd` (see [`group`]).
+/// Native sends and receives (one for `ncclSend`/`ncclRecv`, several for a gather or
+/// scatter): at once as one group outside a group, else kept for the outermost
+/// `ncclGroupEnd` (see [`group`]).
 fn p2p(
     call: &'static str,
     c: &'static Comm,
     comm: Ptr,
     inner: &Inner,
     dt: &'static str,
-    op: P2pOp,
+    ops: &[P2pOp],
     stream: Ptr,
 ) -> Result<NcclResult, Failure> {
     log::call_path(call, c.rank, c.nranks, dt, "-", Path::Native);
     if group::depth() > 0 {
-        group::add_p2p(comm, op, stream);
+        for op in ops {
+            group::add_p2p(comm, *op, stream);
+        }
         return Ok(result::SUCCESS);
     }
-    group::run_p2p(call, c, inner, &[(op, stream)])?;
+    let ops: Vec<(P2pOp, Ptr)> = ops.iter().map(|op| (*op, stream)).collect();
+    group::run_p2p(call, c, inner, &ops)?;
     Ok(result::SUCCESS)
+}
+
+/// Which rooted operation [`rooted_ops`] spells out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RootedKind {
+    /// Every rank's `count` elements to slot `rank` of the root's `recv`.
+    Gather,
+    /// Slot `q` of the root's `send` to rank `q`'s `recv`.
+    Scatter,
+}
+
+/// The sends and receives of rank `rank`'s part of a gather or scatter of `count` elements
+/// per rank with `root`, in rank order. The root's own piece is a send to and a receive
+/// from itself (a stream copy), left out when it is in place (the same address).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rooted_ops(
+    kind: RootedKind,
+    rank: usize,
+    nranks: usize,
+    root: usize,
+    send: u64,
+    recv: u64,
+    count: usize,
+    dtype: DataType,
+) -> Vec<P2pOp> {
+    let piece = (count * dtype.size()) as u64;
+    let mut ops = Vec::new();
+    if count == 0 {
+        return ops;
+    }
+    match kind {
+        RootedKind::Gather => {
+            let in_place = rank == root && send == recv + root as u64 * piece;
+            if !in_place {
+                ops.push(P2pOp::Send {
+                    buf: send,
+                    count,
+                    dtype,
+                    peer: root,
+                });
+            }
+            if rank == root {
+                for q in (0..nranks).filter(|&q| !(in_place && q == root)) {
+                    let buf = recv + q as u64 * piece;
+                    ops.push(P2pOp::Recv {
+                        buf,
+                        count,
+                        dtype,
+                        peer: q,
+                    });
+                }
+            }
+        }
+        RootedKind::Scatter => {
+            let in_place = rank == root && recv == send + root as u64 * piece;
+            if rank == root {
+                for q in (0..nranks).filter(|&q| !(in_place && q == root)) {
+                    let buf = send + q as u64 * piece;
+                    ops.push(P2pOp::Send {
+                        buf,
+                        count,
+                        dtype,
+                        peer: q,
+                    });
+                }
+            }
+            if !in_place {
+                ops.push(P2pOp::Recv {
+                    buf: recv,
+                    count,
+                    dtype,
+                    peer: root,
+                });
+            }
+        }
+    }
+    ops
 }
 
 export! {
@@ -1141,7 +1240,7 @@ export! {
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
                     let op = P2pOp::Send { buf: sendbuff as u64, count, dtype, peer: peer as usize };
-                    p2p(call, c, comm, inner, dt, op, stream)
+                    p2p(call, c, comm, inner, dt, &[op], stream)
                 }
                 Err(why) => forward_because(call, c, inner, "this send", why, dt, "-", run),
             }
@@ -1172,7 +1271,7 @@ export! {
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
                     let op = P2pOp::Recv { buf: recvbuff as u64, count, dtype, peer: peer as usize };
-                    p2p(call, c, comm, inner, dt, op, stream)
+                    p2p(call, c, comm, inner, dt, &[op], stream)
                 }
                 Err(why) => forward_because(call, c, inner, "this receive", why, dt, "-", run),
             }
@@ -1515,6 +1614,133 @@ export! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs every rank's sends and receives of one group on host memory: a send from `a`
+    /// to `b` pairs with `b`'s receive from `a` in call order (what the native group does),
+    /// and each rank's ops must pass `plan_p2p`. Returns the number of bytes copied.
+    fn emulate(all: &[Vec<P2pOp>]) -> usize {
+        let parts = |op: &P2pOp| match *op {
+            P2pOp::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => (true, buf, count * dtype.size(), peer),
+            P2pOp::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => (false, buf, count * dtype.size(), peer),
+        };
+        let mut moved = 0;
+        for (r, ops) in all.iter().enumerate() {
+            dispatch::plan_p2p(r, ops).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            for (q, theirs) in all.iter().enumerate() {
+                let sends: Vec<_> = ops.iter().map(parts).filter(|p| p.0 && p.3 == q).collect();
+                let recvs: Vec<_> = theirs
+                    .iter()
+                    .map(parts)
+                    .filter(|p| !p.0 && p.3 == r)
+                    .collect();
+                assert_eq!(sends.len(), recvs.len(), "{r} -> {q}: sends and receives");
+                for (s, d) in sends.iter().zip(&recvs) {
+                    assert_eq!(s.2, d.2, "{r} -> {q}: sizes");
+                    // SAFETY: the test's own buffers, of the sizes the ops name; disjoint
+                    // (a piece never goes to its own place: those ops are left out).
+                    unsafe { std::ptr::copy_nonoverlapping(s.1 as *const u8, d.1 as *mut u8, s.2) };
+                    moved += s.2;
+                }
+            }
+        }
+        moved
+    }
+
+    #[test]
+    fn gather_and_scatter_spelled_as_sends_and_receives_move_every_piece_once() {
+        for (n, count, dtype) in [
+            (2, 5, DataType::F32),
+            (3, 1, DataType::U8),
+            (4, 7, DataType::F16),
+        ] {
+            let es = dtype.size();
+            let piece = count * es;
+            let byte = |r: usize, i: usize| (r * 31 + i * 7 + 1) as u8;
+            for root in 0..n {
+                for in_place in [false, true] {
+                    // Gather: rank r's piece (its own buffer, or its slot of the root's
+                    // output in place) lands in slot r of the root's output.
+                    let mut outs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; n * piece]).collect();
+                    let mut ins: Vec<Vec<u8>> = (0..n)
+                        .map(|r| (0..piece).map(|i| byte(r, i)).collect())
+                        .collect();
+                    outs[root][root * piece..(root + 1) * piece].copy_from_slice(&ins[root]);
+                    let all: Vec<Vec<P2pOp>> = (0..n)
+                        .map(|r| {
+                            let recv = outs[r].as_mut_ptr() as u64;
+                            let send = if in_place && r == root {
+                                recv + (r * piece) as u64
+                            } else {
+                                ins[r].as_mut_ptr() as u64
+                            };
+                            rooted_ops(RootedKind::Gather, r, n, root, send, recv, count, dtype)
+                        })
+                        .collect();
+                    let moved = emulate(&all);
+                    let want: Vec<u8> = (0..n)
+                        .flat_map(|r| (0..piece).map(move |i| byte(r, i)))
+                        .collect();
+                    assert_eq!(
+                        outs[root], want,
+                        "gather n={n} root={root} in_place={in_place}"
+                    );
+                    assert_eq!(moved, (n - in_place as usize) * piece, "gather bytes moved");
+                    for (r, o) in outs.iter().enumerate().filter(|(r, _)| *r != root) {
+                        assert!(o.iter().all(|&b| b == 0), "gather wrote rank {r}'s output");
+                    }
+                    // Scatter: slot q of the root's input lands in rank q's output (its own
+                    // buffer, or, in place on the root, already there).
+                    let mut src: Vec<u8> = (0..n)
+                        .flat_map(|q| (0..piece).map(move |i| byte(q, i)))
+                        .collect();
+                    let mut outs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; piece]).collect();
+                    let all: Vec<Vec<P2pOp>> = (0..n)
+                        .map(|r| {
+                            let send = src.as_mut_ptr() as u64;
+                            let recv = if in_place && r == root {
+                                send + (r * piece) as u64
+                            } else {
+                                outs[r].as_mut_ptr() as u64
+                            };
+                            let send = if r == root {
+                                send
+                            } else {
+                                ins[r].as_mut_ptr() as u64
+                            };
+                            rooted_ops(RootedKind::Scatter, r, n, root, send, recv, count, dtype)
+                        })
+                        .collect();
+                    let moved = emulate(&all);
+                    for q in 0..n {
+                        let got = if in_place && q == root {
+                            &src[q * piece..(q + 1) * piece]
+                        } else {
+                            &outs[q][..]
+                        };
+                        let want: Vec<u8> = (0..piece).map(|i| byte(q, i)).collect();
+                        assert_eq!(got, &want[..], "scatter n={n} root={root} to {q}");
+                    }
+                    assert_eq!(
+                        moved,
+                        (n - in_place as usize) * piece,
+                        "scatter bytes moved"
+                    );
+                }
+            }
+        }
+        let none = rooted_ops(RootedKind::Gather, 0, 2, 1, 8, 16, 0, DataType::F32);
+        assert!(none.is_empty(), "nothing to move for count 0");
+    }
 
     #[test]
     fn argument_checks() {

@@ -509,12 +509,18 @@ pub fn new_id(call: &str) -> Result<UniqueId, Failure> {
             format!("{call}: where the bootstrap root should listen: {e}"),
         )
     })?;
-    create_unique_id_at(SocketAddr::new(ip, 0), BootstrapConfig::default()).map_err(|e| {
-        Failure::new(
-            result::SYSTEM_ERROR,
-            format!("{call}: bootstrap root on {ip}: {e}"),
-        )
-    })
+    let id =
+        create_unique_id_at(SocketAddr::new(ip, 0), BootstrapConfig::default()).map_err(|e| {
+            Failure::new(
+                result::SYSTEM_ERROR,
+                format!("{call}: bootstrap root on {ip}: {e}"),
+            )
+        })?;
+    log::info(&format!(
+        "{call}: bootstrap root listening on {}",
+        id.root_addr()
+    ));
+    Ok(id)
 }
 
 /// Reads our id from the bytes of an `ncclUniqueId`.

@@ -7,13 +7,14 @@
 //! - **Native** (see [`dispatch`]): `ncclAllReduce`, `ncclReduceScatter` and `ncclReduce`
 //!   for every built-in operation (sum, prod, min, max, avg) on every type but fp8;
 //!   `ncclAllGather`, `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` and `ncclSend`/`ncclRecv`
-//!   (alone or in groups) for every type. They run on
+//!   (alone or in groups) for every type, and `ncclGather`/`ncclScatter` as the sends and
+//!   receives they stand for. They run on
 //!   [`mscclpp_host::collectives::Collectives`], stream-ordered on the caller's
 //!   `cudaStream_t` (the same object as a `CUstream`), capturable into CUDA graphs. The
 //!   choice depends only on what every rank of a call agrees on (call, type, operation,
 //!   `MSCCLPP_NCCL_FALLBACK`), never on addresses or streams: a call is native on every rank
 //!   or on none.
-//! - **Fallback**: pre-multiplied sums, reductions of fp8, gather, scatter, registration,
+//! - **Fallback**: pre-multiplied sums, reductions of fp8, registration,
 //!   windows, the device API, and the calls named by `MSCCLPP_NCCL_FALLBACK=all|op,op`
 //!   (`allreduce`, `allgather`, `reducescatter`, `broadcast`, `reduce`, `alltoall`,
 //!   `sendrecv`), run on the real NCCL (found at run time, see [`real`]) over a real

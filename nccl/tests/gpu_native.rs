@@ -2,8 +2,9 @@
 //! one GPU each (or both on GPU 0 when there is one: CUDA IPC works between processes on
 //! one device), with no real NCCL (`MSCCLPP_NCCL_LIB=none`), so a call that forwarded would
 //! fail. Checks every native collective's results, in and out of place, sends/receives alone
-//! and in groups (to the own rank, past 16 operations, on two streams), and an all-gather
-//! of bytes at an odd address (forwarded before). Passes with a note without a GPU.
+//! and in groups (to the own rank, past 16 operations, on two streams), gather and scatter
+//! (native since they are spelled as sends and receives), and an all-gather of bytes at an
+//! odd address (forwarded before). Passes with a note without a GPU.
 
 use std::ffi::c_void;
 use std::process::Command;
@@ -274,6 +275,33 @@ fn rank_main(rank: usize) {
             .flat_map(|q| (0..h).map(move |i| val(q, rank * h + i)))
             .collect();
         assert_eq!(got, want, "{}", what("alltoall"));
+
+        // Gather to rank 1 (out of place), then scatter from rank 0 (in place there: its
+        // piece is slot 0 of its input): as the group of sends and receives they stand for.
+        put(x, &(0..h).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        put(y, &vec![0f32; N * h]);
+        ok(&what("gather"), unsafe {
+            ncclGather(p(x), p(y), h, 7, 1, comm, st)
+        });
+        sync();
+        let got: Vec<f32> = get(y, N * h);
+        let want: Vec<f32> = if rank == 1 {
+            (0..N)
+                .flat_map(|q| (0..h).map(move |i| val(q, i)))
+                .collect()
+        } else {
+            vec![0f32; N * h]
+        };
+        assert_eq!(got, want, "{}", what("gather"));
+        put(x, &(0..N * h).map(|i| val(9, i)).collect::<Vec<f32>>());
+        let dst = if rank == 0 { x } else { y };
+        ok(&what("scatter"), unsafe {
+            ncclScatter(p(x), p(dst), h, 7, 0, comm, st)
+        });
+        sync();
+        let got: Vec<f32> = get(dst, h);
+        let want: Vec<f32> = (0..h).map(|i| val(9, rank * h + i)).collect();
+        assert_eq!(got, want, "{}", what("scatter"));
 
         // All-gather of bytes at an odd address, odd count.
         let n1 = count + 1;
