@@ -48,7 +48,9 @@ def parse(path):
             if line.startswith("#"):
                 continue
             tok = line.split()
-            if len(tok) < 13 or not tok[0].isdigit():
+            # size count type [redop] root, then time algbw busbw #wrong twice (hypercube
+            # prints no redop at all).
+            if len(tok) < 12 or not tok[0].isdigit():
                 continue
             try:
                 size = int(tok[0])
@@ -56,7 +58,8 @@ def parse(path):
                 t_ip, wrong_ip = float(tok[-4]), tok[-1]
             except ValueError:
                 continue
-            rows[(size, tok[2], tok[3])] = (t_oop, wrong_oop, t_ip, wrong_ip)
+            redop = tok[3] if len(tok) >= 13 else "none"
+            rows[(size, tok[2], redop)] = (t_oop, wrong_oop, t_ip, wrong_ip)
     return rows, errors, paths
 
 
