@@ -163,6 +163,71 @@ fn c_program_calls_the_library() {
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
+/// `nccl/scripts/install.sh` lays the library out as a drop-in NCCL: a C program compiled
+/// against the installed header and linked with `-lnccl` runs on our library, found through
+/// `LD_LIBRARY_PATH` as `libnccl.so` (the dynamic loader's own record says from where).
+#[test]
+fn installed_as_libnccl_a_c_program_links_and_runs_on_it() {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let prefix = std::env::temp_dir().join(format!("mscclpp-nccl-install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&prefix);
+    let status = Command::new("bash")
+        .arg(crate_dir().join("scripts/install.sh"))
+        .arg(&prefix)
+        .arg(cdylib())
+        .status()
+        .expect("bash");
+    assert!(status.success(), "install.sh failed");
+    let lib = prefix.join("lib");
+    for link in ["libnccl.so.2", "libnccl.so"] {
+        let target = std::fs::read_link(lib.join(link)).expect(link);
+        assert_eq!(target, PathBuf::from("libmscclpp_nccl.so"), "{link}");
+    }
+    let exe = prefix.join("smoke");
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(prefix.join("include"))
+        .arg(crate_dir().join("tests/c/smoke.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lnccl")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cc} (a C compiler is needed): {e}"));
+    assert!(
+        status.success(),
+        "compiling tests/c/smoke.c with -lnccl failed"
+    );
+    let mut cmd = Command::new(&exe);
+    cmd.env("LD_LIBRARY_PATH", &lib)
+        .env("LD_DEBUG", "libs")
+        .env("LD_DEBUG_OUTPUT", prefix.join("ld"))
+        .env("MSCCLPP_NCCL_LIB", "/nonexistent/libnccl.so.2")
+        .env("MSCCLPP_DEBUG", "WARN");
+    if !gpu_present() {
+        cmd.env("MSCCLPP_SMOKE_NO_GPU", "1");
+    }
+    let (code, stdout, stderr) = run_with_limit(cmd, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "smoke program failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("smoke: 0 failure(s)"), "{stdout}");
+    // The dynamic loader's own account (LD_DEBUG_OUTPUT writes `ld.<pid>`): libnccl.so was
+    // loaded from the prefix.
+    let loaded = format!("calling init: {}", lib.join("libnccl.so").display());
+    let account: String = std::fs::read_dir(&prefix)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ld."))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    assert!(
+        account.lines().any(|l| l.contains(&loaded)),
+        "libnccl.so did not come from {}:\n{account}",
+        lib.display()
+    );
+    let _ = std::fs::remove_dir_all(&prefix);
+}
+
 /// The exported dynamic symbols of the library.
 fn exported() -> Vec<String> {
     let nm = tool("nm").expect("nm (binutils) is needed");
