@@ -1068,6 +1068,7 @@ export! {
             let inner = c.ready(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
+                    rooted_bytes(call, count, dtype, c.nranks)?;
                     let ops = rooted_ops(RootedKind::Gather, c.rank, c.nranks, root as usize,
                         sendbuff as u64, recvbuff as u64, count, dtype);
                     p2p(call, c, comm, inner, dt, &ops, stream)
@@ -1104,6 +1105,7 @@ export! {
             let inner = c.ready(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
+                    rooted_bytes(call, count, dtype, c.nranks)?;
                     let ops = rooted_ops(RootedKind::Scatter, c.rank, c.nranks, root as usize,
                         sendbuff as u64, recvbuff as u64, count, dtype);
                     p2p(call, c, comm, inner, dt, &ops, stream)
@@ -1138,6 +1140,21 @@ fn p2p(
     Ok(result::SUCCESS)
 }
 
+/// Refuses a gather or scatter whose root buffer (`nranks` pieces of `count` elements)
+/// would not fit the address space.
+fn rooted_bytes(call: &str, count: usize, dtype: DataType, nranks: usize) -> Result<(), Failure> {
+    match count
+        .checked_mul(dtype.size())
+        .and_then(|b| b.checked_mul(nranks))
+    {
+        Some(_) => Ok(()),
+        None => Err(Failure::arg(format!(
+            "{call}: count {count} x {} bytes x {nranks} ranks overflows",
+            dtype.size()
+        ))),
+    }
+}
+
 /// Which rooted operation [`rooted_ops`] spells out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RootedKind {
@@ -1161,58 +1178,41 @@ pub(crate) fn rooted_ops(
     count: usize,
     dtype: DataType,
 ) -> Vec<P2pOp> {
-    let piece = (count * dtype.size()) as u64;
-    let mut ops = Vec::new();
     if count == 0 {
-        return ops;
+        return Vec::new();
     }
+    let piece = (count * dtype.size()) as u64;
+    let send_op = |buf, peer| P2pOp::Send {
+        buf,
+        count,
+        dtype,
+        peer,
+    };
+    let recv_op = |buf, peer| P2pOp::Recv {
+        buf,
+        count,
+        dtype,
+        peer,
+    };
+    // The root's slots: its output's (gather) or its input's (scatter); in place when the
+    // root's own piece already sits in its slot.
+    let (slots, own) = match kind {
+        RootedKind::Gather => (recv, send),
+        RootedKind::Scatter => (send, recv),
+    };
+    let in_place = rank == root && own == slots + root as u64 * piece;
+    let at_root = (0..nranks)
+        .filter(|&q| rank == root && !(in_place && q == root))
+        .map(|q| (slots + q as u64 * piece, q));
+    let mine = (!in_place).then_some((own, root));
     match kind {
-        RootedKind::Gather => {
-            let in_place = rank == root && send == recv + root as u64 * piece;
-            if !in_place {
-                ops.push(P2pOp::Send {
-                    buf: send,
-                    count,
-                    dtype,
-                    peer: root,
-                });
-            }
-            if rank == root {
-                for q in (0..nranks).filter(|&q| !(in_place && q == root)) {
-                    let buf = recv + q as u64 * piece;
-                    ops.push(P2pOp::Recv {
-                        buf,
-                        count,
-                        dtype,
-                        peer: q,
-                    });
-                }
-            }
-        }
-        RootedKind::Scatter => {
-            let in_place = rank == root && recv == send + root as u64 * piece;
-            if rank == root {
-                for q in (0..nranks).filter(|&q| !(in_place && q == root)) {
-                    let buf = send + q as u64 * piece;
-                    ops.push(P2pOp::Send {
-                        buf,
-                        count,
-                        dtype,
-                        peer: q,
-                    });
-                }
-            }
-            if !in_place {
-                ops.push(P2pOp::Recv {
-                    buf: recv,
-                    count,
-                    dtype,
-                    peer: root,
-                });
-            }
-        }
+        RootedKind::Gather => (mine.into_iter().map(|(b, p)| send_op(b, p)))
+            .chain(at_root.map(|(b, q)| recv_op(b, q)))
+            .collect(),
+        RootedKind::Scatter => (at_root.map(|(b, q)| send_op(b, q)))
+            .chain(mine.into_iter().map(|(b, p)| recv_op(b, p)))
+            .collect(),
     }
-    ops
 }
 
 export! {
@@ -1619,20 +1619,7 @@ mod tests {
     /// to `b` pairs with `b`'s receive from `a` in call order (what the native group does),
     /// and each rank's ops must pass `plan_p2p`. Returns the number of bytes copied.
     fn emulate(all: &[Vec<P2pOp>]) -> usize {
-        let parts = |op: &P2pOp| match *op {
-            P2pOp::Send {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => (true, buf, count * dtype.size(), peer),
-            P2pOp::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => (false, buf, count * dtype.size(), peer),
-        };
+        let parts = dispatch::parts;
         let mut moved = 0;
         for (r, ops) in all.iter().enumerate() {
             dispatch::plan_p2p(r, ops).unwrap_or_else(|e| panic!("rank {r}: {e}"));
@@ -1740,6 +1727,9 @@ mod tests {
         }
         let none = rooted_ops(RootedKind::Gather, 0, 2, 1, 8, 16, 0, DataType::F32);
         assert!(none.is_empty(), "nothing to move for count 0");
+        let e = rooted_bytes("t", usize::MAX / 4, DataType::F64, 2).unwrap_err();
+        assert_eq!(e.code, result::INVALID_ARGUMENT);
+        assert!(rooted_bytes("t", 1 << 20, DataType::F64, 8).is_ok());
     }
 
     #[test]

@@ -212,7 +212,8 @@ pub struct P2pPlan {
     pub launches: Vec<Vec<P2pOp>>,
 }
 
-fn parts(op: &P2pOp) -> (bool, u64, usize, usize) {
+/// A send or receive as `(is_send, buffer, bytes, peer)`.
+pub(crate) fn parts(op: &P2pOp) -> (bool, u64, usize, usize) {
     match *op {
         P2pOp::Send {
             buf,
