@@ -206,7 +206,14 @@ export! {
     fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut RawUniqueId) -> NcclResult {
         guard("ncclGetUniqueId", || {
             check_out("ncclGetUniqueId", "uniqueId", unique_id)?;
-            let id = new_id("ncclGetUniqueId")?;
+            let call = "ncclGetUniqueId";
+            let id = match comm::env_comm_id(call)? {
+                Some(id) => {
+                    log::info(&format!("{call}: {} fixes the root at {}", comm::COMM_ID_ENV, id.root_addr()));
+                    id
+                }
+                None => new_id(call)?,
+            };
             let mut raw = RawUniqueId { internal: [0; 128] };
             for (d, s) in raw.internal.iter_mut().zip(id.as_bytes()) {
                 *d = *s as c_char;

@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result as cu, sys as cusys};
 
-use mscclpp_host::bootstrap::{BlockingBootstrap, BootstrapConfig, UniqueId, create_unique_id_at};
+use mscclpp_host::bootstrap::{
+    BlockingBootstrap, BootstrapConfig, BootstrapRoot, ENV_BOOTSTRAP_SECRET, UniqueId,
+    create_unique_id_at,
+};
 use mscclpp_host::collectives::{CollConfig, Collectives};
 use mscclpp_host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp_host::cuda::{CudaError, CudaStream, Gpu, device_count};
@@ -331,8 +334,10 @@ pub fn set_up(
     gpu.bind()
         .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: {e}")))?;
     let config = CommConfig::default();
-    let bootstrap = BlockingBootstrap::init_with_config(nranks, rank, id, config.bootstrap.clone())
-        .map_err(|e| Failure::from_comm(call, &e.into()))?;
+    let root = bootstrap_root(id, env_comm_id(call)?);
+    let bootstrap =
+        BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())
+            .map_err(|e| Failure::from_comm(call, &e.into()))?;
     let comm = Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
         .map_err(|e| Failure::from_comm(call, &e))?;
     let coll_config = CollConfig::from_env().map_err(|e| Failure::from_comm(call, &e))?;
@@ -523,6 +528,56 @@ pub fn new_id(call: &str) -> Result<UniqueId, Failure> {
     Ok(id)
 }
 
+/// NCCL's variable for a fixed root address (`ip:port`, `[ipv6]:port` or `host:port`):
+/// `ncclGetUniqueId` then starts no root and returns an id every rank can compute alike, and
+/// rank 0 of a communicator made from that id hosts the root there, as with NCCL.
+pub const COMM_ID_ENV: &str = "NCCL_COMM_ID";
+
+/// The id of the fixed root address `value` (`NCCL_COMM_ID`'s forms), with the secret of
+/// `MSCCLPP_BOOTSTRAP_SECRET` when one is given (the bootstrap's `"ip:port"` form).
+pub fn comm_id_from(call: &str, value: &str, secret: Option<&str>) -> Result<UniqueId, Failure> {
+    use std::net::ToSocketAddrs;
+    let bad = |why: String| {
+        Failure::arg(format!(
+            "{call}: {COMM_ID_ENV}={value:?}: {why} (expected ip:port, [ipv6]:port or host:port)"
+        ))
+    };
+    let addr = value
+        .trim()
+        .to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("names no address".into()))?;
+    if addr.port() == 0 {
+        return Err(bad("port 0 names no port the ranks could reach".into()));
+    }
+    Ok(match secret.filter(|s| !s.is_empty()) {
+        Some(s) => UniqueId::for_address_with_secret(addr, s),
+        None => UniqueId::for_address(addr),
+    })
+}
+
+/// The fixed-root id of the environment (`NCCL_COMM_ID`), if it is set.
+pub fn env_comm_id(call: &str) -> Result<Option<UniqueId>, Failure> {
+    match std::env::var(COMM_ID_ENV) {
+        Ok(v) if !v.trim().is_empty() => {
+            let secret = std::env::var(ENV_BOOTSTRAP_SECRET).ok();
+            comm_id_from(call, &v, secret.as_deref()).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Where a communicator's bootstrap finds its root: when `id` is the fixed-root id
+/// (`fixed`, from `NCCL_COMM_ID`), rank 0 hosts the root at its address (the bootstrap's
+/// `"ip:port"` form, which derives the same id); else the root that made `id`.
+pub fn bootstrap_root(id: UniqueId, fixed: Option<UniqueId>) -> BootstrapRoot {
+    match fixed {
+        Some(f) if f == id => BootstrapRoot::Addr(id.root_addr()),
+        _ => BootstrapRoot::Id(id),
+    }
+}
+
 /// Reads our id from the bytes of an `ncclUniqueId`.
 pub fn parse_id(call: &str, bytes: &[u8]) -> Result<UniqueId, Failure> {
     UniqueId::from_bytes(bytes).map_err(|e| {
@@ -602,6 +657,56 @@ mod tests {
         assert_eq!(e.code, result::INVALID_ARGUMENT);
         let id = new_id("t").unwrap();
         assert_eq!(parse_id("t", id.as_bytes()).unwrap(), id);
+    }
+
+    #[test]
+    fn nccl_comm_id_gives_every_rank_the_same_id_and_rank_0_hosts_the_root() {
+        let plain = comm_id_from("t", "127.0.0.1:50123", None).unwrap();
+        assert_eq!(plain.root_addr(), "127.0.0.1:50123".parse().unwrap());
+        assert_eq!(
+            plain,
+            comm_id_from("t", " 127.0.0.1:50123 ", Some("")).unwrap()
+        );
+        let secret = comm_id_from("t", "127.0.0.1:50123", Some("s3")).unwrap();
+        assert_ne!(secret, plain, "the secret enters the id");
+        assert_eq!(
+            secret,
+            comm_id_from("t", "127.0.0.1:50123", Some("s3")).unwrap()
+        );
+        let v6 = comm_id_from("t", "[::1]:50123", None).unwrap();
+        assert!(v6.root_addr().is_ipv6());
+        assert!(comm_id_from("t", "localhost:50123", None).is_ok());
+        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:99999", ""] {
+            let e = comm_id_from("t", bad, None).unwrap_err();
+            assert_eq!(e.code, result::INVALID_ARGUMENT, "{bad}");
+            assert!(e.msg.contains("NCCL_COMM_ID"), "{}", e.msg);
+        }
+        // Only the fixed id makes rank 0 host the root; any other id keeps its own root.
+        let other = new_id("t").unwrap();
+        assert_eq!(bootstrap_root(other, Some(plain)), BootstrapRoot::Id(other));
+        assert_eq!(bootstrap_root(other, None), BootstrapRoot::Id(other));
+        // Two ranks meet through a fixed address, rank 0 hosting the root there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let id = comm_id_from("t", &format!("127.0.0.1:{port}"), None).unwrap();
+        assert_eq!(
+            bootstrap_root(id, Some(id)),
+            BootstrapRoot::Addr(id.root_addr())
+        );
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let b = BlockingBootstrap::init(2, rank, bootstrap_root(id, Some(id))).unwrap();
+                    b.all_gather(&[rank as u8 + 10]).unwrap()
+                })
+            })
+            .collect();
+        for r in ranks {
+            assert_eq!(r.join().unwrap(), vec![vec![10u8], vec![11u8]]);
+        }
     }
 
     #[test]
