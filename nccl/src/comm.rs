@@ -530,11 +530,14 @@ pub fn new_id(call: &str) -> Result<UniqueId, Failure> {
 
 /// NCCL's variable for a fixed root address (`ip:port`, `[ipv6]:port` or `host:port`):
 /// `ncclGetUniqueId` then starts no root and returns an id every rank can compute alike, and
-/// rank 0 of a communicator made from that id hosts the root there, as with NCCL.
+/// rank 0 of a communicator made from that id hosts the root, as with NCCL; ours listens on
+/// the port after the one named, which the real NCCL's root (when one is loaded beside ours)
+/// takes itself.
 pub const COMM_ID_ENV: &str = "NCCL_COMM_ID";
 
-/// The id of the fixed root address `value` (`NCCL_COMM_ID`'s forms), with the secret of
-/// `MSCCLPP_BOOTSTRAP_SECRET` when one is given (the bootstrap's `"ip:port"` form).
+/// The id of the fixed root address `value` (`NCCL_COMM_ID`'s forms; our root on the next
+/// port), with the secret of `MSCCLPP_BOOTSTRAP_SECRET` when one is given (the bootstrap's
+/// `"ip:port"` form).
 pub fn comm_id_from(call: &str, value: &str, secret: Option<&str>) -> Result<UniqueId, Failure> {
     use std::net::ToSocketAddrs;
     let bad = |why: String| {
@@ -542,7 +545,7 @@ pub fn comm_id_from(call: &str, value: &str, secret: Option<&str>) -> Result<Uni
             "{call}: {COMM_ID_ENV}={value:?}: {why} (expected ip:port, [ipv6]:port or host:port)"
         ))
     };
-    let addr = value
+    let mut addr = value
         .trim()
         .to_socket_addrs()
         .map_err(|e| bad(e.to_string()))?
@@ -551,6 +554,12 @@ pub fn comm_id_from(call: &str, value: &str, secret: Option<&str>) -> Result<Uni
     if addr.port() == 0 {
         return Err(bad("port 0 names no port the ranks could reach".into()));
     }
+    // The real NCCL, when loaded beside ours, hosts its own root on the port itself.
+    let ours = addr
+        .port()
+        .checked_add(1)
+        .ok_or_else(|| bad("our root takes the next port, and there is none after 65535".into()))?;
+    addr.set_port(ours);
     Ok(match secret.filter(|s| !s.is_empty()) {
         Some(s) => UniqueId::for_address_with_secret(addr, s),
         None => UniqueId::for_address(addr),
@@ -662,7 +671,8 @@ mod tests {
     #[test]
     fn nccl_comm_id_gives_every_rank_the_same_id_and_rank_0_hosts_the_root() {
         let plain = comm_id_from("t", "127.0.0.1:50123", None).unwrap();
-        assert_eq!(plain.root_addr(), "127.0.0.1:50123".parse().unwrap());
+        // Ours on the next port: the real NCCL's root may take the one named.
+        assert_eq!(plain.root_addr(), "127.0.0.1:50124".parse().unwrap());
         assert_eq!(
             plain,
             comm_id_from("t", " 127.0.0.1:50123 ", Some("")).unwrap()
@@ -676,7 +686,13 @@ mod tests {
         let v6 = comm_id_from("t", "[::1]:50123", None).unwrap();
         assert!(v6.root_addr().is_ipv6());
         assert!(comm_id_from("t", "localhost:50123", None).is_ok());
-        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:99999", ""] {
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:99999",
+            "127.0.0.1:65535",
+            "",
+        ] {
             let e = comm_id_from("t", bad, None).unwrap_err();
             assert_eq!(e.code, result::INVALID_ARGUMENT, "{bad}");
             assert!(e.msg.contains("NCCL_COMM_ID"), "{}", e.msg);
@@ -691,7 +707,8 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let id = comm_id_from("t", &format!("127.0.0.1:{port}"), None).unwrap();
+        let id = comm_id_from("t", &format!("127.0.0.1:{}", port - 1), None).unwrap();
+        assert_eq!(id.root_addr().port(), port);
         assert_eq!(
             bootstrap_root(id, Some(id)),
             BootstrapRoot::Addr(id.root_addr())
