@@ -11,7 +11,9 @@
 //! died. The rank that sees it marks the peer lost and tells every other rank
 //! ([`Message::PeerLost`]), so that ranks with no connection to the dead rank, or that wait on
 //! a live rank stuck behind it, fail at once with an error naming it. Because every rank dials
-//! its ring successor during `init`, every death is seen by at least one live rank.
+//! its ring successor during `init`, every death is seen by at least one live rank. Errors
+//! name the first rank lost; news of a later loss is preceded, on each connection, by news
+//! of the first, so that survivors leaving after the first loss are not blamed for it.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -404,18 +406,31 @@ impl Mesh {
     }
 
     /// Marks `peer` lost after seeing it die, and tells the other ranks.
+    ///
+    /// When another rank was lost first, its news goes out again ahead of this one on every
+    /// connection: a rank that hears of `peer` from us then knows of the first loss already.
+    /// (A survivor that leaves after the first loss can look lost to a rank that never heard
+    /// of the first, whose news may still be on its way over a new connection; without
+    /// this, that rank blamed the survivor.)
     fn mark_lost(self: &Arc<Self>, peer: usize, detail: String) {
         if self.closing.load(Ordering::Acquire) {
             return;
         }
-        let changed = {
+        let (changed, first) = {
             let mut st = lock(&self.state);
             if matches!(st.status[peer], PeerStatus::Alive) {
                 st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {}", self.rank));
-                st.first_lost.get_or_insert(peer);
-                true
+                let first = *st.first_lost.get_or_insert(peer);
+                let earlier = match &st.status[first] {
+                    PeerStatus::Lost(d) if first != peer => Some(Message::PeerLost {
+                        rank: first as u32,
+                        detail: d.clone(),
+                    }),
+                    _ => None,
+                };
+                (true, earlier)
             } else {
-                false
+                (false, None)
             }
         };
         if !changed {
@@ -427,6 +442,7 @@ impl Mesh {
             rank: peer as u32,
             detail,
         };
+        let notices: Vec<Message> = first.into_iter().chain([notice]).collect();
         for other in 0..self.nranks {
             if other == self.rank || other == peer || !self.is_alive(other) {
                 continue;
@@ -434,12 +450,14 @@ impl Mesh {
             // Queued now on a connection in either direction where one exists, so that it
             // goes out before any later goodbye on that connection.
             let queued = |tx: &mpsc::UnboundedSender<Outgoing>| {
-                tx.send(Outgoing {
-                    message: notice.clone(),
-                    payload: Bytes::new(),
-                    done: None,
+                notices.iter().all(|message| {
+                    tx.send(Outgoing {
+                        message: message.clone(),
+                        payload: Bytes::new(),
+                        done: None,
+                    })
+                    .is_ok()
                 })
-                .is_ok()
             };
             if let Some(link) = self.links[other].get()
                 && queued(&link.tx)
@@ -450,9 +468,11 @@ impl Mesh {
                 continue;
             }
             let mesh = Arc::clone(self);
-            let notice = notice.clone();
+            let notices = notices.clone();
             let task = tokio::spawn(async move {
-                let _ = mesh.post(other, notice, Bytes::new(), None, Op::Init).await;
+                for notice in notices {
+                    let _ = mesh.post(other, notice, Bytes::new(), None, Op::Init).await;
+                }
                 if mesh.closing.load(Ordering::Acquire) {
                     // `begin_close` missed this new link: say goodbye here.
                     let _ = mesh
