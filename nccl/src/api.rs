@@ -5,6 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+use mscclpp_host::bootstrap::BootstrapConfig;
 use mscclpp_host::collectives::{DataType, P2pOp};
 
 use crate::comm::{
@@ -207,7 +208,7 @@ export! {
         guard("ncclGetUniqueId", || {
             check_out("ncclGetUniqueId", "uniqueId", unique_id)?;
             let call = "ncclGetUniqueId";
-            let id = match comm::env_comm_id(call)? {
+            let id = match comm::env_comm_id(call, &BootstrapConfig::default())? {
                 Some(id) => {
                     log::info(&format!("{call}: {} fixes the root at {}", comm::COMM_ID_ENV, id.root_addr()));
                     id

@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{result as cu, sys as cusys};
 
 use mscclpp_host::bootstrap::{
-    BlockingBootstrap, BootstrapConfig, BootstrapRoot, ENV_BOOTSTRAP_SECRET, UniqueId,
-    create_unique_id_at,
+    BlockingBootstrap, BootstrapConfig, BootstrapRoot, UniqueId, create_unique_id_at,
 };
 use mscclpp_host::collectives::{CollConfig, Collectives};
 use mscclpp_host::communicator::{Backend, CommConfig, Communicator};
@@ -334,7 +333,7 @@ pub fn set_up(
     gpu.bind()
         .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: {e}")))?;
     let config = CommConfig::default();
-    let root = bootstrap_root(id, env_comm_id(call)?);
+    let root = bootstrap_root(id, env_comm_id(call, &config.bootstrap)?);
     let bootstrap =
         BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())
             .map_err(|e| Failure::from_comm(call, &e.into()))?;
@@ -536,9 +535,13 @@ pub fn new_id(call: &str) -> Result<UniqueId, Failure> {
 pub const COMM_ID_ENV: &str = "NCCL_COMM_ID";
 
 /// The id of the fixed root address `value` (`NCCL_COMM_ID`'s forms; our root on the next
-/// port), with the secret of `MSCCLPP_BOOTSTRAP_SECRET` when one is given (the bootstrap's
-/// `"ip:port"` form).
-pub fn comm_id_from(call: &str, value: &str, secret: Option<&str>) -> Result<UniqueId, Failure> {
+/// port): the bootstrap's `"ip:port"` form under `config`
+/// ([`BootstrapConfig::address_id`]: its secret, else `MSCCLPP_BOOTSTRAP_SECRET`).
+pub fn comm_id_from(
+    call: &str,
+    value: &str,
+    config: &BootstrapConfig,
+) -> Result<UniqueId, Failure> {
     use std::net::ToSocketAddrs;
     let bad = |why: String| {
         Failure::arg(format!(
@@ -560,19 +563,13 @@ pub fn comm_id_from(call: &str, value: &str, secret: Option<&str>) -> Result<Uni
         .checked_add(1)
         .ok_or_else(|| bad("our root takes the next port, and there is none after 65535".into()))?;
     addr.set_port(ours);
-    Ok(match secret.filter(|s| !s.is_empty()) {
-        Some(s) => UniqueId::for_address_with_secret(addr, s),
-        None => UniqueId::for_address(addr),
-    })
+    Ok(config.address_id(addr))
 }
 
-/// The fixed-root id of the environment (`NCCL_COMM_ID`), if it is set.
-pub fn env_comm_id(call: &str) -> Result<Option<UniqueId>, Failure> {
+/// The fixed-root id of the environment (`NCCL_COMM_ID`), if it is set, under `config`.
+pub fn env_comm_id(call: &str, config: &BootstrapConfig) -> Result<Option<UniqueId>, Failure> {
     match std::env::var(COMM_ID_ENV) {
-        Ok(v) if !v.trim().is_empty() => {
-            let secret = std::env::var(ENV_BOOTSTRAP_SECRET).ok();
-            comm_id_from(call, &v, secret.as_deref()).map(Some)
-        }
+        Ok(v) if !v.trim().is_empty() => comm_id_from(call, &v, config).map(Some),
         _ => Ok(None),
     }
 }
@@ -670,22 +667,34 @@ mod tests {
 
     #[test]
     fn nccl_comm_id_gives_every_rank_the_same_id_and_rank_0_hosts_the_root() {
-        let plain = comm_id_from("t", "127.0.0.1:50123", None).unwrap();
+        // No secret (an empty one counts as none, whatever MSCCLPP_BOOTSTRAP_SECRET says).
+        let plain_config = BootstrapConfig::default().with_secret("");
+        let plain = comm_id_from("t", "127.0.0.1:50123", &plain_config).unwrap();
         // Ours on the next port: the real NCCL's root may take the one named.
         assert_eq!(plain.root_addr(), "127.0.0.1:50124".parse().unwrap());
         assert_eq!(
             plain,
-            comm_id_from("t", " 127.0.0.1:50123 ", Some("")).unwrap()
+            comm_id_from("t", " 127.0.0.1:50123 ", &plain_config).unwrap()
         );
-        let secret = comm_id_from("t", "127.0.0.1:50123", Some("s3")).unwrap();
+        let secret = comm_id_from(
+            "t",
+            "127.0.0.1:50123",
+            &BootstrapConfig::default().with_secret("s3"),
+        )
+        .unwrap();
         assert_ne!(secret, plain, "the secret enters the id");
         assert_eq!(
             secret,
-            comm_id_from("t", "127.0.0.1:50123", Some("s3")).unwrap()
+            comm_id_from(
+                "t",
+                "127.0.0.1:50123",
+                &BootstrapConfig::default().with_secret("s3")
+            )
+            .unwrap()
         );
-        let v6 = comm_id_from("t", "[::1]:50123", None).unwrap();
+        let v6 = comm_id_from("t", "[::1]:50123", &plain_config).unwrap();
         assert!(v6.root_addr().is_ipv6());
-        assert!(comm_id_from("t", "localhost:50123", None).is_ok());
+        assert!(comm_id_from("t", "localhost:50123", &plain_config).is_ok());
         for bad in [
             "127.0.0.1",
             "127.0.0.1:0",
@@ -693,7 +702,7 @@ mod tests {
             "127.0.0.1:65535",
             "",
         ] {
-            let e = comm_id_from("t", bad, None).unwrap_err();
+            let e = comm_id_from("t", bad, &plain_config).unwrap_err();
             assert_eq!(e.code, result::INVALID_ARGUMENT, "{bad}");
             assert!(e.msg.contains("NCCL_COMM_ID"), "{}", e.msg);
         }
@@ -707,7 +716,7 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let id = comm_id_from("t", &format!("127.0.0.1:{}", port - 1), None).unwrap();
+        let id = comm_id_from("t", &format!("127.0.0.1:{}", port - 1), &plain_config).unwrap();
         assert_eq!(id.root_addr().port(), port);
         assert_eq!(
             bootstrap_root(id, Some(id)),

@@ -154,6 +154,16 @@ impl BootstrapConfig {
             .or_else(|| std::env::var(ENV_BOOTSTRAP_SECRET).ok())
             .filter(|s| !s.is_empty())
     }
+
+    /// The id of the `"ip:port"` form ([`BootstrapRoot::Addr`]) for the root at `addr`: every
+    /// rank computes the same, with the secret in force ([`secret`](Self::secret), else
+    /// `MSCCLPP_BOOTSTRAP_SECRET`) hashed in, or none.
+    pub fn address_id(&self, addr: SocketAddr) -> UniqueId {
+        match self.effective_secret() {
+            Some(secret) => UniqueId::for_address_with_secret(addr, &secret),
+            None => UniqueId::for_address(addr),
+        }
+    }
 }
 
 /// Where the root is: a [`UniqueId`], or the seed's `"ip:port"` (rank 0 runs the root there;
@@ -369,10 +379,7 @@ impl Bootstrap {
                         "bootstrap root {addr}: port 0 names no port the other ranks could reach; give rank 0's real port (or use a unique id)"
                     )));
                 }
-                let id = match config.effective_secret() {
-                    Some(secret) => UniqueId::for_address_with_secret(addr, &secret),
-                    None => UniqueId::for_address(addr),
-                };
+                let id = config.address_id(addr);
                 if rank == 0 {
                     // Rank 0 joins its own root with a secret no other process knows, so
                     // that nobody can take its place.
