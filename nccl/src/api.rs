@@ -1076,9 +1076,8 @@ export! {
             let inner = c.ready(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
-                    rooted_bytes(call, count, dtype, c.nranks)?;
-                    let ops = rooted_ops(RootedKind::Gather, c.rank, c.nranks, root as usize,
-                        sendbuff as u64, recvbuff as u64, count, dtype);
+                    let ops = rooted_ops(call, RootedKind::Gather, c.rank, c.nranks, root as usize,
+                        sendbuff as u64, recvbuff as u64, count, dtype)?;
                     p2p(call, c, comm, inner, dt, &ops, stream)
                 }
                 Err(why) => forward_because(call, c, inner, "this gather", why, dt, "-", run),
@@ -1113,9 +1112,8 @@ export! {
             let inner = c.ready(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
-                    rooted_bytes(call, count, dtype, c.nranks)?;
-                    let ops = rooted_ops(RootedKind::Scatter, c.rank, c.nranks, root as usize,
-                        sendbuff as u64, recvbuff as u64, count, dtype);
+                    let ops = rooted_ops(call, RootedKind::Scatter, c.rank, c.nranks, root as usize,
+                        sendbuff as u64, recvbuff as u64, count, dtype)?;
                     p2p(call, c, comm, inner, dt, &ops, stream)
                 }
                 Err(why) => forward_because(call, c, inner, "this scatter", why, dt, "-", run),
@@ -1148,21 +1146,6 @@ fn p2p(
     Ok(result::SUCCESS)
 }
 
-/// Refuses a gather or scatter whose root buffer (`nranks` pieces of `count` elements)
-/// would not fit the address space.
-fn rooted_bytes(call: &str, count: usize, dtype: DataType, nranks: usize) -> Result<(), Failure> {
-    match count
-        .checked_mul(dtype.size())
-        .and_then(|b| b.checked_mul(nranks))
-    {
-        Some(_) => Ok(()),
-        None => Err(Failure::arg(format!(
-            "{call}: count {count} x {} bytes x {nranks} ranks overflows",
-            dtype.size()
-        ))),
-    }
-}
-
 /// Which rooted operation [`rooted_ops`] spells out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RootedKind {
@@ -1174,9 +1157,11 @@ pub(crate) enum RootedKind {
 
 /// The sends and receives of rank `rank`'s part of a gather or scatter of `count` elements
 /// per rank with `root`, in rank order. The root's own piece is a send to and a receive
-/// from itself (a stream copy), left out when it is in place (the same address).
+/// from itself (a stream copy), left out when it is in place (the same address). A count
+/// whose root buffer (`nranks` pieces) would not fit the address space is refused.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rooted_ops(
+    call: &str,
     kind: RootedKind,
     rank: usize,
     nranks: usize,
@@ -1185,11 +1170,20 @@ pub(crate) fn rooted_ops(
     recv: u64,
     count: usize,
     dtype: DataType,
-) -> Vec<P2pOp> {
+) -> Result<Vec<P2pOp>, Failure> {
+    let Some(piece) = count
+        .checked_mul(dtype.size())
+        .filter(|p| p.checked_mul(nranks).is_some())
+    else {
+        return Err(Failure::arg(format!(
+            "{call}: count {count} x {} bytes x {nranks} ranks overflows",
+            dtype.size()
+        )));
+    };
     if count == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    let piece = (count * dtype.size()) as u64;
+    let piece = piece as u64;
     let send_op = |buf, peer| P2pOp::Send {
         buf,
         count,
@@ -1213,14 +1207,14 @@ pub(crate) fn rooted_ops(
         .filter(|&q| rank == root && !(in_place && q == root))
         .map(|q| (slots + q as u64 * piece, q));
     let mine = (!in_place).then_some((own, root));
-    match kind {
+    Ok(match kind {
         RootedKind::Gather => (mine.into_iter().map(|(b, p)| send_op(b, p)))
             .chain(at_root.map(|(b, q)| recv_op(b, q)))
             .collect(),
         RootedKind::Scatter => (at_root.map(|(b, q)| send_op(b, q)))
             .chain(mine.into_iter().map(|(b, p)| recv_op(b, p)))
             .collect(),
-    }
+    })
 }
 
 export! {
@@ -1678,7 +1672,18 @@ mod tests {
                             } else {
                                 ins[r].as_mut_ptr() as u64
                             };
-                            rooted_ops(RootedKind::Gather, r, n, root, send, recv, count, dtype)
+                            rooted_ops(
+                                "t",
+                                RootedKind::Gather,
+                                r,
+                                n,
+                                root,
+                                send,
+                                recv,
+                                count,
+                                dtype,
+                            )
+                            .unwrap()
                         })
                         .collect();
                     let moved = emulate(&all);
@@ -1712,7 +1717,18 @@ mod tests {
                             } else {
                                 ins[r].as_mut_ptr() as u64
                             };
-                            rooted_ops(RootedKind::Scatter, r, n, root, send, recv, count, dtype)
+                            rooted_ops(
+                                "t",
+                                RootedKind::Scatter,
+                                r,
+                                n,
+                                root,
+                                send,
+                                recv,
+                                count,
+                                dtype,
+                            )
+                            .unwrap()
                         })
                         .collect();
                     let moved = emulate(&all);
@@ -1733,11 +1749,35 @@ mod tests {
                 }
             }
         }
-        let none = rooted_ops(RootedKind::Gather, 0, 2, 1, 8, 16, 0, DataType::F32);
+        let none = rooted_ops("t", RootedKind::Gather, 0, 2, 1, 8, 16, 0, DataType::F32).unwrap();
         assert!(none.is_empty(), "nothing to move for count 0");
-        let e = rooted_bytes("t", usize::MAX / 4, DataType::F64, 2).unwrap_err();
+        let e = rooted_ops(
+            "t",
+            RootedKind::Scatter,
+            1,
+            2,
+            1,
+            8,
+            16,
+            usize::MAX / 4,
+            DataType::F64,
+        )
+        .unwrap_err();
         assert_eq!(e.code, result::INVALID_ARGUMENT);
-        assert!(rooted_bytes("t", 1 << 20, DataType::F64, 8).is_ok());
+        assert!(
+            rooted_ops(
+                "t",
+                RootedKind::Gather,
+                0,
+                8,
+                1,
+                8,
+                16,
+                1 << 20,
+                DataType::F64
+            )
+            .is_ok()
+        );
     }
 
     #[test]

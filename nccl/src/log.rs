@@ -3,9 +3,9 @@
 //! Each line is written whole ([`eprint_line`]): the ranks of a job usually share stderr.
 
 use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
 
 use mscclpp_host::diag::eprint_line;
-use std::sync::{Mutex, OnceLock};
 
 /// How much is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
