@@ -23,7 +23,10 @@
 # ONLY=ours skips the real NCCL's runs and loads no real NCCL beside ours
 # (MSCCLPP_NCCL_LIB=none: a call we would forward fails instead); with
 # NCCL_TESTS_DEVICE=0 every rank uses GPU 0 (nccl-tests' own variable), so a one-GPU
-# machine can check our calls with two ranks (the real NCCL refuses two ranks on one GPU).
+# machine can check our calls with two ranks. The real NCCL refuses two ranks on one GPU of
+# one host: with NCCL_TESTS_DEVICE set and a real NCCL in use, each rank gets its own
+# NCCL_HOSTID, so the real NCCL sees one host per rank and joins them over its socket
+# transport on loopback (correct, and slow: its times then say nothing of NVLink).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/nccl-tests-out}
@@ -90,13 +93,21 @@ mpi() {
     [ "${ONLY:-}" = ours ] && real_lib=none
     extra=(-x LD_PRELOAD="$LIB" -x MSCCLPP_NCCL_LIB="$real_lib" -x MSCCLPP_DEBUG="${MSCCLPP_DEBUG:-INFO}")
   fi
-  [ -n "${NCCL_TESTS_DEVICE:-}" ] && extra+=(-x NCCL_TESTS_DEVICE)
+  local wrap=()
+  if [ -n "${NCCL_TESTS_DEVICE:-}" ]; then
+    extra+=(-x NCCL_TESTS_DEVICE)
+    if [ "$which" = real ] || [ "${ONLY:-}" != ours ]; then
+      # Ranks sharing a GPU as hosts of their own, for the real NCCL (see the top).
+      extra+=(-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1)
+      wrap=(bash -c 'NCCL_HOSTID=nccl-tests-rank-$OMPI_COMM_WORLD_RANK exec "$@"' _)
+    fi
+  fi
   # Our library only: the ranks as simulated hosts (collectives and send/recv across hosts).
   [ "$which" = ours ] && [ -n "${MSCCLPP_SIMULATE_HOSTS:-}" ] && extra+=(-x MSCCLPP_SIMULATE_HOSTS)
   echo "--- $which: $* " | tee -a "$LOGS/commands.txt"
   timeout "${RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --bind-to none -np "$NP" \
     -x LD_LIBRARY_PATH="$LDP" -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
-    -x NVSHMEM_DISABLE_NVLS "${extra[@]}" "$@" >"$log" 2>&1
+    -x NVSHMEM_DISABLE_NVLS "${extra[@]}" "${wrap[@]}" "$@" >"$log" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || echo "    exit $rc (log: $log)" | tee -a "$LOGS/commands.txt"
   return 0

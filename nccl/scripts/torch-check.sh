@@ -11,7 +11,9 @@
 # (/opt/torch/.venv/bin/python) with its NCCL wheel, NPROC GPUs (2).
 # ONLY=ours skips the plain run and the comparison with it, and loads no real NCCL beside
 # ours (MSCCLPP_NCCL_LIB=none: a call we would forward fails); with TORCH_CHECK_DEVICE=0
-# every rank uses GPU 0, so a one-GPU machine can check our calls (correctness only).
+# every rank uses GPU 0, so a one-GPU machine can check our calls (correctness only). With
+# a real NCCL in use there, each rank gets its own NCCL_HOSTID (torch_check.py), so the
+# real NCCL, which refuses two ranks on one GPU of one host, joins them over sockets.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/torch-check-out}
@@ -27,6 +29,9 @@ REAL=$(ls -d "$(dirname "$PYTHON")"/../lib/python3*/site-packages/nvidia/nccl/li
 echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())')"
 echo "real NCCL: ${REAL:-not found (the library searches itself)}"
 fail=0
+if [ -n "${TORCH_CHECK_DEVICE:-}" ] && [ "${ONLY:-}" != ours ]; then
+  export TORCH_CHECK_HOST_PER_RANK=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
+fi
 
 run() {
   local mode=$1; shift

@@ -37,9 +37,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", choices=["plain", "ours"], required=True)
     args = ap.parse_args()
-    # TORCH_CHECK_DEVICE puts every rank on one GPU (a one-GPU machine; ours only: the real
-    # NCCL refuses two ranks on one device).
+    # TORCH_CHECK_DEVICE puts every rank on one GPU (a one-GPU machine). The real NCCL
+    # refuses two ranks on one GPU of one host: TORCH_CHECK_HOST_PER_RANK gives each rank a
+    # host id of its own (NCCL_HOSTID, read at its first set-up), so it joins them over
+    # sockets.
     local = int(os.environ.get("TORCH_CHECK_DEVICE", os.environ["LOCAL_RANK"]))
+    if os.environ.get("TORCH_CHECK_HOST_PER_RANK"):
+        os.environ["NCCL_HOSTID"] = "torch-check-rank-" + os.environ["RANK"]
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
     dist.init_process_group("nccl")

@@ -473,7 +473,11 @@ export! {
                 }
                 _ => (None, inner.real_missing.clone()),
             };
-            let bs = inner.coll.communicator().bootstrap();
+            let Some(coll) = &inner.coll else {
+                // On the real NCCL alone: so is the child.
+                return real_only_child(call, c, inner, real_new, blocking, None, newcomm);
+            };
+            let bs = coll.communicator().bootstrap();
             let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
             let all = bs.all_gather(&encode_color_key(color, key)).map_err(boot)?;
             let ck: Vec<(c_int, c_int)> = all
@@ -553,7 +557,11 @@ export! {
                 }
                 _ => (None, inner.real_missing.clone()),
             };
-            let bs = inner.coll.communicator().bootstrap();
+            let blocking = if config.is_null() { c.blocking } else { view.blocking };
+            let Some(coll) = &inner.coll else {
+                return real_only_child(call, c, inner, real_new, blocking, Some((place, m.len())), newcomm);
+            };
+            let bs = coll.communicator().bootstrap();
             let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
             let seq = inner.shrink_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let tag = 0x5348_5249_0000_0000u64 | seq;
@@ -566,7 +574,6 @@ export! {
             } else {
                 parse_id(call, &bs.recv(m[0], tag).map_err(boot)?)?
             };
-            let blocking = if config.is_null() { c.blocking } else { view.blocking };
             let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking));
             let inner = c.on_device(|| {
                 comm::set_up(call, m.len(), place, id, &c.gpu, RealSetup::Given(real_new, real_missing))
@@ -579,14 +586,59 @@ export! {
     }
 }
 
+/// The child of a split or shrink of a communicator on the real NCCL alone: on the real
+/// child `real_new` alone (`NULL` when the real split gave none: no color). `place`: this
+/// rank's place and the child's size when known (a shrink), else asked of the real child.
+fn real_only_child(
+    call: &str,
+    c: &Comm,
+    inner: &Inner,
+    real_new: Option<comm::RealComm>,
+    blocking: bool,
+    place: Option<(usize, usize)>,
+    newcomm: *mut Ptr,
+) -> Result<NcclResult, Failure> {
+    let Some(rc) = real_new else {
+        // SAFETY: checked non-null by the caller.
+        unsafe { *newcomm = null() };
+        return Ok(result::SUCCESS);
+    };
+    let (place, size) = match place {
+        Some(p) => p,
+        None => {
+            let real = real::real().map_err(|e| Failure::usage(format!("{call}: {e}")))?;
+            let ask =
+                |what: &str, f: Option<unsafe extern "C" fn(Ptr, *mut c_int) -> NcclResult>| {
+                    let f = need(call, real, f)?;
+                    let mut v: c_int = 0;
+                    // SAFETY: NCCL's signature; the real child, an out-pointer to a local.
+                    comm::real_result(call, real, rc.0, unsafe { f(rc.0, &mut v) })
+                        .map_err(|e| Failure::new(e.code, format!("{} ({what})", e.msg)))?;
+                    Ok::<usize, Failure>(v.max(0) as usize)
+                };
+            (
+                ask("rank", real.fns.comm_user_rank)?,
+                ask("count", real.fns.comm_count)?,
+            )
+        }
+    };
+    let why = inner.real_only.clone().unwrap_or_default();
+    let new = Box::new(Comm::new(place, size, c.gpu.clone(), blocking));
+    let _ = new.state.set(Ok(Inner::real_only(rc, why)));
+    // SAFETY: checked non-null by the caller.
+    unsafe { *newcomm = register(new) };
+    Ok(result::SUCCESS)
+}
+
 /// Waits for this GPU's work, then for every rank's (a bootstrap barrier): after it no peer
-/// kernel reads or writes our memory.
+/// kernel reads or writes our memory. Nothing of ours to wait for on the real NCCL alone.
 fn quiesce(call: &str, gpu: &mscclpp_host::cuda::Gpu, inner: &Inner) -> Result<(), Failure> {
+    let Some(coll) = &inner.coll else {
+        return Ok(());
+    };
     comm::on_gpu(gpu, || gpu.synchronize())
         .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: {e}")))?;
-    inner
-        .coll
-        .communicator()
+    coll.communicator()
         .bootstrap()
         .barrier()
         .map_err(|e| Failure::from_comm(call, &e.into()))
@@ -660,7 +712,9 @@ fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
         // Raise the abort word: our kernels waiting on a peer give up within their next slow
         // poll. They may still be running now, and freeing the memory they use would wait
         // for them (cuMemFree synchronises): leave it to the process's end.
-        inner.coll.abort();
+        if let Some(coll) = &inner.coll {
+            coll.abort();
+        }
         std::mem::forget(inner);
     } else {
         if !inner.finalized.load(std::sync::atomic::Ordering::Acquire)
@@ -717,8 +771,11 @@ export! {
                 None => result::IN_PROGRESS,
                 Some(Err(f)) => f.code,
                 Some(Ok(inner)) => {
-                    let (errors, dropped) = inner.coll.communicator().proxy_errors();
-                    if let Err(e) = inner.coll.async_error() {
+                    let (errors, dropped) = inner
+                        .coll
+                        .as_ref()
+                        .map_or((Vec::new(), 0), |coll| coll.communicator().proxy_errors());
+                    if let Some(Err(e)) = inner.coll.as_ref().map(|coll| coll.async_error()) {
                         // Our kernels' record: a mismatch, an abort (a dead peer), a timeout
                         // or a lost CUDA context.
                         let f = crate::error::Failure::from_comm(call, &e);
@@ -810,9 +867,10 @@ fn native(
     log::call_path(call, c.rank, c.nranks, dt, op, Path::Native);
     // SAFETY: the caller's stream of this device.
     let s = unsafe { c.stream(stream) };
+    let coll = inner.ours(call)?;
     // SAFETY: the caller's device buffers, sized as NCCL's call says (checked by the
     // collectives against the device's allocations).
-    c.on_device(|| unsafe { launch.run(&inner.coll, &s) })
+    c.on_device(|| unsafe { launch.run(coll, &s) })
         .map_err(|e| Failure::from_comm(call, &e))?;
     Ok(result::SUCCESS)
 }

@@ -21,6 +21,7 @@ use mscclpp_host::transport::tcp::root_ip;
 use crate::error::Failure;
 use crate::log;
 use crate::real::{self, Ptr, RawUniqueId, Real};
+use crate::rescue;
 use crate::types::{Fallback, NcclConfig, NcclResult, result};
 
 /// Tells our communicators from other pointers.
@@ -38,8 +39,11 @@ unsafe impl Sync for RealComm {}
 
 /// A set-up communicator.
 pub struct Inner {
-    /// Our collectives, with the communicator and bootstrap.
-    pub coll: Collectives,
+    /// Our collectives, with the communicator and bootstrap; `None` when ours could not be
+    /// set up on some rank and every call runs on the real NCCL ([`crate::rescue`]).
+    pub coll: Option<Collectives>,
+    /// Why ours is missing, when it is (the failing ranks and their messages).
+    pub real_only: Option<String>,
     /// The real NCCL's communicator over the same ranks, when a real NCCL is available on
     /// every rank.
     pub real: Option<RealComm>,
@@ -53,6 +57,40 @@ pub struct Inner {
     pub shrink_seq: AtomicU64,
     /// Operations made by `ncclRedOpCreatePreMulSum` on this communicator.
     pub premul_ops: Mutex<HashSet<c_int>>,
+}
+
+impl Inner {
+    /// A communicator on the real NCCL alone: every call forwarded to `real`.
+    pub fn real_only(real: RealComm, why: String) -> Inner {
+        Inner {
+            coll: None,
+            real_only: Some(why),
+            real: Some(real),
+            real_missing: None,
+            fallback: Fallback {
+                mask: Fallback::ALL_MASK,
+                unknown: Vec::new(),
+            },
+            finalized: AtomicBool::new(false),
+            shrink_seq: AtomicU64::new(0),
+            premul_ops: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Our collectives, or why this communicator has none.
+    pub fn ours(&self, call: &str) -> Result<&Collectives, Failure> {
+        self.coll.as_ref().ok_or_else(|| {
+            Failure::new(
+                result::INTERNAL_ERROR,
+                format!(
+                    "{call}: this communicator runs on the real NCCL only ({})",
+                    self.real_only
+                        .as_deref()
+                        .unwrap_or("mscclpp's set-up failed")
+                ),
+            )
+        })
+    }
 }
 
 /// What an `ncclComm_t` points to.
@@ -320,8 +358,10 @@ pub enum RealSetup {
     Given(Option<RealComm>, Option<String>),
 }
 
-/// Sets up our side of a communicator (collective over the ranks of `id`), then the real
-/// NCCL's beside it. Runs on a thread where `gpu`'s context is (made) current.
+/// Sets up a communicator (collective over the ranks of `id`): the bootstrap, the real
+/// NCCL's communicator, then ours. When ours fails on some rank and every rank has a real
+/// communicator, the communicator runs on the real NCCL alone ([`crate::rescue`]). Runs on a
+/// thread where `gpu`'s context is (made) current.
 pub fn set_up(
     call: &str,
     nranks: usize,
@@ -337,10 +377,7 @@ pub fn set_up(
     let bootstrap =
         BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())
             .map_err(|e| Failure::from_comm(call, &e.into()))?;
-    let comm = Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
-        .map_err(|e| Failure::from_comm(call, &e))?;
-    let coll_config = CollConfig::from_env().map_err(|e| Failure::from_comm(call, &e))?;
-    let coll = Collectives::new(comm, coll_config).map_err(|e| Failure::from_comm(call, &e))?;
+    let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
     let mut fallback = Fallback::parse(&std::env::var("MSCCLPP_NCCL_FALLBACK").unwrap_or_default());
     if !fallback.unknown.is_empty() {
         log::warn(&format!(
@@ -350,15 +387,16 @@ pub fn set_up(
         ));
     }
     // Every rank must send a call the same way (see `dispatch`): a call forwarded on any
-    // rank is forwarded on all.
-    let masks = coll
-        .communicator()
-        .bootstrap()
-        .all_gather(&[fallback.mask])
-        .map_err(|e| Failure::from_comm(call, &e.into()))?;
-    let union = masks
+    // rank is forwarded on all. Likewise a set-up failure of ours is fatal if any rank
+    // says so.
+    let strict_here = !rescue::enabled();
+    let agreed = bootstrap
+        .all_gather(&[fallback.mask, strict_here as u8])
+        .map_err(boot)?;
+    let union = agreed
         .iter()
         .fold(0, |m, b| m | b.first().copied().unwrap_or(0));
+    let strict = agreed.iter().any(|b| b.get(1).is_some_and(|&s| s != 0));
     if union != fallback.mask {
         log::warn(&format!(
             "MSCCLPP_NCCL_FALLBACK differs between the ranks: forwarding what any rank names \
@@ -367,9 +405,22 @@ pub fn set_up(
         ));
         fallback.mask = union;
     }
+    // The real communicator first, so that it is there if ours cannot be made.
     let (real, real_missing) = match real_setup {
         RealSetup::Given(r, why) => (r, why),
-        RealSetup::Create(cfg) => create_real(call, coll.communicator().bootstrap(), cfg)?,
+        RealSetup::Create(cfg) => create_real(call, &bootstrap, cfg)?,
+    };
+    let deadline = config.bootstrap.timeout;
+    let ours = Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
+        .and_then(|comm| Collectives::new(comm, CollConfig::from_env()?))
+        .and_then(|coll| {
+            // Ours is up on every rank only once every rank says so.
+            coll.communicator().bootstrap().barrier()?;
+            Ok(coll)
+        });
+    let coll = match ours {
+        Ok(coll) => coll,
+        Err(e) => return fall_back(call, rank, nranks, real, real_missing, strict, deadline, &e),
     };
     log::info(&format!(
         "rank {rank}/{nranks} on CUDA device {} ({}): native {}; fallback: {}",
@@ -383,7 +434,8 @@ pub fn set_up(
         }
     ));
     Ok(Inner {
-        coll,
+        coll: Some(coll),
+        real_only: None,
         real,
         real_missing,
         fallback,
@@ -391,6 +443,59 @@ pub fn set_up(
         shrink_seq: AtomicU64::new(0),
         premul_ops: Mutex::new(HashSet::new()),
     })
+}
+
+/// After our set-up failed with `e` on this rank (or a peer's failure reached it): the
+/// communicator on the real NCCL alone when there is a real communicator and no rank is
+/// strict, else the failure (the real communicator aborted).
+#[allow(clippy::too_many_arguments)]
+fn fall_back(
+    call: &str,
+    rank: usize,
+    nranks: usize,
+    real: Option<RealComm>,
+    real_missing: Option<String>,
+    strict: bool,
+    deadline: std::time::Duration,
+    e: &mscclpp_host::communicator::CommError,
+) -> Result<Inner, Failure> {
+    let mut own = Failure::from_comm(call, e);
+    let (Some(rc), Ok(r), false) = (real, real::real(), strict) else {
+        if let (Some(rc), Ok(r)) = (real, real::real())
+            && let Some(abort) = r.fns.comm_abort
+        {
+            // SAFETY: NCCL's signature; the real communicator, not used after this.
+            let _ = unsafe { abort(rc.0) };
+        }
+        own.msg = match (strict, real_missing) {
+            (true, _) => format!(
+                "{} (not falling back to the real NCCL: {}=0 on some rank)",
+                own.msg,
+                rescue::SETUP_FALLBACK_ENV
+            ),
+            (false, Some(why)) => format!("{} (no real NCCL to fall back to: {why})", own.msg),
+            (false, None) => own.msg,
+        };
+        return Err(own);
+    };
+    let mine = rescue::encode_report(rescue::is_peer_loss(e), &e.to_string());
+    let reports =
+        rescue::gather_reports(call, r, rc, rank, nranks, &mine, deadline).map_err(|f| {
+            Failure::new(
+                own.code,
+                format!(
+                    "{}; and falling back to the real NCCL failed: {}",
+                    own.msg, f.msg
+                ),
+            )
+        })?;
+    let why = rescue::summarize(&reports);
+    log::warn(&format!(
+        "rank {rank}/{nranks}: mscclpp could not set up this communicator ({why}); every call \
+         on it runs on the real NCCL ({}, version {})",
+        r.path, r.version
+    ));
+    Ok(Inner::real_only(rc, why))
 }
 
 /// Creates the real communicator when every rank has a real NCCL (agreed over `bs`);

@@ -234,7 +234,7 @@ pub fn run_p2p(
             unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, main.cu_stream()) }
                 .map_err(|e| cuda("cuMemcpyDtoDAsync (send to the own rank)", e))?;
         }
-        run_launches(&inner.coll, &plan.launches, &main)
+        run_launches(inner.ours(call)?, &plan.launches, &main)
             .map_err(|e| Failure::from_comm(call, &e))?;
         for o in &others {
             o.join(&main)

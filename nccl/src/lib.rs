@@ -41,4 +41,5 @@ pub mod error;
 pub mod group;
 pub mod log;
 pub mod real;
+pub mod rescue;
 pub mod types;

@@ -297,7 +297,8 @@ impl Fallback {
     /// Reads `all`, `none`, or a comma-separated list of calls (`allreduce`, `allgather`,
     /// `reducescatter`, `broadcast`/`bcast`, `reduce`, `alltoall`, `send`/`recv`/`sendrecv`
     /// (all three mean both directions); any case, `_`/`-` and an `nccl` prefix ignored;
-    /// `gather` and `scatter`, always forwarded, are accepted).
+    /// `gather` and `scatter` are accepted and change nothing: they follow `sendrecv`, as the
+    /// sends and receives they are made of).
     pub fn parse(s: &str) -> Fallback {
         let mut f = Fallback::default();
         for word in s.split([',', ' ', ';']).filter(|w| !w.trim().is_empty()) {

@@ -1,0 +1,268 @@
+//! A communicator whose mscclpp side cannot be set up on one rank runs on the real NCCL
+//! instead of failing (`rescue.rs`); with `MSCCLPP_NCCL_SETUP_FALLBACK=0` on one rank the
+//! set-up fails on every rank, promptly, with the reason.
+//!
+//! Two processes (this test re-run as ranks), rank 1 asking for a 1 TiB scratch
+//! (`MSCCLPP_COLL_SCRATCH_BYTES`), which no GPU can allocate. Needs a GPU and a real NCCL
+//! (found as the library finds it); without either it passes with a note, unless
+//! `MSCCLPP_REQUIRE_GPU=1` (no GPU) or `MSCCLPP_REQUIRE_NCCL=1` (no real NCCL). When both
+//! ranks share one GPU, each gets its own `NCCL_HOSTID`, so that the real NCCL (which refuses
+//! two ranks on one GPU of one host) sees two hosts and joins them over its socket
+//! transport on loopback.
+
+use std::ffi::c_void;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::result as cu;
+use mscclpp_nccl::api::*;
+use mscclpp_nccl::real::RawUniqueId;
+
+const RANK_ENV: &str = "MSCCLPP_NCCL_TEST_RANK";
+const ID_ENV: &str = "MSCCLPP_NCCL_TEST_ID";
+const MODE_ENV: &str = "MSCCLPP_NCCL_TEST_MODE";
+const TEST: &str = "set_up_failure_of_ours_falls_back_to_the_real_nccl";
+const N: usize = 2;
+
+fn gpu_count() -> usize {
+    mscclpp_host::cuda::device_count().unwrap_or(0)
+}
+
+#[test]
+fn set_up_failure_of_ours_falls_back_to_the_real_nccl() {
+    if let Ok(rank) = std::env::var(RANK_ENV) {
+        rank_main(
+            rank.parse().unwrap(),
+            &std::env::var(MODE_ENV).unwrap_or_default(),
+        );
+        return;
+    }
+    if gpu_count() == 0 {
+        assert!(
+            std::env::var_os("MSCCLPP_REQUIRE_GPU").is_none(),
+            "MSCCLPP_REQUIRE_GPU is set and there is no GPU"
+        );
+        eprintln!("skipping {TEST}: no GPU");
+        return;
+    }
+    if let Err(e) = mscclpp_nccl::real::real() {
+        assert!(
+            std::env::var_os("MSCCLPP_REQUIRE_NCCL").is_none(),
+            "MSCCLPP_REQUIRE_NCCL is set and there is no real NCCL: {e}"
+        );
+        eprintln!("skipping {TEST}: no real NCCL ({e})");
+        return;
+    }
+    // Falls back: both ranks run every call on the real NCCL and say why.
+    let logs = run_ranks("fallback");
+    for (r, log) in logs.iter().enumerate() {
+        assert!(
+            log.contains("mscclpp could not set up this communicator (rank 1: "),
+            "rank {r} does not say that rank 1's set-up failed:\n{log}"
+        );
+        assert!(
+            log.contains("ncclAllReduce f32 sum -> fallback (real NCCL)"),
+            "rank {r}'s all-reduce did not go to the real NCCL:\n{log}"
+        );
+        assert!(
+            !log.contains("-> native (mscclpp)"),
+            "rank {r} ran a call natively:\n{log}"
+        );
+    }
+    // Strict on rank 0 only: agreed, so both ranks fail.
+    run_ranks("strict");
+}
+
+/// Runs the two ranks in `mode`; both must exit 0 (their checks are inside). Returns each
+/// rank's stderr.
+fn run_ranks(mode: &str) -> Vec<String> {
+    let mut id = RawUniqueId { internal: [0; 128] };
+    // SAFETY: a live out-parameter.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, 0);
+    let hex: String = id
+        .internal
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect();
+    let exe = std::env::current_exe().unwrap();
+    let shared_gpu = gpu_count() < N;
+    let mut children: Vec<_> = (0..N)
+        .map(|r| {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--exact", TEST, "--nocapture"])
+                .env(RANK_ENV, r.to_string())
+                .env(ID_ENV, &hex)
+                .env(MODE_ENV, mode)
+                .env("MSCCLPP_DEBUG", "INFO")
+                .env("NCCL_NVLS_ENABLE", "0")
+                .env_remove("MSCCLPP_NCCL_LIB")
+                .env_remove("MSCCLPP_NCCL_FALLBACK")
+                .stderr(Stdio::piped());
+            if r == 1 {
+                cmd.env("MSCCLPP_COLL_SCRATCH_BYTES", (1u64 << 40).to_string());
+            }
+            if mode == "strict" && r == 0 {
+                cmd.env("MSCCLPP_NCCL_SETUP_FALLBACK", "0");
+            }
+            if shared_gpu {
+                cmd.env("NCCL_HOSTID", format!("mscclpp-fallback-test-{r}"))
+                    .env("NCCL_SOCKET_IFNAME", "lo")
+                    .env("NCCL_IB_DISABLE", "1");
+            }
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    // Read the pipes on threads, so that a chatty rank cannot block on a full pipe.
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|c| {
+            let mut err = c.stderr.take().unwrap();
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut err, &mut s);
+                s
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut codes = vec![None; N];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if codes[i].is_none()
+                && let Some(s) = c.try_wait().unwrap()
+            {
+                codes[i] = Some(s.code());
+            }
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            for c in children.iter_mut() {
+                let _ = c.kill();
+            }
+            panic!("{mode}: ranks hung: {codes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs: Vec<String> = readers.into_iter().map(|h| h.join().unwrap()).collect();
+    for (r, log) in logs.iter().enumerate() {
+        eprintln!("---- {mode}: rank {r} ----\n{log}");
+    }
+    assert!(
+        codes.iter().all(|c| *c == Some(Some(0))),
+        "{mode}: ranks failed: {codes:?}"
+    );
+    logs
+}
+
+fn ok(what: &str, r: i32) {
+    if r != 0 {
+        panic!("{what}: error {r}: {}", last_error());
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: null is allowed; a NUL-terminated text.
+    unsafe { std::ffi::CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Sums `count` f32 over `comm` (rank r contributes `r + 1 + i % 5` at `i`) and checks.
+fn check_all_reduce(what: &str, comm: *mut c_void, ranks: &[usize], me: usize, count: usize) {
+    let ctx_stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).unwrap();
+    let val = |r: usize, i: usize| (r + 1 + i % 5) as f32;
+    // SAFETY: plain allocations of `count` f32 in the current context.
+    let (x, y) = unsafe { (cu::malloc_sync(count * 4), cu::malloc_sync(count * 4)) };
+    let (x, y) = (x.unwrap(), y.unwrap());
+    let mine: Vec<f32> = (0..count).map(|i| val(me, i)).collect();
+    // SAFETY: `x` holds `count` f32.
+    unsafe { cu::memcpy_htod_sync(x, &mine) }.unwrap();
+    cu::ctx::synchronize().unwrap();
+    // SAFETY: device buffers of `count` f32, our communicator, a live stream.
+    ok(what, unsafe {
+        ncclAllReduce(
+            x as *mut c_void,
+            y as *mut c_void,
+            count,
+            7,
+            0,
+            comm,
+            ctx_stream as *mut c_void,
+        )
+    });
+    cu::ctx::synchronize().unwrap();
+    let mut got = vec![0f32; count];
+    // SAFETY: `y` holds `count` f32.
+    unsafe { cu::memcpy_dtoh_sync(&mut got, y) }.unwrap();
+    for (i, g) in got.iter().enumerate() {
+        let want: f32 = ranks.iter().map(|&r| val(r, i)).sum();
+        assert_eq!(*g, want, "{what}: element {i}");
+    }
+}
+
+fn rank_main(rank: usize, mode: &str) {
+    let hex = std::env::var(ID_ENV).unwrap();
+    let mut id = RawUniqueId { internal: [0; 128] };
+    for (i, b) in id.internal.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
+    }
+    let ctx = cudarc::driver::CudaContext::new(rank % gpu_count()).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let mut comm: *mut c_void = std::ptr::null_mut();
+    let start = Instant::now();
+    // SAFETY: a live out-parameter; the id from the parent.
+    let r = unsafe { ncclCommInitRank(&mut comm, N as i32, id, rank as i32) };
+    if mode == "strict" {
+        let msg = last_error();
+        assert_ne!(r, 0, "rank {rank}: strict set-up succeeded");
+        assert!(
+            msg.contains("not falling back to the real NCCL"),
+            "rank {rank}: {msg}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "rank {rank}: the failure took {:?}",
+            start.elapsed()
+        );
+        eprintln!("rank {rank}: strict set-up failed as it should: {msg}");
+        return;
+    }
+    ok(&format!("rank {rank}: ncclCommInitRank"), r);
+    let mut n = 0;
+    // SAFETY: our communicator; a live out-parameter.
+    ok("ncclCommCount", unsafe { ncclCommCount(comm, &mut n) });
+    assert_eq!(n, N as i32);
+    for count in [1usize, 1000, 300_000] {
+        check_all_reduce(
+            &format!("rank {rank}: all-reduce of {count}"),
+            comm,
+            &[0, 1],
+            rank,
+            count,
+        );
+    }
+    // A split of a communicator on the real NCCL is one too (both ranks in one color, in
+    // reverse order).
+    let mut child: *mut c_void = std::ptr::null_mut();
+    // SAFETY: our communicator; a live out-parameter; no config.
+    ok("ncclCommSplit", unsafe {
+        ncclCommSplit(comm, 0, -(rank as i32), &mut child, std::ptr::null_mut())
+    });
+    let mut me = -1;
+    // SAFETY: the child; a live out-parameter.
+    ok("ncclCommUserRank", unsafe {
+        ncclCommUserRank(child, &mut me)
+    });
+    assert_eq!(me as usize, N - 1 - rank, "rank {rank}: place in the split");
+    check_all_reduce(
+        &format!("rank {rank}: split all-reduce"),
+        child,
+        &[1, 0],
+        me as usize,
+        4096,
+    );
+    // SAFETY: our communicators, not used after this.
+    unsafe {
+        ok("ncclCommDestroy(child)", ncclCommDestroy(child));
+        ok("ncclCommDestroy", ncclCommDestroy(comm));
+    }
+}
