@@ -59,7 +59,8 @@ pub fn enabled() -> bool {
 pub fn is_peer_loss(e: &CommError) -> bool {
     matches!(
         e,
-        CommError::Bootstrap(BootstrapError::PeerLost { .. }) | CommError::Aborted(_)
+        CommError::Bootstrap(BootstrapError::PeerLost { .. } | BootstrapError::PeerClosed { .. })
+            | CommError::Aborted(_)
     )
 }
 
@@ -89,8 +90,16 @@ pub fn decode_report(b: &[u8]) -> Option<(bool, String)> {
 
 /// Why the communicator runs on the real NCCL, from every rank's report: the ranks whose own
 /// set-up failed, with their messages (or, when every rank only saw a peer leave, the
-/// first report).
+/// first report), each led by its rank unless the message already is.
 pub fn summarize(reports: &[Vec<u8>]) -> String {
+    let said = |r: usize, m: &str| {
+        let lead = format!("rank {r}: ");
+        if m.starts_with(&lead) {
+            m.to_string()
+        } else {
+            format!("{lead}{m}")
+        }
+    };
     let decoded: Vec<(usize, Option<(bool, String)>)> = reports
         .iter()
         .enumerate()
@@ -99,7 +108,7 @@ pub fn summarize(reports: &[Vec<u8>]) -> String {
     let own: Vec<String> = decoded
         .iter()
         .filter_map(|(r, d)| match d {
-            Some((true, m)) => Some(format!("rank {r}: {m}")),
+            Some((true, m)) => Some(said(*r, m)),
             _ => None,
         })
         .collect();
@@ -108,7 +117,7 @@ pub fn summarize(reports: &[Vec<u8>]) -> String {
     }
     decoded
         .iter()
-        .find_map(|(r, d)| d.as_ref().map(|(_, m)| format!("rank {r}: {m}")))
+        .find_map(|(r, d)| d.as_ref().map(|(_, m)| said(*r, m)))
         .unwrap_or_else(|| "no rank said why".into())
 }
 
@@ -239,10 +248,37 @@ mod tests {
     }
 
     #[test]
+    fn peer_losses_are_told_from_own_failures() {
+        use mscclpp_host::bootstrap::Op;
+        let closed = BootstrapError::PeerClosed {
+            rank: 0,
+            op: Op::Barrier,
+            peer: 1,
+        };
+        assert!(is_peer_loss(&CommError::Bootstrap(closed)));
+        let lost = BootstrapError::PeerLost {
+            rank: 0,
+            op: Op::Barrier,
+            peer: 1,
+            detail: "connection reset".into(),
+        };
+        assert!(is_peer_loss(&CommError::Bootstrap(lost)));
+        assert!(is_peer_loss(&CommError::Aborted("rank 1 is gone".into())));
+        assert!(!is_peer_loss(&CommError::InvalidArgument("scratch".into())));
+        let timeout = BootstrapError::Timeout {
+            rank: 0,
+            op: Op::Barrier,
+            waiting_for: "rank 1".into(),
+            after: std::time::Duration::from_secs(1),
+        };
+        assert!(!is_peer_loss(&CommError::Bootstrap(timeout)));
+    }
+
+    #[test]
     fn summary_names_the_ranks_that_failed_themselves() {
         let reports = vec![
             encode_report(true, "rank 1 is gone").to_vec(),
-            encode_report(false, "out of memory").to_vec(),
+            encode_report(false, "rank 1: out of memory").to_vec(),
             encode_report(false, "peer access unsupported").to_vec(),
         ];
         assert_eq!(
@@ -254,6 +290,9 @@ mod tests {
             encode_report(true, "rank 0 is gone").to_vec(),
         ];
         assert_eq!(summarize(&only_peers), "rank 0: rank 1 is gone");
+        // A message that names another rank first is still led by its own.
+        let named = vec![encode_report(false, "rank 3: x").to_vec()];
+        assert_eq!(summarize(&named), "rank 0: rank 3: x");
         assert_eq!(summarize(&[vec![0; REPORT_BYTES]]), "no rank said why");
     }
 }
