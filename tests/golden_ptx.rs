@@ -330,7 +330,16 @@ fn dependent_launched_kernels_wait_before_touching_memory() {
         names.push(format!("reduce_scatter_ll_{b}"));
         names.push(format!("reduce_ll_{b}"));
     }
-    names.extend(["all_gather_packets", "broadcast_ll", "all_to_all_ll", "p2p"].map(String::from));
+    names.extend(
+        [
+            "all_gather_packets",
+            "broadcast_ll",
+            "all_to_all_ll",
+            "p2p",
+            "ll_exchange",
+        ]
+        .map(String::from),
+    );
     for name in &names {
         let body = entry(ptx, name);
         let wait = body

@@ -214,6 +214,59 @@ pub unsafe fn one_shot<T: Reduce>(
     unsafe { ctx.finish(&call) };
 }
 
+/// The bare LL-packet exchange that one-shot all-reduce is made of, as a benchmark reference
+/// (issue 18: the small all-reduce against the exchange alone, in one run): the same grid,
+/// call counter, packet halves, flags and polls (with their clock and abort checks) as
+/// [`one_shot`], without the call descriptors and the reduction in rank order. `recv` gets
+/// the XOR of every rank's input, so that what arrives is used. Not a collective: it checks
+/// nothing the ranks disagree on.
+///
+/// # Safety
+/// Every thread of the grid calls it with the same arguments; the context valid with
+/// `bytes.div_ceil(8) * 16 <= packet_half(packets_len)`; at most `MAX_BLOCKS` blocks of at
+/// least `nranks` threads; `send`/`recv` valid for `bytes` (any alignment; may be equal).
+#[inline(always)]
+pub unsafe fn ll_exchange(ctx: &CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
+    // SAFETY: first thing of every thread (launched with PDL by the host).
+    unsafe { ctx.dependent_launch_entry() };
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+    let units = bytes.div_ceil(8);
+    check_grid(ctx, nb, nt);
+    if units * 16 > packet_half(ctx.packets_len) {
+        arch::trap();
+    }
+    // SAFETY: b < MAX_BLOCKS (checked); finish() below on every thread.
+    let mut call = unsafe { ctx.call(b, bytes, tag) };
+    let flag = call.flag();
+    let half = packet_half(ctx.packets_len) * (call.seq & 1);
+    let aligned = (send as usize | recv as usize).is_multiple_of(8);
+    let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
+    let mut i = first;
+    while i < units {
+        // SAFETY: i < units (send valid for bytes; the size contract for the packets).
+        unsafe { send_unit(ctx, half, i, load_unit(send, i, bytes, aligned), flag) };
+        i += stride;
+    }
+    let mut i = first;
+    while i < units {
+        // SAFETY: as above; unit i of recv is this thread's alone, written after its read
+        // of unit i of send (in place too).
+        unsafe {
+            let mut acc = load_unit(send, i, bytes, aligned);
+            for q in 0..ctx.nranks {
+                if q != ctx.rank {
+                    acc ^= recv_unit(ctx, &mut call, half, i, q);
+                }
+            }
+            store_unit(recv, i, bytes, acc, aligned);
+        }
+        i += stride;
+    }
+    // SAFETY: every thread of every block gets here.
+    unsafe { ctx.finish(&call) };
+}
+
 /// Sends unit `i` of this rank's input (`d`) to every peer as an LL packet with `flag`, in
 /// the packet half at byte `half`.
 ///

@@ -1106,3 +1106,76 @@ fn a_round_reduced_by_a_grid_keeps_the_host_order() {
         "after a broken round"
     );
 }
+
+/// The bare LL exchange (a benchmark reference): every rank's output is the XOR of every
+/// rank's input, over many calls (alternating packet halves, mixed with one-shot all-reduce
+/// on the same call counter), in and out of place, at unaligned sizes, on several grids.
+#[test]
+fn ll_exchange_delivers_every_ranks_bytes_over_many_calls() {
+    for n in [2usize, 3, 4] {
+        let w = World::new(n, 4096, 16 * 1024);
+        for (call, bytes) in [8usize, 1, 15, 333, 4000, 8, 4000, 7]
+            .into_iter()
+            .enumerate()
+        {
+            let inputs: Vec<Vec<u8>> = (0..n)
+                .map(|r| {
+                    (0..bytes)
+                        .map(|i| (i * 29 + r * 71 + call * 5 + 1) as u8)
+                        .collect()
+                })
+                .collect();
+            let want: Vec<u8> = (0..bytes)
+                .map(|i| inputs.iter().fold(0u8, |a, v| a ^ v[i]))
+                .collect();
+            let in_place = call % 2 == 1;
+            let blocks = 1 + (call % 3) as u32;
+            let got: Vec<Vec<u8>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..n)
+                    .map(|r| {
+                        let input = inputs[r].clone();
+                        let w = &w;
+                        s.spawn(move || {
+                            let recv = Mem::new(bytes);
+                            let send = Mem::new(bytes);
+                            let sp = if in_place { recv.p } else { send.p };
+                            // SAFETY: sp holds `bytes`.
+                            unsafe { std::ptr::copy_nonoverlapping(input.as_ptr(), sp, bytes) };
+                            let (sp, rp, ctx) = (sp as u64, recv.p as u64, w.ctxs[r]);
+                            launch(Dim3::x(blocks), Dim3::x(4), || {
+                                // SAFETY: the world's context; buffers hold `bytes`.
+                                unsafe {
+                                    k::ll_exchange(
+                                        &ctx,
+                                        sp as *const u8,
+                                        rp as *mut u8,
+                                        bytes as u64,
+                                        0,
+                                    )
+                                }
+                            })
+                            .expect("kernel ran to completion");
+                            // SAFETY: recv holds `bytes`; the kernel is done.
+                            unsafe { std::slice::from_raw_parts(recv.p, bytes) }.to_vec()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (r, g) in got.iter().enumerate() {
+                assert_eq!(g, &want, "n={n} call {call} bytes {bytes} rank {r}");
+            }
+            if call % 3 == 2 {
+                // A one-shot all-reduce in between: same counter, same packet halves.
+                let inputs = int_inputs(n, 100, call as u64);
+                let want = expected(&inputs);
+                for (r, got) in all_reduce(&w, Ty::F32, Algo::OneShot, &inputs, 0, false, 2, 64)
+                    .iter()
+                    .enumerate()
+                {
+                    assert_eq!(got, &want, "n={n} all-reduce after call {call}, rank {r}");
+                }
+            }
+        }
+    }
+}

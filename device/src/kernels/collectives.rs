@@ -151,3 +151,13 @@ kernel! {
     }
 }
 crate::launch_bounds!(all_gather_packets, 1024);
+
+kernel! {
+    /// The bare LL-packet exchange of one-shot all-reduce, a benchmark reference (`recv`: the
+    /// XOR of every rank's `bytes`): see [`all_reduce::ll_exchange`].
+    pub unsafe fn ll_exchange(ctx: *const CollContext, send: *const u8, recv: *mut u8, bytes: u64, tag: u64) {
+        // SAFETY: forwarded to the launcher (the host validates the context).
+        unsafe { all_reduce::ll_exchange(&*ctx, send, recv, bytes, tag) }
+    }
+}
+crate::launch_bounds!(ll_exchange, 1024);

@@ -23,6 +23,8 @@ pub(super) struct Kernels {
     _conns: Option<DeviceBuffer>,
     pub(super) all_gather: CudaFunction,
     pub(super) all_gather_packets: CudaFunction,
+    /// The bare LL exchange (a benchmark reference, [`super::Collectives::ll_exchange_raw`]).
+    pub(super) ll_exchange: CudaFunction,
     /// The context in device memory (kernels take its address).
     ctx: DeviceBuffer,
     /// Programmatic dependent launch for the kernels that wait for it (see [`Self::launch`]).
@@ -77,6 +79,7 @@ impl Kernels {
             any_op,
             all_gather: f("all_gather")?,
             all_gather_packets: f("all_gather_packets")?,
+            ll_exchange: f("ll_exchange")?,
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
             ctx: mem,
