@@ -7,7 +7,7 @@
 //!   [`CALLS`] bare exchanges ([`Collectives::ll_exchange_raw`]: the same packets, grid,
 //!   call counter and flags, without the call descriptors and the reduction), each replayed
 //!   [`REPLAYS`] times between two events; the time per call is the larger of the two ranks',
-//!   the median of [`ROUNDS`] rounds that alternate the two;
+//!   the median of [`ROUNDS`] rounds, each timing both (which goes first alternates);
 //! - before timing, each size's results are checked (the all-reduce's sums, the exchange's
 //!   XOR), and the run fails on a wrong element.
 //!
@@ -162,8 +162,11 @@ fn main() {
         for (s, &bytes) in SIZES.iter().enumerate() {
             r.check(Kind::AllReduce, bytes, sync);
             r.check(Kind::Bare, bytes, sync);
-            for _ in 0..ROUNDS {
-                for (k, kind) in [Kind::AllReduce, Kind::Bare].into_iter().enumerate() {
+            for round in 0..ROUNDS {
+                // Which goes first alternates, so that neither always follows the other.
+                let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+                for k in order {
+                    let kind = [Kind::AllReduce, Kind::Bare][k];
                     let us = r.time(kind, bytes, sync);
                     if rank == 0 {
                         times.lock().unwrap()[s][k].push(us);

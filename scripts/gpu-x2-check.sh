@@ -10,7 +10,8 @@
 # STEPS="1 4" runs only those steps; DRY=1 prints the commands instead of running them.
 # Logs go to $OUT/x2 (tarred into $OUT/x2.tgz after every step, so a timeout keeps them).
 #
-#  1  all-reduce against NCCL, CUDA graph and plain, 8 B-512 MB       (#13 cost, #15, #18)
+#  1  all-reduce against NCCL, CUDA graph and plain, 8 B-512 MB; the
+#     small all-reduce against the bare LL exchange (ll_exchange bench) (#13 cost, #15, #18)
 #  2  send/recv against NCCL, graph and plain                          (#14: below 1.0 in rows)
 #  3  the other collectives against NCCL under a graph                 (#14)
 #  4  proxy all-reduce against NCCL: the plan and what the one-GPU sweep suggests (#17)
@@ -25,7 +26,8 @@
 # on one GPU, and scripts/with-mps.sh with scripts/gpu-cross-hosts-check.sh cover that case.
 cd "$(dirname "$0")/.." || exit 1
 if [ "${1:-}" = --pack ]; then
-  PACK_EXTRA="gpu_collectives gpu_litmus gpu_proxy_flag ${PACK_EXTRA:-}" \
+  cargo build --release --bench ll_exchange || exit 1
+  PACK_EXTRA="gpu_collectives gpu_litmus gpu_proxy_flag ll_exchange ${PACK_EXTRA:-}" \
     exec scripts/gpu-cross-hosts-check.sh --pack
 fi
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -71,6 +73,8 @@ want 1 && {
   # first rows are slow too). If 200 warm-up calls per size flatten the first rows, it is
   # clocks ramping up, not the library.
   perf allreduce-plain-w200 60 -b 8 -e 64K -f 4 -n 20 -w 200
+  # #18: the small all-reduce against the bare LL exchange it is made of, under graphs.
+  [ "${DRY:-}" = 1 ] || [ -x $B/ll_exchange ] && run ll-exchange 60 $B/ll_exchange --bench
 }
 want 2 && {
   perf sendrecv-graph 60 --op sendrecv $P -G 10

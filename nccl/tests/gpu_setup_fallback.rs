@@ -61,7 +61,7 @@ fn set_up_failure_of_ours_falls_back_to_the_real_nccl() {
             "rank {r} does not say that rank 1's set-up failed:\n{log}"
         );
         assert!(
-            log.contains("ncclAllReduce f32 sum -> fallback (real NCCL)"),
+            log.contains("ncclAllReduce float sum -> fallback (real NCCL)"),
             "rank {r}'s all-reduce did not go to the real NCCL:\n{log}"
         );
         assert!(
