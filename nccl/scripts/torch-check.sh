@@ -14,6 +14,10 @@
 # every rank uses GPU 0, so a one-GPU machine can check our calls (correctness only). With
 # a real NCCL in use there, each rank gets its own NCCL_HOSTID (torch_check.py), so the
 # real NCCL, which refuses two ranks on one GPU of one host, joins them over sockets.
+# SETUP_FALLBACK=1 makes our set-up fail on every rank (a 1 TiB scratch,
+# MSCCLPP_COLL_SCRATCH_BYTES), so that each communicator runs on the real NCCL alone
+# (nccl/src/rescue.rs): every call must then be forwarded, the WARN line must say why, and
+# DDP must still match the plain run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/torch-check-out}
@@ -29,6 +33,11 @@ REAL=$(ls -d "$(dirname "$PYTHON")"/../lib/python3*/site-packages/nvidia/nccl/li
 echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())')"
 echo "real NCCL: ${REAL:-not found (the library searches itself)}"
 fail=0
+want=native
+if [ -n "${SETUP_FALLBACK:-}" ]; then
+  [ "${ONLY:-}" = ours ] && { echo "SETUP_FALLBACK needs a real NCCL (not ONLY=ours)"; exit 2; }
+  want=fallback
+fi
 if [ -n "${TORCH_CHECK_DEVICE:-}" ] && [ "${ONLY:-}" != ours ]; then
   export TORCH_CHECK_HOST_PER_RANK=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
 fi
@@ -47,6 +56,11 @@ run() {
     # its DDP parameters, then hung in barrier()/destroy_process_group(): seen twice on
     # 2x H200 with NCCL 2.28.9 and PyTorch 2.11. Not a failure of our library; said plainly.
     echo "note: the plain run (real NCCL) passed every check on all $NPROC ranks, then hung in its teardown and was stopped after ${RUN_TIMEOUT:-400}s"
+  elif [ $rc -eq 124 ] && [ "$mode" = ours ] && [ -n "${SETUP_FALLBACK:-}" ] && [ "$passed" -eq "$NPROC" ]; then
+    # Every call of this run is on the real NCCL (our set-up made to fail): the same
+    # teardown hang as the plain run (seen once, one H200, NCCL 2.28.9 over sockets, where
+    # the plain run hung the same way in the same call).
+    echo "note: the ours run (every call on the real NCCL) passed every check on all $NPROC ranks, then hung in its teardown like the plain run and was stopped after ${RUN_TIMEOUT:-400}s"
   elif [ $rc -ne 0 ]; then
     echo "FAIL: $mode run exited $rc (log: $LOGS/$mode.log)"; fail=1
   fi
@@ -56,7 +70,8 @@ if [ "${ONLY:-}" = ours ]; then
   run ours LD_PRELOAD="$LIB" MSCCLPP_DEBUG=INFO MSCCLPP_NCCL_LIB=none
 else
   run plain
-  run ours LD_PRELOAD="$LIB" MSCCLPP_DEBUG=INFO ${REAL:+MSCCLPP_NCCL_LIB=$REAL}
+  run ours LD_PRELOAD="$LIB" MSCCLPP_DEBUG=INFO ${REAL:+MSCCLPP_NCCL_LIB=$REAL} \
+    ${SETUP_FALLBACK:+MSCCLPP_COLL_SCRATCH_BYTES=1099511627776}
 fi
 
 echo "=== which path served what (ours)"
@@ -64,22 +79,37 @@ grep -h "INFO rank" "$LOGS/ours.log" | sed 's/^.*INFO //' | sort -u | tee "$LOGS
 need() {
   if grep -q -- "$1" "$LOGS/paths.txt"; then echo "ok: $1"; else echo "FAIL: no line '$1'"; fail=1; fi
 }
-need "ncclAllReduce float sum -> native"
-need "ncclAllReduce bfloat16 sum -> native"
-need "ncclAllReduce float max -> native"
-need "ncclAllReduce int32 sum -> native"
-need "ncclAllGather .* -> native"
-need "ncclReduceScatter float sum -> native"
-need "ncclB[a-z]*cast float - -> native"   # ncclBroadcast or ncclBcast (PyTorch)
-need "ncclSend float - -> native"
-need "ncclRecv float - -> native"
-need "ncclAlltoAll float - -> native"
-need "ncclReduce float sum -> native"
-if grep -q -- "-> fallback" "$LOGS/paths.txt"; then
-  echo "note: calls still forwarded:"; grep -- "-> fallback" "$LOGS/paths.txt"
-fi
-if grep -q "WARN" "$LOGS/ours.log"; then
-  echo "FAIL: warnings from the library:"; grep "WARN" "$LOGS/ours.log" | head -5; fail=1
+need "ncclAllReduce float sum -> $want"
+need "ncclAllReduce bfloat16 sum -> $want"
+need "ncclAllReduce float max -> $want"
+need "ncclAllReduce int32 sum -> $want"
+need "ncclAllGather .* -> $want"
+need "ncclReduceScatter float sum -> $want"
+need "ncclB[a-z]*cast float - -> $want"   # ncclBroadcast or ncclBcast (PyTorch)
+need "ncclSend float - -> $want"
+need "ncclRecv float - -> $want"
+need "ncclAlltoAll float - -> $want"
+need "ncclReduce float sum -> $want"
+if [ "$want" = fallback ]; then
+  if grep -q -- "-> native" "$LOGS/paths.txt"; then
+    echo "FAIL: calls ran natively although our set-up failed:"; grep -- "-> native" "$LOGS/paths.txt"; fail=1
+  fi
+  if grep -q "could not set up this communicator (rank 0: .*); every call on it runs on the real NCCL" "$LOGS/ours.log"; then
+    echo "ok: the set-up failure is reported with rank 0's reason"
+  else
+    echo "FAIL: no WARN line about the set-up failure"; fail=1
+  fi
+  grep "WARN" "$LOGS/ours.log" | sort -u | head -3
+  if grep "WARN" "$LOGS/ours.log" | grep -vq "could not set up this communicator"; then
+    echo "FAIL: other warnings from the library:"; grep "WARN" "$LOGS/ours.log" | grep -v "could not set up" | head -5; fail=1
+  fi
+else
+  if grep -q -- "-> fallback" "$LOGS/paths.txt"; then
+    echo "note: calls still forwarded:"; grep -- "-> fallback" "$LOGS/paths.txt"
+  fi
+  if grep -q "WARN" "$LOGS/ours.log"; then
+    echo "FAIL: warnings from the library:"; grep "WARN" "$LOGS/ours.log" | head -5; fail=1
+  fi
 fi
 
 if [ "${ONLY:-}" = ours ]; then
