@@ -61,7 +61,15 @@ struct MailState {
     /// on its way even if the peer already said goodbye on our link to it.
     incoming_open: Vec<bool>,
     first_lost: Option<usize>,
+    /// The lost ranks in the order they were marked lost.
+    lost_order: Vec<usize>,
+    /// Whether the loss hooks ran for a lost rank (they run in `lost_order`).
+    hooked: Vec<bool>,
 }
+
+/// At most this long a loss waits for its news to reach the survivors' sockets before the
+/// waits of this process learn of it (see `mark_lost`).
+const NEWS_FLUSH: Duration = Duration::from_millis(200);
 
 /// A frame queued for a link's writer task.
 struct Outgoing {
@@ -139,6 +147,8 @@ impl Mesh {
                 status: vec![PeerStatus::Alive; nranks],
                 incoming_open: vec![false; nranks],
                 first_lost: None,
+                lost_order: Vec::new(),
+                hooked: vec![false; nranks],
             }),
             notify: Notify::new(),
             links: (0..nranks).map(|_| OnceCell::new()).collect(),
@@ -169,14 +179,33 @@ impl Mesh {
         }
     }
 
+    /// Runs the loss hooks for `peer` and, first, for every rank lost before it whose hooks
+    /// have not run: a loss whose hooks wait for its news to go out (`mark_lost`) must not
+    /// be overtaken by a later one's (the first hook call raises the abort word that names
+    /// the lost rank).
     fn run_loss_hooks(&self, peer: usize) {
-        let detail = match &lock(&self.state).status[peer] {
-            PeerStatus::Lost(d) => d.clone(),
-            _ => return,
+        let due: Vec<(usize, String)> = {
+            let mut st = lock(&self.state);
+            let Some(pos) = st.lost_order.iter().position(|&p| p == peer) else {
+                return;
+            };
+            let order: Vec<usize> = st.lost_order[..=pos].to_vec();
+            let mut due = Vec::new();
+            for p in order {
+                if !st.hooked[p] {
+                    st.hooked[p] = true;
+                    if let PeerStatus::Lost(d) = &st.status[p] {
+                        due.push((p, d.clone()));
+                    }
+                }
+            }
+            due
         };
         let hooks = lock(&self.loss_hooks).clone();
-        for h in hooks {
-            (h.0)(peer, &detail);
+        for (p, detail) in due {
+            for h in &hooks {
+                (h.0)(p, &detail);
+            }
         }
     }
 
@@ -420,6 +449,7 @@ impl Mesh {
             let mut st = lock(&self.state);
             if matches!(st.status[peer], PeerStatus::Alive) {
                 st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {}", self.rank));
+                st.lost_order.push(peer);
                 let first = *st.first_lost.get_or_insert(peer);
                 let earlier = match &st.status[first] {
                     PeerStatus::Lost(d) if first != peer => Some(Message::PeerLost {
@@ -436,42 +466,47 @@ impl Mesh {
         if !changed {
             return;
         }
-        self.notify.notify_waiters();
-        self.run_loss_hooks(peer);
         let notice = Message::PeerLost {
             rank: peer as u32,
             detail,
         };
         let notices: Vec<Message> = first.into_iter().chain([notice]).collect();
+        // Receivers that fire once the news is on each survivor's socket.
+        let mut flushed = Vec::new();
         for other in 0..self.nranks {
             if other == self.rank || other == peer || !self.is_alive(other) {
                 continue;
             }
-            // Queued now on a connection in either direction where one exists, so that it
-            // goes out before any later goodbye on that connection.
-            let queued = |tx: &mpsc::UnboundedSender<Outgoing>| {
+            // Queued now on every connection with `other` (either direction), so that it goes
+            // out before any later goodbye on that connection, and ahead of the end of each:
+            // `other` may see either end first when this process exits.
+            let mut queued = |tx: &mpsc::UnboundedSender<Outgoing>| {
                 notices.iter().all(|message| {
+                    let (done, on_socket) = oneshot::channel();
+                    flushed.push(on_socket);
                     tx.send(Outgoing {
                         message: message.clone(),
                         payload: Bytes::new(),
-                        done: None,
+                        done: Some(done),
                     })
                     .is_ok()
                 })
             };
-            if let Some(link) = self.links[other].get()
-                && queued(&link.tx)
-            {
-                continue;
-            }
-            if lock(&self.back)[other].as_ref().is_some_and(queued) {
+            let on_link = self.links[other].get().is_some_and(|link| queued(&link.tx));
+            let on_back = lock(&self.back)[other].as_ref().is_some_and(&mut queued);
+            if on_link || on_back {
                 continue;
             }
             let mesh = Arc::clone(self);
             let notices = notices.clone();
+            let (done, on_socket) = oneshot::channel();
+            flushed.push(on_socket);
             let task = tokio::spawn(async move {
-                for notice in notices {
-                    let _ = mesh.post(other, notice, Bytes::new(), None, Op::Init).await;
+                let last = notices.len() - 1;
+                let mut done = Some(done);
+                for (i, notice) in notices.into_iter().enumerate() {
+                    let d = if i == last { done.take() } else { None };
+                    let _ = mesh.post(other, notice, Bytes::new(), d, Op::Init).await;
                 }
                 if mesh.closing.load(Ordering::Acquire) {
                     // `begin_close` missed this new link: say goodbye here.
@@ -482,6 +517,22 @@ impl Mesh {
             });
             lock(&self.notices).push(task);
         }
+        // The waits of this process learn of the loss (and the loss hooks raise the abort
+        // word) only once the news is on every survivor's socket, or after NEWS_FLUSH: a
+        // caller that fails on this loss and leaves at once (`process::exit`) would otherwise
+        // close its connections before the news went out, and a survivor that saw the
+        // connection end first would blame the caller instead of `peer`.
+        let mesh = Arc::clone(self);
+        tokio::spawn(async move {
+            let _ = timeout(NEWS_FLUSH, async {
+                for on_socket in flushed {
+                    let _ = on_socket.await;
+                }
+            })
+            .await;
+            mesh.notify.notify_waiters();
+            mesh.run_loss_hooks(peer);
+        });
     }
 
     /// Marks `peer` lost on the word of rank `reporter`.
@@ -494,6 +545,7 @@ impl Mesh {
             let alive = matches!(st.status[peer], PeerStatus::Alive);
             if alive {
                 st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {reporter}"));
+                st.lost_order.push(peer);
                 st.first_lost.get_or_insert(peer);
             }
             alive
