@@ -22,10 +22,27 @@
 //! Both computations are within `gamma_k * A` of the exact gradient, so they are within
 //! `2 gamma_k * A` of each other: [`grad_tolerance`]. This catches a wrong averaging scale
 //! (an error of the gradient's own size) everywhere except where the gradient is below
-//! `2 gamma_k` (about `1e-5` here) of its absolute value. Adam's update divides by the
-//! gradient's magnitude, so parameters after many steps have no such a-priori bound; the
-//! loss curves of two runs are compared with the empirical tolerance documented in the
-//! integration tests.
+//! `2 gamma_k` (about `1e-5` here) of its absolute value.
+//!
+//! # The first step's parameters
+//!
+//! Both runs start from the same parameters `p0`, so after the first AdamW step (moments
+//! zero before it) they differ only through the update `lr * f(c g)`, where `c = min(1, M /
+//! |g|)` is the clipping factor of the global norm and `f(x) = x / (|x| + eps)` (the first
+//! step's bias-corrected `m / (sqrt(v) + eps)`). With `|g_run - g_ref| <= t` per element
+//! (the gradient bound above), `|c_run g_run - c_ref g_ref| <= t + |c_run - c_ref| |g_ref|`
+//! and `|c_run - c_ref| <= M |n_run - n_ref| / (n_run n_ref)` with `|n_run - n_ref| <= |t|`
+//! (the norm of the bounds), so the clipped gradients differ by at most `dt`; `f` is
+//! increasing, so the updates differ by at most `max(f(x + dt) - f(x), f(x) - f(x - dt))`
+//! at `x = c_ref g_ref`. Each run computes its update in f32 within `gamma_16` of `f`
+//! (products, quotients, the square root and the sums of the moments and bias corrections,
+//! counted generously) and its new parameter within `gamma_4 (|p0| + lr (1 + wd |p0|))`.
+//! [`first_step_bounds`] adds these per element. The bound is tight where `|g|` is well
+//! above `eps` and `dt` (about `1e-8` for `lr = 1e-3`: a change of the learning rate by one
+//! part in a thousand exceeds it) and loose (up to `2 lr`) where the gradient is within
+//! `dt` of zero. Past the first step Adam divides by running averages of the gradients'
+//! squares, so there is no such bound; the loss curves and parameters of two runs over
+//! many steps are compared with the empirical margins documented in the integration tests.
 
 use crate::model::Mlp;
 
@@ -261,6 +278,54 @@ pub fn norm(g: &[f32]) -> f32 {
         .sqrt() as f32
 }
 
+/// Per-element bounds on `|p_run - p_ref|` after the first AdamW step of two runs from the
+/// same parameters `p0`, whose averaged gradients differ by at most `tol` per element
+/// around the reference `g_ref` (see the [module](self), "The first step's parameters").
+///
+/// `norm_rel`: how far, relative to the norm, each run's computed global norm may be from
+/// the exact one (the clipping factor's input): `2^-24` for [`norm`]'s f64 sum rounded to
+/// f32; more for a GPU's f32 reduction.
+pub fn first_step_bounds(
+    h: &AdamW,
+    p0: &[f32],
+    g_ref: &[f32],
+    tol: &[f32],
+    norm_rel: f64,
+) -> Vec<f32> {
+    let u = f64::from(f32::EPSILON) / 2.0;
+    let gamma = |k: f64| k * u / (1.0 - k * u);
+    let n_ref = norm(g_ref) as f64;
+    // |n_run - n_ref| <= |tol| (triangle inequality), plus both norms' rounding.
+    let dn = tol.iter().map(|&t| (t as f64).powi(2)).sum::<f64>().sqrt() + 2.0 * norm_rel * n_ref;
+    let m = h.max_norm as f64;
+    let (c_ref, dc) = if h.max_norm <= 0.0 || n_ref + dn < m {
+        // Neither run clips.
+        (1.0, 0.0)
+    } else {
+        let n_lo = n_ref - dn;
+        let dc = if n_lo > 0.0 {
+            (m * dn / (n_lo * n_ref)).min(1.0)
+        } else {
+            1.0
+        };
+        ((m / n_ref).min(1.0), dc)
+    };
+    let (lr, eps, wd) = (h.lr as f64, h.eps as f64, h.weight_decay as f64);
+    let f = |x: f64| x / (x.abs() + eps);
+    p0.iter()
+        .zip(g_ref)
+        .zip(tol)
+        .map(|((&p, &g), &t)| {
+            let (p, g, t) = (p.abs() as f64, g as f64, t as f64);
+            let x = c_ref * g;
+            let dt = t + dc * g.abs();
+            let df = (f(x + dt) - f(x)).max(f(x) - f(x - dt));
+            let rounding = 2.0 * (lr * gamma(16.0) + gamma(4.0) * (p + lr * (1.0 + wd * p)));
+            (lr * df + rounding) as f32 + f32::MIN_POSITIVE
+        })
+        .collect()
+}
+
 /// One AdamW step on `p` with the averaged gradient `g`: clips by the global norm, then
 /// updates the moments and parameters like the GPU kernel. Returns the norm before
 /// clipping.
@@ -362,6 +427,57 @@ mod tests {
         assert!(ok(1.0 / rows as f32));
         assert!(!ok(1.0 / (rows - 1) as f32));
         assert!(!ok(1.0));
+    }
+
+    #[test]
+    fn first_step_bounds_hold_and_catch_a_changed_learning_rate() {
+        let (mlp, p, teacher, tp, x, t, rows) = setup();
+        let g = gradient(&mlp, &p, &x, &t, rows);
+        let abs = abs_gradient(&mlp, &p, &teacher, &tp, &x, rows);
+        let k = rounding_depth(&mlp, &teacher, rows, 3);
+        let tol: Vec<f32> = abs.iter().map(|&a| grad_tolerance(k, a)).collect();
+        for max_norm in [0.0f32, 0.05, 1e3] {
+            let h = AdamW {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+                max_norm,
+            };
+            let bounds = first_step_bounds(&h, &p, &g, &tol, f64::from(f32::EPSILON) / 2.0);
+            let step = |h: &AdamW, g: &[f32]| {
+                let mut q = p.clone();
+                let mut s = AdamState::new(q.len());
+                adamw_step(h, &mut q, g, &mut s);
+                q
+            };
+            let reference = step(&h, &g);
+            // Gradients moved by up to their bound, with alternating signs (a run of
+            // another rank count at its worst).
+            let moved: Vec<f32> = g
+                .iter()
+                .zip(&tol)
+                .enumerate()
+                .map(|(i, (v, t))| if i % 2 == 0 { v + t } else { v - t })
+                .collect();
+            let run = step(&h, &moved);
+            for i in 0..p.len() {
+                assert!(
+                    (run[i] - reference[i]).abs() <= bounds[i],
+                    "max_norm {max_norm} element {i}: {} > {}",
+                    (run[i] - reference[i]).abs(),
+                    bounds[i]
+                );
+            }
+            // A learning rate off by one part in a thousand is caught on most elements (not
+            // where the gradient is within its bound of zero, where the bound is loose).
+            let off = step(&AdamW { lr: 1.001e-3, ..h }, &g);
+            let caught = (0..p.len())
+                .filter(|&i| (off[i] - reference[i]).abs() > bounds[i])
+                .count();
+            assert!(caught * 4 >= p.len() * 3, "only {caught} of {}", p.len());
+        }
     }
 
     #[test]

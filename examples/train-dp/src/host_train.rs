@@ -12,9 +12,9 @@ use mscclpp::host::collectives::{Collectives, ReduceOp};
 
 use crate::baseline::Mode;
 use crate::config::{Config, GradDtype};
-use crate::cpu::{self, AdamState};
+use crate::cpu::{self, AdamState, AdamW};
 use crate::model::{self, Bucket, Mlp, seeds};
-use crate::report::{GradCheck, RunReport, StepTime};
+use crate::report::{GradCheck, ParamCheck, RunReport, StepTime};
 use crate::{Error, Ranks};
 
 /// Faults the integration tests inject (`TRAIN_DP_FAULT`) to show that the checks fail.
@@ -78,7 +78,7 @@ pub fn check_gradient(
     tp: &[f32],
     step: usize,
     avg: &[f32],
-) -> GradCheck {
+) -> (GradCheck, FirstStep) {
     let x = model::inputs(
         seeds::data(cfg.seed),
         (step * cfg.batch) as u64,
@@ -102,7 +102,9 @@ pub fn check_gradient(
         max_ratio: 0.0,
         max_abs_diff: 0.0,
         depth: k,
+        params: None,
     };
+    let mut tols = Vec::with_capacity(avg.len());
     for ((g, r), a) in avg.iter().zip(&reference).zip(&abs) {
         let tol = cpu::grad_tolerance(k, *a) + bf16 * a + f32::MIN_POSITIVE;
         let d = (g - r).abs();
@@ -111,8 +113,53 @@ pub fn check_gradient(
         }
         out.max_ratio = out.max_ratio.max((d / tol) as f64);
         out.max_abs_diff = out.max_abs_diff.max(d as f64);
+        tols.push(tol);
     }
-    out
+    let first = FirstStep {
+        p0: p.to_vec(),
+        reference,
+        tols,
+    };
+    (out, first)
+}
+
+/// What the first step's parameter check needs from the gradient check: the parameters
+/// before the step, the reference gradient and each element's gradient bound.
+pub struct FirstStep {
+    p0: Vec<f32>,
+    reference: Vec<f32>,
+    tols: Vec<f32>,
+}
+
+impl FirstStep {
+    /// Compares `p1`, this run's parameters after the first step, with the reference run's
+    /// (the same AdamW step on the reference gradient) within `cpu::first_step_bounds`.
+    /// `norm_rel`: see `cpu::first_step_bounds`.
+    pub fn check(&self, h: &AdamW, p1: &[f32], norm_rel: f64) -> ParamCheck {
+        let mut reference = self.p0.clone();
+        cpu::adamw_step(
+            h,
+            &mut reference,
+            &self.reference,
+            &mut AdamState::new(p1.len()),
+        );
+        let bounds = cpu::first_step_bounds(h, &self.p0, &self.reference, &self.tols, norm_rel);
+        let mut out = ParamCheck {
+            elements: p1.len(),
+            violations: 0,
+            max_ratio: 0.0,
+            max_abs_diff: 0.0,
+        };
+        for ((a, b), t) in p1.iter().zip(&reference).zip(&bounds) {
+            let d = (a - b).abs();
+            if d > *t || !d.is_finite() {
+                out.violations += 1;
+            }
+            out.max_ratio = out.max_ratio.max((d / t) as f64);
+            out.max_abs_diff = out.max_abs_diff.max(d as f64);
+        }
+        out
+    }
 }
 
 /// Trains on this rank; returns the report (rank 0's lines printed). `mode`: with the
@@ -165,8 +212,10 @@ pub fn run(
         let (bwd_end, comm_start, comm_end) =
             backward_and_average(cfg, coll, &mlp, &p, &acts, dy, b, &buckets, &mut grad)?;
         let exposed = comm_end.saturating_duration_since(bwd_end);
+        let mut first_step = None;
         if step == 0 && cfg.check_grads {
-            let c = check_gradient(cfg, &mlp, &p, &teacher, &tp, step, &grad);
+            let (c, first) = check_gradient(cfg, &mlp, &p, &teacher, &tp, step, &grad);
+            first_step = Some(first);
             if rank == 0 {
                 println!(
                     "gradient check (step 1, global batch vs CPU reference): {} elements, {} outside the bound (k = {}), max |diff|/tol {:.3e}, max |diff| {:.3e}",
@@ -183,6 +232,24 @@ pub fn run(
             grad_check = Some(c);
         }
         let norm = cpu::adamw_step(&cfg.adamw, &mut p, &grad, &mut adam);
+        if let (Some(first), Some(c)) = (&first_step, grad_check.as_mut()) {
+            // Both runs' norms are `cpu::norm`: an f64 sum rounded once to f32.
+            let pc = first.check(&cfg.adamw, &p, f64::from(f32::EPSILON) / 2.0);
+            if rank == 0 {
+                println!(
+                    "parameter check (step 1, against the same step on the CPU reference's gradient): {} parameters, {} outside the bound, max |diff|/bound {:.3e}, max |diff| {:.3e}",
+                    pc.elements, pc.violations, pc.max_ratio, pc.max_abs_diff
+                );
+            }
+            if pc.violations > 0 {
+                return Err(format!(
+                    "rank {rank}: parameter check failed: {} of {} parameters outside the bound",
+                    pc.violations, pc.elements
+                )
+                .into());
+            }
+            c.params = Some(pc);
+        }
         rec.step(StepTime {
             step_ms: t0.elapsed().as_secs_f64() * 1e3,
             exposed_ms: exposed.as_secs_f64() * 1e3,

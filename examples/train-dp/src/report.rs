@@ -76,6 +76,23 @@ pub struct GradCheck {
     pub max_abs_diff: f64,
     /// The rounding depth `k` of the bound.
     pub depth: usize,
+    /// The parameters after the first step against the reference's, within
+    /// `cpu::first_step_bounds` (Host transport only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<ParamCheck>,
+}
+
+/// Result of the first step's parameter check.
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamCheck {
+    /// Parameters compared.
+    pub elements: usize,
+    /// Parameters outside their bound.
+    pub violations: usize,
+    /// Largest `|difference| / bound` (below 1 passes).
+    pub max_ratio: f64,
+    /// Largest absolute difference.
+    pub max_abs_diff: f64,
 }
 
 /// One training run (ours, or NCCL's with `--compare`).

@@ -3,9 +3,10 @@
 //!
 //! Tolerances of the run-to-run comparisons (2 or 3 ranks against 1 over the same global
 //! batch): the first step's averaged gradient is checked by the program against the
-//! derived bound `2 gamma_k * A` (see `src/cpu.rs`); past that, Adam divides by the
-//! gradient's magnitude, so there is no a-priori bound on the parameters and the tests use
-//! margins far above the differences measured (losses 2e-9..1e-8 relative, parameters
+//! derived bound `2 gamma_k * A`, and the parameters after that step against the same step
+//! on the reference gradient within `cpu::first_step_bounds` (see `src/cpu.rs`); past that,
+//! Adam divides by the gradient's magnitude, so there is no a-priori bound on the parameters
+//! and the tests use margins far above the differences measured (losses 2e-9..1e-8 relative, parameters
 //! 3e-8..1.2e-7 absolute over 30 steps at lr 1e-3) and far below what a wrong averaging
 //! produces (each rank's own gradient moves parameters by up to lr = 1e-3 per step):
 //! losses within 1e-5 relative, parameters within 1% of `lr * steps` = 3e-4.
@@ -116,6 +117,12 @@ fn check_healthy(report: &Value, nranks: usize) {
     let gc = &r["grad_check"];
     assert_eq!(gc["violations"].as_u64(), Some(0), "{gc}");
     assert!(gc["elements"].as_u64().unwrap() > 3000);
+    // The first step's parameters against the same step on the reference gradient, within
+    // the derived bound (`cpu::first_step_bounds`).
+    let pc = &gc["params"];
+    assert_eq!(pc["violations"].as_u64(), Some(0), "{pc}");
+    assert_eq!(pc["elements"], gc["elements"], "{pc}");
+    assert!(pc["max_ratio"].as_f64().unwrap() < 1.0, "{pc}");
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
