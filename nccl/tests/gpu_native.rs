@@ -12,15 +12,11 @@ use std::time::Duration;
 
 use cudarc::driver::result as cu;
 use mscclpp_nccl::api::*;
-use mscclpp_nccl::real::RawUniqueId;
 
-const RANK_ENV: &str = "MSCCLPP_NCCL_TEST_RANK";
-const ID_ENV: &str = "MSCCLPP_NCCL_TEST_ID";
+mod common;
+use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex};
+
 const N: usize = 2;
-
-fn gpu_count() -> usize {
-    mscclpp_host::cuda::device_count().unwrap_or(0)
-}
 
 #[test]
 fn native_calls_through_the_c_api_on_gpus() {
@@ -36,14 +32,7 @@ fn native_calls_through_the_c_api_on_gpus() {
         eprintln!("skipping native_calls_through_the_c_api_on_gpus: no GPU");
         return;
     }
-    let mut id = RawUniqueId { internal: [0; 128] };
-    // SAFETY: a live out-parameter.
-    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, 0);
-    let hex: String = id
-        .internal
-        .iter()
-        .map(|b| format!("{:02x}", *b as u8))
-        .collect();
+    let hex = new_id_hex();
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..N)
         .map(|r| {
@@ -121,11 +110,7 @@ fn p(a: u64) -> *mut c_void {
 }
 
 fn rank_main(rank: usize) {
-    let hex = std::env::var(ID_ENV).unwrap();
-    let mut id = RawUniqueId { internal: [0; 128] };
-    for (i, b) in id.internal.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
-    }
+    let id = id_from_env();
     let device = rank % gpu_count();
     let ctx = cudarc::driver::CudaContext::new(device).unwrap();
     let s1 = ctx.new_stream().unwrap();

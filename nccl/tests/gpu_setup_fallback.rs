@@ -16,17 +16,13 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::result as cu;
 use mscclpp_nccl::api::*;
-use mscclpp_nccl::real::RawUniqueId;
 
-const RANK_ENV: &str = "MSCCLPP_NCCL_TEST_RANK";
-const ID_ENV: &str = "MSCCLPP_NCCL_TEST_ID";
+mod common;
+use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex};
+
 const MODE_ENV: &str = "MSCCLPP_NCCL_TEST_MODE";
 const TEST: &str = "set_up_failure_of_ours_falls_back_to_the_real_nccl";
 const N: usize = 2;
-
-fn gpu_count() -> usize {
-    mscclpp_host::cuda::device_count().unwrap_or(0)
-}
 
 #[test]
 fn set_up_failure_of_ours_falls_back_to_the_real_nccl() {
@@ -76,14 +72,7 @@ fn set_up_failure_of_ours_falls_back_to_the_real_nccl() {
 /// Runs the two ranks in `mode`; both must exit 0 (their checks are inside). Returns each
 /// rank's stderr.
 fn run_ranks(mode: &str) -> Vec<String> {
-    let mut id = RawUniqueId { internal: [0; 128] };
-    // SAFETY: a live out-parameter.
-    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, 0);
-    let hex: String = id
-        .internal
-        .iter()
-        .map(|b| format!("{:02x}", *b as u8))
-        .collect();
+    let hex = new_id_hex();
     let exe = std::env::current_exe().unwrap();
     let shared_gpu = gpu_count() < N;
     let mut children: Vec<_> = (0..N)
@@ -200,11 +189,7 @@ fn check_all_reduce(what: &str, comm: *mut c_void, ranks: &[usize], me: usize, c
 }
 
 fn rank_main(rank: usize, mode: &str) {
-    let hex = std::env::var(ID_ENV).unwrap();
-    let mut id = RawUniqueId { internal: [0; 128] };
-    for (i, b) in id.internal.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
-    }
+    let id = id_from_env();
     let ctx = cudarc::driver::CudaContext::new(rank % gpu_count()).unwrap();
     ctx.bind_to_thread().unwrap();
     let mut comm: *mut c_void = std::ptr::null_mut();
