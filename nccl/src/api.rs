@@ -473,9 +473,10 @@ export! {
                 }
                 _ => (None, inner.real_missing.clone()),
             };
-            let Some(coll) = &inner.coll else {
+            let coll = match &inner.coll {
+                Ok(coll) => coll,
                 // On the real NCCL alone: so is the child.
-                return real_only_child(call, c, inner, real_new, blocking, None, newcomm);
+                Err(why) => return real_only_child(call, c, why, real_new, blocking, None, newcomm),
             };
             let bs = coll.communicator().bootstrap();
             let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
@@ -558,8 +559,12 @@ export! {
                 _ => (None, inner.real_missing.clone()),
             };
             let blocking = if config.is_null() { c.blocking } else { view.blocking };
-            let Some(coll) = &inner.coll else {
-                return real_only_child(call, c, inner, real_new, blocking, Some((place, m.len())), newcomm);
+            let coll = match &inner.coll {
+                Ok(coll) => coll,
+                Err(why) => {
+                    let place = Some((place, m.len()));
+                    return real_only_child(call, c, why, real_new, blocking, place, newcomm);
+                }
             };
             let bs = coll.communicator().bootstrap();
             let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
@@ -586,13 +591,14 @@ export! {
     }
 }
 
-/// The child of a split or shrink of a communicator on the real NCCL alone: on the real
-/// child `real_new` alone (`NULL` when the real split gave none: no color). `place`: this
-/// rank's place and the child's size when known (a shrink), else asked of the real child.
+/// The child of a split or shrink of a communicator on the real NCCL alone (ours could not
+/// be set up: `why`): on the real child `real_new` alone (`NULL` when the real split gave
+/// none: no color). `place`: this rank's place and the child's size when known (a shrink),
+/// else asked of the real child.
 fn real_only_child(
     call: &str,
     c: &Comm,
-    inner: &Inner,
+    why: &str,
     real_new: Option<comm::RealComm>,
     blocking: bool,
     place: Option<(usize, usize)>,
@@ -622,9 +628,8 @@ fn real_only_child(
             )
         }
     };
-    let why = inner.real_only.clone().unwrap_or_default();
     let new = Box::new(Comm::new(place, size, c.gpu.clone(), blocking));
-    let _ = new.state.set(Ok(Inner::real_only(rc, why)));
+    let _ = new.state.set(Ok(Inner::real_only(rc, why.to_string())));
     // SAFETY: checked non-null by the caller.
     unsafe { *newcomm = register(new) };
     Ok(result::SUCCESS)
@@ -633,7 +638,7 @@ fn real_only_child(
 /// Waits for this GPU's work, then for every rank's (a bootstrap barrier): after it no peer
 /// kernel reads or writes our memory. Nothing of ours to wait for on the real NCCL alone.
 fn quiesce(call: &str, gpu: &mscclpp_host::cuda::Gpu, inner: &Inner) -> Result<(), Failure> {
-    let Some(coll) = &inner.coll else {
+    let Ok(coll) = &inner.coll else {
         return Ok(());
     };
     comm::on_gpu(gpu, || gpu.synchronize())
@@ -712,7 +717,7 @@ fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
         // Raise the abort word: our kernels waiting on a peer give up within their next slow
         // poll. They may still be running now, and freeing the memory they use would wait
         // for them (cuMemFree synchronises): leave it to the process's end.
-        if let Some(coll) = &inner.coll {
+        if let Ok(coll) = &inner.coll {
             coll.abort();
         }
         std::mem::forget(inner);
@@ -775,7 +780,7 @@ export! {
                         .coll
                         .as_ref()
                         .map_or((Vec::new(), 0), |coll| coll.communicator().proxy_errors());
-                    if let Some(Err(e)) = inner.coll.as_ref().map(|coll| coll.async_error()) {
+                    if let Ok(Err(e)) = inner.coll.as_ref().map(|coll| coll.async_error()) {
                         // Our kernels' record: a mismatch, an abort (a dead peer), a timeout
                         // or a lost CUDA context.
                         let f = crate::error::Failure::from_comm(call, &e);

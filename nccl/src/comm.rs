@@ -39,11 +39,10 @@ unsafe impl Sync for RealComm {}
 
 /// A set-up communicator.
 pub struct Inner {
-    /// Our collectives, with the communicator and bootstrap; `None` when ours could not be
-    /// set up on some rank and every call runs on the real NCCL ([`crate::rescue`]).
-    pub coll: Option<Collectives>,
-    /// Why ours is missing, when it is (the failing ranks and their messages).
-    pub real_only: Option<String>,
+    /// Our collectives, with the communicator and bootstrap; or, when ours could not be set
+    /// up on some rank and every call runs on the real NCCL ([`crate::rescue`]), why (the
+    /// failing ranks and their messages).
+    pub coll: Result<Collectives, String>,
     /// The real NCCL's communicator over the same ranks, when a real NCCL is available on
     /// every rank.
     pub real: Option<RealComm>,
@@ -60,34 +59,41 @@ pub struct Inner {
 }
 
 impl Inner {
-    /// A communicator on the real NCCL alone: every call forwarded to `real`.
-    pub fn real_only(real: RealComm, why: String) -> Inner {
+    /// A set-up communicator: ours (or why there is none), the real one beside it (or why
+    /// there is none), and the calls forwarded.
+    pub fn new(
+        coll: Result<Collectives, String>,
+        real: Option<RealComm>,
+        real_missing: Option<String>,
+        fallback: Fallback,
+    ) -> Inner {
         Inner {
-            coll: None,
-            real_only: Some(why),
-            real: Some(real),
-            real_missing: None,
-            fallback: Fallback {
-                mask: Fallback::ALL_MASK,
-                unknown: Vec::new(),
-            },
+            coll,
+            real,
+            real_missing,
+            fallback,
             finalized: AtomicBool::new(false),
             shrink_seq: AtomicU64::new(0),
             premul_ops: Mutex::new(HashSet::new()),
         }
     }
 
+    /// A communicator on the real NCCL alone (ours could not be set up: `why`): every call
+    /// forwarded to `real`.
+    pub fn real_only(real: RealComm, why: String) -> Inner {
+        let all = Fallback {
+            mask: Fallback::ALL_MASK,
+            unknown: Vec::new(),
+        };
+        Inner::new(Err(why), Some(real), None, all)
+    }
+
     /// Our collectives, or why this communicator has none.
     pub fn ours(&self, call: &str) -> Result<&Collectives, Failure> {
-        self.coll.as_ref().ok_or_else(|| {
+        self.coll.as_ref().map_err(|why| {
             Failure::new(
                 result::INTERNAL_ERROR,
-                format!(
-                    "{call}: this communicator runs on the real NCCL only ({})",
-                    self.real_only
-                        .as_deref()
-                        .unwrap_or("mscclpp's set-up failed")
-                ),
+                format!("{call}: this communicator runs on the real NCCL only ({why})"),
             )
         })
     }
@@ -433,16 +439,7 @@ pub fn set_up(
             _ => "unavailable".into(),
         }
     ));
-    Ok(Inner {
-        coll: Some(coll),
-        real_only: None,
-        real,
-        real_missing,
-        fallback,
-        finalized: AtomicBool::new(false),
-        shrink_seq: AtomicU64::new(0),
-        premul_ops: Mutex::new(HashSet::new()),
-    })
+    Ok(Inner::new(Ok(coll), real, real_missing, fallback))
 }
 
 /// After our set-up failed with `e` on this rank (or a peer's failure reached it): the
