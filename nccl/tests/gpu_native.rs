@@ -14,7 +14,7 @@ use cudarc::driver::result as cu;
 use mscclpp_nccl::api::*;
 
 mod common;
-use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex};
+use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex, wait_all};
 
 const N: usize = 2;
 
@@ -34,7 +34,7 @@ fn native_calls_through_the_c_api_on_gpus() {
     }
     let hex = new_id_hex();
     let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..N)
+    let mut children: Vec<_> = (0..N)
         .map(|r| {
             Command::new(&exe)
                 .args([
@@ -50,28 +50,9 @@ fn native_calls_through_the_c_api_on_gpus() {
                 .unwrap()
         })
         .collect();
-    let start = std::time::Instant::now();
-    let mut children: Vec<_> = children.into_iter().map(Some).collect();
-    let mut codes = vec![None; N];
-    while codes.iter().any(Option::is_none) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if let Some(ch) = c
-                && let Some(s) = ch.try_wait().unwrap()
-            {
-                codes[i] = Some(s.code());
-                *c = None;
-            }
-        }
-        if start.elapsed() > Duration::from_secs(240) {
-            for ch in children.iter_mut().flatten() {
-                let _ = ch.kill();
-            }
-            panic!("ranks hung: {codes:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let codes = wait_all(&mut children, Duration::from_secs(240), "native calls");
     assert!(
-        codes.iter().all(|c| *c == Some(Some(0))),
+        codes.iter().all(|c| *c == Some(0)),
         "ranks failed: {codes:?}"
     );
 }

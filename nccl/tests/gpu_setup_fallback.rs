@@ -18,7 +18,7 @@ use cudarc::driver::result as cu;
 use mscclpp_nccl::api::*;
 
 mod common;
-use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex};
+use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex, wait_all};
 
 const MODE_ENV: &str = "MSCCLPP_NCCL_TEST_MODE";
 const TEST: &str = "set_up_failure_of_ours_falls_back_to_the_real_nccl";
@@ -113,30 +113,13 @@ fn run_ranks(mode: &str) -> Vec<String> {
             })
         })
         .collect();
-    let start = Instant::now();
-    let mut codes = vec![None; N];
-    while codes.iter().any(Option::is_none) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if codes[i].is_none()
-                && let Some(s) = c.try_wait().unwrap()
-            {
-                codes[i] = Some(s.code());
-            }
-        }
-        if start.elapsed() > Duration::from_secs(180) {
-            for c in children.iter_mut() {
-                let _ = c.kill();
-            }
-            panic!("{mode}: ranks hung: {codes:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let codes = wait_all(&mut children, Duration::from_secs(180), mode);
     let logs: Vec<String> = readers.into_iter().map(|h| h.join().unwrap()).collect();
     for (r, log) in logs.iter().enumerate() {
         eprintln!("---- {mode}: rank {r} ----\n{log}");
     }
     assert!(
-        codes.iter().all(|c| *c == Some(Some(0))),
+        codes.iter().all(|c| *c == Some(0)),
         "{mode}: ranks failed: {codes:?}"
     );
     logs

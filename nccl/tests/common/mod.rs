@@ -36,3 +36,31 @@ pub fn id_from_env() -> RawUniqueId {
     }
     id
 }
+
+/// Waits for every child, killing them all and failing after `limit`; returns their exit
+/// codes in order (`None`: ended by a signal).
+pub fn wait_all(
+    children: &mut [std::process::Child],
+    limit: std::time::Duration,
+    what: &str,
+) -> Vec<Option<i32>> {
+    let start = std::time::Instant::now();
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if codes[i].is_none()
+                && let Some(s) = c.try_wait().unwrap()
+            {
+                codes[i] = Some(s.code());
+            }
+        }
+        if start.elapsed() > limit {
+            for c in children.iter_mut() {
+                let _ = c.kill();
+            }
+            panic!("{what}: ranks hung: {codes:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    codes.into_iter().flatten().collect()
+}
