@@ -60,8 +60,8 @@ struct MailState {
     /// Whether the peer's link to us is open: while it is, data from the peer may still be
     /// on its way even if the peer already said goodbye on our link to it.
     incoming_open: Vec<bool>,
-    first_lost: Option<usize>,
-    /// The lost ranks in the order they were marked lost.
+    /// The lost ranks in the order they were marked lost (the first: the loss every
+    /// collective operation reports).
     lost_order: Vec<usize>,
     /// Whether the loss hooks ran for a lost rank (they run in `lost_order`).
     hooked: Vec<bool>,
@@ -146,7 +146,6 @@ impl Mesh {
                 queues: HashMap::new(),
                 status: vec![PeerStatus::Alive; nranks],
                 incoming_open: vec![false; nranks],
-                first_lost: None,
                 lost_order: Vec::new(),
                 hooked: vec![false; nranks],
             }),
@@ -450,7 +449,7 @@ impl Mesh {
             if matches!(st.status[peer], PeerStatus::Alive) {
                 st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {}", self.rank));
                 st.lost_order.push(peer);
-                let first = *st.first_lost.get_or_insert(peer);
+                let first = st.lost_order[0];
                 let earlier = match &st.status[first] {
                     PeerStatus::Lost(d) if first != peer => Some(Message::PeerLost {
                         rank: first as u32,
@@ -546,7 +545,6 @@ impl Mesh {
             if alive {
                 st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {reporter}"));
                 st.lost_order.push(peer);
-                st.first_lost.get_or_insert(peer);
             }
             alive
         };
@@ -608,7 +606,7 @@ impl Mesh {
                     return Ok(message);
                 }
                 // A lost rank dooms every collective; name it rather than whoever we wait on.
-                let lost = st.first_lost.filter(|_| collective);
+                let lost = st.lost_order.first().copied().filter(|_| collective);
                 let gone = lost.or(match &st.status[from] {
                     PeerStatus::Alive => None,
                     PeerStatus::Closed if st.incoming_open[from] => None,
@@ -641,7 +639,7 @@ impl Mesh {
             notified.as_mut().enable();
             {
                 let st = lock(&self.state);
-                if let Some(p) = st.first_lost
+                if let Some(&p) = st.lost_order.first()
                     && let PeerStatus::Lost(detail) = &st.status[p]
                 {
                     return Some((p, detail.clone()));
@@ -897,7 +895,7 @@ impl Mesh {
             // that peers blame the lost rank, not the one that left.
             let lost = {
                 let st = lock(&self.state);
-                st.first_lost.and_then(|p| match &st.status[p] {
+                st.lost_order.first().and_then(|&p| match &st.status[p] {
                     PeerStatus::Lost(detail) => Some(Message::PeerLost {
                         rank: p as u32,
                         detail: detail.clone(),
