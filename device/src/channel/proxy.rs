@@ -293,19 +293,30 @@ impl<'a> DevConn<'a> {
         let refused = ChannelError::ProxyRefused {
             connection: self.connection_id,
         };
-        if self.fault.is_null() {
-            return Err(refused);
-        }
-        // Relaxed: the proxy wrote the bit before the tail store this thread acquired.
-        let (word, mask) = fault::refused_bit(self.connection_id);
-        // SAFETY: the fault area is live and FAULT_WORDS long (constructor contract), and
-        // refused_bit's word lies below FAULT_WORDS.
-        let bits = unsafe { arch::ld_relaxed_sys_u64(self.fault.add(word)) };
-        if bits & mask != 0 {
+        // Relaxed (in `refused`): the proxy wrote the bit before the tail store this thread
+        // acquired.
+        if self.fault.is_null() || self.refused() {
             Err(refused)
         } else {
             Ok(())
         }
+    }
+
+    /// Whether the proxy has refused or failed a trigger of this connection since it was
+    /// launched, or found its peer gone (its bit in the fault area: e.g. a put to a peer
+    /// whose connection closed, or a TCP stream from the peer that ended).
+    /// `false` for a handle without a fault area. A relaxed load: a bit the proxy set before
+    /// a tail this thread acquired is seen.
+    #[inline]
+    pub fn refused(&self) -> bool {
+        if self.fault.is_null() {
+            return false;
+        }
+        let (word, mask) = fault::refused_bit(self.connection_id);
+        // SAFETY: the fault area is live and FAULT_WORDS long (constructor contract), and
+        // refused_bit's word lies below FAULT_WORDS.
+        let bits = unsafe { arch::ld_relaxed_sys_u64(self.fault.add(word)) };
+        bits & mask != 0
     }
 
     /// Waits for the peer's next signal; traps after the handle's timeout or when the

@@ -44,7 +44,15 @@
 //!    trap), and checks the partner's header: a different round or descriptor is recorded
 //!    in the fault area ([`fault::MISMATCH`] at [`fault::AT_CROSS`] with both descriptors,
 //!    or at [`fault::AT_CROSS_ROUND`] with both rounds in the descriptor words) and the
-//!    step is *broken*: [`fault::CROSS_BROKEN`] is raised in the fault area. Barrier.
+//!    step is *broken*: [`fault::CROSS_BROKEN`] is raised in the fault area. A partner
+//!    whose connection is gone (the proxy refused the put to it, or found its stream
+//!    ended: `DevConn::refused`) does not stop the waits: its round may have landed before
+//!    it left, and is waited for until 1 s after the wait's first slice (so a partner
+//!    that found a mismatch and left is still reported as the mismatch, one that died as
+//!    lost by the bootstrap's abort, and one that left before the call is named within a
+//!    second, not after the device timeout); after a
+//!    barrier, the gone partner is recorded ([`fault::ABORTED`] at
+//!    [`fault::AT_CROSS_GONE`]) unless something else was. Barrier.
 //! 4. Unless broken: [`REDUCE`]: the payloads of every host, in host order (the own from
 //!    its send slot), reduced by the tag's operation into `out` (`len` bytes), average as a
 //!    sum divided once at the end by the job's rank count ([`flags`]); a [`to_host`] step
@@ -61,6 +69,7 @@
 
 use super::{Bytes, Call, CollContext, Dyn, Reduce, desc, fault, op};
 use crate::arch;
+use crate::channel::ChannelError;
 use crate::channel::memory::copy;
 
 /// Bytes of the header in front of every payload: round, descriptor (`n`, tag), payload
@@ -91,6 +100,11 @@ const TO_ALL: u64 = 0xff_ffff;
 const AVG_SHIFT: u32 = 32;
 /// How long one `wait_timeout` waits before the fault words are looked at.
 const WAIT_SLICE_NS: u64 = 200_000;
+/// How long a partner whose connection is gone (`DevConn::refused`) is still waited for:
+/// what it sent before it left has landed by then, and a partner that died (rather than
+/// left) has been reported lost by the bootstrap (the abort word, within about 250 ms),
+/// which names it as lost.
+const GONE_GRACE_NS: u64 = 1_000_000_000;
 
 /// The `flags` argument of [`step`]: a mode ([`NONE`], [`REDUCE`], [`GATHER`]) or'ed with
 /// [`PER_DEST`] and [`to_host`], and `avg_n`, the job's rank count (the divisor of an
@@ -212,6 +226,11 @@ pub unsafe fn step(
     }
     arch::sync_threads();
     let dst = recv_slot(slot, nh as u64, round, me as u64);
+    // The first partner of this thread's whose connection is gone (the proxy refused or
+    // failed the put to it, or its round did not come within the grace after the proxy
+    // found it gone): typically a partner that failed this round, or an earlier call, and
+    // left. Recorded after the waits unless something else was (a mismatch says more).
+    let mut gone = None;
     let mut h = t;
     while h < nh && !call.failed {
         if h != me {
@@ -224,10 +243,14 @@ pub unsafe fn step(
             arch::fence_acq_rel_sys();
             // SAFETY: conns holds nranks handles (context contract).
             let c = unsafe { &*ctx.conns.add(h as usize) };
-            if c.try_put_with_signal(dst, from, HDR + l).is_err() {
-                // SAFETY: the context valid.
-                unsafe { ctx.fail(call, fault::TIMEOUT, h, [0; 2], fault::AT_CROSS) };
-                call.failed = true;
+            match c.try_put_with_signal(dst, from, HDR + l) {
+                Ok(()) => {}
+                Err(ChannelError::ProxyRefused { .. }) => gone = gone.or(Some(h)),
+                Err(_) => {
+                    // SAFETY: the context valid.
+                    unsafe { ctx.fail(call, fault::TIMEOUT, h, [0; 2], fault::AT_CROSS) };
+                    call.failed = true;
+                }
             }
         }
         h += nt;
@@ -238,15 +261,23 @@ pub unsafe fn step(
             // SAFETY: as above.
             let c = unsafe { &*ctx.conns.add(h as usize) };
             let mut start = None;
+            let mut arrived = true;
             while !c.wait_timeout(WAIT_SLICE_NS) {
                 let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+                // A partner this rank cannot reach any more: what it sent before it left
+                // is there within the grace; after it, give up without a record.
+                if c.refused() && arch::global_timer_ns().wrapping_sub(t0) > GONE_GRACE_NS {
+                    gone = gone.or(Some(h));
+                    arrived = false;
+                    break;
+                }
                 // SAFETY: the context valid.
                 if !unsafe { ctx.keep_waiting(call, h, fault::AT_CROSS, t0) } {
                     call.failed = true;
                     break;
                 }
             }
-            if !call.failed {
+            if !call.failed && arrived {
                 let at = base.wrapping_add(recv_slot(slot, nh as u64, round, h as u64) as usize);
                 let mut hdr = [0u64; 4];
                 for (i, w) in hdr.iter_mut().enumerate() {
@@ -278,6 +309,23 @@ pub unsafe fn step(
     if call.failed {
         // SAFETY: the fault area is live (context contract); the shared word the block's.
         unsafe {
+            arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
+            failed_flag.write_volatile(1);
+        }
+    }
+    arch::sync_threads();
+    // A partner gone fails the round, named as such only when no wait failed or found a
+    // mismatch (those were recorded before the barrier and say more).
+    // SAFETY: the shared word was written before the barrier; after it, only raised to 1
+    // (below), so a thread that reads it while another raises it sees 0 or 1, and either
+    // leaves one record in the fault area (first writer wins).
+    if let Some(h) = gone
+        && unsafe { failed_flag.read_volatile() } == 0
+    {
+        // SAFETY: the context valid; the fault area live (context contract); the shared
+        // word the block's.
+        unsafe {
+            ctx.fail(call, fault::ABORTED, h, [0; 2], fault::AT_CROSS_GONE);
             arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
             failed_flag.write_volatile(1);
         }

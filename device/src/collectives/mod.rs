@@ -264,7 +264,9 @@ pub mod fault {
     /// The first of [`PROXY_REFUSED_WORDS`] words of bits of the proxy channels (`DevConn`)
     /// whose triggers the proxy refused or failed: connection `id` has the bit
     /// [`refused_bit`]`(id)`. Set by the proxy (atomic or) before it publishes a flagged
-    /// tail (`fifo::TAIL_FAULT`); cleared by the host when it starts a proxy.
+    /// tail (`fifo::TAIL_FAULT`), or, without a flagged tail, when it finds the
+    /// connection's peer gone (nothing more can arrive from it); cleared by the host when it
+    /// starts a proxy.
     pub const PROXY_REFUSED: usize = 16;
     /// Words of refused bits: connections `0..64 * PROXY_REFUSED_WORDS` each have their own
     /// bit (a rank of 8 GPUs with 8 proxy lanes per peer has more than 64 connections);
@@ -316,6 +318,12 @@ pub mod fault {
     /// that rank; a mismatch holds the two sizes as
     /// [`p2p_desc`](super::send_recv::p2p_desc)s.
     pub const AT_XP2P: u64 = 11;
+    /// A partner across hosts ([`cross`](super::cross)) whose connection is gone: this
+    /// rank's put of its round to it was refused or failed by the proxy, or its round did
+    /// not come within a grace after the proxy found it gone. [`PEER`] is the partner's
+    /// host index; recorded as [`ABORTED`] only when no other wait failed and no partner's
+    /// round showed a mismatch (which says more).
+    pub const AT_CROSS_GONE: u64 = 12;
 }
 
 /// `u64` words of the fault area.

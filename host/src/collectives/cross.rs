@@ -405,7 +405,10 @@ pub(super) fn proxy_context_on_device(
 
 /// Whether a fault record is a cross-host step's.
 pub(super) fn is_cross(place: u64) -> bool {
-    matches!(place, fault::AT_CROSS | fault::AT_CROSS_ROUND)
+    matches!(
+        place,
+        fault::AT_CROSS | fault::AT_CROSS_ROUND | fault::AT_CROSS_GONE
+    )
 }
 
 impl Cross {
@@ -814,6 +817,17 @@ impl Collectives {
             _ => "?".into(),
         };
         match rec.kind {
+            _ if rec.place == fault::AT_CROSS_GONE => {
+                let proxy = self
+                    .comm
+                    .proxy_error()
+                    .map_or(String::new(), |e| format!(": {e}"));
+                CommError::State(format!(
+                    "{call}: rank {me} lost its connection across hosts to rank {peer} \
+                     (host {h}): that rank left or failed before its part of this call \
+                     arrived{proxy}; the collectives cannot be used any more"
+                ))
+            }
             fault::MISMATCH if rec.place == fault::AT_CROSS_ROUND => CommError::State(format!(
                 "{call}: the ranks called collectives differently across hosts: rank {peer} \
                  (host {h}) is at its round {} across hosts where rank {me} is at {}; the \

@@ -33,6 +33,11 @@
 //! P2P `cpu` flag mode's waiting flags), then exits; no queued trigger is lost. Triggers pushed after that are
 //! not served (stop the kernels first).
 //!
+//! With its FIFO empty, the thread asks the plane for connections whose peer can send
+//! nothing more ([`DataPlane::take_gone`]: TCP streams that ended) and runs `on_refused`
+//! for each, once, without recording an error: device waits for that peer then give up
+//! after a grace (a partner across hosts that left) instead of the device timeout.
+//!
 //! Idle policy: spin for 200 µs after the last trigger, then yield for 5 ms, then sleep
 //! 20 µs between polls, so an idle proxy does not hold a core (CI machines have two) while
 //! one in a conversation answers within a poll.
@@ -147,7 +152,8 @@ pub(crate) struct ProxyTask {
     /// The rank at the other end of each connection id (for error messages).
     pub peers: Vec<usize>,
     /// Runs on the proxy thread when a trigger of a connection is refused or fails, before
-    /// the trigger is popped (the communicator marks the connection in its fault area).
+    /// the trigger is popped, and when the plane finds the connection's peer gone (the
+    /// communicator marks the connection in its fault area).
     pub on_refused: Option<RefusedHook>,
     /// Time the work and keep [`ProxyStats`] (printed to standard error at the end); the
     /// communicator sets it from [`PROXY_STATS_ENV`].
@@ -327,6 +333,7 @@ fn run_loop(
     let mut first: Option<Instant> = None;
     // Whether the last turn served a trigger (for the stats' `queued`).
     let mut just_served = false;
+    let mut gone = Vec::new();
     loop {
         // The plane's own work (IB host staging delivers arrived data here).
         let t_progress = stats.is_some().then(Instant::now);
@@ -357,6 +364,15 @@ fn run_loop(
                     record(errors, ProxyError::Progress { error });
                 }
                 return;
+            }
+            // Connections whose peer can send nothing more: marked like refused ones (no
+            // error is recorded: a peer that finished first is no fault), so that a wait
+            // for such a peer gives up after a grace instead of the device timeout.
+            task.plane.take_gone(&mut gone);
+            for id in gone.drain(..) {
+                if let Some(hook) = task.on_refused.as_mut() {
+                    hook(id);
+                }
             }
             let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
             if idle < SPIN_FOR {

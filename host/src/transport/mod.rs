@@ -167,6 +167,13 @@ pub trait DataPlane: Send {
     fn finish(&mut self) -> Result<(), TransportError> {
         Ok(())
     }
+    /// Appends to `gone` the connections (route ids) found since the last call whose peer
+    /// can deliver nothing more (TCP: a stream of the connection ended or broke, so what
+    /// the peer sent before has been received), each once. Called by the proxy when its
+    /// FIFO is empty; never waits. The default finds none.
+    fn take_gone(&mut self, gone: &mut Vec<u32>) {
+        let _ = gone;
+    }
 }
 
 /// [`DataPlane::put_with_signal`] as its two calls: the signal goes even when the put
@@ -272,6 +279,12 @@ impl DataPlane for PlaneSet {
             }
         }
         first
+    }
+
+    fn take_gone(&mut self, gone: &mut Vec<u32>) {
+        for p in &mut self.planes {
+            p.take_gone(gone);
+        }
     }
 }
 

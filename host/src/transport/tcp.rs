@@ -694,6 +694,8 @@ type PlaneLink = (Arc<Mutex<Tx>>, Arc<Shared>, Option<u64>);
 #[derive(Debug)]
 pub struct TcpPlane {
     links: Vec<Option<PlaneLink>>,
+    /// Per link: reported by [`DataPlane::take_gone`] already.
+    gone: Vec<bool>,
     chunk: usize,
     /// On the GPU backend: the slots puts are copied out of the device through.
     stage: Option<Slots>,
@@ -856,6 +858,23 @@ impl DataPlane for TcpPlane {
     fn flush(&mut self) -> Result<(), TransportError> {
         // Every put and signal is in the sockets when its call returns.
         Ok(())
+    }
+
+    /// Links whose peer is lost ([`Shared::lose`]: a receiver's stream ended or broke, or
+    /// a write failed). A stream ends only after everything the peer wrote to it before;
+    /// signals wait for their data on the other stripes, so what the peer sent lands
+    /// within moments of this report (the waits give it a grace).
+    fn take_gone(&mut self, gone: &mut Vec<u32>) {
+        for (id, link) in self.links.iter().enumerate() {
+            if let Some((_, shared, _)) = link
+                && !self.gone[id]
+                // Acquire: pairs with `lose`'s release (nothing else is read through it).
+                && shared.lost_flag.load(Ordering::Acquire)
+            {
+                self.gone[id] = true;
+                gone.push(id as u32);
+            }
+        }
     }
 }
 
@@ -1176,6 +1195,7 @@ impl TransportSetup for TcpSetup {
             _ => None,
         };
         Ok(Box::new(TcpPlane {
+            gone: vec![false; links.len()],
             links,
             chunk: config.chunk,
             stage,
