@@ -37,7 +37,12 @@
 //! at `x = c_ref g_ref`. Each run computes its update in f32 within `gamma_16` of `f`
 //! (products, quotients, the square root and the sums of the moments and bias corrections,
 //! counted generously) and its new parameter within `gamma_4 (|p0| + lr (1 + wd |p0|))`.
-//! [`first_step_bounds`] adds these per element. The bound is tight where `|g|` is well
+//! [`first_step_bounds`] adds these per element. The training program knows both
+//! gradients, so it passes their measured difference as `t` (after the gradient check has
+//! found it within its bound): the worst-case `t` of every element at once has a 2-norm
+//! close to the gradient's own in the default configuration, which makes the clipping
+//! factor's bound, and with it every parameter's, as loose as `2 lr` (a learning rate off
+//! by 3x passes). The bound is tight where `|g|` is well
 //! above `eps` and `dt` (about `1e-8` for `lr = 1e-3`: a change of the learning rate by one
 //! part in a thousand exceeds it) and loose (up to `2 lr`) where the gradient is within
 //! `dt` of zero. Past the first step Adam divides by running averages of the gradients'

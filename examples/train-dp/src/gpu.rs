@@ -38,7 +38,7 @@ use train_dp_kernels::{REDUCE_BLOCKS, REDUCE_THREADS, slot};
 
 use crate::baseline::Mode;
 use crate::config::{Args, Compare, Config, GradDtype};
-use crate::host_train::check_gradient;
+use crate::host_train::{applied_adamw, check_first_step, check_gradient};
 use crate::model::{self, Bucket, Mlp, seeds};
 use crate::report::{GradCheck, RunReport, StepTime};
 use crate::{Error, Ranks};
@@ -570,7 +570,7 @@ impl<'a> Net<'a> {
         // Optimizer: norm of the summed gradient, clip and 1/n folded into its scale.
         launch!(s, &self.k.sum_squares, REDUCE_BLOCKS, REDUCE_THREADS;
             gr, mlp.params as u64, self.grad_partial.device_ptr())?;
-        let a = &cfg.adamw;
+        let a = &applied_adamw(cfg);
         launch!(s, &self.k.finalize, 1, REDUCE_THREADS;
             self.loss_partial.device_ptr(), REDUCE_BLOCKS, 1.0f32 / (b * out) as f32,
             self.grad_partial.device_ptr(), REDUCE_BLOCKS, 1.0f32 / cfg.nranks as f32,
@@ -617,6 +617,28 @@ impl<'a> Net<'a> {
     }
 }
 
+/// How far, relative to the norm, the GPU's global gradient norm may be from the exact norm
+/// of the averaged gradient it stands for (`norm_rel` of `cpu::first_step_bounds`), for
+/// `params` parameters. `sum_squares` squares (1 rounding), sums each thread's elements
+/// serially (at most `params / (REDUCE_BLOCKS * REDUCE_THREADS)` rounded adds, rounded up)
+/// and the block's threads in a tree (`log2 REDUCE_THREADS`); `finalize` sums the blocks'
+/// partials the same way (`REDUCE_BLOCKS / REDUCE_THREADS` serial adds, rounded up, and the
+/// tree). Every term is non-negative, so the sum is within `gamma_k` of the exact sum of
+/// squares, `k` the longest chain (Higham, ch. 3; a fused multiply-add only shortens it);
+/// the square root halves that relative error. The root, the `1 / n` factor, its product,
+/// and the averaged gradient's own rounding (`avg = sum * (1/n)`, against which the
+/// gradient bound is stated) add at most four roundings: `gamma_4`.
+fn gpu_norm_rel(params: usize) -> f64 {
+    let u = f64::from(f32::EPSILON) / 2.0;
+    let gamma = |k: f64| k * u / (1.0 - k * u);
+    let lanes = (REDUCE_BLOCKS * REDUCE_THREADS) as usize;
+    let tree = f64::from(REDUCE_THREADS.ilog2());
+    let serial = params.div_ceil(lanes) as f64;
+    let partials = REDUCE_BLOCKS.div_ceil(REDUCE_THREADS) as f64;
+    let k = 1.0 + serial + tree + partials + tree;
+    gamma(k) / 2.0 + gamma(4.0)
+}
+
 /// One training run with `comm` (rank 0 alone with `--baseline`: a one-rank
 /// configuration, so `comm` is never called).
 fn train(
@@ -660,9 +682,7 @@ fn train(
                 *v *= inv;
             }
             let tp = net.teacher.init(seeds::teacher(cfg.seed), 1.0);
-            // The first step's parameter check (`host_train::FirstStep`) is not run here: the
-            // GPU's norm is an f32 block reduction whose rounding the bound does not model yet.
-            let (c, _) = check_gradient(cfg, &net.mlp, &p0, &net.teacher, &tp, 0, &avg);
+            let (mut c, first) = check_gradient(cfg, &net.mlp, &p0, &net.teacher, &tp, 0, &avg);
             if ranks.rank == 0 {
                 println!(
                     "[{label}] gradient check (step 1, GPU averaged gradient vs CPU reference over the global batch): {} elements, {} outside the bound (k = {}), max |diff|/tol {:.3e}, max |diff| {:.3e}",
@@ -676,6 +696,16 @@ fn train(
                 )
                 .into());
             }
+            let p1 = net.download(&net.params)?;
+            let norm_rel = gpu_norm_rel(net.mlp.params);
+            c.params = Some(check_first_step(
+                &first,
+                cfg,
+                &p1,
+                norm_rel,
+                ranks.rank,
+                Some(label),
+            )?);
             grad_check = Some(c);
         }
         let log = (step + 1) % cfg.log_every == 0 || step + 1 == cfg.steps;

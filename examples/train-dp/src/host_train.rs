@@ -24,6 +24,9 @@ enum Fault {
     SumNotMean,
     /// `no-allreduce`: every rank keeps its own gradient.
     NoAllReduce,
+    /// `lr-off`: the optimizer runs with the learning rate one part in a thousand too
+    /// high (the first step's parameter check must catch it, on either backend).
+    LrOff,
 }
 
 fn fault() -> Option<Fault> {
@@ -31,8 +34,19 @@ fn fault() -> Option<Fault> {
     *F.get_or_init(|| match std::env::var("TRAIN_DP_FAULT").as_deref() {
         Ok("sum-not-mean") => Some(Fault::SumNotMean),
         Ok("no-allreduce") => Some(Fault::NoAllReduce),
+        Ok("lr-off") => Some(Fault::LrOff),
         _ => None,
     })
+}
+
+/// The optimizer's hyper-parameters as this run applies them: `cfg`'s, unless the
+/// `lr-off` fault is injected (`TRAIN_DP_FAULT`).
+pub fn applied_adamw(cfg: &Config) -> AdamW {
+    let mut h = cfg.adamw;
+    if fault() == Some(Fault::LrOff) {
+        h.lr *= 1.001;
+    }
+    h
 }
 
 /// All-reduces `g` in place (sum over the `n` ranks) in the configured wire type, then
@@ -104,7 +118,6 @@ pub fn check_gradient(
         depth: k,
         params: None,
     };
-    let mut tols = Vec::with_capacity(avg.len());
     for ((g, r), a) in avg.iter().zip(&reference).zip(&abs) {
         let tol = cpu::grad_tolerance(k, *a) + bf16 * a + f32::MIN_POSITIVE;
         let d = (g - r).abs();
@@ -113,22 +126,51 @@ pub fn check_gradient(
         }
         out.max_ratio = out.max_ratio.max((d / tol) as f64);
         out.max_abs_diff = out.max_abs_diff.max(d as f64);
-        tols.push(tol);
     }
     let first = FirstStep {
         p0: p.to_vec(),
         reference,
-        tols,
+        run: avg.to_vec(),
     };
     (out, first)
 }
 
 /// What the first step's parameter check needs from the gradient check: the parameters
-/// before the step, the reference gradient and each element's gradient bound.
+/// before the step, the reference gradient and this run's (which the gradient check found
+/// within its bound).
 pub struct FirstStep {
     p0: Vec<f32>,
     reference: Vec<f32>,
-    tols: Vec<f32>,
+    run: Vec<f32>,
+}
+
+/// The first step's parameter check of this run's parameters `p1` against `cfg`'s
+/// optimizer (see [`FirstStep::check`]): printed on rank 0 (prefixed with `label`, if
+/// any), an error naming the rank on any violation.
+pub fn check_first_step(
+    first: &FirstStep,
+    cfg: &Config,
+    p1: &[f32],
+    norm_rel: f64,
+    rank: usize,
+    label: Option<&str>,
+) -> Result<ParamCheck, Error> {
+    let pc = first.check(&cfg.adamw, p1, norm_rel);
+    let tag = label.map_or(String::new(), |l| format!("[{l}] "));
+    if rank == 0 {
+        println!(
+            "{tag}parameter check (step 1, against the same step on the CPU reference's gradient): {} parameters, {} outside the bound, max |diff|/bound {:.3e}, max |diff| {:.3e}",
+            pc.elements, pc.violations, pc.max_ratio, pc.max_abs_diff
+        );
+    }
+    if pc.violations > 0 {
+        return Err(format!(
+            "rank {rank}: {tag}parameter check failed: {} of {} parameters outside the bound",
+            pc.violations, pc.elements
+        )
+        .into());
+    }
+    Ok(pc)
 }
 
 impl FirstStep {
@@ -143,7 +185,17 @@ impl FirstStep {
             &self.reference,
             &mut AdamState::new(p1.len()),
         );
-        let bounds = cpu::first_step_bounds(h, &self.p0, &self.reference, &self.tols, norm_rel);
+        // Both gradients are known here: the bound takes their measured difference (the
+        // f64 difference rounded up to f32), not the gradient check's worst-case bound,
+        // whose 2-norm can reach the gradient's own and then make the clipping factor, and
+        // so every parameter's bound, as loose as `2 lr`.
+        let diffs: Vec<f32> = self
+            .run
+            .iter()
+            .zip(&self.reference)
+            .map(|(&a, &b)| ((f64::from(a) - f64::from(b)).abs() as f32).next_up())
+            .collect();
+        let bounds = cpu::first_step_bounds(h, &self.p0, &self.reference, &diffs, norm_rel);
         let mut out = ParamCheck {
             elements: p1.len(),
             violations: 0,
@@ -231,24 +283,11 @@ pub fn run(
             }
             grad_check = Some(c);
         }
-        let norm = cpu::adamw_step(&cfg.adamw, &mut p, &grad, &mut adam);
+        let norm = cpu::adamw_step(&applied_adamw(cfg), &mut p, &grad, &mut adam);
         if let (Some(first), Some(c)) = (&first_step, grad_check.as_mut()) {
             // Both runs' norms are `cpu::norm`: an f64 sum rounded once to f32.
-            let pc = first.check(&cfg.adamw, &p, f64::from(f32::EPSILON) / 2.0);
-            if rank == 0 {
-                println!(
-                    "parameter check (step 1, against the same step on the CPU reference's gradient): {} parameters, {} outside the bound, max |diff|/bound {:.3e}, max |diff| {:.3e}",
-                    pc.elements, pc.violations, pc.max_ratio, pc.max_abs_diff
-                );
-            }
-            if pc.violations > 0 {
-                return Err(format!(
-                    "rank {rank}: parameter check failed: {} of {} parameters outside the bound",
-                    pc.violations, pc.elements
-                )
-                .into());
-            }
-            c.params = Some(pc);
+            let norm_rel = f64::from(f32::EPSILON) / 2.0;
+            c.params = Some(check_first_step(first, cfg, &p, norm_rel, rank, None)?);
         }
         rec.step(StepTime {
             step_ms: t0.elapsed().as_secs_f64() * 1e3,

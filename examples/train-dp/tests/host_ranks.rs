@@ -217,6 +217,16 @@ fn wrong_averaging_is_caught() {
 }
 
 #[test]
+fn a_learning_rate_off_by_a_thousandth_is_caught() {
+    // The gradients are right; only the optimizer's step is off: the first step's parameter
+    // check fails the run (the GPU path applies the same fault and the same check).
+    let (out, _, _) = run(2, &[], &[("TRAIN_DP_FAULT", "lr-off")], "fault-lr");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("parameter check failed"), "{err}");
+}
+
+#[test]
 fn bad_batch_is_refused() {
     let (out, _, _) = run(2, &["--batch", "47"], &[], "badbatch");
     assert!(!out.status.success());
