@@ -602,6 +602,25 @@ const TAG_SCRATCH: u32 = 0xC011_0001;
 const TAG_SEMAPHORES: u32 = 0xC011_0002;
 /// Lane `l`'s proxy channels (see `mscclpp_device::collectives::proxy`): `TAG_PROXY + l`.
 const TAG_PROXY: u32 = 0xC011_0100;
+/// Most proxy lanes a tag is named for (beyond, the tag is shown as a number).
+const TAG_PROXY_LANES: u32 = 0x100;
+
+/// What the collectives use a connection of `tag` for, if it is one of theirs (for error
+/// messages: [`ConnTag`](crate::communicator::ConnTag)).
+pub(crate) fn tag_name(tag: u32) -> Option<String> {
+    let name = match tag {
+        TAG_SCRATCH => "the collectives' scratch",
+        TAG_SEMAPHORES => "the collectives' semaphores",
+        cross::TAG_CROSS => "the collectives' rounds across hosts",
+        xp2p::TAG_UP => "send/recv across hosts, lower to higher rank",
+        xp2p::TAG_DOWN => "send/recv across hosts, higher to lower rank",
+        t if (TAG_PROXY..TAG_PROXY + TAG_PROXY_LANES).contains(&t) => {
+            return Some(format!("the collectives' proxy lane {}", t - TAG_PROXY));
+        }
+        _ => return None,
+    };
+    Some(name.into())
+}
 
 /// All-reduce and all-gather over one communicator. See the [module](self).
 pub struct Collectives {

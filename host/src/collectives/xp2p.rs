@@ -25,9 +25,9 @@ use crate::transport::TransportKind;
 
 /// Connection tag of the channel carrying data from the lower rank of a pair to the higher
 /// (and the higher rank's credits back).
-const TAG_UP: u32 = 0xC011_0006;
+pub(super) const TAG_UP: u32 = 0xC011_0006;
 /// Connection tag of the channel carrying data from the higher rank to the lower.
-const TAG_DOWN: u32 = 0xC011_0007;
+pub(super) const TAG_DOWN: u32 = 0xC011_0007;
 /// Send (and receive) slots per remote rank and direction.
 const DEPTH: u64 = 4;
 

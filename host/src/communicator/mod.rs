@@ -52,6 +52,21 @@ use crate::transport::p2p::ProxyFlagMode;
 use crate::transport::shm::{ShmError, ShmSegment};
 
 pub use fault::AbortReason;
+
+/// A connection tag as error messages show it: the collectives' own tags by what they
+/// carry, with the number in hex (`the collectives' rounds across hosts (tag 0xc0110005)`),
+/// a user's as `tag N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnTag(pub u32);
+
+impl std::fmt::Display for ConnTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match crate::collectives::tag_name(self.0) {
+            Some(name) => write!(f, "{name} (tag {:#x})", self.0),
+            None => write!(f, "tag {}", self.0),
+        }
+    }
+}
 pub(crate) use fault::{FaultArea, FaultRecord};
 pub use setup::Connection;
 
@@ -92,7 +107,7 @@ pub enum CommError {
     #[error("{0}")]
     InvalidArgument(String),
     /// The two sides of a connection disagree (size, transport), or a peer sent garbage.
-    #[error("connection with rank {peer} (tag {tag}): {reason}")]
+    #[error("connection with rank {peer} ({}): {reason}", ConnTag(*tag))]
     Mismatch {
         /// The peer.
         peer: usize,

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Backend, Buffer, ChannelKind, CommError, Communicator, PendingConnection};
+use super::{Backend, Buffer, ChannelKind, CommError, Communicator, ConnTag, PendingConnection};
 use crate::cuda::{DeviceBuffer, Gpu, HostRegistration, IpcMemHandle, PeerMapping};
 use crate::proxy::{ProxyTask, RefusedHook, StartHook};
 use crate::transport::host::HostPlane;
@@ -799,7 +799,7 @@ pub(super) fn establish(
     // 2. Send every description first (sends are buffered by the receiver), then receive.
     for (peer, tag, bytes) in outgoing {
         // A peer that is gone is not a reason to stop: the others still get theirs.
-        let what = format!("the setup info of connection tag {tag}");
+        let what = format!("the setup info of the connection ({})", ConnTag(tag));
         if let Err(e) = bs.send_named(peer, INFO_TAG | tag as u64, &what, &bytes) {
             first_error.get_or_insert(e.into());
         }
@@ -811,7 +811,7 @@ pub(super) fn establish(
         let (peer_info, recv_error) = match bs.recv_named(
             p.remote_rank,
             INFO_TAG | p.tag as u64,
-            &format!("the setup info of connection tag {}", p.tag),
+            &format!("the setup info of the connection ({})", ConnTag(p.tag)),
         ) {
             Ok(raw) => {
                 match bincode::serde::decode_from_slice::<ConnInfo, _>(
@@ -868,7 +868,10 @@ pub(super) fn establish(
         };
         let ack = bincode::serde::encode_to_vec(&ack, bincode::config::standard())
             .map_err(|e| CommError::InvalidArgument(format!("encoding ack: {e}")))?;
-        let what = format!("the setup acknowledgement of connection tag {}", p.tag);
+        let what = format!(
+            "the setup acknowledgement of the connection ({})",
+            ConnTag(p.tag)
+        );
         if let Err(e) = bs.send_named(p.remote_rank, ACK_TAG | p.tag as u64, &what, &ack) {
             first_error.get_or_insert(e.into());
         }
@@ -882,7 +885,10 @@ pub(super) fn establish(
     // 3. Wait for every peer's acknowledgement, then end the round (our shared-memory names
     // are removed).
     for c in &conns {
-        let what = format!("the setup acknowledgement of connection tag {}", c.tag);
+        let what = format!(
+            "the setup acknowledgement of the connection ({})",
+            ConnTag(c.tag)
+        );
         let raw = match bs.recv_named(c.remote_rank, ACK_TAG | c.tag as u64, &what) {
             Ok(raw) => raw,
             Err(e) => {

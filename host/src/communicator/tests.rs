@@ -813,3 +813,27 @@ fn tcp_and_host_connections_share_one_proxy() {
         comm.proxy_stop().unwrap();
     });
 }
+
+/// Error messages name the collectives' connections by what they carry (no bare internal
+/// numbers), and a user's connection by its tag.
+#[test]
+fn connection_tags_are_named_in_messages() {
+    let cross = ConnTag(0xC011_0005).to_string();
+    assert!(
+        cross.contains("rounds across hosts") && cross.contains("0xc0110005"),
+        "{cross}"
+    );
+    let lane = ConnTag(0xC011_0103).to_string();
+    assert!(lane.contains("proxy lane 3"), "{lane}");
+    assert_eq!(ConnTag(7).to_string(), "tag 7");
+    let e = crate::transport::tcp::TcpError::PeerLost {
+        peer: 1,
+        tag: 0xC011_0005,
+        why: "the peer closed the connection".into(),
+    }
+    .to_string();
+    assert!(
+        e.contains("rounds across hosts") && !e.contains("3222339589"),
+        "{e}"
+    );
+}

@@ -66,7 +66,7 @@ use cudarc::driver::CudaStream;
 use crate::communicator::setup::{
     ConnInfo, Connection, Link, Round, TransportSetup, mismatch, remote_info,
 };
-use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
+use crate::communicator::{Backend, CommError, Communicator, ConnTag, PendingConnection};
 
 use super::tcp_stage::Slots;
 use super::{DataPlane, Route, TransportError, TransportKind, put_then_signal};
@@ -99,7 +99,7 @@ const POLL: Duration = Duration::from_millis(100);
 #[derive(Debug, thiserror::Error)]
 pub enum TcpError {
     /// The peer is gone (closed its sockets, died, or stopped making progress).
-    #[error("TCP connection tag {tag} with rank {peer} is lost: {why}")]
+    #[error("TCP connection ({}) with rank {peer} is lost: {why}", ConnTag(*tag))]
     PeerLost {
         /// The peer's rank.
         peer: usize,

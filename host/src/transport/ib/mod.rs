@@ -37,6 +37,7 @@ pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
 
+use crate::communicator::ConnTag;
 use std::fmt;
 use std::sync::Arc;
 
@@ -128,8 +129,9 @@ pub enum IbError {
     },
     /// A work request completed with an error (the queue pair is unusable afterwards).
     #[error(
-        "connection {connection} (rank {peer}, tag {tag}, queue pair {qpn}): work request \
-         {wr_id} completed with error: {status}"
+        "connection {connection} (rank {peer}, {}, queue pair {qpn}): work request \
+         {wr_id} completed with error: {status}",
+        ConnTag(*tag)
     )]
     Completion {
         /// The connection id.
@@ -147,8 +149,9 @@ pub enum IbError {
     },
     /// Work requests that did not complete in time.
     #[error(
-        "connection {connection} (rank {peer}, tag {tag}): {pending} work request(s) not \
-         completed after {waited:?} (peer gone, or link down?)"
+        "connection {connection} (rank {peer}, {}): {pending} work request(s) not \
+         completed after {waited:?} (peer gone, or link down?)",
+        ConnTag(*tag)
     )]
     Timeout {
         /// The connection id.
@@ -164,7 +167,7 @@ pub enum IbError {
     },
     /// Host staging of a connection failed (a full ring that the peer does not drain, a
     /// malformed record, a failed copy); the connection is unusable afterwards.
-    #[error("connection {connection} (rank {peer}, tag {tag}): host staging: {reason}")]
+    #[error("connection {connection} (rank {peer}, {}): host staging: {reason}", ConnTag(*tag))]
     Staging {
         /// The connection id.
         connection: u32,
