@@ -4,6 +4,7 @@
 //! failure leaves its text for `ncclGetLastError`.
 
 use std::ffi::{c_char, c_int, c_void};
+use std::time::Duration;
 
 use mscclpp_host::bootstrap::BootstrapConfig;
 use mscclpp_host::collectives::{DataType, P2pOp};
@@ -680,6 +681,43 @@ export! {
     }
 }
 
+/// How long `ncclCommAbort` waits for the aborted communicator's memory to be freed.
+const ABORT_RECLAIM_WAIT: Duration = Duration::from_secs(5);
+
+/// Frees an aborted communicator's resources (GPU memory, peer mappings, proxy thread,
+/// bootstrap) on a thread of its own and waits up to [`ABORT_RECLAIM_WAIT`] for it. Our
+/// kernels end within moments of the abort word; a kernel that does not (another library's
+/// stuck on a dead peer, which `cuMemFree`'s implicit synchronisation would wait for) must
+/// not hang the abort: the thread is then left to finish in the background, with a warning.
+fn reclaim_after_abort(call: &str, gpu: mscclpp_host::cuda::Gpu, inner: Inner) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("mscclpp-nccl-reclaim".into())
+        .spawn(move || {
+            comm::on_gpu(&gpu, || {
+                let _ = gpu.bind();
+                drop(inner);
+            });
+            let _ = done_tx.send(());
+        });
+    match spawned {
+        Ok(_) => {
+            if done_rx.recv_timeout(ABORT_RECLAIM_WAIT).is_err() {
+                log::warn(&format!(
+                    "{call}: the aborted communicator's resources are still in use after \
+                     {ABORT_RECLAIM_WAIT:?} (a kernel on this GPU that does not end?); they are \
+                     freed in the background once it ends"
+                ));
+            }
+        }
+        // The closure, and with it the communicator, was dropped on this thread.
+        Err(e) => log::warn(&format!(
+            "{call}: no thread to free the aborted communicator's resources ({e}); freed \
+             on this thread"
+        )),
+    }
+}
+
 /// Destroy (`abort == false`) or abort a communicator.
 fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
     match target(call, comm)? {
@@ -715,12 +753,13 @@ fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
     }
     if abort {
         // Raise the abort word: our kernels waiting on a peer give up within their next slow
-        // poll. They may still be running now, and freeing the memory they use would wait
-        // for them (cuMemFree synchronises): leave it to the process's end.
+        // poll. They may still be running now, and freeing the memory they use waits for
+        // them (cuMemFree synchronises), so the memory is freed on a thread of its own,
+        // waited for a bounded time.
         if let Ok(coll) = &inner.coll {
             coll.abort();
         }
-        std::mem::forget(inner);
+        reclaim_after_abort(call, gpu, inner);
     } else {
         if !inner.finalized.load(std::sync::atomic::Ordering::Acquire)
             && let Err(f) = quiesce(call, &gpu, &inner)

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use cudarc::driver::result as cu;
 use mscclpp_nccl::api::*;
+use mscclpp_nccl::real::RawUniqueId;
 
 mod common;
 use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex, wait_all};
@@ -54,6 +55,118 @@ fn native_calls_through_the_c_api_on_gpus() {
     assert!(
         codes.iter().all(|c| *c == Some(0)),
         "ranks failed: {codes:?}"
+    );
+}
+
+/// The environment variable that makes the abort test's child run the cycles.
+const ABORT_CHILD_ENV: &str = "MSCCLPP_NCCL_TEST_ABORT_CHILD";
+
+/// `ncclCommAbort` frees what the communicator held: one process initialises two ranks (as
+/// threads, on GPUs 0 and 1, or both on GPU 0), runs an all-reduce and aborts, four times;
+/// the device's free memory after the last cycle is within half of one communicator's
+/// footprint of that after the first (an abort that leaked, as before, lost a footprint
+/// per cycle). Run in a child process, with no real NCCL.
+#[test]
+fn abort_frees_the_communicators_memory() {
+    if std::env::var_os(ABORT_CHILD_ENV).is_some() {
+        abort_cycles();
+        return;
+    }
+    if gpu_count() == 0 {
+        assert!(
+            std::env::var_os("MSCCLPP_REQUIRE_GPU").is_none(),
+            "MSCCLPP_REQUIRE_GPU is set and there is no GPU"
+        );
+        eprintln!("skipping abort_frees_the_communicators_memory: no GPU");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut child = [Command::new(&exe)
+        .args([
+            "--exact",
+            "abort_frees_the_communicators_memory",
+            "--nocapture",
+        ])
+        .env(ABORT_CHILD_ENV, "1")
+        .env("MSCCLPP_NCCL_LIB", "none")
+        .spawn()
+        .unwrap()];
+    let codes = wait_all(&mut child, Duration::from_secs(240), "abort cycles");
+    assert_eq!(codes, [Some(0)], "the abort cycles failed");
+}
+
+fn abort_cycles() {
+    let ctxs: Vec<_> = (0..N)
+        .map(|r| cudarc::driver::CudaContext::new(r % gpu_count()).unwrap())
+        .collect();
+    ctxs[0].bind_to_thread().unwrap();
+    let free = || cu::mem_get_info().unwrap().0 as i64;
+    let before = free();
+    let mut footprint = 0i64;
+    let mut after = Vec::new();
+    for cycle in 0..4 {
+        let mut id = RawUniqueId { internal: [0; 128] };
+        // SAFETY: a live out-parameter.
+        ok("ncclGetUniqueId", unsafe { ncclGetUniqueId(&mut id) });
+        let inside = std::sync::Arc::new(std::sync::Barrier::new(N));
+        let threads: Vec<_> = (0..N)
+            .map(|rank| {
+                let ctx = ctxs[rank].clone();
+                let inside = inside.clone();
+                std::thread::spawn(move || -> i64 {
+                    ctx.bind_to_thread().unwrap();
+                    let s = ctx.new_stream().unwrap();
+                    let st = s.cu_stream() as *mut c_void;
+                    let mut comm: *mut c_void = std::ptr::null_mut();
+                    // SAFETY: a live out-parameter; the cycle's id.
+                    ok("ncclCommInitRank", unsafe {
+                        ncclCommInitRank(&mut comm, N as i32, id, rank as i32)
+                    });
+                    let count = 1 << 20;
+                    let (x, y) = (dev(count * 4), dev(count * 4));
+                    put(x, &vec![1f32 + rank as f32; count]);
+                    // SAFETY: device buffers of `count` f32, our communicator and stream.
+                    ok("ncclAllReduce", unsafe {
+                        ncclAllReduce(p(x), p(y), count, 7, 0, comm, st)
+                    });
+                    s.synchronize().unwrap();
+                    let got: Vec<f32> = get(y, count);
+                    assert!(got.iter().all(|g| *g == 3.0), "rank {rank}: all-reduce");
+                    // Both ranks set up and ran: what the device has free now.
+                    inside.wait();
+                    let now = cu::mem_get_info().unwrap().0 as i64;
+                    inside.wait();
+                    // SAFETY: our communicator, not used after this.
+                    ok("ncclCommAbort", unsafe { ncclCommAbort(comm) });
+                    // SAFETY: the buffers of this thread, no work pending on them.
+                    unsafe {
+                        cu::free_sync(x).unwrap();
+                        cu::free_sync(y).unwrap();
+                    }
+                    now
+                })
+            })
+            .collect();
+        let inside_free: Vec<i64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        if cycle == 0 {
+            footprint = before - inside_free[0];
+        }
+        after.push(free());
+        println!(
+            "cycle {cycle}: free {} MiB before, {} MiB with both communicators, {} MiB after the aborts",
+            before >> 20,
+            inside_free[0] >> 20,
+            after[cycle] >> 20
+        );
+    }
+    assert!(footprint > 0, "the communicators took no device memory?");
+    let lost = after[0] - after[3];
+    assert!(
+        lost < footprint / 2,
+        "three more abort cycles lost {} MiB of device memory (one cycle's communicators and \
+         buffers take {} MiB)",
+        lost >> 20,
+        footprint >> 20
     );
 }
 
