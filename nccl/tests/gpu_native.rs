@@ -125,6 +125,10 @@ fn abort_cycles() {
                     let count = 1 << 20;
                     let (x, y) = (dev(count * 4), dev(count * 4));
                     put(x, &vec![1f32 + rank as f32; count]);
+                    // The ranks share the GPU's context: `put`'s context-wide synchronise
+                    // would wait for the other rank's all-reduce kernel, which waits for
+                    // this rank's. Both finish their copies before either launches.
+                    inside.wait();
                     // SAFETY: device buffers of `count` f32, our communicator and stream.
                     ok("ncclAllReduce", unsafe {
                         ncclAllReduce(p(x), p(y), count, 7, 0, comm, st)

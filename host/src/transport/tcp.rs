@@ -860,7 +860,7 @@ impl DataPlane for TcpPlane {
         Ok(())
     }
 
-    /// Links whose peer is lost ([`Shared::lose`]: a receiver's stream ended or broke, or
+    /// Links whose peer is lost (`Shared::lose`: a receiver's stream ended or broke, or
     /// a write failed). A stream ends only after everything the peer wrote to it before;
     /// signals wait for their data on the other stripes, so what the peer sent lands
     /// within moments of this report (the waits give it a grace).
