@@ -160,6 +160,11 @@ impl Mesh {
         })
     }
 
+    /// Whether `peer` said goodbye (closed its bootstrap politely).
+    pub(crate) fn has_left(&self, peer: usize) -> bool {
+        matches!(lock(&self.state).status.get(peer), Some(PeerStatus::Closed))
+    }
+
     /// Registers `hook`, called with every rank this rank learns is lost (seen or
     /// reported), once per rank; at once for a rank already lost.
     pub(crate) fn on_peer_lost(&self, hook: LossHook) {

@@ -451,6 +451,12 @@ impl Bootstrap {
         &self.mesh.config
     }
 
+    /// Whether `rank` has left: it closed its bootstrap politely (a goodbye, e.g. its
+    /// communicator was dropped or destroyed), as opposed to being lost.
+    pub fn has_left(&self, rank: usize) -> bool {
+        self.mesh.has_left(rank)
+    }
+
     /// Calls `hook(rank, detail)` from the bootstrap's tasks as soon as this rank learns
     /// that `rank` is lost (its connection ended without a goodbye, or another rank says
     /// so), once per lost rank, and at once for ranks already lost. The hook must be quick

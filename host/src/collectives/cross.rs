@@ -852,10 +852,14 @@ impl Collectives {
                     Backend::Host => None,
                 }
                 .map_or(String::new(), |hint| format!("; {hint}"));
+                let left = match &self.cross {
+                    Some(c) if h < c.hosts() => self.left_note(c.topo.rank_at(h, c.topo.local)),
+                    _ => String::new(),
+                };
                 CommError::Timeout(format!(
                     "{call}: rank {me} waited {:?} for rank {peer} (host {h}, across hosts) and gave \
-                     up: that rank did not take part, or is stuck{proxy}{queues}; the collectives \
-                     cannot be used any more",
+                     up: that rank did not take part, or is stuck{left}{proxy}{queues}; the \
+                     collectives cannot be used any more",
                     self.comm.device_timeout()
                 ))
             }

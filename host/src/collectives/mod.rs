@@ -597,6 +597,19 @@ impl CollConfig {
     }
 }
 
+impl Collectives {
+    /// `" (rank R had left: it closed its communicator)"` when `rank` said goodbye to the
+    /// bootstrap (a wait for it can then never end: the usual cause is a rank that called
+    /// fewer collectives than the others), else nothing.
+    pub(super) fn left_note(&self, rank: usize) -> String {
+        if self.comm.bootstrap().as_async().has_left(rank) {
+            format!(" (rank {rank} had left: it closed its communicator)")
+        } else {
+            String::new()
+        }
+    }
+}
+
 /// Connection tags the collectives use (high, to stay clear of a user's).
 const TAG_SCRATCH: u32 = 0xC011_0001;
 const TAG_SEMAPHORES: u32 = 0xC011_0002;
@@ -1140,10 +1153,15 @@ impl Collectives {
                     std::env::var(cross::WORK_QUEUES_ENV).ok()
                 })
                 .map_or(String::new(), |hint| format!("; {hint}"));
+                // Across hosts a local step's peer is an index in the host's group.
+                let left = match self.cross {
+                    None => self.left_note(rec.peer as usize),
+                    Some(_) => String::new(),
+                };
                 CommError::Timeout(format!(
                     "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and \
-                     gave up: that rank did not take part, or is stuck{queues}; the collectives \
-                     cannot be used any more",
+                     gave up: that rank did not take part, or is stuck{left}{queues}; the \
+                     collectives cannot be used any more",
                     self.comm.device_timeout(),
                     rec.peer,
                     place_name(rec.place),

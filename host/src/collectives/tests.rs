@@ -292,6 +292,41 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
     assert!(e.contains("did not take part"), "{e}");
 }
 
+/// A rank that left (dropped its collectives) before the others' call: the timeout says so.
+#[test]
+fn a_timeout_names_a_rank_that_had_left() {
+    let id = create_unique_id().unwrap();
+    let out: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut cc = comm_config();
+                    cc.device_timeout = Duration::from_millis(300);
+                    let bs = BlockingBootstrap::init_with_config(2, r, id, cc.bootstrap.clone())
+                        .unwrap();
+                    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
+                    let c = Collectives::new(comm, small()).unwrap();
+                    if r == 0 {
+                        // Rank 1's goodbye is on its way by the end of the wait.
+                        let mut out = vec![0f32; 4];
+                        c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
+                            .map_err(|e| e.to_string())
+                    } else {
+                        drop(c);
+                        Ok(())
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let e = out[0].as_ref().unwrap_err();
+    assert!(
+        e.contains("did not take part") && e.contains("rank 1 had left"),
+        "{e}"
+    );
+}
+
 #[test]
 fn the_any_type_proxy_kernel_reduces_other_types_and_operations() {
     let config = CollConfig {
