@@ -1155,7 +1155,7 @@ impl Collectives {
                 .map_or(String::new(), |hint| format!("; {hint}"));
                 // Across hosts a local step's peer is an index in the host's group.
                 let left = match self.cross {
-                    None => self.left_note(rec.peer as usize),
+                    None => self.left_note(rec.peer),
                     Some(_) => String::new(),
                 };
                 CommError::Timeout(format!(
