@@ -429,6 +429,65 @@ fn mismatch_rank() {
     println!("rank {r}: ok");
 }
 
+/// A rank that made fewer calls and left (rank 1 drops its collectives after two calls; its
+/// goodbye names them): the others' third call, of `algo` with `count` f32, fails within a
+/// fraction of the device timeout (60 s here), naming rank 1 and its two calls, and every
+/// later call is refused at launch with the same error. Before it, the two calls that every
+/// rank made give exact sums.
+fn departed(algo: AllReduceAlgo, count: usize) {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let send: CudaSlice<f32> = stream.clone_htod(&vec![1.0f32; count]).unwrap();
+    let recv: CudaSlice<f32> = stream.alloc_zeros(count).unwrap();
+    let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
+    for call in 0..2 {
+        // SAFETY: both buffers hold `count` f32 until the synchronize.
+        unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
+            .unwrap();
+        c.synchronize(&stream).unwrap();
+        let got: Vec<f32> = stream.clone_dtoh(&recv).unwrap();
+        assert!(got.iter().all(|&v| v == n as f32), "rank {r} call {call}");
+    }
+    if r == 1 {
+        drop(c);
+        println!("rank {r}: left after 2 calls");
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = std::time::Instant::now();
+    // SAFETY: as above.
+    unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
+        .unwrap();
+    let e = c
+        .synchronize(&stream)
+        .expect_err("a call that rank 1 never makes must fail")
+        .to_string();
+    let took = t0.elapsed();
+    println!("rank {r}: {algo:?} failed after {took:?}: {e}");
+    assert!(took < Duration::from_secs(5), "rank {r}: {took:?}: {e}");
+    assert!(
+        e.contains("collective #3") && e.contains("rank 1 left") && e.contains("after 2"),
+        "rank {r}: {e}"
+    );
+    // SAFETY: as above.
+    let again =
+        unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
+            .expect_err("refused at launch");
+    assert!(
+        again.to_string().contains("rank 1 left"),
+        "rank {r}: {again}"
+    );
+    println!("rank {r}: ok");
+}
+
+fn departed_ll_rank() {
+    departed(AllReduceAlgo::OneShot, 1000);
+}
+
+fn departed_semaphores_rank() {
+    departed(AllReduceAlgo::TwoShot, 1 << 18);
+}
+
 macro_rules! two_rank_test {
     ($name:ident, $rank:ident) => {
         #[test]
@@ -453,6 +512,14 @@ two_rank_test!(
 two_rank_test!(all_reduce_replays_under_a_cuda_graph, graph_rank);
 two_rank_test!(typed_api_checks_arguments_and_reduces, typed_api_rank);
 two_rank_test!(mismatched_calls_fail_on_every_rank_then_work, mismatch_rank);
+two_rank_test!(
+    a_call_a_departed_rank_never_made_fails_at_once_over_packets,
+    departed_ll_rank
+);
+two_rank_test!(
+    a_call_a_departed_rank_never_made_fails_at_once_over_semaphores,
+    departed_semaphores_rank
+);
 
 /// The threaded input builder gives the same bytes as the one-thread one, for counts that
 /// split unevenly across threads and chunks, 2- and 4-byte types, and an empty buffer; and the

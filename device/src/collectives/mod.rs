@@ -129,7 +129,7 @@ pub const PROXY_SYNC_BASE: usize = 2 * COUNTER_WORDS + LOCAL_FAULT_WORDS;
 /// ..."), then one per lane ("the peers' chunks arrived up to ...").
 pub const PROXY_SYNC_WORDS: usize = MAX_BLOCKS + proxy::MAX_PROXY_LANES;
 /// `u64` words of the local fault words at the end of [`CollContext::state`].
-pub const LOCAL_FAULT_WORDS: usize = 3;
+pub const LOCAL_FAULT_WORDS: usize = 4;
 
 /// The fault words kept in this rank's own (device) memory, at the end of
 /// [`CollContext::state`]: waits poll these, not the [`fault`] area, which on a GPU is host
@@ -147,6 +147,9 @@ pub mod local_fault {
     pub const LAST_LOOK: usize = BASE + 2;
     /// Least time between two looks at the host's abort word by this rank's waits.
     pub const HOST_LOOK_NS: u64 = 50_000;
+    /// A copy of the host's [`fault::LEFT`](super::fault::LEFT) word (contexts with
+    /// [`guard::LEFT`](super::guard::LEFT)), taken at the same looks as the abort word.
+    pub const LEFT: usize = BASE + 3;
 }
 /// `u64` words of the semaphore array each rank exposes.
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
@@ -198,14 +201,25 @@ pub struct CollContext {
     /// and kernels both read and write while kernels run (mapped pinned host memory on a
     /// GPU). The host raises [`fault::ABORT`] in it; kernels record why a call failed.
     pub fault: *mut u64,
-    /// Non-zero for the kernels inside a host of a communicator that spans hosts: every call
-    /// first reads [`fault::CROSS_BROKEN`], and once a round across hosts failed on this rank
-    /// its descriptor is [`desc::BROKEN`], so the host's other ranks fail the call (a
-    /// mismatch) instead of taking what this rank's buffers hold. On a GPU the whole of a
-    /// call across hosts is queued at once, so the local kernels after a failed round still
-    /// run. Zero elsewhere (the word lives in pinned host memory: a read costs a PCIe round
-    /// trip that one-host calls do not pay).
-    pub cross_guard: u64,
+    /// Which of the optional fault checks this context's kernels make ([`guard`] bits).
+    pub guards: u64,
+}
+
+/// Bits of [`CollContext::guards`].
+pub mod guard {
+    /// For the kernels inside a host of a communicator that spans hosts: every call first
+    /// reads [`fault::CROSS_BROKEN`](super::fault::CROSS_BROKEN), and once a round across
+    /// hosts failed on this rank its descriptor is [`desc::BROKEN`](super::desc::BROKEN), so
+    /// the host's other ranks fail the call (a mismatch) instead of taking what this rank's
+    /// buffers hold. On a GPU the whole of a call across hosts is queued at once, so the
+    /// local kernels after a failed round still run. Off elsewhere (the word lives in pinned
+    /// host memory: a read costs a PCIe round trip that one-host calls do not pay).
+    pub const CROSS: u64 = 1;
+    /// For the context whose call counter every rank of the group advances alike (the
+    /// collectives', not the send/receive or cross-host step contexts, which count their
+    /// own operations): its waits give up on a call that a rank which left never made
+    /// ([`fault::LEFT`](super::fault::LEFT)).
+    pub const LEFT: u64 = 2;
 }
 
 const _: () = assert!(core::mem::size_of::<CollContext>() == 344);
@@ -261,6 +275,12 @@ pub mod fault {
     /// every later round skips its work (the partners' rounds may no longer pair), and the
     /// host reports the failure from then on.
     pub const CROSS_BROKEN: usize = 12;
+    /// Non-zero once a rank of this context's group left (closed its communicator
+    /// politely) after `LEFT - 1` calls, the fewest of any that left: a call with a larger
+    /// or equal sequence number can never complete, so its waits give up (recorded as
+    /// [`ABORTED`] at [`AT_LEFT`]; contexts with [`guard::LEFT`](super::guard::LEFT) only).
+    /// Written by the host once the rank's goodbye names its count; lowered, never raised.
+    pub const LEFT: usize = 13;
     /// The first of [`PROXY_REFUSED_WORDS`] words of bits of the proxy channels (`DevConn`)
     /// whose triggers the proxy refused or failed: connection `id` has the bit
     /// [`refused_bit`]`(id)`. Set by the proxy (atomic or) before it publishes a flagged
@@ -324,6 +344,9 @@ pub mod fault {
     /// host index; recorded as [`ABORTED`] only when no other wait failed and no partner's
     /// round showed a mismatch (which says more).
     pub const AT_CROSS_GONE: u64 = 12;
+    /// A wait of a call that a rank which left never made ([`LEFT`]); [`PEER`] is the rank
+    /// waited for (the host names the one that left).
+    pub const AT_LEFT: u64 = 13;
 }
 
 /// `u64` words of the fault area.
@@ -369,7 +392,7 @@ pub mod desc {
     /// [`send_recv`](super::send_recv)).
     pub const SEND_RECV: u64 = 7;
     /// The descriptor tag of a rank whose round across hosts failed earlier
-    /// ([`CollContext::cross_guard`](super::CollContext::cross_guard)): no call's tag (its
+    /// ([`guard::CROSS`](super::guard::CROSS)): no call's tag (its
     /// kind field would be 0xff).
     pub const BROKEN: u64 = u64::MAX;
     /// Builds a tag.
@@ -497,7 +520,7 @@ impl CollContext {
         // SAFETY: the call counter is the first of the state's two (caller contract).
         let seq = unsafe { all_reduce::read_counter(self.state, block) };
         // SAFETY: the fault area is live (context contract); read only when guarded.
-        let broken = self.cross_guard != 0
+        let broken = self.guards & guard::CROSS != 0
             && unsafe { arch::ld_relaxed_sys_u64(self.fault.add(fault::CROSS_BROKEN)) } != 0;
         Call {
             seq,
@@ -561,9 +584,11 @@ impl CollContext {
     }
 
     /// Waits for rank `peer`'s descriptor of `call` and compares it with this rank's;
-    /// records a mismatch. Stops only on abort or timeout (not on another thread's failure
-    /// of the call: having read every peer's descriptor, a rank knows its peers have
-    /// finished their previous calls, which the scratch reuse relies on). `false` when the
+    /// records a mismatch. Stops only on abort, timeout or a call that a rank which left
+    /// never made (not on another thread's failure of the call: having read every peer's
+    /// descriptor, a rank knows its peers have finished their previous calls, which the
+    /// scratch reuse relies on; after an abort or such a departure no call completes
+    /// anyway). `false` when the
     /// descriptors differ or the wait failed.
     ///
     /// # Safety
@@ -612,16 +637,19 @@ impl CollContext {
                 let t0 = *start.get_or_insert(now);
                 // SAFETY: the context is valid (caller contract).
                 let abort = unsafe { self.abort_word(now) };
-                let kind = if abort != 0 {
-                    fault::ABORTED
+                // SAFETY: as above.
+                let (kind, place) = if abort != 0 {
+                    (fault::ABORTED, fault::AT_DESCRIPTOR)
+                } else if unsafe { self.after_left(&call) } {
+                    (fault::ABORTED, fault::AT_LEFT)
                 } else if now.wrapping_sub(t0) > self.timeout_ns {
-                    fault::TIMEOUT
+                    (fault::TIMEOUT, fault::AT_DESCRIPTOR)
                 } else {
-                    0
+                    (0, 0)
                 };
                 if kind != 0 {
                     // SAFETY: as above.
-                    unsafe { self.fail(call, kind, peer, [0; 2], fault::AT_DESCRIPTOR) };
+                    unsafe { self.fail(call, kind, peer, [0; 2], place) };
                     return None;
                 }
             }
@@ -629,9 +657,23 @@ impl CollContext {
         }
     }
 
+    /// Whether a rank of the group left (closed its communicator) before it made `call`,
+    /// which it therefore never will: the local copy of [`fault::LEFT`] (the fewest calls
+    /// of a rank that left, plus one; taken at the looks at the host's abort word).
+    ///
+    /// # Safety
+    /// The context valid.
+    #[inline(always)]
+    unsafe fn after_left(&self, call: &Call) -> bool {
+        // SAFETY: the local fault words are live and accessed atomically.
+        let left = unsafe { arch::ld_relaxed_sys_u64(self.state.add(local_fault::LEFT)) };
+        left != 0 && call.seq + 1 >= left
+    }
+
     /// The slow-path look at the fault area of a wait for rank `peer` that started at `t0`
-    /// (the clock now: `now`): `false` when the wait must give up (abort, timeout, or the
-    /// call already failed on this rank), after recording why (first writer wins).
+    /// (the clock now: `now`): `false` when the wait must give up (abort, timeout, a call
+    /// that a rank which left never made, or the call already failed on this rank), after
+    /// recording why (first writer wins).
     ///
     /// # Safety
     /// The context valid.
@@ -649,6 +691,11 @@ impl CollContext {
         let kind = if abort != 0 {
             fault::ABORTED
         } else if stop == call.seq + 1 {
+            return false;
+        // SAFETY: as above.
+        } else if unsafe { self.after_left(&call) } {
+            // SAFETY: as above.
+            unsafe { self.fail(call, fault::ABORTED, peer, [0; 2], fault::AT_LEFT) };
             return false;
         } else if place == fault::AT_PACKET
             // SAFETY: a packet wait is for a peer (`peer != rank`).
@@ -735,6 +782,12 @@ impl CollContext {
             let host = arch::ld_relaxed_sys_u64(self.fault.add(fault::ABORT));
             if host != 0 {
                 arch::st_release_sys_u64(self.state.add(local_fault::ABORT), host);
+            }
+            if self.guards & guard::LEFT != 0 {
+                let left = arch::ld_relaxed_sys_u64(self.fault.add(fault::LEFT));
+                if left != 0 {
+                    arch::st_relaxed_sys_u64(self.state.add(local_fault::LEFT), left);
+                }
             }
             host
         }

@@ -76,7 +76,7 @@ impl World {
                     // Proxy channels need the host's proxy: tested in mscclpp-host.
                     conns: core::ptr::null(),
                     fault: alloc(FAULT_WORDS as u64 * 8) as *mut u64,
-                    cross_guard: 0,
+                    guards: 0,
                 };
                 for p in 0..n {
                     c.peer_scratch[p] = scratch[p];
@@ -740,7 +740,7 @@ fn mismatch_then_match(w: &World, ops: &[Op], algo: Algo, what: &str) {
 }
 
 /// A rank whose round across hosts failed earlier (`CROSS_BROKEN` in its fault area) takes
-/// part in no later call inside its host: with `cross_guard` on, its descriptor is
+/// part in no later call inside its host: with `guard::CROSS` on, its descriptor is
 /// `desc::BROKEN`, so every other rank records a mismatch naming it (an error, never its
 /// buffers' contents taken as a result), for the LL one-shot, the scratch two-shot and the
 /// all-gather. Without the guard (one-host contexts) the word is not read at all.
@@ -749,7 +749,7 @@ fn a_rank_broken_across_hosts_fails_the_calls_inside_its_host() {
     let n = 3;
     let mut w = short_world(n, 16 * 40, 8192);
     for c in &mut w.ctxs {
-        c.cross_guard = 1;
+        c.guards = guard::CROSS;
     }
     let set_broken = |w: &World, v: u64| {
         // SAFETY: rank 1's fault area; no kernel running.
@@ -800,7 +800,7 @@ fn a_rank_broken_across_hosts_fails_the_calls_inside_its_host() {
     }
     // Unguarded contexts never read it: a broken word changes nothing there.
     for c in &mut w.ctxs {
-        c.cross_guard = 0;
+        c.guards = 0;
     }
     set_broken(&w, 1);
     for (r, got) in run_ops(&w, &cases[1].1, 2, 8).iter().enumerate() {
@@ -1015,6 +1015,128 @@ fn a_wait_gives_up_on_abort_and_names_it_without_trapping() {
         // SAFETY: as above; no kernel runs.
         unsafe { w.ctxs[0].fault.add(fault::ABORT).write(0) };
     }
+}
+
+/// Runs an all-reduce of `algo` (100 f32, the value `r + 1` on rank `r`) on each rank of
+/// `ranks`, rank `ranks[i]` starting after `delays_ms[i]`; returns each one's output and the
+/// time the slowest took.
+fn all_reduce_on(
+    w: &World,
+    algo: Algo,
+    ranks: &[usize],
+    delays_ms: &[u64],
+) -> (Vec<Vec<f32>>, std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    let outs = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .iter()
+            .zip(delays_ms)
+            .map(|(&r, &delay)| {
+                let ctx = w.ctxs[r];
+                s.spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(delay));
+                    let f: Kernel = match algo {
+                        Algo::OneShot => k::all_reduce_one_shot_f32,
+                        Algo::AllPairs => k::all_reduce_all_pairs_f32,
+                        _ => k::all_reduce_two_shot_f32,
+                    };
+                    let input = encode(Ty::F32, &[(r + 1) as f32; 100], 0);
+                    let (send, recv) = (Mem::new(400), Mem::new(400));
+                    // SAFETY: fresh memory of 400 bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(input.as_ptr(), send.p, 400) };
+                    let (sp, rp) = (send.p as u64, recv.p as u64);
+                    launch(Dim3::x(2), Dim3::x(8), || {
+                        // SAFETY: rank r's context; buffers of 100 f32.
+                        unsafe {
+                            f(
+                                &ctx,
+                                sp as *const u8,
+                                rp as *mut u8,
+                                100,
+                                tag(algo, Ty::F32),
+                            )
+                        }
+                    })
+                    .expect("no trap");
+                    // SAFETY: recv holds 400 bytes; the kernel is done.
+                    decode(Ty::F32, unsafe { std::slice::from_raw_parts(recv.p, 400) })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    (outs, t0.elapsed())
+}
+
+/// Sets rank `r`'s host word [`fault::LEFT`] as the host does when a rank of the group left
+/// after `calls` calls.
+fn set_left(w: &World, r: usize, calls: u64) {
+    // SAFETY: rank r's fault area, written atomically as the host does.
+    unsafe { crate::arch::st_release_sys_u64(w.ctxs[r].fault.add(fault::LEFT), calls + 1) };
+}
+
+/// A rank that left after `C` calls (its goodbye names `C`; the host writes `C + 1` into
+/// [`fault::LEFT`]): the survivors' waits in a call it never made (sequence number `C` or
+/// more) give up within the next looks at the fault area, not at the timeout, recorded as
+/// an abort at [`fault::AT_LEFT`]; a call it made (a smaller sequence number) is not
+/// touched, even when its waits go through the slow path that reads the word; and a context
+/// without [`guard::LEFT`] (send/receive, cross-host steps: counters of their own) never
+/// reads it.
+#[test]
+fn a_call_that_a_rank_which_left_never_made_gives_up_at_once() {
+    for algo in [Algo::OneShot, Algo::TwoShot, Algo::AllPairs] {
+        let mut w = World::new(3, 16 * 40, 8192);
+        for c in &mut w.ctxs {
+            c.guards = guard::LEFT;
+        }
+        // Rank 1 "left after 1 call" as far as rank 0 knows, before that call ended on rank
+        // 0: call 0 (rank 2 late, so rank 0 waits in the slow path) completes on all three.
+        set_left(&w, 0, 1);
+        let (outs, _) = all_reduce_on(&w, algo, &[0, 1, 2], &[0, 0, 50]);
+        for (r, out) in outs.iter().enumerate() {
+            assert_eq!(out, &vec![6.0f32; 100], "{algo:?}: rank {r}, call 0");
+            assert_eq!(record(&w, r).0, 0, "{algo:?}: rank {r} recorded a failure");
+        }
+        // Call 1, which rank 1 never makes: ranks 0 and 2 give up (rank 2 learns of the
+        // departure 100 ms into its wait), well before the 60 s timeout.
+        set_left(&w, 2, 1);
+        // SAFETY: rank 2's fault area; no kernel runs yet.
+        unsafe { w.ctxs[2].fault.add(fault::LEFT).write(0) };
+        let fault2 = w.ctxs[2].fault as u64;
+        let (_, took) = std::thread::scope(|s| {
+            s.spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                // SAFETY: rank 2's fault area, written atomically as the host does.
+                unsafe {
+                    crate::arch::st_release_sys_u64((fault2 as *mut u64).add(fault::LEFT), 2)
+                };
+            });
+            all_reduce_on(&w, algo, &[0, 2], &[0, 0])
+        });
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "{algo:?}: took {took:?}"
+        );
+        for r in [0, 2] {
+            // SAFETY: rank r's fault area; no kernel runs.
+            let place = unsafe { w.ctxs[r].fault.add(fault::PLACE).read() };
+            let (kind, _, _, _) = record(&w, r);
+            assert_eq!(
+                (kind, place),
+                (fault::ABORTED, fault::AT_LEFT),
+                "{algo:?}: rank {r}"
+            );
+        }
+    }
+    // Without the guard the word is not read: the wait ends at the (short) timeout.
+    let mut w = World::new(2, 16 * 40, 8192);
+    w.ctxs[0].timeout_ns = 300_000_000;
+    set_left(&w, 0, 0);
+    let (_, took) = all_reduce_on(&w, Algo::OneShot, &[0], &[0]);
+    // SAFETY: rank 0's fault area; no kernel runs.
+    let place = unsafe { w.ctxs[0].fault.add(fault::PLACE).read() };
+    assert_eq!(record(&w, 0).0, fault::TIMEOUT, "place {place}");
+    assert!(took >= std::time::Duration::from_millis(300), "{took:?}");
 }
 
 /// The grid-wide reduction of a round (`cross::reduce_round`, which a large round over a

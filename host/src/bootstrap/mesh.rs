@@ -63,6 +63,8 @@ struct MailState {
     /// The lost ranks in the order they were marked lost (the first: the loss every
     /// collective operation reports).
     lost_order: Vec<usize>,
+    /// For each rank that left: the calls its goodbye named, if it named any.
+    left_after: Vec<Option<u64>>,
     /// Whether the loss hooks ran for a lost rank (they run in `lost_order`).
     hooked: Vec<bool>,
 }
@@ -107,6 +109,23 @@ pub(crate) struct Mesh {
     closing: AtomicBool,
     /// Called (outside the locks) with each rank that becomes lost and the detail.
     loss_hooks: Mutex<Vec<LossHook>>,
+    /// Called (outside the locks) with each rank that leaves and the calls it named.
+    leave_hooks: Mutex<Vec<LeaveHook>>,
+    /// What this rank's goodbye names (`Bootstrap::set_calls_at_close`).
+    calls_at_close: Mutex<Option<u64>>,
+}
+
+/// The function of a [`LeaveHook`]: called with a rank that left and the calls it named.
+pub(crate) type LeaveFn = dyn Fn(usize, Option<u64>) + Send + Sync;
+
+/// A callback told of ranks that leave ([`Mesh::on_peer_left`]).
+#[derive(Clone)]
+pub(crate) struct LeaveHook(pub(crate) Arc<LeaveFn>);
+
+impl std::fmt::Debug for LeaveHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaveHook")
+    }
 }
 
 /// The function of a [`LossHook`]: called with a lost rank and the detail.
@@ -147,6 +166,7 @@ impl Mesh {
                 status: vec![PeerStatus::Alive; nranks],
                 incoming_open: vec![false; nranks],
                 lost_order: Vec::new(),
+                left_after: vec![None; nranks],
                 hooked: vec![false; nranks],
             }),
             notify: Notify::new(),
@@ -157,7 +177,43 @@ impl Mesh {
             notices: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
             loss_hooks: Mutex::new(Vec::new()),
+            leave_hooks: Mutex::new(Vec::new()),
+            calls_at_close: Mutex::new(None),
         })
+    }
+
+    /// Makes this rank's goodbye name `calls` ([`Message::GoodbyeAfter`]).
+    pub(crate) fn set_calls_at_close(&self, calls: u64) {
+        *lock(&self.calls_at_close) = Some(calls);
+    }
+
+    /// The goodbye this rank sends.
+    fn goodbye(&self) -> Message {
+        match *lock(&self.calls_at_close) {
+            Some(calls) => Message::GoodbyeAfter { calls },
+            None => Message::Goodbye,
+        }
+    }
+
+    /// The calls `peer`'s goodbye named, once it left.
+    pub(crate) fn left_after(&self, peer: usize) -> Option<u64> {
+        lock(&self.state).left_after.get(peer).copied().flatten()
+    }
+
+    /// Registers `hook`, called with every rank that leaves (says goodbye) and the calls
+    /// its goodbye named, once per rank; at once for a rank that already left.
+    pub(crate) fn on_peer_left(&self, hook: LeaveHook) {
+        let left: Vec<(usize, Option<u64>)> = {
+            let st = lock(&self.state);
+            (st.status.iter().enumerate())
+                .filter(|(_, s)| matches!(s, PeerStatus::Closed))
+                .map(|(p, _)| (p, st.left_after[p]))
+                .collect()
+        };
+        lock(&self.leave_hooks).push(hook.clone());
+        for (p, calls) in left {
+            (hook.0)(p, calls);
+        }
     }
 
     /// Whether `peer` said goodbye (closed its bootstrap politely).
@@ -359,7 +415,15 @@ impl Mesh {
                     ..
                 })) => {
                     lock(&self.state).incoming_open[from] = false;
-                    self.mark_closed(from);
+                    self.mark_closed(from, None);
+                    return;
+                }
+                Ok(Some(Frame {
+                    message: Message::GoodbyeAfter { calls },
+                    ..
+                })) => {
+                    lock(&self.state).incoming_open[from] = false;
+                    self.mark_closed(from, Some(calls));
                     return;
                 }
                 Ok(Some(Frame {
@@ -398,7 +462,11 @@ impl Mesh {
                 Ok(Some(Frame {
                     message: Message::Goodbye,
                     ..
-                })) => return self.mark_closed(peer),
+                })) => return self.mark_closed(peer, None),
+                Ok(Some(Frame {
+                    message: Message::GoodbyeAfter { calls },
+                    ..
+                })) => return self.mark_closed(peer, Some(calls)),
                 Ok(Some(frame)) => {
                     let detail = format!("it sent an unexpected {:?} frame", frame.message);
                     return self.mark_lost(peer, detail);
@@ -428,14 +496,23 @@ impl Mesh {
         self.notify.notify_waiters();
     }
 
-    fn mark_closed(&self, peer: usize) {
-        {
+    fn mark_closed(&self, peer: usize, calls: Option<u64>) {
+        let newly = {
             let mut st = lock(&self.state);
-            if matches!(st.status[peer], PeerStatus::Alive) {
+            let newly = matches!(st.status[peer], PeerStatus::Alive);
+            if newly {
                 st.status[peer] = PeerStatus::Closed;
+                st.left_after[peer] = calls;
+            }
+            newly
+        };
+        self.notify.notify_waiters();
+        if newly {
+            let hooks = lock(&self.leave_hooks).clone();
+            for h in &hooks {
+                (h.0)(peer, calls);
             }
         }
-        self.notify.notify_waiters();
     }
 
     /// Marks `peer` lost after seeing it die, and tells the other ranks.
@@ -514,8 +591,9 @@ impl Mesh {
                 }
                 if mesh.closing.load(Ordering::Acquire) {
                     // `begin_close` missed this new link: say goodbye here.
+                    let goodbye = mesh.goodbye();
                     let _ = mesh
-                        .post(other, Message::Goodbye, Bytes::new(), None, Op::Init)
+                        .post(other, goodbye, Bytes::new(), None, Op::Init)
                         .await;
                 }
             });
@@ -739,7 +817,7 @@ impl Mesh {
                 ..
             }) => {
                 if reason == Refusal::Closing {
-                    self.mark_closed(peer);
+                    self.mark_closed(peer, None);
                 }
                 return Err(BootstrapError::RefusedByPeer {
                     rank: self.rank,
@@ -908,9 +986,10 @@ impl Mesh {
                     _ => None,
                 })
             };
+            let goodbye = self.goodbye();
             let links = self.links.iter().filter_map(|l| l.get()).map(|l| &l.tx);
             for tx in links.chain(back.iter()) {
-                for message in lost.iter().cloned().chain([Message::Goodbye]) {
+                for message in lost.iter().cloned().chain([goodbye.clone()]) {
                     let _ = tx.send(Outgoing {
                         message,
                         payload: Bytes::new(),
@@ -964,7 +1043,7 @@ async fn write_loop(
     broken: Arc<OnceLock<String>>,
 ) {
     while let Some(out) = rx.recv().await {
-        let goodbye = matches!(out.message, Message::Goodbye);
+        let goodbye = matches!(out.message, Message::Goodbye | Message::GoodbyeAfter { .. });
         match wire::write_frame(&mut wr, &out.message, &out.payload).await {
             Ok(()) => {
                 if let Some(done) = out.done {

@@ -457,6 +457,27 @@ impl Bootstrap {
         self.mesh.has_left(rank)
     }
 
+    /// The number of calls `rank` said, in its goodbye, its collectives had made (all
+    /// finished) when it left; `None` while it has not left or when it named none.
+    pub fn left_after(&self, rank: usize) -> Option<u64> {
+        self.mesh.left_after(rank)
+    }
+
+    /// Makes this rank's goodbye name `calls`: the calls its collectives made, all of them
+    /// finished (`Collectives` sets it when dropped). Peers compare it with their own calls
+    /// ([`on_peer_left`](Self::on_peer_left)): a call beyond it can never complete.
+    pub fn set_calls_at_close(&self, calls: u64) {
+        self.mesh.set_calls_at_close(calls);
+    }
+
+    /// Calls `hook(rank, calls)` from the bootstrap's tasks as soon as `rank` leaves (says
+    /// goodbye), with the calls its goodbye named ([`set_calls_at_close`](Self::set_calls_at_close)),
+    /// once per rank, and at once for ranks that already left. The hook must be quick and
+    /// must not block.
+    pub fn on_peer_left(&self, hook: impl Fn(usize, Option<u64>) + Send + Sync + 'static) {
+        self.mesh.on_peer_left(mesh::LeaveHook(Arc::new(hook)));
+    }
+
     /// Calls `hook(rank, detail)` from the bootstrap's tasks as soon as this rank learns
     /// that `rank` is lost (its connection ended without a goodbye, or another rank says
     /// so), once per lost rank, and at once for ranks already lost. The hook must be quick

@@ -28,7 +28,8 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version of the bootstrap protocol; peers and ids of another version are refused.
 ///
 /// Version 2: refusals for malformed frames and the refused joins in a rendezvous timeout.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version 3: [`Message::GoodbyeAfter`].
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
@@ -152,6 +153,12 @@ pub enum Message {
         rank: u32,
         /// What the reporting rank saw.
         detail: String,
+    },
+    /// Rank to rank: a [`Goodbye`](Message::Goodbye) from a rank whose collectives had made
+    /// `calls` calls, all finished (see `Bootstrap::set_calls_at_close`).
+    GoodbyeAfter {
+        /// The number of calls.
+        calls: u64,
     },
 }
 

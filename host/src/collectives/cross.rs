@@ -383,8 +383,9 @@ pub(super) fn proxy_context(
         state,
         conns,
         fault: comm.fault_area().kernel_ptr(),
-        // The step has its own handling of a failed round.
-        cross_guard: 0,
+        // The step has its own handling of a failed round, and counts rounds, not the
+        // collectives' calls.
+        guards: 0,
     }
 }
 

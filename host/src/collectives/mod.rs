@@ -122,12 +122,13 @@ pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::{
-    CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc, fault,
-    one_shot_max_bytes,
+    COUNTER_WORDS, CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS,
+    STATE_WORDS, desc, fault, guard, one_shot_max_bytes,
 };
 use mscclpp_device::kernels::collectives as k;
 
@@ -668,6 +669,9 @@ pub struct Collectives {
     _local: Buffer,
     /// Set once a CUDA call reported a sticky error: every later call returns it.
     context_lost: std::sync::Mutex<Option<String>>,
+    /// Whether the goodbye names the calls this rank made (see `Drop`); off only in a test
+    /// of what peers see without it.
+    name_calls_at_close: bool,
 }
 
 impl fmt::Debug for Collectives {
@@ -925,8 +929,10 @@ impl Collectives {
             },
             fault: comm.fault_area().kernel_ptr(),
             // The kernels inside a host fail, rather than pass on whatever this rank holds,
-            // once a round across hosts failed on this rank (see the field).
-            cross_guard: u64::from(cross.is_some()),
+            // once a round across hosts failed on this rank; every rank of the group
+            // advances this call counter alike, so a call beyond what a rank that left made
+            // fails at once (see `guard`).
+            guards: guard::LEFT | if cross.is_some() { guard::CROSS } else { 0 },
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
@@ -952,6 +958,7 @@ impl Collectives {
         if comm.nranks() > 1 {
             comm.proxy_launch()?;
         }
+        watch_departures(&comm, &group);
         Ok(Collectives {
             comm,
             config,
@@ -972,6 +979,7 @@ impl Collectives {
             _semaphores: semaphores,
             _local: local,
             context_lost: std::sync::Mutex::new(None),
+            name_calls_at_close: true,
         })
     }
 
@@ -1167,6 +1175,19 @@ impl Collectives {
                     place_name(rec.place),
                     rec.seq + 1,
                     describe(rec.own)
+                ))
+            }
+            fault::ABORTED if rec.place == fault::AT_LEFT => {
+                let (who, calls) = self.comm.fault_area().left().unwrap_or((rec.peer, rec.seq));
+                CommError::Aborted(format!(
+                    "{call}: rank {me}: collective #{} ({}) cannot complete: rank {who} left \
+                     (it closed its communicator) after {calls} collective call{}, so it \
+                     never makes this one (the usual cause: that rank made fewer calls, or \
+                     returned early on an error of its own); the collectives cannot be used \
+                     any more",
+                    rec.seq + 1,
+                    describe(rec.own),
+                    if calls == 1 { "" } else { "s" },
                 ))
             }
             _ => CommError::Aborted(format!(
@@ -2066,6 +2087,80 @@ fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
 }
 
 /// What a failed wait waited for.
+/// How long a dropped [`Collectives`] waits for the work of its GPU context to end before
+/// its goodbye names the calls it made ([`Collectives::calls_made`]); past it, the goodbye
+/// names none and peers waiting for a call it never made wait for their timeout.
+const CALLS_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Makes the waits of this rank's kernels give up on a call that a rank of `group` (the
+/// ranks whose kernels advance this rank's call counter alike) never made because it left
+/// first: its goodbye names its calls ([`Collectives::calls_made`]), and the fault area's
+/// [`fault::LEFT`] word takes the fewest. (Ranks on other hosts count their own kernels;
+/// their departures are seen by the rounds across hosts.)
+fn watch_departures(comm: &Communicator, group: &[usize]) {
+    let area = Arc::downgrade(comm.fault_area());
+    let group = group.to_vec();
+    comm.bootstrap()
+        .as_async()
+        .on_peer_left(move |rank, calls| {
+            if let (Some(calls), Some(area)) = (calls, area.upgrade())
+                && group.contains(&rank)
+            {
+                area.note_left(rank, calls);
+            }
+        });
+}
+
+/// Whether every piece of work of `gpu`'s context ended within `wait` (a helper thread
+/// synchronises the context; past `wait` it is left to finish on its own).
+fn idle_within(gpu: &Gpu, wait: std::time::Duration) -> bool {
+    let ctx = Arc::clone(gpu.context());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("mscclpp-close-sync".into())
+        .spawn(move || {
+            let _ = tx.send(ctx.synchronize().is_ok());
+        });
+    spawned.is_ok() && rx.recv_timeout(wait).unwrap_or(false)
+}
+
+impl Collectives {
+    /// The collective calls this rank's kernels made (its call counter), every one finished:
+    /// on a GPU once no work of the context is left (waiting at most
+    /// [`CALLS_AT_CLOSE_WAIT`]); `None` when that wait ran out or the counter cannot be read.
+    fn calls_made(&self) -> Option<u64> {
+        if let Some(g) = self.gpu()
+            && !idle_within(g, CALLS_AT_CLOSE_WAIT)
+        {
+            return None;
+        }
+        let mut words = [0u64; COUNTER_WORDS];
+        self._local.read(EXPECTED_WORDS * 8, &mut words).ok()?;
+        words.into_iter().max()
+    }
+}
+
+#[cfg(test)]
+impl Collectives {
+    /// Drops without naming this rank's calls in the goodbye (as when its GPU work did not
+    /// end in time): peers' waits then run to their timeout.
+    pub(crate) fn drop_without_naming_calls(mut self) {
+        self.name_calls_at_close = false;
+    }
+}
+
+impl Drop for Collectives {
+    fn drop(&mut self) {
+        // The goodbye (sent when the communicator drops, next) names the calls this rank
+        // made, so that peers stop waiting for a call it never makes (`watch_departures`).
+        if self.name_calls_at_close
+            && let Some(calls) = self.calls_made()
+        {
+            self.comm.bootstrap().as_async().set_calls_at_close(calls);
+        }
+    }
+}
+
 fn place_name(place: u64) -> &'static str {
     match place {
         fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",

@@ -33,7 +33,7 @@ use mscclpp_device::collectives::send_recv::{
 };
 use mscclpp_device::collectives::xp2p::XOps;
 use mscclpp_device::collectives::{
-    CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc,
+    CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc, guard,
     one_shot_max_bytes,
 };
 use mscclpp_device::kernels::collectives as k1;
@@ -1301,6 +1301,8 @@ impl P2p {
             peer_sems: [std::ptr::null_mut(); MAX_RANKS],
             expected: addr(&local) as *mut u64,
             state: (addr(&local) + EXPECTED_WORDS as u64 * 8) as *mut u64,
+            // Sends and receives count their own operations, not the collectives' calls.
+            guards: base.guards & !guard::LEFT,
             ..*base
         };
         ctx.peer_scratch[rank] = ctx.scratch;

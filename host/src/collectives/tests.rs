@@ -1,6 +1,6 @@
 //! Collectives over the Host transport, ranks as threads of this process.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 
@@ -292,7 +292,8 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
     assert!(e.contains("did not take part"), "{e}");
 }
 
-/// A rank that left (dropped its collectives) before the others' call: the timeout says so.
+/// A rank that left (dropped its collectives) before the others' call without naming its
+/// calls (as when its GPU work did not end within a second): the timeout says it had left.
 #[test]
 fn a_timeout_names_a_rank_that_had_left() {
     let id = create_unique_id().unwrap();
@@ -312,7 +313,7 @@ fn a_timeout_names_a_rank_that_had_left() {
                         c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
                             .map_err(|e| e.to_string())
                     } else {
-                        drop(c);
+                        c.drop_without_naming_calls();
                         Ok(())
                     }
                 })
@@ -325,6 +326,91 @@ fn a_timeout_names_a_rank_that_had_left() {
         e.contains("did not take part") && e.contains("rank 1 had left"),
         "{e}"
     );
+}
+
+/// A rank that made fewer calls and left (dropped its collectives; its goodbye names its
+/// calls): the others' next call fails at once, not at the device timeout (20 s here),
+/// naming it and its count, whether the goodbye came before the call or during its wait;
+/// so does every later call. The calls it made completed on every rank, and a rank that
+/// leaves after the same calls as the others (a normal end) leaves no error behind.
+#[test]
+fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
+    for delay_ms in [0u64, 300] {
+        let id = create_unique_id().unwrap();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    s.spawn(move || {
+                        let mut cc = comm_config();
+                        cc.device_timeout = Duration::from_secs(20);
+                        let bs =
+                            BlockingBootstrap::init_with_config(3, r, id, cc.bootstrap.clone())
+                                .unwrap();
+                        let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
+                        let c = Collectives::new(comm, small()).unwrap();
+                        for call in 0..2 {
+                            let send = vec![(r + call) as f32; 40];
+                            let mut out = vec![0f32; 40];
+                            c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+                            assert_eq!(out, vec![(3 + 3 * call) as f32; 40], "rank {r}");
+                        }
+                        if r == 1 {
+                            std::thread::sleep(Duration::from_millis(delay_ms));
+                            drop(c);
+                            return;
+                        }
+                        let t0 = Instant::now();
+                        let mut out = vec![0f32; 40];
+                        let e = c
+                            .all_reduce_host(&[1f32; 40], &mut out, ReduceOp::Sum)
+                            .unwrap_err()
+                            .to_string();
+                        let took = t0.elapsed();
+                        println!("rank {r}, goodbye after {delay_ms} ms: {took:?}: {e}");
+                        assert!(took < Duration::from_secs(5), "rank {r}: {took:?}: {e}");
+                        assert!(
+                            e.contains("collective #3")
+                                && e.contains("rank 1 left")
+                                && e.contains("after 2 collective calls"),
+                            "rank {r}: {e}"
+                        );
+                        let again = c
+                            .all_reduce_host(&[1f32; 40], &mut out, ReduceOp::Sum)
+                            .unwrap_err()
+                            .to_string();
+                        assert!(again.contains("rank 1 left"), "rank {r}: {again}");
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+        });
+    }
+    // Everyone makes the same calls and leaves: no error on the ranks that stay longest.
+    let id = create_unique_id().unwrap();
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            s.spawn(move || {
+                let bs =
+                    BlockingBootstrap::init_with_config(2, r, id, comm_config().bootstrap).unwrap();
+                let comm = Communicator::from_bootstrap(bs, Backend::Host, comm_config()).unwrap();
+                let c = Collectives::new(comm, small()).unwrap();
+                let mut out = vec![0f32; 40];
+                c.all_reduce_host(&[1f32; 40], &mut out, ReduceOp::Sum)
+                    .unwrap();
+                if r == 0 {
+                    std::thread::sleep(Duration::from_millis(300));
+                    assert!(c.communicator().bootstrap().as_async().has_left(1));
+                    assert_eq!(
+                        c.communicator().bootstrap().as_async().left_after(1),
+                        Some(1)
+                    );
+                    c.async_error().unwrap();
+                }
+            });
+        }
+    });
 }
 
 #[test]

@@ -51,6 +51,9 @@ impl std::fmt::Display for AbortReason {
 pub(crate) struct FaultArea {
     mem: Memory,
     reason: Mutex<Option<AbortReason>>,
+    /// The rank of the collectives' group that left after the fewest calls, and those calls
+    /// (what [`fault::LEFT`] holds, plus one).
+    left: Mutex<Option<(usize, u64)>>,
 }
 
 impl FaultArea {
@@ -63,6 +66,7 @@ impl FaultArea {
         Ok(Arc::new(FaultArea {
             mem,
             reason: Mutex::new(None),
+            left: Mutex::new(None),
         }))
     }
 
@@ -121,6 +125,23 @@ impl FaultArea {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+    }
+
+    /// Notes that `rank`, of the group whose kernels advance the collectives' call counter
+    /// alike, left after `calls` calls: those kernels' waits in any later call give up
+    /// ([`fault::LEFT`], lowered to the fewest calls of any rank that left).
+    pub(crate) fn note_left(&self, rank: usize, calls: u64) {
+        let mut l = self.left.lock().unwrap_or_else(|e| e.into_inner());
+        if l.is_some_and(|(_, c)| c <= calls) {
+            return;
+        }
+        *l = Some((rank, calls));
+        self.words()[fault::LEFT].store(calls.saturating_add(1), Ordering::Release);
+    }
+
+    /// The rank that left after the fewest calls, and those calls ([`note_left`](Self::note_left)).
+    pub(crate) fn left(&self) -> Option<(usize, u64)> {
+        *self.left.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Marks proxy channel `connection` as refused by the proxy (its bit
