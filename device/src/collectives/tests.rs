@@ -983,27 +983,7 @@ fn a_wait_gives_up_on_abort_and_names_it_without_trapping() {
                     )
                 };
             });
-            let ctx = w.ctxs[0];
-            let f: Kernel = match algo {
-                Algo::OneShot => k::all_reduce_one_shot_f32,
-                Algo::AllPairs => k::all_reduce_all_pairs_f32,
-                _ => k::all_reduce_two_shot_f32,
-            };
-            let (send, recv) = (Mem::new(400), Mem::new(400));
-            let (sp, rp) = (send.p as u64, recv.p as u64);
-            launch(Dim3::x(2), Dim3::x(8), || {
-                // SAFETY: rank 0's context; buffers of 100 f32.
-                unsafe {
-                    f(
-                        &ctx,
-                        sp as *const u8,
-                        rp as *mut u8,
-                        100,
-                        tag(algo, Ty::F32),
-                    )
-                }
-            })
-            .expect("no trap");
+            all_reduce_on(&w, algo, &[0], &[0]);
         });
         let took = t0.elapsed();
         assert!(
