@@ -711,3 +711,41 @@ fn missing_rank_makes_the_root_time_out_naming_it() {
         }
     });
 }
+
+/// A goodbye names the calls its sender set (`set_calls_at_close`), or none: peers read it
+/// (`left_after`), and a leave hook is told once per rank that leaves, and at once of the
+/// ranks that already left when it is registered.
+#[test]
+fn goodbyes_name_the_calls_their_sender_set() {
+    use std::sync::{Arc, Mutex};
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let mut bs = init_all(3, BootstrapRoot::Id(id), config()).await;
+        let (b2, b1, b0) = (bs.pop().unwrap(), bs.pop().unwrap(), bs.pop().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = Arc::clone(&seen);
+        b0.on_peer_left(move |r, calls| s.lock().unwrap().push((r, calls)));
+        assert_eq!(b0.left_after(1), None);
+        b1.set_calls_at_close(7);
+        b1.close().await;
+        b2.close().await;
+        let t0 = std::time::Instant::now();
+        while !(b0.has_left(1) && b0.has_left(2)) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the goodbyes did not arrive"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!((b0.left_after(1), b0.left_after(2)), (Some(7), None));
+        let mut got = seen.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, vec![(1, Some(7)), (2, None)]);
+        let late = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&late);
+        b0.on_peer_left(move |r, calls| l.lock().unwrap().push((r, calls)));
+        let mut got = late.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, vec![(1, Some(7)), (2, None)]);
+    });
+}

@@ -27,6 +27,7 @@ fn message() -> impl Strategy<Value = Message> {
             channel: Channel::Collective { seq, step }
         }),
         Just(Message::Goodbye),
+        any::<u64>().prop_map(|calls| Message::GoodbyeAfter { calls }),
         Just(Message::HelloAck),
         Just(Message::Welcome),
         (any::<u32>(), ".{0,64}").prop_map(|(rank, detail)| Message::PeerLost { rank, detail }),

@@ -451,6 +451,7 @@ fn departed(algo: AllReduceAlgo, count: usize) {
     if r == 1 {
         drop(c);
         println!("rank {r}: left after 2 calls");
+        println!("rank {r}: ok");
         return;
     }
     std::thread::sleep(Duration::from_millis(100));
