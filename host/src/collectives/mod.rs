@@ -63,9 +63,14 @@
 //! why. The kernel then skips its remaining waits and work (keeping its block barriers) and
 //! ends. The abort word is raised by [`Collectives::abort`] / [`Communicator::abort`] and by
 //! the bootstrap as soon as it sees a rank die (milliseconds: its TCP connection ends), so a
-//! collective whose peer died fails with [`CommError::Aborted`] "rank 1 is gone: ...". After
-//! a timeout or an abort the collectives are unusable (ranks no longer agree on what was
-//! signalled): every later call returns the same error.
+//! collective whose peer died fails with [`CommError::Aborted`] "rank 1 is gone: ...". A rank
+//! that *left* (dropped its collectives: a goodbye, not a death) names in its goodbye the
+//! calls it made; a call of a later number can never complete, so its waits give up as soon
+//! as the goodbye is in ([`CommError::Aborted`] "collective #3 (...) cannot complete: rank 1
+//! left (it closed its communicator) after 2 collective calls ..."), while the calls it made
+//! complete as usual. After a timeout, an abort or such a departure the collectives are
+//! unusable (ranks no longer agree on what was signalled): every later call returns the
+//! same error.
 //!
 //! **Where errors surface.** On the host backend each call returns its own error. On a GPU,
 //! calls return at launch: a kernel's failure is read by [`Collectives::async_error`]
