@@ -215,6 +215,90 @@ fn a_killed_rank_is_named_by_the_survivors_within_a_second() {
     }
 }
 
+/// Rank body of [`a_rank_that_returns_early_is_named_by_the_survivors_at_once`]: every rank
+/// all-reduces in a loop; rank 1 stops 300 ms in, as on an error of its own, and returns
+/// (dropping its collectives: a goodbye naming its calls, not a death); the survivors
+/// print when and how their call failed.
+fn leave_rank_main() {
+    let c = collectives(false);
+    let r = c.rank();
+    let mut buf = vec![1f32; 200_000];
+    let start = std::time::Instant::now();
+    loop {
+        if r == 1 && start.elapsed() > Duration::from_millis(300) {
+            println!("left at {}", epoch_ns());
+            drop(c);
+            break;
+        }
+        match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+            Ok(()) => {
+                assert_eq!(buf[0], 3.0, "rank {r}");
+                buf.fill(1.0);
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "rank {r}: no error"
+                );
+            }
+            Err(e) => {
+                println!("failed at {}: {e}", epoch_ns());
+                break;
+            }
+        }
+    }
+    println!("rank {r}: ok");
+}
+
+/// A rank that returns early (no death: its collectives are dropped and its bootstrap says
+/// goodbye) while the others go on: they fail within a second, not at the 60 s device
+/// timeout, naming it as a rank that left, and every process exits cleanly.
+#[test]
+fn a_rank_that_returns_early_is_named_by_the_survivors_at_once() {
+    const TEST: &str = "a_rank_that_returns_early_is_named_by_the_survivors_at_once";
+    if std::env::var(ROLE).is_ok() {
+        return leave_rank_main();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let report = mscclpp::host::launch::LocalLauncher::command(3, exe)
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .bootstrap_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(report.success(), "{report}{output}");
+    assert!(!output.contains("panicked"), "panic text:\n{output}");
+    let line_of = |r: usize, marker: &str| -> &String {
+        report
+            .output
+            .iter()
+            .find(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains(marker))
+            .unwrap_or_else(|| panic!("rank {r}: no `{marker}` line:\n{output}"))
+    };
+    let stamp = |r: usize, marker: &str| -> u128 {
+        let line = line_of(r, marker);
+        let rest = &line[line.find(marker).unwrap() + marker.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let left = stamp(1, "left at ");
+    for r in [0, 2] {
+        let failed = stamp(r, "failed at ");
+        let line = line_of(r, "failed at ");
+        assert!(
+            line.contains("rank 1 left") && line.contains("cannot complete"),
+            "rank {r}: {line}"
+        );
+        let ms = failed.saturating_sub(left) as f64 / 1e6;
+        println!("rank {r}: error {ms:.1} ms after rank 1 began to leave: {line}");
+        assert!(ms < 3000.0, "rank {r} took {ms} ms:\n{output}");
+    }
+}
+
 /// Two processes over 16 lanes of proxy channels (`MSCCLPP_PROXY_LANES`, more than the 8
 /// built by default), every call on 16 blocks (`MSCCLPP_PROXY_BLOCKS`) in 256-byte chunks
 /// (`MSCCLPP_PROXY_CHUNK_BYTES`: the slots of a 32 KiB region cut 16 ways): the environment
