@@ -8,7 +8,7 @@ use std::time::Duration;
 use half::f16;
 use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
-use mscclpp::host::launch::Launch;
+use mscclpp::host::launch::{Launch, LaunchReport};
 use mscclpp::host::testing::run_test_ranks;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
@@ -166,15 +166,7 @@ fn a_killed_rank_is_named_by_the_survivors_within_a_second() {
     if std::env::var(ROLE).is_ok() {
         return kill_rank_main();
     }
-    let exe = std::env::current_exe().unwrap();
-    let report = mscclpp::host::launch::LocalLauncher::command(3, exe)
-        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "rank")
-        .bootstrap_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(120))
-        .capture_output(true)
-        .run()
-        .unwrap();
+    let report = three_ranks(TEST);
     let output = report.output.join("\n");
     assert!(
         !report.ranks[1].status.success(),
@@ -186,31 +178,59 @@ fn a_killed_rank_is_named_by_the_survivors_within_a_second() {
             "rank {r}: {report}{output}"
         );
     }
+    survivors_failed_soon_after(&report, "killed at ", &["rank 1 is gone"], "the kill");
+}
+
+/// Runs the ranks of `test` as 3 processes of this binary, their output captured.
+fn three_ranks(test: &str) -> LaunchReport {
+    let exe = std::env::current_exe().unwrap();
+    mscclpp::host::launch::LocalLauncher::command(3, exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "rank")
+        .bootstrap_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap()
+}
+
+/// The line of rank `r` with `marker` (the test harness may print before it).
+fn line_of<'a>(report: &'a LaunchReport, r: usize, marker: &str) -> &'a str {
+    report
+        .output
+        .iter()
+        .find(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains(marker))
+        .unwrap_or_else(|| {
+            panic!(
+                "rank {r}: no `{marker}` line:\n{}",
+                report.output.join("\n")
+            )
+        })
+}
+
+/// The number printed right after `marker` on rank `r`'s line (an [`epoch_ns`] stamp).
+fn stamp(report: &LaunchReport, r: usize, marker: &str) -> u128 {
+    let line = line_of(report, r, marker);
+    let rest = &line[line.find(marker).unwrap() + marker.len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Ranks 0 and 2 printed no panic and a `failed at` line containing every one of `named`,
+/// less than 3 s after rank 1's `event` stamp (`what` names the event).
+fn survivors_failed_soon_after(report: &LaunchReport, event: &str, named: &[&str], what: &str) {
+    let output = report.output.join("\n");
     assert!(!output.contains("panicked"), "panic text:\n{output}");
-    // The line of rank `r` with `marker` (the test harness may print before it).
-    let line_of = |r: usize, marker: &str| -> &String {
-        report
-            .output
-            .iter()
-            .find(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains(marker))
-            .unwrap_or_else(|| panic!("rank {r}: no `{marker}` line:\n{output}"))
-    };
-    let stamp = |r: usize, marker: &str| -> u128 {
-        let line = line_of(r, marker);
-        let rest = &line[line.find(marker).unwrap() + marker.len()..];
-        rest.split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let killed = stamp(1, "killed at ");
+    let at = stamp(report, 1, event);
     for r in [0, 2] {
-        let failed = stamp(r, "failed at ");
-        let line = line_of(r, "failed at ");
-        assert!(line.contains("rank 1 is gone"), "rank {r}: {line}");
-        let ms = failed.saturating_sub(killed) as f64 / 1e6;
-        println!("rank {r}: error {ms:.1} ms after the kill: {line}");
+        let failed = stamp(report, r, "failed at ");
+        let line = line_of(report, r, "failed at ");
+        assert!(named.iter().all(|n| line.contains(n)), "rank {r}: {line}");
+        let ms = failed.saturating_sub(at) as f64 / 1e6;
+        println!("rank {r}: error {ms:.1} ms after {what}: {line}");
         assert!(ms < 3000.0, "rank {r} took {ms} ms:\n{output}");
     }
 }
@@ -257,46 +277,14 @@ fn a_rank_that_returns_early_is_named_by_the_survivors_at_once() {
     if std::env::var(ROLE).is_ok() {
         return leave_rank_main();
     }
-    let exe = std::env::current_exe().unwrap();
-    let report = mscclpp::host::launch::LocalLauncher::command(3, exe)
-        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "rank")
-        .bootstrap_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(120))
-        .capture_output(true)
-        .run()
-        .unwrap();
-    let output = report.output.join("\n");
-    assert!(report.success(), "{report}{output}");
-    assert!(!output.contains("panicked"), "panic text:\n{output}");
-    let line_of = |r: usize, marker: &str| -> &String {
-        report
-            .output
-            .iter()
-            .find(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains(marker))
-            .unwrap_or_else(|| panic!("rank {r}: no `{marker}` line:\n{output}"))
-    };
-    let stamp = |r: usize, marker: &str| -> u128 {
-        let line = line_of(r, marker);
-        let rest = &line[line.find(marker).unwrap() + marker.len()..];
-        rest.split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let left = stamp(1, "left at ");
-    for r in [0, 2] {
-        let failed = stamp(r, "failed at ");
-        let line = line_of(r, "failed at ");
-        assert!(
-            line.contains("rank 1 left") && line.contains("cannot complete"),
-            "rank {r}: {line}"
-        );
-        let ms = failed.saturating_sub(left) as f64 / 1e6;
-        println!("rank {r}: error {ms:.1} ms after rank 1 began to leave: {line}");
-        assert!(ms < 3000.0, "rank {r} took {ms} ms:\n{output}");
-    }
+    let report = three_ranks(TEST);
+    assert!(report.success(), "{report}{}", report.output.join("\n"));
+    survivors_failed_soon_after(
+        &report,
+        "left at ",
+        &["rank 1 left", "cannot complete"],
+        "rank 1 began to leave",
+    );
 }
 
 /// Two processes over 16 lanes of proxy channels (`MSCCLPP_PROXY_LANES`, more than the 8

@@ -682,18 +682,18 @@ impl CollContext {
     pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: u64) -> bool {
         let now = arch::global_timer_ns();
         // SAFETY: the context is valid (caller contract); the local fault words are live.
-        let (abort, stop) = unsafe {
+        let (abort, stop, after_left) = unsafe {
             (
                 self.abort_word(now),
                 arch::ld_relaxed_sys_u64(self.state.add(local_fault::STOP)),
+                self.after_left(&call),
             )
         };
         let kind = if abort != 0 {
             fault::ABORTED
         } else if stop == call.seq + 1 {
             return false;
-        // SAFETY: as above.
-        } else if unsafe { self.after_left(&call) } {
+        } else if after_left {
             // SAFETY: as above.
             unsafe { self.fail(call, fault::ABORTED, peer, [0; 2], fault::AT_LEFT) };
             return false;

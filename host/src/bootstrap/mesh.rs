@@ -410,20 +410,9 @@ impl Mesh {
                     message: Message::Data { channel },
                     payload,
                 })) => self.deliver(from, channel, payload),
-                Ok(Some(Frame {
-                    message: Message::Goodbye,
-                    ..
-                })) => {
+                Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
                     lock(&self.state).incoming_open[from] = false;
-                    self.mark_closed(from, None);
-                    return;
-                }
-                Ok(Some(Frame {
-                    message: Message::GoodbyeAfter { calls },
-                    ..
-                })) => {
-                    lock(&self.state).incoming_open[from] = false;
-                    self.mark_closed(from, Some(calls));
+                    self.mark_closed(from, message.calls_named());
                     return;
                 }
                 Ok(Some(Frame {
@@ -459,14 +448,9 @@ impl Mesh {
                     message: Message::PeerLost { rank, detail },
                     ..
                 })) => self.note_reported_loss(rank as usize, &detail, peer),
-                Ok(Some(Frame {
-                    message: Message::Goodbye,
-                    ..
-                })) => return self.mark_closed(peer, None),
-                Ok(Some(Frame {
-                    message: Message::GoodbyeAfter { calls },
-                    ..
-                })) => return self.mark_closed(peer, Some(calls)),
+                Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
+                    return self.mark_closed(peer, message.calls_named());
+                }
                 Ok(Some(frame)) => {
                     let detail = format!("it sent an unexpected {:?} frame", frame.message);
                     return self.mark_lost(peer, detail);
@@ -1043,7 +1027,7 @@ async fn write_loop(
     broken: Arc<OnceLock<String>>,
 ) {
     while let Some(out) = rx.recv().await {
-        let goodbye = matches!(out.message, Message::Goodbye | Message::GoodbyeAfter { .. });
+        let goodbye = out.message.is_goodbye();
         match wire::write_frame(&mut wr, &out.message, &out.payload).await {
             Ok(()) => {
                 if let Some(done) = out.done {

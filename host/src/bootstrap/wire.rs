@@ -162,6 +162,22 @@ pub enum Message {
     },
 }
 
+impl Message {
+    /// Whether this is a goodbye ([`Goodbye`](Message::Goodbye) or
+    /// [`GoodbyeAfter`](Message::GoodbyeAfter)).
+    pub fn is_goodbye(&self) -> bool {
+        matches!(self, Message::Goodbye | Message::GoodbyeAfter { .. })
+    }
+
+    /// The calls a [`GoodbyeAfter`](Message::GoodbyeAfter) names; `None` for any other frame.
+    pub fn calls_named(&self) -> Option<u64> {
+        match self {
+            Message::GoodbyeAfter { calls } => Some(*calls),
+            _ => None,
+        }
+    }
+}
+
 /// A decoded frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {

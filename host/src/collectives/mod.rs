@@ -2091,7 +2091,6 @@ fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
     format!("{what}{here}; sends and receives between the two ranks stay usable")
 }
 
-/// What a failed wait waited for.
 /// How long a dropped [`Collectives`] waits for the work of its GPU context to end before
 /// its goodbye names the calls it made ([`Collectives::calls_made`]); past it, the goodbye
 /// names none and peers waiting for a call it never made wait for their timeout.
@@ -2166,6 +2165,7 @@ impl Drop for Collectives {
     }
 }
 
+/// What a failed wait waited for.
 fn place_name(place: u64) -> &'static str {
     match place {
         fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",
