@@ -489,6 +489,63 @@ fn departed_semaphores_rank() {
     departed(AllReduceAlgo::TwoShot, 1 << 18);
 }
 
+/// Send/recv with a rank that left (rank 1 drops its collectives with its work done): the
+/// small send it made before it left arrives, though rank 0 receives it only after the
+/// goodbye; rank 0's next operation with it (`large`: a pipelined send of 1 MiB, which needs
+/// rank 1's acknowledgements; else a small LL receive) fails within a fraction of the device
+/// timeout (a third of the test's timeout, 5-60 s) naming rank 1, and every later call is
+/// refused at launch.
+fn departed_p2p(large: bool) {
+    let (c, stream) = setup();
+    let r = c.rank();
+    let small: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let mut buf: CudaSlice<f32> = stream.alloc_zeros(1 << 18).unwrap();
+    if r == 1 {
+        let s: CudaSlice<f32> = stream.clone_htod(&small).unwrap();
+        c.send(&s, 0, &stream).unwrap();
+        c.synchronize(&stream).unwrap();
+        drop(c);
+        println!("rank {r}: left after one send");
+        println!("rank {r}: ok");
+        return;
+    }
+    while !c.communicator().bootstrap().as_async().has_left(1) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut got: CudaSlice<f32> = stream.alloc_zeros(100).unwrap();
+    c.recv(&mut got, 1, &stream).unwrap();
+    c.synchronize(&stream).unwrap();
+    assert_eq!(stream.clone_dtoh(&got).unwrap(), small, "sent before it left");
+    let t0 = std::time::Instant::now();
+    if large {
+        c.send(&buf, 1, &stream).unwrap();
+    } else {
+        c.recv(&mut got, 1, &stream).unwrap();
+    }
+    let e = c
+        .synchronize(&stream)
+        .expect_err("an operation with a rank that left must fail")
+        .to_string();
+    let took = t0.elapsed();
+    println!("rank {r}: large {large}: failed after {took:?}: {e}");
+    assert!(took < Duration::from_secs(5), "rank {r}: {took:?}: {e}");
+    assert!(
+        e.contains("rank 1 left") && e.contains("without the matching send"),
+        "rank {r}: {e}"
+    );
+    let again = c.recv(&mut buf, 1, &stream).expect_err("refused at launch");
+    assert!(again.to_string().contains("rank 1 left"), "rank {r}: {again}");
+    println!("rank {r}: ok");
+}
+
+fn departed_p2p_recv_rank() {
+    departed_p2p(false);
+}
+
+fn departed_p2p_send_rank() {
+    departed_p2p(true);
+}
+
 macro_rules! two_rank_test {
     ($name:ident, $rank:ident) => {
         #[test]
@@ -520,6 +577,14 @@ two_rank_test!(
 two_rank_test!(
     a_call_a_departed_rank_never_made_fails_at_once_over_semaphores,
     departed_semaphores_rank
+);
+two_rank_test!(
+    a_receive_from_a_departed_rank_fails_at_once,
+    departed_p2p_recv_rank
+);
+two_rank_test!(
+    a_large_send_to_a_departed_rank_fails_at_once,
+    departed_p2p_send_rank
 );
 
 /// The threaded input builder gives the same bytes as the one-thread one, for counts that

@@ -263,10 +263,10 @@ pub unsafe fn step(
             let mut start = None;
             let mut arrived = true;
             while !c.wait_timeout(WAIT_SLICE_NS) {
-                let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+                let t0 = start.get_or_insert_with(arch::global_timer_ns);
                 // A partner this rank cannot reach any more: what it sent before it left
                 // is there within the grace; after it, give up without a record.
-                if c.refused() && arch::global_timer_ns().wrapping_sub(t0) > GONE_GRACE_NS {
+                if c.refused() && arch::global_timer_ns().wrapping_sub(*t0) > GONE_GRACE_NS {
                     gone = gone.or(Some(h));
                     arrived = false;
                     break;

@@ -129,7 +129,7 @@ pub const PROXY_SYNC_BASE: usize = 2 * COUNTER_WORDS + LOCAL_FAULT_WORDS;
 /// ..."), then one per lane ("the peers' chunks arrived up to ...").
 pub const PROXY_SYNC_WORDS: usize = MAX_BLOCKS + proxy::MAX_PROXY_LANES;
 /// `u64` words of the local fault words at the end of [`CollContext::state`].
-pub const LOCAL_FAULT_WORDS: usize = 4;
+pub const LOCAL_FAULT_WORDS: usize = 5;
 
 /// The fault words kept in this rank's own (device) memory, at the end of
 /// [`CollContext::state`]: waits poll these, not the [`fault`] area, which on a GPU is host
@@ -150,7 +150,15 @@ pub mod local_fault {
     /// A copy of the host's [`fault::LEFT`](super::fault::LEFT) word (contexts with
     /// [`guard::LEFT`](super::guard::LEFT)), taken at the same looks as the abort word.
     pub const LEFT: usize = BASE + 3;
+    /// A copy of the host's [`fault::LEFT_PEERS`](super::fault::LEFT_PEERS) word (contexts
+    /// with [`guard::PEERS`](super::guard::PEERS)), taken at the same looks as the abort
+    /// word.
+    pub const LEFT_PEERS: usize = BASE + 4;
 }
+/// The bit of a wait's start time (the `t0` of [`CollContext::keep_waiting`]) that marks a
+/// wait which has seen the rank it waits for among the ranks that left
+/// ([`guard::PEERS`]): its next look gives up. (Clock values stay far below it.)
+pub const LEFT_SEEN: u64 = 1 << 63;
 /// `u64` words of the semaphore array each rank exposes.
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 
@@ -220,6 +228,11 @@ pub mod guard {
     /// own operations): its waits give up on a call that a rank which left never made
     /// ([`fault::LEFT`](super::fault::LEFT)).
     pub const LEFT: u64 = 2;
+    /// For the send/receive context: a wait for a rank that left with its work done
+    /// ([`fault::LEFT_PEERS`](super::fault::LEFT_PEERS)) gives up once it has polled again
+    /// after learning of the departure (whatever that rank wrote before it left is visible
+    /// by then, so what is still missing will never come).
+    pub const PEERS: u64 = 4;
 }
 
 const _: () = assert!(core::mem::size_of::<CollContext>() == 344);
@@ -281,6 +294,13 @@ pub mod fault {
     /// [`ABORTED`] at [`AT_LEFT`]; contexts with [`guard::LEFT`](super::guard::LEFT) only).
     /// Written by the host once the rank's goodbye names its count; lowered, never raised.
     pub const LEFT: usize = 13;
+    /// Bit `p` set once rank `p` of this context's group (its index in the group) left
+    /// (closed its communicator politely) after every piece of its GPU work had ended, so
+    /// that everything it wrote had landed before its goodbye: a wait for it that is still
+    /// unanswered after that is never answered (contexts with
+    /// [`guard::PEERS`](super::guard::PEERS) give up, recorded as [`ABORTED`] at
+    /// [`AT_LEFT`]). Written by the host (bits only added).
+    pub const LEFT_PEERS: usize = 14;
     /// The first of [`PROXY_REFUSED_WORDS`] words of bits of the proxy channels (`DevConn`)
     /// whose triggers the proxy refused or failed: connection `id` has the bit
     /// [`refused_bit`]`(id)`. Set by the proxy (atomic or) before it publishes a flagged
@@ -344,8 +364,9 @@ pub mod fault {
     /// host index; recorded as [`ABORTED`] only when no other wait failed and no partner's
     /// round showed a mismatch (which says more).
     pub const AT_CROSS_GONE: u64 = 12;
-    /// A wait of a call that a rank which left never made ([`LEFT`]); [`PEER`] is the rank
-    /// waited for (the host names the one that left).
+    /// A wait of a call that a rank which left never made ([`LEFT`]; [`PEER`] is the rank
+    /// waited for, the host names the one that left), or, on the send/receive context, a
+    /// wait for a rank that left ([`LEFT_PEERS`]; [`PEER`] is that rank).
     pub const AT_LEFT: u64 = 13;
 }
 
@@ -670,33 +691,47 @@ impl CollContext {
         left != 0 && call.seq + 1 >= left
     }
 
-    /// The slow-path look at the fault area of a wait for rank `peer` that started at `t0`
+    /// The slow-path look at the fault area of a wait for rank `peer` that started at `*t0`
     /// (the clock now: `now`): `false` when the wait must give up (abort, timeout, a call
-    /// that a rank which left never made, or the call already failed on this rank), after
-    /// recording why (first writer wins).
+    /// that a rank which left never made, a rank waited for that left, or the call already
+    /// failed on this rank), after recording why (first writer wins).
+    ///
+    /// `*t0` is the wait's own: 0 before its first look, which sets it. On a context with
+    /// [`guard::PEERS`], a look that first finds `peer` among the ranks that left
+    /// ([`local_fault::LEFT_PEERS`]) marks the wait ([`LEFT_SEEN`] in `*t0`) and lets it poll
+    /// again: whatever `peer` wrote before it left is visible to a poll ordered after that
+    /// look, so only a wait still unanswered at its next look gives up.
     ///
     /// # Safety
     /// The context valid.
     #[cold]
     #[inline(never)]
-    pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: u64) -> bool {
+    pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: &mut u64) -> bool {
         let now = arch::global_timer_ns();
+        if *t0 == 0 {
+            *t0 = now.max(1) & !LEFT_SEEN;
+        }
         // SAFETY: the context is valid (caller contract); the local fault words are live.
-        let (abort, stop, after_left) = unsafe {
+        let (abort, stop, after_left, peer_left) = unsafe {
             (
                 self.abort_word(now),
                 arch::ld_relaxed_sys_u64(self.state.add(local_fault::STOP)),
                 self.after_left(&call),
+                self.peer_left(peer),
             )
         };
         let kind = if abort != 0 {
             fault::ABORTED
         } else if stop == call.seq + 1 {
             return false;
-        } else if after_left {
+        } else if after_left || (peer_left && *t0 & LEFT_SEEN != 0) {
             // SAFETY: as above.
             unsafe { self.fail(call, fault::ABORTED, peer, [0; 2], fault::AT_LEFT) };
             return false;
+        } else if peer_left {
+            // Poll once more, after this look (see above).
+            *t0 |= LEFT_SEEN;
+            return true;
         } else if place == fault::AT_PACKET
             // SAFETY: a packet wait is for a peer (`peer != rank`).
             && let Some(d) = unsafe { self.read_desc(&call, peer) }
@@ -706,7 +741,7 @@ impl CollContext {
             // SAFETY: as above.
             unsafe { self.fail(call, fault::MISMATCH, peer, d, fault::AT_PACKET) };
             return false;
-        } else if now.wrapping_sub(t0) > self.timeout_ns {
+        } else if now.wrapping_sub(*t0 & !LEFT_SEEN) > self.timeout_ns {
             fault::TIMEOUT
         } else {
             return true;
@@ -714,6 +749,22 @@ impl CollContext {
         // SAFETY: as above.
         unsafe { self.fail(call, kind, peer, [0; 2], place) };
         false
+    }
+
+    /// Whether rank `peer` left with its work done, as this rank's waits know it
+    /// ([`local_fault::LEFT_PEERS`]; contexts with [`guard::PEERS`] only). Acquire: a poll
+    /// after a `true` sees what `peer` wrote before it left.
+    ///
+    /// # Safety
+    /// The context valid.
+    #[inline(always)]
+    unsafe fn peer_left(&self, peer: u32) -> bool {
+        self.guards & guard::PEERS != 0
+            // SAFETY: the local fault words are live and accessed atomically.
+            && unsafe { arch::ld_acquire_sys_u64(self.state.add(local_fault::LEFT_PEERS)) }
+                >> (peer & 63)
+                & 1
+                != 0
     }
 
     /// Polls the LL packet at `slot` (written by rank `peer`) until it carries `flag` and
@@ -744,11 +795,8 @@ impl CollContext {
             }
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(SLOW_POLLS) {
-                if t0 == 0 {
-                    t0 = arch::global_timer_ns().max(1);
-                }
                 // SAFETY: the context valid (caller contract).
-                if !unsafe { self.keep_waiting(*call, peer, place, t0) } {
+                if !unsafe { self.keep_waiting(*call, peer, place, &mut t0) } {
                     call.failed = true;
                     return 0;
                 }
@@ -787,6 +835,15 @@ impl CollContext {
                 let left = arch::ld_relaxed_sys_u64(self.fault.add(fault::LEFT));
                 if left != 0 {
                     arch::st_relaxed_sys_u64(self.state.add(local_fault::LEFT), left);
+                }
+            }
+            if self.guards & guard::PEERS != 0 {
+                // Acquire, then release: a wait that reads the local copy with acquire
+                // (`peer_left`) is ordered after the host's news, which came after the
+                // departed rank's last writes.
+                let left = arch::ld_acquire_sys_u64(self.fault.add(fault::LEFT_PEERS));
+                if left != 0 {
+                    arch::st_release_sys_u64(self.state.add(local_fault::LEFT_PEERS), left);
                 }
             }
             host
@@ -862,14 +919,12 @@ impl CollContext {
         if call.failed {
             return false;
         }
-        let mut polls = 0u32;
-        let mut start = None;
+        let (mut polls, mut t0) = (0u32, 0u64);
         while !ready() {
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(SLOW_POLLS) {
-                let t0 = *start.get_or_insert_with(arch::global_timer_ns);
                 // SAFETY: caller contract.
-                if !unsafe { self.keep_waiting(*call, peer, place, t0) } {
+                if !unsafe { self.keep_waiting(*call, peer, place, &mut t0) } {
                     call.failed = true;
                     return false;
                 }

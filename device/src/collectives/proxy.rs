@@ -161,7 +161,7 @@ unsafe fn sync_wait(ctx: &CollContext, call: Call, p: *const u64, want: u64) -> 
         }
         polls = polls.wrapping_add(1);
         if polls.is_multiple_of(4096) {
-            let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+            let t0 = start.get_or_insert_with(arch::global_timer_ns);
             // SAFETY: the context valid (caller contract).
             if !unsafe { ctx.keep_waiting(call, ctx.rank, fault::AT_PROXY, t0) } {
                 return false;
@@ -369,7 +369,7 @@ impl Plan {
             let c = unsafe { self.conn(ctx, t) };
             let mut start = None;
             while !c.wait_timeout(WAIT_SLICE_NS) {
-                let t0 = *start.get_or_insert_with(arch::global_timer_ns);
+                let t0 = start.get_or_insert_with(arch::global_timer_ns);
                 // SAFETY: the context valid.
                 if !unsafe { ctx.keep_waiting(*call, t, fault::AT_PROXY, t0) } {
                     call.failed = true;

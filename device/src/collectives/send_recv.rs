@@ -1015,11 +1015,8 @@ unsafe fn poll_unit(
             {
                 return Err(Some(n));
             }
-            if t0 == 0 {
-                t0 = arch::global_timer_ns().max(1);
-            }
             // SAFETY: the context valid (caller contract).
-            if !unsafe { ctx.keep_waiting(*call, peer, fault::AT_SEMAPHORE, t0) } {
+            if !unsafe { ctx.keep_waiting(*call, peer, fault::AT_SEMAPHORE, &mut t0) } {
                 call.failed = true;
                 return Err(None);
             }

@@ -194,7 +194,7 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                         let peer = ops.ops[first].peer;
                         // SAFETY: the context valid.
                         if !unsafe {
-                            ctx.keep_waiting(p.call, peer, fault::AT_XP2P, p.last_progress)
+                            ctx.keep_waiting(p.call, peer, fault::AT_XP2P, &mut p.last_progress)
                         } {
                             p.call.failed = true;
                         }

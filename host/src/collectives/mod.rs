@@ -68,7 +68,11 @@
 //! calls it made; a call of a later number can never complete, so its waits give up as soon
 //! as the goodbye is in ([`CommError::Aborted`] "collective #3 (...) cannot complete: rank 1
 //! left (it closed its communicator) after 2 collective calls ..."), while the calls it made
-//! complete as usual. After a timeout, an abort or such a departure the collectives are
+//! complete as usual. Sends and receives count their own transfers: such a goodbye also says
+//! that the leaver's work had ended, so a send/recv wait for it still unanswered after it
+//! (and one more poll) gives up ("send/recv launch #5 (...) cannot complete: rank 1 left
+//! ... without the matching send or receive"); what it sent before it left still arrives.
+//! After a timeout, an abort or such a departure the collectives are
 //! unusable (ranks no longer agree on what was signalled): every later call returns the
 //! same error.
 //!
@@ -1182,6 +1186,21 @@ impl Collectives {
                     describe(rec.own)
                 ))
             }
+            fault::ABORTED
+                if rec.place == fault::AT_LEFT
+                    && desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV =>
+            {
+                CommError::Aborted(format!(
+                    "{call}: rank {me}: send/recv launch #{} ({}) cannot complete: rank {} left \
+                     (it closed its communicator, its work done) without the matching send or \
+                     receive (the usual cause: that rank posted fewer sends or receives to \
+                     this one, or returned early on an error of its own); the collectives \
+                     cannot be used any more",
+                    rec.seq + 1,
+                    describe(rec.own),
+                    rec.peer,
+                ))
+            }
             fault::ABORTED if rec.place == fault::AT_LEFT => {
                 let (who, calls) = self.comm.fault_area().left().unwrap_or((rec.peer, rec.seq));
                 CommError::Aborted(format!(
@@ -2055,7 +2074,10 @@ fn describe(d: [u64; 2]) -> String {
             n / size
         ),
         desc::ALL_TO_ALL => format!("all_to_all of {} {dname} per rank ({path})", n / size),
-        desc::SEND_RECV => format!("a send/recv group of {n} operations"),
+        desc::SEND_RECV => format!(
+            "a send/recv group of {n} operation{}",
+            if n == 1 { "" } else { "s" }
+        ),
         _ => format!("an unknown collective ({n}, {tag:#x})"),
     }
 }
@@ -2099,7 +2121,9 @@ const CALLS_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(
 /// Makes the waits of this rank's kernels give up on a call that a rank of `group` (the
 /// ranks whose kernels advance this rank's call counter alike) never made because it left
 /// first: its goodbye names its calls ([`Collectives::calls_made`]), and the fault area's
-/// [`fault::LEFT`] word takes the fewest. (Ranks on other hosts count their own kernels;
+/// [`fault::LEFT`] word takes the fewest. A goodbye that names its calls also says that
+/// the rank's work had ended, so everything it wrote has landed: the send/receive waits for
+/// it give up too ([`fault::LEFT_PEERS`]). (Ranks on other hosts count their own kernels;
 /// their departures are seen by the rounds across hosts.)
 fn watch_departures(comm: &Communicator, group: &[usize]) {
     let area = Arc::downgrade(comm.fault_area());
@@ -2108,9 +2132,10 @@ fn watch_departures(comm: &Communicator, group: &[usize]) {
         .as_async()
         .on_peer_left(move |rank, calls| {
             if let (Some(calls), Some(area)) = (calls, area.upgrade())
-                && group.contains(&rank)
+                && let Some(index) = group.iter().position(|&r| r == rank)
             {
                 area.note_left(rank, calls);
+                area.note_left_peer(index);
             }
         });
 }

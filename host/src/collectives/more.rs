@@ -1301,8 +1301,9 @@ impl P2p {
             peer_sems: [std::ptr::null_mut(); MAX_RANKS],
             expected: addr(&local) as *mut u64,
             state: (addr(&local) + EXPECTED_WORDS as u64 * 8) as *mut u64,
-            // Sends and receives count their own operations, not the collectives' calls.
-            guards: base.guards & !guard::LEFT,
+            // Sends and receives count their own operations, not the collectives' calls;
+            // their waits give up on a peer that left (see `guard::PEERS`).
+            guards: (base.guards & !guard::LEFT) | guard::PEERS,
             ..*base
         };
         ctx.peer_scratch[rank] = ctx.scratch;

@@ -413,6 +413,98 @@ fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
     });
 }
 
+/// What rank 0 does after rank 1 left in [`a_send_or_receive_with_a_rank_that_left_fails_at_once`].
+#[derive(Clone, Copy, Debug)]
+enum AfterLeave {
+    /// A small receive (LL packets).
+    Recv,
+    /// A large send (pipelined: it waits for the receiver's acknowledgements).
+    SendLarge,
+}
+
+/// Send/recv with a rank that left (dropped its collectives with its work done; its goodbye
+/// names its calls): what it sent before it left arrives, even when the receive starts after
+/// the goodbye; a receive from it, or a send that needs it, fails at once (not at the 20 s
+/// device timeout) naming it, whether the goodbye came before the call or during its wait;
+/// so does every later call, a collective too.
+#[test]
+fn a_send_or_receive_with_a_rank_that_left_fails_at_once() {
+    let small_data = |k: usize| (0..5).map(|i| (i + 10 * k) as f32).collect::<Vec<f32>>();
+    let large = (0..4099).map(|i| i as f32).collect::<Vec<f32>>();
+    for (after, delay_ms) in [
+        (AfterLeave::Recv, 0u64),
+        (AfterLeave::Recv, 300),
+        (AfterLeave::SendLarge, 0),
+        (AfterLeave::SendLarge, 300),
+    ] {
+        let id = create_unique_id().unwrap();
+        let (small_data, large) = (&small_data, &large);
+        std::thread::scope(|s| {
+            for r in 0..2 {
+                s.spawn(move || {
+                    let mut cc = comm_config();
+                    cc.device_timeout = Duration::from_secs(20);
+                    let bs = BlockingBootstrap::init_with_config(2, r, id, cc.bootstrap.clone())
+                        .unwrap();
+                    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
+                    let c = Collectives::new(comm, small()).unwrap();
+                    if r == 1 {
+                        // Two sends (LL, then pipelined), a receive; then, without waiting
+                        // for rank 0 to take the last LL send, leave.
+                        c.send_host(&small_data(0), 0).unwrap();
+                        c.send_host(large, 0).unwrap();
+                        let mut got = vec![0f32; 5];
+                        c.recv_host(&mut got, 0).unwrap();
+                        assert_eq!(got, small_data(1));
+                        c.send_host(&small_data(2), 0).unwrap();
+                        std::thread::sleep(Duration::from_millis(delay_ms));
+                        drop(c);
+                        return;
+                    }
+                    let mut got = vec![0f32; 5];
+                    c.recv_host(&mut got, 1).unwrap();
+                    assert_eq!(got, small_data(0));
+                    let mut got_large = vec![0f32; large.len()];
+                    c.recv_host(&mut got_large, 1).unwrap();
+                    assert_eq!(&got_large, large);
+                    c.send_host(&small_data(1), 1).unwrap();
+                    if delay_ms == 0 {
+                        // The goodbye is here before the receive starts.
+                        while !c.communicator().bootstrap().as_async().has_left(1) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                    let mut got = vec![0f32; 5];
+                    c.recv_host(&mut got, 1).unwrap();
+                    assert_eq!(got, small_data(2), "{after:?}: sent before it left");
+                    let t0 = Instant::now();
+                    let e = match after {
+                        AfterLeave::Recv => c.recv_host(&mut got, 1),
+                        AfterLeave::SendLarge => c.send_host(large, 1),
+                    }
+                    .unwrap_err()
+                    .to_string();
+                    let took = t0.elapsed();
+                    println!("{after:?}, goodbye after {delay_ms} ms: {took:?}: {e}");
+                    assert!(took < Duration::from_secs(5), "{after:?}: {took:?}: {e}");
+                    assert!(
+                        e.contains("rank 1 left") && e.contains("without the matching send"),
+                        "{after:?}: {e}"
+                    );
+                    let again = c.send_host(&small_data(3), 1).unwrap_err().to_string();
+                    assert!(again.contains("rank 1 left"), "{after:?}: {again}");
+                    let mut out = vec![0f32; 4];
+                    let coll = c
+                        .all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
+                        .unwrap_err()
+                        .to_string();
+                    assert!(coll.contains("rank 1 left"), "{after:?}: {coll}");
+                });
+            }
+        });
+    }
+}
+
 #[test]
 fn the_any_type_proxy_kernel_reduces_other_types_and_operations() {
     let config = CollConfig {

@@ -139,6 +139,15 @@ impl FaultArea {
         self.words()[fault::LEFT].store(calls.saturating_add(1), Ordering::Release);
     }
 
+    /// Notes that the rank at `index` of the group (the send/receive context's rank index)
+    /// left with its work done: the send/receive waits for it give up once they have looked
+    /// again ([`fault::LEFT_PEERS`]).
+    pub(crate) fn note_left_peer(&self, index: usize) {
+        if index < 64 {
+            self.words()[fault::LEFT_PEERS].fetch_or(1 << index, Ordering::Release);
+        }
+    }
+
     /// The rank that left after the fewest calls, and those calls ([`note_left`](Self::note_left)).
     pub(crate) fn left(&self) -> Option<(usize, u64)> {
         *self.left.lock().unwrap_or_else(|e| e.into_inner())
