@@ -515,7 +515,11 @@ fn departed_p2p(large: bool) {
     let mut got: CudaSlice<f32> = stream.alloc_zeros(100).unwrap();
     c.recv(&mut got, 1, &stream).unwrap();
     c.synchronize(&stream).unwrap();
-    assert_eq!(stream.clone_dtoh(&got).unwrap(), small, "sent before it left");
+    assert_eq!(
+        stream.clone_dtoh(&got).unwrap(),
+        small,
+        "sent before it left"
+    );
     let t0 = std::time::Instant::now();
     if large {
         c.send(&buf, 1, &stream).unwrap();
@@ -534,7 +538,10 @@ fn departed_p2p(large: bool) {
         "rank {r}: {e}"
     );
     let again = c.recv(&mut buf, 1, &stream).expect_err("refused at launch");
-    assert!(again.to_string().contains("rank 1 left"), "rank {r}: {again}");
+    assert!(
+        again.to_string().contains("rank 1 left"),
+        "rank {r}: {again}"
+    );
     println!("rank {r}: ok");
 }
 

@@ -61,6 +61,17 @@ pub(super) fn ranks_with<T: Send>(
     })
 }
 
+/// Rank `r` of `n` host-backed ranks of job `id` with the [`small`] collectives and a device
+/// timeout of `timeout` (the tests that need each rank's collectives in their own hands:
+/// dropped early, or not called).
+fn host_rank(n: usize, r: usize, id: crate::bootstrap::UniqueId, timeout: Duration) -> Collectives {
+    let mut cc = comm_config();
+    cc.device_timeout = timeout;
+    let bs = BlockingBootstrap::init_with_config(n, r, id, cc.bootstrap.clone()).unwrap();
+    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
+    Collectives::new(comm, small()).unwrap()
+}
+
 /// Small integers (exact sums in every type) from rank, index and call.
 fn value(rank: usize, i: usize, call: u64) -> f32 {
     let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ call << 20 ^ (rank as u64) << 44;
@@ -268,12 +279,7 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
         let hs: Vec<_> = (0..2)
             .map(|r| {
                 s.spawn(move || {
-                    let mut cc = comm_config();
-                    cc.device_timeout = Duration::from_millis(300);
-                    let bs = BlockingBootstrap::init_with_config(2, r, id, cc.bootstrap.clone())
-                        .unwrap();
-                    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
-                    let c = Collectives::new(comm, small()).unwrap();
+                    let c = host_rank(2, r, id, Duration::from_millis(300));
                     if r == 0 {
                         let mut out = vec![0f32; 4];
                         c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
@@ -301,12 +307,7 @@ fn a_timeout_names_a_rank_that_had_left() {
         let hs: Vec<_> = (0..2)
             .map(|r| {
                 s.spawn(move || {
-                    let mut cc = comm_config();
-                    cc.device_timeout = Duration::from_millis(300);
-                    let bs = BlockingBootstrap::init_with_config(2, r, id, cc.bootstrap.clone())
-                        .unwrap();
-                    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
-                    let c = Collectives::new(comm, small()).unwrap();
+                    let c = host_rank(2, r, id, Duration::from_millis(300));
                     if r == 0 {
                         // Rank 1's goodbye is on its way by the end of the wait.
                         let mut out = vec![0f32; 4];
@@ -341,13 +342,7 @@ fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
             let hs: Vec<_> = (0..3)
                 .map(|r| {
                     s.spawn(move || {
-                        let mut cc = comm_config();
-                        cc.device_timeout = Duration::from_secs(20);
-                        let bs =
-                            BlockingBootstrap::init_with_config(3, r, id, cc.bootstrap.clone())
-                                .unwrap();
-                        let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
-                        let c = Collectives::new(comm, small()).unwrap();
+                        let c = host_rank(3, r, id, Duration::from_secs(20));
                         for call in 0..2 {
                             let send = vec![(r + call) as f32; 40];
                             let mut out = vec![0f32; 40];
@@ -392,10 +387,7 @@ fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
     std::thread::scope(|s| {
         for r in 0..2 {
             s.spawn(move || {
-                let bs =
-                    BlockingBootstrap::init_with_config(2, r, id, comm_config().bootstrap).unwrap();
-                let comm = Communicator::from_bootstrap(bs, Backend::Host, comm_config()).unwrap();
-                let c = Collectives::new(comm, small()).unwrap();
+                let c = host_rank(2, r, id, comm_config().device_timeout);
                 let mut out = vec![0f32; 40];
                 c.all_reduce_host(&[1f32; 40], &mut out, ReduceOp::Sum)
                     .unwrap();
@@ -442,12 +434,7 @@ fn a_send_or_receive_with_a_rank_that_left_fails_at_once() {
         std::thread::scope(|s| {
             for r in 0..2 {
                 s.spawn(move || {
-                    let mut cc = comm_config();
-                    cc.device_timeout = Duration::from_secs(20);
-                    let bs = BlockingBootstrap::init_with_config(2, r, id, cc.bootstrap.clone())
-                        .unwrap();
-                    let comm = Communicator::from_bootstrap(bs, Backend::Host, cc).unwrap();
-                    let c = Collectives::new(comm, small()).unwrap();
+                    let c = host_rank(2, r, id, Duration::from_secs(20));
                     if r == 1 {
                         // Two sends (LL, then pipelined), a receive; then, without waiting
                         // for rank 0 to take the last LL send, leave.
