@@ -53,7 +53,10 @@ pub fn run_test_ranks_env(
     let mut launcher = crate::launch::LocalLauncher::command(nranks, exe)
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(role_env, "rank")
-        .bootstrap_timeout(std::time::Duration::from_secs(30))
+        // A third of the test's time, at least 30 s: ranks meet at barriers after work
+        // whose time grows with the load of the machine (four processes on two cores took
+        // 78 s where they take 10 s alone); a rank that is stuck is ended by `timeout`.
+        .bootstrap_timeout((timeout / 3).max(std::time::Duration::from_secs(30)))
         .timeout(timeout)
         .capture_output(true);
     for (k, v) in env {
