@@ -509,7 +509,12 @@ fn departed_p2p(large: bool) {
         println!("rank {r}: ok");
         return;
     }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !c.communicator().bootstrap().as_async().has_left(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 1's goodbye did not arrive within 10 s"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut got: CudaSlice<f32> = stream.alloc_zeros(100).unwrap();

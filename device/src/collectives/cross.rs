@@ -272,7 +272,8 @@ pub unsafe fn step(
                     break;
                 }
                 // SAFETY: the context valid.
-                if !unsafe { ctx.keep_waiting(call, h, fault::AT_CROSS, t0) } {
+                *t0 = unsafe { ctx.keep_waiting(call, h, fault::AT_CROSS, *t0) };
+                if *t0 == 0 {
                     call.failed = true;
                     break;
                 }

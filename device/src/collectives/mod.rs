@@ -691,26 +691,26 @@ impl CollContext {
         left != 0 && call.seq + 1 >= left
     }
 
-    /// The slow-path look at the fault area of a wait for rank `peer` that started at `*t0`
-    /// (the clock now: `now`): `false` when the wait must give up (abort, timeout, a call
-    /// that a rank which left never made, a rank waited for that left, or the call already
-    /// failed on this rank), after recording why (first writer wins).
+    /// The slow-path look at the fault area of a wait for rank `peer` that started at `t0`
+    /// (the clock now: `now`): 0 when the wait must give up (abort, timeout, a call that a
+    /// rank which left never made, a rank waited for that left, or the call already failed
+    /// on this rank), after recording why (first writer wins); else the `t0` to pass to the
+    /// wait's next look.
     ///
-    /// `*t0` is the wait's own: 0 before its first look, which sets it. On a context with
-    /// [`guard::PEERS`], a look that first finds `peer` among the ranks that left
-    /// ([`local_fault::LEFT_PEERS`]) marks the wait ([`LEFT_SEEN`] in `*t0`) and lets it poll
-    /// again: whatever `peer` wrote before it left is visible to a poll ordered after that
-    /// look, so only a wait still unanswered at its next look gives up.
+    /// `t0` is the wait's own: 0 before its first look, which returns the clock. On a
+    /// context with [`guard::PEERS`], a look that first finds `peer` among the ranks that
+    /// left ([`local_fault::LEFT_PEERS`]) marks the wait ([`LEFT_SEEN`] in the returned `t0`)
+    /// and lets it poll again: whatever `peer` wrote before it left is visible to a poll
+    /// ordered after that look, so only a wait still unanswered at its next look gives up.
+    /// (By value, not by reference: the waits' inline poll loops keep it in a register.)
     ///
     /// # Safety
     /// The context valid.
     #[cold]
     #[inline(never)]
-    pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: &mut u64) -> bool {
+    pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: u64) -> u64 {
         let now = arch::global_timer_ns();
-        if *t0 == 0 {
-            *t0 = now.max(1) & !LEFT_SEEN;
-        }
+        let t0 = if t0 == 0 { now.max(1) & !LEFT_SEEN } else { t0 };
         // SAFETY: the context is valid (caller contract); the local fault words are live.
         let (abort, stop, after_left, peer_left) = unsafe {
             (
@@ -723,15 +723,14 @@ impl CollContext {
         let kind = if abort != 0 {
             fault::ABORTED
         } else if stop == call.seq + 1 {
-            return false;
-        } else if after_left || (peer_left && *t0 & LEFT_SEEN != 0) {
+            return 0;
+        } else if after_left || (peer_left && t0 & LEFT_SEEN != 0) {
             // SAFETY: as above.
             unsafe { self.fail(call, fault::ABORTED, peer, [0; 2], fault::AT_LEFT) };
-            return false;
+            return 0;
         } else if peer_left {
             // Poll once more, after this look (see above).
-            *t0 |= LEFT_SEEN;
-            return true;
+            return t0 | LEFT_SEEN;
         } else if place == fault::AT_PACKET
             // SAFETY: a packet wait is for a peer (`peer != rank`).
             && let Some(d) = unsafe { self.read_desc(&call, peer) }
@@ -740,15 +739,15 @@ impl CollContext {
             // One-shot: data that will never come because the peer called another size.
             // SAFETY: as above.
             unsafe { self.fail(call, fault::MISMATCH, peer, d, fault::AT_PACKET) };
-            return false;
-        } else if now.wrapping_sub(*t0 & !LEFT_SEEN) > self.timeout_ns {
+            return 0;
+        } else if now.wrapping_sub(t0 & !LEFT_SEEN) > self.timeout_ns {
             fault::TIMEOUT
         } else {
-            return true;
+            return t0;
         };
         // SAFETY: as above.
         unsafe { self.fail(call, kind, peer, [0; 2], place) };
-        false
+        0
     }
 
     /// Whether rank `peer` left with its work done, as this rank's waits know it
@@ -796,7 +795,8 @@ impl CollContext {
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(SLOW_POLLS) {
                 // SAFETY: the context valid (caller contract).
-                if !unsafe { self.keep_waiting(*call, peer, place, &mut t0) } {
+                t0 = unsafe { self.keep_waiting(*call, peer, place, t0) };
+                if t0 == 0 {
                     call.failed = true;
                     return 0;
                 }
@@ -924,7 +924,8 @@ impl CollContext {
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(SLOW_POLLS) {
                 // SAFETY: caller contract.
-                if !unsafe { self.keep_waiting(*call, peer, place, &mut t0) } {
+                t0 = unsafe { self.keep_waiting(*call, peer, place, t0) };
+                if t0 == 0 {
                     call.failed = true;
                     return false;
                 }

@@ -163,7 +163,8 @@ unsafe fn sync_wait(ctx: &CollContext, call: Call, p: *const u64, want: u64) -> 
         if polls.is_multiple_of(4096) {
             let t0 = start.get_or_insert_with(arch::global_timer_ns);
             // SAFETY: the context valid (caller contract).
-            if !unsafe { ctx.keep_waiting(call, ctx.rank, fault::AT_PROXY, t0) } {
+            *t0 = unsafe { ctx.keep_waiting(call, ctx.rank, fault::AT_PROXY, *t0) };
+            if *t0 == 0 {
                 return false;
             }
         }
@@ -371,7 +372,8 @@ impl Plan {
             while !c.wait_timeout(WAIT_SLICE_NS) {
                 let t0 = start.get_or_insert_with(arch::global_timer_ns);
                 // SAFETY: the context valid.
-                if !unsafe { ctx.keep_waiting(*call, t, fault::AT_PROXY, t0) } {
+                *t0 = unsafe { ctx.keep_waiting(*call, t, fault::AT_PROXY, *t0) };
+                if *t0 == 0 {
                     call.failed = true;
                     break;
                 }

@@ -1016,7 +1016,8 @@ unsafe fn poll_unit(
                 return Err(Some(n));
             }
             // SAFETY: the context valid (caller contract).
-            if !unsafe { ctx.keep_waiting(*call, peer, fault::AT_SEMAPHORE, &mut t0) } {
+            t0 = unsafe { ctx.keep_waiting(*call, peer, fault::AT_SEMAPHORE, t0) };
+            if t0 == 0 {
                 call.failed = true;
                 return Err(None);
             }

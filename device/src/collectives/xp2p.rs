@@ -193,10 +193,11 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                         let first = (0..n).find(|&i| p.finished & (1 << i) == 0).unwrap_or(0);
                         let peer = ops.ops[first].peer;
                         // SAFETY: the context valid.
-                        if !unsafe {
-                            ctx.keep_waiting(p.call, peer, fault::AT_XP2P, &mut p.last_progress)
+                        match unsafe {
+                            ctx.keep_waiting(p.call, peer, fault::AT_XP2P, p.last_progress)
                         } {
-                            p.call.failed = true;
+                            0 => p.call.failed = true,
+                            t0 => p.last_progress = t0,
                         }
                     }
                 }

@@ -457,7 +457,12 @@ fn a_send_or_receive_with_a_rank_that_left_fails_at_once() {
                     c.send_host(&small_data(1), 1).unwrap();
                     if delay_ms == 0 {
                         // The goodbye is here before the receive starts.
+                        let deadline = Instant::now() + Duration::from_secs(10);
                         while !c.communicator().bootstrap().as_async().has_left(1) {
+                            assert!(
+                                Instant::now() < deadline,
+                                "rank 1's goodbye did not arrive within 10 s"
+                            );
                             std::thread::sleep(Duration::from_millis(1));
                         }
                     }
