@@ -131,17 +131,41 @@ pub(crate) unsafe fn advance_counter(
     }
 }
 
+/// The data threads of the LL-packet calls (one-shot, all-gather packets, [`super::ll`]):
+/// `(first unit, stride)` of thread `t` of block `b` in a grid of `nb` blocks of `nt`
+/// threads. Block 0's last warp (the descriptor threads) carries no data when the grid has
+/// more than one warp, so sending and checking the descriptor never waits behind data: with
+/// data, the check's load came after the thread's last data poll, one more memory latency
+/// at the end of every call (one-shot at 4 KB under a graph, two ranks on one H200: 2.47
+/// us with that warp idle against 2.90 with data on it, `docs/perf/2026-12-03-1xH200-session18`).
+/// A thread with no data gets a first unit past every call's (`u64::MAX`); the others are
+/// numbered in grid order, skipping that warp, so the host sizes the grid for `units + 32`
+/// threads.
+#[inline(always)]
+pub(crate) fn data_threads(t: u32, nt: u32, b: u32, nb: u32) -> (u64, u64) {
+    let (t, nt, b, nb) = (t as u64, nt as u64, b as u64, nb as u64);
+    if nt * nb <= 32 {
+        return (b * nt + t, nb * nt);
+    }
+    let skip = nt.min(32);
+    if b == 0 && t >= nt - skip {
+        return (u64::MAX, 1);
+    }
+    let first = b * nt + t - if b > 0 { skip } else { 0 };
+    (first, nb * nt - skip)
+}
+
 /// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
 /// every rank sends its whole input to every peer as LL packets, and reduces what it
 /// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise) of at least
-/// `nranks` threads, of any size; unit `i` (8 bytes) belongs to global thread `i % threads`
-/// in both phases, so in-place is safe.
+/// `nranks` threads, of any size; unit `i` (8 bytes) belongs to the same data thread in both
+/// phases ([`data_threads`]), so in-place is safe.
 ///
 /// The packets' flag is the call's sequence number ([`Call`]) and the scratch half its
 /// parity. The call descriptor (`count`, `tag`) travels as two more packets, sent by block
-/// 0's last threads (thread `threads - 1 - p` for rank `p`: idle ones in small calls) after
-/// their data; the same threads check the peers' descriptors after their reduction, off the
-/// data's critical path. A data packet that is late makes its poller look at the sender's
+/// 0's last threads (thread `threads - 1 - p` for rank `p`, in block 0's last warp, which
+/// carries no data when the grid has more than one warp); the same threads check the peers'
+/// descriptors at the end, off the data's critical path. A data packet that is late makes its poller look at the sender's
 /// descriptor too (with the abort word and the clock, every `SLOW_POLLS` polls), so a rank
 /// waiting for data a peer of another size never sends stops as soon as that descriptor is
 /// there. On a mismatch every rank records it (see [`fault`]) and `recv` is undefined.
@@ -174,11 +198,11 @@ pub unsafe fn one_shot<T: Reduce>(
     let flag = call.flag();
     let half = packet_half(ctx.packets_len) * (call.seq & 1);
     let aligned = (send as usize | recv as usize).is_multiple_of(8);
-    let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
     if units * 16 > packet_half(ctx.packets_len) {
         // More than a half of the packet scratch holds: never write past it.
         arch::trap();
     }
+    let (first, stride) = data_threads(t, nt, b, nb);
     // The rank this thread sends the descriptor to and checks, if any.
     let desc_peer = nt - 1 - t;
     let desc_peer =

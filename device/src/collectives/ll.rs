@@ -5,9 +5,9 @@
 //! advances that one counter, so consecutive calls of different collectives alternate halves
 //! and never share a flag.
 //!
-//! As in one-shot, block 0's last threads (thread `threads - 1 - p` for rank `p`) send the
-//! call descriptor to every peer after their data (`sent`) and check the peers' at the end
-//! (`end`), off the data's critical path; a late data packet makes its poller look at the
+//! As in one-shot, block 0's last threads (thread `threads - 1 - p` for rank `p`, in a warp
+//! that carries no data: [`lanes`]) send the call descriptor to every peer (`sent`) and
+//! check the peers' at the end (`end`), off the data's critical path; a late data packet makes its poller look at the
 //! sender's descriptor too ([`CollContext::keep_waiting`]), so a rank waiting for data a peer
 //! of another call never sends stops as soon as that descriptor is there.
 //!
@@ -122,10 +122,11 @@ pub(crate) unsafe fn get(ctx: &CollContext, call: &mut LlCall, peer: u32, i: u64
     }
 }
 
-/// This thread's first unit and the grid's stride.
+/// This thread's first unit and the data threads' stride: block 0's last warp, which holds
+/// the descriptor threads, carries no data ([`data_threads`](super::all_reduce::data_threads)).
 #[inline(always)]
 pub(crate) fn lanes() -> (u64, u64) {
-    let (t, nt) = (arch::thread_idx_x() as u64, arch::block_dim_x() as u64);
-    let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
-    (b * nt + t, nb * nt)
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
+    super::all_reduce::data_threads(t, nt, b, nb)
 }

@@ -362,7 +362,7 @@ fn one_shot_flags_alternate_halves_over_many_calls() {
 
 /// Runs one all-gather of `inputs[r]` (bytes) on every rank; returns each rank's output.
 fn all_gather(w: &World, inputs: &[Vec<u8>], in_place: bool, blocks: u32) -> Vec<Vec<u8>> {
-    all_gather_with(w, inputs, in_place, blocks, k::all_gather, AG_TAG)
+    all_gather_with(w, inputs, in_place, (blocks, 4), k::all_gather, AG_TAG)
 }
 
 /// [`all_gather`] with kernel `f` (and its descriptor tag).
@@ -370,7 +370,7 @@ fn all_gather_with(
     w: &World,
     inputs: &[Vec<u8>],
     in_place: bool,
-    blocks: u32,
+    (blocks, threads): (u32, u32),
     f: Kernel,
     tag: u64,
 ) -> Vec<Vec<u8>> {
@@ -392,7 +392,7 @@ fn all_gather_with(
                     // SAFETY: sp is valid for `bytes`.
                     unsafe { std::ptr::copy_nonoverlapping(input.as_ptr(), sp, bytes) };
                     let (sp, rp, ctx) = (sp as u64, recv.p as u64, w.ctxs[r]);
-                    launch(Dim3::x(blocks), Dim3::x(4), || {
+                    launch(Dim3::x(blocks), Dim3::x(threads), || {
                         // SAFETY: the world's context; buffers valid as the kernel needs.
                         unsafe { f(&ctx, sp as *const u8, rp as *mut u8, bytes as u64, tag) }
                     })
@@ -447,13 +447,14 @@ fn all_gather_through_packets_places_every_rank_over_many_calls() {
                     })
                     .collect();
                 let want: Vec<u8> = inputs.concat();
-                let blocks = 1 + (call % 3) as u32;
-                let got =
-                    all_gather_with(&w, &inputs, in_place, blocks, k::all_gather_packets, tag);
+                // Grids of more than a warp too: block 0's last warp carries no data there
+                // (`data_threads`), one block then has 16 data threads, (2, 40) has 48.
+                let grid = [(1, 4), (2, 4), (3, 4), (1, 48), (2, 40)][call % 5];
+                let got = all_gather_with(&w, &inputs, in_place, grid, k::all_gather_packets, tag);
                 for (r, got) in got.iter().enumerate() {
                     assert_eq!(
                         got, &want,
-                        "n={n} bytes {bytes} in_place {in_place} rank {r}"
+                        "n={n} bytes {bytes} in_place {in_place} grid {grid:?} rank {r}"
                     );
                 }
             }

@@ -352,6 +352,63 @@ fn every_collective_path_type_size_root_and_place_matches_the_rank_order_referen
     }
 }
 
+/// The LL paths (one-shot all-reduce, reduce-scatter, reduce, broadcast, all-to-all) on
+/// grids of more than a warp, where block 0's last warp sends and checks the descriptors and
+/// carries no data (`all_reduce::data_threads`): one block with 8 data threads, two with
+/// 40, three with 67 (block 0 keeps one); counts above and below the data threads.
+#[test]
+fn ll_paths_on_grids_with_a_data_free_descriptor_warp_match_the_reference() {
+    for n in [2usize, 3] {
+        let w = World::new(n, 16 * 40, 8192);
+        let counts: &[usize] = if n == 2 { &[17, 100] } else { &[40] };
+        let mut cases = all_cases(n, counts);
+        cases.retain(|c| c.ll);
+        for (i, c) in cases.iter_mut().enumerate() {
+            (c.blocks, c.threads) = [(1, 40), (2, 36), (3, 33)][i % 3];
+        }
+        run_sequence(&w, n, &cases);
+    }
+}
+
+/// Every unit of a call belongs to exactly one data thread, and block 0's last warp (the
+/// descriptor threads) has none once the grid has more than a warp.
+#[test]
+fn data_threads_own_every_unit_once_and_leave_the_descriptor_warp_free() {
+    use super::all_reduce::data_threads;
+    for (nb, nt) in [
+        (1, 1),
+        (1, 8),
+        (4, 8),
+        (1, 32),
+        (1, 33),
+        (1, 64),
+        (2, 40),
+        (3, 512),
+    ] {
+        for units in [0u64, 1, 31, 32, 33, 100, 3 * 512, 5000] {
+            let mut owners = vec![0u32; units as usize];
+            for b in 0..nb {
+                for t in 0..nt {
+                    let (first, stride) = data_threads(t, nt, b, nb);
+                    let mut i = first;
+                    while i < units {
+                        owners[i as usize] += 1;
+                        assert!(
+                            nb * nt <= 32 || b > 0 || t < nt - nt.min(32),
+                            "grid {nb}x{nt}: thread {t} of block 0 got unit {i}"
+                        );
+                        i += stride;
+                    }
+                }
+            }
+            assert!(
+                owners.iter().all(|&o| o == 1),
+                "grid {nb}x{nt}, {units} units: owners {owners:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn rooted_ll_calls_in_a_row_do_not_let_the_root_overrun_its_peers() {
     // The root of a broadcast (or a non-root of a reduce) only writes data: without the

@@ -785,6 +785,20 @@ fn wait_idle<E>(
     }
 }
 
+/// Grid `(blocks, threads)` of an LL-packet launch (one-shot all-reduce, all-gather packets,
+/// the small paths of the other collectives) of `bytes` per rank pair, with blocks of at most
+/// `threads` threads and at most `block_cap` blocks (and `MAX_BLOCKS`): a thread per 8-byte
+/// unit plus one warp. Block 0's last warp sends and checks the call descriptors and carries
+/// no data (the device's `data_threads`), so it does not hold up the data threads' polls,
+/// nor they its check.
+fn one_shot_grid(bytes: usize, threads: u32, block_cap: u32) -> (u32, u32) {
+    let units = bytes.div_ceil(8).max(1);
+    let threads = ((units.next_multiple_of(32) + 32) as u32).clamp(64, threads.max(64));
+    let most = block_cap.clamp(1, mscclpp_device::collectives::MAX_BLOCKS as u32) as usize;
+    let blocks = (units + 32).div_ceil(threads as usize).clamp(1, most) as u32;
+    (blocks, threads)
+}
+
 /// The most blocks a collective kernel may have when ranks share a GPU (several processes on
 /// one device under MPS), else `u32::MAX`. The kernels' blocks wait for their peers' blocks,
 /// so every kernel of the ranks on one device must fit on it at once: a kernel that fills the
@@ -1388,16 +1402,7 @@ impl Collectives {
             // A few blocks stage and reduce, each over its own lane of proxy channels; the
             // copy engine moves the data.
             Some(AllReduceAlgo::Proxy) => (self.proxy_plan(bytes).0, threads),
-            Some(AllReduceAlgo::OneShot) => {
-                let units = bytes.div_ceil(8).max(1);
-                // One warp more than the units need, while the block has room: the last
-                // threads of block 0 send and check the call descriptors, and in a warp of
-                // their own they do not hold up the data threads' polls.
-                let threads = ((units.next_multiple_of(32) + 32) as u32).clamp(64, threads);
-                let most = self.block_cap.min(128) as usize;
-                let blocks = units.div_ceil(threads as usize).clamp(1, most) as u32;
-                (blocks, threads)
-            }
+            Some(AllReduceAlgo::OneShot) => one_shot_grid(bytes, threads, self.block_cap),
             _ => {
                 // NVLink needs many blocks in flight (one block moves only a few GB/s):
                 // one per 16 KiB, at most max_blocks.

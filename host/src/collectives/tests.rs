@@ -829,10 +829,43 @@ fn only_small_grids_are_launched_as_dependents() {
         dependent_grid(16, 1024),
         "one-shot at 128 KiB: 16 blocks of 1024"
     );
+    let (b, t) = one_shot_grid(128 << 10, 512, u32::MAX);
+    assert!(
+        dependent_grid(b, t),
+        "one-shot at 128 KiB: {b} blocks of {t}"
+    );
     assert!(dependent_grid((PDL_MAX_THREADS / 512) as u32, 512));
     assert!(!dependent_grid((PDL_MAX_THREADS / 512) as u32 + 1, 512));
     assert!(!dependent_grid(128, 512), "all-pairs at 4 MB");
     assert!(!dependent_grid(u32::MAX, u32::MAX), "no overflow");
+}
+
+/// One-shot's grid (all LL-packet launches): whole warps, at least two (block 0's last warp
+/// carries the descriptors and no data), within the configured threads and the block cap,
+/// and a data thread per unit unless the cap stops it, with no block more than that needs.
+#[test]
+fn one_shot_grids_hold_every_unit_beside_a_data_free_descriptor_warp() {
+    let most = mscclpp_device::collectives::MAX_BLOCKS as u32;
+    for threads in [32u32, 64, 256, 512] {
+        for cap in [1u32, 3, u32::MAX] {
+            for bytes in (0..=2048)
+                .step_by(8)
+                .chain([4 << 10, 64 << 10, 256 << 10, 1 << 20])
+            {
+                let (b, t) = one_shot_grid(bytes, threads, cap);
+                let units = bytes.div_ceil(8).max(1) as u64;
+                let what = format!("{bytes} B, {threads} threads, cap {cap}: {b} x {t}");
+                assert!(
+                    t.is_multiple_of(32) && (64..=threads.max(64)).contains(&t),
+                    "{what}"
+                );
+                assert!((1..=cap.min(most)).contains(&b), "{what}");
+                let data = b as u64 * t as u64 - 32;
+                assert!(data >= units || b == cap.min(most), "{what}");
+                assert!(b == 1 || (b as u64 - 1) * (t as u64) < units + 32, "{what}");
+            }
+        }
+    }
 }
 
 /// Collectives and send/recv across hosts over IB: 6 thread ranks as 3 interleaved
