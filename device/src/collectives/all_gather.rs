@@ -179,9 +179,10 @@ unsafe fn drain(
 /// its input as LL packets (8 data bytes and the call's flag in one 16-byte store) into each
 /// peer's packet scratch, copies it to its own place of `recv`, and copies what arrives from
 /// each peer to that peer's place. No signal and no barrier, like one-shot all-reduce (same
-/// packet halves alternating by the call counter, same descriptor threads: the last threads
+/// packet halves alternating by the call counter, same descriptor threads: the first threads
 /// of block 0, in a warp that carries no data). Unit `i` (8 bytes) belongs to the same data
-/// thread in both phases ([`data_threads`](super::all_reduce::data_threads)), so in place (`send == recv + rank * bytes`) is safe.
+/// thread in both phases ([`data_threads`](super::all_reduce::data_threads)), so in place
+/// (`send == recv + rank * bytes`) is safe.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; at most `MAX_BLOCKS` blocks of
@@ -214,8 +215,7 @@ pub unsafe fn all_gather_packets(
     // Every rank's place in recv is aligned when recv and bytes are.
     let aligned = (send as usize | recv as usize | bytes as usize).is_multiple_of(8);
     let (first, stride) = super::all_reduce::data_threads(t, nt, b, nb);
-    let desc_peer = nt - 1 - t;
-    let desc_peer = (b == 0 && desc_peer < n && desc_peer != r).then_some(desc_peer);
+    let desc_peer = super::all_reduce::desc_thread(ctx, t, b);
     let own = recv.wrapping_add((r as u64 * bytes) as usize);
     let mut i = first;
     while i < units {

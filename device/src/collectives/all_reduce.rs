@@ -133,26 +133,34 @@ pub(crate) unsafe fn advance_counter(
 
 /// The data threads of the LL-packet calls (one-shot, all-gather packets, [`super::ll`]):
 /// `(first unit, stride)` of thread `t` of block `b` in a grid of `nb` blocks of `nt`
-/// threads. Block 0's last warp (the descriptor threads) carries no data when the grid has
-/// more than one warp, so sending and checking the descriptor never waits behind data: with
-/// data, the check's load came after the thread's last data poll, one more memory latency
-/// at the end of every call (one-shot at 4 KB under a graph, two ranks on one H200: 2.47
-/// us with that warp idle against 2.90 with data on it, `docs/perf/2026-12-03-1xH200-session18`).
-/// A thread with no data gets a first unit past every call's (`u64::MAX`); the others are
-/// numbered in grid order, skipping that warp, so the host sizes the grid for `units + 32`
-/// threads.
+/// threads. Block 0's first warp holds the descriptor threads ([`desc_thread`]) and carries
+/// no data when the grid has more than one warp, so sending and checking the descriptor
+/// never waits behind data: with data, the check's load came after the thread's last data
+/// poll, one more memory latency at the end of every call (one-shot at 4 KB under a graph,
+/// two ranks on one H200: 2.33 us with the descriptor warp idle against 2.90 with data on
+/// it, `docs/perf/2026-12-03-1xH200-session18`). The data threads are the grid's threads
+/// after that warp, in grid order (a thread with no data gets `u64::MAX`, past every unit),
+/// so the host sizes the grid for `units + 32` threads.
 #[inline(always)]
 pub(crate) fn data_threads(t: u32, nt: u32, b: u32, nb: u32) -> (u64, u64) {
-    let (t, nt, b, nb) = (t as u64, nt as u64, b as u64, nb as u64);
-    if nt * nb <= 32 {
-        return (b * nt + t, nb * nt);
-    }
-    let skip = nt.min(32);
-    if b == 0 && t >= nt - skip {
-        return (u64::MAX, 1);
-    }
-    let first = b * nt + t - if b > 0 { skip } else { 0 };
-    (first, nb * nt - skip)
+    let (g, all) = (b * nt + t, nb * nt);
+    let skip = if all > 32 { nt.min(32) } else { 0 };
+    (
+        if g >= skip {
+            (g - skip) as u64
+        } else {
+            u64::MAX
+        },
+        (all - skip) as u64,
+    )
+}
+
+/// The rank whose call descriptor thread `t` of block `b` sends and checks, if any: thread
+/// `p` of block 0 for every peer `p` (the first warp, which [`data_threads`] keeps free of
+/// data).
+#[inline(always)]
+pub(crate) fn desc_thread(ctx: &CollContext, t: u32, b: u32) -> Option<u32> {
+    (b == 0 && t < ctx.nranks && t != ctx.rank).then_some(t)
 }
 
 /// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
@@ -163,10 +171,10 @@ pub(crate) fn data_threads(t: u32, nt: u32, b: u32, nb: u32) -> (u64, u64) {
 ///
 /// The packets' flag is the call's sequence number ([`Call`]) and the scratch half its
 /// parity. The call descriptor (`count`, `tag`) travels as two more packets, sent by block
-/// 0's last threads (thread `threads - 1 - p` for rank `p`, in block 0's last warp, which
-/// carries no data when the grid has more than one warp); the same threads check the peers'
-/// descriptors at the end, off the data's critical path. A data packet that is late makes its poller look at the sender's
-/// descriptor too (with the abort word and the clock, every `SLOW_POLLS` polls), so a rank
+/// 0's first threads (thread `p` for rank `p`: [`desc_thread`], in a warp that carries no
+/// data when the grid has more than one warp); the same threads check the peers'
+/// descriptors at the end, off the data's critical path. A data packet that is late makes
+/// its poller look at the sender's descriptor too (with the abort word and the clock, every `SLOW_POLLS` polls), so a rank
 /// waiting for data a peer of another size never sends stops as soon as that descriptor is
 /// there. On a mismatch every rank records it (see [`fault`]) and `recv` is undefined.
 ///
@@ -204,9 +212,7 @@ pub unsafe fn one_shot<T: Reduce>(
     }
     let (first, stride) = data_threads(t, nt, b, nb);
     // The rank this thread sends the descriptor to and checks, if any.
-    let desc_peer = nt - 1 - t;
-    let desc_peer =
-        (b == 0 && desc_peer < ctx.nranks && desc_peer != ctx.rank).then_some(desc_peer);
+    let desc_peer = desc_thread(ctx, t, b);
 
     let mut i = first;
     while i < units {

@@ -5,10 +5,10 @@
 //! advances that one counter, so consecutive calls of different collectives alternate halves
 //! and never share a flag.
 //!
-//! As in one-shot, block 0's last threads (thread `threads - 1 - p` for rank `p`, in a warp
-//! that carries no data: [`lanes`]) send the call descriptor to every peer (`sent`) and
-//! check the peers' at the end (`end`), off the data's critical path; a late data packet makes its poller look at the
-//! sender's descriptor too ([`CollContext::keep_waiting`]), so a rank waiting for data a peer
+//! As in one-shot, block 0's first threads (thread `p` for rank `p`, in a warp that carries
+//! no data: [`lanes`]) send the call descriptor to every peer (`sent`) and check the peers'
+//! at the end (`end`), off the data's critical path; a late data packet makes its poller
+//! look at the sender's descriptor too ([`CollContext::keep_waiting`]), so a rank waiting for data a peer
 //! of another call never sends stops as soon as that descriptor is there.
 //!
 //! A writer reuses a half two calls later. That is safe because every rank, before it ends a
@@ -51,11 +51,10 @@ pub(crate) unsafe fn begin(ctx: &CollContext, units: u64, n: u64, tag: u64) -> L
     }
     // SAFETY: b < MAX_BLOCKS; end() calls finish() on every thread.
     let call = unsafe { ctx.call(b, n, tag) };
-    let desc_peer = nt - 1 - t;
     LlCall {
         half: packet_half(ctx.packets_len) * (call.seq & 1),
         call,
-        desc_peer: (b == 0 && desc_peer < ctx.nranks && desc_peer != ctx.rank).then_some(desc_peer),
+        desc_peer: super::all_reduce::desc_thread(ctx, t, b),
     }
 }
 
@@ -122,7 +121,7 @@ pub(crate) unsafe fn get(ctx: &CollContext, call: &mut LlCall, peer: u32, i: u64
     }
 }
 
-/// This thread's first unit and the data threads' stride: block 0's last warp, which holds
+/// This thread's first unit and the data threads' stride: block 0's first warp, which holds
 /// the descriptor threads, carries no data ([`data_threads`](super::all_reduce::data_threads)).
 #[inline(always)]
 pub(crate) fn lanes() -> (u64, u64) {

@@ -447,7 +447,7 @@ fn all_gather_through_packets_places_every_rank_over_many_calls() {
                     })
                     .collect();
                 let want: Vec<u8> = inputs.concat();
-                // Grids of more than a warp too: block 0's last warp carries no data there
+                // Grids of more than a warp too: block 0's first warp carries no data there
                 // (`data_threads`), one block then has 16 data threads, (2, 40) has 48.
                 let grid = [(1, 4), (2, 4), (3, 4), (1, 48), (2, 40)][call % 5];
                 let got = all_gather_with(&w, &inputs, in_place, grid, k::all_gather_packets, tag);

@@ -788,7 +788,7 @@ fn wait_idle<E>(
 /// Grid `(blocks, threads)` of an LL-packet launch (one-shot all-reduce, all-gather packets,
 /// the small paths of the other collectives) of `bytes` per rank pair, with blocks of at most
 /// `threads` threads and at most `block_cap` blocks (and `MAX_BLOCKS`): a thread per 8-byte
-/// unit plus one warp. Block 0's last warp sends and checks the call descriptors and carries
+/// unit plus one warp. Block 0's first warp sends and checks the call descriptors and carries
 /// no data (the device's `data_threads`), so it does not hold up the data threads' polls,
 /// nor they its check.
 fn one_shot_grid(bytes: usize, threads: u32, block_cap: u32) -> (u32, u32) {

@@ -840,7 +840,7 @@ fn only_small_grids_are_launched_as_dependents() {
     assert!(!dependent_grid(u32::MAX, u32::MAX), "no overflow");
 }
 
-/// One-shot's grid (all LL-packet launches): whole warps, at least two (block 0's last warp
+/// One-shot's grid (all LL-packet launches): whole warps, at least two (block 0's first warp
 /// carries the descriptors and no data), within the configured threads and the block cap,
 /// and a data thread per unit unless the cap stops it, with no block more than that needs.
 #[test]
