@@ -11,7 +11,8 @@
 # Logs go to $OUT/x2 (tarred into $OUT/x2.tgz after every step, so a timeout keeps them).
 #
 #  1  all-reduce against NCCL, CUDA graph and plain, 8 B-512 MB; the
-#     small all-reduce against the bare LL exchange (ll_exchange bench) (#13 cost, #15, #18)
+#     small all-reduce against the bare LL exchange (ll_exchange bench); one-shot's
+#     block size (#13 cost, #15, #18)
 #  2  send/recv against NCCL, graph and plain                          (#14: below 1.0 in rows)
 #  3  the other collectives against NCCL under a graph                 (#14)
 #  4  proxy all-reduce against NCCL: the plan and what the one-GPU sweep suggests (#17)
@@ -75,6 +76,15 @@ want 1 && {
   perf allreduce-plain-w200 60 -b 8 -e 64K -f 4 -n 20 -w 200
   # #18: the small all-reduce against the bare LL exchange it is made of, under graphs.
   [ "${DRY:-}" = 1 ] || [ -x $B/ll_exchange ] && run ll-exchange 60 $B/ll_exchange --bench
+  # One-shot's grid: blocks of at most 512 threads (the default), 256 or 128, 4 KB-256 KB.
+  # Under MPS on one H200 (docs/perf/2026-12-03-1xH200-session18, r2) 256 won from 8 KB
+  # (256 KB: 4.72 against 5.71 us) and lost at 2-4 KB, but there the two ranks share the
+  # SMs; this decides whether the grid should change.
+  for th in 512 256 128; do
+    export MSCCLPP_COLL_THREADS=$th
+    perf "allreduce-graph-threads$th" 60 -b 4K -e 256K -f 2 -n 100 -w 20 -G 10
+  done
+  unset MSCCLPP_COLL_THREADS
 }
 want 2 && {
   perf sendrecv-graph 60 --op sendrecv $P -G 10
