@@ -181,7 +181,7 @@ unsafe fn drain(
 /// each peer to that peer's place. No signal and no barrier, like one-shot all-reduce (same
 /// packet halves alternating by the call counter, same descriptor threads: the first threads
 /// of block 0, in a warp that carries no data). Unit `i` (8 bytes) belongs to the same data
-/// thread in both phases ([`data_threads`](super::all_reduce::data_threads)), so in place
+/// thread in both phases (`all_reduce::data_threads`), so in place
 /// (`send == recv + rank * bytes`) is safe.
 ///
 /// # Safety

@@ -167,11 +167,11 @@ pub(crate) fn desc_thread(ctx: &CollContext, t: u32, b: u32) -> Option<u32> {
 /// every rank sends its whole input to every peer as LL packets, and reduces what it
 /// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise) of at least
 /// `nranks` threads, of any size; unit `i` (8 bytes) belongs to the same data thread in both
-/// phases ([`data_threads`]), so in-place is safe.
+/// phases (`data_threads`), so in-place is safe.
 ///
 /// The packets' flag is the call's sequence number ([`Call`]) and the scratch half its
 /// parity. The call descriptor (`count`, `tag`) travels as two more packets, sent by block
-/// 0's first threads (thread `p` for rank `p`: [`desc_thread`], in a warp that carries no
+/// 0's first threads (thread `p` for rank `p`: `desc_thread`, in a warp that carries no
 /// data when the grid has more than one warp); the same threads check the peers'
 /// descriptors at the end, off the data's critical path. A data packet that is late makes
 /// its poller look at the sender's descriptor too (with the abort word and the clock, every `SLOW_POLLS` polls), so a rank

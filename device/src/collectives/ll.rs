@@ -6,7 +6,7 @@
 //! and never share a flag.
 //!
 //! As in one-shot, block 0's first threads (thread `p` for rank `p`, in a warp that carries
-//! no data: [`lanes`]) send the call descriptor to every peer (`sent`) and check the peers'
+//! no data: `lanes`) send the call descriptor to every peer (`sent`) and check the peers'
 //! at the end (`end`), off the data's critical path; a late data packet makes its poller
 //! look at the sender's descriptor too ([`CollContext::keep_waiting`]), so a rank waiting for data a peer
 //! of another call never sends stops as soon as that descriptor is there.
