@@ -202,9 +202,7 @@ pub unsafe fn all_gather_packets(
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let units = bytes.div_ceil(8);
-    if nb as usize > super::MAX_BLOCKS || nt < ctx.nranks {
-        arch::trap();
-    }
+    super::all_reduce::check_grid(ctx, nb, nt);
     // SAFETY: b < MAX_BLOCKS; finish() below on every thread.
     let mut call = unsafe { ctx.call(b, bytes, tag) };
     let half = super::packet_half(ctx.packets_len) * (call.seq & 1);

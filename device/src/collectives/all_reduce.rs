@@ -174,9 +174,9 @@ pub(crate) fn desc_thread(ctx: &CollContext, t: u32, b: u32) -> Option<u32> {
 /// 0's first threads (thread `p` for rank `p`: `desc_thread`, in a warp that carries no
 /// data when the grid has more than one warp); the same threads check the peers'
 /// descriptors at the end, off the data's critical path. A data packet that is late makes
-/// its poller look at the sender's descriptor too (with the abort word and the clock, every `SLOW_POLLS` polls), so a rank
-/// waiting for data a peer of another size never sends stops as soon as that descriptor is
-/// there. On a mismatch every rank records it (see [`fault`]) and `recv` is undefined.
+/// its poller look at the sender's descriptor too (with the abort word and the clock, every
+/// `SLOW_POLLS` polls), so a rank waiting for data a peer of another size never sends stops
+/// as soon as that descriptor is there. On a mismatch every rank records it (see [`fault`]) and `recv` is undefined.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; the context valid, with
@@ -197,10 +197,8 @@ pub unsafe fn one_shot<T: Reduce>(
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
-    if nb as usize > super::MAX_BLOCKS || nt < ctx.nranks {
-        // The call counter has MAX_BLOCKS copies; a descriptor thread per rank.
-        arch::trap();
-    }
+    // The call counter has MAX_BLOCKS copies; a descriptor thread per rank.
+    check_grid(ctx, nb, nt);
     // SAFETY: b < MAX_BLOCKS; finish() below on every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
     let flag = call.flag();
@@ -373,8 +371,9 @@ pub(crate) unsafe fn recv_unit(
     }
 }
 
-/// Traps unless the grid fits the semaphores: at most `MAX_BLOCKS` blocks of at least
-/// `nranks` threads.
+/// Traps unless the grid fits the semaphores and the call counter's copies (at most
+/// `MAX_BLOCKS` blocks) and has a descriptor thread per rank (at least `nranks` threads per
+/// block).
 #[inline(always)]
 pub(crate) fn check_grid(ctx: &CollContext, blocks: u32, threads: u32) {
     if blocks as usize > super::MAX_BLOCKS || threads < ctx.nranks {

@@ -8,15 +8,15 @@
 //! As in one-shot, block 0's first threads (thread `p` for rank `p`, in a warp that carries
 //! no data: `lanes`) send the call descriptor to every peer (`sent`) and check the peers'
 //! at the end (`end`), off the data's critical path; a late data packet makes its poller
-//! look at the sender's descriptor too ([`CollContext::keep_waiting`]), so a rank waiting for data a peer
-//! of another call never sends stops as soon as that descriptor is there.
+//! look at the sender's descriptor too ([`CollContext::keep_waiting`]), so a rank waiting
+//! for data a peer of another call never sends stops as soon as that descriptor is there.
 //!
 //! A writer reuses a half two calls later. That is safe because every rank, before it ends a
 //! call, has read every peer's descriptor of that call, which the peer sent after finishing
 //! its previous call: also for the rooted collectives (broadcast, reduce), whose data moves
 //! one way only.
 
-use super::{Call, CollContext, MAX_BLOCKS, MAX_RANKS, fault, packet_half};
+use super::{Call, CollContext, MAX_RANKS, fault, packet_half};
 use crate::arch;
 use crate::packet::LlPacket;
 
@@ -42,9 +42,7 @@ pub(crate) struct LlCall {
 pub(crate) unsafe fn begin(ctx: &CollContext, units: u64, n: u64, tag: u64) -> LlCall {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
-    if nb as usize > MAX_BLOCKS || nt < ctx.nranks {
-        arch::trap();
-    }
+    super::all_reduce::check_grid(ctx, nb, nt);
     if units > packet_half(ctx.packets_len) / 16 {
         // More than a half of the packet scratch holds: never write past it.
         arch::trap();

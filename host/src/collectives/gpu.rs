@@ -266,8 +266,8 @@ pub(super) unsafe fn launch_coll(
 
 /// Most threads of a grid launched as a dependent (programmatic dependent launch): the latency
 /// cases (one-shot all-reduce to 128 KiB, 33 blocks of 512 with its descriptor warp, and the
-/// like) stay below it. Larger grids are
-/// launched plainly, where saving a launch latency matters little. This is also a caution:
+/// like) stay below it. Larger grids are launched plainly, where saving a launch latency
+/// matters little. This is also a caution:
 /// with every kernel launched dependent, a large grid (all-pairs all-reduce at 4 MB) hung
 /// with two ranks on one GPU under MPS, for a reason not found (see `mod.rs`, "Launches").
 pub(super) const PDL_MAX_THREADS: u64 = 33 * 512;
