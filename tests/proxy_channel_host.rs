@@ -165,16 +165,17 @@ fn epoch_ns() -> u128 {
         .as_nanos()
 }
 
-/// Rank body of [`user_waits_end_when_the_peer_is_killed`]: rank 0 waits, in a kernel on a
-/// CPU thread, on a memory channel and then a proxy channel whose peer never signals; rank
-/// 1 SIGKILLs itself 300 ms in. Rank 0 prints when and how each wait ended.
+/// Rank body of [`user_waits_end_when_the_peer_is_killed`]: rank 0 runs a kernel of three
+/// CPU threads that wait at once, for LL packets and a signal on a memory channel and for a
+/// signal on a proxy channel, none of which its peer sends; rank 1 SIGKILLs itself 300 ms
+/// in. Rank 0 prints when and how each wait ended.
 fn killed_peer_rank() {
-    use mscclpp::device::arch::{Dim3, launch};
+    use mscclpp::device::arch::{Dim3, launch, thread_idx_x};
     let mut comm = communicator(8);
     let me = comm.rank();
     let buf = comm.alloc_buffer(4096).unwrap();
     comm.connect(1 - me, &buf, 0, TransportKind::Host).unwrap();
-    comm.connect_memory(1 - me, &buf, 1, TransportKind::Host, 0)
+    comm.connect_memory(1 - me, &buf, 1, TransportKind::Host, 256)
         .unwrap();
     comm.connection_setup().unwrap();
     comm.proxy_launch().unwrap();
@@ -191,11 +192,21 @@ fn killed_peer_rank() {
     }
     let ch = comm.memory_channels()[0];
     let conn = comm.device_connections()[0];
-    launch(Dim3::x(1), Dim3::x(1), || {
-        let r = ch.try_wait(60_000_000_000);
-        println!("memory wait ended at {}: {r:?}", epoch_ns());
-        let r = conn.try_wait(60_000_000_000);
-        println!("proxy wait ended at {}: {r:?}", epoch_ns());
+    // Three threads wait at once: for packets and a signal on the memory channel, and for
+    // a signal on the proxy channel.
+    launch(Dim3::x(1), Dim3::x(3), || match thread_idx_x() {
+        0 => {
+            let r = ch.try_unpack_packets(0, 0, 64, 0, 1, 1, 60_000_000_000);
+            println!("packet wait ended at {}: {r:?}", epoch_ns());
+        }
+        1 => {
+            let r = ch.try_wait(60_000_000_000);
+            println!("memory wait ended at {}: {r:?}", epoch_ns());
+        }
+        _ => {
+            let r = conn.try_wait(60_000_000_000);
+            println!("proxy wait ended at {}: {r:?}", epoch_ns());
+        }
     })
     .unwrap();
     println!("reason: {:?}", comm.abort_reason());
@@ -203,8 +214,8 @@ fn killed_peer_rank() {
     std::process::exit(0);
 }
 
-/// A user kernel's waits on a memory channel and a proxy channel end with
-/// `ChannelError::Aborted` naming the lost rank (`word: 2` = rank 1) within a second of the
+/// A user kernel's waits on a memory channel (packets and signal) and a proxy channel end
+/// with `ChannelError::Aborted` naming the lost rank (`word: 2` = rank 1) within a second of the
 /// peer's `kill -9`, instead of at their 60 s timeout.
 #[test]
 fn user_waits_end_when_the_peer_is_killed() {
@@ -244,7 +255,11 @@ fn user_waits_end_when_the_peer_is_killed() {
             .unwrap()
     };
     let killed = stamp("killed at ");
-    for what in ["memory wait ended at ", "proxy wait ended at "] {
+    for what in [
+        "packet wait ended at ",
+        "memory wait ended at ",
+        "proxy wait ended at ",
+    ] {
         let line = line_of(what);
         assert!(line.contains("Aborted { word: 2 }"), "{line}\n{output}");
         let ms = stamp(what).saturating_sub(killed) as f64 / 1e6;

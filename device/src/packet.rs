@@ -66,6 +66,8 @@
 //! ([`put_packets`](crate::channel::MemoryChannel::put_packets)) are built on them.
 
 use crate::arch;
+use crate::channel::ChannelError;
+use crate::semaphore::look_at_abort;
 
 /// The flag that is never valid (fresh scratch is zeroed).
 pub const INVALID_FLAG: u32 = 0;
@@ -431,18 +433,42 @@ impl Packet for LlWidePacket {
 /// As for [`Packet::write_words`].
 #[inline(always)]
 pub unsafe fn poll_words<P: Packet>(p: *const P, flag: u32, timeout_ns: u64) -> Option<[u64; 2]> {
+    // SAFETY: forwarded to the caller; no abort word.
+    unsafe { poll_words_or_abort(p, flag, timeout_ns, core::ptr::null()) }.ok()
+}
+
+/// [`poll_words`] that also gives up when the abort word `abort` (null: none) is non-zero:
+/// [`ChannelError::Aborted`] within about [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS)
+/// of it, [`ChannelError::Timeout`] once `timeout_ns` has passed. The word is read only once
+/// the packet is late, every 64th late poll and at most once per `ABORT_LOOK_NS`, as the
+/// semaphore's waits do: a packet that is there is taken whatever the word says.
+///
+/// # Safety
+/// As for [`Packet::write_words`]; `abort` null or a live, aligned word written atomically.
+#[inline(always)]
+pub(crate) unsafe fn poll_words_or_abort<P: Packet>(
+    p: *const P,
+    flag: u32,
+    timeout_ns: u64,
+    abort: *const u64,
+) -> Result<[u64; 2], ChannelError> {
     let mut start = None;
+    let mut last_look = None;
     let mut round = 0u32;
     loop {
         // SAFETY: forwarded to the caller.
         if let Some(d) = unsafe { P::read_words(p, flag) } {
-            return Some(d);
+            return Ok(d);
         }
         // The timer is read only once the packet is late: the fast path is one load.
         let now = arch::global_timer_ns();
         let t0 = *start.get_or_insert(now);
         if now.wrapping_sub(t0) > timeout_ns {
-            return None;
+            return Err(ChannelError::Timeout);
+        }
+        if !abort.is_null() && round.is_multiple_of(64) {
+            // SAFETY: `abort` live (caller contract).
+            unsafe { look_at_abort(abort, now, &mut last_look) }?;
         }
         arch::spin_backoff(round);
         round = round.saturating_add(1);
@@ -603,6 +629,39 @@ pub unsafe fn unpack<P: Packet>(
     flag: u32,
     timeout_ns: u64,
 ) -> bool {
+    // SAFETY: forwarded to the caller; no abort word.
+    unsafe {
+        unpack_or_abort(
+            dst,
+            src,
+            size,
+            thread,
+            threads,
+            flag,
+            timeout_ns,
+            core::ptr::null(),
+        )
+    }
+    .is_ok()
+}
+
+/// [`unpack`] whose waits also give up when the abort word `abort` (null: none) is non-zero
+/// (see [`poll_words_or_abort`]), saying why it stopped.
+///
+/// # Safety
+/// As for [`unpack`]; `abort` null or a live, aligned word written atomically.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // `unpack`'s arguments and the abort word
+pub(crate) unsafe fn unpack_or_abort<P: Packet>(
+    dst: *mut u8,
+    src: *const P,
+    size: u64,
+    thread: u32,
+    threads: u32,
+    flag: u32,
+    timeout_ns: u64,
+    abort: *const u64,
+) -> Result<(), ChannelError> {
     check_partition(thread, threads);
     check_flag(flag);
     let n = size.div_ceil(P::DATA_BYTES);
@@ -614,15 +673,14 @@ pub unsafe fn unpack<P: Packet>(
         } else {
             P::DATA_BYTES
         };
-        // SAFETY: packet i < n and off + len <= size (caller contract).
-        match unsafe { poll_words(src.wrapping_add(i as usize), flag, timeout_ns) } {
-            // SAFETY: as above.
-            Some(d) => unsafe { store_chunk(dst.wrapping_add(off as usize), len, d) },
-            None => return false,
-        }
+        // SAFETY: packet i < n (caller contract); `abort` null or live (caller contract).
+        let d =
+            unsafe { poll_words_or_abort(src.wrapping_add(i as usize), flag, timeout_ns, abort) }?;
+        // SAFETY: off + len <= size (caller contract).
+        unsafe { store_chunk(dst.wrapping_add(off as usize), len, d) };
         i += threads as u64;
     }
-    true
+    Ok(())
 }
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]

@@ -131,6 +131,13 @@ impl<'a> DeviceSemaphore<'a> {
         self.timeout_ns
     }
 
+    /// The communicator's abort word the waits look at (null: none), for the packet waits of
+    /// the memory channel that holds this semaphore.
+    #[inline]
+    pub(crate) fn abort_word(&self) -> *const u64 {
+        self.abort
+    }
+
     /// `(inbound, remote, expected)`: the counters behind the handle, for the latency
     /// variants (`kernels::latency`) that signal and wait with other instructions than
     /// [`signal`](Self::signal) and [`wait`](Self::wait) on the same counters.

@@ -60,11 +60,10 @@
 //!
 //! [`wait`](MemoryChannel::wait) and [`unpack_packets`](MemoryChannel::unpack_packets)
 //! trap after the semaphore's timeout ([`timeout_ns`](MemoryChannel::timeout_ns));
-//! [`wait_timeout`](MemoryChannel::wait_timeout) and
-//! [`try_unpack_packets`](MemoryChannel::try_unpack_packets) return `false` instead.
-//! The semaphore's waits also give up when the communicator is aborted
-//! ([`try_wait`](MemoryChannel::try_wait) says which); packet waits do not look at the
-//! abort word (they end at their timeout).
+//! [`wait_timeout`](MemoryChannel::wait_timeout) returns `false` and
+//! [`try_unpack_packets`](MemoryChannel::try_unpack_packets) an error instead. The
+//! semaphore's waits and the packet waits also give up when the communicator is aborted
+//! ([`try_wait`](MemoryChannel::try_wait) and `try_unpack_packets` say which).
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -569,9 +568,10 @@ impl<'a> MemoryChannel<'a> {
     /// Receives `size` bytes into `local[dst_offset..]` (any alignment) from the
     /// [`LlPacket`]s the peer put at byte `src_offset` (a multiple of 16) of this rank's
     /// scratch, waiting for each to carry `flag`; traps if one has not arrived within the
-    /// semaphore's timeout. Called by every thread of a partition with the same arguments;
-    /// each thread waits only for its own packets, so a barrier is needed before other
-    /// threads read the bytes. Traps on bad ranges, flag 0 or a bad partition.
+    /// semaphore's timeout or the communicator is aborted first. Called by every thread of a
+    /// partition with the same arguments; each thread waits only for its own packets, so a
+    /// barrier is needed before other threads read the bytes. Traps on bad ranges, flag 0 or
+    /// a bad partition.
     #[inline]
     pub fn unpack_packets(
         &self,
@@ -583,16 +583,23 @@ impl<'a> MemoryChannel<'a> {
         flag: u32,
     ) {
         let t = self.timeout_ns();
-        if !self.try_unpack_packets_of::<LlPacket>(
-            dst_offset, src_offset, size, thread, threads, flag, t,
-        ) {
+        if self
+            .try_unpack_packets_of::<LlPacket>(
+                dst_offset, src_offset, size, thread, threads, flag, t,
+            )
+            .is_err()
+        {
             arch::trap();
         }
     }
 
-    /// [`unpack_packets`](Self::unpack_packets) that returns `false` instead of trapping
-    /// when one of this thread's packets has not arrived within `timeout_ns` (the bytes of
-    /// that packet and of this thread's later ones are then not written).
+    /// [`unpack_packets`](Self::unpack_packets) that returns instead of trapping when one of
+    /// this thread's packets has not arrived within `timeout_ns`
+    /// ([`ChannelError::Timeout`](super::ChannelError::Timeout)) or the communicator is
+    /// aborted while it waits ([`ChannelError::Aborted`](super::ChannelError::Aborted),
+    /// within about [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS), as
+    /// [`try_wait`](Self::try_wait)). The bytes of that packet and of this thread's later
+    /// ones are then not written. Packets that are there are taken even after an abort.
     #[inline]
     #[allow(clippy::too_many_arguments)] // the block partition and flag are all needed
     pub fn try_unpack_packets(
@@ -604,7 +611,7 @@ impl<'a> MemoryChannel<'a> {
         threads: u32,
         flag: u32,
         timeout_ns: u64,
-    ) -> bool {
+    ) -> Result<(), super::ChannelError> {
         self.try_unpack_packets_of::<LlPacket>(
             dst_offset, src_offset, size, thread, threads, flag, timeout_ns,
         )
@@ -622,12 +629,13 @@ impl<'a> MemoryChannel<'a> {
         threads: u32,
         flag: u32,
         timeout_ns: u64,
-    ) -> bool {
+    ) -> Result<(), super::ChannelError> {
         check_range(dst_offset, size, self.local_len);
         self.check_packets::<P>(src_offset, size);
-        // SAFETY: as in `put_packets_of`, for this rank's scratch and the local range.
+        // SAFETY: as in `put_packets_of`, for this rank's scratch and the local range; the
+        // abort word null or live (the semaphore's contract).
         unsafe {
-            packet::unpack::<P>(
+            packet::unpack_or_abort::<P>(
                 self.local.wrapping_add(dst_offset as usize),
                 self.packets_in.wrapping_add(src_offset as usize) as *const P,
                 size,
@@ -635,6 +643,7 @@ impl<'a> MemoryChannel<'a> {
                 threads,
                 flag,
                 timeout_ns,
+                self.semaphore.abort_word(),
             )
         }
     }

@@ -584,7 +584,10 @@ fn ll_block_ping_pong<P: Packet>(
             }
             ch.put_packets_of::<P>(0, 0, bytes, t, nt, flag);
         } else {
-            if !ch.try_unpack_packets_of::<P>(0, 0, bytes, t, nt, flag, ch.timeout_ns()) {
+            if ch
+                .try_unpack_packets_of::<P>(0, 0, bytes, t, nt, flag, ch.timeout_ns())
+                .is_err()
+            {
                 arch::trap();
             }
             while i * P::DATA_BYTES < bytes {

@@ -710,19 +710,23 @@ fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
         let me = comm.rank();
         let buf = comm.alloc_buffer(1024).unwrap();
         comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
-        comm.connect_memory(1 - me, &buf, 2, TransportKind::Host, 0)
+        comm.connect_memory(1 - me, &buf, 2, TransportKind::Host, 256)
             .unwrap();
         comm.connection_setup().unwrap();
         comm.proxy_launch().unwrap();
-        // Both ranks are set up before rank 0 aborts (rank 1 never signals).
+        // Both ranks are set up before rank 0 aborts (rank 1 never signals nor sends).
         comm.bootstrap().barrier().unwrap();
         if me == 0 {
             let conn = comm.device_connections()[0];
             let ch = comm.memory_channels()[0];
             let long = 60_000_000_000;
             user_wait_ends_at_abort(|| ch.try_wait(long), &comm);
-            // Already aborted: the next waits give up at once.
+            // Already aborted: the next waits give up at once, packet waits included.
             assert!(!ch.wait_timeout(long));
+            assert_eq!(
+                ch.try_unpack_packets(0, 0, 64, 0, 1, 1, long),
+                Err(ChannelError::Aborted { word: u64::MAX })
+            );
             assert_eq!(
                 conn.try_wait(long),
                 Err(ChannelError::Aborted { word: u64::MAX })

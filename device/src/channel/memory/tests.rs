@@ -51,6 +51,8 @@ pub(crate) struct Pair {
     sides: [Side; 2],
     len: u64,
     scratch_len: u64,
+    /// The abort word both channels' waits look at (0: not aborted).
+    abort: Box<core::sync::atomic::AtomicU64>,
 }
 
 // SAFETY: the raw pointers refer to the boxes the pair owns; tests touch the memory only
@@ -64,21 +66,29 @@ impl Pair {
             sides: [Side::new(len, scratch_len), Side::new(len, scratch_len)],
             len,
             scratch_len,
+            abort: Box::new(core::sync::atomic::AtomicU64::new(0)),
         }
+    }
+
+    /// Raises the abort word both channels' waits look at to `word`.
+    pub(crate) fn abort(&self, word: u64) {
+        self.abort
+            .store(word, core::sync::atomic::Ordering::Relaxed);
     }
 
     /// Rank `rank`'s channel to the other rank.
     pub(crate) fn channel(&self, rank: usize, timeout_ns: u64) -> MemoryChannel<'_> {
         let (me, peer) = (&self.sides[rank], &self.sides[1 - rank]);
         // SAFETY: every pointer refers to memory the pair owns, of the lengths given; the
-        // scratches are 16-byte aligned and zeroed; counters and expected words start at 0.
+        // scratches are 16-byte aligned and zeroed; counters and expected words start at 0;
+        // the abort word is live and written atomically.
         unsafe {
             let sem = DeviceSemaphore::from_raw_parts(
                 me.words,
                 peer.words,
                 me.words.wrapping_add(1),
                 timeout_ns,
-                core::ptr::null(),
+                self.abort.as_ptr(),
             );
             MemoryChannel::from_raw_parts(
                 me.buf,
@@ -373,15 +383,10 @@ fn check_packets<P: Packet>(
         c0.put_packets_of::<P>(scratch_off, src_off, size, t, threads, flag);
     }
     for t in 0..threads {
-        assert!(c1.try_unpack_packets_of::<P>(
-            dst_off,
-            scratch_off,
-            size,
-            t,
-            threads,
-            flag,
-            LONG_NS
-        ));
+        assert_eq!(
+            c1.try_unpack_packets_of::<P>(dst_off, scratch_off, size, t, threads, flag, LONG_NS),
+            Ok(())
+        );
     }
     let mut want = dst;
     let (d, s, n) = (dst_off as usize, src_off as usize, size as usize);
@@ -494,7 +499,10 @@ fn packet_rounds<P: Packet>(first: u32, rounds: u32, size: u64) {
                 arch::sync_threads();
                 ch.put_packets_of::<P>(0, 3, size, t, nt, flag);
             } else {
-                assert!(ch.try_unpack_packets_of::<P>(5, 0, size, t, nt, flag, LONG_NS));
+                assert_eq!(
+                    ch.try_unpack_packets_of::<P>(5, 0, size, t, nt, flag, LONG_NS),
+                    Ok(())
+                );
                 arch::sync_threads();
                 let p = ch.local_range(5, size);
                 for i in (t as u64..size).step_by(nt as usize) {
@@ -525,16 +533,23 @@ fn packet_rounds_reuse_the_scratch_across_the_flag_wrap() {
 
 #[test]
 fn unpack_times_out_on_missing_or_stale_packets() {
+    use crate::channel::ChannelError::Timeout;
     let pair = Pair::new(64, 128);
     pair.fill(0, 9);
     pair.fill(1, 10);
     let before = pair.buf(1).to_vec();
     let (c0, c1) = (pair.channel(0, LONG_NS), pair.channel(1, SHORT_NS));
     // Nothing sent: zeroed scratch never matches a valid flag.
-    assert!(!c1.try_unpack_packets(0, 0, 64, 0, 1, 1, SHORT_NS));
+    assert_eq!(
+        c1.try_unpack_packets(0, 0, 64, 0, 1, 1, SHORT_NS),
+        Err(Timeout)
+    );
     // Sent with flag 7: waiting for flag 8 (the next round) times out; nothing is written.
     c0.put_packets(0, 0, 64, 0, 1, 7);
-    assert!(!c1.try_unpack_packets(0, 0, 64, 0, 1, 8, SHORT_NS));
+    assert_eq!(
+        c1.try_unpack_packets(0, 0, 64, 0, 1, 8, SHORT_NS),
+        Err(Timeout)
+    );
     assert_eq!(pair.buf(1), &before[..]);
     // The trapping form fails the launch instead of hanging it.
     let r = launch(Dim3::x(1), Dim3::x(4), || {
@@ -542,15 +557,58 @@ fn unpack_times_out_on_missing_or_stale_packets() {
     });
     assert_eq!(r, Err(LaunchError::Panicked("trap".into())));
     // Flag 7 is there.
-    assert!(c1.try_unpack_packets(0, 0, 64, 0, 1, 7, SHORT_NS));
+    assert_eq!(c1.try_unpack_packets(0, 0, 64, 0, 1, 7, SHORT_NS), Ok(()));
     assert_eq!(pair.buf(1), pair.buf(0));
     // A thread whose later packet is missing stops there: one packet of two written.
     c0.put_packets(0, 0, 8, 0, 1, 9);
     pair.fill(1, 11);
     let before = pair.buf(1).to_vec();
-    assert!(!c1.try_unpack_packets(0, 0, 16, 0, 1, 9, SHORT_NS));
+    assert_eq!(
+        c1.try_unpack_packets(0, 0, 16, 0, 1, 9, SHORT_NS),
+        Err(Timeout)
+    );
     assert_eq!(&pair.buf(1)[..8], &pair.buf(0)[..8]);
     assert_eq!(&pair.buf(1)[8..], &before[8..]);
+}
+
+/// A packet wait gives up within a second of an abort raised while it waits, long before its
+/// timeout, and says so; a later wait gives up at once, yet packets that are there are still
+/// taken; `unpack_packets` traps.
+#[test]
+fn unpack_ends_at_abort_and_still_takes_packets_that_are_there() {
+    use crate::channel::ChannelError::Aborted;
+    let pair = Pair::new(64, 128);
+    pair.fill(0, 5);
+    let (c0, c1) = (pair.channel(0, LONG_NS), pair.channel(1, LONG_NS));
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            pair.abort(3);
+        });
+        // Four threads, each waiting for its own packets (none was sent).
+        let r = launch(Dim3::x(1), Dim3::x(4), || {
+            let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+            assert_eq!(
+                c1.try_unpack_packets(0, 0, 64, t, nt, 1, LONG_NS),
+                Err(Aborted { word: 3 })
+            );
+        });
+        assert_eq!(r, Ok(()));
+    });
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+    assert_eq!(
+        c1.try_unpack_packets(0, 0, 64, 0, 1, 2, LONG_NS),
+        Err(Aborted { word: 3 })
+    );
+    let r = launch(Dim3::x(1), Dim3::x(1), || {
+        c1.unpack_packets(0, 0, 64, 0, 1, 2)
+    });
+    assert_eq!(r, Err(LaunchError::Panicked("trap".into())));
+    c0.put_packets(0, 0, 64, 0, 1, 2);
+    assert_eq!(c1.try_unpack_packets(0, 0, 64, 0, 1, 2, LONG_NS), Ok(()));
+    assert_eq!(pair.buf(1), pair.buf(0));
 }
 
 #[test]
