@@ -18,21 +18,35 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_train-dp");
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("train-dp-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A run's report and parameter dump, in a directory of its own that is removed when this
+/// drops, so that test runs leave nothing in the temporary directory.
+struct Files {
+    dir: PathBuf,
+    json: PathBuf,
+    params: PathBuf,
+}
+
+impl Files {
+    fn new(tag: &str) -> Files {
+        let dir = std::env::temp_dir().join(format!("train-dp-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Files {
+            json: dir.join("report.json"),
+            params: dir.join("params.bin"),
+            dir,
+        }
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Runs the binary on the Host transport with `nranks` local ranks.
-fn run(
-    nranks: usize,
-    extra: &[&str],
-    env: &[(&str, &str)],
-    tag: &str,
-) -> (Output, PathBuf, PathBuf) {
-    let json = tmp(&format!("{tag}.json"));
-    let params = tmp(&format!("{tag}.bin"));
+fn run(nranks: usize, extra: &[&str], env: &[(&str, &str)], tag: &str) -> (Output, Files) {
+    let files = Files::new(tag);
     let mut cmd = Command::new(BIN);
     cmd.args(["--host", "--nranks", &nranks.to_string(), "--steps", "30"])
         // A global batch of 48 unless the test sets its own (clap refuses a flag given twice).
@@ -43,9 +57,9 @@ fn run(
         })
         .args(["--log-every", "5"])
         .arg("--json")
-        .arg(&json)
+        .arg(&files.json)
         .arg("--dump-params")
-        .arg(&params)
+        .arg(&files.params)
         .args(extra)
         // Small buckets (4 KiB: three or four per step) unless the test sets its own.
         .args(if extra.contains(&"--bucket-mb") {
@@ -58,19 +72,20 @@ fn run(
         cmd.env(k, v);
     }
     let out = cmd.output().expect("run train-dp");
-    (out, json, params)
+    (out, files)
 }
 
 fn ok_run(nranks: usize, extra: &[&str], tag: &str) -> (Value, Vec<f32>) {
-    let (out, json, params) = run(nranks, extra, &[], tag);
+    let (out, files) = run(nranks, extra, &[], tag);
     assert!(
         out.status.success(),
         "train-dp {nranks} ranks {extra:?} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    (report, read_params(&params))
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&files.json).unwrap()).unwrap();
+    (report, read_params(&files.params))
 }
 
 fn read_params(p: &Path) -> Vec<f32> {
@@ -169,7 +184,7 @@ fn four_ranks_on_two_simulated_hosts_train_and_agree_with_one() {
         "4 ranks on 2 hosts vs 1: parameters differ by {d}"
     );
     // A host count that does not divide the ranks is refused.
-    let (out, _, _) = run(4, &["--simulate-hosts", "3"], &[], "sim-bad");
+    let (out, _) = run(4, &["--simulate-hosts", "3"], &[], "sim-bad");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -198,14 +213,14 @@ fn overlap_does_not_change_results_and_bf16_trains() {
 #[test]
 fn wrong_averaging_is_caught() {
     // Summing without dividing by the rank count: the gradient check fails the run.
-    let (out, _, _) = run(2, &[], &[("TRAIN_DP_FAULT", "sum-not-mean")], "fault-scale");
+    let (out, _) = run(2, &[], &[("TRAIN_DP_FAULT", "sum-not-mean")], "fault-scale");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gradient check failed"), "{err}");
     // No all-reduce at all: the check fails, and without the check the checksums differ.
-    let (out, _, _) = run(2, &[], &[("TRAIN_DP_FAULT", "no-allreduce")], "fault-none");
+    let (out, _) = run(2, &[], &[("TRAIN_DP_FAULT", "no-allreduce")], "fault-none");
     assert!(!out.status.success());
-    let (out, _, _) = run(
+    let (out, _) = run(
         2,
         &["--no-check"],
         &[("TRAIN_DP_FAULT", "no-allreduce")],
@@ -220,7 +235,7 @@ fn wrong_averaging_is_caught() {
 fn a_learning_rate_off_by_a_thousandth_is_caught() {
     // The gradients are right; only the optimizer's step is off: the first step's parameter
     // check fails the run (the GPU path applies the same fault and the same check).
-    let (out, _, _) = run(2, &[], &[("TRAIN_DP_FAULT", "lr-off")], "fault-lr");
+    let (out, _) = run(2, &[], &[("TRAIN_DP_FAULT", "lr-off")], "fault-lr");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("parameter check failed"), "{err}");
@@ -228,7 +243,7 @@ fn a_learning_rate_off_by_a_thousandth_is_caught() {
 
 #[test]
 fn bad_batch_is_refused() {
-    let (out, _, _) = run(2, &["--batch", "47"], &[], "badbatch");
+    let (out, _) = run(2, &["--batch", "47"], &[], "badbatch");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--batch 47 is the global batch"), "{err}");
@@ -237,7 +252,7 @@ fn bad_batch_is_refused() {
 #[test]
 fn bad_allreduce_blocks_is_refused() {
     for b in ["0", "129"] {
-        let (out, _, _) = run(2, &["--allreduce-blocks", b], &[], &format!("blocks{b}"));
+        let (out, _) = run(2, &["--allreduce-blocks", b], &[], &format!("blocks{b}"));
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -263,7 +278,7 @@ fn close(a: f64, b: f64, what: &str) {
 
 #[test]
 fn baseline_reports_scaling_from_the_same_run() {
-    let (out, json, params) = run(
+    let (out, files) = run(
         2,
         &["--baseline", "--allreduce-blocks", "4"],
         &[],
@@ -275,7 +290,7 @@ fn baseline_reports_scaling_from_the_same_run() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rb: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rb: Value = serde_json::from_str(&std::fs::read_to_string(&files.json).unwrap()).unwrap();
     check_healthy(&rb, 2);
     // The knob reached the collectives' configuration.
     assert_eq!(rb["config"]["allreduce_blocks"].as_u64(), Some(4));
@@ -335,11 +350,11 @@ fn baseline_reports_scaling_from_the_same_run() {
 
     // The baseline changes nothing in the real run, and without the flag there are no
     // baseline fields anywhere.
-    let (out0, json0, params0) = run(2, &[], &[], "nobaseline");
+    let (out0, files0) = run(2, &[], &[], "nobaseline");
     assert!(out0.status.success());
-    let r0: Value = serde_json::from_str(&std::fs::read_to_string(&json0).unwrap()).unwrap();
+    let r0: Value = serde_json::from_str(&std::fs::read_to_string(&files0.json).unwrap()).unwrap();
     assert_eq!(run0(&r0)["checksum"], run0(&rb)["checksum"]);
-    assert_eq!(read_params(&params0), read_params(&params));
+    assert_eq!(read_params(&files0.params), read_params(&files.params));
     assert!(r0.get("baseline").is_none());
     assert!(r0["config"].get("allreduce_blocks").is_none());
     let s0 = &run0(&r0)["summary"];
@@ -360,7 +375,7 @@ fn baseline_wait_is_bounded_and_kept_alive() {
     // A baseline longer than the bootstrap timeout (30 steps x 200 ms): heartbeats keep
     // the waiting ranks going.
     let t0 = std::time::Instant::now();
-    let (out, _, _) = run(
+    let (out, _) = run(
         3,
         &["--baseline"],
         &[timeout[0], ("TRAIN_DP_FAULT", "baseline-slow")],
@@ -377,7 +392,7 @@ fn baseline_wait_is_bounded_and_kept_alive() {
         "the baseline was not slow"
     );
     // Rank 0 silent for twice the timeout: the others give up, naming the wait.
-    let (out, _, _) = run(
+    let (out, _) = run(
         3,
         &["--baseline"],
         &[timeout[0], ("TRAIN_DP_FAULT", "baseline-stall")],
@@ -390,7 +405,7 @@ fn baseline_wait_is_bounded_and_kept_alive() {
         "{err}"
     );
     // Rank 0's baseline fails: the others are told.
-    let (out, _, _) = run(
+    let (out, _) = run(
         3,
         &["--baseline"],
         &[timeout[0], ("TRAIN_DP_FAULT", "baseline-fail")],
