@@ -272,10 +272,10 @@ fn epoch_ns() -> u128 {
 }
 
 /// Rank body of the abort tests: both ranks set up a proxy channel and a memory channel
-/// (P2P) and launch the proxy; rank 0 runs `user_wait_status` (waits of 60 s for signals
-/// that never come). With `kill`, rank 1 SIGKILLs itself 300 ms later; without, rank 0
-/// calls `abort()` 300 ms after the launch. Rank 0 checks that both waits ended with the
-/// abort, within a second of it.
+/// (P2P) and launch the proxy; rank 0 runs `user_wait_status` (waits of 60 s for LL packets
+/// and signals that never come). With `kill`, rank 1 SIGKILLs itself 300 ms later; without,
+/// rank 0 calls `abort()` 300 ms after the launch. Rank 0 checks that all three waits ended
+/// with the abort, within a second of it.
 fn user_waits_abort_rank(kill: bool) {
     let mut comm = gpu_communicator();
     let Backend::Gpu(gpu) = comm.backend().clone() else {
@@ -284,7 +284,7 @@ fn user_waits_abort_rank(kill: bool) {
     let (me, peer) = (comm.rank(), 1 - comm.rank());
     let buf = comm.alloc_buffer(1 << 16).unwrap();
     comm.connect(peer, &buf, 0, TransportKind::P2p).unwrap();
-    comm.connect_memory(peer, &buf, 1, TransportKind::P2p, 0)
+    comm.connect_memory(peer, &buf, 1, TransportKind::P2p, 128)
         .unwrap();
     comm.connection_setup().unwrap();
     comm.proxy_launch().unwrap();
@@ -308,7 +308,7 @@ fn user_waits_abort_rank(kill: bool) {
     }
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let f = module.function("user_wait_status").unwrap();
-    let out = DeviceBuffer::zeroed(&gpu, 4 * 8).unwrap();
+    let out = DeviceBuffer::zeroed(&gpu, 6 * 8).unwrap();
     let stream = gpu.new_stream().unwrap();
     let ch = MemoryChannelArg(comm.memory_channels()[0]);
     let conn = DevConnArg(comm.device_connections()[0]);
@@ -335,13 +335,20 @@ fn user_waits_abort_rank(kill: bool) {
             "the waits ended {took:?} after abort()"
         );
     }
-    let mut got = [0u64; 4];
+    let mut got = [0u64; 6];
     out.copy_to_host(0, &mut got).unwrap();
     let word = if kill { 1 + peer as u64 } else { u64::MAX };
     assert_eq!(
         got,
-        [STATUS_ABORTED, word, STATUS_ABORTED, word],
-        "memory-channel and proxy-channel wait outcomes"
+        [
+            STATUS_ABORTED,
+            word,
+            STATUS_ABORTED,
+            word,
+            STATUS_ABORTED,
+            word
+        ],
+        "memory-channel packet and signal and proxy-channel signal wait outcomes"
     );
     println!("rank {me}: ok");
     if kill {
@@ -352,8 +359,8 @@ fn user_waits_abort_rank(kill: bool) {
     let _ = comm.proxy_stop();
 }
 
-/// A user kernel's waits on a memory channel and a proxy channel end within a second of
-/// `Communicator::abort()` with the abort (not at their 60 s timeout, not with a trap).
+/// A user kernel's waits on a memory channel (LL packets, a signal) and a proxy channel end
+/// within a second of `Communicator::abort()` with the abort (not at their 60 s timeout, not with a trap).
 #[test]
 fn p2p_user_waits_end_at_abort_two_processes() {
     if std::env::var(ROLE).is_ok() {

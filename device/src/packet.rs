@@ -67,7 +67,7 @@
 
 use crate::arch;
 use crate::channel::ChannelError;
-use crate::semaphore::look_at_abort;
+use crate::semaphore::ABORT_LOOK_NS;
 
 /// The flag that is never valid (fresh scratch is zeroed).
 pub const INVALID_FLAG: u32 = 0;
@@ -433,42 +433,18 @@ impl Packet for LlWidePacket {
 /// As for [`Packet::write_words`].
 #[inline(always)]
 pub unsafe fn poll_words<P: Packet>(p: *const P, flag: u32, timeout_ns: u64) -> Option<[u64; 2]> {
-    // SAFETY: forwarded to the caller; no abort word.
-    unsafe { poll_words_or_abort(p, flag, timeout_ns, core::ptr::null()) }.ok()
-}
-
-/// [`poll_words`] that also gives up when the abort word `abort` (null: none) is non-zero:
-/// [`ChannelError::Aborted`] within about [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS)
-/// of it, [`ChannelError::Timeout`] once `timeout_ns` has passed. The word is read only once
-/// the packet is late, every 64th late poll and at most once per `ABORT_LOOK_NS`, as the
-/// semaphore's waits do: a packet that is there is taken whatever the word says.
-///
-/// # Safety
-/// As for [`Packet::write_words`]; `abort` null or a live, aligned word written atomically.
-#[inline(always)]
-pub(crate) unsafe fn poll_words_or_abort<P: Packet>(
-    p: *const P,
-    flag: u32,
-    timeout_ns: u64,
-    abort: *const u64,
-) -> Result<[u64; 2], ChannelError> {
     let mut start = None;
-    let mut last_look = None;
     let mut round = 0u32;
     loop {
         // SAFETY: forwarded to the caller.
         if let Some(d) = unsafe { P::read_words(p, flag) } {
-            return Ok(d);
+            return Some(d);
         }
         // The timer is read only once the packet is late: the fast path is one load.
         let now = arch::global_timer_ns();
         let t0 = *start.get_or_insert(now);
         if now.wrapping_sub(t0) > timeout_ns {
-            return Err(ChannelError::Timeout);
-        }
-        if !abort.is_null() && round.is_multiple_of(64) {
-            // SAFETY: `abort` live (caller contract).
-            unsafe { look_at_abort(abort, now, &mut last_look) }?;
+            return None;
         }
         arch::spin_backoff(round);
         round = round.saturating_add(1);
@@ -629,24 +605,45 @@ pub unsafe fn unpack<P: Packet>(
     flag: u32,
     timeout_ns: u64,
 ) -> bool {
-    // SAFETY: forwarded to the caller; no abort word.
-    unsafe {
-        unpack_or_abort(
-            dst,
-            src,
-            size,
-            thread,
-            threads,
-            flag,
-            timeout_ns,
-            core::ptr::null(),
-        )
+    check_partition(thread, threads);
+    check_flag(flag);
+    let n = size.div_ceil(P::DATA_BYTES);
+    let mut i = thread as u64;
+    while i < n {
+        let off = i * P::DATA_BYTES;
+        let len = if size - off < P::DATA_BYTES {
+            size - off
+        } else {
+            P::DATA_BYTES
+        };
+        // SAFETY: packet i < n and off + len <= size (caller contract).
+        match unsafe { poll_words(src.wrapping_add(i as usize), flag, timeout_ns) } {
+            // SAFETY: as above.
+            Some(d) => unsafe { store_chunk(dst.wrapping_add(off as usize), len, d) },
+            None => return false,
+        }
+        i += threads as u64;
     }
-    .is_ok()
+    true
 }
 
-/// [`unpack`] whose waits also give up when the abort word `abort` (null: none) is non-zero
-/// (see [`poll_words_or_abort`]), saying why it stopped.
+/// [`unpack`] whose waits also give up when the abort word `abort` (null: none) is non-zero:
+/// [`ChannelError::Aborted`] within about twice [`ABORT_LOOK_NS`] of it,
+/// [`ChannelError::Timeout`] once a packet has been `timeout_ns` late.
+///
+/// For its first `ABORT_LOOK_NS` it is exactly [`unpack`]: the word (host memory) is read
+/// only by a wait that is already that late, and then once per `ABORT_LOOK_NS`, in a cold
+/// call that starts this thread's packets again from the first. The ones it took already
+/// still carry `flag` (the writer rewrites a slot only once the reader has shown it
+/// consumed it), so taking them again writes the same bytes. A packet that is there is
+/// taken whatever the word says.
+///
+/// Why this shape (the memory_channel bench's LL ping-pong rows, one H200, two ranks under
+/// MPS, against the code without the look; `docs/perf/2026-12-03-1xH200-session19`): a
+/// look at the first late poll of every wait made them 1.3-5.7x slower (a block of threads
+/// each reading host memory); a look inside the poll loop that short waits skip cost 1-4%;
+/// one inlined unpack in a loop of 50 us parts cost 7% at 8 bytes. This one measured
+/// 0.93-0.98x on the LL16 rows and 1.07x on the LL8 block row.
 ///
 /// # Safety
 /// As for [`unpack`]; `abort` null or a live, aligned word written atomically.
@@ -662,25 +659,69 @@ pub(crate) unsafe fn unpack_or_abort<P: Packet>(
     timeout_ns: u64,
     abort: *const u64,
 ) -> Result<(), ChannelError> {
-    check_partition(thread, threads);
-    check_flag(flag);
-    let n = size.div_ceil(P::DATA_BYTES);
-    let mut i = thread as u64;
-    while i < n {
-        let off = i * P::DATA_BYTES;
-        let len = if size - off < P::DATA_BYTES {
-            size - off
-        } else {
-            P::DATA_BYTES
-        };
-        // SAFETY: packet i < n (caller contract); `abort` null or live (caller contract).
-        let d =
-            unsafe { poll_words_or_abort(src.wrapping_add(i as usize), flag, timeout_ns, abort) }?;
-        // SAFETY: off + len <= size (caller contract).
-        unsafe { store_chunk(dst.wrapping_add(off as usize), len, d) };
-        i += threads as u64;
+    let first = if abort.is_null() {
+        timeout_ns
+    } else {
+        timeout_ns.min(ABORT_LOOK_NS)
+    };
+    // SAFETY: forwarded to the caller.
+    if unsafe { unpack(dst, src, size, thread, threads, flag, first) } {
+        return Ok(());
     }
-    Ok(())
+    if first == timeout_ns {
+        return Err(ChannelError::Timeout);
+    }
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        unpack_late(
+            dst,
+            src,
+            size,
+            thread,
+            threads,
+            flag,
+            timeout_ns - first,
+            abort,
+        )
+    }
+}
+
+/// The rest of an [`unpack_or_abort`] that is [`ABORT_LOOK_NS`] late (`timeout_ns`: what is
+/// left of its timeout).
+///
+/// # Safety
+/// As for [`unpack_or_abort`], with `abort` not null.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)] // `unpack`'s arguments and the abort word
+unsafe fn unpack_late<P: Packet>(
+    dst: *mut u8,
+    src: *const P,
+    size: u64,
+    thread: u32,
+    threads: u32,
+    flag: u32,
+    timeout_ns: u64,
+    abort: *const u64,
+) -> Result<(), ChannelError> {
+    let mut left = timeout_ns;
+    loop {
+        // Relaxed: the word only says "stop"; nothing is published through it.
+        // SAFETY: `abort` live, aligned and written atomically (caller contract).
+        let word = unsafe { arch::ld_relaxed_sys_u64(abort) };
+        if word != 0 {
+            return Err(ChannelError::Aborted { word });
+        }
+        let part = left.min(ABORT_LOOK_NS);
+        // SAFETY: forwarded to the caller.
+        if unsafe { unpack(dst, src, size, thread, threads, flag, part) } {
+            return Ok(());
+        }
+        left -= part;
+        if left == 0 {
+            return Err(ChannelError::Timeout);
+        }
+    }
 }
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]

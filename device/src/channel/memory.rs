@@ -597,9 +597,10 @@ impl<'a> MemoryChannel<'a> {
     /// this thread's packets has not arrived within `timeout_ns`
     /// ([`ChannelError::Timeout`](super::ChannelError::Timeout)) or the communicator is
     /// aborted while it waits ([`ChannelError::Aborted`](super::ChannelError::Aborted),
-    /// within about [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS), as
-    /// [`try_wait`](Self::try_wait)). The bytes of that packet and of this thread's later
-    /// ones are then not written. Packets that are there are taken even after an abort.
+    /// within about twice [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS): a packet wait
+    /// reads the abort word only once it is that late, so that short waits cost nothing).
+    /// The bytes of that packet and of this thread's later ones are then not written.
+    /// Packets that are there are taken even after an abort.
     #[inline]
     #[allow(clippy::too_many_arguments)] // the block partition and flag are all needed
     pub fn try_unpack_packets(

@@ -231,10 +231,12 @@ pub const STATUS_ABORTED: u64 = 3;
 pub const STATUS_REFUSED: u64 = 4;
 
 kernel! {
-    /// One thread waits up to `timeout_ns` on the memory channel `ch`, then on the proxy
-    /// channel `conn`, for signals that may never come, and writes each outcome
-    /// ([`write_status`]) to `out[0..2]` and `out[2..4]`: a wait of an aborted communicator
-    /// ends with [`STATUS_ABORTED`] instead of hanging until its timeout.
+    /// One thread waits up to `timeout_ns` on the memory channel `ch`, first for 64 bytes of
+    /// LL packets with flag 1 at scratch offset 0 (into buffer offset 0), then for a signal,
+    /// then on the proxy channel `conn` for a signal, none of which may ever come, and writes
+    /// each outcome ([`write_status`]) to `out[0..2]`, `out[2..4]` and `out[4..6]`: a wait
+    /// of an aborted communicator ends with [`STATUS_ABORTED`] instead of hanging until its
+    /// timeout. `ch` needs 128 bytes of packet scratch.
     pub unsafe fn user_wait_status(
         ch: MemoryChannel<'_>,
         conn: DevConn<'_>,
@@ -244,10 +246,11 @@ kernel! {
         if arch::global_thread_idx_x() != 0 {
             return;
         }
-        // SAFETY: `out` holds four words (caller contract).
+        // SAFETY: `out` holds six words (caller contract).
         unsafe {
-            write_status(out, ch.try_wait(timeout_ns));
-            write_status(out.add(2), conn.try_wait(timeout_ns));
+            write_status(out, ch.try_unpack_packets(0, 0, 64, 0, 1, 1, timeout_ns));
+            write_status(out.add(2), ch.try_wait(timeout_ns));
+            write_status(out.add(4), conn.try_wait(timeout_ns));
         }
     }
 }

@@ -611,6 +611,27 @@ fn unpack_ends_at_abort_and_still_takes_packets_that_are_there() {
     assert_eq!(pair.buf(1), pair.buf(0));
 }
 
+/// A packet wait that is long late (past the first `ABORT_LOOK_NS`, where it starts looking
+/// at the abort word) still takes every byte: half the packets come at once, the other half
+/// 100 ms later, to one thread waiting for all of them.
+#[test]
+fn a_late_packet_wait_still_takes_every_byte() {
+    let pair = Pair::new(64, 128);
+    pair.fill(0, 21);
+    pair.fill(1, 22);
+    let (c0, c1) = (pair.channel(0, LONG_NS), pair.channel(1, LONG_NS));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            c0.put_packets(0, 0, 32, 0, 1, 4);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // Bytes 32..64 are packets 4..8, at scratch byte 64.
+            c0.put_packets(64, 32, 32, 0, 1, 4);
+        });
+        assert_eq!(c1.try_unpack_packets(0, 0, 64, 0, 1, 4, LONG_NS), Ok(()));
+    });
+    assert_eq!(pair.buf(1), pair.buf(0));
+}
+
 #[test]
 fn put_then_signal_is_seen_after_wait_for_many_rounds() {
     // The bare protocol without the kernels: rank 0 puts round r's data, barriers and
