@@ -628,8 +628,10 @@ pub unsafe fn unpack<P: Packet>(
 }
 
 /// [`unpack`] whose waits also give up when the abort word `abort` (null: none) is non-zero:
-/// [`ChannelError::Aborted`] within about twice [`ABORT_LOOK_NS`] of it,
-/// [`ChannelError::Timeout`] once a packet has been `timeout_ns` late.
+/// [`ChannelError::Aborted`] within about twice [`ABORT_LOOK_NS`] of it, else
+/// [`ChannelError::Timeout`] as [`unpack`] would return `false`, except that past the first
+/// `ABORT_LOOK_NS` the time waited counts against `timeout_ns` for all of this thread's
+/// packets together rather than for each.
 ///
 /// For its first `ABORT_LOOK_NS` it is exactly [`unpack`]: the word (host memory) is read
 /// only by a wait that is already that late, and then once per `ABORT_LOOK_NS`, in a cold

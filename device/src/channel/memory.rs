@@ -600,7 +600,9 @@ impl<'a> MemoryChannel<'a> {
     /// within about twice [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS): a packet wait
     /// reads the abort word only once it is that late, so that short waits cost nothing).
     /// The bytes of that packet and of this thread's later ones are then not written.
-    /// Packets that are there are taken even after an abort.
+    /// Packets that are there are taken even after an abort. On a channel with an abort
+    /// word (a communicator's), the time waited past the first `ABORT_LOOK_NS` counts
+    /// against `timeout_ns` for all of this thread's packets together, not for each.
     #[inline]
     #[allow(clippy::too_many_arguments)] // the block partition and flag are all needed
     pub fn try_unpack_packets(
