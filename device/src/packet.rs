@@ -703,10 +703,9 @@ unsafe fn unpack_late<P: Packet>(
     thread: u32,
     threads: u32,
     flag: u32,
-    timeout_ns: u64,
+    mut timeout_ns: u64,
     abort: *const u64,
 ) -> Result<(), ChannelError> {
-    let mut left = timeout_ns;
     loop {
         // Relaxed: the word only says "stop"; nothing is published through it.
         // SAFETY: `abort` live, aligned and written atomically (caller contract).
@@ -714,13 +713,13 @@ unsafe fn unpack_late<P: Packet>(
         if word != 0 {
             return Err(ChannelError::Aborted { word });
         }
-        let part = left.min(ABORT_LOOK_NS);
+        let part = timeout_ns.min(ABORT_LOOK_NS);
         // SAFETY: forwarded to the caller.
         if unsafe { unpack(dst, src, size, thread, threads, flag, part) } {
             return Ok(());
         }
-        left -= part;
-        if left == 0 {
+        timeout_ns -= part;
+        if timeout_ns == 0 {
             return Err(ChannelError::Timeout);
         }
     }

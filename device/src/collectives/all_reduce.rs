@@ -176,7 +176,8 @@ pub(crate) fn desc_thread(ctx: &CollContext, t: u32, b: u32) -> Option<u32> {
 /// descriptors at the end, off the data's critical path. A data packet that is late makes
 /// its poller look at the sender's descriptor too (with the abort word and the clock, every
 /// `SLOW_POLLS` polls), so a rank waiting for data a peer of another size never sends stops
-/// as soon as that descriptor is there. On a mismatch every rank records it (see [`fault`]) and `recv` is undefined.
+/// as soon as that descriptor is there. On a mismatch every rank records it (see
+/// [`fault`]) and `recv` is undefined.
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; the context valid, with
@@ -197,7 +198,6 @@ pub unsafe fn one_shot<T: Reduce>(
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
-    // The call counter has MAX_BLOCKS copies; a descriptor thread per rank.
     check_grid(ctx, nb, nt);
     // SAFETY: b < MAX_BLOCKS; finish() below on every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
