@@ -749,3 +749,53 @@ fn goodbyes_name_the_calls_their_sender_set() {
         assert_eq!(got, vec![(1, Some(7)), (2, None)]);
     });
 }
+
+/// A goodbye says whether all of its sender's work had ended: set by
+/// `set_work_ended_at_close`, and implied by `set_calls_at_close`; a plain close says
+/// nothing. A departure hook is told so once per rank, and at once of ranks that had left.
+#[test]
+fn goodbyes_say_whether_the_work_ended() {
+    use std::sync::{Arc, Mutex};
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let mut bs = init_all(4, BootstrapRoot::Id(id), config()).await;
+        let b3 = bs.pop().unwrap();
+        let b2 = bs.pop().unwrap();
+        let b1 = bs.pop().unwrap();
+        let b0 = bs.pop().unwrap();
+        // Links are made on first use: rank 0 talks to every rank once.
+        for (r, b) in [(1, &b1), (2, &b2), (3, &b3)] {
+            b0.send(r, 0, b"hi").await.unwrap();
+            assert_eq!(b.recv(0, 0).await.unwrap(), b"hi");
+        }
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = Arc::clone(&seen);
+        b0.on_peer_departed(move |r, ended| s.lock().unwrap().push((r, ended)));
+        b1.set_work_ended_at_close();
+        b1.close().await;
+        b2.set_calls_at_close(3);
+        b2.close().await;
+        b3.close().await;
+        let t0 = std::time::Instant::now();
+        while !(1..4).all(|r| b0.has_left(r)) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the goodbyes did not arrive"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let want = vec![(1, true), (2, true), (3, false)];
+        let mut got = seen.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, want);
+        let late = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&late);
+        b0.on_peer_departed(move |r, ended| l.lock().unwrap().push((r, ended)));
+        let mut got = late.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, want);
+        // The calls hook still sees only the calls.
+        assert_eq!(b0.left_after(1), None);
+        assert_eq!(b0.left_after(2), Some(3));
+    });
+}

@@ -27,6 +27,7 @@ fn message() -> impl Strategy<Value = Message> {
             channel: Channel::Collective { seq, step }
         }),
         Just(Message::Goodbye),
+        Just(Message::GoodbyeIdle),
         any::<u64>().prop_map(|calls| Message::GoodbyeAfter { calls }),
         Just(Message::HelloAck),
         Just(Message::Welcome),

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use mscclpp::device::kernels::proxy_test::{STATUS_ABORTED, STATUS_REFUSED};
+use mscclpp::device::kernels::proxy_test::{STATUS_ABORTED, STATUS_LEFT, STATUS_REFUSED};
 use mscclpp::device::kernels::smoke::probe_value;
 use mscclpp::host::bootstrap::BlockingBootstrap;
 use mscclpp::host::communicator::{
@@ -271,12 +271,24 @@ fn epoch_ns() -> u128 {
         .as_nanos()
 }
 
+/// How rank 1 ends the abort tests' waits ([`user_waits_abort_rank`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Rank 0 calls `abort()`.
+    Abort,
+    /// Rank 1 kills itself (`kill -9`).
+    Kill,
+    /// Rank 1 drops its communicator (a goodbye after its work ended).
+    Leave,
+}
+
 /// Rank body of the abort tests: both ranks set up a proxy channel and a memory channel
 /// (P2P) and launch the proxy; rank 0 runs `user_wait_status` (waits of 60 s for LL packets
-/// and signals that never come). With `kill`, rank 1 SIGKILLs itself 300 ms later; without,
-/// rank 0 calls `abort()` 300 ms after the launch. Rank 0 checks that all three waits ended
-/// with the abort, within a second of it.
-fn user_waits_abort_rank(kill: bool) {
+/// and signals that never come). With [`End::Kill`], rank 1 SIGKILLs itself 300 ms later;
+/// with [`End::Leave`] it drops its communicator then; with [`End::Abort`], rank 0 calls
+/// `abort()` 300 ms after the launch. Rank 0 checks that all three waits ended with the
+/// abort (or the departure), within a second of `abort()`.
+fn user_waits_abort_rank(end: End) {
     let mut comm = gpu_communicator();
     let Backend::Gpu(gpu) = comm.backend().clone() else {
         unreachable!()
@@ -290,21 +302,32 @@ fn user_waits_abort_rank(kill: bool) {
     comm.proxy_launch().unwrap();
     comm.bootstrap().barrier().unwrap();
     if me == 1 {
-        if kill {
-            std::thread::sleep(Duration::from_millis(300));
-            println!("killed at {}", epoch_ns());
-            let pid = std::process::id().to_string();
-            let _ = std::process::Command::new("kill")
-                .args(["-9", &pid])
-                .status();
-            std::thread::sleep(Duration::from_secs(60));
-            unreachable!("rank 1 was not killed");
+        match end {
+            End::Kill => {
+                std::thread::sleep(Duration::from_millis(300));
+                println!("killed at {}", epoch_ns());
+                let pid = std::process::id().to_string();
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid])
+                    .status();
+                std::thread::sleep(Duration::from_secs(60));
+                unreachable!("rank 1 was not killed");
+            }
+            End::Leave => {
+                std::thread::sleep(Duration::from_millis(300));
+                println!("left at {}", epoch_ns());
+                drop(comm);
+                println!("rank {me}: ok");
+                return;
+            }
+            End::Abort => {
+                // Stay until rank 0 is done (it never signals us, nor we it).
+                comm.bootstrap().barrier().unwrap();
+                comm.proxy_stop().unwrap();
+                println!("rank {me}: ok");
+                return;
+            }
         }
-        // Stay until rank 0 is done (it never signals us, nor we it).
-        comm.bootstrap().barrier().unwrap();
-        comm.proxy_stop().unwrap();
-        println!("rank {me}: ok");
-        return;
     }
     let module = KernelModule::load_builtin(&gpu).unwrap();
     let f = module.function("user_wait_status").unwrap();
@@ -318,13 +341,13 @@ fn user_waits_abort_rank(kill: bool) {
     // SAFETY: the channels and `out` belong to `comm`/this scope and outlive the
     // synchronize below.
     unsafe { l.launch(one_thread()) }.unwrap();
-    let at = if kill {
-        None
-    } else {
+    let at = if end == End::Abort {
         std::thread::sleep(Duration::from_millis(300));
         let t = std::time::Instant::now();
         comm.abort();
         Some(t)
+    } else {
+        None
     };
     stream.synchronize().unwrap();
     println!("waits ended at {}", epoch_ns());
@@ -337,25 +360,24 @@ fn user_waits_abort_rank(kill: bool) {
     }
     let mut got = [0u64; 6];
     out.copy_to_host(0, &mut got).unwrap();
-    let word = if kill { 1 + peer as u64 } else { u64::MAX };
+    let (status, detail) = match end {
+        End::Abort => (STATUS_ABORTED, u64::MAX),
+        End::Kill => (STATUS_ABORTED, 1 + peer as u64),
+        End::Leave => (STATUS_LEFT, peer as u64),
+    };
     assert_eq!(
         got,
-        [
-            STATUS_ABORTED,
-            word,
-            STATUS_ABORTED,
-            word,
-            STATUS_ABORTED,
-            word
-        ],
+        [status, detail, status, detail, status, detail],
         "memory-channel packet and signal and proxy-channel signal wait outcomes"
     );
     println!("rank {me}: ok");
-    if kill {
+    if end == End::Kill {
         // Leave at once: closing the bootstrap politely would wait for the dead rank.
         std::process::exit(0);
     }
-    comm.bootstrap().barrier().unwrap();
+    if end == End::Abort {
+        comm.bootstrap().barrier().unwrap();
+    }
     let _ = comm.proxy_stop();
 }
 
@@ -364,25 +386,20 @@ fn user_waits_abort_rank(kill: bool) {
 #[test]
 fn p2p_user_waits_end_at_abort_two_processes() {
     if std::env::var(ROLE).is_ok() {
-        return user_waits_abort_rank(false);
+        return user_waits_abort_rank(End::Abort);
     }
     run_two("p2p_user_waits_end_at_abort_two_processes");
 }
 
-/// The same waits end within a second of the peer's `kill -9`, naming it (abort word 2 =
-/// rank 1).
-#[test]
-fn p2p_user_waits_end_when_the_peer_is_killed() {
-    const TEST: &str = "p2p_user_waits_end_when_the_peer_is_killed";
-    if std::env::var(ROLE).is_ok() {
-        return user_waits_abort_rank(true);
-    }
-    if gpu_or_skip(TEST, 0).is_none() {
+/// Runs `test` (rank 1 ends the waits by itself: [`End::Kill`] or [`End::Leave`]) and
+/// checks that rank 0's waits ended within a second of rank 1's line `marker`.
+fn user_waits_end_after(test: &str, marker: &str, killed: bool) {
+    if gpu_or_skip(test, 0).is_none() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
     let report = mscclpp::host::launch::LocalLauncher::command(2, exe)
-        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(ROLE, "rank")
         .bootstrap_timeout(Duration::from_secs(60))
         .timeout(Duration::from_secs(180))
@@ -391,9 +408,10 @@ fn p2p_user_waits_end_when_the_peer_is_killed() {
         .unwrap();
     let output = report.output.join("\n");
     println!("{output}");
-    assert!(
-        !report.ranks[1].status.success(),
-        "rank 1 was not killed:\n{output}"
+    assert_eq!(
+        report.ranks[1].status.success(),
+        !killed,
+        "rank 1's exit:\n{output}"
     );
     assert!(report.ranks[0].status.success(), "rank 0: {report}{output}");
     let stamp = |marker: &str| -> u128 {
@@ -409,9 +427,32 @@ fn p2p_user_waits_end_when_the_peer_is_killed() {
             .parse()
             .unwrap()
     };
-    let ms = stamp("waits ended at ").saturating_sub(stamp("killed at ")) as f64 / 1e6;
-    println!("the waits ended {ms:.1} ms after the kill");
-    assert!(ms < 1000.0, "{ms} ms after the kill:\n{output}");
+    let ms = stamp("waits ended at ").saturating_sub(stamp(marker)) as f64 / 1e6;
+    println!("the waits ended {ms:.1} ms after `{marker}`");
+    assert!(ms < 1000.0, "{ms} ms after `{marker}`:\n{output}");
+}
+
+/// The same waits end within a second of the peer's `kill -9`, naming it (abort word 2 =
+/// rank 1).
+#[test]
+fn p2p_user_waits_end_when_the_peer_is_killed() {
+    const TEST: &str = "p2p_user_waits_end_when_the_peer_is_killed";
+    if std::env::var(ROLE).is_ok() {
+        return user_waits_abort_rank(End::Kill);
+    }
+    user_waits_end_after(TEST, "killed at ", true);
+}
+
+/// The same waits end within a second of the peer dropping its communicator (a goodbye
+/// once its GPU work ended) with `PeerLeft { rank: 1 }` (`STATUS_LEFT`), not at their 60 s
+/// timeout.
+#[test]
+fn p2p_user_waits_end_when_the_peer_leaves() {
+    const TEST: &str = "p2p_user_waits_end_when_the_peer_leaves";
+    if std::env::var(ROLE).is_ok() {
+        return user_waits_abort_rank(End::Leave);
+    }
+    user_waits_end_after(TEST, "left at ", false);
 }
 
 /// Rank 0 puts 100 bytes at offset 1000 of a 1024-byte buffer and signals: the signal

@@ -707,11 +707,17 @@ unsafe fn unpack_late<P: Packet>(
     abort: *const u64,
 ) -> Result<(), ChannelError> {
     loop {
-        // Relaxed: the word only says "stop"; nothing is published through it.
+        // Acquire: a word that says the peer left is written after the host learnt that
+        // every packet the peer sent had landed; the last look below must see them.
         // SAFETY: `abort` live, aligned and written atomically (caller contract).
-        let word = unsafe { arch::ld_relaxed_sys_u64(abort) };
+        let word = unsafe { arch::ld_acquire_sys_u64(abort) };
         if word != 0 {
-            return Err(ChannelError::Aborted { word });
+            // One last look (no waiting): packets that are there are taken.
+            // SAFETY: forwarded to the caller.
+            if unsafe { unpack(dst, src, size, thread, threads, flag, 0) } {
+                return Ok(());
+            }
+            return Err(ChannelError::from_abort_word(word));
         }
         let part = timeout_ns.min(ABORT_LOOK_NS);
         // SAFETY: forwarded to the caller.

@@ -38,13 +38,16 @@
 //!
 //! # Abort
 //!
-//! A handle made by a communicator carries the address of its abort word (host memory the
-//! host raises on `Communicator::abort` or when the bootstrap loses a rank; null for none).
-//! Waits read it in their slow path only, beside the clock (every 64 failed polls) and at
-//! most once per [`ABORT_LOOK_NS`] per waiting thread, and give up with
-//! [`ChannelError::Aborted`]: an aborted communicator's waits end within a fraction of a
-//! millisecond instead of at their timeout, and a wait whose signal is there costs nothing
-//! more.
+//! A handle made by a communicator carries the address of its peer's abort word (host
+//! memory the host raises on `Communicator::abort` or when the bootstrap loses a rank, and
+//! sets to [`left_word`](crate::collectives::fault::left_word) when that peer leaves after
+//! all of its work ended; null for none). Waits read it in their slow path only, beside the
+//! clock (every 64 failed polls) and at most once per [`ABORT_LOOK_NS`] per waiting thread,
+//! look at the counter once more after a non-zero word, and give up with
+//! [`ChannelError::Aborted`] (or [`ChannelError::PeerLeft`]): an aborted communicator's
+//! waits, and the waits for a rank that left without sending what they wait for, end within
+//! a fraction of a millisecond instead of at their timeout, and a wait whose signal is there
+//! costs nothing more.
 //!
 //! Nothing is validated here: the host builds handles from memory it owns and checks.
 
@@ -99,8 +102,8 @@ impl<'a> DeviceSemaphore<'a> {
     /// Assembles a handle (the host's communicator does this). `inbound`: this side's
     /// counter (the peer adds to it); `remote`: the peer's inbound counter mapped here;
     /// `expected`: a local zeroed word used only by this side's waiter; `timeout_ns`: how long
-    /// [`wait`](Self::wait) waits before it traps; `abort`: the communicator's abort word
-    /// (non-zero: give up), or null.
+    /// [`wait`](Self::wait) waits before it traps; `abort`: the abort word of the peer
+    /// (non-zero: give up, see the [module](self)), or null.
     ///
     /// # Safety
     /// `inbound` and `remote` must be live, 8-byte aligned counters, accessed only atomically
@@ -131,8 +134,8 @@ impl<'a> DeviceSemaphore<'a> {
         self.timeout_ns
     }
 
-    /// The communicator's abort word the waits look at (null: none), for the packet waits of
-    /// the memory channel that holds this semaphore.
+    /// The abort word the waits look at (null: none), for the packet waits of the memory
+    /// channel that holds this semaphore.
     #[inline]
     pub(crate) fn abort_word(&self) -> *const u64 {
         self.abort
@@ -185,8 +188,8 @@ impl<'a> DeviceSemaphore<'a> {
     }
 
     /// [`wait_timeout`](Self::wait_timeout) that says why it gave up:
-    /// [`ChannelError::Timeout`] or [`ChannelError::Aborted`] (within about
-    /// [`ABORT_LOOK_NS`] of the abort).
+    /// [`ChannelError::Timeout`], or [`ChannelError::Aborted`] or
+    /// [`ChannelError::PeerLeft`] within about [`ABORT_LOOK_NS`] of the news.
     #[inline]
     pub fn try_wait(&self, timeout_ns: u64) -> Result<(), ChannelError> {
         // SAFETY: `inbound` is this side's live aligned counter and `expected` its live word,
@@ -241,7 +244,7 @@ pub(crate) unsafe fn wait_inbound(
                 return Err(ChannelError::Timeout);
             }
             // SAFETY: caller contract.
-            unsafe { look_at_abort(abort, now, &mut last_look) }?;
+            unsafe { look_at_abort(abort, now, &mut last_look, inbound, want) }?;
         }
         arch::spin_backoff(polls);
     }
@@ -251,16 +254,24 @@ pub(crate) unsafe fn wait_inbound(
 }
 
 /// The slow-path look of a wait at the abort word `abort` (null: none), at most once per
-/// [`ABORT_LOOK_NS`] (`last_look`: this wait's last look; `now`: the clock).
+/// [`ABORT_LOOK_NS`] (`last_look`: this wait's last look; `now`: the clock). On a non-zero
+/// word it looks at `*inbound` once more, after the word: `Ok` if it reached `want` by then
+/// (the wait's next poll takes it), else the word's error
+/// ([`ChannelError::from_abort_word`]). The second look is what makes a
+/// [`left_word`](crate::collectives::fault::left_word) safe to act on: the host writes it
+/// only after everything the peer sent had landed.
 ///
 /// # Safety
-/// `abort` null or a live, aligned word written atomically.
+/// `abort` null or a live, aligned word written atomically; `inbound` a live, aligned
+/// counter.
 #[cold]
 #[inline(never)]
 pub(crate) unsafe fn look_at_abort(
     abort: *const u64,
     now: u64,
     last_look: &mut Option<u64>,
+    inbound: *const u64,
+    want: u64,
 ) -> Result<(), ChannelError> {
     if abort.is_null() {
         return Ok(());
@@ -271,13 +282,15 @@ pub(crate) unsafe fn look_at_abort(
         return Ok(());
     }
     *last_look = Some(now);
-    // Relaxed: the word only says "stop"; nothing is published through it.
+    // Acquire: a word that says the peer left is written after the host learnt that
+    // everything the peer sent had landed; the look at `inbound` below must see that.
     // SAFETY: caller contract.
-    let word = unsafe { arch::ld_relaxed_sys_u64(abort) };
-    if word == 0 {
+    let word = unsafe { arch::ld_acquire_sys_u64(abort) };
+    // SAFETY: caller contract.
+    if word == 0 || unsafe { arch::ld_acquire_sys_u64(inbound) } >= want {
         Ok(())
     } else {
-        Err(ChannelError::Aborted { word })
+        Err(ChannelError::from_abort_word(word))
     }
 }
 

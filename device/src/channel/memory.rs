@@ -596,9 +596,11 @@ impl<'a> MemoryChannel<'a> {
     /// [`unpack_packets`](Self::unpack_packets) that returns instead of trapping when one of
     /// this thread's packets has not arrived within `timeout_ns`
     /// ([`ChannelError::Timeout`](super::ChannelError::Timeout)) or the communicator is
-    /// aborted while it waits ([`ChannelError::Aborted`](super::ChannelError::Aborted),
-    /// within about twice [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS): a packet wait
-    /// reads the abort word only once it is that late, so that short waits cost nothing).
+    /// aborted while it waits ([`ChannelError::Aborted`](super::ChannelError::Aborted)), or
+    /// the peer left without sending them
+    /// ([`ChannelError::PeerLeft`](super::ChannelError::PeerLeft)), within about twice
+    /// [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS) of the news (a packet wait reads
+    /// the abort word only once it is that late, so that short waits cost nothing).
     /// The bytes of that packet and of this thread's later ones are then not written.
     /// Packets that are there are taken even after an abort. On a channel with an abort
     /// word (a communicator's), the time waited past the first `ABORT_LOOK_NS` counts

@@ -25,6 +25,13 @@ pub enum ChannelError {
         /// The abort word.
         word: u64,
     },
+    /// The channel's peer left (closed its communicator politely) once all of its work
+    /// had ended, and what this wait waits for had not arrived by then (looked at again
+    /// after the news): it never will.
+    PeerLeft {
+        /// The rank that left.
+        rank: u32,
+    },
     /// The proxy refused a trigger of this connection (a put outside the buffers, an
     /// unknown connection id) or failed to carry one out; the host's
     /// `Communicator::proxy_errors` says which and why.
@@ -44,6 +51,11 @@ impl fmt::Display for ChannelError {
             ChannelError::Aborted { word } => {
                 write!(f, "the communicator was aborted: rank {} is gone", word - 1)
             }
+            ChannelError::PeerLeft { rank } => write!(
+                f,
+                "rank {rank} left (closed its communicator after its work ended) without \
+                 sending what this wait waits for"
+            ),
             ChannelError::ProxyRefused { connection } => write!(
                 f,
                 "the proxy refused or failed a trigger of connection {connection} (see the \
@@ -54,3 +66,17 @@ impl fmt::Display for ChannelError {
 }
 
 impl core::error::Error for ChannelError {}
+
+impl ChannelError {
+    /// The error a wait gives up with on seeing the non-zero abort word `word` of its
+    /// channel: [`PeerLeft`](ChannelError::PeerLeft) for a
+    /// [`fault::left_word`](crate::collectives::fault::left_word), else
+    /// [`Aborted`](ChannelError::Aborted).
+    #[inline]
+    pub fn from_abort_word(word: u64) -> ChannelError {
+        match crate::collectives::fault::left_rank(word) {
+            Some(rank) => ChannelError::PeerLeft { rank },
+            None => ChannelError::Aborted { word },
+        }
+    }
+}

@@ -27,7 +27,8 @@
 //! Waits time out (`wait` after the handle's timeout traps, so the kernel fails visibly;
 //! [`wait_timeout`](DevConn::wait_timeout) returns `false`,
 //! [`try_wait`](DevConn::try_wait) says why) and give up when the communicator is aborted
-//! (the handle carries the address of its fault area; see [`crate::semaphore`] for how
+//! or the peer left without sending what they wait for (the handle carries the address of
+//! its fault area and the index of its abort word in it; see [`crate::semaphore`] for how
 //! often a wait looks at it). Field limits of the triggers are those of [`Trigger`]; a put
 //! beyond them traps.
 //!
@@ -66,7 +67,9 @@ pub struct DevConn<'a> {
     inbound: *mut u64,
     expected: *mut u64,
     connection_id: u32,
-    reserved: u32,
+    /// Index in the fault area of the abort word the waits look at ([`fault::ABORT`], or
+    /// the peer's [`fault::PEER_ABORT`] word).
+    abort_index: u32,
     wait_timeout_ns: u64,
     fault: *mut u64,
     _memory: PhantomData<&'a ()>,
@@ -120,7 +123,7 @@ impl<'a> DevConn<'a> {
             inbound,
             expected,
             connection_id,
-            reserved: 0,
+            abort_index: fault::ABORT as u32,
             wait_timeout_ns,
             fault,
             _memory: PhantomData,
@@ -139,10 +142,24 @@ impl<'a> DevConn<'a> {
             inbound: self.inbound,
             expected: self.expected,
             connection_id: self.connection_id,
-            reserved: self.reserved,
+            abort_index: self.abort_index,
             wait_timeout_ns: self.wait_timeout_ns,
             fault: self.fault,
             _memory: PhantomData,
+        }
+    }
+
+    /// The same handle with its waits looking at word `index` of the fault area instead of
+    /// the communicator's abort word ([`fault::ABORT`]): the host gives each user handle
+    /// its peer's word ([`fault::PEER_ABORT`]), which also says when that peer left.
+    ///
+    /// # Safety
+    /// The handle's fault area (null: nothing is looked at) must have a live, aligned word
+    /// at `index`, written only atomically, for as long as the handle is used.
+    pub unsafe fn with_abort_index(self, index: u32) -> DevConn<'a> {
+        DevConn {
+            abort_index: index,
+            ..self
         }
     }
 
@@ -337,14 +354,15 @@ impl<'a> DevConn<'a> {
     }
 
     /// [`wait_timeout`](Self::wait_timeout) that says why it gave up:
-    /// [`ChannelError::Timeout`], or [`ChannelError::Aborted`] within about
-    /// [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS) of the communicator's abort.
+    /// [`ChannelError::Timeout`], or [`ChannelError::Aborted`] (the communicator's abort)
+    /// or [`ChannelError::PeerLeft`] (the peer left without sending it) within about
+    /// [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS) of the news.
     #[inline]
     pub fn try_wait(&self, timeout_ns: u64) -> Result<(), ChannelError> {
         let abort = if self.fault.is_null() {
             core::ptr::null()
         } else {
-            self.fault.wrapping_add(fault::ABORT) as *const u64
+            self.fault.wrapping_add(self.abort_index as usize) as *const u64
         };
         // SAFETY: `inbound` is a live aligned counter and `expected` this connection's live
         // word, used by one waiting thread at a time; the fault area null or live

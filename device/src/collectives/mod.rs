@@ -322,6 +322,32 @@ pub mod fault {
     }
     /// The host's value of [`ABORT`] for `Communicator::abort` (a lost rank `r` is `1 + r`).
     pub const ABORT_REQUESTED: u64 = u64::MAX;
+    /// The first of the per-peer abort words, which follow the fault area's
+    /// [`FAULT_WORDS`](super::FAULT_WORDS) (one per rank of the communicator): rank `p`'s
+    /// is word `PEER_ABORT + p`. The user channels to `p` (`DevConn`, `MemoryChannel`)
+    /// look at it instead of [`ABORT`]. The host writes the value of [`ABORT`] into every
+    /// one of them when it aborts, and [`left_word`]`(p)` into `p`'s alone when `p` left
+    /// with all of its work ended.
+    pub const PEER_ABORT: usize = super::FAULT_WORDS;
+    /// Marks a per-peer abort word ([`PEER_ABORT`]) that says its rank left (below
+    /// [`ABORT_REQUESTED`], above any `1 + rank`).
+    pub const LEFT_MARK: u64 = 1 << 62;
+    /// The per-peer abort word that says `rank` left (closed its communicator politely)
+    /// after all of its work had ended: a wait for it still unanswered after the word was
+    /// read never will be.
+    #[inline(always)]
+    pub const fn left_word(rank: u32) -> u64 {
+        LEFT_MARK | (1 + rank as u64)
+    }
+    /// The rank a [`left_word`] names; `None` for any other word.
+    #[inline(always)]
+    pub const fn left_rank(word: u64) -> Option<u32> {
+        if word != ABORT_REQUESTED && word & LEFT_MARK != 0 {
+            Some((word & !LEFT_MARK).wrapping_sub(1) as u32)
+        } else {
+            None
+        }
+    }
     /// A wait timed out.
     pub const TIMEOUT: u64 = 1;
     /// The ranks called different collectives (descriptors differ).

@@ -201,8 +201,9 @@ kernel! {
 }
 
 /// Writes a channel operation's outcome as two words at `out`: the kind
-/// ([`STATUS_OK`], [`STATUS_TIMEOUT`], [`STATUS_ABORTED`], [`STATUS_REFUSED`]) and the
-/// detail (the abort word, or the refused connection).
+/// ([`STATUS_OK`], [`STATUS_TIMEOUT`], [`STATUS_ABORTED`], [`STATUS_REFUSED`],
+/// [`STATUS_LEFT`]) and the detail (the abort word, the refused connection, or the rank
+/// that left).
 ///
 /// # Safety
 /// `out` must be valid for two `u64` writes.
@@ -212,6 +213,7 @@ pub unsafe fn write_status(out: *mut u64, r: Result<(), ChannelError>) {
         Err(ChannelError::Timeout) => (STATUS_TIMEOUT, 0),
         Err(ChannelError::Aborted { word }) => (STATUS_ABORTED, word),
         Err(ChannelError::ProxyRefused { connection }) => (STATUS_REFUSED, connection as u64),
+        Err(ChannelError::PeerLeft { rank }) => (STATUS_LEFT, rank as u64),
     };
     // SAFETY: caller contract; volatile so the host reads what was written even if the
     // kernel is stopped later.
@@ -229,6 +231,8 @@ pub const STATUS_TIMEOUT: u64 = 2;
 pub const STATUS_ABORTED: u64 = 3;
 /// [`write_status`]: [`ChannelError::ProxyRefused`] (detail: the connection).
 pub const STATUS_REFUSED: u64 = 4;
+/// [`write_status`]: [`ChannelError::PeerLeft`] (detail: the rank).
+pub const STATUS_LEFT: u64 = 5;
 
 kernel! {
     /// One thread waits up to `timeout_ns` on the memory channel `ch`, first for 64 bytes of

@@ -1,7 +1,7 @@
 use super::*;
 use crate::arch::{Dim3, LaunchError, launch};
 use crate::kernels::smoke::probe_value;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use proptest::prelude::*;
 use std::boxed::Box;
 use std::vec::Vec;
@@ -346,4 +346,41 @@ fn a_block_unpacks_what_another_block_packs_while_it_waits() {
     });
     assert_eq!(results, [Ok(()), Ok(())]);
     assert_eq!(dst, src);
+}
+
+/// Once a wait is late, a non-zero abort word still lets it take the packets that are there
+/// (a peer that left after sending them: the host writes its "left" word only after they
+/// had landed), and ends it at once with the word's error when they are not.
+#[test]
+fn a_late_wait_takes_the_packets_that_came_before_a_left_word() {
+    use crate::channel::ChannelError;
+    use crate::collectives::fault::left_word;
+    let src: Vec<u8> = (0..64u64).map(|i| probe_value(7, 0, i) as u8).collect();
+    let mut scratch = slots(scratch_bytes::<LlPacket>(64).unwrap() as usize);
+    let sp = scratch.as_mut_ptr() as *mut LlPacket;
+    // SAFETY: 64 readable bytes; the scratch holds every packet.
+    unsafe { pack::<LlPacket>(sp, src.as_ptr(), 64, 0, 1, 5) };
+    let left = AtomicU64::new(left_word(2));
+    let mut dst = std::vec![0u8; 64];
+    let started = std::time::Instant::now();
+    // SAFETY: 64 writable bytes; the packets and the word are live.
+    let r = unsafe {
+        unpack_late::<LlPacket>(dst.as_mut_ptr(), sp, 64, 0, 1, 5, LONG_NS, left.as_ptr())
+    };
+    assert_eq!(r, Ok(()));
+    assert_eq!(dst, src);
+    // Flag 6 was never sent: the word ends the wait at once, naming the rank.
+    // SAFETY: as above.
+    let r = unsafe {
+        unpack_late::<LlPacket>(dst.as_mut_ptr(), sp, 64, 0, 1, 6, LONG_NS, left.as_ptr())
+    };
+    assert_eq!(r, Err(ChannelError::PeerLeft { rank: 2 }));
+    left.store(u64::MAX, Ordering::Relaxed);
+    // SAFETY: as above.
+    let r = unsafe {
+        unpack_late::<LlPacket>(dst.as_mut_ptr(), sp, 64, 0, 1, 6, LONG_NS, left.as_ptr())
+    };
+    assert_eq!(r, Err(ChannelError::Aborted { word: u64::MAX }));
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(1), "{took:?}");
 }

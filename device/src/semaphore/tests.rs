@@ -162,3 +162,42 @@ fn an_abort_ends_a_wait_long_before_its_timeout_and_consumes_nothing() {
     assert!(a.poll());
     assert!(!a.wait_timeout(60_000_000_000));
 }
+
+/// The "left" word of a peer (written by the host once everything the peer sent had
+/// landed) ends a wait only when the signal is not there on a look after the word: a signal
+/// that came before it is taken, even if it lands after the wait's last poll.
+#[test]
+fn a_left_word_ends_a_wait_only_when_its_signal_is_not_there() {
+    use crate::channel::ChannelError;
+    use crate::collectives::fault::{ABORT_REQUESTED, left_rank, left_word};
+    let w = Words::new();
+    let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+    w.abort(left_word(1));
+    let inbound = w.0[0].as_ptr() as *const u64;
+    let mut last = None;
+    // The look itself: the signal is not there, then it is (it landed after the poll).
+    // SAFETY: live, aligned words.
+    let look =
+        |last: &mut Option<u64>| unsafe { look_at_abort(w.0[4].as_ptr(), 0, last, inbound, 1) };
+    assert_eq!(look(&mut last), Err(ChannelError::PeerLeft { rank: 1 }));
+    b.signal();
+    last = None;
+    assert_eq!(look(&mut last), Ok(()));
+    // Through the wait: the signal is taken, the next wait gives up at once.
+    let started = std::time::Instant::now();
+    assert_eq!(a.try_wait(LONG_NS), Ok(()));
+    assert_eq!(a.try_wait(LONG_NS), Err(ChannelError::PeerLeft { rank: 1 }));
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(w.expected(0), 1, "the failed wait consumed nothing");
+    // Words that are not "left" words stay aborts.
+    for word in [1, 3, 1 << 40, ABORT_REQUESTED] {
+        assert_eq!(left_rank(word), None, "{word:#x}");
+        assert_eq!(
+            ChannelError::from_abort_word(word),
+            ChannelError::Aborted { word }
+        );
+    }
+    for rank in [0, 1, 7, u32::MAX - 1] {
+        assert_eq!(left_rank(left_word(rank)), Some(rank));
+    }
+}

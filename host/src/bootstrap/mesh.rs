@@ -65,6 +65,8 @@ struct MailState {
     lost_order: Vec<usize>,
     /// For each rank that left: the calls its goodbye named, if it named any.
     left_after: Vec<Option<u64>>,
+    /// For each rank that left: whether its goodbye said that all of its work had ended.
+    left_idle: Vec<bool>,
     /// Whether the loss hooks ran for a lost rank (they run in `lost_order`).
     hooked: Vec<bool>,
 }
@@ -113,10 +115,13 @@ pub(crate) struct Mesh {
     leave_hooks: Mutex<Vec<LeaveHook>>,
     /// What this rank's goodbye names (`Bootstrap::set_calls_at_close`).
     calls_at_close: Mutex<Option<u64>>,
+    /// Whether this rank's goodbye says its work ended (`Bootstrap::set_work_ended_at_close`).
+    idle_at_close: AtomicBool,
 }
 
-/// The function of a [`LeaveHook`]: called with a rank that left and the calls it named.
-pub(crate) type LeaveFn = dyn Fn(usize, Option<u64>) + Send + Sync;
+/// The function of a [`LeaveHook`]: called with a rank that left, the calls it named, and
+/// whether its goodbye said that all of its work had ended.
+pub(crate) type LeaveFn = dyn Fn(usize, Option<u64>, bool) + Send + Sync;
 
 /// A callback told of ranks that leave ([`Mesh::on_peer_left`]).
 #[derive(Clone)]
@@ -167,6 +172,7 @@ impl Mesh {
                 incoming_open: vec![false; nranks],
                 lost_order: Vec::new(),
                 left_after: vec![None; nranks],
+                left_idle: vec![false; nranks],
                 hooked: vec![false; nranks],
             }),
             notify: Notify::new(),
@@ -179,6 +185,7 @@ impl Mesh {
             loss_hooks: Mutex::new(Vec::new()),
             leave_hooks: Mutex::new(Vec::new()),
             calls_at_close: Mutex::new(None),
+            idle_at_close: AtomicBool::new(false),
         })
     }
 
@@ -187,10 +194,17 @@ impl Mesh {
         *lock(&self.calls_at_close) = Some(calls);
     }
 
+    /// Makes this rank's goodbye say that all of its work had ended
+    /// ([`Message::GoodbyeIdle`]).
+    pub(crate) fn set_work_ended_at_close(&self) {
+        self.idle_at_close.store(true, Ordering::Release);
+    }
+
     /// The goodbye this rank sends.
     fn goodbye(&self) -> Message {
         match *lock(&self.calls_at_close) {
             Some(calls) => Message::GoodbyeAfter { calls },
+            None if self.idle_at_close.load(Ordering::Acquire) => Message::GoodbyeIdle,
             None => Message::Goodbye,
         }
     }
@@ -203,16 +217,16 @@ impl Mesh {
     /// Registers `hook`, called with every rank that leaves (says goodbye) and the calls
     /// its goodbye named, once per rank; at once for a rank that already left.
     pub(crate) fn on_peer_left(&self, hook: LeaveHook) {
-        let left: Vec<(usize, Option<u64>)> = {
+        let left: Vec<(usize, Option<u64>, bool)> = {
             let st = lock(&self.state);
             (st.status.iter().enumerate())
                 .filter(|(_, s)| matches!(s, PeerStatus::Closed))
-                .map(|(p, _)| (p, st.left_after[p]))
+                .map(|(p, _)| (p, st.left_after[p], st.left_idle[p]))
                 .collect()
         };
         lock(&self.leave_hooks).push(hook.clone());
-        for (p, calls) in left {
-            (hook.0)(p, calls);
+        for (p, calls, idle) in left {
+            (hook.0)(p, calls, idle);
         }
     }
 
@@ -412,7 +426,7 @@ impl Mesh {
                 })) => self.deliver(from, channel, payload),
                 Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
                     lock(&self.state).incoming_open[from] = false;
-                    self.mark_closed(from, message.calls_named());
+                    self.mark_closed(from, message.calls_named(), message.work_ended());
                     return;
                 }
                 Ok(Some(Frame {
@@ -449,7 +463,7 @@ impl Mesh {
                     ..
                 })) => self.note_reported_loss(rank as usize, &detail, peer),
                 Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
-                    return self.mark_closed(peer, message.calls_named());
+                    return self.mark_closed(peer, message.calls_named(), message.work_ended());
                 }
                 Ok(Some(frame)) => {
                     let detail = format!("it sent an unexpected {:?} frame", frame.message);
@@ -480,13 +494,14 @@ impl Mesh {
         self.notify.notify_waiters();
     }
 
-    fn mark_closed(&self, peer: usize, calls: Option<u64>) {
+    fn mark_closed(&self, peer: usize, calls: Option<u64>, idle: bool) {
         let newly = {
             let mut st = lock(&self.state);
             let newly = matches!(st.status[peer], PeerStatus::Alive);
             if newly {
                 st.status[peer] = PeerStatus::Closed;
                 st.left_after[peer] = calls;
+                st.left_idle[peer] = idle;
             }
             newly
         };
@@ -494,7 +509,7 @@ impl Mesh {
         if newly {
             let hooks = lock(&self.leave_hooks).clone();
             for h in &hooks {
-                (h.0)(peer, calls);
+                (h.0)(peer, calls, idle);
             }
         }
     }
@@ -801,7 +816,7 @@ impl Mesh {
                 ..
             }) => {
                 if reason == Refusal::Closing {
-                    self.mark_closed(peer, None);
+                    self.mark_closed(peer, None, false);
                 }
                 return Err(BootstrapError::RefusedByPeer {
                     rank: self.rank,

@@ -475,7 +475,30 @@ impl Bootstrap {
     /// once per rank, and at once for ranks that already left. The hook must be quick and
     /// must not block.
     pub fn on_peer_left(&self, hook: impl Fn(usize, Option<u64>) + Send + Sync + 'static) {
-        self.mesh.on_peer_left(mesh::LeaveHook(Arc::new(hook)));
+        self.mesh
+            .on_peer_left(mesh::LeaveHook(Arc::new(move |rank, calls, _| {
+                hook(rank, calls)
+            })));
+    }
+
+    /// Makes this rank's goodbye say that all of its work had ended (its kernels and its
+    /// proxy's transfers), so that everything it sent had landed: peers then know that a
+    /// wait for it still unanswered will never be answered
+    /// ([`on_peer_departed`](Self::on_peer_departed)). `Communicator` sets it when dropped,
+    /// once its work ended. ([`set_calls_at_close`](Self::set_calls_at_close) says it too.)
+    pub fn set_work_ended_at_close(&self) {
+        self.mesh.set_work_ended_at_close();
+    }
+
+    /// Calls `hook(rank, work_ended)` from the bootstrap's tasks as soon as `rank` leaves
+    /// (says goodbye), with whether its goodbye said that all of its work had ended
+    /// ([`set_work_ended_at_close`](Self::set_work_ended_at_close)), once per rank, and at
+    /// once for ranks that already left. The hook must be quick and must not block.
+    pub fn on_peer_departed(&self, hook: impl Fn(usize, bool) + Send + Sync + 'static) {
+        self.mesh
+            .on_peer_left(mesh::LeaveHook(Arc::new(move |rank, _, idle| {
+                hook(rank, idle)
+            })));
     }
 
     /// Calls `hook(rank, detail)` from the bootstrap's tasks as soon as this rank learns

@@ -29,7 +29,8 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 ///
 /// Version 2: refusals for malformed frames and the refused joins in a rendezvous timeout.
 /// Version 3: [`Message::GoodbyeAfter`].
-pub const PROTOCOL_VERSION: u32 = 3;
+/// Version 4: [`Message::GoodbyeIdle`].
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
@@ -160,13 +161,27 @@ pub enum Message {
         /// The number of calls.
         calls: u64,
     },
+    /// Rank to rank: a [`Goodbye`](Message::Goodbye) from a rank all of whose work had
+    /// ended (its kernels and its proxy's transfers), so everything it sent had landed (see
+    /// `Bootstrap::set_work_ended_at_close`). A [`GoodbyeAfter`](Message::GoodbyeAfter)
+    /// says this too.
+    GoodbyeIdle,
 }
 
 impl Message {
-    /// Whether this is a goodbye ([`Goodbye`](Message::Goodbye) or
-    /// [`GoodbyeAfter`](Message::GoodbyeAfter)).
+    /// Whether this is a goodbye ([`Goodbye`](Message::Goodbye),
+    /// [`GoodbyeAfter`](Message::GoodbyeAfter) or [`GoodbyeIdle`](Message::GoodbyeIdle)).
     pub fn is_goodbye(&self) -> bool {
-        matches!(self, Message::Goodbye | Message::GoodbyeAfter { .. })
+        matches!(
+            self,
+            Message::Goodbye | Message::GoodbyeAfter { .. } | Message::GoodbyeIdle
+        )
+    }
+
+    /// Whether this goodbye says that all of the sender's work had ended
+    /// ([`GoodbyeAfter`](Message::GoodbyeAfter) or [`GoodbyeIdle`](Message::GoodbyeIdle)).
+    pub fn work_ended(&self) -> bool {
+        matches!(self, Message::GoodbyeAfter { .. } | Message::GoodbyeIdle)
     }
 
     /// The calls a [`GoodbyeAfter`](Message::GoodbyeAfter) names; `None` for any other frame.

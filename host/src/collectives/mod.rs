@@ -141,7 +141,7 @@ use mscclpp_device::collectives::{
 };
 use mscclpp_device::kernels::collectives as k;
 
-use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord};
+use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord, idle_within};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
 use crate::transport::TransportKind;
 
@@ -2143,19 +2143,6 @@ fn watch_departures(comm: &Communicator, group: &[usize]) {
                 area.note_left_peer(index);
             }
         });
-}
-
-/// Whether every piece of work of `gpu`'s context ended within `wait` (a helper thread
-/// synchronises the context; past `wait` it is left to finish on its own).
-fn idle_within(gpu: &Gpu, wait: std::time::Duration) -> bool {
-    let ctx = Arc::clone(gpu.context());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("mscclpp-close-sync".into())
-        .spawn(move || {
-            let _ = tx.send(ctx.synchronize().is_ok());
-        });
-    spawned.is_ok() && rx.recv_timeout(wait).unwrap_or(false)
 }
 
 impl Collectives {

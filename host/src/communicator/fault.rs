@@ -47,9 +47,16 @@ impl std::fmt::Display for AbortReason {
 }
 
 /// The fault area and the host's side of an abort.
+///
+/// Past the [`FAULT_WORDS`] that the collectives use come one abort word per rank
+/// ([`fault::PEER_ABORT`]), which the user handles to that rank look at: the host writes
+/// the abort into all of them, and into rank `p`'s alone that `p` left after all of its
+/// work had ended ([`fault::left_word`]).
 #[derive(Debug)]
 pub(crate) struct FaultArea {
     mem: Memory,
+    /// Ranks of the communicator (per-peer abort words).
+    nranks: usize,
     reason: Mutex<Option<AbortReason>>,
     /// The rank of the collectives' group that left after the fewest calls, and those calls
     /// (what [`fault::LEFT`] holds, plus one).
@@ -57,21 +64,25 @@ pub(crate) struct FaultArea {
 }
 
 impl FaultArea {
-    /// Zeroed fault words: mapped pinned memory of `gpu`, or host memory.
-    pub(crate) fn new(gpu: Option<&Gpu>) -> Result<Arc<FaultArea>, CommError> {
+    /// Zeroed fault words and `nranks` per-peer abort words: mapped pinned memory of
+    /// `gpu`, or host memory.
+    pub(crate) fn new(gpu: Option<&Gpu>, nranks: usize) -> Result<Arc<FaultArea>, CommError> {
+        let words = FAULT_WORDS + nranks;
         let mem = match gpu {
-            Some(g) => Memory::Mapped(MappedHostBuffer::alloc(g, FAULT_WORDS * 8)?),
-            None => Memory::Host((0..FAULT_WORDS).map(|_| AtomicU64::new(0)).collect()),
+            Some(g) => Memory::Mapped(MappedHostBuffer::alloc(g, words * 8)?),
+            None => Memory::Host((0..words).map(|_| AtomicU64::new(0)).collect()),
         };
         Ok(Arc::new(FaultArea {
             mem,
+            nranks,
             reason: Mutex::new(None),
             left: Mutex::new(None),
         }))
     }
 
-    /// Raises the abort word when `bootstrap` reports a lost rank (for as long as the
-    /// area lives).
+    /// Raises the abort words when `bootstrap` reports a lost rank, and a rank's own word
+    /// when it leaves with its work ended ([`note_peer_left`](Self::note_peer_left)), for as
+    /// long as the area lives.
     pub(crate) fn watch(self: &Arc<Self>, bootstrap: &BlockingBootstrap) {
         let weak: Weak<FaultArea> = Arc::downgrade(self);
         bootstrap.as_async().on_peer_lost(move |rank, detail| {
@@ -82,18 +93,52 @@ impl FaultArea {
                 });
             }
         });
+        let weak: Weak<FaultArea> = Arc::downgrade(self);
+        bootstrap
+            .as_async()
+            .on_peer_departed(move |rank, work_ended| {
+                if work_ended && let Some(area) = weak.upgrade() {
+                    area.note_peer_left(rank);
+                }
+            });
     }
 
-    /// The words as the host sees them.
+    /// The words as the host sees them (the fault words, then the per-peer abort words).
     fn words(&self) -> &[AtomicU64] {
         match &self.mem {
             Memory::Host(w) => w,
-            // SAFETY: FAULT_WORDS live, 8-byte aligned words of pinned memory owned by
-            // `self`; every host access is atomic, and kernels access them only atomically
-            // or with volatile stores of whole words.
+            // SAFETY: FAULT_WORDS + nranks live, 8-byte aligned words of pinned memory
+            // owned by `self`; every host access is atomic, and kernels access them only
+            // atomically or with volatile stores of whole words.
             Memory::Mapped(m) => unsafe {
-                std::slice::from_raw_parts(m.host_ptr() as *const AtomicU64, FAULT_WORDS)
+                std::slice::from_raw_parts(
+                    m.host_ptr() as *const AtomicU64,
+                    FAULT_WORDS + self.nranks,
+                )
             },
+        }
+    }
+
+    /// The index in the area of `peer`'s abort word, which the user handles to `peer` look
+    /// at ([`DevConn::with_abort_index`](mscclpp_device::channel::DevConn::with_abort_index);
+    /// a memory channel's semaphore gets its address).
+    pub(crate) fn peer_abort_index(&self, peer: usize) -> usize {
+        assert!(peer < self.nranks, "peer {peer} of {} ranks", self.nranks);
+        fault::PEER_ABORT + peer
+    }
+
+    /// Notes that `peer` left (said goodbye) after all of its work had ended, so that
+    /// everything it sent had landed: the user handles' waits for it give up once they
+    /// have looked again ([`ChannelError::PeerLeft`](mscclpp_device::channel::ChannelError::PeerLeft)).
+    /// An abort already in the word stays.
+    pub(crate) fn note_peer_left(&self, peer: usize) {
+        if peer < self.nranks {
+            let _ = self.words()[self.peer_abort_index(peer)].compare_exchange(
+                0,
+                fault::left_word(peer as u32),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
     }
 
@@ -119,12 +164,15 @@ impl FaultArea {
                 *r = Some(reason);
             }
         }
-        let _ = self.words()[fault::ABORT].compare_exchange(
-            0,
-            word,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        let words = self.words();
+        let _ = words[fault::ABORT].compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire);
+        // The same word for the user handles, over a peer's "left" (an abort says more)
+        // but not over an earlier abort.
+        for w in &words[fault::PEER_ABORT..] {
+            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                (old == 0 || fault::left_rank(old).is_some()).then_some(word)
+            });
+        }
     }
 
     /// Notes that `rank`, of the group whose kernels advance the collectives' call counter
@@ -237,7 +285,7 @@ mod tests {
     /// connections) has its own refused bit, and clearing clears them all.
     #[test]
     fn refused_bits_are_per_connection_beyond_64() {
-        let area = FaultArea::new(None).unwrap();
+        let area = FaultArea::new(None, 2).unwrap();
         area.mark_proxy_refused(70);
         assert!(area.is_proxy_refused(70));
         for id in (0..(64 * fault::PROXY_REFUSED_WORDS) as u32).filter(|&i| i != 70) {

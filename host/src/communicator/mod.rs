@@ -427,10 +427,13 @@ impl Communicator {
             Backend::Host => Fifo::new_host(fifo_config),
         }
         .map_err(|e| CommError::InvalidArgument(format!("proxy FIFO: {e}")))?;
-        let fault = FaultArea::new(match &backend {
-            Backend::Gpu(g) => Some(g),
-            Backend::Host => None,
-        })?;
+        let fault = FaultArea::new(
+            match &backend {
+                Backend::Gpu(g) => Some(g),
+                Backend::Host => None,
+            },
+            bootstrap.nranks(),
+        )?;
         fault.watch(&bootstrap);
         Ok(Communicator {
             bootstrap,
@@ -773,8 +776,36 @@ impl Communicator {
     /// }
     /// ```
     pub fn device_connections(&self) -> Vec<DevConn<'_>> {
+        let proxies = self
+            .connections
+            .iter()
+            .filter(|c| c.kind() == ChannelKind::Proxy);
         // SAFETY: the handles borrow `self`, which owns their memory.
-        unsafe { self.device_connections_detached() }
+        let handles = unsafe { self.device_connections_detached() };
+        handles
+            .into_iter()
+            .zip(proxies)
+            // SAFETY: the index is a word of the fault area, which holds a per-peer abort
+            // word for every rank and lives as long as `self`.
+            .map(|(h, c)| unsafe { h.with_abort_index(self.user_abort_index(c) as u32) })
+            .collect()
+    }
+
+    /// The abort word (its index in the fault area) that the user handles of `c` look at:
+    /// the peer's own word ([`FaultArea::note_peer_left`]) where whatever the peer sends on
+    /// `c` is written by the peer itself (memory channels; P2P and Host proxy channels, whose
+    /// peer's proxy writes), so it has all landed once the peer's work ended; the
+    /// communicator's for IB and TCP, where this side's proxy or the network may still
+    /// write after the peer's goodbye.
+    fn user_abort_index(&self, c: &Connection) -> usize {
+        match (c.kind(), c.transport()) {
+            (ChannelKind::Memory, _) | (_, TransportKind::P2p | TransportKind::Host) => {
+                self.fault.peer_abort_index(c.remote_rank())
+            }
+            (ChannelKind::Proxy, TransportKind::Ib | TransportKind::Tcp) => {
+                mscclpp_device::collectives::fault::ABORT
+            }
+        }
     }
 
     /// [`device_connections`](Self::device_connections) with a lifetime the caller picks,
@@ -849,10 +880,9 @@ impl Communicator {
                         c.route.remote_flag as *mut u64,
                         c.expected as *mut u64,
                         timeout_ns,
-                        // The abort word is the fault area's first word.
                         self.fault
                             .kernel_ptr()
-                            .wrapping_add(mscclpp_device::collectives::fault::ABORT),
+                            .wrapping_add(self.user_abort_index(c)),
                     );
                     MemoryChannel::from_raw_parts(
                         c.route.local as *mut u8,
@@ -968,12 +998,43 @@ impl Communicator {
     }
 }
 
+/// Whether every piece of work of `gpu`'s context ended within `wait` (a helper thread
+/// synchronises the context; past `wait` it is left to finish on its own).
+pub(crate) fn idle_within(gpu: &Gpu, wait: Duration) -> bool {
+    let ctx = Arc::clone(gpu.context());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("mscclpp-close-sync".into())
+        .spawn(move || {
+            let _ = tx.send(ctx.synchronize().is_ok());
+        });
+    spawned.is_ok() && rx.recv_timeout(wait).unwrap_or(false)
+}
+
+/// How long a dropped [`Communicator`] waits for the work of its GPU context to end before
+/// its goodbye says so ([`Bootstrap::set_work_ended_at_close`]); past it, the goodbye says
+/// nothing and peers' waits for this rank run to their timeout.
+const WORK_ENDED_AT_CLOSE_WAIT: Duration = Duration::from_secs(1);
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Stop the proxy (joining its thread) before the memory it uses goes (fields drop
         // after this).
         if let Some(p) = self.proxy_mut().take() {
             let _ = p.stop();
+        }
+        // With the proxy stopped, nothing new is issued; once the context has no work left
+        // (kernels' stores, the proxy's copies and flags), everything this rank sent has
+        // landed, and the goodbye (sent when the bootstrap drops, below) says so: the
+        // peers' user channels then stop waiting for what never comes (`ChannelError::
+        // PeerLeft`). On the host backend the proxy's copies are done when it stops, and
+        // kernels are threads that ended before the handles' borrow of `self` did.
+        let ended = match &self.backend {
+            Backend::Gpu(g) => idle_within(g, WORK_ENDED_AT_CLOSE_WAIT),
+            Backend::Host => true,
+        };
+        if ended {
+            self.bootstrap.as_async().set_work_ended_at_close();
         }
         // Drop peer mappings before our own memory and before the bootstrap goes.
         self.connections.clear();

@@ -752,6 +752,83 @@ fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
     });
 }
 
+/// Rank 1 sends one signal on a memory channel and on a proxy channel and one set of LL
+/// packets, then leaves (drops its communicator). Rank 0's waits, started before, take what
+/// was sent; its next waits, for what never comes, end with `PeerLeft { rank: 1 }` within a
+/// second of the goodbye instead of at their 60 s timeout. A wait on the channel of a rank
+/// that is still there (rank 2) is not touched.
+#[test]
+fn user_waits_for_a_rank_that_left_end_at_its_goodbye() {
+    let left_at = std::sync::Mutex::new(None::<std::time::Instant>);
+    ranks(3, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(1024).unwrap();
+        let peers: &[usize] = match me {
+            0 => &[1, 2],
+            _ => &[0],
+        };
+        for &p in peers {
+            comm.connect(p, &buf, 1, TransportKind::Host).unwrap();
+            comm.connect_memory(p, &buf, 2, TransportKind::Host, 256)
+                .unwrap();
+        }
+        comm.connection_setup().unwrap();
+        comm.proxy_launch().unwrap();
+        comm.bootstrap().barrier().unwrap();
+        let long = 60_000_000_000;
+        match me {
+            0 => {
+                let conns = comm.device_connections();
+                let chans = comm.memory_channels();
+                // Connections to rank 1 come first (connect order).
+                let (conn, ch) = (conns[0], chans[0]);
+                let r = std::sync::Mutex::new(Vec::new());
+                launch(Dim3::x(1), Dim3::x(1), || {
+                    let mut r = r.lock().unwrap();
+                    r.push(ch.try_unpack_packets(0, 0, 64, 0, 1, 1, long));
+                    r.push(ch.try_wait(long));
+                    r.push(conn.try_wait(long));
+                    r.push(ch.try_unpack_packets(0, 0, 64, 0, 1, 2, long));
+                    r.push(ch.try_wait(long));
+                    r.push(conn.try_wait(long));
+                })
+                .unwrap();
+                let took = left_at.lock().unwrap().expect("rank 1 left").elapsed();
+                let left = Err(ChannelError::PeerLeft { rank: 1 });
+                assert_eq!(
+                    r.into_inner().unwrap(),
+                    [Ok(()), Ok(()), Ok(()), left, left, left]
+                );
+                assert!(took < Duration::from_secs(1), "took {took:?}");
+                // Rank 2 is still there: its channel's wait times out as before.
+                assert_eq!(chans[1].try_wait(1_000_000), Err(ChannelError::Timeout));
+                assert_eq!(conns[1].try_wait(1_000_000), Err(ChannelError::Timeout));
+                comm.bootstrap().send(2, 0, b"done").unwrap();
+            }
+            1 => {
+                let conn = comm.device_connections()[0];
+                let ch = comm.memory_channels()[0];
+                launch(Dim3::x(1), Dim3::x(1), || {
+                    ch.put_packets(0, 0, 64, 0, 1, 1);
+                    ch.signal();
+                    conn.signal();
+                })
+                .unwrap();
+                comm.proxy_stop().unwrap();
+                // Leave while rank 0 still waits (its first waits may even start after).
+                std::thread::sleep(Duration::from_millis(100));
+                *left_at.lock().unwrap() = Some(std::time::Instant::now());
+                drop(comm);
+                return;
+            }
+            _ => {
+                comm.bootstrap().recv(0, 0).unwrap();
+            }
+        }
+        comm.proxy_stop().unwrap();
+    });
+}
+
 /// One proxy drives a Host and a TCP connection at once (two planes behind one `PlaneSet`),
 /// and a buffer given to TCP in a later round needs no new name; TCP refuses memory
 /// channels.
