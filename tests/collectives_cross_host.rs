@@ -620,6 +620,102 @@ fn cross_host_partner_that_left_is_named() {
     launch("cross_host_partner_that_left_is_named", 3, "cyclic:3");
 }
 
+fn xp2p_left_rank() {
+    let c = collectives();
+    let r = c.rank();
+    let sent: Vec<u32> = (0..1001).map(|i| word(1, 0, 0, i)).collect();
+    if r == 1 {
+        c.send_host(&sent, 0).unwrap();
+        println!("rank {r}: ok");
+        return; // leaves: its collectives, proxy and connections go
+    }
+    // What rank 1 sent before it left arrives.
+    let mut got = vec![0u32; sent.len()];
+    c.recv_host(&mut got, 1).unwrap();
+    assert_eq!(got, sent, "rank {r}: the message sent before rank 1 left");
+    // A second one never comes: the receive fails naming rank 1, long before the 30 s
+    // device timeout.
+    let t0 = std::time::Instant::now();
+    let e = c.recv_host(&mut got, 1);
+    let took = t0.elapsed();
+    println!("rank {r}: after {took:?}: {e:?}");
+    let m = match e {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("rank {r}: a receive from rank 1, which left, succeeded"),
+    };
+    assert!(
+        m.contains("rank 1, on another host, left") && m.contains("cannot complete"),
+        "rank {r}: {m}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "rank {r}: took {took:?}: {m}"
+    );
+    println!("rank {r}: ok");
+}
+
+/// A receive from a rank on another host that left (its collectives dropped) after sending
+/// one message: the message arrives, the next receive fails within seconds (the proxy sees
+/// the TCP streams end; a grace for what was on its way), naming the rank, not after the
+/// 30 s device timeout.
+#[test]
+fn cross_host_receive_from_a_rank_that_left_fails_at_once() {
+    if child() {
+        return xp2p_left_rank();
+    }
+    launch(
+        "cross_host_receive_from_a_rank_that_left_fails_at_once",
+        2,
+        "cyclic:2",
+    );
+}
+
+fn xp2p_send_to_left_rank() {
+    let c = collectives();
+    let r = c.rank();
+    c.communicator().bootstrap().barrier().unwrap();
+    if r == 1 {
+        println!("rank {r}: ok");
+        return; // leaves
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // More than the window of pieces: the send needs credits that never come, if its first
+    // puts are not refused already.
+    let data = vec![7u32; 20_000];
+    let t0 = std::time::Instant::now();
+    let e = c.send_host(&data, 1);
+    let took = t0.elapsed();
+    let m = match e {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("rank {r}: a send to rank 1, which left, succeeded"),
+    };
+    println!("rank {r}: after {took:?}: {m}");
+    assert!(
+        m.contains("rank 1, on another host, left") && m.contains("cannot complete"),
+        "rank {r}: {m}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "rank {r}: took {took:?}: {m}"
+    );
+    println!("rank {r}: ok");
+}
+
+/// A send to a rank on another host that left fails within seconds naming it (the proxy
+/// refuses the put, or the credits never come and its streams have ended), not after the
+/// 30 s device timeout.
+#[test]
+fn cross_host_send_to_a_rank_that_left_fails_at_once() {
+    if child() {
+        return xp2p_send_to_left_rank();
+    }
+    launch(
+        "cross_host_send_to_a_rank_that_left_fails_at_once",
+        2,
+        "cyclic:2",
+    );
+}
+
 fn sixteen_rank() {
     let c = collectives();
     assert_eq!(c.nranks(), 16);

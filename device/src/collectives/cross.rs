@@ -104,7 +104,7 @@ const WAIT_SLICE_NS: u64 = 200_000;
 /// what it sent before it left has landed by then, and a partner that died (rather than
 /// left) has been reported lost by the bootstrap (the abort word, within about 250 ms),
 /// which names it as lost.
-const GONE_GRACE_NS: u64 = 1_000_000_000;
+pub(crate) const GONE_GRACE_NS: u64 = 1_000_000_000;
 
 /// The `flags` argument of [`step`]: a mode ([`NONE`], [`REDUCE`], [`GATHER`]) or'ed with
 /// [`PER_DEST`] and [`to_host`], and `avg_n`, the job's rank count (the divisor of an

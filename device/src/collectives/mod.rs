@@ -394,6 +394,11 @@ pub mod fault {
     /// waited for, the host names the one that left), or, on the send/receive context, a
     /// wait for a rank that left ([`LEFT_PEERS`]; [`PEER`] is that rank).
     pub const AT_LEFT: u64 = 13;
+    /// A send or receive with a rank on another host ([`xp2p`](super::xp2p)) whose
+    /// connection is gone: the proxy refused this rank's put to it, or found its streams
+    /// ended and what it sent before did not complete the operation within a grace (it
+    /// left, or its connection broke). [`PEER`] is that rank; recorded as [`ABORTED`].
+    pub const AT_XP2P_GONE: u64 = 14;
 }
 
 /// `u64` words of the fault area.

@@ -41,8 +41,13 @@
 //! the sender does not learn of it. No step for the device timeout, or an abort: the call
 //! fails ([`CollContext::keep_waiting`], at [`fault::AT_XP2P`], naming the peer of the
 //! first unfinished operation). A header of another piece number (the pair out of step
-//! after an earlier failure) fails the call as a mismatch.
+//! after an earlier failure) fails the call as a mismatch. A peer whose connection is gone
+//! (it left, or its streams broke): a put to it is refused by the proxy, and once the
+//! proxy finds its streams ended (`DevConn::refused`), the first unfinished operation with
+//! it still waits [`GONE_GRACE_NS`] for what was on its way; either fails the call at
+//! [`fault::AT_XP2P_GONE`], naming the peer, instead of at the device timeout.
 
+use super::cross::GONE_GRACE_NS;
 use super::send_recv::{MAX_P2P_OPS, p2p_desc};
 use super::{Call, CollContext, SLOW_POLLS, desc, fault};
 use crate::arch;
@@ -175,6 +180,7 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
         finished: 0,
         last_progress: arch::global_timer_ns(),
         idle: 0,
+        gone: None,
     };
     let all = (1u32 << n) - 1;
     loop {
@@ -191,13 +197,28 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                     p.idle = p.idle.saturating_add(1);
                     if p.idle.is_multiple_of(SLOW_POLLS) {
                         let first = (0..n).find(|&i| p.finished & (1 << i) == 0).unwrap_or(0);
-                        let peer = ops.ops[first].peer;
-                        // SAFETY: the context valid.
-                        match unsafe {
-                            ctx.keep_waiting(p.call, peer, fault::AT_XP2P, p.last_progress)
-                        } {
-                            0 => p.call.failed = true,
-                            t0 => p.last_progress = t0,
+                        let op = &ops.ops[first];
+                        // SAFETY: caller contract; thread 0.
+                        if unsafe { gone_past_grace(x, op, first, &mut p) } {
+                            // SAFETY: the context valid.
+                            unsafe {
+                                ctx.fail(
+                                    p.call,
+                                    fault::ABORTED,
+                                    op.peer,
+                                    [0; 2],
+                                    fault::AT_XP2P_GONE,
+                                )
+                            };
+                            p.call.failed = true;
+                        } else {
+                            // SAFETY: the context valid.
+                            match unsafe {
+                                ctx.keep_waiting(p.call, op.peer, fault::AT_XP2P, p.last_progress)
+                            } {
+                                0 => p.call.failed = true,
+                                t0 => p.last_progress = t0,
+                            }
                         }
                     }
                 }
@@ -249,6 +270,32 @@ struct Progress {
     last_progress: u64,
     /// Visits in a row that found no step.
     idle: u32,
+    /// The first unfinished operation whose channel was found gone, and when.
+    gone: Option<(usize, u64)>,
+}
+
+/// Thread 0, while operation `i` (`op`) is the first unfinished one and nothing can step:
+/// whether its channel is gone (`DevConn::refused`: the proxy found the peer's streams
+/// ended) and has been for [`GONE_GRACE_NS`], so what the peer sent before has landed and
+/// the operation cannot complete.
+///
+/// # Safety
+/// As for [`run`]; thread 0.
+unsafe fn gone_past_grace(x: &XContext, op: &XOp, i: usize, p: &mut Progress) -> bool {
+    // SAFETY: `index` is a remote rank (caller contract).
+    if !unsafe { channel(x, op) }.refused() {
+        p.gone = None;
+        return false;
+    }
+    let now = arch::global_timer_ns();
+    let since = match p.gone {
+        Some((j, t)) if j == i => t,
+        _ => {
+            p.gone = Some((i, now));
+            now
+        }
+    };
+    now.wrapping_sub(since) > GONE_GRACE_NS
 }
 
 /// The counters of remote rank `j`.
@@ -398,18 +445,25 @@ unsafe fn finish(x: &XContext, op: &XOp, i: usize, k: u64, len: u64, p: &mut Pro
         let src = send_slot(slot, depth, op.index as u64, k);
         conn.try_put_with_signal(dst, src, XHDR + len)
     } else {
-        // The block's reads of the slot are done (the barrier): the sender may reuse it.
-        conn.try_signal()
+        // The block's reads of the slot are done (the barrier): the sender may reuse it. A
+        // credit refused because the sender's connection is gone is moot: the piece is here
+        // (a sender that left sends nothing more; the next piece's wait says so).
+        match conn.try_signal() {
+            Err(ChannelError::ProxyRefused { .. }) => Ok(()),
+            r => r,
+        }
     };
     if let Err(e) = r {
         // The FIFO stayed full for its timeout (the proxy stopped serving), or the proxy
-        // refused or failed the trigger (its errors say why).
-        let kind = match e {
-            ChannelError::Timeout => fault::TIMEOUT,
-            _ => fault::ABORTED,
+        // refused or failed the trigger (its errors say why: the peer's connection is gone,
+        // as the puts of this module are always inside the buffers).
+        let (kind, place) = match e {
+            ChannelError::Timeout => (fault::TIMEOUT, fault::AT_XP2P),
+            ChannelError::ProxyRefused { .. } => (fault::ABORTED, fault::AT_XP2P_GONE),
+            _ => (fault::ABORTED, fault::AT_XP2P),
         };
         // SAFETY: the context valid.
-        unsafe { ctx.fail(p.call, kind, op.peer, [0; 2], fault::AT_XP2P) };
+        unsafe { ctx.fail(p.call, kind, op.peer, [0; 2], place) };
         p.call.failed = true;
         return;
     }

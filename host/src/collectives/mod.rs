@@ -1141,7 +1141,7 @@ impl Collectives {
         let me = self.rank();
         // Across hosts the kernels inside a host name their peer by local index.
         let rec = &match &self.cross {
-            Some(c) if rec.place != fault::AT_XP2P => FaultRecord {
+            Some(c) if !matches!(rec.place, fault::AT_XP2P | fault::AT_XP2P_GONE) => FaultRecord {
                 peer: c.topo.group().get(rec.peer).copied().unwrap_or(rec.peer),
                 ..*rec
             },
@@ -1210,6 +1210,26 @@ impl Collectives {
                      receive (the usual cause: that rank posted fewer sends or receives to \
                      this one, or returned early on an error of its own); the collectives \
                      cannot be used any more",
+                    rec.seq + 1,
+                    describe(rec.own),
+                    rec.peer,
+                ))
+            }
+            fault::ABORTED if rec.place == fault::AT_XP2P_GONE => {
+                let proxy = self
+                    .comm
+                    .proxy_error()
+                    .map_or(String::new(), |e| format!(" (the proxy reported: {e})"));
+                let how = if self.comm.bootstrap().as_async().has_left(rec.peer) {
+                    "left (it closed its communicator)"
+                } else {
+                    "lost its connection to this rank"
+                };
+                CommError::Aborted(format!(
+                    "{call}: rank {me}: send/recv launch #{} ({}) cannot complete: rank {}, on \
+                     another host, {how} before the matching send or receive completed \
+                     (its TCP streams to this rank ended){proxy}; the collectives cannot be \
+                     used any more",
                     rec.seq + 1,
                     describe(rec.own),
                     rec.peer,
@@ -2186,7 +2206,7 @@ impl Drop for Collectives {
 fn place_name(place: u64) -> &'static str {
     match place {
         fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",
-        fault::AT_XP2P => "its matching send or receive, across hosts",
+        fault::AT_XP2P | fault::AT_XP2P_GONE => "its matching send or receive, across hosts",
         fault::AT_SEMAPHORE => "a semaphore signal",
         fault::AT_PACKET => "data packets",
         fault::AT_DESCRIPTOR => "its call descriptor",
