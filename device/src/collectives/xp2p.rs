@@ -145,6 +145,10 @@ pub const fn buffer_bytes(slot: u64, depth: u64, remotes: u64) -> u64 {
     2 * remotes * depth * slot
 }
 
+/// How long the first unfinished operation waits without a step before its channel's
+/// refused bit is looked at ([`gone_past_grace`]).
+const GONE_LOOK_NS: u64 = 50_000;
+
 /// The step thread 0 picked (in the block's shared words).
 const IDLE: u64 = 0;
 const SEND: u64 = 1;
@@ -198,8 +202,22 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                     if p.idle.is_multiple_of(SLOW_POLLS) {
                         let first = (0..n).find(|&i| p.finished & (1 << i) == 0).unwrap_or(0);
                         let op = &ops.ops[first];
+                        // SAFETY: the context valid.
+                        match unsafe {
+                            ctx.keep_waiting(p.call, op.peer, fault::AT_XP2P, p.last_progress)
+                        } {
+                            0 => p.call.failed = true,
+                            t0 => p.last_progress = t0,
+                        }
+                        // Only a wait that is already late reads the refused bit (host
+                        // memory on a GPU).
+                        let waited = arch::global_timer_ns()
+                            .wrapping_sub(p.last_progress & !super::LEFT_SEEN);
                         // SAFETY: caller contract; thread 0.
-                        if unsafe { gone_past_grace(x, op, first, &mut p) } {
+                        if !p.call.failed
+                            && waited > GONE_LOOK_NS
+                            && unsafe { gone_past_grace(x, op, first, &mut p) }
+                        {
                             // SAFETY: the context valid.
                             unsafe {
                                 ctx.fail(
@@ -211,14 +229,6 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                                 )
                             };
                             p.call.failed = true;
-                        } else {
-                            // SAFETY: the context valid.
-                            match unsafe {
-                                ctx.keep_waiting(p.call, op.peer, fault::AT_XP2P, p.last_progress)
-                            } {
-                                0 => p.call.failed = true,
-                                t0 => p.last_progress = t0,
-                            }
                         }
                     }
                 }
