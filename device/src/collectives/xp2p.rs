@@ -146,7 +146,8 @@ pub const fn buffer_bytes(slot: u64, depth: u64, remotes: u64) -> u64 {
 }
 
 /// How long the first unfinished operation waits without a step before its channel's
-/// refused bit is looked at ([`gone_past_grace`]).
+/// refused bit is looked at, and then the least time between two looks
+/// ([`gone_past_grace`]).
 const GONE_LOOK_NS: u64 = 50_000;
 
 /// The step thread 0 picked (in the block's shared words).
@@ -185,6 +186,7 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
         last_progress: arch::global_timer_ns(),
         idle: 0,
         gone: None,
+        gone_look: 0,
     };
     let all = (1u32 << n) - 1;
     loop {
@@ -211,12 +213,13 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                         }
                         // Only a wait that is already late reads the refused bit (host
                         // memory on a GPU).
-                        let waited = arch::global_timer_ns()
-                            .wrapping_sub(p.last_progress & !super::LEFT_SEEN);
+                        let now = arch::global_timer_ns();
+                        let waited = now.wrapping_sub(p.last_progress & !super::LEFT_SEEN);
                         // SAFETY: caller contract; thread 0.
                         if !p.call.failed
                             && waited > GONE_LOOK_NS
-                            && unsafe { gone_past_grace(x, op, first, &mut p) }
+                            && now.wrapping_sub(p.gone_look) > GONE_LOOK_NS
+                            && unsafe { gone_past_grace(x, op, first, now, &mut p) }
                         {
                             // SAFETY: the context valid.
                             unsafe {
@@ -282,22 +285,24 @@ struct Progress {
     idle: u32,
     /// The first unfinished operation whose channel was found gone, and when.
     gone: Option<(usize, u64)>,
+    /// `%globaltimer` of the last look at a refused bit ([`gone_past_grace`]).
+    gone_look: u64,
 }
 
-/// Thread 0, while operation `i` (`op`) is the first unfinished one and nothing can step:
-/// whether its channel is gone (`DevConn::refused`: the proxy found the peer's streams
+/// Thread 0, while operation `i` (`op`) is the first unfinished one and nothing can step
+/// (at most once per [`GONE_LOOK_NS`]; `now`: the clock): whether its channel is gone (`DevConn::refused`: the proxy found the peer's streams
 /// ended) and has been for [`GONE_GRACE_NS`], so what the peer sent before has landed and
 /// the operation cannot complete.
 ///
 /// # Safety
 /// As for [`run`]; thread 0.
-unsafe fn gone_past_grace(x: &XContext, op: &XOp, i: usize, p: &mut Progress) -> bool {
+unsafe fn gone_past_grace(x: &XContext, op: &XOp, i: usize, now: u64, p: &mut Progress) -> bool {
+    p.gone_look = now;
     // SAFETY: `index` is a remote rank (caller contract).
     if !unsafe { channel(x, op) }.refused() {
         p.gone = None;
         return false;
     }
-    let now = arch::global_timer_ns();
     let since = match p.gone {
         Some((j, t)) if j == i => t,
         _ => {
