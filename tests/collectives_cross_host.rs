@@ -635,14 +635,20 @@ fn xp2p_left_rank() {
     assert_eq!(got, sent, "rank {r}: the message sent before rank 1 left");
     // A second one never comes: the receive fails naming rank 1, long before the 30 s
     // device timeout.
+    fails_naming_rank_1_left(r, "a receive from", || c.recv_host(&mut got, 1));
+}
+
+/// Runs `op` (`what` rank 1) on rank `r` and checks that it fails within 10 s (not at the
+/// 30 s device timeout) with an error saying rank 1, on another host, left.
+fn fails_naming_rank_1_left(r: usize, what: &str, op: impl FnOnce() -> Result<(), CommError>) {
     let t0 = std::time::Instant::now();
-    let e = c.recv_host(&mut got, 1);
+    let e = op();
     let took = t0.elapsed();
-    println!("rank {r}: after {took:?}: {e:?}");
     let m = match e {
         Err(e) => e.to_string(),
-        Ok(()) => panic!("rank {r}: a receive from rank 1, which left, succeeded"),
+        Ok(()) => panic!("rank {r}: {what} rank 1, which left, succeeded"),
     };
+    println!("rank {r}: after {took:?}: {m}");
     assert!(
         m.contains("rank 1, on another host, left") && m.contains("cannot complete"),
         "rank {r}: {m}"
@@ -682,23 +688,7 @@ fn xp2p_send_to_left_rank() {
     // More than the window of pieces: the send needs credits that never come, if its first
     // puts are not refused already.
     let data = vec![7u32; 20_000];
-    let t0 = std::time::Instant::now();
-    let e = c.send_host(&data, 1);
-    let took = t0.elapsed();
-    let m = match e {
-        Err(e) => e.to_string(),
-        Ok(()) => panic!("rank {r}: a send to rank 1, which left, succeeded"),
-    };
-    println!("rank {r}: after {took:?}: {m}");
-    assert!(
-        m.contains("rank 1, on another host, left") && m.contains("cannot complete"),
-        "rank {r}: {m}"
-    );
-    assert!(
-        took < Duration::from_secs(10),
-        "rank {r}: took {took:?}: {m}"
-    );
-    println!("rank {r}: ok");
+    fails_naming_rank_1_left(r, "a send to", || c.send_host(&data, 1));
 }
 
 /// A send to a rank on another host that left fails within seconds naming it (the proxy

@@ -44,7 +44,7 @@
 //! after an earlier failure) fails the call as a mismatch. A peer whose connection is gone
 //! (it left, or its streams broke): a put to it is refused by the proxy, and once the
 //! proxy finds its streams ended (`DevConn::refused`), the first unfinished operation with
-//! it still waits [`GONE_GRACE_NS`] for what was on its way; either fails the call at
+//! it still waits 1 s (`GONE_GRACE_NS`) for what was on its way; either fails the call at
 //! [`fault::AT_XP2P_GONE`], naming the peer, instead of at the device timeout.
 
 use super::cross::GONE_GRACE_NS;
