@@ -290,9 +290,10 @@ struct Progress {
 }
 
 /// Thread 0, while operation `i` (`op`) is the first unfinished one and nothing can step
-/// (at most once per [`GONE_LOOK_NS`]; `now`: the clock): whether its channel is gone (`DevConn::refused`: the proxy found the peer's streams
-/// ended) and has been for [`GONE_GRACE_NS`], so what the peer sent before has landed and
-/// the operation cannot complete.
+/// (at most once per [`GONE_LOOK_NS`]; `now`: the clock): whether its channel is gone
+/// (`DevConn::refused`: the proxy found the peer's streams ended) and has been for
+/// [`GONE_GRACE_NS`], so what the peer sent before has landed and the operation cannot
+/// complete.
 ///
 /// # Safety
 /// As for [`run`]; thread 0.

@@ -776,19 +776,8 @@ impl Communicator {
     /// }
     /// ```
     pub fn device_connections(&self) -> Vec<DevConn<'_>> {
-        let proxies = self
-            .connections
-            .iter()
-            .filter(|c| c.kind() == ChannelKind::Proxy);
         // SAFETY: the handles borrow `self`, which owns their memory.
-        let handles = unsafe { self.device_connections_detached() };
-        handles
-            .into_iter()
-            .zip(proxies)
-            // SAFETY: the index is a word of the fault area, which holds a per-peer abort
-            // word for every rank and lives as long as `self`.
-            .map(|(h, c)| unsafe { h.with_abort_index(self.user_abort_index(c) as u32) })
-            .collect()
+        unsafe { self.proxy_handles(true) }
     }
 
     /// The abort word (its index in the fault area) that the user handles of `c` look at:
@@ -816,6 +805,17 @@ impl Communicator {
     /// (moving it is fine: the memory they point at is owned through heap allocations and
     /// mappings that do not move with it).
     pub(crate) unsafe fn device_connections_detached<'a>(&self) -> Vec<DevConn<'a>> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.proxy_handles(false) }
+    }
+
+    /// The handles of every set-up proxy channel; `user`: each looks at its peer's abort
+    /// word ([`user_abort_index`](Self::user_abort_index)), else at the communicator's (the
+    /// collectives, which track departures themselves).
+    ///
+    /// # Safety
+    /// As for [`device_connections_detached`](Self::device_connections_detached).
+    unsafe fn proxy_handles<'a>(&self, user: bool) -> Vec<DevConn<'a>> {
         let timeout_ns = self.fifo.device_handle().timeout_ns();
         self.connections
             .iter()
@@ -823,16 +823,23 @@ impl Communicator {
             .map(|c| {
                 // SAFETY: the FIFO, the inbound counter and the expected word are owned by
                 // this communicator (flag memory is kept in `flag_memory`) and live as long
-                // as it; the connection id is the route's index in the proxy.
+                // as it; the connection id is the route's index in the proxy; the abort
+                // index is a word of the fault area, which holds a per-peer abort word for
+                // every rank.
                 unsafe {
-                    DevConn::from_raw_parts(
+                    let h = DevConn::from_raw_parts(
                         self.fifo.device_handle(),
                         c.id,
                         c.inbound as *mut u64,
                         c.expected as *mut u64,
                         timeout_ns,
                         self.fault.kernel_ptr(),
-                    )
+                    );
+                    if user {
+                        h.with_abort_index(self.user_abort_index(c) as u32)
+                    } else {
+                        h
+                    }
                 }
             })
             .collect()
