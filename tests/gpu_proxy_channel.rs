@@ -282,20 +282,20 @@ enum End {
     Leave,
 }
 
-/// Rank body of the abort tests: both ranks set up a proxy channel and a memory channel
-/// (P2P) and launch the proxy; rank 0 runs `user_wait_status` (waits of 60 s for LL packets
+/// Rank body of the abort tests: both ranks set up a proxy channel (over `proxy`) and a
+/// memory channel (P2P) and launch the proxy; rank 0 runs `user_wait_status` (waits of 60 s for LL packets
 /// and signals that never come). With [`End::Kill`], rank 1 SIGKILLs itself 300 ms later;
 /// with [`End::Leave`] it drops its communicator then; with [`End::Abort`], rank 0 calls
 /// `abort()` 300 ms after the launch. Rank 0 checks that all three waits ended with the
 /// abort (or the departure), within a second of `abort()`.
-fn user_waits_abort_rank(end: End) {
+fn user_waits_abort_rank(end: End, proxy: TransportKind) {
     let mut comm = gpu_communicator();
     let Backend::Gpu(gpu) = comm.backend().clone() else {
         unreachable!()
     };
     let (me, peer) = (comm.rank(), 1 - comm.rank());
     let buf = comm.alloc_buffer(1 << 16).unwrap();
-    comm.connect(peer, &buf, 0, TransportKind::P2p).unwrap();
+    comm.connect(peer, &buf, 0, proxy).unwrap();
     comm.connect_memory(peer, &buf, 1, TransportKind::P2p, 128)
         .unwrap();
     comm.connection_setup().unwrap();
@@ -386,7 +386,7 @@ fn user_waits_abort_rank(end: End) {
 #[test]
 fn p2p_user_waits_end_at_abort_two_processes() {
     if std::env::var(ROLE).is_ok() {
-        return user_waits_abort_rank(End::Abort);
+        return user_waits_abort_rank(End::Abort, TransportKind::P2p);
     }
     run_two("p2p_user_waits_end_at_abort_two_processes");
 }
@@ -438,7 +438,7 @@ fn user_waits_end_after(test: &str, marker: &str, killed: bool) {
 fn p2p_user_waits_end_when_the_peer_is_killed() {
     const TEST: &str = "p2p_user_waits_end_when_the_peer_is_killed";
     if std::env::var(ROLE).is_ok() {
-        return user_waits_abort_rank(End::Kill);
+        return user_waits_abort_rank(End::Kill, TransportKind::P2p);
     }
     user_waits_end_after(TEST, "killed at ", true);
 }
@@ -450,7 +450,19 @@ fn p2p_user_waits_end_when_the_peer_is_killed() {
 fn p2p_user_waits_end_when_the_peer_leaves() {
     const TEST: &str = "p2p_user_waits_end_when_the_peer_leaves";
     if std::env::var(ROLE).is_ok() {
-        return user_waits_abort_rank(End::Leave);
+        return user_waits_abort_rank(End::Leave, TransportKind::P2p);
+    }
+    user_waits_end_after(TEST, "left at ", false);
+}
+
+/// The same with the proxy channel over TCP (staged through host memory): its wait, and the
+/// memory channel's beside it, end with `PeerLeft` once the peer's goodbye is in and its TCP
+/// streams to this rank have drained, within a second of its leaving.
+#[test]
+fn tcp_user_waits_end_when_the_peer_leaves() {
+    const TEST: &str = "tcp_user_waits_end_when_the_peer_leaves";
+    if std::env::var(ROLE).is_ok() {
+        return user_waits_abort_rank(End::Leave, TransportKind::Tcp);
     }
     user_waits_end_after(TEST, "left at ", false);
 }

@@ -51,7 +51,8 @@ impl std::fmt::Display for AbortReason {
 /// Past the [`FAULT_WORDS`] that the collectives use come one abort word per rank
 /// ([`fault::PEER_ABORT`]), which the user handles to that rank look at: the host writes
 /// the abort into all of them, and into rank `p`'s alone that `p` left after all of its
-/// work had ended ([`fault::left_word`]).
+/// work had ended ([`fault::left_word`]; with TCP connections to `p`, once they have also
+/// drained).
 #[derive(Debug)]
 pub(crate) struct FaultArea {
     mem: Memory,
@@ -61,6 +62,18 @@ pub(crate) struct FaultArea {
     /// The rank of the collectives' group that left after the fewest calls, and those calls
     /// (what [`fault::LEFT`] holds, plus one).
     left: Mutex<Option<(usize, u64)>>,
+    /// Per rank: what its "left" word waits for ([`note_peer_left`](Self::note_peer_left)).
+    departures: Mutex<Vec<Departure>>,
+}
+
+/// What the host knows of a peer's polite departure.
+#[derive(Debug, Clone, Copy, Default)]
+struct Departure {
+    /// It said goodbye with all of its work ended.
+    left: bool,
+    /// It has TCP connections to this rank that it has not closed cleanly yet
+    /// ([`FaultArea::await_drain`], [`FaultArea::note_peer_drained`]).
+    undrained: bool,
 }
 
 impl FaultArea {
@@ -77,6 +90,7 @@ impl FaultArea {
             nranks,
             reason: Mutex::new(None),
             left: Mutex::new(None),
+            departures: Mutex::new(vec![Departure::default(); nranks]),
         }))
     }
 
@@ -128,11 +142,38 @@ impl FaultArea {
     }
 
     /// Notes that `peer` left (said goodbye) after all of its work had ended, so that
-    /// everything it sent had landed: the user handles' waits for it give up once they
-    /// have looked again ([`ChannelError::PeerLeft`](mscclpp_device::channel::ChannelError::PeerLeft)).
-    /// An abort already in the word stays.
+    /// everything it wrote itself had landed: the user handles' waits for it give up once
+    /// they have looked again ([`ChannelError::PeerLeft`](mscclpp_device::channel::ChannelError::PeerLeft)),
+    /// at once where it has no TCP connection to this rank, else once it has closed all of
+    /// them cleanly ([`note_peer_drained`](Self::note_peer_drained)): what it sent over TCP
+    /// is written here by this rank's receivers, which may still be at work when the
+    /// goodbye comes. An abort already in the word stays.
     pub(crate) fn note_peer_left(&self, peer: usize) {
-        if peer < self.nranks {
+        self.departure(peer, |d| d.left = true);
+    }
+
+    /// Notes that `peer` has TCP connections to this rank (set up): its "left" word then
+    /// also waits for [`note_peer_drained`](Self::note_peer_drained).
+    pub(crate) fn await_drain(&self, peer: usize) {
+        self.departure(peer, |d| d.undrained = true);
+    }
+
+    /// Notes that `peer` closed every stream of every TCP connection to this rank between
+    /// frames, after all it had sent was applied here (the proxy's
+    /// [`DataPlane::take_drained`](crate::transport::DataPlane::take_drained)).
+    pub(crate) fn note_peer_drained(&self, peer: usize) {
+        self.departure(peer, |d| d.undrained = false);
+    }
+
+    /// Updates `peer`'s departure and writes its "left" word once it left and is drained.
+    fn departure(&self, peer: usize, update: impl FnOnce(&mut Departure)) {
+        if peer >= self.nranks {
+            return;
+        }
+        let mut all = self.departures.lock().unwrap_or_else(|e| e.into_inner());
+        let d = &mut all[peer];
+        update(d);
+        if d.left && !d.undrained {
             let _ = self.words()[self.peer_abort_index(peer)].compare_exchange(
                 0,
                 fault::left_word(peer as u32),
@@ -307,5 +348,40 @@ mod tests {
         let (first, _) = fault::refused_bit(0);
         let (last, _) = fault::refused_bit(u32::MAX);
         assert!(first > fault::CROSS_BROKEN && last < mscclpp_device::collectives::FAULT_WORDS);
+    }
+
+    /// A peer's "left" word is written at its goodbye when it has no TCP connection here,
+    /// else only once it is also drained (in either order); an abort is not overwritten, and
+    /// other ranks' words are not touched.
+    #[test]
+    fn a_left_word_waits_for_the_tcp_connections_to_drain() {
+        let area = FaultArea::new(None, 4).unwrap();
+        let word = |p: usize| area.words()[area.peer_abort_index(p)].load(Ordering::Acquire);
+        let left = |p: usize| fault::left_word(p as u32);
+        // No TCP: at the goodbye.
+        area.note_peer_left(1);
+        assert_eq!(word(1), left(1));
+        // TCP, goodbye first: not until drained.
+        area.await_drain(2);
+        area.note_peer_left(2);
+        assert_eq!(word(2), 0, "written before the TCP connections drained");
+        area.note_peer_drained(2);
+        assert_eq!(word(2), left(2));
+        // TCP, drained first (the goodbye came late): at the goodbye.
+        area.await_drain(3);
+        area.note_peer_drained(3);
+        assert_eq!(word(3), 0, "drained is no goodbye");
+        area.note_peer_left(3);
+        assert_eq!(word(3), left(3));
+        assert_eq!(word(0), 0);
+        // An abort wins over a left word, and a later left does not replace it.
+        area.abort(AbortReason::Requested);
+        area.note_peer_left(0);
+        for p in 0..4 {
+            assert_eq!(word(p), fault::ABORT_REQUESTED, "rank {p}");
+        }
+        // A rank out of range is ignored.
+        area.note_peer_left(4);
+        area.await_drain(9);
     }
 }

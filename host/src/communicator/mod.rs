@@ -724,6 +724,11 @@ impl Communicator {
         let pending = std::mem::take(&mut self.pending);
         let first_id = self.connections.len() as u32;
         let (conns, flags) = setup::establish(self, pending, first_id)?;
+        for c in &conns {
+            if c.transport() == TransportKind::Tcp {
+                self.fault.await_drain(c.remote_rank());
+            }
+        }
         self.connections.extend(conns);
         self.flag_memory.push(flags);
         // The proxy is stopped (checked above), so nobody changes the epochs meanwhile.
@@ -781,19 +786,20 @@ impl Communicator {
     }
 
     /// The abort word (its index in the fault area) that the user handles of `c` look at:
-    /// the peer's own word ([`FaultArea::note_peer_left`]) where whatever the peer sends on
-    /// `c` is written by the peer itself (memory channels; P2P and Host proxy channels, whose
-    /// peer's proxy writes), so it has all landed once the peer's work ended; the
-    /// communicator's for IB and TCP, where this side's proxy or the network may still
-    /// write after the peer's goodbye.
+    /// the peer's own word ([`FaultArea::note_peer_left`]) where this side can tell when
+    /// everything the peer sent on `c` has landed: memory channels, P2P and Host proxy
+    /// channels (the peer itself writes, so all has landed once its work ended) and TCP
+    /// (once, in addition, the peer closed every stream of every TCP connection to this rank
+    /// after its last frame, [`FaultArea::note_peer_drained`]); the communicator's for IB,
+    /// where the network or this side's staging may still write after the peer's goodbye
+    /// and no end of stream says when they are done.
     fn user_abort_index(&self, c: &Connection) -> usize {
         match (c.kind(), c.transport()) {
-            (ChannelKind::Memory, _) | (_, TransportKind::P2p | TransportKind::Host) => {
+            (ChannelKind::Memory, _)
+            | (_, TransportKind::P2p | TransportKind::Host | TransportKind::Tcp) => {
                 self.fault.peer_abort_index(c.remote_rank())
             }
-            (ChannelKind::Proxy, TransportKind::Ib | TransportKind::Tcp) => {
-                mscclpp_device::collectives::fault::ABORT
-            }
+            (ChannelKind::Proxy, TransportKind::Ib) => mscclpp_device::collectives::fault::ABORT,
         }
     }
 

@@ -1038,6 +1038,29 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
     comm.fault.clear_proxy_refused();
     let fault = comm.fault.clone();
     let on_refused: RefusedHook = Box::new(move |id| fault.mark_proxy_refused(id));
+    // A peer's TCP connections still to be drained (closed by the peer after all it sent
+    // landed); when the last one is, the fault area learns that the peer is drained.
+    let fault = comm.fault.clone();
+    let peer_of: Vec<usize> = comm.connections.iter().map(|c| c.remote_rank).collect();
+    let mut open = vec![0usize; comm.nranks()];
+    for c in comm
+        .connections
+        .iter()
+        .filter(|c| c.transport == TransportKind::Tcp)
+    {
+        open[c.remote_rank] += 1;
+    }
+    let on_drained: RefusedHook = Box::new(move |id| {
+        if let Some(&peer) = peer_of.get(id as usize)
+            && let Some(n) = open.get_mut(peer)
+            && *n > 0
+        {
+            *n -= 1;
+            if *n == 0 {
+                fault.note_peer_drained(peer);
+            }
+        }
+    });
     Ok(ProxyTask {
         consumer,
         routes,
@@ -1046,6 +1069,7 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
         on_start,
         peers: comm.connections.iter().map(|c| c.remote_rank).collect(),
         on_refused: Some(on_refused),
+        on_drained: Some(on_drained),
         stats: crate::proxy::stats_wanted(),
     })
 }

@@ -752,23 +752,25 @@ fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
     });
 }
 
-/// Rank 1 sends one signal on a memory channel and on a proxy channel and one set of LL
-/// packets, then leaves (drops its communicator). Rank 0's waits, started before, take what
-/// was sent; its next waits, for what never comes, end with `PeerLeft { rank: 1 }` within a
-/// second of the goodbye instead of at their 60 s timeout. A wait on the channel of a rank
-/// that is still there (rank 2) is not touched.
-#[test]
-fn user_waits_for_a_rank_that_left_end_at_its_goodbye() {
+/// Rank 1 sends one signal on a memory channel and on a proxy channel (over `transport`,
+/// after a 64 KiB put into rank 0's buffer) and one set of LL packets, then leaves (drops
+/// its communicator). Rank 0's waits, started before, take what was sent; its next waits,
+/// for what never comes, end with `PeerLeft { rank: 1 }` within a second of the goodbye
+/// instead of at their 60 s timeout. A wait on the channel of a rank that is still there
+/// (rank 2) is not touched.
+fn user_waits_end_when_their_peer_leaves(transport: TransportKind) {
+    const PUT: usize = 64 << 10;
     let left_at = std::sync::Mutex::new(None::<std::time::Instant>);
     ranks(3, |mut comm| {
         let me = comm.rank();
         let buf = comm.alloc_buffer(1024).unwrap();
+        let data = comm.alloc_buffer(PUT).unwrap();
         let peers: &[usize] = match me {
             0 => &[1, 2],
             _ => &[0],
         };
         for &p in peers {
-            comm.connect(p, &buf, 1, TransportKind::Host).unwrap();
+            comm.connect(p, &data, 1, transport).unwrap();
             comm.connect_memory(p, &buf, 2, TransportKind::Host, 256)
                 .unwrap();
         }
@@ -797,20 +799,30 @@ fn user_waits_for_a_rank_that_left_end_at_its_goodbye() {
                 let left = Err(ChannelError::PeerLeft { rank: 1 });
                 assert_eq!(
                     r.into_inner().unwrap(),
-                    [Ok(()), Ok(()), Ok(()), left, left, left]
+                    [Ok(()), Ok(()), Ok(()), left, left, left],
+                    "{transport}"
                 );
-                assert!(took < Duration::from_secs(1), "took {took:?}");
+                assert!(took < Duration::from_secs(1), "{transport}: took {took:?}");
+                // The put before the signal landed whole.
+                let mut got = vec![0u8; PUT];
+                data.read(0, &mut got).unwrap();
+                for (i, &b) in got.iter().enumerate() {
+                    assert_eq!(b, (i % 251) as u8, "{transport}: byte {i}");
+                }
                 // Rank 2 is still there: its channel's wait times out as before.
                 assert_eq!(chans[1].try_wait(1_000_000), Err(ChannelError::Timeout));
                 assert_eq!(conns[1].try_wait(1_000_000), Err(ChannelError::Timeout));
                 comm.bootstrap().send(2, 0, b"done").unwrap();
             }
             1 => {
+                let bytes: Vec<u8> = (0..PUT).map(|i| (i % 251) as u8).collect();
+                data.write(0, &bytes).unwrap();
                 let conn = comm.device_connections()[0];
                 let ch = comm.memory_channels()[0];
                 launch(Dim3::x(1), Dim3::x(1), || {
                     ch.put_packets(0, 0, 64, 0, 1, 1);
                     ch.signal();
+                    conn.put(0, PUT as u64);
                     conn.signal();
                 })
                 .unwrap();
@@ -827,6 +839,19 @@ fn user_waits_for_a_rank_that_left_end_at_its_goodbye() {
         }
         comm.proxy_stop().unwrap();
     });
+}
+
+#[test]
+fn user_waits_for_a_rank_that_left_end_at_its_goodbye() {
+    user_waits_end_when_their_peer_leaves(TransportKind::Host);
+}
+
+/// Over TCP the "left" word also waits until the peer closed its streams after its last
+/// frame ([`FaultArea::note_peer_drained`]): the put and the signal sent just before the
+/// goodbye are taken, the next wait ends with `PeerLeft`.
+#[test]
+fn user_waits_over_tcp_for_a_rank_that_left_end_once_its_streams_drained() {
+    user_waits_end_when_their_peer_leaves(TransportKind::Tcp);
 }
 
 /// One proxy drives a Host and a TCP connection at once (two planes behind one `PlaneSet`),

@@ -36,7 +36,10 @@
 //! With its FIFO empty, the thread asks the plane for connections whose peer can send
 //! nothing more ([`DataPlane::take_gone`]: TCP streams that ended) and runs `on_refused`
 //! for each, once, without recording an error: device waits for that peer then give up
-//! after a grace (a partner across hosts that left) instead of the device timeout.
+//! after a grace (a partner across hosts that left) instead of the device timeout. It
+//! also asks for connections that the peer closed after everything it sent had landed
+//! ([`DataPlane::take_drained`]) and runs `on_drained` for each, once (the communicator
+//! then ends its user handles' waits for a peer that left politely).
 //!
 //! Idle policy: spin for 200 µs after the last trigger, then yield for 5 ms, then sleep
 //! 20 µs between polls, so an idle proxy does not hold a core (CI machines have two) while
@@ -155,6 +158,9 @@ pub(crate) struct ProxyTask {
     /// the trigger is popped, and when the plane finds the connection's peer gone (the
     /// communicator marks the connection in its fault area).
     pub on_refused: Option<RefusedHook>,
+    /// Runs on the proxy thread when the plane finds that the peer of a connection closed
+    /// it after everything it sent had landed ([`DataPlane::take_drained`]).
+    pub on_drained: Option<RefusedHook>,
     /// Time the work and keep [`ProxyStats`] (printed to standard error at the end); the
     /// communicator sets it from [`PROXY_STATS_ENV`].
     pub stats: bool,
@@ -374,6 +380,15 @@ fn run_loop(
                     hook(id);
                 }
             }
+            // Connections whose peer closed them with all it sent landed (the communicator
+            // ends its user handles' waits for a peer that said goodbye once every such
+            // connection to it has).
+            task.plane.take_drained(&mut gone);
+            for id in gone.drain(..) {
+                if let Some(hook) = task.on_drained.as_mut() {
+                    hook(id);
+                }
+            }
             let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
             if idle < SPIN_FOR {
                 std::hint::spin_loop();
@@ -531,6 +546,7 @@ mod tests {
                 on_start: None,
                 peers: vec![1],
                 on_refused: None,
+                on_drained: None,
                 stats: keep,
             };
             let service = ProxyService::launch(task, "stats-test".into()).unwrap();

@@ -174,6 +174,14 @@ pub trait DataPlane: Send {
     fn take_gone(&mut self, gone: &mut Vec<u32>) {
         let _ = gone;
     }
+    /// Appends to `drained` the connections (route ids) found since the last call on which
+    /// the peer has closed every stream cleanly after everything it sent had landed here
+    /// (its data and flags written, staged copies complete), each once. Called by the proxy
+    /// when its FIFO is empty; never waits. The default (planes whose peer writes directly,
+    /// or whose end cannot be told apart from a loss) finds none.
+    fn take_drained(&mut self, drained: &mut Vec<u32>) {
+        let _ = drained;
+    }
 }
 
 /// [`DataPlane::put_with_signal`] as its two calls: the signal goes even when the put
@@ -284,6 +292,12 @@ impl DataPlane for PlaneSet {
     fn take_gone(&mut self, gone: &mut Vec<u32>) {
         for p in &mut self.planes {
             p.take_gone(gone);
+        }
+    }
+
+    fn take_drained(&mut self, drained: &mut Vec<u32>) {
+        for p in &mut self.planes {
+            p.take_drained(drained);
         }
     }
 }

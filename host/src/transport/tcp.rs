@@ -56,7 +56,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -335,6 +335,10 @@ struct Shared {
     received: Box<[AtomicU64]>,
     /// The connection is being dropped (receivers stop quietly).
     closing: AtomicBool,
+    /// Receivers whose stream the peer closed between frames, after every frame before had
+    /// been applied (its data and flags written, staged copies complete): when all of them
+    /// have, everything the peer sent on the connection has landed.
+    drained: AtomicUsize,
     /// Why the peer is gone, once it is.
     lost: Mutex<Option<String>>,
     lost_flag: AtomicBool,
@@ -378,6 +382,8 @@ struct Sink {
 enum Stop {
     /// The connection is being dropped.
     Closing,
+    /// The peer closed the stream between frames.
+    Ended,
     /// The peer is gone or misbehaved: why.
     Lost(String),
 }
@@ -397,7 +403,12 @@ fn read_full(
             return Err(Stop::Closing);
         }
         match stream.read(&mut buf[got..]) {
-            Ok(0) => return Err(Stop::Lost("the peer closed the connection".into())),
+            Ok(0) if idle && got == 0 => return Err(Stop::Ended),
+            Ok(0) => {
+                return Err(Stop::Lost(
+                    "the peer closed the connection in the middle of a frame".into(),
+                ));
+            }
             Ok(n) => {
                 got += n;
                 last = Instant::now();
@@ -505,7 +516,11 @@ fn receive(
                             if shared.closing.load(Ordering::Acquire) {
                                 return Err(Stop::Closing);
                             }
-                            if shared.lost_flag.load(Ordering::Acquire) {
+                            // Acquire: a stripe that ended cleanly counted its data
+                            // before it marked the link lost, so look at the count again.
+                            if shared.lost_flag.load(Ordering::Acquire)
+                                && shared.received[s].load(Ordering::Acquire) < want
+                            {
                                 return Err(Stop::Lost("another stripe failed".into()));
                             }
                             if Instant::now() > deadline {
@@ -541,6 +556,7 @@ fn receive(
             }
         }
     })();
+    let mut landed = true;
     if let Some((_, slots)) = stage.as_mut() {
         // The device buffer and the flag may go once this thread is joined: no copy or flag
         // write of this connection may still be queued. The slots' copies are on the same
@@ -548,10 +564,20 @@ fn receive(
         // connections' work too, which ends on its own).
         if let Err(e) = slots.synchronize() {
             shared.lose(format!("staging through host memory: {e}"));
+            landed = false;
         }
     }
-    if let Err(Stop::Lost(why)) = stopped {
-        shared.lose(why);
+    match stopped {
+        Err(Stop::Lost(why)) => shared.lose(why),
+        Err(Stop::Ended) => {
+            shared.lose("the peer closed the connection".into());
+            if landed {
+                // Release: whoever acquires the count sees everything this stripe wrote
+                // (the staged copies completed above).
+                shared.drained.fetch_add(1, Ordering::Release);
+            }
+        }
+        Ok(()) | Err(Stop::Closing) => {}
     }
 }
 
@@ -627,6 +653,7 @@ impl TcpLink {
             timeout,
             received: streams.iter().map(|_| AtomicU64::new(0)).collect(),
             closing: AtomicBool::new(false),
+            drained: AtomicUsize::new(0),
             lost: Mutex::new(None),
             lost_flag: AtomicBool::new(false),
         });
@@ -696,6 +723,8 @@ pub struct TcpPlane {
     links: Vec<Option<PlaneLink>>,
     /// Per link: reported by [`DataPlane::take_gone`] already.
     gone: Vec<bool>,
+    /// Per link: reported by [`DataPlane::take_drained`] already.
+    drained: Vec<bool>,
     chunk: usize,
     /// On the GPU backend: the slots puts are copied out of the device through.
     stage: Option<Slots>,
@@ -873,6 +902,21 @@ impl DataPlane for TcpPlane {
             {
                 self.gone[id] = true;
                 gone.push(id as u32);
+            }
+        }
+    }
+
+    /// Links on which the peer closed every stream between frames after all it had sent
+    /// was applied (`Shared::drained` counts every stripe's receiver).
+    fn take_drained(&mut self, drained: &mut Vec<u32>) {
+        for (id, link) in self.links.iter().enumerate() {
+            if let Some((_, shared, _)) = link
+                && !self.drained[id]
+                // Acquire: pairs with the receivers' release (their writes have landed).
+                && shared.drained.load(Ordering::Acquire) == shared.received.len()
+            {
+                self.drained[id] = true;
+                drained.push(id as u32);
             }
         }
     }
@@ -1196,6 +1240,7 @@ impl TransportSetup for TcpSetup {
         };
         Ok(Box::new(TcpPlane {
             gone: vec![false; links.len()],
+            drained: vec![false; links.len()],
             links,
             chunk: config.chunk,
             stage,
