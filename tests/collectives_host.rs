@@ -11,6 +11,8 @@ use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::launch::{Launch, LaunchReport};
 use mscclpp::host::testing::run_test_ranks;
 
+mod common;
+
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
 
 fn collectives(proxy: bool) -> Collectives {
@@ -111,14 +113,6 @@ fn eight_processes_all_reduce_and_all_gather() {
     run("eight_processes_all_reduce_and_all_gather", 8, false);
 }
 
-/// Nanoseconds since the Unix epoch (comparable between the processes of one machine).
-fn epoch_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// Rank body of [`a_killed_rank_is_named_by_the_survivors_within_a_second`]: every rank
 /// all-reduces in a loop; rank 1 SIGKILLs itself 300 ms in (mid-collective); the survivors
 /// print when and how their call failed.
@@ -128,11 +122,8 @@ fn kill_rank_main() {
     if r == 1 {
         std::thread::spawn(|| {
             std::thread::sleep(Duration::from_millis(300));
-            println!("killed at {}", epoch_ns());
-            let pid = std::process::id().to_string();
-            let _ = std::process::Command::new("kill")
-                .args(["-9", &pid])
-                .status();
+            println!("killed at {}", common::epoch_ns());
+            common::kill_self();
         });
     }
     let mut buf = vec![1f32; 200_000];
@@ -147,7 +138,7 @@ fn kill_rank_main() {
                 );
             }
             Err(e) => {
-                println!("failed at {}: {e}", epoch_ns());
+                println!("failed at {}: {e}", common::epoch_ns());
                 break;
             }
         }
@@ -208,7 +199,7 @@ fn line_of<'a>(report: &'a LaunchReport, r: usize, marker: &str) -> &'a str {
         })
 }
 
-/// The number printed right after `marker` on rank `r`'s line (an [`epoch_ns`] stamp).
+/// The number printed right after `marker` on rank `r`'s line (an [`common::epoch_ns`] stamp).
 fn stamp(report: &LaunchReport, r: usize, marker: &str) -> u128 {
     let line = line_of(report, r, marker);
     let rest = &line[line.find(marker).unwrap() + marker.len()..];
@@ -246,7 +237,7 @@ fn leave_rank_main() {
     let start = std::time::Instant::now();
     loop {
         if r == 1 && start.elapsed() > Duration::from_millis(300) {
-            println!("left at {}", epoch_ns());
+            println!("left at {}", common::epoch_ns());
             drop(c);
             break;
         }
@@ -260,7 +251,7 @@ fn leave_rank_main() {
                 );
             }
             Err(e) => {
-                println!("failed at {}: {e}", epoch_ns());
+                println!("failed at {}: {e}", common::epoch_ns());
                 break;
             }
         }

@@ -18,6 +18,8 @@ use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks_env};
 use mscclpp::host::transport::TransportKind;
 
+mod common;
+
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
 
 fn run_two(test: &str) {
@@ -263,14 +265,6 @@ fn one_thread() -> LaunchConfig {
     }
 }
 
-/// Nanoseconds since the Unix epoch (comparable between the processes of one machine).
-fn epoch_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// How rank 1 ends the abort tests' waits ([`user_waits_abort_rank`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -305,17 +299,12 @@ fn user_waits_abort_rank(end: End, proxy: TransportKind) {
         match end {
             End::Kill => {
                 std::thread::sleep(Duration::from_millis(300));
-                println!("killed at {}", epoch_ns());
-                let pid = std::process::id().to_string();
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", &pid])
-                    .status();
-                std::thread::sleep(Duration::from_secs(60));
-                unreachable!("rank 1 was not killed");
+                println!("killed at {}", common::epoch_ns());
+                common::kill_self();
             }
             End::Leave => {
                 std::thread::sleep(Duration::from_millis(300));
-                println!("left at {}", epoch_ns());
+                println!("left at {}", common::epoch_ns());
                 drop(comm);
                 println!("rank {me}: ok");
                 return;
@@ -350,7 +339,7 @@ fn user_waits_abort_rank(end: End, proxy: TransportKind) {
         None
     };
     stream.synchronize().unwrap();
-    println!("waits ended at {}", epoch_ns());
+    println!("waits ended at {}", common::epoch_ns());
     if let Some(t) = at {
         let took = t.elapsed();
         assert!(

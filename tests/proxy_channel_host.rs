@@ -11,6 +11,8 @@ use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::run_test_ranks;
 use mscclpp::host::transport::TransportKind;
 
+mod common;
+
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
 
 fn child() -> bool {
@@ -157,14 +159,6 @@ fn host_all_gather_8_processes() {
     launch("host_all_gather_8_processes", 8);
 }
 
-/// Nanoseconds since the Unix epoch (comparable between the processes of one machine).
-fn epoch_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// Rank body of [`user_waits_end_when_the_peer_is_killed`]: rank 0 runs a kernel of three
 /// CPU threads that wait at once, for LL packets and a signal on a memory channel and for a
 /// signal on a proxy channel, none of which its peer sends; rank 1 SIGKILLs itself 300 ms
@@ -182,13 +176,8 @@ fn killed_peer_rank() {
     comm.bootstrap().barrier().unwrap();
     if me == 1 {
         std::thread::sleep(Duration::from_millis(300));
-        println!("killed at {}", epoch_ns());
-        let pid = std::process::id().to_string();
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid])
-            .status();
-        std::thread::sleep(Duration::from_secs(60));
-        unreachable!("rank 1 was not killed");
+        println!("killed at {}", common::epoch_ns());
+        common::kill_self();
     }
     let ch = comm.memory_channels()[0];
     let conn = comm.device_connections()[0];
@@ -197,15 +186,15 @@ fn killed_peer_rank() {
     launch(Dim3::x(1), Dim3::x(3), || match thread_idx_x() {
         0 => {
             let r = ch.try_unpack_packets(0, 0, 64, 0, 1, 1, 60_000_000_000);
-            println!("packet wait ended at {}: {r:?}", epoch_ns());
+            println!("packet wait ended at {}: {r:?}", common::epoch_ns());
         }
         1 => {
             let r = ch.try_wait(60_000_000_000);
-            println!("memory wait ended at {}: {r:?}", epoch_ns());
+            println!("memory wait ended at {}: {r:?}", common::epoch_ns());
         }
         _ => {
             let r = conn.try_wait(60_000_000_000);
-            println!("proxy wait ended at {}: {r:?}", epoch_ns());
+            println!("proxy wait ended at {}: {r:?}", common::epoch_ns());
         }
     })
     .unwrap();

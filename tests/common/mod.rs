@@ -1,5 +1,5 @@
-//! What the GPU collective test files share: the rank count, the collectives of one rank,
-//! and the random inputs' hash. Each test binary uses part of it.
+//! What the test files share: the rank count, the collectives of one rank, the random
+//! inputs' hash, and a rank's death by `kill -9`. Each test binary uses part of it.
 #![allow(dead_code)] // every test file compiles this module and uses a different part
 
 use std::sync::Arc;
@@ -190,4 +190,23 @@ pub fn replay_in_place_sums(c: &Collectives, stream: &Arc<CudaStream>, p: u64, c
     for _ in 0..3 {
         graph.launch().unwrap();
     }
+}
+
+/// Nanoseconds since the Unix epoch (comparable between the processes of one machine).
+pub fn epoch_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// SIGKILLs this process, as a crash would (no destructor runs, no goodbye is sent), and
+/// never returns.
+pub fn kill_self() -> ! {
+    let pid = std::process::id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status();
+    std::thread::sleep(Duration::from_secs(60));
+    unreachable!("process {pid} was not killed");
 }
