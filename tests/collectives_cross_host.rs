@@ -800,6 +800,7 @@ fn group_of(c: &Collectives, x: usize, sends: impl Fn(usize) -> Vec<(usize, usiz
 fn send_recv_rank() {
     let c = collectives();
     let (n, r) = (c.nranks(), c.rank());
+    assert_eq!(c.send_recv_across_hosts_off(), None, "rank {r}");
     // Layout cyclic:2: ranks of one parity share a host, so r +- 1 is on the other host and
     // r +- 2 on this one.
     let next = move |q: usize, k: usize| (q + k) % n;
@@ -925,6 +926,13 @@ fn cross_host_send_recv_size_mismatch_is_named() {
 fn remote_off_rank() {
     let c = collectives_remote_max(0);
     let (n, r) = (c.nranks(), c.rank());
+    let off = c
+        .send_recv_across_hosts_off()
+        .expect("send/recv across hosts is off");
+    assert!(
+        off.contains("2 ranks on other hosts") && off.contains("MSCCLPP_P2P_REMOTE_MAX"),
+        "rank {r}: {off}"
+    );
     let send = vec![1f32; 8];
     let mut out = vec![0f32; 8];
     match c.send_host(&send, (r + 1) % n) {

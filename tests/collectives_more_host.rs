@@ -103,7 +103,9 @@ fn rank_main(pipelined: bool) {
             }
         }
     }
-    // Sends and receives: a ring in one group, then rank 0 to every other rank alone.
+    // Sends and receives: a ring in one group, then rank 0 to every other rank alone. On
+    // one host every rank can be reached.
+    assert_eq!(c.send_recv_across_hosts_off(), None, "rank {r}");
     for len in [1usize, 1000, 300_001] {
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
         let msg = |from: usize, to: usize| -> Vec<f32> {

@@ -83,7 +83,7 @@ impl Inner {
     pub fn real_only(real: RealComm, why: String) -> Inner {
         let all = Fallback {
             mask: Fallback::ALL_MASK,
-            unknown: Vec::new(),
+            ..Fallback::default()
         };
         Inner::new(Err(why), Some(real), None, all)
     }
@@ -420,12 +420,35 @@ pub fn set_up(
     let ours = Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
         .and_then(|comm| Collectives::new(comm, CollConfig::from_env()?))
         .and_then(|coll| {
-            // Ours is up on every rank only once every rank says so.
-            coll.communicator().bootstrap().barrier()?;
-            Ok(coll)
+            // Ours is up on every rank only once every rank says so; in the same step the
+            // ranks agree whether sends and receives go to the real NCCL (ours cannot reach
+            // some ranks on other hosts).
+            let off = coll.send_recv_across_hosts_off();
+            let said = coll
+                .communicator()
+                .bootstrap()
+                .all_gather(&[off.is_some() as u8])?;
+            let any = said.iter().any(|b| b.first().is_some_and(|&o| o != 0));
+            Ok((
+                coll,
+                any.then(|| off.unwrap_or_else(|| "so says another rank".into())),
+            ))
         });
     let coll = match ours {
-        Ok(coll) => coll,
+        Ok((coll, None)) => coll,
+        Ok((coll, Some(why))) => {
+            fallback.p2p_off = true;
+            log::warn(&format!(
+                "rank {rank}/{nranks}: sends and receives (and gather, scatter) go to the real \
+                 NCCL{}: {why}",
+                if real.is_some() {
+                    ""
+                } else {
+                    ", which is unavailable, so they fail"
+                }
+            ));
+            coll
+        }
         Err(e) => return fall_back(call, rank, nranks, real, real_missing, strict, deadline, &e),
     };
     log::info(&format!(

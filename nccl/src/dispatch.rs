@@ -32,6 +32,8 @@ const BY_ENV: Why = "named by MSCCLPP_NCCL_FALLBACK";
 const PREMUL: Why = "a pre-multiplied sum (ncclRedOpCreatePreMulSum) is the real NCCL's";
 const FP8: Why = "fp8 is moved, not reduced, by our kernels";
 const BAD_TYPE: Why = "not a data type of the 2.28 ABI";
+const P2P_OFF: Why = "send/recv across hosts is off for this communicator (more ranks on \
+                      other hosts than MSCCLPP_P2P_REMOTE_MAX)";
 
 /// The native type and operation of a reducing call (all-reduce, reduce-scatter, reduce),
 /// or why it is forwarded.
@@ -54,8 +56,11 @@ pub fn reducing(
 /// The native type of a call that moves data (all-gather, broadcast, all-to-all,
 /// send/receive), or why it is forwarded.
 pub fn moving(fb: &Fallback, call: NativeCall, dt: NcclDataType) -> Result<DataType, Why> {
-    if !fb.native(call) {
+    if fb.named(call) {
         return Err(BY_ENV);
+    }
+    if !fb.native(call) {
+        return Err(P2P_OFF);
     }
     native_dtype(dt).ok_or(BAD_TYPE)
 }

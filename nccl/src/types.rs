@@ -288,6 +288,10 @@ pub struct Fallback {
     pub mask: u8,
     /// Names not understood (warned about).
     pub unknown: Vec<String>,
+    /// Sends and receives are forwarded whatever the mask says: our collectives cannot
+    /// reach some ranks on other hosts (more of them than `MSCCLPP_P2P_REMOTE_MAX`; set at
+    /// set-up when any rank says so).
+    pub p2p_off: bool,
 }
 
 impl Fallback {
@@ -332,9 +336,14 @@ impl Fallback {
         f
     }
 
+    /// Whether `MSCCLPP_NCCL_FALLBACK` names `call` (on some rank).
+    pub fn named(&self, call: NativeCall) -> bool {
+        self.mask & call.bit() != 0
+    }
+
     /// Whether `call` may run natively.
     pub fn native(&self, call: NativeCall) -> bool {
-        self.mask & call.bit() == 0
+        !self.named(call) && !(self.p2p_off && call == NativeCall::SendRecv)
     }
 
     /// The names of the calls that may run natively, comma-separated (`-` for none).

@@ -9,6 +9,10 @@
 //! ranks share one GPU, each gets its own `NCCL_HOSTID`, so that the real NCCL (which refuses
 //! two ranks on one GPU of one host) sees two hosts and joins them over its socket
 //! transport on loopback.
+//!
+//! Also: on two simulated hosts with `MSCCLPP_P2P_REMOTE_MAX=0` (our collectives cannot
+//! send to the other host's rank), sends and receives go to the real NCCL while the
+//! collectives stay ours; with no real NCCL they fail naming why.
 
 use std::ffi::c_void;
 use std::process::{Command, Stdio};
@@ -50,7 +54,7 @@ fn set_up_failure_of_ours_falls_back_to_the_real_nccl() {
         return;
     }
     // Falls back: both ranks run every call on the real NCCL and say why.
-    let logs = run_ranks("fallback");
+    let logs = run_ranks(TEST, "fallback");
     for (r, log) in logs.iter().enumerate() {
         assert!(
             log.contains("mscclpp could not set up this communicator (rank 1: "),
@@ -66,19 +70,68 @@ fn set_up_failure_of_ours_falls_back_to_the_real_nccl() {
         );
     }
     // Strict on rank 0 only: agreed, so both ranks fail.
-    run_ranks("strict");
+    run_ranks(TEST, "strict");
 }
 
-/// Runs the two ranks in `mode`; both must exit 0 (their checks are inside). Returns each
-/// rank's stderr.
-fn run_ranks(mode: &str) -> Vec<String> {
+const P2P_TEST: &str = "sends_our_collectives_cannot_make_go_to_the_real_nccl";
+
+#[test]
+fn sends_our_collectives_cannot_make_go_to_the_real_nccl() {
+    if let Ok(rank) = std::env::var(RANK_ENV) {
+        p2p_rank_main(
+            rank.parse().unwrap(),
+            &std::env::var(MODE_ENV).unwrap_or_default(),
+        );
+        return;
+    }
+    if gpu_count() == 0 {
+        assert!(
+            std::env::var_os("MSCCLPP_REQUIRE_GPU").is_none(),
+            "MSCCLPP_REQUIRE_GPU is set and there is no GPU"
+        );
+        eprintln!("skipping {P2P_TEST}: no GPU");
+        return;
+    }
+    // No real NCCL: the send fails, saying why it was not ours.
+    run_ranks(P2P_TEST, "p2p-alone");
+    if let Err(e) = mscclpp_nccl::real::real() {
+        assert!(
+            std::env::var_os("MSCCLPP_REQUIRE_NCCL").is_none(),
+            "MSCCLPP_REQUIRE_NCCL is set and there is no real NCCL: {e}"
+        );
+        eprintln!("skipping the rest of {P2P_TEST}: no real NCCL ({e})");
+        return;
+    }
+    let logs = run_ranks(P2P_TEST, "p2p");
+    for (r, log) in logs.iter().enumerate() {
+        assert!(
+            log.contains("sends and receives (and gather, scatter) go to the real NCCL: ")
+                && log.contains("MSCCLPP_P2P_REMOTE_MAX"),
+            "rank {r} does not say why its sends go to the real NCCL:\n{log}"
+        );
+        assert!(
+            log.contains("ncclAllReduce float sum -> native (mscclpp)"),
+            "rank {r}'s all-reduce was not ours:\n{log}"
+        );
+        for call in ["ncclSend", "ncclRecv"] {
+            assert!(
+                log.contains(&format!("{call} float - -> fallback (real NCCL)")),
+                "rank {r}'s {call} did not go to the real NCCL:\n{log}"
+            );
+        }
+    }
+}
+
+/// Runs the two ranks of `test` in `mode`; both must exit 0 (their checks are inside).
+/// Returns each rank's stderr.
+fn run_ranks(test: &str, mode: &str) -> Vec<String> {
     let hex = new_id_hex();
     let exe = std::env::current_exe().unwrap();
     let shared_gpu = gpu_count() < N;
     let mut children: Vec<_> = (0..N)
         .map(|r| {
             let mut cmd = Command::new(&exe);
-            cmd.args(["--exact", TEST, "--nocapture"])
+            cmd.args(["--exact", test, "--nocapture"])
                 .env(RANK_ENV, r.to_string())
                 .env(ID_ENV, &hex)
                 .env(MODE_ENV, mode)
@@ -87,8 +140,15 @@ fn run_ranks(mode: &str) -> Vec<String> {
                 .env_remove("MSCCLPP_NCCL_LIB")
                 .env_remove("MSCCLPP_NCCL_FALLBACK")
                 .stderr(Stdio::piped());
-            if r == 1 {
+            if test == TEST && r == 1 {
                 cmd.env("MSCCLPP_COLL_SCRATCH_BYTES", (1u64 << 40).to_string());
+            }
+            if test == P2P_TEST {
+                cmd.env("MSCCLPP_SIMULATE_HOSTS", "2")
+                    .env("MSCCLPP_P2P_REMOTE_MAX", "0");
+            }
+            if mode == "p2p-alone" {
+                cmd.env("MSCCLPP_NCCL_LIB", "none");
             }
             if mode == "strict" && r == 0 {
                 cmd.env("MSCCLPP_NCCL_SETUP_FALLBACK", "0");
@@ -233,4 +293,107 @@ fn rank_main(rank: usize, mode: &str) {
         ok("ncclCommDestroy(child)", ncclCommDestroy(child));
         ok("ncclCommDestroy", ncclCommDestroy(comm));
     }
+}
+
+/// Rank `rank` of the send/receive test: an all-reduce (ours), then each rank sends
+/// `count` f32 to the other and receives as many in one group, checked (`p2p`), or the
+/// send fails saying why it was not ours (`p2p-alone`).
+fn p2p_rank_main(rank: usize, mode: &str) {
+    let id = id_from_env();
+    let ctx = cudarc::driver::CudaContext::new(rank % gpu_count()).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let mut comm: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a live out-parameter; the id from the parent.
+    ok(&format!("rank {rank}: ncclCommInitRank"), unsafe {
+        ncclCommInitRank(&mut comm, N as i32, id, rank as i32)
+    });
+    check_all_reduce(
+        &format!("rank {rank}: all-reduce"),
+        comm,
+        &[0, 1],
+        rank,
+        1000,
+    );
+    let peer = 1 - rank;
+    let count = 100_000usize;
+    let val = |r: usize, i: usize| (r * 1_000_000 + i) as f32;
+    let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).unwrap();
+    // SAFETY: plain allocations of `count` f32 in the current context.
+    let (x, y) = unsafe { (cu::malloc_sync(count * 4), cu::malloc_sync(count * 4)) };
+    let (x, y) = (x.unwrap(), y.unwrap());
+    let mine: Vec<f32> = (0..count).map(|i| val(rank, i)).collect();
+    // SAFETY: `x` holds `count` f32.
+    unsafe { cu::memcpy_htod_sync(x, &mine) }.unwrap();
+    cu::ctx::synchronize().unwrap();
+    if mode == "p2p-alone" {
+        // SAFETY: a device buffer of `count` f32, our communicator, a live stream.
+        let r = unsafe {
+            ncclSend(
+                x as *const c_void,
+                count,
+                7,
+                peer as i32,
+                comm,
+                stream as *mut c_void,
+            )
+        };
+        let msg = last_error();
+        assert_ne!(r, 0, "rank {rank}: a send with no way to make it succeeded");
+        assert!(
+            msg.contains("send/recv across hosts is off for this communicator")
+                && msg.contains("MSCCLPP_P2P_REMOTE_MAX"),
+            "rank {rank}: {msg}"
+        );
+        eprintln!("rank {rank}: the send failed as it should: {msg}");
+    } else {
+        // SAFETY: device buffers of `count` f32, our communicator, a live stream; the
+        // group pairs the two directions.
+        unsafe {
+            ok("ncclGroupStart", ncclGroupStart());
+            ok(
+                "ncclSend",
+                ncclSend(
+                    x as *const c_void,
+                    count,
+                    7,
+                    peer as i32,
+                    comm,
+                    stream as *mut c_void,
+                ),
+            );
+            ok(
+                "ncclRecv",
+                ncclRecv(
+                    y as *mut c_void,
+                    count,
+                    7,
+                    peer as i32,
+                    comm,
+                    stream as *mut c_void,
+                ),
+            );
+            ok("ncclGroupEnd", ncclGroupEnd());
+        }
+        cu::ctx::synchronize().unwrap();
+        let mut got = vec![0f32; count];
+        // SAFETY: `y` holds `count` f32.
+        unsafe { cu::memcpy_dtoh_sync(&mut got, y) }.unwrap();
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(
+                *g,
+                val(peer, i),
+                "rank {rank}: element {i} from rank {peer}"
+            );
+        }
+        // Ours still runs the collectives after the real NCCL's sends.
+        check_all_reduce(
+            &format!("rank {rank}: all-reduce after"),
+            comm,
+            &[0, 1],
+            rank,
+            4096,
+        );
+    }
+    // SAFETY: our communicator, not used after this.
+    unsafe { ok("ncclCommDestroy", ncclCommDestroy(comm)) };
 }

@@ -1300,6 +1300,26 @@ impl Collectives {
         self.cross.as_ref().and_then(|c| c.topo.flat.as_deref())
     }
 
+    /// Why send/recv with ranks on other hosts is off for this `Collectives`, if it is:
+    /// it spans hosts and has more ranks on other hosts than
+    /// [`CollConfig::p2p_remote_max`] (each would take two network channels), so a send or
+    /// receive naming one of them is refused. `None` on one host, and when every rank can be
+    /// reached. Callers that can send such transfers another way (the NCCL library forwards
+    /// them to the real NCCL) ask this at set-up.
+    pub fn send_recv_across_hosts_off(&self) -> Option<String> {
+        let c = self.cross.as_ref()?;
+        if self.xp2p.is_some() {
+            return None;
+        }
+        Some(format!(
+            "send/recv across hosts is off for this Collectives ({} ranks on other hosts, \
+             more than CollConfig::p2p_remote_max = {}; each would take two network \
+             channels); raise it (MSCCLPP_P2P_REMOTE_MAX) on every rank",
+            self.nranks() - c.topo.group().len(),
+            self.config.p2p_remote_max
+        ))
+    }
+
     /// The settings.
     pub fn config(&self) -> &CollConfig {
         &self.config

@@ -1414,15 +1414,10 @@ impl Collectives {
             }
             if let Some(c) = self.cross()
                 && !c.topo.group().contains(&peer)
-                && self.xp2p.is_none()
+                && let Some(off) = self.send_recv_across_hosts_off()
             {
                 return Err(invalid(format!(
-                    "{call}: {what} rank {peer}, on another host: send/recv across hosts is \
-                     off for this Collectives ({} ranks on other hosts, more than \
-                     CollConfig::p2p_remote_max = {}; each would take two network channels); \
-                     raise it (MSCCLPP_P2P_REMOTE_MAX) on every rank",
-                    self.nranks() - c.topo.group().len(),
-                    self.config.p2p_remote_max
+                    "{call}: {what} rank {peer}, on another host: {off}"
                 )));
             }
             let bytes = checked_bytes(call, count, dtype.size())?;

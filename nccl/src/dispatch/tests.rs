@@ -70,6 +70,35 @@ fn moving_calls_are_native_for_every_type() {
     }
 }
 
+#[test]
+fn sends_and_receives_follow_the_real_nccl_when_ours_cannot_reach_every_rank() {
+    let off = Fallback {
+        p2p_off: true,
+        ..Fallback::default()
+    };
+    for dt in 0..NUM_TYPES {
+        assert_eq!(moving(&off, NativeCall::SendRecv, dt), Err(P2P_OFF));
+    }
+    // Only sends and receives: every other call stays native.
+    for call in NativeCall::ALL
+        .into_iter()
+        .filter(|c| *c != NativeCall::SendRecv)
+    {
+        assert!(off.native(call), "{call:?}");
+    }
+    assert!(
+        !off.native_names().contains("sendrecv"),
+        "{}",
+        off.native_names()
+    );
+    // The environment's reason comes first when it names them too.
+    let both = Fallback {
+        p2p_off: true,
+        ..Fallback::parse("send")
+    };
+    assert_eq!(moving(&both, NativeCall::SendRecv, 7), Err(BY_ENV));
+}
+
 fn send(buf: u64, count: usize, peer: usize) -> P2pOp {
     P2pOp::Send {
         buf,
