@@ -20,7 +20,8 @@
 # NCCL_PKG (folder with include/nccl.h and lib/libnccl.so.2), MSCCLPP_NCCL_SO, WORK.
 # MSCCLPP_SIMULATE_HOSTS=N runs our library's ranks as N simulated hosts (across hosts over
 # TCP on one machine; the real NCCL's runs do not see it). MSCCLPP_NCCL_FALLBACK (e.g. all)
-# reaches our library's ranks, to check the forwarded path with the same tests.
+# reaches our library's ranks, to check the forwarded path with the same tests, and so does
+# MSCCLPP_P2P_REMOTE_MAX (0 with simulated hosts: sends and receives go to the real NCCL).
 # ONLY=ours skips the real NCCL's runs and loads no real NCCL beside ours
 # (MSCCLPP_NCCL_LIB=none: a call we would forward fails instead); with
 # NCCL_TESTS_DEVICE=0 every rank uses GPU 0 (nccl-tests' own variable), so a one-GPU
@@ -107,6 +108,7 @@ mpi() {
   # and calls sent to the real NCCL on purpose (MSCCLPP_NCCL_FALLBACK=all checks forwarding).
   [ "$which" = ours ] && [ -n "${MSCCLPP_SIMULATE_HOSTS:-}" ] && extra+=(-x MSCCLPP_SIMULATE_HOSTS)
   [ "$which" = ours ] && [ -n "${MSCCLPP_NCCL_FALLBACK:-}" ] && extra+=(-x MSCCLPP_NCCL_FALLBACK)
+  [ "$which" = ours ] && [ -n "${MSCCLPP_P2P_REMOTE_MAX:-}" ] && extra+=(-x MSCCLPP_P2P_REMOTE_MAX)
   echo "--- $which: $* " | tee -a "$LOGS/commands.txt"
   timeout "${RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --bind-to none -np "$NP" \
     -x LD_LIBRARY_PATH="$LDP" -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
