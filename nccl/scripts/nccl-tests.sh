@@ -22,6 +22,8 @@
 # TCP on one machine; the real NCCL's runs do not see it). MSCCLPP_NCCL_FALLBACK (e.g. all)
 # reaches our library's ranks, to check the forwarded path with the same tests, and so does
 # MSCCLPP_P2P_REMOTE_MAX (0 with simulated hosts: sends and receives go to the real NCCL).
+# Our library's WARN lines fail a run unless they match the regular expression EXPECT_WARN
+# (for runs that set up a warned-about case on purpose, as the one above).
 # ONLY=ours skips the real NCCL's runs and loads no real NCCL beside ours
 # (MSCCLPP_NCCL_LIB=none: a call we would forward fails instead); with
 # NCCL_TESTS_DEVICE=0 every rank uses GPU 0 (nccl-tests' own variable), so a one-GPU

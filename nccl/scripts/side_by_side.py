@@ -8,6 +8,8 @@ operation) it prints the out-of-place and in-place times of both and the ratio o
 the #wrong counts, and, per run, errors (NCCL failures, exits, missing rows). Under
 MSCCLPP_DEBUG=INFO our logs also say which path served each kind of call: the table shows
 it per run. Exit status 1 when any #wrong is non-zero, a run failed, or rows are missing.
+Our library's WARN lines count as errors, except those matching the regular expression in
+EXPECT_WARN (a run that sets up a warned-about case on purpose); those are listed, once.
 """
 
 import os
@@ -29,19 +31,25 @@ ERROR_PATTERNS = [
         r"] WARN ",
     )
 ]
+EXPECTED_WARN = re.compile(os.environ["EXPECT_WARN"]) if os.environ.get("EXPECT_WARN") else None
 PATH_RE = re.compile(r"INFO rank \d+/\d+: (\S+) (\S+) (\S+) -> (native|fallback|pass-through)")
 
 
 def parse(path):
-    """Rows {(size, type, redop): (t_oop, wrong_oop, t_ip, wrong_ip)}, errors, paths."""
+    """Rows {(size, type, redop): (t_oop, wrong_oop, t_ip, wrong_ip)}, errors, paths, and
+    the expected warnings seen."""
     rows, errors, paths = {}, [], set()
+    expected = set()
     if not os.path.exists(path):
-        return rows, ["missing log"], paths
+        return rows, ["missing log"], paths, expected
     with open(path, errors="replace") as f:
         for line in f:
             m = PATH_RE.search(line)
             if m:
                 paths.add(f"{m.group(1)} {m.group(2)} {m.group(3)}: {m.group(4)}")
+            if EXPECTED_WARN and "] WARN " in line and EXPECTED_WARN.search(line):
+                expected.add(line.split("] WARN ", 1)[1].strip()[:200])
+                continue
             if any(p.search(line) for p in ERROR_PATTERNS):
                 errors.append(line.strip()[:200])
                 continue
@@ -60,7 +68,7 @@ def parse(path):
                 continue
             redop = tok[3] if len(tok) >= 13 else "none"
             rows[(size, tok[2], redop)] = (t_oop, wrong_oop, t_ip, wrong_ip)
-    return rows, errors, paths
+    return rows, errors, paths, expected
 
 
 def wrong_count(w):
@@ -93,13 +101,15 @@ def main():
     for name in names:
         if not name.endswith(".log"):
             continue
-        real, real_err, _ = parse(os.path.join(real_dir, name))
+        real, real_err, _, _ = parse(os.path.join(real_dir, name))
         if not os.path.isdir(real_dir) or not os.listdir(real_dir):
             real_err = []  # the real NCCL did not run (ONLY=ours): nothing is missing
-        ours, ours_err, paths = parse(os.path.join(ours_dir, name))
+        ours, ours_err, paths, expected = parse(os.path.join(ours_dir, name))
         print(f"\n== {name[:-4]}")
         if paths:
             print("   paths: " + "; ".join(sorted(paths)))
+        for w in sorted({w.split(": ", 1)[-1] for w in expected}):
+            print(f"   expected warning (EXPECT_WARN): ...: {w}")
         print(
             f"   {'size':>8} {'type':>9} {'op':>5} | {'real us':>9} {'ours us':>9} {'ratio':>6}"
             f" | {'real ip':>9} {'ours ip':>9} {'ratio':>6} | wrong real/ours"
