@@ -64,6 +64,8 @@ pub(crate) struct FaultArea {
     left: Mutex<Option<(usize, u64)>>,
     /// Per rank: what its "left" word waits for ([`note_peer_left`](Self::note_peer_left)).
     departures: Mutex<Vec<Departure>>,
+    /// Settle passes asked of the proxy so far ([`settle_asked`](Self::settle_asked)).
+    settle_asked: AtomicU64,
 }
 
 /// What the host knows of a peer's polite departure.
@@ -74,6 +76,12 @@ struct Departure {
     /// It has TCP connections to this rank that it has not closed cleanly yet
     /// ([`FaultArea::await_drain`], [`FaultArea::note_peer_drained`]).
     undrained: bool,
+    /// It writes over IB into staged buffers here, whose arrivals this rank's proxy
+    /// delivers: its word waits for a settle pass that began after it left
+    /// ([`FaultArea::await_settle`], [`FaultArea::note_settled`]).
+    unsettled: bool,
+    /// The settle pass asked for when it left (0: none asked).
+    ticket: u64,
 }
 
 impl FaultArea {
@@ -91,6 +99,7 @@ impl FaultArea {
             reason: Mutex::new(None),
             left: Mutex::new(None),
             departures: Mutex::new(vec![Departure::default(); nranks]),
+            settle_asked: AtomicU64::new(0),
         }))
     }
 
@@ -149,7 +158,36 @@ impl FaultArea {
     /// is written here by this rank's receivers, which may still be at work when the
     /// goodbye comes. An abort already in the word stays.
     pub(crate) fn note_peer_left(&self, peer: usize) {
-        self.departure(peer, |d| d.left = true);
+        self.departure(peer, |d| {
+            d.left = true;
+            if d.unsettled && d.ticket == 0 {
+                d.ticket = self.settle_asked.fetch_add(1, Ordering::AcqRel) + 1;
+            }
+        });
+    }
+
+    /// Notes that `peer` has IB connections into staged buffers of this rank (set up): its
+    /// "left" word then also waits for the proxy to have delivered what arrived
+    /// ([`note_settled`](Self::note_settled)).
+    pub(crate) fn await_settle(&self, peer: usize) {
+        self.departure(peer, |d| d.unsettled = true);
+    }
+
+    /// Settle passes asked for so far (the proxy's [`SettleHook`](crate::proxy::SettleHook)).
+    pub(crate) fn settle_asked(&self) -> u64 {
+        self.settle_asked.load(Ordering::Acquire)
+    }
+
+    /// Notes that the proxy finished a settle pass that began once `asked` passes had been
+    /// asked for: every peer that left before is settled.
+    pub(crate) fn note_settled(&self, asked: u64) {
+        let mut all = self.departures.lock().unwrap_or_else(|e| e.into_inner());
+        for (peer, d) in all.iter_mut().enumerate() {
+            if d.ticket != 0 && d.ticket <= asked {
+                d.unsettled = false;
+                self.write_left(peer, d);
+            }
+        }
     }
 
     /// Notes that `peer` has TCP connections to this rank (set up): its "left" word then
@@ -173,7 +211,12 @@ impl FaultArea {
         let mut all = self.departures.lock().unwrap_or_else(|e| e.into_inner());
         let d = &mut all[peer];
         update(d);
-        if d.left && !d.undrained {
+        self.write_left(peer, d);
+    }
+
+    /// Writes `peer`'s "left" word if it left and nothing it sent is still on its way.
+    fn write_left(&self, peer: usize, d: &Departure) {
+        if d.left && !d.undrained && !d.unsettled {
             let _ = self.words()[self.peer_abort_index(peer)].compare_exchange(
                 0,
                 fault::left_word(peer as u32),
@@ -383,5 +426,41 @@ mod tests {
         // A rank out of range is ignored.
         area.note_peer_left(4);
         area.await_drain(9);
+    }
+
+    /// A peer writing into staged IB buffers here: its word waits for a settle pass that
+    /// began after its goodbye (one that began before does not count), and with TCP too for
+    /// both; a pass asked for once serves every peer that left before it.
+    #[test]
+    fn a_left_word_waits_for_a_settle_pass_begun_after_the_goodbye() {
+        let area = FaultArea::new(None, 4).unwrap();
+        let word = |p: usize| area.words()[area.peer_abort_index(p)].load(Ordering::Acquire);
+        let left = |p: usize| fault::left_word(p as u32);
+        area.await_settle(1);
+        area.await_settle(2);
+        area.await_settle(3);
+        area.await_drain(3);
+        assert_eq!(area.settle_asked(), 0);
+        // A pass before anyone left settles nobody.
+        area.note_settled(0);
+        area.note_peer_left(1);
+        assert_eq!(word(1), 0, "written before a settle pass");
+        assert_eq!(area.settle_asked(), 1);
+        area.note_peer_left(2);
+        // Leaving twice asks once.
+        area.note_peer_left(2);
+        assert_eq!(area.settle_asked(), 2);
+        // A pass that began when one had been asked for: rank 1 only.
+        area.note_settled(1);
+        assert_eq!((word(1), word(2)), (left(1), 0));
+        area.note_settled(2);
+        assert_eq!(word(2), left(2));
+        // Settled but not drained: not yet.
+        area.note_peer_left(3);
+        area.note_settled(area.settle_asked());
+        assert_eq!(word(3), 0, "written before the TCP connections drained");
+        area.note_peer_drained(3);
+        assert_eq!(word(3), left(3));
+        assert_eq!(word(0), 0);
     }
 }

@@ -728,6 +728,9 @@ impl Communicator {
             if c.transport() == TransportKind::Tcp {
                 self.fault.await_drain(c.remote_rank());
             }
+            if c.ib_staged() {
+                self.fault.await_settle(c.remote_rank());
+            }
         }
         self.connections.extend(conns);
         self.flag_memory.push(flags);
@@ -786,21 +789,16 @@ impl Communicator {
     }
 
     /// The abort word (its index in the fault area) that the user handles of `c` look at:
-    /// the peer's own word ([`FaultArea::note_peer_left`]) where this side can tell when
-    /// everything the peer sent on `c` has landed: memory channels, P2P and Host proxy
-    /// channels (the peer itself writes, so all has landed once its work ended) and TCP
-    /// (once, in addition, the peer closed every stream of every TCP connection to this rank
-    /// after its last frame, [`FaultArea::note_peer_drained`]); the communicator's for IB,
-    /// where the network or this side's staging may still write after the peer's goodbye
-    /// and no end of stream says when they are done.
+    /// the peer's own word ([`FaultArea::note_peer_left`]), written once this side can tell
+    /// that everything the peer sent on its connections here has landed. Memory channels,
+    /// P2P and Host proxy channels: at its goodbye (the peer itself writes, so all has
+    /// landed once its work ended). TCP: once, in addition, the peer closed every stream of
+    /// every TCP connection to this rank after its last frame
+    /// ([`FaultArea::note_peer_drained`]). IB: the peer's proxy completed its writes before
+    /// the goodbye (its plane's `finish`), and where this side stages IB arrivals, its proxy
+    /// delivered them in a pass after the goodbye ([`FaultArea::note_settled`]).
     fn user_abort_index(&self, c: &Connection) -> usize {
-        match (c.kind(), c.transport()) {
-            (ChannelKind::Memory, _)
-            | (_, TransportKind::P2p | TransportKind::Host | TransportKind::Tcp) => {
-                self.fault.peer_abort_index(c.remote_rank())
-            }
-            (ChannelKind::Proxy, TransportKind::Ib) => mscclpp_device::collectives::fault::ABORT,
-        }
+        self.fault.peer_abort_index(c.remote_rank())
     }
 
     /// [`device_connections`](Self::device_connections) with a lifetime the caller picks,

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Backend, Buffer, ChannelKind, CommError, Communicator, ConnTag, PendingConnection};
 use crate::cuda::{DeviceBuffer, Gpu, HostRegistration, IpcMemHandle, PeerMapping};
-use crate::proxy::{ProxyTask, RefusedHook, StartHook};
+use crate::proxy::{ProxyTask, RefusedHook, SettleHook, StartHook};
 use crate::transport::host::HostPlane;
 use crate::transport::ib::setup::IbSetup;
 use crate::transport::p2p::{P2pPlane, PROXY_FLAG_ENV, ProxyFlagMode};
@@ -1061,6 +1061,13 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
             }
         }
     });
+    // Peers that left are settled (what they wrote into staged buffers delivered) before
+    // their "left" words are written.
+    let (asks, fault) = (comm.fault.clone(), comm.fault.clone());
+    let settle = SettleHook {
+        asked: Box::new(move || asks.settle_asked()),
+        done: Box::new(move |n| fault.note_settled(n)),
+    };
     Ok(ProxyTask {
         consumer,
         routes,
@@ -1070,6 +1077,7 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
         peers: comm.connections.iter().map(|c| c.remote_rank).collect(),
         on_refused: Some(on_refused),
         on_drained: Some(on_drained),
+        settle: Some(settle),
         stats: crate::proxy::stats_wanted(),
     })
 }

@@ -757,11 +757,29 @@ fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
 /// its communicator). Rank 0's waits, started before, take what was sent; its next waits,
 /// for what never comes, end with `PeerLeft { rank: 1 }` within a second of the goodbye
 /// instead of at their 60 s timeout. A wait on the channel of a rank that is still there
-/// (rank 2) is not touched.
+/// (rank 2) is not touched. `staging`: IB over the fake fabric, with these staging modes
+/// (rank 0's, the others').
 fn user_waits_end_when_their_peer_leaves(transport: TransportKind) {
+    user_waits_end_when_their_peer_leaves_with(transport, None);
+}
+
+fn user_waits_end_when_their_peer_leaves_with(
+    transport: TransportKind,
+    staging: Option<[ib::StagingMode; 2]>,
+) {
     const PUT: usize = 64 << 10;
     let left_at = std::sync::Mutex::new(None::<std::time::Instant>);
-    ranks(3, |mut comm| {
+    let fabric = crate::transport::ib::fake::FakeFabric::new();
+    let cfg = |r: usize| match staging {
+        Some(modes) => staging_config(modes[usize::from(r != 0)]),
+        None => config(),
+    };
+    ranks_with(3, cfg, |mut comm| {
+        if staging.is_some() {
+            comm.use_ib_verbs(Arc::new(crate::transport::ib::fake::FakeVerbs::new(
+                &fabric,
+            )));
+        }
         let me = comm.rank();
         let buf = comm.alloc_buffer(1024).unwrap();
         let data = comm.alloc_buffer(PUT).unwrap();
@@ -775,6 +793,10 @@ fn user_waits_end_when_their_peer_leaves(transport: TransportKind) {
                 .unwrap();
         }
         comm.connection_setup().unwrap();
+        if let Some(modes) = staging {
+            let staged = modes[usize::from(me != 0)] == ib::StagingMode::Always;
+            assert_eq!(comm.connections()[0].ib_staged(), staged, "rank {me}");
+        }
         comm.proxy_launch().unwrap();
         comm.bootstrap().barrier().unwrap();
         let long = 60_000_000_000;
@@ -852,6 +874,19 @@ fn user_waits_for_a_rank_that_left_end_at_its_goodbye() {
 #[test]
 fn user_waits_over_tcp_for_a_rank_that_left_end_once_its_streams_drained() {
     user_waits_end_when_their_peer_leaves(TransportKind::Tcp);
+}
+
+/// Over IB (the fake fabric) the leaving rank's proxy completes its writes before the
+/// goodbye (its plane's `finish`), so the put and the signal it sent last are taken; with
+/// rank 0 receiving into a staged buffer, its proxy delivers them out of the mirror in a
+/// settle pass before rank 1's "left" word is written. Rank 1 stages too in the second
+/// case (its puts go through its mirror).
+#[test]
+fn user_waits_over_ib_for_a_rank_that_left_end_once_its_writes_landed() {
+    use ib::StagingMode::{Always, Auto};
+    for modes in [[Auto, Auto], [Always, Auto], [Always, Always]] {
+        user_waits_end_when_their_peer_leaves_with(TransportKind::Ib, Some(modes));
+    }
 }
 
 /// One proxy drives a Host and a TCP connection at once (two planes behind one `PlaneSet`),

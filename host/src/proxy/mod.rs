@@ -13,7 +13,7 @@ pub mod fifo_litmus;
 mod service;
 
 pub use service::{PROXY_STATS_ENV, ProxyError, ProxyService, ProxyStats};
-pub(crate) use service::{ProxyTask, RefusedHook, StartHook, stats_wanted};
+pub(crate) use service::{ProxyTask, RefusedHook, SettleHook, StartHook, stats_wanted};
 
 pub use fifo::{
     DEFAULT_SLOTS, DEFAULT_TIMEOUT, Fifo, FifoConfig, FifoError, FifoKernelArg, OwnedFifoConsumer,

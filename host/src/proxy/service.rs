@@ -161,9 +161,21 @@ pub(crate) struct ProxyTask {
     /// Runs on the proxy thread when the plane finds that the peer of a connection closed
     /// it after everything it sent had landed ([`DataPlane::take_drained`]).
     pub on_drained: Option<RefusedHook>,
+    /// Asks for passes of [`DataPlane::settle`] and hears when one is done.
+    pub settle: Option<SettleHook>,
     /// Time the work and keep [`ProxyStats`] (printed to standard error at the end); the
     /// communicator sets it from [`PROXY_STATS_ENV`].
     pub stats: bool,
+}
+
+/// How the communicator asks a proxy to settle its plane ([`DataPlane::settle`]), for the
+/// user handles' waits for a peer that left: the proxy checks `asked` whenever its FIFO is
+/// empty and, when it grew, settles and then calls `done` with the count it read.
+pub(crate) struct SettleHook {
+    /// Passes asked for so far.
+    pub asked: Box<dyn Fn() -> u64 + Send>,
+    /// Runs after a pass that began once `n` passes had been asked for.
+    pub done: Box<dyn FnMut(u64) + Send>,
 }
 
 /// Work run on the proxy thread when a connection's trigger is refused or fails.
@@ -340,6 +352,8 @@ fn run_loop(
     // Whether the last turn served a trigger (for the stats' `queued`).
     let mut just_served = false;
     let mut gone = Vec::new();
+    // Settle passes done (see `SettleHook`).
+    let mut settled = 0;
     loop {
         // The plane's own work (IB host staging delivers arrived data here).
         let t_progress = stats.is_some().then(Instant::now);
@@ -387,6 +401,18 @@ fn run_loop(
             for id in gone.drain(..) {
                 if let Some(hook) = task.on_drained.as_mut() {
                     hook(id);
+                }
+            }
+            // A peer left with its writes complete: deliver what they put here (IB staging)
+            // before its user handles' waits give up.
+            if let Some(hook) = task.settle.as_mut() {
+                let asked = (hook.asked)();
+                if asked > settled {
+                    if let Err(error) = task.plane.settle() {
+                        record(errors, ProxyError::Progress { error });
+                    }
+                    settled = asked;
+                    (hook.done)(asked);
                 }
             }
             let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
@@ -547,6 +573,7 @@ mod tests {
                 peers: vec![1],
                 on_refused: None,
                 on_drained: None,
+                settle: None,
                 stats: keep,
             };
             let service = ProxyService::launch(task, "stats-test".into()).unwrap();

@@ -182,6 +182,15 @@ pub trait DataPlane: Send {
     fn take_drained(&mut self, drained: &mut Vec<u32>) {
         let _ = drained;
     }
+    /// Delivers everything the peers' writes have put here so far and returns once it is
+    /// visible where they aimed it (IB host staging: the recorded ranges copied out of the
+    /// mirror and the flags written, the copies complete). Called by the proxy when the
+    /// communicator asks (a peer left with its writes complete, and the user handles' waits
+    /// for it may give up once what it wrote is delivered). The default (planes whose peers
+    /// write in place) has nothing to do.
+    fn settle(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// [`DataPlane::put_with_signal`] as its two calls: the signal goes even when the put
@@ -299,6 +308,16 @@ impl DataPlane for PlaneSet {
         for p in &mut self.planes {
             p.take_drained(drained);
         }
+    }
+
+    fn settle(&mut self) -> Result<(), TransportError> {
+        let mut first = Ok(());
+        for p in &mut self.planes {
+            if let Err(e) = p.settle() {
+                first = first.and(Err(e));
+            }
+        }
+        first
     }
 }
 

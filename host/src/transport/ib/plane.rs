@@ -33,6 +33,11 @@ use super::{Completion, IbError, QueuePair, WriteRequest, WriteSource};
 /// Largest single RDMA WRITE (the verbs limit is 2^31 bytes).
 pub const MAX_WRITE: u64 = 1 << 30;
 
+/// How long a stopping proxy waits for its last writes to complete ([`DataPlane::finish`]) at
+/// most (less when [`IbConfig::timeout`] is shorter): long enough for a full send queue of
+/// large writes, short enough that a communicator whose peer died stops promptly.
+pub(crate) const FINISH_WAIT: Duration = Duration::from_secs(2);
+
 /// Settings of an [`IbPlane`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IbConfig {
@@ -685,6 +690,44 @@ impl DataPlane for IbPlane {
             false,
         )?;
         Ok(())
+    }
+
+    /// Completes every write posted so far: a staged peer first learns how many records
+    /// precede (its count), then every link with requests in flight is flushed. A stopping
+    /// proxy does this before its communicator says goodbye, so that a peer may take what
+    /// was sent as landed once the goodbye comes; the wait is bounded by [`FINISH_WAIT`].
+    fn finish(&mut self) -> Result<(), TransportError> {
+        let mut first = None;
+        for id in 0..self.links.len() as u32 {
+            let publish = self.links[id as usize].as_ref().is_some_and(|s| {
+                s.failed.is_none() && s.link.staging.as_ref().is_some_and(|st| st.peer_staged)
+            });
+            if publish && let Err(e) = self.publish(id) {
+                first.get_or_insert(e);
+            }
+        }
+        let timeout = self.config.timeout;
+        // Every wait of the flush reads the timeout from the settings.
+        self.config.timeout = timeout.min(FINISH_WAIT);
+        let flushed = self.flush();
+        self.config.timeout = timeout;
+        match first {
+            None => flushed,
+            Some(e) => Err(e.into()),
+        }
+    }
+
+    /// One pass over every link that receives into a staging mirror (everything that has
+    /// landed is copied out and its flag written), then the copies are waited for.
+    fn settle(&mut self) -> Result<(), TransportError> {
+        if !self.receives_staged {
+            return Ok(());
+        }
+        let pass = self.progress_inbound();
+        if let Some(c) = self.copier.as_mut() {
+            c.settle()?;
+        }
+        pass.map(|_| ()).map_err(Into::into)
     }
 
     fn flush(&mut self) -> Result<(), TransportError> {

@@ -235,6 +235,11 @@ pub trait StagingCopy: Send + std::fmt::Debug {
     /// Queues the write of `epoch` to the inbound counter at `flag`, after every copy queued
     /// before it.
     fn write_flag(&mut self, flag: u64, epoch: u64) -> Result<(), TransportError>;
+    /// Returns once every copy and flag write queued so far is done. The default is for
+    /// copiers whose work is done when queued.
+    fn settle(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// [`StagingCopy`] for host buffers (the Host backend, tests): memcpy and a release store.
@@ -303,6 +308,13 @@ impl StagingCopy for CudaStagingCopy {
         // SAFETY: `flag` is the connection's aligned inbound counter in device memory, alive
         // while the proxy runs.
         unsafe { write_u64_async(flag, epoch, &self.stream)? };
+        Ok(())
+    }
+
+    fn settle(&mut self) -> Result<(), TransportError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| crate::cuda::CudaError::driver("cuStreamSynchronize", e))?;
         Ok(())
     }
 }

@@ -386,6 +386,46 @@ fn flush_fence_rewrites_the_current_epoch_not_an_old_one() {
     assert_eq!(&p.dst[..16], &p.src[..16]);
 }
 
+/// A stopping proxy's `finish` completes what was posted and never flushed (puts and a
+/// signal: the peer may take them as landed once this rank's goodbye comes), and on a link
+/// that stalls it gives up after `FINISH_WAIT` at most, even with a longer plane timeout.
+#[test]
+fn finish_lands_what_was_posted_and_gives_up_on_a_stalled_link() {
+    let p = Pair::new(1024);
+    let r = p.route();
+    let mut plane = p.plane(8, Duration::from_secs(5));
+    plane.put(&r, 0, 0, 1000).unwrap();
+    plane.signal(&r, 1).unwrap();
+    assert_eq!(
+        p.flag.load(Ordering::Acquire),
+        0,
+        "the fake runs writes only when polled"
+    );
+    plane.finish().unwrap();
+    assert_eq!(&p.dst[..1000], &p.src[..1000]);
+    assert_eq!(p.flag.load(Ordering::Acquire), 1);
+    let stalled = Pair::new(256);
+    let r = stalled.route();
+    stalled
+        .a
+        .knobs
+        .completions_per_poll
+        .store(0, Ordering::Relaxed);
+    let mut plane = stalled.plane(8, Duration::from_secs(60));
+    plane.put(&r, 0, 0, 64).unwrap();
+    let start = Instant::now();
+    let e = plane.finish().unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        took >= plane::FINISH_WAIT && took < plane::FINISH_WAIT + Duration::from_secs(3),
+        "finish gave up after {took:?}"
+    );
+    assert!(
+        matches!(e, TransportError::Ib(IbError::Timeout { peer: 3, .. })),
+        "{e}"
+    );
+}
+
 #[test]
 fn stalled_link_times_out_naming_the_connection() {
     let p = Pair::new(256);
