@@ -997,6 +997,62 @@ fn across_hosts_over_ib_on_the_fake_fabric(algo: AllReduceAlgo) {
     });
 }
 
+/// A rank that sends across hosts over IB (eagerly: the send returns before the receive is
+/// posted) and drops its collectives at once leaves its writes complete (the signals flush,
+/// and a stopping proxy's `finish` completes anything posted after), so the message arrives
+/// whole when the receiver asks for it only after the sender left. Two thread ranks as two
+/// simulated hosts on the fake fabric, which runs a write only when its sender polls.
+#[test]
+fn a_send_across_hosts_over_ib_lands_though_its_sender_left_at_once() {
+    use crate::transport::ib::fake::{FakeFabric, FakeVerbs};
+    use std::sync::Arc;
+    const COUNT: usize = 3001;
+    let fabric = FakeFabric::new();
+    let id = create_unique_id().unwrap();
+    let value = |i: usize| (i % 97) as f32 - 40.0;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let fabric = &fabric;
+                s.spawn(move || {
+                    let c = comm_config();
+                    let bs = BlockingBootstrap::init_with_config(
+                        2,
+                        r,
+                        id,
+                        c.bootstrap.clone().with_host_id(format!("ib-leave-{r}")),
+                    )
+                    .unwrap();
+                    let mut comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
+                    comm.use_ib_verbs(Arc::new(FakeVerbs::new(fabric)));
+                    let config = CollConfig {
+                        scratch_bytes: 64 << 10,
+                        cross_transport: CrossTransport::Ib,
+                        ..small()
+                    };
+                    let coll = Collectives::new(comm, config).unwrap();
+                    assert_eq!(coll.hosts(), 2);
+                    if r == 0 {
+                        let send: Vec<f32> = (0..COUNT).map(value).collect();
+                        coll.send_host(&send, 1).unwrap();
+                        drop(coll);
+                    } else {
+                        std::thread::sleep(Duration::from_millis(300));
+                        let mut got = vec![0f32; COUNT];
+                        coll.recv_host(&mut got, 0).unwrap();
+                        for (i, g) in got.iter().enumerate() {
+                            assert_eq!(*g, value(i), "element {i}");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+}
+
 #[test]
 fn across_hosts_over_ib_on_the_fake_fabric_two_shot() {
     across_hosts_over_ib_on_the_fake_fabric(AllReduceAlgo::TwoShot);
