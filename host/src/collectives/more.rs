@@ -1498,15 +1498,13 @@ impl Collectives {
         (local, remote)
     }
 
-    /// Most blocks of one transfer on a GPU: a group has up to `2 * (nranks - 1)` lanes side
-    /// by side, and every block of it must be resident at once (a send's blocks wait for the
-    /// peer's receive, which may wait for other lanes): 128 blocks in all (the kernel takes
-    /// 128 registers per thread, one block of 512 threads per SM, and an H100/H200 has 132),
-    /// at most [`P2P_MAX_BLOCKS`] and `max_blocks`. Equal on every rank (it depends only on
-    /// the rank count and the config), as both sides of a transfer must cut it alike.
+    /// Most blocks of one transfer on a GPU ([`p2p_transfer_blocks`] of this communicator).
     fn p2p_max_blocks(&self) -> u32 {
-        let lanes = 2 * (self.ctx.nranks.max(2) - 1);
-        (128 / lanes).clamp(1, P2P_MAX_BLOCKS.min(self.config.max_blocks))
+        p2p_transfer_blocks(
+            self.ctx.nranks as usize,
+            self.block_cap,
+            self.config.max_blocks,
+        )
     }
 
     /// Sets how `ops` are cut (the config's, equal on every rank) and plans the launch with
@@ -1888,6 +1886,20 @@ fn p2p_threads(ops: &P2pOps, most: u32) -> (u32, bool) {
     }
     let want = units_per_block.div_ceil(2).next_multiple_of(32).max(128);
     (want.min(most as u64) as u32, true)
+}
+
+/// Most blocks of one transfer of a send/receive group on a GPU, for `nranks` ranks: a group
+/// has up to `2 * (nranks - 1)` lanes side by side, and every block of it must be resident at
+/// once (a send's blocks wait for the peer's receive, which may wait for other lanes), so
+/// the lanes share 128 blocks (the kernel takes 128 registers per thread, one block of 512
+/// threads per SM, and an H100/H200 has 132), or `block_cap` when ranks share the GPU (every
+/// rank's kernel must fit beside the others'; see `shared_gpu_block_cap`); then at most
+/// [`P2P_MAX_BLOCKS`] and `max_blocks`, and at least one. Equal on every rank (it depends
+/// only on the rank count, the cap every rank computes alike and the config), as both sides
+/// of a transfer must cut it alike.
+pub(super) fn p2p_transfer_blocks(nranks: usize, block_cap: u32, max_blocks: u32) -> u32 {
+    let lanes = 2 * (nranks.max(2) as u32 - 1);
+    (block_cap.min(128) / lanes).clamp(1, P2P_MAX_BLOCKS.min(max_blocks).max(1))
 }
 
 #[cfg(test)]

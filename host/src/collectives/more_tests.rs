@@ -897,3 +897,33 @@ fn ll_only_groups_launch_smaller_blocks_and_other_groups_the_configured_size() {
     );
     assert_eq!(super::p2p_threads(&ops(&[8]), 64), (64, true));
 }
+
+/// A send/receive group's grid (every lane of every peer with its blocks) fits under the cap
+/// that ranks sharing a GPU each get, so all their kernels are resident at once (four ranks
+/// on one H200 hung in nccl-tests' alltoallv with 126 blocks each against a cap of 33); on
+/// a GPU of its own a rank keeps its 128 blocks shared among the lanes.
+#[test]
+fn send_recv_groups_fit_under_the_shared_gpu_cap() {
+    for nranks in [2usize, 3, 4, 8, 16, 64] {
+        let lanes = 2 * (nranks as u32 - 1);
+        for sharing in [1u32, 2, 4, 8] {
+            let cap = super::super::share_cap(sharing, 132);
+            let per = p2p_transfer_blocks(nranks, cap, u32::MAX);
+            assert!((1..=P2P_MAX_BLOCKS).contains(&per), "{nranks} ranks: {per}");
+            if lanes <= cap.min(128) {
+                assert!(
+                    lanes * per <= cap.min(128),
+                    "{nranks} ranks, {sharing} per GPU: {lanes} lanes x {per} blocks over the cap {cap}"
+                );
+            }
+        }
+        // Alone on a GPU: 128 blocks among the lanes, at most P2P_MAX_BLOCKS each.
+        assert_eq!(
+            p2p_transfer_blocks(nranks, u32::MAX, u32::MAX),
+            (128 / lanes).clamp(1, P2P_MAX_BLOCKS)
+        );
+        // The config's limit still applies.
+        assert_eq!(p2p_transfer_blocks(nranks, u32::MAX, 1), 1);
+    }
+    assert_eq!(p2p_transfer_blocks(4, 33, u32::MAX), 5);
+}
