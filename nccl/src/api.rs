@@ -819,14 +819,22 @@ export! {
                         .coll
                         .as_ref()
                         .map_or((Vec::new(), 0), |coll| coll.communicator().proxy_errors());
+                    // The error is kept for `ncclGetLastError` and printed once (callers
+                    // such as PyTorch's watchdog poll this).
+                    let report = |msg: &str| {
+                        crate::error::set_last_error(msg);
+                        if !inner.async_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            log::warn(&format!("rank {}/{}: {msg}", c.rank, c.nranks));
+                        }
+                    };
                     if let Ok(Err(e)) = inner.coll.as_ref().map(|coll| coll.async_error()) {
                         // Our kernels' record: a mismatch, an abort (a dead peer), a timeout
                         // or a lost CUDA context.
                         let f = crate::error::Failure::from_comm(call, &e);
-                        crate::error::set_last_error(&f.msg);
+                        report(&f.msg);
                         f.code
                     } else if let Some(first) = errors.first() {
-                        crate::error::set_last_error(&format!(
+                        report(&format!(
                             "{call}: the proxy reported {} error(s) ({dropped} more dropped); first: {first}",
                             errors.len()
                         ));

@@ -56,6 +56,8 @@ pub struct Inner {
     pub shrink_seq: AtomicU64,
     /// Operations made by `ncclRedOpCreatePreMulSum` on this communicator.
     pub premul_ops: Mutex<HashSet<c_int>>,
+    /// `ncclCommGetAsyncError` has printed its error (once: callers poll it).
+    pub async_warned: AtomicBool,
 }
 
 impl Inner {
@@ -75,6 +77,7 @@ impl Inner {
             finalized: AtomicBool::new(false),
             shrink_seq: AtomicU64::new(0),
             premul_ops: Mutex::new(HashSet::new()),
+            async_warned: AtomicBool::new(false),
         }
     }
 
