@@ -695,7 +695,7 @@ impl DataPlane for IbPlane {
     /// Completes every write posted so far: a staged peer first learns how many records
     /// precede (its count), then every link with requests in flight is flushed. A stopping
     /// proxy does this before its communicator says goodbye, so that a peer may take what
-    /// was sent as landed once the goodbye comes; the wait is bounded by [`FINISH_WAIT`].
+    /// was sent as landed once the goodbye comes; the wait is bounded by `FINISH_WAIT` (2 s).
     fn finish(&mut self) -> Result<(), TransportError> {
         let mut first = None;
         for id in 0..self.links.len() as u32 {
