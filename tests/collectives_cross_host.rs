@@ -34,12 +34,20 @@ fn launch(test: &str, nranks: usize, layout: &str) {
 }
 
 /// [`launch`] with the variable `key` set to `value` in every rank.
-fn launch_env(test: &str, nranks: usize, (key, value): (&str, &str)) {
+fn launch_env(test: &str, nranks: usize, var: (&str, &str)) {
+    launch_envs(test, nranks, &[var]);
+}
+
+/// [`launch`] with the variables `vars` (name, value) set in every rank.
+fn launch_envs(test: &str, nranks: usize, vars: &[(&str, &str)]) {
     let exe = std::env::current_exe().unwrap();
-    let report = LocalLauncher::command(nranks, exe)
+    let mut cmd = LocalLauncher::command(nranks, exe)
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "rank")
-        .env(key, value)
+        .env(ROLE, "rank");
+    for (key, value) in vars {
+        cmd = cmd.env(key, value);
+    }
+    let report = cmd
         .bootstrap_timeout(Duration::from_secs(60))
         .timeout(Duration::from_secs(120))
         .capture_output(true)
@@ -1117,6 +1125,45 @@ fn cross_host_killed_partner_is_named() {
         return killed_partner_rank();
     }
     launch_kill("cross_host_killed_partner_is_named");
+}
+
+fn device_timeout_env_rank() {
+    // The config asks for 30 s (see communicator()); the variable wins.
+    let c = collectives();
+    let r = c.rank();
+    assert_eq!(
+        c.communicator().device_timeout(),
+        Duration::from_millis(1500),
+        "rank {r}"
+    );
+    if r == 0 {
+        // Rank 1, the root's partner on the other host, does not take part: the wait across
+        // hosts ends after the variable's 1.5 s, and says so.
+        let mut buf = vec![7u32; 100];
+        let e = c.broadcast_host_in_place(&mut buf, 0).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, CommError::Timeout(_)) && text.contains("waited 1.5s for rank 1"),
+            "{text}"
+        );
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// `MSCCLPP_DEVICE_TIMEOUT` (seconds) overrides the config's device timeout in every rank:
+/// a wait across hosts for a rank that does not take part gives up after it.
+#[test]
+fn device_timeout_variable_bounds_the_waits() {
+    if child() {
+        return device_timeout_env_rank();
+    }
+    let test = "device_timeout_variable_bounds_the_waits";
+    launch_envs(
+        test,
+        2,
+        &[(LAYOUT, "cyclic:2"), ("MSCCLPP_DEVICE_TIMEOUT", "1.5")],
+    );
 }
 
 fn simulate_env_rank() {

@@ -184,7 +184,8 @@ impl Backend {
 pub struct CommConfig {
     /// Slots of the proxy FIFO (power of two; the seed used 8).
     pub fifo_slots: usize,
-    /// How long a device-side push, sync or wait spins before giving up (trap).
+    /// How long a device-side push, sync or wait spins before giving up (and host-backend
+    /// kernels wait). [`DEVICE_TIMEOUT_ENV`] overrides it when set.
     pub device_timeout: Duration,
     /// The bootstrap's settings (timeouts, message size).
     pub bootstrap: BootstrapConfig,
@@ -418,9 +419,10 @@ impl Communicator {
         let proxy_flag = ProxyFlagMode::from_env()
             .map_err(|e| CommError::InvalidArgument(e.to_string()))?
             .unwrap_or(config.proxy_flag);
+        let device_timeout = device_timeout_from_env()?.unwrap_or(config.device_timeout);
         let fifo_config = FifoConfig {
             slots: config.fifo_slots,
-            timeout: config.device_timeout,
+            timeout: device_timeout,
         };
         let fifo = match &backend {
             Backend::Gpu(gpu) => Fifo::new_gpu(gpu, fifo_config),
@@ -1025,6 +1027,33 @@ pub(crate) fn idle_within(gpu: &Gpu, wait: Duration) -> bool {
 /// How long a dropped [`Communicator`] waits for the work of its GPU context to end before
 /// its goodbye says so ([`Bootstrap::set_work_ended_at_close`]); past it, the goodbye says
 /// nothing and peers' waits for this rank run to their timeout.
+/// Environment variable: the device timeout in seconds ([`CommConfig::device_timeout`]),
+/// e.g. `10` or `2.5`; it overrides the config. Lowering it on one rank makes that rank
+/// report first when ranks wait for each other (which rank waits for whom, and where).
+pub const DEVICE_TIMEOUT_ENV: &str = "MSCCLPP_DEVICE_TIMEOUT";
+
+/// The device timeout [`DEVICE_TIMEOUT_ENV`] asks for, if it is set: seconds, finite, above
+/// 0 and at most a day; anything else is an error naming the variable.
+fn device_timeout_from_env() -> Result<Option<Duration>, CommError> {
+    std::env::var(DEVICE_TIMEOUT_ENV)
+        .ok()
+        .map(|v| parse_device_timeout(&v))
+        .transpose()
+}
+
+/// A [`DEVICE_TIMEOUT_ENV`] value as a duration (see [`device_timeout_from_env`]).
+fn parse_device_timeout(value: &str) -> Result<Duration, CommError> {
+    match value.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 86_400.0 => {
+            Ok(Duration::from_secs_f64(secs))
+        }
+        _ => Err(CommError::InvalidArgument(format!(
+            "{DEVICE_TIMEOUT_ENV}={value:?}: expected a number of seconds above 0 and at most \
+             86400 (one day)"
+        ))),
+    }
+}
+
 const WORK_ENDED_AT_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 impl Drop for Communicator {
