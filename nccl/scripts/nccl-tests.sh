@@ -18,8 +18,9 @@
 #
 # Settings: NP (ranks, 2), SIZES ("-b 8 -e 64M -f 8"), ITERS ("-n 20 -w 5"), TYPES, OPS,
 # NCCL_PKG (folder with include/nccl.h and lib/libnccl.so.2), MSCCLPP_NCCL_SO, WORK.
-# MSCCLPP_SIMULATE_HOSTS=N runs our library's ranks as N simulated hosts (across hosts over
-# TCP on one machine; the real NCCL's runs do not see it). MSCCLPP_NCCL_FALLBACK (e.g. all)
+# Every MSCCLPP_* variable reaches our library's ranks only (the real NCCL's runs do not see
+# them): MSCCLPP_SIMULATE_HOSTS=N runs them as N simulated hosts (across hosts over TCP on
+# one machine). MSCCLPP_NCCL_FALLBACK (e.g. all)
 # reaches our library's ranks, to check the forwarded path with the same tests, and so does
 # MSCCLPP_P2P_REMOTE_MAX (0 with simulated hosts: sends and receives go to the real NCCL).
 # Our library's WARN lines fail a run unless they match the regular expression EXPECT_WARN
@@ -106,11 +107,16 @@ mpi() {
       wrap=(bash -c 'NCCL_HOSTID=nccl-tests-rank-$OMPI_COMM_WORLD_RANK exec "$@"' _)
     fi
   fi
-  # Our library only: the ranks as simulated hosts (collectives and send/recv across hosts),
-  # and calls sent to the real NCCL on purpose (MSCCLPP_NCCL_FALLBACK=all checks forwarding).
-  [ "$which" = ours ] && [ -n "${MSCCLPP_SIMULATE_HOSTS:-}" ] && extra+=(-x MSCCLPP_SIMULATE_HOSTS)
-  [ "$which" = ours ] && [ -n "${MSCCLPP_NCCL_FALLBACK:-}" ] && extra+=(-x MSCCLPP_NCCL_FALLBACK)
-  [ "$which" = ours ] && [ -n "${MSCCLPP_P2P_REMOTE_MAX:-}" ] && extra+=(-x MSCCLPP_P2P_REMOTE_MAX)
+  # Our library only: every other MSCCLPP_* variable of the caller, e.g. the ranks as
+  # simulated hosts (MSCCLPP_SIMULATE_HOSTS), calls sent to the real NCCL on purpose
+  # (MSCCLPP_NCCL_FALLBACK=all checks forwarding), MSCCLPP_P2P_REMOTE_MAX,
+  # MSCCLPP_DEVICE_TIMEOUT, MSCCLPP_PDL.
+  if [ "$which" = ours ]; then
+    local v
+    for v in $(compgen -e | grep '^MSCCLPP_'); do
+      case $v in MSCCLPP_NCCL_SO | MSCCLPP_NCCL_LIB | MSCCLPP_DEBUG) ;; *) extra+=(-x "$v") ;; esac
+    done
+  fi
   echo "--- $which: $* " | tee -a "$LOGS/commands.txt"
   timeout "${RUN_TIMEOUT:-300}" mpirun --allow-run-as-root --bind-to none -np "$NP" \
     -x LD_LIBRARY_PATH="$LDP" -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \

@@ -33,10 +33,13 @@ pub(super) struct Kernels {
 }
 
 impl Kernels {
+    /// Loads the kernels; `shared_gpu`: other ranks of the communicator run on this GPU
+    /// (programmatic dependent launch is then off, see [`pdl_wanted`]).
     pub(super) fn load(
         gpu: &Gpu,
         ctx: &CollContext,
         conns: &[DevConn<'_>],
+        shared_gpu: bool,
     ) -> Result<Kernels, CudaError> {
         let m = KernelModule::load_builtin(gpu)?;
         let mut ctx = *ctx;
@@ -83,9 +86,11 @@ impl Kernels {
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
             ctx: mem,
-            pdl: Pdl::new(
-                m.arch() >= 90 && std::env::var("MSCCLPP_PDL").map_or(true, |v| v.trim() != "0"),
-            ),
+            pdl: Pdl::new(pdl_wanted(
+                m.arch(),
+                std::env::var("MSCCLPP_PDL").ok().as_deref(),
+                shared_gpu,
+            )),
             _module: m,
         })
     }
@@ -269,12 +274,30 @@ pub(super) unsafe fn launch_coll(
 /// like) stay below it. Larger grids are launched plainly, where saving a launch latency
 /// matters little. This is also a caution:
 /// with every kernel launched dependent, a large grid (all-pairs all-reduce at 4 MB) hung
-/// with two ranks on one GPU under MPS, for a reason not found (see `mod.rs`, "Launches").
+/// with two ranks on one GPU under MPS, likely for the reason [`pdl_wanted`] gives (see
+/// `mod.rs`, "Launches").
 pub(super) const PDL_MAX_THREADS: u64 = 33 * 512;
 
 /// Whether a grid of `blocks` x `threads` may be launched as a dependent ([`PDL_MAX_THREADS`]).
 pub(super) fn dependent_grid(blocks: u32, threads: u32) -> bool {
     blocks as u64 * threads as u64 <= PDL_MAX_THREADS
+}
+
+/// Whether the latency kernels start with programmatic dependent launch: PTX for sm_90 or
+/// newer (`arch`), `MSCCLPP_PDL` (`env`) unset or not `0`, and no other rank of the
+/// communicator on this GPU (`shared_gpu`).
+///
+/// Ranks sharing a GPU (processes under MPS: tests, simulated hosts) must fit their kernels
+/// on it together, which the block cap arranges for one kernel per rank
+/// (`shared_gpu_block_cap`). A dependent launch lets the stream's next kernel become
+/// resident as soon as the current one starts, and wait there for it: a rank with calls
+/// queued holds two grids. Four ranks on one H200 as two simulated hosts of two hung in
+/// nccl-tests' broadcast at 256 KiB (2 of 7 runs, `docs/perf/2026-12-04-1xH200-session22`):
+/// the two ranks without a cross-host step ran ahead, their current and next LL kernels (33
+/// blocks each) filled the 132 multiprocessors, and the kernels they waited for (their host
+/// leaders', after the step across hosts) found no room until the device timeout.
+pub(super) fn pdl_wanted(arch: u32, env: Option<&str>, shared_gpu: bool) -> bool {
+    arch >= 90 && env.is_none_or(|v| v.trim() != "0") && !shared_gpu
 }
 
 /// Whether the latency kernels go out with programmatic dependent launch: on for sm_90 PTX

@@ -92,14 +92,15 @@
 //! collectives, send/recv groups of LL-sized transfers) are launched with programmatic
 //! stream serialization (programmatic dependent
 //! launch, sm_90 PTX only; `MSCCLPP_PDL=0` turns it off, read when the collectives are
-//! created): such a kernel may start while the previous kernel on the stream ends, waits for
+//! created; off when ranks share the GPU, see below): such a kernel may start while the previous kernel on the stream ends, waits for
 //! it on the GPU before touching memory, and lets the next one start likewise, so
 //! back-to-back calls overlap their launch latency. Stream order and graph capture are
 //! unchanged for every other kernel. The other memory-channel kernels are launched plainly:
 //! with every kernel launched dependent, two ranks sharing
 //! one GPU (MPS) hung in all-pairs all-reduce at 4 MB (the waiting blocks of a dependent
-//! kernel take room on the GPU while it runs the previous one), and that is not understood
-//! yet.
+//! kernel take room on the GPU while it runs the previous one). That is likely the
+//! shared-GPU hang explained below (a rank's current and next grids resident at once), not
+//! re-tried since.
 //!
 //! **Ranks sharing a GPU** (several processes on one device under MPS: tests, simulated
 //! hosts) get at most `multiprocessors / k` blocks per kernel, for `k` ranks on the most
@@ -108,6 +109,9 @@
 //! peers' blocks, so the kernels of the ranks on one device must fit on it together; the
 //! kernels take one 512-thread block per multiprocessor. Without the cap, four ranks on one
 //! H200 (two simulated hosts of two) hung in all-gather at 4 MiB, and ran with one block.
+//! Programmatic dependent launch is off for them: it lets a rank's next grid become
+//! resident beside its current one, so a rank that runs ahead holds twice its share (four
+//! ranks hung in broadcast at 256 KiB with it; see `gpu::pdl_wanted`).
 //!
 //! # Algorithms
 //!
@@ -968,7 +972,12 @@ impl Collectives {
         }
         let p2p = Some(more::P2p::new(&mut comm, &config, &ctx, &group, rank)?);
         let gpu = match comm.backend() {
-            Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns)?),
+            Backend::Gpu(g) => Some(gpu::Kernels::load(
+                g,
+                &ctx,
+                &host_conns,
+                block_cap != u32::MAX,
+            )?),
             Backend::Host => None,
         };
         let cross = cross

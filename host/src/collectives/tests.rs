@@ -1183,3 +1183,16 @@ fn the_block_cap_is_read_from_every_rank_and_counts_ranks_per_device() {
     // Without a GPU (empty entries): no cap.
     assert_eq!(block_cap_of(&[Vec::new(), Vec::new()]), u32::MAX);
 }
+
+/// Programmatic dependent launch is wanted on sm_90 and newer unless `MSCCLPP_PDL=0`, and
+/// never when other ranks share the GPU (their kernels must fit beside a rank's next grid).
+#[test]
+fn dependent_launch_is_off_on_old_arches_by_variable_and_on_a_shared_gpu() {
+    use super::gpu::pdl_wanted;
+    assert!(pdl_wanted(90, None, false));
+    assert!(pdl_wanted(100, Some("1"), false));
+    assert!(!pdl_wanted(80, None, false), "sm_80 has no griddepcontrol");
+    assert!(!pdl_wanted(90, Some(" 0 "), false), "MSCCLPP_PDL=0");
+    assert!(!pdl_wanted(90, None, true), "ranks share the GPU");
+    assert!(!pdl_wanted(90, Some("1"), true), "ranks share the GPU");
+}
