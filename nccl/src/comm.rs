@@ -454,8 +454,20 @@ pub fn set_up(
         }
         Err(e) => return fall_back(call, rank, nranks, real, real_missing, strict, deadline, &e),
     };
+    // Across hosts, say on which: a simulated split (MSCCLPP_SIMULATE_HOSTS) shows here.
+    let hosts = match coll.hosts() {
+        1 => String::new(),
+        n => format!(
+            ", host {} (one of {n})",
+            coll.communicator()
+                .bootstrap()
+                .as_async()
+                .host_id(rank)
+                .unwrap_or("?")
+        ),
+    };
     log::info(&format!(
-        "rank {rank}/{nranks} on CUDA device {} ({}): native {}; fallback: {}",
+        "rank {rank}/{nranks} on CUDA device {} ({}){hosts}: native {}; fallback: {}",
         gpu.info().ordinal,
         gpu.info().name,
         fallback.native_names(),

@@ -33,13 +33,13 @@ pub(super) struct Kernels {
 }
 
 impl Kernels {
-    /// Loads the kernels; `shared_gpu`: other ranks of the communicator run on this GPU
-    /// (programmatic dependent launch is then off, see [`pdl_wanted`]).
+    /// Loads the kernels; `pdl`: programmatic dependent launch allowed ([`pdl_plan`]; used
+    /// only with PTX for sm_90 or newer).
     pub(super) fn load(
         gpu: &Gpu,
         ctx: &CollContext,
         conns: &[DevConn<'_>],
-        shared_gpu: bool,
+        pdl: bool,
     ) -> Result<Kernels, CudaError> {
         let m = KernelModule::load_builtin(gpu)?;
         let mut ctx = *ctx;
@@ -86,11 +86,7 @@ impl Kernels {
             all_gather_proxy: f("all_gather_proxy")?,
             _conns: conns,
             ctx: mem,
-            pdl: Pdl::new(pdl_wanted(
-                m.arch(),
-                std::env::var("MSCCLPP_PDL").ok().as_deref(),
-                shared_gpu,
-            )),
+            pdl: Pdl::new(pdl && m.arch() >= 90),
             _module: m,
         })
     }
@@ -274,7 +270,7 @@ pub(super) unsafe fn launch_coll(
 /// like) stay below it. Larger grids are launched plainly, where saving a launch latency
 /// matters little. This is also a caution:
 /// with every kernel launched dependent, a large grid (all-pairs all-reduce at 4 MB) hung
-/// with two ranks on one GPU under MPS, likely for the reason [`pdl_wanted`] gives (see
+/// with two ranks on one GPU under MPS, likely for the reason [`pdl_plan`] gives (see
 /// `mod.rs`, "Launches").
 pub(super) const PDL_MAX_THREADS: u64 = 33 * 512;
 
@@ -283,25 +279,41 @@ pub(super) fn dependent_grid(blocks: u32, threads: u32) -> bool {
     blocks as u64 * threads as u64 <= PDL_MAX_THREADS
 }
 
-/// Whether the latency kernels start with programmatic dependent launch: PTX for sm_90 or
-/// newer (`arch`), `MSCCLPP_PDL` (`env`) unset or not `0`, and no other rank of the
-/// communicator on this GPU (`shared_gpu`).
+/// Programmatic dependent launch and the block cap, from this rank's `MSCCLPP_PDL` (`env`),
+/// the shared-GPU block cap (`block_cap`, `u32::MAX` when no other rank of the communicator
+/// is on this GPU) and whether any rank set `MSCCLPP_PDL=1` (`one_anywhere`): whether this
+/// rank may use dependent launch (the PTX must also be for sm_90 or newer, see
+/// [`Kernels::load`]) and the cap to apply.
 ///
-/// Ranks sharing a GPU (processes under MPS: tests, simulated hosts) must fit their kernels
-/// on it together, which the block cap arranges for one kernel per rank
-/// (`shared_gpu_block_cap`). A dependent launch lets the stream's next kernel become
-/// resident as soon as the current one starts, and wait there for it: a rank with calls
-/// queued holds two grids. Four ranks on one H200 as two simulated hosts of two hung in
-/// nccl-tests' broadcast at 256 KiB (2 of 7 runs, `docs/perf/2026-12-04-1xH200-session22`):
-/// the two ranks without a cross-host step ran ahead, their current and next LL kernels (33
-/// blocks each) filled the 132 multiprocessors, and the kernels they waited for (their host
-/// leaders', after the step across hosts) found no room until the device timeout.
-pub(super) fn pdl_wanted(arch: u32, env: Option<&str>, shared_gpu: bool) -> bool {
-    arch >= 90 && env.is_none_or(|v| v.trim() != "0") && !shared_gpu
+/// - One rank per GPU: on unless `MSCCLPP_PDL=0`; no cap.
+/// - Ranks sharing a GPU (processes under MPS: tests, simulated hosts): off, unless
+///   `MSCCLPP_PDL=1`, which turns it on. The cap is halved on every rank once any rank set
+///   `1` (grids must be equal on every rank).
+///
+/// The ranks on one GPU must fit their kernels on it together, which the cap arranges for
+/// one grid per rank (`shared_gpu_block_cap`). A dependent launch lets the stream's next
+/// kernel become resident as soon as the current one starts, and wait there for it: a
+/// rank with calls queued holds two grids. Four ranks on one H200 as two simulated hosts of
+/// two hung in nccl-tests' broadcast at 256 KiB that way (6 of 6 runs with 20 calls queued,
+/// `docs/perf/2026-12-04-1xH200-session23`): the two ranks without a step across hosts ran
+/// ahead, their current and next LL grids (33 blocks each) filled the 132 multiprocessors,
+/// and the grids they waited for (their host leaders', after the step across hosts) found
+/// no room until the device timeout. Half the cap fits two grids per rank.
+pub(super) fn pdl_plan(env: Option<&str>, block_cap: u32, one_anywhere: bool) -> (bool, u32) {
+    let setting = env.map(str::trim);
+    if block_cap == u32::MAX {
+        return (setting != Some("0"), u32::MAX);
+    }
+    let cap = if one_anywhere {
+        (block_cap / 2).max(1)
+    } else {
+        block_cap
+    };
+    (setting == Some("1"), cap)
 }
 
 /// Whether the latency kernels go out with programmatic dependent launch: on for sm_90 PTX
-/// unless `MSCCLPP_PDL=0`, and off for good the first time the driver refuses such a launch
+/// as [`pdl_plan`] decides, and off for good the first time the driver refuses such a launch
 /// (an old driver, a setup without it); they are then launched plainly, which the kernels'
 /// wait makes a no-op.
 #[derive(Debug)]

@@ -92,7 +92,7 @@
 //! collectives, send/recv groups of LL-sized transfers) are launched with programmatic
 //! stream serialization (programmatic dependent
 //! launch, sm_90 PTX only; `MSCCLPP_PDL=0` turns it off, read when the collectives are
-//! created; off when ranks share the GPU, see below): such a kernel may start while the previous kernel on the stream ends, waits for
+//! created; off when ranks share the GPU unless `MSCCLPP_PDL=1`, see below): such a kernel may start while the previous kernel on the stream ends, waits for
 //! it on the GPU before touching memory, and lets the next one start likewise, so
 //! back-to-back calls overlap their launch latency. Stream order and graph capture are
 //! unchanged for every other kernel. The other memory-channel kernels are launched plainly:
@@ -111,7 +111,8 @@
 //! H200 (two simulated hosts of two) hung in all-gather at 4 MiB, and ran with one block.
 //! Programmatic dependent launch is off for them: it lets a rank's next grid become
 //! resident beside its current one, so a rank that runs ahead holds twice its share (four
-//! ranks hung in broadcast at 256 KiB with it; see `gpu::pdl_wanted`).
+//! ranks hung in broadcast at 256 KiB with it; see `gpu::pdl_plan`). `MSCCLPP_PDL=1` turns
+//! it on for them with half the cap (to check the dependent path on one GPU).
 //!
 //! # Algorithms
 //!
@@ -865,7 +866,16 @@ impl Collectives {
     /// [`communicator`]: Self::communicator
     pub fn new(mut comm: Communicator, mut config: CollConfig) -> Result<Collectives, CommError> {
         config.validate()?;
+        let pdl_env = std::env::var("MSCCLPP_PDL").ok();
         let block_cap = shared_gpu_block_cap(&comm)?;
+        // Ranks sharing a GPU agree whether any asked for dependent launch (the same cap
+        // everywhere); every rank sees the same cap, so all or none take this step.
+        let one_anywhere = block_cap != u32::MAX && {
+            let one = pdl_env.as_deref().is_some_and(|v| v.trim() == "1");
+            let said = comm.bootstrap_all_gather(&[one as u8])?;
+            said.iter().any(|b| b.first() == Some(&1))
+        };
+        let (pdl, block_cap) = gpu::pdl_plan(pdl_env.as_deref(), block_cap, one_anywhere);
         config.max_blocks = config.max_blocks.min(block_cap);
         let env_all_reduce = parse_all_reduce_env()?;
         let env_all_gather = parse_all_gather_env()?;
@@ -972,12 +982,7 @@ impl Collectives {
         }
         let p2p = Some(more::P2p::new(&mut comm, &config, &ctx, &group, rank)?);
         let gpu = match comm.backend() {
-            Backend::Gpu(g) => Some(gpu::Kernels::load(
-                g,
-                &ctx,
-                &host_conns,
-                block_cap != u32::MAX,
-            )?),
+            Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns, pdl)?),
             Backend::Host => None,
         };
         let cross = cross

@@ -1184,15 +1184,34 @@ fn the_block_cap_is_read_from_every_rank_and_counts_ranks_per_device() {
     assert_eq!(block_cap_of(&[Vec::new(), Vec::new()]), u32::MAX);
 }
 
-/// Programmatic dependent launch is wanted on sm_90 and newer unless `MSCCLPP_PDL=0`, and
-/// never when other ranks share the GPU (their kernels must fit beside a rank's next grid).
+/// Programmatic dependent launch: on for one rank per GPU unless `MSCCLPP_PDL=0`; off when
+/// ranks share the GPU unless `MSCCLPP_PDL=1`, and their block cap is halved on every rank
+/// once any rank set `1` (two grids per rank must fit; grids equal everywhere).
 #[test]
-fn dependent_launch_is_off_on_old_arches_by_variable_and_on_a_shared_gpu() {
-    use super::gpu::pdl_wanted;
-    assert!(pdl_wanted(90, None, false));
-    assert!(pdl_wanted(100, Some("1"), false));
-    assert!(!pdl_wanted(80, None, false), "sm_80 has no griddepcontrol");
-    assert!(!pdl_wanted(90, Some(" 0 "), false), "MSCCLPP_PDL=0");
-    assert!(!pdl_wanted(90, None, true), "ranks share the GPU");
-    assert!(!pdl_wanted(90, Some("1"), true), "ranks share the GPU");
+fn dependent_launch_plan_follows_the_variable_and_the_shared_gpu_cap() {
+    use super::gpu::pdl_plan;
+    let alone = u32::MAX;
+    assert_eq!(pdl_plan(None, alone, false), (true, alone));
+    assert_eq!(pdl_plan(Some("1"), alone, false), (true, alone));
+    assert_eq!(pdl_plan(Some(" 0 "), alone, false), (false, alone));
+    assert_eq!(
+        pdl_plan(None, 33, false),
+        (false, 33),
+        "four ranks on 132 SMs"
+    );
+    assert_eq!(pdl_plan(Some("0"), 33, false), (false, 33));
+    assert_eq!(pdl_plan(Some("1"), 33, true), (true, 16));
+    assert_eq!(pdl_plan(Some("1"), 66, true), (true, 33));
+    assert_eq!(pdl_plan(None, 66, true), (false, 33), "another rank set 1");
+    assert_eq!(
+        pdl_plan(Some("0"), 66, true),
+        (false, 33),
+        "another rank set 1"
+    );
+    assert_eq!(
+        pdl_plan(Some("1"), 1, true),
+        (true, 1),
+        "never below one block"
+    );
+    assert_eq!(pdl_plan(Some("yes"), 66, false), (false, 66));
 }

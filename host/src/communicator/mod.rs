@@ -1024,9 +1024,6 @@ pub(crate) fn idle_within(gpu: &Gpu, wait: Duration) -> bool {
     spawned.is_ok() && rx.recv_timeout(wait).unwrap_or(false)
 }
 
-/// How long a dropped [`Communicator`] waits for the work of its GPU context to end before
-/// its goodbye says so ([`Bootstrap::set_work_ended_at_close`]); past it, the goodbye says
-/// nothing and peers' waits for this rank run to their timeout.
 /// Environment variable: the device timeout in seconds ([`CommConfig::device_timeout`]),
 /// e.g. `10` or `2.5`; it overrides the config. Lowering it on one rank makes that rank
 /// report first when ranks wait for each other (which rank waits for whom, and where).
@@ -1054,6 +1051,9 @@ fn parse_device_timeout(value: &str) -> Result<Duration, CommError> {
     }
 }
 
+/// How long a dropped [`Communicator`] waits for the work of its GPU context to end before
+/// its goodbye says so ([`Bootstrap::set_work_ended_at_close`]); past it, the goodbye says
+/// nothing and peers' waits for this rank run to their timeout.
 const WORK_ENDED_AT_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 impl Drop for Communicator {
