@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.." || exit 1
 S=.gpu/s; R=$OUT/r1; mkdir -p $R; T0=$(date +%s)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 MSCCLPP_REQUIRE_GPU=1
 st() { echo "== $1 rc=$2 t=$(( $(date +%s) - T0 ))s" | tee -a "$R/steps.txt"; tar czf $OUT/r1.tgz -C $OUT r1; }
-export ONLY=ours NCCL_TESTS_DEVICE=0 NCCL_TESTS_SRC=$PWD/$S/nccl-tests WORK=$WORK
+export ONLY=ours NCCL_TESTS_DEVICE=0 NCCL_TESTS_SRC=$PWD/$S/nccl-tests WORK=/tmp/ncclt
 export SIZES="-b 256K -e 256K" ITERS="-n 20 -w 5" TYPES="float" NP=4 MSCCLPP_SIMULATE_HOSTS=2
 one() { # one <name> <lib> <timeout> [VAR=value ...]
   local name=$1 lib=$2 t=$3; shift 3

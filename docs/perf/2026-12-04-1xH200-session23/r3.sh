@@ -14,7 +14,7 @@ S=.gpu/s; R=$OUT/r3; mkdir -p $R; T0=$(date +%s)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 MSCCLPP_REQUIRE_GPU=1
 st() { echo "== $1 rc=$2 t=$(( $(date +%s) - T0 ))s" | tee -a "$R/steps.txt"; tar czf $OUT/r3.tgz -C $OUT r3; }
 export ONLY=ours NCCL_TESTS_DEVICE=0 MSCCLPP_NCCL_SO=$PWD/$S/new/libmscclpp_nccl.so NCCL_TESTS_SRC=$PWD/$S/nccl-tests
-export WORK=$WORK TYPES="float" NP=4 MSCCLPP_SIMULATE_HOSTS=2 MSCCLPP_DEVICE_TIMEOUT=15
+export WORK=/tmp/ncclt TYPES="float" NP=4 MSCCLPP_SIMULATE_HOSTS=2 MSCCLPP_DEVICE_TIMEOUT=15
 ( gcc -O1 -I nccl/include $S/c/lasterr.c $PWD/$S/new/libmscclpp_nccl.so -o /tmp/lasterr && \
   MSCCLPP_NCCL_LIB=none MSCCLPP_DEBUG=WARN timeout 60 /tmp/lasterr ) > $R/lasterr.txt 2>&1; st lasterr $?
 for i in 1 2 3 4 5 6; do
