@@ -300,16 +300,21 @@ pub(super) fn dependent_grid(blocks: u32, threads: u32) -> bool {
 /// and the grids they waited for (their host leaders', after the step across hosts) found
 /// no room until the device timeout. Half the cap fits two grids per rank.
 pub(super) fn pdl_plan(env: Option<&str>, block_cap: u32, one_anywhere: bool) -> (bool, u32) {
-    let setting = env.map(str::trim);
     if block_cap == u32::MAX {
-        return (setting != Some("0"), u32::MAX);
+        return (env.is_none_or(|v| v.trim() != "0"), u32::MAX);
     }
     let cap = if one_anywhere {
         (block_cap / 2).max(1)
     } else {
         block_cap
     };
-    (setting == Some("1"), cap)
+    (pdl_one(env), cap)
+}
+
+/// Whether `MSCCLPP_PDL` (`env`) is `1`: dependent launch asked for even on a shared GPU
+/// ([`pdl_plan`]).
+pub(super) fn pdl_one(env: Option<&str>) -> bool {
+    env.is_some_and(|v| v.trim() == "1")
 }
 
 /// Whether the latency kernels go out with programmatic dependent launch: on for sm_90 PTX

@@ -871,7 +871,7 @@ impl Collectives {
         // Ranks sharing a GPU agree whether any asked for dependent launch (the same cap
         // everywhere); every rank sees the same cap, so all or none take this step.
         let one_anywhere = block_cap != u32::MAX && {
-            let one = pdl_env.as_deref().is_some_and(|v| v.trim() == "1");
+            let one = gpu::pdl_one(pdl_env.as_deref());
             let said = comm.bootstrap_all_gather(&[one as u8])?;
             said.iter().any(|b| b.first() == Some(&1))
         };
