@@ -383,11 +383,9 @@ impl Launch {
         }
         let timeout = match get(ENV_BOOTSTRAP_TIMEOUT) {
             None => None,
-            Some(value) => match value.trim().parse::<f64>() {
-                Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e9 => {
-                    Some(Duration::from_secs_f64(secs))
-                }
-                _ => return Err(LaunchError::BadTimeout(value)),
+            Some(value) => match positive_seconds(&value).filter(|&s| s < 1e9) {
+                Some(secs) => Some(Duration::from_secs_f64(secs)),
+                None => return Err(LaunchError::BadTimeout(value)),
             },
         };
         Ok(Launch {
@@ -771,6 +769,16 @@ fn forward(
             }
         }
     })
+}
+
+/// A number of seconds from an environment variable's `value` (surrounding spaces allowed):
+/// finite and above 0, else `None`. Callers add their own upper bound.
+pub(crate) fn positive_seconds(value: &str) -> Option<f64> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
 }
 
 #[cfg(test)]

@@ -1040,11 +1040,9 @@ fn device_timeout_from_env() -> Result<Option<Duration>, CommError> {
 
 /// A [`DEVICE_TIMEOUT_ENV`] value as a duration (see [`device_timeout_from_env`]).
 fn parse_device_timeout(value: &str) -> Result<Duration, CommError> {
-    match value.trim().parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 86_400.0 => {
-            Ok(Duration::from_secs_f64(secs))
-        }
-        _ => Err(CommError::InvalidArgument(format!(
+    match crate::launch::positive_seconds(value).filter(|&s| s <= 86_400.0) {
+        Some(secs) => Ok(Duration::from_secs_f64(secs)),
+        None => Err(CommError::InvalidArgument(format!(
             "{DEVICE_TIMEOUT_ENV}={value:?}: expected a number of seconds above 0 and at most \
              86400 (one day)"
         ))),
