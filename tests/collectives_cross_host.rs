@@ -1198,3 +1198,145 @@ fn simulate_hosts_variable_splits_one_machine() {
     let test = "simulate_hosts_variable_splits_one_machine";
     launch_env(test, 4, ("MSCCLPP_SIMULATE_HOSTS", "2"));
 }
+
+/// [`collectives`] with no send/recv across hosts by default (`p2p_remote_max` 0) and the
+/// peers `peers` named in the config.
+fn collectives_with_peers(peers: Option<Vec<usize>>) -> Collectives {
+    Collectives::new(
+        communicator(),
+        CollConfig {
+            scratch_bytes: 64 << 10,
+            packet_max_bytes: 4 << 10,
+            p2p_remote_max: 0,
+            p2p_peers: peers,
+            ..CollConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Expects `result` to be a refusal of a transfer with `peer` that names it and says how
+/// to reach it.
+fn refused_naming(r: usize, peer: usize, result: Result<(), CommError>) {
+    match result {
+        Err(CommError::InvalidArgument(m)) => assert!(
+            m.contains(&format!("rank {peer}, on another host")) && m.contains("MSCCLPP_P2P_PEERS"),
+            "rank {r}: {m}"
+        ),
+        other => panic!("rank {r}: expected a clear refusal for rank {peer}, got {other:?}"),
+    }
+}
+
+fn declared_peers_rank() {
+    // 3 hosts of 2 (block:2). Even ranks name the even rank of the next host; odd ranks
+    // name nobody (and the limit of 0 sets nothing up by default). So the even ranks form a
+    // ring across the three hosts (each reaches both others: one it named, one that named
+    // it) and the odd ranks reach no other host.
+    let launch = Launch::from_env().unwrap();
+    let (n, r) = (launch.nranks, launch.rank);
+    let named = (r % 2 == 0).then(|| vec![(r + 2) % n, r ^ 1]);
+    let c = collectives_with_peers(named);
+    let next = (r + 2) % n;
+    let prev = (r + n - 2) % n;
+    let off = c
+        .send_recv_across_hosts_off()
+        .expect("not every rank on another host is reached");
+    if r % 2 == 0 {
+        assert!(
+            off.contains("2 of the 4 ranks on other hosts")
+                && off.contains(&format!("{}, {}", next.min(prev), next.max(prev))),
+            "rank {r}: {off}"
+        );
+        assert!(c.send_recv_reaches(next) && c.send_recv_reaches(prev));
+        for (x, count) in [1usize, 1001, 5001, 20_000].into_iter().enumerate() {
+            // Around the ring of even ranks, both ways in one group.
+            group_of(&c, 10 * x, move |q| {
+                if q % 2 == 0 {
+                    vec![((q + 2) % n, count), ((q + n - 2) % n, count / 3 + 1)]
+                } else {
+                    Vec::new()
+                }
+            });
+        }
+        refused_naming(r, (r + 3) % n, c.send_host(&[1u32; 4], (r + 3) % n));
+    } else {
+        assert!(
+            off.contains("0 of the 4 ranks on other hosts"),
+            "rank {r}: {off}"
+        );
+        assert!(!c.send_recv_reaches(next) && !c.send_recv_reaches(prev));
+        let mut got = [0u32; 4];
+        refused_naming(r, prev, c.recv_host(&mut got, prev));
+    }
+    // Inside the host every rank is reached (even ranks named their host mate: ignored).
+    assert!(c.send_recv_reaches(r ^ 1));
+    group_of(&c, 100, move |q| vec![(q ^ 1, 777)]);
+    check_all_reduce::<f32>(&c, &[3, 1001], &[ReduceOp::Sum], false);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// `CollConfig::p2p_peers` sets send/recv across hosts up only between the pairs some rank
+/// names (either side suffices): 6 processes as 3 hosts of 2, the even ranks a ring across
+/// the hosts, every element checked; transfers with ranks nobody named are refused with a
+/// message naming the rank and the setting; send/recv inside the host and the collectives
+/// still work.
+#[test]
+fn cross_host_declared_peers_connect_only_those_pairs() {
+    if child() {
+        return declared_peers_rank();
+    }
+    launch(
+        "cross_host_declared_peers_connect_only_those_pairs",
+        6,
+        "block:2",
+    );
+}
+
+fn pipeline_rank() {
+    // MSCCLPP_P2P_PEERS=+2 with 2 hosts of 2 (block:2): ranks 0 and 1 (stage 0) name 2 and
+    // 3 (stage 1); theirs (4 and 5) are not ranks and are skipped. The config asks for
+    // nobody: the variable wins.
+    let c = collectives_with_peers(Some(Vec::new()));
+    let r = c.rank();
+    // The other host's rank that nobody named for this one.
+    let (peer, other) = (r ^ 2, 3 - r);
+    assert!(
+        c.send_recv_reaches(peer) && !c.send_recv_reaches(other),
+        "rank {r}"
+    );
+    // Activations forward, gradients back, as a pipeline does, several micro-batches.
+    for step in 0..4 {
+        let act: Vec<u32> = (0..6000).map(|i| word(r, peer, step, i)).collect();
+        let mut got = vec![0u32; 6000];
+        if r < 2 {
+            c.send_host(&act, peer).unwrap();
+            c.recv_host(&mut got, peer).unwrap();
+        } else {
+            c.recv_host(&mut got, peer).unwrap();
+            c.send_host(&act, peer).unwrap();
+        }
+        assert!(
+            (0..6000).all(|i| got[i] == word(peer, r, step, i)),
+            "rank {r}: micro-batch {step}"
+        );
+    }
+    refused_naming(r, other, c.send_host(&[1u32; 4], other));
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// `MSCCLPP_P2P_PEERS=+2`: one value for every rank names the next pipeline stage (ranks
+/// outside the job skipped), overriding the config; the stages exchange activations and
+/// gradients across two simulated hosts, and the pair nobody named is refused.
+#[test]
+fn cross_host_peers_variable_connects_pipeline_stages() {
+    if child() {
+        return pipeline_rank();
+    }
+    launch_envs(
+        "cross_host_peers_variable_connects_pipeline_stages",
+        4,
+        &[(LAYOUT, "block:2"), ("MSCCLPP_P2P_PEERS", "+2")],
+    );
+}

@@ -22,8 +22,10 @@
 //! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
 //! other collective is built across hosts. Send/recv with a rank on another host goes over
 //! two network channels (TCP or IB) per such rank, set up while there are at most
-//! [`CollConfig::p2p_remote_max`] of them (else refused with
-//! [`CommError::InvalidArgument`]). The cross-host step is a device kernel
+//! [`CollConfig::p2p_remote_max`] of them, or with the ranks named in
+//! [`CollConfig::p2p_peers`] / [`P2P_PEERS_ENV`] (a pair when either rank names the other);
+//! a transfer with any other rank on another host is refused with
+//! [`CommError::InvalidArgument`]. The cross-host step is a device kernel
 //! (`cross_step`, one block) on GPUs and the same code on a CPU thread on the Host backend;
 //! GPU calls stay stream-ordered and capturable. Every rank gets bit-identical results;
 //! sums are formed per host in rank order, then across hosts in host order
@@ -133,6 +135,7 @@ pub use cross::{CROSS_BUFFER_ENV, CROSS_TWO_SHOT_SAVES};
 pub use more::P2pOp;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
+pub use xp2p::P2P_PEERS_ENV;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -451,8 +454,18 @@ pub struct CollConfig {
     /// Across hosts: send/recv with ranks on other hosts is set up (two network channels,
     /// TCP or IB, and `scratch_bytes / 8`, between 32 KiB and 2 MiB, of buffer per such
     /// rank) when there are at most this many of them; above, such sends and receives are
-    /// refused. Must be equal on every rank.
+    /// refused. Must be equal on every rank. Ignored once any rank names its peers
+    /// ([`p2p_peers`](Self::p2p_peers)).
     pub p2p_remote_max: usize,
+    /// Across hosts: the ranks on other hosts this rank sends to or receives from, when
+    /// known (a pipeline stage's neighbours, say). `None` (the default): every rank on
+    /// another host, while there are at most [`p2p_remote_max`](Self::p2p_remote_max).
+    /// `Some(ranks)`: these (ranks of this rank's host are always reached and ignored
+    /// here). A pair is connected when either of its ranks names the other, so ranks may
+    /// name different lists, and the limit does not apply. `MSCCLPP_P2P_PEERS` overrides
+    /// it ([`P2P_PEERS_ENV`]: `13,+8,-8`, absolute ranks and ranks relative to this one;
+    /// `all`, `none`).
+    pub p2p_peers: Option<Vec<usize>>,
     /// Across hosts, on a GPU whose partners are all reached over TCP: the cross buffer and
     /// the send/recv buffer are pinned host memory mapped into the device (`true`, the
     /// default; the sockets read and write them directly, and a signal is a CPU store the
@@ -479,6 +492,7 @@ impl Default for CollConfig {
             rooted_depth: 8,
             rooted_piece_bytes: 256 << 10,
             p2p_remote_max: 16,
+            p2p_peers: None,
             cross_transport: CrossTransport::Auto,
             cross_buffer_host: true,
         }
@@ -671,9 +685,11 @@ pub struct Collectives {
     more: Option<more::Kernels>,
     /// Sends and receives between the ranks of this host (every Collectives has it).
     p2p: Option<more::P2p>,
-    /// Sends and receives with ranks on other hosts (across hosts, unless there are more
-    /// than `p2p_remote_max` of those).
+    /// Sends and receives with ranks on other hosts (across hosts, with the ranks agreed at
+    /// set-up: see `xp2p::agree`; `None` when there are none).
     xp2p: Option<xp2p::XP2p>,
+    /// Across hosts: why send/recv does not reach every rank on another host, if it does not.
+    p2p_off: Option<String>,
     /// Across hosts: the TCP channels to the partners and the staging (see `cross.rs`).
     cross: Option<cross::Cross>,
     /// The proxy channels' handles on the host (host backend kernels read them here).
@@ -907,16 +923,28 @@ impl Collectives {
                 .collect::<Result<Vec<_>, _>>()?;
             channels.push((p, data, sems, proxy));
         }
-        let remote_ranks = comm.nranks() - n;
         let network = if spans_hosts {
             config.cross_transport.resolve()
         } else {
             TransportKind::Tcp
         };
-        let xp2p = if spans_hosts && remote_ranks <= config.p2p_remote_max {
-            Some(xp2p::XP2p::connect(&mut comm, &config, &topo, network)?)
+        let (xp2p, p2p_off) = if spans_hosts {
+            let declared = match xp2p::peers_from_env(comm.rank(), comm.nranks())? {
+                Some(list) => Some(list),
+                None => config.p2p_peers.clone(),
+            };
+            let peers = xp2p::agree(&comm, &config, &topo, declared.as_deref())?;
+            let off = peers.off.clone();
+            let x = if peers.remotes.is_empty() {
+                None
+            } else {
+                Some(xp2p::XP2p::connect(
+                    &mut comm, &config, &topo, peers, network,
+                )?)
+            };
+            (x, off)
         } else {
-            None
+            (None, None)
         };
         let cross = if spans_hosts {
             Some(cross::Cross::connect(&mut comm, &config, topo, network)?)
@@ -1010,6 +1038,7 @@ impl Collectives {
             more,
             p2p,
             xp2p,
+            p2p_off,
             cross,
             _host_conns: host_conns,
             _scratch: scratch,
@@ -1314,24 +1343,33 @@ impl Collectives {
         self.cross.as_ref().and_then(|c| c.topo.flat.as_deref())
     }
 
-    /// Why send/recv with ranks on other hosts is off for this `Collectives`, if it is:
-    /// it spans hosts and has more ranks on other hosts than
-    /// [`CollConfig::p2p_remote_max`] (each would take two network channels), so a send or
-    /// receive naming one of them is refused. `None` on one host, and when every rank can be
-    /// reached. Callers that can send such transfers another way (the NCCL library forwards
-    /// them to the real NCCL) ask this at set-up.
+    /// Why send/recv does not reach every rank on other hosts for this `Collectives`, if it
+    /// does not: it spans hosts, and either has more ranks on other hosts than
+    /// [`CollConfig::p2p_remote_max`] (each would take two network channels) with no peers
+    /// named, or reaches only the pairs named in [`CollConfig::p2p_peers`] /
+    /// `MSCCLPP_P2P_PEERS`; a send or receive naming another rank on another host is
+    /// refused. `None` on one host, and when every rank can be reached. Callers that can
+    /// send such transfers another way (the NCCL library forwards them to the real NCCL)
+    /// ask this at set-up.
     pub fn send_recv_across_hosts_off(&self) -> Option<String> {
-        let c = self.cross.as_ref()?;
-        if self.xp2p.is_some() {
-            return None;
+        self.p2p_off.clone()
+    }
+
+    /// Whether a send to or receive from rank `peer` is served: a rank of this host (any
+    /// rank, on one host), or one on another host that send/recv across hosts reaches
+    /// (see [`send_recv_across_hosts_off`](Self::send_recv_across_hosts_off)). `false` for
+    /// this rank and for a number that is not a rank.
+    pub fn send_recv_reaches(&self, peer: usize) -> bool {
+        if peer >= self.nranks() || peer == self.rank() {
+            return false;
         }
-        Some(format!(
-            "send/recv across hosts is off for this Collectives ({} ranks on other hosts, \
-             more than CollConfig::p2p_remote_max = {}; each would take two network \
-             channels); raise it (MSCCLPP_P2P_REMOTE_MAX) on every rank",
-            self.nranks() - c.topo.group().len(),
-            self.config.p2p_remote_max
-        ))
+        match self.cross() {
+            None => true,
+            Some(c) => {
+                c.topo.group().contains(&peer)
+                    || self.xp2p.as_ref().is_some_and(|x| x.reaches(peer))
+            }
+        }
     }
 
     /// The settings.

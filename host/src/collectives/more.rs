@@ -1412,10 +1412,8 @@ impl Collectives {
                     "{call}: {what} the own rank {peer} is not supported; copy locally instead"
                 )));
             }
-            if let Some(c) = self.cross()
-                && !c.topo.group().contains(&peer)
-                && let Some(off) = self.send_recv_across_hosts_off()
-            {
+            if !self.send_recv_reaches(peer) {
+                let off = self.p2p_off.as_deref().unwrap_or("no channel to it");
                 return Err(invalid(format!(
                     "{call}: {what} rank {peer}, on another host: {off}"
                 )));

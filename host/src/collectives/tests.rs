@@ -1215,3 +1215,28 @@ fn dependent_launch_plan_follows_the_variable_and_the_shared_gpu_cap() {
     );
     assert_eq!(pdl_plan(Some("yes"), 66, false), (false, 66));
 }
+
+#[test]
+fn p2p_peers_variable_parses_absolute_and_relative_ranks() {
+    use super::xp2p::parse_peers;
+    // Rank 8 of 24 (three stages of 8).
+    assert_eq!(parse_peers("+8,-8", 8, 24).unwrap(), Some(vec![16, 0]));
+    // Relative ranks outside the job are skipped, so the last stage names only one.
+    assert_eq!(parse_peers("+8, -8", 16, 24).unwrap(), Some(vec![8]));
+    assert_eq!(parse_peers("3 17", 0, 24).unwrap(), Some(vec![3, 17]));
+    assert_eq!(parse_peers(" none ", 0, 24).unwrap(), Some(vec![]));
+    assert_eq!(parse_peers("ALL", 0, 24).unwrap(), None);
+    assert_eq!(parse_peers("", 0, 24).unwrap(), None);
+    for (v, why) in [
+        ("24", "rank 24 is not a rank (there are 24 ranks)"),
+        ("x", "\"x\" is not a rank"),
+        ("+", "\"+\" is not a rank"),
+        ("1,-", "\"-\" is not a rank"),
+    ] {
+        let e = parse_peers(v, 0, 24).unwrap_err().to_string();
+        assert!(
+            e.contains("MSCCLPP_P2P_PEERS") && e.contains(why),
+            "{v:?}: {e}"
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //! transfers of a send/recv group whose peer is on another host run through
 //! [`mscclpp_device::collectives::xp2p`] over proxy channels (two per remote rank; TCP or IB
 //! between machines), after the group's transfers inside the host (memory channels, as on
-//! one machine). On a
+//! one machine). The remote ranks are those the ranks agreed on at set-up ([`agree`]): every
+//! rank on another host while there are at most [`CollConfig::p2p_remote_max`] of them, or
+//! the pairs named in [`CollConfig::p2p_peers`] / [`P2P_PEERS_ENV`] by either rank. On a
 //! GPU that is the one-block `xp2p` kernel queued on the caller's stream (no host
 //! synchronisation, no allocation: capturable); on the Host backend the same function runs
 //! in the calling thread. Design notes: `docs/tcp-transport.md`, "Send and receive across
@@ -39,11 +41,7 @@ fn slot_bytes(config: &CollConfig) -> usize {
 
 /// The remote ranks of `rank` (every rank on another host), ascending.
 fn remotes_of(topo: &Topology, rank: usize) -> Vec<usize> {
-    let host = topo
-        .hosts
-        .iter()
-        .position(|h| h.contains(&rank))
-        .expect("every rank is on a host");
+    let host = topo.host_of(rank);
     let mut r: Vec<usize> = topo
         .hosts
         .iter()
@@ -53,6 +51,205 @@ fn remotes_of(topo: &Topology, rank: usize) -> Vec<usize> {
         .collect();
     r.sort_unstable();
     r
+}
+
+/// The variable naming the ranks on other hosts a rank sends to or receives from
+/// (overrides [`CollConfig::p2p_peers`]; read by `Collectives::new`): ranks separated by
+/// commas or spaces, each absolute (`13`) or relative to the rank (`+8`, `-8`; a relative
+/// rank outside the job is skipped, so one value suits every rank); `all` or empty: the
+/// default; `none`: no rank.
+pub const P2P_PEERS_ENV: &str = "MSCCLPP_P2P_PEERS";
+
+/// Reads [`P2P_PEERS_ENV`] for `rank` of `nranks` (`None`: unset, or `all`).
+pub(super) fn peers_from_env(rank: usize, nranks: usize) -> Result<Option<Vec<usize>>, CommError> {
+    match std::env::var(P2P_PEERS_ENV) {
+        Ok(v) => parse_peers(&v, rank, nranks),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A [`P2P_PEERS_ENV`] value for `rank` of `nranks`: ranks separated by commas or spaces,
+/// each absolute (`13`) or relative to `rank` (`+8`, `-8`: the next and previous stage of a
+/// pipeline of 8 ranks per stage; a relative rank outside `0..nranks` is skipped, so one
+/// value suits every rank); `all` or empty: the default (`None`); `none`: no rank.
+pub(super) fn parse_peers(
+    v: &str,
+    rank: usize,
+    nranks: usize,
+) -> Result<Option<Vec<usize>>, CommError> {
+    let bad = |why: String| {
+        Err(CommError::InvalidArgument(format!(
+            "{P2P_PEERS_ENV}={v:?}: {why}"
+        )))
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "all" => return Ok(None),
+        "none" => return Ok(Some(Vec::new())),
+        _ => {}
+    }
+    let mut out = Vec::new();
+    for item in v.split([',', ' ']).map(str::trim).filter(|s| !s.is_empty()) {
+        let (sign, digits) = match item.as_bytes()[0] {
+            b'+' => (1i128, &item[1..]),
+            b'-' => (-1i128, &item[1..]),
+            _ => (0, item),
+        };
+        let Ok(n) = digits.parse::<u64>() else {
+            return bad(format!(
+                "{item:?} is not a rank (expected e.g. 13, +8 or -8, or all / none)"
+            ));
+        };
+        if sign == 0 {
+            if n >= nranks as u64 {
+                return bad(format!("rank {n} is not a rank (there are {nranks} ranks)"));
+            }
+            out.push(n as usize);
+        } else {
+            let p = rank as i128 + sign * n as i128;
+            if (0..nranks as i128).contains(&p) {
+                out.push(p as usize);
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The ranks on other hosts that a rank sets send/recv channels up with, as every rank
+/// agreed at set-up ([`agree`]).
+#[derive(Debug)]
+pub(super) struct Peers {
+    /// This rank's, ascending.
+    pub(super) remotes: Vec<usize>,
+    /// This rank's number among each one's (in the order of `remotes`).
+    at_peer: Vec<u32>,
+    /// Why not every rank on another host is among them, if not.
+    pub(super) off: Option<String>,
+}
+
+/// Declaration kinds in the agreement's messages.
+const DECLARED_NONE: u8 = 0;
+const DECLARED_ALL: u8 = 1;
+const DECLARED_LIST: u8 = 2;
+
+/// Agrees over the bootstrap (collective) on the send/recv peers across hosts. Each rank
+/// declares its own: `declared` (the ranks named in [`CollConfig::p2p_peers`] or
+/// [`P2P_PEERS_ENV`]; ranks on its own host ignored), else every rank on another host while
+/// there are at most [`CollConfig::p2p_remote_max`] of them, else none. A pair is connected
+/// when either rank declares the other, so every rank ends up with the same pairs.
+pub(super) fn agree(
+    comm: &Communicator,
+    config: &CollConfig,
+    topo: &Topology,
+    declared: Option<&[usize]>,
+) -> Result<Peers, CommError> {
+    let (me, n) = (comm.rank(), comm.nranks());
+    let mut host = vec![0usize; n];
+    for (h, ranks) in topo.hosts.iter().enumerate() {
+        for &r in ranks {
+            host[r] = h;
+        }
+    }
+    let mine = remotes_of(topo, me);
+    let mut msg = Vec::new();
+    match declared {
+        Some(list) => {
+            if let Some(&p) = list.iter().find(|&&p| p >= n) {
+                return Err(CommError::InvalidArgument(format!(
+                    "collectives: p2p_peers names rank {p}, which is not a rank (there are \
+                     {n} ranks)"
+                )));
+            }
+            msg.push(DECLARED_LIST);
+            let mut list: Vec<usize> = list
+                .iter()
+                .copied()
+                .filter(|&p| host[p] != host[me])
+                .collect();
+            list.sort_unstable();
+            list.dedup();
+            for p in list {
+                msg.extend_from_slice(&(p as u32).to_le_bytes());
+            }
+        }
+        None if mine.len() <= config.p2p_remote_max => msg.push(DECLARED_ALL),
+        None => msg.push(DECLARED_NONE),
+    }
+    let said = comm.bootstrap_all_gather(&msg)?;
+    // Each rank's declaration, then the pairs either side declared.
+    let mut pairs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut any_list = false;
+    for (q, m) in said.iter().enumerate() {
+        let malformed = || {
+            CommError::State(format!(
+                "rank {q} sent a malformed list of send/recv peers across hosts ({} bytes)",
+                m.len()
+            ))
+        };
+        let (&kind, rest) = m.split_first().ok_or_else(malformed)?;
+        let list: Vec<usize> = match kind {
+            DECLARED_NONE if rest.is_empty() => Vec::new(),
+            DECLARED_ALL if rest.is_empty() => remotes_of(topo, q),
+            DECLARED_LIST if rest.len() % 4 == 0 => {
+                any_list = true;
+                let list: Vec<usize> = rest
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+                    .collect();
+                if list.iter().any(|&p| p >= n || host[p] == host[q]) {
+                    return Err(malformed());
+                }
+                list
+            }
+            _ => return Err(malformed()),
+        };
+        for p in list {
+            pairs[q].push(p);
+            pairs[p].push(q);
+        }
+    }
+    for l in &mut pairs {
+        l.sort_unstable();
+        l.dedup();
+    }
+    let remotes = std::mem::take(&mut pairs[me]);
+    let at_peer = remotes
+        .iter()
+        .map(|&p| pairs[p].binary_search(&me).expect("pairs are symmetric") as u32)
+        .collect();
+    let off = (remotes.len() < mine.len()).then(|| {
+        if any_list {
+            let shown: Vec<String> = remotes.iter().take(16).map(|r| r.to_string()).collect();
+            format!(
+                "send/recv across hosts reaches only the ranks agreed at set-up ({} of the \
+                 {} ranks on other hosts{}{}{}); name a rank in CollConfig::p2p_peers or \
+                 MSCCLPP_P2P_PEERS on either side of the pair",
+                remotes.len(),
+                mine.len(),
+                if remotes.is_empty() { "" } else { ": " },
+                shown.join(", "),
+                if remotes.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            )
+        } else {
+            format!(
+                "send/recv across hosts is off for this Collectives ({} ranks on other hosts, \
+                 more than CollConfig::p2p_remote_max = {}; each would take two network \
+                 channels); raise it (MSCCLPP_P2P_REMOTE_MAX) on every rank, or name the ranks \
+                 each rank sends to or receives from (CollConfig::p2p_peers, \
+                 MSCCLPP_P2P_PEERS)",
+                mine.len(),
+                config.p2p_remote_max
+            )
+        }
+    });
+    Ok(Peers {
+        remotes,
+        at_peer,
+        off,
+    })
 }
 
 /// The operations of a launch as a kernel parameter (by value).
@@ -103,15 +300,18 @@ struct GpuX {
 
 impl XP2p {
     /// Registers the xp2p buffer and asks for the two proxy channels over `network` (TCP or
-    /// IB) to every remote rank (the setup itself is the caller's `connection_setup`).
+    /// IB) to every rank of `peers` (the setup itself is the caller's `connection_setup`).
     pub(super) fn connect(
         comm: &mut Communicator,
         config: &CollConfig,
         topo: &Topology,
+        peers: Peers,
         network: TransportKind,
     ) -> Result<Pending, CommError> {
         let me = comm.rank();
-        let remotes = remotes_of(topo, me);
+        let Peers {
+            remotes, at_peer, ..
+        } = peers;
         let slot = slot_bytes(config);
         let bytes = xk::buffer_bytes(slot as u64, DEPTH, remotes.len() as u64) as usize;
         let transports: Vec<TransportKind> = remotes
@@ -121,7 +321,6 @@ impl XP2p {
         // As the cross buffer: host-mapped where every remote rank is reached over TCP.
         let buf = alloc_cross_buffer(comm, config, transports.iter().copied(), bytes)?;
         let mut channels = Vec::with_capacity(remotes.len());
-        let mut at_peer = Vec::with_capacity(remotes.len());
         for (&p, &t) in remotes.iter().zip(&transports) {
             let (out_tag, in_tag) = if me < p {
                 (TAG_UP, TAG_DOWN)
@@ -131,12 +330,6 @@ impl XP2p {
             let out = comm.connect(p, &buf, out_tag, t)?;
             let inc = comm.connect(p, &buf, in_tag, t)?;
             channels.push((out, inc));
-            let theirs = remotes_of(topo, p);
-            let at = theirs
-                .iter()
-                .position(|&r| r == me)
-                .expect("remote both ways");
-            at_peer.push(at as u32);
         }
         Ok(Pending {
             remotes,
@@ -193,6 +386,11 @@ impl XP2p {
             _conns: conns,
             _buf: p.buf,
         })
+    }
+
+    /// Whether send/recv channels to rank `peer` (on another host) were set up.
+    pub(super) fn reaches(&self, peer: usize) -> bool {
+        self.remote.get(peer).is_some_and(Option::is_some)
     }
 
     /// The operation of a transfer with rank `peer`, or `None` for a rank of this host
