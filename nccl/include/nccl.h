@@ -83,6 +83,9 @@ typedef enum {
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
 
+/* ncclCommRevoke flags. */
+#define NCCL_REVOKE_DEFAULT 0x00
+
 /* Communicator settings: a versioned header (size, magic, version) the initializer fills,
  * then fields a caller may set. The layout is NCCL 2.28's (80 bytes on 64-bit Linux). */
 typedef struct ncclConfig_v22800 {
@@ -203,6 +206,10 @@ MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommShrink,
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommFinalize, (ncclComm_t comm));
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommDestroy, (ncclComm_t comm));
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommAbort, (ncclComm_t comm));
+/* Stops this rank's operations in flight without freeing the communicator; then
+ * ncclCommGetAsyncError says ncclInProgress until they have ended, and only destroy, abort,
+ * split and shrink may follow. revokeFlags: NCCL_REVOKE_DEFAULT. */
+MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags));
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t* asyncError));
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommCount, (const ncclComm_t comm, int* count));
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommCuDevice, (const ncclComm_t comm, int* device));
@@ -220,8 +227,16 @@ MSCCLPP_NCCL_DECL(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, nccl
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclDevCommCreate,
                   (ncclComm_t comm, const ncclDevCommRequirements* reqs, ncclDevComm* outDevComm));
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclDevCommDestroy, (ncclComm_t comm, const ncclDevComm* devComm));
-ncclTeam_t ncclTeamWorld(ncclComm_t comm);
-ncclTeam_t ncclTeamLsa(ncclComm_t comm);
+typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
+typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
+MSCCLPP_NCCL_DECL(ncclTeam_t, ncclTeamWorld, (ncclComm_t comm));
+MSCCLPP_NCCL_DECL(ncclTeam_t, ncclTeamLsa, (ncclComm_t comm));
+MSCCLPP_NCCL_DECL(ncclTeam_t, ncclTeamRail, (ncclComm_t comm));
+MSCCLPP_NCCL_DECL(int, ncclTeamRankToWorld, (ncclComm_t comm, ncclTeam_t team, int rank));
+MSCCLPP_NCCL_DECL(int, ncclTeamRankToLsa, (ncclComm_t comm, ncclTeam_t team, int rank));
+MSCCLPP_NCCL_DECL(ncclResult_t, ncclGinBarrierCreateRequirement,
+                  (ncclComm_t comm, ncclTeam_t team, int nBarriers,
+                   ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq));
 
 /* Reduction operations with a pre-multiplied scalar. */
 MSCCLPP_NCCL_DECL(ncclResult_t, ncclRedOpCreatePreMulSum,

@@ -666,6 +666,12 @@ export! {
                 Target::Ours(c) => c,
             };
             let inner = c.ready(call)?;
+            if inner.revoked.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Failure::usage(format!(
+                    "{call}: the communicator was revoked (ncclCommRevoke): destroy, split or \
+                     shrink it instead"
+                )));
+            }
             if !inner.finalized.swap(true, std::sync::atomic::Ordering::AcqRel) {
                 quiesce(call, &c.gpu, inner)?;
             }
@@ -751,7 +757,10 @@ fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
             code = unsafe { f(rc.0) };
         }
     }
-    if abort {
+    // A revoked communicator was aborted on our side already; no barrier with ranks that
+    // may be gone.
+    let revoked = inner.revoked.load(std::sync::atomic::Ordering::Acquire);
+    if abort || revoked {
         // Raise the abort word: our kernels waiting on a peer give up within their next slow
         // poll. They may still be running now, and freeing the memory they use waits for
         // them (cuMemFree synchronises), so the memory is freed on a thread of its own,
@@ -795,6 +804,79 @@ export! {
 }
 
 export! {
+    /// `ncclCommRevoke` (NCCL 2.28): stops this rank's operations in flight on the
+    /// communicator without freeing it (ours: the abort word, which our kernels' waits give
+    /// up on; the real communicator beside it: the real `ncclCommRevoke`).
+    /// `ncclCommGetAsyncError` then says `ncclInProgress` until this GPU's work has ended,
+    /// then `ncclSuccess`; later collectives fail; destroy, abort, split and shrink may
+    /// follow (`ncclCommFinalize` may not). `revokeFlags` must be 0 (`NCCL_REVOKE_DEFAULT`).
+    fn ncclCommRevoke / pncclCommRevoke(comm: Ptr, revoke_flags: c_int) -> NcclResult {
+        guard("ncclCommRevoke", || {
+            let call = "ncclCommRevoke";
+            if revoke_flags != 0 {
+                return Err(Failure::arg(format!(
+                    "{call}: revokeFlags {revoke_flags} is not NCCL_REVOKE_DEFAULT (0)"
+                )));
+            }
+            let c = match target(call, comm)? {
+                Target::Real(real, p) => {
+                    return pass(call, real, p, |real, p| {
+                        // SAFETY: NCCL's signature.
+                        Ok(unsafe { need(call, real, real.fns.comm_revoke)?(p, revoke_flags) })
+                    });
+                }
+                Target::Ours(c) => c,
+            };
+            let inner = c.ready(call)?;
+            if inner.revoked.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                return Ok(result::SUCCESS);
+            }
+            if let Ok(coll) = &inner.coll {
+                coll.abort();
+            }
+            let mut code = result::SUCCESS;
+            if let (Some(rc), Ok(real)) = (inner.real, real::real()) {
+                match real.fns.comm_revoke {
+                    // SAFETY: NCCL's signature; the real communicator.
+                    Some(f) => code = unsafe { f(rc.0, revoke_flags) },
+                    None => log::warn(&format!(
+                        "{call}: the real NCCL ({}) has no ncclCommRevoke: its operations in \
+                         flight on this communicator are not stopped",
+                        real.path
+                    )),
+                }
+            }
+            // Quiet once this GPU's work has ended: our kernels end within moments of the
+            // abort word; a thread of its own waits, so that this call does not.
+            let (gpu, quiet) = (c.gpu.clone(), inner.revoke_quiet.clone());
+            let spawned = std::thread::Builder::new()
+                .name("mscclpp-nccl-revoke".into())
+                .spawn(move || {
+                    comm::on_gpu(&gpu, || {
+                        let _ = gpu.bind();
+                        let _ = gpu.synchronize();
+                    });
+                    quiet.store(true, std::sync::atomic::Ordering::Release);
+                });
+            if let Err(e) = spawned {
+                log::warn(&format!(
+                    "{call}: no thread to wait for the GPU's work ({e}); waiting on this one"
+                ));
+                let _ = comm::on_gpu(&c.gpu, || c.gpu.synchronize());
+                inner.revoke_quiet.store(true, std::sync::atomic::Ordering::Release);
+            }
+            if code != result::SUCCESS && code != result::IN_PROGRESS {
+                return Err(Failure::new(
+                    code,
+                    format!("{call}: the real NCCL's communicator: error {code}"),
+                ));
+            }
+            Ok(result::SUCCESS)
+        })
+    }
+}
+
+export! {
     /// `ncclCommGetAsyncError`: `ncclInProgress` while a set-up deferred to `ncclGroupEnd`
     /// waits, the set-up's failure, errors reported by our proxy, else the real
     /// communicator's state.
@@ -814,6 +896,24 @@ export! {
             let state = match c.state.get() {
                 None => result::IN_PROGRESS,
                 Some(Err(f)) => f.code,
+                Some(Ok(inner)) if inner.revoked.load(std::sync::atomic::Ordering::Acquire) => {
+                    // In progress until this GPU's work has ended (and the real
+                    // communicator's too), then success: as NCCL's revoke.
+                    let real_state = match (inner.real, real::real()) {
+                        (Some(rc), Ok(real)) => real.fns.comm_get_async_error.map(|f| {
+                            let mut r = result::SUCCESS;
+                            // SAFETY: NCCL's signature; out-pointer to a local.
+                            let code = unsafe { f(rc.0, &mut r) };
+                            if code != result::SUCCESS { code } else { r }
+                        }),
+                        _ => None,
+                    };
+                    if !inner.revoke_quiet.load(std::sync::atomic::Ordering::Acquire) {
+                        result::IN_PROGRESS
+                    } else {
+                        real_state.unwrap_or(result::SUCCESS)
+                    }
+                }
                 Some(Ok(inner)) => {
                     let (errors, dropped) = inner
                         .coll
@@ -947,7 +1047,7 @@ export! {
             };
             check_ptr(call, "sendbuff", sendbuff, count)?;
             check_ptr(call, "recvbuff", recvbuff, count)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             check_op(call, Some(inner), op)?;
             match dispatch::reducing(&inner.fallback, NativeCall::AllReduce, datatype, op) {
                 Ok((dtype, o)) => {
@@ -980,7 +1080,7 @@ export! {
             };
             check_ptr(call, "sendbuff", sendbuff, sendcount)?;
             check_ptr(call, "recvbuff", recvbuff, sendcount)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::AllGather, datatype) {
                 Ok(dtype) => {
                     let l = Launch::AllGather { send: sendbuff as u64, recv: recvbuff as u64, count: sendcount, dtype };
@@ -1011,7 +1111,7 @@ export! {
             };
             check_ptr(call, "sendbuff", sendbuff, recvcount)?;
             check_ptr(call, "recvbuff", recvbuff, recvcount)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             check_op(call, Some(inner), op)?;
             match dispatch::reducing(&inner.fallback, NativeCall::ReduceScatter, datatype, op) {
                 Ok((dtype, o)) => {
@@ -1047,7 +1147,7 @@ export! {
                 check_ptr(call, "sendbuff", sendbuff, count)?;
             }
             check_ptr(call, "recvbuff", recvbuff, count)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::Broadcast, datatype) {
                 Ok(dtype) => {
                     let l = Launch::Broadcast { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, root: root as usize };
@@ -1077,7 +1177,7 @@ export! {
             };
             check_rank(call, "root", root, c.nranks)?;
             check_ptr(call, "buff", buff, count)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::Broadcast, datatype) {
                 Ok(dtype) => {
                     let l = Launch::Broadcast { send: buff as u64, recv: buff as u64, count, dtype, root: root as usize };
@@ -1111,7 +1211,7 @@ export! {
             if c.rank == root as usize {
                 check_ptr(call, "recvbuff", recvbuff, count)?;
             }
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             check_op(call, Some(inner), op)?;
             match dispatch::reducing(&inner.fallback, NativeCall::Reduce, datatype, op) {
                 Ok((dtype, o)) => {
@@ -1146,7 +1246,7 @@ export! {
             };
             check_ptr(call, "sendbuff", sendbuff, count)?;
             check_ptr(call, "recvbuff", recvbuff, count)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::AllToAll, datatype) {
                 Ok(dtype) => {
                     let l = Launch::AllToAll { send: sendbuff as u64, recv: recvbuff as u64, count, dtype };
@@ -1183,7 +1283,7 @@ export! {
             if c.rank == root as usize {
                 check_ptr(call, "recvbuff", recvbuff, count)?;
             }
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
                     let ops = rooted_ops(call, RootedKind::Gather, c.rank, c.nranks, root as usize,
@@ -1219,7 +1319,7 @@ export! {
                 check_ptr(call, "sendbuff", sendbuff, count)?;
             }
             check_ptr(call, "recvbuff", recvbuff, count)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
                     let ops = rooted_ops(call, RootedKind::Scatter, c.rank, c.nranks, root as usize,
@@ -1348,7 +1448,7 @@ export! {
             };
             check_rank(call, "peer", peer, c.nranks)?;
             check_ptr(call, "sendbuff", sendbuff, count)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
                     let op = P2pOp::Send { buf: sendbuff as u64, count, dtype, peer: peer as usize };
@@ -1379,7 +1479,7 @@ export! {
             };
             check_rank(call, "peer", peer, c.nranks)?;
             check_ptr(call, "recvbuff", recvbuff, count)?;
-            let inner = c.ready(call)?;
+            let inner = c.usable(call)?;
             match dispatch::moving(&inner.fallback, NativeCall::SendRecv, datatype) {
                 Ok(dtype) => {
                     let op = P2pOp::Recv { buf: recvbuff as u64, count, dtype, peer: peer as usize };
@@ -1619,7 +1719,11 @@ export! {
 
 /// A team query of the device API (no error channel: a team of the whole communicator when
 /// the real NCCL cannot answer).
-fn team(comm: Ptr, pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr) -> Team>) -> Team {
+fn team(
+    comm: Ptr,
+    pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr) -> Team>,
+    ours: impl Fn(&Comm) -> Team,
+) -> Team {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let real = real::real().ok();
         let f = real.and_then(&pick);
@@ -1637,15 +1741,67 @@ fn team(comm: Ptr, pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr) -> T
                     // SAFETY: as above, on the real communicator beside ours.
                     return unsafe { f(rc.0) };
                 }
-                Team {
-                    n_ranks: c.nranks as c_int,
-                    rank: c.rank as c_int,
-                    stride: 1,
-                }
+                ours(c)
             }
         }
     }))
     .unwrap_or_default()
+}
+
+/// Every rank of `nranks`, this one at `rank`.
+fn world_team(nranks: usize, rank: usize) -> Team {
+    Team {
+        n_ranks: nranks as c_int,
+        rank: rank as c_int,
+        stride: 1,
+    }
+}
+
+/// NCCL's rail team (the outer factor of the LSA team by its size) when the LSA team is
+/// every rank: this rank alone, the stride the LSA team's size.
+fn rail_team(nranks: usize) -> Team {
+    Team {
+        n_ranks: 1,
+        rank: 0,
+        stride: nranks as c_int,
+    }
+}
+
+/// A team rank query of the device API (no error channel: -1 when there is no answer).
+fn team_rank(
+    comm: Ptr,
+    tm: Team,
+    rank: c_int,
+    pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr, Team, c_int) -> c_int>,
+) -> c_int {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let f = real::real().ok().and_then(&pick);
+        match lookup(comm) {
+            Handle::Null => -1,
+            Handle::Foreign(p) => match f {
+                // SAFETY: NCCL's signature; its own communicator.
+                Some(f) => unsafe { f(p, tm, rank) },
+                None => -1,
+            },
+            Handle::Ours(c) => {
+                if let (Some(f), Some(Ok(inner))) = (f, c.state.get())
+                    && let Some(rc) = inner.real
+                {
+                    // SAFETY: as above, on the real communicator beside ours.
+                    return unsafe { f(rc.0, tm, rank) };
+                }
+                team_rank_formula(c.rank, tm, rank)
+            }
+        }
+    }))
+    .unwrap_or(-1)
+}
+
+/// NCCL's formula: `rank`'s place in the world (or LSA team) from this rank's `me`, for
+/// team `tm` whose place of this rank is `tm.rank` (-1 on overflow).
+fn team_rank_formula(me: usize, tm: Team, rank: c_int) -> c_int {
+    let v = me as i64 + (rank as i64 - tm.rank as i64) * tm.stride as i64;
+    c_int::try_from(v).unwrap_or(-1)
 }
 
 /// `ncclTeamWorld` (device API, host side): the real NCCL's answer for the real
@@ -1654,8 +1810,18 @@ fn team(comm: Ptr, pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr) -> T
 /// # Safety
 /// `comm` is a communicator handle (or null).
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn pncclTeamWorld(comm: Ptr) -> Team {
+    team(comm, |r| r.fns.team_world, |c| world_team(c.nranks, c.rank))
+}
+
+/// Same as [`pncclTeamWorld`].
+///
+/// # Safety
+/// As for [`pncclTeamWorld`].
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclTeamWorld(comm: Ptr) -> Team {
-    team(comm, |r| r.fns.team_world)
+    // SAFETY: the same function under NCCL's other name; the same contract.
+    unsafe { pncclTeamWorld(comm) }
 }
 
 /// `ncclTeamLsa` (device API, host side): as `ncclTeamWorld` (one machine).
@@ -1663,8 +1829,101 @@ pub unsafe extern "C" fn ncclTeamWorld(comm: Ptr) -> Team {
 /// # Safety
 /// `comm` is a communicator handle (or null).
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn pncclTeamLsa(comm: Ptr) -> Team {
+    team(comm, |r| r.fns.team_lsa, |c| world_team(c.nranks, c.rank))
+}
+
+/// Same as [`pncclTeamLsa`].
+///
+/// # Safety
+/// As for [`pncclTeamLsa`].
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclTeamLsa(comm: Ptr) -> Team {
-    team(comm, |r| r.fns.team_lsa)
+    // SAFETY: the same function under NCCL's other name; the same contract.
+    unsafe { pncclTeamLsa(comm) }
+}
+
+/// `ncclTeamRail` (device API, host side): the real NCCL's answer for the real
+/// communicator, else the outer factor of the LSA team (here every rank): a team of one.
+///
+/// # Safety
+/// `comm` is a communicator handle (or null).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pncclTeamRail(comm: Ptr) -> Team {
+    team(comm, |r| r.fns.team_rail, |c| rail_team(c.nranks))
+}
+
+/// Same as [`pncclTeamRail`].
+///
+/// # Safety
+/// As for [`pncclTeamRail`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclTeamRail(comm: Ptr) -> Team {
+    // SAFETY: the same function under NCCL's other name; the same contract.
+    unsafe { pncclTeamRail(comm) }
+}
+
+/// `ncclTeamRankToWorld` (device API, host side): the world rank of `rank` of team `tm`:
+/// the real NCCL's answer for the real communicator, else NCCL's formula
+/// (`comm's rank + (rank - tm.rank) * tm.stride`); -1 for a null or unknown communicator.
+///
+/// # Safety
+/// `comm` is a communicator handle (or null).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pncclTeamRankToWorld(comm: Ptr, tm: Team, rank: c_int) -> c_int {
+    team_rank(comm, tm, rank, |r| r.fns.team_rank_to_world)
+}
+
+/// Same as [`pncclTeamRankToWorld`].
+///
+/// # Safety
+/// As for [`pncclTeamRankToWorld`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclTeamRankToWorld(comm: Ptr, tm: Team, rank: c_int) -> c_int {
+    // SAFETY: the same function under NCCL's other name; the same contract.
+    unsafe { pncclTeamRankToWorld(comm, tm, rank) }
+}
+
+/// `ncclTeamRankToLsa` (device API, host side): as `ncclTeamRankToWorld` (the LSA team is
+/// every rank here).
+///
+/// # Safety
+/// `comm` is a communicator handle (or null).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pncclTeamRankToLsa(comm: Ptr, tm: Team, rank: c_int) -> c_int {
+    team_rank(comm, tm, rank, |r| r.fns.team_rank_to_lsa)
+}
+
+/// Same as [`pncclTeamRankToLsa`].
+///
+/// # Safety
+/// As for [`pncclTeamRankToLsa`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclTeamRankToLsa(comm: Ptr, tm: Team, rank: c_int) -> c_int {
+    // SAFETY: the same function under NCCL's other name; the same contract.
+    unsafe { pncclTeamRankToLsa(comm, tm, rank) }
+}
+
+export! {
+    /// `ncclGinBarrierCreateRequirement` (device API): on the real communicator.
+    fn ncclGinBarrierCreateRequirement / pncclGinBarrierCreateRequirement(
+        comm: Ptr, tm: Team, n_barriers: c_int, out_handle: Ptr, out_req: Ptr,
+    ) -> NcclResult {
+        guard("ncclGinBarrierCreateRequirement", || {
+            let call = "ncclGinBarrierCreateRequirement";
+            check_out(call, "outHandle", out_handle)?;
+            check_out(call, "outReq", out_req)?;
+            let run = move |real: &'static Real, p: Ptr| {
+                let f = need(call, real, real.fns.gin_barrier_create_requirement)?;
+                // SAFETY: NCCL's signature, the caller's arguments.
+                Ok(unsafe { f(p, tm, n_barriers, out_handle, out_req) })
+            };
+            match target(call, comm)? {
+                Target::Real(real, p) => pass(call, real, p, run),
+                Target::Ours(c) => forward(call, c, c.ready(call)?, "the device API", "-", "-", run),
+            }
+        })
+    }
 }
 
 export! {
@@ -1939,5 +2198,50 @@ mod tests {
         assert!(last_error().contains("data type 99"), "{}", last_error());
         // SAFETY: a group without a start.
         assert_eq!(unsafe { ncclGroupEnd() }, result::INVALID_USAGE);
+    }
+}
+
+#[cfg(test)]
+mod team_tests {
+    use super::*;
+
+    #[test]
+    fn team_ranks_follow_nccls_formula() {
+        // World team of 8, this rank 5: team rank 2 is world rank 2.
+        let world = world_team(8, 5);
+        assert_eq!(
+            world,
+            Team {
+                n_ranks: 8,
+                rank: 5,
+                stride: 1
+            }
+        );
+        assert_eq!(team_rank_formula(5, world, 2), 2);
+        // A strided team (every 4th rank, this rank its place 1 of 2): its place 0 is 5 - 4.
+        let rail = Team {
+            n_ranks: 2,
+            rank: 1,
+            stride: 4,
+        };
+        assert_eq!(team_rank_formula(5, rail, 0), 1);
+        assert_eq!(team_rank_formula(5, rail, 1), 5);
+        // Overflow gives -1 rather than a wrapped rank.
+        let huge = Team {
+            n_ranks: 2,
+            rank: 0,
+            stride: c_int::MAX,
+        };
+        assert_eq!(team_rank_formula(5, huge, 2), -1);
+        // The rail team when the LSA team is every rank: this rank alone.
+        assert_eq!(
+            rail_team(8),
+            Team {
+                n_ranks: 1,
+                rank: 0,
+                stride: 8
+            }
+        );
+        assert_eq!(team_rank_formula(5, rail_team(8), 0), 5);
     }
 }

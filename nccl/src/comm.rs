@@ -58,6 +58,11 @@ pub struct Inner {
     pub premul_ops: Mutex<HashSet<c_int>>,
     /// `ncclCommGetAsyncError` has printed its error (once: callers poll it).
     pub async_warned: AtomicBool,
+    /// `ncclCommRevoke` ran: our collectives are aborted; only destroy, abort, split and
+    /// shrink may follow.
+    pub revoked: AtomicBool,
+    /// After a revoke: this GPU's work has ended (set by a thread of its own).
+    pub revoke_quiet: Arc<AtomicBool>,
 }
 
 impl Inner {
@@ -78,6 +83,8 @@ impl Inner {
             shrink_seq: AtomicU64::new(0),
             premul_ops: Mutex::new(HashSet::new()),
             async_warned: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
+            revoke_quiet: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -156,6 +163,19 @@ impl Comm {
             )),
             Some(Ok(inner)) => Ok(inner),
         }
+    }
+
+    /// [`ready`](Self::ready), for an operation (a collective, a send or receive): not on a
+    /// revoked communicator.
+    pub fn usable(&self, call: &str) -> Result<&Inner, Failure> {
+        let inner = self.ready(call)?;
+        if inner.revoked.load(Ordering::Acquire) {
+            return Err(Failure::usage(format!(
+                "{call}: the communicator was revoked (ncclCommRevoke): only ncclCommDestroy, \
+                 ncclCommAbort, ncclCommSplit and ncclCommShrink may follow"
+            )));
+        }
+        Ok(inner)
     }
 
     /// A stream handle (a `cudaStream_t` is a `CUstream`) wrapped without ownership.

@@ -173,7 +173,7 @@ fn run_group_p2p(call: &'static str, ops: Vec<(usize, P2pOp, Ptr)>) -> Result<()
             .collect();
         let r = match comm::lookup(handle as Ptr) {
             Handle::Ours(c) => c
-                .ready(call)
+                .usable(call)
                 .and_then(|inner| run_p2p(call, c, inner, &mine)),
             _ => Err(Failure::usage(format!(
                 "{call}: a communicator of this group's sends/receives was destroyed before \

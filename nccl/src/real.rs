@@ -100,6 +100,7 @@ real_fns! {
     comm_finalize = "ncclCommFinalize": fn(Ptr) -> R;
     comm_destroy = "ncclCommDestroy": fn(Ptr) -> R;
     comm_abort = "ncclCommAbort": fn(Ptr) -> R;
+    comm_revoke = "ncclCommRevoke": fn(Ptr, c_int) -> R;
     comm_get_async_error = "ncclCommGetAsyncError": fn(Ptr, *mut c_int) -> R;
     comm_count = "ncclCommCount": fn(Ptr, *mut c_int) -> R;
     comm_cu_device = "ncclCommCuDevice": fn(Ptr, *mut c_int) -> R;
@@ -134,6 +135,11 @@ real_fns! {
     comm_query_properties = "ncclCommQueryProperties": fn(Ptr, Ptr) -> R;
     team_world = "ncclTeamWorld": fn(Ptr) -> Team;
     team_lsa = "ncclTeamLsa": fn(Ptr) -> Team;
+    team_rail = "ncclTeamRail": fn(Ptr) -> Team;
+    team_rank_to_world = "ncclTeamRankToWorld": fn(Ptr, Team, c_int) -> c_int;
+    team_rank_to_lsa = "ncclTeamRankToLsa": fn(Ptr, Team, c_int) -> c_int;
+    gin_barrier_create_requirement = "ncclGinBarrierCreateRequirement":
+        fn(Ptr, Team, c_int, Ptr, Ptr) -> R;
 }
 
 /// The loaded real NCCL.

@@ -20,6 +20,7 @@ const EXPORTS: &[&str] = &[
     "ncclCommFinalize",
     "ncclCommDestroy",
     "ncclCommAbort",
+    "ncclCommRevoke",
     "ncclCommCount",
     "ncclCommCuDevice",
     "ncclCommUserRank",
@@ -49,12 +50,18 @@ const EXPORTS: &[&str] = &[
     "ncclCommWindowDeregister",
     "ncclDevCommCreate",
     "ncclDevCommDestroy",
+    "ncclTeamWorld",
+    "ncclTeamLsa",
+    "ncclTeamRail",
+    "ncclTeamRankToWorld",
+    "ncclTeamRankToLsa",
+    "ncclGinBarrierCreateRequirement",
     "ncclRedOpCreatePreMulSum",
     "ncclRedOpDestroy",
 ];
 
 /// Entry points without a `pnccl` twin.
-const EXPORTS_ONLY: &[&str] = &["ncclTeamWorld", "ncclTeamLsa", "mscclpp_nccl_is_not_nccl"];
+const EXPORTS_ONLY: &[&str] = &["mscclpp_nccl_is_not_nccl"];
 
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

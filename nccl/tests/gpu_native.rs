@@ -174,6 +174,145 @@ fn abort_cycles() {
     );
 }
 
+/// The environment variable that makes the revoke test's child run.
+const REVOKE_CHILD_ENV: &str = "MSCCLPP_NCCL_TEST_REVOKE_CHILD";
+
+/// `ncclCommRevoke` as a fault-tolerant program uses it: two ranks (threads, as in the
+/// abort test) run an all-reduce, revoke, wait for `ncclCommGetAsyncError` to go from
+/// `ncclInProgress` to `ncclSuccess`, see collectives and `ncclCommFinalize` refused with
+/// `ncclInvalidUsage`, then rank 0 shrinks the communicator to itself (rank 1 excluded,
+/// as after its loss) and runs an all-reduce on the child; both destroy the revoked
+/// parent without a barrier. No real NCCL.
+#[test]
+fn revoke_then_shrink_on_gpus() {
+    if std::env::var_os(REVOKE_CHILD_ENV).is_some() {
+        revoke_ranks();
+        return;
+    }
+    if gpu_count() == 0 {
+        assert!(
+            std::env::var_os("MSCCLPP_REQUIRE_GPU").is_none(),
+            "MSCCLPP_REQUIRE_GPU is set and there is no GPU"
+        );
+        eprintln!("skipping revoke_then_shrink_on_gpus: no GPU");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut child = [Command::new(&exe)
+        .args(["--exact", "revoke_then_shrink_on_gpus", "--nocapture"])
+        .env(REVOKE_CHILD_ENV, "1")
+        .env("MSCCLPP_NCCL_LIB", "none")
+        .spawn()
+        .unwrap()];
+    let codes = wait_all(&mut child, Duration::from_secs(240), "revoke");
+    assert_eq!(codes, [Some(0)], "the revoke test failed");
+}
+
+fn revoke_ranks() {
+    let ctxs: Vec<_> = (0..N)
+        .map(|r| cudarc::driver::CudaContext::new(r % gpu_count()).unwrap())
+        .collect();
+    let mut id = RawUniqueId { internal: [0; 128] };
+    // SAFETY: a live out-parameter.
+    ok("ncclGetUniqueId", unsafe { ncclGetUniqueId(&mut id) });
+    let inside = std::sync::Arc::new(std::sync::Barrier::new(N));
+    let threads: Vec<_> = (0..N)
+        .map(|rank| {
+            let ctx = ctxs[rank].clone();
+            let inside = inside.clone();
+            std::thread::spawn(move || {
+                ctx.bind_to_thread().unwrap();
+                let s = ctx.new_stream().unwrap();
+                let st = s.cu_stream() as *mut c_void;
+                let mut comm: *mut c_void = std::ptr::null_mut();
+                // SAFETY: a live out-parameter; the test's id.
+                ok("ncclCommInitRank", unsafe {
+                    ncclCommInitRank(&mut comm, N as i32, id, rank as i32)
+                });
+                let count = 4096;
+                let (x, y) = (dev(count * 4), dev(count * 4));
+                put(x, &vec![1f32 + rank as f32; count]);
+                inside.wait();
+                // SAFETY (every call below): device buffers of `count` f32, our
+                // communicators and stream.
+                ok("ncclAllReduce", unsafe {
+                    ncclAllReduce(p(x), p(y), count, 7, 0, comm, st)
+                });
+                s.synchronize().unwrap();
+                assert!(
+                    get::<f32>(y, count).iter().all(|g| *g == 3.0),
+                    "rank {rank}"
+                );
+                ok("ncclCommRevoke", unsafe { ncclCommRevoke(comm, 0) });
+                // In progress until the GPU's work has ended, then success.
+                let start = std::time::Instant::now();
+                loop {
+                    let mut state = -1;
+                    ok("ncclCommGetAsyncError", unsafe {
+                        ncclCommGetAsyncError(comm, &mut state)
+                    });
+                    match state {
+                        0 => break,
+                        7 => assert!(
+                            start.elapsed() < Duration::from_secs(20),
+                            "rank {rank}: still in progress 20 s after the revoke"
+                        ),
+                        other => panic!("rank {rank}: async state {other} after the revoke"),
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let r = unsafe { ncclAllReduce(p(x), p(y), count, 7, 0, comm, st) };
+                assert_eq!(r, 5, "rank {rank}: an all-reduce after the revoke");
+                // SAFETY: null is allowed; a NUL-terminated text.
+                let msg =
+                    unsafe { std::ffi::CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) };
+                assert!(
+                    msg.to_string_lossy().contains("revoked"),
+                    "rank {rank}: {msg:?}"
+                );
+                assert_eq!(
+                    unsafe { ncclCommFinalize(comm) },
+                    5,
+                    "rank {rank}: finalize"
+                );
+                if rank == 0 {
+                    let mut excluded = [1i32];
+                    let mut child: *mut c_void = std::ptr::null_mut();
+                    ok("ncclCommShrink", unsafe {
+                        ncclCommShrink(
+                            comm,
+                            excluded.as_mut_ptr(),
+                            1,
+                            &mut child,
+                            std::ptr::null_mut(),
+                            0,
+                        )
+                    });
+                    let mut n = 0;
+                    ok("ncclCommCount", unsafe { ncclCommCount(child, &mut n) });
+                    assert_eq!(n, 1, "the shrunk communicator's size");
+                    ok("ncclAllReduce on the child", unsafe {
+                        ncclAllReduce(p(x), p(y), count, 7, 0, child, st)
+                    });
+                    s.synchronize().unwrap();
+                    assert!(get::<f32>(y, count).iter().all(|g| *g == 1.0), "the child");
+                    ok("ncclCommDestroy child", unsafe { ncclCommDestroy(child) });
+                }
+                ok("ncclCommDestroy", unsafe { ncclCommDestroy(comm) });
+                // SAFETY: the buffers of this thread, no work pending on them.
+                unsafe {
+                    cu::free_sync(x).unwrap();
+                    cu::free_sync(y).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    println!("revoke: both ranks passed");
+}
+
 /// A device buffer of `len` bytes (freed at the end of the process).
 fn dev(len: usize) -> u64 {
     // SAFETY: a plain allocation in the current context.

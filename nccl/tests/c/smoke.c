@@ -98,6 +98,28 @@ int main(void) {
   EXPECT(ncclAlltoAll(buf, buf, 1, ncclFloat, NULL, NULL), ncclInvalidArgument);
   EXPECT(ncclCommDestroy(NULL), ncclInvalidArgument);
   EXPECT(ncclCommAbort(NULL), ncclInvalidArgument);
+  EXPECT(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
+  EXPECT(pncclCommRevoke(bogus, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
+  EXPECT(ncclCommRevoke(bogus, 1), ncclInvalidArgument);
+  CHECK(contains(ncclGetLastError(NULL), "revokeFlags 1"), "last error: %s", ncclGetLastError(NULL));
+  /* Device-API helpers: no error channel on a missing communicator but -1 or an empty team;
+   * the barrier requirement refuses it. */
+  ncclTeam_t t = ncclTeamWorld(NULL);
+  CHECK(t.nRanks == 0 && t.rank == 0 && t.stride == 0, "ncclTeamWorld(NULL) = {%d, %d, %d}", t.nRanks,
+        t.rank, t.stride);
+  t = pncclTeamRail(NULL);
+  CHECK(t.nRanks == 0, "ncclTeamRail(NULL).nRanks = %d", t.nRanks);
+  ncclTeam_t world = {4, 1, 1};
+  CHECK(ncclTeamRankToWorld(NULL, world, 2) == -1, "ncclTeamRankToWorld(NULL) = %d",
+        ncclTeamRankToWorld(NULL, world, 2));
+  CHECK(pncclTeamRankToLsa(bogus, world, 2) == -1, "ncclTeamRankToLsa(bogus) = %d",
+        pncclTeamRankToLsa(bogus, world, 2));
+  EXPECT(ncclGinBarrierCreateRequirement(NULL, world, 1, (ncclGinBarrierHandle_t*)buf,
+                                         (ncclDevResourceRequirements_t*)buf),
+         ncclInvalidArgument);
+  EXPECT(ncclGinBarrierCreateRequirement(bogus, world, 1, NULL, (ncclDevResourceRequirements_t*)buf),
+         ncclInvalidArgument);
+  CHECK(contains(ncclGetLastError(NULL), "outHandle"), "last error: %s", ncclGetLastError(NULL));
   EXPECT(ncclCommFinalize(NULL), ncclInvalidArgument);
   ncclResult_t async = ncclSuccess;
   EXPECT(ncclCommGetAsyncError(NULL, &async), ncclInvalidArgument);
