@@ -511,7 +511,8 @@ export! {
 export! {
     /// `ncclCommShrink`: the ranks not in `exclude_ranks_list` form a new communicator in
     /// rank order (the excluded ranks do not call). The real communicator is shrunk
-    /// alongside.
+    /// alongside. `NCCL_SHRINK_ABORT` first stops the parent's operations in flight (as
+    /// `ncclCommRevoke` does); other flags are refused.
     fn ncclCommShrink / pncclCommShrink(
         comm: Ptr, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int,
         newcomm: *mut Ptr, config: *mut NcclConfig, shrink_flags: c_int,
@@ -521,6 +522,11 @@ export! {
             check_out(call, "newcomm", newcomm)?;
             if exclude_ranks_count < 0 {
                 return Err(Failure::arg(format!("{call}: excludeRanksCount {exclude_ranks_count} < 0")));
+            }
+            if shrink_flags & !SHRINK_ABORT != 0 {
+                return Err(Failure::arg(format!(
+                    "{call}: shrinkFlags {shrink_flags:#x} (NCCL_SHRINK_DEFAULT 0 or NCCL_SHRINK_ABORT 1)"
+                )));
             }
             check_ptr(call, "excludeRanksList", exclude_ranks_list.cast(), exclude_ranks_count as usize)?;
             let c = match target(call, comm)? {
@@ -548,6 +554,12 @@ export! {
             let Some((m, place)) = shrink_members(c.nranks, &excluded, c.rank) else {
                 return Err(Failure::arg(format!("{call}: this rank ({}) is in excludeRanksList", c.rank)));
             };
+            // NCCL_SHRINK_ABORT: the parent's operations in flight stop first (ours as on
+            // ncclCommRevoke, so the parent is then destroyed without a barrier; the real
+            // shrink below does the same on the real side).
+            if shrink_flags & SHRINK_ABORT != 0 {
+                revoke_ours(call, c, inner);
+            }
             let (real_new, real_missing) = match (inner.real, real::real()) {
                 (Some(rc), Ok(real)) => {
                     let f = need(call, real, real.fns.comm_shrink)?;
@@ -591,6 +603,9 @@ export! {
         })
     }
 }
+
+/// `NCCL_SHRINK_ABORT`.
+const SHRINK_ABORT: c_int = 1;
 
 /// The child of a split or shrink of a communicator on the real NCCL alone (ours could not
 /// be set up: `why`): on the real child `real_new` alone (`NULL` when the real split gave
@@ -828,11 +843,8 @@ export! {
                 Target::Ours(c) => c,
             };
             let inner = c.ready(call)?;
-            if inner.revoked.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            if !revoke_ours(call, c, inner) {
                 return Ok(result::SUCCESS);
-            }
-            if let Ok(coll) = &inner.coll {
-                coll.abort();
             }
             let mut code = result::SUCCESS;
             if let (Some(rc), Ok(real)) = (inner.real, real::real()) {
@@ -846,25 +858,6 @@ export! {
                     )),
                 }
             }
-            // Quiet once this GPU's work has ended: our kernels end within moments of the
-            // abort word; a thread of its own waits, so that this call does not.
-            let (gpu, quiet) = (c.gpu.clone(), inner.revoke_quiet.clone());
-            let spawned = std::thread::Builder::new()
-                .name("mscclpp-nccl-revoke".into())
-                .spawn(move || {
-                    comm::on_gpu(&gpu, || {
-                        let _ = gpu.bind();
-                        let _ = gpu.synchronize();
-                    });
-                    quiet.store(true, std::sync::atomic::Ordering::Release);
-                });
-            if let Err(e) = spawned {
-                log::warn(&format!(
-                    "{call}: no thread to wait for the GPU's work ({e}); waiting on this one"
-                ));
-                let _ = comm::on_gpu(&c.gpu, || c.gpu.synchronize());
-                inner.revoke_quiet.store(true, std::sync::atomic::Ordering::Release);
-            }
             if code != result::SUCCESS && code != result::IN_PROGRESS {
                 return Err(Failure::new(
                     code,
@@ -874,6 +867,41 @@ export! {
             Ok(result::SUCCESS)
         })
     }
+}
+
+/// Revokes our side of `c` (once; `false` if it already was): raises the abort word (our
+/// kernels' waits give up at their next slow poll) and marks it revoked; a thread of its own
+/// marks it quiet once this GPU's work has ended, so that the caller does not wait.
+fn revoke_ours(call: &str, c: &Comm, inner: &Inner) -> bool {
+    if inner
+        .revoked
+        .swap(true, std::sync::atomic::Ordering::AcqRel)
+    {
+        return false;
+    }
+    if let Ok(coll) = &inner.coll {
+        coll.abort();
+    }
+    let (gpu, quiet) = (c.gpu.clone(), inner.revoke_quiet.clone());
+    let spawned = std::thread::Builder::new()
+        .name("mscclpp-nccl-revoke".into())
+        .spawn(move || {
+            comm::on_gpu(&gpu, || {
+                let _ = gpu.bind();
+                let _ = gpu.synchronize();
+            });
+            quiet.store(true, std::sync::atomic::Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        log::warn(&format!(
+            "{call}: no thread to wait for the GPU's work ({e}); waiting on this one"
+        ));
+        let _ = comm::on_gpu(&c.gpu, || c.gpu.synchronize());
+        inner
+            .revoke_quiet
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+    true
 }
 
 export! {

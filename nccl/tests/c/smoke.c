@@ -98,6 +98,10 @@ int main(void) {
   EXPECT(ncclAlltoAll(buf, buf, 1, ncclFloat, NULL, NULL), ncclInvalidArgument);
   EXPECT(ncclCommDestroy(NULL), ncclInvalidArgument);
   EXPECT(ncclCommAbort(NULL), ncclInvalidArgument);
+  ncclComm_t shrunk = NULL;
+  EXPECT(ncclCommShrink(bogus, NULL, 0, &shrunk, NULL, 2), ncclInvalidArgument);
+  CHECK(contains(ncclGetLastError(NULL), "shrinkFlags 0x2"), "last error: %s", ncclGetLastError(NULL));
+  EXPECT(ncclCommShrink(NULL, NULL, 0, &shrunk, NULL, NCCL_SHRINK_ABORT), ncclInvalidArgument);
   EXPECT(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
   EXPECT(pncclCommRevoke(bogus, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
   EXPECT(ncclCommRevoke(bogus, 1), ncclInvalidArgument);
