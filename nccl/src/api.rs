@@ -1832,104 +1832,45 @@ fn team_rank_formula(me: usize, tm: Team, rank: c_int) -> c_int {
     c_int::try_from(v).unwrap_or(-1)
 }
 
-/// `ncclTeamWorld` (device API, host side): the real NCCL's answer for the real
-/// communicator, else every rank.
-///
-/// # Safety
-/// `comm` is a communicator handle (or null).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pncclTeamWorld(comm: Ptr) -> Team {
-    team(comm, |r| r.fns.team_world, |c| world_team(c.nranks, c.rank))
+export! {
+    /// `ncclTeamWorld` (device API, host side): the real NCCL's answer for the real
+    /// communicator, else every rank.
+    fn ncclTeamWorld / pncclTeamWorld(comm: Ptr) -> Team {
+        team(comm, |r| r.fns.team_world, |c| world_team(c.nranks, c.rank))
+    }
 }
 
-/// Same as [`pncclTeamWorld`].
-///
-/// # Safety
-/// As for [`pncclTeamWorld`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamWorld(comm: Ptr) -> Team {
-    // SAFETY: the same function under NCCL's other name; the same contract.
-    unsafe { pncclTeamWorld(comm) }
+export! {
+    /// `ncclTeamLsa` (device API, host side): as `ncclTeamWorld` (one machine).
+    fn ncclTeamLsa / pncclTeamLsa(comm: Ptr) -> Team {
+        team(comm, |r| r.fns.team_lsa, |c| world_team(c.nranks, c.rank))
+    }
 }
 
-/// `ncclTeamLsa` (device API, host side): as `ncclTeamWorld` (one machine).
-///
-/// # Safety
-/// `comm` is a communicator handle (or null).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pncclTeamLsa(comm: Ptr) -> Team {
-    team(comm, |r| r.fns.team_lsa, |c| world_team(c.nranks, c.rank))
+export! {
+    /// `ncclTeamRail` (device API, host side): the real NCCL's answer for the real
+    /// communicator, else the outer factor of the LSA team (here every rank): a team of one.
+    fn ncclTeamRail / pncclTeamRail(comm: Ptr) -> Team {
+        team(comm, |r| r.fns.team_rail, |c| rail_team(c.nranks))
+    }
 }
 
-/// Same as [`pncclTeamLsa`].
-///
-/// # Safety
-/// As for [`pncclTeamLsa`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamLsa(comm: Ptr) -> Team {
-    // SAFETY: the same function under NCCL's other name; the same contract.
-    unsafe { pncclTeamLsa(comm) }
+export! {
+    /// `ncclTeamRankToWorld` (device API, host side): the world rank of `rank` of team `tm`:
+    /// the real NCCL's answer for the real communicator, else NCCL's formula
+    /// (`comm's rank + (rank - tm.rank) * tm.stride`); -1 for a null or unknown
+    /// communicator.
+    fn ncclTeamRankToWorld / pncclTeamRankToWorld(comm: Ptr, tm: Team, rank: c_int) -> c_int {
+        team_rank(comm, tm, rank, |r| r.fns.team_rank_to_world)
+    }
 }
 
-/// `ncclTeamRail` (device API, host side): the real NCCL's answer for the real
-/// communicator, else the outer factor of the LSA team (here every rank): a team of one.
-///
-/// # Safety
-/// `comm` is a communicator handle (or null).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pncclTeamRail(comm: Ptr) -> Team {
-    team(comm, |r| r.fns.team_rail, |c| rail_team(c.nranks))
-}
-
-/// Same as [`pncclTeamRail`].
-///
-/// # Safety
-/// As for [`pncclTeamRail`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamRail(comm: Ptr) -> Team {
-    // SAFETY: the same function under NCCL's other name; the same contract.
-    unsafe { pncclTeamRail(comm) }
-}
-
-/// `ncclTeamRankToWorld` (device API, host side): the world rank of `rank` of team `tm`:
-/// the real NCCL's answer for the real communicator, else NCCL's formula
-/// (`comm's rank + (rank - tm.rank) * tm.stride`); -1 for a null or unknown communicator.
-///
-/// # Safety
-/// `comm` is a communicator handle (or null).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pncclTeamRankToWorld(comm: Ptr, tm: Team, rank: c_int) -> c_int {
-    team_rank(comm, tm, rank, |r| r.fns.team_rank_to_world)
-}
-
-/// Same as [`pncclTeamRankToWorld`].
-///
-/// # Safety
-/// As for [`pncclTeamRankToWorld`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamRankToWorld(comm: Ptr, tm: Team, rank: c_int) -> c_int {
-    // SAFETY: the same function under NCCL's other name; the same contract.
-    unsafe { pncclTeamRankToWorld(comm, tm, rank) }
-}
-
-/// `ncclTeamRankToLsa` (device API, host side): as `ncclTeamRankToWorld` (the LSA team is
-/// every rank here).
-///
-/// # Safety
-/// `comm` is a communicator handle (or null).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pncclTeamRankToLsa(comm: Ptr, tm: Team, rank: c_int) -> c_int {
-    team_rank(comm, tm, rank, |r| r.fns.team_rank_to_lsa)
-}
-
-/// Same as [`pncclTeamRankToLsa`].
-///
-/// # Safety
-/// As for [`pncclTeamRankToLsa`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclTeamRankToLsa(comm: Ptr, tm: Team, rank: c_int) -> c_int {
-    // SAFETY: the same function under NCCL's other name; the same contract.
-    unsafe { pncclTeamRankToLsa(comm, tm, rank) }
+export! {
+    /// `ncclTeamRankToLsa` (device API, host side): as `ncclTeamRankToWorld` (the LSA team
+    /// is every rank here).
+    fn ncclTeamRankToLsa / pncclTeamRankToLsa(comm: Ptr, tm: Team, rank: c_int) -> c_int {
+        team_rank(comm, tm, rank, |r| r.fns.team_rank_to_lsa)
+    }
 }
 
 export! {

@@ -72,27 +72,29 @@ fn abort_frees_the_communicators_memory() {
         abort_cycles();
         return;
     }
+    in_child("abort_frees_the_communicators_memory", ABORT_CHILD_ENV);
+}
+
+/// Runs `test` again in a child process with `env` set and no real NCCL, and expects it to
+/// pass; skips (with a note) without a GPU.
+fn in_child(test: &str, env: &str) {
     if gpu_count() == 0 {
         assert!(
             std::env::var_os("MSCCLPP_REQUIRE_GPU").is_none(),
             "MSCCLPP_REQUIRE_GPU is set and there is no GPU"
         );
-        eprintln!("skipping abort_frees_the_communicators_memory: no GPU");
+        eprintln!("skipping {test}: no GPU");
         return;
     }
     let exe = std::env::current_exe().unwrap();
     let mut child = [Command::new(&exe)
-        .args([
-            "--exact",
-            "abort_frees_the_communicators_memory",
-            "--nocapture",
-        ])
-        .env(ABORT_CHILD_ENV, "1")
+        .args(["--exact", test, "--nocapture"])
+        .env(env, "1")
         .env("MSCCLPP_NCCL_LIB", "none")
         .spawn()
         .unwrap()];
-    let codes = wait_all(&mut child, Duration::from_secs(240), "abort cycles");
-    assert_eq!(codes, [Some(0)], "the abort cycles failed");
+    let codes = wait_all(&mut child, Duration::from_secs(240), test);
+    assert_eq!(codes, [Some(0)], "{test} failed in its child process");
 }
 
 fn abort_cycles() {
@@ -189,23 +191,7 @@ fn revoke_then_shrink_on_gpus() {
         revoke_ranks();
         return;
     }
-    if gpu_count() == 0 {
-        assert!(
-            std::env::var_os("MSCCLPP_REQUIRE_GPU").is_none(),
-            "MSCCLPP_REQUIRE_GPU is set and there is no GPU"
-        );
-        eprintln!("skipping revoke_then_shrink_on_gpus: no GPU");
-        return;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let mut child = [Command::new(&exe)
-        .args(["--exact", "revoke_then_shrink_on_gpus", "--nocapture"])
-        .env(REVOKE_CHILD_ENV, "1")
-        .env("MSCCLPP_NCCL_LIB", "none")
-        .spawn()
-        .unwrap()];
-    let codes = wait_all(&mut child, Duration::from_secs(240), "revoke");
-    assert_eq!(codes, [Some(0)], "the revoke test failed");
+    in_child("revoke_then_shrink_on_gpus", REVOKE_CHILD_ENV);
 }
 
 fn revoke_ranks() {
