@@ -1294,41 +1294,59 @@ fn cross_host_declared_peers_connect_only_those_pairs() {
 }
 
 fn pipeline_rank() {
-    // MSCCLPP_P2P_PEERS=+2 with 2 hosts of 2 (block:2): ranks 0 and 1 (stage 0) name 2 and
-    // 3 (stage 1); theirs (4 and 5) are not ranks and are skipped. The config asks for
+    // MSCCLPP_P2P_PEERS=+2 with 3 hosts of 2 (block:2), a stage per host: ranks 0 and 1
+    // name 2 and 3, ranks 2 and 3 name 4 and 5, and those of the last stage (6 and 7) are
+    // not ranks and are skipped. So the middle stage reaches two ranks on other hosts and
+    // the outer stages one each: buffers sized alike all the same. The config asks for
     // nobody: the variable wins.
     let c = collectives_with_peers(Some(Vec::new()));
-    let r = c.rank();
-    // The other host's rank that nobody named for this one.
-    let (peer, other) = (r ^ 2, 3 - r);
-    assert!(
-        c.send_recv_reaches(peer) && !c.send_recv_reaches(other),
-        "rank {r}"
-    );
+    let (n, r) = (c.nranks(), c.rank());
+    let (stage, stages) = (r / 2, n / 2);
+    let next = (stage + 1 < stages).then_some(r + 2);
+    let prev = (stage > 0).then_some(r.wrapping_sub(2));
+    // The other rank of each neighbouring stage: nobody named it for this one.
+    let others: Vec<usize> = [next, prev].into_iter().flatten().map(|p| p ^ 1).collect();
+    for p in [next, prev].into_iter().flatten() {
+        assert!(c.send_recv_reaches(p), "rank {r}: {p}");
+    }
+    for &o in &others {
+        assert!(!c.send_recv_reaches(o), "rank {r}: {o}");
+    }
     // Activations forward, gradients back, as a pipeline does, several micro-batches.
     for step in 0..4 {
-        let act: Vec<u32> = (0..6000).map(|i| word(r, peer, step, i)).collect();
         let mut got = vec![0u32; 6000];
-        if r < 2 {
-            c.send_host(&act, peer).unwrap();
-            c.recv_host(&mut got, peer).unwrap();
-        } else {
-            c.recv_host(&mut got, peer).unwrap();
-            c.send_host(&act, peer).unwrap();
+        if let Some(p) = prev {
+            c.recv_host(&mut got, p).unwrap();
+            assert!(
+                (0..6000).all(|i| got[i] == word(p, r, step, i)),
+                "rank {r}: activations of micro-batch {step}"
+            );
         }
-        assert!(
-            (0..6000).all(|i| got[i] == word(peer, r, step, i)),
-            "rank {r}: micro-batch {step}"
-        );
+        if let Some(p) = next {
+            let act: Vec<u32> = (0..6000).map(|i| word(r, p, step, i)).collect();
+            c.send_host(&act, p).unwrap();
+            c.recv_host(&mut got, p).unwrap();
+            assert!(
+                (0..6000).all(|i| got[i] == word(p, r, 100 + step, i)),
+                "rank {r}: gradients of micro-batch {step}"
+            );
+        }
+        if let Some(p) = prev {
+            let grad: Vec<u32> = (0..6000).map(|i| word(r, p, 100 + step, i)).collect();
+            c.send_host(&grad, p).unwrap();
+        }
     }
-    refused_naming(r, other, c.send_host(&[1u32; 4], other));
+    for o in others {
+        refused_naming(r, o, c.send_host(&[1u32; 4], o));
+    }
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
 }
 
 /// `MSCCLPP_P2P_PEERS=+2`: one value for every rank names the next pipeline stage (ranks
-/// outside the job skipped), overriding the config; the stages exchange activations and
-/// gradients across two simulated hosts, and the pair nobody named is refused.
+/// outside the job skipped), overriding the config; three stages on three simulated hosts
+/// pass activations forward and gradients back (the middle stage with two peers, the outer
+/// ones with one), and the pairs nobody named are refused.
 #[test]
 fn cross_host_peers_variable_connects_pipeline_stages() {
     if child() {
@@ -1336,7 +1354,7 @@ fn cross_host_peers_variable_connects_pipeline_stages() {
     }
     launch_envs(
         "cross_host_peers_variable_connects_pipeline_stages",
-        4,
+        6,
         &[(LAYOUT, "block:2"), ("MSCCLPP_P2P_PEERS", "+2")],
     );
 }

@@ -122,6 +122,9 @@ pub(super) struct Peers {
     pub(super) remotes: Vec<usize>,
     /// This rank's number among each one's (in the order of `remotes`).
     at_peer: Vec<u32>,
+    /// The most remote ranks any rank has: every rank's xp2p buffer holds that many
+    /// regions, so that the buffers a channel joins are of one size on both sides.
+    most: usize,
     /// Why not every rank on another host is among them, if not.
     pub(super) off: Option<String>,
 }
@@ -211,6 +214,7 @@ pub(super) fn agree(
         l.sort_unstable();
         l.dedup();
     }
+    let most = pairs.iter().map(Vec::len).max().unwrap_or(0);
     let remotes = std::mem::take(&mut pairs[me]);
     let at_peer = remotes
         .iter()
@@ -248,6 +252,7 @@ pub(super) fn agree(
     Ok(Peers {
         remotes,
         at_peer,
+        most,
         off,
     })
 }
@@ -310,10 +315,15 @@ impl XP2p {
     ) -> Result<Pending, CommError> {
         let me = comm.rank();
         let Peers {
-            remotes, at_peer, ..
+            remotes,
+            at_peer,
+            most,
+            ..
         } = peers;
         let slot = slot_bytes(config);
-        let bytes = xk::buffer_bytes(slot as u64, DEPTH, remotes.len() as u64) as usize;
+        // Regions for the most remote ranks of any rank (see `Peers::most`): a channel's
+        // two buffers must be of one size.
+        let bytes = xk::buffer_bytes(slot as u64, DEPTH, most as u64) as usize;
         let transports: Vec<TransportKind> = remotes
             .iter()
             .map(|&p| topo.transport_to(p, network, comm.backend().transport()))
