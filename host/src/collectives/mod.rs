@@ -462,7 +462,10 @@ pub struct CollConfig {
     /// another host, while there are at most [`p2p_remote_max`](Self::p2p_remote_max).
     /// `Some(ranks)`: these (ranks of this rank's host are always reached and ignored
     /// here). A pair is connected when either of its ranks names the other, so ranks may
-    /// name different lists, and the limit does not apply. `MSCCLPP_P2P_PEERS` overrides
+    /// name different lists, and the limit does not apply. Every rank's buffer for these
+    /// holds a region (`scratch_bytes / 8`, between 32 KiB and 2 MiB) per peer of the rank
+    /// with the most peers, so a rank that names many makes every rank's buffer that large
+    /// (the two buffers a channel joins are of one size). `MSCCLPP_P2P_PEERS` overrides
     /// it ([`P2P_PEERS_ENV`]: `13,+8,-8`, absolute ranks and ranks relative to this one;
     /// `all`, `none`).
     pub p2p_peers: Option<Vec<usize>>,
