@@ -21,7 +21,8 @@ use mscclpp::host::launch::{Launch, LocalLauncher};
 mod common;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
-/// `block:L` (host = rank / L) or `cyclic:H` (host = rank % H).
+/// `block:L` (host = rank / L), `cyclic:H` (host = rank % H) or `sizes:A,B,...` (the first
+/// `A` ranks on host 0, the next `B` on host 1, ...).
 const LAYOUT: &str = "MSCCLPP_TEST_HOST_LAYOUT";
 
 fn child() -> bool {
@@ -67,10 +68,20 @@ fn launch_envs(test: &str, nranks: usize, vars: &[(&str, &str)]) {
 fn host_of(rank: usize) -> usize {
     let layout = std::env::var(LAYOUT).unwrap();
     let (kind, k) = layout.split_once(':').unwrap();
-    let k: usize = k.parse().unwrap();
     match kind {
-        "block" => rank / k,
-        "cyclic" => rank % k,
+        "block" => rank / k.parse::<usize>().unwrap(),
+        "cyclic" => rank % k.parse::<usize>().unwrap(),
+        // Hosts of the given sizes, ranks in order.
+        "sizes" => {
+            let mut end = 0;
+            for (h, size) in k.split(',').enumerate() {
+                end += size.parse::<usize>().unwrap();
+                if rank < end {
+                    return h;
+                }
+            }
+            panic!("{LAYOUT}={layout:?} has no host for rank {rank}")
+        }
         _ => panic!("{LAYOUT}={layout:?}"),
     }
 }
@@ -131,6 +142,11 @@ fn hosts(n: usize) -> Vec<Vec<usize>> {
 /// that order gave other bits than a flat rank-order sum for some element (so the check
 /// could tell the orders apart).
 fn check_sum_order(c: &Collectives, counts: &[usize]) -> bool {
+    check_sum_order_in(c, counts, &hosts(c.nranks()))
+}
+
+/// [`check_sum_order`] with `hosts` as the groups the sums are formed in.
+fn check_sum_order_in(c: &Collectives, counts: &[usize], hosts: &[Vec<usize>]) -> bool {
     let (n, r) = (c.nranks(), c.rank());
     let x = |q: usize, i: usize| -> f32 {
         let u = (q as u64 * 0x9E37_79B9 + i as u64 * 0x85EB_CA6B) % 1_000_003;
@@ -138,7 +154,6 @@ fn check_sum_order(c: &Collectives, counts: &[usize]) -> bool {
         let sign = if u.is_multiple_of(3) { -1.0 } else { 1.0 };
         sign * (u % 65_521) as f32 / 997.0 * scale
     };
-    let hosts = hosts(n);
     let mut differs = false;
     for &count in counts {
         let send: Vec<f32> = (0..count).map(|i| x(r, i)).collect();
@@ -1002,6 +1017,53 @@ fn cross_host_unequal_hosts_run_with_every_rank_its_own_host() {
         "cross_host_unequal_hosts_run_with_every_rank_its_own_host",
         3,
         "block:2",
+    );
+}
+
+fn grouped_rank() {
+    let c = collectives();
+    let (n, r) = (c.nranks(), c.rank());
+    // Hosts of 4 and 2 ranks: three groups of 2, said so.
+    assert_eq!(c.hosts(), 3, "rank {r}");
+    let note = c.layout_note().expect("a note");
+    assert!(
+        note.contains("has 4 ranks and host") && note.contains("groups of 2 ranks"),
+        "{note}"
+    );
+    let ops = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg];
+    check_all_reduce::<f32>(&c, &[1, 5, 1001, 5001], &ops, false);
+    check_all_reduce::<i32>(&c, &[3, 1001], &[ReduceOp::Prod, ReduceOp::Min], false);
+    check_all_gather::<u8>(&c, &[3, 1001]);
+    check_reduce_scatter::<f32>(&c, &[2, 1001], &[ReduceOp::Sum]);
+    check_reduce::<f32>(&c, &[7, 1001], &[ReduceOp::Sum]);
+    check_broadcast(&c, &[5, 1001]);
+    check_all_to_all::<u8>(&c, &[3, 1001]);
+    // Sums per group of 2 in rank order, then across the groups in order: bit for bit.
+    let groups = [vec![0, 1], vec![2, 3], vec![4, 5]];
+    let differs = check_sum_order_in(&c, &[1, 7, 4099, 20_001], &groups);
+    assert!(
+        differs,
+        "rank {r}: the inputs did not tell the orders apart"
+    );
+    // Send/recv around the ring: inside a group, between the groups of one machine, and
+    // across machines.
+    group_of(&c, 0, move |q| vec![((q + 1) % n, 3001), ((q + 3) % n, 17)]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// Hosts of different sizes (4 + 2) run as three groups of 2 (memory channels inside a
+/// group, proxy channels between groups, also between the two groups of one machine): every
+/// collective and send/recv give the reference's results, and `layout_note` says why.
+#[test]
+fn cross_host_unequal_hosts_run_as_groups_of_one_size() {
+    if child() {
+        return grouped_rank();
+    }
+    launch(
+        "cross_host_unequal_hosts_run_as_groups_of_one_size",
+        6,
+        "sizes:4,2",
     );
 }
 

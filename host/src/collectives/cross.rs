@@ -117,8 +117,71 @@ pub(super) fn work_queue_hint(value: Option<&str>) -> Option<String> {
 /// that is a few tens of microseconds of link time at 10-25 GB/s per rank.
 pub const CROSS_TWO_SHOT_SAVES: usize = 256 << 10;
 
+/// The groups of ranks the collectives treat as hosts, from the machines' ranks (`machines[m]`:
+/// the ranks of the machine with bootstrap host id `ids[m]`, ascending): the machines
+/// themselves when they are alike and of at most [`MAX_RANKS`] ranks (no note); otherwise
+/// every machine cut into groups of `g` consecutive ranks, `g` the largest number of at most
+/// [`MAX_RANKS`] that divides every machine's rank count (1 at worst: every rank its own
+/// host), in the order of their lowest rank, with a note saying why.
+pub(super) fn group_hosts(
+    machines: Vec<Vec<usize>>,
+    ids: &[String],
+) -> (Vec<Vec<usize>>, Option<String>) {
+    let max = mscclpp_device::collectives::MAX_RANKS;
+    let oversized = machines.iter().position(|r| r.len() > max);
+    let unequal = machines.iter().position(|r| r.len() != machines[0].len());
+    let reason = match (oversized, unequal) {
+        (Some(h), _) => format!(
+            "host {:?} has {} ranks, more than the {max} a host's memory channels serve",
+            ids[h],
+            machines[h].len()
+        ),
+        (None, Some(h)) => format!(
+            "host {:?} has {} ranks and host {:?} {} (each rank's partners on the other hosts \
+             are the ranks of its local index, so hosts must be alike)",
+            ids[0],
+            machines[0].len(),
+            ids[h],
+            machines[h].len()
+        ),
+        (None, None) => return (machines, None),
+    };
+    let common = machines.iter().fold(0, |g, r| gcd(g, r.len()));
+    let g = (1..=max.min(common))
+        .rev()
+        .find(|d| common % d == 0)
+        .unwrap_or(1);
+    let mut groups: Vec<Vec<usize>> = machines
+        .iter()
+        .flat_map(|r| r.chunks(g).map(<[usize]>::to_vec))
+        .collect();
+    groups.sort_by_key(|r| r[0]);
+    let note = if g == 1 {
+        format!(
+            "{reason}: every rank is its own host for the collectives, all their traffic goes \
+             over proxy channels (the network transport between machines, the copy engine or \
+             shared memory inside one; no memory-channel kernels), and sums are in rank order"
+        )
+    } else {
+        format!(
+            "{reason}: the collectives treat each host as groups of {g} ranks (the largest \
+             size of at most {max} that divides every host's rank count; {} groups in all): \
+             ranks of a group talk over memory channels, groups over proxy channels (the \
+             network transport between machines, the copy engine or shared memory inside \
+             one), and sums are per group in rank order, then across groups",
+            groups.len()
+        )
+    };
+    (groups, Some(note))
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
 /// The hosts of a communicator: its ranks grouped by bootstrap host id, hosts in the order of
-/// their lowest rank, ranks ascending within a host.
+/// their lowest rank, ranks ascending within a host (machines that are not alike, or of more
+/// than [`MAX_RANKS`] ranks, cut into groups that are: [`group_hosts`]).
 #[derive(Debug, Clone)]
 pub(super) struct Topology {
     /// `hosts[h]`: the ranks of host `h`.
@@ -128,10 +191,12 @@ pub(super) struct Topology {
     /// This rank's index in its host's ranks.
     pub(super) local: usize,
     /// Why the hosts are not used as such, if they are not: hosts of different sizes, or
-    /// one with more ranks than [`MAX_RANKS`]; every rank is then its own host.
+    /// one with more ranks than [`MAX_RANKS`]; each is then cut into groups of one size
+    /// ([`group_hosts`]), at worst every rank its own host.
     pub(super) flat: Option<String>,
-    /// The machine (bootstrap host id, numbered in order of first rank) of every rank: in a
-    /// flat topology, ranks of one machine are different hosts but need no network.
+    /// The machine (bootstrap host id, numbered in order of first rank) of every rank: when
+    /// machines are cut into groups, ranks of one machine are different hosts but need no
+    /// network.
     machine: Vec<usize>,
     /// This rank.
     rank: usize,
@@ -140,7 +205,7 @@ pub(super) struct Topology {
 impl Topology {
     /// Reads every rank's host id from the bootstrap (every rank reads the same table, so
     /// every rank builds the same topology). Hosts of different sizes, or one of more than
-    /// [`MAX_RANKS`] ranks, give the *flat* topology: every rank its own host.
+    /// [`MAX_RANKS`] ranks, are cut into groups of one size ([`group_hosts`]).
     pub(super) fn of(comm: &Communicator) -> Result<Topology, CommError> {
         let bs = comm.bootstrap().as_async();
         let mut ids: Vec<String> = Vec::new();
@@ -161,41 +226,7 @@ impl Topology {
             }
         }
         let me = comm.rank();
-        let max = mscclpp_device::collectives::MAX_RANKS;
-        let oversized = hosts.iter().enumerate().find(|(_, r)| r.len() > max);
-        let unequal = hosts.iter().position(|r| r.len() != hosts[0].len());
-        let reason = match (oversized, unequal) {
-            (Some((h, ranks)), _) => Some(format!(
-                "host {:?} has {} ranks, more than the {max} a host's memory channels serve",
-                ids[h],
-                ranks.len()
-            )),
-            (None, Some(h)) => Some(format!(
-                "host {:?} has {} ranks and host {:?} {} (each rank's partners on the other \
-                 hosts are the ranks of its local index, so hosts must be alike)",
-                ids[0],
-                hosts[0].len(),
-                ids[h],
-                hosts[h].len()
-            )),
-            (None, None) => None,
-        };
-        if let Some(reason) = reason {
-            // Every rank its own host: correct on any layout, at the network's speed.
-            return Ok(Topology {
-                hosts: (0..comm.nranks()).map(|r| vec![r]).collect(),
-                host: me,
-                local: 0,
-                flat: Some(format!(
-                    "{reason}: every rank is its own host for the collectives, all their \
-                     traffic goes over proxy channels (the network transport between \
-                     machines, the copy engine or shared memory inside one; no memory-channel \
-                     kernels), and sums are in rank order"
-                )),
-                machine,
-                rank: me,
-            });
-        }
+        let (hosts, flat) = group_hosts(hosts, &ids);
         let host = hosts
             .iter()
             .position(|h| h.contains(&me))
@@ -205,7 +236,7 @@ impl Topology {
             hosts,
             host,
             local,
-            flat: None,
+            flat,
             machine,
             rank: me,
         })

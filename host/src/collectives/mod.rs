@@ -16,9 +16,12 @@
 //! backends. With the same number of ranks (at most 8) on every host, the kernels run over
 //! this rank's host (memory channels, as on one machine), and the ranks of the same local
 //! index on the other hosts are reached over TCP (or IB) proxy channels. Otherwise (hosts of
-//! different sizes, or one of more than 8 ranks) every rank is its own host, all traffic
-//! goes over proxy channels (the network between machines, the backend's transport inside
-//! one), and [`Collectives::layout_note`] says why. All-reduce is hierarchical
+//! different sizes, or one of more than 8 ranks) every host is cut into groups of one size,
+//! the largest of at most 8 that divides every host's rank count (4 + 2 ranks: three groups
+//! of 2; at worst every rank its own group), and the groups take the hosts' place: memory
+//! channels inside a group, proxy channels between groups (the network between machines,
+//! the backend's transport between the groups of one machine); [`Collectives::layout_note`]
+//! says why. All-reduce is hierarchical
 //! (reduce-scatter in the host, the cross-host step, all-gather in the host), and every
 //! other collective is built across hosts. Send/recv with a rank on another host goes over
 //! two network channels (TCP or IB) per such rank, set up while there are at most
@@ -1315,8 +1318,10 @@ impl Collectives {
         self.comm.nranks()
     }
 
-    /// The number of hosts the ranks are on (bootstrap host ids); above 1 the collectives
-    /// run across hosts (see [Across hosts](self#across-hosts)).
+    /// The number of hosts the ranks are on (bootstrap host ids), or of the groups the
+    /// hosts are cut into when they are not alike (see
+    /// [`layout_note`](Self::layout_note)); above 1 the collectives run across hosts (see
+    /// [Across hosts](self#across-hosts)).
     pub fn hosts(&self) -> usize {
         self.cross.as_ref().map_or(1, |c| c.topo.hosts.len())
     }
@@ -1338,10 +1343,11 @@ impl Collectives {
     }
 
     /// Why the ranks' hosts are not used as such, if they are not: hosts with different
-    /// rank counts, or one with more than 8 ranks, make every rank its own host (all traffic
-    /// over proxy channels: the network between machines, the copy engine or shared memory
-    /// inside one). `None` on one host and on alike
-    /// hosts. Tools print it (`mscclpp-perf` does).
+    /// rank counts, or one with more than 8 ranks, are cut into groups of one size (at most
+    /// 8, dividing every host's count; at worst every rank its own group) that take the
+    /// hosts' place (proxy channels between groups: the network between machines, the copy
+    /// engine or shared memory inside one). `None` on one host and on alike hosts. Tools
+    /// print it (`mscclpp-perf` does); [`hosts`](Self::hosts) counts the groups.
     pub fn layout_note(&self) -> Option<&str> {
         self.cross.as_ref().and_then(|c| c.topo.flat.as_deref())
     }

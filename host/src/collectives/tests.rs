@@ -1240,3 +1240,40 @@ fn p2p_peers_variable_parses_absolute_and_relative_ranks() {
         );
     }
 }
+
+#[test]
+fn machines_not_alike_are_cut_into_groups_of_one_size() {
+    use super::cross::group_hosts;
+    let ids: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    // Alike machines of at most 8 ranks: used as they are.
+    let (g, note) = group_hosts(vec![vec![0, 1], vec![2, 3]], &ids);
+    assert_eq!((g, note), (vec![vec![0, 1], vec![2, 3]], None));
+    // 4 + 2: groups of 2, ordered by their lowest rank.
+    let (g, note) = group_hosts(vec![vec![0, 2, 4, 6], vec![1, 3]], &ids);
+    assert_eq!(g, vec![vec![0, 2], vec![1, 3], vec![4, 6]]);
+    let note = note.unwrap();
+    assert!(
+        note.contains("host \"a\" has 4 ranks and host \"b\" 2")
+            && note.contains("groups of 2 ranks")
+            && note.contains("3 groups in all"),
+        "{note}"
+    );
+    // One machine of 10: two groups of 5 (the largest divisor of at most 8).
+    let (g, note) = group_hosts(vec![(0..10).collect()], &ids);
+    assert_eq!(g, vec![(0..5).collect::<Vec<_>>(), (5..10).collect()]);
+    assert!(note.unwrap().contains("more than the 8"));
+    // 16 and 8: groups of 8.
+    let (g, _) = group_hosts(vec![(0..16).collect(), (16..24).collect()], &ids);
+    assert_eq!(g.len(), 3);
+    assert!(g.iter().all(|r| r.len() == 8));
+    // 2 + 1: every rank its own host, as before.
+    let (g, note) = group_hosts(vec![vec![0, 1], vec![2]], &ids);
+    assert_eq!(g, vec![vec![0], vec![1], vec![2]]);
+    assert!(note.unwrap().contains("every rank is its own host"));
+    // 6 + 9 (gcd 3), 7 + 14 (gcd 7), 12 + 18 (gcd 6).
+    for (a, b, size) in [(6, 9, 3), (7, 14, 7), (12, 18, 6)] {
+        let (g, _) = group_hosts(vec![(0..a).collect(), (a..a + b).collect()], &ids);
+        assert!(g.iter().all(|r| r.len() == size), "{a} + {b}: {g:?}");
+        assert_eq!(g.len(), (a + b) / size, "{a} + {b}");
+    }
+}
