@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks of the cross-host work: send/recv across hosts (the xp2p kernel), the two-shot
-# forms across three or more hosts, two hosts of two ranks, train-dp, nccl-tests and PyTorch
-# across simulated hosts. On the development machine (Rust, no GPU), build and pack:
+# forms across three or more hosts, two hosts of two ranks, hosts of different sizes (4 + 2,
+# as groups of 2), train-dp, nccl-tests and PyTorch across simulated hosts. On the development machine (Rust, no GPU), build and pack:
 #
 #   scripts/gpu-cross-hosts-check.sh --pack     # -> .gpu/b.tgz (about 12 MB)
 #
@@ -108,4 +108,11 @@ want 9 && { timeout 200 $M $B/train-dp --preset compute --steps 20 $NR --simulat
 want 10 && { MSCCLPP_TEST_RANKS_PER_HOST=2 MSCCLPP_TEST_TIMEOUT_S=150 timeout 180 \
   $B/gpu_cross_host --test-threads 1 --exact cross_host_all_gather_places_every_rank \
   > "$R/gpu_cross_host-2x2-nomps.txt" 2>&1; st gpu_cross_host-2x2-nomps $?; }
+# 11. Hosts of different sizes (4 + 2 ranks): the library cuts them into three groups of 2
+#     (memory channels inside a group; the two groups of the larger host talk over the copy
+#     engine). Six processes: MPS unless there are six GPUs.
+M6=scripts/with-mps.sh
+[ "$NGPU" -ge 6 ] && M6=""
+want 11 && { MSCCLPP_TEST_HOST_SIZES=4,2 timeout 300 $M6 $B/gpu_cross_host \
+  --test-threads 1 > "$R/gpu_cross_host-4+2.txt" 2>&1; st gpu_cross_host-4+2 $?; }
 echo done >> "$R/steps.txt"; snap

@@ -31,16 +31,65 @@ use common::{ROLE, dptr, mismatches, splitmix};
 
 /// Ranks per simulated host: `MSCCLPP_TEST_RANKS_PER_HOST` (1..=4, default 1; with 2, four
 /// processes as two hosts of two also run the local reduce-scatter and all-gather kernels
-/// over memory channels, all on GPU 0 of a one-GPU machine).
+/// over memory channels, all on GPU 0 of a one-GPU machine). Under
+/// `MSCCLPP_TEST_HOST_SIZES`, the size of the groups the library cuts the hosts into.
 fn ranks_per_host() -> usize {
-    common::env_number("MSCCLPP_TEST_RANKS_PER_HOST", 1..=4, 1) as usize
+    match host_sizes() {
+        Some(sizes) => group_size(&sizes),
+        None => common::env_number("MSCCLPP_TEST_RANKS_PER_HOST", 1..=4, 1) as usize,
+    }
 }
 
 /// Simulated hosts: `MSCCLPP_TEST_HOSTS` (2..=8, default 2). From 3 hosts, large calls take
 /// the two-shot forms across hosts (more processes than GPUs share them: run under MPS,
-/// `scripts/with-mps.sh`).
+/// `scripts/with-mps.sh`). Under `MSCCLPP_TEST_HOST_SIZES`, the number of groups.
 fn test_hosts() -> usize {
-    common::env_number("MSCCLPP_TEST_HOSTS", 2..=8, 2) as usize
+    match host_sizes() {
+        Some(sizes) => sizes.iter().sum::<usize>() / group_size(&sizes),
+        None => common::env_number("MSCCLPP_TEST_HOSTS", 2..=8, 2) as usize,
+    }
+}
+
+/// Hosts of different sizes: `MSCCLPP_TEST_HOST_SIZES=4,2` (the first 4 ranks on one
+/// simulated host, the next 2 on another). The library cuts them into groups of one size
+/// taken in rank order (here three groups of 2), which the checks treat as the hosts.
+fn host_sizes() -> Option<Vec<usize>> {
+    let v = std::env::var("MSCCLPP_TEST_HOST_SIZES").ok()?;
+    let sizes: Vec<usize> = v
+        .split(',')
+        .map(|s| s.trim().parse().expect("MSCCLPP_TEST_HOST_SIZES: numbers"))
+        .collect();
+    assert!(
+        sizes.iter().all(|&s| (1..=8).contains(&s)) && sizes.len() >= 2,
+        "MSCCLPP_TEST_HOST_SIZES={v:?}: two or more sizes of 1..=8"
+    );
+    Some(sizes)
+}
+
+/// The library's group size for hosts of `sizes`: the largest number of at most 8 that
+/// divides them all.
+fn group_size(sizes: &[usize]) -> usize {
+    (1..=8)
+        .rev()
+        .find(|d| sizes.iter().all(|s| s % d == 0))
+        .expect("1 divides them")
+}
+
+/// The simulated host of `rank`.
+fn host_of(rank: usize) -> usize {
+    match host_sizes() {
+        Some(sizes) => {
+            let mut end = 0;
+            sizes
+                .iter()
+                .position(|s| {
+                    end += s;
+                    rank < end
+                })
+                .expect("a host for every rank")
+        }
+        None => rank / ranks_per_host(),
+    }
 }
 
 fn run_two(test: &str) {
@@ -62,7 +111,7 @@ fn setup(coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
     let launch = Launch::from_env().unwrap();
     let config = launch
         .config()
-        .with_host_id(format!("sim-gpu-host-{}", launch.rank / ranks_per_host()));
+        .with_host_id(format!("sim-gpu-host-{}", host_of(launch.rank)));
     let bs = BlockingBootstrap::init_with_config(launch.nranks, launch.rank, launch.root, config)
         .unwrap();
     common::collectives_on(bs, coll)
@@ -175,8 +224,14 @@ fn all_reduce_rank() {
     });
     let (n, r) = (c.nranks(), c.rank());
     assert_eq!(c.hosts(), test_hosts());
-    // Every partner is over TCP here: the setting decides.
-    assert_eq!(c.cross_buffer_mapped(), host_buffer, "rank {r}");
+    // Where every partner (the rank of the same place in each other group) is on another
+    // simulated host, over TCP, the setting decides; a partner on the same host (hosts cut
+    // into groups) is reached by the copy engine, from device memory.
+    let l = ranks_per_host();
+    let all_tcp = (0..n)
+        .filter(|&p| p % l == r % l && p / l != r / l)
+        .all(|p| host_of(p) != host_of(r));
+    assert_eq!(c.cross_buffer_mapped(), host_buffer && all_tcp, "rank {r}");
     let cases: [(DataType, ReduceOp, &[usize]); 4] = [
         (
             DataType::F32,
