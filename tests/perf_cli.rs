@@ -453,8 +453,13 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
     let _ = std::fs::remove_file(&json);
 
     // Send/recv across the simulated hosts (rank r to r + 1: every other pair crosses): the
-    // same sweep with --op sendrecv in place of the JSON output.
-    let out = perf(&[&sweep[..sweep.len() - 2], &["--op", "sendrecv"]].concat());
+    // same sweep with --op sendrecv in place of the JSON output. With no send/recv across
+    // hosts by default (MSCCLPP_P2P_REMOTE_MAX=0): the tool names the ring's neighbours as
+    // the peers, so it runs all the same.
+    let out = perf_with(
+        &[&sweep[..sweep.len() - 2], &["--op", "sendrecv"]].concat(),
+        &[("MSCCLPP_P2P_REMOTE_MAX", "0")],
+    );
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     let p2p = rows(&stdout);

@@ -183,6 +183,12 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         // The host calls (and the calls across hosts) take the algorithm from the config.
         coll_config.all_reduce_algo = config.args.algo.all_reduce();
     }
+    if config.args.collective == Collective::SendRecv && nranks > 1 {
+        // The ring's neighbours are the only peers: across hosts only they get channels, so
+        // jobs with more ranks on other hosts than CollConfig::p2p_remote_max run too
+        // (MSCCLPP_P2P_PEERS still overrides).
+        coll_config.p2p_peers = Some(vec![(rank + 1) % nranks, (rank + nranks - 1) % nranks]);
+    }
     let coll = Collectives::new(comm, coll_config)?;
     if let (0, Some(note)) = (rank, coll.layout_note()) {
         println!("# note: {note}");
