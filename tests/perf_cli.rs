@@ -209,6 +209,24 @@ fn bad_command_lines_exit_2_with_the_reason() {
     }
 }
 
+/// A size too large for the machine's memory (the largest the parser takes: a send buffer
+/// of 2^62 f32) ends every rank with the reason, not a panic or an allocation abort.
+#[test]
+fn a_size_beyond_memory_is_refused_with_the_reason() {
+    let max = u64::MAX.to_string();
+    let out = perf(&[
+        "--nranks", "2", "-b", &max, "-e", &max, "-n", "1", "-w", "1",
+    ]);
+    let (stdout, stderr) = text(&out);
+    let all = format!("{stdout}{stderr}");
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("do not fit in this machine's memory"), "{all}");
+    assert!(
+        !all.contains("panicked") && !all.contains("memory allocation of"),
+        "{all}"
+    );
+}
+
 #[test]
 fn nccl_comparison_is_refused_without_a_gpu() {
     let out = perf(&["--compare", "nccl", "-b", "1K", "-e", "1K"]);

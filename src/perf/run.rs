@@ -539,7 +539,7 @@ fn sweep<T: Elem>(
         })?;
     let mut runner = match coll.gpu() {
         Some(gpu) => Runner::Gpu(GpuRunner::<T>::new(gpu, coll, nccl, &largest)?),
-        None => Runner::Host(HostRunner::<T>::new(coll, &largest)),
+        None => Runner::Host(HostRunner::<T>::new(coll, &largest)?),
     };
     let factor = report::bus_factor(c, nranks);
     let mut rows = Vec::new();
@@ -641,6 +641,37 @@ fn reference(config: &Config, nranks: usize) -> Reference {
     }
 }
 
+/// A host vector of `len` copies of `v` (for `what`), or a clear error when that much memory
+/// cannot be had (a size from the command line too large for this machine).
+fn host_vec<T: Clone>(len: u64, v: T, what: &str) -> Result<Vec<T>, PerfError> {
+    let too_large = || {
+        PerfError::Args(format!(
+            "{what}: {len} elements of {} bytes do not fit in this machine's memory; choose \
+             a smaller size (-b/-e)",
+            std::mem::size_of::<T>()
+        ))
+    };
+    let n = usize::try_from(len).map_err(|_| too_large())?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| too_large())?;
+    out.resize(n, v);
+    Ok(out)
+}
+
+/// Bytes of a device buffer of `count` elements of `elt` bytes (the `what` buffer), or a
+/// clear error when that does not fit in an address.
+fn buffer_bytes(count: u64, elt: usize, what: &str) -> Result<usize, PerfError> {
+    usize::try_from(count)
+        .ok()
+        .and_then(|c| c.checked_mul(elt))
+        .ok_or_else(|| {
+            PerfError::Args(format!(
+                "the {what} buffer: {count} elements of {elt} bytes is too large; choose a \
+                 smaller size (-b/-e)"
+            ))
+        })
+}
+
 /// The inputs of a check run: (send buffer contents, receive buffer contents). Receive
 /// elements not written by the input hold [`check::unwritten`], so a collective that writes
 /// nothing fails.
@@ -650,11 +681,12 @@ fn check_inputs<T: Elem>(
     rank: usize,
     placement: Placement,
     shape: &Shape,
-) -> (Vec<T>, Vec<T>) {
+) -> Result<(Vec<T>, Vec<T>), PerfError> {
     let c = config.args.collective;
-    let mut input = vec![T::default(); shape.send_count as usize];
+    let mut input = host_vec(shape.send_count, T::default(), "the check's input")?;
     reference(config, nranks).fill(rank, &mut input);
-    let mut recv = vec![T::from_bits(check::unwritten(config.args.dtype)); shape.count as usize];
+    let unwritten = T::from_bits(check::unwritten(config.args.dtype));
+    let mut recv = host_vec(shape.count, unwritten, "the check's output")?;
     if effective(c, placement) == Placement::InPlace {
         let at = match c {
             Collective::AllGather => rank * shape.send_count as usize,
@@ -662,7 +694,7 @@ fn check_inputs<T: Elem>(
         };
         recv[at..at + input.len()].copy_from_slice(&input);
     }
-    (input, recv)
+    Ok((input, recv))
 }
 
 struct GpuRunner<'a, T: Elem> {
@@ -688,8 +720,8 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             gpu: gpu.clone(),
             nccl,
             stream: gpu.new_stream()?,
-            send: DeviceBuffer::zeroed(gpu, largest.send_count as usize * elt)?,
-            recv: DeviceBuffer::zeroed(gpu, largest.count as usize * elt)?,
+            send: DeviceBuffer::zeroed(gpu, buffer_bytes(largest.send_count, elt, "send")?)?,
+            recv: DeviceBuffer::zeroed(gpu, buffer_bytes(largest.count, elt, "receive")?)?,
             _elem: std::marker::PhantomData,
         })
     }
@@ -855,7 +887,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             self.coll.rank(),
             placement,
             shape,
-        );
+        )?;
         self.recv.copy_from_host(0, &recv)?;
         if effective(config.args.collective, placement) == Placement::OutOfPlace {
             self.send.copy_from_host(0, &input)?;
@@ -953,7 +985,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             self.load_inputs(config, placement, shape)?;
             self.enqueue(config, lib, placement, shape)?;
             self.sync()?;
-            let mut got = vec![T::default(); shape.count as usize];
+            let mut got = host_vec(shape.count, T::default(), "the check's copy of the output")?;
             self.recv.copy_to_host(0, &mut got)?;
             let (c, n, rank) = (config.args.collective, self.coll.nranks(), self.coll.rank());
             let strictness = match lib {
@@ -981,13 +1013,13 @@ struct HostRunner<T: Elem> {
 }
 
 impl<T: Elem> HostRunner<T> {
-    fn new(coll: &Collectives, largest: &Shape) -> Self {
+    fn new(coll: &Collectives, largest: &Shape) -> Result<Self, PerfError> {
         let _ = coll;
-        HostRunner {
-            send: vec![T::default(); largest.send_count as usize],
-            recv: vec![T::default(); largest.count as usize],
+        Ok(HostRunner {
+            send: host_vec(largest.send_count, T::default(), "the send buffer")?,
+            recv: host_vec(largest.count, T::default(), "the receive buffer")?,
             slot: Vec::new(),
-        }
+        })
     }
 
     fn run_once(
@@ -1071,7 +1103,8 @@ impl<T: Elem> HostRunner<T> {
         let bs = coll.communicator().bootstrap();
         // Peers may still be in the previous operation.
         bs.barrier()?;
-        let (input, recv) = check_inputs::<T>(config, coll.nranks(), coll.rank(), placement, shape);
+        let (input, recv) =
+            check_inputs::<T>(config, coll.nranks(), coll.rank(), placement, shape)?;
         self.recv[..recv.len()].copy_from_slice(&recv);
         self.send[..input.len()].copy_from_slice(&input);
         self.slot = input;

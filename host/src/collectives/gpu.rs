@@ -311,6 +311,20 @@ pub(super) fn pdl_plan(env: Option<&str>, block_cap: u32, one_anywhere: bool) ->
     (pdl_one(env), cap)
 }
 
+/// Checks a `MSCCLPP_PDL` value (`env`): `0`, `1`, `auto` or empty (the default), as the
+/// other variables are checked; anything else is an error naming it.
+pub(super) fn check_pdl_env(env: Option<&str>) -> Result<(), CommError> {
+    match env.map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(()),
+        Some(v) if matches!(v.as_str(), "" | "auto" | "0" | "1") => Ok(()),
+        Some(_) => Err(CommError::InvalidArgument(format!(
+            "MSCCLPP_PDL={:?}: expected 0 (no dependent launch), 1 (dependent launch, also \
+             when ranks share a GPU) or auto",
+            env.unwrap_or_default()
+        ))),
+    }
+}
+
 /// Whether `MSCCLPP_PDL` (`env`) is `1`: dependent launch asked for even on a shared GPU
 /// ([`pdl_plan`]).
 pub(super) fn pdl_one(env: Option<&str>) -> bool {

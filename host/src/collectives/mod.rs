@@ -889,6 +889,7 @@ impl Collectives {
     pub fn new(mut comm: Communicator, mut config: CollConfig) -> Result<Collectives, CommError> {
         config.validate()?;
         let pdl_env = std::env::var("MSCCLPP_PDL").ok();
+        gpu::check_pdl_env(pdl_env.as_deref())?;
         let block_cap = shared_gpu_block_cap(&comm)?;
         // Ranks sharing a GPU agree whether any asked for dependent launch (the same cap
         // everywhere); every rank sees the same cap, so all or none take this step.

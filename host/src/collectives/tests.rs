@@ -1189,7 +1189,14 @@ fn the_block_cap_is_read_from_every_rank_and_counts_ranks_per_device() {
 /// once any rank set `1` (two grids per rank must fit; grids equal everywhere).
 #[test]
 fn dependent_launch_plan_follows_the_variable_and_the_shared_gpu_cap() {
-    use super::gpu::pdl_plan;
+    use super::gpu::{check_pdl_env, pdl_plan};
+    for ok in [None, Some(""), Some(" 0"), Some("1 "), Some("AUTO")] {
+        assert!(check_pdl_env(ok).is_ok(), "{ok:?}");
+    }
+    for bad in ["abc", "-1", "2", "yes"] {
+        let e = check_pdl_env(Some(bad)).unwrap_err().to_string();
+        assert!(e.contains(&format!("MSCCLPP_PDL={bad:?}")), "{e}");
+    }
     let alone = u32::MAX;
     assert_eq!(pdl_plan(None, alone, false), (true, alone));
     assert_eq!(pdl_plan(Some("1"), alone, false), (true, alone));

@@ -1029,19 +1029,24 @@ pub(crate) fn idle_within(gpu: &Gpu, wait: Duration) -> bool {
 /// report first when ranks wait for each other (which rank waits for whom, and where).
 pub const DEVICE_TIMEOUT_ENV: &str = "MSCCLPP_DEVICE_TIMEOUT";
 
-/// The device timeout [`DEVICE_TIMEOUT_ENV`] asks for, if it is set: seconds, finite, above
-/// 0 and at most a day; anything else is an error naming the variable.
+/// The device timeout [`DEVICE_TIMEOUT_ENV`] asks for, if it is set and not empty (as
+/// `MSCCLPP_BOOTSTRAP_TIMEOUT`): seconds, finite, above 0 and at most a day; anything else
+/// is an error naming the variable.
 fn device_timeout_from_env() -> Result<Option<Duration>, CommError> {
-    std::env::var(DEVICE_TIMEOUT_ENV)
-        .ok()
-        .map(|v| parse_device_timeout(&v))
-        .transpose()
+    match std::env::var(DEVICE_TIMEOUT_ENV) {
+        Ok(v) => parse_device_timeout(&v),
+        Err(_) => Ok(None),
+    }
 }
 
-/// A [`DEVICE_TIMEOUT_ENV`] value as a duration (see [`device_timeout_from_env`]).
-fn parse_device_timeout(value: &str) -> Result<Duration, CommError> {
+/// A [`DEVICE_TIMEOUT_ENV`] value as a duration, `None` when empty (see
+/// [`device_timeout_from_env`]).
+fn parse_device_timeout(value: &str) -> Result<Option<Duration>, CommError> {
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
     match crate::launch::positive_seconds(value).filter(|&s| s <= 86_400.0) {
-        Some(secs) => Ok(Duration::from_secs_f64(secs)),
+        Some(secs) => Ok(Some(Duration::from_secs_f64(secs))),
         None => Err(CommError::InvalidArgument(format!(
             "{DEVICE_TIMEOUT_ENV}={value:?}: expected a number of seconds above 0 and at most \
              86400 (one day)"

@@ -979,16 +979,22 @@ fn connection_tags_are_named_in_messages() {
     );
 }
 
-/// `MSCCLPP_DEVICE_TIMEOUT` takes seconds (whole or fractional) and names itself when it
-/// cannot be read.
+/// `MSCCLPP_DEVICE_TIMEOUT` takes seconds (whole or fractional), is unset when empty, and
+/// names itself when it cannot be read.
 #[test]
 fn device_timeout_env_values_are_read_or_refused_by_name() {
-    assert_eq!(parse_device_timeout("10").unwrap(), Duration::from_secs(10));
+    assert_eq!(
+        parse_device_timeout("10").unwrap(),
+        Some(Duration::from_secs(10))
+    );
     assert_eq!(
         parse_device_timeout(" 2.5 ").unwrap(),
-        Duration::from_millis(2500)
+        Some(Duration::from_millis(2500))
     );
-    for bad in ["0", "-1", "ten", "", "inf", "NaN", "86401"] {
+    // Empty: unset, as MSCCLPP_BOOTSTRAP_TIMEOUT.
+    assert_eq!(parse_device_timeout("").unwrap(), None);
+    assert_eq!(parse_device_timeout("  ").unwrap(), None);
+    for bad in ["0", "-1", "ten", "inf", "NaN", "86401"] {
         let e = parse_device_timeout(bad).unwrap_err().to_string();
         assert!(
             e.contains(DEVICE_TIMEOUT_ENV) && e.contains(&format!("{bad:?}")),
