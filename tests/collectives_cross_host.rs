@@ -1420,3 +1420,75 @@ fn cross_host_peers_variable_connects_pipeline_stages() {
         &[(LAYOUT, "block:2"), ("MSCCLPP_P2P_PEERS", "+2")],
     );
 }
+
+/// Every collective of `count` elements per rank on rank `r`, as kind `k` (0 all-reduce,
+/// 1 all-gather, 2 reduce-scatter, 3 reduce, 4 broadcast, 5 all-to-all; roots 0).
+fn collective_of(c: &Collectives, k: usize, count: usize) -> Result<(), CommError> {
+    let n = c.nranks();
+    let send = vec![1f32; count * n];
+    let mut recv = vec![0f32; count * n];
+    match k {
+        0 => c.all_reduce_host(&send[..count], &mut recv[..count], ReduceOp::Sum),
+        1 => c.all_gather_host(&send[..count], &mut recv),
+        2 => c.reduce_scatter_host(&send, &mut recv[..count], ReduceOp::Sum),
+        3 => c.reduce_host(&send[..count], &mut recv[..count], ReduceOp::Sum, 0),
+        4 => c.broadcast_host(&send[..count], &mut recv[..count], 0),
+        _ => c.all_to_all_host(&send, &mut recv),
+    }
+}
+
+fn zero_rank() {
+    let c = collectives();
+    let r = c.rank();
+    let one_host = c.hosts() == 1;
+    // Every rank with no elements: each collective passes and moves nothing, and the ranks
+    // stay in step.
+    for k in 0..6 {
+        collective_of(&c, k, 0).unwrap_or_else(|e| panic!("rank {r}: kind {k}, all empty: {e}"));
+    }
+    check_all_reduce::<f32>(&c, &[5, 1001], &[ReduceOp::Sum], false);
+    // Rank 1 with none, rank 0 with some: every rank fails, naming the empty side (before,
+    // the empty call returned at once and the others paired with its next call).
+    for k in 0..6 {
+        let count = if r == 1 { 0 } else { 3 };
+        let e = match collective_of(&c, k, count) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("rank {r}: kind {k}: 3 elements against none passed"),
+        };
+        assert!(
+            e.contains(" 0 f32") && e.contains(" 3 f32"),
+            "rank {r}: kind {k}: {e}"
+        );
+        if !one_host {
+            // Across hosts the collectives are unusable after a failure (documented).
+            break;
+        }
+        assert!(e.contains("(no elements)"), "rank {r}: kind {k}: {e}");
+        // On one host the next, matching call works.
+        check_all_reduce::<f32>(&c, &[7], &[ReduceOp::Sum], false);
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// A call of no elements takes part in the descriptor check like any other: when every rank
+/// makes it, every collective passes and the ranks stay in step; when one rank calls with
+/// none and the other with some, both fail naming the two sides (on one host the next
+/// matching call works; across hosts, as after any failure there, the state is broken).
+#[test]
+fn zero_element_calls_are_checked_on_one_host() {
+    if child() {
+        return zero_rank();
+    }
+    launch("zero_element_calls_are_checked_on_one_host", 2, "block:2");
+}
+
+/// [`zero_element_calls_are_checked_on_one_host`] with the two ranks on two hosts (the
+/// check is the round's header across hosts).
+#[test]
+fn zero_element_calls_are_checked_across_hosts() {
+    if child() {
+        return zero_rank();
+    }
+    launch("zero_element_calls_are_checked_across_hosts", 2, "cyclic:2");
+}

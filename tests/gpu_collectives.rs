@@ -361,7 +361,16 @@ fn mismatch_rank() {
         DataType,
         AllReduceAlgo,
         AllReduceAlgo,
-    ); 5] = [
+    ); 6] = [
+        // No elements on rank 0: checked like any call (then every rank with none).
+        (
+            0,
+            1000,
+            DataType::F32,
+            DataType::F32,
+            AllReduceAlgo::Auto,
+            AllReduceAlgo::Auto,
+        ),
         (
             1000,
             2000,

@@ -35,7 +35,7 @@ use mscclpp_device::collectives::{CollContext, MAX_RANKS, STATE_WORDS, desc, fau
 use super::gpu;
 use super::{
     AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp, all_gather_tag,
-    all_reduce_tag,
+    all_reduce_tag, one_shot_grid,
 };
 use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu, memcpy_async};
@@ -584,6 +584,81 @@ impl GpuCross {
 }
 
 impl Collectives {
+    /// A collective call of no elements (`kind`: its [`desc`] collective code; `dtype`,
+    /// `op` and `root` where it has them), on `ex`. It moves nothing but still takes part in
+    /// the exchange of call descriptors, so that a rank that called with no elements while
+    /// the others called with some fails the call on every rank it shares a check with (a
+    /// [`CommError::CallMismatch`] naming both sides) instead of pairing with their next
+    /// call; when every rank calls with none, it passes and the ranks stay in step. In the
+    /// local group: the one-shot all-reduce kernel with no elements carrying the call's
+    /// descriptor; across hosts, then a round with the partners carrying the header alone.
+    pub(super) fn empty_call(
+        &self,
+        ex: Exec<'_>,
+        call: &str,
+        kind: u64,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        root: Option<usize>,
+    ) -> Result<(), CommError> {
+        let tag = desc::rooted_tag(
+            kind,
+            super::dtype_code(dtype),
+            op.map_or(0, super::op_desc),
+            0,
+            root.map_or(0, |r| r as u64),
+        );
+        let local = || -> Result<(), CommError> {
+            if self.ctx.nranks < 2 {
+                return Ok(());
+            }
+            match ex {
+                Exec::Gpu(stream) => {
+                    let kernels = self.gpu_kernels(call)?;
+                    let f =
+                        kernels.all_reduce(AllReduceAlgo::OneShot, DataType::F32, ReduceOp::Sum);
+                    let (blocks, threads) = one_shot_grid(0, self.config.threads, self.block_cap);
+                    // SAFETY: no elements: the kernel touches no user memory, only this
+                    // communicator's registered memory, which the context holds.
+                    self.noted(unsafe {
+                        kernels.launch(stream, f, 0, 0, 0, tag, blocks, threads, true)
+                    })
+                }
+                Exec::Host => {
+                    let f = super::more::all_reduce_host_kernel(
+                        AllReduceAlgo::OneShot,
+                        DataType::F32,
+                        ReduceOp::Sum,
+                    );
+                    let ctx = &*self.ctx as *const CollContext as u64;
+                    self.run_host_blocks(call, 1, || {
+                        // SAFETY: the context holds this communicator's shared memory; no
+                        // elements, so no user memory is touched; blocks of >= nranks
+                        // threads.
+                        unsafe {
+                            f(
+                                ctx as *const CollContext,
+                                std::ptr::null(),
+                                std::ptr::null_mut(),
+                                0,
+                                tag,
+                            )
+                        }
+                    })
+                }
+            }
+        };
+        if self.cross.is_none() {
+            return local();
+        }
+        self.cross_call(call, ex, |cross, _, _| {
+            local()?;
+            let flags = xk::flags(xk::NONE, 0) | HEADER_ONLY;
+            // SAFETY: no bytes: the step copies nothing in or out.
+            unsafe { self.x_step(ex, cross, call, 0, 0, [0, tag], 0, flags, 0) }
+        })
+    }
+
     /// The cross-host state, or `None` for a one-host `Collectives`.
     pub(super) fn cross(&self) -> Option<&Cross> {
         self.cross.as_ref()

@@ -58,7 +58,10 @@
 //! sees the same descriptors, so every rank fails the call, with
 //! [`CommError::CallMismatch`] naming both sides (e.g. "rank 1 called all_reduce with 400000
 //! f32 (two-shot), rank 0 all_reduce with 300000 f32 (two-shot)"); the output is undefined
-//! and the next, matching call works.
+//! and the next, matching call works. A call of no elements moves nothing but is checked
+//! all the same (a small kernel carrying its descriptor; across hosts also a round of
+//! headers), so a rank that calls with none while the others call with some fails with
+//! them instead of pairing with their next call.
 //!
 //! **Waits do not trap.** Every device wait (LL packets, semaphores, proxy channels) looks,
 //! every 64 failed polls, at the clock and at a fault area in memory the host and the
@@ -1559,7 +1562,13 @@ impl Collectives {
         self.check_fault("all_reduce", false)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
         if count == 0 {
-            return Ok(());
+            self.noted(gpu::check_stream(
+                "all_reduce",
+                self.gpu().expect("GPU backend"),
+                stream,
+            ))?;
+            let ex = cross::Exec::Gpu(stream);
+            return self.empty_call(ex, "all_reduce", desc::ALL_REDUCE, dtype, Some(op), None);
         }
         self.noted((|| {
             gpu::check_stream("all_reduce", self.gpu().expect("GPU backend"), stream)?;
@@ -1615,7 +1624,13 @@ impl Collectives {
             self.resolve_all_gather("all_gather", algo, bytes)?;
         }
         if send_count == 0 {
-            return Ok(());
+            self.noted(gpu::check_stream(
+                "all_gather",
+                self.gpu().expect("GPU backend"),
+                stream,
+            ))?;
+            let ex = cross::Exec::Gpu(stream);
+            return self.empty_call(ex, "all_gather", desc::ALL_GATHER, dtype, None, None);
         }
         let total = checked_bytes("all_gather", bytes, self.nranks())?;
         self.noted((|| {
@@ -1887,7 +1902,15 @@ impl Collectives {
         more::check_reducing("all_reduce_host", count, dtype)?;
         let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
         if count == 0 {
-            return Ok(());
+            let ex = cross::Exec::Host;
+            return self.empty_call(
+                ex,
+                "all_reduce_host",
+                desc::ALL_REDUCE,
+                dtype,
+                Some(op),
+                None,
+            );
         }
         if let Some(c) = self.cross() {
             let algo = self.cross_all_reduce_algo(c, AllReduceAlgo::Auto, bytes);
@@ -1932,7 +1955,15 @@ impl Collectives {
         }
         let bytes = std::mem::size_of_val(send) as u64;
         if bytes == 0 {
-            return Ok(());
+            let ex = cross::Exec::Host;
+            return self.empty_call(
+                ex,
+                "all_gather_host",
+                desc::ALL_GATHER,
+                T::DTYPE,
+                None,
+                None,
+            );
         }
         let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
         if self.cross.is_some() {
@@ -2140,7 +2171,10 @@ fn describe(d: [u64; 2]) -> String {
         .unwrap_or(&"?");
     let root = desc::root(tag);
     let ll = field(desc::ALGO_SHIFT) == 1;
+    // A call of no elements carries no algorithm (`Collectives::empty_call`).
+    const EMPTY: &str = "no elements";
     let path = match field(desc::ALGO_SHIFT) as u64 {
+        _ if n == 0 => EMPTY,
         1 => "LL",
         desc::PIPELINED => "pipelined",
         _ => "put",
@@ -2159,13 +2193,17 @@ fn describe(d: [u64; 2]) -> String {
             let bytes_n = !sum
                 && algo
                     .is_some_and(|a| matches!(a.0, AllReduceAlgo::TwoShot | AllReduceAlgo::Proxy));
-            let algo = algo.map_or("?", |x| x.1);
+            let algo = if n == 0 {
+                EMPTY
+            } else {
+                algo.map_or("?", |x| x.1)
+            };
             format!("all_reduce ({op}) with {} {dname} ({algo})", elems(bytes_n))
         }
         desc::ALL_GATHER => {
             let algo = AG_ALGOS
                 .get(field(desc::ALGO_SHIFT).wrapping_sub(1))
-                .map_or("?", |x| x.1);
+                .map_or(if n == 0 { EMPTY } else { "?" }, |x| x.1);
             format!("all_gather of {} {dname} per rank ({algo})", n / size)
         }
         desc::REDUCE_SCATTER => format!(

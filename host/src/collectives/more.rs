@@ -502,6 +502,10 @@ impl Collectives {
     /// The ranges valid host memory for the plan.
     unsafe fn more_host(&self, call: &str, p: Plan, send: u64, recv: u64) -> Result<(), CommError> {
         self.host_only(call)?;
+        if p.pair_bytes == 0 {
+            let root = matches!(p.kind, Kind::Reduce | Kind::Broadcast).then_some(p.root);
+            return self.empty_call(Exec::Host, call, p.kind.desc(), p.dtype, p.op, root);
+        }
         if self.cross().is_some() {
             // SAFETY: caller contract.
             return unsafe { self.cross_more(Exec::Host, p, send, recv) };
@@ -740,7 +744,8 @@ impl Collectives {
         let bytes = checked_bytes(call, recv_count, es)?;
         let total = checked_bytes(call, bytes, n)?;
         if recv_count == 0 {
-            return Ok(());
+            let ex = Exec::Gpu(stream);
+            return self.empty_call(ex, call, desc::REDUCE_SCATTER, dtype, Some(op), None);
         }
         gpu::check_range("reduce_scatter: send", send, total, es)?;
         gpu::check_range("reduce_scatter: recv", recv, bytes, es)?;
@@ -784,7 +789,8 @@ impl Collectives {
         let es = dtype.size();
         let bytes = checked_bytes(call, count, es)?;
         if count == 0 {
-            return Ok(());
+            let ex = Exec::Gpu(stream);
+            return self.empty_call(ex, call, desc::REDUCE, dtype, Some(op), Some(root));
         }
         gpu::check_range("reduce: send", send, bytes, es)?;
         if self.rank() == root {
@@ -827,7 +833,8 @@ impl Collectives {
         let es = dtype.size();
         let bytes = checked_bytes(call, count, es)?;
         if count == 0 {
-            return Ok(());
+            let ex = Exec::Gpu(stream);
+            return self.empty_call(ex, call, desc::BROADCAST, dtype, None, Some(root));
         }
         gpu::check_range("broadcast: recv", recv, bytes, es)?;
         if self.rank() == root {
@@ -867,7 +874,8 @@ impl Collectives {
         let bytes = checked_bytes(call, count, es)?;
         let total = checked_bytes(call, bytes, self.nranks())?;
         if count == 0 {
-            return Ok(());
+            let ex = Exec::Gpu(stream);
+            return self.empty_call(ex, call, desc::ALL_TO_ALL, dtype, None, None);
         }
         gpu::check_range("all_to_all: send", send, total, es)?;
         gpu::check_range("all_to_all: recv", recv, total, es)?;
