@@ -1492,3 +1492,66 @@ fn zero_element_calls_are_checked_across_hosts() {
     }
     launch("zero_element_calls_are_checked_across_hosts", 2, "cyclic:2");
 }
+
+fn group_progress_rank() {
+    let c = collectives();
+    let r = c.rank();
+    // Hosts of 2 (block:2): 0 and 1 on one, 2 and 3 on the other. Rank 0's one group holds
+    // a receive inside its host and a send across: the receive can only complete after the
+    // send has (1 sends to 0 once it has 2's, 2 sends once it has 0's).
+    for (x, count) in [100usize, 300_000].into_iter().enumerate() {
+        let data = |from: usize, to: usize| -> Vec<u32> {
+            (0..count).map(|i| word(from, to, 50 + x, i)).collect()
+        };
+        let mut got = vec![0u32; count];
+        let ops_of = |got: &mut Vec<u32>, send: &Vec<u32>, from: usize, to: usize| {
+            [
+                P2pOp::Recv {
+                    buf: got.as_mut_ptr() as u64,
+                    count,
+                    dtype: DataType::U32,
+                    peer: from,
+                },
+                P2pOp::Send {
+                    buf: send.as_ptr() as u64,
+                    count,
+                    dtype: DataType::U32,
+                    peer: to,
+                },
+            ]
+        };
+        let from = match r {
+            0 => {
+                let send = data(0, 2);
+                let ops = ops_of(&mut got, &send, 1, 2);
+                // SAFETY: the buffers outlive the blocking call.
+                unsafe { c.group_host(&ops) }.unwrap_or_else(|e| panic!("rank 0: {e}"));
+                Some(1)
+            }
+            1 | 2 => {
+                let (from, to) = if r == 1 { (2, 0) } else { (0, 1) };
+                c.recv_host(&mut got, from).unwrap();
+                c.send_host(&data(r, to), to).unwrap();
+                Some(from)
+            }
+            _ => None,
+        };
+        if let Some(from) = from {
+            assert!(got == data(from, r), "rank {r}: {count} from rank {from}");
+        }
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// A group's transfers inside the host and across hosts progress together, as a group's
+/// transfers do: rank 0's receive inside its host depends, through ranks 2 and 1, on its own
+/// send across hosts in the same group (hostile-audit finding: the transfers inside the host
+/// ran to completion first, and the group waited out the device timeout).
+#[test]
+fn cross_host_group_parts_progress_together() {
+    if child() {
+        return group_progress_rank();
+    }
+    launch("cross_host_group_parts_progress_together", 4, "block:2");
+}

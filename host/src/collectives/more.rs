@@ -1816,7 +1816,10 @@ impl Collectives {
             op.buf = staged.last().expect("pushed").as_ptr() as u64;
         }
         let (mut local, remote) = self.p2p_split(&ops);
-        if local.count > 0 {
+        let mut run_local = || -> Result<(), CommError> {
+            if local.count == 0 {
+                return Ok(());
+            }
             // Two blocks per transfer at most: CPU threads.
             let blocks = self.p2p_plan(&mut local, 2);
             let ctx = &*self.p2p_one_host().ctx as *const CollContext as u64;
@@ -1830,16 +1833,33 @@ impl Collectives {
                     "{call}: the transfer kernel failed on this rank ({e}): a bug or a broken \
                      contract, not a peer's doing"
                 ))
-            })?;
-        }
-        if remote.count > 0 {
+            })
+        };
+        if remote.count == 0 {
+            run_local()?;
+        } else {
             let x = self
                 .xp2p
                 .as_ref()
                 .expect("remote operations need it (p2p_ops)");
-            // SAFETY: the buffers are valid host memory for the call (caller contract;
-            // staged sends kept alive above).
-            unsafe { x.run_host(&remote) };
+            // The group's transfers with other hosts progress beside those inside the host,
+            // as a group's transfers do (one after the other, a peer whose local transfer
+            // waits for this rank's remote one would wait until the device timeout).
+            std::thread::scope(|scope| {
+                let remote_part = scope.spawn(|| {
+                    // SAFETY: the buffers are valid host memory for the call (caller
+                    // contract; staged sends kept alive above).
+                    unsafe { x.run_host(&remote) }
+                });
+                let r = run_local();
+                if remote_part.join().is_err() {
+                    return Err(CommError::State(format!(
+                        "{call}: the transfers with other hosts panicked on this rank: a bug, \
+                         not a peer's doing"
+                    )));
+                }
+                r
+            })?;
         }
         // A transfer of another size than the peer's, or a wait that gave up (a peer did not
         // post the matching operation within the device timeout, or an abort), recorded why.

@@ -1,13 +1,14 @@
 //! Sends and receives with ranks on other hosts (issue #17), GPU and Host backends: the
 //! transfers of a send/recv group whose peer is on another host run through
 //! [`mscclpp_device::collectives::xp2p`] over proxy channels (two per remote rank; TCP or IB
-//! between machines), after the group's transfers inside the host (memory channels, as on
-//! one machine). The remote ranks are those the ranks agreed on at set-up ([`agree`]): every
+//! between machines), beside the group's transfers inside the host (memory channels, as on
+//! one machine): on the Host backend in a thread of their own, on a GPU as the next kernel
+//! on the stream, after them. The remote ranks are those the ranks agreed on at set-up ([`agree`]): every
 //! rank on another host while there are at most [`CollConfig::p2p_remote_max`] of them, or
 //! the pairs named in [`CollConfig::p2p_peers`] / [`P2P_PEERS_ENV`] by either rank. On a
 //! GPU that is the one-block `xp2p` kernel queued on the caller's stream (no host
 //! synchronisation, no allocation: capturable); on the Host backend the same function runs
-//! in the calling thread. Design notes: `docs/tcp-transport.md`, "Send and receive across
+//! in a thread beside the local part. Design notes: `docs/tcp-transport.md`, "Send and receive across
 //! hosts".
 
 use std::sync::Mutex;
