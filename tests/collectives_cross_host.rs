@@ -1094,6 +1094,50 @@ fn mismatch_rank() {
     println!("rank {r}: ok");
 }
 
+fn local_mismatch_rank() {
+    let c = collectives();
+    let r = c.rank();
+    // Inside host 0, rank 1 all-reduces 101 elements where rank 0 does 100: their step
+    // inside the host finds it, and says the collectives are unusable after it (a call
+    // across hosts), not that they stay usable.
+    let count = if r == 1 { 101 } else { 100 };
+    let mut buf = vec![1f32; count];
+    let res = c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum);
+    if r < 2 {
+        match res {
+            Err(CommError::CallMismatch(m)) => assert!(
+                !m.contains("stay usable")
+                    && m.contains("part inside this host of a call across hosts")
+                    && m.contains("cannot be used any more"),
+                "rank {r}: {m}"
+            ),
+            other => panic!("rank {r}: expected the mismatch, got {other:?}"),
+        }
+    } else {
+        // The other host learns that host 0's round did not come (it left, or the
+        // timeout): an error, never Ok.
+        assert!(
+            res.is_err(),
+            "rank {r}: a call host 0 never completed passed"
+        );
+    }
+    println!("rank {r}: ok");
+}
+
+/// A mismatch inside one host of a call across hosts says that the collectives cannot be
+/// used any more (they said "stay usable", as on one host), and the other host's ranks fail.
+#[test]
+fn cross_host_mismatch_inside_a_host_says_the_state_is_lost() {
+    if child() {
+        return local_mismatch_rank();
+    }
+    launch_env(
+        "cross_host_mismatch_inside_a_host_says_the_state_is_lost",
+        4,
+        (LAYOUT, "block:2"),
+    );
+}
+
 /// Hosts that call different collectives are told so on every rank, naming both calls.
 #[test]
 fn cross_host_mismatched_calls_are_named() {

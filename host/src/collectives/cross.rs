@@ -687,7 +687,19 @@ impl Collectives {
             (Exec::Gpu(_), Some(g)) => (g.shard.device_ptr(), g.stage.device_ptr()),
             _ => (st.shard.as_mut_ptr() as u64, st.stage.as_mut_ptr() as u64),
         };
-        let r = body(cross, shard, stage);
+        // A mismatch found by a step inside the host names that step's part of the call,
+        // and says the collectives stay usable, which across hosts they do not.
+        let r = body(cross, shard, stage).map_err(|e| match e {
+            CommError::CallMismatch(m) => CommError::CallMismatch(format!(
+                "{}; that was the part inside this host of a call across hosts (collectives \
+                 are numbered by such parts), so the collectives cannot be used any more: the \
+                 hosts' rounds no longer pair, and the ranks of other hosts fail when this \
+                 host's round does not come",
+                m.strip_suffix("; the collectives stay usable")
+                    .unwrap_or(&m)
+            )),
+            other => other,
+        });
         // Any failure inside (a local step's too) may leave this rank's rounds behind its
         // partners': the next exchange would pair different rounds.
         if let Err(e) = &r {
