@@ -10,7 +10,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use half::{bf16, f16};
-use mscclpp::host::bootstrap::BlockingBootstrap;
+use mscclpp::host::bootstrap::{BlockingBootstrap, BootstrapError};
 use mscclpp::host::collectives::{
     AllReduceAlgo, CROSS_TWO_SHOT_SAVES, CollConfig, Collectives, DataType, Element, P2pOp,
     ReduceOp,
@@ -1136,6 +1136,49 @@ fn cross_host_mismatch_inside_a_host_says_the_state_is_lost() {
         4,
         (LAYOUT, "block:2"),
     );
+}
+
+fn setup_mismatch_rank() {
+    let comm = communicator();
+    let r = comm.rank();
+    // Rank 1 asks for other packet scratch than rank 0, its host mate: their connection
+    // fails; the other host's ranks must not come up as if all were well.
+    let res = Collectives::new(
+        comm,
+        CollConfig {
+            scratch_bytes: 64 << 10,
+            packet_max_bytes: if r == 1 { 8 << 10 } else { 4 << 10 },
+            ..CollConfig::default()
+        },
+    );
+    match res {
+        Err(e) if r < 2 => assert!(e.to_string().contains("differ"), "rank {r}: {e}"),
+        // The bootstrap's word that a rank of host 0 left (a peer's loss, not its own).
+        Err(e) => {
+            println!("rank {r}: {e}");
+            assert!(
+                matches!(
+                    e,
+                    CommError::Bootstrap(
+                        BootstrapError::PeerLost { .. } | BootstrapError::PeerClosed { .. }
+                    )
+                ),
+                "rank {r}: {e:?}"
+            )
+        }
+        Ok(_) => panic!("rank {r}: set-up passed while host 0's failed"),
+    }
+    println!("rank {r}: ok");
+}
+
+/// A setting that differs inside one host fails `Collectives::new` there, and on the other
+/// host too (it used to pass there, and every call then failed a second later).
+#[test]
+fn cross_host_setup_fails_on_every_rank_or_none() {
+    if child() {
+        return setup_mismatch_rank();
+    }
+    launch("cross_host_setup_fails_on_every_rank_or_none", 4, "block:2");
 }
 
 /// Hosts that call different collectives are told so on every rank, naming both calls.

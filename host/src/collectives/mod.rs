@@ -1030,6 +1030,11 @@ impl Collectives {
             .map(|x| xp2p::XP2p::finish(&comm, x, gpu.as_ref()))
             .transpose()?;
         let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
+        // Up on every rank or on none: a rank whose set-up failed above (a setting that
+        // differs from its peers', say) leaves, and the others learn it here (the
+        // bootstrap's error naming it, a peer's loss as callers such as the NCCL library's
+        // fallback read it), rather than from their first call.
+        comm.bootstrap_all_gather(&[1])?;
         if comm.nranks() > 1 {
             comm.proxy_launch()?;
         }
