@@ -1566,17 +1566,16 @@ impl Collectives {
         more::check_reducing("all_reduce", count, dtype)?;
         self.check_fault("all_reduce", false)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
+        self.noted(gpu::check_stream(
+            "all_reduce",
+            self.gpu().expect("GPU backend"),
+            stream,
+        ))?;
         if count == 0 {
-            self.noted(gpu::check_stream(
-                "all_reduce",
-                self.gpu().expect("GPU backend"),
-                stream,
-            ))?;
             let ex = cross::Exec::Gpu(stream);
             return self.empty_call(ex, "all_reduce", desc::ALL_REDUCE, dtype, Some(op), None);
         }
         self.noted((|| {
-            gpu::check_stream("all_reduce", self.gpu().expect("GPU backend"), stream)?;
             gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
             gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
         })())?;
@@ -1628,18 +1627,17 @@ impl Collectives {
         if self.cross.is_none() {
             self.resolve_all_gather("all_gather", algo, bytes)?;
         }
+        let total = checked_bytes("all_gather", bytes, self.nranks())?;
+        self.noted(gpu::check_stream(
+            "all_gather",
+            self.gpu().expect("GPU backend"),
+            stream,
+        ))?;
         if send_count == 0 {
-            self.noted(gpu::check_stream(
-                "all_gather",
-                self.gpu().expect("GPU backend"),
-                stream,
-            ))?;
             let ex = cross::Exec::Gpu(stream);
             return self.empty_call(ex, "all_gather", desc::ALL_GATHER, dtype, None, None);
         }
-        let total = checked_bytes("all_gather", bytes, self.nranks())?;
         self.noted((|| {
-            gpu::check_stream("all_gather", self.gpu().expect("GPU backend"), stream)?;
             gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
             gpu::check_range("all_gather: recv", recv, total, dtype.size())
         })())?;

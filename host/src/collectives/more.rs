@@ -514,7 +514,8 @@ impl Collectives {
         unsafe { self.local_more_host(call, p, send, recv) }
     }
 
-    /// Runs a plan across hosts (`cross.rs`) on `ex`.
+    /// Runs a plan across hosts (`cross.rs`) on `ex` (never of no bytes: the callers send
+    /// such calls to `empty_call`).
     ///
     /// # Safety
     /// The ranges valid memory of `ex`'s kind for the plan (until the stream ran it).
@@ -525,9 +526,6 @@ impl Collectives {
         send: u64,
         recv: u64,
     ) -> Result<(), CommError> {
-        if p.pair_bytes == 0 {
-            return Ok(());
-        }
         // SAFETY: caller contract.
         unsafe {
             match p.kind {
