@@ -680,13 +680,7 @@ export! {
                 }
                 Target::Ours(c) => c,
             };
-            let inner = c.ready(call)?;
-            if inner.revoked.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(Failure::usage(format!(
-                    "{call}: the communicator was revoked (ncclCommRevoke): destroy, split or \
-                     shrink it instead"
-                )));
-            }
+            let inner = c.usable(call)?;
             if !inner.finalized.swap(true, std::sync::atomic::Ordering::AcqRel) {
                 quiesce(call, &c.gpu, inner)?;
             }
@@ -927,19 +921,10 @@ export! {
                 Some(Ok(inner)) if inner.revoked.load(std::sync::atomic::Ordering::Acquire) => {
                     // In progress until this GPU's work has ended (and the real
                     // communicator's too), then success: as NCCL's revoke.
-                    let real_state = match (inner.real, real::real()) {
-                        (Some(rc), Ok(real)) => real.fns.comm_get_async_error.map(|f| {
-                            let mut r = result::SUCCESS;
-                            // SAFETY: NCCL's signature; out-pointer to a local.
-                            let code = unsafe { f(rc.0, &mut r) };
-                            if code != result::SUCCESS { code } else { r }
-                        }),
-                        _ => None,
-                    };
                     if !inner.revoke_quiet.load(std::sync::atomic::Ordering::Acquire) {
                         result::IN_PROGRESS
                     } else {
-                        real_state.unwrap_or(result::SUCCESS)
+                        real_async_state(inner).unwrap_or(result::SUCCESS)
                     }
                 }
                 Some(Ok(inner)) => {
@@ -967,15 +952,8 @@ export! {
                             errors.len()
                         ));
                         result::REMOTE_ERROR
-                    } else if let (Some(rc), Ok(real)) = (inner.real, real::real())
-                        && let Some(f) = real.fns.comm_get_async_error
-                    {
-                        let mut r = result::SUCCESS;
-                        // SAFETY: NCCL's signature; out-pointer to a local.
-                        let code = unsafe { f(rc.0, &mut r) };
-                        if code != result::SUCCESS { code } else { r }
                     } else {
-                        result::SUCCESS
+                        real_async_state(inner).unwrap_or(result::SUCCESS)
                     }
                 }
             };
@@ -984,6 +962,17 @@ export! {
             Ok(result::SUCCESS)
         })
     }
+}
+
+/// The real communicator's `ncclCommGetAsyncError` (its failure, else its state), when there
+/// is a real communicator beside ours and the real NCCL has the call.
+fn real_async_state(inner: &Inner) -> Option<NcclResult> {
+    let (rc, real) = (inner.real?, real::real().ok()?);
+    let f = real.fns.comm_get_async_error?;
+    let mut r = result::SUCCESS;
+    // SAFETY: NCCL's signature; the real communicator; out-pointer to a local.
+    let code = unsafe { f(rc.0, &mut r) };
+    Some(if code != result::SUCCESS { code } else { r })
 }
 
 /// `ncclCommCount` / `CuDevice` / `UserRank`.
@@ -1745,35 +1734,44 @@ export! {
     }
 }
 
-/// A team query of the device API (no error channel: a team of the whole communicator when
-/// the real NCCL cannot answer).
-fn team(
+/// A query of the device API with no error channel: the real NCCL's answer (`pick` finds
+/// its function, `ask` calls it) for a foreign communicator or the real one beside ours,
+/// else `ours` for ours, else `none` (a null or unknown communicator, a panic).
+fn device_query<F: Copy, R>(
     comm: Ptr,
-    pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr) -> Team>,
-    ours: impl Fn(&Comm) -> Team,
-) -> Team {
+    pick: impl Fn(&Real) -> Option<F>,
+    ask: impl Fn(F, Ptr) -> R,
+    ours: impl Fn(&Comm) -> R,
+    none: impl Fn() -> R,
+) -> R {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let real = real::real().ok();
-        let f = real.and_then(&pick);
+        let f = real::real().ok().and_then(&pick);
         match lookup(comm) {
-            Handle::Null => Team::default(),
-            Handle::Foreign(p) => match f {
-                // SAFETY: NCCL's signature; its own communicator.
-                Some(f) => unsafe { f(p) },
-                None => Team::default(),
-            },
+            Handle::Null => none(),
+            Handle::Foreign(p) => f.map_or_else(&none, |f| ask(f, p)),
             Handle::Ours(c) => {
                 if let (Some(f), Some(Ok(inner))) = (f, c.state.get())
                     && let Some(rc) = inner.real
                 {
-                    // SAFETY: as above, on the real communicator beside ours.
-                    return unsafe { f(rc.0) };
+                    return ask(f, rc.0);
                 }
                 ours(c)
             }
         }
     }))
-    .unwrap_or_default()
+    .unwrap_or_else(|_| none())
+}
+
+/// A team query of the device API: a team of the whole communicator (`ours`) when the real
+/// NCCL cannot answer.
+fn team(
+    comm: Ptr,
+    pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr) -> Team>,
+    ours: impl Fn(&Comm) -> Team,
+) -> Team {
+    // SAFETY (the call): NCCL's signature, on its own communicator or the real one beside
+    // ours.
+    device_query(comm, pick, |f, p| unsafe { f(p) }, ours, Team::default)
 }
 
 /// Every rank of `nranks`, this one at `rank`.
@@ -1802,27 +1800,14 @@ fn team_rank(
     rank: c_int,
     pick: impl Fn(&Real) -> Option<unsafe extern "C" fn(Ptr, Team, c_int) -> c_int>,
 ) -> c_int {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let f = real::real().ok().and_then(&pick);
-        match lookup(comm) {
-            Handle::Null => -1,
-            Handle::Foreign(p) => match f {
-                // SAFETY: NCCL's signature; its own communicator.
-                Some(f) => unsafe { f(p, tm, rank) },
-                None => -1,
-            },
-            Handle::Ours(c) => {
-                if let (Some(f), Some(Ok(inner))) = (f, c.state.get())
-                    && let Some(rc) = inner.real
-                {
-                    // SAFETY: as above, on the real communicator beside ours.
-                    return unsafe { f(rc.0, tm, rank) };
-                }
-                team_rank_formula(c.rank, tm, rank)
-            }
-        }
-    }))
-    .unwrap_or(-1)
+    device_query(
+        comm,
+        pick,
+        // SAFETY: NCCL's signature, on its own communicator or the real one beside ours.
+        |f, p| unsafe { f(p, tm, rank) },
+        |c| team_rank_formula(c.rank, tm, rank),
+        || -1,
+    )
 }
 
 /// NCCL's formula: `rank`'s place in the world (or LSA team) from this rank's `me`, for
