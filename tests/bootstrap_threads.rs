@@ -738,6 +738,15 @@ fn goodbyes_name_the_calls_their_sender_set() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!((b0.left_after(1), b0.left_after(2)), (Some(7), None));
+        // The hook is told just after a departure is recorded (outside the bootstrap's
+        // locks), so it may lag `has_left` by a moment.
+        while seen.lock().unwrap().len() < 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the hook was not told of both departures"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let mut got = seen.lock().unwrap().clone();
         got.sort();
         assert_eq!(got, vec![(1, Some(7)), (2, None)]);
@@ -781,6 +790,14 @@ fn goodbyes_say_whether_the_work_ended() {
             assert!(
                 t0.elapsed() < Duration::from_secs(5),
                 "the goodbyes did not arrive"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // As above: the hook may lag `has_left` by a moment.
+        while seen.lock().unwrap().len() < 3 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the hook was not told of every departure"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

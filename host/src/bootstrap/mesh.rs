@@ -217,6 +217,9 @@ impl Mesh {
     /// Registers `hook`, called with every rank that leaves (says goodbye) and the calls
     /// its goodbye named, once per rank; at once for a rank that already left.
     pub(crate) fn on_peer_left(&self, hook: LeaveHook) {
+        // The hooks' lock first, as in `mark_closed`: a rank leaving meanwhile is told to
+        // this hook exactly once (by that rank's `mark_closed`, or below).
+        let mut hooks = lock(&self.leave_hooks);
         let left: Vec<(usize, Option<u64>, bool)> = {
             let st = lock(&self.state);
             (st.status.iter().enumerate())
@@ -224,7 +227,8 @@ impl Mesh {
                 .map(|(p, _)| (p, st.left_after[p], st.left_idle[p]))
                 .collect()
         };
-        lock(&self.leave_hooks).push(hook.clone());
+        hooks.push(hook.clone());
+        drop(hooks);
         for (p, calls, idle) in left {
             (hook.0)(p, calls, idle);
         }
@@ -495,7 +499,10 @@ impl Mesh {
     }
 
     fn mark_closed(&self, peer: usize, calls: Option<u64>, idle: bool) {
-        let newly = {
+        // The hooks' lock around the change of status, as in `on_peer_left`: a hook
+        // registered meanwhile either sees the peer closed there or is in the list here.
+        let hooks = {
+            let hooks = lock(&self.leave_hooks);
             let mut st = lock(&self.state);
             let newly = matches!(st.status[peer], PeerStatus::Alive);
             if newly {
@@ -503,14 +510,11 @@ impl Mesh {
                 st.left_after[peer] = calls;
                 st.left_idle[peer] = idle;
             }
-            newly
+            if newly { hooks.clone() } else { Vec::new() }
         };
         self.notify.notify_waiters();
-        if newly {
-            let hooks = lock(&self.leave_hooks).clone();
-            for h in &hooks {
-                (h.0)(peer, calls, idle);
-            }
+        for h in &hooks {
+            (h.0)(peer, calls, idle);
         }
     }
 
