@@ -1190,6 +1190,66 @@ fn cross_host_mismatched_calls_are_named() {
     launch("cross_host_mismatched_calls_are_named", 4, "block:2");
 }
 
+/// The root host 1's ranks give a broadcast (host 0's give root 0).
+const ROOT_OF_HOST_1: &str = "MSCCLPP_TEST_ROOT_OF_HOST_1";
+
+fn root_mismatch_rank() {
+    let c = collectives();
+    let r = c.rank();
+    let theirs: usize = std::env::var(ROOT_OF_HOST_1).unwrap().parse().unwrap();
+    let root = if r < 2 { 0 } else { theirs };
+    let send = vec![r as f32; 100];
+    let mut out = vec![0f32; 100];
+    let t0 = std::time::Instant::now();
+    let res = c.broadcast_host(&send, &mut out, root);
+    let took = t0.elapsed();
+    match res {
+        Err(CommError::State(m)) => {
+            println!("rank {r}: after {took:?}: {m}");
+            assert!(
+                m.contains("differently across hosts")
+                    && m.contains("broadcast from root 0 of 100 f32")
+                    && m.contains(&format!("broadcast from root {theirs} of 100 f32")),
+                "rank {r}: {m}"
+            );
+        }
+        other => panic!("rank {r}: expected the mismatch, got {other:?} after {took:?}"),
+    }
+    // Found in the first round, not at the device timeout.
+    assert!(took < Duration::from_secs(10), "rank {r}: took {took:?}");
+    println!("rank {r}: ok");
+}
+
+/// Hosts that disagree on a broadcast's root fail on every rank, naming both calls, at
+/// once: host 1 names rank 3, whose local index (1) is not root 0's, so the ranks of each
+/// index find the other host's call in a round of headers (before, the root's index waited
+/// out the device timeout for a round its partner never sent, and the other index too).
+#[test]
+fn cross_host_broadcast_roots_that_differ_by_local_index_are_named() {
+    if child() {
+        return root_mismatch_rank();
+    }
+    launch_envs(
+        "cross_host_broadcast_roots_that_differ_by_local_index_are_named",
+        4,
+        &[(LAYOUT, "block:2"), (ROOT_OF_HOST_1, "3")],
+    );
+}
+
+/// As above with root 2 on host 1, of root 0's local index: its index found the mismatch
+/// already; the other index now does too (before, it was told that rank 0 or 2 left).
+#[test]
+fn cross_host_broadcast_roots_of_one_local_index_are_named_on_every_rank() {
+    if child() {
+        return root_mismatch_rank();
+    }
+    launch_envs(
+        "cross_host_broadcast_roots_of_one_local_index_are_named_on_every_rank",
+        4,
+        &[(LAYOUT, "block:2"), (ROOT_OF_HOST_1, "2")],
+    );
+}
+
 /// Rank 1 kills itself after the barrier; rank 0 then runs `call` and returns its error.
 fn survive_a_kill(c: &Collectives, call: impl FnOnce(&Collectives) -> CommError) {
     let r = c.rank();

@@ -14,7 +14,8 @@
 //! round `k + 2` only after it has received that partner's round `k + 1`, which the partner
 //! sends only after its round `k` ended, so no acknowledgement is needed. The ranks of one
 //! cross group (one local index) exchange among themselves only; different groups never
-//! meet, so a group whose ranks all skip a step (a broadcast's other groups) stays in step.
+//! meet, so a group whose ranks all take fewer rounds than another's (a broadcast's groups
+//! other than the root's trade one header round) stays in step.
 //!
 //! One orchestration ([`Exec`]) serves both backends: on a GPU the step is the one-block
 //! `cross_step` kernel and the copies are `cuMemcpyAsync`, all queued on the caller's
@@ -1443,6 +1444,14 @@ impl Collectives {
                     unsafe { self.x_step(ex, cross, call, src, out, descr, p, flags, root_host)? };
                     off += p;
                 }
+            } else {
+                // The other local indices carry nothing across hosts, but trade the call's
+                // header with their partners once: hosts that disagree on the root (or the
+                // size) then find it on every rank, where before the root's group waited for
+                // a round that another host's ranks of its index never sent.
+                let flags = xk::flags(xk::NONE, 0) | HEADER_ONLY;
+                // SAFETY: no bytes: the step copies nothing in or out.
+                unsafe { self.x_step(ex, cross, call, 0, 0, descr, 0, flags, 0)? };
             }
             if cross.nlocal() > 1 {
                 // SAFETY: recv holds bytes; on the local root it holds the data now.
