@@ -596,6 +596,60 @@ fn lost_rank_during_barrier_is_named() {
     lost_rank_is_named(8, 5, "barrier");
 }
 
+/// Rank `victim` closes its bootstrap (politely, as a rank whose set-up failed does) while
+/// the others run `op`; each rank whose `op` fails closes too, as a failing process would.
+/// Every rank must name the victim: before, the ranks along the ring each named the
+/// neighbour that failed before them, half a second apart.
+fn closed_rank_is_named(nranks: usize, victim: usize, op: &'static str) {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let ranks = init_all(nranks, id.into(), config()).await;
+        let mut handles = Vec::new();
+        for bs in ranks {
+            if bs.rank() == victim {
+                handles.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    bs.close().await;
+                    Ok(())
+                }));
+            } else {
+                handles.push(tokio::spawn(async move {
+                    let r = match op {
+                        "barrier" => bs.barrier().await,
+                        _ => bs.all_gather(&payload(bs.rank())).await.map(drop),
+                    };
+                    bs.close().await;
+                    r
+                }));
+            }
+        }
+        for (rank, h) in handles.into_iter().enumerate() {
+            let result = h.await.unwrap();
+            if rank == victim {
+                continue;
+            }
+            match result {
+                Err(BootstrapError::PeerClosed { peer, .. }) => {
+                    assert_eq!(peer, victim, "rank {rank} blamed the wrong rank")
+                }
+                other => {
+                    panic!("rank {rank}: expected PeerClosed naming {victim}, got {other:?}")
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn closed_rank_during_all_gather_is_named_by_every_rank() {
+    closed_rank_is_named(8, 2, "all_gather");
+}
+
+#[test]
+fn closed_rank_during_barrier_is_named_by_every_rank() {
+    closed_rank_is_named(6, 4, "barrier");
+}
+
 #[test]
 fn recv_times_out_naming_the_peer() {
     runtime().block_on(async {

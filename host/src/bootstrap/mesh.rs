@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -63,6 +63,13 @@ struct MailState {
     /// The lost ranks in the order they were marked lost (the first: the loss every
     /// collective operation reports).
     lost_order: Vec<usize>,
+    /// The ranks known to have closed their bootstrap, in the order this rank learnt it:
+    /// from their goodbyes, or from another rank's [`Message::PeerClosed`] news (which does
+    /// not change their status here: their own goodbye may still be on its way).
+    closed_order: Vec<usize>,
+    /// For each rank in `closed_order`: the bootstrap collectives it completed before it
+    /// closed, as its news said.
+    closed_done: Vec<Option<u64>>,
     /// For each rank that left: the calls its goodbye named, if it named any.
     left_after: Vec<Option<u64>>,
     /// For each rank that left: whether its goodbye said that all of its work had ended.
@@ -109,6 +116,8 @@ pub(crate) struct Mesh {
     /// that fails and leaves still passes the news on.
     notices: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
+    /// Bootstrap collectives this rank completed (see [`Message::PeerClosed`]).
+    collectives_done: AtomicU64,
     /// Called (outside the locks) with each rank that becomes lost and the detail.
     loss_hooks: Mutex<Vec<LossHook>>,
     /// Called (outside the locks) with each rank that leaves and the calls it named.
@@ -171,6 +180,8 @@ impl Mesh {
                 status: vec![PeerStatus::Alive; nranks],
                 incoming_open: vec![false; nranks],
                 lost_order: Vec::new(),
+                closed_order: Vec::new(),
+                closed_done: vec![None; nranks],
                 left_after: vec![None; nranks],
                 left_idle: vec![false; nranks],
                 hooked: vec![false; nranks],
@@ -182,6 +193,7 @@ impl Mesh {
             writers: Mutex::new(Vec::new()),
             notices: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
+            collectives_done: AtomicU64::new(0),
             loss_hooks: Mutex::new(Vec::new()),
             leave_hooks: Mutex::new(Vec::new()),
             calls_at_close: Mutex::new(None),
@@ -437,6 +449,10 @@ impl Mesh {
                     message: Message::PeerLost { rank, detail },
                     ..
                 })) => self.note_reported_loss(rank as usize, &detail, from),
+                Ok(Some(Frame {
+                    message: Message::PeerClosed { rank, collectives },
+                    ..
+                })) => self.note_reported_closure(rank as usize, collectives),
                 Ok(Some(frame)) => {
                     let detail = format!("it sent an unexpected {:?} frame", frame.message);
                     self.mark_lost(from, detail);
@@ -466,6 +482,10 @@ impl Mesh {
                     message: Message::PeerLost { rank, detail },
                     ..
                 })) => self.note_reported_loss(rank as usize, &detail, peer),
+                Ok(Some(Frame {
+                    message: Message::PeerClosed { rank, collectives },
+                    ..
+                })) => self.note_reported_closure(rank as usize, collectives),
                 Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
                     return self.mark_closed(peer, message.calls_named(), message.work_ended());
                 }
@@ -509,6 +529,9 @@ impl Mesh {
                 st.status[peer] = PeerStatus::Closed;
                 st.left_after[peer] = calls;
                 st.left_idle[peer] = idle;
+                if !st.closed_order.contains(&peer) {
+                    st.closed_order.push(peer);
+                }
             }
             if newly { hooks.clone() } else { Vec::new() }
         };
@@ -640,6 +663,28 @@ impl Mesh {
         }
     }
 
+    /// Records another rank's news that `peer` closed its bootstrap (see
+    /// [`Message::PeerClosed`]).
+    fn note_reported_closure(&self, peer: usize, collectives: u64) {
+        if peer >= self.nranks || peer == self.rank {
+            return;
+        }
+        {
+            let mut st = lock(&self.state);
+            if !st.closed_order.contains(&peer) {
+                st.closed_order.push(peer);
+            }
+            st.closed_done[peer].get_or_insert(collectives);
+        }
+        self.notify.notify_waiters();
+    }
+
+    /// Records that this rank completed `n` bootstrap collectives (said in its goodbye's
+    /// [`Message::PeerClosed`]).
+    pub(crate) fn set_collectives_done(&self, n: u64) {
+        self.collectives_done.fetch_max(n, Ordering::AcqRel);
+    }
+
     fn is_alive(&self, peer: usize) -> bool {
         matches!(lock(&self.state).status[peer], PeerStatus::Alive)
     }
@@ -693,6 +738,23 @@ impl Mesh {
                 }
                 // A lost rank dooms every collective; name it rather than whoever we wait on.
                 let lost = st.lost_order.first().copied().filter(|_| collective);
+                // So does a rank that closed before completing this collective (the first
+                // known); its own status may still be alive here (news from another rank).
+                let doomed = match channel {
+                    Channel::Collective { seq, .. } if collective && lost.is_none() => st
+                        .closed_order
+                        .iter()
+                        .copied()
+                        .find(|&x| st.closed_done[x].is_some_and(|done| done <= seq)),
+                    _ => None,
+                };
+                if let Some(peer) = doomed {
+                    return Err(BootstrapError::PeerClosed {
+                        rank: self.rank,
+                        op,
+                        peer,
+                    });
+                }
                 let gone = lost.or(match &st.status[from] {
                     PeerStatus::Alive => None,
                     PeerStatus::Closed if st.incoming_open[from] => None,
@@ -979,20 +1041,34 @@ impl Mesh {
         if goodbye {
             // A rank that leaves after a failure passes the news on with its goodbye, so
             // that peers blame the lost rank, not the one that left.
-            let lost = {
+            // Likewise the first rank it knows to have closed, and itself, each with the
+            // collectives it completed: a rank whose set-up failed leaves politely, and the
+            // ranks waiting in a collective it never completed learn so at once.
+            let news: Vec<Message> = {
                 let st = lock(&self.state);
-                st.lost_order.first().and_then(|&p| match &st.status[p] {
+                let lost = st.lost_order.first().and_then(|&p| match &st.status[p] {
                     PeerStatus::Lost(detail) => Some(Message::PeerLost {
                         rank: p as u32,
                         detail: detail.clone(),
                     }),
                     _ => None,
-                })
+                });
+                let closed = st.closed_order.first().and_then(|&p| {
+                    st.closed_done[p].map(|collectives| Message::PeerClosed {
+                        rank: p as u32,
+                        collectives,
+                    })
+                });
+                let me = Message::PeerClosed {
+                    rank: self.rank as u32,
+                    collectives: self.collectives_done.load(Ordering::Acquire),
+                };
+                lost.into_iter().chain(closed).chain([me]).collect()
             };
             let goodbye = self.goodbye();
             let links = self.links.iter().filter_map(|l| l.get()).map(|l| &l.tx);
             for tx in links.chain(back.iter()) {
-                for message in lost.iter().cloned().chain([goodbye.clone()]) {
+                for message in news.iter().cloned().chain([goodbye.clone()]) {
                     let _ = tx.send(Outgoing {
                         message,
                         payload: Bytes::new(),

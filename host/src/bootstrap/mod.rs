@@ -20,7 +20,11 @@
 //! the first join for a rank keeps it. Frames are length-prefixed with limits checked before allocation
 //! ([`wire`]). Every wait has a timeout ([`BootstrapConfig::timeout`]); a rank that dies
 //! makes every other rank's pending and later collectives fail with
-//! [`BootstrapError::PeerLost`] naming it. What is not: a peer that passed the handshake is
+//! [`BootstrapError::PeerLost`] naming it; one that closes (says goodbye) before completing
+//! a collective makes every rank waiting in it fail at once with
+//! [`BootstrapError::PeerClosed`] naming it, however far along the ring (each rank that
+//! leaves passes on the first rank it knew to have closed, with the collectives it
+//! completed: [`wire::Message::PeerClosed`]). What is not: a peer that passed the handshake is
 //! trusted to follow the protocol (a deviation is treated as that peer being lost).
 //!
 //! Collectives must be called in the same order on every rank. They are serialised per
@@ -540,7 +544,31 @@ impl Bootstrap {
         };
         let result = body(this).await;
         guard.armed = false;
+        if result.is_ok() {
+            self.mesh.set_collectives_done(this + 1);
+        }
         match result {
+            // A rank that closed without completing this collective (the first known: the
+            // waits name it, from its goodbye or from news that the ranks it failed passed
+            // on) started it, unless a rank was lost: a rank that leaves passes on what it
+            // knew of losses before its goodbye, so that news is here already. No grace:
+            // along a ring, each rank that waited one out passed the failure on half a
+            // second later.
+            Err(BootstrapError::PeerClosed { peer, .. }) => {
+                match self.mesh.wait_for_loss(Duration::ZERO).await {
+                    Some((lost, detail)) => Err(BootstrapError::PeerLost {
+                        rank: self.rank(),
+                        op,
+                        peer: lost,
+                        detail,
+                    }),
+                    None => Err(BootstrapError::PeerClosed {
+                        rank: self.rank(),
+                        op,
+                        peer,
+                    }),
+                }
+            }
             // A peer that left or refused mid-collective most likely left because some rank
             // died; give the news a moment to arrive and blame the root cause.
             Err(e) if !matches!(e, BootstrapError::PeerLost { .. }) => {

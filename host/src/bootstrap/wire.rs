@@ -30,7 +30,8 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version 2: refusals for malformed frames and the refused joins in a rendezvous timeout.
 /// Version 3: [`Message::GoodbyeAfter`].
 /// Version 4: [`Message::GoodbyeIdle`].
-pub const PROTOCOL_VERSION: u32 = 4;
+/// Version 5: [`Message::PeerClosed`].
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
@@ -166,6 +167,18 @@ pub enum Message {
     /// `Bootstrap::set_work_ended_at_close`). A [`GoodbyeAfter`](Message::GoodbyeAfter)
     /// says this too.
     GoodbyeIdle,
+    /// Rank to rank, just before a goodbye: `rank` closed its bootstrap after completing
+    /// `collectives` bootstrap collectives. Sent about the sender itself, and about the
+    /// first rank the sender knew to have closed before it: the ranks pass it along, so
+    /// that a rank waiting in a collective that a closed rank never completed fails at
+    /// once, naming that rank (a rank whose set-up failed, say), not the neighbour that
+    /// failed because of it.
+    PeerClosed {
+        /// The rank that closed.
+        rank: u32,
+        /// The bootstrap collectives it completed (every one before that number).
+        collectives: u64,
+    },
 }
 
 impl Message {
