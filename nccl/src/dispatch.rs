@@ -239,8 +239,8 @@ pub(crate) fn parts(op: &P2pOp) -> (bool, u64, usize, usize) {
 ///
 /// - To and from the own rank: the i-th send pairs with the i-th receive (equal bytes), a
 ///   copy on the stream.
-/// - Up to [`MAX_P2P_OPS`] other non-empty operations: one launch, all progressing together
-///   (as NCCL's group).
+/// - Up to [`MAX_P2P_OPS`] other operations (empty ones too, as NCCL's): one launch, all
+///   progressing together (as NCCL's group).
 /// - More: one launch per peer and round, peers in the global order of the pair
 ///   (`(min, max)` of the two ranks), a round holding the next up-to-8 sends to and 8
 ///   receives from that peer. The peer cuts its side alike (its receives from us match our
@@ -259,7 +259,9 @@ pub fn plan_p2p(rank: usize, ops: &[P2pOp]) -> Result<P2pPlan, String> {
             } else {
                 self_recvs.push((buf, bytes));
             }
-        } else if bytes > 0 {
+        } else {
+            // Of no bytes too: NCCL runs those (since 2.12.10), and programs use them to
+            // synchronise, so they pair with the peer's like any other.
             others.push(*op);
         }
     }

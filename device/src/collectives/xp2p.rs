@@ -411,7 +411,7 @@ unsafe fn choose(
                 core::ptr::read_volatile((at as *const u64).add(w))
             });
             let [hk, bytes, off, len] = h;
-            if hk != k || off != p.done[i] || len > payload || len == 0 {
+            if hk != k || off != p.done[i] || len > payload || (len == 0 && bytes != 0) {
                 let theirs = p2p_desc(bytes, true, op.peer, hk);
                 // SAFETY: the context valid.
                 unsafe { ctx.fail(p.call, fault::MISMATCH, op.peer, theirs, fault::AT_XP2P) };

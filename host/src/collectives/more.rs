@@ -1425,10 +1425,10 @@ impl Collectives {
                 )));
             }
             let bytes = checked_bytes(call, count, dtype.size())?;
-            if bytes == 0 {
-                continue;
-            }
-            if gpu_ranges {
+            // A transfer of no bytes is still one (matched in order with the peer's, as
+            // NCCL's since 2.12.10): it carries its size, so a receive of some bytes fails
+            // against it, and a receive of none returns once the send was posted.
+            if gpu_ranges && bytes > 0 {
                 let name = format!("{call}: {what} rank {peer}");
                 gpu::check_range(&name, buf, bytes, dtype.size())?;
             }
@@ -1532,7 +1532,9 @@ impl Collectives {
     /// receive from the same peer in one group. Operations with the same peer and direction
     /// run in order; at most 16 per group. Each send must be matched by the peer's receive of
     /// the same size (in call order per pair and direction), posted concurrently: a send
-    /// completes only once the peer has copied its data out. GPU backend; checks every range
+    /// completes only once the peer has copied its data out. A send or receive of no
+    /// elements is a transfer too (as NCCL's): it pairs with the peer's, and a receive of
+    /// none completes once the peer's send of none was posted. GPU backend; checks every range
     /// as [`all_reduce_raw`](Self::all_reduce_raw); refuses the own rank and ranks out of
     /// range, and a receive whose range overlaps another operation's (no in-place
     /// exchange: a chunk received could overwrite data not yet sent). Allocates nothing:

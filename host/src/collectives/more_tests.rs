@@ -636,6 +636,87 @@ fn mismatched_reduce_scatter_broadcast_and_reduce_fail_on_every_rank_naming_them
     });
 }
 
+/// A send and a receive of no elements are a transfer (as NCCL's since 2.12.10, which
+/// programs use to synchronise): the receive returns only once the peer's send was posted,
+/// alone and in a group, and the pair's later transfers still match. Before, both returned
+/// at once.
+#[test]
+fn transfers_of_no_elements_wait_for_the_peer() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // Rank 0's sends of none so far, raised just before each.
+    let sends = AtomicUsize::new(0);
+    ranks(2, small(), |c| {
+        let r = c.rank();
+        let none: [f32; 0] = [];
+        for k in 1..=2 {
+            if r == 0 {
+                // Long enough that a receive that does not wait finds the count short.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                sends.store(k, Ordering::SeqCst);
+                if k == 1 {
+                    c.send_host(&none, 1).unwrap();
+                } else {
+                    // In a group, beside a receive of none from rank 1.
+                    let ops = [
+                        P2pOp::Send {
+                            buf: 0,
+                            count: 0,
+                            dtype: DataType::F32,
+                            peer: 1,
+                        },
+                        P2pOp::Recv {
+                            buf: 0,
+                            count: 0,
+                            dtype: DataType::F32,
+                            peer: 1,
+                        },
+                    ];
+                    // SAFETY: no bytes: nothing is read or written.
+                    unsafe { c.group_host(&ops) }.unwrap();
+                }
+            } else {
+                if k == 1 {
+                    c.recv_host(&mut [0f32; 0], 0).unwrap();
+                } else {
+                    let ops = [
+                        P2pOp::Recv {
+                            buf: 0,
+                            count: 0,
+                            dtype: DataType::F32,
+                            peer: 0,
+                        },
+                        P2pOp::Send {
+                            buf: 0,
+                            count: 0,
+                            dtype: DataType::F32,
+                            peer: 0,
+                        },
+                    ];
+                    // SAFETY: no bytes: nothing is read or written.
+                    unsafe { c.group_host(&ops) }.unwrap();
+                }
+                assert_eq!(
+                    sends.load(Ordering::SeqCst),
+                    k,
+                    "rank 1: receive of none #{k} returned before rank 0 sent it"
+                );
+            }
+        }
+        // The pair's next transfers match: one of data each way.
+        let out: Vec<f32> = (0..5).map(|i| value(r, i, 3)).collect();
+        let mut got = vec![0f32; 5];
+        if r == 0 {
+            c.send_host(&out, 1).unwrap();
+            c.recv_host(&mut got, 1).unwrap();
+        } else {
+            c.recv_host(&mut got, 0).unwrap();
+            c.send_host(&out, 0).unwrap();
+        }
+        let want: Vec<f32> = (0..5).map(|i| value(1 - r, i, 3)).collect();
+        assert_eq!(got, want, "rank {r}: the transfer after those of none");
+    });
+}
+
 /// Send/recv mismatches over two host ranks (`small()`: LL up to 1024 bytes, above in 16-byte
 /// pieces): rank 0 sends `sent` f32 to rank 1, which receives `want`.
 mod p2p_mismatch {
@@ -758,6 +839,19 @@ mod p2p_mismatch {
         // LL send (800 bytes), pipelined receive (2000), and the other way round.
         case(200, 500);
         case(500, 200);
+    }
+
+    /// A transfer of no elements against one of some (NCCL's zero-byte sends and receives
+    /// are transfers since 2.12.10): reported like any other size, the pair in step after.
+    /// Before, the send or receive of none was skipped, so the other side's transfer paired
+    /// with the next one (or waited out the device timeout).
+    #[test]
+    fn a_transfer_of_no_elements_against_one_of_some_is_reported() {
+        case(0, 60);
+        case(60, 0);
+        // Against the pipelined path (1000 f32 = 4000 bytes > 1024).
+        case(0, 1000);
+        case(1000, 0);
     }
 
     #[test]

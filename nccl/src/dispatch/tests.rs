@@ -119,7 +119,8 @@ fn recv(buf: u64, count: usize, peer: usize) -> P2pOp {
 
 #[test]
 fn p2p_plans() {
-    // Own rank: paired in order into copies; empty operations left out.
+    // Own rank: paired in order into copies, empty ones left out; an empty operation with
+    // another rank is a transfer (NCCL's are since 2.12.10).
     let p = plan_p2p(
         1,
         &[
@@ -131,7 +132,7 @@ fn p2p_plans() {
     )
     .unwrap();
     assert_eq!(p.self_copies, vec![(10, 30, 8)]);
-    assert_eq!(p.launches, vec![vec![send(40, 3, 2)]]);
+    assert_eq!(p.launches, vec![vec![recv(20, 0, 0), send(40, 3, 2)]]);
     assert!(
         plan_p2p(0, &[send(1, 1, 0)])
             .unwrap_err()
@@ -537,7 +538,7 @@ fn groups_of_sends_and_receives_run_and_pair_even_past_one_launch() {
     // from each, interleaved in a rank-dependent order: with 3 ranks and per = 4 a rank has
     // 2 * 3 * 4 = 24 operations, past one launch's 16, so the round schedule runs; with
     // per = 1, one launch. Ranks also differ in how many operations they hold (rank 0 adds
-    // an empty send).
+    // an empty send to rank 1, which adds the empty receive).
     for per in [1, 4, 9] {
         ranks(3, |c| {
             let (n, me) = (c.nranks(), c.rank());
@@ -567,6 +568,9 @@ fn groups_of_sends_and_receives_run_and_pair_even_past_one_launch() {
             }
             if me == 0 {
                 ops.push(send(0, 0, 1));
+            }
+            if me == 1 {
+                ops.push(recv(0, 0, 0));
             }
             run_group(&c, &ops);
             for q in 0..n {
