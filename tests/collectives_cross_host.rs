@@ -936,6 +936,76 @@ fn send_recv_mismatch_rank() {
     println!("rank {r}: ok");
 }
 
+/// A file rank 0 of the zero-transfer test creates just before its send of none.
+const MARK: &str = "MSCCLPP_TEST_MARK";
+
+fn zero_transfer_rank() {
+    let c = collectives();
+    let r = c.rank();
+    let mark = std::path::PathBuf::from(std::env::var(MARK).unwrap());
+    // A receive of none returns only once the send of none was posted.
+    if r == 0 {
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(&mark, b"sent").unwrap();
+        c.send_host(&[0u32; 0], 1).unwrap();
+    } else {
+        c.recv_host(&mut [0u32; 0], 0).unwrap();
+        assert!(
+            mark.exists(),
+            "rank 1: the receive of none returned before rank 0 sent"
+        );
+    }
+    // None against some, both ways: the receiver is told, with both sizes.
+    for (sent, want) in [(0usize, 600usize), (600, 0)] {
+        if r == 0 {
+            c.send_host(&vec![5u32; sent], 1).unwrap();
+        } else {
+            let mut got = vec![0u32; want];
+            match c.recv_host(&mut got, 0) {
+                Err(CommError::CallMismatch(m)) => {
+                    let text = format!(
+                        "rank 0 sent {} bytes to rank 1, which expected {}",
+                        4 * sent,
+                        4 * want
+                    );
+                    assert!(m.contains(&text), "rank 1: {m}");
+                }
+                other => panic!("rank 1: expected the mismatch, got {other:?}"),
+            }
+        }
+    }
+    // The pair stays in step: the next transfer arrives whole.
+    let data: Vec<u32> = (0..3000).map(|i| word(0, 1, 4, i)).collect();
+    if r == 0 {
+        c.send_host(&data, 1).unwrap();
+    } else {
+        let mut got = vec![0u32; 3000];
+        c.recv_host(&mut got, 0).unwrap();
+        assert!(got == data, "rank 1: the transfer after those of none");
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// Sends and receives of no elements across hosts are transfers (as NCCL's since 2.12.10):
+/// a receive of none waits for the send of none, and none against some is named on the
+/// receiver. Before, both were skipped: the receive returned at once, and a receive of some
+/// against a send of none paired with the sender's next send or timed out.
+#[test]
+fn cross_host_transfers_of_no_elements_are_transfers() {
+    if child() {
+        return zero_transfer_rank();
+    }
+    let mark = std::env::temp_dir().join(format!("mscclpp-zero-mark-{}", std::process::id()));
+    let _ = std::fs::remove_file(&mark);
+    launch_envs(
+        "cross_host_transfers_of_no_elements_are_transfers",
+        2,
+        &[(LAYOUT, "cyclic:2"), (MARK, mark.to_str().unwrap())],
+    );
+    let _ = std::fs::remove_file(&mark);
+}
+
 /// A send and a receive of different sizes across hosts: the receiver gets
 /// `CallMismatch` naming both sizes, nobody waits for a timeout, and the pair stays usable.
 #[test]
@@ -1052,6 +1122,70 @@ fn grouped_rank() {
     println!("rank {r}: ok");
 }
 
+fn machine_mates_rank() {
+    // Machines of 3 and 2 ranks: every rank its own host of the collectives, and no send or
+    // receive over the network (p2p_remote_max 0, no peers named).
+    let c = collectives_remote_max(0);
+    let (n, r) = (c.nranks(), c.rank());
+    assert_eq!(c.hosts(), n, "rank {r}");
+    let machine = |q: usize| usize::from(q >= 3);
+    for q in 0..n {
+        let want = q != r && machine(q) == machine(r);
+        assert_eq!(c.send_recv_reaches(q), want, "rank {r}: reaches rank {q}");
+    }
+    // A ring inside each machine: 0 -> 1 -> 2 -> 0 and 3 <-> 4.
+    let mates: Vec<usize> = (0..n).filter(|&q| machine(q) == machine(r)).collect();
+    let next = |q: usize| {
+        let m: Vec<usize> = (0..n).filter(|&p| machine(p) == machine(q)).collect();
+        m[(m.iter().position(|&p| p == q).unwrap() + 1) % m.len()]
+    };
+    group_of(&c, 60, move |q| vec![(next(q), 1001)]);
+    assert!(mates.contains(&next(r)));
+    // Across machines: refused, counting the ranks on the other machine only.
+    let other = if r < 3 { 3 } else { 0 };
+    let off = c.send_recv_across_hosts_off().expect("off across machines");
+    let far = if r < 3 { 2 } else { 3 };
+    assert!(
+        off.contains(&format!("({far} ranks on other hosts")),
+        "rank {r}: {off}"
+    );
+    match c.send_host(&[1u32; 4], other) {
+        Err(CommError::InvalidArgument(m)) => assert!(m.contains("on another host"), "{m}"),
+        other => panic!("rank {r}: expected a refusal, got {other:?}"),
+    }
+    // Errors name the user's host (the machine) and the group.
+    let count = if r < 3 { 5 } else { 7 };
+    let mut buf = vec![1f32; count];
+    match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+        Err(CommError::State(m)) => {
+            let theirs = format!("(host {}, group ", 1 - machine(r));
+            assert!(
+                m.contains("differently across hosts") && m.contains(&theirs),
+                "rank {r}: {m}"
+            );
+        }
+        other => panic!("rank {r}: expected the mismatch, got {other:?}"),
+    }
+    println!("rank {r}: ok");
+}
+
+/// Machines of 3 and 2 ranks, every rank its own host of the collectives: ranks of one
+/// machine send to each other although no network peer is allowed (before, with
+/// `p2p_remote_max` 0 or `MSCCLPP_P2P_PEERS=none`, they were refused as "on another host",
+/// and the limit counted them), and errors say "host 1, group 4", not "host 4" of a job
+/// with two hosts.
+#[test]
+fn cross_host_ranks_of_one_machine_in_other_groups_reach_each_other() {
+    if child() {
+        return machine_mates_rank();
+    }
+    launch(
+        "cross_host_ranks_of_one_machine_in_other_groups_reach_each_other",
+        5,
+        "sizes:3,2",
+    );
+}
+
 /// Hosts of different sizes (4 + 2) run as three groups of 2 (memory channels inside a
 /// group, proxy channels between groups, also between the two groups of one machine): every
 /// collective and send/recv give the reference's results, and `layout_note` says why.
@@ -1088,7 +1222,10 @@ fn mismatch_rank() {
     }
     // The partners' rounds no longer agree: every later call says so.
     match c.all_gather_host(&buf[..1], &mut [0f32; 4]) {
-        Err(CommError::State(m)) => assert!(m.contains("an earlier call failed"), "{m}"),
+        // Said once (it was nested: "an earlier call failed: ...: an earlier call failed").
+        Err(CommError::State(m)) => {
+            assert!(m.matches("an earlier call failed").count() == 1, "{m}")
+        }
         other => panic!("rank {r}: expected the earlier error, got {other:?}"),
     }
     println!("rank {r}: ok");

@@ -199,6 +199,8 @@ pub(super) struct Topology {
     /// machines are cut into groups, ranks of one machine are different hosts but need no
     /// network.
     machine: Vec<usize>,
+    /// The host (index into `hosts`) of every rank.
+    host_index: Vec<usize>,
     /// This rank.
     rank: usize,
 }
@@ -228,10 +230,13 @@ impl Topology {
         }
         let me = comm.rank();
         let (hosts, flat) = group_hosts(hosts, &ids);
-        let host = hosts
-            .iter()
-            .position(|h| h.contains(&me))
-            .expect("every rank is on a host");
+        let mut host_index = vec![0; comm.nranks()];
+        for (h, ranks) in hosts.iter().enumerate() {
+            for &r in ranks {
+                host_index[r] = h;
+            }
+        }
+        let host = host_index[me];
         let local = hosts[host].iter().position(|&r| r == me).expect("listed");
         Ok(Topology {
             hosts,
@@ -239,6 +244,7 @@ impl Topology {
             local,
             flat,
             machine,
+            host_index,
             rank: me,
         })
     }
@@ -265,10 +271,25 @@ impl Topology {
 
     /// The host of rank `r`.
     pub(super) fn host_of(&self, r: usize) -> usize {
-        self.hosts
-            .iter()
-            .position(|h| h.contains(&r))
-            .expect("every rank is on a host")
+        self.host_index[r]
+    }
+
+    /// Whether ranks `a` and `b` are on one machine (one bootstrap host id), which they may
+    /// be on different hosts of the collectives when machines are cut into groups.
+    pub(super) fn same_machine(&self, a: usize, b: usize) -> bool {
+        self.machine[a] == self.machine[b]
+    }
+
+    /// Host `h` in words for errors: `host 1`, or, where machines are cut into groups (the
+    /// collectives' hosts are then not the user's), `host 1, group 3` (the machine numbered
+    /// in order of first rank, as the user's host ids are).
+    pub(super) fn host_name(&self, h: usize) -> String {
+        match self.hosts.get(h) {
+            Some(ranks) if self.flat.is_some() => {
+                format!("host {}, group {h}", self.machine[ranks[0]])
+            }
+            _ => format!("host {h}"),
+        }
     }
 
     /// The rank of local index `local` on host `h`.
@@ -704,7 +725,8 @@ impl Collectives {
         // Any failure inside (a local step's too) may leave this rank's rounds behind its
         // partners': the next exchange would pair different rounds.
         if let Err(e) = &r {
-            st.broken = Some(copy_error(call, e));
+            // Kept as it was (every later call says "an earlier call failed" once).
+            st.broken = Some(keep_kind(e, e.to_string()));
         }
         r
     }
@@ -932,9 +954,12 @@ impl Collectives {
     pub(super) fn cross_error(&self, call: &str, rec: &FaultRecord) -> CommError {
         let me = self.rank();
         let h = rec.peer;
-        let peer = match &self.cross {
-            Some(c) if h < c.hosts() => c.topo.rank_at(h, c.topo.local).to_string(),
-            _ => "?".into(),
+        let (peer, host) = match &self.cross {
+            Some(c) if h < c.hosts() => (
+                c.topo.rank_at(h, c.topo.local).to_string(),
+                c.topo.host_name(h),
+            ),
+            _ => ("?".into(), format!("host {h}")),
         };
         match rec.kind {
             _ if rec.place == fault::AT_CROSS_GONE => {
@@ -944,19 +969,19 @@ impl Collectives {
                     .map_or(String::new(), |e| format!(": {e}"));
                 CommError::State(format!(
                     "{call}: rank {me} lost its connection across hosts to rank {peer} \
-                     (host {h}): that rank left or failed before its part of this call \
+                     ({host}): that rank left or failed before its part of this call \
                      arrived{proxy}; the collectives cannot be used any more"
                 ))
             }
             fault::MISMATCH if rec.place == fault::AT_CROSS_ROUND => CommError::State(format!(
                 "{call}: the ranks called collectives differently across hosts: rank {peer} \
-                 (host {h}) is at its round {} across hosts where rank {me} is at {}; the \
+                 ({host}) is at its round {} across hosts where rank {me} is at {}; the \
                  collectives cannot be used any more",
                 rec.theirs[0], rec.own[0]
             )),
             fault::MISMATCH => CommError::State(format!(
                 "{call}: the ranks called collectives differently across hosts: rank {me} \
-                 called {}, rank {peer} (host {h}) {}; the collectives cannot be used any more",
+                 called {}, rank {peer} ({host}) {}; the collectives cannot be used any more",
                 describe(rec.own),
                 describe(rec.theirs)
             )),
@@ -977,7 +1002,7 @@ impl Collectives {
                     _ => String::new(),
                 };
                 CommError::Timeout(format!(
-                    "{call}: rank {me} waited {:?} for rank {peer} (host {h}, across hosts) and gave \
+                    "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts) and gave \
                      up: that rank did not take part, or is stuck{left}{proxy}{queues}; the \
                      collectives cannot be used any more",
                     self.comm.device_timeout()
@@ -989,7 +1014,7 @@ impl Collectives {
                     .abort_reason()
                     .map_or("the communicator was aborted".into(), |r| r.to_string());
                 CommError::Aborted(format!(
-                    "{call}: rank {me}: {reason} (while waiting for rank {peer} on host {h}); \
+                    "{call}: rank {me}: {reason} (while waiting for rank {peer} on {host}); \
                      the collectives cannot be used any more"
                 ))
             }
@@ -1644,7 +1669,11 @@ fn describe(d: [u64; 2]) -> String {
 
 /// A sticky error again, for another call.
 fn copy_error(call: &str, e: &CommError) -> CommError {
-    let m = format!("{call}: an earlier call failed: {e}");
+    keep_kind(e, format!("{call}: an earlier call failed: {e}"))
+}
+
+/// `m` as an error of `e`'s kind (timeout, abort, else state).
+fn keep_kind(e: &CommError, m: String) -> CommError {
     match e {
         CommError::Timeout(_) => CommError::Timeout(m),
         CommError::Aborted(_) => CommError::Aborted(m),

@@ -461,7 +461,9 @@ pub struct CollConfig {
     /// TCP or IB, and `scratch_bytes / 8`, between 32 KiB and 2 MiB, of buffer per such
     /// rank) when there are at most this many of them; above, such sends and receives are
     /// refused. Must be equal on every rank. Ignored once any rank names its peers
-    /// ([`p2p_peers`](Self::p2p_peers)).
+    /// ([`p2p_peers`](Self::p2p_peers)). Ranks of this rank's machine that the collectives
+    /// put in another group (machines of different sizes) are always reached and not
+    /// counted: they need no network.
     pub p2p_remote_max: usize,
     /// Across hosts: the ranks on other hosts this rank sends to or receives from, when
     /// known (a pipeline stage's neighbours, say). `None` (the default): every rank on

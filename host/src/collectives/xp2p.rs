@@ -138,8 +138,10 @@ const DECLARED_LIST: u8 = 2;
 /// Agrees over the bootstrap (collective) on the send/recv peers across hosts. Each rank
 /// declares its own: `declared` (the ranks named in [`CollConfig::p2p_peers`] or
 /// [`P2P_PEERS_ENV`]; ranks on its own host ignored), else every rank on another host while
-/// there are at most [`CollConfig::p2p_remote_max`] of them, else none. A pair is connected
-/// when either rank declares the other, so every rank ends up with the same pairs.
+/// there are at most [`CollConfig::p2p_remote_max`] of them on other machines, else none. A
+/// pair is connected when either rank declares the other, or when both are on one machine
+/// (on different hosts of the collectives where machines are cut into groups: no network
+/// between them), so every rank ends up with the same pairs.
 pub(super) fn agree(
     comm: &Communicator,
     config: &CollConfig,
@@ -147,13 +149,13 @@ pub(super) fn agree(
     declared: Option<&[usize]>,
 ) -> Result<Peers, CommError> {
     let (me, n) = (comm.rank(), comm.nranks());
-    let mut host = vec![0usize; n];
-    for (h, ranks) in topo.hosts.iter().enumerate() {
-        for &r in ranks {
-            host[r] = h;
-        }
-    }
+    let host = |r: usize| topo.host_of(r);
     let mine = remotes_of(topo, me);
+    // Ranks of other hosts on this machine (machines cut into groups) need no network:
+    // every such pair is connected, whatever was declared, and none counts against the
+    // limit or in the messages, which speak of other machines.
+    let far = |q: usize, p: usize| !topo.same_machine(q, p);
+    let mine_far = mine.iter().filter(|&&p| far(me, p)).count();
     let mut msg = Vec::new();
     match declared {
         Some(list) => {
@@ -167,7 +169,7 @@ pub(super) fn agree(
             let mut list: Vec<usize> = list
                 .iter()
                 .copied()
-                .filter(|&p| host[p] != host[me])
+                .filter(|&p| host(p) != host(me))
                 .collect();
             list.sort_unstable();
             list.dedup();
@@ -175,7 +177,7 @@ pub(super) fn agree(
                 msg.extend_from_slice(&(p as u32).to_le_bytes());
             }
         }
-        None if mine.len() <= config.p2p_remote_max => msg.push(DECLARED_ALL),
+        None if mine_far <= config.p2p_remote_max => msg.push(DECLARED_ALL),
         None => msg.push(DECLARED_NONE),
     }
     let said = comm.bootstrap_all_gather(&msg)?;
@@ -199,14 +201,15 @@ pub(super) fn agree(
                     .chunks_exact(4)
                     .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
                     .collect();
-                if list.iter().any(|&p| p >= n || host[p] == host[q]) {
+                if list.iter().any(|&p| p >= n || host(p) == host(q)) {
                     return Err(malformed());
                 }
                 list
             }
             _ => return Err(malformed()),
         };
-        for p in list {
+        let near = remotes_of(topo, q).into_iter().filter(|&p| !far(q, p));
+        for p in list.into_iter().chain(near) {
             pairs[q].push(p);
             pairs[p].push(q);
         }
@@ -222,6 +225,7 @@ pub(super) fn agree(
         .map(|&p| pairs[p].binary_search(&me).expect("pairs are symmetric") as u32)
         .collect();
     let off = (remotes.len() < mine.len()).then(|| {
+        let remotes: Vec<usize> = remotes.iter().copied().filter(|&p| far(me, p)).collect();
         if any_list {
             let shown: Vec<String> = remotes.iter().take(16).map(|r| r.to_string()).collect();
             format!(
@@ -229,7 +233,7 @@ pub(super) fn agree(
                  {} ranks on other hosts{}{}{}); name a rank in CollConfig::p2p_peers or \
                  MSCCLPP_P2P_PEERS on either side of the pair",
                 remotes.len(),
-                mine.len(),
+                mine_far,
                 if remotes.is_empty() { "" } else { ": " },
                 shown.join(", "),
                 if remotes.len() > shown.len() {
@@ -245,8 +249,7 @@ pub(super) fn agree(
                  channels); raise it (MSCCLPP_P2P_REMOTE_MAX) on every rank, or name the ranks \
                  each rank sends to or receives from (CollConfig::p2p_peers, \
                  MSCCLPP_P2P_PEERS)",
-                mine.len(),
-                config.p2p_remote_max
+                mine_far, config.p2p_remote_max
             )
         }
     });
