@@ -548,9 +548,21 @@ fn nranks_mismatch_fails_the_odd_rank_only() {
     });
 }
 
-/// Runs `op` on every rank but `victim`, which drops its connections (as if killed) while the
-/// others wait in `op`; every survivor must fail naming the victim.
-fn lost_rank_is_named(nranks: usize, victim: usize, op: &'static str) {
+/// How the victim of [`departed_rank_is_named`] leaves.
+#[derive(Clone, Copy, PartialEq)]
+enum Leaves {
+    /// It drops its connections, as if killed.
+    Lost,
+    /// It closes its bootstrap politely, as a rank whose set-up failed does; each survivor
+    /// whose `op` fails closes too, as a failing process would.
+    Closed,
+}
+
+/// Runs `op` on every rank but `victim`, which leaves (`how`) while the others wait in
+/// `op`; every survivor must fail naming the victim (with a closed victim, before this
+/// session, the ranks along the ring each named the neighbour that failed before them,
+/// half a second apart, and a barrier waited out its timeout).
+fn departed_rank_is_named(nranks: usize, victim: usize, op: &'static str, how: Leaves) {
     runtime().block_on(async {
         let id = create_unique_id().unwrap();
         let ranks = init_all(nranks, id.into(), config()).await;
@@ -559,57 +571,10 @@ fn lost_rank_is_named(nranks: usize, victim: usize, op: &'static str) {
             if bs.rank() == victim {
                 handles.push(tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    bs.abandon();
-                    Ok(())
-                }));
-            } else {
-                handles.push(tokio::spawn(async move {
-                    match op {
-                        "barrier" => bs.barrier().await,
-                        _ => bs.all_gather(&payload(bs.rank())).await.map(drop),
+                    match how {
+                        Leaves::Lost => bs.abandon(),
+                        Leaves::Closed => bs.close().await,
                     }
-                }));
-            }
-        }
-        for (rank, h) in handles.into_iter().enumerate() {
-            let result = h.await.unwrap();
-            if rank == victim {
-                continue;
-            }
-            match result {
-                Err(BootstrapError::PeerLost { peer, .. }) => {
-                    assert_eq!(peer, victim, "rank {rank} blamed the wrong rank")
-                }
-                other => panic!("rank {rank}: expected PeerLost naming {victim}, got {other:?}"),
-            }
-        }
-    });
-}
-
-#[test]
-fn lost_rank_during_all_gather_is_named() {
-    lost_rank_is_named(4, 2, "all_gather");
-}
-
-#[test]
-fn lost_rank_during_barrier_is_named() {
-    lost_rank_is_named(8, 5, "barrier");
-}
-
-/// Rank `victim` closes its bootstrap (politely, as a rank whose set-up failed does) while
-/// the others run `op`; each rank whose `op` fails closes too, as a failing process would.
-/// Every rank must name the victim: before, the ranks along the ring each named the
-/// neighbour that failed before them, half a second apart.
-fn closed_rank_is_named(nranks: usize, victim: usize, op: &'static str) {
-    runtime().block_on(async {
-        let id = create_unique_id().unwrap();
-        let ranks = init_all(nranks, id.into(), config()).await;
-        let mut handles = Vec::new();
-        for bs in ranks {
-            if bs.rank() == victim {
-                handles.push(tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    bs.close().await;
                     Ok(())
                 }));
             } else {
@@ -618,7 +583,9 @@ fn closed_rank_is_named(nranks: usize, victim: usize, op: &'static str) {
                         "barrier" => bs.barrier().await,
                         _ => bs.all_gather(&payload(bs.rank())).await.map(drop),
                     };
-                    bs.close().await;
+                    if how == Leaves::Closed {
+                        bs.close().await;
+                    }
                     r
                 }));
             }
@@ -628,26 +595,34 @@ fn closed_rank_is_named(nranks: usize, victim: usize, op: &'static str) {
             if rank == victim {
                 continue;
             }
-            match result {
-                Err(BootstrapError::PeerClosed { peer, .. }) => {
-                    assert_eq!(peer, victim, "rank {rank} blamed the wrong rank")
-                }
-                other => {
-                    panic!("rank {rank}: expected PeerClosed naming {victim}, got {other:?}")
-                }
-            }
+            let peer = match (how, result) {
+                (Leaves::Lost, Err(BootstrapError::PeerLost { peer, .. })) => peer,
+                (Leaves::Closed, Err(BootstrapError::PeerClosed { peer, .. })) => peer,
+                (_, other) => panic!("rank {rank}: expected {victim} named, got {other:?}"),
+            };
+            assert_eq!(peer, victim, "rank {rank} blamed the wrong rank");
         }
     });
 }
 
 #[test]
+fn lost_rank_during_all_gather_is_named() {
+    departed_rank_is_named(4, 2, "all_gather", Leaves::Lost);
+}
+
+#[test]
+fn lost_rank_during_barrier_is_named() {
+    departed_rank_is_named(8, 5, "barrier", Leaves::Lost);
+}
+
+#[test]
 fn closed_rank_during_all_gather_is_named_by_every_rank() {
-    closed_rank_is_named(8, 2, "all_gather");
+    departed_rank_is_named(8, 2, "all_gather", Leaves::Closed);
 }
 
 #[test]
 fn closed_rank_during_barrier_is_named_by_every_rank() {
-    closed_rank_is_named(6, 4, "barrier");
+    departed_rank_is_named(6, 4, "barrier", Leaves::Closed);
 }
 
 #[test]

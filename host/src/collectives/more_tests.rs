@@ -647,54 +647,37 @@ fn transfers_of_no_elements_wait_for_the_peer() {
     let sends = AtomicUsize::new(0);
     ranks(2, small(), |c| {
         let r = c.rank();
-        let none: [f32; 0] = [];
+        let peer = 1 - r;
+        // A send and a receive of none with the peer, in one group.
+        let both = [
+            P2pOp::Send {
+                buf: 0,
+                count: 0,
+                dtype: DataType::F32,
+                peer,
+            },
+            P2pOp::Recv {
+                buf: 0,
+                count: 0,
+                dtype: DataType::F32,
+                peer,
+            },
+        ];
         for k in 1..=2 {
             if r == 0 {
                 // Long enough that a receive that does not wait finds the count short.
                 std::thread::sleep(std::time::Duration::from_millis(300));
                 sends.store(k, Ordering::SeqCst);
-                if k == 1 {
-                    c.send_host(&none, 1).unwrap();
-                } else {
-                    // In a group, beside a receive of none from rank 1.
-                    let ops = [
-                        P2pOp::Send {
-                            buf: 0,
-                            count: 0,
-                            dtype: DataType::F32,
-                            peer: 1,
-                        },
-                        P2pOp::Recv {
-                            buf: 0,
-                            count: 0,
-                            dtype: DataType::F32,
-                            peer: 1,
-                        },
-                    ];
-                    // SAFETY: no bytes: nothing is read or written.
-                    unsafe { c.group_host(&ops) }.unwrap();
-                }
+            }
+            if k == 1 && r == 0 {
+                c.send_host(&[0f32; 0], peer).unwrap();
+            } else if k == 1 {
+                c.recv_host(&mut [0f32; 0], peer).unwrap();
             } else {
-                if k == 1 {
-                    c.recv_host(&mut [0f32; 0], 0).unwrap();
-                } else {
-                    let ops = [
-                        P2pOp::Recv {
-                            buf: 0,
-                            count: 0,
-                            dtype: DataType::F32,
-                            peer: 0,
-                        },
-                        P2pOp::Send {
-                            buf: 0,
-                            count: 0,
-                            dtype: DataType::F32,
-                            peer: 0,
-                        },
-                    ];
-                    // SAFETY: no bytes: nothing is read or written.
-                    unsafe { c.group_host(&ops) }.unwrap();
-                }
+                // SAFETY: no bytes: nothing is read or written.
+                unsafe { c.group_host(&both) }.unwrap();
+            }
+            if r == 1 {
                 assert_eq!(
                     sends.load(Ordering::SeqCst),
                     k,
