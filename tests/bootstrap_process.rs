@@ -201,6 +201,113 @@ fn launcher_timeout_kills_the_ranks() {
     }
 }
 
+/// With `stop_after_failure`, a rank that fails makes the launcher stop the others after the
+/// grace, instead of waiting for them to the timeout (helper audit: a stopped rank held a
+/// train-dp job for its four-hour timeout after the other rank had failed).
+#[test]
+fn launcher_stops_the_other_ranks_after_a_failure() {
+    if let Some(role) = role() {
+        let launch = Launch::from_env().unwrap();
+        if launch.rank == 0 {
+            std::process::exit(3);
+        }
+        assert_eq!(role, "fail-or-sleep");
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let t0 = std::time::Instant::now();
+    let report = LocalLauncher::command(3, exe)
+        .args([
+            "--exact",
+            "launcher_stops_the_other_ranks_after_a_failure",
+            "--nocapture",
+        ])
+        .env(ROLE, "fail-or-sleep")
+        .timeout(Duration::from_secs(120))
+        .stop_after_failure(Duration::from_millis(500))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let took = t0.elapsed();
+    print!("{report}");
+    assert!(!report.success());
+    assert_eq!(report.ranks[0].status.code(), Some(3), "{report}");
+    assert_eq!(report.ranks[0].stopped_after, None, "{report}");
+    for r in &report.ranks[1..] {
+        assert_eq!(r.stopped_after, Some(0), "{report}");
+        assert!(!r.killed_at_timeout, "{report}");
+    }
+    assert!(report.to_string().contains("rank 0 had failed"), "{report}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+/// Ranks end with their launcher: a launcher killed with SIGKILL (here a child process of
+/// the test running `LocalLauncher`) takes its sleeping ranks with it at once, where they
+/// ran on as orphans until their next write to its closed pipe (helper audit).
+#[test]
+#[cfg(target_os = "linux")]
+fn ranks_end_with_their_launcher() {
+    const PIDS: &str = "MSCCLPP_TEST_PIDS";
+    let test = "ranks_end_with_their_launcher";
+    match role().as_deref() {
+        Some("rank") => {
+            let path = std::env::var(PIDS).unwrap();
+            let rank = Launch::from_env().unwrap().rank;
+            std::fs::write(format!("{path}.{rank}"), std::process::id().to_string()).unwrap();
+            std::thread::sleep(Duration::from_secs(120));
+            return;
+        }
+        Some(_) => {
+            // The launcher: two sleeping ranks.
+            let exe = std::env::current_exe().unwrap();
+            let _ = LocalLauncher::command(2, exe)
+                .args(["--exact", test, "--nocapture"])
+                .env(ROLE, "rank")
+                .timeout(Duration::from_secs(120))
+                .run();
+            return;
+        }
+        None => {}
+    }
+    let path = std::env::temp_dir().join(format!("mscclpp-pids-{}", std::process::id()));
+    let path = path.to_str().unwrap().to_string();
+    let mut launcher = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(ROLE, "launcher")
+        .env(PIDS, &path)
+        .spawn()
+        .unwrap();
+    let read = |r: usize| std::fs::read_to_string(format!("{path}.{r}")).ok();
+    let t0 = std::time::Instant::now();
+    while (read(0).is_none() || read(1).is_none()) && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids: Vec<String> = (0..2).map(|r| read(r).expect("rank started")).collect();
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let alive = |pid: &str| {
+        // A process that ended and was reaped has no /proc entry; one not yet reaped is a
+        // zombie (state Z).
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, t)| t.trim_start().to_string()))
+            .is_some_and(|t| !t.starts_with('Z'))
+    };
+    let t0 = std::time::Instant::now();
+    while pids.iter().any(|p| alive(p)) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (r, pid) in pids.iter().enumerate() {
+        let _ = std::fs::remove_file(format!("{path}.{r}"));
+        if alive(pid) {
+            // The orphan must not outlive the test.
+            let _ = Command::new("kill").args(["-9", pid]).status();
+            panic!("rank {r} (pid {pid}) outlived its killed launcher");
+        }
+    }
+}
+
 /// A rank killed at the launch timeout is reported with its threads as they stood just
 /// before the kill (name, state, kernel wait channel), so a hang says where it hung.
 #[test]

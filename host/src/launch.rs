@@ -431,7 +431,11 @@ pub struct RankExit {
     pub status: ExitStatus,
     /// Whether the launcher killed it at the timeout.
     pub killed_at_timeout: bool,
-    /// When it was killed at the timeout: its threads just before the kill, one line each
+    /// The rank whose failure made the launcher stop this one, when it did
+    /// ([`LocalLauncher::stop_after_failure`]).
+    pub stopped_after: Option<usize>,
+    /// When it was killed (at the timeout, or after another rank failed): its threads just
+    /// before the kill, one line each
     /// (`name state wait-channel`, read from `/proc` on Linux: where a hung rank stood,
     /// e.g. `mscclpp-proxy-0 S futex_wait_queue`); else empty.
     pub threads: Vec<String>,
@@ -485,7 +489,7 @@ impl LaunchReport {
     pub fn success(&self) -> bool {
         self.ranks
             .iter()
-            .all(|r| r.status.success() && !r.killed_at_timeout)
+            .all(|r| r.status.success() && !r.killed_at_timeout && r.stopped_after.is_none())
     }
 }
 
@@ -495,6 +499,9 @@ impl std::fmt::Display for LaunchReport {
             write!(f, "[rank {}] {}", r.rank, r.status)?;
             if r.killed_at_timeout {
                 f.write_str(" (killed at the launch timeout)")?;
+            }
+            if let Some(q) = r.stopped_after {
+                write!(f, " (stopped by the launcher: rank {q} had failed)")?;
             }
             writeln!(f)?;
             if !r.threads.is_empty() {
@@ -537,6 +544,7 @@ pub struct LocalLauncher {
     bootstrap_timeout: Option<Duration>,
     capture: bool,
     unprefixed_stdout: Option<usize>,
+    stop_after_failure: Option<Duration>,
 }
 
 impl LocalLauncher {
@@ -557,6 +565,7 @@ impl LocalLauncher {
             bootstrap_timeout: None,
             capture: false,
             unprefixed_stdout: None,
+            stop_after_failure: None,
         }
     }
 
@@ -585,6 +594,16 @@ impl LocalLauncher {
     /// Sets the ranks' bootstrap timeout (`MSCCLPP_BOOTSTRAP_TIMEOUT`) and the root's.
     pub fn bootstrap_timeout(mut self, timeout: Duration) -> LocalLauncher {
         self.bootstrap_timeout = Some(timeout);
+        self
+    }
+
+    /// Once a rank has failed (exited with another status than 0, or by a signal), kills the
+    /// ranks still running `grace` later, as mpirun does, instead of waiting for them until
+    /// the timeout (a rank stopped or stuck where no departure reaches it would hold the
+    /// whole job). The grace lets the others report what they saw; most fail on their own
+    /// within a second or two of a peer's exit. Off by default.
+    pub fn stop_after_failure(mut self, grace: Duration) -> LocalLauncher {
+        self.stop_after_failure = Some(grace);
         self
     }
 
@@ -633,6 +652,7 @@ impl LocalLauncher {
             if let Some(t) = self.bootstrap_timeout {
                 cmd.env(ENV_BOOTSTRAP_TIMEOUT, t.as_secs_f64().to_string());
             }
+            orphan::die_with_launcher(&mut cmd);
             let mut child = match cmd.spawn() {
                 Ok(child) => child,
                 Err(source) => {
@@ -658,20 +678,30 @@ impl LocalLauncher {
         }
         let deadline = Instant::now() + self.timeout;
         let mut exits: Vec<Option<RankExit>> = vec![None; self.nranks];
+        // The first rank that failed, and when the others are stopped.
+        let mut failed: Option<(usize, Instant)> = None;
         while exits.iter().any(Option::is_none) {
             for (rank, child) in children.iter_mut().enumerate() {
                 if exits[rank].is_none()
                     && let Ok(Some(status)) = child.try_wait()
                 {
+                    if let (None, false, Some(grace)) =
+                        (failed, status.success(), self.stop_after_failure)
+                    {
+                        failed = Some((rank, Instant::now() + grace));
+                    }
                     exits[rank] = Some(RankExit {
                         rank,
                         status,
                         killed_at_timeout: false,
+                        stopped_after: None,
                         threads: Vec::new(),
                     });
                 }
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            let stop = failed.filter(|&(_, at)| now >= at).map(|(q, _)| q);
+            if now >= deadline || stop.is_some() {
                 for (rank, child) in children.iter_mut().enumerate() {
                     if exits[rank].is_none() {
                         let threads = thread_states(child.id());
@@ -680,7 +710,8 @@ impl LocalLauncher {
                             exits[rank] = Some(RankExit {
                                 rank,
                                 status,
-                                killed_at_timeout: true,
+                                killed_at_timeout: stop.is_none(),
+                                stopped_after: stop,
                                 threads,
                             });
                         }
@@ -705,12 +736,52 @@ impl LocalLauncher {
                     rank,
                     status: failed_status(),
                     killed_at_timeout: true,
+                    stopped_after: None,
                     threads: Vec::new(),
                 })
             })
             .collect();
         Ok(LaunchReport { ranks, output })
     }
+}
+
+/// Ranks that end with their launcher.
+mod orphan {
+    use std::process::Command;
+
+    /// Makes the child `cmd` starts receive SIGTERM when the launcher's thread that starts
+    /// it ends (Linux: `PR_SET_PDEATHSIG`), so that a launcher that is killed (or dies)
+    /// does not leave its ranks running as orphans until their next write to its pipe
+    /// fails; a child whose launcher is already gone when it starts exits at once.
+    /// [`LocalLauncher::run`](super::LocalLauncher::run) starts the ranks from the thread
+    /// that waits for them, so the signal comes only when the launcher is gone. Elsewhere:
+    /// nothing.
+    #[cfg(target_os = "linux")]
+    pub(super) fn die_with_launcher(cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let launcher = std::process::id() as libc::pid_t;
+        let hook = move || {
+            // SAFETY: prctl with PR_SET_PDEATHSIG and a signal number reads no memory; it is
+            // async-signal-safe, as the child between fork and exec requires.
+            if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: getppid takes nothing and is async-signal-safe.
+            if unsafe { libc::getppid() } != launcher {
+                // The launcher ended before the rank started (no allocation here: another
+                // thread of the parent may have held the allocator's lock at the fork).
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        };
+        // SAFETY: the hook calls only async-signal-safe functions (prctl, getppid) and
+        // allocates nothing (its errors are raw OS error codes).
+        unsafe { cmd.pre_exec(hook) };
+    }
+
+    /// Elsewhere: nothing (see the Linux version).
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn die_with_launcher(_cmd: &mut Command) {}
 }
 
 /// A failing status for a child whose status could not be read (it cannot be waited on).

@@ -26,6 +26,9 @@ use super::report::{self, Measurement, Pair, Row, Shape};
 
 /// How long the local launcher lets its ranks run.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
+/// After a rank failed, how long the others have to report before the launcher stops them
+/// (they usually fail within a second or two of a peer's exit).
+const STOP_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// The tool's entry point: parses the command line, then launches local ranks (started
 /// alone) or runs as one rank (under a launcher). Exit status: 0 when every check passed,
@@ -78,7 +81,8 @@ fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
     let mut launcher = LocalLauncher::current_exe(nranks)?
         .unprefixed_stdout(0)
         .env("NCCL_NVLS_ENABLE", "0")
-        .timeout(LAUNCH_TIMEOUT);
+        .timeout(LAUNCH_TIMEOUT)
+        .stop_after_failure(STOP_AFTER_FAILURE);
     if config.args.compare == Some(CompareWith::Nccl) {
         for (k, v) in nccl::child_env()? {
             launcher = launcher.env(k, v);
