@@ -71,11 +71,12 @@ impl Report {
     }
 }
 
-/// The flags whose value is an output file.
-const OUTPUT_FLAGS: [&str; 2] = ["--json", "--plot"];
+/// The flags whose value is an output file (`--dump-params`: the training example's).
+const OUTPUT_FLAGS: [&str; 3] = ["--json", "--plot", "--dump-params"];
 
 /// `args` (program first) as a report shows it: the program by its file name only, and the
-/// `--json`/`--plot` files by theirs (`--json /runs/a/out.json` becomes `--json out.json`),
+/// output files (`--json`, `--plot`, `--dump-params`) by theirs (`--json /runs/a/out.json`
+/// becomes `--json out.json`),
 /// so a report says what ran without naming folders of the machine that ran it.
 pub fn public_command_line<S: AsRef<str>>(args: &[S]) -> Vec<String> {
     let file_name = |a: &str| {

@@ -699,6 +699,16 @@ fn command_line_names_the_binary_and_no_folders() {
         json::public_command_line(&["mscclpp-perf"]),
         ["mscclpp-perf"]
     );
+    // The training example's parameter dump, both forms (it was shown whole).
+    assert_eq!(
+        json::public_command_line(&[
+            "train-dp",
+            "--dump-params",
+            "/scratch/p.bin",
+            "--dump-params=/scratch/q.bin"
+        ]),
+        ["train-dp", "--dump-params", "p.bin", "--dump-params=q.bin"]
+    );
 }
 
 #[test]

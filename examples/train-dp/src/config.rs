@@ -35,13 +35,13 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub teacher_hidden: usize,
     /// Learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, allow_hyphen_values = true)]
     pub lr: f32,
     /// AdamW's decoupled weight decay.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, allow_hyphen_values = true)]
     pub weight_decay: f32,
     /// Clip the averaged gradient to this global L2 norm (0: no clipping).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
     pub clip: f32,
     /// Gradient bucket size in MiB (as PyTorch DDP's `bucket_cap_mb`; fractions allowed).
     #[arg(long, default_value_t = 25.0)]
@@ -62,9 +62,10 @@ pub struct Args {
     /// Print a line every N steps.
     #[arg(long, default_value_t = 10)]
     pub log_every: usize,
-    /// Steps left out of the timing summary (the first ones: allocation, graph upload).
-    #[arg(long, default_value_t = 3)]
-    pub warmup: usize,
+    /// Steps left out of the timing summary (the first ones: allocation, graph upload);
+    /// below `--steps` (default 3, or `--steps - 1` when that is fewer).
+    #[arg(long)]
+    pub warmup: Option<usize>,
     /// Write a JSON report here (rank 0).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -171,7 +172,8 @@ pub struct Config {
     pub check_grads: bool,
     /// TF32 GEMMs.
     pub tf32: bool,
-    /// Where rank 0 writes the final parameters.
+    /// Where rank 0 writes the final parameters (the report shows the file name only).
+    #[serde(serialize_with = "file_name_only")]
     pub dump_params: Option<PathBuf>,
     /// Rank 0 trains alone first (`--baseline`).
     pub baseline: bool,
@@ -181,11 +183,78 @@ pub struct Config {
     /// Optimizer settings.
     #[serde(skip)]
     pub adamw: AdamW,
+    /// Why the gradient check is off when it is not asked off (`--no-check`), if it is.
+    #[serde(skip)]
+    pub check_skipped: Option<String>,
+}
+
+/// A path as its file name (a report names no folder of the machine that ran it).
+fn file_name_only<S: serde::Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => s.serialize_some(&p.file_name().map(|f| f.to_string_lossy().into_owned())),
+        None => s.serialize_none(),
+    }
+}
+
+/// Checks of the arguments that need no rank count or device: made before any rank starts
+/// (by the launcher too), so a bad value is refused once, by name.
+pub fn check_args(a: &Args) -> Result<(), String> {
+    if a.nranks == Some(0) {
+        return Err("--nranks must be at least 1".into());
+    }
+    if a.steps == Some(0) {
+        return Err("--steps must be at least 1".into());
+    }
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        return Err(format!("--lr {} must be a positive finite number", a.lr));
+    }
+    if !(a.weight_decay.is_finite() && a.weight_decay >= 0.0) {
+        return Err(format!(
+            "--weight-decay {} must be a finite number, at least 0",
+            a.weight_decay
+        ));
+    }
+    if !(a.clip.is_finite() && a.clip >= 0.0) {
+        return Err(format!(
+            "--clip {} must be a finite number, at least 0 (0: no clipping)",
+            a.clip
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes the Host transport's training takes at least for `params` parameters, `batch`
+/// samples per rank, `layers` of `width` (parameters, gradients and two AdamW moments in
+/// f32, and the activations of the forward pass kept for the backward one), or `None` when
+/// that does not fit in 64 bits.
+fn host_bytes(params: usize, batch: usize, layers: usize, width: usize) -> Option<u128> {
+    let p = (params as u128).checked_mul(4 * 4)?;
+    let acts = (batch as u128)
+        .checked_mul(width as u128)?
+        .checked_mul(layers as u128 + 1)?
+        .checked_mul(4 * 2)?;
+    p.checked_add(acts).filter(|&b| b <= u64::MAX as u128)
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (Linux), if it can be read.
+fn available_memory() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 impl Config {
     /// Resolves sizes for `nranks` ranks, on a GPU or not (the defaults differ).
     pub fn new(a: &Args, nranks: usize, gpu: bool) -> Result<Config, String> {
+        check_args(a)?;
+        if a.nranks.is_some_and(|n| n != nranks) {
+            return Err(format!(
+                "--nranks {} but the launcher started {nranks} ranks (under mpirun, torchrun \
+                 or srun the launcher sets the rank count: leave --nranks out)",
+                a.nranks.unwrap_or(0)
+            ));
+        }
         let (layers, width, per_rank, steps) = match (a.preset, gpu) {
             (Some(Preset::Comm), _) => (4, 8192, 32, 50),
             (Some(Preset::Compute), _) => (4, 2048, 8192, 50),
@@ -216,11 +285,61 @@ impl Config {
         if a.log_every == 0 {
             return Err("--log-every must be positive".into());
         }
-        let params = layers * (width * width + width);
+        let params = width
+            .checked_mul(width)
+            .and_then(|w| w.checked_add(width))
+            .and_then(|w| w.checked_mul(layers))
+            .filter(|&p| p <= u32::MAX as usize)
+            .ok_or_else(|| {
+                format!(
+                    "--layers {layers} of --width {width}: more than 2^32 parameters, beyond \
+                     what this example's flat f32 layout holds"
+                )
+            })?;
         let rank_batch = batch / nranks;
+        if !gpu {
+            let need = host_bytes(params, rank_batch, layers, width);
+            let have = available_memory();
+            if need.is_none_or(|n| have.is_some_and(|h| n > h)) {
+                return Err(format!(
+                    "a model of {params} parameters with {rank_batch} samples per rank needs \
+                     at least {} GiB per rank on the Host transport; this machine has {} GiB \
+                     available: choose a smaller --width, --layers, --batch or --preset",
+                    need.map_or("2^64".into(), |n| format!(
+                        "{:.1}",
+                        n as f64 / (1u64 << 30) as f64
+                    )),
+                    have.map_or("?".into(), |h| format!(
+                        "{:.1}",
+                        h as f64 / (1u64 << 30) as f64
+                    ))
+                ));
+            }
+        }
+        let warmup = a.warmup.unwrap_or(3.min(steps - 1));
+        if warmup >= steps {
+            return Err(format!(
+                "--warmup {warmup} leaves no step of the {steps} to time: it must be below --steps"
+            ));
+        }
         // The CPU reference costs about 3 * 2 * batch * params flops (plus the bound's pass).
         let cpu_flops = 12.0 * batch as f64 * params as f64;
-        let check_grads = !a.no_check && (a.check_grads || (cpu_flops < 4e9 && !a.tf32));
+        // TF32 exists on GPUs only: the Host transport computes in f32 whatever it says.
+        let tf32 = a.tf32 && gpu;
+        let check_grads = !a.no_check && (a.check_grads || (cpu_flops < 4e9 && !tf32));
+        let check_skipped = (!a.no_check && !check_grads).then(|| {
+            if tf32 {
+                "TF32 GEMMs (--tf32): the check's bound does not hold for them; --check-grads \
+                 forces it"
+                    .to_string()
+            } else {
+                format!(
+                    "the CPU reference would take about {:.0} Gflop for this model and batch \
+                     (the limit is 4); --check-grads forces it",
+                    cpu_flops / 1e9
+                )
+            }
+        });
         Ok(Config {
             layers,
             width,
@@ -235,9 +354,9 @@ impl Config {
             seed: a.seed,
             nranks,
             log_every: a.log_every,
-            warmup: a.warmup,
+            warmup,
             check_grads,
-            tf32: a.tf32,
+            tf32,
             dump_params: a.dump_params.clone(),
             baseline: a.baseline,
             allreduce_blocks: a.allreduce_blocks,
@@ -249,6 +368,7 @@ impl Config {
                 weight_decay: a.weight_decay,
                 max_norm: a.clip,
             },
+            check_skipped,
         })
     }
 

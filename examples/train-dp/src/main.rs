@@ -87,6 +87,7 @@ pub fn finish(
         .map(|b| u64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8])))
         .collect();
     let identical = sums.iter().all(|&s| s == sum);
+
     let report = RunReport {
         library: library.to_string(),
         backend: backend.to_string(),
@@ -116,6 +117,16 @@ pub fn finish(
         )
         .into());
     }
+    // Every rank has the same loss (the mean over the ranks): all fail, or none.
+    let s = &report.summary;
+    if !s.last_loss.is_finite() {
+        return Err(format!(
+            "training diverged: the loss is {} after the last step ({} after the first); lower \
+             --lr",
+            s.last_loss, s.first_loss
+        )
+        .into());
+    }
     Ok(report)
 }
 
@@ -124,11 +135,15 @@ fn main() -> ExitCode {
     // SAFETY: nothing else runs yet: no thread reads the environment concurrently.
     unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
     let args = Args::parse();
-    let result = match Launch::from_env() {
-        Ok(launch) => run_rank(&args, &launch),
-        Err(LaunchError::NotLaunched) => launch_local(&args),
-        Err(e) => Err(e.into()),
-    };
+    // Refused before any rank starts (by the launcher once, not by every rank).
+    let result =
+        config::check_args(&args)
+            .map_err(Error::from)
+            .and_then(|()| match Launch::from_env() {
+                Ok(launch) => run_rank(&args, &launch),
+                Err(LaunchError::NotLaunched) => launch_local(&args),
+                Err(e) => Err(e.into()),
+            });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -155,10 +170,15 @@ fn launch_local(args: &Args) -> Result<(), Error> {
         );
     }
     let nranks = args.nranks.unwrap_or(if ngpus > 0 { ngpus } else { 2 });
+    // The sizes and their checks before any rank starts (each rank resolves them again).
+    Config::new(args, nranks, ngpus > 0)?;
     let mut launcher = LocalLauncher::current_exe(nranks)?
         .unprefixed_stdout(0)
         .env("NCCL_NVLS_ENABLE", "0")
-        .timeout(Duration::from_secs(4 * 3600));
+        .timeout(Duration::from_secs(4 * 3600))
+        // A rank that failed: the others have 10 s to report, then stop (a stopped or stuck
+        // rank no longer holds the job to the timeout).
+        .stop_after_failure(Duration::from_secs(10));
     if ngpus > 0 {
         for (k, v) in libs::child_env(args.compare.is_some())? {
             launcher = launcher.env(k, v);
@@ -208,6 +228,9 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
     let cfg = Config::new(args, ranks.nranks, on_gpu)?;
     if !on_gpu && (cfg.graph || args.compare.is_some()) {
         return Err("--compare and --graph need GPUs".into());
+    }
+    if let (0, Some(why)) = (ranks.rank, &cfg.check_skipped) {
+        println!("gradient check: skipped: {why}");
     }
     let comm = Communicator::from_bootstrap(bootstrap, backend.clone(), CommConfig::default())?;
     let mut coll_config = CollConfig::from_env()?;

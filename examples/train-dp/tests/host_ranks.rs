@@ -7,9 +7,14 @@
 //! on the reference gradient within `cpu::first_step_bounds` (see `src/cpu.rs`); past that,
 //! Adam divides by the gradient's magnitude, so there is no a-priori bound on the parameters
 //! and the tests use margins far above the differences measured (losses 2e-9..1e-8 relative, parameters
-//! 3e-8..1.2e-7 absolute over 30 steps at lr 1e-3) and far below what a wrong averaging
-//! produces (each rank's own gradient moves parameters by up to lr = 1e-3 per step):
-//! losses within 1e-5 relative, parameters within 1% of `lr * steps` = 3e-4.
+//! 3e-8..1.2e-7 absolute over 30 steps at lr 1e-3) and far below what averaging over other
+//! gradients produces (each rank's own gradient moves parameters by up to lr = 1e-3 per
+//! step): losses within 1e-5 relative, parameters within 1% of `lr * steps` = 3e-4. A
+//! wrong *scale* of the right average (a sum without the 1/N) is not among what these
+//! comparisons see: Adam divides by the gradient's magnitude, so a gradient twice too large
+//! moves the parameters almost as the right one does (measured: 7.7e-6 apart without
+//! clipping). The gradient check of the first step catches it (`wrong_averaging_is_caught`);
+//! the program says when that check is skipped (a model too large for the CPU reference).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -109,9 +114,20 @@ fn losses(report: &Value) -> Vec<f64> {
         .collect()
 }
 
-/// Loss decreases, parameters bit-identical, the gradient check ran and passed.
+/// Loss decreases, parameters bit-identical, the gradient check ran and passed; the report
+/// names no folder (the command line and the parameter dump by their file names).
 fn check_healthy(report: &Value, nranks: usize) {
     assert_eq!(report["nranks"].as_u64(), Some(nranks as u64));
+    assert_eq!(
+        report["config"]["dump_params"], "params.bin",
+        "{}",
+        report["config"]
+    );
+    let command = report["command"].to_string();
+    assert!(
+        !command.contains('/') && command.contains("params.bin"),
+        "{command}"
+    );
     let r = run0(report);
     assert_eq!(r["backend"], "host");
     assert_eq!(r["identical"], true, "parameters differ across ranks");
@@ -247,6 +263,54 @@ fn bad_batch_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--batch 47 is the global batch"), "{err}");
+}
+
+/// Values that cannot train are refused by the program before any rank starts, naming the
+/// flag (helper audit: `--nranks 0` and `--steps 0` exited 0, `--lr nan` trained to NaN and
+/// reported success, a negative `--lr` failed a correct run's check, a width past memory
+/// aborted in the allocator, and `--warmup` past the steps timed every step).
+#[test]
+fn values_that_cannot_train_are_refused_before_the_ranks_start() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["--nranks", "0"], "--nranks must be at least 1"),
+        (&["--steps", "0"], "--steps must be at least 1"),
+        (
+            &["--lr", "nan"],
+            "--lr NaN must be a positive finite number",
+        ),
+        (
+            &["--lr", "-0.01"],
+            "--lr -0.01 must be a positive finite number",
+        ),
+        (
+            &["--weight-decay", "inf"],
+            "--weight-decay inf must be a finite number",
+        ),
+        (&["--clip", "-5"], "--clip -5 must be a finite number"),
+        (
+            &["--warmup", "40", "--steps", "40"],
+            "--warmup 40 leaves no step of the 40",
+        ),
+        (&["--width", "4294967296"], "more than 2^32 parameters"),
+        // About 900 GiB of activations per rank: past any machine's memory.
+        (
+            &["--width", "60000", "--layers", "1", "--batch", "2000000"],
+            "GiB available",
+        ),
+    ];
+    for (args, text) in cases {
+        let out = Command::new(BIN)
+            .args(["--host"])
+            .args(args)
+            .output()
+            .expect("run train-dp");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} passed");
+        assert!(err.contains(text), "{args:?}: {err}");
+        // Refused once, by the program: no rank started.
+        let all = format!("{}{err}", String::from_utf8_lossy(&out.stdout));
+        assert!(!all.contains("[rank "), "{args:?}: a rank ran:\n{all}");
+    }
 }
 
 #[test]
