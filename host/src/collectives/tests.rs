@@ -298,6 +298,44 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
     assert!(e.contains("did not take part"), "{e}");
 }
 
+/// A peer that never calls (alive, stalled) holds the caller for one device timeout, not
+/// two: after the one-shot kernel's packet wait gave up, its descriptor check (which looks
+/// for a mismatch as the cause) waited a timeout of its own (helper audit: a stopped
+/// train-dp rank held the other 60 s with the 30 s default).
+#[test]
+fn a_stalled_peer_costs_one_device_timeout() {
+    let id = create_unique_id().unwrap();
+    let timeout = Duration::from_secs(3);
+    let took = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                s.spawn(move || {
+                    let c = host_rank(2, r, id, timeout);
+                    if r == 0 {
+                        let mut out = vec![0f32; 4];
+                        let t0 = std::time::Instant::now();
+                        let e = c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum);
+                        let took = t0.elapsed();
+                        let e = e.expect_err("rank 1 never called").to_string();
+                        assert!(e.contains("did not take part"), "{e}");
+                        Some(took)
+                    } else {
+                        // Alive but never calling, past both of rank 0's possible timeouts.
+                        std::thread::sleep(3 * timeout);
+                        None
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()[0]
+    })
+    .unwrap();
+    // One timeout plus scheduling; two would be 6 s.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
 /// A rank that left (dropped its collectives) before the others' call without naming its
 /// calls (as when its GPU work did not end within a second): the timeout says it had left.
 #[test]
