@@ -245,8 +245,9 @@ fn available_memory() -> Option<u128> {
 }
 
 impl Config {
-    /// Resolves sizes for `nranks` ranks, on a GPU or not (the defaults differ).
-    pub fn new(a: &Args, nranks: usize, gpu: bool) -> Result<Config, String> {
+    /// Resolves sizes for `nranks` ranks, `local` of them on this machine, on a GPU or not
+    /// (the defaults differ).
+    pub fn new(a: &Args, nranks: usize, local: usize, gpu: bool) -> Result<Config, String> {
         check_args(a)?;
         if a.nranks.is_some_and(|n| n != nranks) {
             return Err(format!(
@@ -298,21 +299,20 @@ impl Config {
             })?;
         let rank_batch = batch / nranks;
         if !gpu {
-            let need = host_bytes(params, rank_batch, layers, width);
+            // The ranks of this machine share its memory.
+            let need = host_bytes(params, rank_batch, layers, width)
+                .and_then(|n| n.checked_mul(local.max(1) as u128));
             let have = available_memory();
             if need.is_none_or(|n| have.is_some_and(|h| n > h)) {
+                let gib = |b: u128| format!("{:.1}", b as f64 / (1u64 << 30) as f64);
                 return Err(format!(
                     "a model of {params} parameters with {rank_batch} samples per rank needs \
-                     at least {} GiB per rank on the Host transport; this machine has {} GiB \
-                     available: choose a smaller --width, --layers, --batch or --preset",
-                    need.map_or("2^64".into(), |n| format!(
-                        "{:.1}",
-                        n as f64 / (1u64 << 30) as f64
-                    )),
-                    have.map_or("?".into(), |h| format!(
-                        "{:.1}",
-                        h as f64 / (1u64 << 30) as f64
-                    ))
+                     at least {} GiB for the {} ranks of this machine on the Host transport; \
+                     it has {} GiB available: choose a smaller --width, --layers, --batch or \
+                     --preset",
+                    need.map_or("2^64".into(), gib),
+                    local.max(1),
+                    have.map_or("?".into(), gib)
                 ));
             }
         }

@@ -171,7 +171,7 @@ fn launch_local(args: &Args) -> Result<(), Error> {
     }
     let nranks = args.nranks.unwrap_or(if ngpus > 0 { ngpus } else { 2 });
     // The sizes and their checks before any rank starts (each rank resolves them again).
-    Config::new(args, nranks, ngpus > 0)?;
+    Config::new(args, nranks, nranks, ngpus > 0)?;
     let mut launcher = LocalLauncher::current_exe(nranks)?
         .unprefixed_stdout(0)
         .env("NCCL_NVLS_ENABLE", "0")
@@ -225,7 +225,7 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
         rank: bootstrap.rank(),
         nranks: bootstrap.nranks(),
     };
-    let cfg = Config::new(args, ranks.nranks, on_gpu)?;
+    let cfg = Config::new(args, ranks.nranks, bootstrap.nranks_per_node(), on_gpu)?;
     if !on_gpu && (cfg.graph || args.compare.is_some()) {
         return Err("--compare and --graph need GPUs".into());
     }

@@ -1053,7 +1053,9 @@ impl Mesh {
                     }),
                     _ => None,
                 });
-                let closed = st.closed_order.first().and_then(|&p| {
+                // The first with a record (a goodbye that came without one, as a late
+                // notice's does, leaves that rank without).
+                let closed = st.closed_order.iter().find_map(|&p| {
                     st.closed_done[p].map(|collectives| Message::PeerClosed {
                         rank: p as u32,
                         collectives,

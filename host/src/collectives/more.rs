@@ -1448,7 +1448,13 @@ impl Collectives {
         let mut stage = 0u32;
         for (i, a) in live.iter().enumerate() {
             for (j, b) in live.iter().enumerate() {
-                let overlap = a.buf < b.buf + b.bytes && b.buf < a.buf + a.bytes;
+                // A transfer of no bytes touches no memory: it overlaps nothing, wherever it
+                // points (a zero count's address inside another peer's range, as
+                // all-to-all-v code passes it, is neither refused nor a cause to stage).
+                let overlap = a.bytes > 0
+                    && b.bytes > 0
+                    && a.buf < b.buf + b.bytes
+                    && b.buf < a.buf + a.bytes;
                 if i != j && a.send == 0 && overlap {
                     if b.send != 0 {
                         stage |= 1 << j;

@@ -697,6 +697,35 @@ fn transfers_of_no_elements_wait_for_the_peer() {
         }
         let want: Vec<f32> = (0..5).map(|i| value(1 - r, i, 3)).collect();
         assert_eq!(got, want, "rank {r}: the transfer after those of none");
+        // A receive of none whose address lies inside another receive's range overlaps
+        // nothing (all-to-all-v code passes such addresses for zero counts).
+        let mut got = vec![0f32; 5];
+        let p = got.as_mut_ptr() as u64;
+        let op = |buf, count| {
+            if r == 0 {
+                P2pOp::Send {
+                    buf,
+                    count,
+                    dtype: DataType::F32,
+                    peer,
+                }
+            } else {
+                P2pOp::Recv {
+                    buf,
+                    count,
+                    dtype: DataType::F32,
+                    peer,
+                }
+            }
+        };
+        let out: Vec<f32> = (0..5).map(|i| value(0, i, 4)).collect();
+        let first = if r == 0 { out.as_ptr() as u64 } else { p };
+        // SAFETY: both vectors live across the call; the second operation has no bytes.
+        unsafe { c.group_host(&[op(first, 5), op(first + 8, 0)]) }
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        if r == 1 {
+            assert_eq!(got, out, "rank 1: beside a receive of none inside it");
+        }
     });
 }
 
