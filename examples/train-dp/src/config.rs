@@ -180,8 +180,7 @@ pub struct Config {
     /// `--allreduce-blocks`: the collectives' `max_blocks`, when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allreduce_blocks: Option<u32>,
-    /// Optimizer settings.
-    #[serde(skip)]
+    /// Optimizer settings (in the report too: learning rate, decay, clipping).
     pub adamw: AdamW,
     /// Why the gradient check is off when it is not asked off (`--no-check`), if it is.
     #[serde(skip)]

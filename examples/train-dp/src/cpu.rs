@@ -52,7 +52,7 @@
 use crate::model::Mlp;
 
 /// Hyper-parameters of AdamW with gradient clipping by global norm.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct AdamW {
     /// Learning rate.
     pub lr: f32,

@@ -231,14 +231,14 @@ pub fn run(
     let buckets = model::buckets(&mlp, cfg.bucket_bytes / 4);
     if rank == 0 {
         println!(
-            "no GPU: training on the Host transport (CPU reference math, all_reduce_host): {n} ranks, {} layers x {} wide ({} parameters), global batch {} ({} per rank), {} buckets of <= {} KiB ({}), gradients as {:?}",
+            "no GPU: training on the Host transport (CPU reference math, all_reduce_host): {n} ranks, {} layers x {} wide ({} parameters), global batch {} ({} per rank), {} buckets of <= {:.3} KiB ({}), gradients as {:?}",
             cfg.layers,
             cfg.width,
             mlp.params,
             cfg.batch,
             cfg.rank_batch,
             buckets.len(),
-            cfg.bucket_bytes / 1024,
+            cfg.bucket_bytes as f64 / 1024.0,
             if cfg.overlap {
                 "overlapped with backward"
             } else {

@@ -227,7 +227,7 @@ pub fn print_summary(r: &RunReport, nranks: usize) {
         _ => String::new(),
     };
     println!(
-        "[{}] summary: {} timed steps, {:.3} ms/step, {:.1} samples/s, exposed comm {:.3} ms/step ({:.1}% of the step), comm span {:.3} ms/step; loss {:.6} -> {:.6}; parameters {} across ranks (checksum {}){scaling}",
+        "[{}] summary: {} timed steps, {:.3} ms/step, {:.1} samples/s, exposed comm {:.3} ms/step ({:.1}% of the step), comm span {:.3} ms/step; loss {:.6} -> {:.6}; parameters {} (checksum {}){scaling}",
         r.library,
         s.timed_steps,
         s.step_ms,
@@ -237,10 +237,11 @@ pub fn print_summary(r: &RunReport, nranks: usize) {
         s.comm_ms,
         s.first_loss,
         s.last_loss,
-        if r.identical {
-            "bit-identical"
-        } else {
-            "DIFFERENT"
+        match (nranks, r.identical) {
+            // One rank: nothing to compare.
+            (1, _) => "of the one rank",
+            (_, true) => "bit-identical across ranks",
+            (_, false) => "DIFFERENT across ranks",
         },
         r.checksum
     );
