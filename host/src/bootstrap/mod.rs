@@ -554,7 +554,7 @@ impl Bootstrap {
             // knew of losses before its goodbye, so that news is here already. No grace:
             // along a ring, each rank that waited one out passed the failure on half a
             // second later.
-            Err(BootstrapError::PeerClosed { peer, .. }) => {
+            Err(e @ BootstrapError::PeerClosed { .. }) => {
                 match self.mesh.wait_for_loss(Duration::ZERO).await {
                     Some((lost, detail)) => Err(BootstrapError::PeerLost {
                         rank: self.rank(),
@@ -562,11 +562,7 @@ impl Bootstrap {
                         peer: lost,
                         detail,
                     }),
-                    None => Err(BootstrapError::PeerClosed {
-                        rank: self.rank(),
-                        op,
-                        peer,
-                    }),
+                    None => Err(e),
                 }
             }
             // A peer that left or refused mid-collective most likely left because some rank
