@@ -147,6 +147,16 @@ pub mod local_fault {
     pub const LAST_LOOK: usize = BASE + 2;
     /// Least time between two looks at the host's abort word by this rank's waits.
     pub const HOST_LOOK_NS: u64 = 50_000;
+    /// The value of the local [`ABORT`] copy when a look found, instead of the host's abort
+    /// word, the record of a call that gave up for good ([`fault::TIMEOUT`] or
+    /// [`fault::ABORTED`](super::fault::ABORTED), never cleared): the communicator cannot
+    /// be used any more, so the waits of the calls already queued behind that one give up at
+    /// once (before, each waited a device timeout of its own, and a rank with a thousand
+    /// calls queued on its stream behind a stalled peer took a thousand timeouts to report
+    /// it or to close).
+    ///
+    /// [`fault::TIMEOUT`]: super::fault::TIMEOUT
+    pub const AFTER_FAILURE: u64 = u64::MAX - 1;
     /// A copy of the host's [`fault::LEFT`](super::fault::LEFT) word (contexts with
     /// [`guard::LEFT`](super::guard::LEFT)), taken at the same looks as the abort word.
     pub const LEFT: usize = BASE + 3;
@@ -258,7 +268,9 @@ pub mod fault {
     //! [`STOP`](super::local_fault::STOP) word, which makes the other waits of that call on
     //! this rank give up. The host reads
     //! [`RECORD`] (acquire) and the details after it, and clears a mismatch record (zeroing
-    //! [`RECORD`] then [`CLAIM`]) once reported; timeouts and aborts stay.
+    //! [`RECORD`] then [`CLAIM`]) once reported; timeouts and aborts stay, and the looks at
+    //! [`ABORT`] treat them as one: the waits of every later call give up
+    //! ([`AFTER_FAILURE`](super::local_fault::AFTER_FAILURE)).
 
     /// Non-zero: abort every wait (written by the host: `1 + rank` of a lost rank, or
     /// [`ABORT_REQUESTED`]).
@@ -854,7 +866,9 @@ impl CollContext {
 
     /// The abort word as this rank's waits see it: the local copy, and, at most once per
     /// [`local_fault::HOST_LOOK_NS`] for the whole rank (the thread that wins a
-    /// compare-and-swap of the last look's time), the host's word, copied locally once set.
+    /// compare-and-swap of the last look's time), the host's word, copied locally once set;
+    /// at the same look, a record of a call that gave up for good counts as an abort
+    /// ([`local_fault::AFTER_FAILURE`]).
     ///
     /// # Safety
     /// The context valid.
@@ -894,7 +908,21 @@ impl CollContext {
                     arch::st_release_sys_u64(self.state.add(local_fault::LEFT_PEERS), left);
                 }
             }
-            host
+            if host != 0 {
+                return host;
+            }
+            // A call of this rank gave up for good (its record stays): every later wait
+            // gives up too (`AFTER_FAILURE`). The record's first writer keeps it, so the
+            // host still reports that call's failure.
+            let record = arch::ld_acquire_sys_u64(self.fault.add(fault::RECORD));
+            if matches!(record, fault::TIMEOUT | fault::ABORTED) {
+                arch::st_release_sys_u64(
+                    self.state.add(local_fault::ABORT),
+                    local_fault::AFTER_FAILURE,
+                );
+                return local_fault::AFTER_FAILURE;
+            }
+            0
         }
     }
 

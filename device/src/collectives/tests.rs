@@ -998,6 +998,57 @@ fn a_wait_gives_up_on_abort_and_names_it_without_trapping() {
     }
 }
 
+/// A call queued behind one that gave up for good (its timeout or abort record stays, the
+/// communicator cannot be used any more) gives up at the first look at the fault area,
+/// without a record of its own (the first one is what the host reports), instead of waiting
+/// a timeout of its own: a rank with many calls queued behind a stalled peer reports it
+/// after one timeout. A mismatch record (cleared once reported; the communicator stays
+/// usable) does not cut a later call's wait short.
+#[test]
+fn calls_queued_behind_one_that_gave_up_for_good_give_up_at_once() {
+    for algo in [Algo::OneShot, Algo::TwoShot, Algo::AllPairs] {
+        for kind in [fault::TIMEOUT, fault::ABORTED] {
+            let mut w = World::new(2, 16 * 40, 8192);
+            w.ctxs[0].timeout_ns = 60_000_000_000;
+            let f = w.ctxs[0].fault;
+            // An earlier call (sequence 7) of rank 0 gave up, as a kernel records it.
+            // SAFETY: rank 0's fault area; no kernel runs yet.
+            unsafe {
+                f.add(fault::CLAIM).write(1);
+                f.add(fault::SEQ).write(7);
+                f.add(fault::PEER).write(1);
+                f.add(fault::RECORD).write(kind);
+            }
+            // Rank 1 never calls.
+            let (_, took) = all_reduce_on(&w, algo, &[0], &[0]);
+            assert!(
+                took < std::time::Duration::from_secs(5),
+                "{algo:?}, record {kind}: waited {took:?} (the timeout is 60 s)"
+            );
+            // SAFETY: rank 0's fault area; no kernel runs.
+            let seq = unsafe { f.add(fault::SEQ).read() };
+            assert_eq!(
+                (record(&w, 0).0, seq),
+                (kind, 7),
+                "{algo:?}: the record changed"
+            );
+        }
+        // A mismatch record does not stop the next call: its wait ends at the timeout.
+        let mut w = World::new(2, 16 * 40, 8192);
+        w.ctxs[0].timeout_ns = 300_000_000;
+        // SAFETY: as above.
+        unsafe {
+            w.ctxs[0].fault.add(fault::CLAIM).write(1);
+            w.ctxs[0].fault.add(fault::RECORD).write(fault::MISMATCH);
+        }
+        let (_, took) = all_reduce_on(&w, algo, &[0], &[0]);
+        assert!(
+            took >= std::time::Duration::from_millis(300),
+            "{algo:?}: {took:?}"
+        );
+    }
+}
+
 /// Runs an all-reduce of `algo` (100 f32, the value `r + 1` on rank `r`) on each rank of
 /// `ranks`, rank `ranks[i]` starting after `delays_ms[i]`; returns each one's output and the
 /// time the slowest took.
