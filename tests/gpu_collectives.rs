@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use half::{bf16, f16};
-use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, DataType, ReduceOp};
+use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, DataType, ReduceOp};
 use mscclpp::host::cuda::CudaSlice;
+use mscclpp::host::launch::Launch;
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
 mod common;
@@ -490,6 +491,47 @@ fn departed(algo: AllReduceAlgo, count: usize) {
     println!("rank {r}: ok");
 }
 
+/// Ranks that stall (alive, making no call) with many calls queued behind the first one
+/// that waits for them: rank 0 queues 64 one-shot all-reduces with a 2 s device timeout; the
+/// first gives up at the timeout and every call behind it at its first look at the fault
+/// area, so the synchronize fails within a few seconds, naming a stalled rank and the first
+/// call (before 0ba3efc each queued call waited a timeout of its own: 128 s). The other
+/// ranks wait in a bootstrap barrier meanwhile, so nothing tells rank 0 they left or died.
+fn stalled_rank() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let bs = Launch::from_env().unwrap().blocking_bootstrap().unwrap();
+    let (c, stream) = common::collectives_timed(bs, CollConfig::default(), TIMEOUT);
+    let r = c.rank();
+    if r == 0 {
+        let count = 1000;
+        let send: CudaSlice<f32> = stream.clone_htod(&vec![1.0f32; count]).unwrap();
+        let recv: CudaSlice<f32> = stream.alloc_zeros(count).unwrap();
+        let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
+        let t0 = std::time::Instant::now();
+        for _ in 0..64 {
+            let algo = AllReduceAlgo::OneShot;
+            // SAFETY: both buffers hold `count` f32 until the synchronize.
+            unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
+                .unwrap();
+        }
+        let e = c
+            .synchronize(&stream)
+            .expect_err("the other ranks never call")
+            .to_string();
+        let took = t0.elapsed();
+        println!("rank {r}: 64 queued calls failed after {took:?}: {e}");
+        assert!(
+            took < 2 * TIMEOUT + Duration::from_secs(4),
+            "rank {r}: the queued calls took {took:?} to fail (a timeout each?): {e}"
+        );
+        let names_one = (1..c.nranks()).any(|p| e.contains(&format!("waited 2s for rank {p} ")));
+        assert!(names_one && e.contains("collective #1 "), "rank {r}: {e}");
+    }
+    // The other ranks wait here, alive, until rank 0 is done.
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
 fn departed_ll_rank() {
     departed(AllReduceAlgo::OneShot, 1000);
 }
@@ -591,6 +633,10 @@ two_rank_test!(
 two_rank_test!(all_reduce_replays_under_a_cuda_graph, graph_rank);
 two_rank_test!(typed_api_checks_arguments_and_reduces, typed_api_rank);
 two_rank_test!(mismatched_calls_fail_on_every_rank_then_work, mismatch_rank);
+two_rank_test!(
+    calls_queued_behind_a_stalled_rank_fail_after_one_timeout,
+    stalled_rank
+);
 two_rank_test!(
     a_call_a_departed_rank_never_made_fails_at_once_over_packets,
     departed_ll_rank

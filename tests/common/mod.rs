@@ -63,12 +63,22 @@ pub fn setup_with(coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
 /// The collectives with settings `coll` of the rank that `bs` bootstrapped, on its GPU, and
 /// a stream.
 pub fn collectives_on(bs: BlockingBootstrap, coll: CollConfig) -> (Collectives, Arc<CudaStream>) {
+    collectives_timed(bs, coll, device_timeout())
+}
+
+/// [`collectives_on`] with the device timeout `timeout` (`MSCCLPP_DEVICE_TIMEOUT`, when
+/// set, overrides it).
+pub fn collectives_timed(
+    bs: BlockingBootstrap,
+    coll: CollConfig,
+    timeout: Duration,
+) -> (Collectives, Arc<CudaStream>) {
     let backend = Backend::auto(bs.local_rank()).unwrap();
     let Backend::Gpu(gpu) = backend.clone() else {
         panic!("rank {} found no GPU", bs.rank())
     };
     let config = CommConfig {
-        device_timeout: device_timeout(),
+        device_timeout: timeout,
         ..CommConfig::default()
     };
     let comm = Communicator::from_bootstrap(bs, backend, config).unwrap();
