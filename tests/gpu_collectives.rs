@@ -524,7 +524,8 @@ fn stalled_rank() {
             took < 2 * TIMEOUT + Duration::from_secs(4),
             "rank {r}: the queued calls took {took:?} to fail (a timeout each?): {e}"
         );
-        let names_one = (1..c.nranks()).any(|p| e.contains(&format!("waited 2s for rank {p} ")));
+        let names_one =
+            (1..c.nranks()).any(|p| e.contains(&format!("waited {TIMEOUT:?} for rank {p} ")));
         assert!(names_one && e.contains("collective #1 "), "rank {r}: {e}");
     }
     // The other ranks wait here, alive, until rank 0 is done.

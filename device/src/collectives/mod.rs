@@ -649,9 +649,10 @@ impl CollContext {
 
     /// Waits for rank `peer`'s descriptor of `call` and compares it with this rank's;
     /// records a mismatch. Stops only on abort, timeout, a call that a rank which left
-    /// never made, or another thread's failure of the call that leaves the collectives
-    /// unusable (a timeout or an abort: its record is never cleared, so no later call runs);
-    /// not on a mismatch found by another thread: having read every peer's descriptor, a
+    /// never made, or a failure that leaves the collectives unusable (a timeout or an abort
+    /// of this call or an earlier one, which the waits' look at the abort word counts as an
+    /// abort: its record is never cleared, so no later call runs); not on a mismatch found
+    /// by another thread: having read every peer's descriptor, a
     /// rank knows its peers have finished their previous calls, which the scratch reuse of
     /// the next, matching call relies on. `false` when the descriptors differ or the wait
     /// failed.
@@ -702,23 +703,11 @@ impl CollContext {
                 let t0 = *start.get_or_insert(now);
                 // SAFETY: the context is valid (caller contract).
                 let abort = unsafe { self.abort_word(now) };
+                // A wait of this call (or an earlier one) that gave up for good counts as an
+                // abort here too (`abort_word`): before, this wait ran to a timeout of its
+                // own after the packet wait's, doubling the time a stalled peer held this
+                // rank.
                 // SAFETY: as above.
-                // SAFETY: as above; the local fault words and the fault area are live and
-                // accessed atomically.
-                let lost = unsafe {
-                    arch::ld_relaxed_sys_u64(self.state.add(local_fault::STOP)) == call.seq + 1
-                        && matches!(
-                            arch::ld_acquire_sys_u64(self.fault.add(fault::RECORD)),
-                            fault::TIMEOUT | fault::ABORTED
-                        )
-                };
-                if lost {
-                    // Another wait of this call gave up for good (timeout, abort), and
-                    // recorded why: no later call runs, so nothing waits for this one's
-                    // end (before, this wait ran to a timeout of its own, doubling the
-                    // time a stalled peer held this rank).
-                    return None;
-                }
                 let (kind, place) = if abort != 0 {
                     (fault::ABORTED, fault::AT_DESCRIPTOR)
                 } else if unsafe { self.after_left(&call) } {
