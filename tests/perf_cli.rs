@@ -537,3 +537,48 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
         "{stderr}"
     );
 }
+
+/// Ranks started by hand (the tool's own launcher variables) with different `--algo`: the
+/// first all-reduce is a mismatch that every rank reports, once, naming both algorithms,
+/// and every rank exits with status 1 (no panic, no second copy of the message).
+#[test]
+fn a_failed_call_is_reported_once_by_every_rank() {
+    let exe = env!("CARGO_BIN_EXE_mscclpp-perf");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let ranks: Vec<_> = ["oneshot", "twoshot"]
+        .iter()
+        .enumerate()
+        .map(|(rank, algo)| {
+            Command::new(exe)
+                .args(["--algo", algo, "-b", "1K", "-e", "1K", "-n", "2"])
+                .env("CUDA_VISIBLE_DEVICES", "")
+                .env("MSCCLPP_RANK", rank.to_string())
+                .env("MSCCLPP_NRANKS", "2")
+                .env("MSCCLPP_BOOTSTRAP", format!("127.0.0.1:{port}"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("mscclpp-perf starts")
+        })
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "rank {rank}: {stdout}{stderr}");
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("mscclpp-perf: "))
+            .collect();
+        assert_eq!(lines.len(), 1, "rank {rank}: {stderr}");
+        assert!(
+            lines[0].contains("called collective #1 differently")
+                && lines[0].contains("(one-shot)")
+                && lines[0].contains("(two-shot)"),
+            "rank {rank}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "rank {rank}: {stderr}");
+    }
+}

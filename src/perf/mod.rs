@@ -65,6 +65,10 @@ pub enum PerfError {
     /// A JSON report could not be parsed.
     #[error("bad JSON report: {0}")]
     Json(String),
+    /// A failure already printed (before the rank's teardown, so that a slow teardown does
+    /// not hold its message back); exit status 1.
+    #[error("the failure was reported above")]
+    Reported,
 }
 
 #[cfg(test)]

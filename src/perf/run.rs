@@ -56,6 +56,7 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        Err(PerfError::Reported) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("mscclpp-perf: {e}");
             ExitCode::from(if matches!(e, PerfError::Args(_)) {
@@ -212,17 +213,26 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
     let theirs = nccl.as_ref();
     // The buffers' element type: the type itself, or for fp8 (moved only) `u8`, the same
     // bytes; the collectives are called with `-d`'s type wherever they take one.
-    let rows = match config.args.dtype {
-        DataType::F32 => sweep::<f32>(config, &coll, theirs)?,
-        DataType::F16 => sweep::<half::f16>(config, &coll, theirs)?,
-        DataType::Bf16 => sweep::<half::bf16>(config, &coll, theirs)?,
-        DataType::F64 => sweep::<f64>(config, &coll, theirs)?,
-        DataType::I8 => sweep::<i8>(config, &coll, theirs)?,
-        DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => sweep::<u8>(config, &coll, theirs)?,
-        DataType::I32 => sweep::<i32>(config, &coll, theirs)?,
-        DataType::U32 => sweep::<u32>(config, &coll, theirs)?,
-        DataType::I64 => sweep::<i64>(config, &coll, theirs)?,
-        DataType::U64 => sweep::<u64>(config, &coll, theirs)?,
+    let swept = match config.args.dtype {
+        DataType::F32 => sweep::<f32>(config, &coll, theirs),
+        DataType::F16 => sweep::<half::f16>(config, &coll, theirs),
+        DataType::Bf16 => sweep::<half::bf16>(config, &coll, theirs),
+        DataType::F64 => sweep::<f64>(config, &coll, theirs),
+        DataType::I8 => sweep::<i8>(config, &coll, theirs),
+        DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => sweep::<u8>(config, &coll, theirs),
+        DataType::I32 => sweep::<i32>(config, &coll, theirs),
+        DataType::U32 => sweep::<u32>(config, &coll, theirs),
+        DataType::I64 => sweep::<i64>(config, &coll, theirs),
+        DataType::U64 => sweep::<u64>(config, &coll, theirs),
+    };
+    let rows = match swept {
+        Ok(rows) => rows,
+        Err(e) => {
+            // Said now, while NCCL, the collectives and the communicator still stand: their
+            // teardown (the bootstrap's goodbyes, joining the proxy) may take a while after
+            // a failure, and the user should not wait for it to learn what failed.
+            return Err(report_now(e));
+        }
     };
     drop(nccl);
     if rank != 0 {
@@ -272,6 +282,16 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         println!("# plot written to {}", path.display());
     }
     Ok(exit_for(&rows))
+}
+
+/// Prints `e` as [`main`] would and returns [`PerfError::Reported`] in its place (unless
+/// it is a command-line error, whose exit status [`main`] sets).
+fn report_now(e: PerfError) -> PerfError {
+    if matches!(e, PerfError::Args(_)) {
+        return e;
+    }
+    eprintln!("mscclpp-perf: {e}");
+    PerfError::Reported
 }
 
 fn exit_for(rows: &[Row]) -> ExitCode {
