@@ -314,24 +314,11 @@ fn ranks_end_with_their_launcher() {
 #[cfg(target_os = "linux")]
 fn a_rank_killed_at_the_timeout_is_reported_with_its_threads() {
     if role().is_some() {
-        let (_tx, rx) = std::sync::mpsc::channel::<()>();
-        let worker = std::thread::Builder::new()
-            .name("hung-worker".into())
-            .spawn(move || rx.recv())
-            .unwrap();
-        println!("hanging");
-        let _ = worker.join();
-        return;
+        return hang();
     }
-    let exe = std::env::current_exe().unwrap();
     let test = "a_rank_killed_at_the_timeout_is_reported_with_its_threads";
-    let report = LocalLauncher::command(1, exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "hang")
-        .timeout(Duration::from_secs(3))
-        .capture_output(true)
-        .run()
-        .unwrap();
+    let report = launch_hang(test, false);
+    assert!(report.ranks[0].stacks.is_empty(), "{report}");
     print!("{report}");
     let r = &report.ranks[0];
     assert!(r.killed_at_timeout, "{report}");
@@ -346,6 +333,85 @@ fn a_rank_killed_at_the_timeout_is_reported_with_its_threads() {
     assert_eq!(fields[1], "S", "{fields:?}");
     assert!(
         report.to_string().contains("its threads before the kill: "),
+        "{report}"
+    );
+}
+
+/// A rank that blocks for good in a thread named `hung-worker` (in [`hang_here`]).
+#[cfg(target_os = "linux")]
+fn hang() {
+    let (_tx, rx) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::Builder::new()
+        .name("hung-worker".into())
+        .spawn(move || hang_here(rx))
+        .unwrap();
+    println!("hanging");
+    let _ = worker.join();
+}
+
+/// Where the hung worker waits (not inlined: its name must show in the stack).
+#[inline(never)]
+#[cfg(target_os = "linux")]
+fn hang_here(rx: std::sync::mpsc::Receiver<()>) {
+    let _ = rx.recv();
+}
+
+/// Runs `test` as one rank with the role `hang`, killed after 3 s, stacks on or off.
+#[cfg(target_os = "linux")]
+fn launch_hang(test: &str, stacks: bool) -> LaunchReport {
+    let exe = std::env::current_exe().unwrap();
+    LocalLauncher::command(1, exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "hang")
+        .timeout(Duration::from_secs(3))
+        .capture_output(true)
+        .stacks(stacks)
+        .run()
+        .unwrap()
+}
+
+/// With stacks on, a rank killed at the launch timeout is reported with every thread's
+/// stack, read with gdb: the hung worker's thread, and the function of ours it waits in,
+/// with its file and line. Skips (saying so) where gdb is not installed.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_rank_killed_at_the_timeout_is_reported_with_its_stacks() {
+    if role().is_some() {
+        return hang();
+    }
+    let gdb = std::process::Command::new("gdb")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !gdb {
+        println!("skipped: gdb is not installed (the launcher then reports no stacks)");
+        return;
+    }
+    let test = "a_rank_killed_at_the_timeout_is_reported_with_its_stacks";
+    let report = launch_hang(test, true);
+    print!("{report}");
+    let r = &report.ranks[0];
+    assert!(r.killed_at_timeout, "{report}");
+    let worker = r
+        .stacks
+        .iter()
+        .position(|l| l.starts_with("thread \"hung-worker\""))
+        .unwrap_or_else(|| panic!("no hung-worker thread in {:#?}", r.stacks));
+    // Its frames, up to the next thread: one of them is hang_here, in this file.
+    let frames: Vec<&String> = r.stacks[worker + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  #"))
+        .collect();
+    assert!(
+        frames
+            .iter()
+            .any(|l| l.contains("hang_here") && l.contains("tests/bootstrap_process.rs:")),
+        "{frames:#?}"
+    );
+    assert!(
+        report
+            .to_string()
+            .contains("its stacks before the kill (gdb):"),
         "{report}"
     );
 }

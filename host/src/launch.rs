@@ -79,6 +79,11 @@ struct Convention {
     local_rank: &'static [&'static str],
 }
 
+mod stacks;
+
+/// How long [`LocalLauncher::stacks`] gives `gdb` per rank.
+const STACKS_LIMIT: Duration = Duration::from_secs(30);
+
 const CONVENTIONS: [Convention; 6] = [
     Convention {
         source: LaunchSource::Mscclpp,
@@ -439,6 +444,11 @@ pub struct RankExit {
     /// (`name state wait-channel`, read from `/proc` on Linux: where a hung rank stood,
     /// e.g. `mscclpp-proxy-0 S futex_wait_queue`); else empty.
     pub threads: Vec<String>,
+    /// With [`LocalLauncher::stacks`], when it was killed: every thread's stack just before
+    /// the kill, read with `gdb` (a `thread "name" (LWP n)` line per thread, then its frames
+    /// as `#n function at file:line`, cut to the innermost frame and ours), or one line
+    /// saying why there are none; else empty.
+    pub stacks: Vec<String>,
 }
 
 /// The threads of process `pid` as `name state wait-channel` lines (Linux `/proc`; empty
@@ -512,6 +522,12 @@ impl std::fmt::Display for LaunchReport {
                     r.threads.join("; ")
                 )?;
             }
+            if !r.stacks.is_empty() {
+                writeln!(f, "[rank {}] its stacks before the kill (gdb):", r.rank)?;
+                for line in &r.stacks {
+                    writeln!(f, "[rank {}]   {line}", r.rank)?;
+                }
+            }
         }
         Ok(())
     }
@@ -545,6 +561,7 @@ pub struct LocalLauncher {
     capture: bool,
     unprefixed_stdout: Option<usize>,
     stop_after_failure: Option<Duration>,
+    stacks: bool,
 }
 
 impl LocalLauncher {
@@ -566,6 +583,7 @@ impl LocalLauncher {
             capture: false,
             unprefixed_stdout: None,
             stop_after_failure: None,
+            stacks: stacks::wanted_by_env(),
         }
     }
 
@@ -604,6 +622,15 @@ impl LocalLauncher {
     /// within a second or two of a peer's exit. Off by default.
     pub fn stop_after_failure(mut self, grace: Duration) -> LocalLauncher {
         self.stop_after_failure = Some(grace);
+        self
+    }
+
+    /// Reads every thread's stack of each rank it kills (at the timeout, or after another
+    /// rank failed) with `gdb`, if it is on `PATH`, into [`RankExit::stacks`] (up to 30 s
+    /// per rank, before the kill): where a hung rank stood, function, file and line. Off by
+    /// default, on where `MSCCLPP_LAUNCH_STACKS` is set (not to `0`), as in `.ci/run`.
+    pub fn stacks(mut self, on: bool) -> LocalLauncher {
+        self.stacks = on;
         self
     }
 
@@ -696,6 +723,7 @@ impl LocalLauncher {
                         killed_at_timeout: false,
                         stopped_after: None,
                         threads: Vec::new(),
+                        stacks: Vec::new(),
                     });
                 }
             }
@@ -705,6 +733,11 @@ impl LocalLauncher {
                 for (rank, child) in children.iter_mut().enumerate() {
                     if exits[rank].is_none() {
                         let threads = thread_states(child.id());
+                        let stacks = if self.stacks {
+                            stacks::thread_stacks(child.id(), STACKS_LIMIT)
+                        } else {
+                            Vec::new()
+                        };
                         let _ = child.kill();
                         if let Ok(status) = child.wait() {
                             exits[rank] = Some(RankExit {
@@ -713,6 +746,7 @@ impl LocalLauncher {
                                 killed_at_timeout: stop.is_none(),
                                 stopped_after: stop,
                                 threads,
+                                stacks,
                             });
                         }
                     }
@@ -738,6 +772,7 @@ impl LocalLauncher {
                     killed_at_timeout: true,
                     stopped_after: None,
                     threads: Vec::new(),
+                    stacks: Vec::new(),
                 })
             })
             .collect();
