@@ -778,6 +778,25 @@ impl Mesh {
         }
     }
 
+    /// Why a wait for `peer` outside the bootstrap cannot end well, if it cannot: `peer`
+    /// closed its bootstrap or was lost, or else another rank was lost (the first known).
+    pub(crate) fn hopeless(&self, peer: usize, op: Op) -> Option<BootstrapError> {
+        if let Some(e) = self.status_error(peer, op.clone()) {
+            return Some(e);
+        }
+        let st = lock(&self.state);
+        let &first = st.lost_order.first()?;
+        match &st.status[first] {
+            PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
+                rank: self.rank,
+                op,
+                peer: first,
+                detail: detail.clone(),
+            }),
+            _ => None,
+        }
+    }
+
     /// Waits at most `grace` for some rank to be known lost; returns it and what was seen.
     pub(crate) async fn wait_for_loss(&self, grace: Duration) -> Option<(usize, String)> {
         let deadline = Instant::now() + grace.min(self.config.timeout);

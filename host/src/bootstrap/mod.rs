@@ -513,6 +513,14 @@ impl Bootstrap {
         self.mesh.on_peer_lost(mesh::LossHook(Arc::new(hook)));
     }
 
+    /// Why a wait for `peer` outside the bootstrap (a transport's sockets during connection
+    /// setup) cannot end well, if it cannot: `peer` closed its bootstrap or was lost, or
+    /// another rank was lost (the first one known), as the error of `op`. Such waits look at
+    /// it between their polls instead of running to their own timeout.
+    pub(crate) fn wait_is_hopeless(&self, peer: usize, op: Op) -> Option<BootstrapError> {
+        self.mesh.hopeless(peer, op)
+    }
+
     fn check_peer(&self, peer: usize, op: Op) -> Result<(), BootstrapError> {
         if peer >= self.nranks() {
             return Err(BootstrapError::InvalidArgument(format!(

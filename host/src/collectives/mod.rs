@@ -664,6 +664,7 @@ pub(crate) fn tag_name(tag: u32) -> Option<String> {
     let name = match tag {
         TAG_SCRATCH => "the collectives' scratch",
         TAG_SEMAPHORES => "the collectives' semaphores",
+        more::TAG_P2P => "send/recv inside the host",
         cross::TAG_CROSS => "the collectives' rounds across hosts",
         xp2p::TAG_UP => "send/recv across hosts, lower to higher rank",
         xp2p::TAG_DOWN => "send/recv across hosts, higher to lower rank",

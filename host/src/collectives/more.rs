@@ -1208,7 +1208,7 @@ fn same_len(call: &str, send: usize, recv: usize) -> Result<(), CommError> {
 }
 
 /// Connection tag of the p2p buffer.
-const TAG_P2P: u32 = 0xC011_0004;
+pub(super) const TAG_P2P: u32 = 0xC011_0004;
 
 /// Bytes of each source rank's slot of the p2p buffer for a config.
 fn p2p_slot(config: &CollConfig) -> usize {

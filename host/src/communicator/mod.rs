@@ -54,15 +54,15 @@ use crate::transport::shm::{ShmError, ShmSegment};
 pub use fault::AbortReason;
 
 /// A connection tag as error messages show it: the collectives' own tags by what they
-/// carry, with the number in hex (`the collectives' rounds across hosts (tag 0xc0110005)`),
-/// a user's as `tag N`.
+/// carry (`the collectives' rounds across hosts`: their numbers are internal), a user's as
+/// `tag N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnTag(pub u32);
 
 impl std::fmt::Display for ConnTag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match crate::collectives::tag_name(self.0) {
-            Some(name) => write!(f, "{name} (tag {:#x})", self.0),
+            Some(name) => f.write_str(&name),
             None => write!(f, "tag {}", self.0),
         }
     }

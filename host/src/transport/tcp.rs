@@ -63,6 +63,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
 
+use crate::bootstrap::{Bootstrap, Op};
 use crate::communicator::setup::{
     ConnInfo, Connection, Link, Round, TransportSetup, mismatch, remote_info,
 };
@@ -1006,9 +1007,12 @@ fn decode_wire(raw: &[u8]) -> Option<(SocketAddr, usize)> {
 }
 
 impl TcpSetup {
-    /// Accepts until the sockets of (`peer`, `tag`) are all here, or the timeout.
+    /// Accepts until the sockets of (`peer`, `tag`) are all here, or the timeout, or until
+    /// `bootstrap` knows that they will not come (`peer` left or was lost, or another rank
+    /// was lost: the setup round fails anyway).
     fn accept_for(
         &mut self,
+        bootstrap: &Bootstrap,
         peer: usize,
         tag: u32,
         stripes: usize,
@@ -1037,6 +1041,10 @@ impl TcpSetup {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let what = format!("the TCP sockets of the connection ({})", ConnTag(tag));
+                    if let Some(e) = bootstrap.wait_is_hopeless(peer, Op::RecvNamed(what.into())) {
+                        return Err(e.into());
+                    }
                     if Instant::now() > deadline {
                         return Err(mismatch(
                             peer,
@@ -1154,7 +1162,8 @@ impl TransportSetup for TcpSetup {
             }
             out
         } else {
-            self.accept_for(rank, tag, stripes, config.timeout)?
+            let bootstrap = round.comm.bootstrap().as_async();
+            self.accept_for(bootstrap, rank, tag, stripes, config.timeout)?
         };
         let len = p.buffer.len() as u64;
         let (sink, stage, host_src, flags, device_inbound) =
@@ -1315,6 +1324,63 @@ mod tests {
     fn loopback_is_listed() {
         let found = interfaces().unwrap();
         assert!(found.iter().any(|(_, ip)| ip.is_loopback()), "{found:?}");
+    }
+
+    /// Rank 1 of 3 waits in `accept_for` for sockets that rank 0 (alive) never opens while
+    /// rank 2 dies (its bootstrap dropped without a goodbye): the wait ends as soon as the
+    /// loss is known, naming rank 2, not at the 20 s timeout; a wait for rank 2 itself
+    /// fails at once.
+    #[test]
+    fn socket_waits_end_when_a_rank_is_lost() {
+        use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
+        let id = create_unique_id().unwrap();
+        let config = BootstrapConfig::default().with_timeout(Duration::from_secs(30));
+        let timeout = Duration::from_secs(20);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let config0 = config.clone();
+            s.spawn(move || {
+                let bs = BlockingBootstrap::init_with_config(3, 0, id, config0).unwrap();
+                bs.barrier().unwrap();
+                // Alive, opening nothing, until rank 1 is done.
+                let _ = done_rx.recv_timeout(Duration::from_secs(60));
+            });
+            s.spawn(|| {
+                let bs = BlockingBootstrap::init_with_config(3, 2, id, config.clone()).unwrap();
+                bs.barrier().unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                bs.abandon();
+            });
+            let bs = BlockingBootstrap::init_with_config(3, 1, id, config.clone()).unwrap();
+            bs.barrier().unwrap();
+            let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+            l.set_nonblocking(true).unwrap();
+            let addr = l.local_addr().unwrap();
+            let mut setup = TcpSetup {
+                listener: Some((l, addr)),
+                ..TcpSetup::default()
+            };
+            let t0 = Instant::now();
+            let e = setup
+                .accept_for(bs.as_async(), 0, 7, 2, timeout)
+                .unwrap_err()
+                .to_string();
+            let took = t0.elapsed();
+            assert!(took < Duration::from_secs(10), "{took:?}: {e}");
+            assert!(
+                e.contains("rank 2 was lost")
+                    && e.contains("TCP sockets of the connection (tag 7)"),
+                "{e}"
+            );
+            let t0 = Instant::now();
+            let e = setup
+                .accept_for(bs.as_async(), 2, 7, 2, timeout)
+                .unwrap_err()
+                .to_string();
+            assert!(t0.elapsed() < Duration::from_secs(1), "{e}");
+            assert!(e.contains("rank 2 was lost"), "{e}");
+            done_tx.send(()).unwrap();
+        });
     }
 
     #[test]
