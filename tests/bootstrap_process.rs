@@ -242,6 +242,59 @@ fn launcher_stops_the_other_ranks_after_a_failure() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
+/// A rank that ends before the rendezvous completes (here it exits with status 3 before
+/// it bootstraps) is named at once by the others: the launcher tells its root, which
+/// refuses every join with the reason, where they waited for the bootstrap timeout
+/// (helper audit: 30 s, and under `mscclpp-perf` killed silently after its 10 s grace).
+#[test]
+fn a_rank_that_ends_before_the_rendezvous_is_named_at_once() {
+    if role().is_some() {
+        let launch = Launch::from_env().unwrap();
+        if launch.rank == 1 {
+            std::process::exit(3);
+        }
+        if launch.rank == 2 {
+            // Joins only after rank 1 is gone: a late join is refused too.
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        let t0 = std::time::Instant::now();
+        match launch.blocking_bootstrap() {
+            Err(e) => println!("after {:?}: {e}", t0.elapsed()),
+            Ok(_) => println!("bootstrapped without rank 1"),
+        }
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let t0 = std::time::Instant::now();
+    let report = LocalLauncher::command(3, exe)
+        .args([
+            "--exact",
+            "a_rank_that_ends_before_the_rendezvous_is_named_at_once",
+            "--nocapture",
+        ])
+        .env(ROLE, "early-exit")
+        .bootstrap_timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let took = t0.elapsed();
+    print!("{report}");
+    assert_eq!(report.ranks[1].status.code(), Some(3), "{report}");
+    for r in [0, 2] {
+        let line = report
+            .output
+            .iter()
+            .find(|l| l.starts_with(&format!("[rank {r}] after ")))
+            .unwrap_or_else(|| panic!("rank {r} printed no error: {:#?}", report.output));
+        assert!(
+            line.contains("rank 1 ended before the rendezvous completed (exit status: 3)"),
+            "{line}"
+        );
+    }
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+}
+
 /// Ranks end with their launcher: a launcher killed with SIGKILL (here a child process of
 /// the test running `LocalLauncher`) takes its sleeping ranks with it at once, where they
 /// ran on as orphans until their next write to its closed pipe (helper audit).

@@ -845,3 +845,64 @@ fn goodbyes_say_whether_the_work_ended() {
         assert_eq!(b0.left_after(2), Some(3));
     });
 }
+
+/// A spawned root whose owner says a rank ended refuses the waiting ranks at once with a
+/// reason naming it, and every later join too; dropping the handle of another root refuses
+/// its waiting rank with "the root was shut down". Neither waits for the 5 s timeout.
+#[test]
+fn a_spawned_root_refuses_at_once_when_told_a_rank_ended_or_when_dropped() {
+    runtime().block_on(async {
+        let config = BootstrapConfig::new().with_timeout(Duration::from_secs(30));
+        let handle = Root::bind(localhost(0), config.clone())
+            .unwrap()
+            .spawn()
+            .unwrap();
+        let id = handle.unique_id();
+        let waiting = tokio::spawn(Bootstrap::init_with_config(3, 0, id, config.clone()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t0 = std::time::Instant::now();
+        handle.rank_ended(2, "signal: 9 (SIGKILL)");
+        for err in [
+            waiting.await.unwrap().unwrap_err(),
+            // A join after the news.
+            Bootstrap::init_with_config(3, 1, id, config.clone())
+                .await
+                .unwrap_err(),
+        ] {
+            assert!(
+                matches!(
+                    &err,
+                    BootstrapError::RefusedByRoot {
+                        reason: Refusal::RankEnded { rank: 2, .. },
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert!(
+                err.to_string()
+                    .contains("rank 2 ended before the rendezvous completed (signal: 9 (SIGKILL))"),
+                "{err}"
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        drop(handle);
+
+        let handle = Root::bind(localhost(0), config.clone())
+            .unwrap()
+            .spawn()
+            .unwrap();
+        let waiting = tokio::spawn(Bootstrap::init_with_config(
+            2,
+            0,
+            handle.unique_id(),
+            config.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t0 = std::time::Instant::now();
+        drop(handle);
+        let err = waiting.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("the root was shut down"), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    });
+}

@@ -712,6 +712,10 @@ impl LocalLauncher {
                 if exits[rank].is_none()
                     && let Ok(Some(status)) = child.try_wait()
                 {
+                    // A rank that ended before the rendezvous completed: the others are told
+                    // at once, naming it, instead of waiting for the bootstrap timeout (the
+                    // root ignores this once the rendezvous is over).
+                    root.rank_ended(rank, status.to_string());
                     if let (None, false, Some(grace)) =
                         (failed, status.success(), self.stop_after_failure)
                     {

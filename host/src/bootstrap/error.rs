@@ -97,6 +97,14 @@ pub enum Refusal {
     /// The first frame's length prefix or encoding is wrong (the text says which length).
     #[error("malformed handshake frame: {0}")]
     MalformedFrame(String),
+    /// A rank ended before the rendezvous completed (its launcher told the root).
+    #[error("rank {rank} ended before the rendezvous completed ({how})")]
+    RankEnded {
+        /// The rank that ended.
+        rank: u32,
+        /// How it ended (its exit status).
+        how: String,
+    },
 }
 
 fn refused_joins(refused: &[String]) -> String {

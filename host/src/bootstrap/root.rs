@@ -6,10 +6,12 @@
 //! rendezvous goes on: a stray or hostile client cannot end it. Two joins for one rank: the
 //! first keeps it (first come wins) while its connection is alive. Once all ranks have joined
 //! it sends each the peer table and ends; if the timeout passes first, every waiting rank is
-//! told which ranks never joined and which joins were refused meanwhile.
+//! told which ranks never joined and which joins were refused meanwhile. The owner of a
+//! spawned root that learns that a rank ended before the rendezvous completed (a launcher
+//! whose child exited: [`RootHandle::rank_ended`]) makes it tell every rank so at once,
+//! naming that rank, instead of letting them wait for the timeout.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -139,13 +141,14 @@ impl Root {
     ///
     /// Cancelling drops every connection; ranks waiting on the root then fail.
     pub async fn run(self) -> Result<(), BootstrapError> {
-        self.run_until(std::future::pending()).await
+        let (_keep, control) = watch::channel(Control::Run);
+        self.run_until(control).await
     }
 
     /// Runs the root on its own thread (with its own single-threaded runtime).
     pub fn spawn(self) -> Result<RootHandle, BootstrapError> {
         let id = self.id;
-        let (cancel, mut cancelled) = watch::channel(false);
+        let (cancel, control) = watch::channel(Control::Run);
         let thread = std::thread::Builder::new()
             .name("mscclpp-bootstrap-root".into())
             .spawn(move || {
@@ -156,12 +159,7 @@ impl Root {
                         context: "cannot start a tokio runtime".into(),
                         source,
                     })?;
-                runtime.block_on(self.run_until(async move {
-                    // A dropped sender (detached handle) is not a cancellation.
-                    if cancelled.wait_for(|c| *c).await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }))
+                runtime.block_on(self.run_until(control))
             })
             .map_err(|source| BootstrapError::RootIo {
                 context: "cannot start its thread".into(),
@@ -174,7 +172,9 @@ impl Root {
         })
     }
 
-    async fn run_until(self, cancel: impl Future<Output = ()>) -> Result<(), BootstrapError> {
+    /// Serves the rendezvous, obeying `control` (a dropped sender, a detached handle, is no
+    /// command).
+    async fn run_until(self, mut control: watch::Receiver<Control>) -> Result<(), BootstrapError> {
         let addr = self.id.root_addr();
         let listener =
             TcpListener::from_std(self.listener).map_err(|source| BootstrapError::RootIo {
@@ -191,15 +191,38 @@ impl Root {
         let reserved = self.reserved;
         let (tx, mut rx) = mpsc::channel::<Handshake>(64);
         let mut handshakes = JoinSet::new();
-        let mut cancel = std::pin::pin!(cancel);
+        let mut controlled = true;
+        // Once a rank ended before the rendezvous completed: why it cannot complete (every
+        // later join is refused with it, until the timeout).
+        let mut failed: Option<Refusal> = None;
         loop {
             let deadline = rendezvous.deadline;
             tokio::select! {
-                _ = &mut cancel => {
-                    let cause = Refusal::Aborted { cause: Box::new(Refusal::UnexpectedMessage(
-                        "the root was shut down".into())) };
-                    rendezvous.abort_all(&cause).await;
-                    return Err(BootstrapError::RendezvousFailed(cause));
+                changed = control.changed(), if controlled => {
+                    if changed.is_err() {
+                        controlled = false;
+                        continue;
+                    }
+                    let command = control.borrow_and_update().clone();
+                    match command {
+                        Control::Run => {}
+                        Control::Shutdown => {
+                            let cause = Refusal::Aborted { cause: Box::new(
+                                Refusal::UnexpectedMessage("the root was shut down".into())) };
+                            rendezvous.abort_all(&cause).await;
+                            return Err(BootstrapError::RendezvousFailed(cause));
+                        }
+                        Control::RankEnded { rank, how } => {
+                            if failed.is_none() {
+                                let cause = Refusal::RankEnded { rank, how };
+                                rendezvous.abort_all(&cause).await;
+                                rendezvous
+                                    .deadline
+                                    .get_or_insert_with(|| Instant::now() + rendezvous.config.timeout);
+                                failed = Some(cause);
+                            }
+                        }
+                    }
                 }
                 accepted = listener.accept() => {
                     if let Ok((stream, from)) = accepted {
@@ -217,6 +240,9 @@ impl Root {
                 }
                 Some(Handshake { from, outcome }) = rx.recv() => {
                     match outcome {
+                        Ok((mut stream, _)) if failed.is_some() => {
+                            send_refusal(&mut stream, failed.clone().expect("checked")).await;
+                        }
                         Ok((stream, join)) => {
                             if let Some(result) = rendezvous.admit(stream, from, join).await {
                                 return result;
@@ -227,6 +253,9 @@ impl Root {
                     }
                 }
                 _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    if let Some(cause) = failed {
+                        return Err(BootstrapError::RendezvousFailed(cause));
+                    }
                     return Err(rendezvous.time_out().await);
                 }
                 Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
@@ -472,11 +501,24 @@ impl Rendezvous {
     }
 }
 
+/// What the owner of a spawned root tells it.
+#[derive(Clone, Debug)]
+enum Control {
+    Run,
+    /// A rank ended before the rendezvous completed ([`RootHandle::rank_ended`]).
+    RankEnded {
+        rank: u32,
+        how: String,
+    },
+    /// Stop (the handle was dropped).
+    Shutdown,
+}
+
 /// A root running on its own thread. Dropping the handle stops the root (unless detached).
 #[derive(Debug)]
 pub struct RootHandle {
     id: UniqueId,
-    cancel: Option<watch::Sender<bool>>,
+    cancel: Option<watch::Sender<Control>>,
     thread: Option<std::thread::JoinHandle<Result<(), BootstrapError>>>,
 }
 
@@ -501,6 +543,20 @@ impl RootHandle {
         }
     }
 
+    /// Tells the root that `rank` ended (`how`: e.g. its exit status) before the rendezvous
+    /// completed, as a launcher learns when a child exits: every rank that joined, and every
+    /// rank that joins later, is refused at once with a reason naming it, instead of waiting
+    /// for the timeout. Nothing happens once the rendezvous has completed (a rank ending
+    /// then is the peers' business).
+    pub fn rank_ended(&self, rank: usize, how: impl Into<String>) {
+        if let Some(cancel) = &self.cancel {
+            let _ = cancel.send(Control::RankEnded {
+                rank: u32::try_from(rank).unwrap_or(u32::MAX),
+                how: how.into(),
+            });
+        }
+    }
+
     /// Lets the root run on after the handle is dropped (until it ends or the process exits).
     pub fn detach(mut self) {
         self.cancel = None;
@@ -511,7 +567,7 @@ impl RootHandle {
 impl Drop for RootHandle {
     fn drop(&mut self) {
         if let Some(cancel) = self.cancel.take() {
-            let _ = cancel.send(true);
+            let _ = cancel.send(Control::Shutdown);
         }
     }
 }

@@ -31,7 +31,8 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version 3: [`Message::GoodbyeAfter`].
 /// Version 4: [`Message::GoodbyeIdle`].
 /// Version 5: [`Message::PeerClosed`].
-pub const PROTOCOL_VERSION: u32 = 5;
+/// Version 6: [`Refusal::RankEnded`](super::Refusal::RankEnded).
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
