@@ -51,6 +51,7 @@ fn join(secret: [u8; 32], nranks: u32, rank: u32) -> Message {
         rank,
         listen_addr: localhost(9),
         host_id: "intruder".into(),
+        pid: 1,
     })
 }
 

@@ -1,6 +1,7 @@
 //! Nothing is left in `/dev/shm` when a rank is killed (SIGKILL) at any point: before
 //! setup, in the middle of `Collectives::new` (after it has sent its segments' names, before
-//! its peer mapped them), between calls and during a call. The test binary re-executes
+//! its peer mapped them), between calls, during a call, and after it published a name its
+//! peer was never sent (the peer removes a dead rank's names). The test binary re-executes
 //! itself as two ranks per case, kills one at the chosen point, lets the other run into the
 //! failure and exit, then looks for segments named after either process
 //! (`/dev/shm/mscclpp-<pid>-...`: only these two processes make such names).
@@ -14,6 +15,7 @@ use mscclpp::host::bootstrap::create_unique_id;
 use mscclpp::host::collectives::{CollConfig, Collectives, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::launch::{ENV_BOOTSTRAP, ENV_LOCAL_RANK, ENV_NRANKS, ENV_RANK, Launch};
+use mscclpp::host::transport::shm::ShmSegment;
 
 const ROLE: &str = "MSCCLPP_SHM_CLEANUP_ROLE";
 const CASE: &str = "MSCCLPP_SHM_CLEANUP_CASE";
@@ -32,6 +34,9 @@ enum Case {
     BetweenCalls,
     /// Inside calls.
     DuringCall,
+    /// After publishing a segment's name that no peer was sent (as a rank killed between
+    /// publishing its names and sending them in a setup round).
+    NamePublished,
 }
 
 impl Case {
@@ -41,6 +46,7 @@ impl Case {
             Case::InSetup => "in_setup",
             Case::BetweenCalls => "between_calls",
             Case::DuringCall => "during_call",
+            Case::NamePublished => "name_published",
         }
     }
 
@@ -50,6 +56,7 @@ impl Case {
             Case::InSetup,
             Case::BetweenCalls,
             Case::DuringCall,
+            Case::NamePublished,
         ]
         .into_iter()
         .find(|c| c.name() == s)
@@ -125,6 +132,18 @@ fn rank_main() {
             wait_for_go();
             let r = c.all_reduce_host(&send, &mut recv, ReduceOp::Sum);
             say(&format!("survivor: all_reduce: {:?}", r.err()));
+        }
+        Case::NamePublished => {
+            if is_victim {
+                let seg = ShmSegment::create(1 << 20).unwrap();
+                let _name = seg.publish().unwrap();
+                say(KILL_ME);
+                wait_for_go();
+                return;
+            }
+            wait_for_go();
+            let r = comm.bootstrap().barrier();
+            say(&format!("survivor: barrier: {:?}", r.err()));
         }
         Case::DuringCall => {
             let c = Collectives::new(comm, coll_config()).unwrap();
@@ -269,6 +288,7 @@ fn no_segment_is_left_when_a_rank_is_killed_at_any_point() {
         Case::InSetup,
         Case::BetweenCalls,
         Case::DuringCall,
+        Case::NamePublished,
     ] {
         for victim in [0, 1] {
             let left = run_case(case, victim);

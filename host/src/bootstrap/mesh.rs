@@ -246,6 +246,14 @@ impl Mesh {
         }
     }
 
+    /// Whether `peer` is known lost (seen or reported).
+    pub(crate) fn was_lost(&self, peer: usize) -> bool {
+        matches!(
+            lock(&self.state).status.get(peer),
+            Some(PeerStatus::Lost(_))
+        )
+    }
+
     /// Whether `peer` said goodbye (closed its bootstrap politely).
     pub(crate) fn has_left(&self, peer: usize) -> bool {
         matches!(lock(&self.state).status.get(peer), Some(PeerStatus::Closed))

@@ -445,6 +445,17 @@ impl Bootstrap {
         self.mesh.peers.get(rank).map(|p| p.host_id.as_str())
     }
 
+    /// The process id `rank` reported at the rendezvous (on its host; `None` out of range).
+    pub fn pid(&self, rank: usize) -> Option<u32> {
+        self.mesh.peers.get(rank).map(|p| p.pid)
+    }
+
+    /// Whether `rank` is known to be lost: its connection ended without a goodbye (the
+    /// process probably died), or another rank said so.
+    pub fn was_lost(&self, rank: usize) -> bool {
+        self.mesh.was_lost(rank)
+    }
+
     /// Address this rank accepts peer connections on.
     pub fn listen_addr(&self) -> SocketAddr {
         self.mesh.peers[self.mesh.rank].addr
@@ -845,6 +856,7 @@ async fn rendezvous(
         nranks: nranks as u32,
         rank: rank as u32,
         listen_addr,
+        pid: std::process::id(),
         host_id: truncate(match &config.host_id {
             Some(id) => id.clone(),
             None if std::env::var_os("MSCCLPP_HOST_ID").is_some_and(|v| !v.is_empty()) => {

@@ -410,6 +410,7 @@ impl Rendezvous {
                 PeerInfo {
                     addr: join.listen_addr,
                     host_id: join.host_id,
+                    pid: join.pid,
                 },
             ),
         );

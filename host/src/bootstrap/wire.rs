@@ -31,7 +31,8 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version 3: [`Message::GoodbyeAfter`].
 /// Version 4: [`Message::GoodbyeIdle`].
 /// Version 5: [`Message::PeerClosed`].
-/// Version 6: [`Refusal::RankEnded`](super::Refusal::RankEnded).
+/// Version 6: [`Refusal::RankEnded`](super::Refusal::RankEnded); process ids in [`Join`] and
+/// [`PeerInfo`].
 pub const PROTOCOL_VERSION: u32 = 6;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
@@ -101,6 +102,8 @@ pub struct Join {
     pub listen_addr: SocketAddr,
     /// Identifies the rank's node (ranks with equal ids share a node).
     pub host_id: String,
+    /// The rank's process id (on its node).
+    pub pid: u32,
 }
 
 /// First frame a rank sends to a peer it dials.
@@ -127,6 +130,8 @@ pub struct PeerInfo {
     pub addr: SocketAddr,
     /// The rank's host id.
     pub host_id: String,
+    /// The rank's process id (on its host).
+    pub pid: u32,
 }
 
 /// Header of a frame.

@@ -1081,6 +1081,18 @@ impl Drop for Communicator {
         }
         // Drop peer mappings before our own memory and before the bootstrap goes.
         self.connections.clear();
+        // A peer of this host that died (lost, not departed) may have published names for
+        // us that we never received (killed between publishing and sending them): nobody
+        // else knows them, so remove its names here.
+        let bs = self.bootstrap.as_async();
+        let me = self.rank();
+        for r in (0..self.nranks()).filter(|&r| r != me && bs.was_lost(r)) {
+            if let Some(pid) = bs.pid(r)
+                && bs.host_id(r) == bs.host_id(me)
+            {
+                crate::transport::shm::remove_names_of_dead(pid);
+            }
+        }
     }
 }
 

@@ -123,6 +123,42 @@ pub fn remove_name(name: &str) -> Result<(), ShmError> {
     }
 }
 
+/// Removes every name a dead process `pid` of this machine left (`/mscclpp-<pid>-...`),
+/// returning how many: a rank killed after it published names for its peers and before they
+/// received them leaves names nobody else knows, each holding its segment's memory. Its
+/// peers call this for a rank the bootstrap reports lost on their host. Nothing is removed
+/// for this process, or while process `pid` exists and is not a zombie (its names may be in
+/// use); Linux only (elsewhere 0).
+pub fn remove_names_of_dead(pid: u32) -> usize {
+    if pid == std::process::id() || !process_gone(pid) {
+        return 0;
+    }
+    let prefix = format!("{}{pid}-", &NAME_PREFIX[1..]);
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .filter(|n| remove_name(&format!("/{n}")).is_ok())
+        .count()
+}
+
+/// Whether process `pid` has ended (gone, or a zombie); `false` where that cannot be told.
+fn process_gone(pid: u32) -> bool {
+    if !cfg!(target_os = "linux") {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) state ...`: the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, tail)| tail.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 impl ShmSegment {
     /// Creates and maps a new zeroed segment of `len` bytes, without a name (see the
     /// [module](self)).
@@ -335,6 +371,47 @@ mod tests {
 
     fn exists(name: &str) -> bool {
         std::path::Path::new(&format!("{SHM_DIR}{name}")).exists()
+    }
+
+    /// A name as process `pid` would publish it, made here (an empty file in /dev/shm).
+    fn name_of(pid: u32) -> String {
+        let name = format!("{NAME_PREFIX}{pid}-{:032x}", u128::from(pid) * 7919);
+        std::fs::write(format!("{SHM_DIR}{name}"), b"").unwrap();
+        name
+    }
+
+    /// The names of a process that has ended are removed; those of a live process (here a
+    /// sleeping child) and of this process are kept.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn names_of_a_dead_process_are_removed_and_no_others() {
+        let mut ended = std::process::Command::new("true").spawn().unwrap();
+        ended.wait().unwrap();
+        let mut alive = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let (dead, live, mine) = (
+            name_of(ended.id()),
+            name_of(alive.id()),
+            name_of(std::process::id()),
+        );
+        assert_eq!(remove_names_of_dead(ended.id()), 1);
+        assert!(!exists(&dead));
+        assert_eq!(remove_names_of_dead(alive.id()), 0);
+        assert_eq!(remove_names_of_dead(std::process::id()), 0);
+        assert!(exists(&live) && exists(&mine));
+        // Killed but not reaped: a zombie counts as ended.
+        alive.kill().unwrap();
+        let zombie = std::time::Instant::now();
+        while !process_gone(alive.id()) {
+            assert!(zombie.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(remove_names_of_dead(alive.id()), 1);
+        assert!(!exists(&live));
+        alive.wait().unwrap();
+        remove_name(&mine).unwrap();
     }
 
     #[test]

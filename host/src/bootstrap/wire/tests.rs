@@ -102,10 +102,12 @@ fn peer_table_round_trips() {
         PeerInfo {
             addr: "127.0.0.1:1".parse().unwrap(),
             host_id: "a".into(),
+            pid: 7,
         },
         PeerInfo {
             addr: "[::1]:2".parse().unwrap(),
             host_id: "b".into(),
+            pid: u32::MAX,
         },
     ];
     let bytes = encode_peer_table(&peers).unwrap();
