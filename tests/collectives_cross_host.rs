@@ -1492,6 +1492,11 @@ fn device_timeout_env_rank() {
             matches!(e, CommError::Timeout(_)) && text.contains("waited 1.5s for rank 1"),
             "{text}"
         );
+        // It names the call it waited in (as the waits inside a host name theirs).
+        assert!(
+            text.contains("across hosts) in broadcast") && text.contains("100 u32"),
+            "{text}"
+        );
     }
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");

@@ -1002,10 +1002,11 @@ impl Collectives {
                     _ => String::new(),
                 };
                 CommError::Timeout(format!(
-                    "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts) and gave \
-                     up: that rank did not take part, or is stuck{left}{proxy}{queues}; the \
-                     collectives cannot be used any more",
-                    self.comm.device_timeout()
+                    "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts) in {} \
+                     and gave up: that rank did not take part, or is stuck{left}{proxy}{queues}; \
+                     the collectives cannot be used any more",
+                    self.comm.device_timeout(),
+                    describe(rec.own)
                 ))
             }
             _ => {
