@@ -906,3 +906,52 @@ fn a_spawned_root_refuses_at_once_when_told_a_rank_ended_or_when_dropped() {
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     });
 }
+
+/// A receive from a rank that closed its bootstrap after another rank was lost names the
+/// lost rank (the likely reason the other left, as in a setup round where a rank died), and
+/// says that the awaited rank closed since.
+#[test]
+fn a_receive_from_a_rank_that_left_after_a_loss_names_the_lost_rank() {
+    let id = create_unique_id().unwrap();
+    let config = BootstrapConfig::new().with_timeout(Duration::from_secs(20));
+    // Every rank out of the bootstrap barrier before rank 2 goes.
+    let all = &std::sync::Barrier::new(3);
+    std::thread::scope(|s| {
+        let c2 = config.clone();
+        s.spawn(move || {
+            let bs = BlockingBootstrap::init_with_config(3, 2, id, c2).unwrap();
+            bs.barrier().unwrap();
+            all.wait();
+            bs.abandon();
+        });
+        let c1 = config.clone();
+        s.spawn(move || {
+            let bs = BlockingBootstrap::init_with_config(3, 1, id, c1).unwrap();
+            bs.barrier().unwrap();
+            all.wait();
+            let t0 = std::time::Instant::now();
+            while !bs.as_async().was_lost(2) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "rank 2's loss never seen"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop(bs);
+        });
+        let bs = BlockingBootstrap::init_with_config(3, 0, id, config.clone()).unwrap();
+        bs.barrier().unwrap();
+        all.wait();
+        let err = bs.recv_named(1, 9, "the setup info").unwrap_err();
+        assert!(
+            matches!(err, BootstrapError::PeerLost { peer: 2, .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("receiving the setup info failed: rank 2 was lost")
+                && text.contains("rank 1, which this waited for, has closed its bootstrap since"),
+            "{text}"
+        );
+    });
+}

@@ -786,21 +786,32 @@ impl Mesh {
         }
     }
 
-    /// Why a wait for `peer` outside the bootstrap cannot end well, if it cannot: `peer`
-    /// closed its bootstrap or was lost, or else another rank was lost (the first known).
+    /// Why a wait for `peer` outside the bootstrap cannot end well, if it cannot: `peer` was
+    /// lost, or else another rank was lost (the first known), or else `peer` closed its
+    /// bootstrap (a rank that leaves during setup most likely left because of a loss, so a
+    /// loss is named first).
     pub(crate) fn hopeless(&self, peer: usize, op: Op) -> Option<BootstrapError> {
-        if let Some(e) = self.status_error(peer, op.clone()) {
+        let own = self.status_error(peer, op.clone());
+        if let Some(e @ BootstrapError::PeerLost { .. }) = own {
             return Some(e);
         }
-        let st = lock(&self.state);
-        let &first = st.lost_order.first()?;
-        match &st.status[first] {
-            PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
+        match self.first_lost() {
+            Some((first, detail)) => Some(BootstrapError::PeerLost {
                 rank: self.rank,
                 op,
                 peer: first,
-                detail: detail.clone(),
+                detail,
             }),
+            None => own,
+        }
+    }
+
+    /// The first rank known lost, and what was seen.
+    pub(crate) fn first_lost(&self) -> Option<(usize, String)> {
+        let st = lock(&self.state);
+        let &first = st.lost_order.first()?;
+        match &st.status[first] {
+            PeerStatus::Lost(detail) => Some((first, detail.clone())),
             _ => None,
         }
     }

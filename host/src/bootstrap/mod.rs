@@ -758,9 +758,33 @@ impl Bootstrap {
         op: Op,
     ) -> Result<(), BootstrapError> {
         self.check_peer(peer, op.clone())?;
-        self.mesh
+        let r = self
+            .mesh
             .send_data(peer, Channel::User(tag), Bytes::copy_from_slice(data), op)
-            .await
+            .await;
+        self.blame_loss(r)
+    }
+
+    /// A point-to-point failure because the peer closed its bootstrap, as the loss of the
+    /// first rank known lost where there is one: a rank that leaves while others still
+    /// expect it most likely left because a rank died (as in a setup round), and a rank
+    /// that leaves passes on the losses it knew before its goodbye, so that news is here.
+    fn blame_loss<T>(&self, r: Result<T, BootstrapError>) -> Result<T, BootstrapError> {
+        match r {
+            Err(BootstrapError::PeerClosed { rank, op, peer }) => match self.mesh.first_lost() {
+                Some((lost, detail)) => Err(BootstrapError::PeerLost {
+                    rank,
+                    op,
+                    peer: lost,
+                    detail: format!(
+                        "{detail}; rank {peer}, which this waited for, has closed its \
+                         bootstrap since"
+                    ),
+                }),
+                None => Err(BootstrapError::PeerClosed { rank, op, peer }),
+            },
+            other => other,
+        }
     }
 
     /// Receives the next message `peer` sent under `tag`. Messages under other tags that
@@ -790,9 +814,11 @@ impl Bootstrap {
 
     async fn recv_as(&self, peer: usize, tag: u64, op: Op) -> Result<Vec<u8>, BootstrapError> {
         self.check_peer(peer, op.clone())?;
-        self.mesh
+        let r = self
+            .mesh
             .wait_message(peer, Channel::User(tag), op, false)
-            .await
+            .await;
+        self.blame_loss(r)
     }
 
     /// Closes the bootstrap, telling every connected peer (a goodbye), and waits (at most

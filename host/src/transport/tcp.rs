@@ -1006,6 +1006,40 @@ fn decode_wire(raw: &[u8]) -> Option<(SocketAddr, usize)> {
     Some((addr.parse().ok()?, conns))
 }
 
+/// How long a setup step that cannot go on because of a peer waits for news of a lost rank
+/// (the likely cause) before it reports what it has.
+const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
+
+/// Why a setup wait for `peer`'s sockets (`what`) cannot end well, from the bootstrap
+/// ([`Bootstrap::wait_is_hopeless`]), preferring a lost rank: when only `peer`'s departure
+/// is known, or nothing is but this side already failed (`failed`: its connection was
+/// refused), it waits up to [`LOSS_NEWS_GRACE`] for news of a loss, since a rank that
+/// leaves during setup most likely left because of one. `None`: nothing known (after the
+/// grace, where it waited).
+fn hopeless(
+    bootstrap: &Bootstrap,
+    peer: usize,
+    what: String,
+    failed: bool,
+) -> Option<crate::bootstrap::BootstrapError> {
+    use crate::bootstrap::BootstrapError::PeerLost;
+    let op = Op::RecvNamed(what.into());
+    let mut known = bootstrap.wait_is_hopeless(peer, op.clone());
+    if matches!(known, Some(PeerLost { .. })) || (known.is_none() && !failed) {
+        return known;
+    }
+    let deadline = Instant::now() + LOSS_NEWS_GRACE;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        match bootstrap.wait_is_hopeless(peer, op.clone()) {
+            Some(e @ PeerLost { .. }) => return Some(e),
+            Some(e) => known = Some(e),
+            None => {}
+        }
+    }
+    known
+}
+
 impl TcpSetup {
     /// Accepts until the sockets of (`peer`, `tag`) are all here, or the timeout, or until
     /// `bootstrap` knows that they will not come (`peer` left or was lost, or another rank
@@ -1042,7 +1076,7 @@ impl TcpSetup {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let what = format!("the TCP sockets of the connection ({})", ConnTag(tag));
-                    if let Some(e) = bootstrap.wait_is_hopeless(peer, Op::RecvNamed(what.into())) {
+                    if let Some(e) = hopeless(bootstrap, peer, what, false) {
                         return Err(e.into());
                     }
                     if Instant::now() > deadline {
@@ -1152,11 +1186,17 @@ impl TransportSetup for TcpSetup {
                         Ok(st)
                     })
                     .map_err(|e| {
-                        mismatch(
-                            rank,
-                            tag,
-                            format!("connecting to rank {rank} at {addr}: {e}"),
-                        )
+                        // Refused: its listener is gone, so the peer failed, most likely
+                        // because a rank died; name that rank if the news comes soon.
+                        let what = format!("the TCP sockets of the connection ({})", ConnTag(tag));
+                        match hopeless(round.comm.bootstrap().as_async(), rank, what, true) {
+                            Some(lost) => lost.into(),
+                            None => mismatch(
+                                rank,
+                                tag,
+                                format!("connecting to rank {rank} at {addr}: {e}"),
+                            ),
+                        }
                     })?;
                 out.push(stream);
             }
@@ -1329,7 +1369,8 @@ mod tests {
     /// Rank 1 of 3 waits in `accept_for` for sockets that rank 0 (alive) never opens while
     /// rank 2 dies (its bootstrap dropped without a goodbye): the wait ends as soon as the
     /// loss is known, naming rank 2, not at the 20 s timeout; a wait for rank 2 itself
-    /// fails at once.
+    /// fails at once. Before the loss, `hopeless` knows nothing: at once for a wait, after
+    /// its grace for a side that already failed.
     #[test]
     fn socket_waits_end_when_a_rank_is_lost() {
         use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
@@ -1337,6 +1378,7 @@ mod tests {
         let config = BootstrapConfig::default().with_timeout(Duration::from_secs(30));
         let timeout = Duration::from_secs(20);
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let (die_tx, die_rx) = std::sync::mpsc::channel::<()>();
         std::thread::scope(|s| {
             let config0 = config.clone();
             s.spawn(move || {
@@ -1345,14 +1387,22 @@ mod tests {
                 // Alive, opening nothing, until rank 1 is done.
                 let _ = done_rx.recv_timeout(Duration::from_secs(60));
             });
-            s.spawn(|| {
-                let bs = BlockingBootstrap::init_with_config(3, 2, id, config.clone()).unwrap();
+            let config2 = config.clone();
+            s.spawn(move || {
+                let bs = BlockingBootstrap::init_with_config(3, 2, id, config2).unwrap();
                 bs.barrier().unwrap();
-                std::thread::sleep(Duration::from_millis(300));
+                let _ = die_rx.recv_timeout(Duration::from_secs(60));
                 bs.abandon();
             });
             let bs = BlockingBootstrap::init_with_config(3, 1, id, config.clone()).unwrap();
             bs.barrier().unwrap();
+            let t0 = Instant::now();
+            assert!(hopeless(bs.as_async(), 0, "x".into(), false).is_none());
+            assert!(t0.elapsed() < LOSS_NEWS_GRACE);
+            let t0 = Instant::now();
+            assert!(hopeless(bs.as_async(), 0, "x".into(), true).is_none());
+            assert!(t0.elapsed() >= LOSS_NEWS_GRACE);
+            die_tx.send(()).unwrap();
             let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
             l.set_nonblocking(true).unwrap();
             let addr = l.local_addr().unwrap();
@@ -1379,6 +1429,11 @@ mod tests {
                 .to_string();
             assert!(t0.elapsed() < Duration::from_secs(1), "{e}");
             assert!(e.contains("rank 2 was lost"), "{e}");
+            // A side that failed (refused) learns the loss at once now.
+            let t0 = Instant::now();
+            let e = hopeless(bs.as_async(), 0, "x".into(), true).map(|e| e.to_string());
+            assert!(t0.elapsed() < LOSS_NEWS_GRACE, "{e:?}");
+            assert!(e.is_some_and(|e| e.contains("rank 2 was lost")));
             done_tx.send(()).unwrap();
         });
     }
