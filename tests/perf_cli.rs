@@ -14,20 +14,29 @@ fn perf(args: &[&str]) -> Output {
 
 /// [`perf`] with more environment variables (the ranks inherit them).
 fn perf_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    // Cargo's path to the binary; in a gpu-bundle (tests/ and bin/ side by side, built
-    // elsewhere) the packed copy next to this test.
-    let mut exe = PathBuf::from(env!("CARGO_BIN_EXE_mscclpp-perf"));
+    let mut cmd = Command::new(perf_exe());
+    cmd.args(args);
+    alone(&mut cmd, env);
+    cmd.output().expect("mscclpp-perf runs")
+}
+
+/// Cargo's path to the binary; in a gpu-bundle (tests/ and bin/ side by side, built
+/// elsewhere) the packed copy next to this test.
+fn perf_exe() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_mscclpp-perf"));
     if !exe.exists()
         && let Some(packed) = std::env::current_exe()
             .ok()
             .and_then(|t| Some(t.parent()?.parent()?.join("bin/mscclpp-perf")))
     {
-        exe = packed;
+        return packed;
     }
-    let mut cmd = Command::new(exe);
-    cmd.args(args)
-        .env("CUDA_VISIBLE_DEVICES", "")
-        .envs(env.iter().copied());
+    exe
+}
+
+/// `cmd` with GPUs hidden, no launcher's variables but those of `env`, and `env`.
+fn alone(cmd: &mut Command, env: &[(&str, &str)]) {
+    cmd.env("CUDA_VISIBLE_DEVICES", "");
     for var in [
         "MSCCLPP_RANK",
         "MSCCLPP_NRANKS",
@@ -40,10 +49,28 @@ fn perf_with(args: &[&str], env: &[(&str, &str)]) -> Output {
         "OMPI_COMM_WORLD_SIZE",
         "SLURM_PROCID",
         "SLURM_NTASKS",
+        "MSCCLPP_HOST_ID",
+        "MSCCLPP_SIMULATE_HOSTS",
     ] {
         cmd.env_remove(var);
     }
-    cmd.output().expect("mscclpp-perf runs")
+    cmd.envs(env.iter().copied());
+}
+
+/// The tool run through `sh` with its address space (and its ranks') limited to
+/// `max_bytes`: a safety net for the host-memory tests, whose sizes must never be
+/// allocated in full; a tool that tried would fail at once instead of filling the machine.
+fn perf_limited(max_bytes: u64, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -v {} && exec \"$0\" \"$@\"",
+            max_bytes >> 10
+        ))
+        .arg(perf_exe())
+        .args(args);
+    alone(&mut cmd, env);
+    cmd
 }
 
 fn text(out: &Output) -> (String, String) {
@@ -210,7 +237,8 @@ fn bad_command_lines_exit_2_with_the_reason() {
 }
 
 /// A size too large for the machine's memory (the largest the parser takes: a send buffer
-/// of 2^62 f32) ends every rank with the reason, not a panic or an allocation abort.
+/// of 2^62 f32) is refused with the reason (by the host-memory check, before any rank
+/// starts), not a panic or an allocation abort.
 #[test]
 fn a_size_beyond_memory_is_refused_with_the_reason() {
     let max = u64::MAX.to_string();
@@ -225,6 +253,129 @@ fn a_size_beyond_memory_is_refused_with_the_reason() {
         !all.contains("panicked") && !all.contains("memory allocation of"),
         "{all}"
     );
+}
+
+/// Four local ranks of all-reduce whose buffers (send, receive and the check's copies: five
+/// times the size per rank) fit one rank but not the four together: refused before any rank
+/// starts, naming the size, the need per rank, the ranks and `MemAvailable`. (Each rank
+/// allocating its share would take minutes, or the whole machine: overcommit lets every
+/// buffer through on its own.)
+#[test]
+fn host_memory_of_the_local_ranks_together_is_checked_before_launching() {
+    let Some(avail) = mscclpp::host::launch::mem_available() else {
+        println!("skipped: no MemAvailable here (not Linux): the tool checks nothing");
+        return;
+    };
+    // Per rank 5/12 of MemAvailable (and the collectives' scratch): 4 ranks need 5/3 of it.
+    let size = avail / 12 / 4 * 4;
+    let s = size.to_string();
+    let started = std::time::Instant::now();
+    let out = perf_limited(
+        size + (2 << 30),
+        &[
+            "--nranks",
+            "4",
+            "--simulate-hosts",
+            "2",
+            "-b",
+            &s,
+            "-e",
+            &s,
+            "-n",
+            "1",
+        ],
+        &[],
+    )
+    .output()
+    .expect("mscclpp-perf runs");
+    let (stdout, stderr) = text(&out);
+    let all = format!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(2), "{all}");
+    assert!(
+        !all.contains("[rank") && !stdout.contains("# mscclpp-perf"),
+        "no rank starts:\n{all}"
+    );
+    for says in [s.as_str(), "per rank", "4 ranks", "MemAvailable"] {
+        assert!(stderr.contains(says), "{says:?}: {stderr}");
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Ranks started by another launcher (the tool's own variables, one machine) count the
+/// ranks of their machine together: every rank ends with status 1 and the reason, before
+/// allocating.
+#[test]
+fn ranks_under_a_launcher_check_the_host_memory_of_their_machine_together() {
+    let Some(avail) = mscclpp::host::launch::mem_available() else {
+        println!("skipped: no MemAvailable here (not Linux): the tool checks nothing");
+        return;
+    };
+    // Per rank 5/7 of MemAvailable: fits one rank, not two.
+    let size = (avail / 7 / 4 * 4).to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let started = std::time::Instant::now();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let rank = rank.to_string();
+            let root = format!("127.0.0.1:{port}");
+            perf_limited(
+                avail / 7 + (2 << 30),
+                &["-b", &size, "-e", &size, "-n", "1"],
+                &[
+                    ("MSCCLPP_RANK", &rank),
+                    ("MSCCLPP_NRANKS", "2"),
+                    ("MSCCLPP_BOOTSTRAP", &root),
+                ],
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("mscclpp-perf starts")
+        })
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "rank {rank}: {stdout}{stderr}");
+        assert!(
+            !stdout.contains("# mscclpp-perf"),
+            "rank {rank}: {stdout}{stderr}"
+        );
+        for says in [size.as_str(), "per rank", "2 ranks", "MemAvailable"] {
+            assert!(stderr.contains(says), "rank {rank}: {says:?}: {stderr}");
+        }
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// `--root` of broadcast and reduce beyond the ranks the tool launches: a command-line
+/// error before any rank starts.
+#[test]
+fn a_root_beyond_the_ranks_is_refused_before_launching() {
+    for op in ["broadcast", "reduce"] {
+        let out = perf(&[
+            "--op", op, "--root", "4", "--nranks", "4", "-b", "1K", "-e", "1K", "-n", "1",
+        ]);
+        let (stdout, stderr) = text(&out);
+        let all = format!("{stdout}{stderr}");
+        assert_eq!(out.status.code(), Some(2), "{op}: {all}");
+        assert!(!all.contains("[rank"), "{op}: no rank starts:\n{all}");
+        assert!(
+            stderr.contains("--root 4") && stderr.contains("4 ranks"),
+            "{op}: {stderr}"
+        );
+    }
 }
 
 #[test]

@@ -451,6 +451,16 @@ pub struct RankExit {
     pub stacks: Vec<String>,
 }
 
+/// `MemAvailable` of this machine (`/proc/meminfo`) in bytes: what the ranks launched on it
+/// may allocate together, for checks made before they do (the perf tool's and the training
+/// example's sizes on the Host transport). `None` where it cannot be read (not Linux).
+pub fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// The threads of process `pid` as `name state wait-channel` lines (Linux `/proc`; empty
 /// elsewhere or when the process is gone). The state is `R` running, `S` sleeping, `D`
 /// uninterruptible; the wait channel is the kernel function a sleeping thread waits in

@@ -9,6 +9,7 @@
 //! - [`args`]: the command line and its validation;
 //! - [`report`]: element counts per size, bus-bandwidth factors, rows and the table;
 //! - [`check`]: inputs, expected outputs and `#wrong`;
+//! - `host_memory`: what the ranks of a machine need on the Host transport, checked first;
 //! - [`json`], [`plot`]: the two output files;
 //! - [`nccl`]: finding, loading and running NCCL;
 //! - [`main`]: launching (local processes, or under mpirun / torchrun / srun) and running.
@@ -19,6 +20,7 @@
 
 pub mod args;
 pub mod check;
+mod host_memory;
 pub mod json;
 pub mod nccl;
 pub mod plot;

@@ -19,6 +19,7 @@ use crate::host::launch::{Launch, LaunchError, LocalLauncher};
 use super::PerfError;
 use super::args::{AlgoArg, Args, Collective, CompareWith, Config};
 use super::check::{self, Elem, Reference, Strictness};
+use super::host_memory::{self, Need};
 use super::json::{self, Report};
 use super::nccl::{self, Nccl};
 use super::plot;
@@ -79,6 +80,17 @@ fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
         .args
         .nranks
         .unwrap_or(if ngpus > 0 { ngpus } else { 2 });
+    // Refused here, once, rather than by every rank after all have started.
+    check_root(config, nranks)?;
+    // The ranks run on the Host transport (`Backend::auto`), all of them on this machine.
+    if matches!(gpus, Ok(0) | Err(CudaError::NoDriver | CudaError::NoGpu(_))) {
+        let scratch = CollConfig::from_env().unwrap_or_default().scratch_bytes;
+        if let Some(need) = host_need(config, nranks, nranks, scratch) {
+            host_memory::available()
+                .map_or(Ok(()), |have| need.check(have))
+                .map_err(PerfError::Args)?;
+        }
+    }
     let mut launcher = LocalLauncher::current_exe(nranks)?
         .unprefixed_stdout(0)
         .env("NCCL_NVLS_ENABLE", "0")
@@ -96,6 +108,73 @@ fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
         eprint!("mscclpp-perf: a rank failed:\n{report}");
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// `--root` of a rooted collective must be one of the `nranks` ranks the tool launches
+/// (under another launcher the collectives refuse it on every rank).
+fn check_root(config: &Config, nranks: usize) -> Result<(), PerfError> {
+    let (c, root) = (config.args.collective, config.args.root);
+    if c.rooted() && root >= nranks {
+        return Err(PerfError::Args(format!(
+            "--root {root} is not a rank: {} runs on {nranks} ranks (0 to {}; --nranks, else \
+             one per GPU, 2 without a GPU)",
+            c.name(),
+            nranks - 1
+        )));
+    }
+    Ok(())
+}
+
+/// On the Host transport, whether the ranks of this machine fit in its memory for the
+/// sweep, agreed by every rank: a rank that does not fit says why and every rank fails
+/// (status 1) before any allocates, as none passes the gather before all have read
+/// `MemAvailable`. The ranks of this machine: those of its host id, or with simulated
+/// hosts (which split this one machine) all of them.
+fn host_memory_agreed(
+    config: &Config,
+    bootstrap: &BlockingBootstrap,
+    backend: &Backend,
+    scratch: usize,
+) -> Result<(), PerfError> {
+    let nranks = bootstrap.nranks();
+    let mine = match backend {
+        Backend::Host => {
+            let local = match config.args.simulate_hosts {
+                Some(_) => nranks,
+                None => bootstrap.nranks_per_node(),
+            };
+            host_need(config, nranks, local, scratch)
+                .zip(host_memory::available())
+                .map_or(Ok(()), |(need, have)| need.check(have))
+        }
+        Backend::Gpu(_) => Ok(()),
+    };
+    let short = sum_over_ranks(bootstrap, u64::from(mine.is_err()))?;
+    if let Err(why) = mine {
+        eprintln!("mscclpp-perf: {why}");
+        return Err(PerfError::Reported);
+    }
+    if short > 0 {
+        eprintln!(
+            "mscclpp-perf: {short} other rank(s) lack the host memory for the sweep (their \
+             messages say why)"
+        );
+        return Err(PerfError::Reported);
+    }
+    Ok(())
+}
+
+/// What the `local` ranks of this machine need in host memory for the sweep on the Host
+/// transport, with `scratch` bytes of the collectives' scratch each; `None` when no size
+/// of the sweep holds an element (the ranks say so).
+fn host_need(config: &Config, nranks: usize, local: usize, scratch: usize) -> Option<Need> {
+    let (size, largest) = largest_shape(config, nranks).ok()?;
+    let elt = config.args.dtype.size() as u128;
+    Some(Need {
+        size,
+        per_rank: host_runner_peak(&largest) * elt + scratch as u128,
+        ranks: local,
+    })
 }
 
 fn no_gpu_for_nccl(reason: &Option<CudaError>) -> PerfError {
@@ -148,6 +227,21 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         }
     };
     let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
+    let mut coll_config = CollConfig::from_env()?;
+    if config.args.algo == AlgoArg::Proxy {
+        coll_config.all_gather_algo = AllGatherAlgo::Proxy;
+    }
+    if config.args.algo != AlgoArg::Auto {
+        // The host calls (and the calls across hosts) take the algorithm from the config.
+        coll_config.all_reduce_algo = config.args.algo.all_reduce();
+    }
+    if config.args.collective == Collective::SendRecv && nranks > 1 {
+        // The ring's neighbours are the only peers: across hosts only they get channels, so
+        // jobs with more ranks on other hosts than CollConfig::p2p_remote_max run too
+        // (MSCCLPP_P2P_PEERS still overrides).
+        coll_config.p2p_peers = Some(vec![(rank + 1) % nranks, (rank + nranks - 1) % nranks]);
+    }
+    host_memory_agreed(config, &bootstrap, &backend, coll_config.scratch_bytes)?;
     let all = bootstrap.all_gather(describe(&backend).as_bytes())?;
     let hosts_devices: Vec<(String, String)> = all
         .iter()
@@ -180,20 +274,6 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         }
     }
     let comm = Communicator::from_bootstrap(bootstrap, backend, CommConfig::default())?;
-    let mut coll_config = CollConfig::from_env()?;
-    if config.args.algo == AlgoArg::Proxy {
-        coll_config.all_gather_algo = AllGatherAlgo::Proxy;
-    }
-    if config.args.algo != AlgoArg::Auto {
-        // The host calls (and the calls across hosts) take the algorithm from the config.
-        coll_config.all_reduce_algo = config.args.algo.all_reduce();
-    }
-    if config.args.collective == Collective::SendRecv && nranks > 1 {
-        // The ring's neighbours are the only peers: across hosts only they get channels, so
-        // jobs with more ranks on other hosts than CollConfig::p2p_remote_max run too
-        // (MSCCLPP_P2P_PEERS still overrides).
-        coll_config.p2p_peers = Some(vec![(rank + 1) % nranks, (rank + nranks - 1) % nranks]);
-    }
     let coll = Collectives::new(comm, coll_config)?;
     if let (0, Some(note)) = (rank, coll.layout_note()) {
         println!("# note: {note}");
@@ -533,23 +613,23 @@ fn algo_name(config: &Config, coll: &Collectives, shape: &Shape) -> String {
     }
 }
 
-/// Runs the whole sweep on this rank; rank 0 prints each row as it completes.
-fn sweep<T: Elem>(
-    config: &Config,
-    coll: &Collectives,
-    nccl: Option<&Nccl>,
-) -> Result<Vec<Row>, PerfError> {
-    let nranks = coll.nranks();
-    let c = config.args.collective;
-    let shapes: Vec<(u64, Option<Shape>)> = config
+/// Every size of the sweep with its shape (`None`: no element in it).
+fn shapes(config: &Config, nranks: usize) -> Vec<(u64, Option<Shape>)> {
+    let (c, dtype) = (config.args.collective, config.args.dtype);
+    config
         .sizes
         .iter()
-        .map(|&s| (s, report::shape(c, s, config.args.dtype, nranks)))
-        .collect();
-    let largest = shapes
-        .iter()
-        .filter_map(|(_, s)| *s)
-        .max_by_key(|s| s.count)
+        .map(|&s| (s, report::shape(c, s, dtype, nranks)))
+        .collect()
+}
+
+/// The sweep's size of the most elements, with its shape: what the buffers must hold.
+fn largest_shape(config: &Config, nranks: usize) -> Result<(u64, Shape), PerfError> {
+    let c = config.args.collective;
+    shapes(config, nranks)
+        .into_iter()
+        .filter_map(|(size, s)| Some((size, s?)))
+        .max_by_key(|(_, s)| s.count)
         .ok_or_else(|| {
             PerfError::Args(format!(
                 "no size of the sweep holds one {} element{}",
@@ -560,7 +640,19 @@ fn sweep<T: Elem>(
                     String::new()
                 }
             ))
-        })?;
+        })
+}
+
+/// Runs the whole sweep on this rank; rank 0 prints each row as it completes.
+fn sweep<T: Elem>(
+    config: &Config,
+    coll: &Collectives,
+    nccl: Option<&Nccl>,
+) -> Result<Vec<Row>, PerfError> {
+    let nranks = coll.nranks();
+    let c = config.args.collective;
+    let shapes = shapes(config, nranks);
+    let (_, largest) = largest_shape(config, nranks)?;
     let mut runner = match coll.gpu() {
         Some(gpu) => Runner::Gpu(GpuRunner::<T>::new(gpu, coll, nccl, &largest)?),
         None => Runner::Host(HostRunner::<T>::new(coll, &largest)?),
@@ -1027,6 +1119,14 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         };
         Ok(Timed { us, host_us, wrong })
     }
+}
+
+/// Elements a [`HostRunner`] holds at most for a sweep whose largest shape is `largest`:
+/// its send and receive buffers and the in-place send copy (`slot`), and while
+/// [`HostRunner::load_inputs`] runs, the check's fresh input and receive image beside them.
+/// Keep in step with the runner: the host-memory check before the ranks allocate counts it.
+fn host_runner_peak(largest: &Shape) -> u128 {
+    3 * u128::from(largest.send_count) + 2 * u128::from(largest.count)
 }
 
 struct HostRunner<T: Elem> {

@@ -809,3 +809,37 @@ fn new_collectives_have_nccl_tests_shapes_factors_and_references() {
         4 - (0..4).filter(|&i| b.input(2, i) == 0).count() as u64
     );
 }
+
+#[test]
+fn host_memory_counts_the_machine_ranks_together() {
+    use super::host_memory::{Need, amount};
+    let need = Need {
+        size: 16 << 30,
+        per_rank: 80 << 30,
+        ranks: 4,
+    };
+    // One rank's share fits; the four together do not.
+    assert_eq!(Need { ranks: 1, ..need }.check(96 << 30), Ok(()));
+    assert_eq!(need.check(320 << 30), Ok(()));
+    let why = need.check(24 << 30).unwrap_err();
+    for says in [
+        "17179869184 bytes",
+        "80.0 GiB of host memory per rank",
+        "320.0 GiB for the 4 ranks",
+        "MemAvailable 24.0 GiB",
+    ] {
+        assert!(why.contains(says), "{says:?}: {why}");
+    }
+    // No overflow on the largest sizes the parser takes.
+    assert!(
+        Need {
+            per_rank: u128::MAX,
+            ..need
+        }
+        .check(u64::MAX)
+        .is_err()
+    );
+    assert_eq!(amount(1023), "1023 B");
+    assert_eq!(amount(1536), "1.5 KiB");
+    assert_eq!(amount(u128::from(u64::MAX)), "16.0 EiB");
+}

@@ -235,12 +235,9 @@ fn host_bytes(params: usize, batch: usize, layers: usize, width: usize) -> Optio
     p.checked_add(acts).filter(|&b| b <= u64::MAX as u128)
 }
 
-/// `MemAvailable` of `/proc/meminfo` in bytes (Linux), if it can be read.
+/// `MemAvailable` of this machine in bytes (Linux), if it can be read.
 fn available_memory() -> Option<u128> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    mscclpp::host::launch::mem_available().map(u128::from)
 }
 
 impl Config {

@@ -1,0 +1,62 @@
+//! Host memory of a sweep on the Host transport. Without a GPU every rank's buffers are
+//! host memory, and the ranks of one machine share it. Linux overcommits: each buffer
+//! passes `try_reserve` on its own while the ranks together need more than the machine
+//! has, and the run then grinds (or meets the OOM killer) instead of failing. So what the
+//! machine's ranks need together for the sweep's largest size is compared with
+//! `MemAvailable` before anything is allocated: by the tool before it launches its own
+//! ranks, else by every rank. Device memory (a GPU's buffers) is not checked here.
+
+/// `MemAvailable` in bytes ([`mem_available`](crate::host::launch::mem_available));
+/// `None` where it cannot be read (not Linux), and then nothing is checked.
+pub(super) fn available() -> Option<u64> {
+    crate::host::launch::mem_available()
+}
+
+/// What the ranks of one machine need for a sweep, and what they may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Need {
+    /// The sweep's largest size (bytes, as given on the command line).
+    pub size: u64,
+    /// Host memory one rank holds at most for it (bytes).
+    pub per_rank: u128,
+    /// Ranks on this machine.
+    pub ranks: usize,
+}
+
+impl Need {
+    /// Ok when the ranks fit in `available` bytes; else the reason, naming the size, the
+    /// need per rank, the ranks counted and `MemAvailable`.
+    pub fn check(&self, available: u64) -> Result<(), String> {
+        let ranks = self.ranks.max(1);
+        let together = self.per_rank.saturating_mul(ranks as u128);
+        if together <= u128::from(available) {
+            return Ok(());
+        }
+        Err(format!(
+            "the sweep's largest size, {} bytes, needs {} of host memory per rank on the Host \
+             transport (send, receive and check buffers, and the collectives' scratch): {} for \
+             the {ranks} ranks of this machine, which do not fit in this machine's memory \
+             (MemAvailable {}); choose a smaller size (-b/-e) or fewer ranks",
+            self.size,
+            amount(self.per_rank),
+            amount(together),
+            amount(u128::from(available)),
+        ))
+    }
+}
+
+/// `bytes` in binary units, one decimal (`1.5 GiB`).
+pub(super) fn amount(bytes: u128) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
