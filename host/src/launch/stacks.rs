@@ -15,6 +15,21 @@ use std::time::{Duration, Instant};
 /// At most this many lines per process.
 const MAX_LINES: usize = 400;
 
+/// Crates whose frames are left out even where their debug information names a relative
+/// path (a registry crate's may read `src/runtime/...`): the standard library's, the test
+/// harness's and our dependencies' that run threads.
+const THEIRS: [&str; 9] = [
+    "std",
+    "core",
+    "alloc",
+    "test",
+    "tokio",
+    "mio",
+    "cudarc",
+    "crossbeam_channel",
+    "rayon",
+];
+
 /// The environment variable that turns stacks on for every launcher that does not say
 /// otherwise: set and not `0` (`.ci/run` sets it).
 pub(super) const ENV_STACKS: &str = "MSCCLPP_LAUNCH_STACKS";
@@ -30,7 +45,10 @@ pub(super) fn wanted_by_env() -> bool {
 pub(super) fn thread_stacks(pid: u32, limit: Duration) -> Vec<String> {
     let spawned = Command::new("gdb")
         .args(["-p", &pid.to_string(), "-batch", "-nx", "-q"])
-        .args(["-ex", "set pagination off", "-ex", "thread apply all bt"])
+        // Lowest thread ids first (the main thread, then the oldest), at most 40 frames each:
+        // a slow gdb on a loaded machine that runs out of time still reports those.
+        .args(["-ex", "set pagination off"])
+        .args(["-ex", "thread apply all -ascending bt 40"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -108,14 +126,20 @@ fn frames(text: &str) -> Vec<String> {
         };
         let function = rest.split(" (").next().unwrap_or(rest);
         let location = rest.rsplit_once(" at ").map(|(_, l)| l);
-        let ours = location.is_some_and(|l| {
-            !(l.starts_with("/rustc/")
-                || l.starts_with("library/")
-                || l.contains("/rustlib/src/rust/library/")
-                || l.contains("/.cargo/registry/")
-                || l.starts_with("./")
-                || l.starts_with("../"))
-        });
+        let crate_name = function
+            .trim_start_matches('<')
+            .split("::")
+            .next()
+            .unwrap_or("");
+        let ours = !THEIRS.contains(&crate_name)
+            && location.is_some_and(|l| {
+                !(l.starts_with("/rustc/")
+                    || l.starts_with("library/")
+                    || l.contains("/rustlib/src/rust/library/")
+                    || l.contains("/.cargo/registry/")
+                    || l.starts_with("./")
+                    || l.starts_with("../"))
+            });
         if n == "0" || ours {
             match location {
                 Some(l) => out.push(format!("  #{n} {function} at {l}")),
@@ -140,6 +164,8 @@ Thread 2 (Thread 0x7f00 (LWP 12) "mscclpp-tcp-2-3"):
 #1  0x000055 in std::sync::mpsc::Receiver::recv (self=0x5) at /root/.rustup/toolchains/n/lib/rustlib/src/rust/library/std/src/sync/mpsc.rs:873
 #2  0x000055 in mscclpp_host::transport::tcp::read_full (stream=0x3, idle=true) at host/src/transport/tcp.rs:405
 #3  0x000055 in tokio::runtime::park (x=1) at /root/.cargo/registry/src/index/tokio-1/src/park.rs:7
+#3  0x000055 in tokio::runtime::io::driver::Driver::turn (self=0x8) at src/runtime/io/driver.rs:199
+#3  0x000055 in <tokio::runtime::blocking::task::BlockingTask<T> as core::future::future::Future>::poll (self=0x9) at src/runtime/blocking/task.rs:42
 #4  0x000055 in ?? ()
 
 Thread 1 (Thread 0x7f01 (LWP 11) "cross_host_two_"):
