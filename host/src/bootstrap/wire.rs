@@ -31,7 +31,7 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version 3: [`Message::GoodbyeAfter`].
 /// Version 4: [`Message::GoodbyeIdle`].
 /// Version 5: [`Message::PeerClosed`].
-/// Version 6: [`Refusal::RankEnded`](super::Refusal::RankEnded); process ids in [`Join`] and
+/// Version 6: [`Refusal::RankEnded`]; process ids in [`Join`] and
 /// [`PeerInfo`].
 pub const PROTOCOL_VERSION: u32 = 6;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
