@@ -949,6 +949,23 @@ impl Collectives {
         Ok(())
     }
 
+    /// The communicator's abort reason, waiting up to [`LOSS_NEWS_GRACE`] for one: a
+    /// partner whose TCP sockets ended has most likely died, and the bootstrap's news of it
+    /// (which sets the abort) can trail the sockets' end on a loaded machine; `None` if no
+    /// abort came (the partner left politely, or is gone for another reason).
+    fn abort_reason_soon(&self) -> Option<crate::communicator::AbortReason> {
+        let deadline = std::time::Instant::now() + LOSS_NEWS_GRACE;
+        loop {
+            if let Some(r) = self.comm.abort_reason() {
+                return Some(r);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// The error a cross-host step's record stands for (never cleared: the partners' rounds
     /// may no longer pair).
     pub(super) fn cross_error(&self, call: &str, rec: &FaultRecord) -> CommError {
@@ -962,6 +979,17 @@ impl Collectives {
             _ => ("?".into(), format!("host {h}")),
         };
         match rec.kind {
+            _ if rec.place == fault::AT_CROSS_GONE
+                && let Some(reason) = self.abort_reason_soon() =>
+            {
+                // The partner's sockets ended because it died: say so as the loss the
+                // bootstrap reports (as every other wait of this rank does), not as a
+                // departure.
+                CommError::Aborted(format!(
+                    "{call}: rank {me}: {reason} (while waiting for rank {peer} on {host}, \
+                     across hosts); the collectives cannot be used any more"
+                ))
+            }
             _ if rec.place == fault::AT_CROSS_GONE => {
                 let proxy = self
                     .comm
@@ -1667,6 +1695,10 @@ fn describe(d: [u64; 2]) -> String {
         None => s,
     }
 }
+
+/// How long a call that found a partner's connection gone waits for the bootstrap's news
+/// of a loss before it reports the departure.
+const LOSS_NEWS_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A sticky error again, for another call.
 fn copy_error(call: &str, e: &CommError) -> CommError {
