@@ -51,7 +51,7 @@ use core::marker::PhantomData;
 use super::ChannelError;
 use crate::arch;
 use crate::collectives::fault;
-use crate::fifo::{FifoDeviceHandle, SyncStatus, Trigger, TriggerOp};
+use crate::fifo::{FifoDeviceHandle, SyncStatus, SyncStop, Trigger, TriggerOp};
 use crate::semaphore::{poll_inbound, wait_inbound};
 
 /// One side of a proxy channel, passed by value to kernels (`#[repr(C)]`, `Copy`).
@@ -292,13 +292,20 @@ impl<'a> DevConn<'a> {
 
     /// Waits until the proxy has popped `seq`, then reports a fault it flagged for this
     /// connection.
+    /// Gives up at the communicator's abort (or a lost rank) as the channel's waits do.
     #[inline(always)]
     fn sync(&self, seq: u64) -> Result<(), ChannelError> {
-        // SAFETY: the FIFO is live (constructor contract).
-        match unsafe { self.fifo.try_sync_status(seq) } {
+        let abort = if self.fault.is_null() {
+            core::ptr::null()
+        } else {
+            self.fault.wrapping_add(self.abort_index as usize) as *const u64
+        };
+        // SAFETY: the FIFO is live (constructor contract); the fault area null or live.
+        match unsafe { self.fifo.try_sync_status_or_abort(seq, abort) } {
             Ok(SyncStatus::Clean) => Ok(()),
             Ok(SyncStatus::ProxyFaulted) => self.proxy_fault(),
-            Err(_) => Err(ChannelError::Timeout),
+            Err(SyncStop::Aborted(word)) => Err(ChannelError::from_abort_word(word)),
+            Err(SyncStop::Timeout(_)) => Err(ChannelError::Timeout),
         }
     }
 

@@ -30,6 +30,15 @@ pub enum SyncStatus {
     ProxyFaulted,
 }
 
+/// Why a [`FifoDeviceHandle::try_sync_status_or_abort`] gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncStop {
+    /// The proxy did not pop the trigger within the handle's timeout.
+    Timeout(FifoTimeout),
+    /// The abort word was set (its value).
+    Aborted(u64),
+}
+
 /// How [`FifoDeviceHandle::try_push_as`] publishes a trigger: the library's way
 /// ([`try_push`](FifoDeviceHandle::try_push)) or a deliberately weakened one, which only the
 /// litmus kernel uses (to show that the test can see what the library's way prevents).
@@ -405,7 +414,36 @@ impl FifoDeviceHandle {
     /// As for [`try_push`](Self::try_push).
     #[inline]
     pub unsafe fn try_sync_status(&self, seq: u64) -> Result<SyncStatus, FifoTimeout> {
+        // SAFETY: forwarded to the caller; no abort word.
+        unsafe { self.try_sync_status_or_abort(seq, core::ptr::null()) }.map_err(|e| match e {
+            SyncStop::Timeout(t) => t,
+            // Not without an abort word; reported as the timeout it stands in for.
+            SyncStop::Aborted(_) => FifoTimeout {
+                wait: FifoWait::Sync,
+                seq,
+                tail: 0,
+                timeout_ns: self.timeout_ns,
+            },
+        })
+    }
+
+    /// [`try_sync_status`](Self::try_sync_status) that also gives up when the word at
+    /// `abort` (null: none) is non-zero, looking at it at most once per
+    /// [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS), as the channels' waits do: a
+    /// communicator that was aborted (or lost a rank) does not hold a sync for the proxy to
+    /// its whole timeout.
+    ///
+    /// # Safety
+    /// As for [`try_push`](Self::try_push); `abort` null, or a live aligned word written
+    /// atomically.
+    #[inline]
+    pub unsafe fn try_sync_status_or_abort(
+        &self,
+        seq: u64,
+        abort: *const u64,
+    ) -> Result<SyncStatus, SyncStop> {
         let start = arch::global_timer_ns();
+        let mut last_look = start;
         let mut round = 0u32;
         loop {
             // Acquire: pairs with the proxy's release store of the tail (see above).
@@ -420,13 +458,22 @@ impl FifoDeviceHandle {
                     return Ok(SyncStatus::ProxyFaulted);
                 }
             }
-            if arch::global_timer_ns().wrapping_sub(start) > self.timeout_ns {
-                return Err(FifoTimeout {
+            let now = arch::global_timer_ns();
+            if now.wrapping_sub(start) > self.timeout_ns {
+                return Err(SyncStop::Timeout(FifoTimeout {
                     wait: FifoWait::Sync,
                     seq,
                     tail: tail & !TAIL_FAULT,
                     timeout_ns: self.timeout_ns,
-                });
+                }));
+            }
+            if !abort.is_null() && now.wrapping_sub(last_look) >= crate::semaphore::ABORT_LOOK_NS {
+                last_look = now;
+                // SAFETY: `abort` live and aligned (caller contract).
+                let word = unsafe { arch::ld_acquire_sys_u64(abort) };
+                if word != 0 {
+                    return Err(SyncStop::Aborted(word));
+                }
             }
             arch::spin_backoff(round);
             round = round.saturating_add(1);

@@ -56,7 +56,7 @@ pub use consumer::FifoConsumer;
 pub(crate) use device_handle::Publish;
 pub use device_handle::{
     FifoConfigError, FifoDeviceHandle, FifoTimeout, FifoWait, MAX_SLOTS, MAX_TIMEOUT_NS, MIN_SLOTS,
-    SyncStatus, TAIL_FAULT, check_slots,
+    SyncStatus, SyncStop, TAIL_FAULT, check_slots,
 };
 pub use trigger::{
     COMMIT_BIT, CONNECTION_ID_BITS, MAX_CONNECTION_ID, MAX_OFFSET, MAX_SIZE, OFFSET_BITS, OP_BITS,

@@ -752,6 +752,31 @@ fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
     });
 }
 
+/// A proxy channel's flush (the FIFO sync: waiting for the proxy to pop a trigger), with no
+/// proxy running to pop it, ends at the communicator's abort within a second, not at the
+/// FIFO's 20 s timeout (the stress loop caught a rank spinning in this sync while its
+/// peers were gone: the sync looked only at the clock).
+#[test]
+fn a_proxy_channel_sync_ends_at_abort() {
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(1024).unwrap();
+        comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
+        comm.connection_setup().unwrap();
+        // No proxy: nothing pops the triggers.
+        comm.bootstrap().barrier().unwrap();
+        if me == 0 {
+            let conn = comm.device_connections()[0];
+            user_wait_ends_at_abort(|| conn.try_flush(), &comm);
+            assert_eq!(
+                conn.try_put_with_signal(0, 0, 8),
+                Err(ChannelError::Aborted { word: u64::MAX })
+            );
+        }
+        comm.bootstrap().barrier().unwrap();
+    });
+}
+
 /// Rank 1 sends one signal on a memory channel and on a proxy channel (over `transport`,
 /// after a 64 KiB put into rank 0's buffer) and one set of LL packets, then leaves (drops
 /// its communicator). Rank 0's waits, started before, take what was sent; its next waits,
