@@ -592,8 +592,13 @@ pub fn global_timer_ns() -> u64 {
 pub const LOOM_EXPLORED_ROUNDS: u32 = 2;
 
 /// Called once per round of a polling loop, `round` counting from 0. On the host it spins
-/// for the first rounds and then yields the OS thread: CPU "kernels" often have more
-/// threads than there are cores, and the thread they wait for may need this one's core.
+/// for the first rounds, then yields the OS thread, and after [`SLEEP_AFTER_ROUNDS`] sleeps
+/// [`BACKOFF_SLEEP`] a round: CPU "kernels" often have more threads than there are cores,
+/// and the thread they wait for (a peer's, the proxy's, a TCP receiver's) may need this
+/// one's core. Yielding alone was not enough on a 2-core machine running many ranks'
+/// kernels: threads that yield keep every core busy, and a proxy thread waking from its
+/// idle sleep waited behind them until a rank fell 30 s behind its peers (the stress loop
+/// of `docs/perf/2026-12-05-host-cross-hang`).
 /// Under loom it yields to the model's scheduler (which must know the thread is waiting),
 /// and from round `LOOM_EXPLORED_ROUNDS` on stops loom from branching further in this
 /// execution (see there).
@@ -609,10 +614,21 @@ pub fn spin_backoff(round: u32) {
     #[cfg(not(mscclpp_loom))]
     if round < 64 {
         core::hint::spin_loop();
-    } else {
+    } else if round < SLEEP_AFTER_ROUNDS {
         std::thread::yield_now();
+    } else {
+        std::thread::sleep(BACKOFF_SLEEP);
     }
 }
+
+/// Rounds of [`spin_backoff`] before it sleeps (a few milliseconds of yielding).
+#[cfg(not(mscclpp_loom))]
+pub const SLEEP_AFTER_ROUNDS: u32 = 4096;
+
+/// How long [`spin_backoff`] sleeps a round after [`SLEEP_AFTER_ROUNDS`]: short against
+/// every timeout and grace of the waits, long enough to hand the core over.
+#[cfg(not(mscclpp_loom))]
+pub const BACKOFF_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
 
 #[cfg(test)]
 mod tests;

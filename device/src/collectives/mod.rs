@@ -850,6 +850,8 @@ impl CollContext {
                     return 0;
                 }
             }
+            // Nothing on a GPU; on the host, hands the core over once the packet is late.
+            arch::spin_backoff(polls);
         }
     }
 
