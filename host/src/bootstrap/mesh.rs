@@ -823,13 +823,8 @@ impl Mesh {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            {
-                let st = lock(&self.state);
-                if let Some(&p) = st.lost_order.first()
-                    && let PeerStatus::Lost(detail) = &st.status[p]
-                {
-                    return Some((p, detail.clone()));
-                }
+            if let Some(lost) = self.first_lost() {
+                return Some(lost);
             }
             if timeout_at(deadline, notified).await.is_err() {
                 return None;

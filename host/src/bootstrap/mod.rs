@@ -68,8 +68,10 @@ pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
 use mesh::Mesh;
 use wire::{Channel, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION};
 
-/// How long a failed collective waits for news of a lost rank before reporting its own cause.
-const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
+/// How long a failed collective (or a transport's setup wait, or a step across hosts whose
+/// partner's connection ended) waits for news of a lost rank before reporting its own
+/// cause.
+pub(crate) const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
 
 /// Largest number of ranks a bootstrap accepts.
 pub const MAX_NRANKS: usize = 1 << 20;
@@ -573,17 +575,15 @@ impl Bootstrap {
             // knew of losses before its goodbye, so that news is here already. No grace:
             // along a ring, each rank that waited one out passed the failure on half a
             // second later.
-            Err(e @ BootstrapError::PeerClosed { .. }) => {
-                match self.mesh.wait_for_loss(Duration::ZERO).await {
-                    Some((lost, detail)) => Err(BootstrapError::PeerLost {
-                        rank: self.rank(),
-                        op,
-                        peer: lost,
-                        detail,
-                    }),
-                    None => Err(e),
-                }
-            }
+            Err(e @ BootstrapError::PeerClosed { .. }) => match self.mesh.first_lost() {
+                Some((lost, detail)) => Err(BootstrapError::PeerLost {
+                    rank: self.rank(),
+                    op,
+                    peer: lost,
+                    detail,
+                }),
+                None => Err(e),
+            },
             // A peer that left or refused mid-collective most likely left because some rank
             // died; give the news a moment to arrive and blame the root cause.
             Err(e) if !matches!(e, BootstrapError::PeerLost { .. }) => {

@@ -949,12 +949,13 @@ impl Collectives {
         Ok(())
     }
 
-    /// The communicator's abort reason, waiting up to [`LOSS_NEWS_GRACE`] for one: a
+    /// The communicator's abort reason, waiting up to
+    /// [`LOSS_NEWS_GRACE`](crate::bootstrap::LOSS_NEWS_GRACE) for one: a
     /// partner whose TCP sockets ended has most likely died, and the bootstrap's news of it
     /// (which sets the abort) can trail the sockets' end on a loaded machine; `None` if no
     /// abort came (the partner left politely, or is gone for another reason).
     fn abort_reason_soon(&self) -> Option<crate::communicator::AbortReason> {
-        let deadline = std::time::Instant::now() + LOSS_NEWS_GRACE;
+        let deadline = std::time::Instant::now() + crate::bootstrap::LOSS_NEWS_GRACE;
         loop {
             if let Some(r) = self.comm.abort_reason() {
                 return Some(r);
@@ -1695,10 +1696,6 @@ fn describe(d: [u64; 2]) -> String {
         None => s,
     }
 }
-
-/// How long a call that found a partner's connection gone waits for the bootstrap's news
-/// of a loss before it reports the departure.
-const LOSS_NEWS_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A sticky error again, for another call.
 fn copy_error(call: &str, e: &CommError) -> CommError {

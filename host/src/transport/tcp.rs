@@ -63,7 +63,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
 
-use crate::bootstrap::{Bootstrap, Op};
+use crate::bootstrap::{Bootstrap, LOSS_NEWS_GRACE, Op};
 use crate::communicator::setup::{
     ConnInfo, Connection, Link, Round, TransportSetup, mismatch, remote_info,
 };
@@ -1006,11 +1006,7 @@ fn decode_wire(raw: &[u8]) -> Option<(SocketAddr, usize)> {
     Some((addr.parse().ok()?, conns))
 }
 
-/// How long a setup step that cannot go on because of a peer waits for news of a lost rank
-/// (the likely cause) before it reports what it has.
-const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
-
-/// Why a setup wait for `peer`'s sockets (`what`) cannot end well, from the bootstrap
+/// Why a setup wait for `peer`'s sockets (`op`) cannot end well, from the bootstrap
 /// ([`Bootstrap::wait_is_hopeless`]), preferring a lost rank: when only `peer`'s departure
 /// is known, or nothing is but this side already failed (`failed`: its connection was
 /// refused), it waits up to [`LOSS_NEWS_GRACE`] for news of a loss, since a rank that
@@ -1019,11 +1015,10 @@ const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
 fn hopeless(
     bootstrap: &Bootstrap,
     peer: usize,
-    what: String,
+    op: &Op,
     failed: bool,
 ) -> Option<crate::bootstrap::BootstrapError> {
     use crate::bootstrap::BootstrapError::PeerLost;
-    let op = Op::RecvNamed(what.into());
     let mut known = bootstrap.wait_is_hopeless(peer, op.clone());
     if matches!(known, Some(PeerLost { .. })) || (known.is_none() && !failed) {
         return known;
@@ -1038,6 +1033,11 @@ fn hopeless(
         }
     }
     known
+}
+
+/// The bootstrap operation a setup wait for the sockets of connection `tag` is named as.
+fn sockets_op(tag: u32) -> Op {
+    Op::RecvNamed(format!("the TCP sockets of the connection ({})", ConnTag(tag)).into())
 }
 
 impl TcpSetup {
@@ -1057,6 +1057,8 @@ impl TcpSetup {
             .as_ref()
             .ok_or_else(|| CommError::State("TCP connection without a listener".into()))?;
         let deadline = Instant::now() + timeout;
+        // Built once: the loop below asks the bootstrap on every empty poll.
+        let op = sockets_op(tag);
         while (0..stripes).any(|s| !self.accepted.contains_key(&(peer, tag, s))) {
             match listener.accept() {
                 Ok((mut s, _)) => {
@@ -1075,8 +1077,7 @@ impl TcpSetup {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let what = format!("the TCP sockets of the connection ({})", ConnTag(tag));
-                    if let Some(e) = hopeless(bootstrap, peer, what, false) {
+                    if let Some(e) = hopeless(bootstrap, peer, &op, false) {
                         return Err(e.into());
                     }
                     if Instant::now() > deadline {
@@ -1188,8 +1189,8 @@ impl TransportSetup for TcpSetup {
                     .map_err(|e| {
                         // Refused: its listener is gone, so the peer failed, most likely
                         // because a rank died; name that rank if the news comes soon.
-                        let what = format!("the TCP sockets of the connection ({})", ConnTag(tag));
-                        match hopeless(round.comm.bootstrap().as_async(), rank, what, true) {
+                        let op = sockets_op(tag);
+                        match hopeless(round.comm.bootstrap().as_async(), rank, &op, true) {
                             Some(lost) => lost.into(),
                             None => mismatch(
                                 rank,
@@ -1397,10 +1398,10 @@ mod tests {
             let bs = BlockingBootstrap::init_with_config(3, 1, id, config.clone()).unwrap();
             bs.barrier().unwrap();
             let t0 = Instant::now();
-            assert!(hopeless(bs.as_async(), 0, "x".into(), false).is_none());
+            assert!(hopeless(bs.as_async(), 0, &sockets_op(7), false).is_none());
             assert!(t0.elapsed() < LOSS_NEWS_GRACE);
             let t0 = Instant::now();
-            assert!(hopeless(bs.as_async(), 0, "x".into(), true).is_none());
+            assert!(hopeless(bs.as_async(), 0, &sockets_op(7), true).is_none());
             assert!(t0.elapsed() >= LOSS_NEWS_GRACE);
             die_tx.send(()).unwrap();
             let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
@@ -1431,7 +1432,7 @@ mod tests {
             assert!(e.contains("rank 2 was lost"), "{e}");
             // A side that failed (refused) learns the loss at once now.
             let t0 = Instant::now();
-            let e = hopeless(bs.as_async(), 0, "x".into(), true).map(|e| e.to_string());
+            let e = hopeless(bs.as_async(), 0, &sockets_op(7), true).map(|e| e.to_string());
             assert!(t0.elapsed() < LOSS_NEWS_GRACE, "{e:?}");
             assert!(e.is_some_and(|e| e.contains("rank 2 was lost")));
             done_tx.send(()).unwrap();
