@@ -73,6 +73,24 @@ fn perf_limited(max_bytes: u64, args: &[&str], env: &[(&str, &str)]) -> Command 
     cmd
 }
 
+/// A port nobody listens on (bound, then released) for a root of ranks started by hand.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// The tool's own launcher variables for rank `rank` of `nranks` started by hand, the root
+/// on `port` of 127.0.0.1.
+fn by_hand(rank: usize, nranks: usize, port: u16) -> [(&'static str, String); 3] {
+    [
+        ("MSCCLPP_RANK", rank.to_string()),
+        ("MSCCLPP_NRANKS", nranks.to_string()),
+        ("MSCCLPP_BOOTSTRAP", format!("127.0.0.1:{port}")),
+    ]
+}
+
 fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -316,23 +334,15 @@ fn ranks_under_a_launcher_check_the_host_memory_of_their_machine_together() {
     };
     // Per rank 5/7 of MemAvailable: fits one rank, not two.
     let size = (avail / 7 / 4 * 4).to_string();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = free_port();
     let started = std::time::Instant::now();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
-            let rank = rank.to_string();
-            let root = format!("127.0.0.1:{port}");
+            let vars = by_hand(rank, 2, port);
             perf_limited(
                 avail / 7 + (2 << 30),
                 &["-b", &size, "-e", &size, "-n", "1"],
-                &[
-                    ("MSCCLPP_RANK", &rank),
-                    ("MSCCLPP_NRANKS", "2"),
-                    ("MSCCLPP_BOOTSTRAP", &root),
-                ],
+                &vars.each_ref().map(|(k, v)| (*k, v.as_str())),
             )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -694,22 +704,16 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
 /// and every rank exits with status 1 (no panic, no second copy of the message).
 #[test]
 fn a_failed_call_is_reported_once_by_every_rank() {
-    let exe = env!("CARGO_BIN_EXE_mscclpp-perf");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = free_port();
     let ranks: Vec<_> = ["oneshot", "twoshot"]
         .iter()
         .enumerate()
         .map(|(rank, algo)| {
-            Command::new(exe)
-                .args(["--algo", algo, "-b", "1K", "-e", "1K", "-n", "2"])
-                .env("CUDA_VISIBLE_DEVICES", "")
-                .env("MSCCLPP_RANK", rank.to_string())
-                .env("MSCCLPP_NRANKS", "2")
-                .env("MSCCLPP_BOOTSTRAP", format!("127.0.0.1:{port}"))
-                .stdout(std::process::Stdio::piped())
+            let vars = by_hand(rank, 2, port);
+            let mut cmd = Command::new(perf_exe());
+            cmd.args(["--algo", algo, "-b", "1K", "-e", "1K", "-n", "2"]);
+            alone(&mut cmd, &vars.each_ref().map(|(k, v)| (*k, v.as_str())));
+            cmd.stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .expect("mscclpp-perf starts")
