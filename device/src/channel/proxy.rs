@@ -168,27 +168,57 @@ impl<'a> DevConn<'a> {
         self.connection_id
     }
 
+    /// The abort word this handle's waits look at (null without a fault area).
     #[inline(always)]
-    fn push(&self, op: TriggerOp, dst_offset: u64, src_offset: u64, size: u64) -> u64 {
-        match Trigger::new(op, self.connection_id, dst_offset, src_offset, size) {
-            // SAFETY: the FIFO is live (constructor contract).
-            Ok(t) => unsafe { self.fifo.push(t) },
+    fn abort_word(&self) -> *const u64 {
+        if self.fault.is_null() {
+            core::ptr::null()
+        } else {
+            self.fault.wrapping_add(self.abort_index as usize) as *const u64
+        }
+    }
+
+    /// Pushes a trigger; while the ring is full waits for a slot, giving up at the
+    /// FIFO's timeout or at the abort word. Traps on a trigger that cannot be encoded.
+    #[inline(always)]
+    fn push(
+        &self,
+        op: TriggerOp,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<u64, ChannelError> {
+        let t = match Trigger::new(op, self.connection_id, dst_offset, src_offset, size) {
+            Ok(t) => t,
             Err(_) => arch::trap(),
+        };
+        // SAFETY: the FIFO is live (constructor contract); the fault area null or live.
+        match unsafe { self.fifo.try_push_or_abort(t, self.abort_word()) } {
+            Ok(seq) => Ok(seq),
+            Err(SyncStop::Aborted(word)) => Err(ChannelError::from_abort_word(word)),
+            Err(SyncStop::Timeout(_)) => Err(ChannelError::Timeout),
         }
     }
 
     /// Queues a copy of `size` bytes at `offset` of the local buffer to the same offset of
-    /// the peer's buffer.
+    /// the peer's buffer (see [`put_at`](Self::put_at)).
     #[inline]
     pub fn put(&self, offset: u64, size: u64) {
         self.put_at(offset, offset, size);
     }
 
     /// Queues a copy of `size` bytes from `src_offset` of the local buffer to `dst_offset`
-    /// of the peer's.
+    /// of the peer's. While the FIFO is full this waits for the proxy to free a slot and
+    /// traps if none comes within the FIFO's timeout; once the communicator is aborted (or
+    /// this handle's peer is lost) it stops waiting and drops the put: the handle's next
+    /// [`try_signal`](Self::try_signal), [`try_flush`](Self::try_flush) or
+    /// [`try_wait`](Self::try_wait) reports the abort.
     #[inline]
     pub fn put_at(&self, dst_offset: u64, src_offset: u64, size: u64) {
-        self.push(TriggerOp::DATA, dst_offset, src_offset, size);
+        if let Err(ChannelError::Timeout) = self.push(TriggerOp::DATA, dst_offset, src_offset, size)
+        {
+            arch::trap();
+        }
     }
 
     /// Raises the peer's inbound counter after every put queued before it has landed;
@@ -207,7 +237,7 @@ impl<'a> DevConn<'a> {
     /// act within the FIFO's timeout. The signal itself is sent in the first case.
     #[inline]
     pub fn try_signal(&self) -> Result<(), ChannelError> {
-        let seq = self.push(TriggerOp::FLAG.union(TriggerOp::SYNC), 0, 0, 0);
+        let seq = self.push(TriggerOp::FLAG.union(TriggerOp::SYNC), 0, 0, 0)?;
         self.sync(seq)
     }
 
@@ -234,7 +264,7 @@ impl<'a> DevConn<'a> {
         let op = TriggerOp::DATA
             .union(TriggerOp::FLAG)
             .union(TriggerOp::SYNC);
-        let seq = self.push(op, dst_offset, src_offset, size);
+        let seq = self.push(op, dst_offset, src_offset, size)?;
         self.sync(seq)
     }
 
@@ -246,7 +276,9 @@ impl<'a> DevConn<'a> {
     /// signal it sent after waiting for this one). A refused put is reported by this
     /// connection's next [`try_signal`](Self::try_signal) or [`try_flush`](Self::try_flush).
     /// [`ChannelError::Timeout`] when the FIFO stayed full for its timeout (the FIFO is then
-    /// broken: the claimed slot is never published).
+    /// broken: the claimed slot is never published); [`ChannelError::Aborted`] (or
+    /// [`ChannelError::PeerLeft`]) when the communicator was aborted while it waited for a
+    /// slot (the trigger is then not queued).
     #[inline]
     pub fn try_put_with_signal_queued(
         &self,
@@ -254,16 +286,13 @@ impl<'a> DevConn<'a> {
         src_offset: u64,
         size: u64,
     ) -> Result<(), ChannelError> {
-        let op = TriggerOp::DATA.union(TriggerOp::FLAG);
-        let t = match Trigger::new(op, self.connection_id, dst_offset, src_offset, size) {
-            Ok(t) => t,
-            Err(_) => arch::trap(),
-        };
-        // SAFETY: the FIFO is live (constructor contract).
-        match unsafe { self.fifo.try_push(t) } {
-            Ok(_) => Ok(()),
-            Err(_) => Err(ChannelError::Timeout),
-        }
+        self.push(
+            TriggerOp::DATA.union(TriggerOp::FLAG),
+            dst_offset,
+            src_offset,
+            size,
+        )
+        .map(|_| ())
     }
 
     /// [`put_with_signal`](Self::put_with_signal); the name states that on return every
@@ -286,7 +315,7 @@ impl<'a> DevConn<'a> {
     /// [`try_signal`](Self::try_signal)).
     #[inline]
     pub fn try_flush(&self) -> Result<(), ChannelError> {
-        let seq = self.push(TriggerOp::SYNC, 0, 0, 0);
+        let seq = self.push(TriggerOp::SYNC, 0, 0, 0)?;
         self.sync(seq)
     }
 
@@ -295,13 +324,8 @@ impl<'a> DevConn<'a> {
     /// Gives up at the communicator's abort (or a lost rank) as the channel's waits do.
     #[inline(always)]
     fn sync(&self, seq: u64) -> Result<(), ChannelError> {
-        let abort = if self.fault.is_null() {
-            core::ptr::null()
-        } else {
-            self.fault.wrapping_add(self.abort_index as usize) as *const u64
-        };
         // SAFETY: the FIFO is live (constructor contract); the fault area null or live.
-        match unsafe { self.fifo.try_sync_status_or_abort(seq, abort) } {
+        match unsafe { self.fifo.try_sync_status_or_abort(seq, self.abort_word()) } {
             Ok(SyncStatus::Clean) => Ok(()),
             Ok(SyncStatus::ProxyFaulted) => self.proxy_fault(),
             Err(SyncStop::Aborted(word)) => Err(ChannelError::from_abort_word(word)),
@@ -366,11 +390,7 @@ impl<'a> DevConn<'a> {
     /// [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS) of the news.
     #[inline]
     pub fn try_wait(&self, timeout_ns: u64) -> Result<(), ChannelError> {
-        let abort = if self.fault.is_null() {
-            core::ptr::null()
-        } else {
-            self.fault.wrapping_add(self.abort_index as usize) as *const u64
-        };
+        let abort = self.abort_word();
         // SAFETY: `inbound` is a live aligned counter and `expected` this connection's live
         // word, used by one waiting thread at a time; the fault area null or live
         // (constructor and module contract).

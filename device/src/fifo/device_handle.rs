@@ -30,10 +30,12 @@ pub enum SyncStatus {
     ProxyFaulted,
 }
 
-/// Why a [`FifoDeviceHandle::try_sync_status_or_abort`] gave up.
+/// Why a wait of the FIFO that also looks at an abort word gave up
+/// ([`FifoDeviceHandle::try_sync_status_or_abort`], [`FifoDeviceHandle::try_push_or_abort`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncStop {
-    /// The proxy did not pop the trigger within the handle's timeout.
+    /// The proxy did not pop the trigger (or, for a push, free a slot) within the handle's
+    /// timeout.
     Timeout(FifoTimeout),
     /// The abort word was set (its value).
     Aborted(u64),
@@ -328,6 +330,26 @@ impl FifoDeviceHandle {
         unsafe { self.try_push_as(trigger, Publish::Library) }
     }
 
+    /// [`try_push`](Self::try_push) whose wait for a free slot (only when the ring is
+    /// full) also gives up when the word at `abort` (null: none) is non-zero, looking at it
+    /// at most once per [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS), as
+    /// [`try_sync_status_or_abort`](Self::try_sync_status_or_abort) does: a proxy that
+    /// stopped serving an aborted communicator does not hold the pushing thread for the
+    /// whole timeout. After either error the FIFO is broken, as after a timeout.
+    ///
+    /// # Safety
+    /// As for [`try_push`](Self::try_push); `abort` null, or a live aligned word written
+    /// atomically.
+    #[inline]
+    pub unsafe fn try_push_or_abort(
+        &self,
+        trigger: Trigger,
+        abort: *const u64,
+    ) -> Result<u64, SyncStop> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.push_with(trigger, Publish::Library, abort) }
+    }
+
     /// [`try_push`](Self::try_push) with the slot store done as `publish` says: the
     /// library's way, or one of the weakened ways the litmus test
     /// (`kernels::litmus::litmus_fifo_publish`) runs beside it to show what it would catch.
@@ -340,6 +362,31 @@ impl FifoDeviceHandle {
         trigger: Trigger,
         publish: Publish,
     ) -> Result<u64, FifoTimeout> {
+        // SAFETY: forwarded to the caller; no abort word, so only a timeout stops the wait.
+        unsafe { self.push_with(trigger, publish, core::ptr::null()) }.map_err(|e| match e {
+            SyncStop::Timeout(t) => t,
+            // Not without an abort word; reported as the timeout it stands in for.
+            SyncStop::Aborted(_) => FifoTimeout {
+                wait: FifoWait::Push,
+                seq: 0,
+                tail: 0,
+                timeout_ns: self.timeout_ns,
+            },
+        })
+    }
+
+    /// The push itself: [`try_push_as`](Self::try_push_as) with an abort word (null: none)
+    /// for the wait for room.
+    ///
+    /// # Safety
+    /// As for [`try_push_or_abort`](Self::try_push_or_abort).
+    #[inline(always)]
+    unsafe fn push_with(
+        &self,
+        trigger: Trigger,
+        publish: Publish,
+        abort: *const u64,
+    ) -> Result<u64, SyncStop> {
         // Relaxed: the head only hands out distinct sequence numbers; nothing is published
         // through it (the slot store below and the tail do the ordering).
         // SAFETY: `head` is a live aligned counter (caller contract).
@@ -354,7 +401,16 @@ impl FifoDeviceHandle {
         // subtraction does not wrap.
         if seq.wrapping_sub(cached) >= self.slots {
             // SAFETY: forwarded to the caller.
-            unsafe { wait_for_room(self.tail, self.tail_cache, self.slots, self.timeout_ns, seq)? };
+            unsafe {
+                wait_for_room(
+                    self.tail,
+                    self.tail_cache,
+                    self.slots,
+                    self.timeout_ns,
+                    seq,
+                    abort,
+                )?
+            };
         }
         // Acquire-release fence, two jobs. Acquire: with the tail (or cache) load above it
         // synchronises with the proxy's release of the tail, so the proxy's reads of this
@@ -512,13 +568,13 @@ impl FifoDeviceHandle {
 }
 
 /// Slow path of a push: the cached tail says the ring is full for `seq`, so re-read the
-/// proxy's tail until `seq` has a free slot or `timeout_ns` passes. Out of line and with
-/// scalar arguments, so the fast path stays small and the handle is not spilled to local
-/// memory on the GPU.
+/// proxy's tail until `seq` has a free slot, `timeout_ns` passes or the word at `abort` (null:
+/// none) is set. Out of line and with scalar arguments, so the fast path stays small and the
+/// handle is not spilled to local memory on the GPU.
 ///
 /// # Safety
 /// `tail` and `tail_cache` are the live words of a FIFO of `slots` slots (see
-/// [`FifoDeviceHandle::try_push`]).
+/// [`FifoDeviceHandle::try_push`]); `abort` null or a live aligned word written atomically.
 #[cold]
 #[inline(never)]
 unsafe fn wait_for_room(
@@ -527,8 +583,10 @@ unsafe fn wait_for_room(
     slots: u64,
     timeout_ns: u64,
     seq: u64,
-) -> Result<(), FifoTimeout> {
+    abort: *const u64,
+) -> Result<(), SyncStop> {
     let start = arch::global_timer_ns();
+    let mut last_look = start;
     let mut round = 0u32;
     loop {
         // Acquire: pairs with the proxy's release store of the tail, so its reads of the
@@ -544,13 +602,22 @@ unsafe fn wait_for_room(
             unsafe { arch::st_release_sys_u64(tail_cache, seen) };
             return Ok(());
         }
-        if arch::global_timer_ns().wrapping_sub(start) > timeout_ns {
-            return Err(FifoTimeout {
+        let now = arch::global_timer_ns();
+        if now.wrapping_sub(start) > timeout_ns {
+            return Err(SyncStop::Timeout(FifoTimeout {
                 wait: FifoWait::Push,
                 seq,
                 tail: seen,
                 timeout_ns,
-            });
+            }));
+        }
+        if !abort.is_null() && now.wrapping_sub(last_look) >= crate::semaphore::ABORT_LOOK_NS {
+            last_look = now;
+            // SAFETY: `abort` live and aligned (caller contract).
+            let word = unsafe { arch::ld_acquire_sys_u64(abort) };
+            if word != 0 {
+                return Err(SyncStop::Aborted(word));
+            }
         }
         arch::spin_backoff(round);
         round = round.saturating_add(1);

@@ -777,6 +777,44 @@ fn a_proxy_channel_sync_ends_at_abort() {
     });
 }
 
+/// A push into a full FIFO (no proxy runs to pop it) ends at the communicator's abort within
+/// a second, not at the FIFO's 20 s timeout; after the abort a plain put into the full ring
+/// returns at once (dropped, not a trap) and the next signal reports the abort.
+#[test]
+fn a_push_into_a_full_fifo_ends_at_abort() {
+    ranks(2, |mut comm| {
+        let me = comm.rank();
+        let buf = comm.alloc_buffer(1024).unwrap();
+        comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
+        comm.connection_setup().unwrap();
+        // No proxy: nothing pops the triggers.
+        comm.bootstrap().barrier().unwrap();
+        if me == 0 {
+            let conn = comm.device_connections()[0];
+            let slots = config().fifo_slots;
+            launch(Dim3::x(1), Dim3::x(1), || {
+                for _ in 0..slots {
+                    conn.put_at(0, 0, 8);
+                }
+            })
+            .unwrap();
+            user_wait_ends_at_abort(|| conn.try_put_with_signal_queued(0, 0, 8), &comm);
+            let start = std::time::Instant::now();
+            launch(Dim3::x(1), Dim3::x(1), || conn.put(0, 8)).unwrap();
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "a put into the full ring after the abort took {:?}",
+                start.elapsed()
+            );
+            assert_eq!(
+                conn.try_signal(),
+                Err(ChannelError::Aborted { word: u64::MAX })
+            );
+        }
+        comm.bootstrap().barrier().unwrap();
+    });
+}
+
 /// Rank 1 sends one signal on a memory channel and on a proxy channel (over `transport`,
 /// after a 64 KiB put into rank 0's buffer) and one set of LL packets, then leaves (drops
 /// its communicator). Rank 0's waits, started before, take what was sent; its next waits,
