@@ -242,6 +242,52 @@ fn launcher_stops_the_other_ranks_after_a_failure() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
+/// The grace after a failure ends early once every rank still running is stopped by a signal
+/// (rank 1 sends itself SIGSTOP, as a user's `kill -STOP` would): such a rank can report
+/// nothing, so waiting out the grace (60 s here; the perf tool's 10 s) only delays the job's
+/// end (seen in session 28: a stopped rank held `mscclpp-perf` 10 s after every other rank
+/// had failed).
+#[test]
+fn the_grace_after_a_failure_ends_when_the_ranks_left_are_stopped() {
+    if role().is_some() {
+        let launch = Launch::from_env().unwrap();
+        if launch.rank == 1 {
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status();
+            // Only if the signal did not stop us (or someone continued us).
+            std::thread::sleep(Duration::from_secs(120));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        std::process::exit(3);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let t0 = std::time::Instant::now();
+    let report = LocalLauncher::command(2, exe)
+        .args([
+            "--exact",
+            "the_grace_after_a_failure_ends_when_the_ranks_left_are_stopped",
+            "--nocapture",
+        ])
+        .env(ROLE, "fail-or-stop")
+        .timeout(Duration::from_secs(150))
+        .stop_after_failure(Duration::from_secs(60))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let took = t0.elapsed();
+    print!("{report}");
+    assert_eq!(report.ranks[0].status.code(), Some(3), "{report}");
+    assert_eq!(report.ranks[1].stopped_after, Some(0), "{report}");
+    assert!(!report.ranks[1].killed_at_timeout, "{report}");
+    assert!(
+        took < Duration::from_secs(30),
+        "the launcher waited {took:?} for a stopped rank"
+    );
+}
+
 /// A rank that ends before the rendezvous completes (here it exits with status 3 before
 /// it bootstraps) is named at once by the others: the launcher tells its root, which
 /// refuses every join with the reason, where they waited for the bootstrap timeout

@@ -476,11 +476,7 @@ pub fn thread_states(pid: u32) -> Vec<String> {
             let tid = t.file_name().to_string_lossy().parse::<u64>().ok()?;
             let read = |f: &str| std::fs::read_to_string(t.path().join(f)).ok();
             let stat = read("stat")?;
-            // `pid (comm) state ...`: comm may hold spaces and parentheses, so split at the
-            // last ')'.
-            let (head, tail) = stat.rsplit_once(')')?;
-            let name = head.split_once('(').map_or("?", |(_, n)| n);
-            let state = tail.split_whitespace().next().unwrap_or("?");
+            let (name, state) = crate::procfs::parse_stat(&stat)?;
             let wchan = read("wchan").unwrap_or_default();
             let wchan = if wchan.trim().is_empty() {
                 "0"
@@ -630,7 +626,9 @@ impl LocalLauncher {
     /// ranks still running `grace` later, as mpirun does, instead of waiting for them until
     /// the timeout (a rank stopped or stuck where no departure reaches it would hold the
     /// whole job). The grace lets the others report what they saw; most fail on their own
-    /// within a second or two of a peer's exit. Off by default.
+    /// within a second or two of a peer's exit. It ends early once every rank still
+    /// running is stopped by a signal (`SIGSTOP`: state `T`), as such a rank cannot report
+    /// anything. Off by default.
     pub fn stop_after_failure(mut self, grace: Duration) -> LocalLauncher {
         self.stop_after_failure = Some(grace);
         self
@@ -743,7 +741,16 @@ impl LocalLauncher {
                 }
             }
             let now = Instant::now();
-            let stop = failed.filter(|&(_, at)| now >= at).map(|(q, _)| q);
+            // The grace lets running ranks report; a rank stopped by a signal (SIGSTOP)
+            // cannot, so once every rank left is stopped the grace is over.
+            let all_left_stopped = || {
+                (children.iter().zip(&exits))
+                    .filter(|(_, e)| e.is_none())
+                    .all(|(c, _)| crate::procfs::process_stopped(c.id()))
+            };
+            let stop = failed
+                .filter(|&(_, at)| now >= at || all_left_stopped())
+                .map(|(q, _)| q);
             if now >= deadline || stop.is_some() {
                 for (rank, child) in children.iter_mut().enumerate() {
                     if exits[rank].is_none() {

@@ -19,6 +19,7 @@ pub mod communicator;
 pub mod cuda;
 pub mod diag;
 pub mod launch;
+mod procfs;
 pub mod proxy;
 pub mod runtime_libs;
 pub mod smoke;

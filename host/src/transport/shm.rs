@@ -130,7 +130,7 @@ pub fn remove_name(name: &str) -> Result<(), ShmError> {
 /// for this process, or while process `pid` exists and is not a zombie (its names may be in
 /// use); Linux only (elsewhere 0).
 pub fn remove_names_of_dead(pid: u32) -> usize {
-    if pid == std::process::id() || !process_gone(pid) {
+    if pid == std::process::id() || !crate::procfs::process_gone(pid) {
         return 0;
     }
     let prefix = format!("{}{pid}-", &NAME_PREFIX[1..]);
@@ -142,21 +142,6 @@ pub fn remove_names_of_dead(pid: u32) -> usize {
         .filter(|n| n.starts_with(&prefix))
         .filter(|n| remove_name(&format!("/{n}")).is_ok())
         .count()
-}
-
-/// Whether process `pid` has ended (gone, or a zombie); `false` where that cannot be told.
-fn process_gone(pid: u32) -> bool {
-    if !cfg!(target_os = "linux") {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // `pid (comm) state ...`: the state follows the last ')'.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, tail)| tail.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-    }
 }
 
 impl ShmSegment {
@@ -404,7 +389,7 @@ mod tests {
         // Killed but not reaped: a zombie counts as ended.
         alive.kill().unwrap();
         let zombie = std::time::Instant::now();
-        while !process_gone(alive.id()) {
+        while !crate::procfs::process_gone(alive.id()) {
             assert!(zombie.elapsed() < std::time::Duration::from_secs(5));
             std::thread::sleep(std::time::Duration::from_millis(10));
         }

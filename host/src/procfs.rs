@@ -1,0 +1,126 @@
+//! One reader of `/proc/<pid>/stat` (Linux) for the code that asks about another process:
+//! whether a peer's process has ended (shared-memory names left behind) and what the
+//! launcher's ranks are doing (their threads; whether one is stopped).
+
+/// The command name and state letter of a `stat` line (`pid (comm) state ...`): `R`
+/// running, `S` sleeping, `D` uninterruptible, `T` stopped by a signal, `t` stopped by a
+/// debugger, `Z` zombie, `X` dead. The name may hold spaces and parentheses, so the line is
+/// split at its last `)`.
+pub(crate) fn parse_stat(stat: &str) -> Option<(&str, &str)> {
+    let (head, tail) = stat.rsplit_once(')')?;
+    let name = head.split_once('(').map(|(_, n)| n)?;
+    let state = tail.split_whitespace().next()?;
+    Some((name, state))
+}
+
+/// What `/proc` says about a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ProcessState {
+    /// No such process (it ended and was reaped).
+    Gone,
+    /// The state letter of its `stat` line (see [`parse_stat`]).
+    State(String),
+    /// It cannot be told (not Linux, `/proc` unreadable or in an unknown format).
+    Unknown,
+}
+
+/// The state of process `pid` (its main thread's, which `/proc/<pid>/stat` reports).
+pub(crate) fn process_state(pid: u32) -> ProcessState {
+    if !cfg!(target_os = "linux") {
+        return ProcessState::Unknown;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match parse_stat(&stat) {
+            Some((_, state)) => ProcessState::State(state.to_owned()),
+            None => ProcessState::Unknown,
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => ProcessState::Gone,
+        Err(_) => ProcessState::Unknown,
+    }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie); `false` where that cannot be told.
+pub(crate) fn process_gone(pid: u32) -> bool {
+    match process_state(pid) {
+        ProcessState::Gone => true,
+        ProcessState::State(s) => s == "Z" || s == "X",
+        ProcessState::Unknown => false,
+    }
+}
+
+/// Whether process `pid` is stopped by a signal (`SIGSTOP`, `SIGTSTP`: state `T`). A
+/// process stopped by a debugger (`t`) is not: someone is looking at it.
+pub(crate) fn process_stopped(pid: u32) -> bool {
+    matches!(process_state(pid), ProcessState::State(s) if s == "T")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_names_parse_at_the_last_parenthesis() {
+        assert_eq!(parse_stat("42 (a) b) c) S 1 2 3"), Some(("a) b) c", "S")));
+        assert_eq!(parse_stat("42 (x y) T 1"), Some(("x y", "T")));
+        assert_eq!(parse_stat("42 x S 1"), None);
+        assert_eq!(parse_stat("42 (x)"), None);
+    }
+
+    #[test]
+    fn this_process_runs_and_a_reaped_child_is_gone() {
+        if !cfg!(target_os = "linux") {
+            eprintln!("skipped: /proc is Linux's");
+            return;
+        }
+        assert!(matches!(
+            process_state(std::process::id()),
+            ProcessState::State(s) if s == "R" || s == "S"
+        ));
+        assert!(!process_gone(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(process_gone(pid));
+        assert!(!process_stopped(pid));
+    }
+
+    #[test]
+    fn a_child_stopped_by_sigstop_reads_as_stopped_until_continued() {
+        if !cfg!(target_os = "linux") {
+            eprintln!("skipped: /proc is Linux's");
+            return;
+        }
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        };
+        let wait_for = |want: bool| {
+            let start = std::time::Instant::now();
+            while process_stopped(pid) != want {
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(10),
+                    "pid {pid} not {} after 10 s: {:?}",
+                    if want { "stopped" } else { "running" },
+                    process_state(pid)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        wait_for(false);
+        signal("-STOP");
+        wait_for(true);
+        signal("-CONT");
+        wait_for(false);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
