@@ -380,6 +380,58 @@ fn p2p_user_waits_end_at_abort_two_processes() {
     run_two("p2p_user_waits_end_at_abort_two_processes");
 }
 
+/// A kernel that fills the FIFO (no proxy runs to pop it) and pushes once more ends that
+/// push within a second of `Communicator::abort()` with the abort, and its next signal says
+/// the same at once (before, the push waited out the FIFO's 60 s timeout and trapped).
+#[test]
+fn a_push_into_a_full_fifo_ends_at_abort_two_processes() {
+    if std::env::var(ROLE).is_err() {
+        return run_two("a_push_into_a_full_fifo_ends_at_abort_two_processes");
+    }
+    let mut comm = gpu_communicator();
+    let Backend::Gpu(gpu) = comm.backend().clone() else {
+        unreachable!()
+    };
+    let (me, peer) = (comm.rank(), 1 - comm.rank());
+    let buf = comm.alloc_buffer(1 << 16).unwrap();
+    comm.connect(peer, &buf, 0, TransportKind::P2p).unwrap();
+    comm.connection_setup().unwrap();
+    // No proxy: nothing pops the triggers.
+    comm.bootstrap().barrier().unwrap();
+    if me == 0 {
+        let module = KernelModule::load_builtin(&gpu).unwrap();
+        let f = module.function("proxy_push_status").unwrap();
+        let out = DeviceBuffer::zeroed(&gpu, 4 * 8).unwrap();
+        let stream = gpu.new_stream().unwrap();
+        let conn = DevConnArg(comm.device_connections()[0]);
+        let (pushes, pout) = (CommConfig::default().fifo_slots as u64, out.device_ptr());
+        let mut l = stream.launch_builder(&f);
+        l.arg(&conn).arg(&pushes).arg(&pout);
+        // SAFETY: the connection and `out` belong to `comm`/this scope and outlive the
+        // synchronize below.
+        unsafe { l.launch(one_thread()) }.unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let t = std::time::Instant::now();
+        comm.abort();
+        stream.synchronize().unwrap();
+        let took = t.elapsed();
+        println!("the push ended {took:?} after abort()");
+        assert!(
+            took < Duration::from_secs(1),
+            "the push ended {took:?} after abort()"
+        );
+        let mut got = [0u64; 4];
+        out.copy_to_host(0, &mut got).unwrap();
+        assert_eq!(
+            got,
+            [STATUS_ABORTED, u64::MAX, STATUS_ABORTED, u64::MAX],
+            "queued put with signal and signal outcomes"
+        );
+    }
+    comm.bootstrap().barrier().unwrap();
+    println!("rank {me}: ok");
+}
+
 /// Runs `test` (rank 1 ends the waits by itself: [`End::Kill`] or [`End::Leave`]) and
 /// checks that rank 0's waits ended within a second of rank 1's line `marker`.
 fn user_waits_end_after(test: &str, marker: &str, killed: bool) {

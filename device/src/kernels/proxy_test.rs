@@ -273,5 +273,27 @@ kernel! {
     }
 }
 
+kernel! {
+    /// One thread queues `pushes` puts of 8 bytes (offset 0 to 0) on `conn`, then a queued
+    /// put with signal and then a signal, and writes their outcomes ([`write_status`]) to
+    /// `out[0..2]` and `out[2..4]`. With no proxy popping and `pushes` the FIFO's slot count,
+    /// the queued put waits for a slot that never frees: an abort ends that wait with
+    /// [`STATUS_ABORTED`] (not a trap at the FIFO's timeout), and the signal after it says
+    /// the same at once.
+    pub unsafe fn proxy_push_status(conn: DevConn<'_>, pushes: u64, out: *mut u64) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        for _ in 0..pushes {
+            conn.put_at(0, 0, 8);
+        }
+        // SAFETY: `out` holds four words (caller contract).
+        unsafe {
+            write_status(out, conn.try_put_with_signal_queued(0, 0, 8));
+            write_status(out.add(2), conn.try_signal());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
