@@ -667,6 +667,154 @@ fn closed_peer_fails_recv_instead_of_waiting() {
     });
 }
 
+/// Rank 1 of 4 stalls: alive (its bootstrap still answers), but it never enters `op`; it
+/// sleeps well past the timeout, then leaves. The others run `op`, whose pattern makes some
+/// rank wait on a healthy rank that waits on rank 1 (`waits_on[r]`: the rank whose message
+/// rank `r` was waiting for when its wait timed out). Every failing rank must name rank 1:
+/// one that waited on it directly with the plain timeout, the others as the root cause
+/// behind the healthy rank they waited for (before protocol version 7 they named that
+/// healthy rank alone, as the ones in the `kill.py --sig STOP` record did).
+fn stalled_rank_is_named(op: &'static str, waits_on: [usize; 4]) {
+    const STALLED: usize = 1;
+    let timeout = Duration::from_secs(2);
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let ranks = init_all(4, id.into(), config().with_timeout(timeout)).await;
+        let mut handles = Vec::new();
+        for bs in ranks {
+            handles.push(tokio::spawn(async move {
+                if bs.rank() == STALLED {
+                    tokio::time::sleep(timeout + Duration::from_secs(3)).await;
+                    return (Ok(()), bs);
+                }
+                let r = match op {
+                    "barrier" => bs.barrier().await,
+                    _ => bs.all_gather(&payload(bs.rank())).await.map(drop),
+                };
+                // Kept open until every rank has failed: a goodbye would turn a slower
+                // rank's timeout into a closed peer.
+                (r, bs)
+            }));
+        }
+        let mut kept = Vec::new();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let (result, bs) = h.await.unwrap();
+            kept.push(bs);
+            if rank == STALLED {
+                continue;
+            }
+            let err = result.expect_err("a collective without rank 1 completed");
+            let w = waits_on[rank];
+            let (waiting_for, gave_up) = match &err {
+                BootstrapError::Timeout {
+                    rank: r,
+                    waiting_for,
+                    gave_up,
+                    ..
+                } if *r == rank => (waiting_for, gave_up),
+                other => panic!("rank {rank}: expected a timeout, got {other}"),
+            };
+            assert_eq!(waiting_for, &format!("rank {w}"), "rank {rank}: {err}");
+            if w == STALLED {
+                assert_eq!(gave_up, &None, "rank {rank}: {err}");
+                assert_eq!(
+                    err.to_string(),
+                    format!("rank {rank}: {op} timed out after 2s waiting for rank 1")
+                );
+            } else {
+                let g = gave_up.as_ref().unwrap_or_else(|| {
+                    panic!("rank {rank} blamed rank {w} alone, not rank 1 behind it: {err}")
+                });
+                assert_eq!((g.waiting_for, g.op.as_str()), (STALLED, op), "{err}");
+                assert_eq!(
+                    err.to_string(),
+                    format!(
+                        "rank {rank}: {op} timed out after 2s waiting for rank {w}, which had \
+                         itself given up waiting for rank 1 ({op})"
+                    )
+                );
+            }
+        }
+        // Every failing rank told the others that it gave up, naming rank 1 or the rank it
+        // waited on (whichever it knew as the root cause when its wait timed out; the rank
+        // named is not told).
+        for (rank, bs) in kept.iter().enumerate().filter(|(r, _)| *r != STALLED) {
+            for other in (0..4).filter(|&o| o != rank && o != STALLED) {
+                match bs.stall_reported_by(other) {
+                    Some(g) => assert!(
+                        g.waiting_for == STALLED || g.waiting_for == waits_on[other],
+                        "rank {rank}: rank {other} reported {g:?}"
+                    ),
+                    None => assert_eq!(
+                        waits_on[other], rank,
+                        "rank {rank} has no report from rank {other}"
+                    ),
+                }
+            }
+            assert_eq!(bs.stall_reported_by(STALLED), None);
+        }
+        for bs in kept {
+            bs.close().await;
+        }
+    });
+}
+
+/// Barrier of 4 (dissemination): in round 0 rank 2 waits on rank 1; rank 3 gets rank 2's
+/// round-0 message and in round 1 waits on rank 1; rank 0 in round 1 waits on rank 2.
+#[test]
+fn stalled_rank_is_named_behind_the_rank_stuck_on_it_in_barrier() {
+    stalled_rank_is_named("barrier", [2, 1, 1, 1]);
+}
+
+/// All-gather of 4 (ring): rank 2 waits on rank 1 at step 0, rank 3 on rank 2 at step 1,
+/// rank 0 on rank 3 at step 2: a chain of three to follow.
+#[test]
+fn stalled_rank_is_named_behind_a_chain_in_all_gather() {
+    stalled_rank_is_named("all_gather", [3, 1, 1, 2]);
+}
+
+/// A rank that gave up waiting for a stalled rank and then closed its bootstrap: a later
+/// wait on it fails as a closed peer, saying what it had given up on.
+#[test]
+fn a_rank_that_gave_up_and_left_names_the_rank_it_gave_up_on() {
+    runtime().block_on(async {
+        let id = create_unique_id().unwrap();
+        let config = config().with_timeout(Duration::from_secs(1));
+        let mut ranks = init_all(3, id.into(), config).await;
+        let (b2, b1, b0) = (
+            ranks.pop().unwrap(),
+            ranks.pop().unwrap(),
+            ranks.pop().unwrap(),
+        );
+        // Rank 1 stalls (never sends); rank 2 gives up on it, plainly, and leaves.
+        let err = b2.recv(1, 5).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rank 2: recv (tag 5) timed out after 1s waiting for rank 1"
+        );
+        b2.close().await;
+        let err = b0.recv(2, 6).await.unwrap_err();
+        match &err {
+            BootstrapError::PeerClosed {
+                rank: 0,
+                peer: 2,
+                gave_up: Some(g),
+                ..
+            } => assert_eq!((g.waiting_for, g.op.as_str()), (1, "recv (tag 5)")),
+            other => panic!("{other}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            "rank 0: recv (tag 6) failed: rank 2 has closed its bootstrap (it had given up \
+             waiting for rank 1 in recv (tag 5))"
+        );
+        // Rank 1 ignored news about itself.
+        assert_eq!(b1.stall_reported_by(2), None);
+        b1.close().await;
+        b0.close().await;
+    });
+}
+
 #[test]
 fn cancelled_collective_poisons_the_bootstrap() {
     runtime().block_on(async {

@@ -254,6 +254,7 @@ mod tests {
             rank: 0,
             op: Op::Barrier,
             peer: 1,
+            gave_up: None,
         };
         assert!(is_peer_loss(&CommError::Bootstrap(closed)));
         let lost = BootstrapError::PeerLost {
@@ -270,6 +271,7 @@ mod tests {
             op: Op::Barrier,
             waiting_for: "rank 1".into(),
             after: std::time::Duration::from_secs(1),
+            gave_up: None,
         };
         assert!(!is_peer_loss(&CommError::Bootstrap(timeout)));
     }

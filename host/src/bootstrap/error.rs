@@ -153,6 +153,40 @@ impl fmt::Display for Op {
     }
 }
 
+/// A rank's word that it gave up waiting for another rank in some operation (its wait timed
+/// out; [`wire::Message::PeerStalled`](super::wire::Message::PeerStalled)). Errors carry it
+/// to name the root cause of a stall rather than the healthy rank stuck behind it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GaveUp {
+    /// The rank given up on: the root cause as far as the ranks knew (a rank that had
+    /// itself given up on another is followed to that other).
+    pub waiting_for: usize,
+    /// The operation in which the report that names `waiting_for` gave up (as the
+    /// reporting rank printed it).
+    pub op: String,
+}
+
+fn itself_gave_up(gave_up: &Option<GaveUp>) -> String {
+    match gave_up {
+        Some(g) => format!(
+            ", which had itself given up waiting for rank {} ({})",
+            g.waiting_for, g.op
+        ),
+        None => String::new(),
+    }
+}
+
+fn closed_after(gave_up: &Option<GaveUp>) -> String {
+    match gave_up {
+        Some(g) => format!(
+            " (it had given up waiting for rank {} in {})",
+            g.waiting_for, g.op
+        ),
+        None => String::new(),
+    }
+}
+
 /// Errors of the bootstrap. Each names the rank, peer, address or limit involved.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -213,7 +247,10 @@ pub enum BootstrapError {
         detail: String,
     },
     /// A peer closed its bootstrap while this rank still needed it.
-    #[error("rank {rank}: {op} failed: rank {peer} has closed its bootstrap")]
+    #[error(
+        "rank {rank}: {op} failed: rank {peer} has closed its bootstrap{}",
+        closed_after(gave_up)
+    )]
     PeerClosed {
         /// This rank.
         rank: usize,
@@ -221,9 +258,15 @@ pub enum BootstrapError {
         op: Op,
         /// The closed rank.
         peer: usize,
+        /// Set when `peer` had said, before it closed, that it gave up waiting for another
+        /// rank (most likely why it closed).
+        gave_up: Option<GaveUp>,
     },
     /// A wait ran out of time.
-    #[error("rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}")]
+    #[error(
+        "rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}{}",
+        itself_gave_up(gave_up)
+    )]
     Timeout {
         /// This rank.
         rank: usize,
@@ -233,6 +276,10 @@ pub enum BootstrapError {
         waiting_for: String,
         /// The timeout.
         after: Duration,
+        /// Set when the rank waited for had itself given up waiting for another rank (it
+        /// said so): that other rank, followed along the chain of such reports, is the root
+        /// cause, and `waiting_for` only waited on it. `None`: no such report came.
+        gave_up: Option<GaveUp>,
     },
     /// A socket operation of a rank failed.
     #[error("rank {rank}: {context}: {source}")]

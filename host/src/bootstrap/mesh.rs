@@ -14,8 +14,15 @@
 //! its ring successor during `init`, every death is seen by at least one live rank. Errors
 //! name the first rank lost; news of a later loss is preceded, on each connection, by news
 //! of the first, so that survivors leaving after the first loss are not blamed for it.
+//!
+//! Stalls: a rank that is alive but stuck (stopped, or busy in its own code) breaks no
+//! connection, so only timeouts see it, and a healthy rank waiting on a rank that waits on
+//! it times out at about the same moment as that rank. A rank whose wait times out tells
+//! every other rank at once that it gave up, and on whom ([`Message::PeerStalled`]); a rank
+//! whose wait for such a rank times out names the rank that one gave up on (following the
+//! chain of reports) as the root cause, after a short grace in which news of a loss wins.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -29,12 +36,12 @@ use tokio::sync::{Notify, OnceCell, mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::BootstrapConfig;
-use super::error::{BootstrapError, Op, Refusal};
+use super::error::{BootstrapError, GaveUp, Op, Refusal};
 use super::unique_id::UniqueId;
 use super::wire::{
     self, Channel, Frame, FrameLimits, Hello, MAGIC, Message, PROTOCOL_VERSION, PeerInfo,
 };
+use super::{BootstrapConfig, LOSS_NEWS_GRACE};
 
 /// How long a refusal or goodbye may take to write before we give up on a peer.
 const COURTESY_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -76,6 +83,9 @@ struct MailState {
     left_idle: Vec<bool>,
     /// Whether the loss hooks ran for a lost rank (they run in `lost_order`).
     hooked: Vec<bool>,
+    /// For each rank: the first [`Message::PeerStalled`] report it sent, the rank it gave up
+    /// waiting for and the operation it gave up in.
+    gave_up: Vec<Option<(usize, String)>>,
 }
 
 /// At most this long a loss waits for its news to reach the survivors' sockets before the
@@ -185,6 +195,7 @@ impl Mesh {
                 left_after: vec![None; nranks],
                 left_idle: vec![false; nranks],
                 hooked: vec![false; nranks],
+                gave_up: vec![None; nranks],
             }),
             notify: Notify::new(),
             links: (0..nranks).map(|_| OnceCell::new()).collect(),
@@ -461,6 +472,10 @@ impl Mesh {
                     message: Message::PeerClosed { rank, collectives },
                     ..
                 })) => self.note_reported_closure(rank as usize, collectives),
+                Ok(Some(Frame {
+                    message: Message::PeerStalled { rank, op },
+                    ..
+                })) => self.note_reported_stall(from, rank as usize, op),
                 Ok(Some(frame)) => {
                     let detail = format!("it sent an unexpected {:?} frame", frame.message);
                     self.mark_lost(from, detail);
@@ -481,7 +496,8 @@ impl Mesh {
         }
     }
 
-    /// Reads the back direction of a link: news of lost ranks, then a goodbye or the end.
+    /// Reads the back direction of a link: news of lost, closed and stalled ranks, then a
+    /// goodbye or the end.
     async fn watch_link(self: Arc<Self>, peer: usize, mut rd: OwnedReadHalf) {
         let limits = FrameLimits::with_max_payload(0);
         loop {
@@ -494,6 +510,10 @@ impl Mesh {
                     message: Message::PeerClosed { rank, collectives },
                     ..
                 })) => self.note_reported_closure(rank as usize, collectives),
+                Ok(Some(Frame {
+                    message: Message::PeerStalled { rank, op },
+                    ..
+                })) => self.note_reported_stall(peer, rank as usize, op),
                 Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
                     return self.mark_closed(peer, message.calls_named(), message.work_ended());
                 }
@@ -587,9 +607,37 @@ impl Mesh {
         };
         let notices: Vec<Message> = first.into_iter().chain([notice]).collect();
         // Receivers that fire once the news is on each survivor's socket.
+        let flushed = self.spread_news(&notices, peer);
+        // The waits of this process learn of the loss (and the loss hooks raise the abort
+        // word) only once the news is on every survivor's socket, or after NEWS_FLUSH: a
+        // caller that fails on this loss and leaves at once (`process::exit`) would otherwise
+        // close its connections before the news went out, and a survivor that saw the
+        // connection end first would blame the caller instead of `peer`.
+        let mesh = Arc::clone(self);
+        tokio::spawn(async move {
+            let _ = timeout(NEWS_FLUSH, async {
+                for on_socket in flushed {
+                    let _ = on_socket.await;
+                }
+            })
+            .await;
+            mesh.notify.notify_waiters();
+            mesh.run_loss_hooks(peer);
+        });
+    }
+
+    /// Queues `notices` for every live rank but this one and `skip`: on each connection with it
+    /// (either direction), so that it goes out ahead of any later goodbye on that connection
+    /// and ahead of the end of each; a rank with no connection yet is dialed by a task that
+    /// `close` awaits. Returns receivers that fire once the news is on each rank's socket.
+    fn spread_news(
+        self: &Arc<Self>,
+        notices: &[Message],
+        skip: usize,
+    ) -> Vec<oneshot::Receiver<Result<(), String>>> {
         let mut flushed = Vec::new();
         for other in 0..self.nranks {
-            if other == self.rank || other == peer || !self.is_alive(other) {
+            if other == self.rank || other == skip || !self.is_alive(other) {
                 continue;
             }
             // Queued now on every connection with `other` (either direction), so that it goes
@@ -613,7 +661,7 @@ impl Mesh {
                 continue;
             }
             let mesh = Arc::clone(self);
-            let notices = notices.clone();
+            let notices = notices.to_vec();
             let (done, on_socket) = oneshot::channel();
             flushed.push(on_socket);
             let task = tokio::spawn(async move {
@@ -633,22 +681,7 @@ impl Mesh {
             });
             lock(&self.notices).push(task);
         }
-        // The waits of this process learn of the loss (and the loss hooks raise the abort
-        // word) only once the news is on every survivor's socket, or after NEWS_FLUSH: a
-        // caller that fails on this loss and leaves at once (`process::exit`) would otherwise
-        // close its connections before the news went out, and a survivor that saw the
-        // connection end first would blame the caller instead of `peer`.
-        let mesh = Arc::clone(self);
-        tokio::spawn(async move {
-            let _ = timeout(NEWS_FLUSH, async {
-                for on_socket in flushed {
-                    let _ = on_socket.await;
-                }
-            })
-            .await;
-            mesh.notify.notify_waiters();
-            mesh.run_loss_hooks(peer);
-        });
+        flushed
     }
 
     /// Marks `peer` lost on the word of rank `reporter`.
@@ -687,6 +720,35 @@ impl Mesh {
         self.notify.notify_waiters();
     }
 
+    /// Records `reporter`'s word that it gave up waiting for `peer` in `op` (see
+    /// [`Message::PeerStalled`]); only its first report counts. A report about this rank, or
+    /// about a rank out of range, or by a rank about itself, means nothing here and is
+    /// ignored, as news of a loss out of range is.
+    fn note_reported_stall(&self, reporter: usize, peer: usize, op: String) {
+        if peer >= self.nranks || peer == self.rank || peer == reporter {
+            return;
+        }
+        let op = wire::bounded(&op, wire::MAX_STALLED_OP_LEN).to_owned();
+        lock(&self.state).gave_up[reporter].get_or_insert((peer, op));
+        self.notify.notify_waiters();
+    }
+
+    /// The first [`Message::PeerStalled`] report `reporter` sent: the rank it gave up waiting
+    /// for and the operation it gave up in (as sent: not followed along a chain).
+    pub(crate) fn stall_reported_by(&self, reporter: usize) -> Option<GaveUp> {
+        let st = lock(&self.state);
+        let (waiting_for, op) = st.gave_up.get(reporter).cloned().flatten()?;
+        Some(GaveUp { waiting_for, op })
+    }
+
+    /// The root cause behind `peer`, if `peer` reported giving up on some rank: that rank,
+    /// or, if that one reported giving up on another, that other, and so on to the end of
+    /// the chain (a rank seen twice ends it), with the operation of the last report.
+    pub(crate) fn stall_behind(&self, peer: usize) -> Option<GaveUp> {
+        let st = lock(&self.state);
+        stall_behind(&st, peer)
+    }
+
     /// Records that this rank completed `n` bootstrap collectives (said in its goodbye's
     /// [`Message::PeerClosed`]).
     pub(crate) fn set_collectives_done(&self, n: u64) {
@@ -698,12 +760,14 @@ impl Mesh {
     }
 
     fn status_error(&self, peer: usize, op: Op) -> Option<BootstrapError> {
-        match &lock(&self.state).status[peer] {
+        let st = lock(&self.state);
+        match &st.status[peer] {
             PeerStatus::Alive => None,
             PeerStatus::Closed => Some(BootstrapError::PeerClosed {
                 rank: self.rank,
                 op,
                 peer,
+                gave_up: stall_behind(&st, peer),
             }),
             PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
                 rank: self.rank,
@@ -717,13 +781,15 @@ impl Mesh {
     /// Waits for the next message from `from` on `channel`.
     ///
     /// Fails when `from` is gone and nothing from it is queued, when any rank was lost and
-    /// `collective` is set, or after the configured timeout.
+    /// `collective` is set, or after the configured timeout (see [`Mesh::gave_up_on`]).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a message is taken off its queue only in the poll that returns it.
+    /// Cancelled after the timeout, while it waits for news, the other ranks may have been
+    /// told that this rank gave up.
     pub(crate) async fn wait_message(
-        &self,
+        self: &Arc<Self>,
         from: usize,
         channel: Channel,
         op: Op,
@@ -761,6 +827,7 @@ impl Mesh {
                         rank: self.rank,
                         op,
                         peer,
+                        gave_up: stall_behind(&st, peer),
                     });
                 }
                 let gone = lost.or(match &st.status[from] {
@@ -776,13 +843,45 @@ impl Mesh {
                 }
             }
             if timeout_at(deadline, notified).await.is_err() {
-                return Err(BootstrapError::Timeout {
-                    rank: self.rank,
-                    op,
-                    waiting_for: format!("rank {from}"),
-                    after: self.config.timeout,
-                });
+                return Err(self.gave_up_on(from, op).await);
             }
+        }
+    }
+
+    /// The error of a wait for `from` in `op` that timed out.
+    ///
+    /// First tells every other rank that this one gave up ([`Message::PeerStalled`]),
+    /// naming the root cause known now: `from`, or the rank that `from` said it gave up on
+    /// (followed along the chain). At once, not after the grace below: ranks waiting on
+    /// this one began waiting at about the same moment, so their waits are timing out now
+    /// too, and they have only their own grace to hear it.
+    ///
+    /// Then waits [`LOSS_NEWS_GRACE`] for news. News of a loss wins, as in every
+    /// collective (the lost rank is named). Otherwise the timeout names `from` and, if
+    /// `from` said it gave up on some rank, the root cause behind it. The grace is waited
+    /// out in full, even once `from`'s report is here: the report of the rank it names may
+    /// still be on its way, and may lead further along the chain.
+    async fn gave_up_on(self: &Arc<Self>, from: usize, op: Op) -> BootstrapError {
+        if !self.closing.load(Ordering::Acquire) {
+            let root = self.stall_behind(from).map_or(from, |g| g.waiting_for);
+            let report = Message::peer_stalled(root as u32, &op.to_string());
+            // The rank given up on ignores news about itself; it is not worth a dial.
+            drop(self.spread_news(&[report], root));
+        }
+        if let Some((peer, detail)) = self.wait_for_loss(LOSS_NEWS_GRACE).await {
+            return BootstrapError::PeerLost {
+                rank: self.rank,
+                op,
+                peer,
+                detail,
+            };
+        }
+        BootstrapError::Timeout {
+            rank: self.rank,
+            op,
+            waiting_for: format!("rank {from}"),
+            after: self.config.timeout,
+            gave_up: self.stall_behind(from),
         }
     }
 
@@ -872,6 +971,7 @@ impl Mesh {
                     op,
                     waiting_for: format!("a connection to rank {peer} at {addr}"),
                     after: self.config.timeout,
+                    gave_up: None,
                 });
             }
         };
@@ -903,6 +1003,7 @@ impl Mesh {
             op: op.clone(),
             waiting_for: format!("rank {peer} to answer the handshake"),
             after: self.config.timeout,
+            gave_up: None,
         })?
         .map_err(frame_err)?;
         match reply {
@@ -1142,6 +1243,24 @@ impl Mesh {
     }
 }
 
+/// [`Mesh::stall_behind`] on the locked state.
+fn stall_behind(st: &MailState, peer: usize) -> Option<GaveUp> {
+    let mut seen = HashSet::from([peer]);
+    let mut behind = None;
+    let mut at = peer;
+    while let Some((next, op)) = st.gave_up.get(at).cloned().flatten() {
+        if !seen.insert(next) {
+            break;
+        }
+        behind = Some(GaveUp {
+            waiting_for: next,
+            op,
+        });
+        at = next;
+    }
+    behind
+}
+
 async fn refuse(wr: &mut OwnedWriteHalf, reason: Refusal) {
     let _ = timeout(
         COURTESY_WRITE_TIMEOUT,
@@ -1185,3 +1304,6 @@ async fn write_loop(
     }
     let _ = timeout(COURTESY_WRITE_TIMEOUT, wr.shutdown()).await;
 }
+
+#[cfg(test)]
+mod tests;

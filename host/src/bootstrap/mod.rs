@@ -24,7 +24,11 @@
 //! a collective makes every rank waiting in it fail at once with
 //! [`BootstrapError::PeerClosed`] naming it, however far along the ring (each rank that
 //! leaves passes on the first rank it knew to have closed, with the collectives it
-//! completed: [`wire::Message::PeerClosed`]). What is not: a peer that passed the handshake is
+//! completed: [`wire::Message::PeerClosed`]). A rank that stalls (alive, but stuck) is seen
+//! only by timeouts; a rank whose wait times out tells the others
+//! ([`wire::Message::PeerStalled`]), so that a rank waiting on it names the stalled rank
+//! behind it ([`BootstrapError::Timeout`]'s `gave_up`), not only the rank it waited for.
+//! What is not: a peer that passed the handshake is
 //! trusted to follow the protocol (a deviation is treated as that peer being lost).
 //!
 //! Collectives must be called in the same order on every rank. They are serialised per
@@ -61,7 +65,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 
 pub use blocking::BlockingBootstrap;
-pub use error::{BootstrapError, Op, Refusal};
+pub use error::{BootstrapError, GaveUp, Op, Refusal};
 pub use root::{Root, RootHandle, create_unique_id, create_unique_id_at};
 pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
 
@@ -458,6 +462,14 @@ impl Bootstrap {
         self.mesh.was_lost(rank)
     }
 
+    /// What `rank` said it gave up waiting for, if its wait for some rank timed out: the
+    /// first such report it sent ([`wire::Message::PeerStalled`]), naming the rank it gave
+    /// up on (the root cause as far as it knew) and the operation. `None` while it sent none,
+    /// for a report about this rank (ignored), and out of range.
+    pub fn stall_reported_by(&self, rank: usize) -> Option<GaveUp> {
+        self.mesh.stall_reported_by(rank)
+    }
+
     /// Address this rank accepts peer connections on.
     pub fn listen_addr(&self) -> SocketAddr {
         self.mesh.peers[self.mesh.rank].addr
@@ -771,7 +783,12 @@ impl Bootstrap {
     /// that leaves passes on the losses it knew before its goodbye, so that news is here.
     fn blame_loss<T>(&self, r: Result<T, BootstrapError>) -> Result<T, BootstrapError> {
         match r {
-            Err(BootstrapError::PeerClosed { rank, op, peer }) => match self.mesh.first_lost() {
+            Err(BootstrapError::PeerClosed {
+                rank,
+                op,
+                peer,
+                gave_up,
+            }) => match self.mesh.first_lost() {
                 Some((lost, detail)) => Err(BootstrapError::PeerLost {
                     rank,
                     op,
@@ -781,7 +798,12 @@ impl Bootstrap {
                          bootstrap since"
                     ),
                 }),
-                None => Err(BootstrapError::PeerClosed { rank, op, peer }),
+                None => Err(BootstrapError::PeerClosed {
+                    rank,
+                    op,
+                    peer,
+                    gave_up,
+                }),
             },
             other => other,
         }
@@ -912,6 +934,7 @@ async fn rendezvous(
             op: Op::Init,
             waiting_for: format!("the bootstrap root at {root_addr} to complete the rendezvous"),
             after: wait,
+            gave_up: None,
         })?
         .map_err(frame_err("waiting for"))?;
     let peers = match reply {

@@ -33,7 +33,8 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version 5: [`Message::PeerClosed`].
 /// Version 6: [`Refusal::RankEnded`]; process ids in [`Join`] and
 /// [`PeerInfo`].
-pub const PROTOCOL_VERSION: u32 = 6;
+/// Version 7: [`Message::PeerStalled`].
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
@@ -42,6 +43,9 @@ pub const MAX_HEADER_LEN: usize = 16 * 1024;
 pub const MAX_PEER_TABLE_LEN: usize = 64 * 1024 * 1024;
 /// Longest host id a rank may present.
 pub const MAX_HOST_ID_LEN: usize = 256;
+/// Longest operation name a [`Message::PeerStalled`] carries (bytes; longer names are cut at
+/// a character boundary by [`Message::peer_stalled`], and on receipt).
+pub const MAX_STALLED_OP_LEN: usize = 256;
 /// A payload is read into a buffer of at most this size up front; larger payloads grow the
 /// buffer as bytes actually arrive, so a lying length prefix cannot make us allocate much.
 const INITIAL_PAYLOAD_CAPACITY: usize = 4 * 1024 * 1024;
@@ -185,9 +189,32 @@ pub enum Message {
         /// The bootstrap collectives it completed (every one before that number).
         collectives: u64,
     },
+    /// Rank to rank: the sender gave up waiting for `rank` in `op` (its wait timed out).
+    /// `rank` is the root cause as far as the sender knew: when the rank it waited for had
+    /// itself reported giving up on another, that other (followed to the end of the chain).
+    /// Sent the moment the wait times out, so that ranks waiting on the sender, whose waits
+    /// time out at about the same moment, can name the stalled rank rather than the sender.
+    /// Build it with [`Message::peer_stalled`], which bounds `op`.
+    PeerStalled {
+        /// The rank the sender gave up waiting for.
+        rank: u32,
+        /// The operation the sender gave up in (at most [`MAX_STALLED_OP_LEN`] bytes).
+        op: String,
+    },
 }
 
 impl Message {
+    /// A [`PeerStalled`](Message::PeerStalled) report with `op` cut to
+    /// [`MAX_STALLED_OP_LEN`] bytes (at a character boundary), so that a long operation
+    /// name (a caller's [`recv_named`](super::Bootstrap::recv_named)) never makes the frame
+    /// too large to encode.
+    pub fn peer_stalled(rank: u32, op: &str) -> Message {
+        Message::PeerStalled {
+            rank,
+            op: bounded(op, MAX_STALLED_OP_LEN).to_owned(),
+        }
+    }
+
     /// Whether this is a goodbye ([`Goodbye`](Message::Goodbye),
     /// [`GoodbyeAfter`](Message::GoodbyeAfter) or [`GoodbyeIdle`](Message::GoodbyeIdle)).
     pub fn is_goodbye(&self) -> bool {
@@ -210,6 +237,18 @@ impl Message {
             _ => None,
         }
     }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary.
+pub(crate) fn bounded(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// A decoded frame.

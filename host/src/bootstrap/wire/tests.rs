@@ -180,3 +180,70 @@ fn a_lying_payload_length_does_not_allocate_it() {
         assert!(matches!(err, FrameError::Truncated { got: 3, .. }), "{err}");
     });
 }
+
+#[test]
+fn peer_stalled_round_trips() {
+    for message in [
+        Message::peer_stalled(1, "all_gather"),
+        Message::peer_stalled(u32::MAX, ""),
+        Message::peer_stalled(3, "receiving the peer's handles"),
+    ] {
+        let bytes = encode_frame(&message, &[]).unwrap();
+        let limits = FrameLimits::with_max_payload(0);
+        let (frame, used) = decode_frame(&bytes, &limits).unwrap().unwrap();
+        assert_eq!(used, bytes.len());
+        assert_eq!(frame.message, message);
+    }
+    assert_eq!(
+        Message::peer_stalled(1, "barrier"),
+        Message::PeerStalled {
+            rank: 1,
+            op: "barrier".into()
+        }
+    );
+}
+
+#[test]
+fn peer_stalled_op_is_bounded() {
+    // Far beyond the header limit: the constructor cuts it, so the frame still encodes.
+    let long = "x".repeat(MAX_HEADER_LEN * 2);
+    let Message::PeerStalled { op, .. } = Message::peer_stalled(1, &long) else {
+        unreachable!()
+    };
+    assert_eq!(op.len(), MAX_STALLED_OP_LEN);
+    assert!(encode_frame(&Message::peer_stalled(1, &long), &[]).is_ok());
+    // Two-byte characters: the cut falls between characters, never inside one.
+    let wide = "é".repeat(MAX_STALLED_OP_LEN);
+    let Message::PeerStalled { op, .. } = Message::peer_stalled(1, &wide) else {
+        unreachable!()
+    };
+    assert!(op.len() <= MAX_STALLED_OP_LEN && op.len() > MAX_STALLED_OP_LEN - 2);
+    assert!(op.chars().all(|c| c == 'é'), "{op}");
+    // Short names are kept whole.
+    let exact = "y".repeat(MAX_STALLED_OP_LEN);
+    assert_eq!(
+        Message::peer_stalled(1, &exact),
+        Message::PeerStalled { rank: 1, op: exact }
+    );
+}
+
+#[test]
+fn a_lying_stalled_op_length_does_not_allocate() {
+    // PeerStalled's op claims 2^60 bytes: bincode's limit refuses before allocating.
+    let mut head = Vec::new();
+    head.push(11u8); // variant index of PeerStalled
+    head.push(1); // rank
+    head.push(253); // u64 varint marker
+    head.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    let mut bytes = vec![0u8; PREFIX_LEN];
+    bytes[..4].copy_from_slice(&(head.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&head);
+    let limits = FrameLimits::with_max_payload(0);
+    assert!(matches!(
+        decode_frame(&bytes, &limits),
+        Err(FrameError::Decode(_))
+    ));
+    // The same header with an honest length decodes to the message.
+    let honest = encode_frame(&Message::peer_stalled(1, "barrier"), &[]).unwrap();
+    assert_eq!(honest[PREFIX_LEN], 11, "PeerStalled's variant index moved");
+}

@@ -1,0 +1,99 @@
+use super::*;
+
+/// A mesh of `nranks` whose rank is `rank`, with no connections (nothing is dialed).
+fn mesh(rank: usize, nranks: usize) -> Arc<Mesh> {
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let peers = (0..nranks)
+        .map(|r| PeerInfo {
+            addr,
+            host_id: "h".into(),
+            pid: r as u32,
+        })
+        .collect();
+    Mesh::new(
+        rank,
+        UniqueId::random(addr),
+        peers,
+        BootstrapConfig::default(),
+    )
+}
+
+fn gave_up(waiting_for: usize, op: &str) -> Option<GaveUp> {
+    Some(GaveUp {
+        waiting_for,
+        op: op.into(),
+    })
+}
+
+#[test]
+fn stall_reports_that_mean_nothing_here_are_ignored() {
+    let m = mesh(0, 4);
+    // Out of range, about this rank, and a rank about itself: none is recorded.
+    m.note_reported_stall(2, 4, "barrier".into());
+    m.note_reported_stall(2, u32::MAX as usize, "barrier".into());
+    m.note_reported_stall(2, 0, "barrier".into());
+    m.note_reported_stall(2, 2, "barrier".into());
+    assert_eq!(m.stall_reported_by(2), None);
+    assert_eq!(m.stall_behind(2), None);
+    // The first meaningful report counts; later ones do not replace it.
+    m.note_reported_stall(2, 1, "all_gather".into());
+    m.note_reported_stall(2, 3, "barrier".into());
+    assert_eq!(m.stall_reported_by(2), gave_up(1, "all_gather"));
+    // Out of range asks nothing of the state.
+    assert_eq!(m.stall_reported_by(4), None);
+    assert_eq!(m.stall_reported_by(usize::MAX), None);
+    // The rest of the state is untouched: every rank still alive, none lost.
+    assert!((0..4).all(|p| m.is_alive(p)));
+    assert_eq!(m.first_lost(), None);
+}
+
+#[test]
+fn a_long_stalled_op_is_cut_on_receipt() {
+    let m = mesh(0, 3);
+    // Within the header limit, but beyond the bound a sender keeps to.
+    let long = "é".repeat(wire::MAX_STALLED_OP_LEN);
+    m.note_reported_stall(1, 2, long);
+    let op = m.stall_reported_by(1).unwrap().op;
+    assert!(op.len() <= wire::MAX_STALLED_OP_LEN, "{}", op.len());
+    assert!(op.chars().all(|c| c == 'é'));
+}
+
+#[test]
+fn stall_chains_are_followed_to_their_end() {
+    let m = mesh(0, 6);
+    // 3 gave up on 2, which gave up on 1: behind 3 is 1, with 2's operation.
+    m.note_reported_stall(3, 2, "barrier".into());
+    m.note_reported_stall(2, 1, "all_gather".into());
+    assert_eq!(m.stall_behind(3), gave_up(1, "all_gather"));
+    assert_eq!(m.stall_behind(2), gave_up(1, "all_gather"));
+    assert_eq!(m.stall_behind(1), None);
+    // A cycle (4 on 5, 5 on 4) ends where it would come back.
+    m.note_reported_stall(4, 5, "recv (tag 1)".into());
+    m.note_reported_stall(5, 4, "recv (tag 2)".into());
+    assert_eq!(m.stall_behind(4), gave_up(5, "recv (tag 1)"));
+    assert_eq!(m.stall_behind(5), gave_up(4, "recv (tag 2)"));
+}
+
+#[test]
+fn a_closed_rank_that_gave_up_says_so() {
+    let m = mesh(0, 3);
+    m.note_reported_stall(2, 1, "all_gather".into());
+    m.mark_closed(2, None, false);
+    let err = m.status_error(2, Op::Barrier).unwrap();
+    assert!(
+        matches!(&err, BootstrapError::PeerClosed { peer: 2, gave_up: Some(g), .. }
+            if g.waiting_for == 1),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "rank 0: barrier failed: rank 2 has closed its bootstrap (it had given up waiting for \
+         rank 1 in all_gather)"
+    );
+    // One that closed without a report: as before.
+    m.mark_closed(1, None, false);
+    assert_eq!(
+        m.status_error(1, Op::Barrier).unwrap().to_string(),
+        "rank 0: barrier failed: rank 1 has closed its bootstrap"
+    );
+}
