@@ -179,7 +179,10 @@ impl<'a> DevConn<'a> {
     }
 
     /// Pushes a trigger; while the ring is full waits for a slot, giving up at the
-    /// FIFO's timeout or at the abort word. Traps on a trigger that cannot be encoded.
+    /// FIFO's timeout or at the communicator's abort word ([`fault::ABORT`], not this
+    /// handle's per-peer word: a peer that left leaves the proxy running, so room comes,
+    /// and a push that gave up would break the FIFO for every connection, as its claimed
+    /// slot is never published). Traps on a trigger that cannot be encoded.
     #[inline(always)]
     fn push(
         &self,
@@ -192,8 +195,10 @@ impl<'a> DevConn<'a> {
             Ok(t) => t,
             Err(_) => arch::trap(),
         };
+        // The communicator's abort word is the fault area's first (null without one).
+        const _: () = assert!(fault::ABORT == 0);
         // SAFETY: the FIFO is live (constructor contract); the fault area null or live.
-        match unsafe { self.fifo.try_push_or_abort(t, self.abort_word()) } {
+        match unsafe { self.fifo.try_push_or_abort(t, self.fault) } {
             Ok(seq) => Ok(seq),
             Err(SyncStop::Aborted(word)) => Err(ChannelError::from_abort_word(word)),
             Err(SyncStop::Timeout(_)) => Err(ChannelError::Timeout),
@@ -209,9 +214,10 @@ impl<'a> DevConn<'a> {
 
     /// Queues a copy of `size` bytes from `src_offset` of the local buffer to `dst_offset`
     /// of the peer's. While the FIFO is full this waits for the proxy to free a slot and
-    /// traps if none comes within the FIFO's timeout; once the communicator is aborted (or
-    /// this handle's peer is lost) it stops waiting and drops the put: the handle's next
-    /// [`try_signal`](Self::try_signal), [`try_flush`](Self::try_flush) or
+    /// traps if none comes within the FIFO's timeout; once the communicator is aborted
+    /// (`abort()`, or a lost rank) it stops waiting and drops the put, and the FIFO is then
+    /// broken for every connection (the slot it claimed is never published): the handle's
+    /// next [`try_signal`](Self::try_signal), [`try_flush`](Self::try_flush) or
     /// [`try_wait`](Self::try_wait) reports the abort.
     #[inline]
     pub fn put_at(&self, dst_offset: u64, src_offset: u64, size: u64) {
@@ -276,9 +282,9 @@ impl<'a> DevConn<'a> {
     /// signal it sent after waiting for this one). A refused put is reported by this
     /// connection's next [`try_signal`](Self::try_signal) or [`try_flush`](Self::try_flush).
     /// [`ChannelError::Timeout`] when the FIFO stayed full for its timeout (the FIFO is then
-    /// broken: the claimed slot is never published); [`ChannelError::Aborted`] (or
-    /// [`ChannelError::PeerLeft`]) when the communicator was aborted while it waited for a
-    /// slot (the trigger is then not queued).
+    /// broken: the claimed slot is never published); [`ChannelError::Aborted`] when the
+    /// communicator was aborted while it waited for a slot (the trigger is then not queued
+    /// and the FIFO is broken likewise, for every connection).
     #[inline]
     pub fn try_put_with_signal_queued(
         &self,

@@ -365,13 +365,8 @@ impl FifoDeviceHandle {
         // SAFETY: forwarded to the caller; no abort word, so only a timeout stops the wait.
         unsafe { self.push_with(trigger, publish, core::ptr::null()) }.map_err(|e| match e {
             SyncStop::Timeout(t) => t,
-            // Not without an abort word; reported as the timeout it stands in for.
-            SyncStop::Aborted(_) => FifoTimeout {
-                wait: FifoWait::Push,
-                seq: 0,
-                tail: 0,
-                timeout_ns: self.timeout_ns,
-            },
+            // Cannot happen without an abort word.
+            SyncStop::Aborted(_) => arch::trap(),
         })
     }
 
@@ -586,7 +581,8 @@ unsafe fn wait_for_room(
     abort: *const u64,
 ) -> Result<(), SyncStop> {
     let start = arch::global_timer_ns();
-    let mut last_look = start;
+    // The first round looks at the abort word: after an abort, a push gives up at once.
+    let mut last_look = start.wrapping_sub(crate::semaphore::ABORT_LOOK_NS);
     let mut round = 0u32;
     loop {
         // Acquire: pairs with the proxy's release store of the tail, so its reads of the
