@@ -730,28 +730,23 @@ fn stalled_rank_is_named(op: &'static str, waits_on: [usize; 4]) {
                     err.to_string(),
                     format!(
                         "rank {rank}: {op} timed out after 2s waiting for rank {w}, which had \
-                         itself given up waiting for rank 1 ({op})"
+                         given up, stuck behind rank 1 ({op})"
                     )
                 );
             }
         }
-        // Every failing rank told the others that it gave up, naming rank 1 or the rank it
-        // waited on (whichever it knew as the root cause when its wait timed out; the rank
-        // named is not told).
+        // The reports that came (over the connections the ranks had: none is dialed for
+        // one) named rank 1 or the rank their sender waited on (whichever it knew as the
+        // root cause when its wait timed out).
         for (rank, bs) in kept.iter().enumerate().filter(|(r, _)| *r != STALLED) {
             for other in (0..4).filter(|&o| o != rank && o != STALLED) {
-                match bs.stall_reported_by(other) {
-                    Some(g) => assert!(
+                if let Some(g) = bs.stall_reported_by(other) {
+                    assert!(
                         g.waiting_for == STALLED || g.waiting_for == waits_on[other],
                         "rank {rank}: rank {other} reported {g:?}"
-                    ),
-                    None => assert_eq!(
-                        waits_on[other], rank,
-                        "rank {rank} has no report from rank {other}"
-                    ),
+                    );
                 }
             }
-            assert_eq!(bs.stall_reported_by(STALLED), None);
         }
         for bs in kept {
             bs.close().await;
@@ -805,11 +800,9 @@ fn a_rank_that_gave_up_and_left_names_the_rank_it_gave_up_on() {
         }
         assert_eq!(
             err.to_string(),
-            "rank 0: recv (tag 6) failed: rank 2 has closed its bootstrap (it had given up \
-             waiting for rank 1 in recv (tag 5))"
+            "rank 0: recv (tag 6) failed: rank 2 has closed its bootstrap (it had given up, \
+             stuck behind rank 1 in recv (tag 5))"
         );
-        // Rank 1 ignored news about itself.
-        assert_eq!(b1.stall_reported_by(2), None);
         b1.close().await;
         b0.close().await;
     });

@@ -170,7 +170,7 @@ pub struct GaveUp {
 fn itself_gave_up(gave_up: &Option<GaveUp>) -> String {
     match gave_up {
         Some(g) => format!(
-            ", which had itself given up waiting for rank {} ({})",
+            ", which had given up, stuck behind rank {} ({})",
             g.waiting_for, g.op
         ),
         None => String::new(),
@@ -180,7 +180,7 @@ fn itself_gave_up(gave_up: &Option<GaveUp>) -> String {
 fn closed_after(gave_up: &Option<GaveUp>) -> String {
     match gave_up {
         Some(g) => format!(
-            " (it had given up waiting for rank {} in {})",
+            " (it had given up, stuck behind rank {} in {})",
             g.waiting_for, g.op
         ),
         None => String::new(),

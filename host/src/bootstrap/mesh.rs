@@ -60,6 +60,26 @@ enum PeerStatus {
     Lost(String),
 }
 
+/// A rank's [`Message::PeerStalled`] report: the rank it gave up waiting for, the operation
+/// it gave up in, and when the report came (a wait follows only reports that came after it
+/// began: an older one is about an earlier wait, which may since have ended well).
+#[derive(Clone, Debug)]
+struct StallReport {
+    waiting_for: usize,
+    op: String,
+    at: Instant,
+}
+
+/// This rank's own stall report: the rank its wait was for, the root cause it named, its
+/// operation, and when that wait began.
+#[derive(Debug)]
+struct OwnReport {
+    from: usize,
+    root: usize,
+    op: String,
+    began: Instant,
+}
+
 #[derive(Debug)]
 struct MailState {
     queues: HashMap<(usize, Channel), VecDeque<Vec<u8>>>,
@@ -83,9 +103,8 @@ struct MailState {
     left_idle: Vec<bool>,
     /// Whether the loss hooks ran for a lost rank (they run in `lost_order`).
     hooked: Vec<bool>,
-    /// For each rank: the first [`Message::PeerStalled`] report it sent, the rank it gave up
-    /// waiting for and the operation it gave up in.
-    gave_up: Vec<Option<(usize, String)>>,
+    /// For each rank: the latest [`Message::PeerStalled`] report it sent.
+    gave_up: Vec<Option<StallReport>>,
 }
 
 /// At most this long a loss waits for its news to reach the survivors' sockets before the
@@ -136,6 +155,9 @@ pub(crate) struct Mesh {
     calls_at_close: Mutex<Option<u64>>,
     /// Whether this rank's goodbye says its work ended (`Bootstrap::set_work_ended_at_close`).
     idle_at_close: AtomicBool,
+    /// This rank's latest stall report ([`Mesh::gave_up_on`]). Locked before `state`, never
+    /// while holding it.
+    own_report: Mutex<Option<OwnReport>>,
 }
 
 /// The function of a [`LeaveHook`]: called with a rank that left, the calls it named, and
@@ -209,6 +231,7 @@ impl Mesh {
             leave_hooks: Mutex::new(Vec::new()),
             calls_at_close: Mutex::new(None),
             idle_at_close: AtomicBool::new(false),
+            own_report: Mutex::new(None),
         })
     }
 
@@ -607,7 +630,7 @@ impl Mesh {
         };
         let notices: Vec<Message> = first.into_iter().chain([notice]).collect();
         // Receivers that fire once the news is on each survivor's socket.
-        let flushed = self.spread_news(&notices, peer);
+        let flushed = self.spread_news(&notices, peer, true);
         // The waits of this process learn of the loss (and the loss hooks raise the abort
         // word) only once the news is on every survivor's socket, or after NEWS_FLUSH: a
         // caller that fails on this loss and leaves at once (`process::exit`) would otherwise
@@ -634,6 +657,7 @@ impl Mesh {
         self: &Arc<Self>,
         notices: &[Message],
         skip: usize,
+        dial: bool,
     ) -> Vec<oneshot::Receiver<Result<(), String>>> {
         let mut flushed = Vec::new();
         for other in 0..self.nranks {
@@ -657,7 +681,7 @@ impl Mesh {
             };
             let on_link = self.links[other].get().is_some_and(|link| queued(&link.tx));
             let on_back = lock(&self.back)[other].as_ref().is_some_and(&mut queued);
-            if on_link || on_back {
+            if on_link || on_back || !dial {
                 continue;
             }
             let mesh = Arc::clone(self);
@@ -721,32 +745,61 @@ impl Mesh {
     }
 
     /// Records `reporter`'s word that it gave up waiting for `peer` in `op` (see
-    /// [`Message::PeerStalled`]); only its first report counts. A report about this rank, or
+    /// [`Message::PeerStalled`]); its latest report counts. A report about this rank, or
     /// about a rank out of range, or by a rank about itself, means nothing here and is
     /// ignored, as news of a loss out of range is.
-    fn note_reported_stall(&self, reporter: usize, peer: usize, op: String) {
+    ///
+    /// If this rank has given up itself and the chain behind the rank it waited for now
+    /// ends at another rank than the one its report named (its report went out before the
+    /// others came, as happens when the waits along a chain time out together), it reports
+    /// again, naming that rank: the ranks waiting on this one then follow the chain without
+    /// a connection to the ranks further along it (reports are not dialed for).
+    fn note_reported_stall(self: &Arc<Self>, reporter: usize, peer: usize, op: String) {
         if peer >= self.nranks || peer == self.rank || peer == reporter {
             return;
         }
         let op = wire::bounded(&op, wire::MAX_STALLED_OP_LEN).to_owned();
-        lock(&self.state).gave_up[reporter].get_or_insert((peer, op));
+        let mut own = lock(&self.own_report);
+        lock(&self.state).gave_up[reporter] = Some(StallReport {
+            waiting_for: peer,
+            op,
+            at: Instant::now(),
+        });
         self.notify.notify_waiters();
+        let update = own.as_mut().and_then(|own| {
+            let behind = self.stall_behind(own.from, Some(own.began))?.waiting_for;
+            if behind == own.root || behind == self.rank {
+                return None;
+            }
+            own.root = behind;
+            Some((behind, Message::peer_stalled(behind as u32, &own.op)))
+        });
+        drop(own);
+        if let Some((root, report)) = update
+            && !self.closing.load(Ordering::Acquire)
+        {
+            drop(self.spread_news(&[report], root, false));
+        }
     }
 
-    /// The first [`Message::PeerStalled`] report `reporter` sent: the rank it gave up waiting
-    /// for and the operation it gave up in (as sent: not followed along a chain).
+    /// The latest [`Message::PeerStalled`] report `reporter` sent: the rank it gave up
+    /// waiting for and the operation it gave up in (as sent: not followed along a chain).
     pub(crate) fn stall_reported_by(&self, reporter: usize) -> Option<GaveUp> {
         let st = lock(&self.state);
-        let (waiting_for, op) = st.gave_up.get(reporter).cloned().flatten()?;
-        Some(GaveUp { waiting_for, op })
+        let r = st.gave_up.get(reporter).cloned().flatten()?;
+        Some(GaveUp {
+            waiting_for: r.waiting_for,
+            op: r.op,
+        })
     }
 
-    /// The root cause behind `peer`, if `peer` reported giving up on some rank: that rank,
-    /// or, if that one reported giving up on another, that other, and so on to the end of
-    /// the chain (a rank seen twice ends it), with the operation of the last report.
-    pub(crate) fn stall_behind(&self, peer: usize) -> Option<GaveUp> {
+    /// The root cause behind `peer`, if `peer` reported giving up on some rank (a report
+    /// that came at or after `since`, if given): that rank, or, if that one reported giving
+    /// up on another, that other, and so on to the end of the chain (a rank seen twice ends
+    /// it), with the operation of the last report.
+    pub(crate) fn stall_behind(&self, peer: usize, since: Option<Instant>) -> Option<GaveUp> {
         let st = lock(&self.state);
-        stall_behind(&st, peer)
+        stall_behind(&st, peer, since)
     }
 
     /// Records that this rank completed `n` bootstrap collectives (said in its goodbye's
@@ -767,7 +820,7 @@ impl Mesh {
                 rank: self.rank,
                 op,
                 peer,
-                gave_up: stall_behind(&st, peer),
+                gave_up: stall_behind(&st, peer, None),
             }),
             PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
                 rank: self.rank,
@@ -827,7 +880,7 @@ impl Mesh {
                         rank: self.rank,
                         op,
                         peer,
-                        gave_up: stall_behind(&st, peer),
+                        gave_up: stall_behind(&st, peer, None),
                     });
                 }
                 let gone = lost.or(match &st.status[from] {
@@ -843,30 +896,43 @@ impl Mesh {
                 }
             }
             if timeout_at(deadline, notified).await.is_err() {
-                return Err(self.gave_up_on(from, op).await);
+                let began = deadline - self.config.timeout;
+                return Err(self.gave_up_on(from, op, began).await);
             }
         }
     }
 
     /// The error of a wait for `from` in `op` that timed out.
     ///
-    /// First tells every other rank that this one gave up ([`Message::PeerStalled`]),
+    /// First tells the other ranks that this one gave up ([`Message::PeerStalled`]),
     /// naming the root cause known now: `from`, or the rank that `from` said it gave up on
-    /// (followed along the chain). At once, not after the grace below: ranks waiting on
-    /// this one began waiting at about the same moment, so their waits are timing out now
-    /// too, and they have only their own grace to hear it.
+    /// since this wait `began` (followed along the chain). At once, not after the grace
+    /// below: ranks waiting on this one began waiting at about the same moment, so their
+    /// waits are timing out now too, and they have only their own grace to hear it. Only
+    /// over the connections this rank has (either direction), never by dialing: a rank
+    /// waiting on this one in a collective has one (the ring successor is dialed at init,
+    /// and every other pair that exchanged a message has a link), and a job whose ranks
+    /// all time out at once opens no sockets for it.
     ///
     /// Then waits [`LOSS_NEWS_GRACE`] for news. News of a loss wins, as in every
     /// collective (the lost rank is named). Otherwise the timeout names `from` and, if
     /// `from` said it gave up on some rank, the root cause behind it. The grace is waited
     /// out in full, even once `from`'s report is here: the report of the rank it names may
     /// still be on its way, and may lead further along the chain.
-    async fn gave_up_on(self: &Arc<Self>, from: usize, op: Op) -> BootstrapError {
+    async fn gave_up_on(self: &Arc<Self>, from: usize, op: Op, began: Instant) -> BootstrapError {
         if !self.closing.load(Ordering::Acquire) {
-            let root = self.stall_behind(from).map_or(from, |g| g.waiting_for);
+            let mut own = lock(&self.own_report);
+            let root = (self.stall_behind(from, Some(began))).map_or(from, |g| g.waiting_for);
             let report = Message::peer_stalled(root as u32, &op.to_string());
-            // The rank given up on ignores news about itself; it is not worth a dial.
-            drop(self.spread_news(&[report], root));
+            *own = Some(OwnReport {
+                from,
+                root,
+                op: op.to_string(),
+                began,
+            });
+            drop(own);
+            // The rank given up on ignores news about itself.
+            drop(self.spread_news(&[report], root, false));
         }
         if let Some((peer, detail)) = self.wait_for_loss(LOSS_NEWS_GRACE).await {
             return BootstrapError::PeerLost {
@@ -881,7 +947,7 @@ impl Mesh {
             op,
             waiting_for: format!("rank {from}"),
             after: self.config.timeout,
-            gave_up: self.stall_behind(from),
+            gave_up: self.stall_behind(from, Some(began)),
         }
     }
 
@@ -1244,19 +1310,19 @@ impl Mesh {
 }
 
 /// [`Mesh::stall_behind`] on the locked state.
-fn stall_behind(st: &MailState, peer: usize) -> Option<GaveUp> {
+fn stall_behind(st: &MailState, peer: usize, since: Option<Instant>) -> Option<GaveUp> {
     let mut seen = HashSet::from([peer]);
     let mut behind = None;
     let mut at = peer;
-    while let Some((next, op)) = st.gave_up.get(at).cloned().flatten() {
-        if !seen.insert(next) {
+    while let Some(r) = st.gave_up.get(at).cloned().flatten() {
+        if since.is_some_and(|t| r.at < t) || !seen.insert(r.waiting_for) {
             break;
         }
+        at = r.waiting_for;
         behind = Some(GaveUp {
-            waiting_for: next,
-            op,
+            waiting_for: r.waiting_for,
+            op: r.op,
         });
-        at = next;
     }
     behind
 }

@@ -34,10 +34,10 @@ fn stall_reports_that_mean_nothing_here_are_ignored() {
     m.note_reported_stall(2, 0, "barrier".into());
     m.note_reported_stall(2, 2, "barrier".into());
     assert_eq!(m.stall_reported_by(2), None);
-    assert_eq!(m.stall_behind(2), None);
-    // The first meaningful report counts; later ones do not replace it.
-    m.note_reported_stall(2, 1, "all_gather".into());
+    assert_eq!(m.stall_behind(2, None), None);
+    // A meaningful report counts; a later one replaces it.
     m.note_reported_stall(2, 3, "barrier".into());
+    m.note_reported_stall(2, 1, "all_gather".into());
     assert_eq!(m.stall_reported_by(2), gave_up(1, "all_gather"));
     // Out of range asks nothing of the state.
     assert_eq!(m.stall_reported_by(4), None);
@@ -64,14 +64,14 @@ fn stall_chains_are_followed_to_their_end() {
     // 3 gave up on 2, which gave up on 1: behind 3 is 1, with 2's operation.
     m.note_reported_stall(3, 2, "barrier".into());
     m.note_reported_stall(2, 1, "all_gather".into());
-    assert_eq!(m.stall_behind(3), gave_up(1, "all_gather"));
-    assert_eq!(m.stall_behind(2), gave_up(1, "all_gather"));
-    assert_eq!(m.stall_behind(1), None);
+    assert_eq!(m.stall_behind(3, None), gave_up(1, "all_gather"));
+    assert_eq!(m.stall_behind(2, None), gave_up(1, "all_gather"));
+    assert_eq!(m.stall_behind(1, None), None);
     // A cycle (4 on 5, 5 on 4) ends where it would come back.
     m.note_reported_stall(4, 5, "recv (tag 1)".into());
     m.note_reported_stall(5, 4, "recv (tag 2)".into());
-    assert_eq!(m.stall_behind(4), gave_up(5, "recv (tag 1)"));
-    assert_eq!(m.stall_behind(5), gave_up(4, "recv (tag 2)"));
+    assert_eq!(m.stall_behind(4, None), gave_up(5, "recv (tag 1)"));
+    assert_eq!(m.stall_behind(5, None), gave_up(4, "recv (tag 2)"));
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn a_closed_rank_that_gave_up_says_so() {
     );
     assert_eq!(
         err.to_string(),
-        "rank 0: barrier failed: rank 2 has closed its bootstrap (it had given up waiting for \
+        "rank 0: barrier failed: rank 2 has closed its bootstrap (it had given up, stuck behind \
          rank 1 in all_gather)"
     );
     // One that closed without a report: as before.
@@ -96,4 +96,23 @@ fn a_closed_rank_that_gave_up_says_so() {
         m.status_error(1, Op::Barrier).unwrap().to_string(),
         "rank 0: barrier failed: rank 1 has closed its bootstrap"
     );
+}
+
+/// A wait follows only reports that came after it began: rank 2 gave up on rank 1 in an
+/// earlier wait (a `recv` it recovered from, say); a barrier that began later and timed out
+/// on rank 2 blames rank 2, not rank 1 (found by review: an old report blamed a healthy rank).
+#[test]
+fn reports_older_than_the_wait_are_not_followed() {
+    let m = mesh(0, 4);
+    m.note_reported_stall(2, 1, "recv (tag 5)".into());
+    std::thread::sleep(Duration::from_millis(5));
+    let began = Instant::now();
+    assert_eq!(m.stall_behind(2, Some(began)), None);
+    assert_eq!(m.stall_behind(2, None), gave_up(1, "recv (tag 5)"));
+    // A chain is cut where a link is older than the wait: 3 on 2 (new), 2 on 1 (old).
+    m.note_reported_stall(3, 2, "barrier".into());
+    assert_eq!(m.stall_behind(3, Some(began)), gave_up(2, "barrier"));
+    // A new report of rank 2 replaces the old one and is followed.
+    m.note_reported_stall(2, 1, "barrier".into());
+    assert_eq!(m.stall_behind(3, Some(began)), gave_up(1, "barrier"));
 }
