@@ -1517,6 +1517,48 @@ fn device_timeout_variable_bounds_the_waits() {
     );
 }
 
+fn stalled_rank_chain_rank() {
+    let c = collectives();
+    let r = c.rank();
+    if r != 1 {
+        // Rank 1 (host 0) does not take part: some ranks wait on it, others on a rank that
+        // waits on it (rank 2's partner across hosts is rank 0, stuck in its step with rank
+        // 1 inside host 0).
+        let send = vec![1.0f32; 1000];
+        let mut recv = vec![0.0f32; 1000];
+        let e = c
+            .all_reduce_host(&send, &mut recv, ReduceOp::Sum)
+            .unwrap_err();
+        let text = e.to_string();
+        println!("rank {r}: {text}");
+        assert!(matches!(e, CommError::Timeout(_)), "rank {r}: {text}");
+        assert!(
+            text.contains("waited 1.5s for rank 1 ") || text.contains("stuck behind rank 1 "),
+            "rank {r} did not name rank 1: {text}"
+        );
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// A rank that does not take part in an all-reduce across 2 hosts of 2 (it waits in a
+/// bootstrap barrier, alive): every other rank's device wait times out (1.5 s), and every
+/// error names it, directly or behind the healthy rank waited for (`which had given up,
+/// stuck behind rank 1`: the collectives' timeouts report to the bootstrap, as its own
+/// waits do). Before, a rank whose partner across hosts was stuck on rank 1 named only
+/// that partner.
+#[test]
+fn a_rank_stuck_behind_a_stalled_one_names_it() {
+    if child() {
+        return stalled_rank_chain_rank();
+    }
+    launch_envs(
+        "a_rank_stuck_behind_a_stalled_one_names_it",
+        4,
+        &[(LAYOUT, "block:2"), ("MSCCLPP_DEVICE_TIMEOUT", "1.5")],
+    );
+}
+
 fn simulate_env_rank() {
     // No explicit host id: the bootstrap takes MSCCLPP_SIMULATE_HOSTS from the environment,
     // as any program (nccl-tests, PyTorch through the NCCL library) would.

@@ -902,6 +902,29 @@ impl Mesh {
         }
     }
 
+    /// Tells the ranks this one has connections with that it gave up waiting for `from` in
+    /// `op` (a wait that began at `began`), naming the root cause known now: `from`, or the
+    /// rank that `from` said it gave up on since then (followed along the chain); see
+    /// [`Mesh::gave_up_on`]. Also for waits outside the bootstrap (a collective's device
+    /// timeout). Nothing while closing, for this rank or out of range.
+    pub(crate) fn report_stall(self: &Arc<Self>, from: usize, op: &str, began: Instant) {
+        if from >= self.nranks || from == self.rank || self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut own = lock(&self.own_report);
+        let root = (self.stall_behind(from, Some(began))).map_or(from, |g| g.waiting_for);
+        let report = Message::peer_stalled(root as u32, op);
+        *own = Some(OwnReport {
+            from,
+            root,
+            op: op.to_owned(),
+            began,
+        });
+        drop(own);
+        // The rank given up on ignores news about itself.
+        drop(self.spread_news(&[report], root, false));
+    }
+
     /// The error of a wait for `from` in `op` that timed out.
     ///
     /// First tells the other ranks that this one gave up ([`Message::PeerStalled`]),
@@ -920,20 +943,7 @@ impl Mesh {
     /// out in full, even once `from`'s report is here: the report of the rank it names may
     /// still be on its way, and may lead further along the chain.
     async fn gave_up_on(self: &Arc<Self>, from: usize, op: Op, began: Instant) -> BootstrapError {
-        if !self.closing.load(Ordering::Acquire) {
-            let mut own = lock(&self.own_report);
-            let root = (self.stall_behind(from, Some(began))).map_or(from, |g| g.waiting_for);
-            let report = Message::peer_stalled(root as u32, &op.to_string());
-            *own = Some(OwnReport {
-                from,
-                root,
-                op: op.to_string(),
-                began,
-            });
-            drop(own);
-            // The rank given up on ignores news about itself.
-            drop(self.spread_news(&[report], root, false));
-        }
+        self.report_stall(from, &op.to_string(), began);
         if let Some((peer, detail)) = self.wait_for_loss(LOSS_NEWS_GRACE).await {
             return BootstrapError::PeerLost {
                 rank: self.rank,

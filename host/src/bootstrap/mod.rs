@@ -463,11 +463,29 @@ impl Bootstrap {
     }
 
     /// What `rank` said it gave up waiting for, if its wait for some rank timed out: the
-    /// first such report it sent ([`wire::Message::PeerStalled`]), naming the rank it gave
+    /// latest such report it sent ([`wire::Message::PeerStalled`]), naming the rank it gave
     /// up on (the root cause as far as it knew) and the operation. `None` while it sent none,
     /// for a report about this rank (ignored), and out of range.
     pub fn stall_reported_by(&self, rank: usize) -> Option<GaveUp> {
         self.mesh.stall_reported_by(rank)
+    }
+
+    /// Tells the ranks this one has connections with that it gave up waiting for `rank` in
+    /// `op`, a wait outside the bootstrap (a collective's device timeout, say) that began at
+    /// `began`, as a bootstrap wait that times out does: a rank whose wait for this one
+    /// times out then names the root cause behind it ([`stall_behind`](Self::stall_behind)).
+    /// Nothing for this rank, out of range, or once closing.
+    pub fn report_stall(&self, rank: usize, op: &str, began: std::time::Instant) {
+        self.mesh
+            .report_stall(rank, op, tokio::time::Instant::from_std(began));
+    }
+
+    /// The root cause behind `rank`, if `rank` reported giving up waiting for some rank at
+    /// or after `since`: that rank, or the rank it reported, and so on along the chain of
+    /// reports (a rank seen twice ends it), with the operation of the last report.
+    pub fn stall_behind(&self, rank: usize, since: std::time::Instant) -> Option<GaveUp> {
+        self.mesh
+            .stall_behind(rank, Some(tokio::time::Instant::from_std(since)))
     }
 
     /// Address this rank accepts peer connections on.

@@ -1026,14 +1026,18 @@ impl Collectives {
                     Backend::Host => None,
                 }
                 .map_or(String::new(), |hint| format!("; {hint}"));
-                let left = match &self.cross {
-                    Some(c) if h < c.hosts() => self.left_note(c.topo.rank_at(h, c.topo.local)),
-                    _ => String::new(),
+                let (left, behind) = match &self.cross {
+                    Some(c) if h < c.hosts() => {
+                        let rank = c.topo.rank_at(h, c.topo.local);
+                        let what = format!("{} across hosts", describe(rec.own));
+                        (self.left_note(rank), self.stall_note(rank, &what))
+                    }
+                    _ => (String::new(), String::new()),
                 };
                 CommError::Timeout(format!(
-                    "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts) in {} \
-                     and gave up: that rank did not take part, or is stuck{left}{proxy}{queues}; \
-                     the collectives cannot be used any more",
+                    "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts){behind} \
+                     in {} and gave up: that rank did not take part, or is \
+                     stuck{left}{proxy}{queues}; the collectives cannot be used any more",
                     self.comm.device_timeout(),
                     describe(rec.own)
                 ))

@@ -641,6 +641,46 @@ impl Collectives {
     /// `" (rank R had left: it closed its communicator)"` when `rank` said goodbye to the
     /// bootstrap (a wait for it can then never end: the usual cause is a rank that called
     /// fewer collectives than the others), else nothing.
+    /// After a device wait for `peer` timed out in `what`: tells the other ranks through the
+    /// bootstrap that this rank gave up on `peer` ([`Bootstrap::report_stall`]), so that a
+    /// rank stuck behind this one names the root cause, and waits up to
+    /// [`STALL_NEWS_GRACE`] for `peer`'s own report: when `peer` had itself given up on
+    /// another rank (it waited, alive, for a stalled one), returns `, which had given up,
+    /// stuck behind rank R (...)`; else nothing. Once per `Collectives` (the first timeout;
+    /// calls queued behind it repeat its note for the same peer).
+    pub(super) fn stall_note(&self, peer: usize, what: &str) -> String {
+        let mut noted = self.stall_noted.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((p, note)) = noted.as_ref() {
+            return if *p == peer {
+                note.clone()
+            } else {
+                String::new()
+            };
+        }
+        let bs = self.comm.bootstrap().as_async();
+        let now = std::time::Instant::now();
+        // The wait began about a device timeout ago; a report older than that is about
+        // something else.
+        let began = now
+            .checked_sub(self.comm.device_timeout() + std::time::Duration::from_secs(1))
+            .unwrap_or(now);
+        bs.report_stall(peer, what, began);
+        let note = loop {
+            if let Some(g) = bs.stall_behind(peer, began) {
+                break format!(
+                    ", which had given up, stuck behind rank {} ({})",
+                    g.waiting_for, g.op
+                );
+            }
+            if now.elapsed() >= STALL_NEWS_GRACE {
+                break String::new();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        *noted = Some((peer, note.clone()));
+        note
+    }
+
     pub(super) fn left_note(&self, rank: usize) -> String {
         if self.comm.bootstrap().as_async().has_left(rank) {
             format!(" (rank {rank} had left: it closed its communicator)")
@@ -649,6 +689,10 @@ impl Collectives {
         }
     }
 }
+
+/// How long a collective's timeout error waits for the report of the rank it waited for
+/// ([`Collectives::stall_note`]): the waits along a chain time out together.
+const STALL_NEWS_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Connection tags the collectives use (high, to stay clear of a user's).
 const TAG_SCRATCH: u32 = 0xC011_0001;
@@ -711,6 +755,9 @@ pub struct Collectives {
     _local: Buffer,
     /// Set once a CUDA call reported a sticky error: every later call returns it.
     context_lost: std::sync::Mutex<Option<String>>,
+    /// The stall note of this rank's first device timeout ([`Collectives::stall_note`]):
+    /// the peer waited for and the note.
+    stall_noted: std::sync::Mutex<Option<(usize, String)>>,
     /// Whether the goodbye names the calls this rank made (see `Drop`); off only in a test
     /// of what peers see without it.
     name_calls_at_close: bool,
@@ -1063,6 +1110,7 @@ impl Collectives {
             _semaphores: semaphores,
             _local: local,
             context_lost: std::sync::Mutex::new(None),
+            stall_noted: std::sync::Mutex::new(None),
             name_calls_at_close: true,
         })
     }
@@ -1246,14 +1294,18 @@ impl Collectives {
                 })
                 .map_or(String::new(), |hint| format!("; {hint}"));
                 // Across hosts a local step's peer is an index in the host's group.
-                let left = match self.cross {
-                    None => self.left_note(rec.peer),
-                    Some(_) => String::new(),
+                let what = format!("collective #{} ({})", rec.seq + 1, describe(rec.own));
+                let (left, behind) = match &self.cross {
+                    None => (self.left_note(rec.peer), self.stall_note(rec.peer, &what)),
+                    Some(c) => match c.topo.hosts[c.topo.host].get(rec.peer) {
+                        Some(&rank) => (String::new(), self.stall_note(rank, &what)),
+                        None => (String::new(), String::new()),
+                    },
                 };
                 CommError::Timeout(format!(
-                    "{call}: rank {me} waited {:?} for rank {} ({}) in collective #{} ({}) and \
-                     gave up: that rank did not take part, or is stuck{left}{queues}; the \
-                     collectives cannot be used any more",
+                    "{call}: rank {me} waited {:?} for rank {} ({}){behind} in collective #{} \
+                     ({}) and gave up: that rank did not take part, or is stuck{left}{queues}; \
+                     the collectives cannot be used any more",
                     self.comm.device_timeout(),
                     rec.peer,
                     place_name(rec.place),
