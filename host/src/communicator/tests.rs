@@ -758,20 +758,26 @@ fn user_waits_on_memory_and_proxy_channels_end_at_abort() {
 /// peers were gone: the sync looked only at the clock).
 #[test]
 fn a_proxy_channel_sync_ends_at_abort() {
+    on_rank_0_with_no_proxy(|comm, conn| {
+        user_wait_ends_at_abort(|| conn.try_flush(), comm);
+        assert_eq!(
+            conn.try_put_with_signal(0, 0, 8),
+            Err(ChannelError::Aborted { word: u64::MAX })
+        );
+    });
+}
+
+/// Two ranks, each with a Host proxy channel to the other and no proxy launched (nothing
+/// pops the triggers): runs `f` on rank 0 with its communicator and the channel's handle.
+fn on_rank_0_with_no_proxy(f: impl Fn(&Communicator, DevConn<'_>) + Sync) {
     ranks(2, |mut comm| {
         let me = comm.rank();
         let buf = comm.alloc_buffer(1024).unwrap();
         comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
         comm.connection_setup().unwrap();
-        // No proxy: nothing pops the triggers.
         comm.bootstrap().barrier().unwrap();
         if me == 0 {
-            let conn = comm.device_connections()[0];
-            user_wait_ends_at_abort(|| conn.try_flush(), &comm);
-            assert_eq!(
-                conn.try_put_with_signal(0, 0, 8),
-                Err(ChannelError::Aborted { word: u64::MAX })
-            );
+            f(&comm, comm.device_connections()[0]);
         }
         comm.bootstrap().barrier().unwrap();
     });
@@ -782,36 +788,26 @@ fn a_proxy_channel_sync_ends_at_abort() {
 /// returns at once (dropped, not a trap) and the next signal reports the abort.
 #[test]
 fn a_push_into_a_full_fifo_ends_at_abort() {
-    ranks(2, |mut comm| {
-        let me = comm.rank();
-        let buf = comm.alloc_buffer(1024).unwrap();
-        comm.connect(1 - me, &buf, 1, TransportKind::Host).unwrap();
-        comm.connection_setup().unwrap();
-        // No proxy: nothing pops the triggers.
-        comm.bootstrap().barrier().unwrap();
-        if me == 0 {
-            let conn = comm.device_connections()[0];
-            let slots = config().fifo_slots;
-            launch(Dim3::x(1), Dim3::x(1), || {
-                for _ in 0..slots {
-                    conn.put_at(0, 0, 8);
-                }
-            })
-            .unwrap();
-            user_wait_ends_at_abort(|| conn.try_put_with_signal_queued(0, 0, 8), &comm);
-            let start = std::time::Instant::now();
-            launch(Dim3::x(1), Dim3::x(1), || conn.put(0, 8)).unwrap();
-            assert!(
-                start.elapsed() < Duration::from_secs(1),
-                "a put into the full ring after the abort took {:?}",
-                start.elapsed()
-            );
-            assert_eq!(
-                conn.try_signal(),
-                Err(ChannelError::Aborted { word: u64::MAX })
-            );
-        }
-        comm.bootstrap().barrier().unwrap();
+    on_rank_0_with_no_proxy(|comm, conn| {
+        let slots = config().fifo_slots;
+        launch(Dim3::x(1), Dim3::x(1), || {
+            for _ in 0..slots {
+                conn.put_at(0, 0, 8);
+            }
+        })
+        .unwrap();
+        user_wait_ends_at_abort(|| conn.try_put_with_signal_queued(0, 0, 8), comm);
+        let start = std::time::Instant::now();
+        launch(Dim3::x(1), Dim3::x(1), || conn.put(0, 8)).unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "a put into the full ring after the abort took {:?}",
+            start.elapsed()
+        );
+        assert_eq!(
+            conn.try_signal(),
+            Err(ChannelError::Aborted { word: u64::MAX })
+        );
     });
 }
 

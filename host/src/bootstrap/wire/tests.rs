@@ -78,11 +78,11 @@ fn garbage_headers_are_errors() {
     ));
 }
 
-#[test]
-fn a_lying_string_length_does_not_allocate() {
-    // PeerLost's detail claims 2^60 bytes: bincode's limit refuses before allocating.
+/// A frame of message variant `variant` (rank 1, then a string) whose string claims 2^60
+/// bytes: bincode's limit must refuse it before allocating.
+fn assert_lying_string_length_is_refused(variant: u8) {
     let mut head = Vec::new();
-    head.push(7u8); // variant index of PeerLost
+    head.push(variant);
     head.push(1); // rank
     head.push(253); // u64 varint marker
     head.extend_from_slice(&(1u64 << 60).to_le_bytes());
@@ -94,6 +94,12 @@ fn a_lying_string_length_does_not_allocate() {
         decode_frame(&bytes, &limits),
         Err(FrameError::Decode(_))
     ));
+}
+
+#[test]
+fn a_lying_string_length_does_not_allocate() {
+    // PeerLost's detail (variant index 7).
+    assert_lying_string_length_is_refused(7);
 }
 
 #[test]
@@ -229,20 +235,8 @@ fn peer_stalled_op_is_bounded() {
 
 #[test]
 fn a_lying_stalled_op_length_does_not_allocate() {
-    // PeerStalled's op claims 2^60 bytes: bincode's limit refuses before allocating.
-    let mut head = Vec::new();
-    head.push(11u8); // variant index of PeerStalled
-    head.push(1); // rank
-    head.push(253); // u64 varint marker
-    head.extend_from_slice(&(1u64 << 60).to_le_bytes());
-    let mut bytes = vec![0u8; PREFIX_LEN];
-    bytes[..4].copy_from_slice(&(head.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&head);
-    let limits = FrameLimits::with_max_payload(0);
-    assert!(matches!(
-        decode_frame(&bytes, &limits),
-        Err(FrameError::Decode(_))
-    ));
+    // PeerStalled's op (variant index 11).
+    assert_lying_string_length_is_refused(11);
     // The same header with an honest length decodes to the message.
     let honest = encode_frame(&Message::peer_stalled(1, "barrier"), &[]).unwrap();
     assert_eq!(honest[PREFIX_LEN], 11, "PeerStalled's variant index moved");
