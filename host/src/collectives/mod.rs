@@ -638,9 +638,6 @@ impl CollConfig {
 }
 
 impl Collectives {
-    /// `" (rank R had left: it closed its communicator)"` when `rank` said goodbye to the
-    /// bootstrap (a wait for it can then never end: the usual cause is a rank that called
-    /// fewer collectives than the others), else nothing.
     /// After a device wait for `peer` timed out in `what`: tells the other ranks through the
     /// bootstrap that this rank gave up on `peer` ([`Bootstrap::report_stall`]), so that a
     /// rank stuck behind this one names the root cause, and waits up to
@@ -681,6 +678,9 @@ impl Collectives {
         note
     }
 
+    /// `" (rank R had left: it closed its communicator)"` when `rank` said goodbye to the
+    /// bootstrap (a wait for it can then never end: the usual cause is a rank that called
+    /// fewer collectives than the others), else nothing.
     pub(super) fn left_note(&self, rank: usize) -> String {
         if self.comm.bootstrap().as_async().has_left(rank) {
             format!(" (rank {rank} had left: it closed its communicator)")
