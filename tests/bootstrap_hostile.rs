@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
 use std::time::{Duration, Instant};
 
 use mscclpp::host::bootstrap::wire::{
-    self, FrameLimits, Hello, Join, MAGIC, Message, PROTOCOL_VERSION,
+    self, FrameLimits, Hello, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION,
 };
 use mscclpp::host::bootstrap::{
     BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, Refusal, Root,
@@ -52,6 +52,7 @@ fn join(secret: [u8; 32], nranks: u32, rank: u32) -> Message {
         listen_addr: localhost(9),
         host_id: "intruder".into(),
         pid: 1,
+        process_space: "intruder".into(),
     })
 }
 
@@ -136,6 +137,24 @@ fn ip_port_root_survives_hostile_joins() {
             hostile_join(addr, &join([9; 32], 3, 1)).await,
             Refusal::WrongSecret
         );
+        // An over-long host id or process space: refused, naming the field and its length
+        // (rank 1 stays free for the real one).
+        let long = "x".repeat(MAX_HOST_ID_LEN + 1);
+        for field in ["host id", "process space"] {
+            let mut m = join(zero, 3, 1);
+            if let Message::Join(j) = &mut m {
+                match field {
+                    "host id" => j.host_id = long.clone(),
+                    _ => j.process_space = long.clone(),
+                }
+            }
+            let r = hostile_join(addr, &m).await;
+            let want = format!(
+                "{field} of {} bytes (at most {MAX_HOST_ID_LEN})",
+                long.len()
+            );
+            assert!(r.to_string().contains(&want), "{field}: {r}");
+        }
         // A length prefix claiming a 4 GiB header: refused, and the refusal says "length".
         let bad = raw_reply(addr, &[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0])
             .await

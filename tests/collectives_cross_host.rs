@@ -1559,6 +1559,72 @@ fn a_rank_stuck_behind_a_stalled_one_names_it() {
     );
 }
 
+/// Sends `sig` (`-STOP`, `-CONT`) to process `pid` with kill(1).
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+fn stopped_rank_rank() {
+    let c = collectives();
+    let r = c.rank();
+    let bs = c.communicator().bootstrap();
+    if r == 1 {
+        // Stopped until rank 0 has heard from every other rank, then resumed.
+        signal(std::process::id(), "-STOP");
+    } else {
+        let pid = bs
+            .as_async()
+            .local_pid(1)
+            .expect("rank 1 runs on this machine");
+        let send = vec![1.0f32; 1000];
+        let mut recv = vec![0.0f32; 1000];
+        let e = c
+            .all_reduce_host(&send, &mut recv, ReduceOp::Sum)
+            .unwrap_err();
+        let text = e.to_string();
+        println!("rank {r}: {text}");
+        assert!(matches!(e, CommError::Timeout(_)), "rank {r}: {text}");
+        // Every rank names the stopped process, whichever rank it waited for (rank 2's
+        // partner across hosts is rank 0, healthy and itself waiting on rank 1).
+        let want = format!("on this machine, rank 1 (pid {pid}) is stopped by a signal");
+        assert!(
+            text.contains(&want),
+            "rank {r} did not say {want:?}: {text}"
+        );
+        if r == 0 {
+            for q in [2, 3] {
+                bs.recv(q, 77).unwrap();
+            }
+            signal(pid, "-CONT");
+        } else {
+            bs.send(0, 77, b"done").unwrap();
+        }
+    }
+    bs.barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// A rank stopped by SIGSTOP (as Ctrl-Z or a debugger leaves it) after setup, across 2
+/// simulated hosts of 2: every other rank's all-reduce times out, and every error says that
+/// rank 1's process is stopped (the ranks look at `/proc` of the ranks of their machine and
+/// process id namespace, whatever the host ids say), including rank 2's, which waited for
+/// the healthy rank 0. Rank 0 resumes it once the others have their errors.
+#[test]
+fn a_stopped_rank_is_named_by_every_rank_of_its_machine() {
+    if child() {
+        return stopped_rank_rank();
+    }
+    launch_envs(
+        "a_stopped_rank_is_named_by_every_rank_of_its_machine",
+        4,
+        &[(LAYOUT, "block:2"), ("MSCCLPP_DEVICE_TIMEOUT", "1.5")],
+    );
+}
+
 fn simulate_env_rank() {
     // No explicit host id: the bootstrap takes MSCCLPP_SIMULATE_HOSTS from the environment,
     // as any program (nccl-tests, PyTorch through the NCCL library) would.

@@ -1,6 +1,7 @@
 //! One reader of `/proc/<pid>/stat` (Linux) for the code that asks about another process:
-//! whether a peer's process has ended (shared-memory names left behind) and what the
-//! launcher's ranks are doing (their threads; whether one is stopped).
+//! whether a peer's process has ended (shared-memory names left behind), what the
+//! launcher's ranks are doing (their threads; whether one is stopped), and why a rank of
+//! this machine cannot be making progress when a wait for some rank timed out.
 
 /// The command name and state letter of a `stat` line (`pid (comm) state ...`): `R`
 /// running, `S` sleeping, `D` uninterruptible, `T` stopped by a signal, `t` stopped by a
@@ -54,6 +55,29 @@ pub(crate) fn process_stopped(pid: u32) -> bool {
     matches!(process_state(pid), ProcessState::State(s) if s == "T")
 }
 
+/// Why process `pid` cannot be making progress, if `/proc` shows a reason now: stopped by a
+/// signal (`T`) or by a debugger (`t`), in an uninterruptible wait in the kernel (`D`: a
+/// snapshot, often brief), or ended (gone, or a zombie). `None` while it runs or sleeps as
+/// usual, and where that cannot be told.
+pub(crate) fn stuck_reason(pid: u32) -> Option<&'static str> {
+    match process_state(pid) {
+        ProcessState::Gone => Some("has ended"),
+        ProcessState::State(s) => match s.as_str() {
+            "T" => Some(
+                "is stopped by a signal (SIGSTOP or SIGTSTP, as Ctrl-Z sends; SIGCONT resumes it)",
+            ),
+            "t" => Some("is stopped by a debugger"),
+            "D" => Some(
+                "was in an uninterruptible wait in the kernel (state D: a driver or file \
+                 system call that had not returned)",
+            ),
+            "Z" | "X" => Some("has ended (a zombie: its parent has not reaped it)"),
+            _ => None,
+        },
+        ProcessState::Unknown => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,11 +103,13 @@ mod tests {
             ProcessState::State(s) if !matches!(s.as_str(), "T" | "t" | "Z" | "X")
         ));
         assert!(!process_gone(std::process::id()));
+        assert_eq!(stuck_reason(std::process::id()), None);
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
         assert!(process_gone(pid));
         assert!(!process_stopped(pid));
+        assert_eq!(stuck_reason(pid), Some("has ended"));
     }
 
     #[test]
@@ -118,8 +144,14 @@ mod tests {
             }
         };
         wait_for(false);
+        assert_eq!(stuck_reason(pid), None, "sleep(1) sleeps as usual");
         signal("-STOP");
         wait_for(true);
+        assert!(
+            stuck_reason(pid).is_some_and(|r| r.starts_with("is stopped by a signal")),
+            "{:?}",
+            stuck_reason(pid)
+        );
         signal("-CONT");
         wait_for(false);
         let _ = child.kill();

@@ -272,6 +272,7 @@ mod tests {
             waiting_for: "rank 1".into(),
             after: std::time::Duration::from_secs(1),
             gave_up: None,
+            stuck: Box::default(),
         };
         assert!(!is_peer_loss(&CommError::Bootstrap(timeout)));
     }

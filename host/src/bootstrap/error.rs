@@ -167,6 +167,37 @@ pub struct GaveUp {
     pub op: String,
 }
 
+/// A rank on this machine whose process could not be making progress when a wait of this
+/// rank timed out, as `/proc` showed it then (stopped by a signal or a debugger, in an
+/// uninterruptible kernel wait, ended): most likely why the wait timed out, whichever rank
+/// it waited for. Found only for ranks whose processes this rank can look at (the same
+/// machine and process id namespace; [`Bootstrap::local_pid`](super::Bootstrap::local_pid)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StuckProcess {
+    /// The rank.
+    pub rank: usize,
+    /// Its process id.
+    pub pid: u32,
+    /// What `/proc` showed, as a phrase ("is stopped by a debugger").
+    pub reason: String,
+}
+
+impl fmt::Display for StuckProcess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {} (pid {}) {}", self.rank, self.pid, self.reason)
+    }
+}
+
+/// `"; on this machine, rank 1 (pid 42) is stopped ...; rank 3 ..."`, or nothing.
+pub(crate) fn stuck_note(stuck: &[StuckProcess]) -> String {
+    if stuck.is_empty() {
+        return String::new();
+    }
+    let all: Vec<String> = stuck.iter().map(ToString::to_string).collect();
+    format!("; on this machine, {}", all.join("; "))
+}
+
 fn itself_gave_up(gave_up: &Option<GaveUp>) -> String {
     match gave_up {
         Some(g) => format!(
@@ -264,8 +295,9 @@ pub enum BootstrapError {
     },
     /// A wait ran out of time.
     #[error(
-        "rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}{}",
-        itself_gave_up(gave_up)
+        "rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}{}{}",
+        itself_gave_up(gave_up),
+        stuck_note(stuck)
     )]
     Timeout {
         /// This rank.
@@ -280,6 +312,9 @@ pub enum BootstrapError {
         /// said so): that other rank, followed along the chain of such reports, is the root
         /// cause, and `waiting_for` only waited on it. `None`: no such report came.
         gave_up: Option<GaveUp>,
+        /// Ranks of this machine whose processes could not be making progress when the wait
+        /// timed out (most likely the cause); empty when none was seen or none can be looked at.
+        stuck: Box<[StuckProcess]>,
     },
     /// A socket operation of a rank failed.
     #[error("rank {rank}: {context}: {source}")]

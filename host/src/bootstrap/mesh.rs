@@ -36,7 +36,7 @@ use tokio::sync::{Notify, OnceCell, mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::error::{BootstrapError, GaveUp, Op, Refusal};
+use super::error::{BootstrapError, GaveUp, Op, Refusal, StuckProcess};
 use super::unique_id::UniqueId;
 use super::wire::{
     self, Channel, Frame, FrameLimits, Hello, MAGIC, Message, PROTOCOL_VERSION, PeerInfo,
@@ -808,6 +808,32 @@ impl Mesh {
         self.collectives_done.fetch_max(n, Ordering::AcqRel);
     }
 
+    /// `rank`'s process id if this process can look at it (see
+    /// [`Bootstrap::local_pid`](super::Bootstrap::local_pid)).
+    pub(crate) fn local_pid(&self, rank: usize) -> Option<u32> {
+        let (me, them) = (self.peers.get(self.rank)?, self.peers.get(rank)?);
+        (rank != self.rank
+            && !me.process_space.is_empty()
+            && me.process_space == them.process_space
+            && them.pid != me.pid)
+            .then_some(them.pid)
+    }
+
+    /// See [`Bootstrap::stuck_ranks`](super::Bootstrap::stuck_ranks).
+    pub(crate) fn stuck_ranks(&self) -> Vec<StuckProcess> {
+        (0..self.nranks)
+            .filter_map(|rank| {
+                let pid = self.local_pid(rank)?;
+                let reason = crate::procfs::stuck_reason(pid)?;
+                Some(StuckProcess {
+                    rank,
+                    pid,
+                    reason: reason.to_owned(),
+                })
+            })
+            .collect()
+    }
+
     fn is_alive(&self, peer: usize) -> bool {
         matches!(lock(&self.state).status[peer], PeerStatus::Alive)
     }
@@ -958,6 +984,7 @@ impl Mesh {
             waiting_for: format!("rank {from}"),
             after: self.config.timeout,
             gave_up: self.stall_behind(from, Some(began)),
+            stuck: self.stuck_ranks().into(),
         }
     }
 
@@ -1048,6 +1075,7 @@ impl Mesh {
                     waiting_for: format!("a connection to rank {peer} at {addr}"),
                     after: self.config.timeout,
                     gave_up: None,
+                    stuck: self.stuck_ranks().into(),
                 });
             }
         };
@@ -1080,6 +1108,7 @@ impl Mesh {
             waiting_for: format!("rank {peer} to answer the handshake"),
             after: self.config.timeout,
             gave_up: None,
+            stuck: self.stuck_ranks().into(),
         })?
         .map_err(frame_err)?;
         match reply {

@@ -28,7 +28,9 @@
 //! only by timeouts; a rank whose wait times out tells the others
 //! ([`wire::Message::PeerStalled`]), so that a rank waiting on it names the stalled rank
 //! behind it ([`BootstrapError::Timeout`]'s `gave_up`), not only the rank it waited for.
-//! What is not: a peer that passed the handshake is
+//! A timeout also names the ranks of this machine whose processes cannot be making progress
+//! (stopped, in an uninterruptible kernel wait, ended: its `stuck`,
+//! [`Bootstrap::stuck_ranks`]). What is not: a peer that passed the handshake is
 //! trusted to follow the protocol (a deviation is treated as that peer being lost).
 //!
 //! Collectives must be called in the same order on every rank. They are serialised per
@@ -65,7 +67,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 
 pub use blocking::BlockingBootstrap;
-pub use error::{BootstrapError, GaveUp, Op, Refusal};
+pub(crate) use error::stuck_note;
+pub use error::{BootstrapError, GaveUp, Op, Refusal, StuckProcess};
 pub use root::{Root, RootHandle, create_unique_id, create_unique_id_at};
 pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
 
@@ -294,6 +297,17 @@ pub(crate) fn machine_id() -> String {
     truncate(id)
 }
 
+/// This process's process space: [`machine_id`] and its process id namespace
+/// (`/proc/self/ns/pid`), so that ranks in containers of one machine, whose process ids mean
+/// different processes, are told apart. Ranks with equal values can look at each other's
+/// processes ([`Bootstrap::local_pid`]).
+pub(crate) fn process_space_id() -> String {
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    truncate(format!("{}/{ns}", machine_id()))
+}
+
 fn truncate(mut s: String) -> String {
     if s.len() > MAX_HOST_ID_LEN {
         let mut end = MAX_HOST_ID_LEN;
@@ -454,6 +468,21 @@ impl Bootstrap {
     /// The process id `rank` reported at the rendezvous (on its host; `None` out of range).
     pub fn pid(&self, rank: usize) -> Option<u32> {
         self.mesh.peers.get(rank).map(|p| p.pid)
+    }
+
+    /// `rank`'s process id if this process can look at that process: same machine, same
+    /// process id namespace (whatever the host ids say), another process. `None` otherwise,
+    /// out of range, or where the process space is unknown.
+    pub fn local_pid(&self, rank: usize) -> Option<u32> {
+        self.mesh.local_pid(rank)
+    }
+
+    /// The ranks whose processes this rank can look at ([`local_pid`](Self::local_pid)) and
+    /// that cannot be making progress now, as `/proc` shows them: stopped by a signal or a
+    /// debugger, in an uninterruptible kernel wait, or ended. What a wait that timed out
+    /// names beside the rank it waited for ([`StuckProcess`]).
+    pub fn stuck_ranks(&self) -> Vec<StuckProcess> {
+        self.mesh.stuck_ranks()
     }
 
     /// Whether `rank` is known to be lost: its connection ended without a goodbye (the
@@ -923,6 +952,7 @@ async fn rendezvous(
         rank: rank as u32,
         listen_addr,
         pid: std::process::id(),
+        process_space: process_space_id(),
         host_id: truncate(match &config.host_id {
             Some(id) => id.clone(),
             None if std::env::var_os("MSCCLPP_HOST_ID").is_some_and(|v| !v.is_empty()) => {
@@ -953,6 +983,7 @@ async fn rendezvous(
             waiting_for: format!("the bootstrap root at {root_addr} to complete the rendezvous"),
             after: wait,
             gave_up: None,
+            stuck: Box::default(),
         })?
         .map_err(frame_err("waiting for"))?;
     let peers = match reply {

@@ -310,6 +310,11 @@ async fn handshake(
                     "host id of {} bytes (at most {MAX_HOST_ID_LEN})",
                     join.host_id.len()
                 ))
+            } else if join.process_space.len() > MAX_HOST_ID_LEN {
+                Refusal::UnexpectedMessage(format!(
+                    "process space of {} bytes (at most {MAX_HOST_ID_LEN})",
+                    join.process_space.len()
+                ))
             } else {
                 return Ok((stream, join));
             }
@@ -411,6 +416,7 @@ impl Rendezvous {
                     addr: join.listen_addr,
                     host_id: join.host_id,
                     pid: join.pid,
+                    process_space: join.process_space,
                 },
             ),
         );

@@ -34,7 +34,9 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version 6: [`Refusal::RankEnded`]; process ids in [`Join`] and
 /// [`PeerInfo`].
 /// Version 7: [`Message::PeerStalled`].
-pub const PROTOCOL_VERSION: u32 = 7;
+/// Version 8: the process space of each rank ([`Join::process_space`],
+/// [`PeerInfo::process_space`]).
+pub const PROTOCOL_VERSION: u32 = 8;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
@@ -108,6 +110,11 @@ pub struct Join {
     pub host_id: String,
     /// The rank's process id (on its node).
     pub pid: u32,
+    /// Where `pid` means something: the machine and its process id namespace
+    /// (`hostname/boot-id/pid-namespace`, at most [`MAX_HOST_ID_LEN`] bytes), whatever
+    /// `host_id` says (simulated hosts split one machine). Ranks with equal, non-empty
+    /// values can look at each other's processes.
+    pub process_space: String,
 }
 
 /// First frame a rank sends to a peer it dials.
@@ -136,6 +143,8 @@ pub struct PeerInfo {
     pub host_id: String,
     /// The rank's process id (on its host).
     pub pid: u32,
+    /// Where `pid` means something ([`Join::process_space`]).
+    pub process_space: String,
 }
 
 /// Header of a frame.

@@ -1034,10 +1034,11 @@ impl Collectives {
                     }
                     _ => (String::new(), String::new()),
                 };
+                let stuck = self.stuck_note();
                 CommError::Timeout(format!(
                     "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts){behind} \
                      in {} and gave up: that rank did not take part, or is \
-                     stuck{left}{proxy}{queues}; the collectives cannot be used any more",
+                     stuck{left}{proxy}{queues}{stuck}; the collectives cannot be used any more",
                     self.comm.device_timeout(),
                     describe(rec.own)
                 ))

@@ -678,6 +678,14 @@ impl Collectives {
         note
     }
 
+    /// `"; on this machine, rank R (pid P) is stopped by a signal ..."` for the ranks whose
+    /// processes this rank can look at and that cannot be making progress now
+    /// ([`Bootstrap::stuck_ranks`](crate::bootstrap::Bootstrap::stuck_ranks)): most likely
+    /// why a device wait timed out, whichever rank it waited for. Else nothing.
+    pub(super) fn stuck_note(&self) -> String {
+        crate::bootstrap::stuck_note(&self.comm.bootstrap().as_async().stuck_ranks())
+    }
+
     /// `" (rank R had left: it closed its communicator)"` when `rank` said goodbye to the
     /// bootstrap (a wait for it can then never end: the usual cause is a rank that called
     /// fewer collectives than the others), else nothing.
@@ -1304,10 +1312,11 @@ impl Collectives {
                         None => (String::new(), String::new()),
                     },
                 };
+                let stuck = self.stuck_note();
                 CommError::Timeout(format!(
                     "{call}: rank {me} waited {:?} for rank {} ({}){behind} in collective #{} \
-                     ({}) and gave up: that rank did not take part, or is stuck{left}{queues}; \
-                     the collectives cannot be used any more",
+                     ({}) and gave up: that rank did not take part, or is \
+                     stuck{left}{queues}{stuck}; the collectives cannot be used any more",
                     self.comm.device_timeout(),
                     rec.peer,
                     place_name(rec.place),

@@ -8,6 +8,7 @@ fn mesh(rank: usize, nranks: usize) -> Arc<Mesh> {
             addr,
             host_id: "h".into(),
             pid: r as u32,
+            process_space: "m".into(),
         })
         .collect();
     Mesh::new(
@@ -115,4 +116,88 @@ fn reports_older_than_the_wait_are_not_followed() {
     // A new report of rank 2 replaces the old one and is followed.
     m.note_reported_stall(2, 1, "barrier".into());
     assert_eq!(m.stall_behind(3, Some(began)), gave_up(1, "barrier"));
+}
+
+/// A child process (`sleep 30`) that is killed when dropped.
+struct Sleeper(std::process::Child);
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends `sig` to `pid` with kill(1).
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A wait that times out names the ranks of this machine and process id namespace whose
+/// processes are stopped, whichever rank it waited for; ranks elsewhere (another process
+/// space, even with the same pid) and this process are never looked at.
+#[test]
+fn a_timed_out_wait_names_a_stopped_process_of_this_machine() {
+    if !cfg!(target_os = "linux") {
+        eprintln!("skipped: /proc is Linux's");
+        return;
+    }
+    let child = Sleeper(
+        std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    let here = super::super::process_space_id();
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let peer = |pid: u32, process_space: &str| PeerInfo {
+        addr,
+        host_id: format!("simhost{pid}"),
+        pid,
+        process_space: process_space.into(),
+    };
+    // Rank 0: this process. Rank 1: the child, here. Rank 2: the child's pid elsewhere.
+    // Rank 3: another process of this machine, running.
+    let peers = vec![
+        peer(std::process::id(), &here),
+        peer(pid, &here),
+        peer(pid, "another-machine/boot/pid:[1]"),
+        peer(std::process::id(), &here),
+    ];
+    let config = BootstrapConfig::default().with_timeout(Duration::from_millis(200));
+    let m = Mesh::new(0, UniqueId::random(addr), peers, config);
+    assert_eq!(m.local_pid(0), None, "this rank");
+    assert_eq!(m.local_pid(1), Some(pid));
+    assert_eq!(m.local_pid(2), None, "another process space");
+    assert_eq!(m.local_pid(3), None, "this process");
+    assert_eq!(m.stuck_ranks(), vec![], "a sleeping process is not stuck");
+    signal(pid, "-STOP");
+    let start = Instant::now();
+    while !crate::procfs::process_stopped(pid) {
+        assert!(start.elapsed() < Duration::from_secs(10), "not stopped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let err = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(m.wait_message(3, Channel::User(1), Op::Recv(1), false))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, BootstrapError::Timeout { stuck, .. }
+            if stuck.len() == 1 && stuck[0].rank == 1 && stuck[0].pid == pid),
+        "{err:?}"
+    );
+    assert!(
+        text.contains(&format!(
+            "waiting for rank 3; on this machine, rank 1 (pid {pid}) is stopped by a signal"
+        )),
+        "{text}"
+    );
 }

@@ -109,11 +109,13 @@ fn peer_table_round_trips() {
             addr: "127.0.0.1:1".parse().unwrap(),
             host_id: "a".into(),
             pid: 7,
+            process_space: "m/1/pid:[2]".into(),
         },
         PeerInfo {
             addr: "[::1]:2".parse().unwrap(),
             host_id: "b".into(),
             pid: u32::MAX,
+            process_space: String::new(),
         },
     ];
     let bytes = encode_peer_table(&peers).unwrap();
