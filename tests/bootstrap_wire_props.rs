@@ -33,8 +33,13 @@ fn message() -> impl Strategy<Value = Message> {
         Just(Message::Welcome),
         (any::<u32>(), ".{0,64}").prop_map(|(rank, detail)| Message::PeerLost { rank, detail }),
         (any::<u32>(), ".{0,64}").prop_map(|(rank, op)| Message::PeerStalled { rank, op }),
-        (any::<u32>(), any::<u64>())
-            .prop_map(|(rank, collectives)| Message::PeerClosed { rank, collectives }),
+        (any::<u32>(), any::<u64>(), ".{0,64}").prop_map(|(rank, collectives, why)| {
+            Message::PeerClosed {
+                rank,
+                collectives,
+                why,
+            }
+        }),
         (any::<[u8; 32]>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
             |(secret, nranks, from, to)| Message::Hello(Hello {
                 magic: MAGIC,

@@ -278,6 +278,53 @@ fn a_rank_that_returns_early_is_named_by_the_survivors_at_once() {
     );
 }
 
+/// Rank body of [`a_rank_whose_set_up_fails_is_named_with_its_error`]: rank 1 asks for a
+/// scratch too small (its own mistake: its set-up fails before it talks to anyone); the
+/// others' set-up fails because it left, and their error shows rank 1's.
+fn bad_set_up_rank_main() {
+    let launch = Launch::from_env().unwrap();
+    let bs = launch.blocking_bootstrap().unwrap();
+    let r = bs.rank();
+    let comm = Communicator::from_bootstrap(bs, Backend::Host, CommConfig::default()).unwrap();
+    let scratch_bytes = if r == 1 { 100 } else { 64 << 10 };
+    let config = CollConfig {
+        scratch_bytes,
+        ..CollConfig::default()
+    };
+    let e = match Collectives::new(comm, config) {
+        Ok(_) => panic!("rank {r}: the set-up succeeded"),
+        Err(e) => e.to_string(),
+    };
+    println!("failed: {e}");
+    let own = "collectives: scratch of 100 bytes; at least 4096";
+    if r == 1 {
+        assert!(e.contains(own), "rank 1: {e}");
+    } else {
+        let want = format!(
+            "rank 1 has closed its bootstrap; it said why: setting up its collectives failed on it: {own}"
+        );
+        assert!(e.contains(&want), "rank {r} did not say {want:?}: {e}");
+    }
+    println!("rank {r}: ok");
+}
+
+/// A rank whose `Collectives::new` fails by itself (a setting of its own) says why as its
+/// bootstrap closes: the other ranks' errors name it with its error, not only "rank 1 has
+/// closed its bootstrap" (its own error was only in its own output, on its own machine).
+#[test]
+fn a_rank_whose_set_up_fails_is_named_with_its_error() {
+    const TEST: &str = "a_rank_whose_set_up_fails_is_named_with_its_error";
+    if std::env::var(ROLE).is_ok() {
+        return bad_set_up_rank_main();
+    }
+    let report = three_ranks(TEST);
+    let output = report.output.join("\n");
+    assert!(report.success(), "{report}{output}");
+    for r in 0..3 {
+        line_of(&report, r, &format!("rank {r}: ok"));
+    }
+}
+
 /// Two processes over 16 lanes of proxy channels (`MSCCLPP_PROXY_LANES`, more than the 8
 /// built by default), every call on 16 blocks (`MSCCLPP_PROXY_BLOCKS`) in 256-byte chunks
 /// (`MSCCLPP_PROXY_CHUNK_BYTES`: the slots of a 32 KiB region cut 16 ways): the environment

@@ -255,6 +255,7 @@ mod tests {
             op: Op::Barrier,
             peer: 1,
             gave_up: None,
+            said: None,
         };
         assert!(is_peer_loss(&CommError::Bootstrap(closed)));
         let lost = BootstrapError::PeerLost {

@@ -218,6 +218,13 @@ fn closed_after(gave_up: &Option<GaveUp>) -> String {
     }
 }
 
+fn closed_saying(said: &Option<String>) -> String {
+    match said {
+        Some(why) => format!("; it said why: {why}"),
+        None => String::new(),
+    }
+}
+
 /// Errors of the bootstrap. Each names the rank, peer, address or limit involved.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -279,8 +286,9 @@ pub enum BootstrapError {
     },
     /// A peer closed its bootstrap while this rank still needed it.
     #[error(
-        "rank {rank}: {op} failed: rank {peer} has closed its bootstrap{}",
-        closed_after(gave_up)
+        "rank {rank}: {op} failed: rank {peer} has closed its bootstrap{}{}",
+        closed_after(gave_up),
+        closed_saying(said)
     )]
     PeerClosed {
         /// This rank.
@@ -292,6 +300,10 @@ pub enum BootstrapError {
         /// Set when `peer` had said, before it closed, that it gave up waiting for another
         /// rank (most likely why it closed).
         gave_up: Option<GaveUp>,
+        /// Why `peer` closed, as it said: its own error (a set-up that failed on it; see
+        /// [`Bootstrap::set_leaving_why`](super::Bootstrap::set_leaving_why)). `None`: it
+        /// said nothing, or its word has not reached this rank.
+        said: Option<String>,
     },
     /// A wait ran out of time.
     #[error(

@@ -97,6 +97,9 @@ struct MailState {
     /// For each rank in `closed_order`: the bootstrap collectives it completed before it
     /// closed, as its news said.
     closed_done: Vec<Option<u64>>,
+    /// For each rank that closed and said why ([`Message::PeerClosed`]'s `why`): the first
+    /// reason that reached this rank.
+    closed_why: Vec<Option<String>>,
     /// For each rank that left: the calls its goodbye named, if it named any.
     left_after: Vec<Option<u64>>,
     /// For each rank that left: whether its goodbye said that all of its work had ended.
@@ -158,6 +161,9 @@ pub(crate) struct Mesh {
     /// This rank's latest stall report ([`Mesh::gave_up_on`]). Locked before `state`, never
     /// while holding it.
     own_report: Mutex<Option<OwnReport>>,
+    /// Why this rank closes, if it says ([`Mesh::set_leaving_why`]): sent in its own
+    /// [`Message::PeerClosed`] before its goodbye.
+    leaving_why: Mutex<Option<String>>,
 }
 
 /// The function of a [`LeaveHook`]: called with a rank that left, the calls it named, and
@@ -214,6 +220,7 @@ impl Mesh {
                 lost_order: Vec::new(),
                 closed_order: Vec::new(),
                 closed_done: vec![None; nranks],
+                closed_why: vec![None; nranks],
                 left_after: vec![None; nranks],
                 left_idle: vec![false; nranks],
                 hooked: vec![false; nranks],
@@ -232,7 +239,21 @@ impl Mesh {
             calls_at_close: Mutex::new(None),
             idle_at_close: AtomicBool::new(false),
             own_report: Mutex::new(None),
+            leaving_why: Mutex::new(None),
         })
+    }
+
+    /// Makes this rank say, when it closes, that it closes because of `why` (its own error;
+    /// see [`Bootstrap::set_leaving_why`](super::Bootstrap::set_leaving_why)). The first
+    /// reason set is kept.
+    pub(crate) fn set_leaving_why(&self, why: &str) {
+        lock(&self.leaving_why)
+            .get_or_insert_with(|| wire::bounded(why, wire::MAX_CLOSED_WHY_LEN).into());
+    }
+
+    /// Why `peer` closed, as it said (the first reason that reached this rank).
+    pub(crate) fn closed_why(&self, peer: usize) -> Option<String> {
+        lock(&self.state).closed_why.get(peer).cloned().flatten()
     }
 
     /// Makes this rank's goodbye name `calls` ([`Message::GoodbyeAfter`]).
@@ -492,9 +513,14 @@ impl Mesh {
                     ..
                 })) => self.note_reported_loss(rank as usize, &detail, from),
                 Ok(Some(Frame {
-                    message: Message::PeerClosed { rank, collectives },
+                    message:
+                        Message::PeerClosed {
+                            rank,
+                            collectives,
+                            why,
+                        },
                     ..
-                })) => self.note_reported_closure(rank as usize, collectives),
+                })) => self.note_reported_closure(rank as usize, collectives, &why),
                 Ok(Some(Frame {
                     message: Message::PeerStalled { rank, op },
                     ..
@@ -530,9 +556,14 @@ impl Mesh {
                     ..
                 })) => self.note_reported_loss(rank as usize, &detail, peer),
                 Ok(Some(Frame {
-                    message: Message::PeerClosed { rank, collectives },
+                    message:
+                        Message::PeerClosed {
+                            rank,
+                            collectives,
+                            why,
+                        },
                     ..
-                })) => self.note_reported_closure(rank as usize, collectives),
+                })) => self.note_reported_closure(rank as usize, collectives, &why),
                 Ok(Some(Frame {
                     message: Message::PeerStalled { rank, op },
                     ..
@@ -730,7 +761,7 @@ impl Mesh {
 
     /// Records another rank's news that `peer` closed its bootstrap (see
     /// [`Message::PeerClosed`]).
-    fn note_reported_closure(&self, peer: usize, collectives: u64) {
+    fn note_reported_closure(&self, peer: usize, collectives: u64, why: &str) {
         if peer >= self.nranks || peer == self.rank {
             return;
         }
@@ -740,6 +771,10 @@ impl Mesh {
                 st.closed_order.push(peer);
             }
             st.closed_done[peer].get_or_insert(collectives);
+            if !why.is_empty() {
+                st.closed_why[peer]
+                    .get_or_insert_with(|| wire::bounded(why, wire::MAX_CLOSED_WHY_LEN).into());
+            }
         }
         self.notify.notify_waiters();
     }
@@ -847,6 +882,7 @@ impl Mesh {
                 op,
                 peer,
                 gave_up: stall_behind(&st, peer, None),
+                said: st.closed_why[peer].clone(),
             }),
             PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
                 rank: self.rank,
@@ -907,6 +943,7 @@ impl Mesh {
                         op,
                         peer,
                         gave_up: stall_behind(&st, peer, None),
+                        said: st.closed_why[peer].clone(),
                     });
                 }
                 let gone = lost.or(match &st.status[from] {
@@ -1283,6 +1320,7 @@ impl Mesh {
             // Likewise the first rank it knows to have closed, and itself, each with the
             // collectives it completed: a rank whose set-up failed leaves politely, and the
             // ranks waiting in a collective it never completed learn so at once.
+            let own_why = lock(&self.leaving_why).clone().unwrap_or_default();
             let news: Vec<Message> = {
                 let st = lock(&self.state);
                 let lost = st.lost_order.first().and_then(|&p| match &st.status[p] {
@@ -1295,15 +1333,16 @@ impl Mesh {
                 // The first with a record (a goodbye that came without one, as a late
                 // notice's does, leaves that rank without).
                 let closed = st.closed_order.iter().find_map(|&p| {
-                    st.closed_done[p].map(|collectives| Message::PeerClosed {
-                        rank: p as u32,
-                        collectives,
+                    st.closed_done[p].map(|collectives| {
+                        let why = st.closed_why[p].as_deref().unwrap_or_default();
+                        Message::peer_closed(p as u32, collectives, why)
                     })
                 });
-                let me = Message::PeerClosed {
-                    rank: self.rank as u32,
-                    collectives: self.collectives_done.load(Ordering::Acquire),
-                };
+                let me = Message::peer_closed(
+                    self.rank as u32,
+                    self.collectives_done.load(Ordering::Acquire),
+                    &own_why,
+                );
                 lost.into_iter().chain(closed).chain([me]).collect()
             };
             let goodbye = self.goodbye();

@@ -470,6 +470,24 @@ impl Bootstrap {
         self.mesh.peers.get(rank).map(|p| p.pid)
     }
 
+    /// Makes this rank say, when its bootstrap closes, that it closes because of `why`: its
+    /// own error (a set-up that failed on it), which the other ranks then show in the errors
+    /// that name it ([`BootstrapError::PeerClosed`]'s `said`), instead of only "closed its
+    /// bootstrap". The first reason set is kept; at most
+    /// [`MAX_CLOSED_WHY_LEN`](wire::MAX_CLOSED_WHY_LEN) bytes are sent.
+    /// [`Collectives::new`](crate::collectives::Collectives::new) and
+    /// [`Communicator::from_bootstrap`](crate::communicator::Communicator::from_bootstrap)
+    /// set it when they fail on this rank by themselves.
+    pub fn set_leaving_why(&self, why: &str) {
+        self.mesh.set_leaving_why(why);
+    }
+
+    /// Why `rank` closed its bootstrap, as it said ([`set_leaving_why`](Self::set_leaving_why)),
+    /// once that reached this rank; `None` otherwise and out of range.
+    pub fn closed_why(&self, rank: usize) -> Option<String> {
+        self.mesh.closed_why(rank)
+    }
+
     /// `rank`'s process id if this process can look at that process: same machine, same
     /// process id namespace (whatever the host ids say), another process. `None` otherwise,
     /// out of range, or where the process space is unknown.
@@ -835,6 +853,7 @@ impl Bootstrap {
                 op,
                 peer,
                 gave_up,
+                said,
             }) => match self.mesh.first_lost() {
                 Some((lost, detail)) => Err(BootstrapError::PeerLost {
                     rank,
@@ -850,6 +869,7 @@ impl Bootstrap {
                     op,
                     peer,
                     gave_up,
+                    said,
                 }),
             },
             other => other,

@@ -35,7 +35,7 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// [`PeerInfo`].
 /// Version 7: [`Message::PeerStalled`].
 /// Version 8: the process space of each rank ([`Join::process_space`],
-/// [`PeerInfo::process_space`]).
+/// [`PeerInfo::process_space`]); why a rank closed, in [`Message::PeerClosed`].
 pub const PROTOCOL_VERSION: u32 = 8;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
@@ -48,6 +48,9 @@ pub const MAX_HOST_ID_LEN: usize = 256;
 /// Longest operation name a [`Message::PeerStalled`] carries (bytes; longer names are cut at
 /// a character boundary by [`Message::peer_stalled`], and on receipt).
 pub const MAX_STALLED_OP_LEN: usize = 256;
+/// Longest reason a [`Message::PeerClosed`] carries (bytes; longer ones are cut at a
+/// character boundary by [`Message::peer_closed`], and on receipt).
+pub const MAX_CLOSED_WHY_LEN: usize = 1024;
 /// A payload is read into a buffer of at most this size up front; larger payloads grow the
 /// buffer as bytes actually arrive, so a lying length prefix cannot make us allocate much.
 const INITIAL_PAYLOAD_CAPACITY: usize = 4 * 1024 * 1024;
@@ -197,6 +200,10 @@ pub enum Message {
         rank: u32,
         /// The bootstrap collectives it completed (every one before that number).
         collectives: u64,
+        /// Why it closed, as it said (its own error: a set-up that failed on it), at most
+        /// [`MAX_CLOSED_WHY_LEN`] bytes; empty when it said nothing. Build it with
+        /// [`Message::peer_closed`], which bounds it.
+        why: String,
     },
     /// Rank to rank: the sender gave up waiting for `rank` in `op` (its wait timed out).
     /// `rank` is the root cause as far as the sender knew: when the rank it waited for had
@@ -221,6 +228,16 @@ impl Message {
         Message::PeerStalled {
             rank,
             op: bounded(op, MAX_STALLED_OP_LEN).to_owned(),
+        }
+    }
+
+    /// A [`PeerClosed`](Message::PeerClosed) news item with `why` cut to
+    /// [`MAX_CLOSED_WHY_LEN`] bytes (at a character boundary).
+    pub fn peer_closed(rank: u32, collectives: u64, why: &str) -> Message {
+        Message::PeerClosed {
+            rank,
+            collectives,
+            why: bounded(why, MAX_CLOSED_WHY_LEN).to_owned(),
         }
     }
 

@@ -949,11 +949,30 @@ impl Collectives {
     /// caller's own channels afterwards through [`communicator`] (read-only).
     ///
     /// [`communicator`]: Self::communicator
-    pub fn new(mut comm: Communicator, mut config: CollConfig) -> Result<Collectives, CommError> {
+    pub fn new(mut comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
+        match Self::set_up(&mut comm, config) {
+            Ok(assemble) => Ok(assemble(comm)),
+            Err(e) => {
+                // The communicator drops here, and its bootstrap's goodbye says why: the
+                // other ranks, whose set-up fails because this rank left, show this error
+                // beside its rank, not only "closed its bootstrap".
+                let why = format!("setting up its collectives failed on it: {e}");
+                comm.bootstrap().as_async().set_leaving_why(&why);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`new`](Self::new) up to the last step: what it returns makes the collectives of the
+    /// communicator it is given.
+    fn set_up(
+        comm: &mut Communicator,
+        mut config: CollConfig,
+    ) -> Result<impl FnOnce(Communicator) -> Collectives + use<>, CommError> {
         config.validate()?;
         let pdl_env = std::env::var("MSCCLPP_PDL").ok();
         gpu::check_pdl_env(pdl_env.as_deref())?;
-        let block_cap = shared_gpu_block_cap(&comm)?;
+        let block_cap = shared_gpu_block_cap(comm)?;
         // Ranks sharing a GPU agree whether any asked for dependent launch (the same cap
         // everywhere); every rank sees the same cap, so all or none take this step.
         let one_anywhere = block_cap != u32::MAX && {
@@ -970,7 +989,7 @@ impl Collectives {
         let proxy_pipe = proxy::ProxyPipe::from_env()?;
         // The kernels' context spans the local group: this rank's host (every rank, on one
         // host), indexed by local index; other hosts are reached through `cross`.
-        let topo = cross::Topology::of(&comm)?;
+        let topo = cross::Topology::of(comm)?;
         let spans_hosts = topo.hosts.len() > 1;
         let group: Vec<usize> = topo.group().to_vec();
         let (n, rank) = (group.len(), topo.local);
@@ -1003,21 +1022,19 @@ impl Collectives {
                 Some(list) => Some(list),
                 None => config.p2p_peers.clone(),
             };
-            let peers = xp2p::agree(&comm, &config, &topo, declared.as_deref())?;
+            let peers = xp2p::agree(comm, &config, &topo, declared.as_deref())?;
             let off = peers.off.clone();
             let x = if peers.remotes.is_empty() {
                 None
             } else {
-                Some(xp2p::XP2p::connect(
-                    &mut comm, &config, &topo, peers, network,
-                )?)
+                Some(xp2p::XP2p::connect(comm, &config, &topo, peers, network)?)
             };
             (x, off)
         } else {
             (None, None)
         };
         let cross = if spans_hosts {
-            Some(cross::Cross::connect(&mut comm, &config, topo, network)?)
+            Some(cross::Cross::connect(comm, &config, topo, network)?)
         } else {
             None
         };
@@ -1078,16 +1095,16 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
-        let p2p = Some(more::P2p::new(&mut comm, &config, &ctx, &group, rank)?);
+        let p2p = Some(more::P2p::new(comm, &config, &ctx, &group, rank)?);
         let gpu = match comm.backend() {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns, pdl)?),
             Backend::Host => None,
         };
         let cross = cross
-            .map(|c| cross::Cross::finish(&comm, c, gpu.as_ref()))
+            .map(|c| cross::Cross::finish(comm, c, gpu.as_ref()))
             .transpose()?;
         let xp2p = xp2p
-            .map(|x| xp2p::XP2p::finish(&comm, x, gpu.as_ref()))
+            .map(|x| xp2p::XP2p::finish(comm, x, gpu.as_ref()))
             .transpose()?;
         let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
         // Up on every rank or on none: a rank whose set-up failed above (a setting that
@@ -1098,8 +1115,8 @@ impl Collectives {
         if comm.nranks() > 1 {
             comm.proxy_launch()?;
         }
-        watch_departures(&comm, &group);
-        Ok(Collectives {
+        watch_departures(comm, &group);
+        Ok(move |comm| Collectives {
             comm,
             config,
             block_cap,

@@ -381,6 +381,21 @@ pub struct Communicator {
     fault: Arc<FaultArea>,
 }
 
+/// `result`, having told `bootstrap` to say, when it closes, that setting up `what` failed on
+/// this rank and why ([`Bootstrap::set_leaving_why`](crate::bootstrap::Bootstrap::set_leaving_why)):
+/// the bootstrap drops with the error, and the other ranks' errors then show it.
+fn said_why<T>(
+    bootstrap: &BlockingBootstrap,
+    what: &str,
+    result: Result<T, CommError>,
+) -> Result<T, CommError> {
+    if let Err(e) = &result {
+        let why = format!("setting up {what} failed on it: {e}");
+        bootstrap.as_async().set_leaving_why(&why);
+    }
+    result
+}
+
 impl Communicator {
     /// The seed's `mscclppCommInitRank(comm, nranks, rank, "ip:port")`: rank 0 runs the
     /// root at `addr`; also accepts a unique id string. Backend: [`Backend::auto`].
@@ -389,7 +404,11 @@ impl Communicator {
         let config = CommConfig::default();
         let bootstrap =
             BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())?;
-        let backend = Backend::auto(bootstrap.local_rank())?;
+        let backend = said_why(
+            &bootstrap,
+            "finding its GPU",
+            Backend::auto(bootstrap.local_rank()),
+        )?;
         Communicator::from_bootstrap(bootstrap, backend, config)
     }
 
@@ -402,7 +421,11 @@ impl Communicator {
         let config = CommConfig::default();
         let bootstrap =
             BlockingBootstrap::init_with_config(nranks, rank, id, config.bootstrap.clone())?;
-        let backend = Backend::auto(bootstrap.local_rank())?;
+        let backend = said_why(
+            &bootstrap,
+            "finding its GPU",
+            Backend::auto(bootstrap.local_rank()),
+        )?;
         Communicator::from_bootstrap(bootstrap, backend, config)
     }
 
@@ -412,30 +435,34 @@ impl Communicator {
         backend: Backend,
         config: CommConfig,
     ) -> Result<Communicator, CommError> {
-        config
-            .ib
-            .validate()
-            .map_err(|e| CommError::InvalidArgument(e.to_string()))?;
-        let proxy_flag = ProxyFlagMode::from_env()
-            .map_err(|e| CommError::InvalidArgument(e.to_string()))?
-            .unwrap_or(config.proxy_flag);
-        let device_timeout = device_timeout_from_env()?.unwrap_or(config.device_timeout);
-        let fifo_config = FifoConfig {
-            slots: config.fifo_slots,
-            timeout: device_timeout,
+        let parts = || -> Result<_, CommError> {
+            config
+                .ib
+                .validate()
+                .map_err(|e| CommError::InvalidArgument(e.to_string()))?;
+            let proxy_flag = ProxyFlagMode::from_env()
+                .map_err(|e| CommError::InvalidArgument(e.to_string()))?
+                .unwrap_or(config.proxy_flag);
+            let device_timeout = device_timeout_from_env()?.unwrap_or(config.device_timeout);
+            let fifo_config = FifoConfig {
+                slots: config.fifo_slots,
+                timeout: device_timeout,
+            };
+            let fifo = match &backend {
+                Backend::Gpu(gpu) => Fifo::new_gpu(gpu, fifo_config),
+                Backend::Host => Fifo::new_host(fifo_config),
+            }
+            .map_err(|e| CommError::InvalidArgument(format!("proxy FIFO: {e}")))?;
+            let fault = FaultArea::new(
+                match &backend {
+                    Backend::Gpu(g) => Some(g),
+                    Backend::Host => None,
+                },
+                bootstrap.nranks(),
+            )?;
+            Ok((proxy_flag, fifo, fault))
         };
-        let fifo = match &backend {
-            Backend::Gpu(gpu) => Fifo::new_gpu(gpu, fifo_config),
-            Backend::Host => Fifo::new_host(fifo_config),
-        }
-        .map_err(|e| CommError::InvalidArgument(format!("proxy FIFO: {e}")))?;
-        let fault = FaultArea::new(
-            match &backend {
-                Backend::Gpu(g) => Some(g),
-                Backend::Host => None,
-            },
-            bootstrap.nranks(),
-        )?;
+        let (proxy_flag, fifo, fault) = said_why(&bootstrap, "its communicator", parts())?;
         fault.watch(&bootstrap);
         Ok(Communicator {
             bootstrap,

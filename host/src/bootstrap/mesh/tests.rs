@@ -201,3 +201,42 @@ fn a_timed_out_wait_names_a_stopped_process_of_this_machine() {
         "{text}"
     );
 }
+
+/// A closed rank's reason ([`Message::PeerClosed`]'s `why`) is shown by the errors that name
+/// it: the first reason that came is kept, an empty one says nothing, a long one is cut on
+/// receipt.
+#[test]
+fn a_closed_rank_that_said_why_is_named_with_it() {
+    let m = mesh(0, 4);
+    m.note_reported_closure(1, 0, "");
+    m.note_reported_closure(1, 0, "setting up its collectives failed on it: no GPU");
+    m.note_reported_closure(1, 0, "a later word");
+    m.mark_closed(1, None, false);
+    let err = m.status_error(1, Op::AllGather).unwrap();
+    assert!(
+        matches!(&err, BootstrapError::PeerClosed { peer: 1, said: Some(w), .. }
+            if w == "setting up its collectives failed on it: no GPU"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "rank 0: all_gather failed: rank 1 has closed its bootstrap; it said why: setting up \
+         its collectives failed on it: no GPU"
+    );
+    // Said nothing: as before.
+    m.note_reported_closure(2, 0, "");
+    m.mark_closed(2, None, false);
+    assert_eq!(m.closed_why(2), None);
+    assert_eq!(
+        m.status_error(2, Op::Barrier).unwrap().to_string(),
+        "rank 0: barrier failed: rank 2 has closed its bootstrap"
+    );
+    // Within the frame limits, but beyond the bound a sender keeps to.
+    m.note_reported_closure(3, 0, &"é".repeat(wire::MAX_CLOSED_WHY_LEN));
+    let why = m.closed_why(3).unwrap();
+    assert!(why.len() <= wire::MAX_CLOSED_WHY_LEN && why.chars().all(|c| c == 'é'));
+    // This rank's own reason: the first set is kept, bounded, and goes out in its news.
+    m.set_leaving_why("first");
+    m.set_leaving_why("second");
+    assert_eq!(lock(&m.leaving_why).as_deref(), Some("first"));
+}

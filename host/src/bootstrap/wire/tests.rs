@@ -236,6 +236,36 @@ fn peer_stalled_op_is_bounded() {
 }
 
 #[test]
+fn peer_closed_why_is_bounded_and_round_trips() {
+    let long = "x".repeat(MAX_HEADER_LEN * 2);
+    let Message::PeerClosed { why, .. } = Message::peer_closed(1, 2, &long) else {
+        unreachable!()
+    };
+    assert_eq!(why.len(), MAX_CLOSED_WHY_LEN);
+    let wide = "é".repeat(MAX_CLOSED_WHY_LEN);
+    let Message::PeerClosed { why, .. } = Message::peer_closed(1, 2, &wide) else {
+        unreachable!()
+    };
+    assert!(why.len() <= MAX_CLOSED_WHY_LEN && why.len() > MAX_CLOSED_WHY_LEN - 2);
+    assert!(why.chars().all(|c| c == 'é'), "{why}");
+    for message in [
+        Message::peer_closed(1, 7, ""),
+        Message::peer_closed(
+            u32::MAX,
+            u64::MAX,
+            "setting up its collectives failed on it",
+        ),
+        Message::peer_closed(3, 0, &long),
+    ] {
+        let bytes = encode_frame(&message, &[]).unwrap();
+        let limits = FrameLimits::with_max_payload(0);
+        let (frame, used) = decode_frame(&bytes, &limits).unwrap().unwrap();
+        assert_eq!(used, bytes.len());
+        assert_eq!(frame.message, message);
+    }
+}
+
+#[test]
 fn a_lying_stalled_op_length_does_not_allocate() {
     // PeerStalled's op (variant index 11).
     assert_lying_string_length_is_refused(11);
