@@ -155,6 +155,28 @@ fn ip_port_root_survives_hostile_joins() {
             );
             assert!(r.to_string().contains(&want), "{field}: {r}");
         }
+        // A join of version 7 (fields before process_space: this version's with an empty
+        // process space, its trailing length byte cut): a version mismatch, not a broken frame.
+        let mut old = join(zero, 3, 1);
+        if let Message::Join(j) = &mut old {
+            j.version = 7;
+            j.process_space.clear();
+        }
+        let mut frame = wire::encode_frame(&old, &[]).unwrap();
+        assert_eq!(
+            frame.pop(),
+            Some(0),
+            "an empty process space ends the header"
+        );
+        let header_len = u32::from_le_bytes(frame[..4].try_into().unwrap()) - 1;
+        frame[..4].copy_from_slice(&header_len.to_le_bytes());
+        assert_eq!(
+            raw_reply(addr, &frame).await,
+            Some(Refusal::VersionMismatch {
+                ours: PROTOCOL_VERSION,
+                theirs: 7
+            })
+        );
         // A length prefix claiming a 4 GiB header: refused, and the refusal says "length".
         let bad = raw_reply(addr, &[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0])
             .await

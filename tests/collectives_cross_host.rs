@@ -1568,6 +1568,17 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill {sig} {pid}");
 }
 
+/// Whether `/proc` shows process `pid` stopped by a signal (state `T`).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let (_, tail) = s.rsplit_once(')')?;
+            Some(tail.split_whitespace().next()? == "T")
+        })
+        .unwrap_or(false)
+}
+
 fn stopped_rank_rank() {
     let c = collectives();
     let r = c.rank();
@@ -1580,6 +1591,16 @@ fn stopped_rank_rank() {
             .as_async()
             .local_pid(1)
             .expect("rank 1 runs on this machine");
+        // Stopped before the waits begin (kill(1) is a process of its own: on a loaded
+        // machine rank 1 could otherwise stop after a 1.5 s wait ran out).
+        let start = std::time::Instant::now();
+        while !is_stopped(pid) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "rank 1 did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let send = vec![1.0f32; 1000];
         let mut recv = vec![0.0f32; 1000];
         let e = c

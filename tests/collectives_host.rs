@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use half::f16;
+use mscclpp::host::bootstrap::BootstrapError;
 use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, ReduceOp};
-use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
+use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
 use mscclpp::host::launch::{Launch, LaunchReport};
 use mscclpp::host::testing::run_test_ranks;
 
@@ -291,15 +292,26 @@ fn bad_set_up_rank_main() {
         scratch_bytes,
         ..CollConfig::default()
     };
-    let e = match Collectives::new(comm, config) {
+    let err = match Collectives::new(comm, config) {
         Ok(_) => panic!("rank {r}: the set-up succeeded"),
-        Err(e) => e.to_string(),
+        Err(e) => e,
     };
+    let e = err.to_string();
     println!("failed: {e}");
     let own = "collectives: scratch of 100 bytes; at least 4096";
     if r == 1 {
         assert!(e.contains(own), "rank 1: {e}");
     } else {
+        // Rank 1 named, with its own reason alone: the rank that failed because of it
+        // (the other survivor) said nothing of its own.
+        assert!(
+            matches!(
+                &err,
+                CommError::Bootstrap(BootstrapError::PeerClosed { peer: 1, .. })
+            ),
+            "rank {r}: {err:?}"
+        );
+        assert_eq!(e.matches("failed on it").count(), 1, "rank {r}: {e}");
         let want = format!(
             "rank 1 has closed its bootstrap; it said why: setting up its collectives failed on it: {own}"
         );

@@ -1,7 +1,7 @@
 //! One reader of `/proc/<pid>/stat` (Linux) for the code that asks about another process:
 //! whether a peer's process has ended (shared-memory names left behind), what the
 //! launcher's ranks are doing (their threads; whether one is stopped), and why a rank of
-//! this machine cannot be making progress when a wait for some rank timed out.
+//! this machine is not making progress when a wait for some rank timed out.
 
 /// The command name and state letter of a `stat` line (`pid (comm) state ...`): `R`
 /// running, `S` sleeping, `D` uninterruptible, `T` stopped by a signal, `t` stopped by a
@@ -55,23 +55,24 @@ pub(crate) fn process_stopped(pid: u32) -> bool {
     matches!(process_state(pid), ProcessState::State(s) if s == "T")
 }
 
-/// Why process `pid` cannot be making progress, if `/proc` shows a reason now: stopped by a
+/// Why process `pid` is not making progress, if `/proc` shows a reason now: stopped by a
 /// signal (`T`) or by a debugger (`t`), in an uninterruptible wait in the kernel (`D`: a
-/// snapshot, often brief), or ended (gone, or a zombie). `None` while it runs or sleeps as
-/// usual, and where that cannot be told.
+/// snapshot of that moment, often brief, and said so), or ended (gone, a zombie, dead).
+/// `None` while it runs or sleeps as usual, and where that cannot be told.
 pub(crate) fn stuck_reason(pid: u32) -> Option<&'static str> {
     match process_state(pid) {
         ProcessState::Gone => Some("has ended"),
         ProcessState::State(s) => match s.as_str() {
-            "T" => Some(
-                "is stopped by a signal (SIGSTOP or SIGTSTP, as Ctrl-Z sends; SIGCONT resumes it)",
-            ),
+            "T" => {
+                Some("is stopped by a signal (SIGSTOP, or SIGTSTP as Ctrl-Z sends, until SIGCONT)")
+            }
             "t" => Some("is stopped by a debugger"),
             "D" => Some(
-                "was in an uninterruptible wait in the kernel (state D: a driver or file \
-                 system call that had not returned)",
+                "was, when looked at, in an uninterruptible wait in the kernel (state D: a \
+                 driver or file system call that had not returned)",
             ),
-            "Z" | "X" => Some("has ended (a zombie: its parent has not reaped it)"),
+            "Z" => Some("has ended (a zombie: its parent has not reaped it)"),
+            "X" => Some("has ended"),
             _ => None,
         },
         ProcessState::Unknown => None,

@@ -437,11 +437,29 @@ pub fn set_up(
     // The real communicator first, so that it is there if ours cannot be made.
     let (real, real_missing) = match real_setup {
         RealSetup::Given(r, why) => (r, why),
-        RealSetup::Create(cfg) => create_real(call, &bootstrap, cfg)?,
+        RealSetup::Create(cfg) => match create_real(call, &bootstrap, cfg) {
+            Ok(made) => made,
+            Err(f) => {
+                // Said as this rank's bootstrap closes (it drops with the error).
+                let why = format!(
+                    "creating its real NCCL communicator failed on it: {}",
+                    f.msg
+                );
+                bootstrap.as_async().set_leaving_why(&why);
+                return Err(f);
+            }
+        },
     };
     let deadline = config.bootstrap.timeout;
     let ours = Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
-        .and_then(|comm| Collectives::new(comm, CollConfig::from_env()?))
+        .and_then(|comm| match CollConfig::from_env() {
+            Ok(c) => Collectives::new(comm, c),
+            Err(e) => {
+                let why = format!("reading its collectives' settings failed on it: {e}");
+                comm.bootstrap().as_async().set_leaving_why(&why);
+                Err(e)
+            }
+        })
         .and_then(|coll| {
             // Ours is up on every rank only once every rank says so; in the same step the
             // ranks agree whether sends and receives go to the real NCCL (ours cannot reach

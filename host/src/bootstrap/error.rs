@@ -167,8 +167,8 @@ pub struct GaveUp {
     pub op: String,
 }
 
-/// A rank on this machine whose process could not be making progress when a wait of this
-/// rank timed out, as `/proc` showed it then (stopped by a signal or a debugger, in an
+/// A rank on this machine whose process was not making progress when a wait of this rank
+/// timed out, as `/proc` showed it then (stopped by a signal or a debugger, in an
 /// uninterruptible kernel wait, ended): most likely why the wait timed out, whichever rank
 /// it waited for. Found only for ranks whose processes this rank can look at (the same
 /// machine and process id namespace; [`Bootstrap::local_pid`](super::Bootstrap::local_pid)).
@@ -189,13 +189,13 @@ impl fmt::Display for StuckProcess {
     }
 }
 
-/// `"; on this machine, rank 1 (pid 42) is stopped ...; rank 3 ..."`, or nothing.
+/// `"; on this machine, rank 1 (pid 42) is stopped ..., and rank 3 ..."`, or nothing.
 pub(crate) fn stuck_note(stuck: &[StuckProcess]) -> String {
     if stuck.is_empty() {
         return String::new();
     }
     let all: Vec<String> = stuck.iter().map(ToString::to_string).collect();
-    format!("; on this machine, {}", all.join("; "))
+    format!("; on this machine, {}", all.join(", and "))
 }
 
 fn itself_gave_up(gave_up: &Option<GaveUp>) -> String {

@@ -245,8 +245,15 @@ impl Mesh {
 
     /// Makes this rank say, when it closes, that it closes because of `why` (its own error;
     /// see [`Bootstrap::set_leaving_why`](super::Bootstrap::set_leaving_why)). The first
-    /// reason set is kept.
+    /// reason set is kept; none is kept once another rank is known lost or closed.
     pub(crate) fn set_leaving_why(&self, why: &str) {
+        let others_gone = {
+            let st = lock(&self.state);
+            !st.lost_order.is_empty() || !st.closed_order.is_empty()
+        };
+        if others_gone {
+            return;
+        }
         lock(&self.leaving_why)
             .get_or_insert_with(|| wire::bounded(why, wire::MAX_CLOSED_WHY_LEN).into());
     }
@@ -454,6 +461,11 @@ impl Mesh {
                 return;
             }
             Ok(Err(wire::FrameError::Io(_))) | Ok(Ok(None)) | Err(_) => return,
+            Ok(Err(wire::FrameError::OtherVersion { theirs })) => {
+                let ours = PROTOCOL_VERSION;
+                refuse(&mut wr, Refusal::VersionMismatch { ours, theirs }).await;
+                return;
+            }
             // A length or encoding error: not one of ours, or a broken one.
             Ok(Err(e)) => {
                 refuse(&mut wr, Refusal::MalformedFrame(e.to_string())).await;
@@ -857,6 +869,9 @@ impl Mesh {
     /// See [`Bootstrap::stuck_ranks`](super::Bootstrap::stuck_ranks).
     pub(crate) fn stuck_ranks(&self) -> Vec<StuckProcess> {
         (0..self.nranks)
+            // A rank that closed or was lost is named as such by the waits; its process may
+            // have ended on purpose, and its pid may since be another process's.
+            .filter(|&rank| self.is_alive(rank))
             .filter_map(|rank| {
                 let pid = self.local_pid(rank)?;
                 let reason = crate::procfs::stuck_reason(pid)?;

@@ -28,8 +28,8 @@
 //! only by timeouts; a rank whose wait times out tells the others
 //! ([`wire::Message::PeerStalled`]), so that a rank waiting on it names the stalled rank
 //! behind it ([`BootstrapError::Timeout`]'s `gave_up`), not only the rank it waited for.
-//! A timeout also names the ranks of this machine whose processes cannot be making progress
-//! (stopped, in an uninterruptible kernel wait, ended: its `stuck`,
+//! A timeout also names the ranks of this machine whose processes are not making progress
+//! when it looks (stopped, in an uninterruptible kernel wait, ended: its `stuck`,
 //! [`Bootstrap::stuck_ranks`]). What is not: a peer that passed the handshake is
 //! trusted to follow the protocol (a deviation is treated as that peer being lost).
 //!
@@ -301,11 +301,23 @@ pub(crate) fn machine_id() -> String {
 /// (`/proc/self/ns/pid`), so that ranks in containers of one machine, whose process ids mean
 /// different processes, are told apart. Ranks with equal values can look at each other's
 /// processes ([`Bootstrap::local_pid`]).
+///
+/// Empty (no rank looks at another's process) unless all of it can be read and `/proc` shows
+/// this process under its own process id: a `/proc` mounted for another pid namespace (after
+/// `unshare --pid` without a new mount) numbers processes differently from the pids the
+/// ranks report.
 pub(crate) fn process_space_id() -> String {
-    let ns = std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    truncate(format!("{}/{ns}", machine_id()))
+    let ns = std::fs::read_link("/proc/self/ns/pid").ok();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok();
+    let own = std::fs::read_link("/proc/self")
+        .ok()
+        .is_some_and(|p| p.to_str() == Some(&std::process::id().to_string()));
+    match (ns, boot) {
+        (Some(ns), Some(boot)) if own && !boot.trim().is_empty() => {
+            truncate(format!("{}/{}", machine_id(), ns.to_string_lossy()))
+        }
+        _ => String::new(),
+    }
 }
 
 fn truncate(mut s: String) -> String {
@@ -474,7 +486,10 @@ impl Bootstrap {
     /// own error (a set-up that failed on it), which the other ranks then show in the errors
     /// that name it ([`BootstrapError::PeerClosed`]'s `said`), instead of only "closed its
     /// bootstrap". The first reason set is kept; at most
-    /// [`MAX_CLOSED_WHY_LEN`](wire::MAX_CLOSED_WHY_LEN) bytes are sent.
+    /// [`MAX_CLOSED_WHY_LEN`](wire::MAX_CLOSED_WHY_LEN) bytes are sent. Ignored once another
+    /// rank is known lost or closed: this rank's failure then most likely follows from that
+    /// rank's, whose own word (or loss) the others are told of, and a second reason would
+    /// only repeat it.
     /// [`Collectives::new`](crate::collectives::Collectives::new) and
     /// [`Communicator::from_bootstrap`](crate::communicator::Communicator::from_bootstrap)
     /// set it when they fail on this rank by themselves.
@@ -495,10 +510,11 @@ impl Bootstrap {
         self.mesh.local_pid(rank)
     }
 
-    /// The ranks whose processes this rank can look at ([`local_pid`](Self::local_pid)) and
-    /// that cannot be making progress now, as `/proc` shows them: stopped by a signal or a
-    /// debugger, in an uninterruptible kernel wait, or ended. What a wait that timed out
-    /// names beside the rank it waited for ([`StuckProcess`]).
+    /// The ranks still alive to the bootstrap whose processes this rank can look at
+    /// ([`local_pid`](Self::local_pid)) and that are not making progress now, as `/proc`
+    /// shows them: stopped by a signal or a debugger, in an uninterruptible kernel wait at
+    /// this moment, or ended. What a wait that timed out names beside the rank it waited for
+    /// ([`StuckProcess`]).
     pub fn stuck_ranks(&self) -> Vec<StuckProcess> {
         self.mesh.stuck_ranks()
     }

@@ -321,6 +321,10 @@ async fn handshake(
         }
         Ok(Ok(Some(frame))) => Refusal::UnexpectedMessage(format!("{:?}", frame.message)),
         Ok(Err(wire::FrameError::Io(_))) | Ok(Ok(None)) | Err(_) => return Err(None),
+        Ok(Err(wire::FrameError::OtherVersion { theirs })) => Refusal::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs,
+        },
         Ok(Err(e)) => Refusal::MalformedFrame(e.to_string()),
     };
     send_refusal(&mut stream, refusal.clone()).await;

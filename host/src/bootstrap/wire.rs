@@ -309,6 +309,15 @@ pub enum FrameError {
     /// The header bytes are not a valid message.
     #[error("frame header does not decode: {0}")]
     Decode(String),
+    /// The header is a handshake ([`Join`] or [`Hello`]) of another protocol version, whose
+    /// fields differ from this version's (so it does not decode as a message of ours).
+    #[error(
+        "a handshake of bootstrap protocol version {theirs} (this build speaks version {PROTOCOL_VERSION})"
+    )]
+    OtherVersion {
+        /// The version the handshake says.
+        theirs: u32,
+    },
     /// The header decoded from fewer bytes than announced.
     #[error("frame header decoded from {used} of its {len} bytes (wrong header length)")]
     TrailingBytes {
@@ -390,7 +399,10 @@ pub fn parse_prefix(
 /// Decodes a header that must span all of `bytes`.
 pub fn decode_header(bytes: &[u8]) -> Result<Message, FrameError> {
     let (message, used) = bincode::serde::decode_from_slice::<Message, _>(bytes, header_config())
-        .map_err(|e| FrameError::Decode(e.to_string()))?;
+        .map_err(|e| match handshake_version(bytes) {
+        Some(theirs) if theirs != PROTOCOL_VERSION => FrameError::OtherVersion { theirs },
+        _ => FrameError::Decode(e.to_string()),
+    })?;
     if used != bytes.len() {
         return Err(FrameError::TrailingBytes {
             used,
@@ -398,6 +410,34 @@ pub fn decode_header(bytes: &[u8]) -> Result<Message, FrameError> {
         });
     }
     Ok(message)
+}
+
+/// The start that every version's [`Join`] and [`Hello`] share: the magic, then the version.
+#[derive(Deserialize)]
+struct HandshakeStart {
+    magic: [u8; 8],
+    version: u32,
+}
+
+/// [`Message`]'s first variants, as every protocol version numbers them, with only the start
+/// of the two handshakes: enough to read another version's handshake.
+#[derive(Deserialize)]
+enum HandshakeOnly {
+    Join(HandshakeStart),
+    Welcome,
+    Refused,
+    Hello(HandshakeStart),
+}
+
+/// The protocol version of a header that starts as a [`Join`] or [`Hello`] with our
+/// [`MAGIC`] (of any version: their first fields never change), else `None`.
+pub fn handshake_version(bytes: &[u8]) -> Option<u32> {
+    match bincode::serde::decode_from_slice::<HandshakeOnly, _>(bytes, header_config()) {
+        Ok((HandshakeOnly::Join(h) | HandshakeOnly::Hello(h), _)) if h.magic == MAGIC => {
+            Some(h.version)
+        }
+        _ => None,
+    }
 }
 
 /// Decodes one frame from the front of `buf`.

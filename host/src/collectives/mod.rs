@@ -679,7 +679,7 @@ impl Collectives {
     }
 
     /// `"; on this machine, rank R (pid P) is stopped by a signal ..."` for the ranks whose
-    /// processes this rank can look at and that cannot be making progress now
+    /// processes this rank can look at and that are not making progress now
     /// ([`Bootstrap::stuck_ranks`](crate::bootstrap::Bootstrap::stuck_ranks)): most likely
     /// why a device wait timed out, whichever rank it waited for. Else nothing.
     pub(super) fn stuck_note(&self) -> String {
@@ -696,6 +696,22 @@ impl Collectives {
             String::new()
         }
     }
+}
+
+/// Whether `e` comes from another rank (lost, closed, stalled, or an abort), not from this
+/// rank's own set-up: such a failure is not this rank's to explain.
+fn caused_by_another_rank(e: &CommError) -> bool {
+    matches!(
+        e,
+        CommError::Aborted(_)
+            | CommError::Timeout(_)
+            | CommError::Bootstrap(
+                crate::bootstrap::BootstrapError::PeerLost { .. }
+                    | crate::bootstrap::BootstrapError::PeerClosed { .. }
+                    | crate::bootstrap::BootstrapError::Timeout { .. }
+                    | crate::bootstrap::BootstrapError::Poisoned { .. }
+            )
+    )
 }
 
 /// How long a collective's timeout error waits for the report of the rank it waited for
@@ -955,9 +971,12 @@ impl Collectives {
             Err(e) => {
                 // The communicator drops here, and its bootstrap's goodbye says why: the
                 // other ranks, whose set-up fails because this rank left, show this error
-                // beside its rank, not only "closed its bootstrap".
-                let why = format!("setting up its collectives failed on it: {e}");
-                comm.bootstrap().as_async().set_leaving_why(&why);
+                // beside its rank, not only "closed its bootstrap". Not for a failure
+                // another rank caused (that rank is named to everyone as it is).
+                if !caused_by_another_rank(&e) {
+                    let why = format!("setting up its collectives failed on it: {e}");
+                    comm.bootstrap().as_async().set_leaving_why(&why);
+                }
                 Err(e)
             }
         }

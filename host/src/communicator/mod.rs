@@ -381,8 +381,8 @@ pub struct Communicator {
     fault: Arc<FaultArea>,
 }
 
-/// `result`, having told `bootstrap` to say, when it closes, that setting up `what` failed on
-/// this rank and why ([`Bootstrap::set_leaving_why`](crate::bootstrap::Bootstrap::set_leaving_why)):
+/// `result`, having told `bootstrap` to say, when it closes, that `what` ("finding its GPU")
+/// failed on this rank and why ([`Bootstrap::set_leaving_why`](crate::bootstrap::Bootstrap::set_leaving_why)):
 /// the bootstrap drops with the error, and the other ranks' errors then show it.
 fn said_why<T>(
     bootstrap: &BlockingBootstrap,
@@ -390,7 +390,7 @@ fn said_why<T>(
     result: Result<T, CommError>,
 ) -> Result<T, CommError> {
     if let Err(e) = &result {
-        let why = format!("setting up {what} failed on it: {e}");
+        let why = format!("{what} failed on it: {e}");
         bootstrap.as_async().set_leaving_why(&why);
     }
     result
@@ -462,7 +462,8 @@ impl Communicator {
             )?;
             Ok((proxy_flag, fifo, fault))
         };
-        let (proxy_flag, fifo, fault) = said_why(&bootstrap, "its communicator", parts())?;
+        let (proxy_flag, fifo, fault) =
+            said_why(&bootstrap, "setting up its communicator", parts())?;
         fault.watch(&bootstrap);
         Ok(Communicator {
             bootstrap,

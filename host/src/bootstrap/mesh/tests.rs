@@ -162,7 +162,7 @@ fn a_timed_out_wait_names_a_stopped_process_of_this_machine() {
         process_space: process_space.into(),
     };
     // Rank 0: this process. Rank 1: the child, here. Rank 2: the child's pid elsewhere.
-    // Rank 3: another process of this machine, running.
+    // Rank 3: this process again (ranks that are threads of one process).
     let peers = vec![
         peer(std::process::id(), &here),
         peer(pid, &here),
@@ -235,7 +235,12 @@ fn a_closed_rank_that_said_why_is_named_with_it() {
     m.note_reported_closure(3, 0, &"é".repeat(wire::MAX_CLOSED_WHY_LEN));
     let why = m.closed_why(3).unwrap();
     assert!(why.len() <= wire::MAX_CLOSED_WHY_LEN && why.chars().all(|c| c == 'é'));
-    // This rank's own reason: the first set is kept, bounded, and goes out in its news.
+    // This rank's own reason, once other ranks are known closed: not kept (its failure
+    // most likely follows theirs, and they are named with their own).
+    m.set_leaving_why("after them");
+    assert_eq!(lock(&m.leaving_why).as_deref(), None);
+    // With none gone, the first reason set is kept.
+    let m = mesh(0, 2);
     m.set_leaving_why("first");
     m.set_leaving_why("second");
     assert_eq!(lock(&m.leaving_why).as_deref(), Some("first"));

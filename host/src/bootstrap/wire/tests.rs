@@ -273,3 +273,72 @@ fn a_lying_stalled_op_length_does_not_allocate() {
     let honest = encode_frame(&Message::peer_stalled(1, "barrier"), &[]).unwrap();
     assert_eq!(honest[PREFIX_LEN], 11, "PeerStalled's variant index moved");
 }
+
+/// A version 7 [`Join`] (before `process_space`), as a build of that version sends it.
+#[derive(Serialize)]
+struct JoinV7 {
+    magic: [u8; 8],
+    version: u32,
+    secret: [u8; 32],
+    nranks: u32,
+    rank: u32,
+    listen_addr: std::net::SocketAddr,
+    host_id: String,
+    pid: u32,
+}
+
+/// [`Message`]'s first variant as version 7 had it.
+#[derive(Serialize)]
+enum MessageV7 {
+    Join(JoinV7),
+}
+
+fn join_v7(magic: [u8; 8]) -> Vec<u8> {
+    let join = MessageV7::Join(JoinV7 {
+        magic,
+        version: 7,
+        secret: [3; 32],
+        nranks: 2,
+        rank: 1,
+        listen_addr: "127.0.0.1:9".parse().unwrap(),
+        host_id: "h".into(),
+        pid: 42,
+    });
+    bincode::serde::encode_to_vec(&join, bincode::config::standard()).unwrap()
+}
+
+/// A handshake of another version, whose fields differ from ours, is told apart from a
+/// broken frame: it says its version (the root and the ranks refuse it as a version
+/// mismatch, as they do one whose fields happen to decode).
+#[test]
+fn another_versions_join_says_its_version() {
+    let old = join_v7(MAGIC);
+    assert_eq!(handshake_version(&old), Some(7));
+    assert!(
+        matches!(
+            decode_header(&old),
+            Err(FrameError::OtherVersion { theirs: 7 })
+        ),
+        "{:?}",
+        decode_header(&old)
+    );
+    // Not our magic: a broken frame, as before.
+    let alien = join_v7(*b"NOTOURS!");
+    assert_eq!(handshake_version(&alien), None);
+    assert!(matches!(decode_header(&alien), Err(FrameError::Decode(_))));
+    // This version's handshakes decode as messages.
+    let hello = Message::Hello(Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        secret: [0; 32],
+        nranks: 2,
+        from: 0,
+        to: 1,
+    });
+    let bytes = bincode::serde::encode_to_vec(&hello, bincode::config::standard()).unwrap();
+    assert_eq!(handshake_version(&bytes), Some(PROTOCOL_VERSION));
+    assert_eq!(decode_header(&bytes).unwrap(), hello);
+    // Other messages have no handshake version.
+    let bytes = bincode::serde::encode_to_vec(Message::Goodbye, bincode::config::standard());
+    assert_eq!(handshake_version(&bytes.unwrap()), None);
+}
