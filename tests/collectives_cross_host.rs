@@ -1584,9 +1584,16 @@ fn stopped_rank_rank() {
     let r = c.rank();
     let bs = c.communicator().bootstrap();
     if r == 1 {
+        // Only once every other rank's set-up has returned: the bootstrap writes in the
+        // background, so a rank stopped the moment its own set-up returned may not have
+        // sent its last all-gather block yet (the others' set-up then times out on it).
+        for q in [0, 2, 3] {
+            bs.recv(q, 78).unwrap();
+        }
         // Stopped until rank 0 has heard from every other rank, then resumed.
         signal(std::process::id(), "-STOP");
     } else {
+        bs.send(1, 78, b"set up").unwrap();
         let pid = bs
             .as_async()
             .local_pid(1)
