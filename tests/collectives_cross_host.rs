@@ -1517,6 +1517,21 @@ fn device_timeout_variable_bounds_the_waits() {
     );
 }
 
+/// Runs an all-reduce of 1000 f32 that must time out (a rank does not take part); prints
+/// and returns the error's text.
+fn all_reduce_times_out(c: &Collectives) -> String {
+    let r = c.rank();
+    let send = vec![1.0f32; 1000];
+    let mut recv = vec![0.0f32; 1000];
+    let e = c
+        .all_reduce_host(&send, &mut recv, ReduceOp::Sum)
+        .unwrap_err();
+    let text = e.to_string();
+    println!("rank {r}: {text}");
+    assert!(matches!(e, CommError::Timeout(_)), "rank {r}: {text}");
+    text
+}
+
 fn stalled_rank_chain_rank() {
     let c = collectives();
     let r = c.rank();
@@ -1524,14 +1539,7 @@ fn stalled_rank_chain_rank() {
         // Rank 1 (host 0) does not take part: some ranks wait on it, others on a rank that
         // waits on it (rank 2's partner across hosts is rank 0, stuck in its step with rank
         // 1 inside host 0).
-        let send = vec![1.0f32; 1000];
-        let mut recv = vec![0.0f32; 1000];
-        let e = c
-            .all_reduce_host(&send, &mut recv, ReduceOp::Sum)
-            .unwrap_err();
-        let text = e.to_string();
-        println!("rank {r}: {text}");
-        assert!(matches!(e, CommError::Timeout(_)), "rank {r}: {text}");
+        let text = all_reduce_times_out(&c);
         assert!(
             text.contains("waited 1.5s for rank 1 ") || text.contains("stuck behind rank 1 "),
             "rank {r} did not name rank 1: {text}"
@@ -1608,14 +1616,7 @@ fn stopped_rank_rank() {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        let send = vec![1.0f32; 1000];
-        let mut recv = vec![0.0f32; 1000];
-        let e = c
-            .all_reduce_host(&send, &mut recv, ReduceOp::Sum)
-            .unwrap_err();
-        let text = e.to_string();
-        println!("rank {r}: {text}");
-        assert!(matches!(e, CommError::Timeout(_)), "rank {r}: {text}");
+        let text = all_reduce_times_out(&c);
         // Every rank names the stopped process, whichever rank it waited for (rank 2's
         // partner across hosts is rank 0, healthy and itself waiting on rank 1).
         let want = format!("on this machine, rank 1 (pid {pid}) is stopped by a signal");
