@@ -1070,6 +1070,54 @@ impl Mesh {
         }
     }
 
+    /// The error that what this rank knows of `peer` makes of a wait for it in `op`: lost,
+    /// closed (its goodbye here, or news of it from another rank, with why it left if it
+    /// said), or `None` while nothing is known.
+    fn news_error(&self, peer: usize, op: Op) -> Option<BootstrapError> {
+        if let Some(e) = self.status_error(peer, op.clone()) {
+            return Some(e);
+        }
+        let st = lock(&self.state);
+        st.closed_order
+            .contains(&peer)
+            .then(|| BootstrapError::PeerClosed {
+                rank: self.rank,
+                op,
+                peer,
+                gave_up: stall_behind(&st, peer, None),
+                said: st.closed_why[peer].clone(),
+            })
+    }
+
+    /// Waits at most `grace` for `known` (what this rank knows now) to name a loss, or a
+    /// closed rank with why it left; returns what it names then (a closed rank without its
+    /// reason, when the reason did not come in time; `None`: nothing known).
+    async fn wait_for_news(
+        &self,
+        grace: Duration,
+        known: impl Fn() -> Option<BootstrapError>,
+    ) -> Option<BootstrapError> {
+        let deadline = Instant::now() + grace.min(self.config.timeout);
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let now = known();
+            if matches!(
+                now,
+                Some(
+                    BootstrapError::PeerLost { .. }
+                        | BootstrapError::PeerClosed { said: Some(_), .. }
+                )
+            ) {
+                return now;
+            }
+            if timeout_at(deadline, notified).await.is_err() {
+                return known();
+            }
+        }
+    }
+
     /// Waits at most `grace` for some rank to be known lost; returns it and what was seen.
     pub(crate) async fn wait_for_loss(&self, grace: Duration) -> Option<(usize, String)> {
         let deadline = Instant::now() + grace.min(self.config.timeout);
@@ -1099,11 +1147,33 @@ impl Mesh {
 
     /// Dials the ring successor now rather than on first use, so that every rank's death is
     /// seen by some live rank.
+    ///
+    /// A failure is blamed on the first rank known lost, else the first known to have closed
+    /// (with why it left, if it said; waiting up to [`LOSS_NEWS_GRACE`] for that news): a
+    /// job with such a rank cannot start, and the successor this rank dialed most likely
+    /// closed because of it (it refused, or closed during the handshake).
     pub(crate) async fn connect_ring(self: &Arc<Self>) -> Result<(), BootstrapError> {
-        if self.nranks > 1 {
-            self.link((self.rank + 1) % self.nranks, Op::Init).await?;
+        if self.nranks > 1
+            && let Err(e) = self.link((self.rank + 1) % self.nranks, Op::Init).await
+        {
+            let news = || self.first_gone_error(Op::Init);
+            return Err(self.wait_for_news(LOSS_NEWS_GRACE, news).await.unwrap_or(e));
         }
         Ok(())
+    }
+
+    /// The error naming the first rank known lost, else the first known to have closed.
+    fn first_gone_error(&self, op: Op) -> Option<BootstrapError> {
+        if let Some((peer, detail)) = self.first_lost() {
+            return Some(BootstrapError::PeerLost {
+                rank: self.rank,
+                op,
+                peer,
+                detail,
+            });
+        }
+        let first = lock(&self.state).closed_order.first().copied()?;
+        self.news_error(first, op)
     }
 
     async fn dial(self: &Arc<Self>, peer: usize, op: Op) -> Result<Link, BootstrapError> {
@@ -1116,7 +1186,12 @@ impl Mesh {
         let stream = match timeout(self.config.timeout, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                return Err(self.status_error(peer, op.clone()).unwrap_or_else(|| {
+                // After the rendezvous every rank listens until it closes: a refusal means
+                // that `peer` is gone. Its goodbye (with why it left) or its loss may reach
+                // this rank through another one a moment later; name it from that news.
+                let news = || self.news_error(peer, op.clone());
+                let known = self.wait_for_news(LOSS_NEWS_GRACE, news).await;
+                return Err(known.unwrap_or_else(|| {
                     io_err(format!("{op}: cannot connect to rank {peer} at {addr}"), e)
                 }));
             }

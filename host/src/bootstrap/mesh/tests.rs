@@ -245,3 +245,35 @@ fn a_closed_rank_that_said_why_is_named_with_it() {
     m.set_leaving_why("second");
     assert_eq!(lock(&m.leaving_why).as_deref(), Some("first"));
 }
+
+/// A dial refused after the rendezvous (the peer's listener has closed) waits a moment for
+/// news of the peer, and names it as closed with why it left when that news comes through
+/// another rank; with no news, the refusal itself is the error.
+#[test]
+fn a_refused_dial_names_the_closed_peer_with_why() {
+    // Every peer's address is 127.0.0.1:1, where nothing listens.
+    let m = mesh(0, 3);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let news = Arc::clone(&m);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            news.note_reported_closure(1, 0, "setting up its collectives failed on it: x");
+        });
+        let err = m.connect_ring().await.unwrap_err();
+        assert!(
+            matches!(&err, BootstrapError::PeerClosed { peer: 1, said: Some(w), .. }
+                if w == "setting up its collectives failed on it: x"),
+            "{err:?}"
+        );
+        let err = m.link(2, Op::Barrier).await.err().unwrap();
+        assert!(
+            matches!(&err, BootstrapError::Io { .. })
+                && err.to_string().contains("cannot connect to rank 2"),
+            "{err:?}"
+        );
+    });
+}
