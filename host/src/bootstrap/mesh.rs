@@ -247,9 +247,16 @@ impl Mesh {
     /// see [`Bootstrap::set_leaving_why`](super::Bootstrap::set_leaving_why)). The first
     /// reason set is kept; none is kept once another rank is known lost or closed.
     pub(crate) fn set_leaving_why(&self, why: &str) {
+        // Gone: lost, or closed before completing the bootstrap collectives this rank has
+        // (or with no record of them): not a rank that finished its work and left.
+        let done = self.collectives_done.load(Ordering::Acquire);
         let others_gone = {
             let st = lock(&self.state);
-            !st.lost_order.is_empty() || !st.closed_order.is_empty()
+            !st.lost_order.is_empty()
+                || st
+                    .closed_order
+                    .iter()
+                    .any(|&p| st.closed_done[p].is_none_or(|d| d <= done))
         };
         if others_gone {
             return;
@@ -1089,13 +1096,26 @@ impl Mesh {
             })
     }
 
-    /// Waits at most `grace` for `known` (what this rank knows now) to name a loss, or a
-    /// closed rank with why it left; returns what it names then (a closed rank without its
-    /// reason, when the reason did not come in time; `None`: nothing known).
+    /// Whether `e` is all the news there will be: a loss, or a closed rank whose reason is
+    /// here or cannot come any more (its own goodbye came, after its reason if it gave one).
+    fn news_complete(&self, e: &BootstrapError) -> bool {
+        match e {
+            BootstrapError::PeerLost { .. } => true,
+            BootstrapError::PeerClosed { peer, said, .. } => {
+                said.is_some() || matches!(lock(&self.state).status[*peer], PeerStatus::Closed)
+            }
+            _ => false,
+        }
+    }
+
+    /// Waits at most `grace` for `known` (what this rank knows now) to be `complete` (say,
+    /// [`news_complete`](Self::news_complete)); returns what it names then (a closed rank
+    /// without its reason, when the reason did not come in time; `None`: nothing known).
     async fn wait_for_news(
         &self,
         grace: Duration,
         known: impl Fn() -> Option<BootstrapError>,
+        complete: impl Fn(&BootstrapError) -> bool,
     ) -> Option<BootstrapError> {
         let deadline = Instant::now() + grace.min(self.config.timeout);
         loop {
@@ -1103,13 +1123,7 @@ impl Mesh {
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
             let now = known();
-            if matches!(
-                now,
-                Some(
-                    BootstrapError::PeerLost { .. }
-                        | BootstrapError::PeerClosed { said: Some(_), .. }
-                )
-            ) {
+            if now.as_ref().is_some_and(&complete) {
                 return now;
             }
             if timeout_at(deadline, notified).await.is_err() {
@@ -1154,15 +1168,58 @@ impl Mesh {
     /// closed because of it (it refused, or closed during the handshake).
     pub(crate) async fn connect_ring(self: &Arc<Self>) -> Result<(), BootstrapError> {
         if self.nranks > 1
-            && let Err(e) = self.link((self.rank + 1) % self.nranks, Op::Init).await
+            && let Err(e) = self.link(self.successor(), Op::Init).await
         {
+            // Only for a failure a gone rank explains: the successor refused or closed, or
+            // news names a loss or a rank that said why. A socket error of a healthy job
+            // (a firewall, an unreachable address) stays as it is.
+            let gone = matches!(
+                &e,
+                BootstrapError::PeerClosed { .. }
+                    | BootstrapError::PeerLost { .. }
+                    | BootstrapError::Protocol(_)
+                    | BootstrapError::RefusedByPeer {
+                        reason: Refusal::Closing,
+                        ..
+                    }
+            ) || match &e {
+                BootstrapError::Io { source, .. } => peer_gone(source.kind()),
+                BootstrapError::Frame {
+                    source: wire::FrameError::Io(source),
+                    ..
+                } => peer_gone(source.kind()),
+                _ => false,
+            };
             let news = || self.first_gone_error(Op::Init);
-            return Err(self.wait_for_news(LOSS_NEWS_GRACE, news).await.unwrap_or(e));
+            // Complete only with a loss or a reason: the successor's own refusal marks it
+            // closed without one, while the rank that failed first may have said why.
+            let named = |e: &BootstrapError| {
+                matches!(
+                    e,
+                    BootstrapError::PeerLost { .. }
+                        | BootstrapError::PeerClosed { said: Some(_), .. }
+                )
+            };
+            let known = match gone {
+                true => self.wait_for_news(LOSS_NEWS_GRACE, news, named).await,
+                false => news(),
+            };
+            return Err(match known {
+                Some(k @ BootstrapError::PeerLost { .. }) => k,
+                Some(k @ BootstrapError::PeerClosed { said: Some(_), .. }) => k,
+                Some(k @ BootstrapError::PeerClosed { peer, .. }) if peer == self.successor() => k,
+                _ => e,
+            });
         }
         Ok(())
     }
 
-    /// The error naming the first rank known lost, else the first known to have closed.
+    /// The rank this one dials at init (the next on the ring).
+    fn successor(&self) -> usize {
+        (self.rank + 1) % self.nranks
+    }
+
+    /// The error naming the first rank known lost, else a rank known to have closed.
     fn first_gone_error(&self, op: Op) -> Option<BootstrapError> {
         if let Some((peer, detail)) = self.first_lost() {
             return Some(BootstrapError::PeerLost {
@@ -1172,7 +1229,19 @@ impl Mesh {
                 detail,
             });
         }
-        let first = lock(&self.state).closed_order.first().copied()?;
+        // The order in which this rank heard of closures is not the order they happened:
+        // prefer a rank that said why (it failed by itself), then one whose news came with
+        // a record (its own, or passed on), then the first heard of.
+        let first = {
+            let st = lock(&self.state);
+            let order = &st.closed_order;
+            order
+                .iter()
+                .find(|&&p| st.closed_why[p].is_some())
+                .or_else(|| order.iter().find(|&&p| st.closed_done[p].is_some()))
+                .or_else(|| order.first())
+                .copied()?
+        };
         self.news_error(first, op)
     }
 
@@ -1188,9 +1257,15 @@ impl Mesh {
             Ok(Err(e)) => {
                 // After the rendezvous every rank listens until it closes: a refusal means
                 // that `peer` is gone. Its goodbye (with why it left) or its loss may reach
-                // this rank through another one a moment later; name it from that news.
+                // this rank through another one a moment later; name it from that news (not
+                // while closing: nobody reads the error then).
                 let news = || self.news_error(peer, op.clone());
-                let known = self.wait_for_news(LOSS_NEWS_GRACE, news).await;
+                let known = if peer_gone(e.kind()) && !self.closing.load(Ordering::Acquire) {
+                    let complete = |e: &BootstrapError| self.news_complete(e);
+                    self.wait_for_news(LOSS_NEWS_GRACE, news, complete).await
+                } else {
+                    news()
+                };
                 return Err(known.unwrap_or_else(|| {
                     io_err(format!("{op}: cannot connect to rank {peer} at {addr}"), e)
                 }));
@@ -1475,6 +1550,18 @@ impl Mesh {
             }
         }
     }
+}
+
+/// Whether a socket error to a peer, after the rendezvous, means that the peer is gone (it
+/// listened until it closed: a refusal, or a reset of a connection it had not accepted).
+fn peer_gone(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::{
+        ConnectionAborted, ConnectionRefused, ConnectionReset, UnexpectedEof,
+    };
+    matches!(
+        kind,
+        ConnectionRefused | ConnectionReset | ConnectionAborted | UnexpectedEof
+    )
 }
 
 /// [`Mesh::stall_behind`] on the locked state.

@@ -448,7 +448,13 @@ impl Bootstrap {
             collective_seq: tokio::sync::Mutex::new(0),
             poisoned: AtomicBool::new(false),
         };
-        bootstrap.mesh.connect_ring().await?;
+        if let Err(e) = bootstrap.mesh.connect_ring().await {
+            // Politely, with the goodbyes written (a drop would only queue them): the ranks
+            // it has connections with then learn that it closed, and what it knew of the
+            // rank that closed first, rather than seeing it die.
+            bootstrap.mesh.close().await;
+            return Err(e);
+        }
         Ok(bootstrap)
     }
 

@@ -698,8 +698,9 @@ impl Collectives {
     }
 }
 
-/// Whether `e` comes from another rank (lost, closed, stalled, or an abort), not from this
-/// rank's own set-up: such a failure is not this rank's to explain.
+/// Whether `e` comes from another rank (lost, closed, stalled, refusing, a socket to it
+/// failing, or an abort), not from this rank's own set-up: such a failure is not this
+/// rank's to explain.
 fn caused_by_another_rank(e: &CommError) -> bool {
     matches!(
         e,
@@ -710,6 +711,9 @@ fn caused_by_another_rank(e: &CommError) -> bool {
                     | crate::bootstrap::BootstrapError::PeerClosed { .. }
                     | crate::bootstrap::BootstrapError::Timeout { .. }
                     | crate::bootstrap::BootstrapError::Poisoned { .. }
+                    | crate::bootstrap::BootstrapError::RefusedByPeer { .. }
+                    | crate::bootstrap::BootstrapError::Protocol(_)
+                    | crate::bootstrap::BootstrapError::Io { .. }
             )
     )
 }
