@@ -32,7 +32,11 @@ fn message() -> impl Strategy<Value = Message> {
         Just(Message::HelloAck),
         Just(Message::Welcome),
         (any::<u32>(), ".{0,64}").prop_map(|(rank, detail)| Message::PeerLost { rank, detail }),
-        (any::<u32>(), ".{0,64}").prop_map(|(rank, op)| Message::PeerStalled { rank, op }),
+        (any::<u32>(), ".{0,64}", ".{0,64}").prop_map(|(rank, op, seen)| Message::PeerStalled {
+            rank,
+            op,
+            seen
+        }),
         (any::<u32>(), any::<u64>(), ".{0,64}").prop_map(|(rank, collectives, why)| {
             Message::PeerClosed {
                 rank,

@@ -165,6 +165,10 @@ pub struct GaveUp {
     /// The operation in which the report that names `waiting_for` gave up (as the
     /// reporting rank printed it).
     pub op: String,
+    /// What a rank on `waiting_for`'s machine saw of its process when it gave up
+    /// (`rank 1 (pid 42) is stopped by a signal ...`), if it saw something wrong: how a
+    /// rank on another machine learns that a process is stopped or stuck in the kernel.
+    pub seen: Option<String>,
 }
 
 /// A rank on this machine whose process was not making progress when a wait of this rank
@@ -198,21 +202,36 @@ pub(crate) fn stuck_note(stuck: &[StuckProcess]) -> String {
     format!("; on this machine, {}", all.join(", and "))
 }
 
-fn itself_gave_up(gave_up: &Option<GaveUp>) -> String {
+/// `; seen on its machine: rank 1 (pid 42) is stopped ...` for what `g` says was seen of
+/// its rank's process, unless `stuck` (what this rank saw itself) names that rank already.
+pub(crate) fn seen_note(g: &GaveUp, stuck: &[StuckProcess]) -> String {
+    match &g.seen {
+        Some(seen) if !stuck.iter().any(|s| s.rank == g.waiting_for) => {
+            format!("; seen on its machine: {seen}")
+        }
+        _ => String::new(),
+    }
+}
+
+fn itself_gave_up(gave_up: &Option<Box<GaveUp>>, stuck: &[StuckProcess]) -> String {
     match gave_up {
         Some(g) => format!(
-            ", which had given up, stuck behind rank {} ({})",
-            g.waiting_for, g.op
+            ", which had given up, stuck behind rank {} ({}{})",
+            g.waiting_for,
+            g.op,
+            seen_note(g, stuck)
         ),
         None => String::new(),
     }
 }
 
-fn closed_after(gave_up: &Option<GaveUp>) -> String {
+fn closed_after(gave_up: &Option<Box<GaveUp>>) -> String {
     match gave_up {
         Some(g) => format!(
-            " (it had given up, stuck behind rank {} in {})",
-            g.waiting_for, g.op
+            " (it had given up, stuck behind rank {} in {}{})",
+            g.waiting_for,
+            g.op,
+            seen_note(g, &[])
         ),
         None => String::new(),
     }
@@ -299,7 +318,7 @@ pub enum BootstrapError {
         peer: usize,
         /// Set when `peer` had said, before it closed, that it gave up waiting for another
         /// rank (most likely why it closed).
-        gave_up: Option<GaveUp>,
+        gave_up: Option<Box<GaveUp>>,
         /// Why `peer` closed, as it said: its own error (a set-up that failed on it; see
         /// [`Bootstrap::set_leaving_why`](super::Bootstrap::set_leaving_why)). `None`: it
         /// said nothing, or its word has not reached this rank.
@@ -308,7 +327,7 @@ pub enum BootstrapError {
     /// A wait ran out of time.
     #[error(
         "rank {rank}: {op} timed out after {after:?} waiting for {waiting_for}{}{}",
-        itself_gave_up(gave_up),
+        itself_gave_up(gave_up, stuck),
         stuck_note(stuck)
     )]
     Timeout {
@@ -323,7 +342,7 @@ pub enum BootstrapError {
         /// Set when the rank waited for had itself given up waiting for another rank (it
         /// said so): that other rank, followed along the chain of such reports, is the root
         /// cause, and `waiting_for` only waited on it. `None`: no such report came.
-        gave_up: Option<GaveUp>,
+        gave_up: Option<Box<GaveUp>>,
         /// Ranks of this machine whose processes could not be making progress when the wait
         /// timed out (most likely the cause); empty when none was seen or none can be looked at.
         stuck: Box<[StuckProcess]>,

@@ -68,6 +68,9 @@ struct StallReport {
     waiting_for: usize,
     op: String,
     at: Instant,
+    /// What the reporter (or a report it followed) saw of `waiting_for`'s process; empty:
+    /// nothing.
+    seen: String,
 }
 
 /// This rank's own stall report: the rank its wait was for, the root cause it named, its
@@ -541,9 +544,9 @@ impl Mesh {
                     ..
                 })) => self.note_reported_closure(rank as usize, collectives, &why),
                 Ok(Some(Frame {
-                    message: Message::PeerStalled { rank, op },
+                    message: Message::PeerStalled { rank, op, seen },
                     ..
-                })) => self.note_reported_stall(from, rank as usize, op),
+                })) => self.note_reported_stall(from, rank as usize, op, seen),
                 Ok(Some(frame)) => {
                     let detail = format!("it sent an unexpected {:?} frame", frame.message);
                     self.mark_lost(from, detail);
@@ -584,9 +587,9 @@ impl Mesh {
                     ..
                 })) => self.note_reported_closure(rank as usize, collectives, &why),
                 Ok(Some(Frame {
-                    message: Message::PeerStalled { rank, op },
+                    message: Message::PeerStalled { rank, op, seen },
                     ..
-                })) => self.note_reported_stall(peer, rank as usize, op),
+                })) => self.note_reported_stall(peer, rank as usize, op, seen),
                 Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
                     return self.mark_closed(peer, message.calls_named(), message.work_ended());
                 }
@@ -808,25 +811,35 @@ impl Mesh {
     /// others came, as happens when the waits along a chain time out together), it reports
     /// again, naming that rank: the ranks waiting on this one then follow the chain without
     /// a connection to the ranks further along it (reports are not dialed for).
-    fn note_reported_stall(self: &Arc<Self>, reporter: usize, peer: usize, op: String) {
+    fn note_reported_stall(
+        self: &Arc<Self>,
+        reporter: usize,
+        peer: usize,
+        op: String,
+        seen: String,
+    ) {
         if peer >= self.nranks || peer == self.rank || peer == reporter {
             return;
         }
         let op = wire::bounded(&op, wire::MAX_STALLED_OP_LEN).to_owned();
+        let seen = wire::bounded(&seen, wire::MAX_STALLED_OP_LEN).to_owned();
         let mut own = lock(&self.own_report);
         lock(&self.state).gave_up[reporter] = Some(StallReport {
             waiting_for: peer,
             op,
             at: Instant::now(),
+            seen,
         });
         self.notify.notify_waiters();
         let update = own.as_mut().and_then(|own| {
-            let behind = self.stall_behind(own.from, Some(own.began))?.waiting_for;
-            if behind == own.root || behind == self.rank {
+            let behind = self.stall_behind(own.from, Some(own.began))?;
+            let root = behind.waiting_for;
+            if root == own.root || root == self.rank {
                 return None;
             }
-            own.root = behind;
-            Some((behind, Message::peer_stalled(behind as u32, &own.op)))
+            own.root = root;
+            let seen = self.seen_of(root).or(behind.seen).unwrap_or_default();
+            Some((root, Message::peer_stalled(root as u32, &own.op, &seen)))
         });
         drop(own);
         if let Some((root, report)) = update
@@ -844,6 +857,7 @@ impl Mesh {
         Some(GaveUp {
             waiting_for: r.waiting_for,
             op: r.op,
+            seen: Some(r.seen).filter(|s| !s.is_empty()),
         })
     }
 
@@ -873,21 +887,34 @@ impl Mesh {
             .then_some(them.pid)
     }
 
+    /// What this rank sees of `rank`'s process, if it can look at it and it is not making
+    /// progress (`rank 1 (pid 42) is stopped by a signal ...`; see
+    /// [`stuck_ranks`](Self::stuck_ranks)).
+    fn seen_of(&self, rank: usize) -> Option<String> {
+        self.stuck_process(rank).map(|s| s.to_string())
+    }
+
+    /// `rank` as a [`StuckProcess`], if it is alive to the bootstrap, this rank can look at
+    /// its process, and that is not making progress.
+    fn stuck_process(&self, rank: usize) -> Option<StuckProcess> {
+        if !self.is_alive(rank) {
+            return None;
+        }
+        let pid = self.local_pid(rank)?;
+        let reason = crate::procfs::stuck_reason(pid)?;
+        Some(StuckProcess {
+            rank,
+            pid,
+            reason: reason.to_owned(),
+        })
+    }
+
     /// See [`Bootstrap::stuck_ranks`](super::Bootstrap::stuck_ranks).
     pub(crate) fn stuck_ranks(&self) -> Vec<StuckProcess> {
+        // A rank that closed or was lost is named as such by the waits; its process may
+        // have ended on purpose, and its pid may since be another process's.
         (0..self.nranks)
-            // A rank that closed or was lost is named as such by the waits; its process may
-            // have ended on purpose, and its pid may since be another process's.
-            .filter(|&rank| self.is_alive(rank))
-            .filter_map(|rank| {
-                let pid = self.local_pid(rank)?;
-                let reason = crate::procfs::stuck_reason(pid)?;
-                Some(StuckProcess {
-                    rank,
-                    pid,
-                    reason: reason.to_owned(),
-                })
-            })
+            .filter_map(|rank| self.stuck_process(rank))
             .collect()
     }
 
@@ -903,7 +930,7 @@ impl Mesh {
                 rank: self.rank,
                 op,
                 peer,
-                gave_up: stall_behind(&st, peer, None),
+                gave_up: stall_behind(&st, peer, None).map(Box::new),
                 said: st.closed_why[peer].clone(),
             }),
             PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
@@ -964,7 +991,7 @@ impl Mesh {
                         rank: self.rank,
                         op,
                         peer,
-                        gave_up: stall_behind(&st, peer, None),
+                        gave_up: stall_behind(&st, peer, None).map(Box::new),
                         said: st.closed_why[peer].clone(),
                     });
                 }
@@ -997,8 +1024,15 @@ impl Mesh {
             return;
         }
         let mut own = lock(&self.own_report);
-        let root = (self.stall_behind(from, Some(began))).map_or(from, |g| g.waiting_for);
-        let report = Message::peer_stalled(root as u32, op);
+        let behind = self.stall_behind(from, Some(began));
+        let root = behind.as_ref().map_or(from, |g| g.waiting_for);
+        // What this rank sees of the root's process if it can look at it, else what the
+        // report it followed saw: ranks on other machines learn it this way.
+        let seen = self
+            .seen_of(root)
+            .or(behind.and_then(|g| g.seen))
+            .unwrap_or_default();
+        let report = Message::peer_stalled(root as u32, op, &seen);
         *own = Some(OwnReport {
             from,
             root,
@@ -1042,7 +1076,7 @@ impl Mesh {
             op,
             waiting_for: format!("rank {from}"),
             after: self.config.timeout,
-            gave_up: self.stall_behind(from, Some(began)),
+            gave_up: self.stall_behind(from, Some(began)).map(Box::new),
             stuck: self.stuck_ranks().into(),
         }
     }
@@ -1091,7 +1125,7 @@ impl Mesh {
                 rank: self.rank,
                 op,
                 peer,
-                gave_up: stall_behind(&st, peer, None),
+                gave_up: stall_behind(&st, peer, None).map(Box::new),
                 said: st.closed_why[peer].clone(),
             })
     }
@@ -1577,6 +1611,7 @@ fn stall_behind(st: &MailState, peer: usize, since: Option<Instant>) -> Option<G
         behind = Some(GaveUp {
             waiting_for: r.waiting_for,
             op: r.op,
+            seen: Some(r.seen).filter(|s| !s.is_empty()),
         });
     }
     behind

@@ -67,8 +67,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 
 pub use blocking::BlockingBootstrap;
-pub(crate) use error::stuck_note;
 pub use error::{BootstrapError, GaveUp, Op, Refusal, StuckProcess};
+pub(crate) use error::{seen_note, stuck_note};
 pub use root::{Root, RootHandle, create_unique_id, create_unique_id_at};
 pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
 

@@ -35,7 +35,8 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// [`PeerInfo`].
 /// Version 7: [`Message::PeerStalled`].
 /// Version 8: the process space of each rank ([`Join::process_space`],
-/// [`PeerInfo::process_space`]); why a rank closed, in [`Message::PeerClosed`].
+/// [`PeerInfo::process_space`]); why a rank closed, in [`Message::PeerClosed`]; what was
+/// seen of a stalled rank's process, in [`Message::PeerStalled`].
 pub const PROTOCOL_VERSION: u32 = 8;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
@@ -216,18 +217,23 @@ pub enum Message {
         rank: u32,
         /// The operation the sender gave up in (at most [`MAX_STALLED_OP_LEN`] bytes).
         op: String,
+        /// What was seen of `rank`'s process on its own machine, by the sender or a rank
+        /// whose report it followed (`rank 1 (pid 42) is stopped by a signal ...`; at most
+        /// [`MAX_STALLED_OP_LEN`] bytes); empty when nothing was seen.
+        seen: String,
     },
 }
 
 impl Message {
-    /// A [`PeerStalled`](Message::PeerStalled) report with `op` cut to
+    /// A [`PeerStalled`](Message::PeerStalled) report with `op` and `seen` cut to
     /// [`MAX_STALLED_OP_LEN`] bytes (at a character boundary), so that a long operation
     /// name (a caller's [`recv_named`](super::Bootstrap::recv_named)) never makes the frame
     /// too large to encode.
-    pub fn peer_stalled(rank: u32, op: &str) -> Message {
+    pub fn peer_stalled(rank: u32, op: &str, seen: &str) -> Message {
         Message::PeerStalled {
             rank,
             op: bounded(op, MAX_STALLED_OP_LEN).to_owned(),
+            seen: bounded(seen, MAX_STALLED_OP_LEN).to_owned(),
         }
     }
 

@@ -664,8 +664,11 @@ impl Collectives {
         bs.report_stall(peer, what, began);
         let note = loop {
             if let Some(g) = bs.stall_behind(peer, began) {
+                // What a rank on its machine saw of it, unless this rank sees it too (the
+                // error's own note then says so).
+                let seen = crate::bootstrap::seen_note(&g, &bs.stuck_ranks());
                 break format!(
-                    ", which had given up, stuck behind rank {} ({})",
+                    ", which had given up, stuck behind rank {} ({}{seen})",
                     g.waiting_for, g.op
                 );
             }

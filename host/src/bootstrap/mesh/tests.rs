@@ -23,6 +23,7 @@ fn gave_up(waiting_for: usize, op: &str) -> Option<GaveUp> {
     Some(GaveUp {
         waiting_for,
         op: op.into(),
+        seen: None,
     })
 }
 
@@ -30,15 +31,15 @@ fn gave_up(waiting_for: usize, op: &str) -> Option<GaveUp> {
 fn stall_reports_that_mean_nothing_here_are_ignored() {
     let m = mesh(0, 4);
     // Out of range, about this rank, and a rank about itself: none is recorded.
-    m.note_reported_stall(2, 4, "barrier".into());
-    m.note_reported_stall(2, u32::MAX as usize, "barrier".into());
-    m.note_reported_stall(2, 0, "barrier".into());
-    m.note_reported_stall(2, 2, "barrier".into());
+    m.note_reported_stall(2, 4, "barrier".into(), String::new());
+    m.note_reported_stall(2, u32::MAX as usize, "barrier".into(), String::new());
+    m.note_reported_stall(2, 0, "barrier".into(), String::new());
+    m.note_reported_stall(2, 2, "barrier".into(), String::new());
     assert_eq!(m.stall_reported_by(2), None);
     assert_eq!(m.stall_behind(2, None), None);
     // A meaningful report counts; a later one replaces it.
-    m.note_reported_stall(2, 3, "barrier".into());
-    m.note_reported_stall(2, 1, "all_gather".into());
+    m.note_reported_stall(2, 3, "barrier".into(), String::new());
+    m.note_reported_stall(2, 1, "all_gather".into(), String::new());
     assert_eq!(m.stall_reported_by(2), gave_up(1, "all_gather"));
     // Out of range asks nothing of the state.
     assert_eq!(m.stall_reported_by(4), None);
@@ -53,7 +54,7 @@ fn a_long_stalled_op_is_cut_on_receipt() {
     let m = mesh(0, 3);
     // Within the header limit, but beyond the bound a sender keeps to.
     let long = "é".repeat(wire::MAX_STALLED_OP_LEN);
-    m.note_reported_stall(1, 2, long);
+    m.note_reported_stall(1, 2, long, String::new());
     let op = m.stall_reported_by(1).unwrap().op;
     assert!(op.len() <= wire::MAX_STALLED_OP_LEN, "{}", op.len());
     assert!(op.chars().all(|c| c == 'é'));
@@ -63,14 +64,14 @@ fn a_long_stalled_op_is_cut_on_receipt() {
 fn stall_chains_are_followed_to_their_end() {
     let m = mesh(0, 6);
     // 3 gave up on 2, which gave up on 1: behind 3 is 1, with 2's operation.
-    m.note_reported_stall(3, 2, "barrier".into());
-    m.note_reported_stall(2, 1, "all_gather".into());
+    m.note_reported_stall(3, 2, "barrier".into(), String::new());
+    m.note_reported_stall(2, 1, "all_gather".into(), String::new());
     assert_eq!(m.stall_behind(3, None), gave_up(1, "all_gather"));
     assert_eq!(m.stall_behind(2, None), gave_up(1, "all_gather"));
     assert_eq!(m.stall_behind(1, None), None);
     // A cycle (4 on 5, 5 on 4) ends where it would come back.
-    m.note_reported_stall(4, 5, "recv (tag 1)".into());
-    m.note_reported_stall(5, 4, "recv (tag 2)".into());
+    m.note_reported_stall(4, 5, "recv (tag 1)".into(), String::new());
+    m.note_reported_stall(5, 4, "recv (tag 2)".into(), String::new());
     assert_eq!(m.stall_behind(4, None), gave_up(5, "recv (tag 1)"));
     assert_eq!(m.stall_behind(5, None), gave_up(4, "recv (tag 2)"));
 }
@@ -78,7 +79,7 @@ fn stall_chains_are_followed_to_their_end() {
 #[test]
 fn a_closed_rank_that_gave_up_says_so() {
     let m = mesh(0, 3);
-    m.note_reported_stall(2, 1, "all_gather".into());
+    m.note_reported_stall(2, 1, "all_gather".into(), String::new());
     m.mark_closed(2, None, false);
     let err = m.status_error(2, Op::Barrier).unwrap();
     assert!(
@@ -105,16 +106,16 @@ fn a_closed_rank_that_gave_up_says_so() {
 #[test]
 fn reports_older_than_the_wait_are_not_followed() {
     let m = mesh(0, 4);
-    m.note_reported_stall(2, 1, "recv (tag 5)".into());
+    m.note_reported_stall(2, 1, "recv (tag 5)".into(), String::new());
     std::thread::sleep(Duration::from_millis(5));
     let began = Instant::now();
     assert_eq!(m.stall_behind(2, Some(began)), None);
     assert_eq!(m.stall_behind(2, None), gave_up(1, "recv (tag 5)"));
     // A chain is cut where a link is older than the wait: 3 on 2 (new), 2 on 1 (old).
-    m.note_reported_stall(3, 2, "barrier".into());
+    m.note_reported_stall(3, 2, "barrier".into(), String::new());
     assert_eq!(m.stall_behind(3, Some(began)), gave_up(2, "barrier"));
     // A new report of rank 2 replaces the old one and is followed.
-    m.note_reported_stall(2, 1, "barrier".into());
+    m.note_reported_stall(2, 1, "barrier".into(), String::new());
     assert_eq!(m.stall_behind(3, Some(began)), gave_up(1, "barrier"));
 }
 
@@ -192,6 +193,14 @@ fn a_timed_out_wait_names_a_stopped_process_of_this_machine() {
         assert!(start.elapsed() < Duration::from_secs(10), "not stopped");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // What this rank's stall reports say of rank 1 (ranks on other machines learn it so);
+    // nothing of a rank it cannot look at.
+    let seen = m.seen_of(1).unwrap();
+    assert!(
+        seen.starts_with(&format!("rank 1 (pid {pid}) is stopped by a signal")),
+        "{seen}"
+    );
+    assert_eq!(m.seen_of(2), None);
     let err = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -297,4 +306,48 @@ fn a_refused_dial_names_the_closed_peer_with_why() {
             "{err:?}"
         );
     });
+}
+
+/// What a rank on the stalled rank's machine saw of its process travels with the reports
+/// (`seen`): followed along a chain with the report that names the root, shown by the
+/// errors, and left out where this rank's own look at its machine names that rank already.
+#[test]
+fn what_was_seen_of_a_stalled_process_travels_with_the_reports() {
+    let m = mesh(0, 4);
+    let seen = "rank 1 (pid 42) is stopped by a signal";
+    // 3 gave up on 2, which gave up on 1 and saw it stopped.
+    m.note_reported_stall(3, 2, "barrier".into(), String::new());
+    m.note_reported_stall(2, 1, "all_gather".into(), seen.into());
+    let behind = m.stall_behind(3, None).unwrap();
+    assert_eq!(
+        (behind.waiting_for, behind.seen.as_deref()),
+        (1, Some(seen))
+    );
+    assert_eq!(m.stall_reported_by(3).unwrap().seen, None);
+    let timeout = |stuck: Vec<StuckProcess>| BootstrapError::Timeout {
+        rank: 0,
+        op: Op::Barrier,
+        waiting_for: "rank 3".into(),
+        after: Duration::from_secs(30),
+        gave_up: m.stall_behind(3, None).map(Box::new),
+        stuck: stuck.into(),
+    };
+    assert_eq!(
+        timeout(vec![]).to_string(),
+        "rank 0: barrier timed out after 30s waiting for rank 3, which had given up, stuck \
+         behind rank 1 (all_gather; seen on its machine: rank 1 (pid 42) is stopped by a signal)"
+    );
+    // This rank sees rank 1 itself: said once, by its own note.
+    let own = StuckProcess {
+        rank: 1,
+        pid: 42,
+        reason: "is stopped by a signal".into(),
+    };
+    let text = timeout(vec![own]).to_string();
+    assert_eq!(text.matches("is stopped by a signal").count(), 1, "{text}");
+    assert!(text.ends_with("; on this machine, rank 1 (pid 42) is stopped by a signal"));
+    // A long word is cut on receipt.
+    m.note_reported_stall(2, 1, "x".into(), "é".repeat(wire::MAX_STALLED_OP_LEN));
+    let cut = m.stall_reported_by(2).unwrap().seen.unwrap();
+    assert!(cut.len() <= wire::MAX_STALLED_OP_LEN && cut.chars().all(|c| c == 'é'));
 }

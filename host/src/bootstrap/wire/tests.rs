@@ -192,9 +192,9 @@ fn a_lying_payload_length_does_not_allocate_it() {
 #[test]
 fn peer_stalled_round_trips() {
     for message in [
-        Message::peer_stalled(1, "all_gather"),
-        Message::peer_stalled(u32::MAX, ""),
-        Message::peer_stalled(3, "receiving the peer's handles"),
+        Message::peer_stalled(1, "all_gather", ""),
+        Message::peer_stalled(u32::MAX, "", ""),
+        Message::peer_stalled(3, "receiving the peer's handles", ""),
     ] {
         let bytes = encode_frame(&message, &[]).unwrap();
         let limits = FrameLimits::with_max_payload(0);
@@ -203,10 +203,11 @@ fn peer_stalled_round_trips() {
         assert_eq!(frame.message, message);
     }
     assert_eq!(
-        Message::peer_stalled(1, "barrier"),
+        Message::peer_stalled(1, "barrier", ""),
         Message::PeerStalled {
             rank: 1,
-            op: "barrier".into()
+            op: "barrier".into(),
+            seen: String::new(),
         }
     );
 }
@@ -215,14 +216,14 @@ fn peer_stalled_round_trips() {
 fn peer_stalled_op_is_bounded() {
     // Far beyond the header limit: the constructor cuts it, so the frame still encodes.
     let long = "x".repeat(MAX_HEADER_LEN * 2);
-    let Message::PeerStalled { op, .. } = Message::peer_stalled(1, &long) else {
+    let Message::PeerStalled { op, .. } = Message::peer_stalled(1, &long, "") else {
         unreachable!()
     };
     assert_eq!(op.len(), MAX_STALLED_OP_LEN);
-    assert!(encode_frame(&Message::peer_stalled(1, &long), &[]).is_ok());
+    assert!(encode_frame(&Message::peer_stalled(1, &long, ""), &[]).is_ok());
     // Two-byte characters: the cut falls between characters, never inside one.
     let wide = "é".repeat(MAX_STALLED_OP_LEN);
-    let Message::PeerStalled { op, .. } = Message::peer_stalled(1, &wide) else {
+    let Message::PeerStalled { op, .. } = Message::peer_stalled(1, &wide, "") else {
         unreachable!()
     };
     assert!(op.len() <= MAX_STALLED_OP_LEN && op.len() > MAX_STALLED_OP_LEN - 2);
@@ -230,8 +231,12 @@ fn peer_stalled_op_is_bounded() {
     // Short names are kept whole.
     let exact = "y".repeat(MAX_STALLED_OP_LEN);
     assert_eq!(
-        Message::peer_stalled(1, &exact),
-        Message::PeerStalled { rank: 1, op: exact }
+        Message::peer_stalled(1, &exact, ""),
+        Message::PeerStalled {
+            rank: 1,
+            op: exact,
+            seen: String::new()
+        }
     );
 }
 
@@ -266,11 +271,26 @@ fn peer_closed_why_is_bounded_and_round_trips() {
 }
 
 #[test]
+fn peer_stalled_seen_is_bounded_and_round_trips() {
+    let long = "x".repeat(MAX_HEADER_LEN * 2);
+    let Message::PeerStalled { seen, .. } = Message::peer_stalled(1, "barrier", &long) else {
+        unreachable!()
+    };
+    assert_eq!(seen.len(), MAX_STALLED_OP_LEN);
+    let message = Message::peer_stalled(2, "all_gather", "rank 2 (pid 42) is stopped");
+    let bytes = encode_frame(&message, &[]).unwrap();
+    let (frame, _) = decode_frame(&bytes, &FrameLimits::with_max_payload(0))
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.message, message);
+}
+
+#[test]
 fn a_lying_stalled_op_length_does_not_allocate() {
     // PeerStalled's op (variant index 11).
     assert_lying_string_length_is_refused(11);
     // The same header with an honest length decodes to the message.
-    let honest = encode_frame(&Message::peer_stalled(1, "barrier"), &[]).unwrap();
+    let honest = encode_frame(&Message::peer_stalled(1, "barrier", ""), &[]).unwrap();
     assert_eq!(honest[PREFIX_LEN], 11, "PeerStalled's variant index moved");
 }
 
