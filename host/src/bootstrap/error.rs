@@ -202,27 +202,33 @@ pub(crate) fn stuck_note(stuck: &[StuckProcess]) -> String {
     format!("; on this machine, {}", all.join(", and "))
 }
 
-/// `; seen on its machine: rank 1 (pid 42) is stopped ...` for what `g` says was seen of
-/// its rank's process, unless `stuck` (what this rank saw itself) names that rank already.
-pub(crate) fn seen_note(g: &GaveUp, stuck: &[StuckProcess]) -> String {
+/// `; on its machine, rank 1 (pid 42) is stopped ...` for what `g` says was seen of its
+/// rank's process, unless `stuck` (what this rank saw itself) names that rank already.
+fn seen_note(g: &GaveUp, stuck: &[StuckProcess]) -> String {
     match &g.seen {
         Some(seen) if !stuck.iter().any(|s| s.rank == g.waiting_for) => {
-            format!("; seen on its machine: {seen}")
+            format!("; on its machine, {seen}")
         }
         _ => String::new(),
     }
 }
 
-fn itself_gave_up(gave_up: &Option<Box<GaveUp>>, stuck: &[StuckProcess]) -> String {
+/// `, which had given up, stuck behind rank 1 (all_gather)` (and what was seen of rank 1 on
+/// its machine, [`seen_note`]) for a wait whose rank had given up, or nothing.
+pub(crate) fn gave_up_note(gave_up: Option<&GaveUp>, stuck: &[StuckProcess]) -> String {
     match gave_up {
         Some(g) => format!(
-            ", which had given up, stuck behind rank {} ({}{})",
+            ", which had given up, stuck behind rank {} ({}){}",
             g.waiting_for,
             g.op,
             seen_note(g, stuck)
         ),
         None => String::new(),
     }
+}
+
+fn itself_gave_up(gave_up: &Option<Box<GaveUp>>, stuck: &[StuckProcess]) -> String {
+    gave_up_note(gave_up.as_deref(), stuck)
 }
 
 fn closed_after(gave_up: &Option<Box<GaveUp>>) -> String {

@@ -81,6 +81,8 @@ struct OwnReport {
     root: usize,
     op: String,
     began: Instant,
+    /// What the report said was seen of `root`'s process (empty: nothing).
+    seen: String,
 }
 
 #[derive(Debug)]
@@ -834,17 +836,29 @@ impl Mesh {
         let update = own.as_mut().and_then(|own| {
             let behind = self.stall_behind(own.from, Some(own.began))?;
             let root = behind.waiting_for;
-            if root == own.root || root == self.rank {
+            if root == self.rank {
+                return None;
+            }
+            // Again when the chain ends further on, or when what was seen of the same root
+            // comes only now (the ranks behind this one may have no other way to learn it).
+            let seen = behind.seen.unwrap_or_default();
+            let news = root != own.root || (own.seen.is_empty() && !seen.is_empty());
+            if !news {
                 return None;
             }
             own.root = root;
-            let seen = self.seen_of(root).or(behind.seen).unwrap_or_default();
-            Some((root, Message::peer_stalled(root as u32, &own.op, &seen)))
+            own.seen = seen;
+            Some((root, own.op.clone(), own.seen.clone()))
         });
         drop(own);
-        if let Some((root, report)) = update
+        if let Some((root, op, mut seen)) = update
             && !self.closing.load(Ordering::Acquire)
         {
+            // This rank's own look, if it can look (outside the lock: it reads /proc).
+            if let Some(mine) = self.seen_of(root) {
+                seen = mine;
+            }
+            let report = Message::peer_stalled(root as u32, &op, &seen);
             drop(self.spread_news(&[report], root, false));
         }
     }
@@ -1023,6 +1037,8 @@ impl Mesh {
         if from >= self.nranks || from == self.rank || self.closing.load(Ordering::Acquire) {
             return;
         }
+        // Held while the chain is read, so that a report that comes meanwhile either is in
+        // it or finds this one set and re-reports (`note_reported_stall`).
         let mut own = lock(&self.own_report);
         let behind = self.stall_behind(from, Some(began));
         let root = behind.as_ref().map_or(from, |g| g.waiting_for);
@@ -1038,6 +1054,7 @@ impl Mesh {
             root,
             op: op.to_owned(),
             began,
+            seen,
         });
         drop(own);
         // The rank given up on ignores news about itself.

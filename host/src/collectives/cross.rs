@@ -1026,15 +1026,14 @@ impl Collectives {
                     Backend::Host => None,
                 }
                 .map_or(String::new(), |hint| format!("; {hint}"));
-                let (left, behind) = match &self.cross {
+                let (left, (behind, stuck)) = match &self.cross {
                     Some(c) if h < c.hosts() => {
                         let rank = c.topo.rank_at(h, c.topo.local);
                         let what = format!("{} across hosts", describe(rec.own));
-                        (self.left_note(rank), self.stall_note(rank, &what))
+                        (self.left_note(rank), self.stall_texts(rank, &what))
                     }
-                    _ => (String::new(), String::new()),
+                    _ => (String::new(), (String::new(), self.stuck_note())),
                 };
-                let stuck = self.stuck_note();
                 CommError::Timeout(format!(
                     "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts){behind} \
                      in {} and gave up: that rank did not take part, or is \

@@ -642,17 +642,13 @@ impl Collectives {
     /// bootstrap that this rank gave up on `peer` ([`Bootstrap::report_stall`]), so that a
     /// rank stuck behind this one names the root cause, and waits up to
     /// [`STALL_NEWS_GRACE`] for `peer`'s own report: when `peer` had itself given up on
-    /// another rank (it waited, alive, for a stalled one), returns `, which had given up,
-    /// stuck behind rank R (...)`; else nothing. Once per `Collectives` (the first timeout;
-    /// calls queued behind it repeat its note for the same peer).
-    pub(super) fn stall_note(&self, peer: usize, what: &str) -> String {
+    /// another rank (it waited, alive, for a stalled one), returns what it said (see
+    /// [`stall_texts`](Self::stall_texts)). Once per `Collectives` (the first timeout;
+    /// calls queued behind it repeat it for the same peer).
+    fn stall_behind(&self, peer: usize, what: &str) -> Option<crate::bootstrap::GaveUp> {
         let mut noted = self.stall_noted.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((p, note)) = noted.as_ref() {
-            return if *p == peer {
-                note.clone()
-            } else {
-                String::new()
-            };
+        if let Some((p, behind)) = noted.as_ref() {
+            return behind.clone().filter(|_| *p == peer);
         }
         let bs = self.comm.bootstrap().as_async();
         let now = std::time::Instant::now();
@@ -662,31 +658,40 @@ impl Collectives {
             .checked_sub(self.comm.device_timeout() + std::time::Duration::from_secs(1))
             .unwrap_or(now);
         bs.report_stall(peer, what, began);
-        let note = loop {
+        let behind = loop {
             if let Some(g) = bs.stall_behind(peer, began) {
-                // What a rank on its machine saw of it, unless this rank sees it too (the
-                // error's own note then says so).
-                let seen = crate::bootstrap::seen_note(&g, &bs.stuck_ranks());
-                break format!(
-                    ", which had given up, stuck behind rank {} ({}{seen})",
-                    g.waiting_for, g.op
-                );
+                break Some(g);
             }
             if now.elapsed() >= STALL_NEWS_GRACE {
-                break String::new();
+                break None;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         };
-        *noted = Some((peer, note.clone()));
-        note
+        *noted = Some((peer, behind.clone()));
+        behind
     }
 
-    /// `"; on this machine, rank R (pid P) is stopped by a signal ..."` for the ranks whose
-    /// processes this rank can look at and that are not making progress now
-    /// ([`Bootstrap::stuck_ranks`](crate::bootstrap::Bootstrap::stuck_ranks)): most likely
-    /// why a device wait timed out, whichever rank it waited for. Else nothing.
+    /// [`stall_texts`](Self::stall_texts)'s second note alone (a timeout whose rank is not
+    /// known).
     pub(super) fn stuck_note(&self) -> String {
         crate::bootstrap::stuck_note(&self.comm.bootstrap().as_async().stuck_ranks())
+    }
+
+    /// The two notes of a device timeout for `peer` in `what`, from one look at this
+    /// machine's processes (so that they agree): `, which had given up, stuck behind rank R
+    /// (...)` when `peer` had given up on another rank ([`stall_behind`](Self::stall_behind);
+    /// with what was seen of R on its machine, unless this rank sees R itself), and `; on
+    /// this machine, rank R (pid P) is stopped by a signal ...` for the ranks whose processes
+    /// this rank can look at and that are not making progress now
+    /// ([`Bootstrap::stuck_ranks`](crate::bootstrap::Bootstrap::stuck_ranks)): most likely
+    /// why the wait timed out, whichever rank it waited for.
+    pub(super) fn stall_texts(&self, peer: usize, what: &str) -> (String, String) {
+        let behind = self.stall_behind(peer, what);
+        let stuck = self.comm.bootstrap().as_async().stuck_ranks();
+        (
+            crate::bootstrap::gave_up_note(behind.as_ref(), &stuck),
+            crate::bootstrap::stuck_note(&stuck),
+        )
     }
 
     /// `" (rank R had left: it closed its communicator)"` when `rank` said goodbye to the
@@ -790,7 +795,7 @@ pub struct Collectives {
     context_lost: std::sync::Mutex<Option<String>>,
     /// The stall note of this rank's first device timeout ([`Collectives::stall_note`]):
     /// the peer waited for and the note.
-    stall_noted: std::sync::Mutex<Option<(usize, String)>>,
+    stall_noted: std::sync::Mutex<Option<(usize, Option<crate::bootstrap::GaveUp>)>>,
     /// Whether the goodbye names the calls this rank made (see `Drop`); off only in a test
     /// of what peers see without it.
     name_calls_at_close: bool,
@@ -1348,14 +1353,13 @@ impl Collectives {
                 .map_or(String::new(), |hint| format!("; {hint}"));
                 // Across hosts a local step's peer is an index in the host's group.
                 let what = format!("collective #{} ({})", rec.seq + 1, describe(rec.own));
-                let (left, behind) = match &self.cross {
-                    None => (self.left_note(rec.peer), self.stall_note(rec.peer, &what)),
+                let (left, (behind, stuck)) = match &self.cross {
+                    None => (self.left_note(rec.peer), self.stall_texts(rec.peer, &what)),
                     Some(c) => match c.topo.hosts[c.topo.host].get(rec.peer) {
-                        Some(&rank) => (String::new(), self.stall_note(rank, &what)),
-                        None => (String::new(), String::new()),
+                        Some(&rank) => (String::new(), self.stall_texts(rank, &what)),
+                        None => (String::new(), (String::new(), self.stuck_note())),
                     },
                 };
-                let stuck = self.stuck_note();
                 CommError::Timeout(format!(
                     "{call}: rank {me} waited {:?} for rank {} ({}){behind} in collective #{} \
                      ({}) and gave up: that rank did not take part, or is \

@@ -335,7 +335,7 @@ fn what_was_seen_of_a_stalled_process_travels_with_the_reports() {
     assert_eq!(
         timeout(vec![]).to_string(),
         "rank 0: barrier timed out after 30s waiting for rank 3, which had given up, stuck \
-         behind rank 1 (all_gather; seen on its machine: rank 1 (pid 42) is stopped by a signal)"
+         behind rank 1 (all_gather); on its machine, rank 1 (pid 42) is stopped by a signal"
     );
     // This rank sees rank 1 itself: said once, by its own note.
     let own = StuckProcess {
@@ -350,4 +350,29 @@ fn what_was_seen_of_a_stalled_process_travels_with_the_reports() {
     m.note_reported_stall(2, 1, "x".into(), "é".repeat(wire::MAX_STALLED_OP_LEN));
     let cut = m.stall_reported_by(2).unwrap().seen.unwrap();
     assert!(cut.len() <= wire::MAX_STALLED_OP_LEN && cut.chars().all(|c| c == 'é'));
+}
+
+/// A rank that reported giving up on rank 1 without having seen anything reports again when
+/// a report of what was seen of rank 1 comes later (ranks stuck behind it may have no other
+/// way to learn it), and not again for the same word.
+#[test]
+fn what_is_seen_later_of_the_same_root_is_reported_again() {
+    let m = mesh(0, 4);
+    let began = Instant::now();
+    // This rank (0) gave up on rank 2, which had given up on rank 1 and seen nothing.
+    m.note_reported_stall(2, 1, "all_gather".into(), String::new());
+    m.report_stall(2, "barrier", began);
+    let own = |m: &Mesh| {
+        let o = lock(&m.own_report);
+        let o = o.as_ref().unwrap();
+        (o.root, o.seen.clone())
+    };
+    assert_eq!(own(&m), (1, String::new()));
+    // Rank 2 reports again, now with what rank 3 (on rank 1's machine) saw: same root.
+    let seen = "rank 1 (pid 42) is stopped by a signal";
+    m.note_reported_stall(2, 1, "all_gather".into(), seen.into());
+    assert_eq!(own(&m), (1, seen.to_string()));
+    // The same word again changes nothing.
+    m.note_reported_stall(2, 1, "all_gather".into(), seen.into());
+    assert_eq!(own(&m), (1, seen.to_string()));
 }
