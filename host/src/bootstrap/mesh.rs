@@ -532,27 +532,12 @@ impl Mesh {
                     self.mark_closed(from, message.calls_named(), message.work_ended());
                     return;
                 }
-                Ok(Some(Frame {
-                    message: Message::PeerLost { rank, detail },
-                    ..
-                })) => self.note_reported_loss(rank as usize, &detail, from),
-                Ok(Some(Frame {
-                    message:
-                        Message::PeerClosed {
-                            rank,
-                            collectives,
-                            why,
-                        },
-                    ..
-                })) => self.note_reported_closure(rank as usize, collectives, &why),
-                Ok(Some(Frame {
-                    message: Message::PeerStalled { rank, op, seen },
-                    ..
-                })) => self.note_reported_stall(from, rank as usize, op, seen),
-                Ok(Some(frame)) => {
-                    let detail = format!("it sent an unexpected {:?} frame", frame.message);
-                    self.mark_lost(from, detail);
-                    return;
+                Ok(Some(Frame { message, .. })) => {
+                    if !self.note_news(from, &message) {
+                        let detail = format!("it sent an unexpected {message:?} frame");
+                        self.mark_lost(from, detail);
+                        return;
+                    }
                 }
                 Ok(None) => {
                     self.mark_lost(
@@ -569,35 +554,40 @@ impl Mesh {
         }
     }
 
+    /// Records a news item `from` sent (a lost, closed or stalled rank); `false` for any
+    /// other message.
+    fn note_news(self: &Arc<Self>, from: usize, message: &Message) -> bool {
+        match message {
+            Message::PeerLost { rank, detail } => {
+                self.note_reported_loss(*rank as usize, detail, from)
+            }
+            Message::PeerClosed {
+                rank,
+                collectives,
+                why,
+            } => self.note_reported_closure(*rank as usize, *collectives, why),
+            Message::PeerStalled { rank, op, seen } => {
+                self.note_reported_stall(from, *rank as usize, op.clone(), seen.clone())
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// Reads the back direction of a link: news of lost, closed and stalled ranks, then a
     /// goodbye or the end.
     async fn watch_link(self: Arc<Self>, peer: usize, mut rd: OwnedReadHalf) {
         let limits = FrameLimits::with_max_payload(0);
         loop {
             match wire::read_frame(&mut rd, &limits).await {
-                Ok(Some(Frame {
-                    message: Message::PeerLost { rank, detail },
-                    ..
-                })) => self.note_reported_loss(rank as usize, &detail, peer),
-                Ok(Some(Frame {
-                    message:
-                        Message::PeerClosed {
-                            rank,
-                            collectives,
-                            why,
-                        },
-                    ..
-                })) => self.note_reported_closure(rank as usize, collectives, &why),
-                Ok(Some(Frame {
-                    message: Message::PeerStalled { rank, op, seen },
-                    ..
-                })) => self.note_reported_stall(peer, rank as usize, op, seen),
                 Ok(Some(Frame { message, .. })) if message.is_goodbye() => {
                     return self.mark_closed(peer, message.calls_named(), message.work_ended());
                 }
-                Ok(Some(frame)) => {
-                    let detail = format!("it sent an unexpected {:?} frame", frame.message);
-                    return self.mark_lost(peer, detail);
+                Ok(Some(Frame { message, .. })) => {
+                    if !self.note_news(peer, &message) {
+                        let detail = format!("it sent an unexpected {message:?} frame");
+                        return self.mark_lost(peer, detail);
+                    }
                 }
                 Ok(None) => {
                     let detail =
