@@ -17,6 +17,7 @@ use mscclpp::host::collectives::{
 };
 use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
 use mscclpp::host::launch::{Launch, LocalLauncher};
+use mscclpp::host::testing;
 
 mod common;
 
@@ -1567,26 +1568,6 @@ fn a_rank_stuck_behind_a_stalled_one_names_it() {
     );
 }
 
-/// Sends `sig` (`-STOP`, `-CONT`) to process `pid` with kill(1).
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill {sig} {pid}");
-}
-
-/// Whether `/proc` shows process `pid` stopped by a signal (state `T`).
-fn is_stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let (_, tail) = s.rsplit_once(')')?;
-            Some(tail.split_whitespace().next()? == "T")
-        })
-        .unwrap_or(false)
-}
-
 fn stopped_rank_rank() {
     let c = collectives();
     let r = c.rank();
@@ -1599,7 +1580,7 @@ fn stopped_rank_rank() {
             bs.recv(q, 78).unwrap();
         }
         // Stopped until rank 0 has heard from every other rank, then resumed.
-        signal(std::process::id(), "-STOP");
+        testing::signal(std::process::id(), "-STOP");
     } else {
         bs.send(1, 78, b"set up").unwrap();
         let pid = bs
@@ -1609,7 +1590,7 @@ fn stopped_rank_rank() {
         // Stopped before the waits begin (kill(1) is a process of its own: on a loaded
         // machine rank 1 could otherwise stop after a 1.5 s wait ran out).
         let start = std::time::Instant::now();
-        while !is_stopped(pid) {
+        while !testing::process_stopped(pid) {
             assert!(
                 start.elapsed() < Duration::from_secs(60),
                 "rank 1 did not stop"
@@ -1628,7 +1609,7 @@ fn stopped_rank_rank() {
             for q in [2, 3] {
                 bs.recv(q, 77).unwrap();
             }
-            signal(pid, "-CONT");
+            testing::signal(pid, "-CONT");
         } else {
             bs.send(0, 77, b"done").unwrap();
         }

@@ -124,14 +124,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        let signal = |sig: &str| {
-            let ok = std::process::Command::new("kill")
-                .args([sig, &pid.to_string()])
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "kill {sig} {pid}");
-        };
+        let signal = |sig: &str| crate::testing::signal(pid, sig);
         let wait_for = |want: bool| {
             let start = std::time::Instant::now();
             while process_stopped(pid) != want {

@@ -1,4 +1,4 @@
-//! Support for tests that need a GPU (ours and users').
+//! Support for tests (ours and users'): GPU skips, ranks as processes, signals to them.
 
 use crate::cuda::{CudaError, Gpu};
 
@@ -76,4 +76,20 @@ pub fn run_test_ranks_env(
         assert!(finished, "{test}: rank {r} did not finish:\n{output}");
     }
     report.output
+}
+
+/// Sends `sig` (`"-STOP"`, `"-CONT"`, ...) to process `pid` with kill(1); panics when that
+/// fails (for tests that stop and resume ranks).
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Whether `/proc` shows process `pid` stopped by a signal (state `T`); `false` where that
+/// cannot be told.
+pub fn process_stopped(pid: u32) -> bool {
+    crate::procfs::process_stopped(pid)
 }

@@ -250,7 +250,8 @@ impl Mesh {
 
     /// Makes this rank say, when it closes, that it closes because of `why` (its own error;
     /// see [`Bootstrap::set_leaving_why`](super::Bootstrap::set_leaving_why)). The first
-    /// reason set is kept; none is kept once another rank is known lost or closed.
+    /// reason set is kept; none is kept once another rank is known lost, or closed before
+    /// completing the bootstrap collectives this rank has.
     pub(crate) fn set_leaving_why(&self, why: &str) {
         // Gone: lost, or closed before completing the bootstrap collectives this rank has
         // (or with no record of them): not a rank that finished its work and left.
@@ -930,13 +931,7 @@ impl Mesh {
         let st = lock(&self.state);
         match &st.status[peer] {
             PeerStatus::Alive => None,
-            PeerStatus::Closed => Some(BootstrapError::PeerClosed {
-                rank: self.rank,
-                op,
-                peer,
-                gave_up: stall_behind(&st, peer, None).map(Box::new),
-                said: st.closed_why[peer].clone(),
-            }),
+            PeerStatus::Closed => Some(self.closed_error(&st, peer, op)),
             PeerStatus::Lost(detail) => Some(BootstrapError::PeerLost {
                 rank: self.rank,
                 op,
@@ -991,13 +986,7 @@ impl Mesh {
                     _ => None,
                 };
                 if let Some(peer) = doomed {
-                    return Err(BootstrapError::PeerClosed {
-                        rank: self.rank,
-                        op,
-                        peer,
-                        gave_up: stall_behind(&st, peer, None).map(Box::new),
-                        said: st.closed_why[peer].clone(),
-                    });
+                    return Err(self.closed_error(&st, peer, op));
                 }
                 let gone = lost.or(match &st.status[from] {
                     PeerStatus::Alive => None,
@@ -1128,13 +1117,19 @@ impl Mesh {
         let st = lock(&self.state);
         st.closed_order
             .contains(&peer)
-            .then(|| BootstrapError::PeerClosed {
-                rank: self.rank,
-                op,
-                peer,
-                gave_up: stall_behind(&st, peer, None).map(Box::new),
-                said: st.closed_why[peer].clone(),
-            })
+            .then(|| self.closed_error(&st, peer, op))
+    }
+
+    /// A wait's error in `op` because `peer` closed its bootstrap, with what it had said
+    /// (that it gave up on some rank; why it left), from the locked state.
+    fn closed_error(&self, st: &MailState, peer: usize, op: Op) -> BootstrapError {
+        BootstrapError::PeerClosed {
+            rank: self.rank,
+            op,
+            peer,
+            gave_up: stall_behind(st, peer, None).map(Box::new),
+            said: st.closed_why[peer].clone(),
+        }
     }
 
     /// Whether `e` is all the news there will be: a loss, or a closed rank whose reason is
@@ -1246,8 +1241,7 @@ impl Mesh {
                 false => news(),
             };
             return Err(match known {
-                Some(k @ BootstrapError::PeerLost { .. }) => k,
-                Some(k @ BootstrapError::PeerClosed { said: Some(_), .. }) => k,
+                Some(k) if named(&k) => k,
                 Some(k @ BootstrapError::PeerClosed { peer, .. }) if peer == self.successor() => k,
                 _ => e,
             });

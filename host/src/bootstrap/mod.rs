@@ -493,9 +493,9 @@ impl Bootstrap {
     /// that name it ([`BootstrapError::PeerClosed`]'s `said`), instead of only "closed its
     /// bootstrap". The first reason set is kept; at most
     /// [`MAX_CLOSED_WHY_LEN`](wire::MAX_CLOSED_WHY_LEN) bytes are sent. Ignored once another
-    /// rank is known lost or closed: this rank's failure then most likely follows from that
-    /// rank's, whose own word (or loss) the others are told of, and a second reason would
-    /// only repeat it.
+    /// rank is known lost, or closed before completing the bootstrap collectives this rank
+    /// has: this rank's failure then most likely follows from that rank's, whose own word
+    /// (or loss) the others are told of, and a second reason would only repeat it.
     /// [`Collectives::new`](crate::collectives::Collectives::new) and
     /// [`Communicator::from_bootstrap`](crate::communicator::Communicator::from_bootstrap)
     /// set it when they fail on this rank by themselves.

@@ -129,15 +129,6 @@ impl Drop for Sleeper {
     }
 }
 
-/// Sends `sig` to `pid` with kill(1).
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill {sig} {pid}");
-}
-
 /// A wait that times out names the ranks of this machine and process id namespace whose
 /// processes are stopped, whichever rank it waited for; ranks elsewhere (another process
 /// space, even with the same pid) and this process are never looked at.
@@ -187,7 +178,7 @@ fn a_timed_out_wait_names_a_stopped_process_of_this_machine() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    signal(pid, "-STOP");
+    crate::testing::signal(pid, "-STOP");
     let start = Instant::now();
     while !crate::procfs::process_stopped(pid) {
         assert!(start.elapsed() < Duration::from_secs(10), "not stopped");
