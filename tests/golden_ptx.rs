@@ -1,7 +1,7 @@
 //! Golden tests on the embedded PTX: every kernel is an entry point, the arch primitives
 //! emit the exact memory-model instructions DESIGN §3 requires, and ptxas accepts it all.
 
-use mscclpp::host::ptx::PTX;
+use mscclpp::host::ptx::{CUBIN, PTX};
 
 const KERNELS: &[&str] = &[
     "vector_add_f32",
@@ -279,8 +279,23 @@ fn every_embedded_ptx_compiles_with_ptxas() {
     for (cc, ptx) in PTX {
         let path = dir.join(format!("device.sm_{cc}.ptx"));
         std::fs::write(&path, ptx).unwrap();
-        mscclpp_device_builder::run_ptxas(&ptxas, &path, &format!("sm_{cc}"), &dir)
+        let cubin = mscclpp_device_builder::run_ptxas(&ptxas, &path, &format!("sm_{cc}"), &dir)
             .unwrap_or_else(|e| panic!("{e}"));
+        // The build found a ptxas too (the same one, under CI): it embedded the machine code
+        // of this very PTX, which GPUs of this arch load without a JIT.
+        let embedded = CUBIN
+            .iter()
+            .find(|(c, _)| c == cc)
+            .unwrap_or_else(|| panic!("no cubin embedded for sm_{cc}"))
+            .1;
+        assert!(
+            embedded.starts_with(b"\x7fELF"),
+            "the sm_{cc} cubin is not an ELF"
+        );
+        assert!(
+            embedded == std::fs::read(&cubin).unwrap().as_slice(),
+            "the embedded sm_{cc} cubin is not ptxas's output for the embedded PTX"
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

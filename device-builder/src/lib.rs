@@ -12,7 +12,8 @@
 //! ```
 //!
 //! and then in the crate: `include!(concat!(env!("OUT_DIR"), "/kernels_ptx.rs"));`, which
-//! defines `pub static PTX: &[(u32, &str)]` (compute capability × 10, PTX text).
+//! defines `pub static PTX: &[(u32, &str)]` (compute capability × 10, PTX text) and
+//! `pub static CUBIN: &[(u32, &[u8])]` (the same, compiled by ptxas; empty without one).
 //!
 //! How (DESIGN §3): a nested `cargo rustc` of the kernel crate for `nvptx64-nvidia-cuda`
 //! with `-Zbuild-std=core`, `panic = "abort"` and fat LTO, in its own target directory and a
@@ -20,7 +21,10 @@
 //! [`DeviceBuilder::arches`] change the list). rustc's own bitcode linker is replaced by a
 //! small program (compiled here from `linker.rs`) that runs `llvm-link`, `opt` and `llc` from
 //! the `llvm-tools` component. Every PTX is compiled with `ptxas` when one is found, and a
-//! missing `ptxas` is an error when `MSCCLPP_REQUIRE_PTXAS=1`.
+//! missing `ptxas` is an error when `MSCCLPP_REQUIRE_PTXAS=1`. The cubin ptxas writes is
+//! kept and embedded beside the PTX (`CUBIN`): a GPU of that arch loads machine code at
+//! once, where PTX alone is compiled by the driver on the first run on each machine (about
+//! 13 s of one CPU core for our 3 MB of PTX, cached afterwards).
 //!
 //! Validation: everything this crate needs (nightly toolchain, `rust-src`, `llvm-tools`,
 //! `ptxas` when required) is checked up front, and each [`BuildError`] says how to install
@@ -159,6 +163,9 @@ pub struct PtxArtifact {
     pub path: PathBuf,
     /// Whether `ptxas` compiled it successfully (false when no ptxas was found).
     pub ptxas_checked: bool,
+    /// The cubin `ptxas` compiled it to (machine code for exactly this arch and later
+    /// minor versions of its major one), when a ptxas was found.
+    pub cubin: Option<PathBuf>,
 }
 
 /// What [`DeviceBuilder::build`] produced: one PTX per requested arch.
@@ -170,8 +177,9 @@ pub struct DeviceArtifacts {
 }
 
 impl DeviceArtifacts {
-    /// Writes `OUT_DIR/<file_name>` defining `pub static PTX: &[(u32, &str)]`, a list of
-    /// (compute capability × 10, PTX text) for `include!`.
+    /// Writes `OUT_DIR/<file_name>` for `include!`, defining `pub static PTX: &[(u32,
+    /// &str)]`, a list of (compute capability × 10, PTX text), and `pub static CUBIN:
+    /// &[(u32, &[u8])]`, the cubins ptxas made of them (empty when no ptxas was found).
     pub fn write_rust_module(&self, file_name: &str) -> Result<PathBuf, BuildError> {
         let mut s = String::from(
             "/// PTX compiled from the device crate: (compute capability x 10, PTX text).\n\
@@ -183,6 +191,19 @@ impl DeviceArtifacts {
                 a.compute_capability,
                 a.path.display().to_string()
             ));
+        }
+        s.push_str(
+            "];\n\n/// The PTX above compiled by ptxas: (compute capability x 10, cubin), for the \
+             arches a ptxas was found for.\npub static CUBIN: &[(u32, &[u8])] = &[\n",
+        );
+        for a in &self.ptx {
+            if let Some(cubin) = &a.cubin {
+                s.push_str(&format!(
+                    "    ({}, include_bytes!({:?})),\n",
+                    a.compute_capability,
+                    cubin.display().to_string()
+                ));
+            }
         }
         s.push_str("];\n");
         let path = self.out_dir.join(file_name);
@@ -301,18 +322,16 @@ impl DeviceBuilder {
                 path: built.ptx.clone(),
                 error,
             })?;
-            let checked = match &ptxas {
-                Ok(ptxas) => {
-                    run_ptxas(ptxas, &dest, arch, &out_dir)?;
-                    true
-                }
-                Err(_) => false,
+            let cubin = match &ptxas {
+                Ok(ptxas) => Some(run_ptxas(ptxas, &dest, arch, &out_dir)?),
+                Err(_) => None,
             };
             ptx.push(PtxArtifact {
                 arch: arch.clone(),
                 compute_capability: *cc,
                 path: dest,
-                ptxas_checked: checked,
+                ptxas_checked: cubin.is_some(),
+                cubin,
             });
         }
         if let Err(e) = &ptxas {
@@ -772,9 +791,15 @@ pub fn find_ptxas() -> Result<PathBuf, BuildError> {
     Err(BuildError::NoPtxas { searched })
 }
 
-/// Compiles `ptx` with `ptxas -arch=<arch>`; an error carries ptxas's messages.
-pub fn run_ptxas(ptxas: &Path, ptx: &Path, arch: &str, scratch: &Path) -> Result<(), BuildError> {
-    let cubin = scratch.join(format!(
+/// Compiles `ptx` with `ptxas -arch=<arch>` into `<out_dir>/<ptx file name>.cubin` and
+/// returns that path; an error carries ptxas's messages.
+pub fn run_ptxas(
+    ptxas: &Path,
+    ptx: &Path,
+    arch: &str,
+    out_dir: &Path,
+) -> Result<PathBuf, BuildError> {
+    let cubin = out_dir.join(format!(
         "{}.cubin",
         ptx.file_name().unwrap_or_default().to_string_lossy()
     ));
@@ -788,16 +813,19 @@ pub fn run_ptxas(ptxas: &Path, ptx: &Path, arch: &str, scratch: &Path) -> Result
             what: format!("running {}", ptxas.display()),
             output: e.to_string(),
         })?;
-    let _ = fs::remove_file(&cubin);
-    if out.status.success() {
-        Ok(())
+    let output = if !out.status.success() {
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    } else if !cubin.is_file() {
+        format!("ptxas exited with success but wrote no {}", cubin.display())
     } else {
-        Err(BuildError::Ptxas {
-            ptx: ptx.to_path_buf(),
-            arch: arch.to_string(),
-            output: String::from_utf8_lossy(&out.stderr).into_owned(),
-        })
-    }
+        return Ok(cubin);
+    };
+    let _ = fs::remove_file(&cubin);
+    Err(BuildError::Ptxas {
+        ptx: ptx.to_path_buf(),
+        arch: arch.to_string(),
+        output,
+    })
 }
 
 #[cfg(test)]

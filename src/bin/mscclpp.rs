@@ -22,6 +22,19 @@ fn main() -> ExitCode {
         .map(|(cc, _)| format!("sm_{cc}"))
         .collect();
     println!("embedded PTX: {}", embedded.join(", "));
+    let cubins: Vec<String> = mscclpp::host::ptx::CUBIN
+        .iter()
+        .map(|(cc, _)| format!("sm_{cc}"))
+        .collect();
+    println!(
+        "embedded cubin: {}",
+        if cubins.is_empty() {
+            "none (built without ptxas: the driver compiles the PTX on each machine's first run)"
+                .to_string()
+        } else {
+            cubins.join(", ")
+        }
+    );
     let mut ok = true;
     match cuda::list_gpus() {
         Ok(gpus) => {
@@ -58,7 +71,16 @@ fn run_on_gpu(ordinal: usize) -> bool {
     let loaded = Gpu::open(ordinal).and_then(|g| KernelModule::load_builtin(&g).map(|m| (g, m)));
     match loaded {
         Ok((gpu, module)) => {
-            println!("  loaded PTX for sm_{}", module.arch());
+            match module.image() {
+                cuda::ImageKind::Cubin => println!("  loaded the cubin for sm_{}", module.arch()),
+                cuda::ImageKind::Ptx => println!(
+                    "  loaded PTX for sm_{} (compiled by the driver{})",
+                    module.arch(),
+                    module
+                        .cubin_refused()
+                        .map_or(String::new(), |why| format!(": {why}"))
+                ),
+            }
             run_all(Backend::Gpu(&gpu, &module), 1 << 16, 1000)
         }
         Err(e) => {

@@ -18,10 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut y = y0.clone();
     match Gpu::open(0) {
         Ok(gpu) => {
-            let module = KernelModule::load(&gpu, ptx::PTX)?;
+            let module = KernelModule::load_images(&gpu, ptx::PTX, ptx::CUBIN)?;
             println!(
-                "{}: running saxpy from PTX sm_{}",
+                "{}: running saxpy from {:?} sm_{}",
                 gpu.info().name,
+                module.image(),
                 module.arch()
             );
             let dx = DeviceBuffer::alloc(&gpu, n * 4)?;

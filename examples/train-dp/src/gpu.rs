@@ -93,7 +93,7 @@ struct Kernels {
 
 impl Kernels {
     fn load(gpu: &Gpu) -> Result<Kernels, Error> {
-        let m = KernelModule::load(gpu, ptx::PTX)?;
+        let m = KernelModule::load_images(gpu, ptx::PTX, ptx::CUBIN)?;
         Ok(Kernels {
             gen_inputs: m.function("gen_inputs")?,
             bias_act: m.function("bias_act")?,
@@ -804,6 +804,17 @@ pub fn run(
 }
 
 fn ptx_note() -> String {
-    let arches: Vec<String> = ptx::PTX.iter().map(|(a, _)| format!("sm_{a}")).collect();
-    format!("kernels: PTX {}", arches.join(","))
+    let arches = |list: &mut dyn Iterator<Item = u32>| {
+        let v: Vec<String> = list.map(|a| format!("sm_{a}")).collect();
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(",")
+        }
+    };
+    format!(
+        "kernels: PTX {}, cubin {}",
+        arches(&mut ptx::PTX.iter().map(|(a, _)| *a)),
+        arches(&mut ptx::CUBIN.iter().map(|(a, _)| *a))
+    )
 }

@@ -14,7 +14,7 @@
 //! - [`HostRegistration`]: memory the caller owns (a shared-memory segment) registered and
 //!   mapped into the device (the P2P transport's `cpu` flag mode puts inbound counters
 //!   there);
-//! - [`KernelModule`]: the embedded PTX for the best arch the device can run.
+//! - [`KernelModule`]: the embedded kernels for a device: its cubin, else the best PTX.
 //!
 //! What is validated: driver presence and device ordinals (typed errors: [`CudaError::NoDriver`],
 //! [`CudaError::NoGpu`], [`CudaError::NoSuchGpu`]), sizes and copy bounds of our buffers,
@@ -37,7 +37,9 @@ pub use memory::{
     DeviceBuffer, DmaBuf, HostRegistration, IpcMemHandle, MappedHostBuffer, PeerMapping,
     dmabuf_for_range,
 };
-pub use module::{KernelModule, select_ptx};
+pub use module::{
+    ImageKind, ImagePolicy, KERNEL_IMAGE_ENV, KernelModule, select_cubin, select_ptx,
+};
 pub use ops::{event_reached, memcpy_async, new_event, record_event, stream_idle, write_u64_async};
 
 use cudarc::driver::DriverError;

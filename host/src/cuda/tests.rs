@@ -11,6 +11,37 @@ fn select_ptx_takes_the_newest_arch_the_device_runs() {
 }
 
 #[test]
+fn select_cubin_takes_machine_code_of_the_device_major_version_only() {
+    let cubin: [(u32, &[u8]); 3] = [(80, b"a"), (86, b"b"), (90, b"c")];
+    assert_eq!(select_cubin(&cubin, 90), Some((90, &b"c"[..])));
+    // sm_90 machine code does not run on sm_100, nor sm_86 code on sm_80.
+    assert_eq!(select_cubin(&cubin, 100), None);
+    assert_eq!(select_cubin(&cubin, 89), Some((86, &b"b"[..])));
+    assert_eq!(select_cubin(&cubin, 80), Some((80, &b"a"[..])));
+    assert_eq!(select_cubin(&cubin, 75), None);
+    assert_eq!(select_cubin(&[], 90), None);
+}
+
+#[test]
+fn kernel_image_env_values_are_read_or_refused_by_name() {
+    assert_eq!(ImagePolicy::parse(None).unwrap(), ImagePolicy::Auto);
+    assert_eq!(ImagePolicy::parse(Some(" ")).unwrap(), ImagePolicy::Auto);
+    assert_eq!(ImagePolicy::parse(Some("auto")).unwrap(), ImagePolicy::Auto);
+    assert_eq!(ImagePolicy::parse(Some("ptx")).unwrap(), ImagePolicy::Ptx);
+    assert_eq!(
+        ImagePolicy::parse(Some(" cubin")).unwrap(),
+        ImagePolicy::Cubin
+    );
+    for bad in ["PTX", "sass", "1"] {
+        let e = ImagePolicy::parse(Some(bad)).unwrap_err().to_string();
+        assert!(
+            e.contains(KERNEL_IMAGE_ENV) && e.contains(&format!("{bad:?}")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn builtin_ptx_is_embedded_for_sm90() {
     assert!(
         crate::ptx::PTX
