@@ -882,6 +882,102 @@ fn missing_rank_makes_the_root_time_out_naming_it() {
     });
 }
 
+/// Two ranks of `root` (a fresh unique id's when `None`), rank `late_rank` starting `late`
+/// after the other, each under `config`; each rank's outcome.
+fn late_join(
+    config: BootstrapConfig,
+    root: Option<BootstrapRoot>,
+    late_rank: usize,
+    late: Duration,
+) -> Vec<Result<BlockingBootstrap, BootstrapError>> {
+    let root = root.unwrap_or_else(|| {
+        BootstrapRoot::Id(create_unique_id_at(localhost(0), config.clone()).unwrap())
+    });
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let config = config.clone();
+            std::thread::spawn(move || {
+                if rank == late_rank {
+                    std::thread::sleep(late);
+                }
+                BlockingBootstrap::init_with_config(2, rank, root, config)
+            })
+        })
+        .collect();
+    ranks.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Both ranks joined: they exchange a byte each.
+fn exchange(bs: Vec<Result<BlockingBootstrap, BootstrapError>>) {
+    let bs: Vec<BlockingBootstrap> = bs.into_iter().map(|r| r.unwrap()).collect();
+    let got = std::thread::scope(|s| {
+        let hs: Vec<_> = bs
+            .iter()
+            .map(|b| s.spawn(move || b.all_gather(&[b.rank() as u8]).unwrap()))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(got, vec![vec![vec![0u8], vec![1u8]]; 2]);
+}
+
+/// Ranks may reach the root far apart (one loads a model first): the rendezvous waits the
+/// rendezvous timeout for the last one, not the bootstrap timeout, in both directions.
+#[test]
+fn the_rendezvous_waits_its_own_timeout_for_a_late_rank() {
+    // A rank four bootstrap timeouts late still joins.
+    let config = BootstrapConfig::new()
+        .with_timeout(Duration::from_millis(300))
+        .with_rendezvous_timeout(Duration::from_secs(10));
+    exchange(late_join(
+        config.clone(),
+        None,
+        1,
+        Duration::from_millis(1200),
+    ));
+    // With an `ip:port` root, rank 0 hosts it and may be the late one: the others keep
+    // trying to reach it for the rendezvous timeout.
+    let addr = BootstrapRoot::Addr(localhost(free_port()));
+    exchange(late_join(
+        config,
+        Some(addr),
+        0,
+        Duration::from_millis(1200),
+    ));
+    // A short rendezvous timeout bounds it even under a long bootstrap timeout: rank 0 is
+    // told that rank 1 never joined, with the rendezvous timeout.
+    let config = BootstrapConfig::new()
+        .with_timeout(Duration::from_secs(10))
+        .with_rendezvous_timeout(Duration::from_millis(600));
+    let started = std::time::Instant::now();
+    let joined = late_join(config, None, 1, Duration::from_millis(2000));
+    let Err(e) = &joined[0] else {
+        panic!("rank 0 must fail")
+    };
+    assert_eq!(
+        refusal(e),
+        &Refusal::RendezvousTimeout {
+            missing: vec![1],
+            timeout_ms: 600,
+            refused: Vec::new(),
+        },
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("MSCCLPP_RENDEZVOUS_TIMEOUT"),
+        "the error says what to raise: {e}"
+    );
+    // Rank 1 came after the root had ended: it cannot reach it, but does not wait for the
+    // long bootstrap timeout either (the rendezvous timeout bounds its retries).
+    assert!(joined[1].is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// A goodbye names the calls its sender set (`set_calls_at_close`), or none: peers read it
 /// (`left_after`), and a leave hook is told once per rank that leaves, and at once of the
 /// ranks that already left when it is registered.

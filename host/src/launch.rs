@@ -20,7 +20,8 @@
 //! `MASTER_ADDR` with port `MSCCLPP_BOOTSTRAP_PORT`, or `MASTER_PORT + 1` by default (rank
 //! 0 then runs the root there): torch's own store already listens on `MASTER_PORT`, and
 //! every rank computes the same port without talking. `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds)
-//! sets the bootstrap timeout. With an `ip:port` root, `MSCCLPP_BOOTSTRAP_SECRET` (read by
+//! sets the bootstrap timeout, `MSCCLPP_RENDEZVOUS_TIMEOUT` how far apart the ranks may
+//! reach the root. With an `ip:port` root, `MSCCLPP_BOOTSTRAP_SECRET` (read by
 //! the bootstrap, see [`BootstrapConfig::secret`]) authenticates the ranks.
 //!
 //! [`LocalLauncher`] starts N processes on this machine with our variables set, forwards
@@ -47,6 +48,11 @@ pub const ENV_LOCAL_RANK: &str = "MSCCLPP_LOCAL_RANK";
 pub const ENV_BOOTSTRAP: &str = "MSCCLPP_BOOTSTRAP";
 /// Bootstrap timeout in seconds (fractions allowed).
 pub const ENV_BOOTSTRAP_TIMEOUT: &str = "MSCCLPP_BOOTSTRAP_TIMEOUT";
+/// How long the rendezvous may take, in seconds (fractions allowed): the time between the
+/// first rank and the last reaching the root
+/// ([`BootstrapConfig::rendezvous_timeout`](crate::bootstrap::BootstrapConfig::rendezvous_timeout)).
+/// Default: the bootstrap timeout; in the NCCL library, 30 minutes.
+pub const ENV_RENDEZVOUS_TIMEOUT: &str = "MSCCLPP_RENDEZVOUS_TIMEOUT";
 /// Port of the root on `MASTER_ADDR` (torchrun), instead of `MASTER_PORT` +
 /// [`MASTER_PORT_OFFSET`].
 pub const ENV_BOOTSTRAP_PORT: &str = "MSCCLPP_BOOTSTRAP_PORT";
@@ -184,9 +190,14 @@ pub enum LaunchError {
         /// Why.
         reason: String,
     },
-    /// The timeout variable is not a positive number of seconds.
-    #[error("{ENV_BOOTSTRAP_TIMEOUT}={0:?} is not a positive number of seconds")]
-    BadTimeout(String),
+    /// A timeout variable is not a positive number of seconds.
+    #[error("{var}={value:?} is not a positive number of seconds")]
+    BadTimeout {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
     /// The launcher could not find its own executable.
     #[error("cannot find the current executable: {0}")]
     CurrentExe(#[source] std::io::Error),
@@ -219,6 +230,8 @@ pub struct Launch {
     pub root: BootstrapRoot,
     /// Bootstrap timeout, if `MSCCLPP_BOOTSTRAP_TIMEOUT` is set.
     pub timeout: Option<Duration>,
+    /// Rendezvous timeout, if `MSCCLPP_RENDEZVOUS_TIMEOUT` is set.
+    pub rendezvous_timeout: Option<Duration>,
     /// Whose variables gave rank and nranks.
     pub source: LaunchSource,
 }
@@ -387,30 +400,27 @@ impl Launch {
                 reason: "port 0 names no port the other ranks could reach".into(),
             });
         }
-        let timeout = match get(ENV_BOOTSTRAP_TIMEOUT) {
-            None => None,
-            Some(value) => match positive_seconds(&value).filter(|&s| s < 1e9) {
-                Some(secs) => Some(Duration::from_secs_f64(secs)),
-                None => return Err(LaunchError::BadTimeout(value)),
-            },
-        };
         Ok(Launch {
             rank,
             nranks,
             local_rank,
             root,
-            timeout,
+            timeout: timeout_var(ENV_BOOTSTRAP_TIMEOUT, get(ENV_BOOTSTRAP_TIMEOUT))?,
+            rendezvous_timeout: timeout_var(ENV_RENDEZVOUS_TIMEOUT, get(ENV_RENDEZVOUS_TIMEOUT))?,
             source: c.source,
         })
     }
 
-    /// The default [`BootstrapConfig`] with this launch's timeout, if any.
+    /// The default [`BootstrapConfig`] with this launch's timeouts, where set.
     pub fn config(&self) -> BootstrapConfig {
-        let config = BootstrapConfig::default();
-        match self.timeout {
-            Some(t) => config.with_timeout(t),
-            None => config,
+        let mut config = BootstrapConfig::default();
+        if let Some(t) = self.timeout {
+            config = config.with_timeout(t);
         }
+        if let Some(t) = self.rendezvous_timeout {
+            config = config.with_rendezvous_timeout(t);
+        }
+        config
     }
 
     /// Initialises the bootstrap this launch describes.
@@ -665,6 +675,10 @@ impl LocalLauncher {
         if let Some(t) = self.bootstrap_timeout {
             config = config.with_timeout(t);
         }
+        // The ranks read it from the environment they inherit; the root here reads the same.
+        if let Some(t) = env_timeout(ENV_RENDEZVOUS_TIMEOUT)? {
+            config = config.with_rendezvous_timeout(t);
+        }
         // The root lives in the launcher, so the ranks are equals; it stops with `_root`.
         let root = Root::bind(
             std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
@@ -897,6 +911,28 @@ fn forward(
             }
         }
     })
+}
+
+/// The timeout variable `var` of this process's environment ([`ENV_BOOTSTRAP_TIMEOUT`],
+/// [`ENV_RENDEZVOUS_TIMEOUT`]): `None` when unset or blank, an error naming it when it is
+/// not a positive number of seconds.
+pub fn env_timeout(var: &'static str) -> Result<Option<Duration>, LaunchError> {
+    timeout_var(var, std::env::var(var).ok())
+}
+
+/// [`env_timeout`] of a given value of `var`.
+pub fn timeout_var(
+    var: &'static str,
+    value: Option<String>,
+) -> Result<Option<Duration>, LaunchError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(value) => match positive_seconds(&value).filter(|&s| s < 1e9) {
+            Some(secs) => Ok(Some(Duration::from_secs_f64(secs))),
+            None => Err(LaunchError::BadTimeout { var, value }),
+        },
+    }
 }
 
 /// A number of seconds from an environment variable's `value` (surrounding spaces allowed):

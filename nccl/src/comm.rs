@@ -7,6 +7,7 @@ use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use cudarc::driver::{result as cu, sys as cusys};
 
@@ -401,7 +402,10 @@ pub fn set_up(
 ) -> Result<Inner, Failure> {
     gpu.bind()
         .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: {e}")))?;
-    let config = CommConfig::default();
+    let config = CommConfig {
+        bootstrap: bootstrap_config(call)?,
+        ..CommConfig::default()
+    };
     let root = bootstrap_root(id, env_comm_id(call, &config.bootstrap)?);
     let bootstrap =
         BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())
@@ -680,6 +684,37 @@ pub fn set_up_many(
     })
 }
 
+/// How long a communicator's rendezvous waits for its last rank when
+/// `MSCCLPP_RENDEZVOUS_TIMEOUT` is not set: NCCL waits for ever, and programs call
+/// `ncclCommInitRank` far apart (PyTorch creates a communicator at its first collective on
+/// each group, and a rank may first download data or load a checkpoint), so the 30 s of the
+/// other bootstrap waits would fail jobs NCCL runs. 30 minutes is how long PyTorch's own
+/// store waits for ranks; a rank that never comes is named when it passes.
+pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// The bootstrap settings of this library's communicators: `MSCCLPP_BOOTSTRAP_TIMEOUT` and
+/// `MSCCLPP_RENDEZVOUS_TIMEOUT` (seconds) where set, else 30 s and [`RENDEZVOUS_TIMEOUT`];
+/// a bad value is an invalid-argument error naming the variable.
+pub fn bootstrap_config(call: &str) -> Result<BootstrapConfig, Failure> {
+    bootstrap_config_from(call, |var| std::env::var(var).ok())
+}
+
+/// [`bootstrap_config`] with the variables `get` gives.
+fn bootstrap_config_from(
+    call: &str,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<BootstrapConfig, Failure> {
+    use mscclpp_host::launch::{ENV_BOOTSTRAP_TIMEOUT, ENV_RENDEZVOUS_TIMEOUT, timeout_var};
+    let read = |var: &'static str| {
+        timeout_var(var, get(var)).map_err(|e| Failure::arg(format!("{call}: {e}")))
+    };
+    let mut config = BootstrapConfig::default();
+    if let Some(t) = read(ENV_BOOTSTRAP_TIMEOUT)? {
+        config = config.with_timeout(t);
+    }
+    Ok(config.with_rendezvous_timeout(read(ENV_RENDEZVOUS_TIMEOUT)?.unwrap_or(RENDEZVOUS_TIMEOUT)))
+}
+
 /// A fresh bootstrap id. Its root runs in this process and listens where ranks on other
 /// machines can reach it, as NCCL's does: on the interface `MSCCLPP_SOCKET_IFNAME` or
 /// `NCCL_SOCKET_IFNAME` names, else on NCCL's default choice
@@ -691,13 +726,12 @@ pub fn new_id(call: &str) -> Result<UniqueId, Failure> {
             format!("{call}: where the bootstrap root should listen: {e}"),
         )
     })?;
-    let id =
-        create_unique_id_at(SocketAddr::new(ip, 0), BootstrapConfig::default()).map_err(|e| {
-            Failure::new(
-                result::SYSTEM_ERROR,
-                format!("{call}: bootstrap root on {ip}: {e}"),
-            )
-        })?;
+    let id = create_unique_id_at(SocketAddr::new(ip, 0), bootstrap_config(call)?).map_err(|e| {
+        Failure::new(
+            result::SYSTEM_ERROR,
+            format!("{call}: bootstrap root on {ip}: {e}"),
+        )
+    })?;
     log::info(&format!(
         "{call}: bootstrap root listening on {}",
         id.root_addr()
@@ -815,6 +849,46 @@ pub fn null() -> Ptr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn communicators_wait_long_for_late_ranks_unless_told_otherwise() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |v: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == v)
+                    .map(|(_, x)| x.to_string())
+            }
+        };
+        let c = bootstrap_config_from("t", vars(&[])).unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(30));
+        assert_eq!(c.rendezvous_wait(), Duration::from_secs(1800));
+        let c = bootstrap_config_from(
+            "t",
+            vars(&[
+                ("MSCCLPP_BOOTSTRAP_TIMEOUT", "12"),
+                ("MSCCLPP_RENDEZVOUS_TIMEOUT", "90.5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(12));
+        assert_eq!(c.rendezvous_wait(), Duration::from_millis(90_500));
+        for (var, bad) in [
+            ("MSCCLPP_BOOTSTRAP_TIMEOUT", "0"),
+            ("MSCCLPP_RENDEZVOUS_TIMEOUT", "forever"),
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![(var, bad)].into_boxed_slice());
+            let f = bootstrap_config_from("ncclCommInitRank", vars(pairs)).unwrap_err();
+            assert_eq!(f.code, result::INVALID_ARGUMENT, "{}", f.msg);
+            assert!(
+                f.msg.starts_with("ncclCommInitRank: ")
+                    && f.msg.contains(&format!("{var}=\"{bad}\"")),
+                "{}",
+                f.msg
+            );
+        }
+    }
 
     #[test]
     fn color_key_roundtrip() {

@@ -77,7 +77,8 @@ pub enum Refusal {
     Closing,
     /// The rendezvous did not complete within the root's timeout.
     #[error(
-        "the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined{}",
+        "the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined \
+         (MSCCLPP_RENDEZVOUS_TIMEOUT, in seconds, sets how far apart the ranks may arrive){}",
         refused_joins(refused)
     )]
     RendezvousTimeout {

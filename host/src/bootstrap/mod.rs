@@ -91,9 +91,17 @@ pub const ENV_BOOTSTRAP_SECRET: &str = "MSCCLPP_BOOTSTRAP_SECRET";
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct BootstrapConfig {
-    /// Bound on every wait: reaching the root (with retries), the rendezvous, each handshake,
-    /// and each message a collective or `recv` waits for. Default 30 s.
+    /// Bound on every wait: each handshake and each message a collective or `recv` waits
+    /// for; also the rendezvous's, unless [`rendezvous_timeout`](Self::rendezvous_timeout)
+    /// is set. Default 30 s.
     pub timeout: Duration,
+    /// Bound on the rendezvous alone: reaching the root (with retries; at most
+    /// [`timeout`](Self::timeout) for a [`UniqueId`]'s root, which listens before the id
+    /// exists) and waiting, once the first rank has joined, for the last one. Ranks may reach it far apart (one loads a
+    /// model or downloads data first), where every later wait is between ranks that are all
+    /// there. `None`: [`timeout`](Self::timeout). The NCCL library sets 30 minutes, the time
+    /// PyTorch's own store waits for ranks.
+    pub rendezvous_timeout: Option<Duration>,
     /// Largest message (one rank's `all_gather` contribution, one `send`). Default 1 GiB.
     pub max_message_size: usize,
     /// Identity of this rank's node; ranks with equal ids count as one node. Default: the
@@ -115,6 +123,7 @@ impl Default for BootstrapConfig {
     fn default() -> Self {
         BootstrapConfig {
             timeout: Duration::from_secs(30),
+            rendezvous_timeout: None,
             max_message_size: 1 << 30,
             host_id: None,
             listen_ip: None,
@@ -133,6 +142,18 @@ impl BootstrapConfig {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Sets [`rendezvous_timeout`](Self::rendezvous_timeout).
+    pub fn with_rendezvous_timeout(mut self, timeout: Duration) -> Self {
+        self.rendezvous_timeout = Some(timeout);
+        self
+    }
+
+    /// How long the rendezvous may take: [`rendezvous_timeout`](Self::rendezvous_timeout),
+    /// else [`timeout`](Self::timeout).
+    pub fn rendezvous_wait(&self) -> Duration {
+        self.rendezvous_timeout.unwrap_or(self.timeout)
     }
 
     /// Sets [`max_message_size`](Self::max_message_size).
@@ -407,7 +428,14 @@ impl Bootstrap {
                 "rank {rank} is out of range for {nranks} ranks"
             )));
         }
-        let (id, join_secret, mut hosted) = match root.into() {
+        let root = root.into();
+        // A unique id's root listens before the id exists: one that refuses connections for
+        // a bootstrap timeout is gone. Rank 0 hosts an `ip:port` root, and may come late.
+        let connect_wait = match root {
+            BootstrapRoot::Id(_) => config.timeout.min(config.rendezvous_wait()),
+            BootstrapRoot::Addr(_) => config.rendezvous_wait(),
+        };
+        let (id, join_secret, mut hosted) = match root {
             BootstrapRoot::Id(id) => (id, id.secret(), HostedRoot(None)),
             BootstrapRoot::Addr(addr) => {
                 if addr.port() == 0 {
@@ -427,7 +455,8 @@ impl Bootstrap {
                 }
             }
         };
-        let (listener, peers) = rendezvous(nranks, rank, &id, join_secret, &config).await?;
+        let (listener, peers) =
+            rendezvous(nranks, rank, &id, join_secret, &config, connect_wait).await?;
         // The root has sent every welcome before ours completes... except those after ours:
         // let it finish on its own.
         if let Some(task) = hosted.0.take() {
@@ -955,16 +984,18 @@ impl Drop for Bootstrap {
     }
 }
 
-/// Reaches the root, joins, and returns this rank's listener and the peer table.
+/// Reaches the root (retrying for `connect_wait`), joins, and returns this rank's listener
+/// and the peer table (waited for up to the rendezvous timeout).
 async fn rendezvous(
     nranks: usize,
     rank: usize,
     id: &UniqueId,
     join_secret: [u8; SECRET_BYTES],
     config: &BootstrapConfig,
+    connect_wait: Duration,
 ) -> Result<(TcpListener, Vec<wire::PeerInfo>), BootstrapError> {
     let root_addr = id.root_addr();
-    let mut stream = connect_with_backoff(rank, root_addr, config.timeout).await?;
+    let mut stream = connect_with_backoff(rank, root_addr, connect_wait).await?;
     let _ = stream.set_nodelay(true);
     let io = |context: String| {
         move |source| BootstrapError::Io {
@@ -1015,7 +1046,7 @@ async fn rendezvous(
         .map_err(frame_err("joining"))?;
     // The root's own deadline runs from the first join; wait a little longer so that its
     // more precise verdict (which ranks are missing) arrives first.
-    let wait = config.timeout + Duration::from_millis(500);
+    let wait = config.rendezvous_wait() + Duration::from_millis(500);
     let limits = FrameLimits::with_max_payload(wire::MAX_PEER_TABLE_LEN);
     let reply = timeout(wait, wire::read_frame(&mut stream, &limits))
         .await

@@ -133,7 +133,8 @@ impl Root {
     /// Serves one rendezvous.
     ///
     /// Waits without a deadline for the first rank (drop the future or the
-    /// [`RootHandle`] to stop it), then at most the configured timeout for the others.
+    /// [`RootHandle`] to stop it), then at most the configured rendezvous timeout
+    /// ([`BootstrapConfig::rendezvous_wait`]) for the others.
     /// Returns `Ok` once every rank has the peer table, or the reason the rendezvous failed;
     /// every rank that reached the root has been told that reason.
     ///
@@ -216,9 +217,9 @@ impl Root {
                             if failed.is_none() {
                                 let cause = Refusal::RankEnded { rank, how };
                                 rendezvous.abort_all(&cause).await;
-                                rendezvous
-                                    .deadline
-                                    .get_or_insert_with(|| Instant::now() + rendezvous.config.timeout);
+                                rendezvous.deadline.get_or_insert_with(|| {
+                                    Instant::now() + rendezvous.config.rendezvous_wait()
+                                });
                                 failed = Some(cause);
                             }
                         }
@@ -411,7 +412,7 @@ impl Rendezvous {
         }
         // The deadline runs from the first join that fits the job.
         self.deadline
-            .get_or_insert_with(|| Instant::now() + self.config.timeout);
+            .get_or_insert_with(|| Instant::now() + self.config.rendezvous_wait());
         self.joined.insert(
             rank,
             (
@@ -459,7 +460,7 @@ impl Rendezvous {
             .collect();
         let cause = Refusal::RendezvousTimeout {
             missing,
-            timeout_ms: self.config.timeout.as_millis() as u64,
+            timeout_ms: self.config.rendezvous_wait().as_millis() as u64,
             refused: self.refused.clone(),
         };
         self.abort_all(&cause).await;
@@ -541,8 +542,8 @@ impl RootHandle {
 
     /// Waits for the rendezvous to end and returns its outcome.
     ///
-    /// Bounded by the root's timeout once the first rank has joined; before that it waits for
-    /// the first rank.
+    /// Bounded by the root's rendezvous timeout once the first rank has joined; before that
+    /// it waits for the first rank.
     pub fn join(mut self) -> Result<(), BootstrapError> {
         match self.thread.take() {
             Some(thread) => thread.join().unwrap_or_else(|_| {

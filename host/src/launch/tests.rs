@@ -33,6 +33,7 @@ fn our_variables() {
             local_rank: Some(0),
             root: BootstrapRoot::Id(id),
             timeout: Some(Duration::from_millis(2500)),
+            rendezvous_timeout: None,
             source: LaunchSource::Mscclpp,
         }
     );
@@ -418,7 +419,57 @@ fn errors_name_the_problem() {
         ("MSCCLPP_BOOTSTRAP_TIMEOUT", "-3"),
     ]))
     .unwrap_err();
-    assert!(matches!(err, LaunchError::BadTimeout(_)), "{err}");
+    assert!(
+        matches!(err, LaunchError::BadTimeout { var, .. } if var == ENV_BOOTSTRAP_TIMEOUT),
+        "{err}"
+    );
+    let err = Launch::from_vars(vars(&[
+        base[0],
+        base[1],
+        ("MSCCLPP_BOOTSTRAP", "127.0.0.1:1"),
+        ("MSCCLPP_RENDEZVOUS_TIMEOUT", "soon"),
+    ]))
+    .unwrap_err();
+    assert!(
+        matches!(err, LaunchError::BadTimeout { var, .. } if var == ENV_RENDEZVOUS_TIMEOUT),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("MSCCLPP_RENDEZVOUS_TIMEOUT=\"soon\" is not a positive number"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_rendezvous_timeout_is_its_own_and_defaults_to_the_bootstrap_timeout() {
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut v = vec![
+            ("MSCCLPP_RANK", "0"),
+            ("MSCCLPP_NRANKS", "2"),
+            ("MSCCLPP_BOOTSTRAP", "127.0.0.1:1"),
+        ];
+        v.extend_from_slice(extra);
+        Launch::from_vars(vars(&v)).unwrap().config()
+    };
+    let c = with(&[("MSCCLPP_BOOTSTRAP_TIMEOUT", "7")]);
+    assert_eq!(
+        (c.timeout, c.rendezvous_wait()),
+        (Duration::from_secs(7), Duration::from_secs(7))
+    );
+    let c = with(&[
+        ("MSCCLPP_BOOTSTRAP_TIMEOUT", "7"),
+        ("MSCCLPP_RENDEZVOUS_TIMEOUT", "600"),
+    ]);
+    assert_eq!(
+        (c.timeout, c.rendezvous_wait()),
+        (Duration::from_secs(7), Duration::from_secs(600))
+    );
+    let c = with(&[("MSCCLPP_RENDEZVOUS_TIMEOUT", " 1.5 ")]);
+    assert_eq!(
+        (c.timeout, c.rendezvous_wait()),
+        (Duration::from_secs(30), Duration::from_millis(1500))
+    );
 }
 
 #[test]
