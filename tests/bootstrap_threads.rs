@@ -926,32 +926,22 @@ fn exchange(bs: Vec<Result<BlockingBootstrap, BootstrapError>>) {
 /// rendezvous timeout for the last one, not the bootstrap timeout, in both directions.
 #[test]
 fn the_rendezvous_waits_its_own_timeout_for_a_late_rank() {
-    // A rank four bootstrap timeouts late still joins.
+    // A rank three bootstrap timeouts late still joins.
     let config = BootstrapConfig::new()
-        .with_timeout(Duration::from_millis(300))
-        .with_rendezvous_timeout(Duration::from_secs(10));
-    exchange(late_join(
-        config.clone(),
-        None,
-        1,
-        Duration::from_millis(1200),
-    ));
+        .with_timeout(Duration::from_secs(1))
+        .with_rendezvous_timeout(Duration::from_secs(20));
+    exchange(late_join(config.clone(), None, 1, Duration::from_secs(3)));
     // With an `ip:port` root, rank 0 hosts it and may be the late one: the others keep
     // trying to reach it for the rendezvous timeout.
     let addr = BootstrapRoot::Addr(localhost(free_port()));
-    exchange(late_join(
-        config,
-        Some(addr),
-        0,
-        Duration::from_millis(1200),
-    ));
+    exchange(late_join(config, Some(addr), 0, Duration::from_secs(3)));
     // A short rendezvous timeout bounds it even under a long bootstrap timeout: rank 0 is
     // told that rank 1 never joined, with the rendezvous timeout.
     let config = BootstrapConfig::new()
         .with_timeout(Duration::from_secs(10))
-        .with_rendezvous_timeout(Duration::from_millis(600));
+        .with_rendezvous_timeout(Duration::from_secs(1));
     let started = std::time::Instant::now();
-    let joined = late_join(config, None, 1, Duration::from_millis(2000));
+    let joined = late_join(config, None, 1, Duration::from_secs(3));
     let Err(e) = &joined[0] else {
         panic!("rank 0 must fail")
     };
@@ -959,7 +949,7 @@ fn the_rendezvous_waits_its_own_timeout_for_a_late_rank() {
         refusal(e),
         &Refusal::RendezvousTimeout {
             missing: vec![1],
-            timeout_ms: 600,
+            timeout_ms: 1000,
             refused: Vec::new(),
         },
         "{e}"
@@ -969,13 +959,59 @@ fn the_rendezvous_waits_its_own_timeout_for_a_late_rank() {
         "the error says what to raise: {e}"
     );
     // Rank 1 came after the root had ended: it cannot reach it, but does not wait for the
-    // long bootstrap timeout either (the rendezvous timeout bounds its retries).
+    // long bootstrap timeout either (the rendezvous timeout bounds its retries: about 4 s
+    // in all, where the bootstrap timeout would make it 13).
     assert!(joined[1].is_err());
     assert!(
-        started.elapsed() < Duration::from_secs(8),
+        started.elapsed() < Duration::from_secs(10),
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A barrier with a wait of its own tolerates a rank that arrives long after the bootstrap
+/// timeout (teardown after one rank saved a checkpoint); the plain barrier does not, and a
+/// `barrier_within` that runs out says how long it waited.
+#[test]
+fn a_barrier_within_waits_its_own_time_for_a_late_rank() {
+    let config = BootstrapConfig::new().with_timeout(Duration::from_secs(1));
+    let bs: Vec<BlockingBootstrap> = late_join(config, None, 1, Duration::ZERO)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    let late = Duration::from_secs(3);
+    let outcome = |wait: Option<Duration>| {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = bs
+                .iter()
+                .map(|b| {
+                    s.spawn(move || {
+                        if b.rank() == 1 {
+                            std::thread::sleep(late);
+                        }
+                        match wait {
+                            Some(w) => b.barrier_within(w),
+                            None => b.barrier(),
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    let r = outcome(Some(Duration::from_secs(20)));
+    assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+    // Rank 0 gives up after 1 s; rank 1, arriving late, finds rank 0 gave up (or waits its
+    // own second): rank 0 fails with a timeout of the configured second.
+    let r = outcome(None);
+    match &r[0] {
+        Err(BootstrapError::Timeout { after, .. }) => {
+            assert_eq!(*after, Duration::from_secs(1))
+        }
+        other => panic!("rank 0: {other:?}"),
+    }
 }
 
 /// A goodbye names the calls its sender set (`set_calls_at_close`), or none: peers read it

@@ -282,7 +282,13 @@ fn every_embedded_ptx_compiles_with_ptxas() {
         let cubin = mscclpp_device_builder::run_ptxas(&ptxas, &path, &format!("sm_{cc}"), &dir)
             .unwrap_or_else(|e| panic!("{e}"));
         // The build found a ptxas too (the same one, under CI): it embedded the machine code
-        // of this very PTX, which GPUs of this arch load without a JIT.
+        // of this very PTX, which GPUs of this arch load without a JIT. A build that found
+        // none embeds none (a ptxas installed since then is not its business), unless
+        // ptxas is required.
+        if CUBIN.is_empty() && !std::env::var("MSCCLPP_REQUIRE_PTXAS").is_ok_and(|v| v == "1") {
+            eprintln!("this build embedded no cubin (no ptxas then): not compared");
+            continue;
+        }
         let embedded = CUBIN
             .iter()
             .find(|(c, _)| c == cc)

@@ -219,6 +219,7 @@ pub enum LaunchError {
 
 /// What a launcher told this process.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Launch {
     /// This process's rank.
     pub rank: usize,
@@ -675,8 +676,18 @@ impl LocalLauncher {
         if let Some(t) = self.bootstrap_timeout {
             config = config.with_timeout(t);
         }
-        // The ranks read it from the environment they inherit; the root here reads the same.
-        if let Some(t) = env_timeout(ENV_RENDEZVOUS_TIMEOUT)? {
+        // The ranks read it from their environment: what this launcher sets for them, else
+        // what they inherit. The root here reads the same.
+        let rendezvous = match self
+            .envs
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == *ENV_RENDEZVOUS_TIMEOUT)
+        {
+            Some((_, v)) => timeout_var(ENV_RENDEZVOUS_TIMEOUT, Some(v.to_string_lossy().into())),
+            None => env_timeout(ENV_RENDEZVOUS_TIMEOUT),
+        };
+        if let Some(t) = rendezvous? {
             config = config.with_rendezvous_timeout(t);
         }
         // The root lives in the launcher, so the ranks are equals; it stops with `_root`.

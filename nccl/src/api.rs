@@ -481,7 +481,10 @@ export! {
             };
             let bs = coll.communicator().bootstrap();
             let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
-            let all = bs.all_gather(&encode_color_key(color, key)).map_err(boot)?;
+            // Ranks may reach a split far apart (as a set-up): wait as long as for late ranks
+            // there. The rest of the split follows at once on every rank.
+            let late = bs.as_async().config().rendezvous_wait();
+            let all = bs.all_gather_within(&encode_color_key(color, key), late).map_err(boot)?;
             let ck: Vec<(c_int, c_int)> = all
                 .iter()
                 .map(|b| decode_color_key(b).unwrap_or((SPLIT_NOCOLOR, 0)))
@@ -590,7 +593,9 @@ export! {
                 }
                 id
             } else {
-                parse_id(call, &bs.recv(m[0], tag).map_err(boot)?)?
+                // The new communicator's rank 0 may come far later (as at a set-up).
+                let late = bs.as_async().config().rendezvous_wait();
+                parse_id(call, &bs.recv_within(m[0], tag, late).map_err(boot)?)?
             };
             let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking));
             let inner = c.on_device(|| {
@@ -659,9 +664,11 @@ fn quiesce(call: &str, gpu: &mscclpp_host::cuda::Gpu, inner: &Inner) -> Result<(
     };
     comm::on_gpu(gpu, || gpu.synchronize())
         .map_err(|e| Failure::new(result::UNHANDLED_CUDA_ERROR, format!("{call}: {e}")))?;
-    coll.communicator()
-        .bootstrap()
-        .barrier()
+    // Ranks reach the end of a program far apart (PyTorch's destroy_process_group finalizes
+    // every communicator, after rank 0 may have saved a checkpoint for minutes): wait as
+    // long as for late ranks at set-up. A rank that died or left fails it at once.
+    let bs = coll.communicator().bootstrap();
+    bs.barrier_within(bs.as_async().config().rendezvous_wait())
         .map_err(|e| Failure::from_comm(call, &e.into()))
 }
 

@@ -688,8 +688,8 @@ pub fn set_up_many(
 /// `MSCCLPP_RENDEZVOUS_TIMEOUT` is not set: NCCL waits for ever, and programs call
 /// `ncclCommInitRank` far apart (PyTorch creates a communicator at its first collective on
 /// each group, and a rank may first download data or load a checkpoint), so the 30 s of the
-/// other bootstrap waits would fail jobs NCCL runs. 30 minutes is how long PyTorch's own
-/// store waits for ranks; a rank that never comes is named when it passes.
+/// other bootstrap waits would fail jobs NCCL runs. 30 minutes is PyTorch's default timeout
+/// for its other backends (10 for NCCL); a rank that never comes is named when it passes.
 pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The bootstrap settings of this library's communicators: `MSCCLPP_BOOTSTRAP_TIMEOUT` and

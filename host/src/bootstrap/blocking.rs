@@ -111,9 +111,23 @@ impl BlockingBootstrap {
         self.block_on(self.as_async().all_gather(data))
     }
 
+    /// Blocking [`Bootstrap::all_gather_within`].
+    pub fn all_gather_within(
+        &self,
+        data: &[u8],
+        wait: std::time::Duration,
+    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        self.block_on(self.as_async().all_gather_within(data, wait))
+    }
+
     /// Blocking [`Bootstrap::barrier`].
     pub fn barrier(&self) -> Result<(), BootstrapError> {
         self.block_on(self.as_async().barrier())
+    }
+
+    /// Blocking [`Bootstrap::barrier_within`].
+    pub fn barrier_within(&self, wait: std::time::Duration) -> Result<(), BootstrapError> {
+        self.block_on(self.as_async().barrier_within(wait))
     }
 
     /// Blocking [`Bootstrap::broadcast`].
@@ -129,6 +143,16 @@ impl BlockingBootstrap {
     /// Blocking [`Bootstrap::recv`].
     pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, BootstrapError> {
         self.block_on(self.as_async().recv(peer, tag))
+    }
+
+    /// Blocking [`Bootstrap::recv_within`].
+    pub fn recv_within(
+        &self,
+        peer: usize,
+        tag: u64,
+        wait: std::time::Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        self.block_on(self.as_async().recv_within(peer, tag, wait))
     }
 
     /// Blocking [`Bootstrap::send_named`].

@@ -78,7 +78,9 @@ pub enum Refusal {
     /// The rendezvous did not complete within the root's timeout.
     #[error(
         "the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined \
-         (MSCCLPP_RENDEZVOUS_TIMEOUT, in seconds, sets how far apart the ranks may arrive){}",
+         (how far apart the ranks may arrive is the root's rendezvous timeout: \
+         MSCCLPP_RENDEZVOUS_TIMEOUT, in seconds, where a launcher or the NCCL library starts \
+         the root, else BootstrapConfig::rendezvous_timeout){}",
         refused_joins(refused)
     )]
     RendezvousTimeout {

@@ -958,7 +958,21 @@ impl Mesh {
         op: Op,
         collective: bool,
     ) -> Result<Vec<u8>, BootstrapError> {
-        let deadline = Instant::now() + self.config.timeout;
+        self.wait_message_within(from, channel, op, collective, self.config.timeout)
+            .await
+    }
+
+    /// [`wait_message`](Self::wait_message) with a timeout of `wait` instead of the
+    /// configured one.
+    pub(crate) async fn wait_message_within(
+        self: &Arc<Self>,
+        from: usize,
+        channel: Channel,
+        op: Op,
+        collective: bool,
+        wait: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        let deadline = Instant::now() + wait;
         loop {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -1001,8 +1015,7 @@ impl Mesh {
                 }
             }
             if timeout_at(deadline, notified).await.is_err() {
-                let began = deadline - self.config.timeout;
-                return Err(self.gave_up_on(from, op, began).await);
+                return Err(self.gave_up_on(from, op, deadline - wait, wait).await);
             }
         }
     }
@@ -1057,7 +1070,13 @@ impl Mesh {
     /// `from` said it gave up on some rank, the root cause behind it. The grace is waited
     /// out in full, even once `from`'s report is here: the report of the rank it names may
     /// still be on its way, and may lead further along the chain.
-    async fn gave_up_on(self: &Arc<Self>, from: usize, op: Op, began: Instant) -> BootstrapError {
+    async fn gave_up_on(
+        self: &Arc<Self>,
+        from: usize,
+        op: Op,
+        began: Instant,
+        after: Duration,
+    ) -> BootstrapError {
         self.report_stall(from, &op.to_string(), began);
         if let Some((peer, detail)) = self.wait_for_loss(LOSS_NEWS_GRACE).await {
             return BootstrapError::PeerLost {
@@ -1071,7 +1090,7 @@ impl Mesh {
             rank: self.rank,
             op,
             waiting_for: format!("rank {from}"),
-            after: self.config.timeout,
+            after,
             gave_up: self.stall_behind(from, Some(began)).map(Box::new),
             stuck: self.stuck_ranks().into(),
         }

@@ -18,7 +18,8 @@
 //! connection alone. At the root, a join that does not fit the job (other nranks, rank out of
 //! range, rank already joined) is refused on its connection too, and the rendezvous goes on:
 //! the first join for a rank keeps it. Frames are length-prefixed with limits checked before allocation
-//! ([`wire`]). Every wait has a timeout ([`BootstrapConfig::timeout`]); a rank that dies
+//! ([`wire`]). Every wait has a timeout ([`BootstrapConfig::timeout`]; the rendezvous's is
+//! [`BootstrapConfig::rendezvous_wait`]); a rank that dies
 //! makes every other rank's pending and later collectives fail with
 //! [`BootstrapError::PeerLost`] naming it; one that closes (says goodbye) before completing
 //! a collective makes every rank waiting in it fail at once with
@@ -99,8 +100,8 @@ pub struct BootstrapConfig {
     /// [`timeout`](Self::timeout) for a [`UniqueId`]'s root, which listens before the id
     /// exists) and waiting, once the first rank has joined, for the last one. Ranks may reach it far apart (one loads a
     /// model or downloads data first), where every later wait is between ranks that are all
-    /// there. `None`: [`timeout`](Self::timeout). The NCCL library sets 30 minutes, the time
-    /// PyTorch's own store waits for ranks.
+    /// there. `None`: [`timeout`](Self::timeout). The NCCL library sets 30 minutes (NCCL
+    /// waits for ever).
     pub rendezvous_timeout: Option<Duration>,
     /// Largest message (one rank's `all_gather` contribution, one `send`). Default 1 GiB.
     pub max_message_size: usize,
@@ -153,7 +154,10 @@ impl BootstrapConfig {
     /// How long the rendezvous may take: [`rendezvous_timeout`](Self::rendezvous_timeout),
     /// else [`timeout`](Self::timeout).
     pub fn rendezvous_wait(&self) -> Duration {
-        self.rendezvous_timeout.unwrap_or(self.timeout)
+        // A deadline this far is none in practice, and `Instant` arithmetic cannot overflow
+        // on it (`Duration::MAX` would).
+        const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        self.rendezvous_timeout.unwrap_or(self.timeout).min(LONGEST)
     }
 
     /// Sets [`max_message_size`](Self::max_message_size).
@@ -737,11 +741,31 @@ impl Bootstrap {
     /// Not cancel safe: cancelling midway leaves the ranks out of step, so the bootstrap is
     /// then poisoned and every later collective fails with [`BootstrapError::Poisoned`].
     pub async fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
-        self.collective(Op::AllGather, |seq| self.all_gather_ring(seq, data))
+        self.all_gather_within(data, self.mesh.config.timeout).await
+    }
+
+    /// [`all_gather`](Self::all_gather), each wait bounded by `wait` instead of the
+    /// configured timeout: for ranks that may arrive far apart (see
+    /// [`barrier_within`](Self::barrier_within)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe; see [`all_gather`](Self::all_gather).
+    pub async fn all_gather_within(
+        &self,
+        data: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        self.collective(Op::AllGather, |seq| self.all_gather_ring(seq, data, wait))
             .await
     }
 
-    async fn all_gather_ring(&self, seq: u64, data: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+    async fn all_gather_ring(
+        &self,
+        seq: u64,
+        data: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let (n, rank) = (self.nranks(), self.rank());
         let op = Op::AllGather;
         let mut blocks = vec![Bytes::new(); n];
@@ -758,7 +782,7 @@ impl Bootstrap {
                 .await?;
             let incoming = self
                 .mesh
-                .wait_message(prev, channel, op.clone(), true)
+                .wait_message_within(prev, channel, op.clone(), true, wait)
                 .await?;
             blocks[(rank + n - step - 1) % n] = Bytes::from(incoming);
         }
@@ -771,11 +795,22 @@ impl Bootstrap {
     ///
     /// Not cancel safe; see [`all_gather`](Self::all_gather).
     pub async fn barrier(&self) -> Result<(), BootstrapError> {
-        self.collective(Op::Barrier, |seq| self.dissemination_barrier(seq))
+        self.barrier_within(self.mesh.config.timeout).await
+    }
+
+    /// [`barrier`](Self::barrier), each wait bounded by `wait` instead of the configured
+    /// timeout: for ranks that may arrive far apart (teardown at the end of a program, where
+    /// one rank first saves a checkpoint). A lost or departed rank still fails it at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe; see [`all_gather`](Self::all_gather).
+    pub async fn barrier_within(&self, wait: Duration) -> Result<(), BootstrapError> {
+        self.collective(Op::Barrier, |seq| self.dissemination_barrier(seq, wait))
             .await
     }
 
-    async fn dissemination_barrier(&self, seq: u64) -> Result<(), BootstrapError> {
+    async fn dissemination_barrier(&self, seq: u64, wait: Duration) -> Result<(), BootstrapError> {
         let (n, rank) = (self.nranks(), self.rank());
         let mut distance = 1;
         let mut round = 0u32;
@@ -785,7 +820,7 @@ impl Bootstrap {
                 .post_data((rank + distance) % n, channel, Bytes::new(), Op::Barrier)
                 .await?;
             self.mesh
-                .wait_message((rank + n - distance) % n, channel, Op::Barrier, true)
+                .wait_message_within((rank + n - distance) % n, channel, Op::Barrier, true, wait)
                 .await?;
             distance *= 2;
             round += 1;
@@ -934,7 +969,23 @@ impl Bootstrap {
     ///
     /// Cancel safe: a message is taken only by the `recv` that returns it.
     pub async fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, BootstrapError> {
-        self.recv_as(peer, tag, Op::Recv(tag)).await
+        self.recv_as(peer, tag, Op::Recv(tag), self.mesh.config.timeout)
+            .await
+    }
+
+    /// [`recv`](Self::recv) bounded by `wait` instead of the configured timeout: for a
+    /// sender that may come far later (see [`barrier_within`](Self::barrier_within)).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`recv`](Self::recv).
+    pub async fn recv_within(
+        &self,
+        peer: usize,
+        tag: u64,
+        wait: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
+        self.recv_as(peer, tag, Op::Recv(tag), wait).await
     }
 
     /// [`recv`](Self::recv) under a name: errors say "receiving {what}" instead of showing
@@ -949,14 +1000,26 @@ impl Bootstrap {
         tag: u64,
         what: &str,
     ) -> Result<Vec<u8>, BootstrapError> {
-        self.recv_as(peer, tag, Op::RecvNamed(what.into())).await
+        self.recv_as(
+            peer,
+            tag,
+            Op::RecvNamed(what.into()),
+            self.mesh.config.timeout,
+        )
+        .await
     }
 
-    async fn recv_as(&self, peer: usize, tag: u64, op: Op) -> Result<Vec<u8>, BootstrapError> {
+    async fn recv_as(
+        &self,
+        peer: usize,
+        tag: u64,
+        op: Op,
+        wait: Duration,
+    ) -> Result<Vec<u8>, BootstrapError> {
         self.check_peer(peer, op.clone())?;
         let r = self
             .mesh
-            .wait_message(peer, Channel::User(tag), op, false)
+            .wait_message_within(peer, Channel::User(tag), op, false, wait)
             .await;
         self.blame_loss(r)
     }

@@ -493,13 +493,15 @@ impl Rendezvous {
                     });
                 }
                 Err(_) => {
-                    return Err(BootstrapError::RendezvousFailed(
-                        Refusal::RendezvousTimeout {
-                            missing: vec![rank as u32],
-                            timeout_ms: self.config.timeout.as_millis() as u64,
-                            refused: Vec::new(),
-                        },
-                    ));
+                    // Every rank joined: this one did not take the table in time.
+                    return Err(BootstrapError::RootIo {
+                        context: format!(
+                            "sending the peer table to rank {rank} (it joined, but did not \
+                             take the table within {:?})",
+                            self.config.timeout
+                        ),
+                        source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+                    });
                 }
             }
         }

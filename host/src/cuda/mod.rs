@@ -38,7 +38,8 @@ pub use memory::{
     dmabuf_for_range,
 };
 pub use module::{
-    ImageKind, ImagePolicy, KERNEL_IMAGE_ENV, KernelModule, select_cubin, select_ptx,
+    ImageKind, ImagePolicy, KERNEL_IMAGE_ENV, KernelModule, is_image_error, select_cubin,
+    select_ptx,
 };
 pub use ops::{event_reached, memcpy_async, new_event, record_event, stream_idle, write_u64_async};
 

@@ -28,6 +28,21 @@ pub fn select_cubin<'a>(cubin: &[(u32, &'a [u8])], device_cc: u32) -> Option<(u3
         .max_by_key(|(cc, _)| *cc)
 }
 
+/// Whether `code`, from loading a cubin, says the image does not suit this driver or device
+/// (then the PTX may still load), rather than that loading failed (memory, context).
+pub fn is_image_error(code: cudarc::driver::sys::CUresult) -> bool {
+    use cudarc::driver::sys::CUresult as R;
+    matches!(
+        code,
+        R::CUDA_ERROR_NO_BINARY_FOR_GPU
+            | R::CUDA_ERROR_INVALID_IMAGE
+            | R::CUDA_ERROR_INVALID_SOURCE
+            | R::CUDA_ERROR_INVALID_PTX
+            | R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+            | R::CUDA_ERROR_NOT_SUPPORTED
+    )
+}
+
 /// The environment variable that picks the kind of kernel image [`KernelModule::load_images`]
 /// loads: `auto` (the default: machine code when it was built for the device, else PTX),
 /// `ptx` (always PTX: the driver compiles it, once per machine and driver, and caches it) or
@@ -89,19 +104,20 @@ pub struct KernelModule {
 
 impl KernelModule {
     /// Loads the best of `ptx` (pairs of compute capability × 10 and PTX text, as
-    /// `mscclpp-device-builder` generates) for `gpu`. PTX is compiled by the driver on the
-    /// first load on each machine: prefer [`load_images`](Self::load_images) with the cubins
-    /// the builder also generates.
+    /// `mscclpp-device-builder` generates) for `gpu`, whatever [`KERNEL_IMAGE_ENV`] says. PTX
+    /// is compiled by the driver on the first load on each machine: prefer
+    /// [`load_images`](Self::load_images) with the cubins the builder also generates.
     pub fn load(gpu: &Gpu, ptx: &[(u32, &str)]) -> Result<KernelModule> {
-        KernelModule::load_images(gpu, ptx, &[])
+        KernelModule::load_ptx(gpu, ptx, None)
     }
 
     /// Loads the kernels for `gpu` from the builder's `PTX` and `CUBIN` lists: the cubin
     /// built for the device's arch when there is one (no JIT compilation: the first run on
     /// a machine starts as fast as the next ones), else the best PTX; as
-    /// [`KERNEL_IMAGE_ENV`] says. With `auto`, a cubin the driver refuses (one from a
-    /// ptxas newer than the driver) is replaced by the PTX, and
-    /// [`cubin_refused`](Self::cubin_refused) says why.
+    /// [`KERNEL_IMAGE_ENV`] says. With `auto`, a cubin the driver cannot use (one from a
+    /// ptxas newer than the driver: an image error) is replaced by the PTX, said once per
+    /// process on stderr, and [`cubin_refused`](Self::cubin_refused) says why; any other
+    /// failure to load it (out of memory, a lost context) is returned as it is.
     pub fn load_images(
         gpu: &Gpu,
         ptx: &[(u32, &str)],
@@ -110,46 +126,61 @@ impl KernelModule {
         let policy = ImagePolicy::from_env()?;
         let (major, minor) = gpu.info().compute_capability;
         let cc = major * 10 + minor;
-        let mut cubin_refused = None;
-        if policy != ImagePolicy::Ptx {
-            match select_cubin(cubin, cc) {
-                Some((arch, image)) => {
-                    match gpu.context().load_module(Ptx::from_binary(image.to_vec())) {
-                        Ok(module) => {
-                            return Ok(KernelModule {
-                                module,
-                                arch,
-                                image: ImageKind::Cubin,
-                                cubin_refused: None,
-                            });
-                        }
-                        Err(e) if policy == ImagePolicy::Cubin => {
-                            return Err(CudaError::driver("cuModuleLoadData (cubin)", e));
-                        }
-                        Err(e) => {
-                            cubin_refused = Some(format!(
-                                "the driver refused the sm_{arch} cubin \
-                                 ({}); loaded the PTX instead",
-                                CudaError::driver("cuModuleLoadData", e)
-                            ))
-                        }
-                    }
-                }
-                None if policy == ImagePolicy::Cubin => {
-                    return Err(CudaError::InvalidArgument(format!(
-                        "{KERNEL_IMAGE_ENV}=cubin: no cubin for sm_{major}{minor} is embedded \
-                         (built: {:?}; a build without ptxas embeds none)",
-                        cubin.iter().map(|(c, _)| *c).collect::<Vec<_>>()
-                    )));
-                }
-                None => {}
-            }
+        if policy == ImagePolicy::Ptx {
+            return KernelModule::load_ptx(gpu, ptx, None);
         }
-        let (arch, text) = select_ptx(ptx, cc).ok_or_else(|| CudaError::NoPtxForArch {
-            major,
-            minor,
-            built: ptx.iter().map(|(c, _)| *c).collect(),
-        })?;
+        let Some((arch, image)) = select_cubin(cubin, cc) else {
+            if policy == ImagePolicy::Cubin {
+                return Err(CudaError::InvalidArgument(format!(
+                    "{KERNEL_IMAGE_ENV}=cubin: no cubin for sm_{major}{minor} was given \
+                     (cubins for: {:?}; a build without ptxas embeds none)",
+                    cubin.iter().map(|(c, _)| *c).collect::<Vec<_>>()
+                )));
+            }
+            return KernelModule::load_ptx(gpu, ptx, None);
+        };
+        let e = match gpu.context().load_module(Ptx::from_binary(image.to_vec())) {
+            Ok(module) => {
+                return Ok(KernelModule {
+                    module,
+                    arch,
+                    image: ImageKind::Cubin,
+                    cubin_refused: None,
+                });
+            }
+            Err(e) => e,
+        };
+        let code = e.0;
+        let refused = CudaError::driver("cuModuleLoadData (cubin)", e);
+        if policy == ImagePolicy::Cubin || !is_image_error(code) {
+            return Err(refused);
+        }
+        let why = format!("the driver cannot use the sm_{arch} cubin ({refused})");
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            crate::diag::eprint_line(&format!(
+                "mscclpp: {why}; loading the PTX instead, which the driver compiles on the \
+                 first run on each machine (about 30 s; set {KERNEL_IMAGE_ENV}=ptx to skip \
+                 the cubin)"
+            ))
+        });
+        KernelModule::load_ptx(gpu, ptx, Some(why))
+    }
+
+    /// The best PTX of `ptx` for `gpu`; `cubin_refused`: why a cubin was not used (kept
+    /// for [`cubin_refused`](Self::cubin_refused); already said on stderr).
+    fn load_ptx(
+        gpu: &Gpu,
+        ptx: &[(u32, &str)],
+        cubin_refused: Option<String>,
+    ) -> Result<KernelModule> {
+        let (major, minor) = gpu.info().compute_capability;
+        let (arch, text) =
+            select_ptx(ptx, major * 10 + minor).ok_or_else(|| CudaError::NoPtxForArch {
+                major,
+                minor,
+                built: ptx.iter().map(|(c, _)| *c).collect(),
+            })?;
         let module = gpu
             .context()
             .load_module(Ptx::from_src(text))

@@ -23,6 +23,22 @@ fn select_cubin_takes_machine_code_of_the_device_major_version_only() {
 }
 
 #[test]
+fn only_image_errors_send_a_refused_cubin_to_the_ptx() {
+    use cudarc::driver::sys::CUresult as R;
+    for code in [R::CUDA_ERROR_NO_BINARY_FOR_GPU, R::CUDA_ERROR_INVALID_IMAGE] {
+        assert!(is_image_error(code), "{code:?}");
+    }
+    // Compiling the PTX would not help these: they are returned as they are.
+    for code in [
+        R::CUDA_ERROR_OUT_OF_MEMORY,
+        R::CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        R::CUDA_ERROR_LAUNCH_FAILED,
+    ] {
+        assert!(!is_image_error(code), "{code:?}");
+    }
+}
+
+#[test]
 fn kernel_image_env_values_are_read_or_refused_by_name() {
     assert_eq!(ImagePolicy::parse(None).unwrap(), ImagePolicy::Auto);
     assert_eq!(ImagePolicy::parse(Some(" ")).unwrap(), ImagePolicy::Auto);
