@@ -196,9 +196,31 @@ impl Root {
         // Once a rank ended before the rendezvous completed: why it cannot complete (every
         // later join is refused with it, until the timeout).
         let mut failed: Option<Refusal> = None;
+        // A long rendezvous (its timeout above the bootstrap timeout: the NCCL library's 30
+        // minutes) says which ranks it still waits for, first once the bootstrap timeout has
+        // passed, then every NOTICE_EVERY.
+        let long = rendezvous.config.rendezvous_wait() > rendezvous.config.timeout;
+        let mut notice: Option<Instant> = None;
+        let mut began: Option<Instant> = None;
         loop {
             let deadline = rendezvous.deadline;
+            if long && failed.is_none() && notice.is_none() && deadline.is_some() {
+                let first = Instant::now();
+                began = Some(first);
+                notice = Some(first + rendezvous.config.timeout);
+            }
             tokio::select! {
+                _ = sleep_until(notice.unwrap_or_else(Instant::now)),
+                    if notice.is_some() && failed.is_none() => {
+                    let waited = began.map(|b| b.elapsed()).unwrap_or_default();
+                    crate::diag::eprint_line(&waiting_notice(
+                        &addr.to_string(),
+                        &rendezvous.missing(),
+                        waited,
+                        rendezvous.config.rendezvous_wait(),
+                    ));
+                    notice = notice.map(|n| n + NOTICE_EVERY);
+                }
                 changed = control.changed(), if controlled => {
                     if changed.is_err() {
                         controlled = false;
@@ -263,6 +285,25 @@ impl Root {
             }
         }
     }
+}
+
+/// How often a long rendezvous repeats which ranks it still waits for.
+const NOTICE_EVERY: Duration = Duration::from_secs(300);
+
+/// The line a long rendezvous prints while it waits: which ranks, for how long so far, and
+/// for how long at most.
+pub(crate) fn waiting_notice(
+    root: &str,
+    missing: &[u32],
+    waited: Duration,
+    limit: Duration,
+) -> String {
+    format!(
+        "mscclpp: the bootstrap root at {root} has waited {}s for ranks {missing:?} to join; it \
+         waits up to {}s in all (MSCCLPP_RENDEZVOUS_TIMEOUT), then names them",
+        waited.as_secs(),
+        limit.as_secs()
+    )
 }
 
 fn bind_listener(addr: SocketAddr) -> Result<std::net::TcpListener, BootstrapError> {
@@ -452,14 +493,18 @@ impl Rendezvous {
         }
     }
 
-    async fn time_out(&mut self) -> BootstrapError {
+    /// The ranks that have not joined (none before the first join).
+    fn missing(&self) -> Vec<u32> {
         let expected = self.nranks.unwrap_or(0);
-        let missing: Vec<u32> = (0..expected)
+        (0..expected)
             .filter(|r| !self.joined.contains_key(r))
             .map(|r| r as u32)
-            .collect();
+            .collect()
+    }
+
+    async fn time_out(&mut self) -> BootstrapError {
         let cause = Refusal::RendezvousTimeout {
-            missing,
+            missing: self.missing(),
             timeout_ms: self.config.rendezvous_wait().as_millis() as u64,
             refused: self.refused.clone(),
         };

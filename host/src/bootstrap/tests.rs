@@ -82,3 +82,56 @@ fn simulated_host_ids_split_the_ranks_in_blocks() {
         );
     }
 }
+
+/// Set in the child of the test below: run a rendezvous that misses a rank.
+const NOTICE_CHILD: &str = "MSCCLPP_ROOT_NOTICE_TEST_CHILD";
+
+/// A long rendezvous (timeout above the bootstrap timeout) says on stderr which ranks it
+/// still waits for once the bootstrap timeout has passed; a short one says nothing until
+/// it fails. Run in a child process, whose stderr the test reads.
+#[test]
+fn a_long_rendezvous_says_which_ranks_it_still_waits_for() {
+    use std::time::Duration;
+    if let Ok(rendezvous_ms) = std::env::var(NOTICE_CHILD) {
+        let config = BootstrapConfig::new()
+            .with_timeout(Duration::from_millis(400))
+            .with_rendezvous_timeout(Duration::from_millis(rendezvous_ms.parse().unwrap()));
+        let id = create_unique_id_at("127.0.0.1:0".parse().unwrap(), config.clone()).unwrap();
+        // Rank 1 of 2 joins, rank 0 never does.
+        let e = BlockingBootstrap::init_with_config(2, 1, BootstrapRoot::Id(id), config)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        eprintln!("child result: {e}");
+        return;
+    }
+    let run = |rendezvous_ms: u64| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "bootstrap::tests::a_long_rendezvous_says_which_ranks_it_still_waits_for",
+                "--nocapture",
+            ])
+            .env(NOTICE_CHILD, rendezvous_ms.to_string())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let long = run(2500);
+    assert!(long.contains("child result:"), "{long}");
+    assert!(
+        long.contains("never joined"),
+        "the rendezvous must fail: {long}"
+    );
+    let line = long
+        .lines()
+        .find(|l| l.contains("has waited"))
+        .unwrap_or_else(|| panic!("no notice: {long}"));
+    assert!(
+        line.contains("ranks [0] to join") && line.contains("up to 2s"),
+        "{line}"
+    );
+    let short = run(400);
+    assert!(short.contains("never joined"), "{short}");
+    assert!(!short.contains("has waited"), "{short}");
+}
