@@ -969,11 +969,11 @@ fn the_rendezvous_waits_its_own_timeout_for_a_late_rank() {
     );
 }
 
-/// A barrier with a wait of its own tolerates a rank that arrives long after the bootstrap
-/// timeout (teardown after one rank saved a checkpoint); the plain barrier does not, and a
-/// `barrier_within` that runs out says how long it waited.
+/// A barrier, an all-gather and a receive with a wait of their own tolerate a rank that
+/// arrives long after the bootstrap timeout (teardown after one rank saved a checkpoint, a
+/// split, a shrink's new rank 0); the plain barrier does not.
 #[test]
-fn a_barrier_within_waits_its_own_time_for_a_late_rank() {
+fn late_ranks_are_waited_for_by_the_within_variants() {
     let config = BootstrapConfig::new().with_timeout(Duration::from_secs(1));
     let bs: Vec<BlockingBootstrap> = late_join(config, None, 1, Duration::ZERO)
         .into_iter()
@@ -1003,6 +1003,31 @@ fn a_barrier_within_waits_its_own_time_for_a_late_rank() {
     };
     let r = outcome(Some(Duration::from_secs(20)));
     assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+    // The same for an all-gather (ncclCommSplit's first exchange) and a receive from a late
+    // sender (ncclCommShrink's wait for its new rank 0).
+    let long = Duration::from_secs(20);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = bs
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    // Rank 0 waits for each, rank 1 comes `late` to each.
+                    if b.rank() == 1 {
+                        std::thread::sleep(late);
+                        b.send(0, 7, b"id").unwrap();
+                        std::thread::sleep(late);
+                    } else {
+                        assert_eq!(b.recv_within(1, 7, long).unwrap(), b"id");
+                    }
+                    let all = b.all_gather_within(&[b.rank() as u8], long).unwrap();
+                    assert_eq!(all, vec![vec![0u8], vec![1u8]]);
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
     // Rank 0 gives up after 1 s; rank 1, arriving late, finds rank 0 gave up (or waits its
     // own second): rank 0 fails with a timeout of the configured second.
     let r = outcome(None);
