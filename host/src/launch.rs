@@ -672,22 +672,22 @@ impl LocalLauncher {
     ///
     /// Blocks the calling thread (threads forward the output).
     pub fn run(&self) -> Result<LaunchReport, LaunchError> {
+        // The ranks read their timeouts from their environment: what this launcher sets for
+        // them (`bootstrap_timeout`, then `env`), else what they inherit. The root here
+        // reads the same.
+        let ranks_see = |var: &'static str| match self.envs.iter().rev().find(|(k, _)| *k == *var) {
+            Some((_, v)) => timeout_var(var, Some(v.to_string_lossy().into())),
+            None => env_timeout(var),
+        };
         let mut config = BootstrapConfig::default();
-        if let Some(t) = self.bootstrap_timeout {
+        let timeout = match self.bootstrap_timeout {
+            Some(t) => Some(t),
+            None => ranks_see(ENV_BOOTSTRAP_TIMEOUT)?,
+        };
+        if let Some(t) = timeout {
             config = config.with_timeout(t);
         }
-        // The ranks read it from their environment: what this launcher sets for them, else
-        // what they inherit. The root here reads the same.
-        let rendezvous = match self
-            .envs
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == *ENV_RENDEZVOUS_TIMEOUT)
-        {
-            Some((_, v)) => timeout_var(ENV_RENDEZVOUS_TIMEOUT, Some(v.to_string_lossy().into())),
-            None => env_timeout(ENV_RENDEZVOUS_TIMEOUT),
-        };
-        if let Some(t) = rendezvous? {
+        if let Some(t) = ranks_see(ENV_RENDEZVOUS_TIMEOUT)? {
             config = config.with_rendezvous_timeout(t);
         }
         // The root lives in the launcher, so the ranks are equals; it stops with `_root`.

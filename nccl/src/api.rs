@@ -483,7 +483,7 @@ export! {
             let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
             // Ranks may reach a split far apart (as a set-up): wait as long as for late ranks
             // there. The rest of the split follows at once on every rank.
-            let late = bs.as_async().config().rendezvous_wait();
+            let late = bs.as_async().config().late_wait();
             let all = bs.all_gather_within(&encode_color_key(color, key), late).map_err(boot)?;
             let ck: Vec<(c_int, c_int)> = all
                 .iter()
@@ -594,7 +594,7 @@ export! {
                 id
             } else {
                 // The new communicator's rank 0 may come far later (as at a set-up).
-                let late = bs.as_async().config().rendezvous_wait();
+                let late = bs.as_async().config().late_wait();
                 parse_id(call, &bs.recv_within(m[0], tag, late).map_err(boot)?)?
             };
             let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking));
@@ -668,7 +668,7 @@ fn quiesce(call: &str, gpu: &mscclpp_host::cuda::Gpu, inner: &Inner) -> Result<(
     // every communicator, after rank 0 may have saved a checkpoint for minutes): wait as
     // long as for late ranks at set-up. A rank that died or left fails it at once.
     let bs = coll.communicator().bootstrap();
-    bs.barrier_within(bs.as_async().config().rendezvous_wait())
+    bs.barrier_within(bs.as_async().config().late_wait())
         .map_err(|e| Failure::from_comm(call, &e.into()))
 }
 

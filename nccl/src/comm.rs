@@ -873,6 +873,18 @@ mod tests {
         .unwrap();
         assert_eq!(c.timeout, Duration::from_secs(12));
         assert_eq!(c.rendezvous_wait(), Duration::from_millis(90_500));
+        assert_eq!(c.late_wait(), Duration::from_millis(90_500));
+        // A rendezvous bound below the bootstrap timeout never shortens the waits for late
+        // ranks at teardown, split and shrink.
+        let c = bootstrap_config_from(
+            "t",
+            vars(&[
+                ("MSCCLPP_BOOTSTRAP_TIMEOUT", "12"),
+                ("MSCCLPP_RENDEZVOUS_TIMEOUT", "5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.late_wait(), Duration::from_secs(12));
         for (var, bad) in [
             ("MSCCLPP_BOOTSTRAP_TIMEOUT", "0"),
             ("MSCCLPP_RENDEZVOUS_TIMEOUT", "forever"),

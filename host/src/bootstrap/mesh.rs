@@ -972,7 +972,9 @@ impl Mesh {
         collective: bool,
         wait: Duration,
     ) -> Result<Vec<u8>, BootstrapError> {
-        let deadline = Instant::now() + wait;
+        let began = Instant::now();
+        let wait = wait.min(super::LONGEST_WAIT);
+        let deadline = began + wait;
         loop {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -1015,7 +1017,7 @@ impl Mesh {
                 }
             }
             if timeout_at(deadline, notified).await.is_err() {
-                return Err(self.gave_up_on(from, op, deadline - wait, wait).await);
+                return Err(self.gave_up_on(from, op, began, wait).await);
             }
         }
     }

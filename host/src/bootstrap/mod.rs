@@ -84,6 +84,10 @@ pub(crate) const LOSS_NEWS_GRACE: Duration = Duration::from_millis(500);
 /// Largest number of ranks a bootstrap accepts.
 pub const MAX_NRANKS: usize = 1 << 20;
 
+/// The longest wait the bootstrap keeps as a deadline: one this far is none in practice,
+/// and `Instant` arithmetic cannot overflow on it (`Duration::MAX` would).
+pub(crate) const LONGEST_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// Shared secret of the `"ip:port"` form (any string; every rank must see the same one).
 pub const ENV_BOOTSTRAP_SECRET: &str = "MSCCLPP_BOOTSTRAP_SECRET";
 
@@ -93,7 +97,8 @@ pub const ENV_BOOTSTRAP_SECRET: &str = "MSCCLPP_BOOTSTRAP_SECRET";
 #[non_exhaustive]
 pub struct BootstrapConfig {
     /// Bound on every wait: each handshake and each message a collective or `recv` waits
-    /// for; also the rendezvous's, unless [`rendezvous_timeout`](Self::rendezvous_timeout)
+    /// for (the `_within` variants, such as [`Bootstrap::barrier_within`], take their
+    /// own); also the rendezvous's, unless [`rendezvous_timeout`](Self::rendezvous_timeout)
     /// is set. Default 30 s.
     pub timeout: Duration,
     /// Bound on the rendezvous alone: reaching the root (with retries; at most
@@ -154,10 +159,17 @@ impl BootstrapConfig {
     /// How long the rendezvous may take: [`rendezvous_timeout`](Self::rendezvous_timeout),
     /// else [`timeout`](Self::timeout).
     pub fn rendezvous_wait(&self) -> Duration {
-        // A deadline this far is none in practice, and `Instant` arithmetic cannot overflow
-        // on it (`Duration::MAX` would).
-        const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-        self.rendezvous_timeout.unwrap_or(self.timeout).min(LONGEST)
+        self.rendezvous_timeout
+            .unwrap_or(self.timeout)
+            .min(LONGEST_WAIT)
+    }
+
+    /// How long a wait for a rank that may come late (a teardown, a split: ranks reach them
+    /// as far apart as a rendezvous) may take: the longer of
+    /// [`rendezvous_wait`](Self::rendezvous_wait) and [`timeout`](Self::timeout), so that it
+    /// is never shorter than an ordinary wait.
+    pub fn late_wait(&self) -> Duration {
+        self.rendezvous_wait().max(self.timeout)
     }
 
     /// Sets [`max_message_size`](Self::max_message_size).
