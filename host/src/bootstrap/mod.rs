@@ -1123,17 +1123,40 @@ async fn rendezvous(
     // more precise verdict (which ranks are missing) arrives first.
     let wait = config.rendezvous_wait() + Duration::from_millis(500);
     let limits = FrameLimits::with_max_payload(wire::MAX_PEER_TABLE_LEN);
-    let reply = timeout(wait, wire::read_frame(&mut stream, &limits))
-        .await
-        .map_err(|_| BootstrapError::Timeout {
-            rank,
-            op: Op::Init,
-            waiting_for: format!("the bootstrap root at {root_addr} to complete the rendezvous"),
-            after: wait,
-            gave_up: None,
-            stuck: Box::default(),
-        })?
-        .map_err(frame_err("waiting for"))?;
+    let reply = timeout(wait, async {
+        // A long rendezvous (as the root's, see `root::NOTICE_EVERY`) says on this rank's
+        // stderr too that it still waits: the root's notice is in one process's output
+        // only, perhaps on another machine.
+        let long = config.rendezvous_wait() > config.timeout;
+        let began = Instant::now();
+        let mut next = began + config.timeout;
+        let mut read = std::pin::pin!(wire::read_frame(&mut stream, &limits));
+        loop {
+            tokio::select! {
+                r = &mut read => break r,
+                _ = tokio::time::sleep_until(next), if long => {
+                    crate::diag::eprint_line(&format!(
+                        "mscclpp: rank {rank} has waited {}s at the bootstrap root at \
+                         {root_addr} for the other ranks to join; it waits up to {}s in all \
+                         (the rendezvous timeout: MSCCLPP_RENDEZVOUS_TIMEOUT)",
+                        began.elapsed().as_secs(),
+                        config.rendezvous_wait().as_secs()
+                    ));
+                    next += root::NOTICE_EVERY;
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|_| BootstrapError::Timeout {
+        rank,
+        op: Op::Init,
+        waiting_for: format!("the bootstrap root at {root_addr} to complete the rendezvous"),
+        after: wait,
+        gave_up: None,
+        stuck: Box::default(),
+    })?
+    .map_err(frame_err("waiting for"))?;
     let peers = match reply {
         Some(Frame {
             message: Message::Welcome,

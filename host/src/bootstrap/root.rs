@@ -288,7 +288,7 @@ impl Root {
 }
 
 /// How often a long rendezvous repeats which ranks it still waits for.
-const NOTICE_EVERY: Duration = Duration::from_secs(300);
+pub(crate) const NOTICE_EVERY: Duration = Duration::from_secs(300);
 
 /// The line a long rendezvous prints while it waits: which ranks, for how long so far, and
 /// for how long at most.

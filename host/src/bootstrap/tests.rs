@@ -87,8 +87,8 @@ fn simulated_host_ids_split_the_ranks_in_blocks() {
 const NOTICE_CHILD: &str = "MSCCLPP_ROOT_NOTICE_TEST_CHILD";
 
 /// A long rendezvous (timeout above the bootstrap timeout) says on stderr which ranks it
-/// still waits for once the bootstrap timeout has passed; a short one says nothing until
-/// it fails. Run in a child process, whose stderr the test reads.
+/// still waits for once the bootstrap timeout has passed (the root), and that it waits (each
+/// joined rank); a short one says nothing until it fails. Run in a child process, whose stderr the test reads.
 #[test]
 fn a_long_rendezvous_says_which_ranks_it_still_waits_for() {
     use std::time::Duration;
@@ -130,6 +130,12 @@ fn a_long_rendezvous_says_which_ranks_it_still_waits_for() {
     assert!(
         line.contains("ranks [0] to join") && line.contains("up to 2s"),
         "{line}"
+    );
+    // The waiting rank says so too, in its own output.
+    assert!(
+        long.lines()
+            .any(|l| l.contains("rank 1 has waited") && l.contains("for the other ranks")),
+        "{long}"
     );
     let short = run(400);
     assert!(short.contains("never joined"), "{short}");
