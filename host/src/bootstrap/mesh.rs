@@ -73,6 +73,17 @@ struct StallReport {
     seen: String,
 }
 
+impl StallReport {
+    /// What the report says, as waits name it.
+    fn gave_up(self) -> GaveUp {
+        GaveUp {
+            waiting_for: self.waiting_for,
+            op: self.op,
+            seen: Some(self.seen).filter(|s| !s.is_empty()),
+        }
+    }
+}
+
 /// This rank's own stall report: the rank its wait was for, the root cause it named, its
 /// operation, and when that wait began.
 #[derive(Debug)]
@@ -858,12 +869,7 @@ impl Mesh {
     /// waiting for and the operation it gave up in (as sent: not followed along a chain).
     pub(crate) fn stall_reported_by(&self, reporter: usize) -> Option<GaveUp> {
         let st = lock(&self.state);
-        let r = st.gave_up.get(reporter).cloned().flatten()?;
-        Some(GaveUp {
-            waiting_for: r.waiting_for,
-            op: r.op,
-            seen: Some(r.seen).filter(|s| !s.is_empty()),
-        })
+        Some(st.gave_up.get(reporter).cloned().flatten()?.gave_up())
     }
 
     /// The root cause behind `peer`, if `peer` reported giving up on some rank (a report
@@ -1630,11 +1636,7 @@ fn stall_behind(st: &MailState, peer: usize, since: Option<Instant>) -> Option<G
             break;
         }
         at = r.waiting_for;
-        behind = Some(GaveUp {
-            waiting_for: r.waiting_for,
-            op: r.op,
-            seen: Some(r.seen).filter(|s| !s.is_empty()),
-        });
+        behind = Some(r.gave_up());
     }
     behind
 }
