@@ -414,14 +414,7 @@ impl Launch {
 
     /// The default [`BootstrapConfig`] with this launch's timeouts, where set.
     pub fn config(&self) -> BootstrapConfig {
-        let mut config = BootstrapConfig::default();
-        if let Some(t) = self.timeout {
-            config = config.with_timeout(t);
-        }
-        if let Some(t) = self.rendezvous_timeout {
-            config = config.with_rendezvous_timeout(t);
-        }
-        config
+        with_timeouts(self.timeout, self.rendezvous_timeout)
     }
 
     /// Initialises the bootstrap this launch describes.
@@ -675,20 +668,17 @@ impl LocalLauncher {
         // The ranks read their timeouts from their environment: what this launcher sets for
         // them (`bootstrap_timeout`, then `env`), else what they inherit. The root here
         // reads the same.
-        let ranks_see = |var: &'static str| match self.envs.iter().rev().find(|(k, _)| *k == *var) {
-            Some((_, v)) => timeout_var(var, Some(v.to_string_lossy().into())),
-            None => env_timeout(var),
-        };
-        let mut config = BootstrapConfig::default();
-        let timeout = match self.bootstrap_timeout {
-            Some(t) => Some(t),
-            None => ranks_see(ENV_BOOTSTRAP_TIMEOUT)?,
-        };
-        if let Some(t) = timeout {
+        let mut config = bootstrap_config_from(|var| {
+            if var == ENV_BOOTSTRAP_TIMEOUT && self.bootstrap_timeout.is_some() {
+                return None;
+            }
+            match self.envs.iter().rev().find(|(k, _)| *k == *var) {
+                Some((_, v)) => Some(v.to_string_lossy().into()),
+                None => std::env::var(var).ok(),
+            }
+        })?;
+        if let Some(t) = self.bootstrap_timeout {
             config = config.with_timeout(t);
-        }
-        if let Some(t) = ranks_see(ENV_RENDEZVOUS_TIMEOUT)? {
-            config = config.with_rendezvous_timeout(t);
         }
         // The root lives in the launcher, so the ranks are equals; it stops with `_root`.
         let root = Root::bind(
@@ -924,18 +914,33 @@ fn forward(
     })
 }
 
-/// The timeout variable `var` of this process's environment ([`ENV_BOOTSTRAP_TIMEOUT`],
-/// [`ENV_RENDEZVOUS_TIMEOUT`]): `None` when unset or blank, an error naming it when it is
-/// not a positive number of seconds.
-pub fn env_timeout(var: &'static str) -> Result<Option<Duration>, LaunchError> {
-    timeout_var(var, std::env::var(var).ok())
+/// The default [`BootstrapConfig`] with the timeouts that the variables `get` gives set
+/// ([`ENV_BOOTSTRAP_TIMEOUT`], [`ENV_RENDEZVOUS_TIMEOUT`]; unset or blank: the default), or
+/// an error naming a variable that is not a positive number of seconds.
+pub fn bootstrap_config_from(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<BootstrapConfig, LaunchError> {
+    Ok(with_timeouts(
+        timeout_var(ENV_BOOTSTRAP_TIMEOUT, get(ENV_BOOTSTRAP_TIMEOUT))?,
+        timeout_var(ENV_RENDEZVOUS_TIMEOUT, get(ENV_RENDEZVOUS_TIMEOUT))?,
+    ))
 }
 
-/// [`env_timeout`] of a given value of `var`.
-pub fn timeout_var(
-    var: &'static str,
-    value: Option<String>,
-) -> Result<Option<Duration>, LaunchError> {
+/// The default [`BootstrapConfig`] with these timeouts, where given.
+fn with_timeouts(timeout: Option<Duration>, rendezvous: Option<Duration>) -> BootstrapConfig {
+    let mut config = BootstrapConfig::default();
+    if let Some(t) = timeout {
+        config = config.with_timeout(t);
+    }
+    if let Some(t) = rendezvous {
+        config = config.with_rendezvous_timeout(t);
+    }
+    config
+}
+
+/// The timeout variable `var` of value `value`: `None` when unset or blank, an error naming
+/// it when it is not a positive number of seconds.
+fn timeout_var(var: &'static str, value: Option<String>) -> Result<Option<Duration>, LaunchError> {
     match value {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Ok(None),

@@ -704,15 +704,12 @@ fn bootstrap_config_from(
     call: &str,
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<BootstrapConfig, Failure> {
-    use mscclpp_host::launch::{ENV_BOOTSTRAP_TIMEOUT, ENV_RENDEZVOUS_TIMEOUT, timeout_var};
-    let read = |var: &'static str| {
-        timeout_var(var, get(var)).map_err(|e| Failure::arg(format!("{call}: {e}")))
-    };
-    let mut config = BootstrapConfig::default();
-    if let Some(t) = read(ENV_BOOTSTRAP_TIMEOUT)? {
-        config = config.with_timeout(t);
-    }
-    Ok(config.with_rendezvous_timeout(read(ENV_RENDEZVOUS_TIMEOUT)?.unwrap_or(RENDEZVOUS_TIMEOUT)))
+    let config = mscclpp_host::launch::bootstrap_config_from(get)
+        .map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+    Ok(match config.rendezvous_timeout {
+        Some(_) => config,
+        None => config.with_rendezvous_timeout(RENDEZVOUS_TIMEOUT),
+    })
 }
 
 /// A fresh bootstrap id. Its root runs in this process and listens where ranks on other
