@@ -163,11 +163,17 @@ pub struct PtxArtifact {
     pub compute_capability: u32,
     /// Where the PTX was written.
     pub path: PathBuf,
-    /// Whether `ptxas` compiled it successfully (false when no ptxas was found).
-    pub ptxas_checked: bool,
     /// The cubin `ptxas` compiled it to (machine code for exactly this arch and later
     /// minor versions of its major one), when a ptxas was found.
     pub cubin: Option<PathBuf>,
+}
+
+impl PtxArtifact {
+    /// Whether `ptxas` compiled it successfully (false when no ptxas was found): it did
+    /// when it left a cubin.
+    pub fn ptxas_checked(&self) -> bool {
+        self.cubin.is_some()
+    }
 }
 
 /// What [`DeviceBuilder::build`] produced: one PTX per requested arch.
@@ -333,7 +339,6 @@ impl DeviceBuilder {
                 arch: arch.clone(),
                 compute_capability: *cc,
                 path: dest,
-                ptxas_checked: cubin.is_some(),
                 cubin,
             });
         }

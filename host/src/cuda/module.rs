@@ -74,13 +74,9 @@ impl ImagePolicy {
     }
 
     fn from_env() -> Result<ImagePolicy> {
-        match std::env::var(KERNEL_IMAGE_ENV) {
-            Ok(v) => ImagePolicy::parse(Some(&v)),
-            Err(std::env::VarError::NotPresent) => Ok(ImagePolicy::Auto),
-            Err(std::env::VarError::NotUnicode(v)) => Err(CudaError::InvalidArgument(format!(
-                "{KERNEL_IMAGE_ENV}={v:?}: expected auto, ptx or cubin"
-            ))),
-        }
+        // Not Unicode: named by `parse` as any other bad value.
+        let value = std::env::var_os(KERNEL_IMAGE_ENV);
+        ImagePolicy::parse(value.as_ref().map(|v| v.to_string_lossy()).as_deref())
     }
 }
 
