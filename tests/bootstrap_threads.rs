@@ -907,18 +907,21 @@ fn late_join(
     ranks.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// `f` on every rank of `bs` at once, one thread each; the results in rank order.
+fn on_each<T: Send>(
+    bs: &[BlockingBootstrap],
+    f: impl Fn(&BlockingBootstrap) -> T + Sync,
+) -> Vec<T> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = bs.iter().map(|b| s.spawn(|| f(b))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Both ranks joined: they exchange a byte each.
 fn exchange(bs: Vec<Result<BlockingBootstrap, BootstrapError>>) {
     let bs: Vec<BlockingBootstrap> = bs.into_iter().map(|r| r.unwrap()).collect();
-    let got = std::thread::scope(|s| {
-        let hs: Vec<_> = bs
-            .iter()
-            .map(|b| s.spawn(move || b.all_gather(&[b.rank() as u8]).unwrap()))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
-    });
+    let got = on_each(&bs, |b| b.all_gather(&[b.rank() as u8]).unwrap());
     assert_eq!(got, vec![vec![vec![0u8], vec![1u8]]; 2]);
 }
 
@@ -981,24 +984,14 @@ fn late_ranks_are_waited_for_by_the_within_variants() {
         .collect();
     let late = Duration::from_secs(3);
     let outcome = |wait: Option<Duration>| {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = bs
-                .iter()
-                .map(|b| {
-                    s.spawn(move || {
-                        if b.rank() == 1 {
-                            std::thread::sleep(late);
-                        }
-                        match wait {
-                            Some(w) => b.barrier_within(w),
-                            None => b.barrier(),
-                        }
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap())
-                .collect::<Vec<_>>()
+        on_each(&bs, |b| {
+            if b.rank() == 1 {
+                std::thread::sleep(late);
+            }
+            match wait {
+                Some(w) => b.barrier_within(w),
+                None => b.barrier(),
+            }
         })
     };
     let r = outcome(Some(Duration::from_secs(20)));
@@ -1006,27 +999,17 @@ fn late_ranks_are_waited_for_by_the_within_variants() {
     // The same for an all-gather (ncclCommSplit's first exchange) and a receive from a late
     // sender (ncclCommShrink's wait for its new rank 0).
     let long = Duration::from_secs(20);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = bs
-            .iter()
-            .map(|b| {
-                s.spawn(move || {
-                    // Rank 0 waits for each, rank 1 comes `late` to each.
-                    if b.rank() == 1 {
-                        std::thread::sleep(late);
-                        b.send(0, 7, b"id").unwrap();
-                        std::thread::sleep(late);
-                    } else {
-                        assert_eq!(b.recv_within(1, 7, long).unwrap(), b"id");
-                    }
-                    let all = b.all_gather_within(&[b.rank() as u8], long).unwrap();
-                    assert_eq!(all, vec![vec![0u8], vec![1u8]]);
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
+    on_each(&bs, |b| {
+        // Rank 0 waits for each, rank 1 comes `late` to each.
+        if b.rank() == 1 {
+            std::thread::sleep(late);
+            b.send(0, 7, b"id").unwrap();
+            std::thread::sleep(late);
+        } else {
+            assert_eq!(b.recv_within(1, 7, long).unwrap(), b"id");
         }
+        let all = b.all_gather_within(&[b.rank() as u8], long).unwrap();
+        assert_eq!(all, vec![vec![0u8], vec![1u8]]);
     });
     // Rank 0 gives up after 1 s; rank 1, arriving late, finds rank 0 gave up (or waits its
     // own second): rank 0 fails with a timeout of the configured second.
