@@ -262,11 +262,11 @@ pub mod fault {
     //! of the rank at a time reads [`ABORT`] here at most every
     //! [`HOST_LOOK_NS`](super::local_fault::HOST_LOOK_NS), copying it locally once set. A
     //! kernel whose wait fails (abort, timeout) or which finds that the ranks disagree about
-    //! the call records it once: the first thread to add 1 to [`CLAIM`] writes [`SEQ`],
-    //! [`PEER`], [`OWN`], [`THEIRS`] and [`PLACE`], then publishes the kind in [`RECORD`]
-    //! with a release store; every failing thread then stores `seq + 1` in the local
-    //! [`STOP`](super::local_fault::STOP) word, which makes the other waits of that call on
-    //! this rank give up. The host reads
+    //! the call records it once: the call's first failing thread swaps `seq + 1` into the
+    //! local [`STOP`](super::local_fault::STOP) word, which makes the other waits of that
+    //! call on this rank give up, and adds 1 to [`CLAIM`]; if it saw 0 there, it writes
+    //! [`SEQ`], [`PEER`], [`OWN`], [`THEIRS`] and [`PLACE`], then publishes the kind in
+    //! [`RECORD`] with a release store. The host reads
     //! [`RECORD`] (acquire) and the details after it, and clears a mismatch record (zeroing
     //! [`RECORD`] then [`CLAIM`]) once reported; timeouts and aborts stay, and the looks at
     //! [`ABORT`] treat them as one: the waits of every later call give up
@@ -918,18 +918,37 @@ impl CollContext {
     }
 
     /// Records that `call` failed on this rank (`kind`, the peer and its descriptor, what
-    /// was waited for): the first caller writes the record; every caller stops the call's
-    /// other waits on this rank.
+    /// was waited for) and stops the call's other waits on this rank: the first failing
+    /// thread of the call claims it in the local [`STOP`](local_fault::STOP) word and tries
+    /// the record (first writer wins); the call's other failing threads stop at that claim.
+    ///
+    /// The claim is a compare-and-swap in the rank's own memory. Before it, every failing
+    /// thread added to the fault area's claim word, an atomic on host memory across PCIe:
+    /// once a call had given up for good, each call queued behind it on the stream had
+    /// thousands of threads give up at once, one such atomic each, and a rank with a
+    /// stream full of calls spent seconds draining them (session 31: 8 s between a 2 s
+    /// device timeout and the error, `docs/perf/2026-12-05-1xH100-session31`).
     ///
     /// # Safety
     /// The context valid.
     #[cold]
     #[inline(never)]
     pub unsafe fn fail(&self, call: Call, kind: u64, peer: u32, theirs: [u64; 2], place: u64) {
-        // SAFETY: the context valid (caller contract).
-        unsafe {
-            self.record(call.seq, kind, peer, call.desc, theirs, place);
-            arch::st_release_sys_u64(self.state.add(local_fault::STOP), call.seq + 1);
+        let stop = self.state.wrapping_add(local_fault::STOP);
+        let mine = call.seq + 1;
+        // SAFETY: the local fault words are live and accessed atomically (context contract).
+        let mut seen = unsafe { arch::ld_relaxed_sys_u64(stop) };
+        // Another call's threads may write the word too (a kernel of another stream): only
+        // this call's value ends the loop without the claim.
+        while seen != mine {
+            // SAFETY: as above.
+            let was = unsafe { arch::atomic_cas_relaxed_gpu_u64(stop, seen, mine) };
+            if was == seen {
+                // SAFETY: the context valid (caller contract).
+                unsafe { self.record(call.seq, kind, peer, call.desc, theirs, place) };
+                return;
+            }
+            seen = was;
         }
     }
 

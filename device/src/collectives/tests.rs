@@ -991,8 +991,13 @@ fn a_wait_gives_up_on_abort_and_names_it_without_trapping() {
             took < std::time::Duration::from_secs(5),
             "{algo:?}: {took:?}"
         );
+        // One claim on the host word (an atomic across PCIe on a GPU) for the failed call,
+        // not one per thread that gave up. (Read first: `record` clears it.)
+        // SAFETY: rank 0's fault area; no kernel runs.
+        let claims = unsafe { w.ctxs[0].fault.add(fault::CLAIM).read() };
         let (kind, peer, _, _) = record(&w, 0);
         assert_eq!((kind, peer), (fault::ABORTED, 1), "{algo:?}");
+        assert_eq!(claims, 1, "{algo:?}: claims on the host word");
         // SAFETY: as above; no kernel runs.
         unsafe { w.ctxs[0].fault.add(fault::ABORT).write(0) };
     }
@@ -1026,11 +1031,17 @@ fn calls_queued_behind_one_that_gave_up_for_good_give_up_at_once() {
                 "{algo:?}, record {kind}: waited {took:?} (the timeout is 60 s)"
             );
             // SAFETY: rank 0's fault area; no kernel runs.
-            let seq = unsafe { f.add(fault::SEQ).read() };
+            let (seq, claims) = unsafe { (f.add(fault::SEQ).read(), f.add(fault::CLAIM).read()) };
             assert_eq!(
                 (record(&w, 0).0, seq),
                 (kind, 7),
                 "{algo:?}: the record changed"
+            );
+            // Every thread of the call gave up (rank 1 never calls), but only its first one
+            // touched the claim word in host memory (an atomic across PCIe on a GPU).
+            assert_eq!(
+                claims, 2,
+                "{algo:?}, record {kind}: claims on the host word"
             );
         }
         // A mismatch record does not stop the next call: its wait ends at the timeout.
