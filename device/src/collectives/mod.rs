@@ -278,7 +278,9 @@ pub mod fault {
     /// Unused (the stop word moved to [`super::local_fault::STOP`], in the rank's own
     /// memory); kept so the other indexes do not move.
     pub const STOP: usize = 1;
-    /// Claimed (added to) by every recording thread; the one that saw 0 writes the record.
+    /// Added to by every call of [`record`](super::CollContext::record): by the one thread of
+    /// a failed call that claimed it in the local stop word, and by the direct callers; the
+    /// one that saw 0 writes the record.
     pub const CLAIM: usize = 2;
     /// The record's kind ([`TIMEOUT`], [`MISMATCH`], [`ABORTED`]), 0 for none; published
     /// last, with release.
