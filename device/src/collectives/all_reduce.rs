@@ -270,6 +270,8 @@ pub unsafe fn ll_exchange(ctx: &CollContext, send: *const u8, recv: *mut u8, byt
     let half = packet_half(ctx.packets_len) * (call.seq & 1);
     let aligned = (send as usize | recv as usize).is_multiple_of(8);
     let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
+    // Read once, as in `reduce_unit`.
+    let (rank, nranks) = (ctx.rank, ctx.nranks);
     let mut i = first;
     while i < units {
         // SAFETY: i < units (send valid for bytes; the size contract for the packets).
@@ -282,8 +284,8 @@ pub unsafe fn ll_exchange(ctx: &CollContext, send: *const u8, recv: *mut u8, byt
         // of unit i of send (in place too).
         unsafe {
             let mut acc = load_unit(send, i, bytes, aligned);
-            for q in 0..ctx.nranks {
-                if q != ctx.rank {
+            for q in 0..nranks {
+                if q != rank {
                     acc ^= recv_unit(ctx, &mut call, half, i, q);
                 }
             }
@@ -335,9 +337,13 @@ unsafe fn reduce_unit<T: Reduce>(
     own: u64,
     op: u32,
 ) -> u64 {
+    // Read once: the polls below may call out of line (`keep_waiting`), after which the
+    // compiler would load `ctx.rank` again before every peer's poll (one more dependent
+    // load per peer on the critical path).
+    let (rank, nranks) = (ctx.rank, ctx.nranks);
     let mut acc = 0u64;
-    for q in 0..ctx.nranks {
-        let v = if q == ctx.rank {
+    for q in 0..nranks {
+        let v = if q == rank {
             own
         } else {
             // SAFETY: forwarded (caller contract), q a peer.
@@ -345,7 +351,7 @@ unsafe fn reduce_unit<T: Reduce>(
         };
         acc = if q == 0 { v } else { T::op8(op, acc, v) };
     }
-    T::finish8(op, acc, ctx.nranks)
+    T::finish8(op, acc, nranks)
 }
 
 /// Unit `i` of rank `q`'s input, from the LL packet rank `q` wrote into this rank's packet
