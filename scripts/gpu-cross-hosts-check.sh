@@ -5,7 +5,8 @@
 #
 #   scripts/gpu-cross-hosts-check.sh --pack     # -> .gpu/b.tgz (about 12 MB)
 #
-# (PACK_EXTRA="gpu_litmus gpu_fifo ..." packs those test binaries too.)
+# (PACK_EXTRA="gpu_litmus gpu_fifo ..." packs those test binaries too, PACK_FILES="path ..."
+# those files.)
 #
 # then call the device tool with carry [".gpu"] and command
 # `scripts/gpu-cross-hosts-check.sh` (on nvidia-h200-x2 every step; on one GPU see below).
@@ -28,6 +29,8 @@ if [ "${1:-}" = --pack ]; then
     cp "$(ls -t target/release/deps/$t-* | grep -E "/$t-[0-9a-f]{16}$" | head -1)" .gpu/b/$t
   done
   cp target/release/{mscclpp-perf,train-dp,libmscclpp_nccl.so} .gpu/b/
+  # Other files to carry (PACK_FILES="path ..."), e.g. an older build to compare with.
+  for f in ${PACK_FILES:-}; do cp "$f" .gpu/b/; done
   strip .gpu/b/*
   # nccl-tests' source (unmodified, built on the GPU machine by nccl/scripts/nccl-tests.sh,
   # which looks for it in .gpu/b/nccl-tests): the device copy of the tree has no shared/.

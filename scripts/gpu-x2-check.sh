@@ -10,6 +10,9 @@
 # STEPS="1 4" runs only those steps; DRY=1 prints the commands instead of running them.
 # Logs go to $OUT/x2 (tarred into $OUT/x2.tgz after every step, so a timeout keeps them).
 #
+#  0  what mismatch detection costs: one-shot all-reduce 8 B-64 KB under a CUDA graph,
+#     the build before it (98724f9, packed as mscclpp-perf-base) against this one,
+#     alternating (#13: <= 2% at 8 B)
 #  1  all-reduce against NCCL, CUDA graph and plain, 8 B-512 MB; the
 #     small all-reduce against the bare LL exchange (ll_exchange bench); one-shot's
 #     block size (#13 cost, #15, #18)
@@ -21,14 +24,27 @@
 #  7  PyTorch with and without our library (#15)
 #  8  the training loop against NCCL's all-reduce (#16)
 #
-# Every step has its own time limit (at most about 40 min in all; a device call may run 10
-# minutes, so split it: STEPS="1 2 3 4", then "5", then "6 7 8"); every test runs with
+# Every step has its own time limit (at most about 50 min in all; a device call may run 10
+# minutes, so split it: STEPS="0 1", then "2 3 4", then "5", then "6 7 8"); every test runs with
 # MSCCLPP_REQUIRE_GPU=1. With fewer than two GPUs the script stops: NCCL refuses two ranks
 # on one GPU, and scripts/with-mps.sh with scripts/gpu-cross-hosts-check.sh cover that case.
 cd "$(dirname "$0")/.." || exit 1
+# The build that step 0 compares with: the last commit before call descriptors (e86b410).
+BASE=98724f9
 if [ "${1:-}" = --pack ]; then
   cargo build --release --bench ll_exchange || exit 1
-  PACK_EXTRA="gpu_collectives gpu_litmus gpu_proxy_flag ll_exchange ${PACK_EXTRA:-}" \
+  # Built once in a worktree of its own (about 2 min), kept in .gpu/var.
+  if [ ! -x .gpu/var/mscclpp-perf-base ]; then
+    WT=$(mktemp -d)/base
+    git worktree add -f "$WT" "$BASE" -q || exit 1
+    ( cd "$WT" && CARGO_TARGET_DIR=${BASE_TARGET:-/tmp/x2-base-target} \
+      cargo build --release --bin mscclpp-perf ) || exit 1
+    mkdir -p .gpu/var && cp "${BASE_TARGET:-/tmp/x2-base-target}/release/mscclpp-perf" \
+      .gpu/var/mscclpp-perf-base
+    git worktree remove --force "$WT"
+  fi
+  PACK_FILES=".gpu/var/mscclpp-perf-base ${PACK_FILES:-}" \
+    PACK_EXTRA="gpu_collectives gpu_litmus gpu_proxy_flag ll_exchange ${PACK_EXTRA:-}" \
     exec scripts/gpu-cross-hosts-check.sh --pack
 fi
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -67,6 +83,29 @@ perf() {
 }
 P="-b 8 -e 512M -f 4 -n 20 -w 5"
 
+want 0 && {
+  # Alternating builds in one call, 4 runs each; abmean.py writes the means and the ratios
+  # to base per size. 2% is within run-to-run spread on one GPU
+  # (docs/perf/2026-12-05-1xH100-session31: 1.004-1.047x over four runs), hence the runs.
+  # Base predates programmatic dependent launch (4bb1435), so head runs twice: without it
+  # (MSCCLPP_PDL=0: the detection's cost alone) and as deployed (PDL on).
+  AB="-b 8 -e 64K -f 2 -n 200 -w 20 -G 10"
+  if [ "${DRY:-}" = 1 ]; then
+    echo "[mismatch-ab, 12 x 60 s] {$B/mscclpp-perf-base, MSCCLPP_PDL=0|1 $B/mscclpp-perf} $AB, alternating"
+  elif [ -x $B/mscclpp-perf-base ]; then
+    for i in 1 2 3 4; do
+      for v in base head-nopdl head; do
+        P=$B/mscclpp-perf E=MSCCLPP_PDL=1
+        case $v in base) P=$B/mscclpp-perf-base ;; head-nopdl) E=MSCCLPP_PDL=0 ;; esac
+        echo "## $v $i"
+        env $E timeout 60 "$P" $AB 2>&1 | grep -v "^#"
+      done
+    done > "$R/mismatch-ab.txt"
+    python3 docs/perf/2026-12-05-1xH100-session31/abmean.py "$R/mismatch-ab.txt" \
+      "$R/mismatch-ab.json" > "$R/mismatch-ab-means.txt" 2>&1
+    st mismatch-ab $?
+  fi
+}
 want 1 && {
   perf allreduce-graph 60 $P -G 10
   perf allreduce-plain 60 $P
@@ -121,6 +160,16 @@ want 5 && {
   run gpu_proxy_flag 150 "$B/gpu_proxy_flag" --test-threads 1
   # Its ranks' own limit is 300 s.
   run gpu_litmus 320 env MSCCLPP_LITMUS_ITERS=100000 "$B/gpu_litmus" --test-threads 1
+  # #13: from a rank's kill -9 to the survivors' errors and the job's end (goal <= 1 s),
+  # inside a loop of all-reduces and between set-up and the first call.
+  for spec in "0 --delay 2.0" "1 --after-lines 3"; do
+    set -- $spec
+    r=$1
+    shift
+    run "kill-rank$r" 60 env MSCCLPP_PERF="$PWD/$B/mscclpp-perf" python3 \
+      docs/perf/2026-12-05-host-setup-kills/kill.py --rank "$r" "$@" -- --op allreduce \
+      -b 1K -e 1M -f 4 -n 3000 -w 5
+  done
 }
 want 6 && have_lib && {
   # Its logs and side-by-side table land in $R/nccl-tests.
