@@ -334,24 +334,36 @@ struct Shared {
     timeout: Duration,
     /// Data bytes each stripe's receiver has written into the local buffer.
     received: Box<[AtomicU64]>,
+    /// Per stripe: its receiver has stopped, so its count in `received` is final.
+    ended: Box<[AtomicBool]>,
     /// The connection is being dropped (receivers stop quietly).
     closing: AtomicBool,
     /// Receivers whose stream the peer closed between frames, after every frame before had
     /// been applied (its data and flags written, staged copies complete): when all of them
     /// have, everything the peer sent on the connection has landed.
     drained: AtomicUsize,
-    /// Why the peer is gone, once it is.
-    lost: Mutex<Option<String>>,
+    /// Why the peer is gone, once it is, and whether that is only that a stream ended
+    /// cleanly (which a later, more telling reason replaces: a signal whose data that
+    /// stream never brought).
+    lost: Mutex<Option<(String, bool)>>,
     lost_flag: AtomicBool,
 }
 
 impl Shared {
     fn lose(&self, why: String) {
+        self.lose_as(why, false);
+    }
+
+    /// Records why the peer is gone (the first reason, unless `ended` only said a stream
+    /// ended: see `lost`).
+    fn lose_as(&self, why: String, ended: bool) {
         if self.closing.load(Ordering::Acquire) {
             return;
         }
         let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
-        lost.get_or_insert(why);
+        if lost.as_ref().is_none_or(|(_, weak)| *weak && !ended) {
+            *lost = Some((why, ended));
+        }
         self.lost_flag.store(true, Ordering::Release);
     }
 
@@ -360,7 +372,7 @@ impl Shared {
             return None;
         }
         let why = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
-        Some(self.error(why.clone().unwrap_or_default()))
+        Some(self.error(why.as_ref().map(|(w, _)| w.clone()).unwrap_or_default()))
     }
 
     fn error(&self, why: String) -> TcpError {
@@ -468,7 +480,8 @@ fn receive(
                     let (dst, len) = (a, b);
                     if dst.checked_add(len).is_none_or(|end| end > sink.len) {
                         return Err(Stop::Lost(format!(
-                            "the peer sent {len} bytes for offset {dst}, outside the buffer of {} bytes",
+                            "the peer sent a data frame of length {len} for offset {dst}, \
+                             outside the buffer of {} bytes",
                             sink.len
                         )));
                     }
@@ -510,28 +523,8 @@ fn receive(
                 OP_SIGNAL if stripe == 0 && b as usize == shared.received.len() => {
                     let mut raw = vec![0u8; b as usize * 8];
                     read_full(&mut stream, &mut raw, false, &shared)?;
-                    let deadline = Instant::now() + shared.timeout;
                     for (s, want) in u64s(&raw).enumerate() {
-                        // Acquire: pairs with the release above on stripe `s`.
-                        while shared.received[s].load(Ordering::Acquire) < want {
-                            if shared.closing.load(Ordering::Acquire) {
-                                return Err(Stop::Closing);
-                            }
-                            // Acquire: a stripe that ended cleanly counted its data
-                            // before it marked the link lost, so look at the count again.
-                            if shared.lost_flag.load(Ordering::Acquire)
-                                && shared.received[s].load(Ordering::Acquire) < want
-                            {
-                                return Err(Stop::Lost("another stripe failed".into()));
-                            }
-                            if Instant::now() > deadline {
-                                return Err(Stop::Lost(format!(
-                                    "the data before signal {a} did not arrive on stripe {s} within {:?}",
-                                    shared.timeout
-                                )));
-                            }
-                            std::thread::yield_now();
-                        }
+                        wait_stripe(&shared, s, want, a)?;
                     }
                     if let Some((_, slots)) = &stage {
                         // SAFETY: `inbound` is an aligned word of the round's device flag
@@ -548,6 +541,13 @@ fn receive(
                     // Release: the waiter's acquire load of this epoch sees every byte
                     // acquired above.
                     flag.store(a, Ordering::Release);
+                }
+                OP_SIGNAL => {
+                    return Err(Stop::Lost(format!(
+                        "the peer sent a signal frame on stripe {stripe} with counts for {b} \
+                         stripes (signals come on stripe 0 with {} counts)",
+                        shared.received.len()
+                    )));
                 }
                 _ => {
                     return Err(Stop::Lost(format!(
@@ -568,10 +568,12 @@ fn receive(
             landed = false;
         }
     }
+    // Release: a signal waiting for this stripe's data (`wait_stripe`) sees the final count.
+    shared.ended[stripe].store(true, Ordering::Release);
     match stopped {
         Err(Stop::Lost(why)) => shared.lose(why),
         Err(Stop::Ended) => {
-            shared.lose("the peer closed the connection".into());
+            shared.lose_as("the peer closed the connection".into(), true);
             if landed {
                 // Release: whoever acquires the count sees everything this stripe wrote
                 // (the staged copies completed above).
@@ -580,6 +582,47 @@ fn receive(
         }
         Ok(()) | Err(Stop::Closing) => {}
     }
+}
+
+/// Waits until stripe `s` has applied `want` data bytes, which the peer sent before signal
+/// `epoch`. Stops only when that stripe's receiver has stopped short of them, when it makes
+/// no progress for the timeout, or when the connection is being dropped: not because
+/// another stripe ended or a write to the peer failed, since what the peer sent on stripe
+/// `s` before it went still lands (a peer that puts, signals and leaves).
+fn wait_stripe(shared: &Shared, s: usize, want: u64, epoch: u64) -> Result<(), Stop> {
+    // Acquire: pairs with the receivers' release of their counts (their bytes are written).
+    let mut got = shared.received[s].load(Ordering::Acquire);
+    let mut last = Instant::now();
+    while got < want {
+        if shared.closing.load(Ordering::Acquire) {
+            return Err(Stop::Closing);
+        }
+        // Acquire: pairs with the release in `receive` once the stripe stopped, after its
+        // last count, so the count read next is final.
+        if shared.ended[s].load(Ordering::Acquire) {
+            let got = shared.received[s].load(Ordering::Acquire);
+            if got < want {
+                return Err(Stop::Lost(format!(
+                    "stripe {s} ended after {got} of the {want} bytes sent on it before \
+                     signal {epoch}"
+                )));
+            }
+            return Ok(());
+        }
+        if last.elapsed() > shared.timeout {
+            return Err(Stop::Lost(format!(
+                "the data before signal {epoch} did not arrive on stripe {s}: {got} of \
+                 {want} bytes, none for {:?}",
+                shared.timeout
+            )));
+        }
+        std::thread::yield_now();
+        let now = shared.received[s].load(Ordering::Acquire);
+        if now > got {
+            (got, last) = (now, Instant::now());
+        }
+    }
+    Ok(())
 }
 
 /// The sending side of a connection: its sockets and how many data bytes went on each.
@@ -653,6 +696,7 @@ impl TcpLink {
             tag,
             timeout,
             received: streams.iter().map(|_| AtomicU64::new(0)).collect(),
+            ended: streams.iter().map(|_| AtomicBool::new(false)).collect(),
             closing: AtomicBool::new(false),
             drained: AtomicUsize::new(0),
             lost: Mutex::new(None),
@@ -1437,6 +1481,142 @@ mod tests {
             assert!(e.is_some_and(|e| e.contains("rank 2 was lost")));
             done_tx.send(()).unwrap();
         });
+    }
+
+    /// `n` loopback connections: (this side's streams, the peer's).
+    fn stream_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+        let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let addr = l.local_addr().unwrap();
+        (0..n)
+            .map(|_| {
+                let peer = TcpStream::connect(addr).unwrap();
+                (l.accept().unwrap().0, peer)
+            })
+            .unzip()
+    }
+
+    /// A host-memory link of `stripes` streams receiving into `buf`, its flag in `flag`.
+    fn host_link(
+        stripes: usize,
+        buf: &mut [u8],
+        flag: &AtomicU64,
+        timeout: Duration,
+    ) -> (TcpLink, Vec<TcpStream>) {
+        let (ours, peer) = stream_pairs(stripes);
+        let sink = Sink {
+            buffer: buf.as_mut_ptr() as u64,
+            len: buf.len() as u64,
+            inbound: flag as *const AtomicU64 as u64,
+        };
+        let link = TcpLink::new(ours, sink, (1, 7), timeout, None, None, None).unwrap();
+        (link, peer)
+    }
+
+    fn frame(words: &[u64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_u64s(&mut out, words);
+        out
+    }
+
+    /// Waits up to 10 s for `done`.
+    fn eventually(done: impl Fn() -> bool) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// A peer puts on stripe 1, signals, and leaves; its stripe 2 (which carried nothing)
+    /// is read closed before stripe 1's data comes. The signal still waits for that data
+    /// and raises the flag; then the link counts as drained. Before, stripe 0 gave up as
+    /// soon as any stripe had ended ("another stripe failed"): the peer's last signal was
+    /// lost and the wait for it timed out.
+    #[test]
+    fn a_signal_waits_for_its_data_when_another_stripe_closed_first() {
+        let mut buf = vec![0u8; 256];
+        let flag = AtomicU64::new(0);
+        let (link, mut peer) = host_link(3, &mut buf, &flag, Duration::from_secs(20));
+        peer[0]
+            .write_all(&frame(&[OP_SIGNAL, 1, 3, 0, 100, 0]))
+            .unwrap();
+        peer[2].shutdown(std::net::Shutdown::Write).unwrap();
+        // Stripe 2's end is seen (the link counts as lost) before the data comes.
+        assert!(eventually(|| link.shared.ended[2].load(Ordering::Acquire)));
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            flag.load(Ordering::Acquire),
+            0,
+            "the flag came before its data"
+        );
+        let mut data = frame(&[OP_DATA, 16, 100]);
+        data.extend((0..100u8).map(|i| i ^ 0x5a));
+        peer[1].write_all(&data).unwrap();
+        assert!(
+            eventually(|| flag.load(Ordering::Acquire) == 1),
+            "signal 1 was not raised: {:?}",
+            link.shared.lost()
+        );
+        assert!((0..100).all(|i| buf[16 + i] == i as u8 ^ 0x5a));
+        peer.clear();
+        assert!(eventually(
+            || link.shared.drained.load(Ordering::Acquire) == 3
+        ));
+        drop(link);
+    }
+
+    /// The stripe a signal waits on ends short of the bytes the signal counts: the link is
+    /// lost naming that stripe and the counts, and the flag stays down.
+    #[test]
+    fn a_signal_whose_stripe_ended_short_loses_the_link_naming_it() {
+        let mut buf = vec![0u8; 256];
+        let flag = AtomicU64::new(0);
+        let (link, mut peer) = host_link(2, &mut buf, &flag, Duration::from_secs(20));
+        peer[0]
+            .write_all(&frame(&[OP_SIGNAL, 1, 2, 0, 64]))
+            .unwrap();
+        let mut data = frame(&[OP_DATA, 0, 8]);
+        data.extend([1u8; 8]);
+        peer[1].write_all(&data).unwrap();
+        peer[1].shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(eventually(|| link.shared.lost().is_some_and(|e| e
+            .to_string()
+            .contains("stripe 1 ended after 8 of the 64 bytes"))));
+        assert_eq!(flag.load(Ordering::Acquire), 0);
+        drop(link);
+    }
+
+    /// Frames that do not fit are refused in words that say what was wrong: a data frame's
+    /// length, a signal with the wrong number of counts.
+    #[test]
+    fn bad_frames_are_named() {
+        let mut buf = vec![0u8; 64];
+        let flag = AtomicU64::new(0);
+        let (link, mut peer) = host_link(2, &mut buf, &flag, Duration::from_secs(20));
+        peer[1]
+            .write_all(&frame(&[OP_DATA, 8, u64::MAX - 4]))
+            .unwrap();
+        assert!(eventually(|| link.shared.lost().is_some()));
+        let e = link.shared.lost().unwrap().to_string();
+        assert!(
+            e.contains("length 18446744073709551611") && e.contains("buffer of 64 bytes"),
+            "{e}"
+        );
+        drop(link);
+        let (link, mut peer) = host_link(2, &mut buf, &flag, Duration::from_secs(20));
+        peer[0]
+            .write_all(&frame(&[OP_SIGNAL, 1, 3, 0, 0, 0]))
+            .unwrap();
+        assert!(eventually(|| link.shared.lost().is_some()));
+        let e = link.shared.lost().unwrap().to_string();
+        assert!(
+            e.contains("counts for 3 stripes") && e.contains("with 2 counts"),
+            "{e}"
+        );
+        drop(link);
     }
 
     #[test]
