@@ -10,8 +10,8 @@ use mscclpp_host::bootstrap::BootstrapConfig;
 use mscclpp_host::collectives::{DataType, P2pOp};
 
 use crate::comm::{
-    self, Comm, ConfigCopy, Handle, Inner, RealSetup, decode_color_key, encode_color_key, lookup,
-    new_id, null, parse_id, real_of, register, unregister,
+    self, Comm, ConfigCopy, Handle, Inner, RealChild, RealSetup, decode_color_key,
+    encode_color_key, lookup, new_id, null, parse_id, real_of, register, unregister,
 };
 use crate::dispatch::{self, Launch};
 use crate::error::{Failure, guard, last_error, last_error_ptr};
@@ -465,12 +465,12 @@ export! {
             // The real split first: every parent rank calls it, the no-color ones included.
             let (real_new, real_missing) = match (inner.real, real::real()) {
                 (Some(rc), Ok(real)) => {
-                    let f = need(call, real, real.fns.comm_split)?;
-                    let mut out: Ptr = null();
-                    // SAFETY: NCCL's signature; out-pointer to a local.
-                    let r = unsafe { f(rc.0, color, key, &mut out, config) };
-                    comm::real_result(call, real, rc.0, r)?;
-                    ((!out.is_null()).then_some(comm::RealComm(out)), None)
+                    // SAFETY: caller contract (a valid config, checked by read_config).
+                    let cfg = unsafe { ConfigCopy::new(config) };
+                    let how = RealChild::Split { color, key };
+                    let child = comm::real_child(call, real, rc, &c.gpu, cfg, how)?;
+                    let missing = child.is_none().then(|| "the real ncclCommSplit made no communicator for this rank".to_string());
+                    (child, missing)
                 }
                 _ => (None, inner.real_missing.clone()),
             };
@@ -565,12 +565,12 @@ export! {
             }
             let (real_new, real_missing) = match (inner.real, real::real()) {
                 (Some(rc), Ok(real)) => {
-                    let f = need(call, real, real.fns.comm_shrink)?;
-                    let mut out: Ptr = null();
-                    // SAFETY: NCCL's signature; out-pointer to a local.
-                    let r = unsafe { f(rc.0, exclude_ranks_list, exclude_ranks_count, &mut out, config, shrink_flags) };
-                    comm::real_result(call, real, rc.0, r)?;
-                    ((!out.is_null()).then_some(comm::RealComm(out)), None)
+                    // SAFETY: caller contract (a valid config, checked by read_config).
+                    let cfg = unsafe { ConfigCopy::new(config) };
+                    let how = RealChild::Shrink { exclude: excluded.clone(), flags: shrink_flags };
+                    let child = comm::real_child(call, real, rc, &c.gpu, cfg, how)?;
+                    let missing = child.is_none().then(|| "the real ncclCommShrink made no communicator for this rank".to_string());
+                    (child, missing)
                 }
                 _ => (None, inner.real_missing.clone()),
             };
@@ -674,10 +674,13 @@ fn quiesce(call: &str, gpu: &mscclpp_host::cuda::Gpu, inner: &Inner) -> Result<(
 
 export! {
     /// `ncclCommFinalize`: waits for this communicator's work on every rank (collective),
-    /// and finalizes the real communicator.
+    /// and finalizes the real communicator. NULL has nothing to finalize (as in NCCL).
     fn ncclCommFinalize / pncclCommFinalize(comm: Ptr) -> NcclResult {
         guard("ncclCommFinalize", || {
             let call = "ncclCommFinalize";
+            if comm.is_null() {
+                return Ok(result::SUCCESS);
+            }
             let c = match target(call, comm)? {
                 Target::Real(real, p) => {
                     return pass(call, real, p, |real, p| {
@@ -740,8 +743,13 @@ fn reclaim_after_abort(call: &str, gpu: mscclpp_host::cuda::Gpu, inner: Inner) {
     }
 }
 
-/// Destroy (`abort == false`) or abort a communicator.
+/// Destroy (`abort == false`) or abort a communicator. A NULL one is done already, as in
+/// NCCL: cleanup code ends every child of a split, and a rank that split with
+/// `NCCL_SPLIT_NOCOLOR` got NULL.
 fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
+    if comm.is_null() {
+        return Ok(result::SUCCESS);
+    }
     match target(call, comm)? {
         Target::Real(real, p) => {
             return pass(call, real, p, |real, p| {
@@ -2159,6 +2167,13 @@ mod tests {
         assert!(last_error().contains("data type 99"), "{}", last_error());
         // SAFETY: a group without a start.
         assert_eq!(unsafe { ncclGroupEnd() }, result::INVALID_USAGE);
+        // Ending a NULL communicator (a split's NOCOLOR child) is done already, as in NCCL.
+        // SAFETY: NULL communicators.
+        unsafe {
+            assert_eq!(ncclCommFinalize(std::ptr::null_mut()), result::SUCCESS);
+            assert_eq!(ncclCommDestroy(std::ptr::null_mut()), result::SUCCESS);
+            assert_eq!(ncclCommAbort(std::ptr::null_mut()), result::SUCCESS);
+        }
     }
 }
 

@@ -379,6 +379,117 @@ impl ConfigCopy {
     }
 }
 
+impl ConfigCopy {
+    /// The copy with `blocking` set (NCCL's initializer where there was no config).
+    fn blocking(self) -> NcclConfig {
+        let mut c = self.0.unwrap_or_else(NcclConfig::initializer);
+        c.blocking = 1;
+        // A short (older) config that ends before the field grows to hold it.
+        c.size = c.size.max(std::mem::offset_of!(NcclConfig, blocking) + 4);
+        c
+    }
+}
+
+/// Which real call makes a child communicator.
+pub enum RealChild {
+    /// `ncclCommSplit(parent, color, key, ..)`.
+    Split {
+        /// The caller's color.
+        color: c_int,
+        /// The caller's key.
+        key: c_int,
+    },
+    /// `ncclCommShrink(parent, exclude, .., flags)`.
+    Shrink {
+        /// The ranks left out.
+        exclude: Vec<c_int>,
+        /// The caller's shrink flags.
+        flags: c_int,
+    },
+}
+
+/// Makes the real NCCL's child of `parent` (split or shrink, collective over the parent's
+/// ranks), done when this returns: on a thread of its own with `gpu`'s context current, and
+/// with `blocking` 1 in the config it gets (the caller's other settings kept; with no config,
+/// NCCL's defaults rather than the parent's). The real NCCL writes the child's handle when
+/// the child is made: inside a group (the real NCCL's group is per thread, and ours is
+/// mirrored on it) that is at the real `ncclGroupEnd`, and for a nonblocking child later
+/// still, both after this call has returned, into a slot that would be gone by then, and
+/// with no child for our communicator. `None`: the real NCCL made none for this rank.
+pub fn real_child(
+    call: &str,
+    real: &'static Real,
+    parent: RealComm,
+    gpu: &Gpu,
+    cfg: ConfigCopy,
+    how: RealChild,
+) -> Result<Option<RealComm>, Failure> {
+    let (split, shrink) = (real.fns.comm_split, real.fns.comm_shrink);
+    let name = match (&how, split, shrink) {
+        (RealChild::Split { .. }, None, _) => Some("ncclCommSplit"),
+        (RealChild::Shrink { .. }, _, None) => Some("ncclCommShrink"),
+        _ => None,
+    };
+    if let Some(name) = name {
+        return Err(Failure::usage(format!(
+            "{call}: the real NCCL ({}) has no {name}",
+            real.version
+        )));
+    }
+    let gpu = gpu.clone();
+    let job = move || -> Result<(NcclResult, RealComm), CudaError> {
+        // The whole handle (Send), not its pointer field alone.
+        let parent: RealComm = parent;
+        gpu.bind()?;
+        let mut cfg = cfg.blocking();
+        let mut out: Ptr = std::ptr::null_mut();
+        let r = match (how, split, shrink) {
+            // SAFETY: NCCL's signature; the parent is the real NCCL's; `out` and `cfg` live
+            // through the call, which is blocking (above) and outside any group (a thread
+            // of its own), so the real NCCL is done with both when it returns.
+            (RealChild::Split { color, key }, Some(f), _) => unsafe {
+                f(parent.0, color, key, &mut out, &mut cfg)
+            },
+            (RealChild::Shrink { mut exclude, flags }, _, Some(f)) => {
+                let n = exclude.len() as c_int;
+                // SAFETY: as above; `exclude` holds `n` ranks.
+                unsafe { f(parent.0, exclude.as_mut_ptr(), n, &mut out, &mut cfg, flags) }
+            }
+            _ => result::INTERNAL_ERROR,
+        };
+        Ok((r, RealComm(out)))
+    };
+    let done = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("mscclpp-nccl-child".into())
+            .spawn_scoped(s, job)
+            .map(|h| h.join())
+    });
+    let (code, child) = match done {
+        Err(e) => {
+            return Err(Failure::new(
+                result::SYSTEM_ERROR,
+                format!("{call}: starting a thread for the real NCCL's child: {e}"),
+            ));
+        }
+        Ok(Err(_)) => {
+            return Err(Failure::new(
+                result::INTERNAL_ERROR,
+                format!("{call}: the real NCCL's child: its thread panicked"),
+            ));
+        }
+        Ok(Ok(Err(e))) => {
+            return Err(Failure::new(
+                result::UNHANDLED_CUDA_ERROR,
+                format!("{call}: {e}"),
+            ));
+        }
+        Ok(Ok(Ok(v))) => v,
+    };
+    real_result(call, real, parent.0, code)?;
+    Ok((!child.0.is_null()).then_some(child))
+}
+
 /// How the real communicator of a new communicator comes about.
 pub enum RealSetup {
     /// Rank 0 gets a real unique id and broadcasts it over our bootstrap; every rank calls
@@ -846,6 +957,26 @@ pub fn null() -> Ptr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The config a real split or shrink gets: blocking whatever the caller asked, the
+    /// caller's other settings kept; NCCL's initializer without one; a short (older) config
+    /// grown to hold the field.
+    #[test]
+    fn a_real_childs_config_is_blocking() {
+        let c = ConfigCopy::NONE.blocking();
+        assert_eq!((c.blocking, c.magic, c.size), (1, 0xcafe_beef, 80));
+        assert_eq!(c.min_ctas, crate::types::CONFIG_UNDEF_INT);
+        let mut mine = NcclConfig::initializer();
+        mine.blocking = 0;
+        mine.min_ctas = 4;
+        // SAFETY: a live config of its size.
+        let c = unsafe { ConfigCopy::new(&mine) }.blocking();
+        assert_eq!((c.blocking, c.min_ctas, c.size), (1, 4, 80));
+        mine.size = 16;
+        // SAFETY: as above (16 bytes are read).
+        let c = unsafe { ConfigCopy::new(&mine) }.blocking();
+        assert_eq!((c.blocking, c.min_ctas, c.size), (1, 0, 20));
+    }
 
     #[test]
     fn communicators_wait_long_for_late_ranks_unless_told_otherwise() {

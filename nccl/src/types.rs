@@ -190,6 +190,31 @@ pub struct NcclConfig {
 /// `NCCL_CONFIG_UNDEF_INT`.
 pub const CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
+impl NcclConfig {
+    /// `NCCL_CONFIG_INITIALIZER` of our header (NCCL 2.28): every setting unset.
+    pub fn initializer() -> NcclConfig {
+        NcclConfig {
+            size: std::mem::size_of::<NcclConfig>(),
+            magic: CONFIG_MAGIC,
+            version: ABI_VERSION_CODE as c_uint,
+            blocking: CONFIG_UNDEF_INT,
+            cga_cluster_size: CONFIG_UNDEF_INT,
+            min_ctas: CONFIG_UNDEF_INT,
+            max_ctas: CONFIG_UNDEF_INT,
+            net_name: std::ptr::null(),
+            split_share: CONFIG_UNDEF_INT,
+            traffic_class: CONFIG_UNDEF_INT,
+            comm_name: std::ptr::null(),
+            collnet_enable: CONFIG_UNDEF_INT,
+            cta_policy: CONFIG_UNDEF_INT,
+            shrink_share: CONFIG_UNDEF_INT,
+            nvls_ctas: CONFIG_UNDEF_INT,
+            n_channels_per_net_peer: CONFIG_UNDEF_INT,
+            nvlink_centric_sched: CONFIG_UNDEF_INT,
+        }
+    }
+}
+
 /// What we read from a caller's config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfigView {
@@ -435,25 +460,12 @@ mod tests {
 
     #[test]
     fn config_checks() {
-        let mut c = NcclConfig {
-            size: size_of::<NcclConfig>(),
-            magic: CONFIG_MAGIC,
-            version: 22800,
-            blocking: 0,
-            cga_cluster_size: CONFIG_UNDEF_INT,
-            min_ctas: CONFIG_UNDEF_INT,
-            max_ctas: CONFIG_UNDEF_INT,
-            net_name: std::ptr::null(),
-            split_share: CONFIG_UNDEF_INT,
-            traffic_class: CONFIG_UNDEF_INT,
-            comm_name: std::ptr::null(),
-            collnet_enable: CONFIG_UNDEF_INT,
-            cta_policy: CONFIG_UNDEF_INT,
-            shrink_share: CONFIG_UNDEF_INT,
-            nvls_ctas: CONFIG_UNDEF_INT,
-            n_channels_per_net_peer: CONFIG_UNDEF_INT,
-            nvlink_centric_sched: CONFIG_UNDEF_INT,
-        };
+        let mut c = NcclConfig::initializer();
+        assert_eq!(
+            (c.size, c.magic, c.version),
+            (size_of::<NcclConfig>(), CONFIG_MAGIC, 22800)
+        );
+        c.blocking = 0;
         // SAFETY: a live local.
         assert_eq!(
             unsafe { read_config(&c) },

@@ -347,45 +347,7 @@ fn p2p_rank_main(rank: usize, mode: &str) {
         );
         eprintln!("rank {rank}: the send failed as it should: {msg}");
     } else {
-        // SAFETY: device buffers of `count` f32, our communicator, a live stream; the
-        // group pairs the two directions.
-        unsafe {
-            ok("ncclGroupStart", ncclGroupStart());
-            ok(
-                "ncclSend",
-                ncclSend(
-                    x as *const c_void,
-                    count,
-                    7,
-                    peer as i32,
-                    comm,
-                    stream as *mut c_void,
-                ),
-            );
-            ok(
-                "ncclRecv",
-                ncclRecv(
-                    y as *mut c_void,
-                    count,
-                    7,
-                    peer as i32,
-                    comm,
-                    stream as *mut c_void,
-                ),
-            );
-            ok("ncclGroupEnd", ncclGroupEnd());
-        }
-        cu::ctx::synchronize().unwrap();
-        let mut got = vec![0f32; count];
-        // SAFETY: `y` holds `count` f32.
-        unsafe { cu::memcpy_dtoh_sync(&mut got, y) }.unwrap();
-        for (i, g) in got.iter().enumerate() {
-            assert_eq!(
-                *g,
-                val(peer, i),
-                "rank {rank}: element {i} from rank {peer}"
-            );
-        }
+        exchange(&format!("rank {rank}"), comm, rank, (x, y), count, stream);
         // Ours still runs the collectives after the real NCCL's sends.
         check_all_reduce(
             &format!("rank {rank}: all-reduce after"),
@@ -394,7 +356,140 @@ fn p2p_rank_main(rank: usize, mode: &str) {
             rank,
             4096,
         );
+        split_children(rank, comm, (x, y), count, stream);
     }
     // SAFETY: our communicator, not used after this.
     unsafe { ok("ncclCommDestroy", ncclCommDestroy(comm)) };
+}
+
+/// Each rank sends `count` f32 from `x` to the other and receives as many into `y` in one
+/// group on `comm` (the real NCCL's sends here), and checks them.
+fn exchange(
+    what: &str,
+    comm: *mut c_void,
+    rank: usize,
+    (x, y): (u64, u64),
+    count: usize,
+    stream: cudarc::driver::sys::CUstream,
+) {
+    let peer = 1 - rank;
+    // SAFETY: device buffers of `count` f32, our communicator, a live stream; the group
+    // pairs the two directions.
+    unsafe {
+        ok("ncclGroupStart", ncclGroupStart());
+        let s = stream as *mut c_void;
+        ok(
+            &format!("{what}: ncclSend"),
+            ncclSend(x as *const c_void, count, 7, peer as i32, comm, s),
+        );
+        ok(
+            &format!("{what}: ncclRecv"),
+            ncclRecv(y as *mut c_void, count, 7, peer as i32, comm, s),
+        );
+        ok(&format!("{what}: ncclGroupEnd"), ncclGroupEnd());
+    }
+    cu::ctx::synchronize().unwrap();
+    let mut got = vec![0f32; count];
+    // SAFETY: `y` holds `count` f32.
+    unsafe { cu::memcpy_dtoh_sync(&mut got, y) }.unwrap();
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(
+            *g,
+            (peer * 1_000_000 + i) as f32,
+            "{what}: element {i} from rank {peer}"
+        );
+    }
+}
+
+/// Children whose real communicator the real NCCL makes later than the call: a split inside
+/// a group (the real NCCL defers it to its `ncclGroupEnd`) and a split asking for a
+/// nonblocking communicator. Each child's sends go to its real communicator, which must
+/// exist when the split has returned (they were missing before, and the real NCCL wrote the
+/// handle into a slot on a stack frame gone by then). A rank splitting with
+/// `NCCL_SPLIT_NOCOLOR` gets NULL, which ncclCommDestroy takes (as NCCL).
+fn split_children(
+    rank: usize,
+    comm: *mut c_void,
+    (x, y): (u64, u64),
+    count: usize,
+    stream: cudarc::driver::sys::CUstream,
+) {
+    let mut grouped: *mut c_void = std::ptr::null_mut();
+    // SAFETY: our communicator; a live out-parameter; no config.
+    unsafe {
+        ok("ncclGroupStart (split)", ncclGroupStart());
+        ok(
+            "ncclCommSplit in a group",
+            ncclCommSplit(comm, 0, rank as i32, &mut grouped, std::ptr::null_mut()),
+        );
+        ok("ncclGroupEnd (split)", ncclGroupEnd());
+    }
+    assert!(
+        !grouped.is_null(),
+        "rank {rank}: no child from the grouped split"
+    );
+    exchange(
+        &format!("rank {rank}, split in a group"),
+        grouped,
+        rank,
+        (x, y),
+        count,
+        stream,
+    );
+    check_all_reduce(
+        &format!("rank {rank}: all-reduce on the grouped split"),
+        grouped,
+        &[0, 1],
+        rank,
+        4096,
+    );
+    let mut cfg = mscclpp_nccl::types::NcclConfig::initializer();
+    cfg.blocking = 0;
+    let mut nonblocking: *mut c_void = std::ptr::null_mut();
+    // SAFETY: our communicator; a live out-parameter and config.
+    let r = unsafe { ncclCommSplit(comm, 0, rank as i32, &mut nonblocking, &mut cfg) };
+    assert!(
+        r == 0 || r == 7,
+        "rank {rank}: nonblocking split: {r}: {}",
+        last_error()
+    );
+    let t0 = Instant::now();
+    loop {
+        let mut state = -1;
+        // SAFETY: the child; a live out-parameter.
+        ok("ncclCommGetAsyncError", unsafe {
+            ncclCommGetAsyncError(nonblocking, &mut state)
+        });
+        if state == 0 {
+            break;
+        }
+        assert!(
+            state == 7 && t0.elapsed() < Duration::from_secs(60),
+            "rank {rank}: nonblocking child: state {state} after {:?}",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    exchange(
+        &format!("rank {rank}, nonblocking split"),
+        nonblocking,
+        rank,
+        (x, y),
+        count,
+        stream,
+    );
+    let color = if rank == 0 { 0 } else { -1 };
+    let mut alone: *mut c_void = std::ptr::null_mut();
+    // SAFETY: our communicator; a live out-parameter; no config.
+    ok("ncclCommSplit (NOCOLOR on rank 1)", unsafe {
+        ncclCommSplit(comm, color, 0, &mut alone, std::ptr::null_mut())
+    });
+    assert_eq!(alone.is_null(), rank == 1, "rank {rank}: NOCOLOR child");
+    // SAFETY: our communicators (or NULL), not used after this.
+    unsafe {
+        ok("ncclCommDestroy(alone)", ncclCommDestroy(alone));
+        ok("ncclCommDestroy(nonblocking)", ncclCommDestroy(nonblocking));
+        ok("ncclCommDestroy(grouped)", ncclCommDestroy(grouped));
+    }
+    eprintln!("rank {rank}: split children (in a group, nonblocking, NOCOLOR) passed");
 }
