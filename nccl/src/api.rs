@@ -297,6 +297,10 @@ unsafe fn init_rank(
     config: *mut NcclConfig,
 ) -> Result<NcclResult, Failure> {
     check_out(call, "comm", out)?;
+    // NULL until made, as in NCCL: a failed set-up leaves no stale handle that cleanup
+    // code would then end (or pass to the real NCCL).
+    // SAFETY: checked non-null; the caller's out-parameter.
+    unsafe { *out = null() };
     if nranks < 1 {
         return Err(Failure::arg(format!("{call}: nranks {nranks} < 1")));
     }
@@ -445,6 +449,9 @@ export! {
         guard("ncclCommSplit", || {
             let call = "ncclCommSplit";
             check_out(call, "newcomm", newcomm)?;
+            // NULL until made (as NCCL): see `init_rank`.
+            // SAFETY: checked non-null; the caller's out-parameter.
+            unsafe { *newcomm = null() };
             if color < 0 && color != SPLIT_NOCOLOR {
                 return Err(Failure::arg(format!("{call}: color {color} < 0 (and not NCCL_SPLIT_NOCOLOR)")));
             }
@@ -523,6 +530,9 @@ export! {
         guard("ncclCommShrink", || {
             let call = "ncclCommShrink";
             check_out(call, "newcomm", newcomm)?;
+            // NULL until made (as NCCL): see `init_rank`.
+            // SAFETY: checked non-null; the caller's out-parameter.
+            unsafe { *newcomm = null() };
             if exclude_ranks_count < 0 {
                 return Err(Failure::arg(format!("{call}: excludeRanksCount {exclude_ranks_count} < 0")));
             }

@@ -151,8 +151,11 @@ fn c_program_calls_the_library() {
         .unwrap_or_else(|e| panic!("cannot run {cc} (a C compiler is needed): {e}"));
     assert!(status.success(), "compiling tests/c/smoke.c failed");
     let mut cmd = Command::new(&exe);
-    // No real NCCL for this run, whatever the machine has: the results are ours.
-    cmd.env("MSCCLPP_NCCL_LIB", "/nonexistent/libnccl.so.2")
+    // No real NCCL for this run, whatever the machine has: the results are ours. The
+    // library linked, not another build of it: cargo's LD_LIBRARY_PATH (which wins over the
+    // run path) also lists target/<profile>/, where `cargo build` leaves its own copy.
+    cmd.env("LD_LIBRARY_PATH", lib_dir)
+        .env("MSCCLPP_NCCL_LIB", "/nonexistent/libnccl.so.2")
         .env("MSCCLPP_DEBUG", "WARN");
     if !gpu_present() {
         cmd.env("MSCCLPP_SMOKE_NO_GPU", "1");

@@ -62,9 +62,12 @@ int main(void) {
 
   /* Argument checks of the set-up. */
   ncclComm_t comm = NULL;
+  int n0 = 0;
   EXPECT(ncclCommInitRank(NULL, 2, id, 0), ncclInvalidArgument);
   EXPECT(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument);
+  comm = (ncclComm_t)(void*)&n0;
   EXPECT(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument);
+  CHECK(comm == NULL, "a failed set-up left %p, not NULL (as NCCL)", (void*)comm);
   EXPECT(ncclCommInitRank(&comm, 2, id, -1), ncclInvalidArgument);
   EXPECT(ncclCommInitRank(&comm, 2, zero, 0), ncclInvalidArgument);
   CHECK(contains(ncclGetLastError(NULL), "ncclUniqueId"), "last error: %s", ncclGetLastError(NULL));
@@ -99,8 +102,9 @@ int main(void) {
   /* Ending a NULL communicator (a NOCOLOR rank's split child) is done already, as in NCCL. */
   EXPECT(ncclCommDestroy(NULL), ncclSuccess);
   EXPECT(ncclCommAbort(NULL), ncclSuccess);
-  ncclComm_t shrunk = NULL;
+  ncclComm_t shrunk = bogus;
   EXPECT(ncclCommShrink(bogus, NULL, 0, &shrunk, NULL, 2), ncclInvalidArgument);
+  CHECK(shrunk == NULL, "a failed shrink left %p, not NULL (as NCCL)", (void*)shrunk);
   CHECK(contains(ncclGetLastError(NULL), "shrinkFlags 0x2"), "last error: %s", ncclGetLastError(NULL));
   EXPECT(ncclCommShrink(NULL, NULL, 0, &shrunk, NULL, NCCL_SHRINK_ABORT), ncclInvalidArgument);
   EXPECT(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
