@@ -31,7 +31,9 @@ pub const MAX_SIZES: usize = 4096;
         shared memory) and says so.\n\n\
         NCCL for --compare nccl is loaded at run time: libnccl.so by the usual library \
         search, else MSCCLPP_NCCL_LIB (the library file or its directory), else the PyPI \
-        package nvidia-nccl-cu12/cu13 in a Python site-packages."
+        package nvidia-nccl-cu12/cu13 in a Python site-packages.",
+    // `-b -1` is a bad size for -b, not an unknown flag `-1`.
+    allow_negative_numbers = true
 )]
 pub struct Args {
     /// Collective to measure.
@@ -194,8 +196,8 @@ pub enum CompareWith {
     Nccl,
 }
 
-/// Parses a byte count the way nccl-tests does: a number with an optional suffix `K`, `M`
-/// or `G` (powers of 1024; `KB`, `KiB` and a trailing `B` are accepted too). Fractions are
+/// Parses a byte count the way nccl-tests does: a number with an optional suffix `K`, `M`,
+/// `G` or `T` (powers of 1024; `KB`, `KiB` and a trailing `B` are accepted too). Fractions are
 /// allowed when the result is a whole number of bytes (`1.5K`).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -216,7 +218,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 40,
         _ => {
             return Err(format!(
-                "{text:?}: unknown size suffix {:?} (use K, M or G)",
+                "{text:?}: unknown size suffix {:?} (use K, M, G or T)",
                 suffix.trim()
             ));
         }
@@ -375,6 +377,12 @@ impl Config {
             return bad("-f/--stepfactor must be at least 1".into());
         }
         check_combination(args.collective, args.dtype, args.redop).map_err(PerfError::Args)?;
+        let outputs: Vec<(&str, &std::path::Path)> =
+            [("--json", &args.json), ("--plot", &args.plot)]
+                .into_iter()
+                .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
+                .collect();
+        super::json::check_outputs(&outputs).map_err(PerfError::Args)?;
         let sizes = size_sweep(
             args.min_bytes,
             args.max_bytes,

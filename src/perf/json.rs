@@ -1,6 +1,6 @@
 //! `--json FILE`: the run's metadata and every row, for both libraries.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -73,6 +73,44 @@ impl Report {
 
 /// The flags whose value is an output file (`--dump-params`: the training example's).
 const OUTPUT_FLAGS: [&str; 3] = ["--json", "--plot", "--dump-params"];
+
+/// Checks before a run that each output file (`(flag, path)`) can be written: not a
+/// folder, in a folder that exists and takes a new file, and no two flags naming the same
+/// file (the second written would replace the first). The files are written after the
+/// run, which may be long: a path that fails then loses its results. A file that exists is
+/// opened for appending and left as it was; one that does not is created and removed.
+pub fn check_outputs(outputs: &[(&str, &Path)]) -> Result<(), String> {
+    let mut seen: Vec<(&str, PathBuf)> = Vec::new();
+    for &(flag, path) in outputs {
+        let full = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let same = std::fs::canonicalize(path).unwrap_or_else(|_| full.clone());
+        if let Some((other, _)) = seen.iter().find(|(_, p)| *p == same || *p == full) {
+            return Err(format!(
+                "{other} and {flag} both name {}: the second written would replace the first",
+                path.display()
+            ));
+        }
+        if path.is_dir() {
+            return Err(format!(
+                "{flag} {}: is a folder, not a file",
+                path.display()
+            ));
+        }
+        let existed = path.exists();
+        let probe = std::fs::OpenOptions::new()
+            .append(true)
+            .create(!existed)
+            .open(path);
+        if let Err(e) = probe {
+            return Err(format!("{flag} {}: cannot write it: {e}", path.display()));
+        }
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
+        seen.push((flag, same));
+    }
+    Ok(())
+}
 
 /// `args` (program first) as a report shows it: the program by its file name only, and the
 /// output files (`--json`, `--plot`, `--dump-params`) by theirs (`--json /runs/a/out.json`

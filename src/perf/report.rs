@@ -37,8 +37,7 @@ pub fn shape(collective: Collective, size: u64, dtype: DataType, nranks: usize) 
             }
         }
         Collective::AllGather => {
-            let align = (16 / elt).max(1);
-            let per_rank = size / elt / nranks / align * align;
+            let per_rank = size / elt / nranks / align_elements(elt) * align_elements(elt);
             Shape {
                 bytes: per_rank * nranks * elt,
                 count: per_rank * nranks,
@@ -47,7 +46,7 @@ pub fn shape(collective: Collective, size: u64, dtype: DataType, nranks: usize) 
         }
         Collective::ReduceScatter | Collective::AllToAll => {
             // Whole input per rank: one block of `per_rank` elements per rank.
-            let per_rank = size / elt / nranks;
+            let per_rank = size / elt / nranks / align_elements(elt) * align_elements(elt);
             Shape {
                 bytes: per_rank * nranks * elt,
                 count: per_rank * nranks,
@@ -56,6 +55,23 @@ pub fn shape(collective: Collective, size: u64, dtype: DataType, nranks: usize) 
         }
     };
     (s.count > 0).then_some(s)
+}
+
+/// Elements of `elt` bytes in 16 bytes (at least 1): nccl-tests rounds the per-rank count
+/// of all-gather, reduce-scatter and all-to-all down to a multiple of it.
+fn align_elements(elt: u64) -> u64 {
+    (16 / elt).max(1)
+}
+
+/// Why a size of the sweep has no shape: what a rank's part must hold.
+pub fn too_small(collective: Collective) -> &'static str {
+    match collective {
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+            "less than 16 bytes per rank (nccl-tests rounds each rank's part down to a \
+             multiple of 16 bytes)"
+        }
+        _ => "less than one element",
+    }
 }
 
 /// nccl-tests' bus bandwidth factor: all-reduce 2(n-1)/n; all-gather, reduce-scatter and

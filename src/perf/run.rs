@@ -347,7 +347,12 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
             nccl_version: nccl_version.clone(),
             iters: config.args.iters,
             warmup_iters: config.args.warmup_iters,
-            graph_launches: config.args.graph_launches,
+            // What ran: the Host transport has no CUDA graphs (-G is ignored there).
+            graph_launches: if gpu.is_some() {
+                config.args.graph_launches
+            } else {
+                0
+            },
             check: config.check(),
             rows: rows.clone(),
         };
@@ -390,7 +395,8 @@ fn redop_name(config: &Config) -> &'static str {
 }
 
 /// The placement actually run: send/recv always runs out of place (an in-place exchange
-/// could overwrite data before it is sent), so its in-place columns repeat out of place.
+/// could overwrite data before it is sent), so its in-place columns are a second
+/// out-of-place run.
 fn effective(c: Collective, placement: Placement) -> Placement {
     if c == Collective::SendRecv {
         Placement::OutOfPlace
@@ -487,7 +493,7 @@ fn print_header(
     if a.collective == Collective::SendRecv {
         println!(
             "# sendrecv: rank r sends to r+1 and receives from r-1 in one group; in place is \
-             not supported (the in-place columns repeat out of place)"
+             not supported (the in-place columns are a second out-of-place run)"
         );
     }
     if let Some(v) = nccl_version {
@@ -632,13 +638,10 @@ fn largest_shape(config: &Config, nranks: usize) -> Result<(u64, Shape), PerfErr
         .max_by_key(|(_, s)| s.count)
         .ok_or_else(|| {
             PerfError::Args(format!(
-                "no size of the sweep holds one {} element{}",
+                "no size of the sweep is large enough for {} of {} on {nranks} ranks: {}",
+                c.name(),
                 config.args.dtype,
-                if c == Collective::AllGather {
-                    format!(" per rank (x{nranks} ranks, 16-byte multiples)")
-                } else {
-                    String::new()
-                }
+                report::too_small(c)
             ))
         })
 }
@@ -662,7 +665,7 @@ fn sweep<T: Elem>(
     for (size, shape) in shapes {
         let Some(shape) = shape else {
             if coll.rank() == 0 {
-                println!("# skipped {size} B: less than one element per rank");
+                println!("# skipped {size} B: {}", report::too_small(c));
             }
             continue;
         };

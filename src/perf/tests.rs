@@ -225,6 +225,14 @@ fn bad_command_lines_are_errors() {
     assert!(parse(&["--algo", "ring"]).is_err());
     assert!(parse(&["--compare", "rccl"]).is_err());
     assert!(parse(&["-b", "x"]).is_err());
+    // A negative value is a bad value of its flag, not an unknown flag `-1`.
+    for (flag, name) in [("-b", "minbytes"), ("-n", "iters"), ("-f", "stepfactor")] {
+        let e = parse(&[flag, "-1"]).unwrap_err();
+        assert!(
+            e.contains(name) && !e.contains("unexpected argument"),
+            "{e}"
+        );
+    }
 }
 
 #[test]
@@ -711,6 +719,33 @@ fn command_line_names_the_binary_and_no_folders() {
     );
 }
 
+/// Output files are checked before the run: a folder, a missing folder, or two flags naming
+/// one file (which one output would overwrite) are refused naming the flag; a good path is
+/// left as it was (not created, or not changed).
+#[test]
+fn output_files_are_checked_before_the_run() {
+    let dir = std::env::temp_dir().join(format!("mscclpp-perf-outputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("a.json"), dir.join("b.svg"));
+    let a_str = a.to_str().unwrap();
+    let e = parse(&["--json", a_str, "--plot", a_str]).unwrap_err();
+    assert!(e.contains("--json and --plot both name"), "{e}");
+    let dotted = dir.join(".").join("a.json");
+    let e = json::check_outputs(&[("--json", &a), ("--dump-params", &dotted)]).unwrap_err();
+    assert!(e.contains("--json and --dump-params"), "{e}");
+    let e = parse(&["--json", dir.to_str().unwrap()]).unwrap_err();
+    assert!(e.contains("--json") && e.contains("is a folder"), "{e}");
+    let missing = dir.join("no-such-folder").join("x.json");
+    let e = parse(&["--plot", missing.to_str().unwrap()]).unwrap_err();
+    assert!(e.contains("--plot") && e.contains("cannot write"), "{e}");
+    assert!(parse(&["--json", a_str, "--plot", b.to_str().unwrap()]).is_ok());
+    assert!(!a.exists() && !b.exists(), "the check left files behind");
+    std::fs::write(&a, "kept").unwrap();
+    assert!(parse(&["--json", a_str]).is_ok());
+    assert_eq!(std::fs::read_to_string(&a).unwrap(), "kept");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn dates() {
     assert_eq!(json::iso8601_utc(0), "1970-01-01T00:00:00Z");
@@ -776,11 +811,16 @@ fn new_collectives_have_nccl_tests_shapes_factors_and_references() {
     assert_eq!(f(Broadcast, 8), 1.0);
     assert_eq!(f(Reduce, 8), 1.0);
     assert_eq!(f(SendRecv, 2), 1.0);
-    // Reduce-scatter and all-to-all: size = a rank's whole input, in `nranks` blocks.
+    // Reduce-scatter and all-to-all: size = a rank's whole input, in `nranks` blocks of a
+    // multiple of 16 bytes each (as nccl-tests: 1000 B of f32 on 3 ranks is 3 x 80).
     let s = report::shape(ReduceScatter, 1000, DataType::F32, 3).unwrap();
-    assert_eq!((s.bytes, s.count, s.send_count), (996, 249, 249));
-    assert_eq!(report::out_count(ReduceScatter, &s, 3), 83);
+    assert_eq!((s.bytes, s.count, s.send_count), (960, 240, 240));
+    assert_eq!(report::out_count(ReduceScatter, &s, 3), 80);
     assert!(report::shape(AllToAll, 8, DataType::F32, 3).is_none());
+    assert!(report::shape(AllToAll, 47, DataType::F32, 3).is_none());
+    let s = report::shape(AllToAll, 48, DataType::I8, 3).unwrap();
+    assert_eq!((s.bytes, s.count, s.send_count), (48, 48, 48));
+    assert!(report::too_small(AllToAll).contains("16 bytes per rank"));
     let s = report::shape(Broadcast, 1001, DataType::F16, 3).unwrap();
     assert_eq!((s.bytes, s.count), (1000, 500));
     let (n, sc) = (3usize, 12u64);

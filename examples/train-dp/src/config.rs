@@ -12,7 +12,8 @@ use crate::cpu::AdamW;
 /// Host transport without a GPU); under mpirun / torchrun / srun each process is one rank.
 /// `--batch` is the *global* batch, split evenly over the ranks.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "train-dp", version)]
+// `--lr -1` is a bad learning rate, not an unknown flag `-1`.
+#[command(name = "train-dp", version, allow_negative_numbers = true)]
 pub struct Args {
     /// Size preset: `comm` (communication-heavy: 4 x 8192 wide, 268 M parameters, 32
     /// samples per rank), `compute` (compute-heavy: 4 x 2048 wide, 16.8 M parameters, 8192
@@ -282,6 +283,13 @@ impl Config {
         if a.log_every == 0 {
             return Err("--log-every must be positive".into());
         }
+        // Written after the training: checked now, so that a bad path loses no run.
+        let outputs: Vec<(&str, &std::path::Path)> =
+            [("--json", &a.json), ("--dump-params", &a.dump_params)]
+                .into_iter()
+                .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
+                .collect();
+        mscclpp::perf::json::check_outputs(&outputs)?;
         let params = width
             .checked_mul(width)
             .and_then(|w| w.checked_add(width))
