@@ -388,6 +388,33 @@ fn a_root_beyond_the_ranks_is_refused_before_launching() {
     }
 }
 
+/// A sweep with no size that holds a rank's part, and send/recv on one rank: command-line
+/// errors before any rank starts (they failed in every rank after all had started, exit 1).
+#[test]
+fn sweeps_no_rank_can_run_are_refused_before_launching() {
+    let cases: [(&[&str], &str); 3] = [
+        (&["-b", "1", "-e", "3", "-n", "1"], "less than one element"),
+        (
+            &[
+                "--op", "alltoall", "--nranks", "3", "-b", "8", "-e", "32", "-f", "2",
+            ],
+            "less than 16 bytes per rank",
+        ),
+        (
+            &["--op", "sendrecv", "--nranks", "1", "-b", "8", "-e", "8"],
+            "needs at least 2 ranks",
+        ),
+    ];
+    for (args, why) in cases {
+        let out = perf(args);
+        let (stdout, stderr) = text(&out);
+        let all = format!("{stdout}{stderr}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {all}");
+        assert!(!all.contains("[rank"), "{args:?}: no rank starts:\n{all}");
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn nccl_comparison_is_refused_without_a_gpu() {
     let out = perf(&["--compare", "nccl", "-b", "1K", "-e", "1K"]);

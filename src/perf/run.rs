@@ -82,6 +82,14 @@ fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
         .unwrap_or(if ngpus > 0 { ngpus } else { 2 });
     // Refused here, once, rather than by every rank after all have started.
     check_root(config, nranks)?;
+    largest_shape(config, nranks)?;
+    if config.args.collective == Collective::SendRecv && nranks < 2 {
+        return Err(PerfError::Args(
+            "--op sendrecv needs at least 2 ranks (each sends to the next): --nranks 1 has \
+             no peer"
+                .into(),
+        ));
+    }
     // The ranks run on the Host transport (`Backend::auto`), all of them on this machine.
     if matches!(gpus, Ok(0) | Err(CudaError::NoDriver | CudaError::NoGpu(_))) {
         let scratch = CollConfig::from_env().unwrap_or_default().scratch_bytes;
