@@ -2,11 +2,12 @@
 # The measurements the open issues still need from a machine with two or more GPUs
 # (nvidia-h200-x2 or larger), in the order of what they settle, so that a session with
 # little device time runs the most important first. On the development machine (Rust, no
-# GPU), build and pack (about 15 MB, with the test binaries below):
+# GPU), build and pack (.gpu/b.tgz, about 35 MB, with the test binaries below):
 #
 #   scripts/gpu-x2-check.sh --pack
 #
-# then call the device tool with carry [".gpu"] and command `scripts/gpu-x2-check.sh`.
+# then call the device tool with carry [".gpu/b.tgz"] (the rest of .gpu may be larger than
+# the tool carries) and command `scripts/gpu-x2-check.sh`.
 # STEPS="1 4" runs only those steps; DRY=1 prints the commands instead of running them.
 # Logs go to $OUT/x2 (tarred into $OUT/x2.tgz after every step, so a timeout keeps them).
 #
@@ -33,17 +34,21 @@ cd "$(dirname "$0")/.." || exit 1
 BASE=98724f9
 if [ "${1:-}" = --pack ]; then
   cargo build --release --bench ll_exchange || exit 1
-  # Built once in a worktree of its own (about 2 min), kept in .gpu/var.
-  if [ ! -x .gpu/var/mscclpp-perf-base ]; then
+  # Built once in a worktree of its own (about 2 min), kept in target/ (not carried).
+  BASE_BIN=target/x2-base/mscclpp-perf-base
+  if [ ! -x "$BASE_BIN" ]; then
     WT=$(mktemp -d)/base
     git worktree add -f "$WT" "$BASE" -q || exit 1
+    trap 'git worktree remove --force "$WT"' EXIT
     ( cd "$WT" && CARGO_TARGET_DIR=${BASE_TARGET:-/tmp/x2-base-target} \
       cargo build --release --bin mscclpp-perf ) || exit 1
-    mkdir -p .gpu/var && cp "${BASE_TARGET:-/tmp/x2-base-target}/release/mscclpp-perf" \
-      .gpu/var/mscclpp-perf-base
+    mkdir -p target/x2-base && cp "${BASE_TARGET:-/tmp/x2-base-target}/release/mscclpp-perf" \
+      "$BASE_BIN" || exit 1
+    # Before the exec below, which would skip the trap.
     git worktree remove --force "$WT"
+    trap - EXIT
   fi
-  PACK_FILES=".gpu/var/mscclpp-perf-base ${PACK_FILES:-}" \
+  PACK_FILES="$BASE_BIN ${PACK_FILES:-}" \
     PACK_EXTRA="gpu_collectives gpu_litmus gpu_proxy_flag ll_exchange ${PACK_EXTRA:-}" \
     exec scripts/gpu-cross-hosts-check.sh --pack
 fi
@@ -93,17 +98,21 @@ want 0 && {
   if [ "${DRY:-}" = 1 ]; then
     echo "[mismatch-ab, 12 x 60 s] {$B/mscclpp-perf-base, MSCCLPP_PDL=0|1 $B/mscclpp-perf} $AB, alternating"
   elif [ -x $B/mscclpp-perf-base ]; then
+    # (`exe`, not `P`: P holds the sweep's arguments for the steps below.)
+    failed=0
     for i in 1 2 3 4; do
       for v in base head-nopdl head; do
-        P=$B/mscclpp-perf E=MSCCLPP_PDL=1
-        case $v in base) P=$B/mscclpp-perf-base ;; head-nopdl) E=MSCCLPP_PDL=0 ;; esac
+        exe=$B/mscclpp-perf pdl=MSCCLPP_PDL=1
+        case $v in base) exe=$B/mscclpp-perf-base ;; head-nopdl) pdl=MSCCLPP_PDL=0 ;; esac
         echo "## $v $i"
-        env $E timeout 60 "$P" $AB 2>&1 | grep -v "^#"
+        env $pdl timeout 60 "$exe" $AB > "$R/ab-run.txt" 2>&1 || failed=$((failed + 1))
+        grep -v "^#" "$R/ab-run.txt"
       done
     done > "$R/mismatch-ab.txt"
     python3 docs/perf/2026-12-05-1xH100-session31/abmean.py "$R/mismatch-ab.txt" \
       "$R/mismatch-ab.json" > "$R/mismatch-ab-means.txt" 2>&1
-    st mismatch-ab $?
+    # The step's status: the runs that failed (or timed out), else the means' script's.
+    st mismatch-ab $(( failed > 0 ? failed : $? ))
   fi
 }
 want 1 && {
@@ -161,7 +170,8 @@ want 5 && {
   # Its ranks' own limit is 300 s.
   run gpu_litmus 320 env MSCCLPP_LITMUS_ITERS=100000 "$B/gpu_litmus" --test-threads 1
   # #13: from a rank's kill -9 to the survivors' errors and the job's end (goal <= 1 s),
-  # inside a loop of all-reduces and between set-up and the first call.
+  # two seconds after the ranks started (set-up, or the loop of all-reduces, whichever it
+  # lands in) and after the third row (inside the loop).
   for spec in "0 --delay 2.0" "1 --after-lines 3"; do
     set -- $spec
     r=$1
