@@ -312,12 +312,9 @@ unsafe fn init_rank(
     let gpu = comm::current_gpu(call)?;
     // SAFETY: checked by read_config.
     let cfg = unsafe { ConfigCopy::new(config) };
-    let c = Box::new(Comm::new(
-        rank as usize,
-        nranks as usize,
-        gpu.clone(),
-        view.blocking,
-    ));
+    let c = Box::new(
+        Comm::new(rank as usize, nranks as usize, gpu.clone(), view.blocking).with_config(&cfg),
+    );
     if group::depth() > 0 {
         let p = register(c);
         // SAFETY: checked non-null.
@@ -360,8 +357,8 @@ export! {
 
 export! {
     /// `ncclCommInitRankConfig`: as `ncclCommInitRank`; the config goes to the real NCCL's
-    /// communicator. Calls always block (a nonblocking config is allowed; calls return
-    /// `ncclSuccess` when done).
+    /// communicator, made blocking. Calls always block (a nonblocking config is allowed;
+    /// calls return `ncclSuccess` when done).
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(
         comm: *mut Ptr, nranks: c_int, comm_id: RawUniqueId, rank: c_int, config: *mut NcclConfig,
     ) -> NcclResult {
@@ -468,14 +465,14 @@ export! {
             let inner = c.ready(call)?;
             // SAFETY: caller contract.
             let view = unsafe { read_config(config) }.map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+            // SAFETY: checked by read_config.
+            let child_cfg = unsafe { ConfigCopy::for_child(config, c.config()) };
             let blocking = if config.is_null() { c.blocking } else { view.blocking };
             // The real split first: every parent rank calls it, the no-color ones included.
             let (real_new, real_missing) = match (inner.real, real::real()) {
                 (Some(rc), Ok(real)) => {
-                    // SAFETY: caller contract (a valid config, checked by read_config).
-                    let cfg = unsafe { ConfigCopy::new(config) };
                     let how = RealChild::Split { color, key };
-                    let child = comm::real_child(call, real, rc, &c.gpu, cfg, how)?;
+                    let child = comm::real_child(call, real, rc, &c.gpu, child_cfg, how)?;
                     let missing = child.is_none().then(|| "the real ncclCommSplit made no communicator for this rank".to_string());
                     (child, missing)
                 }
@@ -506,7 +503,7 @@ export! {
                 return Ok(result::SUCCESS);
             };
             let id = parse_id(call, &ids[m[0]])?;
-            let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking));
+            let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking).with_config(&child_cfg));
             let inner = c.on_device(|| {
                 comm::set_up(call, m.len(), place, id, &c.gpu, RealSetup::Given(real_new, real_missing))
             })?;
@@ -555,6 +552,8 @@ export! {
             let inner = c.ready(call)?;
             // SAFETY: caller contract.
             let view = unsafe { read_config(config) }.map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+            // SAFETY: checked by read_config.
+            let child_cfg = unsafe { ConfigCopy::for_child(config, c.config()) };
             let excluded: Vec<c_int> = if exclude_ranks_count == 0 {
                 Vec::new()
             } else {
@@ -575,10 +574,8 @@ export! {
             }
             let (real_new, real_missing) = match (inner.real, real::real()) {
                 (Some(rc), Ok(real)) => {
-                    // SAFETY: caller contract (a valid config, checked by read_config).
-                    let cfg = unsafe { ConfigCopy::new(config) };
                     let how = RealChild::Shrink { exclude: excluded.clone(), flags: shrink_flags };
-                    let child = comm::real_child(call, real, rc, &c.gpu, cfg, how)?;
+                    let child = comm::real_child(call, real, rc, &c.gpu, child_cfg, how)?;
                     let missing = child.is_none().then(|| "the real ncclCommShrink made no communicator for this rank".to_string());
                     (child, missing)
                 }
@@ -607,7 +604,7 @@ export! {
                 let late = bs.as_async().config().late_wait();
                 parse_id(call, &bs.recv_within(m[0], tag, late).map_err(boot)?)?
             };
-            let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking));
+            let new = Box::new(Comm::new(place, m.len(), c.gpu.clone(), blocking).with_config(&child_cfg));
             let inner = c.on_device(|| {
                 comm::set_up(call, m.len(), place, id, &c.gpu, RealSetup::Given(real_new, real_missing))
             })?;

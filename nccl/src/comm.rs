@@ -122,12 +122,16 @@ pub struct Comm {
     pub gpu: Gpu,
     /// From the config: blocking calls (we always block; kept for split children).
     pub blocking: bool,
+    /// The config it was made with, its two strings left out: what a split or shrink
+    /// without a config passes on to the real NCCL (as NCCL's children inherit the
+    /// parent's).
+    config: ConfigCopy,
     /// Set once set-up ends (at once, or at `ncclGroupEnd` for a set-up inside a group).
     pub state: OnceLock<Result<Inner, Failure>>,
 }
 
 // SAFETY: the collectives' context holds raw device addresses that are fixed after set-up
-// and only read; NCCL's rules (one thread at a time per communicator, calls ordered on
+// and only read (the config's string pointers are null); NCCL's rules (one thread at a time per communicator, calls ordered on
 // streams) are the callers' duty, as for NCCL itself.
 unsafe impl Send for Comm {}
 // SAFETY: as above.
@@ -142,8 +146,20 @@ impl Comm {
             nranks,
             gpu,
             blocking,
+            config: ConfigCopy::NONE,
             state: OnceLock::new(),
         }
+    }
+
+    /// With `cfg` as the config it was made with (see the field).
+    pub fn with_config(mut self, cfg: &ConfigCopy) -> Comm {
+        self.config = cfg.without_strings();
+        self
+    }
+
+    /// The config it was made with, without its strings (see the field).
+    pub fn config(&self) -> ConfigCopy {
+        self.config
     }
 
     /// The CUDA device ordinal.
@@ -370,16 +386,32 @@ impl ConfigCopy {
         copy.size = size;
         ConfigCopy(Some(copy))
     }
-
-    fn ptr(&mut self) -> *mut NcclConfig {
-        match &mut self.0 {
-            Some(c) => c,
-            None => std::ptr::null_mut(),
-        }
-    }
 }
 
 impl ConfigCopy {
+    /// A child's config: `cfg` (a caller's config, checked by `read_config`), else, when it
+    /// is NULL, `parent`'s (the one the parent was made with, as NCCL's children inherit it).
+    ///
+    /// # Safety
+    /// `cfg` is null or a valid config of its `size` bytes.
+    pub unsafe fn for_child(cfg: *const NcclConfig, parent: ConfigCopy) -> ConfigCopy {
+        if cfg.is_null() {
+            return parent;
+        }
+        // SAFETY: caller contract.
+        unsafe { ConfigCopy::new(cfg) }
+    }
+
+    /// The copy without its two strings (`netName`, `commName`: the caller's memory, which
+    /// NCCL reads during the call only), to keep beyond it.
+    fn without_strings(&self) -> ConfigCopy {
+        ConfigCopy(self.0.map(|mut c| {
+            c.net_name = std::ptr::null();
+            c.comm_name = std::ptr::null();
+            c
+        }))
+    }
+
     /// The copy with `blocking` set (NCCL's initializer where there was no config).
     fn blocking(self) -> NcclConfig {
         let mut c = self.0.unwrap_or_else(NcclConfig::initializer);
@@ -387,6 +419,30 @@ impl ConfigCopy {
         // A short (older) config that ends before the field grows to hold it.
         c.size = c.size.max(std::mem::offset_of!(NcclConfig, blocking) + 4);
         c
+    }
+}
+
+/// How long a real split or shrink that answered "in progress" may take to settle.
+const CHILD_WAIT: Duration = Duration::from_secs(120);
+
+/// Whether the real communicator `comm`'s work in progress (a nonblocking split's) has
+/// settled within `limit`, polling `ncclCommGetAsyncError`.
+fn settles(real: &Real, comm: RealComm, limit: Duration) -> bool {
+    let Some(f) = real.fns.comm_get_async_error else {
+        return false;
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let mut state: c_int = result::IN_PROGRESS;
+        // SAFETY: NCCL's signature; the real communicator; a live out-parameter.
+        let r = unsafe { f(comm.0, &mut state) };
+        if r != result::SUCCESS || state != result::IN_PROGRESS {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -410,12 +466,15 @@ pub enum RealChild {
 
 /// Makes the real NCCL's child of `parent` (split or shrink, collective over the parent's
 /// ranks), done when this returns: on a thread of its own with `gpu`'s context current, and
-/// with `blocking` 1 in the config it gets (the caller's other settings kept; with no config,
-/// NCCL's defaults rather than the parent's). The real NCCL writes the child's handle when
+/// with `blocking` 1 in the config it gets (`cfg`'s other settings kept: the caller's, or
+/// the parent's, see [`ConfigCopy::for_child`]). The real NCCL writes the child's handle when
 /// the child is made: inside a group (the real NCCL's group is per thread, and ours is
-/// mirrored on it) that is at the real `ncclGroupEnd`, and for a nonblocking child later
-/// still, both after this call has returned, into a slot that would be gone by then, and
-/// with no child for our communicator. `None`: the real NCCL made none for this rank.
+/// mirrored on it) that is at the real `ncclGroupEnd`, and for a nonblocking parent (whose
+/// mode a split takes, whatever the child's config says) later still: both after the call
+/// has returned, with no child for our communicator. Parents are blocking (`create_real`),
+/// and the thread has no group. Should the real NCCL still answer "in progress", its work is
+/// waited for (at most `CHILD_WAIT`), and the slot it writes into outlives it. `None`: the
+/// real NCCL made none for this rank.
 pub fn real_child(
     call: &str,
     real: &'static Real,
@@ -442,22 +501,36 @@ pub fn real_child(
         let parent: RealComm = parent;
         gpu.bind()?;
         let mut cfg = cfg.blocking();
-        let mut out: Ptr = std::ptr::null_mut();
+        // On the heap: if the real NCCL still answers "in progress" (its split takes the
+        // parent's mode, and `create_real` makes parents blocking, so it should not), it
+        // writes the handle later; the slot is then kept for that write (below).
+        let out: Box<Ptr> = Box::new(std::ptr::null_mut());
+        let slot = Box::into_raw(out);
         let r = match (how, split, shrink) {
-            // SAFETY: NCCL's signature; the parent is the real NCCL's; `out` and `cfg` live
-            // through the call, which is blocking (above) and outside any group (a thread
-            // of its own), so the real NCCL is done with both when it returns.
+            // SAFETY: NCCL's signature; the parent is the real NCCL's; `slot` lives until
+            // the real NCCL has written it (below); `cfg` through the call, which is
+            // outside any group (a thread of its own) and blocking (above), so the real
+            // NCCL has copied the config when it returns.
             (RealChild::Split { color, key }, Some(f), _) => unsafe {
-                f(parent.0, color, key, &mut out, &mut cfg)
+                f(parent.0, color, key, slot, &mut cfg)
             },
             (RealChild::Shrink { mut exclude, flags }, _, Some(f)) => {
                 let n = exclude.len() as c_int;
                 // SAFETY: as above; `exclude` holds `n` ranks.
-                unsafe { f(parent.0, exclude.as_mut_ptr(), n, &mut out, &mut cfg, flags) }
+                unsafe { f(parent.0, exclude.as_mut_ptr(), n, slot, &mut cfg, flags) }
             }
             _ => result::INTERNAL_ERROR,
         };
-        Ok((r, RealComm(out)))
+        let done = r != result::IN_PROGRESS || settles(real, parent, CHILD_WAIT);
+        if !done {
+            // The real NCCL may still write the slot: it stays (8 bytes), and this rank's
+            // child has no real communicator.
+            return Ok((r, RealComm(std::ptr::null_mut())));
+        }
+        // SAFETY: from Box::into_raw above; the real NCCL is done with it (it returned, or
+        // its work settled).
+        let out = unsafe { Box::from_raw(slot) };
+        Ok((r, RealComm(*out)))
     };
     let done = std::thread::scope(|s| {
         std::thread::Builder::new()
@@ -691,7 +764,7 @@ fn fall_back(
 fn create_real(
     call: &str,
     bs: &BlockingBootstrap,
-    mut cfg: ConfigCopy,
+    cfg: ConfigCopy,
 ) -> Result<(Option<RealComm>, Option<String>), Failure> {
     let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
     let mine = real::real();
@@ -731,12 +804,16 @@ fn create_real(
     }
     let mut out: Ptr = std::ptr::null_mut();
     let (n, r) = (bs.nranks() as c_int, bs.rank() as c_int);
-    let code = match (real.fns.comm_init_rank_config, cfg.0.is_some()) {
-        (Some(f), true) => {
-            // SAFETY: NCCL's signature; out-pointer to a local, a config copy alive here.
-            unsafe { f(&mut out, n, id, r, cfg.ptr()) }
+    // Blocking, whatever the caller's config (or NCCL_COMM_BLOCKING) says: our calls block
+    // anyway, and a nonblocking real communicator would make its splits and shrinks
+    // nonblocking too (they take the parent's mode), writing their child's handle later.
+    let mut blocking = cfg.blocking();
+    let code = match real.fns.comm_init_rank_config {
+        Some(f) => {
+            // SAFETY: NCCL's signature; out-pointer to a local, a config alive here.
+            unsafe { f(&mut out, n, id, r, &mut blocking) }
         }
-        _ => {
+        None => {
             let f = real.fns.comm_init_rank.expect("checked at load");
             // SAFETY: NCCL's signature; out-pointer to a local.
             unsafe { f(&mut out, n, id, r) }
@@ -976,6 +1053,30 @@ mod tests {
         // SAFETY: as above (16 bytes are read).
         let c = unsafe { ConfigCopy::new(&mine) }.blocking();
         assert_eq!((c.blocking, c.min_ctas, c.size), (1, 0, 20));
+    }
+
+    /// A split or shrink without a config passes on the parent's (as NCCL's children inherit
+    /// it), kept without its strings; with one, the caller's.
+    #[test]
+    fn a_child_without_a_config_inherits_the_parents() {
+        let mut parent = NcclConfig::initializer();
+        parent.min_ctas = 8;
+        parent.comm_name = c"trainer".as_ptr();
+        // SAFETY: a live config of its size.
+        let kept = unsafe { ConfigCopy::new(&parent) }.without_strings();
+        // SAFETY: NULL: the parent's.
+        let c = unsafe { ConfigCopy::for_child(std::ptr::null(), kept) }.blocking();
+        assert_eq!((c.min_ctas, c.blocking), (8, 1));
+        assert!(c.comm_name.is_null() && c.net_name.is_null());
+        let mut mine = NcclConfig::initializer();
+        mine.min_ctas = 2;
+        // SAFETY: a live config of its size.
+        let c = unsafe { ConfigCopy::for_child(&mine, kept) }.blocking();
+        assert_eq!(c.min_ctas, 2);
+        assert_eq!(
+            ConfigCopy::NONE.without_strings().blocking().min_ctas,
+            crate::types::CONFIG_UNDEF_INT
+        );
     }
 
     #[test]

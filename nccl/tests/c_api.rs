@@ -153,8 +153,14 @@ fn c_program_calls_the_library() {
     let mut cmd = Command::new(&exe);
     // No real NCCL for this run, whatever the machine has: the results are ours. The
     // library linked, not another build of it: cargo's LD_LIBRARY_PATH (which wins over the
-    // run path) also lists target/<profile>/, where `cargo build` leaves its own copy.
-    cmd.env("LD_LIBRARY_PATH", lib_dir)
+    // run path) also lists target/<profile>/, where `cargo build` leaves its own copy; its
+    // folder goes first (the rest kept: the driver may be found through it).
+    let mut path = std::ffi::OsString::from(lib_dir);
+    if let Some(rest) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(rest);
+    }
+    cmd.env("LD_LIBRARY_PATH", path)
         .env("MSCCLPP_NCCL_LIB", "/nonexistent/libnccl.so.2")
         .env("MSCCLPP_DEBUG", "WARN");
     if !gpu_present() {

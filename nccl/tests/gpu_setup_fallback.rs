@@ -304,9 +304,14 @@ fn p2p_rank_main(rank: usize, mode: &str) {
     let ctx = cudarc::driver::CudaContext::new(rank % gpu_count()).unwrap();
     ctx.bind_to_thread().unwrap();
     let mut comm: *mut c_void = std::ptr::null_mut();
-    // SAFETY: a live out-parameter; the id from the parent.
-    ok(&format!("rank {rank}: ncclCommInitRank"), unsafe {
-        ncclCommInitRank(&mut comm, N as i32, id, rank as i32)
+    // Nonblocking asked for (p2p mode): the real communicator beside ours is made blocking
+    // all the same, so that its splits (which take the parent's mode) are done when
+    // ncclCommSplit returns (`split_children`). Ours block; the call returns when done.
+    let mut cfg = mscclpp_nccl::types::NcclConfig::initializer();
+    cfg.blocking = if mode == "p2p" { 0 } else { 1 };
+    // SAFETY: a live out-parameter and config; the id from the parent.
+    ok(&format!("rank {rank}: ncclCommInitRankConfig"), unsafe {
+        ncclCommInitRankConfig(&mut comm, N as i32, id, rank as i32, &mut cfg)
     });
     check_all_reduce(
         &format!("rank {rank}: all-reduce"),
