@@ -377,12 +377,6 @@ impl Config {
             return bad("-f/--stepfactor must be at least 1".into());
         }
         check_combination(args.collective, args.dtype, args.redop).map_err(PerfError::Args)?;
-        let outputs: Vec<(&str, &std::path::Path)> =
-            [("--json", &args.json), ("--plot", &args.plot)]
-                .into_iter()
-                .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
-                .collect();
-        super::json::check_outputs(&outputs).map_err(PerfError::Args)?;
         let sizes = size_sweep(
             args.min_bytes,
             args.max_bytes,
@@ -395,6 +389,17 @@ impl Config {
     /// Whether results are checked.
     pub fn check(&self) -> bool {
         self.args.check != 0
+    }
+
+    /// Checks the output files (`--json`, `--plot`) before the run: see
+    /// [`check_outputs`](super::json::check_outputs). Once, in the process that writes them.
+    pub fn check_outputs(&self) -> Result<(), PerfError> {
+        let a = &self.args;
+        let outputs: Vec<(&str, &std::path::Path)> = [("--json", &a.json), ("--plot", &a.plot)]
+            .into_iter()
+            .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
+            .collect();
+        super::json::check_outputs(&outputs).map_err(PerfError::Args)
     }
 }
 

@@ -78,7 +78,9 @@ const OUTPUT_FLAGS: [&str; 3] = ["--json", "--plot", "--dump-params"];
 /// folder, in a folder that exists and takes a new file, and no two flags naming the same
 /// file (the second written would replace the first). The files are written after the
 /// run, which may be long: a path that fails then loses its results. A file that exists is
-/// opened for appending and left as it was; one that does not is created and removed.
+/// opened for appending and left as it was; for one that does not, a file of this process's
+/// own name beside it is created and removed. Called once, by the process that writes the
+/// files (rank 0, or the launcher before it starts the ranks).
 pub fn check_outputs(outputs: &[(&str, &Path)]) -> Result<(), String> {
     let mut seen: Vec<(&str, PathBuf)> = Vec::new();
     for &(flag, path) in outputs {
@@ -96,16 +98,28 @@ pub fn check_outputs(outputs: &[(&str, &Path)]) -> Result<(), String> {
                 path.display()
             ));
         }
-        let existed = path.exists();
-        let probe = std::fs::OpenOptions::new()
-            .append(true)
-            .create(!existed)
-            .open(path);
+        let probe = if path.exists() {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map(|_| ())
+        } else {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let beside = path.with_file_name(format!(
+                ".{}.probe-{}",
+                name.unwrap_or_default(),
+                std::process::id()
+            ));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&beside)
+                .map(|_| {
+                    let _ = std::fs::remove_file(&beside);
+                })
+        };
         if let Err(e) = probe {
             return Err(format!("{flag} {}: cannot write it: {e}", path.display()));
-        }
-        if !existed {
-            let _ = std::fs::remove_file(path);
         }
         seen.push((flag, same));
     }

@@ -81,6 +81,7 @@ fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
         .nranks
         .unwrap_or(if ngpus > 0 { ngpus } else { 2 });
     // Refused here, once, rather than by every rank after all have started.
+    config.check_outputs()?;
     check_root(config, nranks)?;
     largest_shape(config, nranks)?;
     if config.args.collective == Collective::SendRecv && nranks < 2 {
@@ -217,6 +218,11 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
     if compare {
         // Before the bootstrap starts threads: may replace this process.
         nccl::reexec_if_needed()?;
+    }
+    if launch.rank == 0 {
+        // The process that writes them (under mpirun, srun or torchrun: no launcher of
+        // ours checked them).
+        config.check_outputs()?;
     }
     let backend = Backend::auto(launch.local_rank.unwrap_or(launch.rank))?;
     let bootstrap = match config.args.simulate_hosts {

@@ -721,13 +721,15 @@ fn command_line_names_the_binary_and_no_folders() {
 
 /// Output files are checked before the run: a folder, a missing folder, or two flags naming
 /// one file (which one output would overwrite) are refused naming the flag; a good path is
-/// left as it was (not created, or not changed).
+/// left as it was (not created, or not changed), and the folder holds nothing new.
 #[test]
 fn output_files_are_checked_before_the_run() {
     let dir = std::env::temp_dir().join(format!("mscclpp-perf-outputs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (a, b) = (dir.join("a.json"), dir.join("b.svg"));
     let a_str = a.to_str().unwrap();
+    let parse =
+        |args: &[&str]| parse(args).and_then(|c| c.check_outputs().map_err(|e| e.to_string()));
     let e = parse(&["--json", a_str, "--plot", a_str]).unwrap_err();
     assert!(e.contains("--json and --plot both name"), "{e}");
     let dotted = dir.join(".").join("a.json");
@@ -740,6 +742,11 @@ fn output_files_are_checked_before_the_run() {
     assert!(e.contains("--plot") && e.contains("cannot write"), "{e}");
     assert!(parse(&["--json", a_str, "--plot", b.to_str().unwrap()]).is_ok());
     assert!(!a.exists() && !b.exists(), "the check left files behind");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "the probe left a file"
+    );
     std::fs::write(&a, "kept").unwrap();
     assert!(parse(&["--json", a_str]).is_ok());
     assert_eq!(std::fs::read_to_string(&a).unwrap(), "kept");

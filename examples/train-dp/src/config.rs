@@ -242,6 +242,18 @@ fn available_memory() -> Option<u128> {
 }
 
 impl Config {
+    /// Checks the output files (`--json`, `--dump-params`), written after the training, so
+    /// that a bad path loses no run (see `mscclpp::perf::json::check_outputs`): once, in the
+    /// process that writes them.
+    pub fn check_outputs(a: &Args) -> Result<(), String> {
+        let outputs: Vec<(&str, &std::path::Path)> =
+            [("--json", &a.json), ("--dump-params", &a.dump_params)]
+                .into_iter()
+                .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
+                .collect();
+        mscclpp::perf::json::check_outputs(&outputs)
+    }
+
     /// Resolves sizes for `nranks` ranks, `local` of them on this machine, on a GPU or not
     /// (the defaults differ).
     pub fn new(a: &Args, nranks: usize, local: usize, gpu: bool) -> Result<Config, String> {
@@ -283,13 +295,6 @@ impl Config {
         if a.log_every == 0 {
             return Err("--log-every must be positive".into());
         }
-        // Written after the training: checked now, so that a bad path loses no run.
-        let outputs: Vec<(&str, &std::path::Path)> =
-            [("--json", &a.json), ("--dump-params", &a.dump_params)]
-                .into_iter()
-                .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
-                .collect();
-        mscclpp::perf::json::check_outputs(&outputs)?;
         let params = width
             .checked_mul(width)
             .and_then(|w| w.checked_add(width))

@@ -172,6 +172,7 @@ fn launch_local(args: &Args) -> Result<(), Error> {
     let nranks = args.nranks.unwrap_or(if ngpus > 0 { ngpus } else { 2 });
     // The sizes and their checks before any rank starts (each rank resolves them again).
     Config::new(args, nranks, nranks, ngpus > 0)?;
+    Config::check_outputs(args)?;
     let mut launcher = LocalLauncher::current_exe(nranks)?
         .unprefixed_stdout(0)
         .env("NCCL_NVLS_ENABLE", "0")
@@ -226,6 +227,10 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
         nranks: bootstrap.nranks(),
     };
     let cfg = Config::new(args, ranks.nranks, bootstrap.nranks_per_node(), on_gpu)?;
+    if ranks.rank == 0 {
+        // The process that writes them (under another launcher, nothing checked them).
+        Config::check_outputs(args)?;
+    }
     if !on_gpu && (cfg.graph || args.compare.is_some()) {
         return Err("--compare and --graph need GPUs".into());
     }
