@@ -675,6 +675,28 @@ impl Drop for TcpLink {
         for r in self.receivers.drain(..) {
             let _ = r.join();
         }
+        // What the peer sent that no receiver read is read and dropped, so that the close
+        // is orderly: closing a socket with unread bytes makes Linux reset the connection
+        // and throw away what this side had still queued to send (its last put and signal).
+        for s in &self.sockets {
+            drain_unread(s);
+        }
+    }
+}
+
+/// Reads and drops what has arrived on `stream` and nobody read (at most 64 MiB), without
+/// waiting for more.
+fn drain_unread(stream: &TcpStream) {
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 64 << 10];
+    let mut left: usize = 64 << 20;
+    while left > 0 {
+        match (&*stream).read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
     }
 }
 
@@ -1617,6 +1639,47 @@ mod tests {
             "{e}"
         );
         drop(link);
+    }
+
+    /// A link dropped while bytes from the peer sit unread (its receiver had stopped on a
+    /// bad frame) still delivers everything this side had queued to send: the close is
+    /// orderly, not a reset, which would have thrown the queued bytes away.
+    #[test]
+    fn a_dropped_link_delivers_what_it_had_queued_though_the_peer_sent_more() {
+        let mut buf = vec![0u8; 64];
+        let flag = AtomicU64::new(0);
+        let (link, mut peer) = host_link(1, &mut buf, &flag, Duration::from_secs(20));
+        peer[0].write_all(&frame(&[99, 0, 0])).unwrap();
+        assert!(eventually(|| link.shared.ended[0].load(Ordering::Acquire)));
+        // Bytes no receiver will read.
+        peer[0].write_all(&[7u8; 4096]).unwrap();
+        // This side's send queue filled (the peer reads nothing yet).
+        let out = link.sockets[0].try_clone().unwrap();
+        out.set_nonblocking(true).unwrap();
+        let chunk = [0x5au8; 64 << 10];
+        let mut queued = 0usize;
+        loop {
+            match (&out).write(&chunk) {
+                Ok(n) => queued += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling the send queue: {e}"),
+            }
+        }
+        drop(out);
+        std::thread::sleep(Duration::from_millis(50));
+        drop(link);
+        peer[0]
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let (mut got, mut b) = (0usize, vec![0u8; 64 << 10]);
+        loop {
+            match peer[0].read(&mut b) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) => panic!("after {got} of the {queued} bytes queued: {e}"),
+            }
+        }
+        assert_eq!(got, queued);
     }
 
     #[test]
