@@ -376,6 +376,15 @@ impl Config {
         if args.step_factor == 0 {
             return bad("-f/--stepfactor must be at least 1".into());
         }
+        if let Some(p) = &args.plot
+            && let Some(ext) = p.extension()
+            && !ext.eq_ignore_ascii_case("svg")
+        {
+            return bad(format!(
+                "--plot {}: the plot is an SVG image; name the file .svg",
+                p.display()
+            ));
+        }
         check_combination(args.collective, args.dtype, args.redop).map_err(PerfError::Args)?;
         let sizes = size_sweep(
             args.min_bytes,

@@ -455,6 +455,13 @@ fn print_header(
         format!("{:?}", a.algo).to_lowercase(),
         nranks
     );
+    if a.collective == Collective::AllGather && !matches!(a.algo, AlgoArg::Auto | AlgoArg::Proxy) {
+        println!(
+            "# --algo {:?} is an all-reduce algorithm: all-gather takes auto or proxy, and runs \
+             as the library chooses (the rows name it)",
+            a.algo
+        );
+    }
     println!(
         "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} \
          validation: {} graph: {}",

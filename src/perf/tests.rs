@@ -225,6 +225,10 @@ fn bad_command_lines_are_errors() {
     assert!(parse(&["--algo", "ring"]).is_err());
     assert!(parse(&["--compare", "rccl"]).is_err());
     assert!(parse(&["-b", "x"]).is_err());
+    // The plot is SVG: another image type's name is refused.
+    let e = parse(&["--plot", "p.png"]).unwrap_err();
+    assert!(e.contains("name the file .svg"), "{e}");
+    assert!(parse(&["--plot", "p.svg"]).is_ok() && parse(&["--plot", "p"]).is_ok());
     // A negative value is a bad value of its flag, not an unknown flag `-1`.
     for (flag, name) in [("-b", "minbytes"), ("-n", "iters"), ("-f", "stepfactor")] {
         let e = parse(&[flag, "-1"]).unwrap_err();
@@ -730,17 +734,18 @@ fn output_files_are_checked_before_the_run() {
     let a_str = a.to_str().unwrap();
     let parse =
         |args: &[&str]| parse(args).and_then(|c| c.check_outputs().map_err(|e| e.to_string()));
-    let e = parse(&["--json", a_str, "--plot", a_str]).unwrap_err();
+    let b_str = b.to_str().unwrap();
+    let e = parse(&["--json", b_str, "--plot", b_str]).unwrap_err();
     assert!(e.contains("--json and --plot both name"), "{e}");
     let dotted = dir.join(".").join("a.json");
     let e = json::check_outputs(&[("--json", &a), ("--dump-params", &dotted)]).unwrap_err();
     assert!(e.contains("--json and --dump-params"), "{e}");
     let e = parse(&["--json", dir.to_str().unwrap()]).unwrap_err();
     assert!(e.contains("--json") && e.contains("is a folder"), "{e}");
-    let missing = dir.join("no-such-folder").join("x.json");
+    let missing = dir.join("no-such-folder").join("x.svg");
     let e = parse(&["--plot", missing.to_str().unwrap()]).unwrap_err();
     assert!(e.contains("--plot") && e.contains("cannot write"), "{e}");
-    assert!(parse(&["--json", a_str, "--plot", b.to_str().unwrap()]).is_ok());
+    assert!(parse(&["--json", a_str, "--plot", b_str]).is_ok());
     assert!(!a.exists() && !b.exists(), "the check left files behind");
     assert_eq!(
         std::fs::read_dir(&dir).unwrap().count(),

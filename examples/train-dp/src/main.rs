@@ -234,6 +234,9 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
     if !on_gpu && (cfg.graph || args.compare.is_some()) {
         return Err("--compare and --graph need GPUs".into());
     }
+    if ranks.rank == 0 && args.tf32 && !on_gpu {
+        println!("--tf32: no effect on the Host transport (its math is f32)");
+    }
     if let (0, Some(why)) = (ranks.rank, &cfg.check_skipped) {
         println!("gradient check: skipped: {why}");
     }
