@@ -457,9 +457,9 @@ fn print_header(
     );
     if a.collective == Collective::AllGather && !matches!(a.algo, AlgoArg::Auto | AlgoArg::Proxy) {
         println!(
-            "# --algo {:?} is an all-reduce algorithm: all-gather takes auto or proxy, and runs \
+            "# --algo {} is an all-reduce algorithm: all-gather takes auto or proxy, and runs \
              as the library chooses (the rows name it)",
-            a.algo
+            format!("{:?}", a.algo).to_lowercase()
         );
     }
     println!(
