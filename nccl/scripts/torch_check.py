@@ -8,7 +8,9 @@ reduce_scatter_tensor, broadcast, send/recv, all_to_all_single, reduce, gather, 
 barrier, an all_reduce
 captured into a CUDA graph and replayed, and a few DistributedDataParallel steps whose
 parameters are saved to DIR/ddp_<mode>.pt (torch_check.sh compares the two modes). Mode
-"ours" also checks that libmscclpp_nccl.so is mapped into the process. Exit status 1 on any
+"ours" also checks that libmscclpp_nccl.so is mapped into the process. With
+TORCH_CHECK_SPLIT=1 the default group is bound to the device (set up at once) and a group
+split from it (`split_group`: ncclCommSplit) runs an all_reduce. Exit status 1 on any
 failed check.
 """
 
@@ -46,7 +48,8 @@ def main():
         os.environ["NCCL_HOSTID"] = "torch-check-rank-" + os.environ["RANK"]
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
-    dist.init_process_group("nccl")
+    split = bool(os.environ.get("TORCH_CHECK_SPLIT"))
+    dist.init_process_group("nccl", device_id=dev if split else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     total = world * (world + 1) / 2
 
@@ -173,6 +176,17 @@ def main():
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         torch.save(params, os.path.join(args.out, f"ddp_{args.mode}.pt"))
+
+    if split:
+        # ncclCommSplit: PyTorch splits a group bound to a device.
+        try:
+            sub = dist.split_group(split_ranks=[list(range(world))])
+            x = torch.full((1000,), float(rank + 1), device=dev)
+            dist.all_reduce(x, group=sub)
+            check(close(x, torch.full_like(x, total)), "all_reduce on a split group")
+            dist.destroy_process_group(sub)
+        except Exception as e:  # a failed check, not a crash: the rest still reports
+            check(False, f"split_group: {e!r}")
 
     # The result before the teardown, so that a hang there (seen once with the real NCCL on
     # 2x H200, after every check had passed) still shows what was checked; the run still
