@@ -397,9 +397,8 @@ fn typed_api_rank() {
 }
 
 /// Two physical allocations of `each` bytes (the allocation granularity) mapped back to
-/// back at the start of a reserved range of three, the third left unmapped (so nothing
-/// follows the second), readable and writable on the current context's device (plain
-/// device memory, as `cuMemAlloc`'s, through the virtual memory API).
+/// back into one reserved range of the current context's device, readable and writable
+/// there (plain device memory, as `cuMemAlloc`'s, through the virtual memory API).
 struct Segments {
     va: u64,
     each: usize,
@@ -433,7 +432,7 @@ impl Segments {
             let mut va = 0;
             ok(
                 "cuMemAddressReserve",
-                sys::cuMemAddressReserve(&mut va, 3 * each, 0, 0, 0),
+                sys::cuMemAddressReserve(&mut va, 2 * each, 0, 0, 0),
             );
             let mut handles = [0u64; 2];
             for (i, h) in handles.iter_mut().enumerate() {
@@ -465,7 +464,7 @@ impl Drop for Segments {
             for h in self.handles {
                 sys::cuMemRelease(h);
             }
-            sys::cuMemAddressFree(self.va, 3 * self.each);
+            sys::cuMemAddressFree(self.va, 2 * self.each);
         }
     }
 }

@@ -152,12 +152,11 @@ pub(super) fn check_capture(call: &str, stream: &CudaStream) -> Result<(), CommE
 
 /// Checks that `[ptr, ptr + bytes)` is device memory of this context and that `ptr` is
 /// aligned to `align` (a host-side lookup; no stream work). The range may cross
-/// allocations of the CUDA virtual memory API mapped back to back: it maps several
+/// allocations that are mapped back to back: the CUDA virtual memory API maps several
 /// physical allocations into one reserved range (PyTorch's `expandable_segments`, whose
 /// segments DDP's 25 MiB buckets cross), and `cuMemGetAddressRange` answers with the one
 /// holding the address only. Our kernels reach the buffer at its address in this context
-/// alone, so such a range serves. Allocations of `cuMemAlloc` that happen to lie side by
-/// side are still separate: a range running from one into the next is refused.
+/// alone, so any mapped range serves.
 pub(super) fn check_range(
     what: &str,
     ptr: u64,
@@ -169,20 +168,6 @@ pub(super) fn check_range(
             "{what}: address {ptr:#x} is not aligned to the element size ({align} bytes)"
         )));
     }
-    // Whether the allocation at `at` is a mapping of the virtual memory API (a handle can be
-    // retained for it; not so for `cuMemAlloc`'s).
-    let mapped = |at: u64| {
-        let mut handle = 0;
-        // SAFETY: an out-pointer to a local; the driver only looks the address up.
-        let r =
-            unsafe { sys::cuMemRetainAllocationHandle(&mut handle, at as *mut std::ffi::c_void) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return false;
-        }
-        // SAFETY: the reference just retained.
-        unsafe { sys::cuMemRelease(handle) };
-        true
-    };
     let lookup = |at: u64| {
         let (mut base, mut size) = (0u64, 0usize);
         // SAFETY: out-pointers to locals; the driver only reads its own tables.
@@ -195,7 +180,7 @@ pub(super) fn check_range(
         }
         Ok((base, size as u64))
     };
-    match mapped_through(ptr, bytes as u64, lookup, mapped) {
+    match mapped_through(ptr, bytes as u64, lookup) {
         Ok(()) => Ok(()),
         Err(Gap::Lost(e)) => Err(e),
         Err(Gap::NotMapped) => Err(CommError::InvalidArgument(format!(
@@ -231,13 +216,11 @@ enum Gap<E> {
 }
 
 /// Whether `[ptr, ptr + bytes)` is covered by allocations that `lookup` (an address to its
-/// allocation `(base, size)`; `Err(None)`: not mapped) finds back to back from `ptr`'s, each
-/// step between two allocations that `mapped` says are virtual memory mappings.
+/// allocation `(base, size)`; `Err(None)`: not mapped) finds back to back from `ptr`'s.
 fn mapped_through<E>(
     ptr: u64,
     bytes: u64,
     mut lookup: impl FnMut(u64) -> Result<(u64, u64), Option<E>>,
-    mut mapped: impl FnMut(u64) -> bool,
 ) -> Result<(), Gap<E>> {
     let first = match lookup(ptr) {
         Ok(r) => r,
@@ -248,13 +231,10 @@ fn mapped_through<E>(
     let Some(end) = ptr.checked_add(bytes) else {
         return Err(Gap::Beyond { at, first });
     };
-    let mut last = first.0;
     while at < end {
         match lookup(at) {
-            // The next allocation starts right where the last one ends, both mappings.
-            Ok((base, size)) if base == at && size > 0 && mapped(last) && mapped(base) => {
-                (last, at) = (base, base.saturating_add(size));
-            }
+            // The next allocation starts right where the last one ends.
+            Ok((base, size)) if base == at && size > 0 => at = base.saturating_add(size),
             Err(Some(e)) => return Err(Gap::Lost(e)),
             _ => return Err(Gap::Beyond { at, first }),
         }
@@ -284,17 +264,16 @@ mod range_tests {
         let base = 0x1000_0000u64;
         let lone = 0x2000_0000u64;
         let allocs = [(base, m), (base + m, m), (base + 2 * m, m), (lone, m)];
-        let vmm = |_| true;
         // Inside the first, across two (a 25 MiB bucket), across all three.
-        assert_eq!(mapped_through(base + 8, 1024, space(&allocs), vmm), Ok(()));
+        assert_eq!(mapped_through(base + 8, 1024, space(&allocs)), Ok(()));
         assert_eq!(
-            mapped_through(base + m - 8, 25 << 20, space(&allocs), vmm),
+            mapped_through(base + m - 8, 25 << 20, space(&allocs)),
             Ok(())
         );
-        assert_eq!(mapped_through(base, 3 * m, space(&allocs), vmm), Ok(()));
+        assert_eq!(mapped_through(base, 3 * m, space(&allocs)), Ok(()));
         // One byte past the third: the hole.
         assert_eq!(
-            mapped_through(base + m, 2 * m + 1, space(&allocs), vmm),
+            mapped_through(base + m, 2 * m + 1, space(&allocs)),
             Err(Gap::Beyond {
                 at: base + 3 * m,
                 first: (base + m, m)
@@ -302,51 +281,27 @@ mod range_tests {
         );
         // Past a lone allocation; an unmapped start; an end that overflows.
         assert_eq!(
-            mapped_through(lone + 16, m, space(&allocs), vmm),
+            mapped_through(lone + 16, m, space(&allocs)),
             Err(Gap::Beyond {
                 at: lone + m,
                 first: (lone, m)
             })
         );
-        assert_eq!(
-            mapped_through(0x10, 8, space(&allocs), vmm),
-            Err(Gap::NotMapped)
-        );
+        assert_eq!(mapped_through(0x10, 8, space(&allocs)), Err(Gap::NotMapped));
         assert!(matches!(
-            mapped_through(base, u64::MAX, space(&allocs), vmm),
+            mapped_through(base, u64::MAX, space(&allocs)),
             Err(Gap::Beyond { .. })
         ));
-        // Allocations side by side that are not virtual memory mappings (cuMemAlloc's), or
-        // a mapping next to one that is not: separate, as before.
-        assert_eq!(
-            mapped_through(base + m - 8, 16, space(&allocs), |_| false),
-            Err(Gap::Beyond {
-                at: base + m,
-                first: (base, m)
-            })
-        );
-        assert_eq!(
-            mapped_through(base + m - 8, 16, space(&allocs), |a| a != base + m),
-            Err(Gap::Beyond {
-                at: base + m,
-                first: (base, m)
-            })
-        );
         // The lookup's own error stops the walk.
         let mut calls = 0;
-        let lost = mapped_through(
-            base,
-            2 * m,
-            |at| {
-                calls += 1;
-                if calls == 1 {
-                    Ok((base, m))
-                } else {
-                    Err(Some(at))
-                }
-            },
-            vmm,
-        );
+        let lost = mapped_through(base, 2 * m, |at| {
+            calls += 1;
+            if calls == 1 {
+                Ok((base, m))
+            } else {
+                Err(Some(at))
+            }
+        });
         assert_eq!(lost, Err(Gap::Lost(base + m)));
     }
 }
