@@ -287,7 +287,8 @@ impl std::fmt::Display for BootstrapRoot {
 /// `mscclpp-perf --simulate-hosts` and `train-dp --simulate-hosts` name them, so that any
 /// program (nccl-tests, PyTorch through the NCCL library) can run its collectives across
 /// hosts on one machine. `None` for `None` or an empty value; an error for anything but a
-/// number of hosts from 1 to `nranks`.
+/// positive number of hosts. More hosts than ranks (a communicator split from a larger one)
+/// puts every rank on a host of its own.
 pub fn simulated_host_id(
     spec: Option<&str>,
     rank: usize,
@@ -297,10 +298,9 @@ pub fn simulated_host_id(
         return Ok(None);
     };
     match v.parse::<usize>() {
-        Ok(h) if (1..=nranks).contains(&h) => Ok(Some(format!("simhost{}", rank * h / nranks))),
+        Ok(h) if h >= 1 => Ok(Some(format!("simhost{}", rank * h.min(nranks) / nranks))),
         _ => Err(BootstrapError::InvalidArgument(format!(
-            "MSCCLPP_SIMULATE_HOSTS={v:?}: expected a number of simulated hosts from 1 to the \
-             {nranks} ranks"
+            "MSCCLPP_SIMULATE_HOSTS={v:?}: expected a positive number of simulated hosts"
         ))),
     }
 }

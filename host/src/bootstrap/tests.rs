@@ -56,7 +56,8 @@ fn config_builders_set_fields() {
 }
 
 /// `MSCCLPP_SIMULATE_HOSTS`: rank `r` of `n` on `simhost{r * h / n}`, unset or empty is no
-/// simulation, and anything but 1..=n hosts is refused with the variable's name.
+/// simulation, more hosts than ranks (a split communicator's) one host per rank, and
+/// anything but a positive number is refused with the variable's name.
 #[test]
 fn simulated_host_ids_split_the_ranks_in_blocks() {
     let ids = |spec: &str, n: usize| -> Vec<Option<String>> {
@@ -74,10 +75,13 @@ fn simulated_host_ids_split_the_ranks_in_blocks() {
     assert_eq!(ids("2", 3), names(&[0, 0, 1]));
     assert_eq!(simulated_host_id(None, 0, 2).unwrap(), None);
     assert_eq!(simulated_host_id(Some(""), 0, 2).unwrap(), None);
-    for bad in ["0", "5", "two", "-1"] {
+    // More hosts than ranks: a 1-rank child of a split under MSCCLPP_SIMULATE_HOSTS=2.
+    assert_eq!(ids("5", 4), names(&[0, 1, 2, 3]));
+    assert_eq!(ids("2", 1), names(&[0]));
+    for bad in ["0", "two", "-1"] {
         let e = simulated_host_id(Some(bad), 0, 4).unwrap_err().to_string();
         assert!(
-            e.contains("MSCCLPP_SIMULATE_HOSTS") && e.contains("from 1 to the 4 ranks"),
+            e.contains("MSCCLPP_SIMULATE_HOSTS") && e.contains("positive number"),
             "{bad}: {e}"
         );
     }
