@@ -341,8 +341,133 @@ fn typed_api_rank() {
             .unwrap_err();
         assert!(e.to_string().contains("beyond its allocation"), "{e}");
     }
+    // A buffer of two allocations mapped back to back (the CUDA virtual memory API, as
+    // PyTorch's expandable segments): all-reduces across the seam (one-shot and two-shot
+    // sizes) are taken and correct; one past the second allocation is refused. Before,
+    // `cuMemGetAddressRange` saw the first allocation only and every call across the seam
+    // was refused ("go beyond its allocation").
+    let seg = Segments::new();
+    for count in [2048usize, seg.each / 4] {
+        let at = seg.va + seg.each as u64 - 2048;
+        let mine: Vec<f32> = (0..count).map(|i| (r * 7 + i % 13) as f32).collect();
+        // SAFETY: `at` holds `count` f32 inside the two mapped allocations.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(at, &mine) }.unwrap();
+        // SAFETY: as above; in place.
+        unsafe {
+            c.all_reduce_raw(
+                at,
+                at,
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+                AllReduceAlgo::Auto,
+                &stream,
+            )
+        }
+        .unwrap();
+        stream.synchronize().unwrap();
+        let mut got = vec![0f32; count];
+        // SAFETY: as above.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut got, at) }.unwrap();
+        for (i, g) in got.iter().enumerate() {
+            let want: usize = (0..n).map(|q| q * 7 + i % 13).sum();
+            assert_eq!(
+                *g, want as f32,
+                "rank {r}: {count} across the seam, element {i}"
+            );
+        }
+    }
+    // SAFETY: refused before any access.
+    let e = unsafe {
+        c.all_reduce_raw(
+            seg.va + 8,
+            seg.va + 8,
+            seg.each / 2,
+            DataType::F32,
+            ReduceOp::Sum,
+            AllReduceAlgo::Auto,
+            &stream,
+        )
+    }
+    .unwrap_err();
+    assert!(e.to_string().contains("mapped back to back"), "{e}");
+    drop(seg);
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
+}
+
+/// Two physical allocations of `each` bytes (the allocation granularity) mapped back to
+/// back at the start of a reserved range of three, the third left unmapped (so nothing
+/// follows the second), readable and writable on the current context's device (plain
+/// device memory, as `cuMemAlloc`'s, through the virtual memory API).
+struct Segments {
+    va: u64,
+    each: usize,
+    handles: [u64; 2],
+}
+
+impl Segments {
+    fn new() -> Segments {
+        use cudarc::driver::sys;
+        let ok = |what: &str, r: sys::CUresult| {
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+        };
+        // SAFETY: driver calls with live out-parameters, on the current context's device;
+        // the range is reserved before anything is mapped into it.
+        unsafe {
+            let mut dev = 0;
+            ok("cuCtxGetDevice", sys::cuCtxGetDevice(&mut dev));
+            let mut prop: sys::CUmemAllocationProp = std::mem::zeroed();
+            prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = dev;
+            let mut each = 0usize;
+            ok(
+                "cuMemGetAllocationGranularity",
+                sys::cuMemGetAllocationGranularity(
+                    &mut each,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                ),
+            );
+            let mut va = 0;
+            ok(
+                "cuMemAddressReserve",
+                sys::cuMemAddressReserve(&mut va, 3 * each, 0, 0, 0),
+            );
+            let mut handles = [0u64; 2];
+            for (i, h) in handles.iter_mut().enumerate() {
+                ok("cuMemCreate", sys::cuMemCreate(h, each, &prop, 0));
+                ok(
+                    "cuMemMap",
+                    sys::cuMemMap(va + (i * each) as u64, each, 0, *h, 0),
+                );
+            }
+            let access = sys::CUmemAccessDesc {
+                location: prop.location,
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            ok(
+                "cuMemSetAccess",
+                sys::cuMemSetAccess(va, 2 * each, &access, 1),
+            );
+            Segments { va, each, handles }
+        }
+    }
+}
+
+impl Drop for Segments {
+    fn drop(&mut self) {
+        use cudarc::driver::sys;
+        // SAFETY: the range and handles made in `new`, no longer used (streams synchronized).
+        unsafe {
+            sys::cuMemUnmap(self.va, 2 * self.each);
+            for h in self.handles {
+                sys::cuMemRelease(h);
+            }
+            sys::cuMemAddressFree(self.va, 3 * self.each);
+        }
+    }
 }
 
 /// Ranks disagree on the count (one-shot and two-shot sizes, and across the two), on the

@@ -150,8 +150,14 @@ pub(super) fn check_capture(call: &str, stream: &CudaStream) -> Result<(), CommE
     Ok(())
 }
 
-/// Checks that `[ptr, ptr + bytes)` lies inside one device allocation and that `ptr` is
-/// aligned to `align` (a host-side lookup; no stream work).
+/// Checks that `[ptr, ptr + bytes)` is device memory of this context and that `ptr` is
+/// aligned to `align` (a host-side lookup; no stream work). The range may cross
+/// allocations of the CUDA virtual memory API mapped back to back: it maps several
+/// physical allocations into one reserved range (PyTorch's `expandable_segments`, whose
+/// segments DDP's 25 MiB buckets cross), and `cuMemGetAddressRange` answers with the one
+/// holding the address only. Our kernels reach the buffer at its address in this context
+/// alone, so such a range serves. Allocations of `cuMemAlloc` that happen to lie side by
+/// side are still separate: a range running from one into the next is refused.
 pub(super) fn check_range(
     what: &str,
     ptr: u64,
@@ -163,25 +169,186 @@ pub(super) fn check_range(
             "{what}: address {ptr:#x} is not aligned to the element size ({align} bytes)"
         )));
     }
-    let (mut base, mut size) = (0u64, 0usize);
-    // SAFETY: out-pointers to locals; the driver only reads its own tables.
-    let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
-    if is_sticky(status) {
-        return Err(context_lost(what, "cuMemGetAddressRange", status));
+    // Whether the allocation at `at` is a mapping of the virtual memory API (a handle can be
+    // retained for it; not so for `cuMemAlloc`'s).
+    let mapped = |at: u64| {
+        let mut handle = 0;
+        // SAFETY: an out-pointer to a local; the driver only looks the address up.
+        let r =
+            unsafe { sys::cuMemRetainAllocationHandle(&mut handle, at as *mut std::ffi::c_void) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return false;
+        }
+        // SAFETY: the reference just retained.
+        unsafe { sys::cuMemRelease(handle) };
+        true
+    };
+    let lookup = |at: u64| {
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: out-pointers to locals; the driver only reads its own tables.
+        let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, at) };
+        if is_sticky(status) {
+            return Err(Some(context_lost(what, "cuMemGetAddressRange", status)));
+        }
+        if status != sys::CUresult::CUDA_SUCCESS {
+            return Err(None);
+        }
+        Ok((base, size as u64))
+    };
+    match mapped_through(ptr, bytes as u64, lookup, mapped) {
+        Ok(()) => Ok(()),
+        Err(Gap::Lost(e)) => Err(e),
+        Err(Gap::NotMapped) => Err(CommError::InvalidArgument(format!(
+            "{what}: address {ptr:#x} is not device memory of this context"
+        ))),
+        Err(Gap::Beyond { at, first }) => {
+            let (base, size) = first;
+            let past = if at == base.saturating_add(size) {
+                format!("its allocation ({size} bytes at {base:#x})")
+            } else {
+                format!(
+                    "the allocations mapped back to back from its own ({size} bytes at \
+                     {base:#x}), which end at {at:#x}"
+                )
+            };
+            Err(CommError::InvalidArgument(format!(
+                "{what}: {bytes} bytes from {ptr:#x} go beyond {past}"
+            )))
+        }
     }
-    if status != sys::CUresult::CUDA_SUCCESS {
-        return Err(CommError::InvalidArgument(format!(
-            "{what}: address {ptr:#x} is not device memory of this context ({status:?})"
-        )));
-    }
-    let end = ptr.checked_add(bytes as u64);
-    if end.is_none_or(|e| e > base + size as u64) {
-        return Err(CommError::InvalidArgument(format!(
-            "{what}: {bytes} bytes from {ptr:#x} go beyond its allocation ({size} bytes at \
-             {base:#x})"
-        )));
+}
+
+/// Why [`mapped_through`] found a range not mapped.
+#[derive(Debug, PartialEq)]
+enum Gap<E> {
+    /// The first address is not mapped.
+    NotMapped,
+    /// The range goes past the allocations mapped back to back from the first one: where
+    /// they end, and the first allocation `(base, size)`.
+    Beyond { at: u64, first: (u64, u64) },
+    /// The lookup's own error (a lost context).
+    Lost(E),
+}
+
+/// Whether `[ptr, ptr + bytes)` is covered by allocations that `lookup` (an address to its
+/// allocation `(base, size)`; `Err(None)`: not mapped) finds back to back from `ptr`'s, each
+/// step between two allocations that `mapped` says are virtual memory mappings.
+fn mapped_through<E>(
+    ptr: u64,
+    bytes: u64,
+    mut lookup: impl FnMut(u64) -> Result<(u64, u64), Option<E>>,
+    mut mapped: impl FnMut(u64) -> bool,
+) -> Result<(), Gap<E>> {
+    let first = match lookup(ptr) {
+        Ok(r) => r,
+        Err(Some(e)) => return Err(Gap::Lost(e)),
+        Err(None) => return Err(Gap::NotMapped),
+    };
+    let mut at = first.0.saturating_add(first.1);
+    let Some(end) = ptr.checked_add(bytes) else {
+        return Err(Gap::Beyond { at, first });
+    };
+    let mut last = first.0;
+    while at < end {
+        match lookup(at) {
+            // The next allocation starts right where the last one ends, both mappings.
+            Ok((base, size)) if base == at && size > 0 && mapped(last) && mapped(base) => {
+                (last, at) = (base, base.saturating_add(size));
+            }
+            Err(Some(e)) => return Err(Gap::Lost(e)),
+            _ => return Err(Gap::Beyond { at, first }),
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::*;
+
+    /// A fake address space of allocations `(base, size)`.
+    fn space(allocs: &[(u64, u64)]) -> impl FnMut(u64) -> Result<(u64, u64), Option<()>> + '_ {
+        |at| {
+            allocs
+                .iter()
+                .find(|(b, s)| at >= *b && at < b + s)
+                .copied()
+                .ok_or(None)
+        }
+    }
+
+    #[test]
+    fn a_range_may_cross_allocations_mapped_back_to_back() {
+        // Three 20 MiB segments back to back (expandable segments), a hole, one more.
+        let m = 20 << 20;
+        let base = 0x1000_0000u64;
+        let lone = 0x2000_0000u64;
+        let allocs = [(base, m), (base + m, m), (base + 2 * m, m), (lone, m)];
+        let vmm = |_| true;
+        // Inside the first, across two (a 25 MiB bucket), across all three.
+        assert_eq!(mapped_through(base + 8, 1024, space(&allocs), vmm), Ok(()));
+        assert_eq!(
+            mapped_through(base + m - 8, 25 << 20, space(&allocs), vmm),
+            Ok(())
+        );
+        assert_eq!(mapped_through(base, 3 * m, space(&allocs), vmm), Ok(()));
+        // One byte past the third: the hole.
+        assert_eq!(
+            mapped_through(base + m, 2 * m + 1, space(&allocs), vmm),
+            Err(Gap::Beyond {
+                at: base + 3 * m,
+                first: (base + m, m)
+            })
+        );
+        // Past a lone allocation; an unmapped start; an end that overflows.
+        assert_eq!(
+            mapped_through(lone + 16, m, space(&allocs), vmm),
+            Err(Gap::Beyond {
+                at: lone + m,
+                first: (lone, m)
+            })
+        );
+        assert_eq!(
+            mapped_through(0x10, 8, space(&allocs), vmm),
+            Err(Gap::NotMapped)
+        );
+        assert!(matches!(
+            mapped_through(base, u64::MAX, space(&allocs), vmm),
+            Err(Gap::Beyond { .. })
+        ));
+        // Allocations side by side that are not virtual memory mappings (cuMemAlloc's), or
+        // a mapping next to one that is not: separate, as before.
+        assert_eq!(
+            mapped_through(base + m - 8, 16, space(&allocs), |_| false),
+            Err(Gap::Beyond {
+                at: base + m,
+                first: (base, m)
+            })
+        );
+        assert_eq!(
+            mapped_through(base + m - 8, 16, space(&allocs), |a| a != base + m),
+            Err(Gap::Beyond {
+                at: base + m,
+                first: (base, m)
+            })
+        );
+        // The lookup's own error stops the walk.
+        let mut calls = 0;
+        let lost = mapped_through(
+            base,
+            2 * m,
+            |at| {
+                calls += 1;
+                if calls == 1 {
+                    Ok((base, m))
+                } else {
+                    Err(Some(at))
+                }
+            },
+            vmm,
+        );
+        assert_eq!(lost, Err(Gap::Lost(base + m)));
+    }
 }
 
 impl Kernels {
