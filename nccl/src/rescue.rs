@@ -165,10 +165,13 @@ pub fn gather_reports(
             let _ = cu::stream::destroy(stream);
         }
     };
-    // SAFETY: `buf` holds `nranks` reports; this rank's slot is in range.
-    if let Err(e) = unsafe { cu::memcpy_htod_sync(mine_at, &mine[..]) } {
+    // On our stream, so the all-gather below reads it: `cuMemcpyHtoD` from pageable memory
+    // may return before its DMA lands, and a non-blocking stream does not wait for it. From
+    // pageable memory the asynchronous copy stages `mine` before it returns.
+    // SAFETY: `buf` holds `nranks` reports; this rank's slot is in range; our stream.
+    if let Err(e) = unsafe { cu::memcpy_htod_async(mine_at, &mine[..], stream) } {
         release();
-        return Err(cuda("cuMemcpyHtoD", e));
+        return Err(cuda("cuMemcpyHtoDAsync", e));
     }
     // SAFETY: NCCL's signature; an in-place all-gather (the send buffer is this rank's slot
     // of the receive buffer), both device memory of this context, on our stream.
