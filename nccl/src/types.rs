@@ -251,9 +251,15 @@ pub unsafe fn read_config(cfg: *const NcclConfig) -> Result<ConfigView, String> 
     }
     // SAFETY: within `size` bytes (checked above).
     let blocking = unsafe { (*cfg).blocking };
-    Ok(ConfigView {
-        blocking: blocking != 0,
-    })
+    // As NCCL: unset (NCCL_CONFIG_UNDEF_INT) means blocking; anything but 0 and 1 is refused.
+    match blocking {
+        0 => Ok(ConfigView { blocking: false }),
+        1 | CONFIG_UNDEF_INT => Ok(ConfigView { blocking: true }),
+        v => Err(format!(
+            "config has blocking = {v}: it must be 0 (nonblocking) or 1 (blocking), or left \
+             unset"
+        )),
+    }
 }
 
 /// The calls that can run on our collectives, as `MSCCLPP_NCCL_FALLBACK` names them.
@@ -477,6 +483,20 @@ mod tests {
             unsafe { read_config(&c) },
             Ok(ConfigView { blocking: true })
         );
+        c.blocking = 1;
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { read_config(&c) },
+            Ok(ConfigView { blocking: true })
+        );
+        // NCCL refuses other values ("Invalid config blocking attribute value 5").
+        for v in [5, -1, 2] {
+            c.blocking = v;
+            // SAFETY: as above.
+            let e = unsafe { read_config(&c) }.unwrap_err();
+            assert!(e.contains(&format!("blocking = {v}")), "{e}");
+        }
+        c.blocking = 1;
         c.magic = 0;
         // SAFETY: as above.
         assert!(unsafe { read_config(&c) }.is_err());
