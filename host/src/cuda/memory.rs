@@ -14,6 +14,38 @@ fn bind(ctx: &CudaContext) -> Result<()> {
         .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
 }
 
+/// Runs `work` (asynchronous copies or sets of device memory on the stream it is given) on a
+/// non-blocking stream of its own in `ctx`'s context and waits for it there. The
+/// "synchronous" driver calls are not enough for [`DeviceBuffer`]'s copies: `cuMemsetD8` may
+/// return before the device memory is set, and `cuMemcpyHtoD` from pageable memory once the
+/// data is staged, before its DMA lands, both on the legacy stream, which kernels on
+/// non-blocking streams (ours, cudarc's) do not wait for. A stream of our own waits for our
+/// work alone, never for the caller's on other streams.
+fn on_own_stream(
+    ctx: &CudaContext,
+    what: &'static str,
+    work: impl FnOnce(sys::CUstream) -> sys::CUresult,
+) -> Result<()> {
+    bind(ctx)?;
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the context is current.
+    check("cuStreamCreate", unsafe {
+        sys::cuStreamCreate(
+            &mut stream,
+            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+        )
+    })?;
+    let done = check(what, work(stream)).and_then(|()| {
+        // SAFETY: the stream made above.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream)
+        })
+    });
+    // SAFETY: the stream made above; its work is done or failed, and nothing else uses it.
+    unsafe { sys::cuStreamDestroy_v2(stream) };
+    done
+}
+
 fn check_range(what: &str, len: usize, offset: usize, bytes: usize) -> Result<()> {
     match offset.checked_add(bytes) {
         Some(end) if end <= len => Ok(()),
@@ -54,8 +86,10 @@ impl DeviceBuffer {
     /// Allocates `bytes` and sets them to zero.
     pub fn zeroed(gpu: &Gpu, bytes: usize) -> Result<DeviceBuffer> {
         let b = DeviceBuffer::alloc(gpu, bytes)?;
-        // SAFETY: the range is the whole live allocation; the context is current.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(b.ptr, 0, b.len) })?;
+        on_own_stream(&b.ctx, "cuMemsetD8Async", |stream| {
+            // SAFETY: the range is the whole live allocation; the context is current.
+            unsafe { sys::cuMemsetD8Async(b.ptr, 0, b.len, stream) }
+        })?;
         Ok(b)
     }
 
@@ -74,23 +108,28 @@ impl DeviceBuffer {
         false
     }
 
-    /// Copies `src` to `offset` bytes into the buffer (synchronous).
+    /// Copies `src` to `offset` bytes into the buffer; the data is in device memory when it
+    /// returns, for kernels on any stream.
     pub fn copy_from_host<T: Copy>(&self, offset: usize, src: &[T]) -> Result<()> {
         let bytes = std::mem::size_of_val(src);
         check_range("copy to device", self.len, offset, bytes)?;
-        bind(&self.ctx)?;
-        // SAFETY: the destination range is inside the allocation (checked) and `src` is
-        // `bytes` readable bytes.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(
-                self.ptr + offset as u64,
-                src.as_ptr() as *const c_void,
-                bytes,
-            )
+        on_own_stream(&self.ctx, "cuMemcpyHtoDAsync", |stream| {
+            // SAFETY: the destination range is inside the allocation (checked) and `src` is
+            // `bytes` readable bytes, borrowed until the stream is synchronized.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    self.ptr + offset as u64,
+                    src.as_ptr() as *const c_void,
+                    bytes,
+                    stream,
+                )
+            }
         })
     }
 
-    /// Copies from `offset` bytes into the buffer into `dst` (synchronous).
+    /// Copies from `offset` bytes into the buffer into `dst` (synchronous). It does not wait
+    /// for kernels on non-blocking streams: synchronize the streams that write the buffer
+    /// first.
     pub fn copy_to_host<T: Copy>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         let bytes = std::mem::size_of_val(dst);
         check_range("copy from device", self.len, offset, bytes)?;
