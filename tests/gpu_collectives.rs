@@ -342,38 +342,45 @@ fn typed_api_rank() {
         assert!(e.to_string().contains("beyond its allocation"), "{e}");
     }
     // A buffer of two allocations mapped back to back (the CUDA virtual memory API, as
-    // PyTorch's expandable segments): all-reduces across the seam (one-shot and two-shot
-    // sizes) are taken and correct; one past the second allocation is refused. Before,
-    // `cuMemGetAddressRange` saw the first allocation only and every call across the seam
-    // was refused ("go beyond its allocation").
+    // PyTorch's expandable segments): all-reduces across the seam (one-shot sizes, and every
+    // algorithm at 2 MiB) are taken and correct; one past the second allocation is refused.
+    // Before, `cuMemGetAddressRange` saw the first allocation only and every call across the
+    // seam was refused ("go beyond its allocation").
     let seg = Segments::new();
-    for count in [2048usize, seg.each / 4] {
+    let large = [
+        AllReduceAlgo::Auto,
+        AllReduceAlgo::TwoShot,
+        AllReduceAlgo::ReadReduce,
+        AllReduceAlgo::AllPairs,
+        AllReduceAlgo::Proxy,
+    ];
+    let cases = [AllReduceAlgo::Auto, AllReduceAlgo::OneShot]
+        .map(|a| (2048usize, a))
+        .into_iter()
+        .chain(large.map(|a| (seg.each / 4, a)));
+    for (k, (count, algo)) in cases.enumerate() {
         let at = seg.va + seg.each as u64 - 2048;
-        let mine: Vec<f32> = (0..count).map(|i| (r * 7 + i % 13) as f32).collect();
+        // Values of this case alone, so that one left by an earlier case is caught.
+        let val = |q: usize, i: usize| (q * 7 + (i + k) % 13) as f32;
+        let mine: Vec<f32> = (0..count).map(|i| val(r, i)).collect();
         // SAFETY: `at` holds `count` f32 inside the two mapped allocations.
         unsafe { cudarc::driver::result::memcpy_htod_sync(at, &mine) }.unwrap();
+        // From pageable memory `cuMemcpyHtoD` may return before its DMA lands, and the
+        // test's stream (non-blocking) does not order after it: session 32's first run of
+        // this test read a rank's own input as zeros deep in the second segment that way.
+        stream.context().synchronize().unwrap();
         // SAFETY: as above; in place.
-        unsafe {
-            c.all_reduce_raw(
-                at,
-                at,
-                count,
-                DataType::F32,
-                ReduceOp::Sum,
-                AllReduceAlgo::Auto,
-                &stream,
-            )
-        }
-        .unwrap();
+        unsafe { c.all_reduce_raw(at, at, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
+            .unwrap();
         stream.synchronize().unwrap();
         let mut got = vec![0f32; count];
         // SAFETY: as above.
         unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut got, at) }.unwrap();
         for (i, g) in got.iter().enumerate() {
-            let want: usize = (0..n).map(|q| q * 7 + i % 13).sum();
+            let want: f32 = (0..n).map(|q| val(q, i)).sum();
             assert_eq!(
-                *g, want as f32,
-                "rank {r}: {count} across the seam, element {i}"
+                *g, want,
+                "rank {r}: {count} f32 across the seam with {algo:?}, element {i}"
             );
         }
     }

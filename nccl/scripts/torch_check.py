@@ -10,8 +10,9 @@ captured into a CUDA graph and replayed, and a few DistributedDataParallel steps
 parameters are saved to DIR/ddp_<mode>.pt (torch_check.sh compares the two modes). Mode
 "ours" also checks that libmscclpp_nccl.so is mapped into the process. With
 TORCH_CHECK_SPLIT=1 the default group is bound to the device (set up at once) and a group
-split from it (`split_group`: ncclCommSplit) runs an all_reduce. Exit status 1 on any
-failed check.
+split from it (`split_group`: ncclCommSplit) runs an all_reduce. Under
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True a 48 MiB tensor lying across the
+allocator's segments is all-reduced. Exit status 1 on any failed check.
 """
 
 import argparse
@@ -149,6 +150,28 @@ def main():
         torch.cuda.synchronize()
         want = sum(r + 1 + it for r in range(world))
         check(close(static, torch.full_like(static, float(want))), f"graph replay {it}")
+
+    # With PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+    # the allocator maps 20 MiB physical allocations back to back into one reserved range,
+    # and a large tensor (a DDP bucket) lies across them. Checks that such a tensor is
+    # all-reduced (our library once refused it as going beyond its allocation), after making
+    # sure, with the driver's own answer, that it does cross one.
+    if "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower():
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        n = 12 << 20
+        pad = torch.empty(5 << 20, dtype=torch.uint8, device=dev)
+        x = torch.arange(n, dtype=torch.float32, device=dev) % 251 + rank
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        rc = cu.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(x.data_ptr()))
+        crosses = rc == 0 and base.value + size.value < x.data_ptr() + 4 * n
+        print(f"[rank {rank}] 48 MiB tensor at {x.data_ptr():#x}: its allocation is {size.value} "
+              f"bytes at {base.value:#x} (rc {rc}), so it crosses into another: {crosses}", flush=True)
+        check(crosses, "the 48 MiB tensor lies across expandable segments")
+        dist.all_reduce(x)
+        want = (torch.arange(n, dtype=torch.float32, device=dev) % 251) * world + sum(range(world))
+        check(close(x, want), "all_reduce of a tensor across expandable segments")
+        del pad
 
     # DistributedDataParallel: the same model, data and steps in both modes
     torch.manual_seed(1234)
