@@ -71,7 +71,8 @@ fn target(call: &str, comm: Ptr) -> Result<Target, Failure> {
     }
 }
 
-fn need<F: Copy>(call: &str, real: &Real, f: Option<F>) -> Result<F, Failure> {
+/// `f`, a function of the real NCCL, or a usage error saying that it does not export `call`.
+pub(crate) fn need<F: Copy>(call: &str, real: &Real, f: Option<F>) -> Result<F, Failure> {
     f.ok_or_else(|| {
         Failure::usage(format!(
             "{call}: the real NCCL ({}, version {}) does not export it",

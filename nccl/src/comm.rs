@@ -483,18 +483,16 @@ pub fn real_child(
     cfg: ConfigCopy,
     how: RealChild,
 ) -> Result<Option<RealComm>, Failure> {
-    let (split, shrink) = (real.fns.comm_split, real.fns.comm_shrink);
-    let name = match (&how, split, shrink) {
-        (RealChild::Split { .. }, None, _) => Some("ncclCommSplit"),
-        (RealChild::Shrink { .. }, _, None) => Some("ncclCommShrink"),
-        _ => None,
+    let (split, shrink) = match &how {
+        RealChild::Split { .. } => (
+            Some(crate::api::need(call, real, real.fns.comm_split)?),
+            None,
+        ),
+        RealChild::Shrink { .. } => (
+            None,
+            Some(crate::api::need(call, real, real.fns.comm_shrink)?),
+        ),
     };
-    if let Some(name) = name {
-        return Err(Failure::usage(format!(
-            "{call}: the real NCCL ({}) has no {name}",
-            real.version
-        )));
-    }
     let gpu = gpu.clone();
     let job = move || -> Result<(NcclResult, RealComm), CudaError> {
         // The whole handle (Send), not its pointer field alone.
