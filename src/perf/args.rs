@@ -404,11 +404,8 @@ impl Config {
     /// [`check_outputs`](super::json::check_outputs). Once, in the process that writes them.
     pub fn check_outputs(&self) -> Result<(), PerfError> {
         let a = &self.args;
-        let outputs: Vec<(&str, &std::path::Path)> = [("--json", &a.json), ("--plot", &a.plot)]
-            .into_iter()
-            .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
-            .collect();
-        super::json::check_outputs(&outputs).map_err(PerfError::Args)
+        super::json::check_outputs(&[("--json", a.json.as_deref()), ("--plot", a.plot.as_deref())])
+            .map_err(PerfError::Args)
     }
 }
 

@@ -738,7 +738,8 @@ fn output_files_are_checked_before_the_run() {
     let e = parse(&["--json", b_str, "--plot", b_str]).unwrap_err();
     assert!(e.contains("--json and --plot both name"), "{e}");
     let dotted = dir.join(".").join("a.json");
-    let e = json::check_outputs(&[("--json", &a), ("--dump-params", &dotted)]).unwrap_err();
+    let e =
+        json::check_outputs(&[("--json", Some(&a)), ("--dump-params", Some(&dotted))]).unwrap_err();
     assert!(e.contains("--json and --dump-params"), "{e}");
     let e = parse(&["--json", dir.to_str().unwrap()]).unwrap_err();
     assert!(e.contains("--json") && e.contains("is a folder"), "{e}");

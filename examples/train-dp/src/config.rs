@@ -246,12 +246,10 @@ impl Config {
     /// that a bad path loses no run (see `mscclpp::perf::json::check_outputs`): once, in the
     /// process that writes them.
     pub fn check_outputs(a: &Args) -> Result<(), String> {
-        let outputs: Vec<(&str, &std::path::Path)> =
-            [("--json", &a.json), ("--dump-params", &a.dump_params)]
-                .into_iter()
-                .filter_map(|(flag, p)| Some((flag, p.as_deref()?)))
-                .collect();
-        mscclpp::perf::json::check_outputs(&outputs)
+        mscclpp::perf::json::check_outputs(&[
+            ("--json", a.json.as_deref()),
+            ("--dump-params", a.dump_params.as_deref()),
+        ])
     }
 
     /// Resolves sizes for `nranks` ranks, `local` of them on this machine, on a GPU or not
