@@ -699,9 +699,13 @@ export! {
                 Target::Ours(c) => c,
             };
             let inner = c.usable(call)?;
-            if !inner.finalized.swap(true, std::sync::atomic::Ordering::AcqRel) {
-                quiesce(call, &c.gpu, inner)?;
+            if inner.finalized.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                // As NCCL ("prevent double finalize").
+                return Err(Failure::arg(format!(
+                    "{call}: the communicator was already finalized (destroy it next)"
+                )));
             }
+            quiesce(call, &c.gpu, inner)?;
             if let (Some(rc), Ok(real)) = (inner.real, real::real())
                 && let Some(f) = real.fns.comm_finalize
             {

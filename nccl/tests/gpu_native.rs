@@ -633,6 +633,13 @@ fn rank_main(rank: usize) {
         ncclCommGetAsyncError(comm, &mut async_err)
     });
     assert_eq!(async_err, 0);
+    // Finalize once; a second finalize is refused with ncclInvalidArgument, as NCCL does.
+    ok("finalize", unsafe { ncclCommFinalize(comm) });
+    assert_eq!(
+        unsafe { ncclCommFinalize(comm) },
+        4,
+        "rank {rank}: second finalize"
+    );
     ok("destroy", unsafe { ncclCommDestroy(comm) });
     println!("rank {rank}: every native call passed");
 }
