@@ -1049,7 +1049,8 @@ export! {
 // ---------------------------------------------------------------------------------------
 // Collectives
 
-/// Runs a native collective on the caller's stream (with this device's context current).
+/// Runs a native collective on the caller's stream (with this device's context current), or,
+/// inside a group, keeps it for the outermost `ncclGroupEnd` (see [`group`]).
 #[allow(clippy::too_many_arguments)]
 fn native(
     call: &'static str,
@@ -1061,6 +1062,22 @@ fn native(
     stream: Ptr,
 ) -> Result<NcclResult, Failure> {
     log::call_path(call, c.rank, c.nranks, dt, op, Path::Native);
+    if group::depth() > 0 {
+        group::add_coll(c as *const Comm as Ptr, call, launch, stream);
+        return Ok(result::SUCCESS);
+    }
+    launch_native(call, c, inner, launch, stream)
+}
+
+/// Launches a native collective on the caller's `stream` (at its call, or at the end of
+/// its group).
+pub(crate) fn launch_native(
+    call: &'static str,
+    c: &Comm,
+    inner: &Inner,
+    launch: Launch,
+    stream: Ptr,
+) -> Result<NcclResult, Failure> {
     // SAFETY: the caller's stream of this device.
     let s = unsafe { c.stream(stream) };
     let coll = inner.ours(call)?;
@@ -1555,8 +1572,8 @@ export! {
 
 export! {
     /// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd` without launching its
-    /// native sends and receives, the real NCCL simulating its part (`sim_info` is left as is
-    /// without one).
+    /// native collectives, sends and receives, the real NCCL simulating its part (`sim_info`
+    /// is left as is without one).
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: Ptr) -> NcclResult {
         guard("ncclGroupSimulateEnd", || {
             check_out("ncclGroupSimulateEnd", "simInfo", sim_info)?;

@@ -3,9 +3,12 @@
 //! - Each of our group calls is mirrored on the real NCCL (when one is loaded), so that
 //!   forwarded calls made inside a group land in the real NCCL's group and run (fused, send
 //!   and receive paired) at the real `ncclGroupEnd`.
-//! - Native collectives inside a group are launched at once, in call order. Every rank
-//!   makes the same calls, so each stream sees the same order everywhere; they never block
-//!   the host, so one thread may drive several GPUs' native calls in a group.
+//! - Native collectives inside a group are kept until the outermost `ncclGroupEnd`, as
+//!   NCCL enqueues a group's work there, and then launched in call order. Every rank makes
+//!   the same calls, so each stream sees the same order everywhere; they never block the
+//!   host, so one thread may drive several GPUs' native calls in a group. A group ended by
+//!   `ncclGroupSimulateEnd` launches none of them (nor its sends and receives): NCCL only
+//!   estimates such a group's time.
 //! - Native sends and receives inside a group are kept until the outermost `ncclGroupEnd`,
 //!   then run per communicator as one launch of [`Collectives::group`] (all progressing
 //!   together, as NCCL pairs a group's sends and receives), or in rounds past its size (see
@@ -22,7 +25,7 @@ use mscclpp_host::bootstrap::UniqueId;
 use mscclpp_host::collectives::{Collectives, P2pOp};
 
 use crate::comm::{self, Comm, ConfigCopy, Handle, Inner};
-use crate::dispatch;
+use crate::dispatch::{self, Launch};
 use crate::error::Failure;
 use crate::real::{self, Ptr};
 use crate::types::{NcclResult, result};
@@ -44,6 +47,18 @@ struct Group {
     pending: Vec<Pending>,
     /// Native sends and receives: (communicator handle, operation, stream).
     p2p: Vec<(usize, P2pOp, Ptr)>,
+    /// Native collectives, in call order.
+    colls: Vec<Coll>,
+}
+
+/// A native collective kept for the outermost `ncclGroupEnd`.
+struct Coll {
+    /// The communicator handle.
+    comm: usize,
+    /// The NCCL call that made it (for errors).
+    call: &'static str,
+    launch: Launch,
+    stream: Ptr,
 }
 
 thread_local! {
@@ -75,6 +90,18 @@ pub fn defer(p: Pending) {
     GROUP.with(|g| g.borrow_mut().pending.push(p));
 }
 
+/// Keeps a native collective of communicator `comm` for the outermost `ncclGroupEnd`.
+pub fn add_coll(comm: Ptr, call: &'static str, launch: Launch, stream: Ptr) {
+    GROUP.with(|g| {
+        g.borrow_mut().colls.push(Coll {
+            comm: comm as usize,
+            call,
+            launch,
+            stream,
+        })
+    });
+}
+
 /// Keeps a native send or receive for the outermost `ncclGroupEnd`.
 pub fn add_p2p(comm: Ptr, op: P2pOp, stream: Ptr) {
     GROUP.with(|g| g.borrow_mut().p2p.push((comm as usize, op, stream)));
@@ -82,7 +109,7 @@ pub fn add_p2p(comm: Ptr, op: P2pOp, stream: Ptr) {
 
 /// `ncclGroupEnd` (or `ncclGroupSimulateEnd` with `sim`: the real NCCL's simulation).
 pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> {
-    let (mirrored, pending, p2p) = GROUP.with(|g| {
+    let (mirrored, pending, p2p, colls) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         let level = g.levels.pop();
         if g.levels.is_empty() {
@@ -90,9 +117,10 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
                 level,
                 std::mem::take(&mut g.pending),
                 std::mem::take(&mut g.p2p),
+                std::mem::take(&mut g.colls),
             )
         } else {
-            (level, Vec::new(), Vec::new())
+            (level, Vec::new(), Vec::new(), Vec::new())
         }
     });
     let Some(mirrored) = mirrored else {
@@ -102,11 +130,14 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
     };
     let mut first_failure = run_pending(call, pending);
     // A simulated end launches nothing of ours either (every rank simulates alike).
-    if sim.is_none()
-        && let Err(f) = run_group_p2p(call, p2p)
-        && first_failure.is_none()
-    {
-        first_failure = Some(f);
+    if sim.is_none() {
+        for r in [run_group_colls(colls), run_group_p2p(call, p2p)] {
+            if let Err(f) = r
+                && first_failure.is_none()
+            {
+                first_failure = Some(f);
+            }
+        }
     }
     let mut code = result::SUCCESS;
     if mirrored && let Ok(real) = real::real() {
@@ -151,6 +182,36 @@ fn run_pending(call: &str, pending: Vec<Pending>) -> Option<Failure> {
             first = Some(f.clone());
         }
         let _ = c.state.set(r);
+    }
+    first
+}
+
+/// Launches the kept collectives in call order. After a communicator's first failure its
+/// later collectives are not launched (its peers then fail theirs with a mismatch or a
+/// timeout, not with data of the wrong call); the other communicators' still are. Returns
+/// the first failure.
+fn run_group_colls(colls: Vec<Coll>) -> Result<(), Failure> {
+    let mut failed: Vec<usize> = Vec::new();
+    let mut first = Ok(());
+    for k in colls {
+        if failed.contains(&k.comm) {
+            continue;
+        }
+        let r = match comm::lookup(k.comm as Ptr) {
+            Handle::Ours(c) => c
+                .usable(k.call)
+                .and_then(|inner| crate::api::launch_native(k.call, c, inner, k.launch, k.stream)),
+            _ => Err(Failure::usage(format!(
+                "{}: its communicator was destroyed before ncclGroupEnd",
+                k.call
+            ))),
+        };
+        if let Err(f) = r {
+            failed.push(k.comm);
+            if first.is_ok() {
+                first = Err(f);
+            }
+        }
     }
     first
 }

@@ -583,6 +583,75 @@ fn rank_main(rank: usize) {
             "{}",
             what("group self")
         );
+
+        // Collectives in a group run at its end, as NCCL enqueues a group's work there: the
+        // streams are idle before ncclGroupEnd (y keeps its marker), and a group ended by
+        // ncclGroupSimulateEnd runs none of its collectives (y keeps it after the end too).
+        put(x, &(0..count).map(|i| val(rank, i)).collect::<Vec<f32>>());
+        let marker = vec![-1f32; count];
+        for simulate in [true, false] {
+            put(y, &marker);
+            ok("groupstart", unsafe { ncclGroupStart() });
+            ok(&what("group allreduce"), unsafe {
+                ncclAllReduce(p(x), p(y), count, 7, 0, comm, st)
+            });
+            ok(&what("group allgather"), unsafe {
+                ncclAllGather(p(x), p(w), count / 2, 7, comm, st2)
+            });
+            sync();
+            let got: Vec<f32> = get(y, count);
+            assert!(
+                got == marker,
+                "{}",
+                what("group allreduce ran before the end")
+            );
+            if simulate {
+                // ncclSimInfo_t as NCCL_SIM_INFO_INITIALIZER makes it.
+                #[repr(C)]
+                struct SimInfo {
+                    size: usize,
+                    magic: u32,
+                    version: u32,
+                    estimated_time: f32,
+                }
+                let mut sim = SimInfo {
+                    size: std::mem::size_of::<SimInfo>(),
+                    magic: 0x7468_5283,
+                    version: 22800,
+                    estimated_time: -1.0,
+                };
+                ok("groupsimulateend", unsafe {
+                    ncclGroupSimulateEnd(&mut sim as *mut SimInfo as *mut c_void)
+                });
+                sync();
+                let got: Vec<f32> = get(y, count);
+                assert!(
+                    got == marker,
+                    "{}",
+                    what("simulated group ran its allreduce")
+                );
+            } else {
+                ok("groupend", unsafe { ncclGroupEnd() });
+                sync();
+                let got: Vec<f32> = get(y, count);
+                assert!(
+                    got.iter()
+                        .enumerate()
+                        .all(|(i, g)| *g == val(0, i) + val(1, i)),
+                    "{}",
+                    what("group allreduce")
+                );
+                let got: Vec<f32> = get(w, count);
+                let half = count / 2;
+                assert!(
+                    got.iter()
+                        .enumerate()
+                        .all(|(i, g)| *g == val(i / half, i % half)),
+                    "{}",
+                    what("group allgather")
+                );
+            }
+        }
     }
 
     // A group of 20 sends and 20 receives with the peer (past one launch's 16), nested.
