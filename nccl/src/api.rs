@@ -705,7 +705,14 @@ export! {
                     "{call}: the communicator was already finalized (destroy it next)"
                 )));
             }
-            quiesce(call, &c.gpu, inner)?;
+            // This thread's kept group work on the communicator first (a finalize inside a
+            // group comes after the group's work, as in NCCL). A finalize that fails may be
+            // tried again.
+            let done = group::flush(call, comm, c, inner).and_then(|()| quiesce(call, &c.gpu, inner));
+            if let Err(f) = done {
+                inner.finalized.store(false, std::sync::atomic::Ordering::Release);
+                return Err(f);
+            }
             if let (Some(rc), Ok(real)) = (inner.real, real::real())
                 && let Some(f) = real.fns.comm_finalize
             {
@@ -758,7 +765,7 @@ fn reclaim_after_abort(call: &str, gpu: mscclpp_host::cuda::Gpu, inner: Inner) {
 /// Destroy (`abort == false`) or abort a communicator. A NULL one is done already, as in
 /// NCCL: cleanup code ends every child of a split, and a rank that split with
 /// `NCCL_SPLIT_NOCOLOR` got NULL.
-fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
+fn end_comm(call: &'static str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
     if comm.is_null() {
         return Ok(result::SUCCESS);
     }
@@ -774,7 +781,17 @@ fn end_comm(call: &str, comm: Ptr, abort: bool) -> Result<NcclResult, Failure> {
                 Ok(unsafe { f(p) })
             });
         }
-        Target::Ours(_) => {}
+        Target::Ours(c) => match c.usable(call) {
+            // This thread's kept group work on it: launched before a destroy (which comes
+            // after the group's work, as in NCCL), dropped at an abort; none of it may
+            // outlive the communicator.
+            Ok(inner) if !abort => {
+                if let Err(f) = group::flush(call, comm, c, inner) {
+                    log::warn(&f.msg);
+                }
+            }
+            _ => group::discard(comm),
+        },
     }
     let c = unregister(comm).ok_or_else(|| Failure::arg(format!("{call}: comm is gone")))?;
     let Comm { gpu, state, .. } = *c;

@@ -4,11 +4,14 @@
 //!   forwarded calls made inside a group land in the real NCCL's group and run (fused, send
 //!   and receive paired) at the real `ncclGroupEnd`.
 //! - Native collectives inside a group are kept until the outermost `ncclGroupEnd`, as
-//!   NCCL enqueues a group's work there, and then launched in call order. Every rank makes
-//!   the same calls, so each stream sees the same order everywhere; they never block the
-//!   host, so one thread may drive several GPUs' native calls in a group. A group ended by
-//!   `ncclGroupSimulateEnd` launches none of them (nor its sends and receives): NCCL only
-//!   estimates such a group's time.
+//!   NCCL enqueues a group's work there. Each communicator's are then launched in call
+//!   order, before its sends and receives, all on the stream of its first call, which the
+//!   group's other streams of that communicator are joined to (events), as NCCL does. Every
+//!   rank makes the same calls, so each communicator sees the same order everywhere; they
+//!   never block the host, so one thread may drive several GPUs' native calls in a group.
+//!   A group ended by `ncclGroupSimulateEnd` launches none of them (nor its sends and
+//!   receives): NCCL only estimates such a group's time. A finalize or destroy inside a
+//!   group launches that communicator's kept work first; an abort drops it.
 //! - Native sends and receives inside a group are kept until the outermost `ncclGroupEnd`,
 //!   then run per communicator as one launch of [`Collectives::group`] (all progressing
 //!   together, as NCCL pairs a group's sends and receives), or in rounds past its size (see
@@ -130,14 +133,11 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
     };
     let mut first_failure = run_pending(call, pending);
     // A simulated end launches nothing of ours either (every rank simulates alike).
-    if sim.is_none() {
-        for r in [run_group_colls(colls), run_group_p2p(call, p2p)] {
-            if let Err(f) = r
-                && first_failure.is_none()
-            {
-                first_failure = Some(f);
-            }
-        }
+    if sim.is_none()
+        && let Err(f) = run_kept(call, colls, p2p)
+        && first_failure.is_none()
+    {
+        first_failure = Some(f);
     }
     let mut code = result::SUCCESS;
     if mirrored && let Ok(real) = real::real() {
@@ -186,59 +186,35 @@ fn run_pending(call: &str, pending: Vec<Pending>) -> Option<Failure> {
     first
 }
 
-/// Launches the kept collectives in call order. After a communicator's first failure its
-/// later collectives are not launched (its peers then fail theirs with a mismatch or a
-/// timeout, not with data of the wrong call); the other communicators' still are. Returns
-/// the first failure.
-fn run_group_colls(colls: Vec<Coll>) -> Result<(), Failure> {
-    let mut failed: Vec<usize> = Vec::new();
-    let mut first = Ok(());
-    for k in colls {
-        if failed.contains(&k.comm) {
-            continue;
-        }
-        let r = match comm::lookup(k.comm as Ptr) {
-            Handle::Ours(c) => c
-                .usable(k.call)
-                .and_then(|inner| crate::api::launch_native(k.call, c, inner, k.launch, k.stream)),
-            _ => Err(Failure::usage(format!(
-                "{}: its communicator was destroyed before ncclGroupEnd",
-                k.call
-            ))),
-        };
-        if let Err(f) = r {
-            failed.push(k.comm);
-            if first.is_ok() {
-                first = Err(f);
-            }
-        }
-    }
-    first
-}
-
-/// Runs the kept sends and receives, per communicator in the order of first use; every
-/// communicator is tried. Returns the first failure.
-fn run_group_p2p(call: &'static str, ops: Vec<(usize, P2pOp, Ptr)>) -> Result<(), Failure> {
+/// Runs the kept collectives and sends/receives, per communicator in the order of first use
+/// (the collectives', then the sends/receives'); every communicator is tried, and one whose
+/// work fails launches nothing more of this group. Returns the first failure.
+fn run_kept(
+    call: &'static str,
+    colls: Vec<Coll>,
+    p2p: Vec<(usize, P2pOp, Ptr)>,
+) -> Result<(), Failure> {
     let mut comms: Vec<usize> = Vec::new();
-    for (c, _, _) in &ops {
-        if !comms.contains(c) {
-            comms.push(*c);
+    for h in colls.iter().map(|k| k.comm).chain(p2p.iter().map(|o| o.0)) {
+        if !comms.contains(&h) {
+            comms.push(h);
         }
     }
     let mut first = Ok(());
     for handle in comms {
-        let mine: Vec<(P2pOp, Ptr)> = ops
+        let mine: Vec<&Coll> = colls.iter().filter(|k| k.comm == handle).collect();
+        let ops: Vec<(P2pOp, Ptr)> = p2p
             .iter()
             .filter(|(c, _, _)| *c == handle)
             .map(|(_, o, s)| (*o, *s))
             .collect();
+        let name = mine.first().map_or(call, |k| k.call);
         let r = match comm::lookup(handle as Ptr) {
             Handle::Ours(c) => c
-                .usable(call)
-                .and_then(|inner| run_p2p(call, c, inner, &mine)),
+                .usable(name)
+                .and_then(|inner| run_comm(call, c, inner, &mine, &ops)),
             _ => Err(Failure::usage(format!(
-                "{call}: a communicator of this group's sends/receives was destroyed before \
-                 ncclGroupEnd"
+                "{name}: its communicator was destroyed before ncclGroupEnd"
             ))),
         };
         if let Err(f) = r
@@ -250,6 +226,41 @@ fn run_group_p2p(call: &'static str, ops: Vec<(usize, P2pOp, Ptr)>) -> Result<()
     first
 }
 
+/// Launches this thread's kept work of communicator `c` (`comm`, its handle) now and takes it
+/// out of the group: a finalize or destroy inside a group comes after the group's work on
+/// that communicator, as in NCCL, and none of it may outlive the communicator.
+pub fn flush(call: &'static str, comm: Ptr, c: &Comm, inner: &Inner) -> Result<(), Failure> {
+    let (colls, ops) = take(comm);
+    if colls.is_empty() && ops.is_empty() {
+        return Ok(());
+    }
+    let mine: Vec<&Coll> = colls.iter().collect();
+    run_comm(call, c, inner, &mine, &ops)
+}
+
+/// Drops this thread's kept work of communicator `comm` (an abort: none of it is to run).
+pub fn discard(comm: Ptr) {
+    drop(take(comm));
+}
+
+/// Takes this thread's kept collectives and sends/receives of communicator `comm` out of
+/// the group.
+fn take(comm: Ptr) -> (Vec<Coll>, Vec<(P2pOp, Ptr)>) {
+    let h = comm as usize;
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        let (colls, rest): (Vec<Coll>, Vec<Coll>) = std::mem::take(&mut g.colls)
+            .into_iter()
+            .partition(|k| k.comm == h);
+        g.colls = rest;
+        let (ops, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut g.p2p)
+            .into_iter()
+            .partition(|o| o.0 == h);
+        g.p2p = rest;
+        (colls, ops.into_iter().map(|(_, o, s)| (o, s)).collect())
+    })
+}
+
 /// Runs a rank's native sends and receives of one group (see [`dispatch::plan_p2p`]) on the
 /// first operation's stream; the other streams of the group wait for it, and it for them
 /// (events), as NCCL joins a group's streams.
@@ -259,13 +270,38 @@ pub fn run_p2p(
     inner: &Inner,
     ops: &[(P2pOp, Ptr)],
 ) -> Result<(), Failure> {
-    let plain: Vec<P2pOp> = ops.iter().map(|(o, _)| *o).collect();
-    let plan =
-        dispatch::plan_p2p(c.rank, &plain).map_err(|e| Failure::usage(format!("{call}: {e}")))?;
+    run_comm(call, c, inner, &[], ops)
+}
+
+/// Runs one communicator's work of a group: its collectives in call order, then its sends
+/// and receives (see [`dispatch::plan_p2p`]), all on the stream of its first call. The
+/// group's other streams of this communicator wait for that stream before, and it for them
+/// after (events), as NCCL joins a group's streams: a communicator's calls share its
+/// scratch and call counters, so they must not run on two streams at once.
+fn run_comm(
+    call: &'static str,
+    c: &Comm,
+    inner: &Inner,
+    colls: &[&Coll],
+    ops: &[(P2pOp, Ptr)],
+) -> Result<(), Failure> {
+    let plan = if ops.is_empty() {
+        None
+    } else {
+        let plain: Vec<P2pOp> = ops.iter().map(|(o, _)| *o).collect();
+        Some(
+            dispatch::plan_p2p(c.rank, &plain)
+                .map_err(|e| Failure::usage(format!("{call}: {e}")))?,
+        )
+    };
     let mut streams: Vec<Ptr> = Vec::new();
-    for (_, s) in ops {
-        if !streams.contains(s) {
-            streams.push(*s);
+    for s in colls
+        .iter()
+        .map(|k| k.stream)
+        .chain(ops.iter().map(|o| o.1))
+    {
+        if !streams.contains(&s) {
+            streams.push(s);
         }
     }
     let Some(&first) = streams.first() else {
@@ -289,14 +325,21 @@ pub fn run_p2p(
             main.join(o)
                 .map_err(|e| cuda("joining the group's streams", e))?;
         }
-        for &(src, dst, bytes) in &plan.self_copies {
-            // SAFETY: the caller's device buffers of `bytes` each (a send to and a receive
-            // from the own rank of equal size), on its stream.
-            unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, main.cu_stream()) }
-                .map_err(|e| cuda("cuMemcpyDtoDAsync (send to the own rank)", e))?;
+        for k in colls {
+            crate::api::launch_native(k.call, c, inner, k.launch, first)?;
         }
-        run_launches(inner.ours(call)?, &plan.launches, &main)
-            .map_err(|e| Failure::from_comm(call, &e))?;
+        if let Some(plan) = &plan {
+            for &(src, dst, bytes) in &plan.self_copies {
+                // SAFETY: the caller's device buffers of `bytes` each (a send to and a
+                // receive from the own rank of equal size), on its stream.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, main.cu_stream())
+                }
+                .map_err(|e| cuda("cuMemcpyDtoDAsync (send to the own rank)", e))?;
+            }
+            run_launches(inner.ours(call)?, &plan.launches, &main)
+                .map_err(|e| Failure::from_comm(call, &e))?;
+        }
         for o in &others {
             o.join(&main)
                 .map_err(|e| cuda("joining the group's streams", e))?;
