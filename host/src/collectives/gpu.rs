@@ -169,8 +169,13 @@ pub(super) fn check_range(
             "{what}: address {ptr:#x} is not aligned to the element size ({align} bytes)"
         )));
     }
+    // The current context's device (the caller bound the communicator's).
+    let mut dev = 0;
+    // SAFETY: an out-pointer to a local.
+    let have_dev = unsafe { sys::cuCtxGetDevice(&mut dev) } == sys::CUresult::CUDA_SUCCESS;
     // Whether the allocation at `at` is a mapping of the virtual memory API (a handle can be
-    // retained for it; not so for `cuMemAlloc`'s).
+    // retained for it; not so for `cuMemAlloc`'s) that this device may read and write (a
+    // mapping whose access leaves it out would fault the kernel and lose the context).
     let mapped = |at: u64| {
         let mut handle = 0;
         // SAFETY: an out-pointer to a local; the driver only looks the address up.
@@ -181,7 +186,16 @@ pub(super) fn check_range(
         }
         // SAFETY: the reference just retained.
         unsafe { sys::cuMemRelease(handle) };
-        true
+        let location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: dev,
+        };
+        let mut flags = 0;
+        // SAFETY: out-pointer and location are locals; the driver only looks the address up.
+        let r = unsafe { sys::cuMemGetAccess(&mut flags, &location, at) };
+        have_dev
+            && r == sys::CUresult::CUDA_SUCCESS
+            && flags == sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE as u64
     };
     let lookup = |at: u64| {
         let (mut base, mut size) = (0u64, 0usize);
@@ -249,11 +263,17 @@ fn mapped_through<E>(
         return Err(Gap::Beyond { at, first });
     };
     let mut last = first.0;
+    let mut last_mapped: Option<bool> = None;
     while at < end {
         match lookup(at) {
-            // The next allocation starts right where the last one ends, both mappings.
-            Ok((base, size)) if base == at && size > 0 && mapped(last) && mapped(base) => {
-                (last, at) = (base, base.saturating_add(size));
+            // The next allocation starts right where the last one ends, both mappings (the
+            // last one's answer kept from its own step: one question per allocation).
+            Ok((base, size)) if base == at && size > 0 => {
+                let last_ok = *last_mapped.get_or_insert_with(|| mapped(last));
+                if !(last_ok && mapped(base)) {
+                    return Err(Gap::Beyond { at, first });
+                }
+                (last, at, last_mapped) = (base, base.saturating_add(size), Some(true));
             }
             Err(Some(e)) => return Err(Gap::Lost(e)),
             _ => return Err(Gap::Beyond { at, first }),
@@ -332,6 +352,14 @@ mod range_tests {
                 first: (base, m)
             })
         );
+        // One question per allocation crossed: three for all three segments.
+        let mut asked = Vec::new();
+        let whole = mapped_through(base, 3 * m, space(&allocs), |a| {
+            asked.push(a);
+            true
+        });
+        assert_eq!(whole, Ok(()));
+        assert_eq!(asked, [base, base + m, base + 2 * m]);
         // The lookup's own error stops the walk.
         let mut calls = 0;
         let lost = mapped_through(
