@@ -9,6 +9,8 @@
 #
 # Needs: target/release/libmscclpp_nccl.so (carry it), PyTorch in $PYTHON
 # (/opt/torch/.venv/bin/python) with its NCCL wheel, NPROC GPUs (2).
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (passed through) adds the all-reduce of a
+# 48 MiB tensor that lies across the allocator's segments (torch_check.py).
 # ONLY=ours skips the plain run and the comparison with it, and loads no real NCCL beside
 # ours (MSCCLPP_NCCL_LIB=none: a call we would forward fails); with TORCH_CHECK_DEVICE=0
 # every rank uses GPU 0, so a one-GPU machine can check our calls (correctness only). With

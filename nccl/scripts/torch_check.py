@@ -156,7 +156,9 @@ def main():
     # and a large tensor (a DDP bucket) lies across them. Checks that such a tensor is
     # all-reduced (our library once refused it as going beyond its allocation), after making
     # sure, with the driver's own answer, that it does cross one.
-    if "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower():
+    alloc_conf = (os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," +
+                  os.environ.get("PYTORCH_ALLOC_CONF", "")).lower().replace(" ", "")
+    if "expandable_segments:true" in alloc_conf:
         import ctypes
         cu = ctypes.CDLL("libcuda.so.1")
         n = 12 << 20
