@@ -101,16 +101,16 @@ if [ "$want" = fallback ]; then
   else
     echo "FAIL: no WARN line about the set-up failure"; fail=1
   fi
-  grep "WARN" "$LOGS/ours.log" | sort -u | head -3
-  if grep "WARN" "$LOGS/ours.log" | grep -vq "could not set up this communicator"; then
-    echo "FAIL: other warnings from the library:"; grep "WARN" "$LOGS/ours.log" | grep -v "could not set up" | head -5; fail=1
+  grep "\] WARN " "$LOGS/ours.log" | sort -u | head -3
+  if grep "\] WARN " "$LOGS/ours.log" | grep -vq "could not set up this communicator"; then
+    echo "FAIL: other warnings from the library:"; grep "\] WARN " "$LOGS/ours.log" | grep -v "could not set up" | head -5; fail=1
   fi
 else
   if grep -q -- "-> fallback" "$LOGS/paths.txt"; then
     echo "note: calls still forwarded:"; grep -- "-> fallback" "$LOGS/paths.txt"
   fi
-  if grep -q "WARN" "$LOGS/ours.log"; then
-    echo "FAIL: warnings from the library:"; grep "WARN" "$LOGS/ours.log" | head -5; fail=1
+  if grep -q "\] WARN " "$LOGS/ours.log"; then
+    echo "FAIL: warnings from the library:"; grep "\] WARN " "$LOGS/ours.log" | head -5; fail=1
   fi
 fi
 
