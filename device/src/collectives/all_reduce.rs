@@ -270,8 +270,6 @@ pub unsafe fn ll_exchange(ctx: &CollContext, send: *const u8, recv: *mut u8, byt
     let half = packet_half(ctx.packets_len) * (call.seq & 1);
     let aligned = (send as usize | recv as usize).is_multiple_of(8);
     let (first, stride) = (b as u64 * nt as u64 + t as u64, nb as u64 * nt as u64);
-    // Read once, as in `reduce_unit`.
-    let (rank, nranks) = (ctx.rank, ctx.nranks);
     let mut i = first;
     while i < units {
         // SAFETY: i < units (send valid for bytes; the size contract for the packets).
@@ -284,8 +282,8 @@ pub unsafe fn ll_exchange(ctx: &CollContext, send: *const u8, recv: *mut u8, byt
         // of unit i of send (in place too).
         unsafe {
             let mut acc = load_unit(send, i, bytes, aligned);
-            for q in 0..nranks {
-                if q != rank {
+            for q in 0..ctx.nranks {
+                if q != ctx.rank {
                     acc ^= recv_unit(ctx, &mut call, half, i, q);
                 }
             }
@@ -337,13 +335,9 @@ unsafe fn reduce_unit<T: Reduce>(
     own: u64,
     op: u32,
 ) -> u64 {
-    // Read once: the polls below may call out of line (`keep_waiting`), after which the
-    // compiler would load `ctx.rank` again before every peer's poll (one more dependent
-    // load per peer on the critical path).
-    let (rank, nranks) = (ctx.rank, ctx.nranks);
     let mut acc = 0u64;
-    for q in 0..nranks {
-        let v = if q == rank {
+    for q in 0..ctx.nranks {
+        let v = if q == ctx.rank {
             own
         } else {
             // SAFETY: forwarded (caller contract), q a peer.
@@ -351,7 +345,7 @@ unsafe fn reduce_unit<T: Reduce>(
         };
         acc = if q == 0 { v } else { T::op8(op, acc, v) };
     }
-    T::finish8(op, acc, nranks)
+    T::finish8(op, acc, ctx.nranks)
 }
 
 /// Unit `i` of rank `q`'s input, from the LL packet rank `q` wrote into this rank's packet
