@@ -132,8 +132,17 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
         )));
     };
     let mut first_failure = run_pending(call, pending);
-    // A simulated end launches nothing of ours either (every rank simulates alike).
-    if sim.is_none()
+    // A simulated end launches nothing of ours either (every rank simulates alike). A real
+    // NCCL in the group without ncclGroupSimulateEnd (before 2.22) can only end it for real,
+    // running its part: ours then runs too, so that the two halves agree.
+    let cannot_simulate =
+        mirrored && real::real().is_ok_and(|r| r.fns.group_simulate_end.is_none());
+    if sim.is_some() && cannot_simulate {
+        crate::log::warn(&format!(
+            "{call}: the real NCCL has no ncclGroupSimulateEnd, so the group is ended for real"
+        ));
+    }
+    if (sim.is_none() || cannot_simulate)
         && let Err(f) = run_kept(call, colls, p2p)
         && first_failure.is_none()
     {
