@@ -443,6 +443,7 @@ fn print_header(
     nccl_version: &Option<String>,
 ) {
     let a = &config.args;
+    let algo = format!("{:?}", a.algo).to_lowercase();
     if !on_gpu {
         println!("no GPU: running on the Host transport (CPU threads, shared memory)");
     }
@@ -452,14 +453,13 @@ fn print_header(
         a.collective.name(),
         a.dtype,
         redop_name(config),
-        format!("{:?}", a.algo).to_lowercase(),
+        algo,
         nranks
     );
     if a.collective == Collective::AllGather && !matches!(a.algo, AlgoArg::Auto | AlgoArg::Proxy) {
         println!(
-            "# --algo {} is an all-reduce algorithm: all-gather takes auto or proxy, and runs \
-             as the library chooses (the rows name it)",
-            format!("{:?}", a.algo).to_lowercase()
+            "# --algo {algo} is an all-reduce algorithm: all-gather takes auto or proxy, and runs \
+             as the library chooses (the rows name it)"
         );
     }
     println!(
