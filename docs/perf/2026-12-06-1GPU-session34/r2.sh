@@ -5,12 +5,11 @@
 # stalls the thread that makes it; in head the descriptor thread, which waits first, usually
 # makes it, in N the data thread. F = head with F.patch (a wait looks at the host only after
 # waiting 20 us); NF = N + F.patch; WF = W + F.patch.
-# - abfix / abfixp: 8 B under a CUDA graph, 12 rounds of 1000, builds N head F NF WF 98724f9
-#   without PDL, N head F NF with MSCCLPP_PDL=1;
-# - abfixcg: F against head, 8 B-32 KB, 6 rounds of 500, with and without PDL;
+# - abfix / abfixp: 8 B under a CUDA graph, 10 rounds of 1000, builds N head F NF WF 98724f9
+#   without PDL, N head F NF with MSCCLPP_PDL=1 (10 rounds);
+# - abfixcg: F against head, 8 B-32 KB, 4 rounds of 500, with and without PDL;
 # - the fault tests of gpu_collectives built with F (mismatch, stalled rank, departed rank
 #   over packets and semaphores, p2p with a departed rank, graph replay);
-# - ll_exchange bench built with F.
 cd "$(dirname "$0")/../../.." || exit 1
 mkdir -p .gpu && { [ -d .gpu/w ] || tar xzf .gpu/w.tgz -C .gpu; } || exit 1
 S=$PWD/.gpu/w; R=$OUT/r2; mkdir -p $R; T0=$(date +%s); D=docs/perf/2026-12-06-1GPU-session34
@@ -25,9 +24,8 @@ ab() { # NAME ENV ROUNDS BUILDS... -- perf arguments
   done; done; } > /tmp/$name.log 2>&1
 }
 export -f ab; export S
-( timeout 200 scripts/with-mps.sh bash -c 'ab abfix MSCCLPP_PDL=0 12 N head F NF WF 98724f9 -- -b 8 -e 8 -n 1000 -w 50 -G 10; ab abfixp MSCCLPP_PDL=1 12 N head F NF -- -b 8 -e 8 -n 1000 -w 50 -G 10' ); st abfix $?
-( timeout 150 scripts/with-mps.sh bash -c 'ab abfixcg MSCCLPP_PDL=0 6 head F -- -b 8 -e 32K -f 4 -n 500 -w 20 -G 10; ab abfixcgp MSCCLPP_PDL=1 6 head F -- -b 8 -e 32K -f 4 -n 500 -w 20 -G 10' ); st abfixcg $?
+( timeout 200 scripts/with-mps.sh bash -c 'ab abfix MSCCLPP_PDL=0 10 N head F NF WF 98724f9 -- -b 8 -e 8 -n 1000 -w 50 -G 10; ab abfixp MSCCLPP_PDL=1 10 N head F NF -- -b 8 -e 8 -n 1000 -w 50 -G 10' ); st abfix $?
+( timeout 150 scripts/with-mps.sh bash -c 'ab abfixcg MSCCLPP_PDL=0 4 head F -- -b 8 -e 32K -f 4 -n 500 -w 20 -G 10; ab abfixcgp MSCCLPP_PDL=1 4 head F -- -b 8 -e 32K -f 4 -n 500 -w 20 -G 10' ); st abfixcg $?
 for n in abfix abfixp abfixcg abfixcgp; do cp /tmp/$n.log $R/$n.txt; python3 $D/abpair.py $R/$n.txt $R/$n.json > $R/$n-ratios.txt 2>&1; done
 ( timeout 150 scripts/with-mps.sh $S/gpu_collectives --test-threads 1 mismatched calls_queued a_call_a_departed a_receive a_large_send replays ) > $R/gpu_collectives.txt 2>&1; st gpu_collectives $?
-( timeout 120 $S/ll_exchange --bench ) > $R/ll_exchange.txt 2>&1; st ll_exchange $?
 echo done >> $R/steps.txt; tar czf $OUT/r2.tgz -C $OUT r2
