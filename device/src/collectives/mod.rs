@@ -147,12 +147,6 @@ pub mod local_fault {
     pub const LAST_LOOK: usize = BASE + 2;
     /// Least time between two looks at the host's abort word by this rank's waits.
     pub const HOST_LOOK_NS: u64 = 50_000;
-    /// How long a wait must have waited (from its first slow look) before it may look at the
-    /// host's abort word. A look is a few reads across PCIe, a few microseconds in all; a
-    /// wait of a call that goes well lasts less than this, so such calls never pay for a look
-    /// (without it, one call in every `HOST_LOOK_NS` had a thread stalled on the look while
-    /// its data arrived). An abort is seen this much later, against a goal of a second.
-    pub const HOST_LOOK_AFTER_NS: u64 = 20_000;
     /// The value of the local [`ABORT`] copy when a look found, instead of the host's abort
     /// word, the record of a call that gave up for good ([`fault::TIMEOUT`] or
     /// [`fault::ABORTED`](super::fault::ABORTED), never cleared): the communicator cannot
@@ -710,7 +704,7 @@ impl CollContext {
                 let now = arch::global_timer_ns();
                 let t0 = *start.get_or_insert(now);
                 // SAFETY: the context is valid (caller contract).
-                let abort = unsafe { self.abort_word(now, now.wrapping_sub(t0)) };
+                let abort = unsafe { self.abort_word(now) };
                 // A wait of this call (or an earlier one) that gave up for good counts as an
                 // abort here too (`abort_word`): before, this wait ran to a timeout of its
                 // own after the packet wait's, doubling the time a stalled peer held this
@@ -771,7 +765,7 @@ impl CollContext {
         // SAFETY: the context is valid (caller contract); the local fault words are live.
         let (abort, stop, after_left, peer_left) = unsafe {
             (
-                self.abort_word(now, now.wrapping_sub(t0 & !LEFT_SEEN)),
+                self.abort_word(now),
                 arch::ld_relaxed_sys_u64(self.state.add(local_fault::STOP)),
                 self.after_left(&call),
                 self.peer_left(peer),
@@ -863,8 +857,7 @@ impl CollContext {
         }
     }
 
-    /// The abort word as this rank's waits see it: the local copy, and, for a wait that has
-    /// waited `waited` ns, at least [`local_fault::HOST_LOOK_AFTER_NS`], at most once per
+    /// The abort word as this rank's waits see it: the local copy, and, at most once per
     /// [`local_fault::HOST_LOOK_NS`] for the whole rank (the thread that wins a
     /// compare-and-swap of the last look's time), the host's word, copied locally once set;
     /// at the same look, a record of a call that gave up for good counts as an abort
@@ -874,11 +867,11 @@ impl CollContext {
     /// The context valid.
     #[cold]
     #[inline(never)]
-    unsafe fn abort_word(&self, now: u64, waited: u64) -> u64 {
+    unsafe fn abort_word(&self, now: u64) -> u64 {
         // SAFETY: the local fault words are live, local and accessed atomically.
         unsafe {
             let local = arch::ld_relaxed_sys_u64(self.state.add(local_fault::ABORT));
-            if local != 0 || waited < local_fault::HOST_LOOK_AFTER_NS {
+            if local != 0 {
                 return local;
             }
             let last_at = self.state.add(local_fault::LAST_LOOK);

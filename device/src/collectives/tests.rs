@@ -1003,46 +1003,6 @@ fn a_wait_gives_up_on_abort_and_names_it_without_trapping() {
     }
 }
 
-/// A wait looks at the host's abort word (reads across PCIe on a GPU) only once it has waited
-/// [`local_fault::HOST_LOOK_AFTER_NS`]: a wait of a call that goes well never pays for the
-/// look (on an H100 it cost one-shot all-reduce at 8 B about 5%), while one that is still
-/// waiting after that sees the abort at its next look.
-#[test]
-fn only_a_wait_that_has_waited_a_while_looks_at_the_hosts_abort_word() {
-    let w = World::new(2, 16 * 40, 8192);
-    let ctx = &w.ctxs[0];
-    // SAFETY: rank 0's fault area and state, no kernel running; written as the host does.
-    unsafe { crate::arch::st_release_sys_u64(ctx.fault.add(fault::ABORT), fault::ABORT_REQUESTED) };
-    // The clock (started by its first read) must be past the first look's throttle
-    // (`HOST_LOOK_NS` after 0).
-    let _ = crate::arch::global_timer_ns();
-    std::thread::sleep(std::time::Duration::from_nanos(
-        2 * local_fault::HOST_LOOK_NS,
-    ));
-    let call = Call {
-        seq: 0,
-        desc: [1, 0],
-        failed: false,
-        desc_pending: false,
-    };
-    // A wait's first look (t0 = 0) and a look of a wait younger than the gate: no abort.
-    for young in [0, crate::arch::global_timer_ns()] {
-        // SAFETY: the context is valid; peer 1 is a peer.
-        let t0 = unsafe { ctx.keep_waiting(call, 1, fault::AT_PACKET, young) };
-        assert_ne!(t0, 0, "a wait {young} ns old looked at the host's word");
-        // SAFETY: rank 0's local fault words; no kernel running.
-        let local = unsafe { ctx.state.add(local_fault::ABORT).read() };
-        assert_eq!(local, 0, "the host's word was copied by a young wait");
-    }
-    assert_eq!(record(&w, 0).0, 0, "a young wait recorded a fault");
-    // A wait older than the gate looks, sees the abort and gives up, recording it.
-    let old = crate::arch::global_timer_ns() - local_fault::HOST_LOOK_AFTER_NS - 1;
-    // SAFETY: as above.
-    let t0 = unsafe { ctx.keep_waiting(call, 1, fault::AT_PACKET, old) };
-    assert_eq!(t0, 0, "a wait past the gate did not see the abort");
-    assert_eq!(record(&w, 0).0, fault::ABORTED);
-}
-
 /// A call queued behind one that gave up for good (its timeout or abort record stays, the
 /// communicator cannot be used any more) gives up at the first look at the fault area,
 /// without a record of its own (the first one is what the host reports), instead of waiting
