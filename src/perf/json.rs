@@ -76,11 +76,11 @@ const OUTPUT_FLAGS: [&str; 3] = ["--json", "--plot", "--dump-params"];
 
 /// Checks before a run that each output file (`(flag, path)`, `None` where the flag was not
 /// given) can be written: not a folder, in a folder that exists and takes a new file, and no
-/// two flags naming the same file (the second written would replace the first). The files are written after the
-/// run, which may be long: a path that fails then loses its results. A file that exists is
-/// opened for appending and left as it was; for one that does not, a file of this process's
-/// own name beside it is created and removed. Called once, by the process that writes the
-/// files (rank 0, or the launcher before it starts the ranks).
+/// two flags naming the same file (the second written would replace the first). The files
+/// are written after the run, which may be long: a path that fails then loses its results.
+/// A file that exists is opened for appending and left as it was; for one that does not, a
+/// file of this process's own name beside it is created and removed. Called once, by the
+/// process that writes the files (rank 0, or the launcher before it starts the ranks).
 pub fn check_outputs(outputs: &[(&str, Option<&Path>)]) -> Result<(), String> {
     let mut seen: Vec<(&str, PathBuf)> = Vec::new();
     for (flag, path) in outputs.iter().filter_map(|&(f, p)| Some((f, p?))) {

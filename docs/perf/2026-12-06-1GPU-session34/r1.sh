@@ -13,7 +13,7 @@
 # - PyTorch on the library (torch-check.sh with the fixed warning grep).
 cd "$(dirname "$0")/../../.." || exit 1
 mkdir -p .gpu && { [ -d .gpu/v ] || tar xzf .gpu/v.tgz -C .gpu; } || exit 1
-S=$PWD/.gpu/v; R=$OUT/r1; mkdir -p $R; T0=$(date +%s); D=docs/perf/2026-12-06-1GPU-session34
+S=$PWD/.gpu/v; R=$OUT/r1; mkdir -p $R; T0=$(date +%s); D=docs/perf/2026-12-06-1xH100-session33  # its abpair.py
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 MSCCLPP_REQUIRE_GPU=1
 st() { echo "== $1 rc=$2 t=$(( $(date +%s) - T0 ))s" | tee -a "$R/steps.txt"; tar czf $OUT/r1.tgz -C $OUT r1; }
 nvidia-smi -L > $R/gpu.txt 2>&1

@@ -12,7 +12,7 @@
 #   over packets and semaphores, p2p with a departed rank, graph replay);
 cd "$(dirname "$0")/../../.." || exit 1
 mkdir -p .gpu && { [ -d .gpu/w ] || tar xzf .gpu/w.tgz -C .gpu; } || exit 1
-S=$PWD/.gpu/w; R=$OUT/r2; mkdir -p $R; T0=$(date +%s); D=docs/perf/2026-12-06-1GPU-session34
+S=$PWD/.gpu/w; R=$OUT/r2; mkdir -p $R; T0=$(date +%s); D=docs/perf/2026-12-06-1xH100-session33  # its abpair.py
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 MSCCLPP_REQUIRE_GPU=1
 st() { echo "== $1 rc=$2 t=$(( $(date +%s) - T0 ))s" | tee -a "$R/steps.txt"; tar czf $OUT/r2.tgz -C $OUT r2; }
 nvidia-smi -L > $R/gpu.txt 2>&1
