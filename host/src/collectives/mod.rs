@@ -134,6 +134,7 @@
 mod cross;
 mod gpu;
 mod more;
+mod order;
 mod proxy;
 mod xp2p;
 
@@ -799,6 +800,8 @@ pub struct Collectives {
     /// Whether the goodbye names the calls this rank made (see `Drop`); off only in a test
     /// of what peers see without it.
     name_calls_at_close: bool,
+    /// Keeps the GPU calls in call order across streams ([`order`]).
+    order: order::CallOrder,
 }
 
 impl fmt::Debug for Collectives {
@@ -1170,6 +1173,7 @@ impl Collectives {
             context_lost: std::sync::Mutex::new(None),
             stall_noted: std::sync::Mutex::new(None),
             name_calls_at_close: true,
+            order: order::CallOrder::new(),
         })
     }
 
@@ -1256,6 +1260,13 @@ impl Collectives {
     }
 
     /// `r`, remembering a lost context.
+    /// Orders a GPU call on `stream` after this communicator's previous calls, whatever
+    /// their streams ([`order`]); its work must be queued while the returned guard lives.
+    /// The stream's context must be bound ([`gpu::check_stream`]).
+    fn ordered(&self, call: &str, stream: &CudaStream) -> Result<order::Ordered<'_>, CommError> {
+        self.noted(self.order.enter(call, stream))
+    }
+
     fn noted<T>(&self, r: Result<T, CommError>) -> Result<T, CommError> {
         if let Err(e) = &r {
             self.note_lost(e);
@@ -1684,6 +1695,7 @@ impl Collectives {
             self.gpu().expect("GPU backend"),
             stream,
         ))?;
+        let _order = self.ordered("all_reduce", stream)?;
         if count == 0 {
             let ex = cross::Exec::Gpu(stream);
             return self.empty_call(ex, "all_reduce", desc::ALL_REDUCE, dtype, Some(op), None);
@@ -1746,6 +1758,7 @@ impl Collectives {
             self.gpu().expect("GPU backend"),
             stream,
         ))?;
+        let _order = self.ordered("all_gather", stream)?;
         if send_count == 0 {
             let ex = cross::Exec::Gpu(stream);
             return self.empty_call(ex, "all_gather", desc::ALL_GATHER, dtype, None, None);
@@ -1803,6 +1816,7 @@ impl Collectives {
             gpu::check_range("ll_exchange: send", send, bytes, 1)?;
             gpu::check_range("ll_exchange: recv", recv, bytes, 1)
         })())?;
+        let _order = self.ordered("ll_exchange", stream)?;
         let (blocks, threads) = self.grid(Some(AllReduceAlgo::OneShot), bytes);
         // SAFETY: the context holds this communicator's registered memory; the user ranges
         // were checked above and the caller keeps them valid.

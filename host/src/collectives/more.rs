@@ -705,15 +705,21 @@ impl Collectives {
         })
     }
 
-    /// Checks the GPU backend and the stream of a `_raw` call.
-    fn more_gpu_call(&self, call: &str, stream: &CudaStream) -> Result<(), CommError> {
+    /// Checks the GPU backend and the stream of a `_raw` call, and orders the call after the
+    /// communicator's previous ones (its work must be queued while the guard lives).
+    fn more_gpu_call(
+        &self,
+        call: &str,
+        stream: &CudaStream,
+    ) -> Result<super::order::Ordered<'_>, CommError> {
         self.gpu_kernels(call)?;
         self.check_fault(call, false)?;
         self.noted(gpu::check_stream(
             call,
             self.gpu().expect("GPU backend"),
             stream,
-        ))
+        ))?;
+        self.ordered(call, stream)
     }
 
     /// Reduce-scatter: `send` holds `nranks * recv_count` elements (block `p` for rank `p`);
@@ -736,7 +742,7 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let call = "reduce_scatter";
-        self.more_gpu_call(call, stream)?;
+        let _order = self.more_gpu_call(call, stream)?;
         let word = check_reducing(call, recv_count, dtype)?;
         let (n, es) = (self.nranks(), dtype.size());
         let bytes = checked_bytes(call, recv_count, es)?;
@@ -781,7 +787,7 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let call = "reduce";
-        self.more_gpu_call(call, stream)?;
+        let _order = self.more_gpu_call(call, stream)?;
         self.check_root(call, root)?;
         let word = check_reducing(call, count, dtype)?;
         let es = dtype.size();
@@ -826,7 +832,7 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let call = "broadcast";
-        self.more_gpu_call(call, stream)?;
+        let _order = self.more_gpu_call(call, stream)?;
         self.check_root(call, root)?;
         let es = dtype.size();
         let bytes = checked_bytes(call, count, es)?;
@@ -867,7 +873,7 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         let call = "all_to_all";
-        self.more_gpu_call(call, stream)?;
+        let _order = self.more_gpu_call(call, stream)?;
         let es = dtype.size();
         let bytes = checked_bytes(call, count, es)?;
         let total = checked_bytes(call, bytes, self.nranks())?;
@@ -1561,7 +1567,7 @@ impl Collectives {
     /// buffers not be accessed by others meanwhile, and send buffers not written.
     pub unsafe fn group(&self, ops: &[P2pOp], stream: &CudaStream) -> Result<(), CommError> {
         let call = "group";
-        self.more_gpu_call(call, stream)?;
+        let _order = self.more_gpu_call(call, stream)?;
         let (ops, stage) = self.p2p_ops(call, ops, true)?;
         if ops.count == 0 {
             return Ok(());
