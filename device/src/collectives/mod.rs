@@ -88,17 +88,21 @@ pub mod all_reduce;
 pub mod all_to_all;
 pub mod broadcast;
 pub mod cross;
+pub mod fp8;
 pub mod ll;
 pub mod pipe;
 pub mod proxy;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
+pub mod staging;
 pub mod types;
 pub mod xp2p;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests_fp8;
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests_more;
 
@@ -431,10 +435,12 @@ pub mod desc {
     /// Bits 0..8 of the tag: the collective.
     pub const KIND_SHIFT: u32 = 0;
     /// Bits 8..16: the element type (1 f32, 2 f16, 3 bf16, 4 f64, 5 i8, 6 u8, 7 i32, 8 u32,
-    /// 9 i64, 10 u64, 11 fp8 e4m3, 12 fp8 e5m2; 0 for byte movers that take none).
+    /// 9 i64, 10 u64, 11 fp8 e4m3, 12 fp8 e5m2; 0 for byte movers that take none). A
+    /// reducing call of fp8 carries its data widened to f32 (see
+    /// [`staging`](super::staging)).
     pub const DTYPE_SHIFT: u32 = 8;
     /// Bits 16..24: the reduction, [`op`](super::op) code + 1 (1 sum, 2 prod, 3 min, 4 max,
-    /// 5 avg; 0 for the collectives that do not reduce). Reducing kernels built for any
+    /// 5 avg, 6 pre-multiplied sum; 0 for the collectives that do not reduce). Reducing kernels built for any
     /// operation read theirs here ([`op_code`]).
     pub const OP_SHIFT: u32 = 16;
     /// Bits 24..32: the algorithm.

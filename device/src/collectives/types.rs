@@ -31,8 +31,12 @@ pub mod op {
     pub const MAX: u32 = 3;
     /// Sum divided by the number of ranks.
     pub const AVG: u32 = 4;
+    /// A pre-multiplied sum: each rank's input scaled by its own scalar before the call's
+    /// kernels run (the host's staging pass), so the kernels sum, as for [`SUM`]. A code of
+    /// its own so that the call descriptor names it.
+    pub const PRE_MUL_SUM: u32 = 5;
     /// Codes are below this.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// Element types the reductions support, as lane-wise operations on raw bits.
@@ -49,7 +53,7 @@ pub trait Reduce: Copy {
     /// `op` on the lanes of two 8-byte words.
     #[inline(always)]
     fn op8(op: u32, a: u64, b: u64) -> u64 {
-        if op == op::SUM || op == op::AVG {
+        if op == op::SUM || op == op::AVG || op == op::PRE_MUL_SUM {
             Self::add8(a, b)
         } else {
             lanes8::<Self>(op, a, b)
@@ -353,6 +357,13 @@ pub mod dtype {
     pub const I64: u32 = 9;
     /// u64.
     pub const U64: u32 = 10;
+    /// fp8 e4m3. The reducing kernels see it only in calls whose data the host widened to
+    /// f32 (`mscclpp_host`'s staged reductions: the kernels reduce f32, one rounding to fp8
+    /// at the end), so they reduce it as [`F32`] (4 bytes); the code keeps the type's name
+    /// in the call descriptor.
+    pub const FP8E4M3: u32 = 11;
+    /// fp8 e5m2, as [`FP8E4M3`].
+    pub const FP8E5M2: u32 = 12;
 }
 
 /// Any reducing type of `S` bytes, chosen at run time: the any-operation kernels are built
@@ -368,7 +379,7 @@ pub struct Dyn<const S: u64>;
 macro_rules! by_dtype {
     ($s:expr, $dt:expr, $t:ident => $e:expr, $none:expr) => {
         match $dt {
-            dtype::F32 if F32::SIZE == $s => {
+            dtype::F32 | dtype::FP8E4M3 | dtype::FP8E5M2 if F32::SIZE == $s => {
                 type $t = F32;
                 $e
             }
@@ -499,7 +510,7 @@ impl<const S: u64> Reduce for Dyn<S> {
 pub const fn dtype_size(dt: u32) -> u64 {
     match dt {
         dtype::F64 | dtype::I64 | dtype::U64 => 8,
-        dtype::F32 | dtype::I32 | dtype::U32 => 4,
+        dtype::F32 | dtype::I32 | dtype::U32 | dtype::FP8E4M3 | dtype::FP8E5M2 => 4,
         dtype::F16 | dtype::BF16 => 2,
         dtype::I8 | dtype::U8 => 1,
         _ => 0,
@@ -564,7 +575,8 @@ impl Reduce for Bytes {
         each!(
             dtype::F32 => F32, dtype::F16 => F16, dtype::BF16 => Bf16, dtype::F64 => F64,
             dtype::I8 => I8, dtype::U8 => U8, dtype::I32 => I32, dtype::U32 => U32,
-            dtype::I64 => I64, dtype::U64 => U64
+            dtype::I64 => I64, dtype::U64 => U64,
+            dtype::FP8E4M3 => F32, dtype::FP8E5M2 => F32
         )
     }
 }

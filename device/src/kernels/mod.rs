@@ -10,3 +10,4 @@ pub mod litmus;
 pub mod memory_test;
 pub mod proxy_test;
 pub mod smoke;
+pub mod staging;
