@@ -293,12 +293,20 @@ fn input<E: T>(op: ReduceOp, r: usize, i: usize, call: usize, unsigned: bool) ->
     }
 }
 
+/// The position of a built-in `op` in [`ReduceOp::ALL`].
+fn op_index(op: ReduceOp) -> usize {
+    ReduceOp::ALL
+        .iter()
+        .position(|&o| o == op)
+        .expect("a built-in operation")
+}
+
 fn reference<E: T>(op: ReduceOp, n: usize, mut at: impl FnMut(usize) -> E) -> E {
     let mut acc = at(0);
     for q in 1..n {
         let x = at(q);
         acc = match op {
-            ReduceOp::Sum | ReduceOp::Avg => E::sum(acc, x),
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => E::sum(acc, x),
             ReduceOp::Prod => E::prod(acc, x),
             ReduceOp::Min => E::min(acc, x),
             ReduceOp::Max => E::max(acc, x),
@@ -316,7 +324,7 @@ fn check_all_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp], u
     let (n, r) = (c.nranks(), c.rank());
     for (k, &count) in counts.iter().enumerate() {
         for &op in ops {
-            let call = k * 5 + op as usize;
+            let call = k * 5 + op_index(op);
             let send: Vec<E> = (0..count)
                 .map(|i| input(op, r, i, call, unsigned))
                 .collect();
@@ -367,7 +375,7 @@ fn check_reduce_scatter<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp
     let (n, r) = (c.nranks(), c.rank());
     for &count in counts {
         for &op in ops {
-            let call = count + op as usize;
+            let call = count + op_index(op);
             let send: Vec<E> = (0..n * count).map(|i| value(op, r, i, call)).collect();
             let want: Vec<E> = (0..count)
                 .map(|i| reference(op, n, |q| value(op, q, r * count + i, call)))
@@ -392,7 +400,7 @@ fn check_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp]) {
     for &count in counts {
         for &op in ops {
             for root in 0..n {
-                let call = count + op as usize + root;
+                let call = count + op_index(op) + root;
                 let send: Vec<E> = (0..count).map(|i| value(op, r, i, call)).collect();
                 let want: Vec<E> = (0..count)
                     .map(|i| reference(op, n, |q| value(op, q, i, call)))

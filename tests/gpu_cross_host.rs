@@ -146,7 +146,7 @@ fn reduce(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
         DataType::F32 => {
             let (x, y) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
             let r = match op {
-                ReduceOp::Sum => x + y,
+                ReduceOp::Sum | ReduceOp::PreMulSum(_) => x + y,
                 ReduceOp::Avg => (x + y) / 2.0,
                 ReduceOp::Max => x.max(y),
                 ReduceOp::Min => x.min(y),

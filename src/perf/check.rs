@@ -149,14 +149,15 @@ fn float_value(dtype: DataType, b: u64) -> f64 {
     }
 }
 
-/// `op` on two elements of `dtype` (average: the sum), as the library defines it.
+/// `op` on two elements of `dtype` (average and pre-multiplied sum: the sum), as the library
+/// defines it.
 pub fn combine(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
     use std::cmp::Ordering::{Greater, Less};
     macro_rules! float {
         ($t:ty, $from:expr, $to:expr) => {{
             let (x, y): ($t, $t) = ($from(a), $from(b));
             let r = match op {
-                ReduceOp::Sum | ReduceOp::Avg => x + y,
+                ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => x + y,
                 ReduceOp::Prod => x * y,
                 ReduceOp::Min => {
                     if y.total_cmp(&x) == Less {
@@ -180,7 +181,7 @@ pub fn combine(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
         ($t:ty) => {{
             let (x, y) = (<$t>::from_bits(a), <$t>::from_bits(b));
             let r = match op {
-                ReduceOp::Sum | ReduceOp::Avg => x.wrapping_add(y),
+                ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => x.wrapping_add(y),
                 ReduceOp::Prod => x.wrapping_mul(y),
                 ReduceOp::Min => x.min(y),
                 ReduceOp::Max => x.max(y),

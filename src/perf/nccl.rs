@@ -285,10 +285,12 @@ pub fn nccl_type(dtype: DataType) -> sys::ncclDataType_t {
 }
 
 /// NCCL's operation for `op` (NCCL's average, like ours, is the sum divided by the number of
-/// ranks; for floats it multiplies each input by `1/nranks` first).
+/// ranks; for floats it multiplies each input by `1/nranks` first). The tool runs the
+/// built-in operations only (`-o`): a pre-multiplied sum, which NCCL makes per
+/// communicator, is compared as the sum.
 pub fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
     match op {
-        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Sum | ReduceOp::PreMulSum(_) => sys::ncclRedOp_t::ncclSum,
         ReduceOp::Prod => sys::ncclRedOp_t::ncclProd,
         ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
         ReduceOp::Max => sys::ncclRedOp_t::ncclMax,

@@ -1672,7 +1672,7 @@ pub(super) enum Exec<'a> {
 
 impl Exec<'_> {
     /// The call's name in messages: `name` on a GPU, `name_host` on the Host backend.
-    fn name(self, name: &str) -> String {
+    pub(super) fn name(self, name: &str) -> String {
         match self {
             Exec::Host => format!("{name}_host"),
             Exec::Gpu(_) => name.to_string(),

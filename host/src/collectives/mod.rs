@@ -136,12 +136,14 @@ mod gpu;
 mod more;
 mod order;
 mod proxy;
+mod staged;
 mod xp2p;
 
 pub use cross::{CROSS_BUFFER_ENV, CROSS_TWO_SHOT_SAVES};
 pub use more::P2pOp;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
+pub use staged::{Fp8E4M3, Fp8E5M2, PreMulScalar, STAGING_BYTES};
 pub use xp2p::P2P_PEERS_ENV;
 
 use std::collections::HashMap;
@@ -183,9 +185,10 @@ pub enum DataType {
     I64,
     /// Unsigned 64-bit integer.
     U64,
-    /// 8-bit float e4m3 (moved, not reduced: all-gather, broadcast, all-to-all, send/recv).
+    /// 8-bit float e4m3 ([`Fp8E4M3`]); its reductions accumulate in f32 and round once
+    /// (see [`STAGING_BYTES`]'s module, "Staged reductions").
     Fp8E4M3,
-    /// 8-bit float e5m2 (moved, not reduced).
+    /// 8-bit float e5m2 ([`Fp8E5M2`]), reduced as e4m3.
     Fp8E5M2,
 }
 
@@ -255,10 +258,14 @@ pub enum ReduceOp {
     Max,
     /// The sum divided once, at the end, by the number of ranks (integers: truncated).
     Avg,
+    /// Every rank's input times its own scalar (in the type), then summed in rank order:
+    /// NCCL's `ncclRedOpCreatePreMulSum`. Made by [`ReduceOp::pre_mul_sum`] (a host value)
+    /// or [`ReduceOp::pre_mul_sum_at`] (read from memory when the call runs).
+    PreMulSum(PreMulScalar),
 }
 
 impl ReduceOp {
-    /// Every operation.
+    /// Every built-in operation (all but [`PreMulSum`](ReduceOp::PreMulSum)).
     pub const ALL: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Prod,
@@ -275,6 +282,7 @@ impl ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Max => "max",
             ReduceOp::Avg => "avg",
+            ReduceOp::PreMulSum(_) => "premulsum",
         }
     }
 }
@@ -412,6 +420,7 @@ impl Element for i64 {
 impl Element for u64 {
     const DTYPE: DataType = DataType::U64;
 }
+// The fp8 types' `Element` impls are beside them, in `staged.rs`.
 
 /// Settings of [`Collectives`].
 #[derive(Debug, Clone)]
@@ -802,6 +811,8 @@ pub struct Collectives {
     name_calls_at_close: bool,
     /// Keeps the GPU calls in call order across streams ([`order`]).
     order: order::CallOrder,
+    /// The staging of fp8 reductions and pre-multiplied sums (`staged.rs`).
+    staging: staged::Staging,
 }
 
 impl fmt::Debug for Collectives {
@@ -1174,6 +1185,7 @@ impl Collectives {
             stall_noted: std::sync::Mutex::new(None),
             name_calls_at_close: true,
             order: order::CallOrder::new(),
+            staging: staged::Staging::new(),
         })
     }
 
@@ -1686,6 +1698,11 @@ impl Collectives {
         algo: AllReduceAlgo,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
+        if staged::is_staged(dtype, op) {
+            let (ex, what) = (cross::Exec::Gpu(stream), staged::Staged::AllReduce);
+            // SAFETY: forwarded (caller contract).
+            return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
+        }
         let kernels = self.gpu_kernels("all_reduce")?;
         more::check_reducing("all_reduce", count, dtype)?;
         self.check_fault("all_reduce", false)?;
@@ -2028,6 +2045,11 @@ impl Collectives {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<(), CommError> {
+        if staged::is_staged(dtype, op) {
+            let (ex, what) = (cross::Exec::Host, staged::Staged::AllReduce);
+            // SAFETY: forwarded (caller contract).
+            return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
+        }
         self.host_only("all_reduce_host")?;
         more::check_reducing("all_reduce_host", count, dtype)?;
         let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
@@ -2154,6 +2176,7 @@ type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
 
 /// The descriptor code of a data type: its index in [`DataType::ALL`] plus one.
 pub(super) fn dtype_code(d: DataType) -> u64 {
+    let d = staged::described_dtype(d);
     DataType::ALL
         .iter()
         .position(|&x| x == d)
@@ -2162,7 +2185,7 @@ pub(super) fn dtype_code(d: DataType) -> u64 {
 
 /// The descriptor code of a reduction: `mscclpp_device::collectives::op` code plus one.
 pub(super) fn op_desc(op: ReduceOp) -> u64 {
-    more::op_code(op) as u64 + 1
+    more::op_code(staged::described_op(op)) as u64 + 1
 }
 
 const AR_ALGOS: [(AllReduceAlgo, &str); 5] = [
@@ -2177,7 +2200,7 @@ const AG_ALGOS: [(AllGatherAlgo, &str); 3] = [
     (AllGatherAlgo::Proxy, "proxy"),
     (AllGatherAlgo::Packets, "packets"),
 ];
-const OPS: [&str; 5] = ["sum", "prod", "min", "max", "avg"];
+const OPS: [&str; 6] = ["sum", "prod", "min", "max", "avg", "premulsum"];
 
 /// Whether `dtype` and `op` have the sum-only kernels (every algorithm): sums of f32, f16
 /// and bf16. Every other all-reduce runs the any-operation kernels, which exist for
@@ -2295,10 +2318,18 @@ fn describe(d: [u64; 2]) -> String {
     let dname = SHORT
         .get(field(desc::DTYPE_SHIFT).wrapping_sub(1))
         .unwrap_or(&"?");
-    let size = dtype.map_or(1, |x| x.size() as u64);
     let op = OPS
         .get(field(desc::OP_SHIFT).wrapping_sub(1))
         .unwrap_or(&"?");
+    // A reduction of fp8 carries its data widened to f32 (`staged.rs`).
+    let widened = *op != "?" && matches!(dtype, Some(DataType::Fp8E4M3 | DataType::Fp8E5M2));
+    let dtype = if widened { Some(&DataType::F32) } else { dtype };
+    let dname = if widened {
+        format!("{dname} (in f32)")
+    } else {
+        dname.to_string()
+    };
+    let size = dtype.map_or(1, |x| x.size() as u64);
     let root = desc::root(tag);
     let ll = field(desc::ALGO_SHIFT) == 1;
     // A call of no elements carries no algorithm (`Collectives::empty_call`).
@@ -2317,8 +2348,7 @@ fn describe(d: [u64; 2]) -> String {
         desc::ALL_REDUCE => {
             let algo = AR_ALGOS.get(field(desc::ALGO_SHIFT).wrapping_sub(1));
             let sum = dtype.is_some_and(|d| {
-                OPS.get(field(desc::OP_SHIFT).wrapping_sub(1)) == Some(&"sum")
-                    && sum_kernels(*d, ReduceOp::Sum)
+                matches!(*op, "sum" | "premulsum") && sum_kernels(*d, ReduceOp::Sum)
             });
             let bytes_n = !sum
                 && algo

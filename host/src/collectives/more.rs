@@ -131,17 +131,14 @@ pub(super) fn op_code(op: ReduceOp) -> u32 {
         ReduceOp::Min => op::MIN,
         ReduceOp::Max => op::MAX,
         ReduceOp::Avg => op::AVG,
+        ReduceOp::PreMulSum(_) => op::PRE_MUL_SUM,
     }
 }
 
-/// Refuses the types that are moved but not reduced; `count` as the kernels take it.
+/// `count` as the reducing kernels take it. Every type is reduced: fp8 (which has no
+/// kernels of its own) is staged in f32 before it gets here (`staged.rs`).
 pub(super) fn check_reducing(call: &str, count: usize, dtype: DataType) -> Result<u64, CommError> {
-    if reduce_index(dtype).is_none() {
-        return Err(invalid(format!(
-            "{call}: {dtype} is moved but not reduced (all-gather, broadcast, all-to-all and \
-             send/recv take it)"
-        )));
-    }
+    let _ = (call, dtype);
     Ok(count as u64)
 }
 
@@ -501,6 +498,17 @@ impl Collectives {
     /// # Safety
     /// The ranges valid host memory for the plan.
     unsafe fn more_host(&self, call: &str, p: Plan, send: u64, recv: u64) -> Result<(), CommError> {
+        if let Some(op) = p.op
+            && super::staged::is_staged(p.dtype, op)
+        {
+            let what = match p.kind {
+                Kind::Reduce => super::staged::Staged::Reduce(p.root),
+                _ => super::staged::Staged::ReduceScatter,
+            };
+            let count = p.pair_bytes / p.dtype.size();
+            // SAFETY: forwarded (caller contract).
+            return unsafe { self.staged(Exec::Host, what, send, recv, count, p.dtype, op) };
+        }
         self.host_only(call)?;
         if p.pair_bytes == 0 {
             let root = matches!(p.kind, Kind::Reduce | Kind::Broadcast).then_some(p.root);
@@ -741,6 +749,11 @@ impl Collectives {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
+        if super::staged::is_staged(dtype, op) {
+            let (ex, what) = (Exec::Gpu(stream), super::staged::Staged::ReduceScatter);
+            // SAFETY: forwarded (caller contract).
+            return unsafe { self.staged(ex, what, send, recv, recv_count, dtype, op) };
+        }
         let call = "reduce_scatter";
         let _order = self.more_gpu_call(call, stream)?;
         let word = check_reducing(call, recv_count, dtype)?;
@@ -786,6 +799,11 @@ impl Collectives {
         root: usize,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
+        if super::staged::is_staged(dtype, op) {
+            let (ex, what) = (Exec::Gpu(stream), super::staged::Staged::Reduce(root));
+            // SAFETY: forwarded (caller contract).
+            return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
+        }
         let call = "reduce";
         let _order = self.more_gpu_call(call, stream)?;
         self.check_root(call, root)?;
@@ -1075,6 +1093,44 @@ impl Collectives {
             let r = p.add(self.rank() * count);
             self.more_host(call, plan, p as u64, r as u64)
         }
+    }
+
+    /// Host backend: reduce-scatter of raw host ranges (`send`: `nranks * count` elements).
+    ///
+    /// # Safety
+    /// Both ranges valid host memory for those elements.
+    pub(super) unsafe fn host_reduce_scatter_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let call = "reduce_scatter_host";
+        let plan = self.plan_rs(call, count, dtype, op)?;
+        // SAFETY: caller contract.
+        unsafe { self.more_host(call, plan, send, recv) }
+    }
+
+    /// Host backend: reduce to `root` of raw host ranges (`count` elements each).
+    ///
+    /// # Safety
+    /// Both ranges valid host memory for those elements (`recv` on the root).
+    pub(super) unsafe fn host_reduce_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let call = "reduce_host";
+        self.check_root(call, root)?;
+        let plan = self.plan_rooted(call, count, dtype, Some(op), root)?;
+        // SAFETY: caller contract.
+        unsafe { self.more_host(call, plan, send, recv) }
     }
 
     fn plan_rs(
