@@ -4,9 +4,9 @@
  * Written for the mscclpp (Rust) project. Programs built against NVIDIA's nccl.h of a 2.2x
  * release run on libmscclpp_nccl.so unchanged (link to it, or LD_PRELOAD it); this header is
  * for building against the library directly. All-reduce, reduce-scatter and reduce (sum,
- * prod, min, max, avg on every integer and floating type but fp8), all-gather, broadcast,
- * all-to-all, send/recv, gather and scatter (every type) run on mscclpp's kernels; the rest
- * (pre-multiplied sums, fp8 reductions, registration, windows, the device API, and whatever
+ * prod, min, max, avg and pre-multiplied sums on every type, fp8 included), all-gather,
+ * broadcast, all-to-all, send/recv, gather and scatter (every type) run on mscclpp's kernels;
+ * the rest (registration, windows, the device API, and whatever
  * MSCCLPP_NCCL_FALLBACK names) goes to the real NCCL, which the library loads at run time
  * (MSCCLPP_NCCL_LIB, or a libnccl.so.2 already loaded, on the library path, or in a Python
  * site-packages). The README's "NCCL library" section has the details.

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::time::Duration;
 
 use mscclpp_host::bootstrap::BootstrapConfig;
-use mscclpp_host::collectives::{DataType, P2pOp};
+use mscclpp_host::collectives::{DataType, P2pOp, PreMulScalar};
 
 use crate::comm::{
     self, Comm, ConfigCopy, Handle, Inner, RealChild, RealSetup, decode_color_key,
@@ -95,12 +95,7 @@ fn check_op(call: &str, inner: Option<&Inner>, op: NcclRedOp) -> Result<(), Fail
         return Ok(());
     }
     let made = (NUM_OPS..=MAX_RED_OP).contains(&op)
-        && inner.is_none_or(|i| {
-            i.premul_ops
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&op)
-        });
+        && inner.is_none_or(|i| i.premul_ops.get(op).is_some());
     if made {
         Ok(())
     } else {
@@ -108,6 +103,28 @@ fn check_op(call: &str, inner: Option<&Inner>, op: NcclRedOp) -> Result<(), Fail
             "{call}: invalid reduction operation {op} (0..4, or one made by \
              ncclRedOpCreatePreMulSum on this communicator)"
         )))
+    }
+}
+
+/// [`check_op`], then the scalar of a pre-multiplied sum (`None` for a built-in operation),
+/// whose type must be the call's.
+fn resolve_op(
+    call: &str,
+    inner: &Inner,
+    op: NcclRedOp,
+    datatype: NcclDataType,
+) -> Result<Option<PreMulScalar>, Failure> {
+    check_op(call, Some(inner), op)?;
+    let Some(s) = inner.premul_ops.get(op) else {
+        return Ok(None);
+    };
+    match types::native_dtype(datatype) {
+        Some(d) if d == s.dtype() => Ok(Some(s)),
+        _ => Err(Failure::arg(format!(
+            "{call}: operation {op} is a pre-multiplied sum of {}, the call's data type is {}",
+            s.dtype(),
+            dtype_name(datatype).unwrap_or("?")
+        ))),
     }
 }
 
@@ -1106,8 +1123,8 @@ pub(crate) fn launch_native(
 }
 
 export! {
-    /// `ncclAllReduce`: native for every built-in operation on every type but fp8 (unless
-    /// `MSCCLPP_NCCL_FALLBACK` names it); pre-multiplied sums and fp8 on the real NCCL.
+    /// `ncclAllReduce`: native for every operation on every type (unless
+    /// `MSCCLPP_NCCL_FALLBACK` names it; pre-multiplied sums, made here, are always native).
     fn ncclAllReduce / pncclAllReduce(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType,
         op: NcclRedOp, comm: Ptr, stream: Ptr,
@@ -1126,8 +1143,8 @@ export! {
             check_ptr(call, "sendbuff", sendbuff, count)?;
             check_ptr(call, "recvbuff", recvbuff, count)?;
             let inner = c.usable(call)?;
-            check_op(call, Some(inner), op)?;
-            match dispatch::reducing(&inner.fallback, NativeCall::AllReduce, datatype, op) {
+            let premul = resolve_op(call, inner, op, datatype)?;
+            match dispatch::reducing(&inner.fallback, NativeCall::AllReduce, datatype, op, premul) {
                 Ok((dtype, o)) => {
                     let l = Launch::AllReduce { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op: o };
                     native(call, c, inner, dt, op_name(op), l, stream)
@@ -1190,8 +1207,8 @@ export! {
             check_ptr(call, "sendbuff", sendbuff, recvcount)?;
             check_ptr(call, "recvbuff", recvbuff, recvcount)?;
             let inner = c.usable(call)?;
-            check_op(call, Some(inner), op)?;
-            match dispatch::reducing(&inner.fallback, NativeCall::ReduceScatter, datatype, op) {
+            let premul = resolve_op(call, inner, op, datatype)?;
+            match dispatch::reducing(&inner.fallback, NativeCall::ReduceScatter, datatype, op, premul) {
                 Ok((dtype, o)) => {
                     let l = Launch::ReduceScatter { send: sendbuff as u64, recv: recvbuff as u64, count: recvcount, dtype, op: o };
                     native(call, c, inner, dt, op_name(op), l, stream)
@@ -1290,8 +1307,8 @@ export! {
                 check_ptr(call, "recvbuff", recvbuff, count)?;
             }
             let inner = c.usable(call)?;
-            check_op(call, Some(inner), op)?;
-            match dispatch::reducing(&inner.fallback, NativeCall::Reduce, datatype, op) {
+            let premul = resolve_op(call, inner, op, datatype)?;
+            match dispatch::reducing(&inner.fallback, NativeCall::Reduce, datatype, op, premul) {
                 Ok((dtype, o)) => {
                     let l = Launch::Reduce {
                         send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op: o, root: root as usize,
@@ -1942,7 +1959,9 @@ export! {
 }
 
 export! {
-    /// `ncclRedOpCreatePreMulSum`: made on the real communicator; its calls go there.
+    /// `ncclRedOpCreatePreMulSum`: made here (native calls): a host scalar
+    /// (`ncclScalarHostImmediate`) is read now, a device one (`ncclScalarDevice`) by every
+    /// call that uses the operation, when it runs.
     fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
         op: *mut NcclRedOp, scalar: Ptr, datatype: NcclDataType, residence: c_int, comm: Ptr,
     ) -> NcclResult {
@@ -1950,10 +1969,30 @@ export! {
             let call = "ncclRedOpCreatePreMulSum";
             check_out(call, "op", op)?;
             check_out(call, "scalar", scalar)?;
-            let dt = check_dtype(call, datatype)?;
-            if !(0..=1).contains(&residence) {
-                return Err(Failure::arg(format!("{call}: invalid residence {residence} (0 or 1)")));
-            }
+            check_dtype(call, datatype)?;
+            let dtype = types::native_dtype(datatype)
+                .ok_or_else(|| Failure::arg(format!("{call}: invalid data type {datatype}")))?;
+            let s = match residence {
+                types::SCALAR_DEVICE => PreMulScalar::Device { dtype, ptr: scalar as u64 },
+                types::SCALAR_HOST_IMMEDIATE => {
+                    let mut bits = 0u64;
+                    // SAFETY: NCCL's contract: `scalar` points at one element of `datatype`
+                    // in host memory (checked non-null); at most 8 bytes into `bits`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            scalar as *const u8,
+                            &mut bits as *mut u64 as *mut u8,
+                            dtype.size(),
+                        )
+                    };
+                    PreMulScalar::Host { dtype, bits }
+                }
+                r => {
+                    return Err(Failure::arg(format!(
+                        "{call}: invalid residence {r} (0: ncclScalarDevice, 1: ncclScalarHostImmediate)"
+                    )));
+                }
+            };
             let run = move |real: &'static Real, p: Ptr| {
                 // SAFETY: NCCL's signature, the caller's arguments.
                 Ok(unsafe { need(call, real, real.fns.red_op_create_pre_mul_sum)?(op, scalar, datatype, residence, p) })
@@ -1963,17 +2002,18 @@ export! {
                 Target::Ours(c) => c,
             };
             let inner = c.ready(call)?;
-            let r = forward(call, c, inner, "a pre-multiplied sum", dt, "premulsum", run)?;
-            // SAFETY: checked non-null; written by the real NCCL.
-            let made = unsafe { *op };
-            inner.premul_ops.lock().unwrap_or_else(|e| e.into_inner()).insert(made);
-            Ok(r)
+            let made = inner.premul_ops.create(s).map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+            // SAFETY: checked non-null; the caller's output.
+            unsafe { *op = made };
+            Ok(result::SUCCESS)
         })
     }
 }
 
 export! {
-    /// `ncclRedOpDestroy`.
+    /// `ncclRedOpDestroy`: forgets an operation made by `ncclRedOpCreatePreMulSum` on this
+    /// communicator (a built-in one, an unknown one or one destroyed already is an invalid
+    /// argument).
     fn ncclRedOpDestroy / pncclRedOpDestroy(op: NcclRedOp, comm: Ptr) -> NcclResult {
         guard("ncclRedOpDestroy", || {
             let call = "ncclRedOpDestroy";
@@ -1986,13 +2026,8 @@ export! {
                 Target::Ours(c) => c,
             };
             let inner = c.ready(call)?;
-            let known = inner.premul_ops.lock().unwrap_or_else(|e| e.into_inner()).remove(&op);
-            if !known {
-                return Err(Failure::arg(format!(
-                    "{call}: operation {op} was not made by ncclRedOpCreatePreMulSum on this communicator"
-                )));
-            }
-            forward(call, c, inner, "a pre-multiplied sum", "-", "premulsum", run)
+            inner.premul_ops.destroy(op).map_err(|e| Failure::arg(format!("{call}: {e}")))?;
+            Ok(result::SUCCESS)
         })
     }
 }

@@ -2,7 +2,7 @@
 //! (ours and the real NCCL's beside it), split and shrink.
 
 use std::cell::Cell;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +14,7 @@ use cudarc::driver::{result as cu, sys as cusys};
 use mscclpp_host::bootstrap::{
     BlockingBootstrap, BootstrapConfig, BootstrapRoot, UniqueId, create_unique_id_at,
 };
-use mscclpp_host::collectives::{CollConfig, Collectives};
+use mscclpp_host::collectives::{CollConfig, Collectives, PreMulScalar};
 use mscclpp_host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp_host::cuda::{CudaError, CudaStream, Gpu, device_count};
 use mscclpp_host::transport::tcp::root_ip;
@@ -56,7 +56,7 @@ pub struct Inner {
     /// Sequence of shrinks, for bootstrap message tags.
     pub shrink_seq: AtomicU64,
     /// Operations made by `ncclRedOpCreatePreMulSum` on this communicator.
-    pub premul_ops: Mutex<HashSet<c_int>>,
+    pub premul_ops: PreMulOps,
     /// `ncclCommGetAsyncError` has printed its error (once: callers poll it).
     pub async_warned: AtomicBool,
     /// `ncclCommRevoke` ran: our collectives are aborted; only destroy, abort, split and
@@ -64,6 +64,47 @@ pub struct Inner {
     pub revoked: AtomicBool,
     /// After a revoke: this GPU's work has ended (set by a thread of its own).
     pub revoke_quiet: Arc<AtomicBool>,
+}
+
+/// The pre-multiplied sums made by `ncclRedOpCreatePreMulSum` on one communicator: their
+/// operation numbers (from `ncclNumOps` up, as NCCL) and scalars.
+#[derive(Debug, Default)]
+pub struct PreMulOps(Mutex<HashMap<c_int, PreMulScalar>>);
+
+impl PreMulOps {
+    /// Records `scalar` under the smallest free number; that number.
+    pub fn create(&self, scalar: PreMulScalar) -> Result<c_int, String> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let op = (crate::types::NUM_OPS..=crate::types::MAX_RED_OP)
+            .find(|op| !m.contains_key(op))
+            .ok_or_else(|| "every operation number is taken".to_string())?;
+        m.insert(op, scalar);
+        Ok(op)
+    }
+
+    /// The scalar of operation `op`, if this communicator made it (and did not destroy it).
+    pub fn get(&self, op: c_int) -> Option<PreMulScalar> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&op)
+            .copied()
+    }
+
+    /// Forgets operation `op`; an error unless this communicator made it and it is live.
+    pub fn destroy(&self, op: c_int) -> Result<(), String> {
+        let gone = self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&op);
+        match gone {
+            Some(_) => Ok(()),
+            None if crate::types::is_builtin_op(op) => Err(format!(
+                "operation {op} is a built-in one (only ncclRedOpCreatePreMulSum's are destroyed)"
+            )),
+            None => Err(format!(
+                "operation {op} was not made by ncclRedOpCreatePreMulSum on this communicator, \
+                 or is destroyed already"
+            )),
+        }
+    }
 }
 
 impl Inner {
@@ -82,7 +123,7 @@ impl Inner {
             fallback,
             finalized: AtomicBool::new(false),
             shrink_seq: AtomicU64::new(0),
-            premul_ops: Mutex::new(HashSet::new()),
+            premul_ops: PreMulOps::default(),
             async_warned: AtomicBool::new(false),
             revoked: AtomicBool::new(false),
             revoke_quiet: Arc::new(AtomicBool::new(false)),
@@ -1244,5 +1285,33 @@ mod tests {
         for r in ranks {
             assert_eq!(r.join().unwrap(), vec![vec![0u8], vec![1u8]]);
         }
+    }
+}
+
+#[cfg(test)]
+mod premul_tests {
+    use super::PreMulOps;
+    use crate::types::NUM_OPS;
+    use mscclpp_host::collectives::{DataType, PreMulScalar};
+
+    #[test]
+    fn operations_are_numbered_from_num_ops_reused_and_destroyed_once() {
+        let ops = PreMulOps::default();
+        let s = |bits| PreMulScalar::Host {
+            dtype: DataType::F32,
+            bits,
+        };
+        let a = ops.create(s(1)).unwrap();
+        let b = ops.create(s(2)).unwrap();
+        assert_eq!((a, b), (NUM_OPS, NUM_OPS + 1));
+        assert_eq!(ops.get(b), Some(s(2)));
+        ops.destroy(a).unwrap();
+        assert_eq!(ops.get(a), None);
+        let e = ops.destroy(a).unwrap_err();
+        assert!(e.contains("destroyed already"), "{e}");
+        let e = ops.destroy(0).unwrap_err();
+        assert!(e.contains("built-in"), "{e}");
+        // The freed number is taken again.
+        assert_eq!(ops.create(s(3)).unwrap(), a);
     }
 }

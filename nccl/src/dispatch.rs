@@ -19,7 +19,9 @@
 //! transport to NCCL's. Sends and receives to the own rank are paired inside the group and
 //! copied on the stream.
 
-use mscclpp_host::collectives::{Collectives, DataType, MAX_P2P_OPS, P2pOp, ReduceOp};
+use mscclpp_host::collectives::{
+    Collectives, DataType, MAX_P2P_OPS, P2pOp, PreMulScalar, ReduceOp,
+};
 use mscclpp_host::communicator::CommError;
 use mscclpp_host::cuda::CudaStream;
 
@@ -29,28 +31,31 @@ use crate::types::{Fallback, NativeCall, NcclDataType, NcclRedOp, native_dtype, 
 pub type Why = &'static str;
 
 const BY_ENV: Why = "named by MSCCLPP_NCCL_FALLBACK";
-const PREMUL: Why = "a pre-multiplied sum (ncclRedOpCreatePreMulSum) is the real NCCL's";
-const FP8: Why = "fp8 is moved, not reduced, by our kernels";
+const PREMUL: Why = "not an operation of this communicator";
 const BAD_TYPE: Why = "not a data type of the 2.28 ABI";
 const P2P_OFF: Why = "send/recv across hosts is off for this communicator (more ranks on \
                       other hosts than MSCCLPP_P2P_REMOTE_MAX)";
 
 /// The native type and operation of a reducing call (all-reduce, reduce-scatter, reduce),
-/// or why it is forwarded.
+/// or why it is forwarded. Every type (fp8 included: `mscclpp_host`'s staged reductions)
+/// and built-in operation is native unless `MSCCLPP_NCCL_FALLBACK` names the call; a
+/// pre-multiplied sum (`premul`: its scalar, which the communicator holds for operation
+/// `op`) is always native, since this library made it and the real NCCL does not know it.
 pub fn reducing(
     fb: &Fallback,
     call: NativeCall,
     dt: NcclDataType,
     op: NcclRedOp,
+    premul: Option<PreMulScalar>,
 ) -> Result<(DataType, ReduceOp), Why> {
+    let dtype = native_dtype(dt).ok_or(BAD_TYPE)?;
+    if let Some(s) = premul {
+        return Ok((dtype, ReduceOp::PreMulSum(s)));
+    }
     if !fb.native(call) {
         return Err(BY_ENV);
     }
-    let op = native_op(op).ok_or(PREMUL)?;
-    match native_dtype(dt).ok_or(BAD_TYPE)? {
-        DataType::Fp8E4M3 | DataType::Fp8E5M2 => Err(FP8),
-        d => Ok((d, op)),
-    }
+    Ok((dtype, native_op(op).ok_or(PREMUL)?))
 }
 
 /// The native type of a call that moves data (all-gather, broadcast, all-to-all,

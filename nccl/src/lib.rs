@@ -5,7 +5,9 @@
 //! `LD_PRELOAD=libmscclpp_nccl.so`.
 //!
 //! - **Native** (see [`dispatch`]): `ncclAllReduce`, `ncclReduceScatter` and `ncclReduce`
-//!   for every built-in operation (sum, prod, min, max, avg) on every type but fp8;
+//!   for every operation (sum, prod, min, max, avg, and the pre-multiplied sums of
+//!   `ncclRedOpCreatePreMulSum`, made here) on every type, fp8 included (reduced in f32 and
+//!   rounded once: `mscclpp_host`'s staged reductions);
 //!   `ncclAllGather`, `ncclBroadcast`/`ncclBcast`, `ncclAlltoAll` and `ncclSend`/`ncclRecv`
 //!   (alone or in groups) for every type, and `ncclGather`/`ncclScatter` as the sends and
 //!   receives they stand for. They run on
@@ -14,7 +16,7 @@
 //!   choice depends only on what every rank of a call agrees on (call, type, operation,
 //!   `MSCCLPP_NCCL_FALLBACK`), never on addresses or streams: a call is native on every rank
 //!   or on none.
-//! - **Fallback**: pre-multiplied sums, reductions of fp8, registration,
+//! - **Fallback**: registration,
 //!   windows, the device API, and the calls named by `MSCCLPP_NCCL_FALLBACK=all|op,op`
 //!   (`allreduce`, `allgather`, `reducescatter`, `broadcast`, `reduce`, `alltoall`,
 //!   `sendrecv`), run on the real NCCL (found at run time, see [`real`]) over a real

@@ -81,8 +81,7 @@ pub fn dtype_size(d: NcclDataType) -> Option<usize> {
     })
 }
 
-/// Our data type for an NCCL one (every type of the 2.28 ABI has one; the fp8 types are
-/// only moved, not reduced).
+/// Our data type for an NCCL one (every type of the 2.28 ABI has one).
 pub fn native_dtype(d: NcclDataType) -> Option<DataType> {
     Some(match d {
         0 => DataType::I8,
@@ -101,7 +100,8 @@ pub fn native_dtype(d: NcclDataType) -> Option<DataType> {
     })
 }
 
-/// Our operation for a built-in NCCL one (`None` for `ncclRedOpCreatePreMulSum`'s).
+/// Our operation for a built-in NCCL one (`None` for `ncclRedOpCreatePreMulSum`'s, whose
+/// scalars the communicator holds: `comm::PreMulOps`).
 pub fn native_op(op: NcclRedOp) -> Option<ReduceOp> {
     Some(match op {
         0 => ReduceOp::Sum,
@@ -124,6 +124,11 @@ pub fn op_name(op: NcclRedOp) -> &'static str {
         _ => "premulsum",
     }
 }
+
+/// `ncclScalarDevice`: a pre-multiplied sum's scalar in device memory, read by each call.
+pub const SCALAR_DEVICE: c_int = 0;
+/// `ncclScalarHostImmediate`: the scalar in host memory, read at `ncclRedOpCreatePreMulSum`.
+pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
 
 /// Whether `op` is a built-in operation.
 pub fn is_builtin_op(op: NcclRedOp) -> bool {

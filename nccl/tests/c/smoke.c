@@ -139,6 +139,13 @@ int main(void) {
   float scalar = 2.0f;
   EXPECT(ncclRedOpCreatePreMulSum(NULL, &scalar, ncclFloat, ncclScalarHostImmediate, NULL), ncclInvalidArgument);
   EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, NULL), ncclInvalidArgument);
+  EXPECT(ncclRedOpCreatePreMulSum(&op, NULL, ncclFloat, ncclScalarHostImmediate, bogus), ncclInvalidArgument);
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, (ncclDataType_t)42, ncclScalarHostImmediate, bogus), ncclInvalidArgument);
+  CHECK(contains(ncclGetLastError(NULL), "data type 42"), "last error: %s", ncclGetLastError(NULL));
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, (ncclScalarResidence_t)7, bogus), ncclInvalidArgument);
+  CHECK(contains(ncclGetLastError(NULL), "residence 7"), "last error: %s", ncclGetLastError(NULL));
+  EXPECT(ncclRedOpDestroy(ncclSum, NULL), ncclInvalidArgument);
+  EXPECT(ncclRedOpDestroy(ncclNumOps, bogus), ncclInvalidArgument);
   EXPECT(ncclMemAlloc(NULL, 16), ncclInvalidArgument);
 
   /* Groups. */
