@@ -271,10 +271,14 @@ impl Collectives {
         let (n, rank) = (self.nranks(), self.rank());
         let es = dtype.size();
         let blocks = if what == Staged::ReduceScatter { n } else { 1 };
+        // The staging passes share one buffer: the whole sequence (widen, collective, narrow)
+        // is ordered after the communicator's previous calls, whatever their streams.
+        let mut _order = None;
         if let Exec::Gpu(stream) = ex {
             self.gpu_kernels(call)?;
             self.check_fault(call, false)?;
             self.noted(gpu::check_stream(call, self.gpu().expect("GPU"), stream))?;
+            _order = Some(self.ordered(call, stream)?);
             if count > 0 {
                 let bytes = super::checked_bytes(call, count, es)?;
                 gpu::check_range(&format!("{call}: send"), send, bytes * blocks, es)?;
