@@ -6,6 +6,7 @@
 # send/recv natively; see nccl/src/dispatch.rs). Logs under $OUT/torch.
 #
 #   nccl/scripts/torch-check.sh
+#   PARALLEL=1 TORCH_CHECK_DEVICE=0 scripts/with-mps.sh nccl/scripts/torch-check.sh
 #
 # Needs: target/release/libmscclpp_nccl.so (carry it), PyTorch in $PYTHON
 # (/opt/torch/.venv/bin/python) with its NCCL wheel, NPROC GPUs (2).
@@ -20,6 +21,12 @@
 # MSCCLPP_COLL_SCRATCH_BYTES), so that each communicator runs on the real NCCL alone
 # (nccl/src/rescue.rs): every call must then be forwarded, the WARN line must say why, and
 # DDP must still match the plain run.
+# PARALLEL=1 runs torch_parallel.py instead (FSDP2 in fp64 and in bfloat16, DDP around
+# torch.compile, tensor and pipeline parallelism, each against a single-process run on the
+# full batch) REPEAT times (10), ours alone (MSCCLPP_NCCL_LIB=none, as with ONLY=ours; with
+# TORCH_CHECK_DEVICE=0 on one GPU under scripts/with-mps.sh), CHECKS=fsdp,pp,... for some of
+# them: it fails if a run fails, an INFO line shows a call not served natively or the
+# library warns. Logs: $OUT/torch/parallel-N.log.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/torch-check-out}
@@ -35,6 +42,54 @@ REAL=$(ls -d "$(dirname "$PYTHON")"/../lib/python3*/site-packages/nvidia/nccl/li
 echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())')"
 echo "real NCCL: ${REAL:-not found (the library searches itself)}"
 fail=0
+PATHS=$LOGS/paths.txt
+need() {
+  if grep -q -- "$1" "$PATHS"; then echo "ok: $1"; else echo "FAIL: no line '$1'"; fail=1; fi
+}
+no_warnings() {
+  if grep -hq "\] WARN " "$@"; then
+    echo "FAIL: warnings from the library:"; grep -h "\] WARN " "$@" | head -5; fail=1
+  fi
+}
+
+if [ -n "${PARALLEL:-}" ]; then
+  rm -f "$LOGS"/parallel-*.log
+  for i in $(seq 1 "${REPEAT:-10}"); do
+    log=$LOGS/parallel-$i.log
+    start=$SECONDS
+    env LD_PRELOAD="$LIB" MSCCLPP_DEBUG=INFO MSCCLPP_NCCL_LIB=none timeout "${RUN_TIMEOUT:-400}" \
+      "$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" \
+      "$ROOT/nccl/scripts/torch_parallel.py" ${CHECKS:+--checks "$CHECKS"} >"$log" 2>&1
+    rc=$?
+    # rank 0's lines, and every failed one
+    grep -h "\] \(PASS\|FAIL\) " "$log" | grep "^\[rank 0\]\| FAIL " | sed "s/^/run $i: /"
+    if [ $rc -ne 0 ]; then
+      echo "FAIL: run $i exited $rc after $((SECONDS - start)) s (log: $log)"
+      grep -i "error\|warn" "$log" | grep -v "elastic\|error_file\|ChildFailedError" | head -5; fail=1
+    else
+      echo "run $i: passed on $(grep -c "torch_parallel: 0 failure(s)" "$log") ranks in $((SECONDS - start)) s"
+    fi
+  done
+  echo "=== which path served what (ours)"
+  PATHS=$LOGS/parallel-paths.txt
+  grep -h "INFO rank" "$LOGS"/parallel-*.log | sed 's/^.*INFO //' | sort -u | tee "$PATHS"
+  if grep -v -- "-> native" "$PATHS" | grep -q .; then
+    echo "FAIL: calls not served natively:"; grep -v -- "-> native" "$PATHS"; fail=1
+  fi
+  if [ -z "${CHECKS:-}" ]; then
+    need "ncclAllGather double - -> native"       # FSDP2's unshard, TP's full_tensor
+    need "ncclReduceScatter double sum -> native" # FSDP2's gradients (fp64: sum, then divide)
+    need "ncclAllGather bfloat16 - -> native"     # FSDP2's unshard in bfloat16
+    need "ncclReduceScatter float avg -> native"  # FSDP2's gradients in fp32
+    need "ncclAllReduce double .* -> native"      # DDP's buckets, TP's row-wise outputs
+    need "ncclSend double - -> native"            # the pipeline's activations and gradients
+    need "ncclRecv double - -> native"
+  fi
+  no_warnings "$LOGS"/parallel-*.log
+  [ $fail -eq 0 ] && echo "torch-check parallel: PASS" || echo "torch-check parallel: FAIL"
+  exit $fail
+fi
+
 want=native
 if [ -n "${SETUP_FALLBACK:-}" ]; then
   [ "${ONLY:-}" = ours ] && { echo "SETUP_FALLBACK needs a real NCCL (not ONLY=ours)"; exit 2; }
@@ -77,10 +132,7 @@ else
 fi
 
 echo "=== which path served what (ours)"
-grep -h "INFO rank" "$LOGS/ours.log" | sed 's/^.*INFO //' | sort -u | tee "$LOGS/paths.txt"
-need() {
-  if grep -q -- "$1" "$LOGS/paths.txt"; then echo "ok: $1"; else echo "FAIL: no line '$1'"; fail=1; fi
-}
+grep -h "INFO rank" "$LOGS/ours.log" | sed 's/^.*INFO //' | sort -u | tee "$PATHS"
 need "ncclAllReduce float sum -> $want"
 need "ncclAllReduce bfloat16 sum -> $want"
 need "ncclAllReduce float max -> $want"
@@ -93,8 +145,8 @@ need "ncclRecv float - -> $want"
 need "ncclAlltoAll float - -> $want"
 need "ncclReduce float sum -> $want"
 if [ "$want" = fallback ]; then
-  if grep -q -- "-> native" "$LOGS/paths.txt"; then
-    echo "FAIL: calls ran natively although our set-up failed:"; grep -- "-> native" "$LOGS/paths.txt"; fail=1
+  if grep -q -- "-> native" "$PATHS"; then
+    echo "FAIL: calls ran natively although our set-up failed:"; grep -- "-> native" "$PATHS"; fail=1
   fi
   if grep -q "could not set up this communicator (rank 0: .*); every call on it runs on the real NCCL" "$LOGS/ours.log"; then
     echo "ok: the set-up failure is reported with rank 0's reason"
@@ -106,12 +158,10 @@ if [ "$want" = fallback ]; then
     echo "FAIL: other warnings from the library:"; grep "\] WARN " "$LOGS/ours.log" | grep -v "could not set up" | head -5; fail=1
   fi
 else
-  if grep -q -- "-> fallback" "$LOGS/paths.txt"; then
-    echo "note: calls still forwarded:"; grep -- "-> fallback" "$LOGS/paths.txt"
+  if grep -q -- "-> fallback" "$PATHS"; then
+    echo "note: calls still forwarded:"; grep -- "-> fallback" "$PATHS"
   fi
-  if grep -q "\] WARN " "$LOGS/ours.log"; then
-    echo "FAIL: warnings from the library:"; grep "\] WARN " "$LOGS/ours.log" | head -5; fail=1
-  fi
+  no_warnings "$LOGS/ours.log"
 fi
 
 if [ "${ONLY:-}" = ours ]; then
