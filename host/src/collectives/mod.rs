@@ -46,9 +46,11 @@
 //!
 //! # Ordering and failures
 //!
-//! As with NCCL, the calls of one [`Collectives`] must be ordered: one stream (or streams
-//! ordered by events), and every rank making the same calls in the same order. Calls on
-//! unordered streams would share the scratch concurrently.
+//! As with NCCL, every rank must make the same calls in the same order. The GPU calls of
+//! one [`Collectives`] run in the order they were made, whatever their streams: a call on
+//! another stream than the previous call's first waits for an event recorded after it
+//! (calls captured into one CUDA graph are ordered by its edges; a captured and an
+//! uncaptured call are not ordered with each other).
 //!
 //! **Mismatched calls are found on every call.** Every kernel sends a 16-byte descriptor of
 //! its call (collective, count, data type, operation, algorithm) to every peer as two LL
