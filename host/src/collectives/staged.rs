@@ -146,33 +146,49 @@ fn is_fp8(dtype: DataType) -> bool {
 }
 
 thread_local! {
-    /// While a staged call runs its collective: the descriptor codes of its own type and
-    /// operation, which [`dtype_code`] and [`op_desc`] give instead of the staged ones.
-    static DESCRIBED_AS: Cell<Option<(DataType, ReduceOp)>> = const { Cell::new(None) };
+    /// While a staged call runs its collective: the inner type and operation it passes to
+    /// the collective, and the call's own, which [`dtype_code`] and [`op_desc`] give for
+    /// those (and only those) instead.
+    static DESCRIBED_AS: Cell<Option<Describing>> = const { Cell::new(None) };
 }
 
-/// The type a call descriptor names for `dtype`: the staged call's own while its collective
-/// runs on this thread ([`DESCRIBED_AS`]), else `dtype`.
+/// The type a call descriptor names for `dtype`: the staged call's own for its inner type
+/// while its collective runs on this thread ([`DESCRIBED_AS`]), else `dtype`.
 pub(super) fn described_dtype(dtype: DataType) -> DataType {
-    DESCRIBED_AS.with(Cell::get).map_or(dtype, |(d, _)| d)
-}
-
-/// The operation a call descriptor names for `op`, as [`described_dtype`].
-pub(super) fn described_op(op: ReduceOp) -> ReduceOp {
-    DESCRIBED_AS.with(Cell::get).map_or(op, |(_, o)| o)
-}
-
-/// Sets [`DESCRIBED_AS`] for its lifetime.
-struct Describing;
-
-impl Describing {
-    fn new(dtype: DataType, op: ReduceOp) -> Describing {
-        DESCRIBED_AS.with(|c| c.set(Some((dtype, op))));
-        Describing
+    match DESCRIBED_AS.with(Cell::get) {
+        Some(d) if d.inner.0 == dtype => d.outer.0,
+        _ => dtype,
     }
 }
 
-impl Drop for Describing {
+/// The operation a call descriptor names for `op`, as [`described_dtype`]. Only the inner
+/// operation is renamed: a step that reduces with another one (the sum of an average across
+/// hosts, divided once at the end) keeps its own, since the kernels reduce by it.
+pub(super) fn described_op(op: ReduceOp) -> ReduceOp {
+    match DESCRIBED_AS.with(Cell::get) {
+        Some(d) if d.inner.1 == op => d.outer.1,
+        _ => op,
+    }
+}
+
+/// The staged call's inner and own (type, operation); sets [`DESCRIBED_AS`] while alive.
+#[derive(Debug, Clone, Copy)]
+struct Describing {
+    inner: (DataType, ReduceOp),
+    outer: (DataType, ReduceOp),
+}
+
+impl Describing {
+    fn set(inner: (DataType, ReduceOp), outer: (DataType, ReduceOp)) -> DescribingGuard {
+        DESCRIBED_AS.with(|c| c.set(Some(Describing { inner, outer })));
+        DescribingGuard
+    }
+}
+
+/// Clears [`DESCRIBED_AS`] when dropped.
+struct DescribingGuard;
+
+impl Drop for DescribingGuard {
     fn drop(&mut self) {
         DESCRIBED_AS.with(|c| c.set(None));
     }
@@ -331,7 +347,7 @@ impl Collectives {
             (false, _) => mode::PRE_MUL | mode::SCALED,
         } | code;
         let (bits, sptr) = scalar.unwrap_or((0, 0));
-        let _describing = Describing::new(dtype, op);
+        let _describing = Describing::set((inner_dtype, inner_op), (dtype, op));
         if what == Staged::AllReduce && !fp8 {
             // Scale into the output, then sum it in place: no staging.
             // SAFETY: send and recv hold count elements (caller contract); equal or
