@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use crate::host::collectives::{AllReduceAlgo, DataType, ReduceOp};
+use crate::host::collectives::{AllReduceAlgo, DataType, PreMulScalar, ReduceOp};
 
 use super::PerfError;
 
@@ -60,16 +60,18 @@ pub struct Args {
     /// Check results (0: no, otherwise yes); #wrong counts mismatching elements.
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u32,
-    /// Element type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64
-    /// (every collective), f8e4m3, f8e5m2 (moved only: allgather, broadcast, alltoall,
-    /// sendrecv). Aliases: NCCL's names (float32, float16, float64, char, int, ...) and short
+    /// Element type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64,
+    /// f8e4m3, f8e5m2 (every collective; fp8 reductions accumulate in f32 and round once).
+    /// Aliases: NCCL's names (float32, float16, float64, char, int, float8e4m3, ...) and short
     /// ones (f32, fp16, bf16, f64, i8, u8, i32, u32, i64, u64, fp8_e4m3, fp8_e5m2).
     #[arg(short = 'd', long = "datatype", default_value = "float", value_parser = parse_dtype)]
     pub dtype: DataType,
     /// Reduction operation of all-reduce, reduce-scatter and reduce: sum, prod, min, max, avg
-    /// (the sum divided once by the number of ranks).
+    /// (the sum divided once by the number of ranks), mulsum (alias premulsum: a
+    /// pre-multiplied sum, each rank's input times its own scalar, then summed; the scalar is
+    /// nccl-tests' one: 1 on even ranks, 2 on odd ranks).
     #[arg(short = 'o', long = "redop", default_value = "sum", value_parser = parse_redop)]
-    pub redop: ReduceOp,
+    pub redop: Redop,
     /// Root rank of broadcast and reduce.
     #[arg(long, default_value_t = 0)]
     pub root: usize,
@@ -196,6 +198,71 @@ pub enum CompareWith {
     Nccl,
 }
 
+/// `-o`: the reduction the tool runs, as nccl-tests names it. The library's operation of a
+/// rank ([`ReduceOp`]) depends, for `mulsum`, on the rank and the type: see
+/// [`Redop::reduce_op`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redop {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise product.
+    Prod,
+    /// Element-wise minimum.
+    Min,
+    /// Element-wise maximum.
+    Max,
+    /// The sum divided once by the number of ranks.
+    Avg,
+    /// Pre-multiplied sum (NCCL's `ncclRedOpCreatePreMulSum`, a host scalar): each rank's
+    /// input times its own scalar ([`check::premul_scalar`](super::check::premul_scalar):
+    /// nccl-tests' 1 on even ranks, 2 on odd ranks), then summed.
+    MulSum,
+}
+
+impl Redop {
+    /// Every operation, in nccl-tests' order of names.
+    pub const ALL: [Redop; 6] = [
+        Redop::Sum,
+        Redop::Prod,
+        Redop::Min,
+        Redop::Max,
+        Redop::Avg,
+        Redop::MulSum,
+    ];
+
+    /// The name nccl-tests prints (`mulsum` for the pre-multiplied sum).
+    pub fn name(self) -> &'static str {
+        match self {
+            Redop::MulSum => "mulsum",
+            op => op.combining().name(),
+        }
+    }
+
+    /// The library's operation that combines two elements (a pre-multiplied sum, once its
+    /// inputs are scaled: the sum).
+    pub fn combining(self) -> ReduceOp {
+        match self {
+            Redop::Sum | Redop::MulSum => ReduceOp::Sum,
+            Redop::Prod => ReduceOp::Prod,
+            Redop::Min => ReduceOp::Min,
+            Redop::Max => ReduceOp::Max,
+            Redop::Avg => ReduceOp::Avg,
+        }
+    }
+
+    /// The library's operation that rank `rank` passes for data of `dtype`: the operation
+    /// itself, or for `mulsum` a pre-multiplied sum by this rank's host scalar.
+    pub fn reduce_op(self, dtype: DataType, rank: usize) -> ReduceOp {
+        match self {
+            Redop::MulSum => ReduceOp::PreMulSum(PreMulScalar::Host {
+                dtype,
+                bits: super::check::premul_scalar(dtype, rank),
+            }),
+            op => op.combining(),
+        }
+    }
+}
+
 /// Parses a byte count the way nccl-tests does: a number with an optional suffix `K`, `M`,
 /// `G` or `T` (powers of 1024; `KB`, `KiB` and a trailing `B` are accepted too). Fractions are
 /// allowed when the result is a whole number of bytes (`1.5K`).
@@ -285,56 +352,27 @@ pub fn parse_dtype(text: &str) -> Result<DataType, String> {
     })
 }
 
-/// Parses `-o`: nccl-tests' names (`sum prod min max avg`, also with NCCL's `nccl` prefix).
-pub fn parse_redop(text: &str) -> Result<ReduceOp, String> {
+/// Parses `-o`: nccl-tests' names (`sum prod min max avg mulsum`, also with NCCL's `nccl`
+/// prefix; `premulsum` for `mulsum`).
+pub fn parse_redop(text: &str) -> Result<Redop, String> {
     let t = text.trim().to_ascii_lowercase();
     let t = t.strip_prefix("nccl").unwrap_or(&t);
     Ok(match t {
-        "sum" => ReduceOp::Sum,
-        "prod" | "product" => ReduceOp::Prod,
-        "min" => ReduceOp::Min,
-        "max" => ReduceOp::Max,
-        "avg" | "average" | "mean" => ReduceOp::Avg,
-        "mulsum" | "premulsum" => {
-            return Err(format!(
-                "reduction {text:?} is not supported by mscclpp's collectives (use sum, prod, \
-                 min, max or avg)"
-            ));
-        }
+        "sum" => Redop::Sum,
+        "prod" | "product" => Redop::Prod,
+        "min" => Redop::Min,
+        "max" => Redop::Max,
+        "avg" | "average" | "mean" => Redop::Avg,
+        "mulsum" | "premulsum" => Redop::MulSum,
         "all" => {
             return Err("-o all is not supported: run one reduction per invocation".into());
         }
         _ => {
             return Err(format!(
-                "unknown reduction {text:?} (use sum, prod, min, max or avg)"
+                "unknown reduction {text:?} (use sum, prod, min, max, avg or mulsum)"
             ));
         }
     })
-}
-
-/// Refuses what the collectives cannot run: fp8 is moved, never reduced, so it goes with
-/// the collectives that only move data and takes no `-o` other than the default.
-pub fn check_combination(
-    collective: Collective,
-    dtype: DataType,
-    redop: ReduceOp,
-) -> Result<(), String> {
-    let fp8 = matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2);
-    if fp8 && collective.reduces() {
-        return Err(format!(
-            "--op {} -d {dtype}: {dtype} is moved, not reduced; it goes with allgather, \
-             broadcast, alltoall and sendrecv (reducing types: float, half, bfloat16, double, \
-             int8, uint8, int32, uint32, int64, uint64)",
-            collective.name()
-        ));
-    }
-    if fp8 && redop != ReduceOp::Sum {
-        return Err(format!(
-            "-o {} -d {dtype}: {dtype} is moved, not reduced, so no reduction applies to it",
-            redop.name()
-        ));
-    }
-    Ok(())
 }
 
 /// Validated settings of one run.
@@ -385,7 +423,6 @@ impl Config {
                 p.display()
             ));
         }
-        check_combination(args.collective, args.dtype, args.redop).map_err(PerfError::Args)?;
         let sizes = size_sweep(
             args.min_bytes,
             args.max_bytes,

@@ -2,31 +2,40 @@
 //! host, and the count of mismatching elements (`#wrong`).
 //!
 //! The reference ([`Reference`]) applies the library's definitions (see
-//! `mscclpp_device::collectives::types`) in rank order, written here independently on Rust's
-//! own types: sums and products rounded in the type (integers wrap), min and max by IEEE
-//! `totalOrder` with ties keeping the earlier rank's value, average as the sum divided once
-//! at the end (f16 and bf16 through an f32 quotient, integers truncating toward zero).
+//! `mscclpp_device::collectives::types` and `mscclpp::host::collectives::staged`) in rank
+//! order, written here independently on Rust's own types: sums and products rounded in the
+//! type (integers wrap), min and max by IEEE `totalOrder` with ties keeping the earlier rank's
+//! value, average as the sum divided once at the end (f16 and bf16 through an f32 quotient,
+//! integers truncating toward zero), a pre-multiplied sum (`mulsum`) as each rank's input
+//! times its scalar ([`premul_scalar`]) in the type, then the sum. fp8 reductions widen every
+//! input to f32 (times the scalar, exactly, for `mulsum`), apply the operation in f32 and
+//! round the result once to fp8 (the library's own conversions, [`Fp8E4M3`] and [`Fp8E5M2`]:
+//! nearest even, saturating).
 //!
 //! Inputs are chosen, as nccl-tests does, so that a correct result does not depend on the
 //! summation order: floats take small integers (every partial sum stays below what the type
-//! holds exactly: 2^24 for float, 2048 for half, 256 for bfloat16), or for products ±1, ±2
-//! and ±1/2 on at most eight ranks (exact powers of two); min and max see both signed zeros.
-//! Integer inputs span the whole type, so sums and products wrap. Moved data (fp8 and every
+//! holds exactly: 2^24 for float, 2048 for half, 256 for bfloat16, halved for `mulsum`, whose
+//! scalars reach 2), or for products ±1, ±2 and ±1/2 on at most eight ranks (exact powers of
+//! two); min and max see both signed zeros. fp8 sums take non-negative fp8 values of 1/16 to
+//! 256 (or zero), whose f32 sums are exact and do not reach the type's largest value, but
+//! round to fp8 at the end; fp8 products ±{1/2, 3/4, 1, 3/2, 2}, min and max any finite fp8
+//! value. Integer inputs span the whole type, so sums and products wrap. Moved data (every
 //! type of the non-reducing collectives) is compared bit for bit.
 //!
 //! This library's results are compared bit for bit ([`Strictness::Exact`]). NCCL's
 //! ([`Strictness::Nccl`]) by value: NCCL's min and max may return either zero of a
-//! ±0 tie, and its float average multiplies each input by `1/nranks` before the sum, so that
-//! one is allowed a few units in the last place.
+//! ±0 tie, its float average multiplies each input by `1/nranks` before the sum, so that
+//! one is allowed a few units in the last place, and its fp8 reductions round every step to
+//! fp8, so those are allowed one unit in the last place per rank.
 
 use half::{bf16, f16};
 
-use crate::host::collectives::{DataType, Element, ReduceOp};
+use crate::host::collectives::{DataType, Element, Fp8E4M3, Fp8E5M2, ReduceOp};
 
-use super::args::Collective;
+use super::args::{Collective, Redop};
 
 /// An element type the tool can fill and check, seen as its bits (the low
-/// `size_of::<Self>()` bytes of a `u64`). fp8 runs through `u8`, the same bytes.
+/// `size_of::<Self>()` bytes of a `u64`).
 pub trait Elem: Element + Default + std::fmt::Debug {
     /// The bits of this element.
     fn to_bits(self) -> u64;
@@ -47,6 +56,24 @@ macro_rules! int_elem {
     )*};
 }
 int_elem!(i8, u8; u8, u8; i32, u32; u32, u32; i64, u64; u64, u64);
+
+impl Elem for Fp8E4M3 {
+    fn to_bits(self) -> u64 {
+        self.0 as u64
+    }
+    fn from_bits(bits: u64) -> Self {
+        Fp8E4M3(bits as u8)
+    }
+}
+
+impl Elem for Fp8E5M2 {
+    fn to_bits(self) -> u64 {
+        self.0 as u64
+    }
+    fn from_bits(bits: u64) -> Self {
+        Fp8E5M2(bits as u8)
+    }
+}
 
 impl Elem for f32 {
     fn to_bits(self) -> u64 {
@@ -92,9 +119,57 @@ pub fn is_float(dtype: DataType) -> bool {
     )
 }
 
-/// Whether `dtype` is only moved, never reduced (fp8).
-pub fn moved_only(dtype: DataType) -> bool {
+/// Whether `dtype` is an 8-bit float (reduced through f32).
+pub fn is_fp8(dtype: DataType) -> bool {
     matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2)
+}
+
+/// The value of fp8 bits, exactly (the library's conversion).
+pub fn fp8_to_f32(dtype: DataType, bits: u64) -> f32 {
+    match dtype {
+        DataType::Fp8E4M3 => Fp8E4M3(bits as u8).to_f32(),
+        DataType::Fp8E5M2 => Fp8E5M2(bits as u8).to_f32(),
+        _ => unreachable!("fp8_to_f32 of an fp8 type"),
+    }
+}
+
+/// `x` rounded once to the fp8 type `dtype` (the library's conversion: nearest even,
+/// saturating to the largest finite value, NaN kept), as bits.
+pub fn fp8_from_f32(dtype: DataType, x: f32) -> u64 {
+    match dtype {
+        DataType::Fp8E4M3 => Fp8E4M3::from_f32(x).0 as u64,
+        DataType::Fp8E5M2 => Fp8E5M2::from_f32(x).0 as u64,
+        _ => unreachable!("fp8_from_f32 of an fp8 type"),
+    }
+}
+
+/// Explicit mantissa bits of an fp8 type.
+fn fp8_mantissa_bits(dtype: DataType) -> i32 {
+    if dtype == DataType::Fp8E4M3 { 3 } else { 2 }
+}
+
+/// The distance from `x` to the next fp8 value of `dtype` away from zero (subnormals: the
+/// smallest step).
+fn fp8_ulp(dtype: DataType, x: f64) -> f64 {
+    let min_normal_exp = if dtype == DataType::Fp8E4M3 { -6 } else { -14 };
+    let exp = if x == 0.0 {
+        min_normal_exp
+    } else {
+        (x.abs().log2().floor() as i32).max(min_normal_exp)
+    };
+    2f64.powi(exp - fp8_mantissa_bits(dtype))
+}
+
+/// The scalar of rank `rank`'s pre-multiplied sum (`-o mulsum`), as bits of `dtype`:
+/// nccl-tests' `ncclVerifiablePremulScalar`, 1 on even ranks and 2 on odd ones (exact in
+/// every type, so products stay exact).
+pub fn premul_scalar(dtype: DataType, rank: usize) -> u64 {
+    let v = if rank.is_multiple_of(2) { 1.0 } else { 2.0 };
+    match dtype {
+        d if is_float(d) => float_bits(d, v),
+        d if is_fp8(d) => fp8_from_f32(d, v as f32),
+        _ => v as u64,
+    }
 }
 
 /// The largest integer magnitude up to which every integer is exact in a float `dtype`
@@ -207,7 +282,9 @@ pub fn combine(dtype: DataType, op: ReduceOp, a: u64, b: u64) -> u64 {
         DataType::U32 => int!(u32),
         DataType::I64 => int!(i64),
         DataType::U64 => int!(u64),
-        DataType::Fp8E4M3 | DataType::Fp8E5M2 => unreachable!("fp8 is not reduced"),
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => {
+            unreachable!("fp8 reduces through f32: see `reduce`")
+        }
     }
 }
 
@@ -232,7 +309,41 @@ pub fn finish(dtype: DataType, op: ReduceOp, a: u64, nranks: usize) -> u64 {
         DataType::U32 => (u32::from_bits(a) / n as u32).to_bits(),
         DataType::I64 => (i64::from_bits(a) / n as i64).to_bits(),
         DataType::U64 => (a / n).to_bits(),
-        DataType::Fp8E4M3 | DataType::Fp8E5M2 => unreachable!("fp8 is not reduced"),
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => {
+            unreachable!("fp8 reduces through f32: see `reduce`")
+        }
+    }
+}
+
+/// `op` over `nranks` inputs of `dtype` (rank r's is `input(r)`), as the library defines it:
+/// a pre-multiplied sum scales each input by its rank's [`premul_scalar`] first; fp8 widens
+/// to f32, reduces in f32 (in rank order) and rounds the result once.
+pub fn reduce(dtype: DataType, op: Redop, nranks: usize, input: impl Fn(usize) -> u64) -> u64 {
+    let fp8 = is_fp8(dtype);
+    let acc_type = if fp8 { DataType::F32 } else { dtype };
+    let combining = op.combining();
+    let lifted = |rank: usize| {
+        let bits = input(rank);
+        let v = if fp8 {
+            fp8_to_f32(dtype, bits).to_bits() as u64
+        } else {
+            bits
+        };
+        if op == Redop::MulSum {
+            combine(acc_type, ReduceOp::Prod, v, premul_scalar(acc_type, rank))
+        } else {
+            v
+        }
+    };
+    let n = nranks.max(1);
+    let acc = (1..n).fold(lifted(0), |acc, r| {
+        combine(acc_type, combining, acc, lifted(r))
+    });
+    let result = finish(acc_type, combining, acc, n);
+    if fp8 {
+        fp8_from_f32(dtype, f32::from_bits(result as u32))
+    } else {
+        result
     }
 }
 
@@ -266,7 +377,7 @@ pub struct Reference {
     /// The element type.
     pub dtype: DataType,
     /// The reduction (ignored by the collectives that do not reduce).
-    pub op: ReduceOp,
+    pub op: Redop,
     /// Number of ranks.
     pub nranks: usize,
     /// Root of broadcast and reduce.
@@ -283,18 +394,23 @@ impl Reference {
     pub fn input(&self, rank: usize, index: u64) -> u64 {
         let h = mix(index, rank);
         let d = self.dtype;
+        if is_fp8(d) && self.reduces() {
+            return self.fp8_input(rank, h);
+        }
         if !is_float(d) {
-            // Integers and fp8: any bits (integer sums and products wrap).
+            // Integers and moved fp8: any bits (integer sums and products wrap).
             return h & mask(d);
         }
         let op = if self.reduces() { Some(self.op) } else { None };
         let v = match op {
-            Some(ReduceOp::Sum | ReduceOp::Avg) => {
-                // Every partial sum of `nranks` of them stays exact.
-                let bound = (exact_limit(d) / self.nranks.max(1) as u64).clamp(1, 16);
+            Some(op @ (Redop::Sum | Redop::Avg | Redop::MulSum)) => {
+                // Every partial sum of `nranks` of them (times a scalar of up to 2 for
+                // mulsum) stays exact.
+                let scaled = if op == Redop::MulSum { 2 } else { 1 };
+                let bound = (exact_limit(d) / (scaled * self.nranks.max(1) as u64)).clamp(1, 16);
                 ((h >> 8) % (2 * bound + 1)) as f64 - bound as f64
             }
-            Some(ReduceOp::Prod) => {
+            Some(Redop::Prod) => {
                 // ±2^e, e in -1..=1 on ranks below 8 (|product| within 2^±8), ±1 above.
                 let e = if rank < 8 { (h >> 8) % 3 } else { 1 } as i32 - 1;
                 let sign = if h & 1 == 1 { -1.0 } else { 1.0 };
@@ -309,15 +425,53 @@ impl Reference {
         float_bits(d, v)
     }
 
+    /// An fp8 input of a reduction (see the [module](self)): every f32 partial result
+    /// exact, whatever the order (across hosts the library sums per host first).
+    fn fp8_input(&self, rank: usize, h: u64) -> u64 {
+        let d = self.dtype;
+        if self.op == Redop::Prod {
+            // |product| within 2^±8 on up to eight such ranks, ±1 above.
+            const FACTORS: [f32; 5] = [0.5, 1.0, 2.0, 0.75, 1.5];
+            let f = if rank < 8 {
+                FACTORS[((h >> 8) % 5) as usize]
+            } else {
+                1.0
+            };
+            let sign = if h & 1 == 1 { -1.0 } else { 1.0 };
+            return fp8_from_f32(d, sign * f);
+        }
+        let sums = self.op != Redop::Min && self.op != Redop::Max;
+        // Sums: no partial sum (times a scalar of up to 2) passes the largest finite value.
+        let largest = fp8_to_f32(d, fp8_from_f32(d, f32::MAX));
+        let bound = (largest / (2 * self.nranks.max(1)) as f32).min(256.0);
+        let accept = |bits: u64| {
+            let v = fp8_to_f32(d, bits);
+            if sums {
+                v == 0.0 || (1.0 / 16.0..=bound).contains(&v)
+            } else {
+                v.is_finite()
+            }
+        };
+        // The first acceptable byte of h, then of its remixes.
+        let mut z = h;
+        for _ in 0..8 {
+            for k in 0..8 {
+                let b = (z >> (8 * k)) & if sums { 0x7f } else { 0xff };
+                if accept(b) {
+                    return b;
+                }
+            }
+            z = mix(z, rank);
+        }
+        fp8_from_f32(d, 1.0)
+    }
+
     /// Expected bits of element `index` of rank `rank`'s output (`send_count`: elements of
     /// one rank's send buffer); `None` where nothing is expected (a reduce's other ranks).
     pub fn expected(&self, rank: usize, send_count: u64, index: u64) -> Option<u64> {
         let n = self.nranks.max(1);
         let v = |r: usize, i: u64| self.input(r, i);
-        let reduced = |i: u64| {
-            let acc = (1..n).fold(v(0, i), |acc, r| combine(self.dtype, self.op, acc, v(r, i)));
-            finish(self.dtype, self.op, acc, n)
-        };
+        let reduced = |i: u64| reduce(self.dtype, self.op, n, |r| v(r, i));
         // Elements per block of the input (reduce-scatter, all-to-all).
         let per = send_count / n as u64;
         Some(match self.collective {
@@ -341,11 +495,20 @@ impl Reference {
     /// Whether `got` passes for `want`.
     pub fn matches(&self, strictness: Strictness, got: u64, want: u64) -> bool {
         let d = self.dtype;
-        if strictness == Strictness::Exact || !is_float(d) || moved_only(d) {
+        if is_fp8(d) && self.reduces() && strictness == Strictness::Nccl {
+            let (g, w) = (fp8_to_f32(d, got) as f64, fp8_to_f32(d, want) as f64);
+            return match self.op {
+                // -0 == +0; NaN never matches.
+                Redop::Min | Redop::Max => g == w,
+                // Rounded to fp8 at every step: one unit in the last place per rank.
+                _ => (g - w).abs() <= self.nranks.max(1) as f64 * fp8_ulp(d, w),
+            };
+        }
+        if strictness == Strictness::Exact || !is_float(d) {
             return got & mask(d) == want & mask(d);
         }
         let (g, w) = (float_value(d, got), float_value(d, want));
-        if self.reduces() && self.op == ReduceOp::Avg {
+        if self.reduces() && self.op == Redop::Avg {
             let ulps = match d {
                 DataType::F32 => 1e-6,
                 DataType::F64 => 1e-14,

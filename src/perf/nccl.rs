@@ -20,13 +20,14 @@
 //! get it in their environment; a rank started by another launcher re-executes itself once
 //! with it (the dynamic loader reads `LD_LIBRARY_PATH` only at process start).
 
+use std::cell::Cell;
 use std::ffi::{CStr, OsString};
 use std::path::{Path, PathBuf};
 
 use cudarc::nccl::{result, sys};
 
 use crate::host::bootstrap::BlockingBootstrap;
-use crate::host::collectives::{DataType, ReduceOp};
+use crate::host::collectives::{DataType, PreMulScalar, ReduceOp};
 use crate::host::cuda::{CudaStream, Gpu};
 
 use super::PerfError;
@@ -263,6 +264,9 @@ pub fn version() -> Result<String, PerfError> {
 #[derive(Debug)]
 pub struct Nccl {
     comm: sys::ncclComm_t,
+    /// The pre-multiplied sum of `-o mulsum` (its scalar, and NCCL's operation), made by the
+    /// first call that needs it and destroyed with the communicator.
+    premul: Cell<Option<(PreMulScalar, sys::ncclRedOp_t)>>,
 }
 
 /// NCCL's type for `dtype`.
@@ -284,18 +288,19 @@ pub fn nccl_type(dtype: DataType) -> sys::ncclDataType_t {
     }
 }
 
-/// NCCL's operation for `op` (NCCL's average, like ours, is the sum divided by the number of
-/// ranks; for floats it multiplies each input by `1/nranks` first). The tool runs the
-/// built-in operations only (`-o`): a pre-multiplied sum, which NCCL makes per
-/// communicator, is compared as the sum.
-pub fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
-    match op {
-        ReduceOp::Sum | ReduceOp::PreMulSum(_) => sys::ncclRedOp_t::ncclSum,
+/// NCCL's built-in operation for `op` (NCCL's average, like ours, is the sum divided by the
+/// number of ranks; for floats it multiplies each input by `1/nranks` first); `None` for a
+/// pre-multiplied sum, which NCCL makes per communicator (`Nccl` makes it at its first
+/// call).
+pub fn nccl_op(op: ReduceOp) -> Option<sys::ncclRedOp_t> {
+    Some(match op {
+        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
         ReduceOp::Prod => sys::ncclRedOp_t::ncclProd,
         ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
         ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
         ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
-    }
+        ReduceOp::PreMulSum(_) => return None,
+    })
 }
 
 impl Nccl {
@@ -334,7 +339,65 @@ impl Nccl {
             )
         }
         .map_err(|e| nccl_err("ncclCommInitRank", e))?;
-        Ok(Nccl { comm })
+        Ok(Nccl {
+            comm,
+            premul: Cell::new(None),
+        })
+    }
+
+    /// NCCL's operation for `op`: a built-in one, or for a pre-multiplied sum by a host
+    /// scalar `ncclRedOpCreatePreMulSum` (`ncclScalarHostImmediate`), made once. The tool
+    /// runs one scalar per communicator (`-o mulsum`: the rank's own).
+    fn op(&self, op: ReduceOp) -> Result<sys::ncclRedOp_t, PerfError> {
+        let scalar = match (nccl_op(op), op) {
+            (Some(builtin), _) => return Ok(builtin),
+            (None, ReduceOp::PreMulSum(scalar)) => scalar,
+            (None, _) => unreachable!("nccl_op names every operation but PreMulSum"),
+        };
+        match self.premul.get() {
+            Some((made_for, made)) if made_for == scalar => return Ok(made),
+            Some(_) => {
+                return Err(PerfError::Nccl(
+                    "one pre-multiplied sum per NCCL communicator: the tool made one with \
+                     another scalar"
+                        .into(),
+                ));
+            }
+            None => {}
+        }
+        let PreMulScalar::Host { dtype, mut bits } = scalar else {
+            return Err(PerfError::Nccl(
+                "the tool compares pre-multiplied sums by a host scalar only".into(),
+            ));
+        };
+        // NCCL writes an int: read as u32 first, since cudarc's enum names only some values.
+        let mut raw: u32 = u32::MAX;
+        // SAFETY: `raw` is a valid out-pointer of the enum's size (repr(u32)) and is read
+        // only as a u32; `bits` holds the scalar in its low bytes (little-endian), read
+        // before the call returns (host immediate); the communicator is live.
+        let r = unsafe {
+            sys::ncclRedOpCreatePreMulSum(
+                &mut raw as *mut u32 as *mut sys::ncclRedOp_t,
+                &mut bits as *mut u64 as *mut std::ffi::c_void,
+                nccl_type(dtype),
+                sys::ncclScalarResidence_t::ncclScalarHostImmediate,
+                self.comm,
+            )
+        };
+        if r != sys::ncclResult_t::ncclSuccess {
+            return Err(nccl_err("ncclRedOpCreatePreMulSum", result::NcclError(r)));
+        }
+        // A communicator's first user operation is ncclNumOps (NCCL numbers them from it).
+        if raw != sys::ncclRedOp_t::ncclNumOps as u32 {
+            return Err(PerfError::Nccl(format!(
+                "ncclRedOpCreatePreMulSum made operation {raw}; the tool expects the \
+                 communicator's first, {}",
+                sys::ncclRedOp_t::ncclNumOps as u32
+            )));
+        }
+        let made = sys::ncclRedOp_t::ncclNumOps;
+        self.premul.set(Some((scalar, made)));
+        Ok(made)
     }
 
     /// `ncclAllReduce` (`op`) of `count` elements, stream-ordered.
@@ -351,6 +414,7 @@ impl Nccl {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), PerfError> {
+        let op = self.op(op)?;
         // SAFETY: the caller guarantees the buffers; the communicator and stream are live.
         unsafe {
             result::all_reduce(
@@ -358,7 +422,7 @@ impl Nccl {
                 recv as *mut _,
                 count,
                 nccl_type(dtype),
-                nccl_op(op),
+                op,
                 self.comm,
                 stream.cu_stream() as sys::cudaStream_t,
             )
@@ -381,6 +445,7 @@ impl Nccl {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), PerfError> {
+        let op = self.op(op)?;
         // SAFETY: as for `all_reduce`.
         unsafe {
             result::reduce_scatter(
@@ -388,7 +453,7 @@ impl Nccl {
                 recv as *mut _,
                 recv_count,
                 nccl_type(dtype),
-                nccl_op(op),
+                op,
                 self.comm,
                 stream.cu_stream() as sys::cudaStream_t,
             )
@@ -441,6 +506,7 @@ impl Nccl {
         root: usize,
         stream: &CudaStream,
     ) -> Result<(), PerfError> {
+        let op = self.op(op)?;
         // SAFETY: as for `all_reduce`.
         unsafe {
             result::reduce(
@@ -448,7 +514,7 @@ impl Nccl {
                 recv as *mut _,
                 count,
                 nccl_type(dtype),
-                nccl_op(op),
+                op,
                 root as i32,
                 self.comm,
                 stream.cu_stream() as sys::cudaStream_t,
@@ -595,6 +661,10 @@ impl Nccl {
 
 impl Drop for Nccl {
     fn drop(&mut self) {
+        if let Some((_, op)) = self.premul.get() {
+            // SAFETY: made on this communicator, used by no call after this.
+            let _ = unsafe { sys::ncclRedOpDestroy(op, self.comm) };
+        }
         // SAFETY: the communicator is live and used by nothing else after this.
         let _ = unsafe { result::comm_destroy(self.comm) };
     }

@@ -10,14 +10,14 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use crate::host::bootstrap::BlockingBootstrap;
 use crate::host::collectives::{
-    AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp,
+    AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, Fp8E4M3, Fp8E5M2, P2pOp,
 };
 use crate::host::communicator::{Backend, CommConfig, Communicator};
 use crate::host::cuda::{self, CUevent_flags, CudaError, CudaStream, DeviceBuffer, Gpu};
 use crate::host::launch::{Launch, LaunchError, LocalLauncher};
 
 use super::PerfError;
-use super::args::{AlgoArg, Args, Collective, CompareWith, Config};
+use super::args::{AlgoArg, Args, Collective, CompareWith, Config, Redop};
 use super::check::{self, Elem, Reference, Strictness};
 use super::host_memory::{self, Need};
 use super::json::{self, Report};
@@ -305,15 +305,16 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         _ => None,
     };
     let theirs = nccl.as_ref();
-    // The buffers' element type: the type itself, or for fp8 (moved only) `u8`, the same
-    // bytes; the collectives are called with `-d`'s type wherever they take one.
+    // The buffers' element type: `-d`'s type (fp8: the library's fp8 element types).
     let swept = match config.args.dtype {
         DataType::F32 => sweep::<f32>(config, &coll, theirs),
         DataType::F16 => sweep::<half::f16>(config, &coll, theirs),
         DataType::Bf16 => sweep::<half::bf16>(config, &coll, theirs),
         DataType::F64 => sweep::<f64>(config, &coll, theirs),
         DataType::I8 => sweep::<i8>(config, &coll, theirs),
-        DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => sweep::<u8>(config, &coll, theirs),
+        DataType::U8 => sweep::<u8>(config, &coll, theirs),
+        DataType::Fp8E4M3 => sweep::<Fp8E4M3>(config, &coll, theirs),
+        DataType::Fp8E5M2 => sweep::<Fp8E5M2>(config, &coll, theirs),
         DataType::I32 => sweep::<i32>(config, &coll, theirs),
         DataType::U32 => sweep::<u32>(config, &coll, theirs),
         DataType::I64 => sweep::<i64>(config, &coll, theirs),
@@ -498,17 +499,26 @@ fn print_header(
     if a.collective.rooted() {
         println!("# root {}", a.root);
     }
-    if !a.collective.reduces() && a.redop != crate::host::collectives::ReduceOp::Sum {
+    if !a.collective.reduces() && a.redop != Redop::Sum {
         println!(
             "# -o {} ignored: {} does not reduce",
             a.redop.name(),
             a.collective.name()
         );
     }
-    if !on_gpu && matches!(a.dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2) {
+    if a.collective.reduces() && check::is_fp8(a.dtype) {
         println!(
-            "# {} on the Host transport: the typed host calls move it as uint8 (the same bytes)",
+            "# {} {}: widened to f32, reduced in f32 and rounded once to {} (the library \
+             moves 4 bytes per element)",
+            a.dtype,
+            a.redop.name(),
             a.dtype
+        );
+    }
+    if a.collective.reduces() && a.redop == Redop::MulSum {
+        println!(
+            "# mulsum: each rank's input times its own scalar (nccl-tests': 1 on even ranks, 2 \
+             on odd ranks), then summed"
         );
     }
     if a.collective == Collective::SendRecv {
@@ -900,7 +910,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         let dtype = config.args.dtype;
         let (n, rank, root) = (self.coll.nranks(), self.coll.rank(), config.args.root);
         let (count, per) = (shape.count as usize, shape.count as usize / n);
-        let op = config.args.redop;
+        let op = config.args.redop.reduce_op(dtype, rank);
         let nccl = || {
             self.nccl
                 .ok_or_else(|| PerfError::Nccl("NCCL is not initialised".into()))
@@ -969,7 +979,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                     recv,
                     shape.count as usize,
                     dtype,
-                    config.args.redop,
+                    op,
                     config.args.algo.all_reduce(),
                     &self.stream,
                 )
@@ -1070,6 +1080,12 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             stop.record(&self.stream).map_err(drv("cuEventRecord"))?;
             a.iters as f64
         } else {
+            if a.warmup_iters == 0 {
+                // fp8 reductions and pre-multiplied sums allocate the communicator's staging
+                // buffer at their first call, which cannot be under capture.
+                self.enqueue(config, lib, placement, shape)?;
+                self.sync()?;
+            }
             self.stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(drv("cuStreamBeginCapture"))?;
@@ -1178,7 +1194,8 @@ impl<T: Elem> HostRunner<T> {
         shape: &Shape,
     ) -> Result<(), PerfError> {
         let (sc, n) = (shape.send_count as usize, shape.count as usize);
-        let (op, root) = (config.args.redop, config.args.root);
+        let op = config.args.redop.reduce_op(config.args.dtype, coll.rank());
+        let root = config.args.root;
         match (config.args.collective, placement) {
             (Collective::AllReduce, Placement::OutOfPlace) => {
                 coll.all_reduce_host(&self.send[..sc], &mut self.recv[..n], op)?

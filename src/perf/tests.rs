@@ -1,12 +1,12 @@
 use clap::Parser;
 use half::{bf16, f16};
 
-use super::args::{AlgoArg, Args, Collective, CompareWith, Config, parse_size, size_sweep};
+use super::args::{AlgoArg, Args, Collective, CompareWith, Config, Redop, parse_size, size_sweep};
 use super::check::{self, Elem, Reference, Strictness};
 use super::json::{self, Report};
 use super::plot;
 use super::report::{self, Measurement, Pair, Row};
-use crate::host::collectives::{DataType, ReduceOp};
+use crate::host::collectives::{DataType, Fp8E4M3, Fp8E5M2, PreMulScalar, ReduceOp};
 
 fn parse(args: &[&str]) -> Result<Config, String> {
     let args = Args::try_parse_from(std::iter::once("mscclpp-perf").chain(args.iter().copied()))
@@ -52,7 +52,7 @@ fn nccl_tests_defaults() {
         (20, 1, 1, 0)
     );
     assert_eq!(a.dtype, DataType::F32);
-    assert_eq!(a.redop, ReduceOp::Sum);
+    assert_eq!(a.redop, Redop::Sum);
     assert_eq!(a.collective, Collective::AllReduce);
     assert_eq!(a.algo, AlgoArg::Auto);
     assert_eq!(
@@ -140,16 +140,7 @@ fn datatype_names_and_aliases() {
         ),
     ] {
         for n in names {
-            let op = if check::moved_only(want) {
-                "allgather"
-            } else {
-                "allreduce"
-            };
-            assert_eq!(
-                parse(&["-d", n, "--op", op]).unwrap().args.dtype,
-                want,
-                "{n}"
-            );
+            assert_eq!(parse(&["-d", n]).unwrap().args.dtype, want, "{n}");
         }
     }
     // Every type's printed name parses back to it.
@@ -163,21 +154,21 @@ fn datatype_names_and_aliases() {
     );
     assert!(parse(&["-d", "all"]).unwrap_err().contains("one data type"));
     for (names, want) in [
-        (&["sum", "ncclSum"][..], ReduceOp::Sum),
-        (&["prod", "product"][..], ReduceOp::Prod),
-        (&["min"][..], ReduceOp::Min),
-        (&["max", "MAX"][..], ReduceOp::Max),
-        (&["avg", "average"][..], ReduceOp::Avg),
+        (&["sum", "ncclSum"][..], Redop::Sum),
+        (&["prod", "product"][..], Redop::Prod),
+        (&["min"][..], Redop::Min),
+        (&["max", "MAX"][..], Redop::Max),
+        (&["avg", "average"][..], Redop::Avg),
+        (&["mulsum", "premulsum", "ncclPreMulSum"][..], Redop::MulSum),
     ] {
         for n in names {
             assert_eq!(parse(&["-o", n]).unwrap().args.redop, want, "{n}");
         }
     }
-    assert!(
-        parse(&["-o", "mulsum"])
-            .unwrap_err()
-            .contains("not supported")
-    );
+    // Every operation's printed name parses back to it.
+    for op in Redop::ALL {
+        assert_eq!(super::args::parse_redop(op.name()), Ok(op));
+    }
     assert!(
         parse(&["-o", "xor"])
             .unwrap_err()
@@ -186,25 +177,48 @@ fn datatype_names_and_aliases() {
 }
 
 #[test]
-fn fp8_is_refused_where_it_would_be_reduced() {
-    for op in ["allreduce", "reducescatter", "reduce"] {
-        let e = parse(&["--op", op, "-d", "f8e4m3"]).unwrap_err();
-        assert!(e.contains("moved, not reduced"), "{op}: {e}");
-    }
-    for op in ["allgather", "broadcast", "alltoall", "sendrecv"] {
-        assert!(parse(&["--op", op, "-d", "f8e5m2"]).is_ok(), "{op}");
-        let e = parse(&["--op", op, "-d", "f8e5m2", "-o", "prod"]).unwrap_err();
-        assert!(e.contains("no reduction applies"), "{op}: {e}");
-    }
-    // Every other type reduces with every operation.
-    for d in DataType::ALL.into_iter().filter(|&d| !check::moved_only(d)) {
-        for o in ReduceOp::ALL {
-            assert!(
-                parse(&["-d", d.name(), "-o", o.name()]).is_ok(),
-                "{d} {o:?}"
-            );
+fn every_type_reduces_with_every_operation() {
+    for c in ["allreduce", "reducescatter", "reduce"] {
+        for d in DataType::ALL {
+            for o in Redop::ALL {
+                let a = parse(&["--op", c, "-d", d.name(), "-o", o.name()])
+                    .unwrap_or_else(|e| panic!("{c} {d} {o:?}: {e}"))
+                    .args;
+                assert_eq!((a.dtype, a.redop), (d, o));
+            }
         }
     }
+    // -o is taken (and said to be ignored) by the collectives that do not reduce.
+    assert!(parse(&["--op", "allgather", "-d", "f8e5m2", "-o", "prod"]).is_ok());
+}
+
+#[test]
+fn mulsum_scalars_are_nccl_tests_ones_per_rank() {
+    // 1 on even ranks, 2 on odd ones, in every type, as a host scalar of the call's type.
+    for d in DataType::ALL {
+        for rank in 0..4 {
+            let want = if rank % 2 == 0 { 1.0 } else { 2.0 };
+            let bits = check::premul_scalar(d, rank);
+            let value = match d {
+                DataType::F32 => f32::from_bits(bits as u32) as f64,
+                DataType::F64 => f64::from_bits(bits),
+                DataType::F16 => f16::from_bits(bits as u16).to_f64(),
+                DataType::Bf16 => bf16::from_bits(bits as u16).to_f64(),
+                DataType::Fp8E4M3 | DataType::Fp8E5M2 => check::fp8_to_f32(d, bits) as f64,
+                _ => bits as f64,
+            };
+            assert_eq!(value, want, "{d} rank {rank}");
+            assert_eq!(
+                Redop::MulSum.reduce_op(d, rank),
+                ReduceOp::PreMulSum(PreMulScalar::Host { dtype: d, bits })
+            );
+        }
+        for op in Redop::ALL.into_iter().filter(|&o| o != Redop::MulSum) {
+            assert_eq!(op.reduce_op(d, 1), op.combining());
+        }
+    }
+    assert_eq!(Redop::MulSum.name(), "mulsum");
+    assert_eq!(Redop::MulSum.combining(), ReduceOp::Sum);
 }
 
 #[test]
@@ -459,7 +473,7 @@ fn ratio_geometric_means() {
 }
 
 /// The reference of `c` on `dtype` with `op`, `n` ranks, root 0.
-fn reference(c: Collective, dtype: DataType, op: ReduceOp, n: usize) -> Reference {
+fn reference(c: Collective, dtype: DataType, op: Redop, n: usize) -> Reference {
     Reference {
         collective: c,
         dtype,
@@ -473,7 +487,7 @@ fn reference(c: Collective, dtype: DataType, op: ReduceOp, n: usize) -> Referenc
 /// elements counts exactly three.
 fn roundtrip_exact<T: Elem>() {
     for c in [Collective::AllReduce, Collective::AllGather] {
-        for op in ReduceOp::ALL {
+        for op in Redop::ALL {
             for nranks in [1, 2, 3, 8, 16] {
                 let r = reference(c, T::DTYPE, op, nranks);
                 let count = 1000u64;
@@ -514,20 +528,243 @@ fn expected_values_and_wrong_counts_every_type() {
     roundtrip_exact::<u32>();
     roundtrip_exact::<i64>();
     roundtrip_exact::<u64>();
+    roundtrip_exact::<Fp8E4M3>();
+    roundtrip_exact::<Fp8E5M2>();
+}
+
+/// The f32 value of fp8 bits of `dtype`, through the library's own types.
+fn fp8_value(dtype: DataType, bits: u64) -> f32 {
+    match dtype {
+        DataType::Fp8E4M3 => Fp8E4M3(bits as u8).to_f32(),
+        _ => Fp8E5M2(bits as u8).to_f32(),
+    }
+}
+
+/// `x` rounded once to fp8 of `dtype`, through the library's own types.
+fn fp8_bits(dtype: DataType, x: f32) -> u64 {
+    match dtype {
+        DataType::Fp8E4M3 => Fp8E4M3::from_f32(x).0 as u64,
+        _ => Fp8E5M2::from_f32(x).0 as u64,
+    }
+}
+
+#[test]
+fn fp8_reductions_accumulate_in_f32_and_round_once() {
+    let c = Collective::AllReduce;
+    for d in [DataType::Fp8E4M3, DataType::Fp8E5M2] {
+        for n in [2, 3, 8] {
+            let count = 2000u64;
+            for op in Redop::ALL {
+                let r = reference(c, d, op, n);
+                // Written out here: f32 in rank order (inputs times 1 or 2 for mulsum),
+                // one rounding at the end.
+                let mut per_step_differs = 0;
+                let mut per_step = Vec::new();
+                let mut got = Vec::new();
+                for i in 0..count {
+                    let x: Vec<f32> = (0..n)
+                        .map(|k| {
+                            let v = fp8_value(d, r.input(k, i));
+                            assert!(v.is_finite(), "{d} {op:?}: input {v}");
+                            if op == Redop::MulSum && k % 2 == 1 {
+                                2.0 * v
+                            } else {
+                                v
+                            }
+                        })
+                        .collect();
+                    let acc = match op {
+                        Redop::Sum | Redop::MulSum => x.iter().sum::<f32>(),
+                        Redop::Avg => x.iter().sum::<f32>() / n as f32,
+                        Redop::Prod => x.iter().product(),
+                        Redop::Min => x
+                            .iter()
+                            .copied()
+                            .reduce(|a, b| if b.total_cmp(&a).is_lt() { b } else { a })
+                            .unwrap(),
+                        Redop::Max => x
+                            .iter()
+                            .copied()
+                            .reduce(|a, b| if b.total_cmp(&a).is_gt() { b } else { a })
+                            .unwrap(),
+                    };
+                    // The f32 partial results are exact: no order could change them.
+                    if matches!(op, Redop::Sum | Redop::MulSum | Redop::Avg) {
+                        let wide: f64 = x.iter().map(|&v| v as f64).sum();
+                        assert_eq!(wide, x.iter().sum::<f32>() as f64, "{d} {op:?} n{n}");
+                        assert!(
+                            x.iter().all(|&v| v >= 0.0),
+                            "{d} {op:?}: sums of non-negatives"
+                        );
+                    }
+                    let want = fp8_bits(d, acc);
+                    assert_eq!(r.expected(0, count, i), Some(want), "{d} {op:?} n{n} [{i}]");
+                    got.push(want);
+                    // Rounding every partial result to fp8 (as a reduction stored in fp8 between
+                    // steps would) gives another value on some elements.
+                    let stepped = x[1..].iter().fold(fp8_bits(d, x[0]), |a, &b| {
+                        let a = fp8_value(d, a);
+                        fp8_bits(
+                            d,
+                            match op {
+                                Redop::Prod => a * b,
+                                Redop::Min | Redop::Max => {
+                                    if (b.total_cmp(&a).is_lt()) == (op == Redop::Min) {
+                                        b
+                                    } else {
+                                        a
+                                    }
+                                }
+                                _ => a + b,
+                            },
+                        )
+                    });
+                    let stepped = if op == Redop::Avg {
+                        fp8_bits(d, fp8_value(d, stepped) / n as f32)
+                    } else {
+                        stepped
+                    };
+                    per_step_differs += u64::from(stepped != want);
+                    per_step.push(stepped);
+                }
+                let as_fp8 = |v: &[u64]| -> Vec<u8> { v.iter().map(|&b| b as u8).collect() };
+                let got8: Vec<u8> = as_fp8(&got);
+                let stepped8: Vec<u8> = as_fp8(&per_step);
+                let wrong = |v: &[u8]| match d {
+                    DataType::Fp8E4M3 => {
+                        let v: Vec<Fp8E4M3> = v.iter().map(|&b| Fp8E4M3(b)).collect();
+                        r.count_wrong(Strictness::Exact, 0, count, &v)
+                    }
+                    _ => {
+                        let v: Vec<Fp8E5M2> = v.iter().map(|&b| Fp8E5M2(b)).collect();
+                        r.count_wrong(Strictness::Exact, 0, count, &v)
+                    }
+                };
+                assert_eq!(wrong(&got8), 0, "{d} {op:?} n{n}");
+                // A reduction that rounded each step would be counted wrong.
+                assert_eq!(wrong(&stepped8), per_step_differs, "{d} {op:?} n{n}");
+                // Two ranks: one step, rounded once either way; products of two e4m3
+                // factors here are exact.
+                let steps_round = match op {
+                    Redop::Sum | Redop::MulSum => n > 2,
+                    Redop::Prod => n > 3,
+                    _ => false,
+                };
+                if steps_round {
+                    assert!(
+                        per_step_differs >= 10,
+                        "{d} {op:?} n{n}: only {per_step_differs} of {count} elements tell \
+                         rounding once from rounding each step"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_inputs_cover_the_type() {
+    for d in [DataType::Fp8E4M3, DataType::Fp8E5M2] {
+        // Min and max: both zeros, negative values, subnormals and the largest finite value
+        // occur; no NaN or infinity.
+        let r = reference(Collective::AllReduce, d, Redop::Max, 4);
+        let seen: std::collections::BTreeSet<u64> = (0..4)
+            .flat_map(|k| (0..4000).map(move |i| (k, i)))
+            .map(|(k, i)| r.input(k, i))
+            .collect();
+        let largest = fp8_bits(d, f32::MAX);
+        for b in [0x00, 0x80, 0x01, largest, largest | 0x80] {
+            assert!(seen.contains(&b), "{d}: {b:#x} never an input");
+        }
+        assert!(seen.iter().all(|&b| fp8_value(d, b).is_finite()));
+        // Sums: non-negative, and results that do not fit fp8 exactly (rounded at the end).
+        let r = reference(Collective::AllReduce, d, Redop::Sum, 4);
+        let inexact = (0..1000)
+            .filter(|&i| {
+                let s: f32 = (0..4).map(|k| fp8_value(d, r.input(k, i))).sum();
+                fp8_value(d, fp8_bits(d, s)) != s
+            })
+            .count();
+        assert!(
+            inexact >= 300,
+            "{d}: {inexact} of 1000 sums are inexact in fp8"
+        );
+    }
+}
+
+#[test]
+fn mulsum_scales_each_rank_then_sums() {
+    for d in [DataType::F32, DataType::Bf16, DataType::I32, DataType::U8] {
+        for n in [2, 3, 5] {
+            let r = reference(Collective::AllReduce, d, Redop::MulSum, n);
+            let mut got = Vec::new();
+            for i in 0..500 {
+                let want = (0..n).fold(0u64, |acc, k| {
+                    let scaled = check::combine(
+                        d,
+                        ReduceOp::Prod,
+                        r.input(k, i),
+                        check::premul_scalar(d, k),
+                    );
+                    if k == 0 {
+                        scaled
+                    } else {
+                        check::combine(d, ReduceOp::Sum, acc, scaled)
+                    }
+                });
+                assert_eq!(r.expected(0, 500, i), Some(want), "{d} n{n} [{i}]");
+                // The plain sum of the same inputs.
+                got.push(check::reduce(d, Redop::Sum, n, |k| r.input(k, i)));
+            }
+            // A collective that summed without the scalars is counted wrong on most elements.
+            let wrong = match d {
+                DataType::F32 => {
+                    let v: Vec<f32> = got.iter().map(|&b| f32::from_bits(b as u32)).collect();
+                    r.count_wrong(Strictness::Exact, 0, 500, &v)
+                }
+                DataType::Bf16 => {
+                    let v: Vec<bf16> = got.iter().map(|&b| bf16::from_bits(b as u16)).collect();
+                    r.count_wrong(Strictness::Nccl, 0, 500, &v)
+                }
+                DataType::I32 => {
+                    let v: Vec<i32> = got.iter().map(|&b| b as u32 as i32).collect();
+                    r.count_wrong(Strictness::Exact, 0, 500, &v)
+                }
+                _ => {
+                    let v: Vec<u8> = got.iter().map(|&b| b as u8).collect();
+                    r.count_wrong(Strictness::Exact, 0, 500, &v)
+                }
+            };
+            assert!(wrong >= 400, "{d} n{n}: {wrong} of 500");
+            // Floats: sums of the scaled inputs stay exact (halved bound).
+            if d == DataType::Bf16 {
+                for i in 0..500 {
+                    let exact: f64 = (0..n)
+                        .map(|k| {
+                            bf16::from_bits(r.input(k, i) as u16).to_f64()
+                                * if k % 2 == 1 { 2.0 } else { 1.0 }
+                        })
+                        .sum();
+                    let got = bf16::from_bits(r.expected(0, 500, i).unwrap() as u16).to_f64();
+                    assert_eq!(got, exact, "bf16 n{n} [{i}]");
+                }
+            }
+        }
+    }
 }
 
 #[test]
 fn all_reduce_expected_applies_the_operation_in_rank_order() {
     let c = Collective::AllReduce;
     // Floats: small integers, sums exact; the reference is the plain sum.
-    let r = reference(c, DataType::F32, ReduceOp::Sum, 4);
+    let r = reference(c, DataType::F32, Redop::Sum, 4);
     for i in 0..50 {
         let sum: f32 = (0..4).map(|k| f32::from_bits(r.input(k, i) as u32)).sum();
         assert_eq!(f32::from_bits(r.expected(0, 50, i).unwrap() as u32), sum);
     }
     // Integers wrap: int8 sums of full-range inputs overflow somewhere, and match the
     // wrapping sum.
-    let r = reference(c, DataType::I8, ReduceOp::Sum, 3);
+    let r = reference(c, DataType::I8, Redop::Sum, 3);
     let mut wrapped = false;
     for i in 0..200 {
         let v: Vec<i8> = (0..3).map(|k| r.input(k, i) as u8 as i8).collect();
@@ -538,19 +775,19 @@ fn all_reduce_expected_applies_the_operation_in_rank_order() {
     }
     assert!(wrapped, "int8 inputs never overflow the sum");
     // Average: the wrapping sum, divided once, truncating toward zero.
-    let r = reference(c, DataType::I32, ReduceOp::Avg, 3);
+    let r = reference(c, DataType::I32, Redop::Avg, 3);
     for i in 0..50 {
         let sum = (0..3).fold(0i32, |a, k| a.wrapping_add(r.input(k, i) as u32 as i32));
         assert_eq!(r.expected(0, 50, i), Some((sum / 3) as u32 as u64));
     }
     // Float average: one division of the exact sum (5/3 is not 1/3+1/3+... in f32).
-    let r = reference(c, DataType::F32, ReduceOp::Avg, 3);
+    let r = reference(c, DataType::F32, Redop::Avg, 3);
     for i in 0..50 {
         let sum: f32 = (0..3).map(|k| f32::from_bits(r.input(k, i) as u32)).sum();
         assert_eq!(r.expected(0, 50, i), Some((sum / 3.0).to_bits() as u64));
     }
     // Half average: through an f32 quotient, rounded once.
-    let r = reference(c, DataType::F16, ReduceOp::Avg, 3);
+    let r = reference(c, DataType::F16, Redop::Avg, 3);
     for i in 0..50 {
         let sum: f32 = (0..3)
             .map(|k| f16::from_bits(r.input(k, i) as u16).to_f32())
@@ -559,7 +796,7 @@ fn all_reduce_expected_applies_the_operation_in_rank_order() {
         assert_eq!(r.expected(0, 50, i), Some(want));
     }
     // Min by totalOrder: -0 below +0, whichever rank holds it.
-    let r = reference(c, DataType::F32, ReduceOp::Min, 2);
+    let r = reference(c, DataType::F32, Redop::Min, 2);
     assert_eq!(
         check::combine(DataType::F32, ReduceOp::Min, 0, (-0f32).to_bits() as u64),
         (-0f32).to_bits() as u64
@@ -575,7 +812,7 @@ fn all_reduce_expected_applies_the_operation_in_rank_order() {
         .collect();
     assert_eq!(zeros.len(), 2, "both zeros among the inputs: {zeros:?}");
     // Products stay exact: powers of two, below 2^8 in magnitude, on 16 ranks in bfloat16.
-    let r = reference(c, DataType::Bf16, ReduceOp::Prod, 16);
+    let r = reference(c, DataType::Bf16, Redop::Prod, 16);
     for i in 0..100 {
         let p: f64 = (0..16)
             .map(|k| bf16::from_bits(r.input(k, i) as u16).to_f64())
@@ -590,17 +827,20 @@ fn all_reduce_expected_applies_the_operation_in_rank_order() {
 fn each_operation_gives_a_different_result() {
     // A collective that ran another operation (or sum for every one) would be counted wrong:
     // on each operation's own inputs, the other operations' results differ on most elements.
-    for dtype in [DataType::F32, DataType::Bf16, DataType::I8, DataType::U64] {
-        for op in ReduceOp::ALL {
+    for dtype in [
+        DataType::F32,
+        DataType::Bf16,
+        DataType::I8,
+        DataType::U64,
+        DataType::Fp8E4M3,
+        DataType::Fp8E5M2,
+    ] {
+        for op in Redop::ALL {
             let r = reference(Collective::AllReduce, dtype, op, 3);
-            for other in ReduceOp::ALL.into_iter().filter(|&o| o != op) {
+            for other in Redop::ALL.into_iter().filter(|&o| o != op) {
                 let differ = (0..200u64)
                     .filter(|&i| {
-                        let v: Vec<u64> = (0..3).map(|k| r.input(k, i)).collect();
-                        let acc = v[1..]
-                            .iter()
-                            .fold(v[0], |a, &b| check::combine(dtype, other, a, b));
-                        let theirs = check::finish(dtype, other, acc, 3);
+                        let theirs = check::reduce(dtype, other, 3, |k| r.input(k, i));
                         Some(theirs) != r.expected(0, 200, i)
                     })
                     .count();
@@ -612,7 +852,7 @@ fn each_operation_gives_a_different_result() {
 
 #[test]
 fn strictness() {
-    let avg = reference(Collective::AllReduce, DataType::F32, ReduceOp::Avg, 3);
+    let avg = reference(Collective::AllReduce, DataType::F32, Redop::Avg, 3);
     let want = (5f32 / 3.0).to_bits() as u64;
     let near = (5f32 / 3.0).to_bits() as u64 + 1; // one ulp off (NCCL's pre-multiplied sum)
     assert!(avg.matches(Strictness::Exact, want, want));
@@ -620,17 +860,33 @@ fn strictness() {
     assert!(avg.matches(Strictness::Nccl, near, want));
     let far = (1.7f32).to_bits() as u64;
     assert!(!avg.matches(Strictness::Nccl, far, want));
-    let min = reference(Collective::AllReduce, DataType::F16, ReduceOp::Min, 3);
+    let min = reference(Collective::AllReduce, DataType::F16, Redop::Min, 3);
     let (pz, nz) = (0u64, f16::NEG_ZERO.to_bits() as u64);
     assert!(!min.matches(Strictness::Exact, pz, nz));
     assert!(min.matches(Strictness::Nccl, pz, nz));
     let nan = check::unwritten(DataType::F16);
     assert!(!min.matches(Strictness::Nccl, nan, nan));
     // Integers and moved data: bits, whatever the strictness.
-    let ints = reference(Collective::AllReduce, DataType::I32, ReduceOp::Avg, 3);
+    let ints = reference(Collective::AllReduce, DataType::I32, Redop::Avg, 3);
     assert!(!ints.matches(Strictness::Nccl, 5, 6));
-    let fp8 = reference(Collective::AllGather, DataType::Fp8E4M3, ReduceOp::Sum, 3);
+    let fp8 = reference(Collective::AllGather, DataType::Fp8E4M3, Redop::Sum, 3);
     assert!(!fp8.matches(Strictness::Nccl, 0x80, 0x00));
+    // fp8 reductions: NCCL rounds each step to fp8, so one unit in the last place per rank
+    // passes; ours is exact. 1.0 is 0x38 in e4m3, 1.125 0x39; 2.0 is 0x40.
+    let fp8 = reference(Collective::AllReduce, DataType::Fp8E4M3, Redop::Sum, 3);
+    assert!(fp8.matches(Strictness::Exact, 0x38, 0x38));
+    assert!(!fp8.matches(Strictness::Exact, 0x39, 0x38));
+    assert!(fp8.matches(Strictness::Nccl, 0x39, 0x38));
+    assert!(!fp8.matches(Strictness::Nccl, 0x40 + 4, 0x38));
+    let fp8 = reference(Collective::AllReduce, DataType::Fp8E5M2, Redop::Max, 3);
+    assert!(
+        fp8.matches(Strictness::Nccl, 0x80, 0x00),
+        "either zero of a tie"
+    );
+    assert!(
+        !fp8.matches(Strictness::Nccl, 0x7e, 0x7e),
+        "NaN never matches"
+    );
 }
 
 fn sample_report() -> Report {
@@ -838,20 +1094,20 @@ fn new_collectives_have_nccl_tests_shapes_factors_and_references() {
     assert_eq!((s.bytes, s.count), (1000, 500));
     let (n, sc) = (3usize, 12u64);
     let f32_of = |b: u64| f32::from_bits(b as u32);
-    let rs = reference(ReduceScatter, DataType::F32, ReduceOp::Sum, n);
+    let rs = reference(ReduceScatter, DataType::F32, Redop::Sum, n);
     // Rank 2's reduce-scatter output: block 2 summed.
     let want: f32 = (0..n).map(|r| f32_of(rs.input(r, 8 + 1))).sum();
     assert_eq!(rs.expected(2, sc, 1).map(f32_of), Some(want));
     // All-to-all: element 5 of rank 1's output is block 1 of rank 1 (5 / 4), element 1.
-    let a2a = reference(AllToAll, DataType::F32, ReduceOp::Sum, n);
+    let a2a = reference(AllToAll, DataType::F32, Redop::Sum, n);
     assert_eq!(a2a.expected(1, sc, 5), Some(a2a.input(1, 4 + 1)));
     let rooted = |c| Reference {
         root: 2,
-        ..reference(c, DataType::F32, ReduceOp::Sum, n)
+        ..reference(c, DataType::F32, Redop::Sum, n)
     };
     assert_eq!(rooted(Broadcast).expected(0, sc, 3), Some(a2a.input(2, 3)));
     assert_eq!(rooted(Reduce).expected(1, sc, 3), None);
-    let sr = reference(SendRecv, DataType::F32, ReduceOp::Sum, n);
+    let sr = reference(SendRecv, DataType::F32, Redop::Sum, n);
     assert_eq!(sr.expected(0, sc, 3), Some(sr.input(2, 3)));
     // Wrong elements are counted where something is expected.
     let got = vec![0f32; 4];
