@@ -8,9 +8,12 @@
 //! sends alone) of the same sizes; one call of each captured into a CUDA graph and replayed
 //! over fresh inputs; the typed API's argument checks; and the pipelined broadcast and
 //! reduce (`RootedAlgo::Pipelined`) over the same sizes, types and operations and under a
-//! graph (`pipelined_broadcast_and_reduce_match_the_cpu_reference_to_64_mib`). Skips with a
-//! reason without
-//! a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
+//! graph (`pipelined_broadcast_and_reduce_match_the_cpu_reference_to_64_mib`); the staged
+//! reductions (`staged_*`): fp8 e4m3 and e5m2 all-reduce, reduce-scatter and reduce with
+//! sum, max and avg (f32 in rank order, rounded once; sizes beyond the staging buffer, so in
+//! pieces) and pre-multiplied f32 sums by a host scalar and by a device scalar, the latter
+//! replayed under a CUDA graph with the scalar changed between replays. Skips with a reason
+//! without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +21,8 @@ use std::time::Duration;
 use cudarc::driver::{DevicePtr, sys};
 use half::{bf16, f16};
 use mscclpp::host::collectives::{
-    AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp, ReduceOp, RootedAlgo,
+    AllReduceAlgo, CollConfig, Collectives, DataType, Fp8E4M3, Fp8E5M2, P2pOp, ReduceOp,
+    RootedAlgo, STAGING_BYTES,
 };
 use mscclpp::host::communicator::CommError;
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
@@ -29,7 +33,9 @@ mod common;
 use common::{ROLE, dptr, mismatches, setup, setup_with, splitmix, test_ranks, to_bytes};
 
 /// Element `i` of rank `rank`'s input of call `seed` as raw bits: floats random in
-/// [-4, 4) held exactly by the type, integers over their whole range, fp8 any byte.
+/// [-4, 4) held exactly by the type, integers over their whole range, fp8 any finite value
+/// (a NaN's or an infinity's byte with its exponent's top bit cleared; the largest values
+/// are there, so sums saturate).
 fn input(dtype: DataType, seed: u64, rank: usize, i: usize) -> u64 {
     let h = splitmix(seed ^ (rank as u64) << 56 ^ i as u64);
     let v = (h >> 40) as f32 / (1u64 << 21) as f32 - 4.0;
@@ -38,8 +44,65 @@ fn input(dtype: DataType, seed: u64, rank: usize, i: usize) -> u64 {
         DataType::F16 => f16::from_f32(v).to_bits() as u64,
         DataType::Bf16 => bf16::from_f32(v).to_bits() as u64,
         DataType::F64 => ((h >> 11) as f64 / (1u64 << 50) as f64 - 4.0).to_bits(),
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => {
+            let b = h as u8;
+            u64::from(if fp8_value(dtype, b).is_finite() {
+                b
+            } else {
+                b & !0x40
+            })
+        }
         _ => h & mask(dtype.size()),
     }
+}
+
+/// The value of fp8 bits of `dtype`, exactly (the library's conversion).
+fn fp8_value(dtype: DataType, bits: u8) -> f32 {
+    match dtype {
+        DataType::Fp8E4M3 => Fp8E4M3(bits).to_f32(),
+        DataType::Fp8E5M2 => Fp8E5M2(bits).to_f32(),
+        _ => unreachable!("fp8_value of an fp8 type"),
+    }
+}
+
+/// `x` rounded once to fp8 of `dtype` (the library's conversion: nearest even, saturating
+/// to the largest finite value).
+fn fp8_round(dtype: DataType, x: f32) -> u8 {
+    match dtype {
+        DataType::Fp8E4M3 => Fp8E4M3::from_f32(x).0,
+        DataType::Fp8E5M2 => Fp8E5M2::from_f32(x).0,
+        _ => unreachable!("fp8_round to an fp8 type"),
+    }
+}
+
+/// The library's fp8 reduction of the ranks' elements `bits` (in rank order): each widened
+/// to f32, `op` applied in f32 in rank order (average: the sum divided once), the result
+/// rounded once to fp8.
+fn fp8_reduce(dtype: DataType, op: ReduceOp, bits: &[u8]) -> u8 {
+    let wide = |b: u8| fp8_value(dtype, b).to_bits() as u64;
+    let Some((&first, rest)) = bits.split_first() else {
+        unreachable!("a reduction of at least one rank")
+    };
+    let acc = rest.iter().fold(wide(first), |acc, &b| {
+        apply(DataType::F32, op, acc, wide(b))
+    });
+    let acc = if op == ReduceOp::Avg {
+        divide(DataType::F32, acc, bits.len())
+    } else {
+        acc
+    };
+    fp8_round(dtype, f32::from_bits(acc as u32))
+}
+
+/// The library's pre-multiplied f32 sum of the ranks' elements `values` (in rank order),
+/// rank q's times `scalar(q)`: each product rounded to f32, then summed in rank order.
+fn pre_mul_sum(values: &[f32], scalar: impl Fn(usize) -> f32) -> f32 {
+    values
+        .iter()
+        .enumerate()
+        .map(|(q, &v)| v * scalar(q))
+        .reduce(|acc, x| acc + x)
+        .expect("a sum of at least one rank")
 }
 
 fn mask(size: usize) -> u64 {
@@ -148,8 +211,16 @@ fn divide(dtype: DataType, a: u64, n: usize) -> u64 {
     }
 }
 
-/// The reference: `op` over ranks `0..n` of element `i` of call `seed`, in rank order.
+/// The reference: `op` over ranks `0..n` of element `i` of call `seed`, in rank order (fp8:
+/// [`fp8_reduce`]).
 fn reduce(dtype: DataType, op: ReduceOp, seed: u64, n: usize, i: usize) -> u64 {
+    if matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2) {
+        let mut bits = [0u8; 8];
+        for (q, b) in bits.iter_mut().enumerate().take(n) {
+            *b = input(dtype, seed, q, i) as u8;
+        }
+        return u64::from(fp8_reduce(dtype, op, &bits[..n]));
+    }
     let acc = (1..n).fold(input(dtype, seed, 0, i), |acc, q| {
         apply(dtype, op, acc, input(dtype, seed, q, i))
     });
@@ -183,6 +254,23 @@ fn data(
     root: usize,
     in_place: bool,
 ) -> (Vec<u8>, usize, usize, Vec<u8>) {
+    let reduced = |i: usize| reduce(dtype, red, seed, n, i);
+    data_against(op, dtype, seed, n, r, count, root, in_place, &reduced)
+}
+
+/// [`data`] with the reduced element `i` of the ranks' inputs given by `reduced`.
+#[allow(clippy::too_many_arguments)]
+fn data_against(
+    op: Op,
+    dtype: DataType,
+    seed: u64,
+    n: usize,
+    r: usize,
+    count: usize,
+    root: usize,
+    in_place: bool,
+    reduced: &dyn Fn(usize) -> u64,
+) -> (Vec<u8>, usize, usize, Vec<u8>) {
     let es = dtype.size();
     let words = |q: usize, len: usize| (0..len).map(move |i| input(dtype, seed, q, i));
     match op {
@@ -190,21 +278,18 @@ fn data(
             to_bytes(dtype, words(r, count)),
             count * es,
             0,
-            to_bytes(dtype, (0..count).map(|i| reduce(dtype, red, seed, n, i))),
+            to_bytes(dtype, (0..count).map(reduced)),
         ),
         Op::ReduceScatter => (
             to_bytes(dtype, words(r, n * count)),
             count * es,
             r * count * es,
-            to_bytes(
-                dtype,
-                (0..count).map(|i| reduce(dtype, red, seed, n, r * count + i)),
-            ),
+            to_bytes(dtype, (0..count).map(|i| reduced(r * count + i))),
         ),
         Op::Reduce => {
             let send = to_bytes(dtype, words(r, count));
             let want = if r == root {
-                to_bytes(dtype, (0..count).map(|i| reduce(dtype, red, seed, n, i)))
+                to_bytes(dtype, (0..count).map(reduced))
             } else if in_place {
                 send.clone()
             } else {
@@ -291,8 +376,30 @@ fn check_call(
     root: usize,
     in_place: bool,
 ) {
+    let n = c.nranks();
+    let reduced = |i: usize| reduce(dtype, red, seed, n, i);
+    check_call_against(
+        c, stream, op, dtype, red, seed, count, root, in_place, &reduced,
+    );
+}
+
+/// [`check_call`] with the reduced element `i` of the ranks' inputs given by `reduced`.
+#[allow(clippy::too_many_arguments)]
+fn check_call_against(
+    c: &Collectives,
+    stream: &Arc<CudaStream>,
+    op: Op,
+    dtype: DataType,
+    red: ReduceOp,
+    seed: u64,
+    count: usize,
+    root: usize,
+    in_place: bool,
+    reduced: &dyn Fn(usize) -> u64,
+) {
     let (n, r) = (c.nranks(), c.rank());
-    let (send, recv_len, off, want) = data(op, dtype, red, seed, n, r, count, root, in_place);
+    let (send, recv_len, off, want) =
+        data_against(op, dtype, seed, n, r, count, root, in_place, reduced);
     let sbuf: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
     let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
     let sp = dptr(&sbuf, stream);
@@ -725,6 +832,235 @@ fn pipelined_rank() {
     println!("rank {r}: ok");
 }
 
+/// Elements of the largest fp8 calls: 20M elements widen to 80 MB of f32, five times the
+/// staging buffer, so the calls run in pieces.
+const FP8_BEYOND_STAGING: usize = 20_000_000;
+
+/// fp8 e4m3 and e5m2 all-reduce, reduce-scatter and reduce with sum, max and avg, in place
+/// and out of place, against [`fp8_reduce`] bit for bit: from one element to
+/// [`FP8_BEYOND_STAGING`] (a reduce-scatter's: one rank's whole input).
+fn staged_fp8_rank() {
+    const { assert!(FP8_BEYOND_STAGING * 4 > 4 * STAGING_BYTES) };
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let mut seed = 3 << 20;
+    let ops = [
+        Op::AllReduce(AllReduceAlgo::Auto),
+        Op::ReduceScatter,
+        Op::Reduce,
+    ];
+    for dtype in [DataType::Fp8E4M3, DataType::Fp8E5M2] {
+        for red in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+            let totals = [1usize, 37, 4099, (1 << 20) + 3, FP8_BEYOND_STAGING];
+            for (k, total) in totals.into_iter().enumerate() {
+                for (j, op) in ops.into_iter().enumerate() {
+                    let count = if op == Op::ReduceScatter {
+                        (total / n).max(1)
+                    } else {
+                        total
+                    };
+                    seed += 1;
+                    let in_place = (k + j) % 2 == 1;
+                    check_call(
+                        &c,
+                        &stream,
+                        op,
+                        dtype,
+                        red,
+                        seed,
+                        count,
+                        (k + j) % n,
+                        in_place,
+                    );
+                }
+            }
+            println!(
+                "rank {r}: {dtype} {red:?}: all-reduce, reduce-scatter and reduce matched up to \
+                 {FP8_BEYOND_STAGING} elements"
+            );
+        }
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// Rank `q`'s host scalar of the pre-multiplied sums: not a power of two, so products round.
+fn host_scalar(q: usize) -> f32 {
+    0.3 + 0.45 * q as f32
+}
+
+/// Rank `q`'s device scalar for replay (or eager round) `round`, 1 or 2: the second differs
+/// from the first on every rank (and in sign).
+fn device_scalar(round: u32, q: usize) -> f32 {
+    if round == 1 {
+        1.5 + q as f32
+    } else {
+        -0.7 - 0.2 * q as f32
+    }
+}
+
+/// Element `i` of the ranks' f32 inputs of call `seed`, pre-multiplied by `scalar` and
+/// summed ([`pre_mul_sum`]), as bits.
+fn pre_mul_reference(seed: u64, n: usize, i: usize, scalar: &dyn Fn(usize) -> f32) -> u64 {
+    let mut values = [0f32; 8];
+    for (q, v) in values.iter_mut().enumerate().take(n) {
+        *v = f32::from_bits(input(DataType::F32, seed, q, i) as u32);
+    }
+    pre_mul_sum(&values[..n], scalar).to_bits() as u64
+}
+
+/// Pre-multiplied f32 sums: a first one under graph capture is refused (it would allocate
+/// the staging buffer); by a host scalar, all-reduce, reduce-scatter and reduce up to beyond
+/// the staging buffer; by a device scalar, eagerly with the scalar changed between calls,
+/// then captured into a CUDA graph replayed twice with the scalar changed between replays:
+/// each result follows the scalar the GPU read.
+fn staged_pre_mul_sum_rank() {
+    let (c, stream) = setup();
+    let (n, r) = (c.nranks(), c.rank());
+    let dtype = DataType::F32;
+    let capture = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let instantiate =
+        sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+    // No staged call yet: a reduce-scatter under capture cannot allocate the staging.
+    {
+        let count = 4099;
+        let send: CudaSlice<f32> = stream.alloc_zeros(n * count).unwrap();
+        let recv: CudaSlice<f32> = stream.alloc_zeros(count).unwrap();
+        let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
+        let op = ReduceOp::pre_mul_sum(host_scalar(r));
+        stream.begin_capture(capture).unwrap();
+        // SAFETY: refused before any access (and the buffers outlive the call anyway).
+        let res = unsafe { c.reduce_scatter_raw(sp, rp, count, dtype, op, &stream) };
+        let _ = stream.end_capture(instantiate);
+        let e = res
+            .expect_err("a first staged call under capture is refused")
+            .to_string();
+        assert!(e.contains("make one before capturing"), "rank {r}: {e}");
+        stream.synchronize().unwrap();
+        c.communicator().bootstrap().barrier().unwrap();
+    }
+    let ops = [
+        Op::AllReduce(AllReduceAlgo::Auto),
+        Op::ReduceScatter,
+        Op::Reduce,
+    ];
+    let mut seed = 4 << 20;
+    // Host scalars, eager (the first staged call allocates the staging buffer).
+    let beyond_staging = STAGING_BYTES / 4 + 1001;
+    for (k, total) in [1usize, 4099, (1 << 20) + 3, beyond_staging]
+        .into_iter()
+        .enumerate()
+    {
+        for (j, op) in ops.into_iter().enumerate() {
+            let count = if op == Op::ReduceScatter {
+                (total / n).max(1)
+            } else {
+                total
+            };
+            seed += 1;
+            let red = ReduceOp::pre_mul_sum(host_scalar(r));
+            let reduced = |i: usize| pre_mul_reference(seed, n, i, &host_scalar);
+            let (root, in_place) = ((k + j) % n, (k + j) % 2 == 1);
+            check_call_against(
+                &c, &stream, op, dtype, red, seed, count, root, in_place, &reduced,
+            );
+        }
+    }
+    println!("rank {r}: pre-multiplied sums by host scalars matched");
+    // A device scalar, eager: each call reads the value it finds.
+    let mut scalar: CudaSlice<f32> = stream.clone_htod(&[device_scalar(1, r)]).unwrap();
+    let red = ReduceOp::pre_mul_sum_at(dtype, dptr(&scalar, &stream));
+    for round in 1..=2u32 {
+        stream
+            .memcpy_htod(&[device_scalar(round, r)], &mut scalar)
+            .unwrap();
+        for (j, op) in ops.into_iter().enumerate() {
+            seed += 1;
+            let reduced =
+                |i: usize| pre_mul_reference(seed, n, i, &|q: usize| device_scalar(round, q));
+            check_call_against(
+                &c,
+                &stream,
+                op,
+                dtype,
+                red,
+                seed,
+                4099,
+                j % n,
+                false,
+                &reduced,
+            );
+        }
+    }
+    println!("rank {r}: pre-multiplied sums by a device scalar matched, eagerly");
+    // Under a CUDA graph: the replays read the scalar as it is when they run.
+    for count in [4099usize, (1 << 20) + 3] {
+        seed += 1;
+        let root = n - 1;
+        let first = |op: Op| {
+            let reduced = |i: usize| pre_mul_reference(seed, n, i, &|q: usize| device_scalar(1, q));
+            data_against(op, dtype, seed, n, r, count, root, false, &reduced)
+        };
+        let mut bufs: Vec<(Op, CudaSlice<u8>, CudaSlice<u8>)> = ops
+            .into_iter()
+            .map(|op| {
+                let (send, recv_len, _, _) = first(op);
+                let sbuf: CudaSlice<u8> = stream.clone_htod(&send).unwrap();
+                let rbuf: CudaSlice<u8> = stream.alloc_zeros(recv_len).unwrap();
+                (op, sbuf, rbuf)
+            })
+            .collect();
+        let ptrs: Vec<(Op, u64, u64)> = bufs
+            .iter()
+            .map(|(op, s, rb)| (*op, dptr(s, &stream), dptr(rb, &stream)))
+            .collect();
+        stream.synchronize().unwrap();
+        stream.begin_capture(capture).unwrap();
+        for &(op, sp, rp) in &ptrs {
+            // SAFETY: the buffers live until the synchronize after the last replay.
+            unsafe { issue(&c, op, dtype, red, sp, rp, count, root, &stream) };
+        }
+        let graph = stream
+            .end_capture(instantiate)
+            .unwrap()
+            .expect("a graph was captured");
+        for replay in 1..=2u32 {
+            stream
+                .memcpy_htod(&[device_scalar(replay, r)], &mut scalar)
+                .unwrap();
+            // A replay that wrote nothing fails.
+            for (_, _, rbuf) in bufs.iter_mut() {
+                stream.memset_zeros(rbuf).unwrap();
+            }
+            stream.synchronize().unwrap();
+            c.communicator().bootstrap().barrier().unwrap();
+            graph.launch().unwrap();
+            stream.synchronize().unwrap();
+            for (op, _, rbuf) in &bufs {
+                if *op == Op::Reduce && r != root {
+                    continue;
+                }
+                let reduced =
+                    |i: usize| pre_mul_reference(seed, n, i, &|q: usize| device_scalar(replay, q));
+                let (_, _, _, want) =
+                    data_against(*op, dtype, seed, n, r, count, root, false, &reduced);
+                let got = stream.clone_dtoh(rbuf).unwrap();
+                let (bad, first) = mismatches(&got, &want, dtype.size());
+                assert_eq!(
+                    bad,
+                    0,
+                    "rank {r}: {op:?} count {count} under a graph, replay {replay} (scalar \
+                     {}): {bad} wrong, first at {first:?}",
+                    device_scalar(replay, r)
+                );
+            }
+        }
+        println!("rank {r}: graph replays of count {count} followed the device scalar");
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
 /// The text of a `CallMismatch`, or a panic naming what came instead.
 fn mismatch_text(r: usize, what: &str, res: Result<(), CommError>) -> String {
     match res {
@@ -916,3 +1252,82 @@ gpu_test!(
     sends_and_receives_of_different_sizes_fail_on_both_sides_and_the_pair_stays_usable,
     p2p_mismatch_rank
 );
+gpu_test!(
+    staged_fp8_reductions_round_once_like_the_reference_beyond_the_staging,
+    staged_fp8_rank
+);
+gpu_test!(
+    staged_pre_multiplied_sums_follow_host_and_device_scalars_under_a_graph,
+    staged_pre_mul_sum_rank
+);
+
+/// The staged references: fp8 widened to f32 and rounded once (saturating), fp8 inputs
+/// finite with the extremes among them, and pre-multiplied sums scaled per rank.
+#[test]
+fn staged_references_round_once_saturate_and_scale_per_rank() {
+    let (e4, e5) = (DataType::Fp8E4M3, DataType::Fp8E5M2);
+    let one = fp8_round(e4, 1.0);
+    let sixteenth = fp8_round(e4, 0.0625);
+    assert_eq!(
+        (fp8_value(e4, one), fp8_value(e4, sixteenth)),
+        (1.0, 0.0625)
+    );
+    // 1 + 1/16 + 1/16 = 1.125, an e4m3 value; rounding each step (1.0625 -> 1, even) would
+    // give 1.
+    let once = fp8_reduce(e4, ReduceOp::Sum, &[one, sixteenth, sixteenth]);
+    assert_eq!(fp8_value(e4, once), 1.125);
+    // Saturating: 448 + 448 is e4m3's largest, 448; e5m2's 57344 likewise.
+    let largest = fp8_round(e4, f32::MAX);
+    assert_eq!(fp8_value(e4, largest), 448.0);
+    assert_eq!(fp8_reduce(e4, ReduceOp::Sum, &[largest, largest]), largest);
+    let largest5 = fp8_round(e5, f32::MAX);
+    assert_eq!(fp8_value(e5, largest5), 57344.0);
+    assert_eq!(
+        fp8_reduce(e5, ReduceOp::Sum, &[largest5, largest5]),
+        largest5
+    );
+    // Average: the f32 sum divided once, then rounded: 5/3 -> 1.625 in e4m3.
+    let two = fp8_round(e4, 2.0);
+    assert_eq!(
+        fp8_value(e4, fp8_reduce(e4, ReduceOp::Avg, &[one, two, two])),
+        1.625
+    );
+    // Max by totalOrder: +0 above -0, whichever rank holds it; negatives below.
+    let (pz, nz) = (fp8_round(e5, 0.0), fp8_round(e5, -0.0));
+    assert_ne!(pz, nz);
+    assert_eq!(fp8_reduce(e5, ReduceOp::Max, &[nz, pz]), pz);
+    assert_eq!(fp8_reduce(e5, ReduceOp::Max, &[pz, nz]), pz);
+    let m3 = fp8_round(e5, -3.0);
+    assert_eq!(fp8_reduce(e5, ReduceOp::Max, &[m3, nz]), nz);
+    // The inputs: finite, with both largest magnitudes among them; reduce() is fp8_reduce of
+    // them.
+    for d in [e4, e5] {
+        let bits: std::collections::BTreeSet<u8> =
+            (0..20_000).map(|i| input(d, 7, i % 3, i) as u8).collect();
+        assert!(bits.iter().all(|&b| fp8_value(d, b).is_finite()), "{d}");
+        let big = fp8_round(d, f32::MAX);
+        assert!(bits.contains(&big) && bits.contains(&(big | 0x80)), "{d}");
+        for i in 0..1000 {
+            let ins: Vec<u8> = (0..3).map(|q| input(d, 9, q, i) as u8).collect();
+            assert_eq!(
+                reduce(d, ReduceOp::Sum, 9, 3, i),
+                u64::from(fp8_reduce(d, ReduceOp::Sum, &ins))
+            );
+        }
+    }
+    // Pre-multiplied sums: each rank's own scalar, products rounded to f32, then summed in
+    // rank order.
+    let third = 1.0f32 / 3.0;
+    assert_eq!(pre_mul_sum(&[1.0, 2.0], |q| 0.5 + q as f32), 0.5 + 3.0);
+    assert_eq!(
+        pre_mul_sum(&[third, third, 1.0], |q| [3.0, 0.1, 7.0][q]),
+        (third * 3.0 + third * 0.1) + 7.0
+    );
+    assert_ne!(device_scalar(1, 0), device_scalar(2, 0));
+    let got = pre_mul_reference(11, 2, 5, &host_scalar);
+    let x = |q| f32::from_bits(input(DataType::F32, 11, q, 5) as u32);
+    assert_eq!(
+        f32::from_bits(got as u32),
+        x(0) * host_scalar(0) + x(1) * host_scalar(1)
+    );
+}
