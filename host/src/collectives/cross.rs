@@ -764,7 +764,7 @@ impl Collectives {
     /// # Safety
     /// Both ranges valid memory of `ex`'s kind (until the stream ran the copy), disjoint or
     /// equal.
-    unsafe fn x_copy(
+    pub(super) unsafe fn x_copy(
         &self,
         ex: Exec<'_>,
         dst: u64,

@@ -385,7 +385,7 @@ impl Collectives {
                     unsafe { self.stage_pass(ex, call, from, to, c, mode::NARROW | code, 0, 0)? };
                 } else {
                     // SAFETY: c elements of es bytes each.
-                    unsafe { self.stage_copy(ex, call, from, to, c * es)? };
+                    unsafe { self.x_copy(ex, to, from, c * es)? };
                 }
             }
             off += c;
@@ -525,33 +525,6 @@ impl Collectives {
                 .map(|_| ())
                 .map_err(|e| gpu::classify("launch", "cuLaunchKernel", e)),
         )
-    }
-
-    /// Copies `bytes` from `src` to `dst` (stream-ordered on a GPU).
-    ///
-    /// # Safety
-    /// Both ranges valid memory of `ex`'s kind, disjoint.
-    unsafe fn stage_copy(
-        &self,
-        ex: Exec<'_>,
-        call: &str,
-        src: u64,
-        dst: u64,
-        bytes: usize,
-    ) -> Result<(), CommError> {
-        let _ = call;
-        match ex {
-            // SAFETY: caller contract.
-            Exec::Host => unsafe {
-                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes);
-                Ok(())
-            },
-            // SAFETY: caller contract.
-            Exec::Gpu(stream) => self.noted(
-                unsafe { crate::cuda::memcpy_async(dst, src, bytes, stream) }
-                    .map_err(CommError::from),
-            ),
-        }
     }
 }
 
