@@ -14,6 +14,11 @@
 //! Where `O_TMPFILE` is not available, a segment is created under its name at once (the
 //! older scheme); [`publish`](ShmSegment::publish) then returns that name and
 //! [`unlink`](ShmSegment::unlink) or drop removes it.
+//!
+//! A segment's memory is reserved when it is made (`fallocate`), not at first touch: a
+//! `/dev/shm` too small for it (64 MiB is a container's default) fails [`ShmSegment::create`]
+//! with [`ShmError::NoSpace`], which says how large `/dev/shm` is and how to raise it,
+//! where a page touched beyond the space left would kill the process with `SIGBUS`.
 
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -42,6 +47,26 @@ pub enum ShmError {
         /// What it is.
         actual: u64,
     },
+    /// `/dev/shm` has no room left for a new segment (`fallocate` said `ENOSPC`).
+    #[error(
+        "{SHM_DIR} has no room for a shared-memory segment of {}: it holds {} in all, {} of it \
+         free (the Host transport keeps the buffers of every rank of this machine there); \
+         raise its size (a container: `docker run --shm-size=<size>`, or `--ipc=host`; \
+         else, as root, `mount -o remount,size=<size> {SHM_DIR}`), or need less of it: fewer \
+         ranks, smaller buffers, or a smaller scratch for the collectives \
+         (MSCCLPP_COLL_SCRATCH_BYTES)",
+        bytes_text(*.needed as u64),
+        bytes_text(*.size),
+        bytes_text(*.free)
+    )]
+    NoSpace {
+        /// Bytes of the segment.
+        needed: usize,
+        /// Size of the file system of `/dev/shm` (bytes; 0 when unknown).
+        size: u64,
+        /// Bytes free in it when the segment was refused (0 when unknown).
+        free: u64,
+    },
     /// A system call failed.
     #[error("{call} on shared-memory segment {name}: {error}")]
     Os {
@@ -63,7 +88,72 @@ fn os(call: &'static str, name: &str, e: rustix::io::Errno) -> ShmError {
 }
 
 /// Where POSIX shared-memory names live on Linux (what `shm_open` opens).
-const SHM_DIR: &str = "/dev/shm";
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Size and free space of the file system of `/dev/shm`, where the Host transport's
+/// segments live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmSpace {
+    /// Size in bytes.
+    pub size: u64,
+    /// Bytes an unprivileged process may still fill.
+    pub free: u64,
+}
+
+/// The size and free space of `/dev/shm` (`statvfs`), for checks made before segments are
+/// made; `None` where it cannot be read (no `/dev/shm`).
+pub fn shm_space() -> Option<ShmSpace> {
+    let st = rustix::fs::statvfs(SHM_DIR).ok()?;
+    Some(ShmSpace {
+        size: st.f_blocks.saturating_mul(st.f_frsize),
+        free: st.f_bavail.saturating_mul(st.f_frsize),
+    })
+}
+
+/// `bytes` in binary units, one decimal (`64.0 MiB`).
+fn bytes_text(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let (mut value, mut unit) = (bytes as f64, 0);
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Sizes the new segment file `fd` to `len` bytes and reserves its memory, so that touching
+/// any of it later cannot fail: a full `/dev/shm` is [`ShmError::NoSpace`] here instead of a
+/// `SIGBUS` at first touch. Where the file system cannot reserve (`EOPNOTSUPP`), it is only
+/// sized, as before.
+fn size_and_reserve(fd: &OwnedFd, len: usize, name: &str) -> Result<(), ShmError> {
+    rustix::fs::ftruncate(fd, len as u64).map_err(|e| os("ftruncate", name, e))?;
+    loop {
+        match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, len as u64) {
+            Ok(()) => return Ok(()),
+            // tmpfs gives up (and undoes) a long reservation when a signal comes: again.
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => return Ok(()),
+            Err(rustix::io::Errno::NOSPC) => {
+                let space = rustix::fs::fstatvfs(fd).ok();
+                let bytes = |count: fn(&rustix::fs::StatVfs) -> u64| {
+                    space
+                        .as_ref()
+                        .map_or(0, |s| count(s).saturating_mul(s.f_frsize))
+                };
+                return Err(ShmError::NoSpace {
+                    needed: len,
+                    size: bytes(|s| s.f_blocks),
+                    free: bytes(|s| s.f_bavail),
+                });
+            }
+            Err(e) => return Err(os("fallocate", name, e)),
+        }
+    }
+}
 
 /// A mapped POSIX shared-memory segment.
 #[derive(Debug)]
@@ -161,7 +251,7 @@ impl ShmSegment {
             // No O_TMPFILE here (or no /dev/shm): a named segment, the older scheme.
             Err(_) => return ShmSegment::create_named(len),
         };
-        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| os("ftruncate", "(anonymous)", e))?;
+        size_and_reserve(&fd, len, "(anonymous)")?;
         let ptr = map(&fd, len, "(anonymous)")?;
         Ok(ShmSegment {
             ptr,
@@ -182,9 +272,7 @@ impl ShmSegment {
             Mode::RUSR | Mode::WUSR,
         )
         .map_err(|e| os("shm_open(O_CREAT|O_EXCL)", &name, e))?;
-        let mapped = rustix::fs::ftruncate(&fd, len as u64)
-            .map_err(|e| os("ftruncate", &name, e))
-            .and_then(|()| map(&fd, len, &name));
+        let mapped = size_and_reserve(&fd, len, &name).and_then(|()| map(&fd, len, &name));
         match mapped {
             Ok(ptr) => Ok(ShmSegment {
                 ptr,
@@ -448,6 +536,31 @@ mod tests {
         assert!(exists(&name));
         drop(a);
         assert!(!exists(&name));
+    }
+
+    /// A full `/dev/shm` is a [`ShmError::NoSpace`] that names it, its size and free space,
+    /// and how to raise it. (That segments are reserved when made is checked end to end, in
+    /// a small tmpfs, by `tests/shm_space.rs`.)
+    #[test]
+    fn no_space_says_how_large_dev_shm_is_and_how_to_raise_it() {
+        let e = ShmError::NoSpace {
+            needed: 256 << 20,
+            size: 64 << 20,
+            free: 3 << 19,
+        };
+        let text = e.to_string();
+        for says in [
+            "/dev/shm has no room for a shared-memory segment of 256.0 MiB",
+            "64.0 MiB in all, 1.5 MiB of it free",
+            "docker run --shm-size=",
+            "mount -o remount,size=",
+            "MSCCLPP_COLL_SCRATCH_BYTES",
+        ] {
+            assert!(text.contains(says), "{says:?}: {text}");
+        }
+        assert_eq!(bytes_text(1023), "1023 B");
+        let space = shm_space().expect("/dev/shm is readable here");
+        assert!(space.free <= space.size && space.size > 0, "{space:?}");
     }
 
     #[test]
