@@ -5,6 +5,10 @@
 //! machine's ranks need together for the sweep's largest size is compared with
 //! `MemAvailable` before anything is allocated: by the tool before it launches its own
 //! ranks, else by every rank. Device memory (a GPU's buffers) is not checked here.
+//!
+//! The ranks' shared memory (the collectives' scratch, reserved when the collectives are
+//! set up) lives in `/dev/shm`, which can be much smaller than the machine's memory (64 MiB
+//! in a container by default), so it is also compared with the space free there.
 
 /// `MemAvailable` in bytes ([`mem_available`](crate::host::launch::mem_available));
 /// `None` where it cannot be read (not Linux), and then nothing is checked.
@@ -43,6 +47,38 @@ impl Need {
             amount(u128::from(available)),
         ))
     }
+}
+
+/// The size and free space of `/dev/shm`; `None` where it cannot be read, and then
+/// nothing is checked.
+pub(super) fn shm_space() -> Option<crate::host::transport::shm::ShmSpace> {
+    crate::host::transport::shm::shm_space()
+}
+
+/// Ok when the shared memory of `ranks` ranks, `per_rank` bytes each (the collectives'
+/// scratch), fits in the free space of `/dev/shm` (`space`); else the reason, naming the
+/// need, `/dev/shm`'s size and free space, and how to raise it.
+pub(super) fn check_shm(
+    per_rank: u128,
+    ranks: usize,
+    space: crate::host::transport::shm::ShmSpace,
+) -> Result<(), String> {
+    let ranks = ranks.max(1);
+    let together = per_rank.saturating_mul(ranks as u128);
+    if together <= u128::from(space.free) {
+        return Ok(());
+    }
+    Err(format!(
+        "the Host transport keeps the collectives' scratch, {} per rank \
+         (MSCCLPP_COLL_SCRATCH_BYTES), in /dev/shm: {} for the {ranks} ranks of this machine, \
+         but /dev/shm holds {} with {} free; raise its size (a container: `docker run \
+         --shm-size=<size>` or `--ipc=host`; else, as root, `mount -o remount,size=<size> \
+         /dev/shm`), or set a smaller MSCCLPP_COLL_SCRATCH_BYTES, or run fewer ranks",
+        amount(per_rank),
+        amount(together),
+        amount(u128::from(space.size)),
+        amount(u128::from(space.free)),
+    ))
 }
 
 /// `bytes` in binary units, one decimal (`1.5 GiB`).

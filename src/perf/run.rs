@@ -99,6 +99,11 @@ fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
                 .map_or(Ok(()), |have| need.check(have))
                 .map_err(PerfError::Args)?;
         }
+        host_memory::shm_space()
+            .map_or(Ok(()), |space| {
+                host_memory::check_shm(scratch as u128, nranks, space)
+            })
+            .map_err(PerfError::Args)?;
     }
     let mut launcher = LocalLauncher::current_exe(nranks)?
         .unprefixed_stdout(0)
@@ -135,7 +140,7 @@ fn check_root(config: &Config, nranks: usize) -> Result<(), PerfError> {
 }
 
 /// On the Host transport, whether the ranks of this machine fit in its memory for the
-/// sweep, agreed by every rank: a rank that does not fit says why and every rank fails
+/// sweep, and their scratch in `/dev/shm`, agreed by every rank: a rank that does not fit says why and every rank fails
 /// (status 1) before any allocates, as none passes the gather before all have read
 /// `MemAvailable`. The ranks of this machine: those of its host id, or with simulated
 /// hosts (which split this one machine) all of them.
@@ -155,6 +160,11 @@ fn host_memory_agreed(
             host_need(config, nranks, local, scratch)
                 .zip(host_memory::available())
                 .map_or(Ok(()), |(need, have)| need.check(have))
+                .and_then(|()| {
+                    host_memory::shm_space().map_or(Ok(()), |space| {
+                        host_memory::check_shm(scratch as u128, local, space)
+                    })
+                })
         }
         Backend::Gpu(_) => Ok(()),
     };
@@ -165,7 +175,7 @@ fn host_memory_agreed(
     }
     if short > 0 {
         eprintln!(
-            "mscclpp-perf: {short} other rank(s) lack the host memory for the sweep (their \
+            "mscclpp-perf: {short} other rank(s) lack the host memory or /dev/shm space for the sweep (their \
              messages say why)"
         );
         return Err(PerfError::Reported);

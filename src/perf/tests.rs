@@ -1152,3 +1152,27 @@ fn host_memory_counts_the_machine_ranks_together() {
     assert_eq!(amount(1536), "1.5 KiB");
     assert_eq!(amount(u128::from(u64::MAX)), "16.0 EiB");
 }
+
+#[test]
+fn dev_shm_space_counts_the_machine_ranks_scratch_together() {
+    use super::host_memory::check_shm;
+    use crate::host::transport::shm::ShmSpace;
+    let space = ShmSpace {
+        size: 64 << 20,
+        free: 60 << 20,
+    };
+    // One rank's scratch fits; two together do not.
+    assert_eq!(check_shm(32 << 20, 1, space), Ok(()));
+    let why = check_shm(32 << 20, 2, space).unwrap_err();
+    for says in [
+        "32.0 MiB per rank",
+        "64.0 MiB for the 2 ranks",
+        "/dev/shm holds 64.0 MiB with 60.0 MiB free",
+        "--shm-size",
+        "mount -o remount,size=",
+        "MSCCLPP_COLL_SCRATCH_BYTES",
+    ] {
+        assert!(why.contains(says), "{says:?}: {why}");
+    }
+    assert!(check_shm(u128::MAX, usize::MAX, space).is_err());
+}
