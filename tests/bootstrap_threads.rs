@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use mscclpp::host::bootstrap::wire::{self, FrameLimits, Hello, MAGIC, Message, PROTOCOL_VERSION};
 use mscclpp::host::bootstrap::{
-    BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, Refusal, Root,
-    UniqueId, create_unique_id, create_unique_id_at,
+    BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, RankRanges,
+    Refusal, Root, UniqueId, create_unique_id, create_unique_id_at,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -465,12 +465,12 @@ fn rank_out_of_range_fails_that_rank_only() {
         };
         assert!(
             matches!(&timeout, Refusal::RendezvousTimeout { missing, refused, .. }
-                if missing == &[2] && refused.len() == 1),
+                if missing == &RankRanges::new([2]) && refused.len() == 1),
             "{timeout}"
         );
         let text = timeout.to_string();
         assert!(
-            text.contains("ranks [2] never joined") && text.contains("rank 5 of 3"),
+            text.contains("rank 2 never joined") && text.contains("rank 5 of 3"),
             "{text}"
         );
         for e in &errors[..2] {
@@ -867,7 +867,7 @@ fn missing_rank_makes_the_root_time_out_naming_it() {
         let config = config().with_timeout(Duration::from_millis(800));
         let (root, errors) = rendezvous_with(&[(3, 0), (3, 2)], config).await;
         let expected = Refusal::RendezvousTimeout {
-            missing: vec![1],
+            missing: RankRanges::new([1]),
             timeout_ms: 800,
             refused: Vec::new(),
         };
@@ -877,7 +877,7 @@ fn missing_rank_makes_the_root_time_out_naming_it() {
         }
         for e in &errors {
             assert_eq!(refusal(e), &expected, "{e}");
-            assert!(e.to_string().contains("ranks [1] never joined"), "{e}");
+            assert!(e.to_string().contains("rank 1 never joined"), "{e}");
         }
     });
 }
@@ -951,7 +951,7 @@ fn the_rendezvous_waits_its_own_timeout_for_a_late_rank() {
     assert_eq!(
         refusal(e),
         &Refusal::RendezvousTimeout {
-            missing: vec![1],
+            missing: RankRanges::new([1]),
             timeout_ms: 1000,
             refused: Vec::new(),
         },

@@ -77,7 +77,7 @@ pub enum Refusal {
     Closing,
     /// The rendezvous did not complete within the root's timeout.
     #[error(
-        "the rendezvous timed out after {timeout_ms} ms; ranks {missing:?} never joined \
+        "the rendezvous timed out after {timeout_ms} ms; {missing} never joined \
          (how far apart the ranks may arrive is the root's rendezvous timeout: \
          MSCCLPP_RENDEZVOUS_TIMEOUT, in seconds, where a launcher or the NCCL library starts \
          the root, else BootstrapConfig::rendezvous_timeout){}",
@@ -85,7 +85,7 @@ pub enum Refusal {
     )]
     RendezvousTimeout {
         /// Ranks that never joined.
-        missing: Vec<u32>,
+        missing: RankRanges,
         /// The root's timeout.
         timeout_ms: u64,
         /// Joins the root refused meanwhile (who, and why), the first few only.
@@ -108,6 +108,96 @@ pub enum Refusal {
         /// How it ended (its exit status).
         how: String,
     },
+}
+
+/// A set of ranks as ascending runs, for messages: `rank 5`, `ranks 1-99999`, `ranks 1-3, 7
+/// and 9-12`. A message about a large job stays short (and fits a frame): the first
+/// [`MAX_RUNS`](Self::MAX_RUNS) runs are kept, and the others counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankRanges {
+    /// The runs kept, first and last rank of each, ascending and apart.
+    runs: Vec<(u32, u32)>,
+    /// Ranks in the runs left out.
+    left_out: u64,
+    /// Runs left out.
+    runs_left_out: u64,
+}
+
+impl RankRanges {
+    /// Most runs a set keeps for its message.
+    pub const MAX_RUNS: usize = 8;
+
+    /// The set of `ranks` (in any order; repeats count once).
+    pub fn new(ranks: impl IntoIterator<Item = u32>) -> RankRanges {
+        let mut sorted: Vec<u32> = ranks.into_iter().collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut set = RankRanges::default();
+        let mut ranks = sorted.into_iter().peekable();
+        while let Some(first) = ranks.next() {
+            let mut last = first;
+            while ranks.next_if(|&r| Some(r) == last.checked_add(1)).is_some() {
+                last += 1;
+            }
+            if set.runs.len() < Self::MAX_RUNS {
+                set.runs.push((first, last));
+            } else {
+                set.left_out += u64::from(last - first) + 1;
+                set.runs_left_out += 1;
+            }
+        }
+        set
+    }
+
+    /// How many ranks the set holds.
+    pub fn len(&self) -> u64 {
+        self.runs
+            .iter()
+            .map(|&(a, b)| u64::from(b - a) + 1)
+            .sum::<u64>()
+            + self.left_out
+    }
+
+    /// Whether the set holds no rank.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The ranks of the runs kept, ascending (all of them when none was left out).
+    pub fn ranks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.runs.iter().flat_map(|&(a, b)| a..=b)
+    }
+}
+
+impl fmt::Display for RankRanges {
+    /// `no rank`, `rank 5`, `ranks 1-99999`, `ranks 1-3, 7 and 9-12`, `ranks 0, 2, ..., 14
+    /// and 1,000 more in 996 runs`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let run = |&(a, b): &(u32, u32)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        };
+        let runs: Vec<String> = self.runs.iter().map(run).collect();
+        match runs.as_slice() {
+            [] => f.write_str("no rank"),
+            [one] if self.len() == 1 => write!(f, "rank {one}"),
+            [only] if self.runs_left_out == 0 => write!(f, "ranks {only}"),
+            [rest @ .., last] if self.runs_left_out == 0 => {
+                write!(f, "ranks {} and {last}", rest.join(", "))
+            }
+            _ => write!(
+                f,
+                "ranks {} and {} more in {} more runs ({} in all)",
+                runs.join(", "),
+                self.left_out,
+                self.runs_left_out,
+                self.len()
+            ),
+        }
+    }
 }
 
 fn refused_joins(refused: &[String]) -> String {

@@ -68,7 +68,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 
 pub use blocking::BlockingBootstrap;
-pub use error::{BootstrapError, GaveUp, Op, Refusal, StuckProcess};
+pub use error::{BootstrapError, GaveUp, Op, RankRanges, Refusal, StuckProcess};
 pub(crate) use error::{gave_up_note, stuck_note};
 pub use root::{Root, RootHandle, create_unique_id, create_unique_id_at};
 pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};

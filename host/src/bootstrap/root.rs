@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
 use super::BootstrapConfig;
-use super::error::{BootstrapError, Refusal};
+use super::error::{BootstrapError, RankRanges, Refusal};
 use super::unique_id::{SECRET_BYTES, UniqueId};
 use super::wire::{
     self, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION, PeerInfo,
@@ -287,6 +287,9 @@ impl Root {
     }
 }
 
+/// Bytes of each refused join's text kept for the timeout message, which must fit a frame.
+const REFUSAL_TEXT_KEPT: usize = 300;
+
 /// How often a long rendezvous repeats which ranks it still waits for.
 pub(crate) const NOTICE_EVERY: Duration = Duration::from_secs(300);
 
@@ -294,12 +297,12 @@ pub(crate) const NOTICE_EVERY: Duration = Duration::from_secs(300);
 /// for how long at most.
 pub(crate) fn waiting_notice(
     root: &str,
-    missing: &[u32],
+    missing: &RankRanges,
     waited: Duration,
     limit: Duration,
 ) -> String {
     format!(
-        "mscclpp: the bootstrap root at {root} has waited {}s for ranks {missing:?} to join; it \
+        "mscclpp: the bootstrap root at {root} has waited {}s for {missing} to join; it \
          waits up to {}s in all (MSCCLPP_RENDEZVOUS_TIMEOUT), then names them",
         waited.as_secs(),
         limit.as_secs()
@@ -479,7 +482,9 @@ impl Rendezvous {
                 Some(j) => format!("a join as rank {} of {} from {from}", j.rank, j.nranks),
                 None => format!("a connection from {from}"),
             };
-            self.refused.push(format!("{who}: {refusal}"));
+            let what = format!("{who}: {refusal}");
+            self.refused
+                .push(wire::bounded(&what, REFUSAL_TEXT_KEPT).to_string());
         } else if self.refused.len() == REFUSALS_KEPT {
             self.refused.push("and more".into());
         }
@@ -494,12 +499,13 @@ impl Rendezvous {
     }
 
     /// The ranks that have not joined (none before the first join).
-    fn missing(&self) -> Vec<u32> {
+    fn missing(&self) -> RankRanges {
         let expected = self.nranks.unwrap_or(0);
-        (0..expected)
-            .filter(|r| !self.joined.contains_key(r))
-            .map(|r| r as u32)
-            .collect()
+        RankRanges::new(
+            (0..expected)
+                .filter(|r| !self.joined.contains_key(r))
+                .map(|r| r as u32),
+        )
     }
 
     async fn time_out(&mut self) -> BootstrapError {

@@ -133,7 +133,7 @@ fn a_long_rendezvous_says_which_ranks_it_still_waits_for() {
         .find(|l| l.contains("mscclpp: the bootstrap root at") && l.contains("has waited"))
         .unwrap_or_else(|| panic!("no notice from the root: {long}"));
     assert!(
-        line.contains("ranks [0] to join") && line.contains("up to 4s"),
+        line.contains("for rank 0 to join") && line.contains("up to 4s"),
         "{line}"
     );
     // The waiting rank says so too, in its own output.
@@ -145,4 +145,32 @@ fn a_long_rendezvous_says_which_ranks_it_still_waits_for() {
     let short = run(1000);
     assert!(short.contains("never joined"), "{short}");
     assert!(!short.contains("has waited"), "{short}");
+}
+
+#[test]
+fn rank_ranges_collapse_runs_and_stay_short() {
+    use super::RankRanges;
+    let text = |ranks: Vec<u32>| RankRanges::new(ranks).to_string();
+    assert_eq!(text(vec![]), "no rank");
+    assert_eq!(text(vec![5]), "rank 5");
+    assert_eq!(text(vec![2, 1]), "ranks 1-2");
+    assert_eq!(text((1..100_000).collect()), "ranks 1-99999");
+    assert_eq!(
+        text(vec![9, 1, 2, 3, 7, 10, 11, 12, 3]),
+        "ranks 1-3, 7 and 9-12"
+    );
+    assert_eq!(text(vec![0, 2]), "ranks 0 and 2");
+    assert_eq!(
+        text(vec![u32::MAX - 1, u32::MAX]),
+        format!("ranks {}-{}", u32::MAX - 1, u32::MAX)
+    );
+    // Every other rank of 200,000: 100,000 runs, of which 8 are named.
+    let sparse = RankRanges::new((0..200_000).step_by(2));
+    assert_eq!(sparse.len(), 100_000);
+    let long = sparse.to_string();
+    assert_eq!(
+        long,
+        "ranks 0, 2, 4, 6, 8, 10, 12, 14 and 99992 more in 99992 more runs (100000 in all)"
+    );
+    assert_eq!(sparse.ranks().count(), RankRanges::MAX_RUNS);
 }

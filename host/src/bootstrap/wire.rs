@@ -37,7 +37,9 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// Version 8: the process space of each rank ([`Join::process_space`],
 /// [`PeerInfo::process_space`]); why a rank closed, in [`Message::PeerClosed`]; what was
 /// seen of a stalled rank's process, in [`Message::PeerStalled`].
-pub const PROTOCOL_VERSION: u32 = 8;
+/// Version 9: the ranks that never joined as runs, in [`Refusal::RendezvousTimeout`]
+/// ([`RankRanges`](super::RankRanges)).
+pub const PROTOCOL_VERSION: u32 = 9;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
