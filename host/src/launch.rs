@@ -185,7 +185,7 @@ pub enum LaunchError {
     BadRoot {
         /// The variable.
         var: &'static str,
-        /// Its value.
+        /// Its value (cut short where it may hold a unique id's secret).
         value: String,
         /// Why.
         reason: String,
@@ -314,7 +314,7 @@ impl Launch {
                     .parse()
                     .map_err(|e: BootstrapError| LaunchError::BadRoot {
                         var: ENV_BOOTSTRAP,
-                        value,
+                        value: crate::bootstrap::redacted(&value),
                         reason: e.to_string(),
                     })?
             }

@@ -71,6 +71,7 @@ pub use blocking::BlockingBootstrap;
 pub use error::{BootstrapError, GaveUp, Op, RankRanges, Refusal, StuckProcess};
 pub(crate) use error::{gave_up_note, stuck_note};
 pub use root::{Root, RootHandle, create_unique_id, create_unique_id_at};
+pub(crate) use unique_id::redacted;
 pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
 
 use mesh::Mesh;
@@ -256,7 +257,9 @@ impl FromStr for BootstrapRoot {
         }
         let invalid = |why: String| {
             BootstrapError::InvalidArgument(format!(
-                "bootstrap root {s:?} is neither a unique id (256 hex digits) nor ip:port / host:port: {why}"
+                "bootstrap root {:?} is neither a unique id (256 hex digits) nor ip:port / \
+                 host:port: {why}",
+                redacted(s)
             ))
         };
         let addrs: Vec<SocketAddr> = s

@@ -224,6 +224,28 @@ impl FromStr for UniqueId {
     }
 }
 
+/// Characters of a value shown by [`redacted`] where it may hold a secret: the id's magic
+/// and version, never its secret (bytes 32..64, characters 64..128 of the hex form).
+const SHOWN_PREFIX_CHARS: usize = 16;
+
+/// `value`, a bootstrap root as given (a unique id, `ip:port` or `host:port`), as an error
+/// may show it: where it may hold a unique id's secret (64 hex digits or more, as a
+/// malformed id does) only its first 16 characters and its length; else the value, cut
+/// to 200 characters. No message shows a secret this way.
+pub(crate) fn redacted(value: &str) -> String {
+    let hex_digits = value.chars().filter(char::is_ascii_hexdigit).count();
+    let chars = value.chars().count();
+    if hex_digits >= SECRET_BYTES * 2 {
+        let prefix: String = value.chars().take(SHOWN_PREFIX_CHARS).collect();
+        format!("{prefix}... ({chars} characters; the rest, which may hold a secret, is not shown)")
+    } else if chars > 200 {
+        let prefix: String = value.chars().take(200).collect();
+        format!("{prefix}... ({chars} characters)")
+    } else {
+        value.to_string()
+    }
+}
+
 fn hex_value(c: u8) -> Option<u8> {
     match c {
         b'0'..=b'9' => Some(c - b'0'),

@@ -495,3 +495,38 @@ fn unprefixed_stdout_leaves_one_ranks_stdout_bare() {
     assert!(has("[rank 0] err 0"), "{:?}", report.output);
     assert!(!has("[rank 0] out 0"), "{:?}", report.output);
 }
+
+/// A malformed unique id (one hex digit short, or one digit wrong) in MSCCLPP_BOOTSTRAP: the
+/// error says what is wrong and shows the id's first characters only, never its secret.
+#[test]
+fn a_malformed_unique_id_is_refused_without_showing_its_secret() {
+    let id = crate::bootstrap::UniqueId::for_address_with_secret(
+        "127.0.0.1:4000".parse().unwrap(),
+        "shared",
+    );
+    let text = id.to_string();
+    let secret: String = id.secret().iter().map(|b| format!("{b:02x}")).collect();
+    assert!(text.contains(&secret), "the hex form holds the secret");
+    let mut wrong_digit = text.clone();
+    wrong_digit.replace_range(200..201, "g");
+    for bad in [&text[..text.len() - 1], wrong_digit.as_str()] {
+        let err = Launch::from_vars(vars(&[
+            ("MSCCLPP_RANK", "0"),
+            ("MSCCLPP_NRANKS", "2"),
+            ("MSCCLPP_BOOTSTRAP", bad),
+        ]))
+        .unwrap_err();
+        let (shown, debug) = (err.to_string(), format!("{err:?}"));
+        for half in [&secret[..32], &secret[32..]] {
+            assert!(
+                !shown.contains(half) && !debug.contains(half),
+                "{shown}\n{debug}"
+            );
+        }
+        assert!(
+            shown.contains("MSCCLPP_BOOTSTRAP") && shown.contains(&text[..16]),
+            "{shown}"
+        );
+        assert!(shown.contains("is not shown"), "{shown}");
+    }
+}
