@@ -765,6 +765,11 @@ fn simulated_hosts_run_across_hosts_and_say_so() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("# simulated hosts: 2"), "{stdout}");
+    // No GPU here: the cross buffer is the Host transport's shared memory, not device memory.
+    assert!(
+        stdout.contains("# rank 0's cross buffer: shared host memory (no GPU"),
+        "{stdout}"
+    );
     let ar = rows(&stdout);
     assert_eq!(ar.len(), 3, "{stdout}");
     for r in &ar {

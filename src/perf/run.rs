@@ -303,10 +303,13 @@ fn run_rank(config: &Config, launch: &Launch) -> Result<ExitCode, PerfError> {
         println!("# note: {note}");
     }
     if rank == 0 && coll.hosts() > 1 {
-        let kind = if coll.cross_buffer_mapped() {
-            "host-mapped (MSCCLPP_CROSS_BUFFER=host)"
-        } else {
-            "device memory"
+        // Without a GPU there is no device memory: the buffer is the Host transport's.
+        let kind = match coll.communicator().backend() {
+            Backend::Host => "shared host memory (no GPU: the Host transport)",
+            Backend::Gpu(_) if coll.cross_buffer_mapped() => {
+                "host-mapped (MSCCLPP_CROSS_BUFFER=host)"
+            }
+            Backend::Gpu(_) => "device memory",
         };
         println!("# rank 0's cross buffer: {kind}");
     }
