@@ -342,7 +342,9 @@ fn root_errors_name_the_root_not_a_placeholder_rank() {
         .to_string();
     assert!(!err.contains(PLACEHOLDER_RANK), "{err}");
     assert!(
-        err.contains("rank 0") && err.contains("MSCCLPP_BOOTSTRAP_PORT"),
+        err.contains("rank 0")
+            && err.contains("another process is listening")
+            && err.contains("MSCCLPP_BOOTSTRAP_PORT"),
         "{err}"
     );
     drop(busy);
@@ -415,4 +417,26 @@ fn a_rendezvous_of_a_huge_job_names_its_missing_ranks_as_ranges() {
     assert!(err.contains("ranks 1-99999 never joined"), "{err}");
     assert!(!err.contains("closed the connection"), "{err}");
     assert!(err.len() < 1000, "{} bytes: {err}", err.len());
+}
+
+/// Rank 0 of the `ip:port` form given an address that is not this machine's (192.0.2.1,
+/// reserved for documentation): it says so, not that another process listens there (the
+/// hint for a taken port, checked in `root_errors_name_the_root_not_a_placeholder_rank`).
+#[test]
+fn an_address_not_of_this_machine_is_named_as_such() {
+    let addr: SocketAddr = "192.0.2.1:29500".parse().unwrap();
+    let started = Instant::now();
+    let err = BlockingBootstrap::init_with_config(2, 0, addr, config())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains("not one of this machine's") && err.contains("192.0.2.1:29500"),
+        "{err}"
+    );
+    assert!(!err.contains("listening"), "{err}");
 }

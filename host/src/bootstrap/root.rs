@@ -110,7 +110,8 @@ impl Root {
         let listener = bind_listener(id.root_addr()).map_err(|e| match e {
             BootstrapError::RootIo { context, source } => BootstrapError::RootIo {
                 context: format!(
-                    "rank 0 hosts the root of the \"ip:port\" form but {context}; is another process listening there? (torchrun's store holds MASTER_PORT; MSCCLPP_BOOTSTRAP or MSCCLPP_BOOTSTRAP_PORT choose the root's port)"
+                    "rank 0 hosts the root of the \"ip:port\" form but {context}{}",
+                    bind_hint(&source)
                 ),
                 source,
             },
@@ -307,6 +308,29 @@ pub(crate) fn waiting_notice(
         waited.as_secs(),
         limit.as_secs()
     )
+}
+
+/// What to check when rank 0 cannot listen on the root's address, by the error's kind:
+/// the port is taken (`EADDRINUSE`), the address is not this machine's (`EADDRNOTAVAIL`),
+/// or the port needs privileges.
+fn bind_hint(source: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    match source.kind() {
+        ErrorKind::AddrInUse => {
+            "; another process is listening on that port (torchrun's store holds MASTER_PORT; \
+             MSCCLPP_BOOTSTRAP or MSCCLPP_BOOTSTRAP_PORT choose the root's port)"
+        }
+        ErrorKind::AddrNotAvailable => {
+            "; that address is not one of this machine's: rank 0 listens on it, so it must be \
+             an address of rank 0's machine (check MSCCLPP_BOOTSTRAP or MASTER_ADDR, and that \
+             rank 0 runs on that machine)"
+        }
+        ErrorKind::PermissionDenied => {
+            "; ports below 1024 need privileges: choose another port (MSCCLPP_BOOTSTRAP or \
+             MSCCLPP_BOOTSTRAP_PORT)"
+        }
+        _ => "",
+    }
 }
 
 fn bind_listener(addr: SocketAddr) -> Result<std::net::TcpListener, BootstrapError> {
