@@ -114,10 +114,13 @@ fn ordering_probe_publishes_with_release_and_waits_with_acquire() {
 #[test]
 fn memory_channel_kernels_use_their_memory_model_instructions() {
     // Signals are posted reductions (`red`): an `atom` to peer memory waits for its result.
+    // A wait takes its ticket with a GPU-scope add to the expected word, so that waits from
+    // several threads at once each take a signal of their own.
     let signal_wait = [
         "red.release.sys.global.add.u64",
         "ld.acquire.sys.u64",
         "%globaltimer",
+        "atom.add.relaxed.gpu.u64",
     ];
     let copies = ["ld.v2.u64", "st.v2.u64", "bar.sync"];
     let packets = [
@@ -155,6 +158,15 @@ fn memory_channel_kernels_use_their_memory_model_instructions() {
             assert!(
                 !body.contains("atom.add.u64"),
                 "sm_{cc}: {k} uses a plain atomic"
+            );
+        }
+        // The signal ping-pong touches memory only through the semaphore: no plain load or
+        // store of the expected word (the wait after its signal writes nothing).
+        let body = entry(ptx, "memory_signal_ping_pong");
+        for plain in ["ld.b64", "st.b64", "ld.u64", "st.u64"] {
+            assert!(
+                !body.contains(&format!("\t{plain} ")),
+                "sm_{cc}: memory_signal_ping_pong has a plain `{plain}`"
             );
         }
         // Packets need no fence and no signal: the flag travels with the data.

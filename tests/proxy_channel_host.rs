@@ -159,6 +159,66 @@ fn host_all_gather_8_processes() {
     launch("host_all_gather_8_processes", 8);
 }
 
+/// Rank body of [`concurrent_waits_take_one_signal_each`]: rank 1 signals once while rank
+/// 0 waits with `wait_timeout(2 s)` from 8 CPU threads of one launch, all on copies of one
+/// `DevConn`; then rank 1 signals once more and rank 0 waits once. Rank 0 checks that
+/// exactly one of the 8 waits took the first signal and that the second is there for the
+/// single wait (no signal lost to the waits that timed out).
+fn concurrent_waits_rank() {
+    use mscclpp::device::arch::{Dim3, launch};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const WAITERS: u32 = 8;
+    let mut comm = communicator(8);
+    let me = comm.rank();
+    let buf = comm.alloc_buffer(4096).unwrap();
+    comm.connect(1 - me, &buf, 0, TransportKind::Host).unwrap();
+    comm.connection_setup().unwrap();
+    let conn: DevConn = comm.device_connections()[0];
+    comm.proxy_launch().unwrap();
+    comm.bootstrap().barrier().unwrap();
+    if me == 1 {
+        // After rank 0's waits have started.
+        std::thread::sleep(Duration::from_millis(300));
+        conn.signal();
+    } else {
+        let took = AtomicU32::new(0);
+        launch(Dim3::x(1), Dim3::x(WAITERS), || {
+            if conn.wait_timeout(2_000_000_000) {
+                took.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .unwrap();
+        let took = took.into_inner();
+        assert_eq!(
+            took, 1,
+            "{took} of {WAITERS} concurrent waits took one signal"
+        );
+    }
+    comm.bootstrap().barrier().unwrap();
+    if me == 1 {
+        conn.signal();
+    } else {
+        assert!(
+            conn.wait_timeout(10_000_000_000),
+            "the next signal is the next wait's"
+        );
+        assert!(!conn.poll(), "two signals, two waits");
+    }
+    comm.bootstrap().barrier().unwrap();
+    comm.proxy_stop().unwrap();
+    println!("rank {me}: ok");
+}
+
+/// Safe code cannot make one signal satisfy several waits: concurrent waits on copies of
+/// one `DevConn` each take a signal of their own.
+#[test]
+fn concurrent_waits_take_one_signal_each() {
+    if child() {
+        return concurrent_waits_rank();
+    }
+    launch("concurrent_waits_take_one_signal_each", 2);
+}
+
 /// Rank body of [`user_waits_end_when_the_peer_is_killed`]: rank 0 runs a kernel of three
 /// CPU threads that wait at once, for LL packets and a signal on a memory channel and for a
 /// signal on a proxy channel, none of which its peer sends; rank 1 SIGKILLs itself 300 ms

@@ -4,7 +4,7 @@
 //! Each side owns an *inbound* counter in its own memory; the peer has it mapped and adds
 //! to it. A signal is one system-scope atomic add of 1 to the peer's inbound counter; a wait
 //! polls this side's inbound counter with acquire loads until it reaches one more than the
-//! signals already consumed, which this side remembers in its *expected* word. Counters are
+//! signals already claimed, which this side remembers in its *expected* word. Counters are
 //! 64-bit and only grow, so they never wrap in practice (2⁶⁴ signals) and a stale value is
 //! never mistaken for a new one.
 //!
@@ -29,12 +29,33 @@
 //!
 //! # Threads and timeouts
 //!
-//! Any number of threads may signal at once. The waits ([`wait`](DeviceSemaphore::wait),
-//! [`wait_timeout`](DeviceSemaphore::wait_timeout), [`poll`](DeviceSemaphore::poll)) of
-//! one semaphore must come from one thread at a time: they advance the plain expected word.
+//! Any number of threads may signal at once, and any number may wait at once: the
+//! handle is `Copy` and `Sync`, so every thread of a kernel can reach the waits, and they
+//! are correct from any number of threads. Each signal is taken by exactly one wait:
+//!
+//! - [`wait`](DeviceSemaphore::wait), [`wait_timeout`](DeviceSemaphore::wait_timeout) and
+//!   [`try_wait`](DeviceSemaphore::try_wait) first take a *ticket*, the next epoch, with an
+//!   atomic add to the expected word, then wait until the inbound counter reaches it. `k`
+//!   threads that wait at once wait for `k` different signals, in the order they took their
+//!   tickets (so a block whose threads all call `wait` waits for as many signals as it has
+//!   threads: the usual pattern is one thread waiting, then `sync_threads`).
+//! - [`poll`](DeviceSemaphore::poll) takes a ticket only for a signal that is there and that
+//!   no wait holds a ticket for (a compare-and-swap), so a poll that returns `false` has
+//!   taken nothing.
+//! - A wait that gives up (timeout, abort) hands its ticket back, so a later wait waits for
+//!   the same signal. While a wait that started later still holds a ticket, the earlier one
+//!   cannot hand its own back: it goes on waiting until the later ones have returned theirs
+//!   (it may then return later than its timeout), or until its signal comes, which it then
+//!   takes and returns `true`. With one waiting thread at a time (the usual case) a wait
+//!   that gives up returns at once.
+//!
 //! `wait` traps after the handle's timeout so a lost signal fails the kernel visibly
 //! instead of hanging it; `wait_timeout` returns `false` instead and consumes nothing, and
 //! [`try_wait`](DeviceSemaphore::try_wait) says why ([`ChannelError`]).
+//!
+//! On a GPU the ticket costs a GPU-scope atomic add to a word in local memory, issued
+//! before the first poll of the peer's counter and overlapping it, where a plain load was
+//! before; a wait that finds its signal writes nothing after that (before, a plain store).
 //!
 //! # Abort
 //!
@@ -65,6 +86,9 @@ pub const ABORT_LOOK_NS: u64 = 50_000;
 /// 40 bytes: `inbound`, `remote`, `expected`, `timeout_ns`, `abort`). See the
 /// [module](self) for the ordering contract.
 ///
+/// Every method may be called from any number of threads at once: concurrent waits each
+/// take a signal of their own ("Threads and timeouts" in the [module](self)).
+///
 /// `'a` is the lifetime of the counters the handle points at (a zero-sized marker): a
 /// handle obtained from a memory channel borrows what the channel borrows.
 #[repr(C)]
@@ -80,8 +104,9 @@ pub struct DeviceSemaphore<'a> {
 
 const _: () = assert!(core::mem::size_of::<DeviceSemaphore<'static>>() == 40);
 
-// SAFETY: addresses and a number only; the memory behind them is accessed atomically (or by
-// the one waiting thread, for `expected`) under the contracts of `from_raw_parts`.
+// SAFETY: addresses and a number only; every access to the memory behind them is atomic
+// (the expected word's too: tickets, see the module), under the contract of `from_raw_parts`,
+// so copies used from any number of threads at once do not race.
 unsafe impl Send for DeviceSemaphore<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for DeviceSemaphore<'_> {}
@@ -101,14 +126,16 @@ impl fmt::Debug for DeviceSemaphore<'_> {
 impl<'a> DeviceSemaphore<'a> {
     /// Assembles a handle (the host's communicator does this). `inbound`: this side's
     /// counter (the peer adds to it); `remote`: the peer's inbound counter mapped here;
-    /// `expected`: a local zeroed word used only by this side's waiter; `timeout_ns`: how long
+    /// `expected`: a local zeroed word used only by this side's waits; `timeout_ns`: how long
     /// [`wait`](Self::wait) waits before it traps; `abort`: the abort word of the peer
     /// (non-zero: give up, see the [module](self)), or null.
     ///
     /// # Safety
     /// `inbound` and `remote` must be live, 8-byte aligned counters, accessed only atomically
     /// while shared, that start equal to the peer's and this side's expected words (zero);
-    /// `expected` a live, 8-byte aligned word, zero at first, used by this side's waits only;
+    /// `expected` a live, 8-byte aligned word, zero at first, used by this side's waits only
+    /// and accessed only atomically while they may run (it is shared by every copy of the
+    /// handle);
     /// `abort` null or a live, 8-byte aligned word written only atomically.
     /// All must stay live for `'a` (the caller picks `'a`; nothing checks it).
     pub unsafe fn from_raw_parts(
@@ -170,8 +197,9 @@ impl<'a> DeviceSemaphore<'a> {
         unsafe { arch::red_add_relaxed_sys_u64(self.remote, 1) };
     }
 
-    /// Waits for the peer's next signal and consumes it; traps after the handle's timeout
-    /// or when the communicator is aborted ([`try_wait`](Self::try_wait) returns instead).
+    /// Waits for the peer's next signal and consumes it (with other waits at once: a
+    /// signal of its own, see the [module](self)); traps after the handle's timeout or when
+    /// the communicator is aborted ([`try_wait`](Self::try_wait) returns instead).
     #[inline]
     pub fn wait(&self) {
         if self.try_wait(self.timeout_ns).is_err() {
@@ -193,13 +221,13 @@ impl<'a> DeviceSemaphore<'a> {
     #[inline]
     pub fn try_wait(&self, timeout_ns: u64) -> Result<(), ChannelError> {
         // SAFETY: `inbound` is this side's live aligned counter and `expected` its live word,
-        // used by one waiting thread at a time; `abort` null or live (constructor and module
-        // contract).
+        // accessed only atomically; `abort` null or live (constructor contract).
         unsafe { wait_inbound(self.inbound, self.expected, timeout_ns, self.abort) }
     }
 
-    /// If the peer's next signal has arrived, consumes it and returns `true` (with the
-    /// ordering of [`wait`](Self::wait)); never waits.
+    /// If the peer's next signal has arrived and no other wait holds a ticket for it,
+    /// consumes it and returns `true` (with the ordering of [`wait`](Self::wait)); never
+    /// waits. Of polls that race for one signal, exactly one takes it.
     #[inline]
     pub fn poll(&self) -> bool {
         // SAFETY: as in `wait_timeout`.
@@ -207,21 +235,31 @@ impl<'a> DeviceSemaphore<'a> {
     }
 }
 
-/// The receive side shared by [`DeviceSemaphore`] and the proxy channel's `DevConn`: waits
-/// at most `timeout_ns` until `*inbound` reaches `*expected + 1`, then stores that in
-/// `*expected`; an error (nothing consumed) on timeout or when `*abort` (if not null) is
-/// non-zero.
+/// The receive side shared by [`DeviceSemaphore`] and the proxy channel's `DevConn`: takes
+/// the next ticket from `*expected` and waits at most `timeout_ns` until `*inbound` reaches
+/// it; on timeout, or when `*abort` (if not null) is non-zero, hands the ticket back
+/// ([`give_back`]) and returns the error, having consumed nothing.
 ///
-/// Acquire at system scope: pairs with the writer's release (a peer's release add, a proxy's
-/// release store, or on P2P the stream write after the copies, which completes after them),
-/// so what the writer published before is visible after this returns. (Relaxed polls with
-/// one fence.acq_rel.sys after them measured slower on 2xH200: 3.7 against 2.5 us per
-/// signal/wait round trip.) The clock is read every 64 polls only, and the abort word at
-/// most once per [`ABORT_LOOK_NS`] after that (the first time at the first look).
+/// Tickets make concurrent waits correct: each wait of one counter pair waits for a
+/// signal of its own, so `k` waits at once need `k` signals (see the module's "Threads and
+/// timeouts"). The ticket is a relaxed add at GPU scope: `expected` lives in this GPU's
+/// memory and only its threads touch it, and it orders nothing: what the signaller
+/// published is acquired by the loads of `inbound`. The add is issued before the first poll
+/// and does not depend on it, so on a GPU it overlaps that load as the plain load of
+/// `expected` it replaces did; a wait that finds its signal writes nothing more.
+///
+/// Acquire at system scope on `inbound`: pairs with the writer's release (a peer's release
+/// add, a proxy's release store, or on P2P the stream write after the copies, which
+/// completes after them), so what the writer published before is visible after this
+/// returns. (Relaxed polls with one fence.acq_rel.sys after them measured slower on 2xH200:
+/// 3.7 against 2.5 us per signal/wait round trip.) The clock is read every 64 polls only,
+/// and the abort word at most once per [`ABORT_LOOK_NS`] after that (the first time at the
+/// first look).
 ///
 /// # Safety
-/// `inbound` must be a live, 8-byte aligned counter; `expected` a live, aligned word that
-/// only this waiting thread uses; `abort` null or a live, aligned word written atomically.
+/// `inbound` must be a live, 8-byte aligned counter; `expected` a live, aligned word
+/// accessed only atomically while shared; `abort` null or a live, aligned word written
+/// atomically.
 #[inline]
 pub(crate) unsafe fn wait_inbound(
     inbound: *const u64,
@@ -229,8 +267,8 @@ pub(crate) unsafe fn wait_inbound(
     timeout_ns: u64,
     abort: *const u64,
 ) -> Result<(), ChannelError> {
-    // SAFETY: caller contract.
-    let want = unsafe { *expected } + 1;
+    // SAFETY: caller contract. Relaxed, GPU scope: see above.
+    let want = unsafe { arch::atomic_add_relaxed_gpu_u64(expected, 1) } + 1;
     let mut polls = 0u32;
     let mut start = None;
     let mut last_look = None;
@@ -240,17 +278,56 @@ pub(crate) unsafe fn wait_inbound(
         if polls.is_multiple_of(64) {
             let now = arch::global_timer_ns();
             let t0 = *start.get_or_insert(now);
-            if now.wrapping_sub(t0) > timeout_ns {
-                return Err(ChannelError::Timeout);
+            let stop = if now.wrapping_sub(t0) > timeout_ns {
+                Err(ChannelError::Timeout)
+            } else {
+                // SAFETY: caller contract.
+                unsafe { look_at_abort(abort, now, &mut last_look, inbound, want) }
+            };
+            if let Err(e) = stop {
+                // SAFETY: caller contract; `want` is this wait's ticket.
+                return unsafe { give_back(inbound, expected, want, e) };
             }
-            // SAFETY: caller contract.
-            unsafe { look_at_abort(abort, now, &mut last_look, inbound, want) }?;
         }
         arch::spin_backoff(polls);
     }
-    // SAFETY: caller contract.
-    unsafe { *expected = want };
     Ok(())
+}
+
+/// The end of a wait that gave up with `error` holding ticket `want`: hands the ticket back
+/// (`*expected` from `want` to `want - 1`, so that the next wait waits for the same
+/// signal) and returns `error`. Only the last ticket taken can be handed back: while a
+/// later wait holds one, this waits until that wait has handed its own back (waits give up
+/// in the reverse order of their tickets), or until signal `want` arrives, which it then
+/// takes (`Ok`): a ticket is never dropped, so no signal is ever lost to a wait that gave
+/// up. A single waiter hands its ticket back at once.
+///
+/// Relaxed compare-and-swap at GPU scope, as the add that took the ticket; the look at
+/// `inbound` is an acquire, as the wait's polls.
+///
+/// # Safety
+/// As for [`wait_inbound`]; `want` a ticket this thread took and still holds.
+#[cold]
+#[inline(never)]
+unsafe fn give_back(
+    inbound: *const u64,
+    expected: *mut u64,
+    want: u64,
+    error: ChannelError,
+) -> Result<(), ChannelError> {
+    let mut polls = 0u32;
+    loop {
+        // SAFETY: caller contract.
+        if unsafe { arch::ld_acquire_sys_u64(inbound) } >= want {
+            return Ok(());
+        }
+        // SAFETY: caller contract.
+        if unsafe { arch::atomic_cas_relaxed_gpu_u64(expected, want, want - 1) } == want {
+            return Err(error);
+        }
+        polls = polls.wrapping_add(1);
+        arch::spin_backoff(polls);
+    }
 }
 
 /// The slow-path look of a wait at the abort word `abort` (null: none), at most once per
@@ -294,22 +371,32 @@ pub(crate) unsafe fn look_at_abort(
     }
 }
 
-/// [`wait_inbound`] without waiting: consumes the next signal if it has arrived.
+/// [`wait_inbound`] without waiting: takes the next signal if it has arrived and no other
+/// wait holds a ticket for it.
+///
+/// A poll takes a ticket only for a signal that is there, by compare-and-swap (relaxed,
+/// GPU scope, as the wait's add): a failed poll writes nothing, and of polls that race for
+/// one signal exactly one takes it. The load of `expected` is a relaxed one (at system
+/// scope, the narrowest the `arch` module has; for a word in this GPU's memory it costs
+/// what a GPU-scope load costs); the acquire on `inbound` is as in [`wait_inbound`].
 ///
 /// # Safety
 /// As for [`wait_inbound`].
 #[inline]
 pub(crate) unsafe fn poll_inbound(inbound: *const u64, expected: *mut u64) -> bool {
-    // SAFETY: caller contract; the acquire is as in `wait_inbound`.
-    unsafe {
-        let want = *expected + 1;
-        if arch::ld_acquire_sys_u64(inbound) >= want {
-            *expected = want;
-            true
-        } else {
-            false
+    // SAFETY: caller contract.
+    let mut taken = unsafe { arch::ld_relaxed_sys_u64(expected) };
+    // SAFETY: caller contract.
+    while unsafe { arch::ld_acquire_sys_u64(inbound) } > taken {
+        // SAFETY: caller contract.
+        let was = unsafe { arch::atomic_cas_relaxed_gpu_u64(expected, taken, taken + 1) };
+        if was == taken {
+            return true;
         }
+        // Another wait or poll took a ticket first: is there a signal beyond it?
+        taken = was;
     }
+    false
 }
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]

@@ -12,7 +12,9 @@
 //!   [`unpack_packets`](MemoryChannel::unpack_packets): LL packets ([`crate::packet`]),
 //!   data and flag together, for small messages without a signal;
 //! - [`signal`](MemoryChannel::signal), [`relaxed_signal`](MemoryChannel::relaxed_signal),
-//!   [`wait`](MemoryChannel::wait), [`poll`](MemoryChannel::poll): the semaphore.
+//!   [`wait`](MemoryChannel::wait), [`poll`](MemoryChannel::poll): the semaphore (callable
+//!   from any number of threads at once; concurrent waits each take a signal of their own:
+//!   see "Threads and timeouts" in [`crate::semaphore`]).
 //!
 //! # Copies and visibility
 //!

@@ -20,9 +20,16 @@
 //! peer's proxy writes it after the data, in the same ordered engine, so a value is never
 //! seen before the data it follows, and writing it again is harmless.
 //!
-//! Threads: puts and signals may come from any number of threads at once (the FIFO is
-//! multi-producer); `wait`/`poll` of one connection must come from one thread at a time
-//! (they advance a plain expected-epoch counter).
+//! Threads: every method may be called from any number of threads at once, on one handle
+//! or its copies. Puts and signals may (the FIFO is multi-producer); so may waits and polls,
+//! and each signal is taken by exactly one of them: a wait takes a *ticket* (the next
+//! expected epoch, an atomic add to the connection's expected word) and waits for that
+//! epoch, so `k` waits at once wait for `k` signals; a poll takes one only for a signal
+//! that is there and that no wait holds a ticket for. The usual pattern remains one thread
+//! waiting, then a block barrier: a block whose threads all call `wait` waits for one
+//! signal per thread. A wait that gives up consumes nothing (it hands its ticket back; with
+//! other waits at once it may return late for that: see "Threads and timeouts" in
+//! [`crate::semaphore`], whose waits these are).
 //!
 //! Waits time out (`wait` after the handle's timeout traps, so the kernel fails visibly;
 //! [`wait_timeout`](DevConn::wait_timeout) returns `false`,
@@ -56,6 +63,18 @@ use crate::semaphore::{poll_inbound, wait_inbound};
 
 /// One side of a proxy channel, passed by value to kernels (`#[repr(C)]`, `Copy`).
 ///
+/// Every method may be called from any number of threads at once; concurrent waits each
+/// take a signal of their own (see the [module](self)), so `k` threads waiting at once
+/// need `k` signals:
+///
+/// ```
+/// # use mscclpp_device::channel::DevConn;
+/// /// Thread `t < n` of a block takes one of the `n` signals the peer sent.
+/// fn take_one_each(conn: &DevConn<'_>, t: u32, n: u32) -> bool {
+///     t >= n || conn.wait_timeout(1_000_000_000)
+/// }
+/// ```
+///
 /// `'a` is the lifetime of the memory the handle points at (the FIFO, the counters): a
 /// handle from `Communicator::device_connections` borrows its communicator, so it cannot
 /// be used after the communicator is dropped. The lifetime is a zero-sized marker; the
@@ -80,8 +99,9 @@ const _: () = assert!(
         == core::mem::size_of::<FifoDeviceHandle>() + 4 * 8 + 2 * 4
 );
 
-// SAFETY: addresses and numbers only; the memory behind them is accessed atomically (or by
-// the one waiting thread, for `expected`) under the contracts of the `unsafe` methods.
+// SAFETY: addresses and numbers only; every access to the memory behind them is atomic (the
+// expected word's too: tickets, see the module), under the contracts of the `unsafe`
+// methods, so copies used from any number of threads at once do not race.
 unsafe impl Send for DevConn<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for DevConn<'_> {}
@@ -105,7 +125,8 @@ impl<'a> DevConn<'a> {
     /// # Safety
     /// `fifo` must be the live FIFO of the proxy that serves `connection_id`; `inbound` the
     /// live, 8-byte aligned counter the peer's proxy writes for this connection; `expected`
-    /// a live, 8-byte aligned, zero-initialised word used by this connection's waits only;
+    /// a live, 8-byte aligned, zero-initialised word used by this connection's waits only
+    /// and accessed only atomically while they may run (every copy of the handle shares it);
     /// `fault` null or the communicator's fault area
     /// ([`FAULT_WORDS`](crate::collectives::FAULT_WORDS) live, aligned words written only
     /// atomically while kernels run: its abort word and the proxy's refused connections).
@@ -373,8 +394,9 @@ impl<'a> DevConn<'a> {
         bits & mask != 0
     }
 
-    /// Waits for the peer's next signal; traps after the handle's timeout or when the
-    /// communicator is aborted ([`try_wait`](Self::try_wait) returns instead).
+    /// Waits for the peer's next signal (with other waits at once: a signal of its own, see
+    /// the [module](self)); traps after the handle's timeout or when the communicator is
+    /// aborted ([`try_wait`](Self::try_wait) returns instead).
     #[inline]
     pub fn wait(&self) {
         if self.try_wait(self.wait_timeout_ns).is_err() {
@@ -398,12 +420,14 @@ impl<'a> DevConn<'a> {
     pub fn try_wait(&self, timeout_ns: u64) -> Result<(), ChannelError> {
         let abort = self.abort_word();
         // SAFETY: `inbound` is a live aligned counter and `expected` this connection's live
-        // word, used by one waiting thread at a time; the fault area null or live
-        // (constructor and module contract).
+        // word, accessed only atomically; the fault area null or live (constructor
+        // contract).
         unsafe { wait_inbound(self.inbound, self.expected, timeout_ns, abort) }
     }
 
-    /// If the peer's next signal has arrived, consumes it and returns `true`; never waits.
+    /// If the peer's next signal has arrived and no other wait holds a ticket for it,
+    /// consumes it and returns `true`; never waits. Of polls that race for one signal,
+    /// exactly one takes it.
     #[inline]
     pub fn poll(&self) -> bool {
         // SAFETY: as in `try_wait`.

@@ -350,10 +350,13 @@ unsafe fn raise(signal: Signal, remote: *mut u64, sent: &mut u64) {
 
 /// Waits as `wait` does for the next signal on the channel's semaphore (`inbound`,
 /// `expected`: its counters) and consumes it; traps at the channel's timeout or after
-/// [`MAX_POLLS`].
+/// [`MAX_POLLS`]. Every variant takes its ticket as the library's wait does (a GPU-scope
+/// add to `expected`, before the first poll), so that variants differ from the library
+/// only in how they poll.
 ///
 /// # Safety
-/// `inbound` and `expected` are the channel's semaphore counters; one waiting thread.
+/// `inbound` and `expected` are the channel's semaphore counters, `expected` accessed only
+/// atomically while shared.
 #[inline(always)]
 unsafe fn lower(wait: Wait, ch: &MemoryChannel<'_>, inbound: *const u64, expected: *mut u64) {
     if wait == Wait::Library {
@@ -361,8 +364,9 @@ unsafe fn lower(wait: Wait, ch: &MemoryChannel<'_>, inbound: *const u64, expecte
         return;
     }
     let timeout_ns = ch.timeout_ns();
-    // SAFETY: caller contract.
-    let want = unsafe { *expected } + 1;
+    // SAFETY: caller contract. Relaxed, GPU scope: the ticket orders nothing (as in the
+    // library's wait; the polls below acquire or fence).
+    let want = unsafe { arch::atomic_add_relaxed_gpu_u64(expected, 1) } + 1;
     let mut polls = 0u64;
     let mut start = None;
     loop {
@@ -397,8 +401,6 @@ unsafe fn lower(wait: Wait, ch: &MemoryChannel<'_>, inbound: *const u64, expecte
         // Acquire pattern: a strong read (the poll that saw the count), then a fence.
         arch::fence_acq_rel_sys();
     }
-    // SAFETY: caller contract.
-    unsafe { *expected = want };
 }
 
 /// The body of every semaphore variant (see the [module](self)); `v` is a constant in each

@@ -19,8 +19,8 @@ impl Words {
     }
     fn side(&self, i: usize, timeout_ns: u64) -> DeviceSemaphore<'_> {
         let w = |k: usize| self.0[k].as_ptr();
-        // SAFETY: live, aligned words, zero at first, accessed atomically while shared (the
-        // expected word only by this side's one waiter).
+        // SAFETY: live, aligned words, zero at first, accessed only atomically while shared
+        // (the expected word only by this side's waits).
         unsafe {
             DeviceSemaphore::from_raw_parts(
                 w(2 * i),
@@ -200,4 +200,134 @@ fn a_left_word_ends_a_wait_only_when_its_signal_is_not_there() {
     for rank in [0, 1, 7, u32::MAX - 1] {
         assert_eq!(left_rank(left_word(rank)), Some(rank));
     }
+}
+
+/// Runs `waiters` CPU threads of one launch, each a `wait_timeout(timeout_ns)` on side 1,
+/// while side 0 raises `signals` signals, 150 ms apart, the first once the waits are under
+/// way; returns how many of the waits returned `true`.
+fn concurrent_waits(w: &Words, waiters: u32, signals: u64, timeout_ns: u64) -> u32 {
+    use core::sync::atomic::AtomicU32;
+    let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+    let took = AtomicU32::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..signals {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+                a.signal();
+            }
+        });
+        launch(Dim3::x(1), Dim3::x(waiters), || {
+            if b.wait_timeout(timeout_ns) {
+                took.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .unwrap();
+    });
+    took.into_inner()
+}
+
+/// Waits from several threads at once take one signal each: with fewer signals than waits,
+/// exactly as many waits succeed as there are signals, the others time out, and no signal
+/// is lost (the next wait takes the next one).
+#[test]
+fn concurrent_waits_take_one_signal_each() {
+    for (waiters, signals) in [(2, 1), (8, 1), (8, 3)] {
+        let w = Words::new();
+        let took = concurrent_waits(&w, waiters, signals, 1_000_000_000);
+        assert_eq!(
+            took, signals as u32,
+            "{waiters} waits for {signals} signal(s): {took} succeeded"
+        );
+        assert_eq!(
+            w.expected(1),
+            signals,
+            "{waiters} waits, {signals} signal(s)"
+        );
+        let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+        a.signal();
+        assert!(b.wait_timeout(SHORT_NS), "the signal after them is taken");
+        assert!(!b.poll(), "and only it");
+    }
+}
+
+/// Polls from several threads at once take every signal exactly once (the signals are all
+/// there first, so that the polls race for them).
+#[test]
+fn concurrent_polls_take_every_signal_once() {
+    use core::sync::atomic::AtomicU64;
+    const SIGNALS: u64 = 200_000;
+    let w = Words::new();
+    let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+    for _ in 0..SIGNALS {
+        a.relaxed_signal();
+    }
+    let took = AtomicU64::new(0);
+    launch(Dim3::x(1), Dim3::x(4), || {
+        let mut mine = 0;
+        crate::arch::sync_threads();
+        while b.poll() {
+            mine += 1;
+        }
+        took.fetch_add(mine, Ordering::Relaxed);
+    })
+    .unwrap();
+    assert_eq!(took.into_inner(), SIGNALS);
+    assert_eq!(w.expected(1), SIGNALS);
+}
+
+/// Spins until `cond` holds; panics after 10 s.
+fn until(cond: impl Fn() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within 10 s: {what}"
+        );
+        std::hint::spin_loop();
+    }
+}
+
+/// A wait that gives up while a later wait holds a ticket hands its own back only after
+/// that one has (tickets go back last first), or takes its signal if it comes meanwhile:
+/// no signal is lost to a wait that gave up.
+#[test]
+fn a_wait_that_gives_up_hands_its_ticket_back_after_later_ones() {
+    use std::time::Duration;
+    // No signal: the early wait (300 ms) returns after the later one (900 ms) gave up.
+    let w = Words::new();
+    let b = w.side(1, LONG_NS);
+    let started = std::time::Instant::now();
+    let (early, late) = std::thread::scope(|s| {
+        let early = s.spawn(|| (b.wait_timeout(300_000_000), started.elapsed()));
+        until(|| w.expected(1) == 1, "the early wait took its ticket");
+        let late = s.spawn(|| (b.wait_timeout(900_000_000), started.elapsed()));
+        until(|| w.expected(1) == 2, "the later wait took its ticket");
+        (early.join().unwrap(), late.join().unwrap())
+    });
+    assert!(!early.0 && !late.0, "no signal: {early:?} {late:?}");
+    assert!(
+        early.1 >= late.1,
+        "the early wait returned first: {early:?} {late:?}"
+    );
+    assert_eq!(w.expected(1), 0, "both tickets handed back");
+    // A signal after the early wait's timeout but before the later one's goes to the early
+    // wait (its ticket), and the later wait times out.
+    let w = Words::new();
+    let (a, b) = (w.side(0, LONG_NS), w.side(1, LONG_NS));
+    let (early, late) = std::thread::scope(|s| {
+        let early = s.spawn(|| b.wait_timeout(300_000_000));
+        until(|| w.expected(1) == 1, "the early wait took its ticket");
+        let late = s.spawn(|| b.wait_timeout(1_500_000_000));
+        until(|| w.expected(1) == 2, "the later wait took its ticket");
+        std::thread::sleep(Duration::from_millis(500));
+        a.signal();
+        (early.join().unwrap(), late.join().unwrap())
+    });
+    assert!(early && !late, "early {early}, late {late}");
+    assert_eq!(w.expected(1), 1);
+    a.signal();
+    assert!(
+        b.wait_timeout(SHORT_NS),
+        "the next signal is the next wait's"
+    );
 }
