@@ -1706,7 +1706,6 @@ impl Collectives {
             return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
         }
         let kernels = self.gpu_kernels("all_reduce")?;
-        more::check_reducing("all_reduce", count, dtype)?;
         self.check_fault("all_reduce", false)?;
         let bytes = checked_bytes("all_reduce", count, dtype.size())?;
         self.noted(gpu::check_stream(
@@ -2053,7 +2052,6 @@ impl Collectives {
             return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
         }
         self.host_only("all_reduce_host")?;
-        more::check_reducing("all_reduce_host", count, dtype)?;
         let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
         if count == 0 {
             let ex = cross::Exec::Host;

@@ -135,13 +135,6 @@ pub(super) fn op_code(op: ReduceOp) -> u32 {
     }
 }
 
-/// `count` as the reducing kernels take it. Every type is reduced: fp8 (which has no
-/// kernels of its own) is staged in f32 before it gets here (`staged.rs`).
-pub(super) fn check_reducing(call: &str, count: usize, dtype: DataType) -> Result<u64, CommError> {
-    let _ = (call, dtype);
-    Ok(count as u64)
-}
-
 /// The host twins of the sum-only all-reduce kernels (f32, f16, bf16): one-shot, two-shot,
 /// read-reduce, all-pairs, proxy.
 const ALL_REDUCE_SUM_HOST: [[super::HostKernel; 5]; 3] = [
@@ -624,7 +617,7 @@ impl Collectives {
         dtype: DataType,
         root: usize,
     ) -> Result<(), CommError> {
-        let plan = self.plan_rooted(call, bytes / dtype.size(), dtype, None, root)?;
+        let plan = self.plan_rooted(bytes / dtype.size(), dtype, None, root);
         // SAFETY: caller contract.
         unsafe { self.local_more(ex, call, plan, buf, buf) }
     }
@@ -646,7 +639,7 @@ impl Collectives {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let plan = self.plan_rs(call, count, dtype, op)?;
+        let plan = self.plan_rs(count, dtype, op);
         // SAFETY: caller contract.
         unsafe { self.local_more(ex, call, plan, send, recv) }
     }
@@ -756,7 +749,7 @@ impl Collectives {
         }
         let call = "reduce_scatter";
         let _order = self.more_gpu_call(call, stream)?;
-        let word = check_reducing(call, recv_count, dtype)?;
+        let word = recv_count as u64;
         let (n, es) = (self.nranks(), dtype.size());
         let bytes = checked_bytes(call, recv_count, es)?;
         let total = checked_bytes(call, bytes, n)?;
@@ -807,7 +800,7 @@ impl Collectives {
         let call = "reduce";
         let _order = self.more_gpu_call(call, stream)?;
         self.check_root(call, root)?;
-        let word = check_reducing(call, count, dtype)?;
+        let word = count as u64;
         let es = dtype.size();
         let bytes = checked_bytes(call, count, es)?;
         if count == 0 {
@@ -1071,7 +1064,7 @@ impl Collectives {
                 recv.len()
             )));
         }
-        let plan = self.plan_rs(call, recv.len(), T::DTYPE, op)?;
+        let plan = self.plan_rs(recv.len(), T::DTYPE, op);
         // SAFETY: both slices are valid for their length and borrowed for the call.
         unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
     }
@@ -1085,7 +1078,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = "reduce_scatter_host_in_place";
         let count = self.blocks_of(call, buf.len())?;
-        let plan = self.plan_rs(call, count, T::DTYPE, op)?;
+        let plan = self.plan_rs(count, T::DTYPE, op);
         let p = buf.as_mut_ptr();
         // SAFETY: the slice is valid for its length and borrowed for the call; this rank's
         // block lies in it.
@@ -1108,7 +1101,7 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let call = "reduce_scatter_host";
-        let plan = self.plan_rs(call, count, dtype, op)?;
+        let plan = self.plan_rs(count, dtype, op);
         // SAFETY: caller contract.
         unsafe { self.more_host(call, plan, send, recv) }
     }
@@ -1128,41 +1121,34 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = "reduce_host";
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(call, count, dtype, Some(op), root)?;
+        let plan = self.plan_rooted(count, dtype, Some(op), root);
         // SAFETY: caller contract.
         unsafe { self.more_host(call, plan, send, recv) }
     }
 
-    fn plan_rs(
-        &self,
-        call: &str,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<Plan, CommError> {
+    fn plan_rs(&self, count: usize, dtype: DataType, op: ReduceOp) -> Plan {
         let bytes = count * dtype.size();
-        Ok(Plan {
+        Plan {
             kind: Kind::ReduceScatter,
             dtype,
             op: Some(op),
-            count: check_reducing(call, count, dtype)?,
+            count: count as u64,
             pair_bytes: bytes,
             total_bytes: bytes * self.nranks(),
             root: 0,
-        })
+        }
     }
 
     /// A reduce (with `op`) or broadcast (`op` None) plan.
     fn plan_rooted(
         &self,
-        call: &str,
         count: usize,
         dtype: DataType,
         op: Option<ReduceOp>,
         root: usize,
-    ) -> Result<Plan, CommError> {
+    ) -> Plan {
         let bytes = count * dtype.size();
-        Ok(Plan {
+        Plan {
             kind: if op.is_some() {
                 Kind::Reduce
             } else {
@@ -1170,14 +1156,14 @@ impl Collectives {
             },
             dtype,
             count: match op {
-                Some(_) => check_reducing(call, count, dtype)?,
+                Some(_) => count as u64,
                 None => bytes as u64,
             },
             op,
             pair_bytes: bytes,
             total_bytes: bytes,
             root,
-        })
+        }
     }
 
     /// Host backend: reduce to `root` (equal lengths; `recv` is written on the root only).
@@ -1191,7 +1177,7 @@ impl Collectives {
         let call = "reduce_host";
         same_len(call, send.len(), recv.len())?;
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(call, send.len(), T::DTYPE, Some(op), root)?;
+        let plan = self.plan_rooted(send.len(), T::DTYPE, Some(op), root);
         // SAFETY: both slices are valid for their length and borrowed for the call.
         unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
     }
@@ -1205,7 +1191,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = "reduce_host_in_place";
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(call, buf.len(), T::DTYPE, Some(op), root)?;
+        let plan = self.plan_rooted(buf.len(), T::DTYPE, Some(op), root);
         let p = buf.as_mut_ptr() as u64;
         // SAFETY: the slice is valid for its length and borrowed for the call.
         unsafe { self.more_host(call, plan, p, p) }
@@ -1221,7 +1207,7 @@ impl Collectives {
         let call = "broadcast_host";
         same_len(call, send.len(), recv.len())?;
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(call, send.len(), T::DTYPE, None, root)?;
+        let plan = self.plan_rooted(send.len(), T::DTYPE, None, root);
         // SAFETY: both slices are valid for their length and borrowed for the call.
         unsafe { self.more_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
     }
@@ -1234,7 +1220,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = "broadcast_host_in_place";
         self.check_root(call, root)?;
-        let plan = self.plan_rooted(call, buf.len(), T::DTYPE, None, root)?;
+        let plan = self.plan_rooted(buf.len(), T::DTYPE, None, root);
         let p = buf.as_mut_ptr() as u64;
         // SAFETY: the slice is valid for its length and borrowed for the call.
         unsafe { self.more_host(call, plan, p, p) }
