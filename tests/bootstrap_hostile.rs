@@ -53,6 +53,7 @@ fn join(secret: [u8; 32], nranks: u32, rank: u32) -> Message {
         host_id: "intruder".into(),
         pid: 1,
         process_space: "intruder".into(),
+        job: String::new(),
     })
 }
 
@@ -140,35 +141,41 @@ fn ip_port_root_survives_hostile_joins() {
         // An over-long host id or process space: refused, naming the field and its length
         // (rank 1 stays free for the real one).
         let long = "x".repeat(MAX_HOST_ID_LEN + 1);
-        for field in ["host id", "process space"] {
+        for field in ["host id", "process space", "job id"] {
             let mut m = join(zero, 3, 1);
+            let mut max = MAX_HOST_ID_LEN;
             if let Message::Join(j) = &mut m {
                 match field {
                     "host id" => j.host_id = long.clone(),
-                    _ => j.process_space = long.clone(),
+                    "process space" => j.process_space = long.clone(),
+                    _ => {
+                        j.job = long.clone();
+                        max = wire::MAX_JOB_ID_LEN;
+                    }
                 }
             }
             let r = hostile_join(addr, &m).await;
-            let want = format!(
-                "{field} of {} bytes (at most {MAX_HOST_ID_LEN})",
-                long.len()
-            );
+            let want = format!("{field} of {} bytes (at most {max})", long.len());
             assert!(r.to_string().contains(&want), "{field}: {r}");
         }
         // A join of version 7 (fields before process_space: this version's with an empty
-        // process space, its trailing length byte cut): a version mismatch, not a broken frame.
+        // process space and job, their trailing length bytes cut): a version mismatch, not a
+        // broken frame.
         let mut old = join(zero, 3, 1);
         if let Message::Join(j) = &mut old {
             j.version = 7;
             j.process_space.clear();
+            j.job.clear();
         }
         let mut frame = wire::encode_frame(&old, &[]).unwrap();
-        assert_eq!(
-            frame.pop(),
-            Some(0),
-            "an empty process space ends the header"
-        );
-        let header_len = u32::from_le_bytes(frame[..4].try_into().unwrap()) - 1;
+        for _ in 0..2 {
+            assert_eq!(
+                frame.pop(),
+                Some(0),
+                "an empty process space and job end the header"
+            );
+        }
+        let header_len = u32::from_le_bytes(frame[..4].try_into().unwrap()) - 2;
         frame[..4].copy_from_slice(&header_len.to_le_bytes());
         assert_eq!(
             raw_reply(addr, &frame).await,

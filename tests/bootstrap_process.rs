@@ -44,7 +44,9 @@ fn payload(r: usize) -> Vec<u8> {
 /// A rank: every operation, checked against what the others contribute.
 fn exercise_rank() {
     let launch = Launch::from_env().unwrap();
-    let bs = launch.blocking_bootstrap().unwrap();
+    let bs = launch
+        .blocking_bootstrap()
+        .unwrap_or_else(|e| panic!("{e}"));
     let (r, n) = (bs.rank(), bs.nranks());
     assert_eq!((r, n), (launch.rank, launch.nranks));
     assert_eq!(bs.local_rank(), launch.local_rank.unwrap());
@@ -512,5 +514,188 @@ fn a_rank_killed_at_the_timeout_is_reported_with_its_stacks() {
             .to_string()
             .contains("its stacks before the kill (gdb):"),
         "{report}"
+    );
+}
+
+/// Variables a rank reads its job identity from (`BootstrapConfig::job_id`).
+const JOB_VARS: &[&str] = &[
+    "MSCCLPP_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_orte_hnp_uri",
+];
+
+/// Starts this binary as `rank` of `nranks` of the `"ip:port"` form at `addr`, in the job
+/// `job` (`None`: no job id at all, as ranks started by hand).
+fn start_rank(
+    test: &str,
+    addr: &str,
+    nranks: usize,
+    rank: usize,
+    job: Option<&str>,
+) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "exercise")
+        .env("MSCCLPP_RANK", rank.to_string())
+        .env("MSCCLPP_NRANKS", nranks.to_string())
+        .env("MSCCLPP_LOCAL_RANK", rank.to_string())
+        .env("MSCCLPP_BOOTSTRAP", addr)
+        .env("MSCCLPP_BOOTSTRAP_TIMEOUT", "5")
+        .env_remove("MSCCLPP_BOOTSTRAP_SECRET")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for var in JOB_VARS {
+        cmd.env_remove(var);
+    }
+    if let Some(job) = job {
+        cmd.env("MSCCLPP_JOB_ID", job);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Waits at most `limit` for `child` (killing it then); returns whether it succeeded and
+/// its stdout and stderr.
+fn finish(mut child: std::process::Child, limit: Duration) -> (bool, String) {
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Job A (2 ranks, `job_a`) and job B (`nranks_b` ranks, `job_b`) are given one
+/// `"ip:port"`: A's rank 0 hosts the root, B's rank 0 cannot, B's rank 1 reaches A's root
+/// before A's rank 1. B's rank 1 must fail with `refusal` in its error, A's root must say
+/// so, and A must complete with its own rank 1.
+fn two_jobs_at_one_address(
+    test: &str,
+    job_a: Option<&str>,
+    job_b: Option<&str>,
+    nranks_b: usize,
+    refusal: &str,
+) {
+    if role().is_some() {
+        return exercise_rank();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let a0 = start_rank(test, &addr, 2, 0, job_a);
+    // Wait (at most 10 s) for A's root to listen; a connection closed at once is nothing to
+    // the root.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A's root never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, out) = finish(
+        start_rank(test, &addr, nranks_b, 0, job_b),
+        Duration::from_secs(10),
+    );
+    assert!(
+        !ok && out.contains("cannot listen on"),
+        "B's rank 0:\n{out}"
+    );
+    let (ok, out) = finish(
+        start_rank(test, &addr, nranks_b, 1, job_b),
+        Duration::from_secs(10),
+    );
+    assert!(!ok, "B's rank 1 succeeded; it must be refused:\n{out}");
+    assert!(
+        out.contains(&format!(
+            "the bootstrap root at {addr} refused the connection"
+        )) && out.contains(refusal),
+        "B's rank 1 does not name the clash ({refusal:?}):\n{out}"
+    );
+    let a1 = start_rank(test, &addr, 2, 1, job_a);
+    let (ok1, out1) = finish(a1, Duration::from_secs(20));
+    let (ok0, out0) = finish(a0, Duration::from_secs(20));
+    assert!(
+        ok0 && out0.contains("rank 0 of 2: ok"),
+        "A's rank 0:\n{out0}"
+    );
+    assert!(
+        ok1 && out1.contains("rank 1 of 2: ok"),
+        "A's rank 1:\n{out1}"
+    );
+    assert!(
+        out0.contains(&format!("refused a join as rank 1 of {nranks_b}")) && out0.contains(refusal),
+        "A's root does not report the refusal:\n{out0}"
+    );
+}
+
+#[test]
+fn a_rank_of_another_job_at_one_address_is_refused() {
+    two_jobs_at_one_address(
+        "a_rank_of_another_job_at_one_address_is_refused",
+        Some("A"),
+        Some("B"),
+        2,
+        "another job (job MSCCLPP_JOB_ID=A, 2 ranks) is using this root address; this rank \
+         belongs to job MSCCLPP_JOB_ID=B (2 ranks)",
+    );
+}
+
+#[test]
+fn ranks_started_by_hand_of_another_size_are_refused_as_another_job() {
+    two_jobs_at_one_address(
+        "ranks_started_by_hand_of_another_size_are_refused_as_another_job",
+        None,
+        None,
+        3,
+        "rank 1 was started with nranks = 3, but the job at this root has nranks = 2 (a rank \
+         started with the wrong size, or a rank of another job",
+    );
+}
+
+#[test]
+fn each_launch_gives_its_ranks_a_fresh_job_id() {
+    if role().is_some() {
+        println!(
+            "job={}",
+            std::env::var("MSCCLPP_JOB_ID").unwrap_or_default()
+        );
+        return;
+    }
+    let test = "each_launch_gives_its_ranks_a_fresh_job_id";
+    let jobs = |report: &LaunchReport| -> Vec<String> {
+        (0..2)
+            .map(|r| {
+                let prefix = format!("[rank {r}] ");
+                report
+                    .output
+                    .iter()
+                    .filter(|l| l.starts_with(&prefix))
+                    .find_map(|l| l.split_once("job=").map(|(_, j)| j.to_owned()))
+                    .unwrap_or_else(|| panic!("rank {r} printed no job: {report}"))
+            })
+            .collect()
+    };
+    let first = jobs(&launch(test, 2, "job"));
+    let second = jobs(&launch(test, 2, "job"));
+    assert!(!first[0].is_empty() && first[0] == first[1], "{first:?}");
+    assert!(
+        second[0] == second[1] && second[0] != first[0],
+        "{first:?} {second:?}"
     );
 }

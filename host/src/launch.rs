@@ -35,7 +35,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{
-    BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, Root,
+    BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, ENV_JOB_ID, Root,
 };
 
 /// Our rank variable.
@@ -608,7 +608,9 @@ impl LocalLauncher {
         self
     }
 
-    /// Sets one more environment variable for every rank.
+    /// Sets one more environment variable for every rank. Each launch gives its ranks a
+    /// fresh job identity in `MSCCLPP_JOB_ID` ([`BootstrapConfig::job_id`]) unless this sets
+    /// one.
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> LocalLauncher {
         self.envs.push((key.into(), value.into()));
         self
@@ -687,6 +689,16 @@ impl LocalLauncher {
         )?
         .spawn()?;
         let id = root.unique_id().to_string();
+        // A fresh job identity for this launch (unless `env` gives one), so that a bootstrap
+        // of the "ip:port" form that the ranks start themselves admits ranks of this launch
+        // only.
+        let job = (!self.envs.iter().any(|(k, _)| *k == *ENV_JOB_ID)).then(|| {
+            format!(
+                "local-{}-{:016x}",
+                std::process::id(),
+                rand::random::<u64>()
+            )
+        });
         let mut children: Vec<Child> = Vec::with_capacity(self.nranks);
         let mut forwarders = Vec::new();
         for rank in 0..self.nranks {
@@ -702,6 +714,9 @@ impl LocalLauncher {
                 .stderr(Stdio::piped());
             if let Some(t) = self.bootstrap_timeout {
                 cmd.env(ENV_BOOTSTRAP_TIMEOUT, t.as_secs_f64().to_string());
+            }
+            if let Some(job) = &job {
+                cmd.env(ENV_JOB_ID, job);
             }
             orphan::die_with_launcher(&mut cmd);
             let mut child = match cmd.spawn() {

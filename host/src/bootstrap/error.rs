@@ -26,7 +26,10 @@ pub enum Refusal {
         theirs: u32,
     },
     /// The secret does not match the unique id.
-    #[error("wrong secret: the unique id does not belong to this bootstrap")]
+    #[error(
+        "wrong secret: the unique id does not belong to this bootstrap (a stale id, or \
+         another job's root at this address)"
+    )]
     WrongSecret,
     /// A rank at or beyond `nranks`.
     #[error("rank {rank} is out of range for {nranks} ranks")]
@@ -46,7 +49,11 @@ pub enum Refusal {
         rank: u32,
     },
     /// A rank was started with another number of ranks.
-    #[error("rank {rank} was started with nranks = {nranks}, but the job has nranks = {expected}")]
+    #[error(
+        "rank {rank} was started with nranks = {nranks}, but the job at this root has nranks = \
+         {expected} (a rank started with the wrong size, or a rank of another job that was \
+         given the same root address)"
+    )]
     NranksMismatch {
         /// Rank presented.
         rank: u32,
@@ -54,6 +61,27 @@ pub enum Refusal {
         nranks: u32,
         /// nranks of the ranks that joined first.
         expected: u32,
+    },
+    /// A rank of another job reached this job's root: two jobs were given one `"ip:port"`
+    /// (the root's job and the rank's differ, as their launchers name them; see
+    /// [`BootstrapConfig::job_id`](super::BootstrapConfig::job_id)). The rank is refused and
+    /// the root waits on for its own.
+    #[error(
+        "another job ({}, {nranks} ranks) is using this root address; this rank belongs to \
+         {} ({their_nranks} ranks). Give each job its own address (MSCCLPP_BOOTSTRAP, or \
+         MASTER_PORT), or the same MSCCLPP_JOB_ID to every rank of one job",
+        job_name(job),
+        job_name(theirs)
+    )]
+    OtherJob {
+        /// The job of the root (of its rank 0).
+        job: String,
+        /// The number of ranks of the root's job.
+        nranks: u32,
+        /// The job of the refused rank.
+        theirs: String,
+        /// The number of ranks the refused rank was started with.
+        their_nranks: u32,
     },
     /// A peer connection reached the wrong rank.
     #[error("the connection was meant for rank {to}, but reached rank {actual}")]
@@ -108,6 +136,15 @@ pub enum Refusal {
         /// How it ended (its exit status).
         how: String,
     },
+}
+
+/// A job identity ([`Join::job`](super::wire::Join::job)) for messages.
+fn job_name(job: &str) -> String {
+    if job.is_empty() {
+        "no job id".into()
+    } else {
+        format!("job {job}")
+    }
 }
 
 /// A set of ranks as ascending runs, for messages: `rank 5`, `ranks 1-99999`, `ranks 1-3, 7

@@ -92,6 +92,41 @@ pub(crate) const LONGEST_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3
 /// Shared secret of the `"ip:port"` form (any string; every rank must see the same one).
 pub const ENV_BOOTSTRAP_SECRET: &str = "MSCCLPP_BOOTSTRAP_SECRET";
 
+/// The job a rank belongs to (any string, the same on every rank of one job and another on
+/// every other job); the local launcher sets a fresh one for its ranks. See
+/// [`BootstrapConfig::job_id`].
+pub const ENV_JOB_ID: &str = "MSCCLPP_JOB_ID";
+
+/// Variables that launchers set to the same value on every rank of one job and to another
+/// value for every other job, in the order they are tried: ours, torchrun's, Slurm's (with
+/// the step: two `srun`s of one allocation are two jobs), PMIx's (Open MPI 5, `prterun`)
+/// and Open MPI 4's (its `mpirun`'s address).
+const JOB_ID_VARS: &[&str] = &[
+    ENV_JOB_ID,
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_orte_hnp_uri",
+];
+
+/// The job identity that `get` (an environment) gives: the first of [`JOB_ID_VARS`] that is
+/// set and not blank, as `VAR=value` (Slurm's with `.step`), cut to
+/// [`MAX_JOB_ID_LEN`](wire::MAX_JOB_ID_LEN) bytes; empty when none is set (ranks started by
+/// hand: nothing tells two such jobs apart but their sizes).
+pub fn job_id_from(get: impl Fn(&str) -> Option<String>) -> String {
+    let set = |var: &str| get(var).filter(|v| !v.trim().is_empty());
+    for var in JOB_ID_VARS {
+        if let Some(value) = set(var) {
+            let value = match (*var, set("SLURM_STEP_ID")) {
+                ("SLURM_JOB_ID", Some(step)) => format!("{value}.{step}"),
+                _ => value,
+            };
+            return wire::bounded(&format!("{var}={value}"), wire::MAX_JOB_ID_LEN).to_owned();
+        }
+    }
+    String::new()
+}
+
 /// Settings of a bootstrap (rank or root). The defaults suit production; tests shorten the
 /// timeout.
 #[derive(Clone, Debug)]
@@ -124,6 +159,18 @@ pub struct BootstrapConfig {
     /// form is unauthenticated (anyone who can reach the ports can join as a rank that has
     /// not joined yet).
     pub secret: Option<String>,
+    /// The job this rank belongs to, the same on every rank of one job and another for
+    /// every other job. The root of the `"ip:port"` form ([`BootstrapRoot::Addr`]) admits
+    /// only ranks of its rank 0's job, so that two jobs given one address never mix: a rank
+    /// of the other job is refused, naming both jobs ([`Refusal::OtherJob`]), and the root
+    /// waits on for its own rank. Default: from the environment ([`job_id_from`]):
+    /// `MSCCLPP_JOB_ID` (which the local launcher sets), else the launcher's own job id
+    /// (torchrun, Slurm, PMIx, Open MPI), else none; ranks started by hand then share no job
+    /// id, and only a rank started with another number of ranks is refused
+    /// ([`Refusal::NranksMismatch`]): give every rank of one job the same `MSCCLPP_JOB_ID` to
+    /// make the check exact. A [`UniqueId`]'s root does not look at it: the id's secret
+    /// already belongs to one job.
+    pub job_id: Option<String>,
 }
 
 impl Default for BootstrapConfig {
@@ -135,6 +182,7 @@ impl Default for BootstrapConfig {
             host_id: None,
             listen_ip: None,
             secret: None,
+            job_id: None,
         }
     }
 }
@@ -195,6 +243,22 @@ impl BootstrapConfig {
     pub fn with_secret(mut self, secret: impl Into<String>) -> Self {
         self.secret = Some(secret.into());
         self
+    }
+
+    /// Sets [`job_id`](Self::job_id).
+    pub fn with_job_id(mut self, job: impl Into<String>) -> Self {
+        self.job_id = Some(job.into());
+        self
+    }
+
+    /// The job identity in force: [`job_id`](Self::job_id) (cut to
+    /// [`MAX_JOB_ID_LEN`](wire::MAX_JOB_ID_LEN) bytes), else the environment's
+    /// ([`job_id_from`]).
+    pub fn effective_job_id(&self) -> String {
+        match &self.job_id {
+            Some(job) => wire::bounded(job, wire::MAX_JOB_ID_LEN).to_owned(),
+            None => job_id_from(|var| std::env::var(var).ok()),
+        }
     }
 
     /// The shared secret in force: [`secret`](Self::secret), else `MSCCLPP_BOOTSTRAP_SECRET`
@@ -467,7 +531,13 @@ impl Bootstrap {
                     // Rank 0 joins its own root with a secret no other process knows, so
                     // that nobody can take its place.
                     let rank0_secret: [u8; SECRET_BYTES] = rand::random();
-                    let root = Root::bind_hosted(id, nranks, rank0_secret, config.clone())?;
+                    let root = Root::bind_hosted(
+                        id,
+                        nranks,
+                        rank0_secret,
+                        config.effective_job_id(),
+                        config.clone(),
+                    )?;
                     (id, rank0_secret, HostedRoot(Some(tokio::spawn(root.run()))))
                 } else {
                     (id, id.secret(), HostedRoot(None))
@@ -1104,6 +1174,7 @@ async fn rendezvous(
         listen_addr,
         pid: std::process::id(),
         process_space: process_space_id(),
+        job: config.effective_job_id(),
         host_id: truncate(match &config.host_id {
             Some(id) => id.clone(),
             None if std::env::var_os("MSCCLPP_HOST_ID").is_some_and(|v| !v.is_empty()) => {

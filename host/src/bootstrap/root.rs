@@ -25,7 +25,8 @@ use super::BootstrapConfig;
 use super::error::{BootstrapError, RankRanges, Refusal};
 use super::unique_id::{SECRET_BYTES, UniqueId};
 use super::wire::{
-    self, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION, PeerInfo,
+    self, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, MAX_JOB_ID_LEN, Message,
+    PROTOCOL_VERSION, PeerInfo,
 };
 
 /// How many refused joins the root remembers for its timeout message.
@@ -55,6 +56,8 @@ pub struct Root {
     /// A rank that must present its own secret instead of the id's (rank 0 of the
     /// `"ip:port"` form, whose process hosts the root).
     reserved: Option<(u32, [u8; SECRET_BYTES])>,
+    /// The job whose ranks alone may join (the `"ip:port"` form: rank 0's), else any.
+    job: Option<String>,
 }
 
 /// Starts a root on an ephemeral port of 127.0.0.1 in a background thread and returns its id
@@ -95,16 +98,18 @@ impl Root {
             config,
             nranks: None,
             reserved: None,
+            job: None,
         })
     }
 
     /// Binds a root for an existing id (the `"ip:port"` form: rank 0 hosts the root) that
-    /// expects `nranks` ranks and admits rank 0 only with `rank0_secret` (known to this
-    /// process alone), so that no other process can take rank 0's place.
+    /// expects `nranks` ranks of `job` and admits rank 0 only with `rank0_secret` (known to
+    /// this process alone), so that no other process can take rank 0's place.
     pub(crate) fn bind_hosted(
         id: UniqueId,
         nranks: usize,
         rank0_secret: [u8; SECRET_BYTES],
+        job: String,
         config: BootstrapConfig,
     ) -> Result<Root, BootstrapError> {
         let listener = bind_listener(id.root_addr()).map_err(|e| match e {
@@ -123,6 +128,7 @@ impl Root {
             config,
             nranks: Some(nranks),
             reserved: Some((0, rank0_secret)),
+            job: Some(job),
         })
     }
 
@@ -184,8 +190,10 @@ impl Root {
                 source,
             })?;
         let mut rendezvous = Rendezvous {
+            addr,
             config: self.config,
             nranks: self.nranks,
+            job: self.job,
             deadline: None,
             joined: BTreeMap::new(),
             refused: Vec::new(),
@@ -384,6 +392,11 @@ async fn handshake(
                     "process space of {} bytes (at most {MAX_HOST_ID_LEN})",
                     join.process_space.len()
                 ))
+            } else if join.job.len() > MAX_JOB_ID_LEN {
+                Refusal::UnexpectedMessage(format!(
+                    "job id of {} bytes (at most {MAX_JOB_ID_LEN})",
+                    join.job.len()
+                ))
             } else {
                 return Ok((stream, join));
             }
@@ -433,8 +446,12 @@ async fn send_refusal(stream: &mut TcpStream, reason: Refusal) {
 }
 
 struct Rendezvous {
+    /// The root's address (for its messages).
+    addr: SocketAddr,
     config: BootstrapConfig,
     nranks: Option<usize>,
+    /// The job whose ranks alone may join (see `Root::job`).
+    job: Option<String>,
     deadline: Option<Instant>,
     joined: BTreeMap<usize, (TcpStream, PeerInfo)>,
     /// The first refused joins, for the timeout message.
@@ -455,7 +472,16 @@ impl Rendezvous {
         let rank = join.rank as usize;
         let nranks = join.nranks as usize;
         let expected = *self.nranks.get_or_insert(nranks);
-        let refusal = if nranks != expected {
+        let refusal = if let Some(job) = &self.job
+            && join.job != *job
+        {
+            Some(Refusal::OtherJob {
+                job: job.clone(),
+                nranks: expected as u32,
+                theirs: join.job.clone(),
+                their_nranks: join.nranks,
+            })
+        } else if nranks != expected {
             Some(Refusal::NranksMismatch {
                 rank: join.rank,
                 nranks: join.nranks,
@@ -475,6 +501,19 @@ impl Rendezvous {
         };
         if let Some(refusal) = refusal {
             send_refusal(&mut stream, refusal.clone()).await;
+            if self.job.is_some()
+                && matches!(
+                    refusal,
+                    Refusal::OtherJob { .. } | Refusal::NranksMismatch { .. }
+                )
+            {
+                // Two jobs given one address: say so where this job's output goes, too.
+                crate::diag::eprint_line(&format!(
+                    "mscclpp: the bootstrap root at {} refused a join as rank {} of {} from \
+                     {from}: {refusal}; it waits on for its own ranks",
+                    self.addr, join.rank, join.nranks
+                ));
+            }
             self.note_refusal(from, Some(&join), &refusal);
             return None;
         }

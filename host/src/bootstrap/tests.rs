@@ -174,3 +174,37 @@ fn rank_ranges_collapse_runs_and_stay_short() {
     );
     assert_eq!(sparse.ranks().count(), RankRanges::MAX_RUNS);
 }
+
+#[test]
+fn job_id_comes_from_the_first_launcher_variable_set() {
+    let env = |vars: &'static [(&'static str, &'static str)]| {
+        move |var: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    assert_eq!(job_id_from(env(&[])), "");
+    assert_eq!(
+        job_id_from(env(&[("SLURM_JOB_ID", "12"), ("SLURM_STEP_ID", "3")])),
+        "SLURM_JOB_ID=12.3"
+    );
+    assert_eq!(
+        job_id_from(env(&[
+            ("SLURM_JOB_ID", "12"),
+            ("MSCCLPP_JOB_ID", "mine"),
+            ("TORCHELASTIC_RUN_ID", "t")
+        ])),
+        "MSCCLPP_JOB_ID=mine"
+    );
+    // Blank values do not count.
+    assert_eq!(
+        job_id_from(env(&[
+            ("MSCCLPP_JOB_ID", " "),
+            ("PMIX_NAMESPACE", "prte-1@1")
+        ])),
+        "PMIX_NAMESPACE=prte-1@1"
+    );
+    let long = job_id_from(|_| Some("x".repeat(1000)));
+    assert_eq!(long.len(), wire::MAX_JOB_ID_LEN);
+}

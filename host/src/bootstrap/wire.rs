@@ -39,7 +39,9 @@ pub const MAGIC: [u8; 8] = *b"MSCCLPPB";
 /// seen of a stalled rank's process, in [`Message::PeerStalled`].
 /// Version 9: the ranks that never joined as runs, in [`Refusal::RendezvousTimeout`]
 /// ([`RankRanges`](super::RankRanges)).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// Version 10: the job each rank belongs to ([`Join::job`]), and
+/// [`Refusal::OtherJob`].
+pub const PROTOCOL_VERSION: u32 = 10;
 /// Bytes of the fixed frame prefix (`header_len` and `payload_len`).
 pub const PREFIX_LEN: usize = 12;
 /// Largest header any frame may carry.
@@ -48,6 +50,9 @@ pub const MAX_HEADER_LEN: usize = 16 * 1024;
 pub const MAX_PEER_TABLE_LEN: usize = 64 * 1024 * 1024;
 /// Longest host id a rank may present.
 pub const MAX_HOST_ID_LEN: usize = 256;
+/// Longest job identity a rank may present ([`Join::job`]; longer ones are cut at a
+/// character boundary by the rank).
+pub const MAX_JOB_ID_LEN: usize = 128;
 /// Longest operation name a [`Message::PeerStalled`] carries (bytes; longer names are cut at
 /// a character boundary by [`Message::peer_stalled`], and on receipt).
 pub const MAX_STALLED_OP_LEN: usize = 256;
@@ -121,6 +126,11 @@ pub struct Join {
     /// `host_id` says (simulated hosts split one machine). Ranks with equal, non-empty
     /// values can look at each other's processes.
     pub process_space: String,
+    /// The job the rank belongs to, as its launcher names it (`MSCCLPP_JOB_ID=...`,
+    /// `SLURM_JOB_ID=...`; see [`BootstrapConfig::job_id`](super::BootstrapConfig::job_id)),
+    /// at most [`MAX_JOB_ID_LEN`] bytes; empty when nothing names it. The root of the
+    /// `"ip:port"` form refuses a rank of another job ([`Refusal::OtherJob`]). Not a secret.
+    pub job: String,
 }
 
 /// First frame a rank sends to a peer it dials.
