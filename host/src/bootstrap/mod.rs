@@ -109,7 +109,8 @@ const JOB_ID_VARS: &[&str] = &[
     "OMPI_MCA_orte_hnp_uri",
 ];
 
-/// The job identity that `get` (an environment) gives: the first of [`JOB_ID_VARS`] that is
+/// The job identity that `get` (an environment) gives: the first of `MSCCLPP_JOB_ID`,
+/// `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID`, `PMIX_NAMESPACE` and `OMPI_MCA_orte_hnp_uri` that is
 /// set and not blank, as `VAR=value` (Slurm's with `.step`), cut to
 /// [`MAX_JOB_ID_LEN`](wire::MAX_JOB_ID_LEN) bytes; empty when none is set (ranks started by
 /// hand: nothing tells two such jobs apart but their sizes).
