@@ -83,16 +83,5 @@ pub(super) fn check_shm(
 
 /// `bytes` in binary units, one decimal (`1.5 GiB`).
 pub(super) fn amount(bytes: u128) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    crate::host::transport::shm::bytes_text(bytes)
 }

@@ -55,9 +55,9 @@ pub enum ShmError {
          else, as root, `mount -o remount,size=<size> {SHM_DIR}`), or need less of it: fewer \
          ranks, smaller buffers, or a smaller scratch for the collectives \
          (MSCCLPP_COLL_SCRATCH_BYTES)",
-        bytes_text(*.needed as u64),
-        bytes_text(*.size),
-        bytes_text(*.free)
+        bytes_text(*.needed as u128),
+        bytes_text(u128::from(*.size)),
+        bytes_text(u128::from(*.free))
     )]
     NoSpace {
         /// Bytes of the segment.
@@ -111,7 +111,7 @@ pub fn shm_space() -> Option<ShmSpace> {
 }
 
 /// `bytes` in binary units, one decimal (`64.0 MiB`).
-fn bytes_text(bytes: u64) -> String {
+pub fn bytes_text(bytes: u128) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let (mut value, mut unit) = (bytes as f64, 0);
     while value >= 1024.0 && unit + 1 < UNITS.len() {
