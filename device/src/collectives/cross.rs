@@ -246,9 +246,16 @@ pub unsafe fn step(
             match c.try_put_with_signal(dst, from, HDR + l) {
                 Ok(()) => {}
                 Err(ChannelError::ProxyRefused { .. }) => gone = gone.or(Some(h)),
-                Err(_) => {
+                Err(e) => {
+                    // The FIFO stayed full for its timeout (the proxy stopped serving), or the
+                    // communicator was aborted while this thread waited for a slot (a rank
+                    // elsewhere was lost: the host names it, not this partner).
+                    let kind = match e {
+                        ChannelError::Timeout => fault::TIMEOUT,
+                        _ => fault::ABORTED,
+                    };
                     // SAFETY: the context valid.
-                    unsafe { ctx.fail(call, fault::TIMEOUT, h, [0; 2], fault::AT_CROSS) };
+                    unsafe { ctx.fail(call, kind, h, [0; 2], fault::AT_CROSS) };
                     call.failed = true;
                 }
             }

@@ -765,24 +765,59 @@ impl Mesh {
         flushed
     }
 
-    /// Marks `peer` lost on the word of rank `reporter`.
-    fn note_reported_loss(&self, peer: usize, detail: &str, reporter: usize) {
+    /// Marks `peer` lost on the word of rank `reporter`, and passes the news on over the
+    /// connections this rank has.
+    ///
+    /// Passing it on keeps the order of causes: a rank that fails on this loss and leaves
+    /// at once (`process::exit`) ends its connections, and a rank that sees one of them end
+    /// before it has read the news from the rank that saw `peer` die (its reader of that
+    /// other connection not yet scheduled: dozens of ranks on two cores) would blame the
+    /// leaver. With the news ahead of the end on the same connection, it reads the news
+    /// first. As in [`mark_lost`](Self::mark_lost), this process's waits learn of the loss
+    /// once the news is on those sockets (or after `NEWS_FLUSH`).
+    fn note_reported_loss(self: &Arc<Self>, peer: usize, detail: &str, reporter: usize) {
         if peer >= self.nranks || peer == self.rank {
             return;
         }
+        // News passed on already says who saw the loss.
+        let detail = if detail.contains(", seen by rank ") {
+            detail.to_string()
+        } else {
+            format!("{detail}, seen by rank {reporter}")
+        };
         let changed = {
             let mut st = lock(&self.state);
             let alive = matches!(st.status[peer], PeerStatus::Alive);
             if alive {
-                st.status[peer] = PeerStatus::Lost(format!("{detail}, seen by rank {reporter}"));
+                st.status[peer] = PeerStatus::Lost(detail.clone());
                 st.lost_order.push(peer);
             }
             alive
         };
-        self.notify.notify_waiters();
-        if changed {
-            self.run_loss_hooks(peer);
+        if !changed {
+            self.notify.notify_waiters();
+            return;
         }
+        let flushed = if self.closing.load(Ordering::Acquire) {
+            Vec::new()
+        } else {
+            let notice = Message::PeerLost {
+                rank: peer as u32,
+                detail,
+            };
+            self.spread_news(&[notice], peer, false)
+        };
+        let mesh = Arc::clone(self);
+        tokio::spawn(async move {
+            let _ = timeout(NEWS_FLUSH, async {
+                for on_socket in flushed {
+                    let _ = on_socket.await;
+                }
+            })
+            .await;
+            mesh.notify.notify_waiters();
+            mesh.run_loss_hooks(peer);
+        });
     }
 
     /// Records another rank's news that `peer` closed its bootstrap (see
