@@ -1212,6 +1212,40 @@ fn p2p_mismatch_rank() {
     println!("rank {r}: ok");
 }
 
+/// Rank 0 receives from rank 1 while every other rank all-reduces: rank 0 fails at once
+/// naming rank 1's collective, and every other rank (rank 1, and from three ranks on one that
+/// waits for rank 0's part of the collective) at once naming rank 0's send/recv, well within
+/// the device timeout.
+fn out_of_order_rank() {
+    let (c, stream) = setup();
+    let r = c.rank();
+    let mut buf: CudaSlice<f32> = stream.alloc_zeros(1000).unwrap();
+    let start = std::time::Instant::now();
+    let res = if r == 0 {
+        c.recv(&mut buf, 1, &stream)
+    } else {
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)
+    }
+    .and_then(|()| c.synchronize(&stream));
+    let took = start.elapsed();
+    let e = match res {
+        Ok(()) => panic!("rank {r}: the call succeeded"),
+        Err(e) => e.to_string(),
+    };
+    println!("rank {r}: failed after {took:?}: {e}");
+    let want = if r == 0 {
+        "rank 1 called a collective (all_reduce"
+    } else {
+        "rank 0 waits in a send/recv group"
+    };
+    assert!(e.contains(want), "rank {r} did not say {want:?}: {e}");
+    assert!(
+        took < common::device_timeout() / 2,
+        "rank {r} took {took:?}"
+    );
+    println!("rank {r}: ok");
+}
+
 macro_rules! gpu_test {
     ($name:ident, $rank:ident) => {
         #[test]
@@ -1251,6 +1285,10 @@ gpu_test!(
 gpu_test!(
     sends_and_receives_of_different_sizes_fail_on_both_sides_and_the_pair_stays_usable,
     p2p_mismatch_rank
+);
+gpu_test!(
+    a_receive_facing_a_collective_fails_at_once_on_every_rank,
+    out_of_order_rank
 );
 gpu_test!(
     staged_fp8_reductions_round_once_like_the_reference_beyond_the_staging,

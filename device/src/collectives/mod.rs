@@ -173,11 +173,15 @@ pub mod local_fault {
 /// wait which has seen the rank it waits for among the ranks that left
 /// ([`guard::PEERS`]): its next look gives up. (Clock values stay far below it.)
 pub const LEFT_SEEN: u64 = 1 << 63;
+/// The bit of a wait's start time that marks a wait of the send/receive context which has
+/// seen the rank it waits for inside a collective call ([`CollContext::coll`]): its next
+/// look, if it still finds it there, gives up.
+pub const IN_COLLECTIVE_SEEN: u64 = 1 << 62;
 /// `u64` words of the semaphore array each rank exposes.
 pub const SEMAPHORE_WORDS: usize = MAX_RANKS * MAX_BLOCKS;
 
 /// What the collective kernels need to reach every rank, passed by value (`#[repr(C)]`,
-/// `Copy`, 344 bytes). Built by the host (`mscclpp_host::collectives`); kernels trust it,
+/// `Copy`, 352 bytes). Built by the host (`mscclpp_host::collectives`); kernels trust it,
 /// which is why launching them is `unsafe`. Entries for ranks ≥ `nranks` are null; the own
 /// rank's `peer_*` entries are unused.
 #[repr(C)]
@@ -225,6 +229,23 @@ pub struct CollContext {
     pub fault: *mut u64,
     /// Which of the optional fault checks this context's kernels make ([`guard`] bits).
     pub guards: u64,
+    /// On the send/receive context of one host: the collectives' context of the same
+    /// ranks, whose descriptors show a peer that is inside a collective call, so that a
+    /// send or receive waiting for such a peer fails at once (see
+    /// [`fault::AT_P2P_COLLECTIVE`]). Null on every other context.
+    pub coll: *const CollContext,
+}
+
+/// The record of a collective whose peer's descriptor `theirs` differs from its own, found
+/// at `place`: a mismatch, or, where the peer left a send/receive group's descriptor
+/// instead (it waits in a send or receive, see [`fault::AT_P2P_COLLECTIVE`]), an abort.
+#[inline(always)]
+fn desc_fault(theirs: [u64; 2], place: u64) -> (u64, u64) {
+    if desc::field(theirs[1], desc::KIND_SHIFT) == desc::SEND_RECV {
+        (fault::ABORTED, fault::AT_P2P_COLLECTIVE)
+    } else {
+        (fault::MISMATCH, place)
+    }
 }
 
 /// Bits of [`CollContext::guards`].
@@ -249,7 +270,7 @@ pub mod guard {
     pub const PEERS: u64 = 4;
 }
 
-const _: () = assert!(core::mem::size_of::<CollContext>() == 344);
+const _: () = assert!(core::mem::size_of::<CollContext>() == 352);
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed under the
 // protocols of this module.
@@ -417,6 +438,14 @@ pub mod fault {
     /// ended and what it sent before did not complete the operation within a grace (it
     /// left, or its connection broke). [`PEER`] is that rank; recorded as [`ABORTED`].
     pub const AT_XP2P_GONE: u64 = 14;
+    /// A send or receive and a collective that cannot pair (recorded as [`ABORTED`]: the
+    /// collectives cannot be used any more): on the send/receive context, [`PEER`] is
+    /// inside collective call [`THEIRS`] (its descriptor) while this rank waits for it in
+    /// a send or receive ([`OWN`]); on the collectives' context, [`PEER`] waits in a send or
+    /// receive ([`THEIRS`], the send/receive group's descriptor it left in place of its
+    /// own) while this rank is in collective [`OWN`]. Each rank's calls run in order, so
+    /// neither can go on.
+    pub const AT_P2P_COLLECTIVE: u64 = 15;
 }
 
 /// `u64` words of the fault area.
@@ -683,8 +712,9 @@ impl CollContext {
             },
         };
         if theirs != call.desc {
+            let (kind, place) = desc_fault(theirs, fault::AT_DESCRIPTOR);
             // SAFETY: the context valid.
-            unsafe { self.fail(*call, fault::MISMATCH, peer, theirs, fault::AT_DESCRIPTOR) };
+            unsafe { self.fail(*call, kind, peer, theirs, place) };
             call.failed = true;
             return false;
         }
@@ -735,6 +765,72 @@ impl CollContext {
         }
     }
 
+    /// On the send/receive context ([`coll`](Self::coll) set): the descriptor of the
+    /// collective call rank `peer` is in, if it has entered the call this rank makes next
+    /// (its descriptor for it is here), which this rank cannot reach while it waits in a
+    /// send or receive.
+    ///
+    /// # Safety
+    /// The context valid; `peer` a peer.
+    #[inline(always)]
+    unsafe fn peer_in_collective(&self, peer: u32) -> Option<[u64; 2]> {
+        if self.coll.is_null() {
+            return None;
+        }
+        // SAFETY: a set `coll` is a live context of the same ranks (field contract).
+        let coll = unsafe { &*self.coll };
+        if peer >= coll.nranks || peer == coll.rank {
+            return None;
+        }
+        // SAFETY: the collectives' call counter, settled: none of their calls runs while
+        // this rank's send/receive does (a rank's calls run in order).
+        let seq = unsafe { all_reduce::read_counter(coll.state, 0) };
+        let next = Call {
+            seq,
+            desc: [0; 2],
+            failed: false,
+            desc_pending: false,
+        };
+        // SAFETY: `peer` a peer of the collectives' context; its own packet scratch.
+        unsafe { coll.read_desc(&next, peer) }
+    }
+
+    /// Fails send/receive `call`, whose wait for `peer` found it inside collective
+    /// `theirs`, and leaves the send/receive group's descriptor in place of this rank's
+    /// for that collective at every peer, so that every rank in it fails at once too (see
+    /// [`fault::AT_P2P_COLLECTIVE`]).
+    ///
+    /// # Safety
+    /// As for [`peer_in_collective`](Self::peer_in_collective), which returned `theirs`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn block_collective(&self, call: &Call, peer: u32, theirs: [u64; 2]) {
+        // SAFETY: the context valid (caller contract).
+        unsafe {
+            self.fail(
+                *call,
+                fault::ABORTED,
+                peer,
+                theirs,
+                fault::AT_P2P_COLLECTIVE,
+            )
+        };
+        // SAFETY: set, as `peer_in_collective` found (caller contract).
+        let coll = unsafe { &*self.coll };
+        // SAFETY: as in `peer_in_collective`.
+        let seq = unsafe { all_reduce::read_counter(coll.state, 0) };
+        let instead = Call {
+            seq,
+            desc: call.desc,
+            failed: false,
+            desc_pending: false,
+        };
+        for q in (0..coll.nranks).filter(|&q| q != coll.rank) {
+            // SAFETY: `q` a peer of the collectives' context.
+            unsafe { coll.send_desc(&instead, q) };
+        }
+    }
+
     /// Whether a rank of the group left (closed its communicator) before it made `call`,
     /// which it therefore never will: the local copy of [`fault::LEFT`] (the fewest calls
     /// of a rank that left, plus one; taken at the looks at the host's abort word).
@@ -767,7 +863,11 @@ impl CollContext {
     #[inline(never)]
     pub unsafe fn keep_waiting(&self, call: Call, peer: u32, place: u64, t0: u64) -> u64 {
         let now = arch::global_timer_ns();
-        let t0 = if t0 == 0 { now.max(1) & !LEFT_SEEN } else { t0 };
+        let t0 = if t0 == 0 {
+            now.max(1) & !(LEFT_SEEN | IN_COLLECTIVE_SEEN)
+        } else {
+            t0
+        };
         // SAFETY: the context is valid (caller contract); the local fault words are live.
         let (abort, stop, after_left, peer_left) = unsafe {
             (
@@ -781,6 +881,17 @@ impl CollContext {
             fault::ABORTED
         } else if stop == call.seq + 1 {
             return 0;
+        } else if place == fault::AT_PACKET
+            // SAFETY: a packet wait is for a peer (`peer != rank`).
+            && let Some(d) = unsafe { self.read_desc(&call, peer) }
+            && d != call.desc
+        {
+            // One-shot: data that will never come because the peer called another size (or
+            // waits in a send or receive: it may have left since, which says less).
+            let (kind, place) = desc_fault(d, fault::AT_PACKET);
+            // SAFETY: as above.
+            unsafe { self.fail(call, kind, peer, d, place) };
+            return 0;
         } else if after_left || (peer_left && t0 & LEFT_SEEN != 0) {
             // SAFETY: as above.
             unsafe { self.fail(call, fault::ABORTED, peer, [0; 2], fault::AT_LEFT) };
@@ -788,16 +899,18 @@ impl CollContext {
         } else if peer_left {
             // Poll once more, after this look (see above).
             return t0 | LEFT_SEEN;
-        } else if place == fault::AT_PACKET
-            // SAFETY: a packet wait is for a peer (`peer != rank`).
-            && let Some(d) = unsafe { self.read_desc(&call, peer) }
-            && d != call.desc
-        {
-            // One-shot: data that will never come because the peer called another size.
+        // SAFETY: as above.
+        } else if let Some(theirs) = unsafe { self.peer_in_collective(peer) } {
+            // Seen on two looks with a poll between them: whatever the peer did before its
+            // collective (the send or receive this wait needs, had it made it) is visible
+            // by the second.
+            if t0 & IN_COLLECTIVE_SEEN == 0 {
+                return t0 | IN_COLLECTIVE_SEEN;
+            }
             // SAFETY: as above.
-            unsafe { self.fail(call, fault::MISMATCH, peer, d, fault::AT_PACKET) };
+            unsafe { self.block_collective(&call, peer, theirs) };
             return 0;
-        } else if now.wrapping_sub(t0 & !LEFT_SEEN) > self.timeout_ns {
+        } else if now.wrapping_sub(t0 & !(LEFT_SEEN | IN_COLLECTIVE_SEEN)) > self.timeout_ns {
             fault::TIMEOUT
         } else {
             return t0;

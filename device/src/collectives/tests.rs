@@ -77,6 +77,7 @@ impl World {
                     conns: core::ptr::null(),
                     fault: alloc(FAULT_WORDS as u64 * 8) as *mut u64,
                     guards: 0,
+                    coll: core::ptr::null(),
                 };
                 for p in 0..n {
                     c.peer_scratch[p] = scratch[p];

@@ -439,6 +439,7 @@ pub(super) fn proxy_context(
         // The step has its own handling of a failed round, and counts rounds, not the
         // collectives' calls.
         guards: 0,
+        coll: std::ptr::null(),
     }
 }
 

@@ -1132,6 +1132,7 @@ impl Collectives {
             // advances this call counter alike, so a call beyond what a rank that left made
             // fails at once (see `guard`).
             guards: guard::LEFT | if cross.is_some() { guard::CROSS } else { 0 },
+            coll: std::ptr::null(),
         };
         ctx.peer_scratch[rank] = ctx.scratch;
         ctx.peer_sems[rank] = ctx.sems;
@@ -1142,11 +1143,22 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
-        let p2p = Some(more::P2p::new(comm, &config, &ctx, &group, rank)?);
+        let mut p2p = more::P2p::new(comm, &config, &ctx, &group, rank)?;
         let gpu = match comm.backend() {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns, pdl)?),
             Backend::Host => None,
         };
+        let ctx = Box::new(ctx);
+        // A send or receive waiting for a rank inside a collective fails at once (one host:
+        // the two contexts index the same ranks alike; across hosts the collectives run in
+        // rounds the local context does not describe).
+        if cross.is_none() {
+            let coll = gpu.as_ref().map_or(&*ctx as *const CollContext, |k| {
+                k.ctx_ptr() as *const CollContext
+            });
+            p2p.link_collectives(coll)?;
+        }
+        let p2p = Some(p2p);
         let cross = cross
             .map(|c| cross::Cross::finish(comm, c, gpu.as_ref()))
             .transpose()?;
@@ -1167,7 +1179,7 @@ impl Collectives {
             comm,
             config,
             block_cap,
-            ctx: Box::new(ctx),
+            ctx,
             env_all_reduce,
             env_all_gather,
             env_broadcast,
@@ -1396,6 +1408,33 @@ impl Collectives {
                     describe(rec.own)
                 ))
             }
+            fault::ABORTED
+                if rec.place == fault::AT_P2P_COLLECTIVE
+                    && desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV =>
+            {
+                CommError::State(format!(
+                    "{call}: rank {me}: send/recv launch #{} ({}) cannot complete: rank {} \
+                     called a collective ({}) instead of the matching send or receive (each \
+                     rank's calls run in order, so neither can go on; the usual cause: the \
+                     ranks called sends, receives and collectives in different orders); the \
+                     collectives cannot be used any more",
+                    rec.seq + 1,
+                    describe(rec.own),
+                    rec.peer,
+                    describe(rec.theirs),
+                ))
+            }
+            fault::ABORTED if rec.place == fault::AT_P2P_COLLECTIVE => CommError::State(format!(
+                "{call}: rank {me}: collective #{} ({}) cannot complete: rank {} waits in \
+                     {} for a send or receive that no rank makes before this collective \
+                     (each rank's calls run in order, so neither can go on; the usual cause: \
+                     the ranks called sends, receives and collectives in different orders); \
+                     the collectives cannot be used any more",
+                rec.seq + 1,
+                describe(rec.own),
+                rec.peer,
+                describe(rec.theirs),
+            )),
             fault::ABORTED
                 if rec.place == fault::AT_LEFT
                     && desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV =>

@@ -1393,6 +1393,18 @@ impl P2p {
     }
 }
 
+impl P2p {
+    /// Points the send/receive context at the collectives' context `coll` (the address the
+    /// kernels read: in device memory on a GPU), see `CollContext::coll`.
+    pub(super) fn link_collectives(&mut self, coll: *const CollContext) -> Result<(), CommError> {
+        self.ctx.coll = coll;
+        if let Some(dev) = &self.dev {
+            dev.copy_from_host(0, std::slice::from_ref(&*self.ctx))?;
+        }
+        Ok(())
+    }
+}
+
 /// One operation of a [`Collectives::group`]: `count` elements of `dtype` at device (or, for
 /// [`Collectives::group_host`], host) address `buf`, sent to or received from `peer`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
