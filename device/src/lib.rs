@@ -31,6 +31,7 @@ extern crate std;
 pub mod arch;
 pub mod channel;
 pub mod collectives;
+pub mod fault;
 pub mod fifo;
 pub mod kernels;
 pub mod packet;

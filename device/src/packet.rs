@@ -66,7 +66,7 @@
 //! ([`put_packets`](crate::channel::MemoryChannel::put_packets)) are built on them.
 
 use crate::arch;
-use crate::channel::ChannelError;
+use crate::fault::ChannelError;
 use crate::semaphore::ABORT_LOOK_NS;
 
 /// The flag that is never valid (fresh scratch is zeroed).

@@ -76,11 +76,9 @@ use core::fmt;
 use core::marker::PhantomData;
 
 use crate::arch;
-use crate::channel::ChannelError;
+use crate::fault::ChannelError;
 
-/// Least time between two looks at the host's abort word by one waiting thread (a read of
-/// mapped host memory is a PCIe round trip on a GPU).
-pub const ABORT_LOOK_NS: u64 = 50_000;
+pub use crate::fault::ABORT_LOOK_NS;
 
 /// One side of a GPU-to-GPU semaphore, passed by value to kernels (`#[repr(C)]`, `Copy`,
 /// 40 bytes: `inbound`, `remote`, `expected`, `timeout_ns`, `abort`). See the

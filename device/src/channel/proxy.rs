@@ -57,7 +57,7 @@ use core::marker::PhantomData;
 
 use super::ChannelError;
 use crate::arch;
-use crate::collectives::fault;
+use crate::fault;
 use crate::fifo::{FifoDeviceHandle, SyncStatus, SyncStop, Trigger, TriggerOp};
 use crate::semaphore::{poll_inbound, wait_inbound};
 

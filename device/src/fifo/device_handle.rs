@@ -332,7 +332,7 @@ impl FifoDeviceHandle {
 
     /// [`try_push`](Self::try_push) whose wait for a free slot (only when the ring is
     /// full) also gives up when the word at `abort` (null: none) is non-zero, looking at it
-    /// at most once per [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS), as
+    /// at most once per [`ABORT_LOOK_NS`](crate::fault::ABORT_LOOK_NS), as
     /// [`try_sync_status_or_abort`](Self::try_sync_status_or_abort) does: a proxy that
     /// stopped serving an aborted communicator does not hold the pushing thread for the
     /// whole timeout. After either error the FIFO is broken, as after a timeout.
@@ -480,7 +480,7 @@ impl FifoDeviceHandle {
 
     /// [`try_sync_status`](Self::try_sync_status) that also gives up when the word at
     /// `abort` (null: none) is non-zero, looking at it at most once per
-    /// [`ABORT_LOOK_NS`](crate::semaphore::ABORT_LOOK_NS), as the channels' waits do: a
+    /// [`ABORT_LOOK_NS`](crate::fault::ABORT_LOOK_NS), as the channels' waits do: a
     /// communicator that was aborted (or lost a rank) does not hold a sync for the proxy to
     /// its whole timeout.
     ///
@@ -518,7 +518,7 @@ impl FifoDeviceHandle {
                     timeout_ns: self.timeout_ns,
                 }));
             }
-            if !abort.is_null() && now.wrapping_sub(last_look) >= crate::semaphore::ABORT_LOOK_NS {
+            if !abort.is_null() && now.wrapping_sub(last_look) >= crate::fault::ABORT_LOOK_NS {
                 last_look = now;
                 // SAFETY: `abort` live and aligned (caller contract).
                 let word = unsafe { arch::ld_acquire_sys_u64(abort) };
@@ -582,7 +582,7 @@ unsafe fn wait_for_room(
 ) -> Result<(), SyncStop> {
     let start = arch::global_timer_ns();
     // The first round looks at the abort word: after an abort, a push gives up at once.
-    let mut last_look = start.wrapping_sub(crate::semaphore::ABORT_LOOK_NS);
+    let mut last_look = start.wrapping_sub(crate::fault::ABORT_LOOK_NS);
     let mut round = 0u32;
     loop {
         // Acquire: pairs with the proxy's release store of the tail, so its reads of the
@@ -607,7 +607,7 @@ unsafe fn wait_for_room(
                 timeout_ns,
             }));
         }
-        if !abort.is_null() && now.wrapping_sub(last_look) >= crate::semaphore::ABORT_LOOK_NS {
+        if !abort.is_null() && now.wrapping_sub(last_look) >= crate::fault::ABORT_LOOK_NS {
             last_look = now;
             // SAFETY: `abort` live and aligned (caller contract).
             let word = unsafe { arch::ld_acquire_sys_u64(abort) };
