@@ -17,7 +17,7 @@ use crate::dispatch::{self, Launch};
 use crate::error::{Failure, guard, last_error, last_error_ptr};
 use crate::group;
 use crate::log::{self, Path};
-use crate::real::{self, Ptr, RawUniqueId, Real, Team};
+use crate::real::{self, Ptr, RawUniqueId, Real, Team, need};
 use crate::types::{
     self, ABI_VERSION_CODE, MAX_RED_OP, NUM_OPS, NativeCall, NcclConfig, NcclDataType, NcclRedOp,
     NcclResult, SPLIT_NOCOLOR, dtype_name, is_builtin_op, op_name, read_config, result,
@@ -69,16 +69,6 @@ fn target(call: &str, comm: Ptr) -> Result<Target, Failure> {
             ))),
         },
     }
-}
-
-/// `f`, a function of the real NCCL, or a usage error saying that it does not export `call`.
-pub(crate) fn need<F: Copy>(call: &str, real: &Real, f: Option<F>) -> Result<F, Failure> {
-    f.ok_or_else(|| {
-        Failure::usage(format!(
-            "{call}: the real NCCL ({}, version {}) does not export it",
-            real.path, real.version
-        ))
-    })
 }
 
 fn check_dtype(call: &str, dt: NcclDataType) -> Result<&'static str, Failure> {

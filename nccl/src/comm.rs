@@ -526,12 +526,12 @@ pub fn real_child(
 ) -> Result<Option<RealComm>, Failure> {
     let (split, shrink) = match &how {
         RealChild::Split { .. } => (
-            Some(crate::api::need(call, real, real.fns.comm_split)?),
+            Some(crate::real::need(call, real, real.fns.comm_split)?),
             None,
         ),
         RealChild::Shrink { .. } => (
             None,
-            Some(crate::api::need(call, real, real.fns.comm_shrink)?),
+            Some(crate::real::need(call, real, real.fns.comm_shrink)?),
         ),
     };
     let gpu = gpu.clone();

@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 
 use libloading::os::unix::Library;
 
+use crate::error::Failure;
 use crate::types::NcclConfig;
 
 /// A symbol only this library exports, to recognise it among candidates.
@@ -360,6 +361,16 @@ fn load_choice(choice: &EnvChoice) -> Result<Real, String> {
             ))
         }
     }
+}
+
+/// `f`, a function of the real NCCL, or a usage error saying that it does not export `call`.
+pub(crate) fn need<F: Copy>(call: &str, real: &Real, f: Option<F>) -> Result<F, Failure> {
+    f.ok_or_else(|| {
+        Failure::usage(format!(
+            "{call}: the real NCCL ({}, version {}) does not export it",
+            real.path, real.version
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@
 //! the partners no longer agree, so every later call returns it (a fault record that is
 //! never cleared, and `fault::CROSS_BROKEN`, which makes every later step skip its work).
 
+use crate::communicator::tags::TAG_CROSS;
 use std::sync::Mutex;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -42,8 +43,6 @@ use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord}
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu, memcpy_async};
 use crate::transport::TransportKind;
 
-/// Connection tag of the cross-host buffer.
-pub(super) const TAG_CROSS: u32 = 0xC011_0005;
 /// Bytes of the header before every payload: round, descriptor (`n`, tag), payload bytes.
 const HDR: usize = xk::HDR as usize;
 

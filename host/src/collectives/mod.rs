@@ -160,6 +160,7 @@ use mscclpp_device::collectives::{
 };
 use mscclpp_device::kernels::collectives as k;
 
+use crate::communicator::tags::{TAG_PROXY, TAG_SCRATCH, TAG_SEMAPHORES};
 use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord, idle_within};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
 use crate::transport::TransportKind;
@@ -743,32 +744,6 @@ fn caused_by_another_rank(e: &CommError) -> bool {
 /// but not exactly (a wait's clock restarts when data arrives; seen 0.5 s apart on the Host
 /// transport), and the error comes this much later once, at the end of a device timeout.
 const STALL_NEWS_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Connection tags the collectives use (high, to stay clear of a user's).
-const TAG_SCRATCH: u32 = 0xC011_0001;
-const TAG_SEMAPHORES: u32 = 0xC011_0002;
-/// Lane `l`'s proxy channels (see `mscclpp_device::collectives::proxy`): `TAG_PROXY + l`.
-const TAG_PROXY: u32 = 0xC011_0100;
-/// Most proxy lanes a tag is named for (beyond, the tag is shown as a number).
-const TAG_PROXY_LANES: u32 = 0x100;
-
-/// What the collectives use a connection of `tag` for, if it is one of theirs (for error
-/// messages: [`ConnTag`](crate::communicator::ConnTag)).
-pub(crate) fn tag_name(tag: u32) -> Option<String> {
-    let name = match tag {
-        TAG_SCRATCH => "the collectives' scratch",
-        TAG_SEMAPHORES => "the collectives' semaphores",
-        more::TAG_P2P => "send/recv inside the host",
-        cross::TAG_CROSS => "the collectives' rounds across hosts",
-        xp2p::TAG_UP => "send/recv across hosts, lower to higher rank",
-        xp2p::TAG_DOWN => "send/recv across hosts, higher to lower rank",
-        t if (TAG_PROXY..TAG_PROXY + TAG_PROXY_LANES).contains(&t) => {
-            return Some(format!("the collectives' proxy lane {}", t - TAG_PROXY));
-        }
-        _ => return None,
-    };
-    Some(name.into())
-}
 
 /// All-reduce and all-gather over one communicator. See the [module](self).
 pub struct Collectives {

@@ -23,6 +23,7 @@
 //! between a pair match in call order and must have equal sizes. Sending to the own rank is
 //! refused (copy locally instead).
 
+use crate::communicator::tags::TAG_P2P;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;
@@ -1254,9 +1255,6 @@ fn same_len(call: &str, send: usize, recv: usize) -> Result<(), CommError> {
     }
     Ok(())
 }
-
-/// Connection tag of the p2p buffer.
-pub(super) const TAG_P2P: u32 = 0xC011_0004;
 
 /// Bytes of each source rank's slot of the p2p buffer for a config.
 fn p2p_slot(config: &CollConfig) -> usize {

@@ -1322,28 +1322,3 @@ fn machines_not_alike_are_cut_into_groups_of_one_size() {
         assert_eq!(g.len(), (a + b) / size, "{a} + {b}");
     }
 }
-
-/// Errors name the collectives' connections by what they carry, never by their internal tag
-/// numbers (every tag of theirs has a name); a user's tag keeps its number.
-#[test]
-fn connection_tags_of_the_collectives_are_named_without_numbers() {
-    use crate::communicator::ConnTag;
-    let ours = [
-        TAG_SCRATCH,
-        TAG_SEMAPHORES,
-        more::TAG_P2P,
-        cross::TAG_CROSS,
-        xp2p::TAG_UP,
-        xp2p::TAG_DOWN,
-        TAG_PROXY,
-        TAG_PROXY + 7,
-    ];
-    for tag in ours {
-        let shown = ConnTag(tag).to_string();
-        assert!(
-            !shown.contains("tag") && !shown.contains("0x") && !shown.contains(&tag.to_string()),
-            "{tag:#x}: {shown}"
-        );
-    }
-    assert_eq!(ConnTag(7).to_string(), "tag 7");
-}

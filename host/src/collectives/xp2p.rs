@@ -11,6 +11,7 @@
 //! in a thread beside the local part. Design notes: `docs/tcp-transport.md`, "Send and receive across
 //! hosts".
 
+use crate::communicator::tags::{TAG_DOWN, TAG_UP};
 use std::sync::Mutex;
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -26,11 +27,6 @@ use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu};
 use crate::transport::TransportKind;
 
-/// Connection tag of the channel carrying data from the lower rank of a pair to the higher
-/// (and the higher rank's credits back).
-pub(super) const TAG_UP: u32 = 0xC011_0006;
-/// Connection tag of the channel carrying data from the higher rank to the lower.
-pub(super) const TAG_DOWN: u32 = 0xC011_0007;
 /// Send (and receive) slots per remote rank and direction.
 const DEPTH: u64 = 4;
 

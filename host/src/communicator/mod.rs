@@ -31,6 +31,7 @@
 
 mod fault;
 pub(crate) mod setup;
+pub(crate) mod tags;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,7 +62,7 @@ pub struct ConnTag(pub u32);
 
 impl std::fmt::Display for ConnTag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match crate::collectives::tag_name(self.0) {
+        match tags::tag_name(self.0) {
             Some(name) => f.write_str(&name),
             None => write!(f, "tag {}", self.0),
         }
