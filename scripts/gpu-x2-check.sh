@@ -41,7 +41,7 @@ if [ "${1:-}" = --pack ]; then
     git worktree add -f "$WT" "$BASE" -q || exit 1
     trap 'git worktree remove --force "$WT"' EXIT
     ( cd "$WT" && CARGO_TARGET_DIR=${BASE_TARGET:-/tmp/x2-base-target} \
-      cargo build --release --bin mscclpp-perf ) || exit 1
+      cargo build --release -p mscclpp-perf ) || exit 1
     mkdir -p target/x2-base && cp "${BASE_TARGET:-/tmp/x2-base-target}/release/mscclpp-perf" \
       "$BASE_BIN" || exit 1
     # Before the exec below, which would skip the trap.

@@ -9,5 +9,3 @@ pub use mscclpp_host::bootstrap::{
     BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, UniqueId, create_unique_id,
 };
 pub use mscclpp_host::launch::{Launch, LocalLauncher};
-
-pub mod perf;

@@ -12,7 +12,7 @@
 //!    site-packages (`lib/python3*/site-packages` under `VIRTUAL_ENV`, `CONDA_PREFIX`, the
 //!    prefix of the running executable, `/usr`, `/usr/local`, `~/.local`, and `PYTHONPATH`),
 //!    then `NCCL_HOME/lib`, `CUDA_HOME/lib64`, `/usr/local/cuda/lib64` and the system library
-//!    folders. (The same places as the perf tool's finder, `src/perf/nccl.rs`, without
+//!    folders. (The same places as the perf tool's finder, `tools/perf/src/nccl.rs`, without
 //!    running `python3` from inside the host process.)
 //!
 //! A library we open ourselves is opened `RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND`, and every

@@ -243,10 +243,10 @@ fn available_memory() -> Option<u128> {
 
 impl Config {
     /// Checks the output files (`--json`, `--dump-params`), written after the training, so
-    /// that a bad path loses no run (see `mscclpp::perf::json::check_outputs`): once, in the
+    /// that a bad path loses no run (see `mscclpp_perf::json::check_outputs`): once, in the
     /// process that writes them.
     pub fn check_outputs(a: &Args) -> Result<(), String> {
-        mscclpp::perf::json::check_outputs(&[
+        mscclpp_perf::json::check_outputs(&[
             ("--json", a.json.as_deref()),
             ("--dump-params", a.dump_params.as_deref()),
         ])

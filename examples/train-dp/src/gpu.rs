@@ -33,7 +33,7 @@ use mscclpp::host::cuda::{
     CUevent_flags, CudaEvent, CudaFunction, CudaStream, DeviceBuffer, Gpu, KernelModule,
     LaunchConfig, PushKernelArg,
 };
-use mscclpp::perf::nccl::Nccl;
+use mscclpp_perf::nccl::Nccl;
 use train_dp_kernels::{REDUCE_BLOCKS, REDUCE_THREADS, slot};
 
 use crate::baseline::Mode;
@@ -794,8 +794,8 @@ pub fn run(
         if ranks.rank == 0 {
             println!(
                 "NCCL {} ({}): the same training from the same start",
-                mscclpp::perf::nccl::version()?,
-                mscclpp::perf::nccl::found_path().unwrap_or_else(|| "from the library path".into())
+                mscclpp_perf::nccl::version()?,
+                mscclpp_perf::nccl::found_path().unwrap_or_else(|| "from the library path".into())
             );
         }
         out.push(train(&net, &Comm::Nccl(&nccl), coll, ranks, mode)?);

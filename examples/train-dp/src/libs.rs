@@ -22,7 +22,7 @@
 //! dependency) first on `LD_LIBRARY_PATH`. The local launcher's children get it in their
 //! environment; a rank started by another launcher re-executes itself once with it (the
 //! dynamic loader reads `LD_LIBRARY_PATH` only at process start). NCCL's part is the perf
-//! tool's ([`mscclpp::perf::nccl`]), merged into the same variable.
+//! tool's ([`mscclpp_perf::nccl`]), merged into the same variable.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -175,7 +175,7 @@ pub fn child_env(nccl: bool) -> Result<Vec<(OsString, OsString)>, Error> {
     }
     let mut rest = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty());
     if nccl {
-        for (k, v) in mscclpp::perf::nccl::child_env()? {
+        for (k, v) in mscclpp_perf::nccl::child_env()? {
             if k == "LD_LIBRARY_PATH" {
                 // NCCL's folder first, then the old path.
                 rest = Some(v);

@@ -304,7 +304,7 @@ fn run_rank(args: &Args, launch: &Launch) -> Result<(), Error> {
             let mut json = serde_json::json!({
                 // The binary by its file name and the output files by theirs: a report
                 // names no folder of the machine that ran it.
-                "command": mscclpp::perf::json::public_command_line(
+                "command": mscclpp_perf::json::public_command_line(
                     &std::env::args().collect::<Vec<_>>()
                 ),
                 "nranks": ranks.nranks,

@@ -29,6 +29,9 @@ mod run;
 
 pub use run::main;
 
+/// The library, under the name the modules of this crate use.
+pub(crate) use mscclpp::host;
+
 use crate::host::bootstrap::BootstrapError;
 use crate::host::communicator::CommError;
 use crate::host::cuda::CudaError;

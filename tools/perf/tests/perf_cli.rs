@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use mscclpp::perf::json::Report;
+use mscclpp_perf::json::Report;
 
 /// The tool, started alone (no launcher variables), GPUs hidden.
 fn perf(args: &[&str]) -> Output {
