@@ -178,7 +178,7 @@ fn forward_because(
     })?;
     log::call_path(call, c.rank, c.nranks, dt, op, Path::Fallback);
     let r = f(real, rc)?;
-    comm::real_result(call, real, rc, r)
+    real::real_result(call, real, rc, r)
 }
 
 /// Passes a call on a communicator that is not ours to the real NCCL unchanged.
@@ -190,7 +190,7 @@ fn pass(
 ) -> Result<NcclResult, Failure> {
     log::call_path(call, 0, 0, "-", "-", Path::PassThrough);
     let r = f(real, p)?;
-    comm::real_result(call, real, p, r)
+    real::real_result(call, real, p, r)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -635,7 +635,7 @@ fn real_only_child(
     call: &str,
     c: &Comm,
     why: &str,
-    real_new: Option<comm::RealComm>,
+    real_new: Option<real::RealComm>,
     blocking: bool,
     place: Option<(usize, usize)>,
     newcomm: *mut Ptr,
@@ -654,7 +654,7 @@ fn real_only_child(
                     let f = need(call, real, f)?;
                     let mut v: c_int = 0;
                     // SAFETY: NCCL's signature; the real child, an out-pointer to a local.
-                    comm::real_result(call, real, rc.0, unsafe { f(rc.0, &mut v) })
+                    real::real_result(call, real, rc.0, unsafe { f(rc.0, &mut v) })
                         .map_err(|e| Failure::new(e.code, format!("{} ({what})", e.msg)))?;
                     Ok::<usize, Failure>(v.max(0) as usize)
                 };
@@ -725,7 +725,7 @@ export! {
             {
                 // SAFETY: NCCL's signature; the real communicator.
                 let r = unsafe { f(rc.0) };
-                return comm::real_result(call, real, rc.0, r);
+                return real::real_result(call, real, rc.0, r);
             }
             Ok(result::SUCCESS)
         })
@@ -1090,26 +1090,7 @@ fn native(
         group::add_coll(c as *const Comm as Ptr, call, launch, stream);
         return Ok(result::SUCCESS);
     }
-    launch_native(call, c, inner, launch, stream)
-}
-
-/// Launches a native collective on the caller's `stream` (at its call, or at the end of
-/// its group).
-pub(crate) fn launch_native(
-    call: &'static str,
-    c: &Comm,
-    inner: &Inner,
-    launch: Launch,
-    stream: Ptr,
-) -> Result<NcclResult, Failure> {
-    // SAFETY: the caller's stream of this device.
-    let s = unsafe { c.stream(stream) };
-    let coll = inner.ours(call)?;
-    // SAFETY: the caller's device buffers, sized as NCCL's call says (checked by the
-    // collectives against the device's allocations).
-    c.on_device(|| unsafe { launch.run(coll, &s) })
-        .map_err(|e| Failure::from_comm(call, &e))?;
-    Ok(result::SUCCESS)
+    c.launch_native(call, inner, launch, stream)
 }
 
 export! {
@@ -1620,7 +1601,7 @@ export! {
                 let f = need(call, real, real.fns.mem_alloc)?;
                 // SAFETY: NCCL's signature, the caller's out-pointer.
                 let r = unsafe { f(ptr, size) };
-                return comm::real_result(call, real, null(), r);
+                return real::real_result(call, real, null(), r);
             }
             if size == 0 {
                 // SAFETY: checked non-null.
@@ -1647,7 +1628,7 @@ export! {
                 let f = need(call, real, real.fns.mem_free)?;
                 // SAFETY: NCCL's signature; its own allocation.
                 let r = unsafe { f(ptr) };
-                return comm::real_result(call, real, null(), r);
+                return real::real_result(call, real, null(), r);
             }
             if ptr.is_null() {
                 return Ok(result::SUCCESS);

@@ -19,24 +19,15 @@ use mscclpp_host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp_host::cuda::{CudaError, CudaStream, Gpu, device_count};
 use mscclpp_host::transport::tcp::root_ip;
 
+use crate::dispatch::Launch;
 use crate::error::Failure;
 use crate::log;
-use crate::real::{self, Ptr, RawUniqueId, Real};
+use crate::real::{self, Ptr, RawUniqueId, Real, RealComm, real_result};
 use crate::rescue;
 use crate::types::{Fallback, NcclConfig, NcclResult, result};
 
 /// Tells our communicators from other pointers.
 const COMM_MAGIC: u64 = 0x6d73_6363_6c70_7031; // "msccl pp1"
-
-/// The real NCCL's communicator beside ours.
-#[derive(Debug, Clone, Copy)]
-pub struct RealComm(pub Ptr);
-
-// SAFETY: an NCCL communicator handle; NCCL allows using it from any thread (one at a time,
-// as the NCCL API requires of its callers).
-unsafe impl Send for RealComm {}
-// SAFETY: as above.
-unsafe impl Sync for RealComm {}
 
 /// A set-up communicator.
 pub struct Inner {
@@ -179,6 +170,25 @@ unsafe impl Send for Comm {}
 unsafe impl Sync for Comm {}
 
 impl Comm {
+    /// Launches a native collective on the caller's `stream` (at its call, or at the end
+    /// of its group).
+    pub(crate) fn launch_native(
+        &self,
+        call: &'static str,
+        inner: &Inner,
+        launch: Launch,
+        stream: Ptr,
+    ) -> Result<NcclResult, Failure> {
+        // SAFETY: the caller's stream of this device.
+        let s = unsafe { self.stream(stream) };
+        let coll = inner.ours(call)?;
+        // SAFETY: the caller's device buffers, sized as NCCL's call says (checked by the
+        // collectives against the device's allocations).
+        self.on_device(|| unsafe { launch.run(coll, &s) })
+            .map_err(|e| Failure::from_comm(call, &e))?;
+        Ok(result::SUCCESS)
+    }
+
     /// A communicator whose set-up has not run yet.
     pub fn new(rank: usize, nranks: usize, gpu: Gpu, blocking: bool) -> Comm {
         Comm {
@@ -860,25 +870,6 @@ fn create_real(
     };
     real_result(call, real, std::ptr::null_mut(), code)?;
     Ok((Some(RealComm(out)), None))
-}
-
-/// `Ok` for success or in-progress, else a failure with the real NCCL's last error (`comm`:
-/// the real communicator the call was made on, or null).
-pub(crate) fn real_result(
-    call: &str,
-    real: &Real,
-    comm: Ptr,
-    code: NcclResult,
-) -> Result<NcclResult, Failure> {
-    if code == result::SUCCESS || code == result::IN_PROGRESS {
-        return Ok(code);
-    }
-    // SAFETY: the real communicator the call was made on (or null).
-    let text = unsafe { real.last_error(comm) };
-    Err(Failure::new(
-        code,
-        format!("{call} (real NCCL {}): error {code}: {text}", real.version),
-    ))
 }
 
 /// Runs `set_up` for several ranks of this process at once (one thread each, each on its

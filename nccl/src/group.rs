@@ -81,7 +81,7 @@ pub fn start() -> Result<NcclResult, Failure> {
     {
         // SAFETY: NCCL's signature, no arguments.
         let r = unsafe { f() };
-        comm::real_result("ncclGroupStart", real, comm::null(), r)?;
+        real::real_result("ncclGroupStart", real, comm::null(), r)?;
         mirrored = true;
     }
     GROUP.with(|g| g.borrow_mut().levels.push(mirrored));
@@ -157,7 +157,7 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
             (_, _, Some(f)) => unsafe { f() },
             _ => result::SUCCESS,
         };
-        code = comm::real_result(call, real, comm::null(), r)?;
+        code = real::real_result(call, real, comm::null(), r)?;
     }
     match first_failure {
         Some(f) => Err(f),
@@ -335,7 +335,7 @@ fn run_comm(
                 .map_err(|e| cuda("joining the group's streams", e))?;
         }
         for k in colls {
-            crate::api::launch_native(k.call, c, inner, k.launch, first)?;
+            c.launch_native(k.call, inner, k.launch, first)?;
         }
         if let Some(plan) = &plan {
             for &(src, dst, bytes) in &plan.self_copies {

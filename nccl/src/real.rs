@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use libloading::os::unix::Library;
 
 use crate::error::Failure;
-use crate::types::NcclConfig;
+use crate::types::{NcclConfig, NcclResult, result};
 
 /// A symbol only this library exports, to recognise it among candidates.
 pub const MARKER: &str = "mscclpp_nccl_is_not_nccl";
@@ -371,6 +371,35 @@ pub(crate) fn need<F: Copy>(call: &str, real: &Real, f: Option<F>) -> Result<F, 
             real.path, real.version
         ))
     })
+}
+
+/// The real NCCL's communicator beside ours.
+#[derive(Debug, Clone, Copy)]
+pub struct RealComm(pub Ptr);
+
+// SAFETY: an NCCL communicator handle; NCCL allows using it from any thread (one at a time,
+// as the NCCL API requires of its callers).
+unsafe impl Send for RealComm {}
+// SAFETY: as above.
+unsafe impl Sync for RealComm {}
+
+/// `Ok` for success or in-progress, else a failure with the real NCCL's last error (`comm`:
+/// the real communicator the call was made on, or null).
+pub(crate) fn real_result(
+    call: &str,
+    real: &Real,
+    comm: Ptr,
+    code: NcclResult,
+) -> Result<NcclResult, Failure> {
+    if code == result::SUCCESS || code == result::IN_PROGRESS {
+        return Ok(code);
+    }
+    // SAFETY: the real communicator the call was made on (or null).
+    let text = unsafe { real.last_error(comm) };
+    Err(Failure::new(
+        code,
+        format!("{call} (real NCCL {}): error {code}: {text}", real.version),
+    ))
 }
 
 #[cfg(test)]

@@ -24,8 +24,8 @@ use cudarc::driver::{result as cu, sys as cusys};
 use mscclpp_host::bootstrap::BootstrapError;
 use mscclpp_host::communicator::CommError;
 
-use crate::comm::RealComm;
 use crate::error::Failure;
+use crate::real::RealComm;
 use crate::real::{Ptr, Real};
 use crate::types::result;
 
@@ -185,7 +185,7 @@ pub fn gather_reports(
             stream as Ptr,
         )
     };
-    if let Err(f) = crate::comm::real_result(call, real, rc.0, code) {
+    if let Err(f) = crate::real::real_result(call, real, rc.0, code) {
         release();
         return Err(f);
     }
