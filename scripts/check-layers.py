@@ -9,8 +9,8 @@ an inline path; comments and string literals are skipped). Tests may use any mod
 named `tests.rs`, `*_tests.rs` or `tests_*.rs` and a file's `#[cfg(test)] mod` at its end
 are left out.
 
-`--allow host/src:transport:communicator` leaves out one edge still to be removed (the
-redesign's list, shrinking); an allowed edge that no longer exists is an error too, so
+`--allow host/src:FROM:TO` leaves out one edge still to be removed (a redesign's list,
+shrinking; empty now); an allowed edge that no longer exists is an error too, so
 that the list cannot go stale. A cycle is printed with one
 file and line per edge, and the exit status is 1. Prints the layers (each module after
 everything it uses) when there is none.

@@ -26,7 +26,7 @@
 //! the partners no longer agree, so every later call returns it (a fault record that is
 //! never cleared, and `fault::CROSS_BROKEN`, which makes every later step skip its work).
 
-use crate::communicator::tags::TAG_CROSS;
+use crate::transport::tags::TAG_CROSS;
 use std::sync::Mutex;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};

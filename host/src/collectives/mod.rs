@@ -160,10 +160,10 @@ use mscclpp_device::collectives::{
 };
 use mscclpp_device::kernels::collectives as k;
 
-use crate::communicator::tags::{TAG_PROXY, TAG_SCRATCH, TAG_SEMAPHORES};
 use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord, idle_within};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
 use crate::transport::TransportKind;
+use crate::transport::tags::{TAG_PROXY, TAG_SCRATCH, TAG_SEMAPHORES};
 
 /// Element type of a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -23,7 +23,7 @@
 //! between a pair match in call order and must have equal sizes. Sending to the own rank is
 //! refused (copy locally instead).
 
-use crate::communicator::tags::TAG_P2P;
+use crate::transport::tags::TAG_P2P;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::op;

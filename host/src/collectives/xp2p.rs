@@ -11,7 +11,7 @@
 //! in a thread beside the local part. Design notes: `docs/tcp-transport.md`, "Send and receive across
 //! hosts".
 
-use crate::communicator::tags::{TAG_DOWN, TAG_UP};
+use crate::transport::tags::{TAG_DOWN, TAG_UP};
 use std::sync::Mutex;
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};

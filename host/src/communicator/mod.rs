@@ -31,7 +31,6 @@
 
 mod fault;
 pub(crate) mod setup;
-pub(crate) mod tags;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,34 +41,24 @@ use mscclpp_device::channel::{DevConn, MemoryChannel};
 use mscclpp_device::fifo;
 use mscclpp_device::semaphore::DeviceSemaphore;
 
-use crate::bootstrap::{
-    BlockingBootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, UniqueId,
-};
-use crate::cuda::{CudaError, DeviceBuffer, Gpu, MappedHostBuffer, device_count};
-use crate::proxy::{Fifo, FifoConfig, ProxyError, ProxyService};
+use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
+use crate::cuda::{DeviceBuffer, Gpu, MappedHostBuffer};
+use crate::proxy::{Fifo, FifoConfig, ProxyService};
 use crate::transport::TransportKind;
+use crate::transport::buffer::BufferMem;
 use crate::transport::ib::{self, IbConfig, IbError};
 use crate::transport::p2p::ProxyFlagMode;
-use crate::transport::shm::{ShmError, ShmSegment};
+use crate::transport::setup::{FlagMemory, PendingConnection, SetupContext};
+use crate::transport::shm::ShmSegment;
 
+pub use crate::transport::backend::Backend;
+pub use crate::transport::buffer::Buffer;
+pub use crate::transport::error::CommError;
+pub use crate::transport::setup::{ChannelKind, Connection};
+pub use crate::transport::tags::ConnTag;
 pub use fault::AbortReason;
 
-/// A connection tag as error messages show it: the collectives' own tags by what they
-/// carry (`the collectives' rounds across hosts`: their numbers are internal), a user's as
-/// `tag N`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnTag(pub u32);
-
-impl std::fmt::Display for ConnTag {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match tags::tag_name(self.0) {
-            Some(name) => f.write_str(&name),
-            None => write!(f, "tag {}", self.0),
-        }
-    }
-}
 pub(crate) use fault::{FaultArea, FaultRecord};
-pub use setup::Connection;
 
 /// A [`DevConn`] as a kernel argument for cudarc's launch builder (passed by value). It
 /// borrows what the handle borrows (the communicator).
@@ -91,94 +80,6 @@ pub struct MemoryChannelArg<'a>(pub MemoryChannel<'a>);
 // SAFETY: MemoryChannel is `#[repr(C)]`, `Copy`, addresses and integers only (its lifetime
 // is a zero-sized marker).
 unsafe impl cudarc::driver::DeviceRepr for MemoryChannelArg<'_> {}
-
-/// Errors of the communicator.
-#[derive(Debug, thiserror::Error)]
-pub enum CommError {
-    /// The control plane failed (a peer gone, wrong secret, timeout, ...).
-    #[error(transparent)]
-    Bootstrap(#[from] BootstrapError),
-    /// A CUDA call failed.
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    /// A shared-memory segment could not be made or mapped.
-    #[error(transparent)]
-    Shm(#[from] ShmError),
-    /// A bad argument, with what is wrong.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// The two sides of a connection disagree (size, transport), or a peer sent garbage.
-    #[error("connection with rank {peer} ({}): {reason}", ConnTag(*tag))]
-    Mismatch {
-        /// The peer.
-        peer: usize,
-        /// The connection's tag.
-        tag: u32,
-        /// What differs.
-        reason: String,
-    },
-    /// The transport cannot be used here.
-    #[error("transport {transport} is not available: {reason}")]
-    TransportUnavailable {
-        /// The transport asked for.
-        transport: TransportKind,
-        /// Why, and what would work.
-        reason: String,
-    },
-    /// An InfiniBand operation failed (registration, queue pair setup).
-    #[error(transparent)]
-    Ib(#[from] IbError),
-    /// The proxy reported errors.
-    #[error("proxy reported {} error(s); first: {}", .0.len(), .0.first().map(|e| e.to_string()).unwrap_or_default())]
-    Proxy(Vec<ProxyError>),
-    /// A call in the wrong state (e.g. `connect` after the proxy started).
-    #[error("{0}")]
-    State(String),
-    /// The ranks called a collective differently (kind, count, type, operation or
-    /// algorithm): every rank gets this error, names the disagreement, and the communicator
-    /// stays usable for the next call.
-    #[error("{0}")]
-    CallMismatch(String),
-    /// The communicator was aborted (a rank was lost, or [`Communicator::abort`]): every
-    /// later call fails the same way.
-    #[error("{0}")]
-    Aborted(String),
-    /// A device wait of a collective ran out of time (a rank did not take part): the
-    /// communicator is unusable.
-    #[error("{0}")]
-    Timeout(String),
-    /// The CUDA context is lost (a kernel trapped or faulted): every later CUDA call fails.
-    #[error("{0}")]
-    ContextLost(String),
-}
-
-/// Where a communicator runs.
-#[derive(Debug, Clone)]
-pub enum Backend {
-    /// This GPU: P2P connections, GPU kernels.
-    Gpu(Gpu),
-    /// No GPU: Host connections, CPU-thread kernels.
-    Host,
-}
-
-impl Backend {
-    /// GPU `local_rank % device count` when a driver and a GPU are present, else the host.
-    pub fn auto(local_rank: usize) -> Result<Backend, CommError> {
-        match device_count() {
-            Ok(n) if n > 0 => Ok(Backend::Gpu(Gpu::open(local_rank % n)?)),
-            Ok(_) | Err(CudaError::NoDriver) | Err(CudaError::NoGpu(_)) => Ok(Backend::Host),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// The transport connections of this backend use.
-    pub fn transport(&self) -> TransportKind {
-        match self {
-            Backend::Gpu(_) => TransportKind::P2p,
-            Backend::Host => TransportKind::Host,
-        }
-    }
-}
 
 /// Settings of a communicator.
 #[derive(Debug, Clone)]
@@ -210,152 +111,6 @@ impl Default for CommConfig {
     }
 }
 
-/// Memory that connections read from and write to: GPU memory on a GPU backend, shared
-/// memory on the host backend, or (for TCP connections on a GPU backend) pinned host memory
-/// mapped into the device. Cloning shares it.
-#[derive(Debug, Clone)]
-pub struct Buffer {
-    mem: Arc<BufferMem>,
-}
-
-#[derive(Debug)]
-enum BufferMem {
-    Device(DeviceBuffer),
-    Host(ShmSegment),
-    /// Pinned host memory the device reads and writes over PCIe, and the TCP transport's
-    /// sockets directly (no staging copies, no stream-ordered flag write).
-    Mapped(MappedHostBuffer),
-}
-
-impl Buffer {
-    /// Size in bytes.
-    pub fn len(&self) -> usize {
-        match &*self.mem {
-            BufferMem::Device(d) => d.len(),
-            BufferMem::Host(s) => s.len(),
-            BufferMem::Mapped(m) => m.len(),
-        }
-    }
-
-    /// Never true (empty buffers are refused).
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// The device address, for a GPU buffer (or a host-mapped one: its device address).
-    pub fn device_ptr(&self) -> Option<u64> {
-        match &*self.mem {
-            BufferMem::Device(d) => Some(d.device_ptr()),
-            BufferMem::Host(_) => None,
-            BufferMem::Mapped(m) => Some(m.device_ptr()),
-        }
-    }
-
-    /// The host address, for a host (shared-memory) buffer or a host-mapped one.
-    pub fn host_ptr(&self) -> Option<*mut u8> {
-        match &*self.mem {
-            BufferMem::Device(_) => None,
-            BufferMem::Host(s) => Some(s.as_ptr()),
-            BufferMem::Mapped(m) => Some(m.host_ptr()),
-        }
-    }
-
-    /// Whether this is pinned host memory mapped into the device
-    /// ([`Communicator::alloc_mapped_buffer`]).
-    pub fn is_mapped(&self) -> bool {
-        matches!(&*self.mem, BufferMem::Mapped(_))
-    }
-
-    /// The address connections use: device address (host-mapped memory: its device
-    /// address) or host address.
-    pub(crate) fn addr(&self) -> u64 {
-        match &*self.mem {
-            BufferMem::Device(d) => d.device_ptr(),
-            BufferMem::Host(s) => s.as_ptr() as u64,
-            BufferMem::Mapped(m) => m.device_ptr(),
-        }
-    }
-
-    /// The host address of host-mapped memory (what the TCP transport's sockets use).
-    pub(crate) fn mapped_host_addr(&self) -> Option<u64> {
-        match &*self.mem {
-            BufferMem::Mapped(m) => Some(m.host_ptr() as u64),
-            _ => None,
-        }
-    }
-
-    /// Copies `src` into the buffer at `offset` (synchronous; for a host buffer, a memcpy
-    /// that must not race with a peer's puts into the same range).
-    pub fn write<T: Copy>(&self, offset: usize, src: &[T]) -> Result<(), CommError> {
-        let bytes = std::mem::size_of_val(src);
-        self.check(offset, bytes)?;
-        match (&*self.mem, self.host_ptr()) {
-            (BufferMem::Device(d), _) => Ok(d.copy_from_host(offset, src)?),
-            (_, Some(p)) => {
-                // SAFETY: the range is inside the mapping (checked); concurrent access is
-                // excluded by the caller per the doc.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, p.add(offset), bytes)
-                };
-                Ok(())
-            }
-            (_, None) => unreachable!("every buffer but a device one has a host address"),
-        }
-    }
-
-    /// Copies from the buffer at `offset` into `dst` (synchronous).
-    pub fn read<T: Copy>(&self, offset: usize, dst: &mut [T]) -> Result<(), CommError> {
-        let bytes = std::mem::size_of_val(dst);
-        self.check(offset, bytes)?;
-        match (&*self.mem, self.host_ptr()) {
-            (BufferMem::Device(d), _) => Ok(d.copy_to_host(offset, dst)?),
-            (_, Some(p)) => {
-                // SAFETY: as in `write`; `T: Copy` plain data is what callers store here.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(p.add(offset), dst.as_mut_ptr() as *mut u8, bytes)
-                };
-                Ok(())
-            }
-            (_, None) => unreachable!("every buffer but a device one has a host address"),
-        }
-    }
-
-    fn check(&self, offset: usize, bytes: usize) -> Result<(), CommError> {
-        if offset.checked_add(bytes).is_some_and(|e| e <= self.len()) {
-            Ok(())
-        } else {
-            Err(CommError::InvalidArgument(format!(
-                "offset {offset} + size {bytes} is beyond the buffer of {} bytes",
-                self.len()
-            )))
-        }
-    }
-}
-
-/// A connection asked for with [`Communicator::connect`], set up by
-/// [`Communicator::connection_setup`].
-#[derive(Debug)]
-pub(crate) struct PendingConnection {
-    pub(crate) remote_rank: usize,
-    pub(crate) tag: u32,
-    pub(crate) buffer: Buffer,
-    pub(crate) transport: TransportKind,
-    pub(crate) kind: ChannelKind,
-    /// This side's packet scratch (memory channels).
-    pub(crate) packets: Option<Buffer>,
-}
-
-/// What a connection is used as: a proxy channel ([`DevConn`]) or a memory channel
-/// ([`MemoryChannel`]). They keep separate index spaces, and a connection's inbound counter
-/// serves only its own kind (the proxy writes absolute epochs, a memory channel adds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ChannelKind {
-    /// GPU threads push triggers; the proxy copies.
-    Proxy,
-    /// GPU threads load and store the peer's memory themselves.
-    Memory,
-}
-
 /// The seed's communicator. See the module docs.
 #[derive(Debug)]
 pub struct Communicator {
@@ -369,7 +124,7 @@ pub struct Communicator {
     /// handles borrow the communicator and stay valid across both.
     proxy: Mutex<Option<ProxyService>>,
     /// Flag memory of every setup round, kept alive while connections use it.
-    flag_memory: Vec<setup::FlagMemory>,
+    flag_memory: Vec<FlagMemory>,
     /// Signals sent on each connection (see `ProxyTask::epochs`).
     epochs: Arc<[AtomicU64]>,
     /// The RDMA device, opened by the first `connect` with [`TransportKind::Ib`].
@@ -523,7 +278,7 @@ impl Communicator {
             Backend::Gpu(gpu) => BufferMem::Device(DeviceBuffer::zeroed(gpu, bytes)?),
             Backend::Host => BufferMem::Host(ShmSegment::create(bytes)?),
         };
-        Ok(Buffer { mem: Arc::new(mem) })
+        Ok(Buffer::new(mem))
     }
 
     /// Allocates `bytes` of connection memory for TCP connections: on a GPU backend, pinned
@@ -541,7 +296,7 @@ impl Communicator {
                     return Err(CommError::InvalidArgument("buffer of 0 bytes".into()));
                 }
                 let mem = BufferMem::Mapped(MappedHostBuffer::alloc(gpu, bytes)?);
-                Ok(Buffer { mem: Arc::new(mem) })
+                Ok(Buffer::new(mem))
             }
             Backend::Host => self.alloc_buffer(bytes),
         }
@@ -656,7 +411,7 @@ impl Communicator {
             )));
         }
         let matches_backend = matches!(
-            (&*buffer.mem, &self.backend),
+            (buffer.mem(), &self.backend),
             (BufferMem::Device(_) | BufferMem::Mapped(_), Backend::Gpu(_))
                 | (BufferMem::Host(_), Backend::Host)
         );
@@ -667,7 +422,7 @@ impl Communicator {
         }
         // Peers map shared memory by name, except over IB (nothing is mapped); a segment gets
         // names in one setup round only.
-        if let BufferMem::Host(s) = &*buffer.mem
+        if let BufferMem::Host(s) = buffer.mem()
             && s.was_shared()
             && !matches!(transport, TransportKind::Ib | TransportKind::Tcp)
         {
@@ -726,16 +481,6 @@ impl Communicator {
             self.ib = Some(ib::setup::IbSession::new(verbs));
         }
         Ok(())
-    }
-
-    /// The RDMA device of IB connections, once opened.
-    pub(crate) fn ib_session(&self) -> Option<&ib::setup::IbSession> {
-        self.ib.as_ref()
-    }
-
-    /// Settings of IB connections.
-    pub(crate) fn ib_config(&self) -> IbConfig {
-        self.ib_config
     }
 
     /// Uses `verbs` for IB connections instead of opening a device (tests: the fake).
@@ -1037,6 +782,37 @@ impl Communicator {
     /// The proxy slot, without locking.
     fn proxy_mut(&mut self) -> &mut Option<ProxyService> {
         self.proxy.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What the transports' setup sees of a communicator.
+impl SetupContext for Communicator {
+    fn rank(&self) -> usize {
+        Communicator::rank(self)
+    }
+
+    fn backend(&self) -> &Backend {
+        Communicator::backend(self)
+    }
+
+    fn bootstrap(&self) -> &BlockingBootstrap {
+        Communicator::bootstrap(self)
+    }
+
+    fn proxy_flag_mode(&self) -> ProxyFlagMode {
+        Communicator::proxy_flag_mode(self)
+    }
+
+    fn ib_session(&self) -> Option<&ib::setup::IbSession> {
+        self.ib.as_ref()
+    }
+
+    fn ib_config(&self) -> IbConfig {
+        self.ib_config
+    }
+
+    fn connections(&self) -> &[Connection] {
+        Communicator::connections(self)
     }
 }
 

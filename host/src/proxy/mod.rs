@@ -12,7 +12,8 @@ pub mod fifo_check;
 pub mod fifo_litmus;
 mod service;
 
-pub use service::{PROXY_STATS_ENV, ProxyError, ProxyService, ProxyStats};
+pub use crate::transport::error::ProxyError;
+pub use service::{PROXY_STATS_ENV, ProxyService, ProxyStats};
 pub(crate) use service::{ProxyTask, RefusedHook, SettleHook, StartHook, stats_wanted};
 
 pub use fifo::{

@@ -60,54 +60,8 @@ use mscclpp_device::fifo::TriggerOp;
 
 use super::OwnedFifoConsumer;
 
-use crate::transport::{DataPlane, Route, TransportError};
-
-/// What went wrong in a proxy, reported instead of crashing or corrupting memory.
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    /// A trigger named a connection this proxy does not serve.
-    #[error(
-        "proxy: trigger {seq} names connection {connection}, but only {known} connection(s) exist"
-    )]
-    UnknownConnection {
-        /// Sequence number of the trigger.
-        seq: u64,
-        /// The id it carried.
-        connection: u32,
-        /// How many connections the proxy serves.
-        known: usize,
-    },
-    /// A put leaving one of the buffers (not performed).
-    #[error("proxy: trigger {seq} on connection {connection} (to rank {peer}): {error}")]
-    OutOfBounds {
-        /// Sequence number of the trigger.
-        seq: u64,
-        /// The connection.
-        connection: u32,
-        /// The rank at the other end of the connection.
-        peer: usize,
-        /// The bounds error.
-        error: TransportError,
-    },
-    /// The data plane's own work failed (IB host staging: a record or copy of arrived data).
-    #[error("proxy: {error}")]
-    Progress {
-        /// The error.
-        error: TransportError,
-    },
-    /// The data plane failed (e.g. a CUDA call).
-    #[error("proxy: trigger {seq} on connection {connection} (to rank {peer}): {error}")]
-    Transport {
-        /// Sequence number of the trigger.
-        seq: u64,
-        /// The connection.
-        connection: u32,
-        /// The rank at the other end of the connection.
-        peer: usize,
-        /// The error.
-        error: TransportError,
-    },
-}
+use crate::transport::error::ProxyError;
+use crate::transport::{DataPlane, Route};
 
 /// How long an idle proxy keeps spinning before it starts yielding its core, and how long it
 /// yields before it sleeps between polls. Time-based, not count-based: a peer's answer in a

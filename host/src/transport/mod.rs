@@ -21,11 +21,17 @@
 //! Validation: [`Route::check`] refuses any put whose offset + size leaves either buffer,
 //! before a byte moves; the planes themselves trust their routes.
 
+pub(crate) mod backend;
+pub(crate) mod buffer;
+pub(crate) mod error;
 mod flag_queue;
 pub mod host;
 pub mod ib;
+pub(crate) mod mapped;
 pub mod p2p;
+pub(crate) mod setup;
 pub mod shm;
+pub(crate) mod tags;
 pub mod tcp;
 mod tcp_stage;
 

@@ -51,6 +51,8 @@
 //! Not validated: who connects. A hello names a rank and tag, and anyone who can reach the
 //! listener during setup could claim them (as with NCCL's sockets; the bootstrap's secret
 //! is not carried here).
+//!
+//! [`Communicator::alloc_mapped_buffer`]: crate::communicator::Communicator::alloc_mapped_buffer
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -64,14 +66,17 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaStream;
 
 use crate::bootstrap::{Bootstrap, LOSS_NEWS_GRACE, Op};
-use crate::communicator::setup::{
-    ConnInfo, Connection, Link, Round, TransportSetup, mismatch, remote_info,
-};
-use crate::communicator::{Backend, CommError, Communicator, ConnTag, PendingConnection};
+use crate::cuda::{CudaError, Gpu, MappedHostBuffer, StreamRole, write_u64_async};
 
+use super::backend::Backend;
+use super::error::CommError;
+use super::setup::{
+    ConnInfo, Connection, Link, PendingConnection, Round, SetupContext, TransportSetup, mismatch,
+    remote_info,
+};
+use super::tags::ConnTag;
 use super::tcp_stage::Slots;
 use super::{DataPlane, Route, TransportError, TransportKind, put_then_signal};
-use crate::cuda::{CudaError, Gpu, MappedHostBuffer, StreamRole, write_u64_async};
 
 /// Environment variable: sockets per connection (1 to 64, default 2).
 pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
@@ -1205,7 +1210,7 @@ impl TransportSetup for TcpSetup {
         let addr = match &self.listener {
             Some((_, a)) => *a,
             None => {
-                let ip = listen_ip(round.comm.bootstrap().as_async().listen_addr().ip())
+                let ip = listen_ip(round.ctx.bootstrap().as_async().listen_addr().ip())
                     .map_err(|e| unavailable(e.to_string()))?;
                 let l = TcpListener::bind((ip, 0))
                     .and_then(|l| l.set_nonblocking(true).map(|()| l))
@@ -1237,7 +1242,7 @@ impl TransportSetup for TcpSetup {
             .and_then(decode_wire)
             .ok_or_else(|| mismatch(rank, tag, "the peer sent no TCP address"))?;
         let stripes = conns.min(config.conns);
-        let me = round.comm.rank();
+        let me = round.ctx.rank();
         let streams = if me < rank {
             let mut out = Vec::with_capacity(stripes);
             for s in 0..stripes {
@@ -1256,7 +1261,7 @@ impl TransportSetup for TcpSetup {
                         // Refused: its listener is gone, so the peer failed, most likely
                         // because a rank died; name that rank if the news comes soon.
                         let op = sockets_op(tag);
-                        match hopeless(round.comm.bootstrap().as_async(), rank, &op, true) {
+                        match hopeless(round.ctx.bootstrap().as_async(), rank, &op, true) {
                             Some(lost) => lost.into(),
                             None => mismatch(
                                 rank,
@@ -1269,12 +1274,12 @@ impl TransportSetup for TcpSetup {
             }
             out
         } else {
-            let bootstrap = round.comm.bootstrap().as_async();
+            let bootstrap = round.ctx.bootstrap().as_async();
             self.accept_for(bootstrap, rank, tag, stripes, config.timeout)?
         };
         let len = p.buffer.len() as u64;
         let (sink, stage, host_src, flags, device_inbound) =
-            match (round.comm.backend(), p.buffer.mapped_host_addr()) {
+            match (round.ctx.backend(), p.buffer.mapped_host_addr()) {
                 (Backend::Gpu(gpu), Some(host)) => {
                     // Host-mapped: the receivers write the buffer and the counter directly.
                     let flags = match &self.host_flags {
@@ -1328,12 +1333,12 @@ impl TransportSetup for TcpSetup {
         Ok(conn)
     }
 
-    fn plane(&self, comm: &Communicator, _: &[u64]) -> Result<Box<dyn DataPlane>, CommError> {
+    fn plane(&self, ctx: &dyn SetupContext, _: &[u64]) -> Result<Box<dyn DataPlane>, CommError> {
         let config = TcpConfig::from_env().map_err(|e| CommError::TransportUnavailable {
             transport: TransportKind::Tcp,
             reason: e.to_string(),
         })?;
-        let links: Vec<Option<PlaneLink>> = comm
+        let links: Vec<Option<PlaneLink>> = ctx
             .connections()
             .iter()
             .map(|c| {
@@ -1343,7 +1348,7 @@ impl TransportSetup for TcpSetup {
             .collect();
         // Staging slots only where a link stages (device memory on a GPU).
         let stages = links.iter().flatten().any(|(_, _, host)| host.is_none());
-        let stage = match comm.backend() {
+        let stage = match ctx.backend() {
             Backend::Gpu(gpu) if stages => {
                 let cuda = |e: CudaError| CommError::TransportUnavailable {
                     transport: TransportKind::Tcp,

@@ -37,7 +37,7 @@ pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
 
-use crate::communicator::ConnTag;
+use super::tags::ConnTag;
 use std::fmt;
 use std::sync::Arc;
 

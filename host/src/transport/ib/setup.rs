@@ -6,11 +6,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::communicator::setup::{
-    ConnInfo, Connection, Link, MemHandle, Round, TransportSetup, mismatch, remote_info,
-};
-use crate::communicator::{Backend, CommError, Communicator, PendingConnection};
 use crate::transport::DataPlane;
+use crate::transport::backend::Backend;
+use crate::transport::error::CommError;
+use crate::transport::setup::{
+    ConnInfo, Connection, Link, MemHandle, PendingConnection, Round, SetupContext, TransportSetup,
+    mismatch, remote_info,
+};
 
 use super::{
     CONTROL_BYTES, CudaStagingCopy, HostMemory, HostStagingCopy, IbEndpoint, IbHandshake, IbLink,
@@ -90,15 +92,15 @@ fn prepare_ib(
     registrations: &mut HashMap<(u64, u64), Arc<MemoryRegistration>>,
     mirrors: &mut HashMap<(u64, u64), Mirror>,
 ) -> Result<IbPrep, CommError> {
-    let comm = round.comm;
+    let ctx = round.ctx;
     let (inbound_base, flag_bytes) = (round.inbound_base, round.flag_bytes);
-    let session = comm
+    let session = ctx
         .ib_session()
         .ok_or_else(|| CommError::State("IB connection without an opened RDMA device".into()))?;
     let verbs = session.verbs.as_ref();
-    let mode = StagingMode::from_env()?.unwrap_or(comm.ib_config().staging);
+    let mode = StagingMode::from_env()?.unwrap_or(ctx.ib_config().staging);
     let (addr, len) = (p.buffer.addr(), p.buffer.len() as u64);
-    let direct = match (comm.backend(), mode) {
+    let direct = match (ctx.backend(), mode) {
         (_, StagingMode::Always) => None,
         (_, _) if mirrors.contains_key(&(addr, len)) => None,
         (Backend::Host, _) => Some(register_once(
@@ -122,7 +124,7 @@ fn prepare_ib(
     };
     let (local, flags, mirror) = match direct {
         Some(local) => {
-            let flags_kind = match comm.backend() {
+            let flags_kind = match ctx.backend() {
                 Backend::Gpu(_) => MemoryKind::Gpu,
                 Backend::Host => MemoryKind::Host,
             };
@@ -133,7 +135,7 @@ fn prepare_ib(
             let (mem, reg) = match mirrors.get(&(addr, len)) {
                 Some(m) => m.clone(),
                 None => {
-                    let mem = Arc::new(match comm.backend() {
+                    let mem = Arc::new(match ctx.backend() {
                         Backend::Gpu(gpu) => HostMemory::pinned(gpu, len as usize)?,
                         Backend::Host => HostMemory::heap(len as usize)?,
                     });
@@ -154,7 +156,7 @@ fn prepare_ib(
         control.len(),
         MemoryKind::Host,
     )?;
-    let mut qp = verbs.create_qp(comm.ib_config().depth)?;
+    let mut qp = verbs.create_qp(ctx.ib_config().depth)?;
     qp.modify(QpTransition::Init)?;
     let psn = rand::random::<u32>() & 0xff_ffff;
     Ok(IbPrep {
@@ -176,7 +178,7 @@ fn ib_info(
     prep: &IbPrep,
     k: usize,
 ) -> Result<ConnInfo, CommError> {
-    let port = round.comm.ib_session().map(|s| s.verbs.port());
+    let port = round.ctx.ib_session().map(|s| s.verbs.port());
     let port = port.ok_or_else(|| CommError::State("no RDMA device".into()))?;
     let len = p.buffer.len() as u64;
     let control = RdmaRegion {
@@ -349,8 +351,12 @@ impl TransportSetup for IbSetup {
         connect_ib(round, p, peer, prep, k)
     }
 
-    fn plane(&self, comm: &Communicator, epochs: &[u64]) -> Result<Box<dyn DataPlane>, CommError> {
-        let links = comm
+    fn plane(
+        &self,
+        ctx: &dyn SetupContext,
+        epochs: &[u64],
+    ) -> Result<Box<dyn DataPlane>, CommError> {
+        let links = ctx
             .connections()
             .iter()
             .map(|c| {
@@ -365,9 +371,9 @@ impl TransportSetup for IbSetup {
                 })
             })
             .collect();
-        let mut plane = IbPlane::new(links, epochs, comm.ib_config())?;
-        if comm.connections().iter().any(Connection::ib_staged) {
-            plane = plane.with_staging_copy(match comm.backend() {
+        let mut plane = IbPlane::new(links, epochs, ctx.ib_config())?;
+        if ctx.connections().iter().any(Connection::ib_staged) {
+            plane = plane.with_staging_copy(match ctx.backend() {
                 Backend::Gpu(gpu) => Box::new(CudaStagingCopy::new(gpu.new_stream()?)),
                 Backend::Host => Box::new(HostStagingCopy),
             });

@@ -1,5 +1,5 @@
 //! Connection tags the library reserves for its own connections (high numbers, to stay
-//! clear of a user's), and what error messages call them ([`ConnTag`](super::ConnTag)).
+//! clear of a user's), and what error messages call them ([`ConnTag`]).
 
 /// The collectives' scratch (memory channels inside a host).
 pub(crate) const TAG_SCRATCH: u32 = 0xC011_0001;
@@ -35,10 +35,24 @@ pub(crate) fn tag_name(tag: u32) -> Option<String> {
     Some(name.into())
 }
 
+/// A connection tag as error messages show it: the collectives' own tags by what they
+/// carry (`the collectives' rounds across hosts`: their numbers are internal), a user's as
+/// `tag N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnTag(pub u32);
+
+impl std::fmt::Display for ConnTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match tag_name(self.0) {
+            Some(name) => f.write_str(&name),
+            None => write!(f, "tag {}", self.0),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::communicator::ConnTag;
 
     /// Errors name the collectives' connections by what they carry, never by their internal tag
     /// numbers (every tag of theirs has a name); a user's tag keeps its number.
