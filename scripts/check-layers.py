@@ -20,9 +20,33 @@ import re
 import sys
 from pathlib import Path
 
-PATH = re.compile(r"\bcrate::(?:\{\s*)?([a-z_][a-z0-9_]*)")
-# `use crate::{a::X, b::Y}` names several modules in one group.
-GROUP = re.compile(r"\bcrate::\{([^}]*)\}", re.S)
+# `crate::module` (a `use` or an inline path), or `crate::{` opening a group.
+PATH = re.compile(r"\bcrate::(\{|[a-z_][a-z0-9_]*)")
+
+
+def group_heads(text, start):
+    """The first segment of each item of the `{...}` group opening at `start` (nested
+    groups and line breaks allowed): `{a::X, b::{Y, Z}}` gives a and b."""
+    heads, depth, item, i = [], 0, "", start
+    while i < len(text):
+        c = text[i]
+        if c == "{":
+            depth += 1
+            if depth > 1:
+                item += c
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                break
+            item += c
+        elif c == "," and depth == 1:
+            heads.append(item)
+            item = ""
+        else:
+            item += c
+        i += 1
+    heads.append(item)
+    return [h.strip().split("::")[0].strip() for h in heads if h.strip()]
 
 
 def strip(text):
@@ -78,14 +102,13 @@ def edges(src):
         test_mod = re.search(r"^\s*#\[cfg\(test\)\]\s*\n\s*(pub(\([a-z]+\))?\s+)?mod\s", text, re.M)
         if test_mod:
             text = text[:test_mod.start()]
-        for lineno, line in enumerate(text.split("\n"), 1):
-            names = [m.group(1) for m in PATH.finditer(line)]
-            for g in GROUP.finditer(line):
-                names += [p.strip().split("::")[0] for p in g.group(1).split(",") if p.strip()]
+        for m in PATH.finditer(text):
+            names = group_heads(text, m.start(1)) if m.group(1) == "{" else [m.group(1)]
+            lineno = text.count("\n", 0, m.start()) + 1
             for other in names:
-                if other != me and (src / f"{other}.rs").exists() or (src / other).is_dir():
-                    if other != me:
-                        found.setdefault((me, other), f"{path}:{lineno}")
+                is_module = (src / f"{other}.rs").exists() or (src / other).is_dir()
+                if other != me and is_module:
+                    found.setdefault((me, other), f"{path}:{lineno}")
     return found
 
 
