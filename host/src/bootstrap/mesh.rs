@@ -693,6 +693,16 @@ impl Mesh {
         // caller that fails on this loss and leaves at once (`process::exit`) would otherwise
         // close its connections before the news went out, and a survivor that saw the
         // connection end first would blame the caller instead of `peer`.
+        self.hooks_once_flushed(peer, flushed);
+    }
+
+    /// Wakes this process's waits and runs the loss hooks for `peer` once every receiver of
+    /// `flushed` has fired (the news is on each survivor's socket) or after `NEWS_FLUSH`.
+    fn hooks_once_flushed(
+        self: &Arc<Self>,
+        peer: usize,
+        flushed: Vec<oneshot::Receiver<Result<(), String>>>,
+    ) {
         let mesh = Arc::clone(self);
         tokio::spawn(async move {
             let _ = timeout(NEWS_FLUSH, async {
@@ -807,17 +817,7 @@ impl Mesh {
             };
             self.spread_news(&[notice], peer, false)
         };
-        let mesh = Arc::clone(self);
-        tokio::spawn(async move {
-            let _ = timeout(NEWS_FLUSH, async {
-                for on_socket in flushed {
-                    let _ = on_socket.await;
-                }
-            })
-            .await;
-            mesh.notify.notify_waiters();
-            mesh.run_loss_hooks(peer);
-        });
+        self.hooks_once_flushed(peer, flushed);
     }
 
     /// Records another rank's news that `peer` closed its bootstrap (see
