@@ -78,53 +78,19 @@ fn counts(dtype: DataType, max: usize) -> Vec<usize> {
 /// printed, the last one naming the call that did not return.
 const TRACE: &str = "MSCCLPP_TEST_TRACE";
 
-/// The largest all-reduce of the sweep: `MSCCLPP_TEST_MAX_BYTES` (`65536`, `64K`, `16M`),
-/// else 1 GiB (f32; 64 MiB for the 16-bit types). Runs of more ranks than GPUs share GPUs
-/// and want a smaller one. A value that is not a size stops the test: until 2026-12-02
-/// `16M` was silently read as "unset", and runs meant to stop at 16 MiB swept to 1 GiB.
+/// The largest all-reduce of the sweep: `MSCCLPP_TEST_MAX_BYTES` (a size as the perf tool
+/// reads it: `65536`, `64K`, `16M`), else 1 GiB (f32; 64 MiB for the 16-bit types). Runs of
+/// more ranks than GPUs share GPUs and want a smaller one. A value that is not a size stops
+/// the test: until 2026-12-02 `16M` was silently read as "unset", and runs meant to stop at
+/// 16 MiB swept to 1 GiB.
 fn max_bytes() -> usize {
     match std::env::var("MSCCLPP_TEST_MAX_BYTES") {
-        Ok(v) => match parse_size(&v) {
+        Ok(v) => match mscclpp::host::units::parse_size(&v) {
             Ok(b) if (4..=1 << 30).contains(&b) => b as usize,
             Ok(b) => panic!("MSCCLPP_TEST_MAX_BYTES={v:?}: {b} bytes is outside 4 B..=1 GiB"),
             Err(e) => panic!("MSCCLPP_TEST_MAX_BYTES: {e}"),
         },
         Err(_) => 1 << 30,
-    }
-}
-
-/// `text` as a byte count: digits, then nothing, `K`, `M` or `G` (powers of 1024).
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let shift = match &t[end..] {
-        "" => 0,
-        "K" | "k" => 10,
-        "M" | "m" => 20,
-        "G" | "g" => 30,
-        other => {
-            return Err(format!(
-                "{text:?}: unknown size suffix {other:?} (use K, M or G)"
-            ));
-        }
-    };
-    let n: u64 = t[..end]
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (expected e.g. 65536, 64K, 16M)"))?;
-    n.checked_shl(shift)
-        .filter(|b| b >> shift == n)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
-/// The sizes `MSCCLPP_TEST_MAX_BYTES` takes, and what it refuses.
-#[test]
-fn max_bytes_reads_sizes_with_suffixes() {
-    assert_eq!(parse_size("65536"), Ok(65536));
-    assert_eq!(parse_size("64K"), Ok(64 << 10));
-    assert_eq!(parse_size(" 16M "), Ok(16 << 20));
-    assert_eq!(parse_size("1G"), Ok(1 << 30));
-    for bad in ["", "16X", "M", "1.5M", "99999999999999999999G"] {
-        assert!(parse_size(bad).is_err(), "{bad:?}");
     }
 }
 

@@ -25,3 +25,4 @@ pub mod runtime_libs;
 pub mod smoke;
 pub mod testing;
 pub mod transport;
+pub mod units;

@@ -28,6 +28,8 @@ use rustix::fs::{AtFlags, CWD, Mode};
 use rustix::mm::{MapFlags, ProtFlags};
 use rustix::shm::OFlags;
 
+pub use crate::units::bytes_text;
+
 /// Errors of shared-memory segments.
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
@@ -108,21 +110,6 @@ pub fn shm_space() -> Option<ShmSpace> {
         size: st.f_blocks.saturating_mul(st.f_frsize),
         free: st.f_bavail.saturating_mul(st.f_frsize),
     })
-}
-
-/// `bytes` in binary units, one decimal (`64.0 MiB`).
-pub fn bytes_text(bytes: u128) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let (mut value, mut unit) = (bytes as f64, 0);
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 /// Sizes the new segment file `fd` to `len` bytes and reserves its memory, so that touching
