@@ -1383,33 +1383,29 @@ impl Collectives {
                     describe(rec.own)
                 ))
             }
-            fault::ABORTED
-                if rec.place == fault::AT_P2P_COLLECTIVE
-                    && desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV =>
-            {
+            fault::ABORTED if rec.place == fault::AT_P2P_COLLECTIVE => {
+                let (own, theirs) = (describe(rec.own), describe(rec.theirs));
+                let what = if desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV {
+                    format!(
+                        "send/recv launch #{} ({own}) cannot complete: rank {} called a \
+                         collective ({theirs}) instead of the matching send or receive",
+                        rec.seq + 1,
+                        rec.peer,
+                    )
+                } else {
+                    format!(
+                        "collective #{} ({own}) cannot complete: rank {} waits in {theirs} \
+                         for a send or receive that no rank makes before this collective",
+                        rec.seq + 1,
+                        rec.peer,
+                    )
+                };
                 CommError::State(format!(
-                    "{call}: rank {me}: send/recv launch #{} ({}) cannot complete: rank {} \
-                     called a collective ({}) instead of the matching send or receive (each \
-                     rank's calls run in order, so neither can go on; the usual cause: the \
-                     ranks called sends, receives and collectives in different orders); the \
-                     collectives cannot be used any more",
-                    rec.seq + 1,
-                    describe(rec.own),
-                    rec.peer,
-                    describe(rec.theirs),
+                    "{call}: rank {me}: {what} (each rank's calls run in order, so neither can \
+                     go on; the usual cause: the ranks called sends, receives and collectives \
+                     in different orders); the collectives cannot be used any more"
                 ))
             }
-            fault::ABORTED if rec.place == fault::AT_P2P_COLLECTIVE => CommError::State(format!(
-                "{call}: rank {me}: collective #{} ({}) cannot complete: rank {} waits in \
-                     {} for a send or receive that no rank makes before this collective \
-                     (each rank's calls run in order, so neither can go on; the usual cause: \
-                     the ranks called sends, receives and collectives in different orders); \
-                     the collectives cannot be used any more",
-                rec.seq + 1,
-                describe(rec.own),
-                rec.peer,
-                describe(rec.theirs),
-            )),
             fault::ABORTED
                 if rec.place == fault::AT_LEFT
                     && desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV =>
