@@ -1,4 +1,5 @@
-//! Compiles the device crate to PTX (DESIGN §3) and embeds it as `OUT_DIR/device_ptx.rs`.
+//! Compiles the device crate to PTX (docs/guide/06-design.md §3) and embeds it as
+//! `OUT_DIR/device_ptx.rs`.
 fn main() {
     let artifacts = mscclpp_device_builder::DeviceBuilder::new("../device")
         .build()

@@ -139,7 +139,7 @@ fn hosts(n: usize) -> Vec<Vec<usize>> {
 
 /// f32 sums whose rounding depends on the order: every rank's result must be, bit for bit,
 /// each host's inputs summed in rank order, then the hosts' sums in host order (the order
-/// `docs/tcp-transport.md` documents, whichever cross-host algorithm runs). Returns whether
+/// docs/guide/06-design.md §8 documents, whichever cross-host algorithm runs). Returns whether
 /// that order gave other bits than a flat rank-order sum for some element (so the check
 /// could tell the orders apart).
 fn check_sum_order(c: &Collectives, counts: &[usize]) -> bool {

@@ -1,5 +1,6 @@
 //! Golden tests on the embedded PTX: every kernel is an entry point, the arch primitives
-//! emit the exact memory-model instructions DESIGN §3 requires, and ptxas accepts it all.
+//! emit the exact memory-model instructions that docs/guide/06-design.md §3 requires, and
+//! ptxas accepts it all.
 
 use mscclpp::host::ptx::{CUBIN, PTX};
 

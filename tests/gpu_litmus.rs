@@ -174,7 +174,7 @@ fn semaphore_message_passing_never_shows_old_data() {
                 (0, "release add + acquire poll (library)", Claim::Ordered),
                 (1, "relaxed add (weakened)", Claim::Shown),
                 (2, "relaxed poll (weakened)", Claim::Shown),
-                // The latency candidates (kernels::latency, docs/latency-variants.md), each
+                // The latency candidates (kernels::latency, docs/guide/06-design.md §7), each
                 // with its weakened twin above or below.
                 (
                     3,

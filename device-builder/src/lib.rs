@@ -15,17 +15,17 @@
 //! defines `pub static PTX: &[(u32, &str)]` (compute capability × 10, PTX text) and
 //! `pub static CUBIN: &[(u32, &[u8])]` (the same, compiled by ptxas; empty without one).
 //!
-//! How (DESIGN §3): a nested `cargo rustc` of the kernel crate for `nvptx64-nvidia-cuda`
-//! with `-Zbuild-std=core`, `panic = "abort"` and fat LTO, in its own target directory and a
-//! cleaned environment, once per requested arch (default `sm_90`; `MSCCLPP_PTX_ARCHES` or
-//! [`DeviceBuilder::arches`] change the list). rustc's own bitcode linker is replaced by a
-//! small program (compiled here from `linker.rs`) that runs `llvm-link`, `opt` and `llc` from
-//! the `llvm-tools` component. Every PTX is compiled with `ptxas` when one is found, and a
-//! missing `ptxas` is an error when `MSCCLPP_REQUIRE_PTXAS=1`. The cubin ptxas writes is
-//! kept and embedded beside the PTX (`CUBIN`): a GPU of that arch loads machine code at
-//! once, where PTX alone is compiled by the driver on the first run on each machine (28-29 s
-//! of a 2-rank run on an H100 for our 3 MB of PTX; cached afterwards where the driver's
-//! cache is writable).
+//! How (docs/guide/06-design.md §3): a nested `cargo rustc` of the kernel crate for
+//! `nvptx64-nvidia-cuda` with `-Zbuild-std=core`, `panic = "abort"` and fat LTO, in its own
+//! target directory and a cleaned environment, once per requested arch (default `sm_90`;
+//! `MSCCLPP_PTX_ARCHES` or [`DeviceBuilder::arches`] change the list). rustc's own bitcode
+//! linker is replaced by a small program (compiled here from `linker.rs`) that runs
+//! `llvm-link`, `opt` and `llc` from the `llvm-tools` component. Every PTX is compiled with
+//! `ptxas` when one is found, and a missing `ptxas` is an error when
+//! `MSCCLPP_REQUIRE_PTXAS=1`. The cubin ptxas writes is kept and embedded beside the PTX
+//! (`CUBIN`): a GPU of that arch loads machine code at once, where PTX alone is compiled by
+//! the driver on the first run on each machine (28-29 s of a 2-rank run on an H100 for our
+//! 3 MB of PTX; cached afterwards where the driver's cache is writable).
 //!
 //! Validation: everything this crate needs (nightly toolchain, `rust-src`, `llvm-tools`,
 //! `ptxas` when required) is checked up front, and each [`BuildError`] says how to install

@@ -1,5 +1,5 @@
-//! LL ("low latency") packets (DESIGN §7): data and a flag stored together, so a reader
-//! that sees the flag has the data, with no separate signal and no fence.
+//! LL ("low latency") packets (docs/guide/06-design.md §7): data and a flag stored together, so
+//! a reader that sees the flag has the data, with no separate signal and no fence.
 //!
 //! # Layouts
 //!

@@ -1,5 +1,5 @@
-//! [`DeviceSemaphore`]: a GPU-to-GPU semaphore (DESIGN §7), the synchronisation of memory
-//! channels.
+//! [`DeviceSemaphore`]: a GPU-to-GPU semaphore (docs/guide/06-design.md §7), the synchronisation
+//! of memory channels.
 //!
 //! Each side owns an *inbound* counter in its own memory; the peer has it mapped and adds
 //! to it. A signal is one system-scope atomic add of 1 to the peer's inbound counter; a wait

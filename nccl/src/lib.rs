@@ -1,4 +1,4 @@
-//! `libmscclpp_nccl.so`: a drop-in NCCL (DESIGN §8).
+//! `libmscclpp_nccl.so`: a drop-in NCCL (docs/guide/06-design.md §8).
 //!
 //! The library exports NCCL's C API with NCCL 2.2x's ABI (`include/nccl.h` is its header),
 //! so that a program built against NCCL runs on it unchanged, linked to it or with

@@ -1,6 +1,7 @@
-//! [`MemoryChannel`]: one side of a memory channel (DESIGN §7). The peer's buffer and packet
-//! scratch are mapped into this GPU, and the threads of a block move the data themselves
-//! with loads and stores over NVLink/PCIe, synchronised by a [`DeviceSemaphore`].
+//! [`MemoryChannel`]: one side of a memory channel (docs/guide/06-design.md §7). The peer's
+//! buffer and packet scratch are mapped into this GPU, and the threads of a block move the
+//! data themselves with loads and stores over NVLink/PCIe, synchronised by a
+//! [`DeviceSemaphore`].
 //!
 //! # Operations
 //!

@@ -1,6 +1,6 @@
 //! [`DevConn`]: one side of a proxy channel, the seed's `mscclppDevConn`.
 //!
-//! Semantics (DESIGN §4):
+//! Semantics (docs/guide/06-design.md §4):
 //! - [`put`](DevConn::put) / [`put_at`](DevConn::put_at) queue a copy from the local
 //!   buffer to the peer's and return at once;
 //! - [`signal`](DevConn::signal): after every put queued before it has landed, the peer's

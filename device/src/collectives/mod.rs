@@ -1,5 +1,6 @@
-//! Collectives (DESIGN §8): all-reduce and all-gather written with the memory-channel
-//! primitives, for up to [`MAX_RANKS`] ranks whose memory is mapped into each other.
+//! Collectives (docs/guide/06-design.md §8): all-reduce and all-gather written with the
+//! memory-channel primitives, for up to [`MAX_RANKS`] ranks whose memory is mapped into each
+//! other.
 //!
 //! # Shared state
 //!

@@ -1,8 +1,8 @@
 //! The collectives over proxy channels ([`DevConn`]): GPU threads stage data in the scratch
 //! and queue puts; the proxy moves it with the copy engine (P2P), RDMA (IB) or memcpy (Host)
 //! into the peers' scratch; the flag lands after the data. For peers whose memory this GPU
-//! cannot map (no peer access, another machine), where memory channels do not work. Design
-//! note: `docs/proxy-pipeline.md`.
+//! cannot map (no peer access, another machine), where memory channels do not work. Design:
+//! docs/guide/06-design.md §8, "Proxy-channel collectives".
 //!
 //! # Grid and lanes
 //!

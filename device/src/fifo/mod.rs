@@ -1,5 +1,5 @@
-//! The trigger FIFO (DESIGN §4): GPU threads push 16-byte [`Trigger`]s into a ring that a
-//! CPU proxy thread pops.
+//! The trigger FIFO (docs/guide/06-design.md §4): GPU threads push 16-byte [`Trigger`]s into a
+//! ring that a CPU proxy thread pops.
 //!
 //! - [`Trigger`]: the request, with checked fields ([`Trigger::new`]).
 //! - [`FifoDeviceHandle`]: the producer side, a `#[repr(C)]` kernel argument; any number

@@ -1,5 +1,5 @@
 //! Latency variants of the device semaphore and of LL packets (issue 18; design notes in
-//! `docs/latency-variants.md`), for `benches/memory_channel.rs`: one kernel per variant, so
+//! docs/guide/06-design.md §7), for `benches/memory_channel.rs`: one kernel per variant, so
 //! each is compiled with only its own instructions, all run in one bench.
 //!
 //! # Semaphore ping-pongs

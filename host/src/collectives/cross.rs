@@ -2,8 +2,8 @@
 //! memory channels and kernels of a one-host [`Collectives`] (over the *local group*: the
 //! host's ranks, indexed by local index), and reach the other hosts through proxy channels
 //! ([`TransportKind::Tcp`] or [`TransportKind::Ib`], `CollConfig::cross_transport`) to
-//! their *partners*: the ranks with the same local index on the other hosts (one per host). Design notes and the order of summation:
-//! `docs/tcp-transport.md`, "Collectives across hosts".
+//! their *partners*: the ranks with the same local index on the other hosts (one per host).
+//! Design notes and the order of summation: docs/guide/06-design.md §8, "Across hosts".
 //!
 //! Every cross-host step is one *round* of `mscclpp_device::collectives::cross::step`: this
 //! rank puts a 32-byte header (the round number and the call's descriptor) and a payload
@@ -96,7 +96,7 @@ pub(super) const WORK_QUEUES_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 /// What a timeout across hosts should add when `CUDA_DEVICE_MAX_CONNECTIONS` (`value`) is
 /// set below 4: the step kernel spins while the proxy's copies and flag writes run on
 /// streams of their own, and with fewer queues than streams they can wait behind the kernel
-/// that waits for them (README, "Work queues"). `None` when unset or at least 4.
+/// that waits for them (docs/guide/04-several-machines.md). `None` when unset or at least 4.
 pub(super) fn work_queue_hint(value: Option<&str>) -> Option<String> {
     let v = value?;
     match v.trim().parse::<u32>() {

@@ -1,5 +1,5 @@
 //! Collectives: all-reduce, all-gather, reduce-scatter, reduce, broadcast and all-to-all over
-//! memory channels (DESIGN §8; the last four are in `more.rs`).
+//! memory channels (docs/guide/06-design.md §8; the last four are in `more.rs`).
 //!
 //! [`Collectives`] takes a set-up-less [`Communicator`], connects a memory channel to every
 //! other rank over a scratch buffer registered once (plus LL-packet scratch and an array of
@@ -32,7 +32,7 @@
 //! (`cross_step`, one block) on GPUs and the same code on a CPU thread on the Host backend;
 //! GPU calls stay stream-ordered and capturable. Every rank gets bit-identical results;
 //! sums are formed per host in rank order, then across hosts in host order
-//! (docs/tcp-transport.md, "Collectives across hosts"). The cross-host part of an
+//! (docs/guide/06-design.md §8, "Across hosts"). The cross-host part of an
 //! all-reduce is one-shot (each rank sends its whole shard to every partner: one round) or,
 //! from three hosts up and once it saves [`CROSS_TWO_SHOT_SAVES`] bytes per rank, two-shot
 //! (the shard reduce-scattered across hosts, then all-gathered: two rounds, `2 / H` of the

@@ -3,7 +3,7 @@
 //! recorded in the call's tag so that ranks that disagree fail with a mismatch instead of
 //! corrupting data.
 //! The device side and the scratch layout are in `mscclpp_device::collectives::proxy`;
-//! the design note is `docs/proxy-pipeline.md`.
+//! the design is in docs/guide/06-design.md §8, "Proxy-channel collectives".
 //!
 //! [`AllReduceAlgo::Proxy`]: super::AllReduceAlgo::Proxy
 //! [`AllGatherAlgo::Proxy`]: super::AllGatherAlgo::Proxy

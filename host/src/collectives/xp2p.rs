@@ -8,7 +8,7 @@
 //! the pairs named in [`CollConfig::p2p_peers`] / [`P2P_PEERS_ENV`] by either rank. On a
 //! GPU that is the one-block `xp2p` kernel queued on the caller's stream (no host
 //! synchronisation, no allocation: capturable); on the Host backend the same function runs
-//! in a thread beside the local part. Design notes: `docs/tcp-transport.md`, "Send and receive across
+//! in a thread beside the local part. Design notes: docs/guide/06-design.md §8, "Across
 //! hosts".
 
 use crate::transport::tags::{TAG_DOWN, TAG_UP};

@@ -1,4 +1,5 @@
-//! The proxy: the host threads that carry out what GPU kernels ask for (DESIGN §4).
+//! The proxy: the host threads that carry out what GPU kernels ask for
+//! (docs/guide/06-design.md §4).
 //!
 //! - the trigger FIFO between a kernel and the proxy: [`Fifo`] owns its memory, hands
 //!   kernels a [`FifoDeviceHandle`] and the proxy thread an [`OwnedFifoConsumer`]

@@ -1,4 +1,4 @@
-//! The `mscclpp-perf` tool: nccl-tests for this library (DESIGN §8).
+//! The `mscclpp-perf` tool: nccl-tests for this library (docs/guide/06-design.md §8).
 //!
 //! Measures all-reduce, all-gather, reduce-scatter, broadcast, reduce, all-to-all or
 //! send/recv over a sweep of sizes and prints nccl-tests' columns

@@ -21,7 +21,7 @@
 //! is not: the remote side's memory beyond its keys (the NIC checks those).
 //!
 //! Tested only against the fake and for its error paths on machines without an RDMA device;
-//! see the README's InfiniBand section for what that means.
+//! see docs/guide/04-several-machines.md, "InfiniBand / RoCE", for what that means.
 
 mod handshake;
 mod plane;
