@@ -14,8 +14,8 @@
 //!   way, one block of 1024 threads, a block barrier every round) with LL8 and LL16 packets,
 //!   beside today's kernel at 4 KB and 1024 threads. MSCCL++ reports one-way iterations; the
 //!   table gives both.
-//! - the semaphore latency variants of `mscclpp_device::kernels::latency` (issue 18; notes in
-//!   docs/latency-variants.md): every variant's round trip with a payload word per thread
+//! - the semaphore latency variants of `mscclpp_device::kernels::latency` (design notes:
+//!   docs/guide/06-design.md §7): every variant's round trip with a payload word per thread
 //!   written before the signal and checked after the wait, with its ratio to the relaxed
 //!   floor (`red.relaxed.sys` + the library's wait) measured in the same run, interleaved,
 //!   and its payload mismatches. A mismatch of a variant that claims release semantics fails

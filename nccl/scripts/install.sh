@@ -10,7 +10,7 @@
 #
 # Then `LD_LIBRARY_PATH=PREFIX/lib program` runs an NCCL program on us without LD_PRELOAD,
 # and `cc app.c -IPREFIX/include -LPREFIX/lib -lnccl` builds against us. The real NCCL, for
-# the calls we forward, is still found as the README says; a libnccl.so.2 that is this
+# the calls we forward, is still found as docs/guide/03-nccl-library.md says; a libnccl.so.2 that is this
 # library (these links) is never taken for it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
