@@ -65,7 +65,7 @@ want 1 && { timeout 300 $M $B/gpu_cross_host --test-threads 1 > "$R/gpu_cross_ho
   st gpu_cross_host $?; }
 # 2. Two hosts of two ranks (four processes: under MPS unless there is a GPU per rank).
 #    On one H200 (four ranks on GPU 0) it hung until the block cap for ranks sharing a GPU
-#    (docs/perf/2026-12-01-1xH200-2x2-cap: passed); with a GPU per rank it is the layout of
+#    (with the cap: passed); with a GPU per rank it is the layout of
 #    real hosts of two GPUs.
 M4=scripts/with-mps.sh M3=scripts/with-mps.sh
 [ "$NGPU" -ge 4 ] && M4=""

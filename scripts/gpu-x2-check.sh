@@ -18,7 +18,8 @@
 #     small all-reduce against the bare LL exchange (ll_exchange bench); one-shot's
 #     block size (#13 cost, #15, #18)
 #  2  send/recv against NCCL, graph and plain                          (#14: below 1.0 in rows)
-#  3  the other collectives against NCCL under a graph                 (#14)
+#  3  the other collectives against NCCL under a graph                 (#14); then steps
+#     1-3 against the baseline of KIND (default nvidia-h200-x2), scripts/check-baseline.py
 #  4  proxy all-reduce against NCCL: the plan and what the one-GPU sweep suggests (#17)
 #  5  the GPU test suites, the litmus tests across two GPUs, a kill's timing (#13, #18)
 #  6  nccl-tests with the real NCCL and with our library, side by side (#15)
@@ -89,9 +90,9 @@ perf() {
 P="-b 8 -e 512M -f 4 -n 20 -w 5"
 
 want 0 && {
-  # Alternating builds in one call, 4 runs each; abmean.py writes the means and the ratios
-  # to base per size. 2% is within run-to-run spread on one GPU
-  # (docs/perf/2026-12-05-1xH100-session31: 1.004-1.047x over four runs), hence the runs.
+  # Alternating builds in one call, 4 runs each; perf-ab.py writes the means and the ratios
+  # to base per size. 2% is within run-to-run spread on one GPU (1.004-1.047x over four
+  # runs on one H100), hence the runs.
   # Base predates programmatic dependent launch (4bb1435), so head runs twice: without it
   # (MSCCLPP_PDL=0: the detection's cost alone) and as deployed (PDL on).
   AB="-b 8 -e 64K -f 2 -n 200 -w 20 -G 10"
@@ -105,12 +106,13 @@ want 0 && {
         exe=$B/mscclpp-perf pdl=MSCCLPP_PDL=1
         case $v in base) exe=$B/mscclpp-perf-base ;; head-nopdl) pdl=MSCCLPP_PDL=0 ;; esac
         echo "## $v $i"
-        env $pdl timeout 60 "$exe" $AB > "$R/ab-run.txt" 2>&1 || failed=$((failed + 1))
+        env $pdl timeout 60 "$exe" $AB --json "$R/mismatch-$v-$i.json" > "$R/ab-run.txt" 2>&1 ||
+          failed=$((failed + 1))
         grep -v "^#" "$R/ab-run.txt"
       done
     done > "$R/mismatch-ab.txt"
-    python3 docs/perf/2026-12-05-1xH100-session31/abmean.py "$R/mismatch-ab.txt" \
-      "$R/mismatch-ab.json" > "$R/mismatch-ab-means.txt" 2>&1
+    { python3 scripts/perf-ab.py mismatch "$R" base head-nopdl &&
+      python3 scripts/perf-ab.py mismatch "$R" base head; } > "$R/mismatch-ab-means.txt" 2>&1
     # The step's status: the runs that failed (or timed out), else the means' script's.
     st mismatch-ab $(( failed > 0 ? failed : $? ))
   fi
@@ -125,7 +127,7 @@ want 1 && {
   # #18: the small all-reduce against the bare LL exchange it is made of, under graphs.
   [ "${DRY:-}" = 1 ] || [ -x $B/ll_exchange ] && run ll-exchange 60 $B/ll_exchange --bench
   # One-shot's grid: blocks of at most 512 threads (the default), 256 or 128, 4 KB-256 KB.
-  # Under MPS on one H200 (docs/perf/2026-12-03-1xH200-session18, r2) 256 won from 8 KB
+  # Under MPS on one H200 256 won from 8 KB
   # (256 KB: 4.72 against 5.71 us) and lost at 2-4 KB, but there the two ranks share the
   # SMs; this decides whether the grid should change.
   for th in 512 256 128; do
@@ -141,7 +143,19 @@ want 2 && {
 want 3 && for op in allgather reducescatter broadcast reduce alltoall; do
   perf "$op-graph" 60 --op "$op" $P -G 10
 done
-# On one GPU (docs/perf/2026-12-02-1xH200-proxy-workers) the default plan of 2 lanes of up to
+# Steps 1-3's reports against the machine kind's baseline (benches/records/$KIND.jsonl;
+# KIND=nvidia-h100-x2 on H100s): baseline-check.txt names each regression beyond the noise
+# band and each row without a baseline; a regression does not stop the steps after it.
+want 3 && {
+  reports=()
+  for n in allreduce-graph allreduce-plain sendrecv-graph sendrecv-plain allgather-graph \
+    reducescatter-graph broadcast-graph reduce-graph alltoall-graph; do
+    [ -f "$R/$n.json" ] && reports+=("$R/$n.json")
+  done
+  [ "${DRY:-}" = 1 ] || [ ${#reports[@]} -gt 0 ] && run baseline-check 30 \
+    python3 scripts/check-baseline.py --kind "${KIND:-nvidia-h200-x2}" "${reports[@]}"
+}
+# On one GPU (one H200, two ranks under MPS) the default plan of 2 lanes of up to
 # 16 blocks took half the time of 8 lanes of one block at 64-256 MiB; the rest is what that
 # run left open: 4 lanes of 8 blocks (smaller chunks), the cpu flag mode (one driver call
 # less per chunk; best there with 4 lanes), a larger scratch (larger chunks), and the proxy
@@ -177,7 +191,7 @@ want 5 && {
     r=$1
     shift
     run "kill-rank$r" 60 env MSCCLPP_PERF="$PWD/$B/mscclpp-perf" python3 \
-      docs/perf/2026-12-05-host-setup-kills/kill.py --rank "$r" "$@" -- --op allreduce \
+      scripts/kill-rank.py --rank "$r" "$@" -- --op allreduce \
       -b 1K -e 1M -f 4 -n 3000 -w 5
   done
 }

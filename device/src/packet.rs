@@ -641,11 +641,11 @@ pub unsafe fn unpack<P: Packet>(
 /// taken whatever the word says.
 ///
 /// Why this shape (the memory_channel bench's LL ping-pong rows, one H200, two ranks under
-/// MPS, against the code without the look; `docs/perf/2026-12-03-1xH200-session19`): a
-/// look at the first late poll of every wait made them 1.3-5.7x slower (a block of threads
-/// each reading host memory); a look inside the poll loop that short waits skip cost 1-4%;
-/// one inlined unpack in a loop of 50 us parts cost 7% at 8 bytes. This one measured
-/// 0.93-0.98x on the LL16 rows and 1.07x on the LL8 block row.
+/// MPS, against the code without the look): a look at the first late poll of every wait
+/// made them 1.3-5.7x slower (a block of threads each reading host memory); a look inside
+/// the poll loop that short waits skip cost 1-4%; one inlined unpack in a loop of 50 us
+/// parts cost 7% at 8 bytes. This one measured 0.93-0.98x on the LL16 rows and 1.07x on
+/// the LL8 block row.
 ///
 /// # Safety
 /// As for [`unpack`]; `abort` null or a live, aligned word written atomically.

@@ -597,8 +597,8 @@ pub const LOOM_EXPLORED_ROUNDS: u32 = 2;
 /// and the thread they wait for (a peer's, the proxy's, a TCP receiver's) may need this
 /// one's core. Yielding alone was not enough on a 2-core machine running many ranks'
 /// kernels: threads that yield keep every core busy, and a proxy thread waking from its
-/// idle sleep waited behind them until a rank fell 30 s behind its peers (the stress loop
-/// of `docs/perf/2026-12-05-host-cross-hang`).
+/// idle sleep waited behind them until a rank fell 30 s behind its peers (in a loop of
+/// cross-host runs on the Host transport).
 /// Under loom it yields to the model's scheduler (which must know the thread is waiting),
 /// and from round `LOOM_EXPLORED_ROUNDS` on stops loom from branching further in this
 /// execution (see there).

@@ -138,9 +138,9 @@ pub(crate) unsafe fn advance_counter(
 /// never waits behind data: with data, the check's load came after the thread's last data
 /// poll, one more memory latency at the end of every call (one-shot at 4 KB under a graph,
 /// two ranks on one H200: 2.33 us with the descriptor warp idle against 2.90 with data on
-/// it, `docs/perf/2026-12-03-1xH200-session18`). The data threads are the grid's threads
-/// after that warp, in grid order (a thread with no data gets `u64::MAX`, past every unit),
-/// so the host sizes the grid for `units + 32` threads.
+/// it). The data threads are the grid's threads after that warp, in grid order (a thread
+/// with no data gets `u64::MAX`, past every unit), so the host sizes the grid for
+/// `units + 32` threads.
 #[inline(always)]
 pub(crate) fn data_threads(t: u32, nt: u32, b: u32, nb: u32) -> (u64, u64) {
     let (g, all) = (b * nt + t, nb * nt);

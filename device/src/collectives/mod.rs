@@ -879,8 +879,8 @@ impl CollContext {
     /// thread added to the fault area's claim word, an atomic on host memory across PCIe:
     /// once a call had given up for good, each call queued behind it on the stream had
     /// thousands of threads give up at once, one such atomic each, and a rank with a
-    /// stream full of calls spent seconds draining them (session 31: 8 s between a 2 s
-    /// device timeout and the error, `docs/perf/2026-12-05-1xH100-session31`).
+    /// stream full of calls spent seconds draining them (8 s between a 2 s device timeout
+    /// and the error, on one H100).
     ///
     /// # Safety
     /// The context valid.

@@ -485,15 +485,19 @@ pub(super) fn dependent_grid(blocks: u32, threads: u32) -> bool {
 ///   `MSCCLPP_PDL=1`, which turns it on. The cap is halved on every rank once any rank set
 ///   `1` (grids must be equal on every rank).
 ///
+/// The baselines ran with these defaults: `benches/records/nvidia-h200-x2.jsonl` with
+/// dependent launch (a GPU per rank), `benches/records/nvidia-h100-x1.jsonl` without (two
+/// ranks under MPS).
+///
 /// The ranks on one GPU must fit their kernels on it together, which the cap arranges for
 /// one grid per rank (`shared_gpu_block_cap`). A dependent launch lets the stream's next
 /// kernel become resident as soon as the current one starts, and wait there for it: a
 /// rank with calls queued holds two grids. Four ranks on one H200 as two simulated hosts of
-/// two hung in nccl-tests' broadcast at 256 KiB that way (6 of 6 runs with 20 calls queued,
-/// `docs/perf/2026-12-04-1xH200-session23`): the two ranks without a step across hosts ran
-/// ahead, their current and next LL grids (33 blocks each) filled the 132 multiprocessors,
-/// and the grids they waited for (their host leaders', after the step across hosts) found
-/// no room until the device timeout. Half the cap fits two grids per rank.
+/// two hung in nccl-tests' broadcast at 256 KiB that way (6 of 6 runs with 20 calls
+/// queued): the two ranks without a step across hosts ran ahead, their current and next LL
+/// grids (33 blocks each) filled the 132 multiprocessors, and the grids they waited for
+/// (their host leaders', after the step across hosts) found no room until the device
+/// timeout. Half the cap fits two grids per rank.
 pub(super) fn pdl_plan(env: Option<&str>, block_cap: u32, one_anywhere: bool) -> (bool, u32) {
     if block_cap == u32::MAX {
         return (env.is_none_or(|v| v.trim() != "0"), u32::MAX);

@@ -376,15 +376,17 @@ impl CrossTransport {
 }
 
 /// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot with two ranks.
-/// On 2x H200 under a CUDA graph (`docs/perf/2026-12-01-2xH200-fourth/`), all-pairs took
-/// 8.4 us at 512 KB and 9.8 us at 1 MB where one-shot took 9.6 and 13.5.
+/// On 2x H200 under a CUDA graph, all-pairs took 8.4 us at 512 KB and 9.8 us at 1 MB
+/// (`benches/records/nvidia-h200-x2.jsonl`, the all-reduce graph rows of 7a5cbd3) where
+/// one-shot took 9.6 and 13.5.
 pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 
 /// Message size (bytes) above which [`RootedAlgo::Auto`] pipelines a broadcast or reduce.
-/// On 2x H200 (`docs/perf/2026-12-01-2xH200-fourth/`), with depth 8 and pieces of at least
-/// 256 KiB, pipelined broadcast took 105 us at 32 MB and 376 us at 128 MB against 117 and 452
-/// in rounds (NCCL 110 and 386), reduce 106 and 386 against 130 and 428 (NCCL 102 and 376);
-/// at 2-8 MB rounds were as fast or faster.
+/// On 2x H200, with depth 8 and pieces of at least 256 KiB, pipelined broadcast took 105 us
+/// at 32 MB and 376 us at 128 MB against 117 and 452 in rounds (NCCL 110 and 386), reduce
+/// 106 and 386 against 130 and 428 (NCCL 102 and 376); at 2-8 MB rounds were as fast or
+/// faster. The broadcast and reduce rows of `benches/records/nvidia-h200-x2.jsonl` are this
+/// choice's (7a5cbd3).
 pub const ROOTED_PIPELINED_ABOVE: usize = 8 << 20;
 
 /// Element types the typed calls accept.

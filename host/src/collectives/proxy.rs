@@ -182,7 +182,7 @@ impl Collectives {
     /// chunks and few proxy triggers (each a `cuMemcpyAsync` of 5-8 us of CPU on P2P); the
     /// workers give every lane the memory bandwidth of several blocks. On one H200 (two
     /// ranks under MPS) this plan took 0.49-0.51x the time of the old one (8 lanes of one
-    /// block) at 256 MiB and 0.40-0.53x at 64 MiB: `docs/perf/2026-12-02-1xH200-proxy-workers/`.
+    /// block) at 256 MiB and 0.40-0.53x at 64 MiB.
     pub(super) fn proxy_plan(&self, bytes: usize) -> (u32, u64, u32) {
         self.proxy_plan_for(bytes, self.gpu.is_some())
     }
