@@ -27,10 +27,19 @@
 //! the driver on the first run on each machine (28-29 s of a 2-rank run on an H100 for our
 //! 3 MB of PTX; cached afterwards where the driver's cache is writable).
 //!
+//! Shipped PTX ([`DeviceBuilder::shipped_ptx`], module [`shipped`]): a crate may carry the
+//! PTX of its kernel crate in its sources, with a stamp of what it was built from. The build
+//! then uses it instead of the nested build when it is up to date with the kernel crate's
+//! sources, or when those are not there (a packaged crate): no nightly is needed, and ptxas
+//! still makes a cubin of it when one is found. `MSCCLPP_DEVICE_BUILD` ([`BuildMode`])
+//! forbids the nested build (`shipped`) or forces it (`nightly`); a stale shipped PTX is
+//! rebuilt with a `cargo:warning`, never used silently.
+//!
 //! Validation: everything this crate needs (nightly toolchain, `rust-src`, `llvm-tools`,
 //! `ptxas` when required) is checked up front, and each [`BuildError`] says how to install
-//! the missing piece. Nothing here validates the kernels themselves beyond what rustc and
-//! ptxas report.
+//! the missing piece. A shipped PTX is checked against its stamp (file hashes, and the
+//! kernel crate's sources where they are present). Nothing here validates the kernels
+//! themselves beyond what rustc and ptxas report.
 
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unsafe_code)]
@@ -43,6 +52,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod shipped;
+
+pub use shipped::{BuildMode, PtxOrigin, STAMP_FILE};
+use shipped::{Stamp, StampedPtx};
+
 /// The toolchain the device build needs when the outer build does not already run on a
 /// nightly (the workspace pins this one in `rust-toolchain.toml`).
 pub const PINNED_NIGHTLY: &str = "nightly-2026-05-19";
@@ -51,6 +65,26 @@ pub const PINNED_NIGHTLY: &str = "nightly-2026-05-19";
 pub const NVPTX_TARGET: &str = "nvptx64-nvidia-cuda";
 
 const LINKER_SOURCE: &str = include_str!("linker.rs");
+
+/// The release profile of the nested build (`--config profile.release.KEY=VALUE`).
+const PROFILE: &[(&str, &str)] = &[
+    ("panic", "\"abort\""),
+    ("lto", "\"fat\""),
+    ("codegen-units", "1"),
+    ("opt-level", "3"),
+    ("debug", "false"),
+    ("incremental", "false"),
+    ("overflow-checks", "false"),
+];
+
+/// The nested build's fixed settings, as hashed into a shipped PTX's stamp: a change here
+/// makes every shipped PTX stale.
+fn recipe() -> String {
+    format!(
+        "target {NVPTX_TARGET}\nbuild-std core\nprofile {PROFILE:?}\n\
+         rustflags -Ctarget-cpu=ARCH -Clinker=LINKER\nlinker\n{LINKER_SOURCE}"
+    )
+}
 
 /// Everything that can go wrong, each with what to do about it.
 #[derive(Debug)]
@@ -94,6 +128,34 @@ pub enum BuildError {
         arch: String,
         /// ptxas's messages.
         output: String,
+    },
+    /// An environment variable has a value this crate does not understand.
+    BadSetting {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// The values it may take.
+        expected: &'static str,
+    },
+    /// A shipped PTX's stamp file is malformed.
+    BadStamp {
+        /// The stamp file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The shipped PTX cannot serve this build, and the nested nightly build may not
+    /// (`MSCCLPP_DEVICE_BUILD=shipped`, or no kernel crate sources) or could not replace it.
+    ShippedUnusable {
+        /// The shipped-PTX directory.
+        dir: PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+        /// What to do about it.
+        fix: String,
+        /// The nested build's error, when it was tried.
+        build_error: Option<Box<BuildError>>,
     },
     /// A file could not be read or written.
     Io {
@@ -146,6 +208,32 @@ impl fmt::Display for BuildError {
                 "ptxas -arch={arch} rejected {}:\n{output}",
                 ptx.display()
             ),
+            BuildError::BadSetting {
+                var,
+                value,
+                expected,
+            } => write!(f, "{var}={value:?} is not understood; expected {expected}"),
+            BuildError::BadStamp { path, detail } => write!(
+                f,
+                "shipped PTX stamp {}: {detail}; rebuild it rather than edit it",
+                path.display()
+            ),
+            BuildError::ShippedUnusable {
+                dir,
+                reason,
+                fix,
+                build_error,
+            } => {
+                write!(
+                    f,
+                    "the shipped PTX in {} cannot be used: {reason}. {fix}",
+                    dir.display()
+                )?;
+                if let Some(e) = build_error {
+                    write!(f, "\nThe nightly build that would replace it failed: {e}")?;
+                }
+                Ok(())
+            }
             BuildError::Io { path, error } => write!(f, "{}: {error}", path.display()),
         }
     }
@@ -176,12 +264,23 @@ impl PtxArtifact {
     }
 }
 
+/// What a nested build was made with, kept for [`DeviceArtifacts::write_shipped`].
+#[derive(Debug, Clone)]
+struct Provenance {
+    toolchain: String,
+    rustc: String,
+    inputs: String,
+}
+
 /// What [`DeviceBuilder::build`] produced: one PTX per requested arch.
 #[derive(Debug, Clone)]
 pub struct DeviceArtifacts {
     /// The PTX files, in the order of the requested arches.
     pub ptx: Vec<PtxArtifact>,
+    /// Whether they were built here or taken from the shipped PTX.
+    pub origin: PtxOrigin,
     out_dir: PathBuf,
+    provenance: Option<Provenance>,
 }
 
 impl DeviceArtifacts {
@@ -222,6 +321,59 @@ impl DeviceArtifacts {
         })?;
         Ok(path)
     }
+
+    /// Makes `dir` a shipped-PTX directory for these artifacts (see
+    /// [`DeviceBuilder::shipped_ptx`]): copies each PTX into it, removes the `*.ptx` files of
+    /// arches no longer built, and writes the [`STAMP_FILE`]. Only PTX built here (not taken
+    /// from a shipped directory) can be shipped.
+    pub fn write_shipped(&self, dir: impl AsRef<Path>) -> Result<(), BuildError> {
+        let dir = dir.as_ref();
+        let provenance = self
+            .provenance
+            .as_ref()
+            .ok_or_else(|| BuildError::Command {
+                what: format!("writing shipped PTX to {}", dir.display()),
+                output: "this build used shipped PTX; set MSCCLPP_DEVICE_BUILD=nightly to \
+                         build it from the kernel crate's sources"
+                    .into(),
+            })?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |error| BuildError::Io { path, error }
+        };
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let mut stamped = Vec::new();
+        for a in &self.ptx {
+            let file = a
+                .path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let dest = dir.join(&file);
+            fs::copy(&a.path, &dest).map_err(io(&a.path))?;
+            stamped.push(StampedPtx {
+                arch: a.arch.clone(),
+                hash: shipped::file_hash(&dest)?,
+                file,
+            });
+        }
+        for entry in fs::read_dir(dir).map_err(io(dir))? {
+            let path = entry.map_err(io(dir))?.path();
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if name.ends_with(".ptx") && !stamped.iter().any(|p| p.file == name) {
+                fs::remove_file(&path).map_err(io(&path))?;
+            }
+        }
+        let stamp = Stamp {
+            toolchain: provenance.toolchain.clone(),
+            rustc: provenance.rustc.clone(),
+            inputs: provenance.inputs.clone(),
+            ptx: stamped,
+        };
+        let path = dir.join(STAMP_FILE);
+        fs::write(&path, stamp.to_text()).map_err(io(&path))
+    }
 }
 
 /// Builds a kernel crate to PTX. See the crate docs.
@@ -232,6 +384,17 @@ pub struct DeviceBuilder {
     require_ptxas: Option<bool>,
     features: Vec<String>,
     out_dir: Option<PathBuf>,
+    shipped: Option<(PathBuf, String)>,
+    mode: Option<BuildMode>,
+}
+
+/// The toolchain a shipped PTX is expected to be built with: `MSCCLPP_DEVICE_TOOLCHAIN`, else
+/// [`PINNED_NIGHTLY`].
+fn expected_toolchain() -> String {
+    env::var("MSCCLPP_DEVICE_TOOLCHAIN")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| PINNED_NIGHTLY.to_string())
 }
 
 impl DeviceBuilder {
@@ -244,6 +407,8 @@ impl DeviceBuilder {
             require_ptxas: None,
             features: Vec::new(),
             out_dir: None,
+            shipped: None,
+            mode: None,
         }
     }
 
@@ -276,21 +441,40 @@ impl DeviceBuilder {
         self
     }
 
-    /// Compiles the crate for every arch, checks each PTX with ptxas when possible, and
-    /// prints the `cargo:rerun-if-*` lines for the build script.
+    /// Use the PTX shipped in `dir` (relative to `CARGO_MANIFEST_DIR`; written by
+    /// [`DeviceArtifacts::write_shipped`]) instead of building when it is up to date, as
+    /// [`BuildMode`] describes. `refresh` is the command that rewrites it, named in the
+    /// warning and errors about a stale one (e.g. `scripts/update-ptx.sh`).
+    pub fn shipped_ptx(mut self, dir: impl Into<PathBuf>, refresh: impl Into<String>) -> Self {
+        self.shipped = Some((dir.into(), refresh.into()));
+        self
+    }
+
+    /// Which PTX to use (default: `MSCCLPP_DEVICE_BUILD`, see [`BuildMode`]).
+    pub fn mode(mut self, mode: BuildMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Compiles the crate for every arch (or takes the shipped PTX), checks each PTX with
+    /// ptxas when possible, and prints the `cargo:rerun-if-*` lines for the build script.
     pub fn build(self) -> Result<DeviceArtifacts, BuildError> {
-        println!("cargo:rerun-if-env-changed=MSCCLPP_PTX_ARCHES");
-        println!("cargo:rerun-if-env-changed=MSCCLPP_REQUIRE_PTXAS");
-        println!("cargo:rerun-if-env-changed=MSCCLPP_DEVICE_TOOLCHAIN");
-        println!("cargo:rerun-if-env-changed=PTXAS");
+        for var in [
+            "MSCCLPP_PTX_ARCHES",
+            "MSCCLPP_REQUIRE_PTXAS",
+            "MSCCLPP_DEVICE_TOOLCHAIN",
+            BuildMode::ENV,
+            "PTXAS",
+        ] {
+            println!("cargo:rerun-if-env-changed={var}");
+        }
         let manifest_dir = env::var_os("CARGO_MANIFEST_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("."));
         let crate_dir = manifest_dir.join(&self.crate_dir);
+        // `host/../device` reads better as `device` in messages.
+        let crate_dir = fs::canonicalize(&crate_dir).unwrap_or(crate_dir);
         let manifest = crate_dir.join("Cargo.toml");
-        if !manifest.is_file() {
-            return Err(BuildError::NoManifest(crate_dir));
-        }
         let out_dir = match &self.out_dir {
             Some(d) => d.clone(),
             None => PathBuf::from(env::var_os("OUT_DIR").unwrap_or_else(|| "target".into())),
@@ -306,20 +490,179 @@ impl DeviceBuilder {
         let require_ptxas = self
             .require_ptxas
             .unwrap_or_else(|| env::var("MSCCLPP_REQUIRE_PTXAS").is_ok_and(|v| v == "1"));
-
-        let toolchain = Toolchain::find()?;
-        let linker = compile_linker(&toolchain, &out_dir)?;
-        let ptxas = match find_ptxas() {
-            Err(e) if require_ptxas => return Err(e),
-            other => other,
+        let mode = match self.mode {
+            Some(m) => m,
+            None => BuildMode::from_env()?,
         };
+        let have_sources = manifest.is_file();
 
-        let crate_name = package_name(&manifest)?;
+        // The shipped PTX first, unless the nested build is asked for.
+        let mut passed_over = None;
+        if let Some((dir, refresh)) = &self.shipped {
+            let dir = manifest_dir.join(dir);
+            println!("cargo:rerun-if-changed={}", dir.display());
+            let unusable = |reason: String, fix: String| BuildError::ShippedUnusable {
+                dir: dir.clone(),
+                reason,
+                fix,
+                build_error: None,
+            };
+            if mode == BuildMode::Nightly && !have_sources {
+                return Err(unusable(
+                    format!(
+                        "{}=nightly asks for a build from sources, and there is no kernel crate \
+                         at {}",
+                        BuildMode::ENV,
+                        crate_dir.display()
+                    ),
+                    "Build from the repository, where the kernel crate is.".into(),
+                ));
+            }
+            if mode != BuildMode::Nightly {
+                let sources = have_sources.then_some(crate_dir.as_path());
+                match self.check_shipped(&dir, sources, &arches)? {
+                    Ok(ptx) => {
+                        if have_sources {
+                            println!("cargo:rerun-if-changed={}", manifest.display());
+                            println!("cargo:rerun-if-changed={}", crate_dir.join("src").display());
+                        }
+                        return finish(ptx, PtxOrigin::Shipped, None, &out_dir, require_ptxas);
+                    }
+                    Err(reason) if mode == BuildMode::Shipped || !have_sources => {
+                        let fix = if have_sources {
+                            format!(
+                                "Refresh it with `{refresh}` (needs the pinned nightly), or \
+                                 unset {} to let this build compile the kernels with a nightly",
+                                BuildMode::ENV
+                            )
+                        } else {
+                            "Without the kernel crate's sources (as in a packaged crate) only \
+                             the shipped PTX can be used, for the arches it has; build from the \
+                             repository for others"
+                                .into()
+                        };
+                        return Err(unusable(reason, fix));
+                    }
+                    Err(reason) => passed_over = Some((dir.clone(), reason, refresh.clone())),
+                }
+            }
+        }
+        if !have_sources {
+            return Err(BuildError::NoManifest(crate_dir));
+        }
+        if mode == BuildMode::Shipped && self.shipped.is_none() {
+            return Err(BuildError::BadSetting {
+                var: BuildMode::ENV,
+                value: "shipped".into(),
+                expected: "auto or nightly for a kernel crate that ships no PTX (its kernels \
+                           can only be compiled, with a nightly)",
+            });
+        }
+        let built =
+            self.build_from_sources(&crate_dir, &manifest, &out_dir, &arches, require_ptxas);
+        match (built, passed_over) {
+            (Ok(a), None) => Ok(a),
+            (Ok(a), Some((dir, reason, refresh))) => {
+                println!(
+                    "cargo:warning=the shipped PTX in {} is not used: {reason}; the kernels were \
+                     compiled with a nightly instead. `{refresh}` refreshes it.",
+                    dir.display()
+                );
+                Ok(a)
+            }
+            (Err(e), None) => Err(e),
+            (Err(e), Some((dir, reason, refresh))) => Err(BuildError::ShippedUnusable {
+                dir,
+                reason,
+                fix: format!("Refresh it with `{refresh}` on a machine with the pinned nightly."),
+                build_error: Some(Box::new(e)),
+            }),
+        }
+    }
+
+    /// The shipped PTX for `arches` when it can serve this build (`Ok(Ok)`), or why not
+    /// (`Ok(Err)`); `Err` for a malformed stamp, which a rebuild must not paper over.
+    /// With `sources` (the kernel crate's directory), the stamp must also match them.
+    fn check_shipped(
+        &self,
+        dir: &Path,
+        sources: Option<&Path>,
+        arches: &[(String, u32)],
+    ) -> Result<Result<Vec<PtxArtifact>, String>, BuildError> {
+        let stamp = match Stamp::read(dir) {
+            Ok(s) => s,
+            Err(BuildError::Io { path, error }) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Err(format!("there is no {}", path.display())));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(crate_dir) = sources {
+            let toolchain = expected_toolchain();
+            if stamp.toolchain != toolchain {
+                return Ok(Err(format!(
+                    "it was built with {}, this build's kernels are for {toolchain}",
+                    stamp.toolchain
+                )));
+            }
+            let now = shipped::inputs_hash(crate_dir, &toolchain, &recipe(), &self.features)?;
+            if stamp.inputs != now {
+                return Ok(Err(format!(
+                    "it is stale for the sources in {} (stamp {}, now {now})",
+                    crate_dir.display(),
+                    stamp.inputs
+                )));
+            }
+        }
+        let mut ptx = Vec::new();
+        for (arch, cc) in arches {
+            let Some(p) = stamp.ptx.iter().find(|p| &p.arch == arch) else {
+                let have: Vec<&str> = stamp.ptx.iter().map(|p| p.arch.as_str()).collect();
+                return Ok(Err(format!("it has no PTX for {arch} (only {have:?})")));
+            };
+            let path = dir.join(&p.file);
+            let hash = match shipped::file_hash(&path) {
+                Ok(h) => h,
+                Err(e) => return Ok(Err(e.to_string())),
+            };
+            if hash != p.hash {
+                return Ok(Err(format!(
+                    "{} does not match its stamp (hash {hash}, stamp {})",
+                    path.display(),
+                    p.hash
+                )));
+            }
+            ptx.push(PtxArtifact {
+                arch: arch.clone(),
+                compute_capability: *cc,
+                path,
+                cubin: None,
+            });
+        }
+        Ok(Ok(ptx))
+    }
+
+    fn build_from_sources(
+        &self,
+        crate_dir: &Path,
+        manifest: &Path,
+        out_dir: &Path,
+        arches: &[(String, u32)],
+        require_ptxas: bool,
+    ) -> Result<DeviceArtifacts, BuildError> {
+        let toolchain = Toolchain::find()?;
+        // Before the build, so that an edit during it makes the stamp stale, not wrong.
+        let inputs =
+            shipped::inputs_hash(crate_dir, &expected_toolchain(), &recipe(), &self.features)?;
+        if require_ptxas {
+            find_ptxas()?;
+        }
+        let linker = compile_linker(&toolchain, out_dir)?;
+        let crate_name = package_name(manifest)?;
         let mut ptx = Vec::new();
         let mut sources = BTreeSet::new();
-        for (arch, cc) in &arches {
+        for (arch, cc) in arches {
             let built = toolchain.cargo_build(
-                &manifest,
+                manifest,
                 &out_dir.join("device-target").join(arch),
                 arch,
                 &linker,
@@ -331,19 +674,12 @@ impl DeviceBuilder {
                 path: built.ptx.clone(),
                 error,
             })?;
-            let cubin = match &ptxas {
-                Ok(ptxas) => Some(run_ptxas(ptxas, &dest, arch, &out_dir)?),
-                Err(_) => None,
-            };
             ptx.push(PtxArtifact {
                 arch: arch.clone(),
                 compute_capability: *cc,
                 path: dest,
-                cubin,
+                cubin: None,
             });
-        }
-        if let Err(e) = &ptxas {
-            println!("cargo:warning=PTX not checked with ptxas: {e}");
         }
         let sysroot = toolchain.sysroot.clone();
         for s in sources {
@@ -352,8 +688,50 @@ impl DeviceBuilder {
             }
         }
         println!("cargo:rerun-if-changed={}", manifest.display());
-        Ok(DeviceArtifacts { ptx, out_dir })
+        let provenance = Provenance {
+            toolchain: expected_toolchain(),
+            rustc: toolchain.rustc_version.clone(),
+            inputs,
+        };
+        finish(
+            ptx,
+            PtxOrigin::Built,
+            Some(provenance),
+            out_dir,
+            require_ptxas,
+        )
     }
+}
+
+/// Compiles every PTX with ptxas when one is found (into `out_dir`) and assembles the
+/// artifacts. A missing ptxas is an error when `require_ptxas`, and a warning for PTX built
+/// here (a shipped PTX was checked when it was made).
+fn finish(
+    mut ptx: Vec<PtxArtifact>,
+    origin: PtxOrigin,
+    provenance: Option<Provenance>,
+    out_dir: &Path,
+    require_ptxas: bool,
+) -> Result<DeviceArtifacts, BuildError> {
+    match find_ptxas() {
+        Ok(ptxas) => {
+            for a in &mut ptx {
+                a.cubin = Some(run_ptxas(&ptxas, &a.path, &a.arch, out_dir)?);
+            }
+        }
+        Err(e) if require_ptxas => return Err(e),
+        Err(e) => {
+            if origin == PtxOrigin::Built {
+                println!("cargo:warning=PTX not checked with ptxas: {e}");
+            }
+        }
+    }
+    Ok(DeviceArtifacts {
+        ptx,
+        origin,
+        out_dir: out_dir.to_path_buf(),
+        provenance,
+    })
 }
 
 /// Splits `sm_90,sm_80` (spaces allowed); an empty list means `sm_90`.
@@ -419,6 +797,8 @@ struct Toolchain {
     /// Set when the nested cargo must be pointed at a toolchain other than the ambient one.
     rustup_toolchain: Option<String>,
     name: String,
+    /// `rustc -V` of it, without the `rustc ` prefix: `1.97.0-nightly (abc123def 2026-05-18)`.
+    rustc_version: String,
     sysroot: PathBuf,
     llvm_tools: PathBuf,
 }
@@ -457,11 +837,19 @@ impl Toolchain {
                 detail = format!("rustc is {release}, not a nightly");
                 continue;
             }
-            let host = vv
-                .lines()
-                .find_map(|l| l.strip_prefix("host: "))
-                .unwrap_or("")
-                .to_string();
+            let field = |key: &str| {
+                vv.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let host = field("host: ");
+            let commit = field("commit-hash: ");
+            let rustc_version = format!(
+                "{release} ({} {})",
+                commit.get(..9).unwrap_or(&commit),
+                field("commit-date: ")
+            );
             let sysroot = PathBuf::from(
                 rustc_output(tc.as_deref(), &["--print", "sysroot"])
                     .map_err(|detail| BuildError::NoNightly { detail })?
@@ -492,6 +880,7 @@ impl Toolchain {
             return Ok(Toolchain {
                 rustup_toolchain: tc,
                 name,
+                rustc_version,
                 sysroot,
                 llvm_tools,
             });
@@ -534,17 +923,8 @@ impl Toolchain {
             .args(["--lib", "--crate-type", "cdylib", "--release"])
             .args(["--target", NVPTX_TARGET, "-Zbuild-std=core"])
             .arg("--target-dir")
-            .arg(target_dir)
-            .args(["--message-format", "json-render-diagnostics"]);
-        for (k, v) in [
-            ("panic", "\"abort\""),
-            ("lto", "\"fat\""),
-            ("codegen-units", "1"),
-            ("opt-level", "3"),
-            ("debug", "false"),
-            ("incremental", "false"),
-            ("overflow-checks", "false"),
-        ] {
+            .arg(target_dir);
+        for (k, v) in PROFILE {
             cmd.arg("--config").arg(format!("profile.release.{k}={v}"));
         }
         if !features.is_empty() {
@@ -566,37 +946,43 @@ impl Toolchain {
             manifest.display(),
             self.name
         );
+        // The cdylib lands as `<lib name>.ptx` in the target's release directory; PTX of an
+        // earlier build there (a renamed crate) must not pass for this one's.
+        let artifact_dir = target_dir.join(NVPTX_TARGET).join("release");
+        let ptx_files = |dir: &Path| -> Vec<PathBuf> {
+            fs::read_dir(dir)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| p.extension().is_some_and(|x| x == "ptx"))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for old in ptx_files(&artifact_dir) {
+            fs::remove_file(&old).map_err(|error| BuildError::Io { path: old, error })?;
+        }
         let out = cmd.output().map_err(|e| BuildError::Command {
             what: what.clone(),
             output: format!("cannot run cargo: {e}"),
         })?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             return Err(BuildError::Command {
                 what,
                 output: String::from_utf8_lossy(&out.stderr).into_owned(),
             });
         }
-        let mut ptx = None;
-        for line in stdout.lines() {
-            let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            if msg["reason"] != "compiler-artifact" {
-                continue;
+        let ptx = match &ptx_files(&artifact_dir)[..] {
+            [one] => one.clone(),
+            found => {
+                return Err(BuildError::Command {
+                    what,
+                    output: format!(
+                        "expected one .ptx in {} after the build, found {found:?}",
+                        artifact_dir.display()
+                    ),
+                });
             }
-            if let Some(files) = msg["filenames"].as_array() {
-                for f in files.iter().filter_map(|f| f.as_str()) {
-                    if f.ends_with(".ptx") {
-                        ptx = Some(PathBuf::from(f));
-                    }
-                }
-            }
-        }
-        let ptx = ptx.ok_or_else(|| BuildError::Command {
-            what: what.clone(),
-            output: "cargo reported no .ptx artifact".into(),
-        })?;
+        };
         let sources = dep_info_sources(&ptx.with_extension("d"));
         Ok(Built { ptx, sources })
     }
@@ -752,9 +1138,15 @@ fn dep_info_sources(path: &Path) -> Vec<PathBuf> {
 }
 
 /// Finds ptxas: `PTXAS`, `PATH`, `CUDA_HOME`/`CUDA_PATH`, /usr/local/cuda, then the
-/// `nvidia-cuda-nvcc` pip package of `python3`.
+/// `nvidia-cuda-nvcc` pip package of `python3`. `PTXAS=none` finds none (a build that must
+/// show it needs no ptxas).
 pub fn find_ptxas() -> Result<PathBuf, BuildError> {
     let mut searched = Vec::new();
+    if env::var_os("PTXAS").is_some_and(|p| p == "none") {
+        return Err(BuildError::NoPtxas {
+            searched: vec!["nothing (PTXAS=none turns ptxas off)".into()],
+        });
+    }
     if let Some(p) = env::var_os("PTXAS") {
         let p = PathBuf::from(p);
         if p.is_file() {
