@@ -1,8 +1,8 @@
-//! The device crate's PTX (docs/guide/06-design.md §3), embedded as `OUT_DIR/device_ptx.rs`: the PTX shipped in
-//! `ptx/` when it is up to date with `../device` (always so in a packaged crate, where
-//! `../device` is absent), else compiled here with the pinned nightly. Either way ptxas, when
-//! found, adds the cubin. `MSCCLPP_DEVICE_BUILD` (auto, shipped, nightly) chooses, and
-//! `MSCCLPP_PTX_EXPORT_DIR=<dir>` writes a fresh build there as shipped PTX (what
+//! The device crate's PTX (docs/guide/06-design.md §3), embedded as `OUT_DIR/device_ptx.rs`:
+//! the PTX shipped in `ptx/` when it is up to date with `../device` (always so in a packaged
+//! crate, where `../device` is absent), else compiled here with the pinned nightly. Either way
+//! ptxas, when found, adds the cubin. `MSCCLPP_DEVICE_BUILD` (auto, shipped, nightly) chooses,
+//! and `MSCCLPP_PTX_EXPORT_DIR=<dir>` writes a fresh build there as shipped PTX (what
 //! `scripts/update-ptx.sh` does).
 use mscclpp_device_builder::{BuildMode, DeviceBuilder};
 
