@@ -22,6 +22,7 @@ pub mod launch;
 mod procfs;
 pub mod proxy;
 pub mod runtime_libs;
+pub mod settings;
 pub mod smoke;
 pub mod testing;
 pub mod transport;
