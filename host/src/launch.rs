@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use crate::bootstrap::{
     BlockingBootstrap, Bootstrap, BootstrapConfig, BootstrapError, BootstrapRoot, ENV_JOB_ID, Root,
 };
+use crate::settings::{Settings, SettingsError};
 
 /// Our rank variable.
 pub const ENV_RANK: &str = "MSCCLPP_RANK";
@@ -190,14 +191,9 @@ pub enum LaunchError {
         /// Why.
         reason: String,
     },
-    /// A timeout variable is not a positive number of seconds.
-    #[error("{var}={value:?} is not a positive number of seconds")]
-    BadTimeout {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-    },
+    /// A setting of ours (`MSCCLPP_*`: a number, a timeout, a port) does not parse.
+    #[error("{0}")]
+    Settings(#[from] SettingsError),
     /// The launcher could not find its own executable.
     #[error("cannot find the current executable: {0}")]
     CurrentExe(#[source] std::io::Error),
@@ -238,14 +234,44 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// Reads the process environment.
+    /// Reads the process's settings ([`Settings::global`]) and the other launchers'
+    /// variables from the process environment.
     pub fn from_env() -> Result<Launch, LaunchError> {
-        Launch::from_vars(|name| std::env::var(name).ok())
+        Launch::from_settings(Settings::global()?, |name| std::env::var(name).ok())
     }
 
-    /// Reads variables through `get` (so tests need not touch the process environment).
+    /// Reads variables through `get` (so tests need not touch the process environment):
+    /// ours as [`Settings::from_lookup`] reads them, the other launchers' as they are.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Launch, LaunchError> {
-        let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let settings = Settings::from_lookup(&get)?;
+        Launch::from_settings(&settings, get)
+    }
+
+    /// Reads our variables from `settings` ([`Settings::rank`], [`Settings::nranks`],
+    /// [`Settings::local_rank`], [`Settings::bootstrap`], [`Settings::bootstrap_port`] and
+    /// the two timeouts) and the other launchers' through `other`.
+    pub fn from_settings(
+        settings: &Settings,
+        other: impl Fn(&str) -> Option<String>,
+    ) -> Result<Launch, LaunchError> {
+        // Ours come parsed; as text here they take the same path as the other launchers'
+        // (whose conventions are a table of variable names).
+        let ours = |name: &str| -> Option<Option<String>> {
+            let n = |v: Option<usize>| v.map(|v| v.to_string());
+            Some(match name {
+                ENV_RANK => n(settings.rank),
+                ENV_NRANKS => n(settings.nranks),
+                ENV_LOCAL_RANK => n(settings.local_rank),
+                ENV_BOOTSTRAP => settings.bootstrap.clone(),
+                ENV_BOOTSTRAP_PORT => settings.bootstrap_port.map(|p| p.to_string()),
+                _ => return None,
+            })
+        };
+        let get = |name: &str| {
+            ours(name)
+                .unwrap_or_else(|| other(name))
+                .filter(|v| !v.trim().is_empty())
+        };
         let number = |var: &'static str| -> Result<Option<usize>, LaunchError> {
             match get(var) {
                 None => Ok(None),
@@ -406,8 +432,8 @@ impl Launch {
             nranks,
             local_rank,
             root,
-            timeout: timeout_var(ENV_BOOTSTRAP_TIMEOUT, get(ENV_BOOTSTRAP_TIMEOUT))?,
-            rendezvous_timeout: timeout_var(ENV_RENDEZVOUS_TIMEOUT, get(ENV_RENDEZVOUS_TIMEOUT))?,
+            timeout: settings.bootstrap_timeout,
+            rendezvous_timeout: settings.rendezvous_timeout,
             source: c.source,
         })
     }
@@ -670,15 +696,15 @@ impl LocalLauncher {
         // The ranks read their timeouts from their environment: what this launcher sets for
         // them (`bootstrap_timeout`, then `env`), else what they inherit. The root here
         // reads the same.
-        let mut config = bootstrap_config_from(|var| {
-            if var == ENV_BOOTSTRAP_TIMEOUT && self.bootstrap_timeout.is_some() {
-                return None;
+        let mut settings = Settings::global()?.clone();
+        for (k, v) in &self.envs {
+            if let (Some(k), Some(v)) = (k.to_str(), v.to_str())
+                && [ENV_BOOTSTRAP_TIMEOUT, ENV_RENDEZVOUS_TIMEOUT].contains(&k)
+            {
+                settings.set(k, v)?;
             }
-            match self.envs.iter().rev().find(|(k, _)| *k == *var) {
-                Some((_, v)) => Some(v.to_string_lossy().into()),
-                None => std::env::var(var).ok(),
-            }
-        })?;
+        }
+        let mut config = bootstrap_config_from(&settings);
         if let Some(t) = self.bootstrap_timeout {
             config = config.with_timeout(t);
         }
@@ -929,16 +955,10 @@ fn forward(
     })
 }
 
-/// The default [`BootstrapConfig`] with the timeouts that the variables `get` gives set
-/// ([`ENV_BOOTSTRAP_TIMEOUT`], [`ENV_RENDEZVOUS_TIMEOUT`]; unset or blank: the default), or
-/// an error naming a variable that is not a positive number of seconds.
-pub fn bootstrap_config_from(
-    get: impl Fn(&str) -> Option<String>,
-) -> Result<BootstrapConfig, LaunchError> {
-    Ok(with_timeouts(
-        timeout_var(ENV_BOOTSTRAP_TIMEOUT, get(ENV_BOOTSTRAP_TIMEOUT))?,
-        timeout_var(ENV_RENDEZVOUS_TIMEOUT, get(ENV_RENDEZVOUS_TIMEOUT))?,
-    ))
+/// The default [`BootstrapConfig`] with the timeouts of `settings`
+/// ([`Settings::bootstrap_timeout`], [`Settings::rendezvous_timeout`]), where set.
+pub fn bootstrap_config_from(settings: &Settings) -> BootstrapConfig {
+    with_timeouts(settings.bootstrap_timeout, settings.rendezvous_timeout)
 }
 
 /// The default [`BootstrapConfig`] with these timeouts, where given.
@@ -951,29 +971,6 @@ fn with_timeouts(timeout: Option<Duration>, rendezvous: Option<Duration>) -> Boo
         config = config.with_rendezvous_timeout(t);
     }
     config
-}
-
-/// The timeout variable `var` of value `value`: `None` when unset or blank, an error naming
-/// it when it is not a positive number of seconds.
-fn timeout_var(var: &'static str, value: Option<String>) -> Result<Option<Duration>, LaunchError> {
-    match value {
-        None => Ok(None),
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(value) => match positive_seconds(&value).filter(|&s| s < 1e9) {
-            Some(secs) => Ok(Some(Duration::from_secs_f64(secs))),
-            None => Err(LaunchError::BadTimeout { var, value }),
-        },
-    }
-}
-
-/// A number of seconds from an environment variable's `value` (surrounding spaces allowed):
-/// finite and above 0, else `None`. Callers add their own upper bound.
-pub(crate) fn positive_seconds(value: &str) -> Option<f64> {
-    value
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s > 0.0)
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use mscclpp_host::bootstrap::{
 use mscclpp_host::collectives::{CollConfig, Collectives, PreMulScalar};
 use mscclpp_host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp_host::cuda::{CudaError, CudaStream, Gpu, device_count};
+use mscclpp_host::settings::Settings;
 use mscclpp_host::transport::tcp::root_ip;
 
 use crate::dispatch::Launch;
@@ -644,7 +645,7 @@ pub fn set_up(
         BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())
             .map_err(|e| Failure::from_comm(call, &e.into()))?;
     let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
-    let mut fallback = Fallback::parse(&std::env::var("MSCCLPP_NCCL_FALLBACK").unwrap_or_default());
+    let mut fallback = Fallback::parse(&settings_of(call)?.nccl_fallback.join(","));
     if !fallback.unknown.is_empty() {
         log::warn(&format!(
             "MSCCLPP_NCCL_FALLBACK: unknown operation(s) {:?} (known: all, allreduce, \
@@ -914,20 +915,22 @@ pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// `MSCCLPP_RENDEZVOUS_TIMEOUT` (seconds) where set, else 30 s and [`RENDEZVOUS_TIMEOUT`];
 /// a bad value is an invalid-argument error naming the variable.
 pub fn bootstrap_config(call: &str) -> Result<BootstrapConfig, Failure> {
-    bootstrap_config_from(call, |var| std::env::var(var).ok())
+    Ok(bootstrap_config_of(settings_of(call)?))
 }
 
-/// [`bootstrap_config`] with the variables `get` gives.
-fn bootstrap_config_from(
-    call: &str,
-    get: impl Fn(&str) -> Option<String>,
-) -> Result<BootstrapConfig, Failure> {
-    let config = mscclpp_host::launch::bootstrap_config_from(get)
-        .map_err(|e| Failure::arg(format!("{call}: {e}")))?;
-    Ok(match config.rendezvous_timeout {
+/// This process's settings, or an invalid-argument failure of `call` naming the variables
+/// that do not parse.
+pub fn settings_of(call: &str) -> Result<&'static Settings, Failure> {
+    Settings::global().map_err(|e| Failure::arg(format!("{call}: {e}")))
+}
+
+/// [`bootstrap_config`] of `settings`.
+fn bootstrap_config_of(settings: &Settings) -> BootstrapConfig {
+    let config = mscclpp_host::launch::bootstrap_config_from(settings);
+    match config.rendezvous_timeout {
         Some(_) => config,
         None => config.with_rendezvous_timeout(RENDEZVOUS_TIMEOUT),
-    })
+    }
 }
 
 /// A fresh bootstrap id. Its root runs in this process and listens where ranks on other
@@ -995,9 +998,9 @@ pub fn comm_id_from(
 
 /// The fixed-root id of the environment (`NCCL_COMM_ID`), if it is set, under `config`.
 pub fn env_comm_id(call: &str, config: &BootstrapConfig) -> Result<Option<UniqueId>, Failure> {
-    match std::env::var(COMM_ID_ENV) {
-        Ok(v) if !v.trim().is_empty() => comm_id_from(call, &v, config).map(Some),
-        _ => Ok(None),
+    match &settings_of(call)?.nccl_comm_id {
+        Some(v) => comm_id_from(call, v, config).map(Some),
+        None => Ok(None),
     }
 }
 
@@ -1111,53 +1114,32 @@ mod tests {
 
     #[test]
     fn communicators_wait_long_for_late_ranks_unless_told_otherwise() {
-        let vars = |pairs: &'static [(&'static str, &'static str)]| {
-            move |v: &str| {
-                pairs
-                    .iter()
-                    .find(|(k, _)| *k == v)
-                    .map(|(_, x)| x.to_string())
-            }
+        let of = |pairs: &[(&str, &str)]| {
+            bootstrap_config_of(&Settings::from_vars(pairs.iter().copied()).unwrap())
         };
-        let c = bootstrap_config_from("t", vars(&[])).unwrap();
+        let c = of(&[]);
         assert_eq!(c.timeout, Duration::from_secs(30));
         assert_eq!(c.rendezvous_wait(), Duration::from_secs(1800));
-        let c = bootstrap_config_from(
-            "t",
-            vars(&[
-                ("MSCCLPP_BOOTSTRAP_TIMEOUT", "12"),
-                ("MSCCLPP_RENDEZVOUS_TIMEOUT", "90.5"),
-            ]),
-        )
-        .unwrap();
+        let c = of(&[
+            ("MSCCLPP_BOOTSTRAP_TIMEOUT", "12"),
+            ("MSCCLPP_RENDEZVOUS_TIMEOUT", "90.5"),
+        ]);
         assert_eq!(c.timeout, Duration::from_secs(12));
         assert_eq!(c.rendezvous_wait(), Duration::from_millis(90_500));
         assert_eq!(c.late_wait(), Duration::from_millis(90_500));
         // A rendezvous bound below the bootstrap timeout never shortens the waits for late
         // ranks at teardown, split and shrink.
-        let c = bootstrap_config_from(
-            "t",
-            vars(&[
-                ("MSCCLPP_BOOTSTRAP_TIMEOUT", "12"),
-                ("MSCCLPP_RENDEZVOUS_TIMEOUT", "5"),
-            ]),
-        )
-        .unwrap();
+        let c = of(&[
+            ("MSCCLPP_BOOTSTRAP_TIMEOUT", "12"),
+            ("MSCCLPP_RENDEZVOUS_TIMEOUT", "5"),
+        ]);
         assert_eq!(c.late_wait(), Duration::from_secs(12));
         for (var, bad) in [
             ("MSCCLPP_BOOTSTRAP_TIMEOUT", "0"),
             ("MSCCLPP_RENDEZVOUS_TIMEOUT", "forever"),
         ] {
-            let pairs: &'static [(&'static str, &'static str)] =
-                Box::leak(vec![(var, bad)].into_boxed_slice());
-            let f = bootstrap_config_from("ncclCommInitRank", vars(pairs)).unwrap_err();
-            assert_eq!(f.code, result::INVALID_ARGUMENT, "{}", f.msg);
-            assert!(
-                f.msg.starts_with("ncclCommInitRank: ")
-                    && f.msg.contains(&format!("{var}=\"{bad}\"")),
-                "{}",
-                f.msg
-            );
+            let e = Settings::from_vars([(var, bad)]).unwrap_err().to_string();
+            assert!(e.contains(&format!("{var}=\"{bad}\"")), "{e}");
         }
     }
 

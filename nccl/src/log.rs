@@ -3,38 +3,17 @@
 //! Each line is written whole ([`eprint_line`]): the ranks of a job usually share stderr.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use mscclpp_host::diag::eprint_line;
+use mscclpp_host::settings::Settings;
 
-/// How much is printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// Nothing.
-    None,
-    /// Failures.
-    Warn,
-    /// Failures, setup and the path of each kind of call.
-    Info,
-}
+/// How much is printed (`MSCCLPP_DEBUG`, [`Settings::debug`]).
+pub use mscclpp_host::settings::DebugLevel as Level;
 
-/// Reads a level name (`NONE`, `WARN`, `INFO`, `TRACE`; any case). Unknown names: `WARN`.
-pub fn parse_level(s: &str) -> Level {
-    match s.trim().to_ascii_uppercase().as_str() {
-        "" | "NONE" | "VERSION" | "0" => Level::None,
-        "INFO" | "TRACE" | "ABORT" | "DEBUG" => Level::Info,
-        _ => Level::Warn,
-    }
-}
-
-/// The level of `MSCCLPP_DEBUG` (read once).
+/// The level of `MSCCLPP_DEBUG` (read once, with the other settings).
 pub fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        std::env::var("MSCCLPP_DEBUG")
-            .map(|v| parse_level(&v))
-            .unwrap_or(Level::None)
-    })
+    Settings::global_or_default().debug
 }
 
 /// Prints a failure under `WARN` or more.
@@ -118,10 +97,16 @@ mod tests {
 
     #[test]
     fn levels() {
-        assert_eq!(parse_level("info"), Level::Info);
-        assert_eq!(parse_level("WARN"), Level::Warn);
-        assert_eq!(parse_level(""), Level::None);
-        assert_eq!(parse_level("what"), Level::Warn);
+        let read = |v: &str| Settings::from_vars([("MSCCLPP_DEBUG", v)]).map(|s| s.debug);
+        assert_eq!(read("info"), Ok(Level::Info));
+        assert_eq!(read("WARN"), Ok(Level::Warn));
+        assert_eq!(read(""), Ok(Level::None));
+        assert!(
+            read("what")
+                .unwrap_err()
+                .to_string()
+                .contains("MSCCLPP_DEBUG=\"what\"")
+        );
         assert!(Level::Info > Level::Warn);
     }
 }

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libloading::os::unix::Library;
+use mscclpp_host::settings::Settings;
 
 use crate::error::Failure;
 use crate::types::{NcclConfig, NcclResult, result};
@@ -206,27 +207,9 @@ pub fn search_dirs() -> Vec<PathBuf> {
     mscclpp_host::runtime_libs::search_dirs(&WHEEL_DIRS, false, &extra)
 }
 
-/// What `MSCCLPP_NCCL_LIB` asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EnvChoice {
-    /// Unset or empty: search.
-    Search,
-    /// `none`, `off`, `0`: no fallback.
-    Off,
-    /// This file or folder.
-    Path(PathBuf),
-}
-
-/// Reads a `MSCCLPP_NCCL_LIB` value.
-pub fn env_choice(v: Option<&str>) -> EnvChoice {
-    match v.map(str::trim) {
-        None | Some("") => EnvChoice::Search,
-        Some(s) if ["none", "off", "0", "no"].contains(&s.to_ascii_lowercase().as_str()) => {
-            EnvChoice::Off
-        }
-        Some(s) => EnvChoice::Path(PathBuf::from(s)),
-    }
-}
+/// What `MSCCLPP_NCCL_LIB` asks for ([`Settings::nccl_lib`]): unset or empty, search; `none`,
+/// `off`, `no` or `0`, no fallback; else this file or folder.
+pub use mscclpp_host::settings::NcclLib as EnvChoice;
 
 fn open_flags() -> c_int {
     libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND
@@ -287,8 +270,8 @@ fn file_of(addr: *const c_void) -> Option<String> {
 }
 
 fn load() -> Result<Real, String> {
-    let choice = env_choice(std::env::var("MSCCLPP_NCCL_LIB").ok().as_deref());
-    let real = load_choice(&choice)?;
+    let settings = Settings::global().map_err(|e| e.to_string())?;
+    let real = load_choice(&settings.nccl_lib)?;
     crate::log::info(&format!(
         "fallback NCCL: {} (version {})",
         real.path, real.version
@@ -408,11 +391,16 @@ mod tests {
 
     #[test]
     fn env_values() {
-        assert_eq!(env_choice(None), EnvChoice::Search);
-        assert_eq!(env_choice(Some(" ")), EnvChoice::Search);
-        assert_eq!(env_choice(Some("OFF")), EnvChoice::Off);
+        let read = |v: &str| {
+            Settings::from_vars([("MSCCLPP_NCCL_LIB", v)])
+                .unwrap()
+                .nccl_lib
+        };
+        assert_eq!(Settings::default().nccl_lib, EnvChoice::Search);
+        assert_eq!(read(" "), EnvChoice::Search);
+        assert_eq!(read("OFF"), EnvChoice::Off);
         assert_eq!(
-            env_choice(Some("/x/libnccl.so.2")),
+            read("/x/libnccl.so.2"),
             EnvChoice::Path(PathBuf::from("/x/libnccl.so.2"))
         );
     }

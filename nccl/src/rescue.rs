@@ -46,13 +46,7 @@ const NCCL_UINT8: c_int = 1;
 
 /// Whether this process allows the fallback (the ranks agree before using it).
 pub fn enabled() -> bool {
-    match std::env::var(SETUP_FALLBACK_ENV) {
-        Ok(v) => !matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "off" | "no" | "false"
-        ),
-        Err(_) => true,
-    }
+    mscclpp_host::settings::Settings::global_or_default().nccl_setup_fallback
 }
 
 /// Whether `e` only reports that a peer left (its own failure is elsewhere).

@@ -74,6 +74,7 @@ pub use root::{Root, RootHandle, create_unique_id, create_unique_id_at};
 pub(crate) use unique_id::redacted;
 pub use unique_id::{SECRET_BYTES, UNIQUE_ID_BYTES, UniqueId, UniqueIdError};
 
+use crate::settings::Settings;
 use mesh::Mesh;
 use wire::{Channel, Frame, FrameLimits, Join, MAGIC, MAX_HOST_ID_LEN, Message, PROTOCOL_VERSION};
 
@@ -258,7 +259,13 @@ impl BootstrapConfig {
     pub fn effective_job_id(&self) -> String {
         match &self.job_id {
             Some(job) => wire::bounded(job, wire::MAX_JOB_ID_LEN).to_owned(),
-            None => job_id_from(|var| std::env::var(var).ok()),
+            None => {
+                let ours = Settings::global_or_default().job_id.clone();
+                job_id_from(|var| match var {
+                    ENV_JOB_ID => ours.clone(),
+                    other => std::env::var(other).ok(),
+                })
+            }
         }
     }
 
@@ -267,7 +274,7 @@ impl BootstrapConfig {
     fn effective_secret(&self) -> Option<String> {
         self.secret
             .clone()
-            .or_else(|| std::env::var(ENV_BOOTSTRAP_SECRET).ok())
+            .or_else(|| Settings::global_or_default().bootstrap_secret.clone())
             .filter(|s| !s.is_empty())
     }
 
@@ -350,35 +357,22 @@ impl std::fmt::Display for BootstrapRoot {
     }
 }
 
-/// The host id of `rank` of `nranks` when one machine is split into `spec` simulated hosts
-/// (the value of `MSCCLPP_SIMULATE_HOSTS`): `simhost{rank * hosts / nranks}`, as
-/// `mscclpp-perf --simulate-hosts` and `train-dp --simulate-hosts` name them, so that any
-/// program (nccl-tests, PyTorch through the NCCL library) can run its collectives across
-/// hosts on one machine. `None` for `None` or an empty value; an error for anything but a
-/// positive number of hosts. More hosts than ranks (a communicator split from a larger one)
-/// puts every rank on a host of its own.
-pub fn simulated_host_id(
-    spec: Option<&str>,
-    rank: usize,
-    nranks: usize,
-) -> Result<Option<String>, BootstrapError> {
-    let Some(v) = spec.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match v.parse::<usize>() {
-        Ok(h) if h >= 1 => Ok(Some(format!("simhost{}", rank * h.min(nranks) / nranks))),
-        _ => Err(BootstrapError::InvalidArgument(format!(
-            "MSCCLPP_SIMULATE_HOSTS={v:?}: expected a positive number of simulated hosts"
-        ))),
-    }
+/// The host id of `rank` of `nranks` when one machine is split into `hosts` simulated hosts
+/// (the value of `MSCCLPP_SIMULATE_HOSTS`, [`Settings::simulate_hosts`]):
+/// `simhost{rank * hosts / nranks}`, as `mscclpp-perf --simulate-hosts` and `train-dp
+/// --simulate-hosts` name them, so that any program (nccl-tests, PyTorch through the NCCL
+/// library) can run its collectives across hosts on one machine. `None` for `None`. More
+/// hosts than ranks (a communicator split from a larger one) puts every rank on a host of
+/// its own; 0 hosts counts as 1.
+pub fn simulated_host_id(hosts: Option<usize>, rank: usize, nranks: usize) -> Option<String> {
+    let h = hosts?.clamp(1, nranks.max(1));
+    Some(format!("simhost{}", rank * h / nranks.max(1)))
 }
 
 /// This machine's node identity: `MSCCLPP_HOST_ID` if set, else `hostname/boot-id`.
 pub fn default_host_id() -> String {
-    if let Ok(id) = std::env::var("MSCCLPP_HOST_ID")
-        && !id.is_empty()
-    {
-        return truncate(id);
+    if let Some(id) = &Settings::global_or_default().host_id {
+        return truncate(id.clone());
     }
     machine_id()
 }
@@ -1166,6 +1160,8 @@ async fn rendezvous(
     let listen_addr = listener
         .local_addr()
         .map_err(io("local address of the peer listener".into()))?;
+    let settings =
+        Settings::global().map_err(|e| BootstrapError::InvalidArgument(e.to_string()))?;
     let join = Message::Join(Join {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
@@ -1178,13 +1174,9 @@ async fn rendezvous(
         job: config.effective_job_id(),
         host_id: truncate(match &config.host_id {
             Some(id) => id.clone(),
-            None if std::env::var_os("MSCCLPP_HOST_ID").is_some_and(|v| !v.is_empty()) => {
-                default_host_id()
-            }
-            None => {
-                let spec = std::env::var("MSCCLPP_SIMULATE_HOSTS").ok();
-                simulated_host_id(spec.as_deref(), rank, nranks)?.unwrap_or_else(default_host_id)
-            }
+            None if settings.host_id.is_some() => default_host_id(),
+            None => simulated_host_id(settings.simulate_hosts, rank, nranks)
+                .unwrap_or_else(default_host_id),
         }),
     });
     let frame_err = |what: &str| {

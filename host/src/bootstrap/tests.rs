@@ -60,10 +60,13 @@ fn config_builders_set_fields() {
 /// anything but a positive number is refused with the variable's name.
 #[test]
 fn simulated_host_ids_split_the_ranks_in_blocks() {
+    let hosts = |spec: &str| {
+        crate::settings::Settings::from_vars([("MSCCLPP_SIMULATE_HOSTS", spec)])
+            .map(|s| s.simulate_hosts)
+    };
     let ids = |spec: &str, n: usize| -> Vec<Option<String>> {
-        (0..n)
-            .map(|r| simulated_host_id(Some(spec), r, n).unwrap())
-            .collect()
+        let h = hosts(spec).unwrap();
+        (0..n).map(|r| simulated_host_id(h, r, n)).collect()
     };
     let names = |v: &[usize]| -> Vec<Option<String>> {
         v.iter().map(|h| Some(format!("simhost{h}"))).collect()
@@ -73,15 +76,15 @@ fn simulated_host_ids_split_the_ranks_in_blocks() {
     assert_eq!(ids("4", 4), names(&[0, 1, 2, 3]));
     // Not a divisor: hosts of different sizes (the collectives then run flat).
     assert_eq!(ids("2", 3), names(&[0, 0, 1]));
-    assert_eq!(simulated_host_id(None, 0, 2).unwrap(), None);
-    assert_eq!(simulated_host_id(Some(""), 0, 2).unwrap(), None);
+    assert_eq!(simulated_host_id(None, 0, 2), None);
+    assert_eq!(hosts("").unwrap(), None);
     // More hosts than ranks: a 1-rank child of a split under MSCCLPP_SIMULATE_HOSTS=2.
     assert_eq!(ids("5", 4), names(&[0, 1, 2, 3]));
     assert_eq!(ids("2", 1), names(&[0]));
     for bad in ["0", "two", "-1"] {
-        let e = simulated_host_id(Some(bad), 0, 4).unwrap_err().to_string();
+        let e = hosts(bad).unwrap_err().to_string();
         assert!(
-            e.contains("MSCCLPP_SIMULATE_HOSTS") && e.contains("positive number"),
+            e.contains("MSCCLPP_SIMULATE_HOSTS") && e.contains("whole number from 1"),
             "{bad}: {e}"
         );
     }

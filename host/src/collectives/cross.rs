@@ -52,18 +52,6 @@ const HDR: usize = xk::HDR as usize;
 /// `device` (device memory, staged through pinned slots by the copy engine).
 pub const CROSS_BUFFER_ENV: &str = "MSCCLPP_CROSS_BUFFER";
 
-/// The value of [`CROSS_BUFFER_ENV`]: `host` is `true`, `device` `false`; anything else
-/// is an error naming the variable.
-pub(super) fn cross_buffer_host(setting: &str) -> Result<bool, CommError> {
-    match setting.trim() {
-        "host" => Ok(true),
-        "device" => Ok(false),
-        v => Err(CommError::InvalidArgument(format!(
-            "{CROSS_BUFFER_ENV}={v:?}: expected `host` or `device`"
-        ))),
-    }
-}
-
 /// Allocates the buffer of the proxy channels across hosts (`bytes`): host-mapped when
 /// the backend is a GPU, every channel of it goes over TCP (`transports`), and the config
 /// asks for it; else the backend's connection memory.

@@ -474,7 +474,8 @@ pub(super) fn dependent_grid(blocks: u32, threads: u32) -> bool {
     blocks as u64 * threads as u64 <= PDL_MAX_THREADS
 }
 
-/// Programmatic dependent launch and the block cap, from this rank's `MSCCLPP_PDL` (`env`),
+/// Programmatic dependent launch and the block cap, from this rank's `MSCCLPP_PDL` (`env`,
+/// [`Settings::pdl`](crate::settings::Settings::pdl)),
 /// the shared-GPU block cap (`block_cap`, `u32::MAX` when no other rank of the communicator
 /// is on this GPU) and whether any rank set `MSCCLPP_PDL=1` (`one_anywhere`): whether this
 /// rank may use dependent launch (the PTX must also be for sm_90 or newer, see
@@ -498,36 +499,20 @@ pub(super) fn dependent_grid(blocks: u32, threads: u32) -> bool {
 /// grids (33 blocks each) filled the 132 multiprocessors, and the grids they waited for
 /// (their host leaders', after the step across hosts) found no room until the device
 /// timeout. Half the cap fits two grids per rank.
-pub(super) fn pdl_plan(env: Option<&str>, block_cap: u32, one_anywhere: bool) -> (bool, u32) {
+pub(super) fn pdl_plan(
+    env: crate::settings::PdlMode,
+    block_cap: u32,
+    one_anywhere: bool,
+) -> (bool, u32) {
     if block_cap == u32::MAX {
-        return (env.is_none_or(|v| v.trim() != "0"), u32::MAX);
+        return (env != crate::settings::PdlMode::Off, u32::MAX);
     }
     let cap = if one_anywhere {
         (block_cap / 2).max(1)
     } else {
         block_cap
     };
-    (pdl_one(env), cap)
-}
-
-/// Checks a `MSCCLPP_PDL` value (`env`): `0`, `1`, `auto` or empty (the default), as the
-/// other variables are checked; anything else is an error naming it.
-pub(super) fn check_pdl_env(env: Option<&str>) -> Result<(), CommError> {
-    match env.map(|v| v.trim().to_ascii_lowercase()) {
-        None => Ok(()),
-        Some(v) if matches!(v.as_str(), "" | "auto" | "0" | "1") => Ok(()),
-        Some(_) => Err(CommError::InvalidArgument(format!(
-            "MSCCLPP_PDL={:?}: expected 0 (no dependent launch), 1 (dependent launch, also \
-             when ranks share a GPU) or auto",
-            env.unwrap_or_default()
-        ))),
-    }
-}
-
-/// Whether `MSCCLPP_PDL` (`env`) is `1`: dependent launch asked for even on a shared GPU
-/// ([`pdl_plan`]).
-pub(super) fn pdl_one(env: Option<&str>) -> bool {
-    env.is_some_and(|v| v.trim() == "1")
+    (env == crate::settings::PdlMode::On, cap)
 }
 
 /// Whether the latency kernels go out with programmatic dependent launch: on for sm_90 PTX

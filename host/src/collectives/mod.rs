@@ -162,6 +162,7 @@ use mscclpp_device::kernels::collectives as k;
 
 use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord, idle_within};
 use crate::cuda::{CudaSlice, CudaStream, Gpu};
+use crate::settings::{CrossBuffer, PdlMode, Settings};
 use crate::transport::TransportKind;
 use crate::transport::tags::{TAG_PROXY, TAG_SCRATCH, TAG_SEMAPHORES};
 
@@ -290,76 +291,10 @@ impl ReduceOp {
     }
 }
 
-/// All-reduce algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AllReduceAlgo {
-    /// Chosen by size and rank count (and `MSCCLPP_ALLREDUCE_ALGO`).
-    Auto,
-    /// Every rank sends its whole input as LL packets to every peer; each reduces locally.
-    /// One kernel, no separate signal: lowest latency for small messages.
-    OneShot,
-    /// Reduce-scatter then all-gather through the scratch, with semaphores: for large ones.
-    /// Each rank puts the peers' parts of its input into their scratch (NVLink writes).
-    TwoShot,
-    /// Two-shot where each rank stages the peers' parts in its own scratch and the owner
-    /// reduces while reading them over NVLink (read-reduce), overlapping the reduction with
-    /// the transfer.
-    ReadReduce,
-    /// Every rank puts its whole input into every peer's scratch and reduces all of it
-    /// locally: two barriers per round against three for `TwoShot`, at twice its NVLink
-    /// traffic; for mid sizes.
-    AllPairs,
-    /// Over proxy channels: the copy engine (P2P) or the proxy's memcpy (Host) moves the
-    /// data between scratches, one block stages and reduces. For peers whose memory cannot
-    /// be mapped; never chosen by `Auto`.
-    Proxy,
-}
-
-/// All-gather algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AllGatherAlgo {
-    /// Chosen by size and rank count (and `MSCCLPP_ALLGATHER_ALGO`).
-    Auto,
-    /// GPU threads copy over memory channels.
-    Memory,
-    /// Over proxy channels (copy engine / proxy memcpy); never chosen by `Auto`.
-    Proxy,
-    /// Every rank writes its input as LL packets into every peer's packet scratch: no
-    /// signal, no barrier (as one-shot all-reduce); for small messages, up to the one-shot
-    /// size per rank.
-    Packets,
-}
-
-/// Algorithm of a broadcast or reduce above the LL size (messages up to
-/// [`CollConfig::packet_max_bytes`] always go as LL packets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RootedAlgo {
-    /// Chosen by size (and `MSCCLPP_BROADCAST_ALGO` / `MSCCLPP_REDUCE_ALGO`):
-    /// [`Pipelined`](Self::Pipelined) above [`ROOTED_PIPELINED_ABOVE`], else
-    /// [`Rounds`](Self::Rounds).
-    Auto,
-    /// Through the scratch in rounds, a semaphore barrier per round (the put path).
-    Rounds,
-    /// Pieces streamed through the scratch with no barrier per round: the receiving side
-    /// copies out (or reduces) piece `k` while piece `k + 1` arrives, as the pipelined
-    /// send/receive. Broadcast passes the pieces down a chain of the ranks from the root
-    /// (each link carries the data once); reduce has every rank write into its slot of the
-    /// root's scratch. Pieces per [`CollConfig::rooted_piece_bytes`] and
-    /// [`CollConfig::rooted_depth`].
-    Pipelined,
-}
-
-/// The network between hosts ([`CollConfig::cross_transport`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CrossTransport {
-    /// InfiniBand / RoCE when this build has the `ib` feature and the machine an RDMA
-    /// device (as NCCL prefers its IB transport), TCP otherwise.
-    Auto,
-    /// TCP sockets ([`TransportKind::Tcp`]).
-    Tcp,
-    /// RDMA writes ([`TransportKind::Ib`]; the `ib` feature and an RDMA device).
-    Ib,
-}
+/// All-reduce, all-gather and rooted algorithms and the network between hosts
+/// ([`CollConfig::cross_transport`]): defined with the settings that choose them
+/// (`MSCCLPP_ALLREDUCE_ALGO`, ...).
+pub use crate::settings::{AllGatherAlgo, AllReduceAlgo, CrossTransport, RootedAlgo};
 
 impl CrossTransport {
     /// The transport this setting takes on this machine.
@@ -502,26 +437,9 @@ pub struct CollConfig {
 }
 
 impl Default for CollConfig {
+    /// The defaults of the settings ([`Settings::default`]), with no environment.
     fn default() -> Self {
-        CollConfig {
-            scratch_bytes: 256 << 20,
-            packet_max_bytes: 1 << 20,
-            max_blocks: 128,
-            threads: 512,
-            all_reduce_algo: AllReduceAlgo::Auto,
-            all_gather_algo: AllGatherAlgo::Auto,
-            p2p_packet_max_bytes: 512 << 10,
-            p2p_packet_blocks: 16,
-            p2p_depth: 2,
-            broadcast_algo: RootedAlgo::Auto,
-            reduce_algo: RootedAlgo::Auto,
-            rooted_depth: 8,
-            rooted_piece_bytes: 256 << 10,
-            p2p_remote_max: 16,
-            p2p_peers: None,
-            cross_transport: CrossTransport::Auto,
-            cross_buffer_host: true,
-        }
+        CollConfig::from_settings(&Settings::default())
     }
 }
 
@@ -532,61 +450,32 @@ impl CollConfig {
     /// `MSCCLPP_ROOTED_PIECE_BYTES`, `MSCCLPP_P2P_REMOTE_MAX`, `MSCCLPP_CROSS_TRANSPORT`
     /// (`auto`, `tcp`, `ib`) and `MSCCLPP_CROSS_BUFFER` (`host`, `device`) applied when set.
     pub fn from_env() -> Result<CollConfig, CommError> {
-        let mut c = CollConfig::default();
-        let get = |name: &str| -> Result<Option<u64>, CommError> {
-            match std::env::var(name) {
-                Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
-                    CommError::InvalidArgument(format!("{name}={v:?} is not a number"))
-                }),
-                Err(_) => Ok(None),
-            }
-        };
-        if let Some(v) = get("MSCCLPP_COLL_SCRATCH_BYTES")? {
-            c.scratch_bytes = v as usize;
+        Ok(CollConfig::from_settings(settings()?))
+    }
+
+    /// The values of `settings` (see [`from_env`](Self::from_env)); the algorithms stay
+    /// `Auto` and the peers `None` (their variables override the config when the
+    /// collectives are made).
+    pub fn from_settings(s: &Settings) -> CollConfig {
+        CollConfig {
+            scratch_bytes: s.coll_scratch_bytes,
+            packet_max_bytes: s.coll_packet_max_bytes,
+            max_blocks: s.coll_max_blocks,
+            threads: s.coll_threads,
+            all_reduce_algo: AllReduceAlgo::Auto,
+            all_gather_algo: AllGatherAlgo::Auto,
+            p2p_packet_max_bytes: s.p2p_packet_max_bytes,
+            p2p_packet_blocks: s.p2p_packet_blocks,
+            p2p_depth: s.p2p_depth,
+            broadcast_algo: RootedAlgo::Auto,
+            reduce_algo: RootedAlgo::Auto,
+            rooted_depth: s.rooted_depth,
+            rooted_piece_bytes: s.rooted_piece_bytes,
+            p2p_remote_max: s.p2p_remote_max,
+            p2p_peers: None,
+            cross_transport: s.cross_transport,
+            cross_buffer_host: s.cross_buffer == CrossBuffer::Host,
         }
-        if let Some(v) = get("MSCCLPP_COLL_PACKET_MAX_BYTES")? {
-            c.packet_max_bytes = v as usize;
-        }
-        if let Some(v) = get("MSCCLPP_COLL_MAX_BLOCKS")? {
-            c.max_blocks = v.min(u32::MAX as u64) as u32;
-        }
-        if let Some(v) = get("MSCCLPP_COLL_THREADS")? {
-            c.threads = v.min(u32::MAX as u64) as u32;
-        }
-        if let Some(v) = get("MSCCLPP_P2P_PACKET_MAX_BYTES")? {
-            c.p2p_packet_max_bytes = v as usize;
-        }
-        if let Some(v) = get("MSCCLPP_P2P_PACKET_BLOCKS")? {
-            c.p2p_packet_blocks = v.min(u32::MAX as u64) as u32;
-        }
-        if let Some(v) = get("MSCCLPP_P2P_DEPTH")? {
-            c.p2p_depth = v.min(u32::MAX as u64) as u32;
-        }
-        if let Some(v) = get("MSCCLPP_ROOTED_DEPTH")? {
-            c.rooted_depth = v.min(u32::MAX as u64) as u32;
-        }
-        if let Some(v) = get("MSCCLPP_ROOTED_PIECE_BYTES")? {
-            c.rooted_piece_bytes = v as usize;
-        }
-        if let Some(v) = get("MSCCLPP_P2P_REMOTE_MAX")? {
-            c.p2p_remote_max = v as usize;
-        }
-        if let Ok(v) = std::env::var("MSCCLPP_CROSS_TRANSPORT") {
-            c.cross_transport = match v.trim().to_ascii_lowercase().as_str() {
-                "" | "auto" => CrossTransport::Auto,
-                "tcp" => CrossTransport::Tcp,
-                "ib" => CrossTransport::Ib,
-                _ => {
-                    return Err(CommError::InvalidArgument(format!(
-                        "MSCCLPP_CROSS_TRANSPORT={v:?}: expected auto, tcp or ib"
-                    )));
-                }
-            };
-        }
-        if let Ok(v) = std::env::var(CROSS_BUFFER_ENV) {
-            c.cross_buffer_host = cross::cross_buffer_host(&v)?;
-        }
-        Ok(c)
     }
 
     fn validate(&self) -> Result<(), CommError> {
@@ -804,56 +693,14 @@ impl fmt::Debug for Collectives {
     }
 }
 
-fn parse_all_reduce_env() -> Result<Option<AllReduceAlgo>, CommError> {
-    match std::env::var("MSCCLPP_ALLREDUCE_ALGO") {
-        Err(_) => Ok(None),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" => Ok(None),
-            "oneshot" | "one-shot" | "one_shot" => Ok(Some(AllReduceAlgo::OneShot)),
-            "twoshot" | "two-shot" | "two_shot" => Ok(Some(AllReduceAlgo::TwoShot)),
-            "readreduce" | "read-reduce" | "read_reduce" => Ok(Some(AllReduceAlgo::ReadReduce)),
-            "allpairs" | "all-pairs" | "all_pairs" => Ok(Some(AllReduceAlgo::AllPairs)),
-            "proxy" => Ok(Some(AllReduceAlgo::Proxy)),
-            _ => Err(CommError::InvalidArgument(format!(
-                "MSCCLPP_ALLREDUCE_ALGO={v:?}: expected auto, oneshot, twoshot, readreduce, allpairs or proxy"
-            ))),
-        },
-    }
+/// This process's settings, or the error naming the variables that do not parse.
+fn settings() -> Result<&'static Settings, CommError> {
+    Settings::global().map_err(|e| CommError::InvalidArgument(e.to_string()))
 }
 
-fn parse_all_gather_env() -> Result<Option<AllGatherAlgo>, CommError> {
-    match std::env::var("MSCCLPP_ALLGATHER_ALGO") {
-        Err(_) => Ok(None),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" => Ok(None),
-            "memory" => Ok(Some(AllGatherAlgo::Memory)),
-            "proxy" => Ok(Some(AllGatherAlgo::Proxy)),
-            "packets" | "ll" => Ok(Some(AllGatherAlgo::Packets)),
-            _ => Err(CommError::InvalidArgument(format!(
-                "MSCCLPP_ALLGATHER_ALGO={v:?}: expected auto, memory, proxy or packets"
-            ))),
-        },
-    }
-}
-
-/// `RootedAlgo` from the environment variable `name` (`auto`, `rounds`, `pipelined`).
-fn parse_rooted_env(name: &str) -> Result<Option<RootedAlgo>, CommError> {
-    parse_rooted(name, std::env::var(name).ok())
-}
-
-/// [`parse_rooted_env`] of the value `v` (`None`: unset).
-fn parse_rooted(name: &str, v: Option<String>) -> Result<Option<RootedAlgo>, CommError> {
-    match v {
-        None => Ok(None),
-        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" => Ok(None),
-            "rounds" | "put" => Ok(Some(RootedAlgo::Rounds)),
-            "pipelined" | "pipe" => Ok(Some(RootedAlgo::Pipelined)),
-            _ => Err(CommError::InvalidArgument(format!(
-                "{name}={v:?}: expected auto, rounds or pipelined"
-            ))),
-        },
-    }
+/// A setting's algorithm: `None` for `Auto` (the config decides).
+fn forced<T: PartialEq>(value: T, auto: T) -> Option<T> {
+    (value != auto).then_some(value)
 }
 
 /// How [`wait_idle`] ended.
@@ -994,23 +841,23 @@ impl Collectives {
         mut config: CollConfig,
     ) -> Result<impl FnOnce(Communicator) -> Collectives + use<>, CommError> {
         config.validate()?;
-        let pdl_env = std::env::var("MSCCLPP_PDL").ok();
-        gpu::check_pdl_env(pdl_env.as_deref())?;
+        let settings = settings()?;
+        let pdl_env = settings.pdl;
         let block_cap = shared_gpu_block_cap(comm)?;
         // Ranks sharing a GPU agree whether any asked for dependent launch (the same cap
         // everywhere); every rank sees the same cap, so all or none take this step.
         let one_anywhere = block_cap != u32::MAX && {
-            let one = gpu::pdl_one(pdl_env.as_deref());
+            let one = pdl_env == PdlMode::On;
             let said = comm.bootstrap_all_gather(&[one as u8])?;
             said.iter().any(|b| b.first() == Some(&1))
         };
-        let (pdl, block_cap) = gpu::pdl_plan(pdl_env.as_deref(), block_cap, one_anywhere);
+        let (pdl, block_cap) = gpu::pdl_plan(pdl_env, block_cap, one_anywhere);
         config.max_blocks = config.max_blocks.min(block_cap);
-        let env_all_reduce = parse_all_reduce_env()?;
-        let env_all_gather = parse_all_gather_env()?;
-        let env_broadcast = parse_rooted_env("MSCCLPP_BROADCAST_ALGO")?;
-        let env_reduce = parse_rooted_env("MSCCLPP_REDUCE_ALGO")?;
-        let proxy_pipe = proxy::ProxyPipe::from_env()?;
+        let env_all_reduce = forced(settings.allreduce_algo, AllReduceAlgo::Auto);
+        let env_all_gather = forced(settings.allgather_algo, AllGatherAlgo::Auto);
+        let env_broadcast = forced(settings.broadcast_algo, RootedAlgo::Auto);
+        let env_reduce = forced(settings.reduce_algo, RootedAlgo::Auto);
+        let proxy_pipe = proxy::ProxyPipe::from_settings(settings)?;
         // The kernels' context spans the local group: this rank's host (every rank, on one
         // host), indexed by local index; other hosts are reached through `cross`.
         let topo = cross::Topology::of(comm)?;
@@ -1042,7 +889,7 @@ impl Collectives {
             TransportKind::Tcp
         };
         let (xp2p, p2p_off) = if spans_hosts {
-            let declared = match xp2p::peers_from_env(comm.rank(), comm.nranks())? {
+            let declared = match xp2p::peers_of(&settings.p2p_peers, comm.rank(), comm.nranks())? {
                 Some(list) => Some(list),
                 None => config.p2p_peers.clone(),
             };

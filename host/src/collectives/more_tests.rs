@@ -354,12 +354,13 @@ fn pipelined_and_rounds_calls_that_differ_fail_on_every_rank_naming_them() {
 
 #[test]
 fn rooted_algorithm_names_parse() {
-    use super::super::{RootedAlgo, parse_rooted};
-    let p = |v: &str| parse_rooted("MSCCLPP_REDUCE_ALGO", Some(v.to_string()));
-    assert_eq!(p("pipelined").unwrap(), Some(RootedAlgo::Pipelined));
-    assert_eq!(p(" Rounds ").unwrap(), Some(RootedAlgo::Rounds));
-    assert_eq!(p("auto").unwrap(), None);
-    assert_eq!(parse_rooted("X", None).unwrap(), None);
+    use super::super::RootedAlgo;
+    use crate::settings::Settings;
+    let p = |v: &str| Settings::from_vars([("MSCCLPP_REDUCE_ALGO", v)]).map(|s| s.reduce_algo);
+    assert_eq!(p("pipelined").unwrap(), RootedAlgo::Pipelined);
+    assert_eq!(p(" Rounds ").unwrap(), RootedAlgo::Rounds);
+    assert_eq!(p("auto").unwrap(), RootedAlgo::Auto);
+    assert_eq!(p("").unwrap(), RootedAlgo::Auto);
     let e = p("chain").unwrap_err().to_string();
     assert!(
         e.contains("MSCCLPP_REDUCE_ALGO=\"chain\": expected auto, rounds or pipelined"),

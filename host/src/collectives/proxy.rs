@@ -109,29 +109,15 @@ impl ProxyPipe {
     }
 
     /// `MSCCLPP_PROXY_LANES`, `MSCCLPP_PROXY_BLOCKS`, `MSCCLPP_PROXY_CHUNK_BYTES` and
-    /// `MSCCLPP_PROXY_WORKERS`, when set.
-    pub(super) fn from_env() -> Result<Self, CommError> {
-        let get = |name: &str| -> Result<Option<u64>, CommError> {
-            match std::env::var(name) {
-                Ok(v) if v.trim().is_empty() || v.trim() == "auto" => Ok(None),
-                Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
-                    CommError::InvalidArgument(format!("{name}={v:?} is not a number"))
-                }),
-                Err(_) => Ok(None),
-            }
-        };
-        let small = |v: u64| v.min(u32::MAX as u64) as u32;
-        let lanes = get("MSCCLPP_PROXY_LANES")?.map_or(DEFAULT_LANES, small);
-        let blocks = get("MSCCLPP_PROXY_BLOCKS")?.map(small);
-        let chunk = get("MSCCLPP_PROXY_CHUNK_BYTES")?;
-        let workers = get("MSCCLPP_PROXY_WORKERS")?.map(small);
+    /// `MSCCLPP_PROXY_WORKERS` of `s`, when set.
+    pub(super) fn from_settings(s: &crate::settings::Settings) -> Result<Self, CommError> {
         Self::checked(
-            lanes,
-            blocks,
-            chunk,
+            s.proxy_lanes.unwrap_or(DEFAULT_LANES),
+            s.proxy_blocks,
+            s.proxy_chunk_bytes,
             "MSCCLPP_PROXY_LANES / MSCCLPP_PROXY_BLOCKS / MSCCLPP_PROXY_CHUNK_BYTES",
         )?
-        .with_workers(workers, "MSCCLPP_PROXY_WORKERS")
+        .with_workers(s.proxy_workers, "MSCCLPP_PROXY_WORKERS")
     }
 }
 

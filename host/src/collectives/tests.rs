@@ -1137,13 +1137,17 @@ fn a_proxy_channel_timeout_on_a_gpu_names_too_few_work_queues() {
 
 #[test]
 fn the_cross_buffer_setting_is_host_or_device() {
-    use super::cross::cross_buffer_host;
+    let host = |v: &str| {
+        crate::settings::Settings::from_vars([("MSCCLPP_CROSS_BUFFER", v)])
+            .map(|s| CollConfig::from_settings(&s).cross_buffer_host)
+    };
     assert!(CollConfig::default().cross_buffer_host);
-    assert!(cross_buffer_host("host").unwrap());
-    assert!(cross_buffer_host(" host\n").unwrap());
-    assert!(!cross_buffer_host("device").unwrap());
-    for bad in ["", "gpu", "Host", "1"] {
-        let e = cross_buffer_host(bad).unwrap_err().to_string();
+    assert!(host("host").unwrap());
+    assert!(host(" host\n").unwrap());
+    assert!(host("").unwrap(), "blank: the default");
+    assert!(!host("device").unwrap());
+    for bad in ["gpu", "1"] {
+        let e = host(bad).unwrap_err().to_string();
         assert!(
             e.contains("MSCCLPP_CROSS_BUFFER") && e.contains("`host` or `device`"),
             "{bad:?}: {e}"
@@ -1227,43 +1231,59 @@ fn the_block_cap_is_read_from_every_rank_and_counts_ranks_per_device() {
 /// once any rank set `1` (two grids per rank must fit; grids equal everywhere).
 #[test]
 fn dependent_launch_plan_follows_the_variable_and_the_shared_gpu_cap() {
-    use super::gpu::{check_pdl_env, pdl_plan};
-    for ok in [None, Some(""), Some(" 0"), Some("1 "), Some("AUTO")] {
-        assert!(check_pdl_env(ok).is_ok(), "{ok:?}");
+    use super::gpu::pdl_plan;
+    use crate::settings::{PdlMode, Settings};
+    let read = |v: &str| Settings::from_vars([("MSCCLPP_PDL", v)]).map(|s| s.pdl);
+    for (ok, pdl) in [
+        ("", PdlMode::Auto),
+        (" 0", PdlMode::Off),
+        ("1 ", PdlMode::On),
+        ("AUTO", PdlMode::Auto),
+    ] {
+        assert_eq!(read(ok), Ok(pdl), "{ok:?}");
     }
     for bad in ["abc", "-1", "2", "yes"] {
-        let e = check_pdl_env(Some(bad)).unwrap_err().to_string();
+        let e = read(bad).unwrap_err().to_string();
         assert!(e.contains(&format!("MSCCLPP_PDL={bad:?}")), "{e}");
     }
     let alone = u32::MAX;
-    assert_eq!(pdl_plan(None, alone, false), (true, alone));
-    assert_eq!(pdl_plan(Some("1"), alone, false), (true, alone));
-    assert_eq!(pdl_plan(Some(" 0 "), alone, false), (false, alone));
+    assert_eq!(pdl_plan(PdlMode::Auto, alone, false), (true, alone));
+    assert_eq!(pdl_plan(PdlMode::On, alone, false), (true, alone));
+    assert_eq!(pdl_plan(PdlMode::Off, alone, false), (false, alone));
     assert_eq!(
-        pdl_plan(None, 33, false),
+        pdl_plan(PdlMode::Auto, 33, false),
         (false, 33),
         "four ranks on 132 SMs"
     );
-    assert_eq!(pdl_plan(Some("0"), 33, false), (false, 33));
-    assert_eq!(pdl_plan(Some("1"), 33, true), (true, 16));
-    assert_eq!(pdl_plan(Some("1"), 66, true), (true, 33));
-    assert_eq!(pdl_plan(None, 66, true), (false, 33), "another rank set 1");
+    assert_eq!(pdl_plan(PdlMode::Off, 33, false), (false, 33));
+    assert_eq!(pdl_plan(PdlMode::On, 33, true), (true, 16));
+    assert_eq!(pdl_plan(PdlMode::On, 66, true), (true, 33));
     assert_eq!(
-        pdl_plan(Some("0"), 66, true),
+        pdl_plan(PdlMode::Auto, 66, true),
         (false, 33),
         "another rank set 1"
     );
     assert_eq!(
-        pdl_plan(Some("1"), 1, true),
+        pdl_plan(PdlMode::Off, 66, true),
+        (false, 33),
+        "another rank set 1"
+    );
+    assert_eq!(
+        pdl_plan(PdlMode::On, 1, true),
         (true, 1),
         "never below one block"
     );
-    assert_eq!(pdl_plan(Some("yes"), 66, false), (false, 66));
 }
 
 #[test]
 fn p2p_peers_variable_parses_absolute_and_relative_ranks() {
-    use super::xp2p::parse_peers;
+    use super::xp2p::peers_of;
+    use crate::settings::Settings;
+    let parse_peers = |v: &str, rank: usize, nranks: usize| {
+        Settings::from_vars([("MSCCLPP_P2P_PEERS", v)])
+            .map_err(|e| e.to_string())
+            .and_then(|s| peers_of(&s.p2p_peers, rank, nranks).map_err(|e| e.to_string()))
+    };
     // Rank 8 of 24 (three stages of 8).
     assert_eq!(parse_peers("+8,-8", 8, 24).unwrap(), Some(vec![16, 0]));
     // Relative ranks outside the job are skipped, so the last stage names only one.
@@ -1278,7 +1298,7 @@ fn p2p_peers_variable_parses_absolute_and_relative_ranks() {
         ("+", "\"+\" is not a rank"),
         ("1,-", "\"-\" is not a rank"),
     ] {
-        let e = parse_peers(v, 0, 24).unwrap_err().to_string();
+        let e = parse_peers(v, 0, 24).unwrap_err();
         assert!(
             e.contains("MSCCLPP_P2P_PEERS") && e.contains(why),
             "{v:?}: {e}"

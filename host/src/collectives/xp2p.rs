@@ -25,6 +25,7 @@ use super::cross::{
 use super::{CollConfig, gpu};
 use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu};
+use crate::settings::{PeerList, PeerRank};
 use crate::transport::TransportKind;
 
 /// Send (and receive) slots per remote rank and direction.
@@ -57,54 +58,33 @@ fn remotes_of(topo: &Topology, rank: usize) -> Vec<usize> {
 /// default; `none`: no rank.
 pub const P2P_PEERS_ENV: &str = "MSCCLPP_P2P_PEERS";
 
-/// Reads [`P2P_PEERS_ENV`] for `rank` of `nranks` (`None`: unset, or `all`).
-pub(super) fn peers_from_env(rank: usize, nranks: usize) -> Result<Option<Vec<usize>>, CommError> {
-    match std::env::var(P2P_PEERS_ENV) {
-        Ok(v) => parse_peers(&v, rank, nranks),
-        Err(_) => Ok(None),
-    }
-}
-
-/// A [`P2P_PEERS_ENV`] value for `rank` of `nranks`: ranks separated by commas or spaces,
-/// each absolute (`13`) or relative to `rank` (`+8`, `-8`: the next and previous stage of a
-/// pipeline of 8 ranks per stage; a relative rank outside `0..nranks` is skipped, so one
-/// value suits every rank); `all` or empty: the default (`None`); `none`: no rank.
-pub(super) fn parse_peers(
-    v: &str,
+/// The ranks [`P2P_PEERS_ENV`] (`list`, [`Settings::p2p_peers`]) names for `rank` of
+/// `nranks`: `None` for all; relative ranks outside `0..nranks` are skipped (so one value
+/// suits every rank), an absolute rank outside it is an error naming the variable.
+///
+/// [`Settings::p2p_peers`]: crate::settings::Settings::p2p_peers
+pub(super) fn peers_of(
+    list: &PeerList,
     rank: usize,
     nranks: usize,
 ) -> Result<Option<Vec<usize>>, CommError> {
-    let bad = |why: String| {
-        Err(CommError::InvalidArgument(format!(
-            "{P2P_PEERS_ENV}={v:?}: {why}"
-        )))
+    let PeerList::Ranks(ranks) = list else {
+        return Ok(None);
     };
-    match v.trim().to_ascii_lowercase().as_str() {
-        "" | "all" => return Ok(None),
-        "none" => return Ok(Some(Vec::new())),
-        _ => {}
-    }
     let mut out = Vec::new();
-    for item in v.split([',', ' ']).map(str::trim).filter(|s| !s.is_empty()) {
-        let (sign, digits) = match item.as_bytes()[0] {
-            b'+' => (1i128, &item[1..]),
-            b'-' => (-1i128, &item[1..]),
-            _ => (0, item),
-        };
-        let Ok(n) = digits.parse::<u64>() else {
-            return bad(format!(
-                "{item:?} is not a rank (expected e.g. 13, +8 or -8, or all / none)"
-            ));
-        };
-        if sign == 0 {
-            if n >= nranks as u64 {
-                return bad(format!("rank {n} is not a rank (there are {nranks} ranks)"));
+    for r in ranks {
+        match *r {
+            PeerRank::Absolute(n) if n >= nranks as u64 => {
+                return Err(CommError::InvalidArgument(format!(
+                    "{P2P_PEERS_ENV}: rank {n} is not a rank (there are {nranks} ranks)"
+                )));
             }
-            out.push(n as usize);
-        } else {
-            let p = rank as i128 + sign * n as i128;
-            if (0..nranks as i128).contains(&p) {
-                out.push(p as usize);
+            PeerRank::Absolute(n) => out.push(n as usize),
+            PeerRank::Relative(d) => {
+                let p = rank as i128 + d as i128;
+                if (0..nranks as i128).contains(&p) {
+                    out.push(p as usize);
+                }
             }
         }
     }

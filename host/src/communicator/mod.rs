@@ -44,6 +44,7 @@ use mscclpp_device::semaphore::DeviceSemaphore;
 use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, BootstrapRoot, UniqueId};
 use crate::cuda::{DeviceBuffer, Gpu, MappedHostBuffer};
 use crate::proxy::{Fifo, FifoConfig, ProxyService};
+use crate::settings::Settings;
 use crate::transport::TransportKind;
 use crate::transport::buffer::BufferMem;
 use crate::transport::ib::{self, IbConfig, IbError};
@@ -196,10 +197,10 @@ impl Communicator {
                 .ib
                 .validate()
                 .map_err(|e| CommError::InvalidArgument(e.to_string()))?;
-            let proxy_flag = ProxyFlagMode::from_env()
-                .map_err(|e| CommError::InvalidArgument(e.to_string()))?
-                .unwrap_or(config.proxy_flag);
-            let device_timeout = device_timeout_from_env()?.unwrap_or(config.device_timeout);
+            let settings =
+                Settings::global().map_err(|e| CommError::InvalidArgument(e.to_string()))?;
+            let proxy_flag = settings.proxy_flag.unwrap_or(config.proxy_flag);
+            let device_timeout = settings.device_timeout.unwrap_or(config.device_timeout);
             let fifo_config = FifoConfig {
                 slots: config.fifo_slots,
                 timeout: device_timeout,
@@ -829,35 +830,11 @@ pub(crate) fn idle_within(gpu: &Gpu, wait: Duration) -> bool {
     spawned.is_ok() && rx.recv_timeout(wait).unwrap_or(false)
 }
 
-/// Environment variable: the device timeout in seconds ([`CommConfig::device_timeout`]),
+/// Environment variable: the device timeout in seconds ([`CommConfig::device_timeout`],
+/// [`Settings::device_timeout`]),
 /// e.g. `10` or `2.5`; it overrides the config. Lowering it on one rank makes that rank
 /// report first when ranks wait for each other (which rank waits for whom, and where).
 pub const DEVICE_TIMEOUT_ENV: &str = "MSCCLPP_DEVICE_TIMEOUT";
-
-/// The device timeout [`DEVICE_TIMEOUT_ENV`] asks for, if it is set and not empty (as
-/// `MSCCLPP_BOOTSTRAP_TIMEOUT`): seconds, finite, above 0 and at most a day; anything else
-/// is an error naming the variable.
-fn device_timeout_from_env() -> Result<Option<Duration>, CommError> {
-    match std::env::var(DEVICE_TIMEOUT_ENV) {
-        Ok(v) => parse_device_timeout(&v),
-        Err(_) => Ok(None),
-    }
-}
-
-/// A [`DEVICE_TIMEOUT_ENV`] value as a duration, `None` when empty (see
-/// [`device_timeout_from_env`]).
-fn parse_device_timeout(value: &str) -> Result<Option<Duration>, CommError> {
-    if value.trim().is_empty() {
-        return Ok(None);
-    }
-    match crate::launch::positive_seconds(value).filter(|&s| s <= 86_400.0) {
-        Some(secs) => Ok(Some(Duration::from_secs_f64(secs))),
-        None => Err(CommError::InvalidArgument(format!(
-            "{DEVICE_TIMEOUT_ENV}={value:?}: expected a number of seconds above 0 and at most \
-             86400 (one day)"
-        ))),
-    }
-}
 
 /// How long a dropped [`Communicator`] waits for the work of its GPU context to end before
 /// its goodbye says so ([`Bootstrap::set_work_ended_at_close`]); past it, the goodbye says

@@ -1043,19 +1043,16 @@ fn connection_tags_are_named_in_messages() {
 /// names itself when it cannot be read.
 #[test]
 fn device_timeout_env_values_are_read_or_refused_by_name() {
-    assert_eq!(
-        parse_device_timeout("10").unwrap(),
-        Some(Duration::from_secs(10))
-    );
-    assert_eq!(
-        parse_device_timeout(" 2.5 ").unwrap(),
-        Some(Duration::from_millis(2500))
-    );
+    let read = |v: &str| {
+        crate::settings::Settings::from_vars([(DEVICE_TIMEOUT_ENV, v)]).map(|s| s.device_timeout)
+    };
+    assert_eq!(read("10").unwrap(), Some(Duration::from_secs(10)));
+    assert_eq!(read(" 2.5 ").unwrap(), Some(Duration::from_millis(2500)));
     // Empty: unset, as MSCCLPP_BOOTSTRAP_TIMEOUT.
-    assert_eq!(parse_device_timeout("").unwrap(), None);
-    assert_eq!(parse_device_timeout("  ").unwrap(), None);
+    assert_eq!(read("").unwrap(), None);
+    assert_eq!(read("  ").unwrap(), None);
     for bad in ["0", "-1", "ten", "inf", "NaN", "86401"] {
-        let e = parse_device_timeout(bad).unwrap_err().to_string();
+        let e = read(bad).unwrap_err().to_string();
         assert!(
             e.contains(DEVICE_TIMEOUT_ENV) && e.contains(&format!("{bad:?}")),
             "{bad}: {e}"

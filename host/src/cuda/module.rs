@@ -7,6 +7,7 @@ use cudarc::driver::{CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
 use super::{CudaError, Gpu, Result};
+use crate::settings::Settings;
 
 /// Picks the PTX with the highest compute capability not above `device_cc` (both × 10):
 /// PTX for sm_80 runs on sm_90 (the driver JIT-compiles it), not the other way round.
@@ -49,35 +50,14 @@ pub fn is_image_error(code: cudarc::driver::sys::CUresult) -> bool {
 /// `cubin` (machine code or an error).
 pub const KERNEL_IMAGE_ENV: &str = "MSCCLPP_KERNEL_IMAGE";
 
-/// What [`KERNEL_IMAGE_ENV`] asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImagePolicy {
-    /// A cubin when one fits the device and the driver takes it, else PTX.
-    Auto,
-    /// PTX only.
-    Ptx,
-    /// A cubin only.
-    Cubin,
-}
+/// What [`KERNEL_IMAGE_ENV`] asks for ([`Settings::kernel_image`]).
+pub use crate::settings::ImagePolicy;
 
-impl ImagePolicy {
-    /// Reads `value` (of [`KERNEL_IMAGE_ENV`]; `None` or blank: `auto`).
-    pub fn parse(value: Option<&str>) -> Result<ImagePolicy> {
-        match value.map(str::trim) {
-            None | Some("") | Some("auto") => Ok(ImagePolicy::Auto),
-            Some("ptx") => Ok(ImagePolicy::Ptx),
-            Some("cubin") => Ok(ImagePolicy::Cubin),
-            Some(v) => Err(CudaError::InvalidArgument(format!(
-                "{KERNEL_IMAGE_ENV}={v:?}: expected auto, ptx or cubin"
-            ))),
-        }
-    }
-
-    fn from_env() -> Result<ImagePolicy> {
-        // Not Unicode: named by `parse` as any other bad value.
-        let value = std::env::var_os(KERNEL_IMAGE_ENV);
-        ImagePolicy::parse(value.as_ref().map(|v| v.to_string_lossy()).as_deref())
-    }
+/// The kernel image this process's settings ask for.
+fn image_policy() -> Result<ImagePolicy> {
+    Settings::global()
+        .map(|s| s.kernel_image)
+        .map_err(|e| CudaError::InvalidArgument(e.to_string()))
 }
 
 /// The kind of image a [`KernelModule`] was loaded from.
@@ -119,7 +99,7 @@ impl KernelModule {
         ptx: &[(u32, &str)],
         cubin: &[(u32, &[u8])],
     ) -> Result<KernelModule> {
-        let policy = ImagePolicy::from_env()?;
+        let policy = image_policy()?;
         let (major, minor) = gpu.info().compute_capability;
         let cc = major * 10 + minor;
         if policy == ImagePolicy::Ptx {

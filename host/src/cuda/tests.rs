@@ -40,16 +40,15 @@ fn only_image_errors_send_a_refused_cubin_to_the_ptx() {
 
 #[test]
 fn kernel_image_env_values_are_read_or_refused_by_name() {
-    assert_eq!(ImagePolicy::parse(None).unwrap(), ImagePolicy::Auto);
-    assert_eq!(ImagePolicy::parse(Some(" ")).unwrap(), ImagePolicy::Auto);
-    assert_eq!(ImagePolicy::parse(Some("auto")).unwrap(), ImagePolicy::Auto);
-    assert_eq!(ImagePolicy::parse(Some("ptx")).unwrap(), ImagePolicy::Ptx);
-    assert_eq!(
-        ImagePolicy::parse(Some(" cubin")).unwrap(),
-        ImagePolicy::Cubin
-    );
-    for bad in ["PTX", "sass", "1"] {
-        let e = ImagePolicy::parse(Some(bad)).unwrap_err().to_string();
+    let read = |v: &str| {
+        crate::settings::Settings::from_vars([(KERNEL_IMAGE_ENV, v)]).map(|s| s.kernel_image)
+    };
+    assert_eq!(read(" ").unwrap(), ImagePolicy::Auto);
+    assert_eq!(read("auto").unwrap(), ImagePolicy::Auto);
+    assert_eq!(read("ptx").unwrap(), ImagePolicy::Ptx);
+    assert_eq!(read(" cubin").unwrap(), ImagePolicy::Cubin);
+    for bad in ["sass", "1"] {
+        let e = read(bad).unwrap_err().to_string();
         assert!(
             e.contains(KERNEL_IMAGE_ENV) && e.contains(&format!("{bad:?}")),
             "{e}"

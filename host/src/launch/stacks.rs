@@ -30,13 +30,12 @@ const THEIRS: [&str; 9] = [
     "rayon",
 ];
 
-/// The environment variable that turns stacks on for every launcher that does not say
-/// otherwise: set and not `0` (`.ci/run` sets it).
-pub(super) const ENV_STACKS: &str = "MSCCLPP_LAUNCH_STACKS";
-
-/// Whether [`ENV_STACKS`] asks for stacks.
+/// Whether `MSCCLPP_LAUNCH_STACKS` ([`Settings::launch_stacks`]) turns stacks on for every
+/// launcher that does not say otherwise (`.ci/run` sets it).
+///
+/// [`Settings::launch_stacks`]: crate::settings::Settings::launch_stacks
 pub(super) fn wanted_by_env() -> bool {
-    std::env::var_os(ENV_STACKS).is_some_and(|v| !v.is_empty() && v != "0")
+    crate::settings::Settings::global_or_default().launch_stacks
 }
 
 /// The threads' stacks of process `pid` (see the [module](self)), from `gdb` given at most

@@ -99,15 +99,10 @@ fn master_port_offset_and_override() {
     for bad in ["0", "70000", "x"] {
         let err = with(&[("MSCCLPP_BOOTSTRAP_PORT", bad)]).unwrap_err();
         assert!(
-            matches!(
-                err,
-                LaunchError::BadRoot {
-                    var: "MSCCLPP_BOOTSTRAP_PORT",
-                    ..
-                }
-            ),
+            matches!(&err, LaunchError::Settings(e) if e.bad[0].var == "MSCCLPP_BOOTSTRAP_PORT"),
             "{err}"
         );
+        assert!(err.to_string().contains("from 1 to 65535"), "{err}");
     }
     let err = Launch::from_vars(vars(&[
         ("RANK", "0"),
@@ -420,7 +415,7 @@ fn errors_name_the_problem() {
     ]))
     .unwrap_err();
     assert!(
-        matches!(err, LaunchError::BadTimeout { var, .. } if var == ENV_BOOTSTRAP_TIMEOUT),
+        matches!(&err, LaunchError::Settings(e) if e.bad[0].var == ENV_BOOTSTRAP_TIMEOUT),
         "{err}"
     );
     let err = Launch::from_vars(vars(&[
@@ -431,12 +426,12 @@ fn errors_name_the_problem() {
     ]))
     .unwrap_err();
     assert!(
-        matches!(err, LaunchError::BadTimeout { var, .. } if var == ENV_RENDEZVOUS_TIMEOUT),
+        matches!(&err, LaunchError::Settings(e) if e.bad[0].var == ENV_RENDEZVOUS_TIMEOUT),
         "{err}"
     );
     assert!(
         err.to_string()
-            .contains("MSCCLPP_RENDEZVOUS_TIMEOUT=\"soon\" is not a positive number"),
+            .contains("MSCCLPP_RENDEZVOUS_TIMEOUT=\"soon\": expected a number of seconds above 0"),
         "{err}"
     );
 }

@@ -270,7 +270,7 @@ impl ProxyStats {
 
 /// Whether [`PROXY_STATS_ENV`] asks for [`ProxyStats`].
 pub(crate) fn stats_wanted() -> bool {
-    std::env::var(PROXY_STATS_ENV).is_ok_and(|v| v.trim() == "1")
+    crate::settings::Settings::global_or_default().proxy_stats
 }
 
 fn run(

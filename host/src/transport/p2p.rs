@@ -21,6 +21,7 @@ use crate::cuda::{
 
 use super::flag_queue::{CopyEngine, FlagQueue};
 use super::{DataPlane, Route, TransportError};
+use crate::settings::{Settings, SettingsError};
 
 /// The environment variable choosing the [`ProxyFlagMode`] (`stream` or `cpu`); when set it
 /// overrides `CommConfig::proxy_flag`.
@@ -29,41 +30,13 @@ pub const PROXY_FLAG_ENV: &str = "MSCCLPP_PROXY_FLAG";
 /// How a P2P proxy raises the peer's inbound counter after the data (see the
 /// [module](self)). Both ends of a connection must use the same mode (setup fails naming
 /// [`PROXY_FLAG_ENV`] otherwise). Only proxy channels on a GPU backend are affected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ProxyFlagMode {
-    /// `cuStreamWriteValue64` on the proxy's stream after the copies (the seed's way).
-    #[default]
-    Stream,
-    /// A CPU store into host memory the peer GPU polls, once the copies are known done.
-    Cpu,
-}
-
-/// A [`PROXY_FLAG_ENV`] value that is neither `stream` nor `cpu`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{PROXY_FLAG_ENV}={value:?}: expected `stream` or `cpu`")]
-pub struct ProxyFlagModeError {
-    /// The value given.
-    pub value: String,
-}
+pub use crate::settings::ProxyFlagMode;
 
 impl ProxyFlagMode {
-    /// Parses `stream` or `cpu` (surrounding spaces and case ignored).
-    pub fn parse(v: &str) -> Result<ProxyFlagMode, ProxyFlagModeError> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "stream" => Ok(ProxyFlagMode::Stream),
-            "cpu" => Ok(ProxyFlagMode::Cpu),
-            _ => Err(ProxyFlagModeError {
-                value: v.to_string(),
-            }),
-        }
-    }
-
-    /// The mode [`PROXY_FLAG_ENV`] asks for, if it is set; an unknown value is an error.
-    pub fn from_env() -> Result<Option<ProxyFlagMode>, ProxyFlagModeError> {
-        match std::env::var(PROXY_FLAG_ENV) {
-            Err(_) => Ok(None),
-            Ok(v) => ProxyFlagMode::parse(&v).map(Some),
-        }
+    /// The mode [`PROXY_FLAG_ENV`] asks for ([`Settings::proxy_flag`]), if it is set; an
+    /// unknown value is an error naming it.
+    pub fn from_env() -> Result<Option<ProxyFlagMode>, SettingsError> {
+        Settings::global().map(|s| s.proxy_flag)
     }
 }
 
@@ -236,10 +209,11 @@ mod tests {
 
     #[test]
     fn proxy_flag_mode_parses_both_names_and_refuses_others() {
+        use crate::settings::Choice;
         assert_eq!(ProxyFlagMode::parse("stream"), Ok(ProxyFlagMode::Stream));
         assert_eq!(ProxyFlagMode::parse(" CPU "), Ok(ProxyFlagMode::Cpu));
-        let e = ProxyFlagMode::parse("gpu").unwrap_err();
-        assert_eq!(e.value, "gpu");
+        let e = Settings::from_vars([(PROXY_FLAG_ENV, "gpu")]).unwrap_err();
+        assert_eq!(e.bad[0].value, "gpu");
         let msg = e.to_string();
         assert!(
             msg.contains(PROXY_FLAG_ENV) && msg.contains("stream") && msg.contains("cpu"),

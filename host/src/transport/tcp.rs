@@ -67,6 +67,7 @@ use cudarc::driver::CudaStream;
 
 use crate::bootstrap::{Bootstrap, LOSS_NEWS_GRACE, Op};
 use crate::cuda::{CudaError, Gpu, MappedHostBuffer, StreamRole, write_u64_async};
+use crate::settings::Settings;
 
 use super::backend::Backend;
 use super::error::CommError;
@@ -129,7 +130,7 @@ pub enum TcpError {
     },
 }
 
-/// Settings of the TCP transport, from the environment.
+/// Settings of the TCP transport, from the environment ([`Settings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpConfig {
     /// Sockets per connection.
@@ -142,11 +143,7 @@ pub struct TcpConfig {
 
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig {
-            conns: 2,
-            chunk: 512 * 1024,
-            timeout: Duration::from_secs(10),
-        }
+        TcpConfig::from_settings(&Settings::default())
     }
 }
 
@@ -154,23 +151,18 @@ impl TcpConfig {
     /// The defaults, overridden by `MSCCLPP_TCP_CONNS`, `MSCCLPP_TCP_CHUNK` and
     /// `MSCCLPP_TCP_TIMEOUT_MS`.
     pub fn from_env() -> Result<TcpConfig, TcpError> {
-        let read = |name: &str, lo: u64, hi: u64| -> Result<Option<u64>, TcpError> {
-            match std::env::var(name) {
-                Err(_) => Ok(None),
-                Ok(v) => match v.trim().parse::<u64>() {
-                    Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
-                    _ => Err(TcpError::Config(format!(
-                        "{name}={v}: expected an integer from {lo} to {hi}"
-                    ))),
-                },
-            }
-        };
-        let d = TcpConfig::default();
-        Ok(TcpConfig {
-            conns: read(TCP_CONNS_ENV, 1, 64)?.map_or(d.conns, |n| n as usize),
-            chunk: read(TCP_CHUNK_ENV, 4096, 64 << 20)?.map_or(d.chunk, |n| n as usize),
-            timeout: read(TCP_TIMEOUT_ENV, 1, 3_600_000)?.map_or(d.timeout, Duration::from_millis),
-        })
+        let s = Settings::global().map_err(|e| TcpError::Config(e.to_string()))?;
+        Ok(TcpConfig::from_settings(s))
+    }
+
+    /// The values of `settings` ([`Settings::tcp_conns`], [`Settings::tcp_chunk`],
+    /// [`Settings::tcp_timeout`]).
+    pub fn from_settings(settings: &Settings) -> TcpConfig {
+        TcpConfig {
+            conns: settings.tcp_conns,
+            chunk: settings.tcp_chunk,
+            timeout: settings.tcp_timeout,
+        }
     }
 }
 
@@ -243,13 +235,14 @@ fn ifname_matches(spec: &str, name: &str) -> bool {
 
 /// The interface setting: `MSCCLPP_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME` (blank values
 /// count as unset), with the variable's name.
-fn ifname_spec() -> Option<(&'static str, String)> {
-    [SOCKET_IFNAME_ENV, NCCL_SOCKET_IFNAME_ENV]
-        .into_iter()
-        .find_map(|var| match std::env::var(var) {
-            Ok(v) if !v.trim().is_empty() => Some((var, v.trim().to_string())),
-            _ => None,
-        })
+fn ifname_spec() -> Result<Option<(&'static str, String)>, TcpError> {
+    let s = Settings::global().map_err(|e| TcpError::Config(e.to_string()))?;
+    Ok([
+        (SOCKET_IFNAME_ENV, &s.socket_ifname),
+        (NCCL_SOCKET_IFNAME_ENV, &s.nccl_socket_ifname),
+    ]
+    .into_iter()
+    .find_map(|(var, v)| v.clone().map(|v| (var, v))))
 }
 
 /// This machine's interfaces, or a [`TcpError::NoInterface`] for `var`/`spec` that says why
@@ -287,7 +280,7 @@ fn matching_ip(
 /// The address to listen on: the first address of an interface matching
 /// `MSCCLPP_SOCKET_IFNAME` (else `NCCL_SOCKET_IFNAME`), else `default` (the bootstrap's).
 pub fn listen_ip(default: IpAddr) -> Result<IpAddr, TcpError> {
-    let Some((var, spec)) = ifname_spec() else {
+    let Some((var, spec)) = ifname_spec()? else {
         return Ok(default);
     };
     matching_ip(var, &spec, &interfaces_for(var, &spec)?)
@@ -299,7 +292,7 @@ pub fn listen_ip(default: IpAddr) -> Result<IpAddr, TcpError> {
 /// own order: an `ib*` interface, else any but `docker*` and `lo*`, else `docker*`, else
 /// loopback (IPv4 before IPv6 in each).
 pub fn root_ip() -> Result<IpAddr, TcpError> {
-    match ifname_spec() {
+    match ifname_spec()? {
         Some((var, spec)) => matching_ip(var, &spec, &interfaces_for(var, &spec)?),
         None => Ok(default_root_ip(&interfaces().unwrap_or_default())),
     }

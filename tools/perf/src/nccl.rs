@@ -31,6 +31,7 @@ use crate::host::collectives::{DataType, PreMulScalar, ReduceOp};
 use crate::host::cuda::{CudaStream, Gpu};
 
 use super::PerfError;
+use crate::host::settings::{NcclLib as NcclChoice, Settings};
 
 /// Names the NCCL library (a file, or a directory holding `libnccl.so.2`).
 pub const ENV_NCCL_LIB: &str = "MSCCLPP_NCCL_LIB";
@@ -73,23 +74,39 @@ fn search_dirs() -> Vec<PathBuf> {
     crate::host::runtime_libs::search_dirs(&WHEEL_DIRS, true, &extra)
 }
 
+/// This process's settings, or the error naming the variables that do not parse.
+fn settings() -> Result<&'static Settings, PerfError> {
+    Settings::global().map_err(|e| PerfError::Nccl(e.to_string()))
+}
+
+/// The library `MSCCLPP_NCCL_LIB` names: the file, or `libnccl.so.2` in the folder.
+fn lib_at(p: &Path) -> Result<NcclLib, PerfError> {
+    if p.is_file() {
+        return Ok(NcclLib::File(p.to_path_buf()));
+    }
+    if p.is_dir()
+        && let Some(f) = lib_in(p)
+    {
+        return Ok(NcclLib::File(f));
+    }
+    Err(PerfError::Nccl(format!(
+        "{ENV_NCCL_LIB}={}: no such library (give the path of libnccl.so.2, or a folder \
+         holding it)",
+        p.display()
+    )))
+}
+
 /// Finds NCCL (see the [module](self) for the order).
 pub fn locate() -> Result<NcclLib, PerfError> {
-    if let Some(v) = std::env::var_os(ENV_NCCL_LIB).filter(|v| !v.is_empty()) {
-        let p = PathBuf::from(&v);
-        if p.is_file() {
-            return Ok(NcclLib::File(p));
+    match &settings()?.nccl_lib {
+        NcclChoice::Search => {}
+        NcclChoice::Off => {
+            return Err(PerfError::Nccl(format!(
+                "{ENV_NCCL_LIB} says none, but comparing with NCCL needs it (unset it, or give \
+                 the path of libnccl.so.2)"
+            )));
         }
-        if p.is_dir()
-            && let Some(f) = lib_in(&p)
-        {
-            return Ok(NcclLib::File(f));
-        }
-        return Err(PerfError::Nccl(format!(
-            "{ENV_NCCL_LIB}={}: no such library (give the path of libnccl.so.2, or a folder \
-             holding it)",
-            p.display()
-        )));
+        NcclChoice::Path(p) => return lib_at(p),
     }
     if loadable_by_name() {
         return Ok(NcclLib::ByName);
@@ -177,7 +194,7 @@ pub fn shim_dir(lib: &Path) -> Result<PathBuf, PerfError> {
 /// Environment that makes NCCL loadable in processes started with it; empty when cudarc's
 /// names already load (and `MSCCLPP_NCCL_LIB` is not set).
 pub fn child_env() -> Result<Vec<(OsString, OsString)>, PerfError> {
-    if std::env::var_os(ENV_PREPARED).is_some() {
+    if settings()?.perf_nccl_prepared {
         return Ok(Vec::new());
     }
     match locate()? {
@@ -230,7 +247,7 @@ pub fn reexec_if_needed() -> Result<(), PerfError> {
 
 /// The library file the ranks were prepared with, if any (for the header).
 pub fn found_path() -> Option<String> {
-    std::env::var(ENV_FOUND).ok()
+    Settings::global_or_default().perf_nccl_path.clone()
 }
 
 fn nccl_err(call: &str, e: result::NcclError) -> PerfError {

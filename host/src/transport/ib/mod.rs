@@ -534,22 +534,15 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// From [`IB_DEVICE_ENV`], [`IB_PORT_ENV`] and [`IB_GID_INDEX_ENV`].
+    /// From [`IB_DEVICE_ENV`], [`IB_PORT_ENV`] and [`IB_GID_INDEX_ENV`]
+    /// ([`Settings::ib_device`](crate::settings::Settings::ib_device) and the two after it).
     pub fn from_env() -> Result<Selection, IbError> {
-        let num = |var: &str, default: u8| -> Result<u8, IbError> {
-            match std::env::var(var) {
-                Err(_) => Ok(default),
-                Ok(v) => v.trim().parse().map_err(|_| {
-                    IbError::Unavailable(format!("{var}={v:?} is not a number in 0..=255"))
-                }),
-            }
-        };
+        let s =
+            crate::settings::Settings::global().map_err(|e| IbError::Unavailable(e.to_string()))?;
         Ok(Selection {
-            device: std::env::var(IB_DEVICE_ENV)
-                .ok()
-                .filter(|s| !s.trim().is_empty()),
-            port: num(IB_PORT_ENV, 1)?,
-            gid_index: num(IB_GID_INDEX_ENV, 0)?,
+            device: s.ib_device.clone(),
+            port: s.ib_port,
+            gid_index: s.ib_gid_index,
         })
     }
 

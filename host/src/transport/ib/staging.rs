@@ -39,6 +39,7 @@ use crate::cuda::{CudaStream, memcpy_async, write_u64_async};
 use crate::transport::TransportError;
 
 use super::IbError;
+use crate::settings::Settings;
 
 /// Environment variable overriding [`IbConfig::staging`](super::IbConfig::staging): `1`
 /// forces host staging for every IB connection, `0` never stages (GPU memory must register),
@@ -56,38 +57,15 @@ pub(crate) const RING_WORD: u64 = 4;
 /// Size of a control block in bytes.
 pub const CONTROL_BYTES: u64 = (RING_WORD + RING) * 8;
 
-/// When an IB connection stages its buffer through host memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StagingMode {
-    /// GPU buffers that cannot be registered (no dma-buf, no nvidia-peermem) are staged;
-    /// host buffers never are.
-    #[default]
-    Auto,
-    /// Every IB connection stages its buffer (GPU or host), e.g. to test the path.
-    Always,
-    /// Never: a GPU buffer that cannot be registered fails setup naming both reasons.
-    Never,
-}
+/// When an IB connection stages its buffer through host memory ([`Settings::ib_staging`]).
+pub use crate::settings::StagingMode;
 
 impl StagingMode {
     /// The mode [`IB_STAGING_ENV`] asks for, if it is set; an unknown value is an error.
     pub fn from_env() -> Result<Option<StagingMode>, IbError> {
-        match std::env::var(IB_STAGING_ENV) {
-            Err(_) => Ok(None),
-            Ok(v) => StagingMode::parse(&v).map(Some),
-        }
-    }
-
-    /// Parses `1`/`always`, `0`/`never`, `auto` (surrounding spaces and case ignored).
-    pub fn parse(v: &str) -> Result<StagingMode, IbError> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "always" | "on" | "true" => Ok(StagingMode::Always),
-            "0" | "never" | "off" | "false" => Ok(StagingMode::Never),
-            "auto" | "" => Ok(StagingMode::Auto),
-            _ => Err(IbError::InvalidConfig(format!(
-                "{IB_STAGING_ENV}={v:?}: expected 1 (always), 0 (never) or auto"
-            ))),
-        }
+        Settings::global()
+            .map(|s| s.ib_staging)
+            .map_err(|e| IbError::InvalidConfig(e.to_string()))
     }
 }
 

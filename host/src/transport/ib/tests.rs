@@ -638,9 +638,11 @@ fn staging_mode_and_records_parse_and_refuse() {
         ("0", StagingMode::Never),
         ("AUTO", StagingMode::Auto),
     ] {
-        assert_eq!(StagingMode::parse(v).unwrap(), m, "{v}");
+        assert_eq!(crate::settings::Choice::parse(v), Ok(m), "{v}");
     }
-    let e = StagingMode::parse("sometimes").unwrap_err().to_string();
+    let e = crate::settings::Settings::from_vars([(IB_STAGING_ENV, "sometimes")])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains(IB_STAGING_ENV), "{e}");
     assert_eq!(IbConfig::default().staging, StagingMode::Auto);
     for (off, size) in [(0, 1), (4095, 1), (u32::MAX as u64, u32::MAX as u64)] {
