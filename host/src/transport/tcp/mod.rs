@@ -1,0 +1,685 @@
+//! The TCP transport: proxy channels over plain sockets, for machines without RDMA (NCCL's
+//! socket transport plays this part there).
+//!
+//! Each connection has `MSCCLPP_TCP_CONNS` sockets to its peer (default 2, "stripes"), set
+//! up by the lower rank connecting to the higher rank's listener (address exchanged in the
+//! connection's description over the bootstrap). Both directions of a connection share the
+//! sockets: this side's proxy writes frames, this side's receiver threads (one per socket,
+//! started at setup, stopped when the connection drops) read the peer's.
+//!
+//! - A put is cut into chunks of at most `MSCCLPP_TCP_CHUNK` bytes (default 512 KiB), sent
+//!   round-robin over the stripes as `DATA(dst_offset, len)` frames straight from the
+//!   registered buffer; the receiver reads each chunk straight into its registered buffer at
+//!   `dst_offset` (bounds-checked again there: the peer is not trusted), then adds `len` to
+//!   its stripe's count of bytes received.
+//! - A signal is a `SIGNAL(epoch, sent[0..stripes])` frame on stripe 0, carrying how many
+//!   data bytes the sender had written on each stripe. Stripe 0's receiver raises the
+//!   inbound counter (release) only once every stripe has received that many bytes, so the
+//!   data is visible before the signal however the stripes interleave.
+//! - Memory is bounded: nothing is buffered here beyond one small frame (the kernel's socket
+//!   buffers do the rest); a put returns once its bytes are written to the sockets, so
+//!   [`DataPlane::flush`] has nothing to wait for and the source may be reused.
+//! - Every wait has a timeout (`MSCCLPP_TCP_TIMEOUT_MS`, default 10 s): connecting,
+//!   accepting, a write that makes no progress, a frame that stops halfway, a signal whose
+//!   data does not arrive.
+//! - A peer that dies closes its sockets: the receivers see it at once and the next put or
+//!   signal to it fails with [`TcpError::PeerLost`], naming the rank.
+//!
+//! The interface: `MSCCLPP_SOCKET_IFNAME` (else `NCCL_SOCKET_IFNAME`) as NCCL's (comma-separated
+//! name prefixes, `^` to exclude them, `=` for exact names); unset, the address the
+//! bootstrap listens on.
+//!
+//! On the Host backend the registered buffers are host memory that the sockets read and
+//! write directly. On the GPU backend the bytes pass through pinned host slots
+//! (`tcp_stage.rs`): the proxy copies each chunk of a put out of the device
+//! (the next chunk's copy queued while the current one is written to the socket), and each
+//! receiver reads a chunk into a slot and queues its copy into the device buffer on the
+//! copy stream; the signal's flag is then written on that stream
+//! (`cuStreamWriteValue64`), after every copy of the data before it. A connection over a
+//! *host-mapped* buffer ([`Communicator::alloc_mapped_buffer`]: pinned host memory the
+//! kernels reach over PCIe) skips all of that, as on the Host backend: puts are written to
+//! the sockets straight from the buffer (the kernel's trigger is a system-scope release of
+//! what it wrote there), the receivers read straight into it, and the signal's flag is a
+//! CPU store (release) into a host-mapped inbound counter that the kernel polls. This is
+//! the latency path of the collectives across hosts (their cross buffer is host-mapped on
+//! the GPU backend): per hop, no copy engine work and no stream to wait for. Every connection of
+//! the process on one device shares that receive stream, and the proxies one send stream
+//! (`Gpu::shared_stream`): a stream per connection made a process with a few peers pass
+//! the driver's count of hardware work queues, and a copy queued behind the spinning kernel
+//! that waits for it never ran (seen on one H200 with three simulated hosts under MPS).
+//!
+//! Not validated: who connects. A hello names a rank and tag, and anyone who can reach the
+//! listener during setup could claim them (as with NCCL's sockets; the bootstrap's secret
+//! is not carried here).
+//!
+//! [`Communicator::alloc_mapped_buffer`]: crate::communicator::Communicator::alloc_mapped_buffer
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaStream;
+
+use crate::bootstrap::{Bootstrap, LOSS_NEWS_GRACE, Op};
+use crate::cuda::{CudaError, Gpu, MappedHostBuffer, StreamRole, write_u64_async};
+use crate::settings::Settings;
+
+use super::backend::Backend;
+use super::error::CommError;
+use super::setup::{
+    ConnInfo, Connection, Link, PendingConnection, Round, SetupContext, TransportSetup, mismatch,
+    remote_info,
+};
+use super::tags::ConnTag;
+use super::tcp_stage::Slots;
+use super::{DataPlane, Route, TransportError, TransportKind, put_then_signal};
+
+mod iface;
+mod receive;
+mod setup;
+#[cfg(test)]
+mod tests;
+
+pub use iface::{listen_ip, root_ip};
+use receive::*;
+pub(crate) use setup::TcpSetup;
+
+/// Environment variable: sockets per connection (1 to 64, default 2).
+pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
+/// Environment variable: largest chunk of a put on one socket, in bytes (4 KiB to 64 MiB,
+/// default 512 KiB).
+pub const TCP_CHUNK_ENV: &str = "MSCCLPP_TCP_CHUNK";
+/// Environment variable: how long any wait of the transport lasts before it fails, in
+/// milliseconds (default 10 000).
+pub const TCP_TIMEOUT_ENV: &str = "MSCCLPP_TCP_TIMEOUT_MS";
+/// Environment variable: which interface to listen on (as `NCCL_SOCKET_IFNAME`).
+pub const SOCKET_IFNAME_ENV: &str = "MSCCLPP_SOCKET_IFNAME";
+/// NCCL's variable for the same choice, read when [`SOCKET_IFNAME_ENV`] is not set (so that
+/// a job set up for NCCL picks the same interface on us).
+pub const NCCL_SOCKET_IFNAME_ENV: &str = "NCCL_SOCKET_IFNAME";
+
+const HELLO_MAGIC: u64 = 0x4d53_4350_5443_5031; // "MSCPTCP1"
+const OP_DATA: u64 = 1;
+const OP_SIGNAL: u64 = 2;
+const HEADER: usize = 24;
+/// Puts up to this size go out as one write with their header.
+const SMALL: usize = 16 * 1024;
+/// How often a blocked receiver looks at its connection's state.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Errors of the TCP transport.
+#[derive(Debug, thiserror::Error)]
+pub enum TcpError {
+    /// The peer is gone (closed its sockets, died, or stopped making progress).
+    #[error("TCP connection ({}) with rank {peer} is lost: {why}", ConnTag(*tag))]
+    PeerLost {
+        /// The peer's rank.
+        peer: usize,
+        /// The connection's tag.
+        tag: u32,
+        /// What was seen.
+        why: String,
+    },
+    /// A setting that cannot work.
+    #[error("invalid TCP transport setting: {0}")]
+    Config(String),
+    /// No interface matches `MSCCLPP_SOCKET_IFNAME` (or `NCCL_SOCKET_IFNAME`).
+    #[error("no network interface matches {var}={spec} (interfaces: {found})")]
+    NoInterface {
+        /// The variable that was read.
+        var: &'static str,
+        /// The setting.
+        spec: String,
+        /// The interfaces found.
+        found: String,
+    },
+}
+
+/// Settings of the TCP transport, from the environment ([`Settings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpConfig {
+    /// Sockets per connection.
+    pub conns: usize,
+    /// Largest chunk of a put on one socket.
+    pub chunk: usize,
+    /// Timeout of every wait.
+    pub timeout: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig::from_settings(&Settings::default())
+    }
+}
+
+impl TcpConfig {
+    /// The defaults, overridden by `MSCCLPP_TCP_CONNS`, `MSCCLPP_TCP_CHUNK` and
+    /// `MSCCLPP_TCP_TIMEOUT_MS`.
+    pub fn from_env() -> Result<TcpConfig, TcpError> {
+        let s = Settings::global().map_err(|e| TcpError::Config(e.to_string()))?;
+        Ok(TcpConfig::from_settings(s))
+    }
+
+    /// The values of `settings` ([`Settings::tcp_conns`], [`Settings::tcp_chunk`],
+    /// [`Settings::tcp_timeout`]).
+    pub fn from_settings(settings: &Settings) -> TcpConfig {
+        TcpConfig {
+            conns: settings.tcp_conns,
+            chunk: settings.tcp_chunk,
+            timeout: settings.tcp_timeout,
+        }
+    }
+}
+
+fn u64s(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+}
+
+fn put_u64s(out: &mut Vec<u8>, words: &[u64]) {
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+}
+
+/// State a connection's receivers share with its sender.
+#[derive(Debug)]
+struct Shared {
+    peer: usize,
+    tag: u32,
+    timeout: Duration,
+    /// Data bytes each stripe's receiver has written into the local buffer.
+    received: Box<[AtomicU64]>,
+    /// Per stripe: its receiver has stopped, so its count in `received` is final.
+    ended: Box<[AtomicBool]>,
+    /// The connection is being dropped (receivers stop quietly).
+    closing: AtomicBool,
+    /// Receivers whose stream the peer closed between frames, after every frame before had
+    /// been applied (its data and flags written, staged copies complete): when all of them
+    /// have, everything the peer sent on the connection has landed.
+    drained: AtomicUsize,
+    /// Why the peer is gone, once it is, and whether that is only that a stream ended
+    /// cleanly (which a later, more telling reason replaces: a signal whose data that
+    /// stream never brought).
+    lost: Mutex<Option<(String, bool)>>,
+    lost_flag: AtomicBool,
+}
+
+impl Shared {
+    fn lose(&self, why: String) {
+        self.lose_as(why, false);
+    }
+
+    /// Records why the peer is gone (the first reason, unless `ended` only said a stream
+    /// ended: see `lost`).
+    fn lose_as(&self, why: String, ended: bool) {
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        if lost.as_ref().is_none_or(|(_, weak)| *weak && !ended) {
+            *lost = Some((why, ended));
+        }
+        self.lost_flag.store(true, Ordering::Release);
+    }
+
+    fn lost(&self) -> Option<TcpError> {
+        if !self.lost_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        let why = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(self.error(why.as_ref().map(|(w, _)| w.clone()).unwrap_or_default()))
+    }
+
+    fn error(&self, why: String) -> TcpError {
+        TcpError::PeerLost {
+            peer: self.peer,
+            tag: self.tag,
+            why,
+        }
+    }
+}
+
+/// What a receiver writes into: the local buffer and the connection's inbound counter.
+#[derive(Debug, Clone, Copy)]
+struct Sink {
+    buffer: u64,
+    len: u64,
+    inbound: u64,
+}
+
+enum Stop {
+    /// The connection is being dropped.
+    Closing,
+    /// The peer closed the stream between frames.
+    Ended,
+    /// The peer is gone or misbehaved: why.
+    Lost(String),
+}
+
+/// The sending side of a connection: its sockets and how many data bytes went on each.
+#[derive(Debug)]
+struct Tx {
+    streams: Vec<TcpStream>,
+    sent: Vec<u64>,
+    next: usize,
+    /// One small frame (header + a small put, or a signal).
+    scratch: Vec<u8>,
+}
+
+impl Tx {
+    /// Appends a `SIGNAL(epoch, sent[0..stripes])` frame to the scratch: the data bytes sent
+    /// so far on each stripe, which the peer's stripe 0 waits for before raising the flag.
+    fn push_signal(&mut self, epoch: u64) {
+        put_u64s(
+            &mut self.scratch,
+            &[OP_SIGNAL, epoch, self.streams.len() as u64],
+        );
+        put_u64s(&mut self.scratch, &self.sent);
+    }
+}
+
+/// A TCP connection's state, kept by its [`Connection`]: the sockets, the sender state the
+/// proxy's plane uses, and the receiver threads (stopped and joined on drop).
+#[derive(Debug)]
+pub(crate) struct TcpLink {
+    tx: Arc<Mutex<Tx>>,
+    shared: Arc<Shared>,
+    /// Clones of the sockets, to shut them down on drop.
+    sockets: Vec<TcpStream>,
+    receivers: Vec<JoinHandle<()>>,
+    /// The host address puts read the local buffer from (the buffer itself on the Host
+    /// backend, a host-mapped buffer's host address); `None`: staged out of the device.
+    host_src: Option<u64>,
+    /// For a host-mapped local buffer: the host-mapped inbound counters the receivers store
+    /// into (kept until the receivers are joined, and as long as the connection).
+    _flags: Option<Arc<MappedHostBuffer>>,
+}
+
+impl Link for TcpLink {}
+
+impl Drop for TcpLink {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        for s in &self.sockets {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for r in self.receivers.drain(..) {
+            let _ = r.join();
+        }
+        // What the peer sent that no receiver read is read and dropped, so that the close
+        // is orderly: closing a socket with unread bytes makes Linux reset the connection
+        // and throw away what this side had still queued to send (its last put and signal).
+        for s in &self.sockets {
+            drain_unread(s);
+        }
+    }
+}
+
+/// Reads and drops what has arrived on `stream` and nobody read (at most 64 MiB), without
+/// waiting for more.
+fn drain_unread(stream: &TcpStream) {
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 64 << 10];
+    let mut left: usize = 64 << 20;
+    while left > 0 {
+        match (&*stream).read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+impl TcpLink {
+    /// `stage`: on the GPU backend, the device and the bytes per receiver slot (`None`
+    /// for a host-mapped buffer, whose `sink` holds host addresses); `host_src`: as the
+    /// field; `flags`: a host-mapped buffer's inbound counters.
+    fn new(
+        streams: Vec<TcpStream>,
+        sink: Sink,
+        (peer, tag): (usize, u32),
+        timeout: Duration,
+        stage: Option<(&Gpu, usize)>,
+        host_src: Option<u64>,
+        flags: Option<Arc<MappedHostBuffer>>,
+    ) -> Result<TcpLink, String> {
+        let shared = Arc::new(Shared {
+            peer,
+            tag,
+            timeout,
+            received: streams.iter().map(|_| AtomicU64::new(0)).collect(),
+            ended: streams.iter().map(|_| AtomicBool::new(false)).collect(),
+            closing: AtomicBool::new(false),
+            drained: AtomicUsize::new(0),
+            lost: Mutex::new(None),
+            lost_flag: AtomicBool::new(false),
+        });
+        let sock = |e: io::Error| format!("starting the TCP receivers: {e}");
+        let mut sockets = Vec::with_capacity(streams.len());
+        for s in &streams {
+            s.set_nodelay(true).map_err(sock)?;
+            s.set_write_timeout(Some(timeout)).map_err(sock)?;
+            s.set_read_timeout(Some(POLL)).map_err(sock)?;
+            sockets.push(s.try_clone().map_err(sock)?);
+        }
+        let copy_stream: Option<Arc<CudaStream>> = match stage {
+            Some((gpu, _)) => Some(
+                gpu.shared_stream(StreamRole::StageIn)
+                    .map_err(|e| format!("the copy stream of the host staging: {e}"))?,
+            ),
+            None => None,
+        };
+        let mut link = TcpLink {
+            tx: Arc::new(Mutex::new(Tx {
+                sent: vec![0; streams.len()],
+                streams: Vec::new(),
+                next: 0,
+                scratch: Vec::with_capacity(HEADER + SMALL),
+            })),
+            shared: shared.clone(),
+            sockets,
+            receivers: Vec::new(),
+            host_src,
+            _flags: flags,
+        };
+        let mut senders = Vec::with_capacity(streams.len());
+        for (stripe, s) in streams.into_iter().enumerate() {
+            senders.push(s.try_clone().map_err(sock)?);
+            let shared = shared.clone();
+            let recv_stage = match (stage, &copy_stream) {
+                (Some((gpu, len)), Some(cs)) => Some((
+                    gpu.clone(),
+                    Slots::new(gpu, cs.clone(), len)
+                        .map_err(|e| format!("pinned host slots of {len} bytes: {e}"))?,
+                )),
+                _ => None,
+            };
+            // On error, `link` drops: the threads started so far are stopped and joined.
+            link.receivers.push(
+                std::thread::Builder::new()
+                    .name(format!("mscclpp-tcp-{peer}-{tag}-{stripe}"))
+                    .spawn(move || receive(s, stripe, sink, shared, recv_stage))
+                    .map_err(sock)?,
+            );
+        }
+        link.tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .streams = senders;
+        Ok(link)
+    }
+}
+
+/// A connection's sender state, the state it shares with its receivers, and the host
+/// address its puts read from (`None`: staged out of the device).
+type PlaneLink = (Arc<Mutex<Tx>>, Arc<Shared>, Option<u64>);
+
+/// The TCP data plane: writes each connection's frames to its sockets.
+#[derive(Debug)]
+pub struct TcpPlane {
+    links: Vec<Option<PlaneLink>>,
+    /// Per link: reported by [`DataPlane::take_gone`] already.
+    gone: Vec<bool>,
+    /// Per link: reported by [`DataPlane::take_drained`] already.
+    drained: Vec<bool>,
+    chunk: usize,
+    /// On the GPU backend: the slots puts are copied out of the device through.
+    stage: Option<Slots>,
+}
+
+/// The link of `route`, and the host address its puts read from (`None`: staged out of
+/// the device).
+fn link_of<'a>(
+    links: &'a [Option<PlaneLink>],
+    route: &Route,
+) -> Result<(&'a Mutex<Tx>, &'a Shared, Option<u64>), TransportError> {
+    match links.get(route.id as usize) {
+        Some(Some((tx, shared, host_src))) => match shared.lost() {
+            Some(e) => Err(e.into()),
+            None => Ok((tx, shared, *host_src)),
+        },
+        _ => Err(TcpError::Config(format!(
+            "connection {} has no TCP sockets in this proxy",
+            route.id
+        ))
+        .into()),
+    }
+}
+
+/// Writes `parts` to `stream`, naming the peer on failure (and marking it lost).
+fn send(stream: &mut TcpStream, parts: &[&[u8]], shared: &Shared) -> Result<(), TransportError> {
+    for part in parts {
+        if let Err(e) = stream.write_all(part) {
+            let why = match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    format!("no write progress for {:?}", shared.timeout)
+                }
+                _ => format!("writing: {e}"),
+            };
+            shared.lose(why.clone());
+            return Err(shared.lost().unwrap_or_else(|| shared.error(why)).into());
+        }
+    }
+    Ok(())
+}
+
+impl DataPlane for TcpPlane {
+    fn put(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), TransportError> {
+        route.check(dst_offset, src_offset, size)?;
+        let chunk = self.chunk as u64;
+        let (tx, shared, host) = link_of(&self.links, route)?;
+        let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = &mut *tx;
+        let Some(base) = host else {
+            let slots = self
+                .stage
+                .as_mut()
+                .expect("the plane has slots while a link stages");
+            return put_staged(
+                tx, shared, slots, route, dst_offset, src_offset, size, chunk,
+            );
+        };
+        let mut done = 0;
+        while done < size {
+            let n = chunk.min(size - done);
+            let stripe = tx.next;
+            tx.next = (tx.next + 1) % tx.streams.len();
+            // SAFETY: the route's local range was checked above (`base` is the host address
+            // of the same buffer) and is kept alive by the connection while the proxy runs;
+            // the DevConn contract keeps writers off the source until the put's signal or
+            // flush, and a kernel's trigger releases (system scope) what it wrote before.
+            let src = unsafe {
+                std::slice::from_raw_parts((base + src_offset + done) as *const u8, n as usize)
+            };
+            tx.scratch.clear();
+            put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset + done, n]);
+            if src.len() <= SMALL {
+                tx.scratch.extend_from_slice(src);
+                send(&mut tx.streams[stripe], &[&tx.scratch], shared)?;
+            } else {
+                send(&mut tx.streams[stripe], &[&tx.scratch, src], shared)?;
+            }
+            tx.sent[stripe] += n;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn signal(&mut self, route: &Route, epoch: u64) -> Result<(), TransportError> {
+        let (tx, shared, _) = link_of(&self.links, route)?;
+        // Staged puts are in the sockets when they return, like the others.
+        let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = &mut *tx;
+        tx.scratch.clear();
+        tx.push_signal(epoch);
+        send(&mut tx.streams[0], &[&tx.scratch], shared)
+    }
+
+    /// A put of at most 16 KiB (and one chunk) and its signal go out as one write on stripe
+    /// 0 (the data frame, then the signal frame counting it): one system call, and one
+    /// receiver applies both in one wake-up (the signal of a put sent on another stripe
+    /// waits for that stripe's receiver). Larger puts, and a put that fails, take the two
+    /// calls.
+    fn put_with_signal(
+        &mut self,
+        route: &Route,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+        epoch: u64,
+    ) -> Result<(), TransportError> {
+        // At most one chunk (a GPU connection's staging slot holds one).
+        let small = SMALL.min(self.chunk) as u64;
+        if size == 0 || size > small || route.check(dst_offset, src_offset, size).is_err() {
+            return put_then_signal(self, route, dst_offset, src_offset, size, epoch);
+        }
+        let (tx, shared, host) = link_of(&self.links, route)?;
+        let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = &mut *tx;
+        tx.scratch.clear();
+        put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset, size]);
+        let src = route.local + src_offset;
+        match (host, self.stage.as_mut()) {
+            // SAFETY: the route's local range was checked above (`base` the host address
+            // of the same buffer) and is kept alive by the connection while the proxy runs;
+            // the DevConn contract keeps writers off the source until the put's signal,
+            // which is this call, and the kernel's trigger released what it wrote there.
+            (Some(base), _) => tx.scratch.extend_from_slice(unsafe {
+                std::slice::from_raw_parts((base + src_offset) as *const u8, size as usize)
+            }),
+            (None, None) => unreachable!("the plane has slots while a link stages"),
+            (None, Some(slots)) => {
+                let staged = (|| -> Result<usize, TransportError> {
+                    let i = slots.take()?;
+                    // SAFETY: inside the route's local device range (checked above), kept by
+                    // the connection while the proxy runs; the DevConn contract keeps kernels
+                    // from writing the source until this signal, and the copy is waited for
+                    // below, before this call returns.
+                    unsafe { slots.fill(i, src, size as usize)? };
+                    slots.wait(i)?;
+                    Ok(i)
+                })();
+                match staged {
+                    Ok(i) => tx.scratch.extend_from_slice(slots.bytes(i, size as usize)),
+                    Err(e) => {
+                        // As a failed put: the signal still goes (without the data).
+                        tx.scratch.clear();
+                        tx.push_signal(epoch);
+                        return send(&mut tx.streams[0], &[&tx.scratch], shared).and(Err(e));
+                    }
+                }
+            }
+        }
+        tx.sent[0] += size;
+        tx.push_signal(epoch);
+        send(&mut tx.streams[0], &[&tx.scratch], shared)
+    }
+
+    fn flush(&mut self) -> Result<(), TransportError> {
+        // Every put and signal is in the sockets when its call returns.
+        Ok(())
+    }
+
+    /// Links whose peer is lost (`Shared::lose`: a receiver's stream ended or broke, or
+    /// a write failed). A stream ends only after everything the peer wrote to it before;
+    /// signals wait for their data on the other stripes, so what the peer sent lands
+    /// within moments of this report (the waits give it a grace).
+    fn take_gone(&mut self, gone: &mut Vec<u32>) {
+        for (id, link) in self.links.iter().enumerate() {
+            if let Some((_, shared, _)) = link
+                && !self.gone[id]
+                // Acquire: pairs with `lose`'s release (nothing else is read through it).
+                && shared.lost_flag.load(Ordering::Acquire)
+            {
+                self.gone[id] = true;
+                gone.push(id as u32);
+            }
+        }
+    }
+
+    /// Links on which the peer closed every stream between frames after all it had sent
+    /// was applied (`Shared::drained` counts every stripe's receiver).
+    fn take_drained(&mut self, drained: &mut Vec<u32>) {
+        for (id, link) in self.links.iter().enumerate() {
+            if let Some((_, shared, _)) = link
+                && !self.drained[id]
+                // Acquire: pairs with the receivers' release (their writes have landed).
+                && shared.drained.load(Ordering::Acquire) == shared.received.len()
+            {
+                self.drained[id] = true;
+                drained.push(id as u32);
+            }
+        }
+    }
+}
+
+/// A put on the GPU backend: chunks of at most `chunk` bytes (and a slot) copied out of the
+/// device through the two slots, the next chunk's copy queued before the current chunk is
+/// written to its socket.
+#[allow(clippy::too_many_arguments)]
+fn put_staged(
+    tx: &mut Tx,
+    shared: &Shared,
+    slots: &mut Slots,
+    route: &Route,
+    dst_offset: u64,
+    src_offset: u64,
+    size: u64,
+    chunk: u64,
+) -> Result<(), TransportError> {
+    let step = chunk.min(slots.len() as u64);
+    let pieces = size.div_ceil(step);
+    let piece = |k: u64| (k * step, step.min(size - k * step));
+    let src = route.local + src_offset;
+    let fill = |slots: &mut Slots, k: u64| -> Result<usize, TransportError> {
+        let (off, n) = piece(k);
+        let i = slots.take()?;
+        // SAFETY: inside the route's local device range (checked by the caller), which the
+        // connection keeps while the proxy runs; the DevConn contract keeps kernels from
+        // writing the source until the put's signal or flush, which come after this put
+        // returns, and this put waits for the copy before it returns.
+        unsafe { slots.fill(i, src + off, n as usize)? };
+        Ok(i)
+    };
+    if pieces == 0 {
+        return Ok(());
+    }
+    let mut cur = fill(slots, 0)?;
+    for k in 0..pieces {
+        let next = if k + 1 < pieces {
+            Some(fill(slots, k + 1)?)
+        } else {
+            None
+        };
+        slots.wait(cur)?;
+        let (off, n) = piece(k);
+        let stripe = tx.next;
+        tx.next = (tx.next + 1) % tx.streams.len();
+        tx.scratch.clear();
+        put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset + off, n]);
+        send(
+            &mut tx.streams[stripe],
+            &[&tx.scratch, slots.bytes(cur, n as usize)],
+            shared,
+        )?;
+        tx.sent[stripe] += n;
+        if let Some(j) = next {
+            cur = j;
+        }
+    }
+    Ok(())
+}

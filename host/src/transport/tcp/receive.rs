@@ -1,0 +1,228 @@
+//! The receiving side of a TCP connection: one thread per socket applies the peer's frames
+//! (data into the registered buffer, signals into the inbound counter).
+
+use super::*;
+
+/// Fills `buf` from `stream` (whose read timeout is [`POLL`]). Between frames (`idle`),
+/// waiting is unbounded; inside a frame, no progress for the shared timeout is an error.
+pub(super) fn read_full(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    idle: bool,
+    shared: &Shared,
+) -> Result<(), Stop> {
+    let mut got = 0;
+    let mut last = Instant::now();
+    while got < buf.len() {
+        if shared.closing.load(Ordering::Acquire) {
+            return Err(Stop::Closing);
+        }
+        match stream.read(&mut buf[got..]) {
+            Ok(0) if idle && got == 0 => return Err(Stop::Ended),
+            Ok(0) => {
+                return Err(Stop::Lost(
+                    "the peer closed the connection in the middle of a frame".into(),
+                ));
+            }
+            Ok(n) => {
+                got += n;
+                last = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                if !(idle && got == 0) && last.elapsed() > shared.timeout {
+                    return Err(Stop::Lost(format!(
+                        "no data for {:?} in the middle of a frame",
+                        shared.timeout
+                    )));
+                }
+            }
+            Err(e) => return Err(Stop::Lost(format!("reading: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// A GPU receiver's staging: the device's context (bound by the receiver thread) and the
+/// receiver's slots, on the process's shared receive stream.
+pub(super) type RecvStage = (Gpu, Slots);
+
+pub(super) fn cuda_lost(e: CudaError) -> Stop {
+    Stop::Lost(format!("staging through host memory: {e}"))
+}
+
+/// One stripe's receiver: applies the peer's frames until the connection drops or the peer
+/// goes.
+pub(super) fn receive(
+    mut stream: TcpStream,
+    stripe: usize,
+    sink: Sink,
+    shared: Arc<Shared>,
+    mut stage: Option<RecvStage>,
+) {
+    let stopped = (|| -> Result<(), Stop> {
+        if let Some((gpu, _)) = &stage {
+            gpu.bind().map_err(cuda_lost)?;
+        }
+        loop {
+            let mut hdr = [0u8; HEADER];
+            read_full(&mut stream, &mut hdr, true, &shared)?;
+            let [op, a, b]: [u64; 3] = {
+                let mut w = u64s(&hdr);
+                [w.next(), w.next(), w.next()].map(|x| x.unwrap_or(0))
+            };
+            match op {
+                OP_DATA => {
+                    let (dst, len) = (a, b);
+                    if dst.checked_add(len).is_none_or(|end| end > sink.len) {
+                        return Err(Stop::Lost(format!(
+                            "the peer sent a data frame of length {len} for offset {dst}, \
+                             outside the buffer of {} bytes",
+                            sink.len
+                        )));
+                    }
+                    match stage.as_mut() {
+                        None => {
+                            // SAFETY: the range is inside the local buffer (checked above),
+                            // which the connection keeps mapped until this thread is joined.
+                            // The DevConn contract keeps readers off the range until the
+                            // signal after it.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    (sink.buffer + dst) as *mut u8,
+                                    len as usize,
+                                )
+                            };
+                            read_full(&mut stream, dst, false, &shared)?;
+                        }
+                        Some((_, slots)) => {
+                            let mut off = 0;
+                            while off < len {
+                                let n = (len - off).min(slots.len() as u64) as usize;
+                                let i = slots.take().map_err(cuda_lost)?;
+                                read_full(&mut stream, slots.bytes(i, n), false, &shared)?;
+                                // SAFETY: inside the local device buffer (checked above), which
+                                // the connection keeps until this thread is joined, and this
+                                // thread waits for its copies before it ends. The DevConn
+                                // contract keeps kernels off the range until the signal after
+                                // it, which the copy stream writes after this copy.
+                                unsafe { slots.drain(i, sink.buffer + dst + off, n) }
+                                    .map_err(cuda_lost)?;
+                                off += n as u64;
+                            }
+                        }
+                    }
+                    // Release: whoever acquires this count sees the bytes written above (or,
+                    // staged, the copies queued above: the flag is queued after them).
+                    shared.received[stripe].fetch_add(len, Ordering::Release);
+                }
+                OP_SIGNAL if stripe == 0 && b as usize == shared.received.len() => {
+                    let mut raw = vec![0u8; b as usize * 8];
+                    read_full(&mut stream, &mut raw, false, &shared)?;
+                    for (s, want) in u64s(&raw).enumerate() {
+                        wait_stripe(&shared, s, want, a)?;
+                    }
+                    if let Some((_, slots)) = &stage {
+                        // SAFETY: `inbound` is an aligned word of the round's device flag
+                        // memory, which outlives the connection; this thread waits for the
+                        // stream before it ends (below), so the write runs before that.
+                        unsafe { write_u64_async(sink.inbound, a, slots.stream()) }
+                            .map_err(cuda_lost)?;
+                        continue;
+                    }
+                    // SAFETY: `inbound` is an aligned word of the round's flag memory, which
+                    // outlives the connection (and so this thread); it is only accessed
+                    // atomically.
+                    let flag = unsafe { AtomicU64::from_ptr(sink.inbound as *mut u64) };
+                    // Release: the waiter's acquire load of this epoch sees every byte
+                    // acquired above.
+                    flag.store(a, Ordering::Release);
+                }
+                OP_SIGNAL => {
+                    return Err(Stop::Lost(format!(
+                        "the peer sent a signal frame on stripe {stripe} with counts for {b} \
+                         stripes (signals come on stripe 0 with {} counts)",
+                        shared.received.len()
+                    )));
+                }
+                _ => {
+                    return Err(Stop::Lost(format!(
+                        "the peer sent an unknown frame (op {op}) on stripe {stripe}"
+                    )));
+                }
+            }
+        }
+    })();
+    let mut landed = true;
+    if let Some((_, slots)) = stage.as_mut() {
+        // The device buffer and the flag may go once this thread is joined: no copy or flag
+        // write of this connection may still be queued. The slots' copies are on the same
+        // stream, so its synchronize covers them (the stream is shared, so it may hold other
+        // connections' work too, which ends on its own).
+        if let Err(e) = slots.synchronize() {
+            shared.lose(format!("staging through host memory: {e}"));
+            landed = false;
+        }
+    }
+    // Release: a signal waiting for this stripe's data (`wait_stripe`) sees the final count.
+    shared.ended[stripe].store(true, Ordering::Release);
+    match stopped {
+        Err(Stop::Lost(why)) => shared.lose(why),
+        Err(Stop::Ended) => {
+            shared.lose_as("the peer closed the connection".into(), true);
+            if landed {
+                // Release: whoever acquires the count sees everything this stripe wrote
+                // (the staged copies completed above).
+                shared.drained.fetch_add(1, Ordering::Release);
+            }
+        }
+        Ok(()) | Err(Stop::Closing) => {}
+    }
+}
+
+/// Waits until stripe `s` has applied `want` data bytes, which the peer sent before signal
+/// `epoch`. Stops only when that stripe's receiver has stopped short of them, when it makes
+/// no progress for the timeout, or when the connection is being dropped: not because
+/// another stripe ended or a write to the peer failed, since what the peer sent on stripe
+/// `s` before it went still lands (a peer that puts, signals and leaves).
+pub(super) fn wait_stripe(shared: &Shared, s: usize, want: u64, epoch: u64) -> Result<(), Stop> {
+    // Acquire: pairs with the receivers' release of their counts (their bytes are written).
+    let mut got = shared.received[s].load(Ordering::Acquire);
+    let mut last = Instant::now();
+    while got < want {
+        if shared.closing.load(Ordering::Acquire) {
+            return Err(Stop::Closing);
+        }
+        // Acquire: pairs with the release in `receive` once the stripe stopped, after its
+        // last count, so the count read next is final.
+        if shared.ended[s].load(Ordering::Acquire) {
+            let got = shared.received[s].load(Ordering::Acquire);
+            if got < want {
+                return Err(Stop::Lost(format!(
+                    "stripe {s} ended after {got} of the {want} bytes sent on it before \
+                     signal {epoch}"
+                )));
+            }
+            return Ok(());
+        }
+        if last.elapsed() > shared.timeout {
+            return Err(Stop::Lost(format!(
+                "the data before signal {epoch} did not arrive on stripe {s}: {got} of \
+                 {want} bytes, none for {:?}",
+                shared.timeout
+            )));
+        }
+        std::thread::yield_now();
+        let now = shared.received[s].load(Ordering::Acquire);
+        if now > got {
+            (got, last) = (now, Instant::now());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,325 @@
+use super::iface::*;
+use super::setup::*;
+use super::*;
+
+#[test]
+fn ifname_spec_as_nccl() {
+    assert!(ifname_matches("eth", "eth0"));
+    assert!(ifname_matches("ib,eth", "eth1"));
+    assert!(!ifname_matches("eth", "lo"));
+    assert!(ifname_matches("^docker,lo", "eth0"));
+    assert!(!ifname_matches("^docker,lo", "docker0"));
+    assert!(ifname_matches("=eth0", "eth0"));
+    assert!(!ifname_matches("=eth0", "eth01"));
+    assert!(!ifname_matches("^=lo", "lo"));
+}
+
+fn iface(name: &str, ip: &str) -> (String, IpAddr) {
+    (name.to_string(), ip.parse().unwrap())
+}
+
+#[test]
+fn the_root_address_follows_nccl_order_without_a_setting() {
+    let lo = iface("lo", "127.0.0.1");
+    let eth = iface("eth0", "10.0.0.5");
+    let eth6 = iface("eth1", "fd00::5");
+    let ib = iface("ib0", "192.168.1.7");
+    let docker = iface("docker0", "172.17.0.1");
+    let ip = |found: &[(String, IpAddr)]| default_root_ip(found).to_string();
+    assert_eq!(ip(&[lo.clone(), eth.clone(), ib.clone()]), "192.168.1.7");
+    assert_eq!(ip(&[lo.clone(), docker.clone(), eth.clone()]), "10.0.0.5");
+    assert_eq!(ip(&[lo.clone(), docker.clone(), eth6.clone()]), "fd00::5");
+    assert_eq!(ip(&[lo.clone(), docker.clone()]), "172.17.0.1");
+    assert_eq!(ip(std::slice::from_ref(&lo)), "127.0.0.1");
+    assert_eq!(ip(&[]), "127.0.0.1");
+}
+
+#[test]
+fn a_named_interface_is_used_or_refused_with_every_interface_named() {
+    let found = [iface("lo", "127.0.0.1"), iface("eth0", "10.0.0.5")];
+    let ip = matching_ip(NCCL_SOCKET_IFNAME_ENV, "=lo", &found).unwrap();
+    assert_eq!(ip.to_string(), "127.0.0.1");
+    let ip = matching_ip(SOCKET_IFNAME_ENV, "^lo", &found).unwrap();
+    assert_eq!(ip.to_string(), "10.0.0.5");
+    let e = matching_ip(NCCL_SOCKET_IFNAME_ENV, "ib", &found)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("NCCL_SOCKET_IFNAME=ib") && e.contains("lo 127.0.0.1, eth0 10.0.0.5"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_default_root_address_takes_connections() {
+    // On this machine, whatever it picks (its own address, or loopback) must accept a
+    // connection from here, as ranks on the same machine make.
+    let ip = default_root_ip(&interfaces().unwrap());
+    let l = TcpListener::bind((ip, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let _c = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    let (_s, _) = l.accept().unwrap();
+}
+
+#[test]
+fn loopback_is_listed() {
+    let found = interfaces().unwrap();
+    assert!(found.iter().any(|(_, ip)| ip.is_loopback()), "{found:?}");
+}
+
+/// Rank 1 of 3 waits in `accept_for` for sockets that rank 0 (alive) never opens while
+/// rank 2 dies (its bootstrap dropped without a goodbye): the wait ends as soon as the
+/// loss is known, naming rank 2, not at the 20 s timeout; a wait for rank 2 itself
+/// fails at once. Before the loss, `hopeless` knows nothing: at once for a wait, after
+/// its grace for a side that already failed.
+#[test]
+fn socket_waits_end_when_a_rank_is_lost() {
+    use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
+    let id = create_unique_id().unwrap();
+    let config = BootstrapConfig::default().with_timeout(Duration::from_secs(30));
+    let timeout = Duration::from_secs(20);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (die_tx, die_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let config0 = config.clone();
+        s.spawn(move || {
+            let bs = BlockingBootstrap::init_with_config(3, 0, id, config0).unwrap();
+            bs.barrier().unwrap();
+            // Alive, opening nothing, until rank 1 is done.
+            let _ = done_rx.recv_timeout(Duration::from_secs(60));
+        });
+        let config2 = config.clone();
+        s.spawn(move || {
+            let bs = BlockingBootstrap::init_with_config(3, 2, id, config2).unwrap();
+            bs.barrier().unwrap();
+            let _ = die_rx.recv_timeout(Duration::from_secs(60));
+            bs.abandon();
+        });
+        let bs = BlockingBootstrap::init_with_config(3, 1, id, config.clone()).unwrap();
+        bs.barrier().unwrap();
+        let t0 = Instant::now();
+        assert!(hopeless(bs.as_async(), 0, &sockets_op(7), false).is_none());
+        assert!(t0.elapsed() < LOSS_NEWS_GRACE);
+        let t0 = Instant::now();
+        assert!(hopeless(bs.as_async(), 0, &sockets_op(7), true).is_none());
+        assert!(t0.elapsed() >= LOSS_NEWS_GRACE);
+        die_tx.send(()).unwrap();
+        let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut setup = TcpSetup {
+            listener: Some((l, addr)),
+            ..TcpSetup::default()
+        };
+        let t0 = Instant::now();
+        let e = setup
+            .accept_for(bs.as_async(), 0, 7, 2, timeout)
+            .unwrap_err()
+            .to_string();
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(10), "{took:?}: {e}");
+        assert!(
+            e.contains("rank 2 was lost") && e.contains("TCP sockets of the connection (tag 7)"),
+            "{e}"
+        );
+        let t0 = Instant::now();
+        let e = setup
+            .accept_for(bs.as_async(), 2, 7, 2, timeout)
+            .unwrap_err()
+            .to_string();
+        assert!(t0.elapsed() < Duration::from_secs(1), "{e}");
+        assert!(e.contains("rank 2 was lost"), "{e}");
+        // A side that failed (refused) learns the loss at once now.
+        let t0 = Instant::now();
+        let e = hopeless(bs.as_async(), 0, &sockets_op(7), true).map(|e| e.to_string());
+        assert!(t0.elapsed() < LOSS_NEWS_GRACE, "{e:?}");
+        assert!(e.is_some_and(|e| e.contains("rank 2 was lost")));
+        done_tx.send(()).unwrap();
+    });
+}
+
+/// `n` loopback connections: (this side's streams, the peer's).
+fn stream_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+    let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    (0..n)
+        .map(|_| {
+            let peer = TcpStream::connect(addr).unwrap();
+            (l.accept().unwrap().0, peer)
+        })
+        .unzip()
+}
+
+/// A host-memory link of `stripes` streams receiving into `buf`, its flag in `flag`.
+fn host_link(
+    stripes: usize,
+    buf: &mut [u8],
+    flag: &AtomicU64,
+    timeout: Duration,
+) -> (TcpLink, Vec<TcpStream>) {
+    let (ours, peer) = stream_pairs(stripes);
+    let sink = Sink {
+        buffer: buf.as_mut_ptr() as u64,
+        len: buf.len() as u64,
+        inbound: flag as *const AtomicU64 as u64,
+    };
+    let link = TcpLink::new(ours, sink, (1, 7), timeout, None, None, None).unwrap();
+    (link, peer)
+}
+
+fn frame(words: &[u64]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_u64s(&mut out, words);
+    out
+}
+
+/// Waits up to 10 s for `done`.
+fn eventually(done: impl Fn() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+/// A peer puts on stripe 1, signals, and leaves; its stripe 2 (which carried nothing)
+/// is read closed before stripe 1's data comes. The signal still waits for that data
+/// and raises the flag; then the link counts as drained. Before, stripe 0 gave up as
+/// soon as any stripe had ended ("another stripe failed"): the peer's last signal was
+/// lost and the wait for it timed out.
+#[test]
+fn a_signal_waits_for_its_data_when_another_stripe_closed_first() {
+    let mut buf = vec![0u8; 256];
+    let flag = AtomicU64::new(0);
+    let (link, mut peer) = host_link(3, &mut buf, &flag, Duration::from_secs(20));
+    peer[0]
+        .write_all(&frame(&[OP_SIGNAL, 1, 3, 0, 100, 0]))
+        .unwrap();
+    peer[2].shutdown(std::net::Shutdown::Write).unwrap();
+    // Stripe 2's end is seen (the link counts as lost) before the data comes.
+    assert!(eventually(|| link.shared.ended[2].load(Ordering::Acquire)));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        flag.load(Ordering::Acquire),
+        0,
+        "the flag came before its data"
+    );
+    let mut data = frame(&[OP_DATA, 16, 100]);
+    data.extend((0..100u8).map(|i| i ^ 0x5a));
+    peer[1].write_all(&data).unwrap();
+    assert!(
+        eventually(|| flag.load(Ordering::Acquire) == 1),
+        "signal 1 was not raised: {:?}",
+        link.shared.lost()
+    );
+    assert!((0..100).all(|i| buf[16 + i] == i as u8 ^ 0x5a));
+    peer.clear();
+    assert!(eventually(
+        || link.shared.drained.load(Ordering::Acquire) == 3
+    ));
+    drop(link);
+}
+
+/// The stripe a signal waits on ends short of the bytes the signal counts: the link is
+/// lost naming that stripe and the counts, and the flag stays down.
+#[test]
+fn a_signal_whose_stripe_ended_short_loses_the_link_naming_it() {
+    let mut buf = vec![0u8; 256];
+    let flag = AtomicU64::new(0);
+    let (link, mut peer) = host_link(2, &mut buf, &flag, Duration::from_secs(20));
+    peer[0]
+        .write_all(&frame(&[OP_SIGNAL, 1, 2, 0, 64]))
+        .unwrap();
+    let mut data = frame(&[OP_DATA, 0, 8]);
+    data.extend([1u8; 8]);
+    peer[1].write_all(&data).unwrap();
+    peer[1].shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(eventually(|| link.shared.lost().is_some_and(|e| e
+        .to_string()
+        .contains("stripe 1 ended after 8 of the 64 bytes"))));
+    assert_eq!(flag.load(Ordering::Acquire), 0);
+    drop(link);
+}
+
+/// Frames that do not fit are refused in words that say what was wrong: a data frame's
+/// length, a signal with the wrong number of counts.
+#[test]
+fn bad_frames_are_named() {
+    let mut buf = vec![0u8; 64];
+    let flag = AtomicU64::new(0);
+    let (link, mut peer) = host_link(2, &mut buf, &flag, Duration::from_secs(20));
+    peer[1]
+        .write_all(&frame(&[OP_DATA, 8, u64::MAX - 4]))
+        .unwrap();
+    assert!(eventually(|| link.shared.lost().is_some()));
+    let e = link.shared.lost().unwrap().to_string();
+    assert!(
+        e.contains("length 18446744073709551611") && e.contains("buffer of 64 bytes"),
+        "{e}"
+    );
+    drop(link);
+    let (link, mut peer) = host_link(2, &mut buf, &flag, Duration::from_secs(20));
+    peer[0]
+        .write_all(&frame(&[OP_SIGNAL, 1, 3, 0, 0, 0]))
+        .unwrap();
+    assert!(eventually(|| link.shared.lost().is_some()));
+    let e = link.shared.lost().unwrap().to_string();
+    assert!(
+        e.contains("counts for 3 stripes") && e.contains("with 2 counts"),
+        "{e}"
+    );
+    drop(link);
+}
+
+/// A link dropped while bytes from the peer sit unread (its receiver had stopped on a
+/// bad frame) still delivers everything this side had queued to send: the close is
+/// orderly, not a reset, which would have thrown the queued bytes away.
+#[test]
+fn a_dropped_link_delivers_what_it_had_queued_though_the_peer_sent_more() {
+    let mut buf = vec![0u8; 64];
+    let flag = AtomicU64::new(0);
+    let (link, mut peer) = host_link(1, &mut buf, &flag, Duration::from_secs(20));
+    peer[0].write_all(&frame(&[99, 0, 0])).unwrap();
+    assert!(eventually(|| link.shared.ended[0].load(Ordering::Acquire)));
+    // Bytes no receiver will read.
+    peer[0].write_all(&[7u8; 4096]).unwrap();
+    // This side's send queue filled (the peer reads nothing yet).
+    let out = link.sockets[0].try_clone().unwrap();
+    out.set_nonblocking(true).unwrap();
+    let chunk = [0x5au8; 64 << 10];
+    let mut queued = 0usize;
+    loop {
+        match (&out).write(&chunk) {
+            Ok(n) => queued += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the send queue: {e}"),
+        }
+    }
+    drop(out);
+    std::thread::sleep(Duration::from_millis(50));
+    drop(link);
+    peer[0]
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (mut got, mut b) = (0usize, vec![0u8; 64 << 10]);
+    loop {
+        match peer[0].read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => panic!("after {got} of the {queued} bytes queued: {e}"),
+        }
+    }
+    assert_eq!(got, queued);
+}
+
+#[test]
+fn wire_round_trip_and_garbage() {
+    let a: SocketAddr = "127.0.0.1:4242".parse().unwrap();
+    assert_eq!(decode_wire(&encode_wire(a, 3)), Some((a, 3)));
+    assert_eq!(decode_wire(b"127.0.0.1:1|0"), None);
+    assert_eq!(decode_wire(b"nonsense"), None);
+    assert_eq!(decode_wire(&[0xff, 0xfe]), None);
+}
