@@ -35,6 +35,22 @@ pub const OTHER_VARS: &[Var] = &[
         reader: "build: device-builder's linker",
     },
     Var {
+        name: "MSCCLPP_DEVICE_BUILD",
+        kind: "auto | shipped | nightly",
+        default: "auto",
+        meaning: "Where the library's PTX comes from: `auto` takes `host/ptx/` while its stamp \
+                  matches `device/` and else compiles with the nightly (warning), `shipped` \
+                  forbids the nightly build, `nightly` always compiles.",
+        reader: "build: `host/build.rs`, device-builder",
+    },
+    Var {
+        name: "MSCCLPP_PTX_EXPORT_DIR",
+        kind: "absolute path",
+        default: "unset",
+        meaning: "Write a fresh build of the PTX there as shipped PTX (`scripts/update-ptx.sh`).",
+        reader: "build: `host/build.rs`",
+    },
+    Var {
         name: "MSCCLPP_REQUIRE_GPU",
         kind: "1",
         default: "unset",
