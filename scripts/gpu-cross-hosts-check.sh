@@ -24,7 +24,7 @@ if [ "${1:-}" = --pack ]; then
   cargo build --release --workspace --bins --tests
   cargo build --release -p mscclpp-nccl
   rm -rf .gpu/b && mkdir -p .gpu/b
-  for t in gpu_cross_host gpu_collectives_more gpu_proxy_channel ${PACK_EXTRA:-}; do
+  for t in gpu_cross_host gpu_collectives_scatter_rooted_p2p gpu_proxy_channel ${PACK_EXTRA:-}; do
     # The newest build of each test (cargo keeps older hashes beside it).
     cp "$(ls -t target/release/deps/$t-* | grep -E "/$t-[0-9a-f]{16}$" | head -1)" .gpu/b/$t
   done
@@ -76,8 +76,8 @@ want 2 && { MSCCLPP_TEST_RANKS_PER_HOST=2 timeout 300 $M4 $B/gpu_cross_host \
 want 3 && { MSCCLPP_TEST_HOSTS=3 timeout 300 $M3 $B/gpu_cross_host \
   --test-threads 1 > "$R/gpu_cross_host-3.txt" 2>&1; st gpu_cross_host-3 $?; }
 # 4. Send/recv inside one host is unchanged (the local group's indexes equal the ranks).
-want 4 && { timeout 120 $M $B/gpu_collectives_more --test-threads 1 send \
-  > "$R/gpu_collectives_more-send.txt" 2>&1; st gpu_collectives_more-send $?; }
+want 4 && { timeout 120 $M $B/gpu_collectives_scatter_rooted_p2p --test-threads 1 send \
+  > "$R/gpu_collectives_scatter_rooted_p2p-send.txt" 2>&1; st gpu_collectives_scatter_rooted_p2p-send $?; }
 # 5. Against NCCL's socket transport, two GPUs as two hosts (ours alone on one GPU).
 P="-b 8 -e 64M -f 4 -n 20 -w 5"
 want 5 && { env $SOCK timeout 120 $M $B/mscclpp-perf $NR --simulate-hosts 2 --op sendrecv $P $CMP \

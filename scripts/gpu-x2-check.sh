@@ -177,7 +177,7 @@ want 4 && {
 }
 want 5 && {
   run gpu_collectives 200 "$B/gpu_collectives" --test-threads 1
-  run gpu_collectives_more 200 "$B/gpu_collectives_more" --test-threads 1
+  run gpu_collectives_scatter_rooted_p2p 200 "$B/gpu_collectives_scatter_rooted_p2p" --test-threads 1
   # Includes the waits that must end within a second of a peer's kill -9.
   run gpu_proxy_channel 200 "$B/gpu_proxy_channel" --test-threads 1
   run gpu_proxy_flag 150 "$B/gpu_proxy_flag" --test-threads 1

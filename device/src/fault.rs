@@ -151,7 +151,7 @@ pub const AT_CROSS: u64 = 9;
 /// A partner across hosts at another round ([`cross`](crate::collectives::cross)): [`PEER`] is its
 /// host index, word 0 of [`OWN`] and [`THEIRS`] the two rounds, word 1 the tags.
 pub const AT_CROSS_ROUND: u64 = 10;
-/// A send or receive with a rank on another host ([`xp2p`](crate::collectives::xp2p)): [`PEER`] is
+/// A send or receive with a rank on another host ([`xp2p`](crate::collectives::send_recv_proxy)): [`PEER`] is
 /// that rank; a mismatch holds the two sizes as
 /// [`p2p_desc`](crate::collectives::send_recv::p2p_desc)s.
 pub const AT_XP2P: u64 = 11;
@@ -165,7 +165,7 @@ pub const AT_CROSS_GONE: u64 = 12;
 /// waited for, the host names the one that left), or, on the send/receive context, a
 /// wait for a rank that left ([`LEFT_PEERS`]; [`PEER`] is that rank).
 pub const AT_LEFT: u64 = 13;
-/// A send or receive with a rank on another host ([`xp2p`](crate::collectives::xp2p)) whose
+/// A send or receive with a rank on another host ([`xp2p`](crate::collectives::send_recv_proxy)) whose
 /// connection is gone: the proxy refused this rank's put to it, or found its streams
 /// ended and what it sent before did not complete the operation within a grace (it
 /// left, or its connection broke). [`PEER`] is that rank; recorded as [`ABORTED`].

@@ -96,16 +96,18 @@ pub mod proxy;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
+pub mod send_recv_proxy;
 pub mod staging;
 pub mod types;
-pub mod xp2p;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests;
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests_fp8;
 #[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests_more;
+mod tests_scatter_rooted;
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests_send_recv;
 
 pub use types::{Bf16, Bytes, Dyn, F16, F32, F64, I8, I32, I64, Reduce, U8, U32, U64, op};
 

@@ -885,7 +885,7 @@ fn every_rank_reports_count_dtype_and_algorithm_mismatches_then_works() {
 
 /// A reduce-scatter (f32, `op`) of `count` elements per rank on path `ll` (LL or put).
 fn reduce_scatter_op(n: usize, count: usize, op: u32, ll: bool) -> Op {
-    use crate::kernels::collectives_more as m;
+    use crate::kernels::scatter_rooted as m;
     let f: Kernel = if ll {
         m::reduce_scatter_ll_b32
     } else {
@@ -898,7 +898,7 @@ fn reduce_scatter_op(n: usize, count: usize, op: u32, ll: bool) -> Op {
 
 /// A broadcast of `bytes` from `root` on path `ll` (LL or put).
 fn broadcast_op(bytes: usize, root: usize, ll: bool) -> Op {
-    use crate::kernels::collectives_more as m;
+    use crate::kernels::scatter_rooted as m;
     let f: Kernel = if ll {
         m::broadcast_ll
     } else {
@@ -910,7 +910,7 @@ fn broadcast_op(bytes: usize, root: usize, ll: bool) -> Op {
 
 /// A reduce (f32 sum) of `count` elements to `root` on path `ll` (LL or put).
 fn reduce_op(count: usize, root: usize, ll: bool) -> Op {
-    use crate::kernels::collectives_more as m;
+    use crate::kernels::scatter_rooted as m;
     let f: Kernel = if ll { m::reduce_ll_b32 } else { m::reduce_put };
     let tag = desc::rooted_tag(desc::REDUCE, 1, 1, 2 - ll as u64, root as u64);
     let input = encode(Ty::F32, &int_inputs(1, count, 9)[0], 0);

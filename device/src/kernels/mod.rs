@@ -3,11 +3,12 @@
 
 pub mod arch_check;
 pub mod collectives;
-pub mod collectives_more;
 pub mod fifo_test;
 pub mod latency;
 pub mod litmus;
 pub mod memory_test;
 pub mod proxy_test;
+pub mod scatter_rooted;
+pub mod send_recv;
 pub mod smoke;
 pub mod staging;

@@ -138,15 +138,15 @@ mod gpu;
 mod more;
 mod order;
 mod proxy;
+mod send_recv_proxy;
 mod staged;
-mod xp2p;
 
 pub use cross::{CROSS_BUFFER_ENV, CROSS_TWO_SHOT_SAVES};
 pub use more::P2pOp;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
+pub use send_recv_proxy::P2P_PEERS_ENV;
 pub use staged::{Fp8E4M3, Fp8E5M2, PreMulScalar, STAGING_BYTES};
-pub use xp2p::P2P_PEERS_ENV;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -658,8 +658,8 @@ pub struct Collectives {
     /// Sends and receives between the ranks of this host (every Collectives has it).
     p2p: Option<more::P2p>,
     /// Sends and receives with ranks on other hosts (across hosts, with the ranks agreed at
-    /// set-up: see `xp2p::agree`; `None` when there are none).
-    xp2p: Option<xp2p::XP2p>,
+    /// set-up: see `send_recv_proxy::agree`; `None` when there are none).
+    xp2p: Option<send_recv_proxy::XP2p>,
     /// Across hosts: why send/recv does not reach every rank on another host, if it does not.
     p2p_off: Option<String>,
     /// Across hosts: the TCP channels to the partners and the staging (see `cross.rs`).
@@ -889,16 +889,19 @@ impl Collectives {
             TransportKind::Tcp
         };
         let (xp2p, p2p_off) = if spans_hosts {
-            let declared = match xp2p::peers_of(&settings.p2p_peers, comm.rank(), comm.nranks())? {
-                Some(list) => Some(list),
-                None => config.p2p_peers.clone(),
-            };
-            let peers = xp2p::agree(comm, &config, &topo, declared.as_deref())?;
+            let declared =
+                match send_recv_proxy::peers_of(&settings.p2p_peers, comm.rank(), comm.nranks())? {
+                    Some(list) => Some(list),
+                    None => config.p2p_peers.clone(),
+                };
+            let peers = send_recv_proxy::agree(comm, &config, &topo, declared.as_deref())?;
             let off = peers.off.clone();
             let x = if peers.remotes.is_empty() {
                 None
             } else {
-                Some(xp2p::XP2p::connect(comm, &config, &topo, peers, network)?)
+                Some(send_recv_proxy::XP2p::connect(
+                    comm, &config, &topo, peers, network,
+                )?)
             };
             (x, off)
         } else {
@@ -987,7 +990,7 @@ impl Collectives {
             .map(|c| cross::Cross::finish(comm, c, gpu.as_ref()))
             .transpose()?;
         let xp2p = xp2p
-            .map(|x| xp2p::XP2p::finish(comm, x, gpu.as_ref()))
+            .map(|x| send_recv_proxy::XP2p::finish(comm, x, gpu.as_ref()))
             .transpose()?;
         let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
         // Up on every rank or on none: a rank whose set-up failed above (a setting that

@@ -32,13 +32,13 @@ use mscclpp_device::collectives::send_recv::{
     MAX_P2P_OPS, P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2P_TAIL_BYTES, P2pOp as DevP2pOp, P2pOps,
     p2p_piece,
 };
-use mscclpp_device::collectives::xp2p::XOps;
+use mscclpp_device::collectives::send_recv_proxy::XOps;
 use mscclpp_device::collectives::{
     CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, desc, guard,
     one_shot_max_bytes,
 };
 use mscclpp_device::kernels::collectives as k1;
-use mscclpp_device::kernels::collectives_more::{self as k, MoreKernel};
+use mscclpp_device::kernels::scatter_rooted::{self as k, ScatterRootedKernel};
 
 use super::cross::Exec;
 use super::{
@@ -73,7 +73,7 @@ impl Kind {
 /// Every kernel of this file: name and host twin (see [`kernel_index`]). The reducing ones
 /// exist per element size (b8, b16, b32, b64) on the LL path and once on the put path (bytes),
 /// and take the type and operation from the tag.
-const TABLE: &[(&str, MoreKernel)] = &[
+const TABLE: &[(&str, ScatterRootedKernel)] = &[
     ("reduce_scatter_ll_b8", k::reduce_scatter_ll_b8),
     ("reduce_scatter_ll_b16", k::reduce_scatter_ll_b16),
     ("reduce_scatter_ll_b32", k::reduce_scatter_ll_b32),
@@ -1890,7 +1890,7 @@ impl Collectives {
             launch(Dim3::x(blocks), Dim3::x(2), || {
                 // SAFETY: the p2p context (boxed, alive as long as self) holds this
                 // communicator's shared memory; the buffers are valid (caller contract).
-                unsafe { k::p2p(ctx as *const CollContext, local) }
+                unsafe { mscclpp_device::kernels::send_recv::p2p(ctx as *const CollContext, local) }
             })
             .map_err(|e| {
                 CommError::State(format!(

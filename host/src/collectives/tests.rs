@@ -1277,7 +1277,7 @@ fn dependent_launch_plan_follows_the_variable_and_the_shared_gpu_cap() {
 
 #[test]
 fn p2p_peers_variable_parses_absolute_and_relative_ranks() {
-    use super::xp2p::peers_of;
+    use super::send_recv_proxy::peers_of;
     use crate::settings::Settings;
     let parse_peers = |v: &str, rank: usize, nranks: usize| {
         Settings::from_vars([("MSCCLPP_P2P_PEERS", v)])

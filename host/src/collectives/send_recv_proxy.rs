@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::STATE_WORDS;
-use mscclpp_device::collectives::xp2p::{self as xk, COUNTERS, XContext, XOp, XOps};
+use mscclpp_device::collectives::send_recv_proxy::{self as xk, COUNTERS, XContext, XOp, XOps};
 
 use super::cross::{
     Topology, alloc_cross_buffer, buffer_addr, proxy_context, proxy_context_on_device,

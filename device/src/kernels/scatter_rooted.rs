@@ -10,16 +10,15 @@
 //! element size, [`Dyn`]), `reduce_scatter_put` and `reduce_put` (every type, as bytes:
 //! [`Bytes`]; their call descriptors hold the byte count),
 //! `broadcast_{ll,put}`, `all_to_all_{ll,put}`, the pipelined `broadcast_pipe` and
-//! `reduce_pipe` (every type, as bytes); and `p2p(ctx, ops)`, grouped sends and receives.
+//! `reduce_pipe` (every type, as bytes). The send/recv kernel is in [`super::send_recv`].
 
-use crate::collectives::send_recv::{self, P2pOps};
 use crate::collectives::{
     Bytes, CollContext, Dyn, all_to_all, broadcast, desc, reduce, reduce_scatter,
 };
 use crate::kernel;
 
 /// The host twins' common signature: `(ctx, send, recv, count, tag)`.
-pub type MoreKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
+pub type ScatterRootedKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
 
 macro_rules! reducing_ll_kernels {
     ($($rs_ll:ident, $red_ll:ident, $t:ty);* $(;)?) => {$(
@@ -136,13 +135,3 @@ kernel! {
     }
 }
 crate::launch_bounds!(all_to_all_put, 512);
-
-kernel! {
-    /// A group of point-to-point sends and receives over the p2p context `ctx`: see
-    /// [`send_recv::run`].
-    pub unsafe fn p2p(ctx: *const CollContext, ops: P2pOps) {
-        // SAFETY: forwarded to the launcher (the host validates the context and the ops).
-        unsafe { send_recv::run(&*ctx, &ops) }
-    }
-}
-crate::launch_bounds!(p2p, 512);
