@@ -26,22 +26,21 @@
 //! the partners no longer agree, so every later call returns it (a fault record that is
 //! never cleared, and `fault::CROSS_BROKEN`, which makes every later step skip its work).
 
-use crate::transport::tags::TAG_CROSS;
-use std::sync::Mutex;
+use super::descriptor::{all_gather_tag, all_reduce_tag};
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
-use mscclpp_device::channel::DevConn;
-use mscclpp_device::collectives::cross::{self as xk, GATHER, HEADER_ONLY, PER_DEST, PICK, REDUCE};
-use mscclpp_device::collectives::{CollContext, MAX_RANKS, STATE_WORDS, desc, fault};
-
-use super::gpu;
-use super::{
-    AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp, all_gather_tag,
-    all_reduce_tag, one_shot_grid,
-};
+use super::launch::one_shot_grid;
+use super::select::{MAPPED_GRID_REDUCE_BYTES, two_shot_pays};
+use super::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp, gpu};
 use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu, memcpy_async};
 use crate::transport::TransportKind;
+use crate::transport::tags::TAG_CROSS;
+use cudarc::driver::LaunchConfig;
+use cudarc::driver::PushKernelArg;
+use mscclpp_device::channel::DevConn;
+use mscclpp_device::collectives::cross::{GATHER, HEADER_ONLY, PER_DEST, PICK, REDUCE};
+use mscclpp_device::collectives::{CollContext, MAX_RANKS, STATE_WORDS, cross as xk, desc, fault};
+use std::sync::Mutex;
 
 /// Bytes of the header before every payload: round, descriptor (`n`, tag), payload bytes.
 const HDR: usize = xk::HDR as usize;
@@ -71,10 +70,6 @@ pub(super) fn alloc_cross_buffer(
     }
 }
 
-/// From this many payload bytes, a reducing round over a host-mapped cross buffer leaves
-/// its reduction to the grid-wide `cross_reduce` kernel: the step's one block reads the
-/// payloads from host memory over PCIe several times slower than a grid does.
-const MAPPED_GRID_REDUCE_BYTES: usize = 256 << 10;
 /// Most blocks of that reduction (each reads host memory at a fraction of PCIe's rate).
 const MAPPED_REDUCE_BLOCKS: u32 = 16;
 
@@ -95,15 +90,6 @@ pub(super) fn work_queue_hint(value: Option<&str>) -> Option<String> {
         )),
     }
 }
-
-/// Across three hosts or more, [`AllReduceAlgo::Auto`] runs the two-shot all-reduce across
-/// hosts once it sends at least this many bytes per rank less than one-shot does. One-shot
-/// puts this rank's whole shard (`c` bytes: the call's bytes over the ranks of a host) to
-/// every partner, `(H - 1) * c` for `H` hosts, in one round; two-shot reduce-scatters the
-/// shard across hosts and all-gathers the pieces, `2 * (H - 1) * c / H` in two rounds. The
-/// second round costs one network latency (tens of microseconds over TCP); at 256 KiB saved
-/// that is a few tens of microseconds of link time at 10-25 GB/s per rank.
-pub const CROSS_TWO_SHOT_SAVES: usize = 256 << 10;
 
 /// The groups of ranks the collectives treat as hosts, from the machines' ranks (`machines[m]`:
 /// the ranks of the machine with bootstrap host id `ids[m]`, ascending): the machines
@@ -375,13 +361,6 @@ pub(super) struct Pending {
     channels: Vec<(usize, usize)>,
 }
 
-/// Whether splitting `bytes` that one rank would send whole to every other host into a
-/// scatter and a gather across hosts saves [`CROSS_TWO_SHOT_SAVES`] bytes on its link: from
-/// three hosts (`hosts - 1` copies against `2 * (hosts - 1) / hosts`).
-pub(super) fn two_shot_pays(hosts: usize, bytes: usize) -> bool {
-    hosts >= 3 && (hosts - 1) * bytes - 2 * (hosts - 1) * bytes / hosts >= CROSS_TWO_SHOT_SAVES
-}
-
 /// The algorithm code (the descriptor's [`desc::ALGO_SHIFT`] field) of the two-shot forms
 /// across hosts, for all-reduce, reduce and broadcast alike (one-shot's is 0).
 fn two_shot_code() -> u64 {
@@ -544,7 +523,7 @@ impl Cross {
         })
     }
 
-    fn hosts(&self) -> usize {
+    pub(super) fn hosts(&self) -> usize {
         self.topo.hosts.len()
     }
 
@@ -553,7 +532,7 @@ impl Cross {
         self.buf.is_mapped()
     }
 
-    fn nlocal(&self) -> usize {
+    pub(super) fn nlocal(&self) -> usize {
         self.topo.group().len()
     }
 
@@ -613,8 +592,8 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let tag = desc::rooted_tag(
             kind,
-            super::dtype_code(dtype),
-            op.map_or(0, super::op_desc),
+            super::descriptor::dtype_code(dtype),
+            op.map_or(0, super::descriptor::op_desc),
             0,
             root.map_or(0, |r| r as u64),
         );
@@ -635,7 +614,7 @@ impl Collectives {
                     })
                 }
                 Exec::Host => {
-                    let f = super::more::all_reduce_host_kernel(
+                    let f = super::kernel_table::all_reduce_host_kernel(
                         AllReduceAlgo::OneShot,
                         DataType::F32,
                         ReduceOp::Sum,
@@ -1043,41 +1022,6 @@ impl Collectives {
         }
     }
 
-    /// The all-reduce (and reduce) algorithm across hosts for `requested` and `bytes` per
-    /// rank:
-    /// [`AllReduceAlgo::OneShot`] (every partner gets this rank's whole shard, one round) or
-    /// [`AllReduceAlgo::TwoShot`] (the shard reduce-scattered across hosts, then the pieces
-    /// all-gathered: two rounds, `2 / H` of one-shot's bytes for `H` hosts). `OneShot` and
-    /// `TwoShot` are taken as asked (from the call, then `MSCCLPP_ALLREDUCE_ALGO`, then
-    /// [`CollConfig::all_reduce_algo`]); anything else is `Auto`: two-shot from three hosts
-    /// once it saves [`CROSS_TWO_SHOT_SAVES`] bytes per rank. Equal on every rank for equal
-    /// calls and settings (a rank that chose otherwise fails the call as a mismatch: the
-    /// two descriptors differ).
-    pub(super) fn cross_all_reduce_algo(
-        &self,
-        cross: &Cross,
-        requested: AllReduceAlgo,
-        bytes: usize,
-    ) -> AllReduceAlgo {
-        let asked = [
-            Some(requested),
-            self.env_all_reduce,
-            Some(self.config.all_reduce_algo),
-        ];
-        if let Some(a) = asked
-            .into_iter()
-            .flatten()
-            .find(|a| matches!(a, AllReduceAlgo::OneShot | AllReduceAlgo::TwoShot))
-        {
-            return a;
-        }
-        if two_shot_pays(cross.hosts(), bytes.div_ceil(cross.nlocal())) {
-            AllReduceAlgo::TwoShot
-        } else {
-            AllReduceAlgo::OneShot
-        }
-    }
-
     /// The call descriptor and step flags of an all-reduce (`root`: a reduce) across hosts
     /// with `algo` (one-shot or two-shot; a reduce's is unused), and the local steps'
     /// operation (an average sums; the step divides once).
@@ -1102,8 +1046,8 @@ impl Collectives {
                 None => all_reduce_tag(code, dtype, op),
                 Some(r) => desc::rooted_tag(
                     desc::REDUCE,
-                    super::dtype_code(dtype),
-                    super::op_desc(op),
+                    super::descriptor::dtype_code(dtype),
+                    super::descriptor::op_desc(op),
                     if algo == AllReduceAlgo::TwoShot {
                         two_shot_code()
                     } else {
@@ -1147,6 +1091,9 @@ impl Collectives {
     /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint;
     /// `recv` on the root only for a reduce), until the stream ran the call.
     #[allow(clippy::too_many_arguments)]
+    // Long (~140 lines): one closure runs the local reduce-scatter, the rounds across hosts
+    // (one-shot or two-shot, all-reduce or reduce) and the local all-gather on one staged
+    // shard; cut apart, the pieces would pass that shard's pointers and offsets around.
     pub(super) unsafe fn cross_all_reduce(
         &self,
         ex: Exec<'_>,
@@ -1382,8 +1329,8 @@ impl Collectives {
         };
         let tag = desc::tag(
             desc::REDUCE_SCATTER,
-            super::dtype_code(dtype),
-            super::op_desc(op),
+            super::descriptor::dtype_code(dtype),
+            super::descriptor::op_desc(op),
             0,
         );
         let descr = [count as u64, tag];
@@ -1458,7 +1405,7 @@ impl Collectives {
             let code = if two_shot { two_shot_code() } else { 0 };
             let tag = desc::rooted_tag(
                 desc::BROADCAST,
-                super::dtype_code(dtype),
+                super::descriptor::dtype_code(dtype),
                 0,
                 code,
                 root as u64,
@@ -1588,7 +1535,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let call = ex.name("all_to_all");
         let call = call.as_str();
-        let tag = desc::tag(desc::ALL_TO_ALL, super::dtype_code(dtype), 0, 0);
+        let tag = desc::tag(desc::ALL_TO_ALL, super::descriptor::dtype_code(dtype), 0, 0);
         let descr = [bytes as u64, tag];
         let flags = xk::flags(GATHER | PER_DEST, 0);
         self.cross_call(call, ex, |cross, _, stage| {
@@ -1668,7 +1615,7 @@ impl Exec<'_> {
     }
 }
 
-/// A cross-host call descriptor in words (`super::describe`, whose algorithm names are the
+/// A cross-host call descriptor in words (`super::descriptor::describe`, whose algorithm names are the
 /// one-host kernels'; these calls carry none).
 fn describe(d: [u64; 2]) -> String {
     let [n, tag] = d;
@@ -1682,7 +1629,7 @@ fn describe(d: [u64; 2]) -> String {
     } else {
         (tag, "across hosts")
     };
-    let s = super::describe([n, tag]);
+    let s = super::descriptor::describe([n, tag]);
     match s.strip_suffix(" (?)").or_else(|| s.strip_suffix(" (put)")) {
         Some(head) => format!("{head} ({how})"),
         None => s,

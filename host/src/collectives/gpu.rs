@@ -12,10 +12,10 @@ use crate::cuda::{CudaError, CudaFunction, CudaStream, DeviceBuffer, Gpu, Kernel
 /// The collective kernels of the embedded PTX, loaded once per communicator.
 #[derive(Debug)]
 pub(super) struct Kernels {
-    /// The sum-only kernels of f32, f16 and bf16 (in `more::REDUCE_TYPES` order), per
+    /// The sum-only kernels of f32, f16 and bf16 (in `kernel_table::REDUCE_TYPES` order), per
     /// algorithm in `AllReduceAlgo` order: one-shot, two-shot, read-reduce, all-pairs, proxy.
     sum: Vec<[CudaFunction; 5]>,
-    /// The any-type, any-operation kernels per element size (`more::size_class`): one-shot,
+    /// The any-type, any-operation kernels per element size (`kernel_table::size_class`): one-shot,
     /// two-shot, proxy.
     any_op: Vec<[CudaFunction; 3]>,
     pub(super) all_gather_proxy: CudaFunction,
@@ -55,7 +55,7 @@ impl Kernels {
         let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<CollContext>())?;
         mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
         let f = |name: &str| m.function(name);
-        let sum = super::more::REDUCE_TYPES[..3]
+        let sum = super::kernel_table::REDUCE_TYPES[..3]
             .iter()
             .map(|t| -> Result<[CudaFunction; 5], CudaError> {
                 Ok([
@@ -67,7 +67,7 @@ impl Kernels {
                 ])
             })
             .collect::<Result<_, _>>()?;
-        let any_op = super::more::SIZE_CLASSES
+        let any_op = super::kernel_table::SIZE_CLASSES
             .iter()
             .map(|t| -> Result<[CudaFunction; 3], CudaError> {
                 Ok([
@@ -97,10 +97,11 @@ impl Kernels {
         dtype: DataType,
         op: ReduceOp,
     ) -> &CudaFunction {
-        let i = super::more::reduce_index(dtype).expect("a reducing type (checked by the caller)");
-        match super::kernel_slot(algo, dtype, op) {
+        let i = super::kernel_table::reduce_index(dtype)
+            .expect("a reducing type (checked by the caller)");
+        match super::kernel_table::kernel_slot(algo, dtype, op) {
             (true, a) => &self.sum[i][a],
-            (false, a) => &self.any_op[super::more::size_class(dtype)][a],
+            (false, a) => &self.any_op[super::kernel_table::size_class(dtype)][a],
         }
     }
 }

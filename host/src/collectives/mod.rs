@@ -1,12 +1,24 @@
 //! Collectives: all-reduce, all-gather, reduce-scatter, reduce, broadcast and all-to-all over
-//! memory channels (docs/guide/06-design.md §8; the last four are in `more.rs`).
+//! memory channels (docs/guide/06-design.md §8), and sends and receives.
+//!
+//! Each operation's calls (raw, typed, host, in place) are in a file of their own:
+//! `all_reduce.rs`, `all_gather.rs`, `reduce_scatter.rs`, `reduce.rs`, `broadcast.rs`,
+//! `all_to_all.rs`, `send_recv.rs` and `ll_exchange.rs` (a benchmark reference). Every choice
+//! among algorithms is in `select.rs`. What they share is in files named for it: `launch.rs`
+//! (grids, the host backend's CPU threads, the local all-gather), `gpu.rs` (the loaded
+//! module, stream checks, dependent launch), `kernel_table.rs` (which kernel runs a type),
+//! `scatter_rooted.rs` (the paths of reduce-scatter, reduce, broadcast and all-to-all),
+//! `descriptor.rs` (call descriptors), `failure.rs` (why a call failed), `cross.rs` (the
+//! step across hosts), `send_recv_proxy.rs` (send/recv with other hosts), `proxy.rs` (the
+//! proxy all-reduce's pipeline), `staged.rs` (fp8 and pre-multiplied sums) and `order.rs`
+//! (call order across streams).
 //!
 //! [`Collectives`] takes a set-up-less [`Communicator`], connects a memory channel to every
 //! other rank over a scratch buffer registered once (plus LL-packet scratch and an array of
 //! semaphores), and then runs the collective kernels of the device crate. Calls allocate
 //! nothing and never synchronise with the host, so they may be captured into a CUDA graph.
 //!
-//! On the GPU backend the buffers are device pointers (raw, or cudarc [`CudaSlice`]s) and
+//! On the GPU backend the buffers are device pointers (raw, or cudarc [`CudaSlice`](crate::cuda::CudaSlice)s) and
 //! calls are stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU)
 //! the same kernels run on CPU threads over shared memory, and calls block until done.
 //!
@@ -133,38 +145,49 @@
 //! reduce above the LL size take [`RootedAlgo`] from `MSCCLPP_BROADCAST_ALGO` and
 //! `MSCCLPP_REDUCE_ALGO` (`rounds`, `pipelined`), else from the config.
 
+mod all_gather;
+mod all_reduce;
+mod all_to_all;
+mod broadcast;
 mod cross;
+mod descriptor;
+mod failure;
 mod gpu;
-mod more;
+mod kernel_table;
+mod launch;
+mod ll_exchange;
 mod order;
 mod proxy;
+mod reduce;
+mod reduce_scatter;
+mod scatter_rooted;
+mod select;
+mod send_recv;
 mod send_recv_proxy;
 mod staged;
 
-pub use cross::{CROSS_BUFFER_ENV, CROSS_TWO_SHOT_SAVES};
-pub use more::P2pOp;
+pub use cross::CROSS_BUFFER_ENV;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
+pub use select::{CROSS_TWO_SHOT_SAVES, ROOTED_PIPELINED_ABOVE, TWO_RANK_ONE_SHOT_MAX};
+pub use send_recv::P2pOp;
 pub use send_recv_proxy::P2P_PEERS_ENV;
 pub use staged::{Fp8E4M3, Fp8E5M2, PreMulScalar, STAGING_BYTES};
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::Arc;
-
-use mscclpp_device::arch::{Dim3, launch};
-use mscclpp_device::channel::DevConn;
-use mscclpp_device::collectives::{
-    COUNTER_WORDS, CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS,
-    STATE_WORDS, desc, fault, guard, one_shot_max_bytes,
-};
-use mscclpp_device::kernels::collectives as k;
-
-use crate::communicator::{Backend, Buffer, CommError, Communicator, FaultRecord, idle_within};
-use crate::cuda::{CudaSlice, CudaStream, Gpu};
+use self::failure::caused_by_another_rank;
+use crate::communicator::{Backend, Buffer, CommError, Communicator, idle_within};
+use crate::cuda::{CudaStream, Gpu};
 use crate::settings::{CrossBuffer, PdlMode, Settings};
 use crate::transport::TransportKind;
 use crate::transport::tags::{TAG_PROXY, TAG_SCRATCH, TAG_SEMAPHORES};
+use mscclpp_device::channel::DevConn;
+use mscclpp_device::collectives::{
+    COUNTER_WORDS, CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS,
+    STATE_WORDS, guard, one_shot_max_bytes,
+};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
 
 /// Element type of a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -309,20 +332,6 @@ impl CrossTransport {
         }
     }
 }
-
-/// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot with two ranks.
-/// On 2x H200 under a CUDA graph, all-pairs took 8.4 us at 512 KB and 9.8 us at 1 MB
-/// (`benches/records/nvidia-h200-x2.jsonl`, the all-reduce graph rows of 7a5cbd3) where
-/// one-shot took 9.6 and 13.5.
-pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
-
-/// Message size (bytes) above which [`RootedAlgo::Auto`] pipelines a broadcast or reduce.
-/// On 2x H200, with depth 8 and pieces of at least 256 KiB, pipelined broadcast took 105 us
-/// at 32 MB and 376 us at 128 MB against 117 and 452 in rounds (NCCL 110 and 386), reduce
-/// 106 and 386 against 130 and 428 (NCCL 102 and 376); at 2-8 MB rounds were as fast or
-/// faster. The broadcast and reduce rows of `benches/records/nvidia-h200-x2.jsonl` are this
-/// choice's (7a5cbd3).
-pub const ROOTED_PIPELINED_ABOVE: usize = 8 << 20;
 
 /// Element types the typed calls accept.
 pub trait Element: Copy + Send + Sync + 'static {
@@ -541,101 +550,6 @@ impl CollConfig {
     }
 }
 
-impl Collectives {
-    /// After a device wait for `peer` timed out in `what`: tells the other ranks through the
-    /// bootstrap that this rank gave up on `peer` ([`Bootstrap::report_stall`]), so that a
-    /// rank stuck behind this one names the root cause, and waits up to
-    /// [`STALL_NEWS_GRACE`] for `peer`'s own report: when `peer` had itself given up on
-    /// another rank (it waited, alive, for a stalled one), returns what it said (see
-    /// [`stall_texts`](Self::stall_texts)). Once per `Collectives` (the first timeout;
-    /// calls queued behind it repeat it for the same peer).
-    fn stall_behind(&self, peer: usize, what: &str) -> Option<crate::bootstrap::GaveUp> {
-        let mut noted = self.stall_noted.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((p, behind)) = noted.as_ref() {
-            return behind.clone().filter(|_| *p == peer);
-        }
-        let bs = self.comm.bootstrap().as_async();
-        let now = std::time::Instant::now();
-        // The wait began about a device timeout ago; a report older than that is about
-        // something else.
-        let began = now
-            .checked_sub(self.comm.device_timeout() + std::time::Duration::from_secs(1))
-            .unwrap_or(now);
-        bs.report_stall(peer, what, began);
-        let behind = loop {
-            if let Some(g) = bs.stall_behind(peer, began) {
-                break Some(g);
-            }
-            if now.elapsed() >= STALL_NEWS_GRACE {
-                break None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        *noted = Some((peer, behind.clone()));
-        behind
-    }
-
-    /// [`stall_texts`](Self::stall_texts)'s second note alone (a timeout whose rank is not
-    /// known).
-    pub(super) fn stuck_note(&self) -> String {
-        crate::bootstrap::stuck_note(&self.comm.bootstrap().as_async().stuck_ranks())
-    }
-
-    /// The two notes of a device timeout for `peer` in `what`, from one look at this
-    /// machine's processes (so that they agree): `, which had given up, stuck behind rank R
-    /// (...)` when `peer` had given up on another rank ([`stall_behind`](Self::stall_behind);
-    /// with what was seen of R on its machine, unless this rank sees R itself), and `; on
-    /// this machine, rank R (pid P) is stopped by a signal ...` for the ranks whose processes
-    /// this rank can look at and that are not making progress now
-    /// ([`Bootstrap::stuck_ranks`](crate::bootstrap::Bootstrap::stuck_ranks)): most likely
-    /// why the wait timed out, whichever rank it waited for.
-    pub(super) fn stall_texts(&self, peer: usize, what: &str) -> (String, String) {
-        let behind = self.stall_behind(peer, what);
-        let stuck = self.comm.bootstrap().as_async().stuck_ranks();
-        (
-            crate::bootstrap::gave_up_note(behind.as_ref(), &stuck),
-            crate::bootstrap::stuck_note(&stuck),
-        )
-    }
-
-    /// `" (rank R had left: it closed its communicator)"` when `rank` said goodbye to the
-    /// bootstrap (a wait for it can then never end: the usual cause is a rank that called
-    /// fewer collectives than the others), else nothing.
-    pub(super) fn left_note(&self, rank: usize) -> String {
-        if self.comm.bootstrap().as_async().has_left(rank) {
-            format!(" (rank {rank} had left: it closed its communicator)")
-        } else {
-            String::new()
-        }
-    }
-}
-
-/// Whether `e` comes from another rank (lost, closed, stalled, refusing, a socket to it
-/// failing, or an abort), not from this rank's own set-up: such a failure is not this
-/// rank's to explain.
-fn caused_by_another_rank(e: &CommError) -> bool {
-    matches!(
-        e,
-        CommError::Aborted(_)
-            | CommError::Timeout(_)
-            | CommError::Bootstrap(
-                crate::bootstrap::BootstrapError::PeerLost { .. }
-                    | crate::bootstrap::BootstrapError::PeerClosed { .. }
-                    | crate::bootstrap::BootstrapError::Timeout { .. }
-                    | crate::bootstrap::BootstrapError::Poisoned { .. }
-                    | crate::bootstrap::BootstrapError::RefusedByPeer { .. }
-                    | crate::bootstrap::BootstrapError::Protocol(_)
-                    | crate::bootstrap::BootstrapError::Io { .. }
-            )
-    )
-}
-
-/// How long a collective's timeout error waits for the report of the rank it waited for
-/// ([`Collectives::stall_note`]): the waits along a chain time out at about the same time,
-/// but not exactly (a wait's clock restarts when data arrives; seen 0.5 s apart on the Host
-/// transport), and the error comes this much later once, at the end of a device timeout.
-const STALL_NEWS_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// All-reduce and all-gather over one communicator. See the [module](self).
 pub struct Collectives {
     comm: Communicator,
@@ -654,9 +568,10 @@ pub struct Collectives {
     /// [`Collectives::set_proxy_pipeline`]).
     proxy_pipe: proxy::ProxyPipe,
     gpu: Option<gpu::Kernels>,
-    more: Option<more::Kernels>,
+    /// The reduce-scatter, reduce, broadcast, all-to-all and send/recv kernels (GPU backend).
+    scatter_rooted: Option<scatter_rooted::Kernels>,
     /// Sends and receives between the ranks of this host (every Collectives has it).
-    p2p: Option<more::P2p>,
+    p2p: Option<send_recv::P2p>,
     /// Sends and receives with ranks on other hosts (across hosts, with the ranks agreed at
     /// set-up: see `send_recv_proxy::agree`; `None` when there are none).
     xp2p: Option<send_recv_proxy::XP2p>,
@@ -743,20 +658,6 @@ fn wait_idle<E>(
     }
 }
 
-/// Grid `(blocks, threads)` of an LL-packet launch (one-shot all-reduce, all-gather packets,
-/// the small paths of the other collectives) of `bytes` per rank pair, with blocks of at most
-/// `threads` threads and at most `block_cap` blocks (and `MAX_BLOCKS`): a thread per 8-byte
-/// unit plus one warp. Block 0's first warp sends and checks the call descriptors and carries
-/// no data (the device's `data_threads`), so it does not hold up the data threads' polls,
-/// nor they its check.
-fn one_shot_grid(bytes: usize, threads: u32, block_cap: u32) -> (u32, u32) {
-    let units = bytes.div_ceil(8).max(1);
-    let threads = ((units.next_multiple_of(32) + 32) as u32).clamp(64, threads.max(64));
-    let most = block_cap.clamp(1, mscclpp_device::collectives::MAX_BLOCKS as u32) as usize;
-    let blocks = (units + 32).div_ceil(threads as usize).clamp(1, most) as u32;
-    (blocks, threads)
-}
-
 /// The most blocks a collective kernel may have when ranks share a GPU (several processes on
 /// one device under MPS), else `u32::MAX`. The kernels' blocks wait for their peers' blocks,
 /// so every kernel of the ranks on one device must fit on it at once: a kernel that fills the
@@ -836,6 +737,9 @@ impl Collectives {
 
     /// [`new`](Self::new) up to the last step: what it returns makes the collectives of the
     /// communicator it is given.
+    // Long (~200 lines): the set-up steps run in the order the peers' bootstrap exchanges
+    // need (topology, registrations, connections, contexts); cut into functions they would
+    // pass most of the half-built state between them.
     fn set_up(
         comm: &mut Communicator,
         mut config: CollConfig,
@@ -970,7 +874,7 @@ impl Collectives {
             ctx.packets_out[p] = d.packets_out_ptr();
             ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
         }
-        let mut p2p = more::P2p::new(comm, &config, &ctx, &group, rank)?;
+        let mut p2p = send_recv::P2p::new(comm, &config, &ctx, &group, rank)?;
         let gpu = match comm.backend() {
             Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns, pdl)?),
             Backend::Host => None,
@@ -992,7 +896,10 @@ impl Collectives {
         let xp2p = xp2p
             .map(|x| send_recv_proxy::XP2p::finish(comm, x, gpu.as_ref()))
             .transpose()?;
-        let more = gpu.as_ref().map(more::Kernels::load).transpose()?;
+        let scatter_rooted = gpu
+            .as_ref()
+            .map(scatter_rooted::Kernels::load)
+            .transpose()?;
         // Up on every rank or on none: a rank whose set-up failed above (a setting that
         // differs from its peers', say) leaves, and the others learn it here (the
         // bootstrap's error naming it, a peer's loss as callers such as the NCCL library's
@@ -1013,7 +920,7 @@ impl Collectives {
             env_reduce,
             proxy_pipe,
             gpu,
-            more,
+            scatter_rooted,
             p2p,
             xp2p,
             p2p_off,
@@ -1104,217 +1011,12 @@ impl Collectives {
         self.check_fault("synchronize", true)
     }
 
-    /// Remembers a lost context so that every later call says so.
-    fn note_lost(&self, e: &CommError) {
-        if let CommError::ContextLost(m) = e {
-            let mut l = self.context_lost.lock().unwrap_or_else(|e| e.into_inner());
-            l.get_or_insert_with(|| m.clone());
-        }
-    }
-
     /// `r`, remembering a lost context.
     /// Orders a GPU call on `stream` after this communicator's previous calls, whatever
     /// their streams ([`order`]); its work must be queued while the returned guard lives.
     /// The stream's context must be bound ([`gpu::check_stream`]).
     fn ordered(&self, call: &str, stream: &CudaStream) -> Result<order::Ordered<'_>, CommError> {
         self.noted(self.order.enter(call, stream))
-    }
-
-    fn noted<T>(&self, r: Result<T, CommError>) -> Result<T, CommError> {
-        if let Err(e) = &r {
-            self.note_lost(e);
-        }
-        r
-    }
-
-    /// The pending error of the collectives, for call `call`: a lost context, an abort,
-    /// then a kernel's record (a mismatch record, with `mismatch` only, is cleared once
-    /// returned; without, it is left for `async_error`).
-    fn check_fault(&self, call: &str, mismatch: bool) -> Result<(), CommError> {
-        if let Some(m) = self
-            .context_lost
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            return Err(CommError::ContextLost(format!("{call}: {m}")));
-        }
-        let area = self.comm.fault_area();
-        if let Some(reason) = area.abort_reason() {
-            return Err(CommError::Aborted(format!(
-                "{call}: rank {}: {reason}; the collectives cannot be used any more",
-                self.rank()
-            )));
-        }
-        // A cross-host step's record is never cleared (the partners' rounds may no longer
-        // pair): every later call returns it.
-        let Some(rec) = area
-            .record()
-            .filter(|r| mismatch || r.kind != fault::MISMATCH || cross::is_cross(r.place))
-        else {
-            return match self.cross {
-                Some(_) => self.cross_fault(call),
-                None => Ok(()),
-            };
-        };
-        if cross::is_cross(rec.place) {
-            return Err(self.cross_error(call, &rec));
-        }
-        let e = self.fault_error(call, &rec);
-        if rec.kind == fault::MISMATCH {
-            area.clear_record();
-        }
-        Err(e)
-    }
-
-    /// The error a kernel's record stands for.
-    fn fault_error(&self, call: &str, rec: &FaultRecord) -> CommError {
-        let me = self.rank();
-        // Across hosts the kernels inside a host name their peer by local index.
-        let rec = &match &self.cross {
-            Some(c) if !matches!(rec.place, fault::AT_XP2P | fault::AT_XP2P_GONE) => FaultRecord {
-                peer: c.topo.group().get(rec.peer).copied().unwrap_or(rec.peer),
-                ..*rec
-            },
-            _ => *rec,
-        };
-        match rec.kind {
-            fault::MISMATCH if desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV => {
-                CommError::CallMismatch(format!("{call}: {}", p2p_mismatch(me, rec)))
-            }
-            // This rank's own round across hosts failed earlier (its record says why).
-            fault::MISMATCH if rec.own[1] == desc::BROKEN => {
-                self.cross_fault(call).err().unwrap_or_else(|| {
-                    CommError::State(format!(
-                        "{call}: rank {me}: a round across hosts failed earlier; the \
-                         collectives cannot be used any more"
-                    ))
-                })
-            }
-            fault::MISMATCH if rec.theirs[1] == desc::BROKEN => CommError::State(format!(
-                "{call}: rank {} of this host could not take part in collective #{}: a round \
-                 across hosts failed on it earlier (it reports why), so the call failed on \
-                 rank {me} too (its output is undefined); the collectives cannot be used any \
-                 more",
-                rec.peer,
-                rec.seq + 1,
-            )),
-            fault::MISMATCH => {
-                let (own, theirs) = describe_pair(rec.own, rec.theirs);
-                CommError::CallMismatch(format!(
-                    "{call}: the ranks called collective #{} differently: rank {me} called \
-                     {own}, rank {} {theirs}; every rank reports this error and the call did \
-                     nothing (its output is undefined); the collectives stay usable",
-                    rec.seq + 1,
-                    rec.peer,
-                ))
-            }
-            fault::TIMEOUT => {
-                let on_gpu = matches!(self.comm.backend(), Backend::Gpu(_));
-                let queues = proxy_wait_hint(rec.place, on_gpu, || {
-                    std::env::var(cross::WORK_QUEUES_ENV).ok()
-                })
-                .map_or(String::new(), |hint| format!("; {hint}"));
-                // Across hosts a local step's peer is an index in the host's group.
-                let what = format!("collective #{} ({})", rec.seq + 1, describe(rec.own));
-                let (left, (behind, stuck)) = match &self.cross {
-                    None => (self.left_note(rec.peer), self.stall_texts(rec.peer, &what)),
-                    Some(c) => match c.topo.hosts[c.topo.host].get(rec.peer) {
-                        Some(&rank) => (String::new(), self.stall_texts(rank, &what)),
-                        None => (String::new(), (String::new(), self.stuck_note())),
-                    },
-                };
-                CommError::Timeout(format!(
-                    "{call}: rank {me} waited {:?} for rank {} ({}){behind} in collective #{} \
-                     ({}) and gave up: that rank did not take part, or is \
-                     stuck{left}{queues}{stuck}; the collectives cannot be used any more",
-                    self.comm.device_timeout(),
-                    rec.peer,
-                    place_name(rec.place),
-                    rec.seq + 1,
-                    describe(rec.own)
-                ))
-            }
-            fault::ABORTED if rec.place == fault::AT_P2P_COLLECTIVE => {
-                let (own, theirs) = (describe(rec.own), describe(rec.theirs));
-                let what = if desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV {
-                    format!(
-                        "send/recv launch #{} ({own}) cannot complete: rank {} called a \
-                         collective ({theirs}) instead of the matching send or receive",
-                        rec.seq + 1,
-                        rec.peer,
-                    )
-                } else {
-                    format!(
-                        "collective #{} ({own}) cannot complete: rank {} waits in {theirs} \
-                         for a send or receive that no rank makes before this collective",
-                        rec.seq + 1,
-                        rec.peer,
-                    )
-                };
-                CommError::State(format!(
-                    "{call}: rank {me}: {what} (each rank's calls run in order, so neither can \
-                     go on; the usual cause: the ranks called sends, receives and collectives \
-                     in different orders); the collectives cannot be used any more"
-                ))
-            }
-            fault::ABORTED
-                if rec.place == fault::AT_LEFT
-                    && desc::field(rec.own[1], desc::KIND_SHIFT) == desc::SEND_RECV =>
-            {
-                CommError::Aborted(format!(
-                    "{call}: rank {me}: send/recv launch #{} ({}) cannot complete: rank {} left \
-                     (it closed its communicator, its work done) without the matching send or \
-                     receive (the usual cause: that rank posted fewer sends or receives to \
-                     this one, or returned early on an error of its own); the collectives \
-                     cannot be used any more",
-                    rec.seq + 1,
-                    describe(rec.own),
-                    rec.peer,
-                ))
-            }
-            fault::ABORTED if rec.place == fault::AT_XP2P_GONE => {
-                let proxy = self
-                    .comm
-                    .proxy_error()
-                    .map_or(String::new(), |e| format!(" (the proxy reported: {e})"));
-                let how = if self.comm.bootstrap().as_async().has_left(rec.peer) {
-                    "left (it closed its communicator)"
-                } else {
-                    "lost its connection to this rank"
-                };
-                CommError::Aborted(format!(
-                    "{call}: rank {me}: send/recv launch #{} ({}) cannot complete: rank {}, on \
-                     another host, {how} before the matching send or receive completed \
-                     (its TCP streams to this rank ended){proxy}; the collectives cannot be \
-                     used any more",
-                    rec.seq + 1,
-                    describe(rec.own),
-                    rec.peer,
-                ))
-            }
-            fault::ABORTED if rec.place == fault::AT_LEFT => {
-                let (who, calls) = self.comm.fault_area().left().unwrap_or((rec.peer, rec.seq));
-                CommError::Aborted(format!(
-                    "{call}: rank {me}: collective #{} ({}) cannot complete: rank {who} left \
-                     (it closed its communicator) after {calls} collective call{}, so it \
-                     never makes this one (the usual cause: that rank made fewer calls, or \
-                     returned early on an error of its own); the collectives cannot be used \
-                     any more",
-                    rec.seq + 1,
-                    describe(rec.own),
-                    if calls == 1 { "" } else { "s" },
-                ))
-            }
-            _ => CommError::Aborted(format!(
-                "{call}: rank {me}: collective #{} ({}) was aborted while waiting for rank {} \
-                 ({}); the collectives cannot be used any more",
-                rec.seq + 1,
-                describe(rec.own),
-                rec.peer,
-                place_name(rec.place)
-            )),
-        }
     }
 
     /// This rank.
@@ -1333,14 +1035,6 @@ impl Collectives {
     /// [Across hosts](self#across-hosts)).
     pub fn hosts(&self) -> usize {
         self.cross.as_ref().map_or(1, |c| c.topo.hosts.len())
-    }
-
-    /// Across hosts: whether a broadcast of `bytes` takes its two-shot form (the root
-    /// scatters a piece per host, then the hosts all-gather; see [Across
-    /// hosts](self#across-hosts)). `false` on one host.
-    pub fn broadcast_two_shot_across_hosts(&self, bytes: usize) -> bool {
-        self.cross()
-            .is_some_and(|c| cross::two_shot_pays(c.topo.hosts.len(), bytes))
     }
 
     /// Across hosts: whether the cross buffer (the memory the rounds across hosts pass
@@ -1407,877 +1101,6 @@ impl Collectives {
     pub fn one_shot_max_bytes(&self) -> usize {
         one_shot_max_bytes(self.ctx.packets_len) as usize
     }
-
-    /// The algorithm [`AllReduceAlgo::Auto`] resolves to for `bytes` per rank
-    /// (`MSCCLPP_ALLREDUCE_ALGO` first, then the config): one-shot up to `packet_max_bytes`
-    /// (for two ranks, up to [`TWO_RANK_ONE_SHOT_MAX`]);
-    /// above, all-pairs for two ranks (the same NVLink traffic as two-shot with one barrier
-    /// less per round; measured faster on 2x H200 from 2 MB to 8 MB and from 128 MB up,
-    /// within 5% between) and two-shot for more ranks (all-pairs would send `nranks - 1`
-    /// times the input).
-    ///
-    /// Across hosts ([`hosts`](Self::hosts) above 1) it answers with the cross-host
-    /// algorithm instead: [`AllReduceAlgo::OneShot`] or [`AllReduceAlgo::TwoShot`] (see
-    /// [Across hosts](self#across-hosts)).
-    pub fn choose_all_reduce(&self, bytes: usize) -> AllReduceAlgo {
-        if let Some(c) = self.cross() {
-            return self.cross_all_reduce_algo(c, AllReduceAlgo::Auto, bytes);
-        }
-        if let Some(a) = self.env_all_reduce {
-            return a;
-        }
-        if self.config.all_reduce_algo != AllReduceAlgo::Auto {
-            return self.config.all_reduce_algo;
-        }
-        let one_shot_max = if self.nranks() == 2 {
-            TWO_RANK_ONE_SHOT_MAX
-        } else {
-            usize::MAX
-        };
-        if bytes
-            <= self
-                .config
-                .packet_max_bytes
-                .min(self.one_shot_max_bytes())
-                .min(one_shot_max)
-        {
-            AllReduceAlgo::OneShot
-        } else if self.nranks() == 2 {
-            AllReduceAlgo::AllPairs
-        } else {
-            AllReduceAlgo::TwoShot
-        }
-    }
-
-    /// The algorithm [`AllGatherAlgo::Auto`] resolves to for `bytes` per rank
-    /// (`MSCCLPP_ALLGATHER_ALGO`, then the config): LL packets up to the one-shot size
-    /// (`packet_max_bytes`, as all-reduce: nccl-tests on 2x H200 had the memory-channel
-    /// all-gather at 13-16 us from 32 B to 512 KB where NCCL takes 8-13), memory channels
-    /// above.
-    pub fn choose_all_gather(&self, bytes: usize) -> AllGatherAlgo {
-        match (self.env_all_gather, self.config.all_gather_algo) {
-            (Some(a), _) => a,
-            (None, AllGatherAlgo::Auto) => {
-                if bytes <= self.config.packet_max_bytes.min(self.one_shot_max_bytes()) {
-                    AllGatherAlgo::Packets
-                } else {
-                    AllGatherAlgo::Memory
-                }
-            }
-            (None, a) => a,
-        }
-    }
-
-    /// Resolves an all-gather algorithm for `bytes` per rank and checks it can carry them.
-    fn resolve_all_gather(
-        &self,
-        call: &str,
-        algo: AllGatherAlgo,
-        bytes: usize,
-    ) -> Result<AllGatherAlgo, CommError> {
-        let algo = match algo {
-            AllGatherAlgo::Auto => self.choose_all_gather(bytes),
-            a => a,
-        };
-        if algo == AllGatherAlgo::Packets && bytes > self.one_shot_max_bytes() {
-            return Err(CommError::InvalidArgument(format!(
-                "{call}: the packet algorithm carries at most {} bytes per rank (packet \
-                 scratch); {bytes} asked (raise CollConfig::packet_max_bytes or use Memory)",
-                self.one_shot_max_bytes()
-            )));
-        }
-        Ok(algo)
-    }
-
-    /// Resolves `algo` for `bytes` and checks it can carry them.
-    fn resolve(&self, algo: AllReduceAlgo, bytes: usize) -> Result<AllReduceAlgo, CommError> {
-        let algo = match algo {
-            AllReduceAlgo::Auto => self.choose_all_reduce(bytes),
-            a => a,
-        };
-        if algo == AllReduceAlgo::OneShot && bytes > self.one_shot_max_bytes() {
-            return Err(CommError::InvalidArgument(format!(
-                "all_reduce: one-shot carries at most {} bytes per rank (packet scratch); \
-                 {bytes} asked (raise CollConfig::packet_max_bytes or use TwoShot)",
-                self.one_shot_max_bytes()
-            )));
-        }
-        Ok(algo)
-    }
-
-    /// Grid of a GPU launch: `(blocks, threads)`.
-    fn grid(&self, algo: Option<AllReduceAlgo>, bytes: usize) -> (u32, u32) {
-        let threads = self.config.threads;
-        match algo {
-            // A few blocks stage and reduce, each over its own lane of proxy channels; the
-            // copy engine moves the data.
-            Some(AllReduceAlgo::Proxy) => (self.proxy_plan(bytes).0, threads),
-            Some(AllReduceAlgo::OneShot) => one_shot_grid(bytes, threads, self.block_cap),
-            _ => {
-                // NVLink needs many blocks in flight (one block moves only a few GB/s):
-                // one per 16 KiB, at most max_blocks.
-                let blocks = bytes
-                    .div_ceil(16 << 10)
-                    .clamp(1, self.config.max_blocks as usize);
-                (blocks as u32, threads)
-            }
-        }
-    }
-
-    fn gpu_kernels(&self, call: &str) -> Result<&gpu::Kernels, CommError> {
-        self.gpu.as_ref().ok_or_else(|| {
-            CommError::InvalidArgument(format!(
-                "{call}: this communicator runs on the host backend (no GPU); use the *_host \
-                 calls"
-            ))
-        })
-    }
-
-    fn host_only(&self, call: &str) -> Result<(), CommError> {
-        if self.gpu.is_some() {
-            return Err(CommError::InvalidArgument(format!(
-                "{call}: this communicator runs on a GPU; pass device buffers to the GPU calls"
-            )));
-        }
-        Ok(())
-    }
-
-    /// All-reduce of `count` elements from device address `send` into `recv` (equal for in
-    /// place), stream-ordered on `stream`. GPU backend only. Checks that both ranges are
-    /// device memory (`cuMemGetAddressRange`) and aligned to the element size; allocates
-    /// nothing and does not synchronise, so it may be captured into a CUDA graph.
-    ///
-    /// # Safety
-    /// `send` and `recv` must stay valid (not freed) until the operation completes on
-    /// `stream`, and not be written by others meanwhile; partially overlapping ranges are
-    /// not allowed.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_reduce_raw(
-        &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        algo: AllReduceAlgo,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        if staged::is_staged(dtype, op) {
-            let (ex, what) = (cross::Exec::Gpu(stream), staged::Staged::AllReduce);
-            // SAFETY: forwarded (caller contract).
-            return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
-        }
-        let kernels = self.gpu_kernels("all_reduce")?;
-        self.check_fault("all_reduce", false)?;
-        let bytes = checked_bytes("all_reduce", count, dtype.size())?;
-        self.noted(gpu::check_stream(
-            "all_reduce",
-            self.gpu().expect("GPU backend"),
-            stream,
-        ))?;
-        let _order = self.ordered("all_reduce", stream)?;
-        if count == 0 {
-            let ex = cross::Exec::Gpu(stream);
-            return self.empty_call(ex, "all_reduce", desc::ALL_REDUCE, dtype, Some(op), None);
-        }
-        self.noted((|| {
-            gpu::check_range("all_reduce: send", send, bytes, dtype.size())?;
-            gpu::check_range("all_reduce: recv", recv, bytes, dtype.size())
-        })())?;
-        if let Some(c) = self.cross() {
-            let algo = self.cross_all_reduce_algo(c, algo, bytes);
-            let ex = cross::Exec::Gpu(stream);
-            // SAFETY: the ranges were checked above; the caller keeps them valid.
-            return unsafe { self.cross_all_reduce(ex, send, recv, count, dtype, op, None, algo) };
-        }
-        let algo = route(self.resolve(algo, bytes)?, dtype, op);
-        let (blocks, threads) = self.grid(Some(algo), bytes);
-        let f = kernels.all_reduce(algo, dtype, op);
-        let tag = self.plan_tag(all_reduce_tag(algo, dtype, op), algo, bytes);
-        // SAFETY: the context holds this communicator's registered memory; the user ranges
-        // were checked above and the caller keeps them valid.
-        self.noted(unsafe {
-            kernels.launch(
-                stream,
-                f,
-                send,
-                recv,
-                count as u64,
-                tag,
-                blocks,
-                threads,
-                algo == AllReduceAlgo::OneShot,
-            )
-        })
-    }
-
-    /// All-gather: `send_count` elements from every rank land in `recv` (rank `r`'s at
-    /// element `r * send_count`); in place when `send == recv + rank * send_count`
-    /// elements. GPU backend only; checks as [`all_reduce_raw`](Self::all_reduce_raw).
-    ///
-    /// # Safety
-    /// As for [`all_reduce_raw`](Self::all_reduce_raw).
-    pub unsafe fn all_gather_raw(
-        &self,
-        send: u64,
-        recv: u64,
-        send_count: usize,
-        dtype: DataType,
-        algo: AllGatherAlgo,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        self.gpu_kernels("all_gather")?;
-        self.check_fault("all_gather", false)?;
-        let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
-        if self.cross.is_none() {
-            self.resolve_all_gather("all_gather", algo, bytes)?;
-        }
-        let total = checked_bytes("all_gather", bytes, self.nranks())?;
-        self.noted(gpu::check_stream(
-            "all_gather",
-            self.gpu().expect("GPU backend"),
-            stream,
-        ))?;
-        let _order = self.ordered("all_gather", stream)?;
-        if send_count == 0 {
-            let ex = cross::Exec::Gpu(stream);
-            return self.empty_call(ex, "all_gather", desc::ALL_GATHER, dtype, None, None);
-        }
-        self.noted((|| {
-            gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
-            gpu::check_range("all_gather: recv", recv, total, dtype.size())
-        })())?;
-        if self.cross.is_some() {
-            // SAFETY: the ranges were checked above; the caller keeps them valid.
-            return unsafe {
-                self.cross_all_gather(cross::Exec::Gpu(stream), send, recv, bytes, dtype)
-            };
-        }
-        let algo = self.resolve_all_gather("all_gather", algo, bytes)?;
-        // SAFETY: as in all_reduce_raw.
-        unsafe { self.launch_all_gather(send, recv, bytes, dtype, algo, stream) }
-    }
-
-    /// The bare LL-packet exchange that one-shot all-reduce is made of, as a benchmark
-    /// reference (not a collective; `benches/ll_exchange.rs` times the two in one run): every
-    /// rank sends `bytes` from `send` to every peer as LL packets, over the same scratch,
-    /// grid, call counter and flags as [`AllReduceAlgo::OneShot`], without the call
-    /// descriptors and the reduction, and `recv` gets the XOR of every rank's bytes. Nothing
-    /// is compared between the ranks: every rank must pass the same `bytes`. GPU backend,
-    /// ranks of one host, at most [`one_shot_max_bytes`](Self::one_shot_max_bytes).
-    ///
-    /// # Safety
-    /// As for [`all_reduce_raw`](Self::all_reduce_raw), both ranges of `bytes`.
-    pub unsafe fn ll_exchange_raw(
-        &self,
-        send: u64,
-        recv: u64,
-        bytes: usize,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        let kernels = self.gpu_kernels("ll_exchange")?;
-        self.check_fault("ll_exchange", false)?;
-        if self.cross.is_some() {
-            return Err(CommError::InvalidArgument(
-                "ll_exchange: for ranks of one host (memory channels) only".into(),
-            ));
-        }
-        if bytes > self.one_shot_max_bytes() {
-            return Err(CommError::InvalidArgument(format!(
-                "ll_exchange: at most {} bytes (one-shot's packet scratch); {bytes} asked",
-                self.one_shot_max_bytes()
-            )));
-        }
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.noted((|| {
-            gpu::check_stream("ll_exchange", self.gpu().expect("GPU backend"), stream)?;
-            gpu::check_range("ll_exchange: send", send, bytes, 1)?;
-            gpu::check_range("ll_exchange: recv", recv, bytes, 1)
-        })())?;
-        let _order = self.ordered("ll_exchange", stream)?;
-        let (blocks, threads) = self.grid(Some(AllReduceAlgo::OneShot), bytes);
-        // SAFETY: the context holds this communicator's registered memory; the user ranges
-        // were checked above and the caller keeps them valid.
-        self.noted(unsafe {
-            kernels.launch(
-                stream,
-                &kernels.ll_exchange,
-                send,
-                recv,
-                bytes as u64,
-                0,
-                blocks,
-                threads,
-                true,
-            )
-        })
-    }
-
-    /// Launches the all-gather kernel of resolved `algo` over the local group on `stream`
-    /// (`bytes` per local rank).
-    ///
-    /// # Safety
-    /// `send` valid device memory for `bytes`, `recv` for `nlocal * bytes`, until the stream
-    /// ran the kernel.
-    unsafe fn launch_all_gather(
-        &self,
-        send: u64,
-        recv: u64,
-        bytes: usize,
-        dtype: DataType,
-        algo: AllGatherAlgo,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        let kernels = self.gpu_kernels("all_gather")?;
-        let (blocks, threads) = match algo {
-            AllGatherAlgo::Proxy => self.grid(Some(AllReduceAlgo::Proxy), bytes),
-            // The same unit-per-thread grid as one-shot all-reduce.
-            AllGatherAlgo::Packets => self.grid(Some(AllReduceAlgo::OneShot), bytes),
-            _ => self.grid(None, bytes),
-        };
-        let f = match algo {
-            AllGatherAlgo::Proxy => &kernels.all_gather_proxy,
-            AllGatherAlgo::Packets => &kernels.all_gather_packets,
-            _ => &kernels.all_gather,
-        };
-        let tag = all_gather_tag(algo, dtype);
-        let tag = match algo {
-            AllGatherAlgo::Proxy => self.proxy_tag(tag, bytes),
-            _ => tag,
-        };
-        // SAFETY: as in all_reduce_raw.
-        self.noted(unsafe {
-            kernels.launch(
-                stream,
-                f,
-                send,
-                recv,
-                bytes as u64,
-                tag,
-                blocks,
-                threads,
-                algo == AllGatherAlgo::Packets,
-            )
-        })
-    }
-
-    /// Out-of-place all-reduce of cudarc slices (lengths must match), on `stream`.
-    ///
-    /// cudarc orders slice uses across streams with events when its event tracking is on
-    /// and the context has several streams; those event waits cannot be captured into a
-    /// CUDA graph. Under capture, such a call is refused with that reason: call
-    /// `CudaContext::disable_event_tracking` first, or use
-    /// [`all_reduce_raw`](Self::all_reduce_raw).
-    pub fn all_reduce<T: Element>(
-        &self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
-        op: ReduceOp,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        if send.len() != recv.len() {
-            return Err(CommError::InvalidArgument(format!(
-                "all_reduce: send has {} elements, recv {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        let count = send.len();
-        gpu::check_capture("all_reduce", stream)?;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: the slices are borrowed across the launch and cudarc's guards order later
-        // uses of them after this stream's work.
-        unsafe { self.all_reduce_raw(s, r, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
-    }
-
-    /// In-place all-reduce of a cudarc slice, on `stream` (graph capture as in
-    /// [`all_reduce`](Self::all_reduce)).
-    pub fn all_reduce_in_place<T: Element>(
-        &self,
-        buf: &mut CudaSlice<T>,
-        op: ReduceOp,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::DevicePtrMut;
-        let count = buf.len();
-        gpu::check_capture("all_reduce_in_place", stream)?;
-        let (p, _g) = buf.device_ptr_mut(stream);
-        // SAFETY: as in all_reduce.
-        unsafe { self.all_reduce_raw(p, p, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
-    }
-
-    /// All-gather of cudarc slices (`recv.len() == nranks * send.len()`), on `stream`
-    /// (graph capture as in [`all_reduce`](Self::all_reduce)).
-    pub fn all_gather<T: Element>(
-        &self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        if recv.len() != send.len() * self.nranks() {
-            return Err(CommError::InvalidArgument(format!(
-                "all_gather: recv has {} elements; {} ranks x {} expected",
-                recv.len(),
-                self.nranks(),
-                send.len()
-            )));
-        }
-        let count = send.len();
-        gpu::check_capture("all_gather", stream)?;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: as in all_reduce.
-        unsafe { self.all_gather_raw(s, r, count, T::DTYPE, AllGatherAlgo::Auto, stream) }
-    }
-
-    /// Runs a kernel body on CPU threads (host backend): one block of `max(nranks, 2)`
-    /// threads (the kernels take any grid, and more threads only add contention on a CPU).
-    /// Returns the pending error before, and the kernel's record after (the kernels do not
-    /// trap: a failed wait records why and returns).
-    fn run_host(&self, call: &str, body: impl Fn() + Sync) -> Result<(), CommError> {
-        self.run_host_blocks(call, 1, body)
-    }
-
-    /// [`run_host`](Self::run_host) on `blocks` blocks (the proxy kernels' lanes).
-    fn run_host_blocks(
-        &self,
-        call: &str,
-        blocks: u32,
-        body: impl Fn() + Sync,
-    ) -> Result<(), CommError> {
-        self.check_fault(call, true)?;
-        let threads = self.ctx.nranks.max(2);
-        launch(Dim3::x(blocks), Dim3::x(threads), body).map_err(|e| {
-            CommError::State(format!(
-                "{call}: the collective kernel failed on this rank ({e}): a bug or a broken \
-                 contract, not a peer's doing"
-            ))
-        })?;
-        self.check_fault(call, true)
-    }
-
-    /// Host backend: all-reduce of host slices (blocking; CPU threads run the kernel).
-    pub fn all_reduce_host<T: Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        if send.len() != recv.len() {
-            return Err(CommError::InvalidArgument(format!(
-                "all_reduce_host: send has {} elements, recv {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        // SAFETY: both slices are valid for their length and borrowed for the call.
-        unsafe {
-            self.host_all_reduce(
-                send.as_ptr() as u64,
-                recv.as_mut_ptr() as u64,
-                send.len(),
-                T::DTYPE,
-                op,
-            )
-        }
-    }
-
-    /// Host backend: in-place all-reduce.
-    pub fn all_reduce_host_in_place<T: Element>(
-        &self,
-        buf: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let p = buf.as_mut_ptr() as u64;
-        // SAFETY: the slice is valid for its length and borrowed for the call.
-        unsafe { self.host_all_reduce(p, p, buf.len(), T::DTYPE, op) }
-    }
-
-    /// # Safety
-    /// `send`/`recv` valid host memory for `count` elements (equal or disjoint).
-    unsafe fn host_all_reduce(
-        &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        if staged::is_staged(dtype, op) {
-            let (ex, what) = (cross::Exec::Host, staged::Staged::AllReduce);
-            // SAFETY: forwarded (caller contract).
-            return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
-        }
-        self.host_only("all_reduce_host")?;
-        let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
-        if count == 0 {
-            let ex = cross::Exec::Host;
-            return self.empty_call(
-                ex,
-                "all_reduce_host",
-                desc::ALL_REDUCE,
-                dtype,
-                Some(op),
-                None,
-            );
-        }
-        if let Some(c) = self.cross() {
-            let algo = self.cross_all_reduce_algo(c, AllReduceAlgo::Auto, bytes);
-            let ex = cross::Exec::Host;
-            // SAFETY: caller contract.
-            return unsafe { self.cross_all_reduce(ex, send, recv, count, dtype, op, None, algo) };
-        }
-        let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
-        let f = more::all_reduce_host_kernel(algo, dtype, op);
-        let tag = self.plan_tag(all_reduce_tag(algo, dtype, op), algo, bytes);
-        let blocks = match algo {
-            AllReduceAlgo::Proxy => self.proxy_plan(bytes).0,
-            _ => 1,
-        };
-        let ctx = &*self.ctx as *const CollContext as u64;
-        self.run_host_blocks("all_reduce_host", blocks, || {
-            // SAFETY: the context (boxed, alive as long as self) holds this communicator's
-            // shared memory; the slices are valid (caller contract) and the grid is blocks
-            // of >= nranks threads (at most the lanes built: proxy_plan).
-            unsafe {
-                f(
-                    ctx as *const CollContext,
-                    send as *const u8,
-                    recv as *mut u8,
-                    count as u64,
-                    tag,
-                )
-            }
-        })
-    }
-
-    /// Host backend: all-gather of host slices (`recv.len() == nranks * send.len()`).
-    pub fn all_gather_host<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CommError> {
-        self.host_only("all_gather_host")?;
-        if recv.len() != send.len() * self.nranks() {
-            return Err(CommError::InvalidArgument(format!(
-                "all_gather_host: recv has {} elements; {} ranks x {} expected",
-                recv.len(),
-                self.nranks(),
-                send.len()
-            )));
-        }
-        let bytes = std::mem::size_of_val(send) as u64;
-        if bytes == 0 {
-            let ex = cross::Exec::Host;
-            return self.empty_call(
-                ex,
-                "all_gather_host",
-                desc::ALL_GATHER,
-                T::DTYPE,
-                None,
-                None,
-            );
-        }
-        let (s, r) = (send.as_ptr() as u64, recv.as_mut_ptr() as u64);
-        if self.cross.is_some() {
-            // SAFETY: send holds bytes, recv nranks * bytes (checked), both borrowed.
-            return unsafe {
-                self.cross_all_gather(cross::Exec::Host, s, r, bytes as usize, T::DTYPE)
-            };
-        }
-        let algo =
-            self.resolve_all_gather("all_gather_host", AllGatherAlgo::Auto, bytes as usize)?;
-        // SAFETY: as above.
-        unsafe { self.run_all_gather_kernel("all_gather_host", s, r, bytes, T::DTYPE, algo) }
-    }
-
-    /// Runs the all-gather kernel of resolved `algo` on CPU threads over the local group's
-    /// context (`bytes` per rank; rank `l`'s lands at `recv + l * bytes`).
-    ///
-    /// # Safety
-    /// `send` valid host memory for `bytes`, `recv` for `nlocal * bytes`.
-    unsafe fn run_all_gather_kernel(
-        &self,
-        call: &str,
-        s: u64,
-        r: u64,
-        bytes: u64,
-        dtype: DataType,
-        algo: AllGatherAlgo,
-    ) -> Result<(), CommError> {
-        let ctx = &*self.ctx as *const CollContext as u64;
-        let f: HostKernel = match algo {
-            AllGatherAlgo::Proxy => k::all_gather_proxy,
-            AllGatherAlgo::Packets => k::all_gather_packets,
-            _ => k::all_gather,
-        };
-        let (tag, blocks) = match algo {
-            AllGatherAlgo::Proxy => (
-                self.proxy_tag(all_gather_tag(algo, dtype), bytes as usize),
-                self.proxy_plan(bytes as usize).0,
-            ),
-            _ => (all_gather_tag(algo, dtype), 1),
-        };
-        self.run_host_blocks(call, blocks, || {
-            // SAFETY: as in host_all_reduce; recv holds nranks * bytes.
-            unsafe {
-                f(
-                    ctx as *const CollContext,
-                    s as *const u8,
-                    r as *mut u8,
-                    bytes,
-                    tag,
-                )
-            }
-        })
-    }
-}
-
-type HostKernel = unsafe fn(*const CollContext, *const u8, *mut u8, u64, u64);
-
-/// The descriptor code of a data type: its index in [`DataType::ALL`] plus one.
-pub(super) fn dtype_code(d: DataType) -> u64 {
-    let d = staged::described_dtype(d);
-    DataType::ALL
-        .iter()
-        .position(|&x| x == d)
-        .map_or(0, |i| i as u64 + 1)
-}
-
-/// The descriptor code of a reduction: `mscclpp_device::collectives::op` code plus one.
-pub(super) fn op_desc(op: ReduceOp) -> u64 {
-    more::op_code(staged::described_op(op)) as u64 + 1
-}
-
-const AR_ALGOS: [(AllReduceAlgo, &str); 5] = [
-    (AllReduceAlgo::OneShot, "one-shot"),
-    (AllReduceAlgo::TwoShot, "two-shot"),
-    (AllReduceAlgo::ReadReduce, "readreduce"),
-    (AllReduceAlgo::AllPairs, "all-pairs"),
-    (AllReduceAlgo::Proxy, "proxy"),
-];
-const AG_ALGOS: [(AllGatherAlgo, &str); 3] = [
-    (AllGatherAlgo::Memory, "memory"),
-    (AllGatherAlgo::Proxy, "proxy"),
-    (AllGatherAlgo::Packets, "packets"),
-];
-const OPS: [&str; 6] = ["sum", "prod", "min", "max", "avg", "premulsum"];
-
-/// Whether `dtype` and `op` have the sum-only kernels (every algorithm): sums of f32, f16
-/// and bf16. Every other all-reduce runs the any-operation kernels, which exist for
-/// one-shot, two-shot and proxy only (see [`route`]).
-fn sum_kernels(dtype: DataType, op: ReduceOp) -> bool {
-    op == ReduceOp::Sum && matches!(dtype, DataType::F32 | DataType::F16 | DataType::Bf16)
-}
-
-/// The algorithm an all-reduce of `dtype` and `op` runs for the resolved `algo`: read-reduce
-/// and all-pairs only for the sums of [`sum_kernels`]; two-shot for the others (their
-/// kernels are not built, to keep the embedded PTX small). The same on every rank.
-fn route(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> AllReduceAlgo {
-    match algo {
-        AllReduceAlgo::ReadReduce | AllReduceAlgo::AllPairs if !sum_kernels(dtype, op) => {
-            AllReduceAlgo::TwoShot
-        }
-        a => a,
-    }
-}
-
-/// Which kernel table runs a routed all-reduce: `(true, i)`: the sum-only kernels,
-/// algorithm `i` of one-shot, two-shot, read-reduce, all-pairs, proxy; `(false, i)`: the
-/// any-operation kernels, `i` of one-shot, two-shot, proxy.
-pub(super) fn kernel_slot(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> (bool, usize) {
-    if sum_kernels(dtype, op) {
-        let i = match algo {
-            AllReduceAlgo::OneShot => 0,
-            AllReduceAlgo::ReadReduce => 2,
-            AllReduceAlgo::AllPairs => 3,
-            AllReduceAlgo::Proxy => 4,
-            _ => 1,
-        };
-        (true, i)
-    } else {
-        let i = match algo {
-            AllReduceAlgo::OneShot => 0,
-            AllReduceAlgo::Proxy => 2,
-            _ => 1,
-        };
-        (false, i)
-    }
-}
-
-impl Collectives {
-    /// `tag` of an all-reduce of `bytes` with the resolved `algo`'s plan (proxy calls carry
-    /// theirs: [`Collectives::proxy_tag`]).
-    fn plan_tag(&self, tag: u64, algo: AllReduceAlgo, bytes: usize) -> u64 {
-        match algo {
-            AllReduceAlgo::Proxy => self.proxy_tag(tag, bytes),
-            _ => tag,
-        }
-    }
-}
-
-/// The descriptor tag of an all-reduce (`algo` resolved and routed).
-fn all_reduce_tag(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> u64 {
-    let a = AR_ALGOS
-        .iter()
-        .position(|x| x.0 == algo)
-        .map_or(0, |i| i + 1);
-    desc::tag(desc::ALL_REDUCE, dtype_code(dtype), op_desc(op), a as u64)
-}
-
-/// The descriptor tag of an all-gather (`algo` resolved).
-fn all_gather_tag(algo: AllGatherAlgo, dtype: DataType) -> u64 {
-    let a = AG_ALGOS
-        .iter()
-        .position(|x| x.0 == algo)
-        .map_or(0, |i| i + 1);
-    desc::tag(desc::ALL_GATHER, dtype_code(dtype), 0, a as u64)
-}
-
-/// [`describe`] of both sides of a mismatch; where those read the same (calls cut
-/// differently: proxy plans from `set_proxy_pipeline` / `MSCCLPP_PROXY_*`, pipelined
-/// pieces), with each side's plan added.
-fn describe_pair(own: [u64; 2], theirs: [u64; 2]) -> (String, String) {
-    let (a, b) = (describe(own), describe(theirs));
-    if a != b {
-        return (a, b);
-    }
-    let plan = |tag: u64| {
-        let algo = desc::field(tag, desc::ALGO_SHIFT) as usize;
-        let proxy = match desc::field(tag, desc::KIND_SHIFT) {
-            desc::ALL_REDUCE => {
-                AR_ALGOS.get(algo.wrapping_sub(1)).map(|a| a.0) == Some(AllReduceAlgo::Proxy)
-            }
-            desc::ALL_GATHER => {
-                AG_ALGOS.get(algo.wrapping_sub(1)).map(|a| a.0) == Some(AllGatherAlgo::Proxy)
-            }
-            _ => false,
-        };
-        if proxy {
-            format!(" {}", proxy::proxy_tag_plan(tag))
-        } else if algo as u64 == desc::PIPELINED {
-            format!(
-                " [pieces of {} bytes, depth {}]",
-                desc::piece(tag),
-                desc::depth(tag)
-            )
-        } else {
-            format!(" [tag {tag:#x}]")
-        }
-    };
-    (a + &plan(own[1]), b + &plan(theirs[1]))
-}
-
-/// A call descriptor in words: "all_reduce (sum) with 400000 f32 (two-shot)".
-fn describe(d: [u64; 2]) -> String {
-    let [n, tag] = d;
-    let field = |shift| desc::field(tag, shift) as usize;
-    let dtype = DataType::ALL.get(field(desc::DTYPE_SHIFT).wrapping_sub(1));
-    const SHORT: [&str; 12] = [
-        "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "u32", "i64", "u64", "fp8e4m3", "fp8e5m2",
-    ];
-    let dname = SHORT
-        .get(field(desc::DTYPE_SHIFT).wrapping_sub(1))
-        .unwrap_or(&"?");
-    let op = OPS
-        .get(field(desc::OP_SHIFT).wrapping_sub(1))
-        .unwrap_or(&"?");
-    // A reduction of fp8 carries its data widened to f32 (`staged.rs`).
-    let widened = *op != "?" && matches!(dtype, Some(DataType::Fp8E4M3 | DataType::Fp8E5M2));
-    let dtype = if widened { Some(&DataType::F32) } else { dtype };
-    let dname = if widened {
-        format!("{dname} (in f32)")
-    } else {
-        dname.to_string()
-    };
-    let size = dtype.map_or(1, |x| x.size() as u64);
-    let root = desc::root(tag);
-    let ll = field(desc::ALGO_SHIFT) == 1;
-    // A call of no elements carries no algorithm (`Collectives::empty_call`).
-    const EMPTY: &str = "no elements";
-    let path = match field(desc::ALGO_SHIFT) as u64 {
-        _ if n == 0 => EMPTY,
-        1 => "LL",
-        desc::PIPELINED => "pipelined",
-        _ => "put",
-    };
-    // The kernels that move any type as bytes hold the byte count (see
-    // `mscclpp_device::collectives::types::Bytes`): the put paths of reduce-scatter and
-    // reduce, and two-shot and proxy all-reduce but for the sums of `sum_kernels`.
-    let elems = |bytes_n: bool| if bytes_n { n / size } else { n };
-    match field(desc::KIND_SHIFT) as u64 {
-        desc::ALL_REDUCE => {
-            let algo = AR_ALGOS.get(field(desc::ALGO_SHIFT).wrapping_sub(1));
-            let sum = dtype.is_some_and(|d| {
-                matches!(*op, "sum" | "premulsum") && sum_kernels(*d, ReduceOp::Sum)
-            });
-            let bytes_n = !sum
-                && algo
-                    .is_some_and(|a| matches!(a.0, AllReduceAlgo::TwoShot | AllReduceAlgo::Proxy));
-            let algo = if n == 0 {
-                EMPTY
-            } else {
-                algo.map_or("?", |x| x.1)
-            };
-            format!("all_reduce ({op}) with {} {dname} ({algo})", elems(bytes_n))
-        }
-        desc::ALL_GATHER => {
-            let algo = AG_ALGOS
-                .get(field(desc::ALGO_SHIFT).wrapping_sub(1))
-                .map_or(if n == 0 { EMPTY } else { "?" }, |x| x.1);
-            format!("all_gather of {} {dname} per rank ({algo})", n / size)
-        }
-        desc::REDUCE_SCATTER => format!(
-            "reduce_scatter ({op}) of {} {dname} per rank ({path})",
-            elems(!ll)
-        ),
-        desc::REDUCE => format!(
-            "reduce ({op}) to root {root} with {} {dname} ({path})",
-            elems(!ll)
-        ),
-        desc::BROADCAST => format!(
-            "broadcast from root {root} of {} {dname} ({path})",
-            n / size
-        ),
-        desc::ALL_TO_ALL => format!("all_to_all of {} {dname} per rank ({path})", n / size),
-        desc::SEND_RECV => format!(
-            "a send/recv group of {n} operation{}",
-            if n == 1 { "" } else { "s" }
-        ),
-        _ => format!("an unknown collective ({n}, {tag:#x})"),
-    }
-}
-
-/// A send and a receive of different sizes, as rank `me` recorded it: "rank 1 sent 4000
-/// bytes to rank 0, which expected 6000", then what it means on this side.
-fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
-    use mscclpp_device::collectives::send_recv::P2P_XFER_SHIFT;
-    let (own, theirs, peer) = (rec.own[0], rec.theirs[0], rec.peer);
-    let sent = desc::field(rec.own[1], desc::ALGO_SHIFT) == 1;
-    let xfer = (rec.own[1] >> P2P_XFER_SHIFT) & 0xff_ffff;
-    let (from, to, sent_n, want_n) = if sent {
-        (me, peer, own, theirs)
-    } else {
-        (peer, me, theirs, own)
-    };
-    let what = format!(
-        "rank {from} sent {sent_n} bytes to rank {to}, which expected {want_n} (transfer #{} \
-         from rank {from} to rank {to}, counted modulo 2^24)",
-        xfer + 1
-    );
-    let here = if rec.place == fault::AT_P2P_EARLIER {
-        format!(
-            "; rank {me} learnt it from a note of rank {to}, at the end of that send or of its \
-             next send to rank {to} (an LL send, at most p2p_packet_max_bytes, does not wait \
-             for its receiver); this call's other transfers completed"
-        )
-    } else if sent {
-        "; nothing was sent".to_string()
-    } else {
-        "; the receive buffer is undefined".to_string()
-    };
-    format!("{what}{here}; sends and receives between the two ranks stay usable")
 }
 
 /// How long a dropped [`Collectives`] waits for the work of its GPU context to end before
@@ -2341,40 +1164,6 @@ impl Drop for Collectives {
         {
             self.comm.bootstrap().as_async().set_calls_at_close(calls);
         }
-    }
-}
-
-/// What a failed wait waited for.
-fn place_name(place: u64) -> &'static str {
-    match place {
-        fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",
-        fault::AT_XP2P | fault::AT_XP2P_GONE => "its matching send or receive, across hosts",
-        fault::AT_SEMAPHORE => "a semaphore signal",
-        fault::AT_PACKET => "data packets",
-        fault::AT_DESCRIPTOR => "its call descriptor",
-        fault::AT_PROXY => "a proxy-channel signal",
-        fault::AT_PROXY_QUEUE => "its proxy: a queued put or the final flush",
-        fault::AT_PROXY_FLUSH => {
-            "its proxy, which refused or failed a put of the call (see Communicator::proxy_errors)"
-        }
-        _ => "a signal",
-    }
-}
-
-/// What a timeout at `place` should add about `CUDA_DEVICE_MAX_CONNECTIONS` (read by
-/// `queues` only when it matters): on a GPU backend a proxy-channel wait ([`fault::AT_PROXY`],
-/// [`fault::AT_PROXY_QUEUE`]) waits for copies the proxy queued on a stream of its own, which
-/// with too few hardware work queues can sit behind the waiting kernel (see
-/// `cross::work_queue_hint`).
-fn proxy_wait_hint(
-    place: u64,
-    on_gpu: bool,
-    queues: impl FnOnce() -> Option<String>,
-) -> Option<String> {
-    if on_gpu && matches!(place, fault::AT_PROXY | fault::AT_PROXY_QUEUE) {
-        cross::work_queue_hint(queues().as_deref())
-    } else {
-        None
     }
 }
 

@@ -118,6 +118,8 @@ const DECLARED_LIST: u8 = 2;
 /// pair is connected when either rank declares the other, or when both are on one machine
 /// (on different hosts of the collectives where machines are cut into groups: no network
 /// between them), so every rank ends up with the same pairs.
+// Long (~125 lines): one exchange of declarations and its reading back; the message
+// layout is written and read in the same function so that the two stay in step.
 pub(super) fn agree(
     comm: &Communicator,
     config: &CollConfig,

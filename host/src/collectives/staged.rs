@@ -29,7 +29,8 @@ use mscclpp_device::collectives::staging::mode;
 use mscclpp_device::kernels::staging as k;
 
 use super::cross::Exec;
-use super::{AllReduceAlgo, Collectives, DataType, Element, ReduceOp, dtype_code, gpu};
+use super::descriptor::dtype_code;
+use super::{AllReduceAlgo, Collectives, DataType, Element, ReduceOp, gpu};
 use crate::communicator::CommError;
 use crate::cuda::{CudaFunction, DeviceBuffer};
 
@@ -264,6 +265,9 @@ impl Collectives {
     /// ran the call on a GPU), not written by others meanwhile; in place as the collective
     /// allows.
     #[allow(clippy::too_many_arguments)]
+    // Long (~140 lines): the checks, the ordering guard and the widen / collective / narrow
+    // passes of one call over one staging area share its pieces and offsets; cut apart they
+    // would pass them all around.
     pub(super) unsafe fn staged(
         &self,
         ex: Exec<'_>,

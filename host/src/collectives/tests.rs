@@ -4,9 +4,11 @@ use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 
+use super::launch::one_shot_grid;
 use super::*;
 use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
 use crate::communicator::CommConfig;
+use mscclpp_device::collectives::fault;
 
 fn comm_config() -> CommConfig {
     CommConfig {
@@ -73,7 +75,7 @@ fn host_rank(n: usize, r: usize, id: crate::bootstrap::UniqueId, timeout: Durati
 }
 
 /// Small integers (exact sums in every type) from rank, index and call.
-fn value(rank: usize, i: usize, call: u64) -> f32 {
+pub(super) fn value(rank: usize, i: usize, call: u64) -> f32 {
     let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ call << 20 ^ (rank as u64) << 44;
     ((h >> 31) % 15) as f32 - 7.0
 }
@@ -1119,7 +1121,7 @@ fn a_timeout_across_hosts_names_too_few_work_queues() {
 
 #[test]
 fn a_proxy_channel_timeout_on_a_gpu_names_too_few_work_queues() {
-    use super::proxy_wait_hint;
+    use super::failure::proxy_wait_hint;
     let one = || Some("1".to_string());
     for place in [fault::AT_PROXY, fault::AT_PROXY_QUEUE] {
         let hint = proxy_wait_hint(place, true, one).expect("a hint");
