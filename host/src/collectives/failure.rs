@@ -3,6 +3,7 @@
 
 use super::Collectives;
 use super::cross;
+use super::cross::{WORK_QUEUES_ENV, is_cross, two_shot_code, work_queue_hint};
 use super::descriptor::{describe, describe_pair};
 use crate::communicator::{Backend, CommError, FaultRecord};
 use mscclpp_device::collectives::{desc, fault};
@@ -374,5 +375,150 @@ pub(super) fn proxy_wait_hint(
         cross::work_queue_hint(queues().as_deref())
     } else {
         None
+    }
+}
+
+impl Collectives {
+    /// A cross-host failure recorded in the fault area, as `call`'s error.
+    pub(super) fn cross_fault(&self, call: &str) -> Result<(), CommError> {
+        let area = self.comm.fault_area();
+        if let Some(rec) = area.record().filter(|r| is_cross(r.place)) {
+            return Err(self.cross_error(call, &rec));
+        }
+        if area.cross_broken() {
+            return Err(CommError::State(format!(
+                "{call}: rank {}: a round across hosts failed earlier (another failure holds \
+                 the fault record); the collectives cannot be used any more",
+                self.rank()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The communicator's abort reason, waiting up to
+    /// [`LOSS_NEWS_GRACE`](crate::bootstrap::LOSS_NEWS_GRACE) for one: a
+    /// partner whose TCP sockets ended has most likely died, and the bootstrap's news of it
+    /// (which sets the abort) can trail the sockets' end on a loaded machine; `None` if no
+    /// abort came (the partner left politely, or is gone for another reason).
+    fn abort_reason_soon(&self) -> Option<crate::communicator::AbortReason> {
+        let deadline = std::time::Instant::now() + crate::bootstrap::LOSS_NEWS_GRACE;
+        loop {
+            if let Some(r) = self.comm.abort_reason() {
+                return Some(r);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// The error a cross-host step's record stands for (never cleared: the partners' rounds
+    /// may no longer pair).
+    pub(super) fn cross_error(&self, call: &str, rec: &FaultRecord) -> CommError {
+        let me = self.rank();
+        let h = rec.peer;
+        let (peer, host) = match &self.cross {
+            Some(c) if h < c.hosts() => (
+                c.topo.rank_at(h, c.topo.local).to_string(),
+                c.topo.host_name(h),
+            ),
+            _ => ("?".into(), format!("host {h}")),
+        };
+        match rec.kind {
+            _ if rec.place == fault::AT_CROSS_GONE
+                && let Some(reason) = self.abort_reason_soon() =>
+            {
+                // The partner's sockets ended because it died: say so as the loss the
+                // bootstrap reports (as every other wait of this rank does), not as a
+                // departure.
+                CommError::Aborted(format!(
+                    "{call}: rank {me}: {reason} (while waiting for rank {peer} on {host}, \
+                     across hosts); the collectives cannot be used any more"
+                ))
+            }
+            _ if rec.place == fault::AT_CROSS_GONE => {
+                let proxy = self
+                    .comm
+                    .proxy_error()
+                    .map_or(String::new(), |e| format!(": {e}"));
+                CommError::State(format!(
+                    "{call}: rank {me} lost its connection across hosts to rank {peer} \
+                     ({host}): that rank left or failed before its part of this call \
+                     arrived{proxy}; the collectives cannot be used any more"
+                ))
+            }
+            fault::MISMATCH if rec.place == fault::AT_CROSS_ROUND => CommError::State(format!(
+                "{call}: the ranks called collectives differently across hosts: rank {peer} \
+                 ({host}) is at its round {} across hosts where rank {me} is at {}; the \
+                 collectives cannot be used any more",
+                rec.theirs[0], rec.own[0]
+            )),
+            fault::MISMATCH => CommError::State(format!(
+                "{call}: the ranks called collectives differently across hosts: rank {me} \
+                 called {}, rank {peer} ({host}) {}; the collectives cannot be used any more",
+                describe_cross(rec.own),
+                describe_cross(rec.theirs)
+            )),
+            fault::TIMEOUT => {
+                let proxy = self
+                    .comm
+                    .proxy_error()
+                    .map_or(String::new(), |e| format!(" (the proxy reported: {e})"));
+                let queues = match self.comm.backend() {
+                    Backend::Gpu(_) => {
+                        work_queue_hint(std::env::var(WORK_QUEUES_ENV).ok().as_deref())
+                    }
+                    Backend::Host => None,
+                }
+                .map_or(String::new(), |hint| format!("; {hint}"));
+                let (left, (behind, stuck)) = match &self.cross {
+                    Some(c) if h < c.hosts() => {
+                        let rank = c.topo.rank_at(h, c.topo.local);
+                        let what = format!("{} across hosts", describe_cross(rec.own));
+                        (self.left_note(rank), self.stall_texts(rank, &what))
+                    }
+                    _ => (String::new(), (String::new(), self.stuck_note())),
+                };
+                CommError::Timeout(format!(
+                    "{call}: rank {me} waited {:?} for rank {peer} ({host}, across hosts){behind} \
+                     in {} and gave up: that rank did not take part, or is \
+                     stuck{left}{proxy}{queues}{stuck}; the collectives cannot be used any more",
+                    self.comm.device_timeout(),
+                    describe_cross(rec.own)
+                ))
+            }
+            _ => {
+                let reason = self
+                    .comm
+                    .abort_reason()
+                    .map_or("the communicator was aborted".into(), |r| r.to_string());
+                CommError::Aborted(format!(
+                    "{call}: rank {me}: {reason} (while waiting for rank {peer} on {host}); \
+                     the collectives cannot be used any more"
+                ))
+            }
+        }
+    }
+}
+
+/// A cross-host call descriptor in words (`super::descriptor::describe`, whose algorithm names are the
+/// one-host kernels'; these calls carry none).
+fn describe_cross(d: [u64; 2]) -> String {
+    let [n, tag] = d;
+    // The two-shot forms' descriptors hold what one-shot's hold: their algorithm code is
+    // read here, and the rest as one-shot's.
+    let kind = desc::field(tag, desc::KIND_SHIFT);
+    let two_shot = matches!(kind, desc::ALL_REDUCE | desc::REDUCE | desc::BROADCAST)
+        && desc::field(tag, desc::ALGO_SHIFT) == two_shot_code();
+    let (tag, how) = if two_shot {
+        (tag & !(0xff << desc::ALGO_SHIFT), "two-shot across hosts")
+    } else {
+        (tag, "across hosts")
+    };
+    let s = super::descriptor::describe([n, tag]);
+    match s.strip_suffix(" (?)").or_else(|| s.strip_suffix(" (put)")) {
+        Some(head) => format!("{head} ({how})"),
+        None => s,
     }
 }

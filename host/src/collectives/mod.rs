@@ -8,8 +8,9 @@
 //! (grids, the host backend's CPU threads, the local all-gather), `gpu.rs` (the loaded
 //! module, stream checks, dependent launch), `kernel_table.rs` (which kernel runs a type),
 //! `scatter_rooted.rs` (the paths of reduce-scatter, reduce, broadcast and all-to-all),
-//! `descriptor.rs` (call descriptors), `failure.rs` (why a call failed), `cross.rs` (the
-//! step across hosts), `send_recv_proxy.rs` (send/recv with other hosts), `proxy.rs` (the
+//! `descriptor.rs` (call descriptors), `failure.rs` (why a call failed), `topology.rs`
+//! (hosts and groups), `cross.rs` (the step across hosts), `cross_collectives.rs` (the
+//! collectives across hosts), `send_recv_proxy.rs` (send/recv with other hosts), `proxy.rs` (the
 //! proxy all-reduce's pipeline), `staged.rs` (fp8 and pre-multiplied sums) and `order.rs`
 //! (call order across streams).
 //!
@@ -150,6 +151,7 @@ mod all_reduce;
 mod all_to_all;
 mod broadcast;
 mod cross;
+mod cross_collectives;
 mod descriptor;
 mod failure;
 mod gpu;
@@ -165,6 +167,7 @@ mod select;
 mod send_recv;
 mod send_recv_proxy;
 mod staged;
+mod topology;
 
 pub use cross::CROSS_BUFFER_ENV;
 /// Most sends and receives in one [`Collectives::group`].
@@ -764,7 +767,7 @@ impl Collectives {
         let proxy_pipe = proxy::ProxyPipe::from_settings(settings)?;
         // The kernels' context spans the local group: this rank's host (every rank, on one
         // host), indexed by local index; other hosts are reached through `cross`.
-        let topo = cross::Topology::of(comm)?;
+        let topo = topology::Topology::of(comm)?;
         let spans_hosts = topo.hosts.len() > 1;
         let group: Vec<usize> = topo.group().to_vec();
         let (n, rank) = (group.len(), topo.local);

@@ -19,9 +19,8 @@ use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::STATE_WORDS;
 use mscclpp_device::collectives::send_recv_proxy::{self as xk, COUNTERS, XContext, XOp, XOps};
 
-use super::cross::{
-    Topology, alloc_cross_buffer, buffer_addr, proxy_context, proxy_context_on_device,
-};
+use super::cross::{alloc_cross_buffer, buffer_addr, proxy_context, proxy_context_on_device};
+use super::topology::Topology;
 use super::{CollConfig, gpu};
 use crate::communicator::{Backend, Buffer, CommError, Communicator};
 use crate::cuda::{CudaFunction, CudaStream, DeviceBuffer, Gpu};

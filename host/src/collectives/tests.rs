@@ -1310,7 +1310,7 @@ fn p2p_peers_variable_parses_absolute_and_relative_ranks() {
 
 #[test]
 fn machines_not_alike_are_cut_into_groups_of_one_size() {
-    use super::cross::group_hosts;
+    use super::topology::group_hosts;
     let ids: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
     // Alike machines of at most 8 ranks: used as they are.
     let (g, note) = group_hosts(vec![vec![0, 1], vec![2, 3]], &ids);
