@@ -1,4 +1,4 @@
-//! Sends and receives between ranks on different hosts (issue #17), over proxy channels (TCP
+//! Sends and receives between ranks on different hosts, over proxy channels (TCP
 //! or IB): the part of a send/recv group whose peers a [`send_recv`](super::send_recv)
 //! context cannot reach (no memory mapping across hosts).
 //!

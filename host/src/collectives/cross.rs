@@ -1,4 +1,4 @@
-//! Collectives across hosts (issue #17), GPU and Host backends: ranks of one host keep the
+//! Collectives across hosts, GPU and Host backends: ranks of one host keep the
 //! memory channels and kernels of a one-host [`Collectives`] (over the *local group*: the
 //! host's ranks, indexed by local index), and reach the other hosts through proxy channels
 //! ([`TransportKind::Tcp`] or [`TransportKind::Ib`], `CollConfig::cross_transport`) to

@@ -502,8 +502,8 @@ impl Collectives {
     }
 }
 
-/// A cross-host call descriptor in words (`super::descriptor::describe`, whose algorithm names are the
-/// one-host kernels'; these calls carry none).
+/// A cross-host call descriptor in words (`super::descriptor::describe`, whose algorithm
+/// names are the one-host kernels'; these calls carry none).
 fn describe_cross(d: [u64; 2]) -> String {
     let [n, tag] = d;
     // The two-shot forms' descriptors hold what one-shot's hold: their algorithm code is

@@ -19,8 +19,8 @@
 //! semaphores), and then runs the collective kernels of the device crate. Calls allocate
 //! nothing and never synchronise with the host, so they may be captured into a CUDA graph.
 //!
-//! On the GPU backend the buffers are device pointers (raw, or cudarc [`CudaSlice`](crate::cuda::CudaSlice)s) and
-//! calls are stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU)
+//! On the GPU backend the buffers are device pointers (raw, or cudarc
+//! [`CudaSlice`](crate::cuda::CudaSlice)s) and calls are stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU)
 //! the same kernels run on CPU threads over shared memory, and calls block until done.
 //!
 //! # Across hosts

@@ -19,7 +19,7 @@ use mscclpp_device::collectives::{CollContext, MAX_BLOCKS, desc};
 use mscclpp_device::kernels::scatter_rooted as k;
 use mscclpp_device::kernels::scatter_rooted::ScatterRootedKernel;
 
-/// The collectives of this file's kernels.
+/// The collectives whose paths this file runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
     ReduceScatter,
@@ -40,7 +40,7 @@ impl Kind {
     }
 }
 
-/// Every kernel of this file: name and host twin (see [`kernel_index`]). The reducing ones
+/// Every kernel of these collectives: name and host twin (see [`kernel_index`]). The reducing ones
 /// exist per element size (b8, b16, b32, b64) on the LL path and once on the put path (bytes),
 /// and take the type and operation from the tag.
 const TABLE: &[(&str, ScatterRootedKernel)] = &[
@@ -96,7 +96,7 @@ fn kernel_index(kind: Kind, path: Path, dtype: DataType) -> usize {
     }
 }
 
-/// The kernels of this file in the communicator's loaded module.
+/// The kernels of these collectives (and the p2p kernel) in the communicator's loaded module.
 #[derive(Debug)]
 pub(super) struct Kernels {
     /// In [`TABLE`]'s order.

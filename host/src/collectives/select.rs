@@ -23,8 +23,8 @@ use mscclpp_device::collectives::one_shot_max_bytes;
 pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 
 /// Message size (bytes) above which [`RootedAlgo::Auto`] pipelines a broadcast or reduce.
-/// Set by the same 2x H200 run (`docs/perf/2026-12-01-2xH200-fourth/`, commit 7a5cbd3): with depth 8 and pieces of at least
-/// 256 KiB, pipelined broadcast took 105 us at 32 MB and 376 us at 128 MB against 117 and 452
+/// Set by the same 2x H200 run (`docs/perf/2026-12-01-2xH200-fourth/`, commit 7a5cbd3):
+/// with depth 8 and pieces of at least 256 KiB, pipelined broadcast took 105 us at 32 MB and 376 us at 128 MB against 117 and 452
 /// in rounds (NCCL 110 and 386), reduce 106 and 386 against 130 and 428 (NCCL 102 and 376);
 /// at 2-8 MB rounds were as fast or faster.
 pub const ROOTED_PIPELINED_ABOVE: usize = 8 << 20;

@@ -1,4 +1,4 @@
-//! Sends and receives with ranks on other hosts (issue #17), GPU and Host backends: the
+//! Sends and receives with ranks on other hosts, GPU and Host backends: the
 //! transfers of a send/recv group whose peer is on another host run through
 //! [`mscclpp_device::collectives::xp2p`] over proxy channels (two per remote rank; TCP or IB
 //! between machines), beside the group's transfers inside the host (memory channels, as on

@@ -1,5 +1,6 @@
 //! Where the ranks are: hosts (bootstrap host ids), machines, and the groups the
-//! collectives cut hosts into when hosts differ in size or exceed [`MAX_RANKS`](mscclpp_device::collectives::MAX_RANKS) ranks.
+//! collectives cut hosts into when hosts differ in size or exceed
+//! [`MAX_RANKS`](mscclpp_device::collectives::MAX_RANKS) ranks.
 
 use crate::communicator::{CommError, Communicator};
 use crate::transport::TransportKind;
