@@ -17,16 +17,17 @@ use crate::communicator::CommError;
 use mscclpp_device::collectives::one_shot_max_bytes;
 
 /// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot with two ranks.
-/// Set by one 2x H200 run under a CUDA graph against NCCL (`docs/perf/2026-12-01-2xH200-fourth/`,
-/// commit 7a5cbd3): all-pairs took 8.4 us at 512 KB and 9.8 us at 1 MB where one-shot took 9.6
-/// and 13.5.
+/// Set by one 2x H200 run under a CUDA graph against NCCL (commit 7a5cbd3; its all-reduce
+/// graph rows are in `benches/records/nvidia-h200-x2.jsonl`): all-pairs took 8.4 us at
+/// 512 KB and 9.8 us at 1 MB where one-shot took 9.6 and 13.5.
 pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 
 /// Message size (bytes) above which [`RootedAlgo::Auto`] pipelines a broadcast or reduce.
-/// Set by the same 2x H200 run (`docs/perf/2026-12-01-2xH200-fourth/`, commit 7a5cbd3):
-/// with depth 8 and pieces of at least 256 KiB, pipelined broadcast took 105 us at 32 MB and 376 us at 128 MB against 117 and 452
-/// in rounds (NCCL 110 and 386), reduce 106 and 386 against 130 and 428 (NCCL 102 and 376);
-/// at 2-8 MB rounds were as fast or faster.
+/// Set by the same 2x H200 run (commit 7a5cbd3; the broadcast and reduce rows of
+/// `benches/records/nvidia-h200-x2.jsonl` are this choice's): with depth 8 and pieces of at
+/// least 256 KiB, pipelined broadcast took 105 us at 32 MB and 376 us at 128 MB against 117
+/// and 452 in rounds (NCCL 110 and 386), reduce 106 and 386 against 130 and 428 (NCCL 102
+/// and 376); at 2-8 MB rounds were as fast or faster.
 pub const ROOTED_PIPELINED_ABOVE: usize = 8 << 20;
 
 /// Across three hosts or more, [`AllReduceAlgo::Auto`] runs the two-shot all-reduce across
@@ -49,9 +50,8 @@ pub(super) fn two_shot_pays(hosts: usize, bytes: usize) -> bool {
 /// From this many payload bytes, a reducing round over a host-mapped cross buffer leaves
 /// its reduction to the grid-wide `cross_reduce` kernel: the step's one block reads the
 /// payloads from host memory over PCIe several times slower than a grid does. The grid
-/// reduction was measured (1x H200, `docs/perf/2026-12-01-1xH200-cross-buffer/`, runs 3 and
-/// 4, commit 97286fa: without it the host-mapped form lost 12-18%); the 256 KiB threshold
-/// itself was not swept.
+/// reduction was measured (1x H200, commit 97286fa: without it the host-mapped form lost
+/// 12-18%); the 256 KiB threshold itself was not swept.
 pub(super) const MAPPED_GRID_REDUCE_BYTES: usize = 256 << 10;
 
 /// Whether `dtype` and `op` have the sum-only kernels (every algorithm): sums of f32, f16
