@@ -6,6 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::alone;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -267,25 +270,8 @@ fn a_report_of_the_perf_tool_is_recorded_and_checked() {
         "--nranks", "2", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-w", "1",
     ])
     .arg("--json")
-    .arg(&report)
-    .env("CUDA_VISIBLE_DEVICES", "");
-    for var in [
-        "MSCCLPP_RANK",
-        "MSCCLPP_NRANKS",
-        "MSCCLPP_LOCAL_RANK",
-        "MSCCLPP_BOOTSTRAP",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "MSCCLPP_HOST_ID",
-        "MSCCLPP_SIMULATE_HOSTS",
-    ] {
-        cmd.env_remove(var);
-    }
+    .arg(&report);
+    alone(&mut cmd, &[]);
     let out = cmd.output().expect("mscclpp-perf runs");
     assert!(
         out.status.success(),

@@ -7,6 +7,9 @@ use std::process::{Command, Output};
 
 use mscclpp_perf::json::Report;
 
+mod common;
+use common::alone;
+
 /// The tool, started alone (no launcher variables), GPUs hidden.
 fn perf(args: &[&str]) -> Output {
     perf_with(args, &[])
@@ -32,29 +35,6 @@ fn perf_exe() -> PathBuf {
         return packed;
     }
     exe
-}
-
-/// `cmd` with GPUs hidden, no launcher's variables but those of `env`, and `env`.
-fn alone(cmd: &mut Command, env: &[(&str, &str)]) {
-    cmd.env("CUDA_VISIBLE_DEVICES", "");
-    for var in [
-        "MSCCLPP_RANK",
-        "MSCCLPP_NRANKS",
-        "MSCCLPP_LOCAL_RANK",
-        "MSCCLPP_BOOTSTRAP",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "MSCCLPP_HOST_ID",
-        "MSCCLPP_SIMULATE_HOSTS",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.envs(env.iter().copied());
 }
 
 /// The tool run through `sh` with its address space (and its ranks') limited to
