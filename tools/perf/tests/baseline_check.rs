@@ -197,7 +197,7 @@ fn bad_input_exits_2_with_the_reason() {
 }
 
 #[test]
-fn every_stored_baseline_reads_and_passes_against_itself() {
+fn every_stored_baseline_reads_and_its_latest_rows_pass_against_it() {
     let dir = repo().join("benches/records");
     let mut kinds = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -206,12 +206,37 @@ fn every_stored_baseline_reads_and_passes_against_itself() {
             continue;
         }
         let kind = path.file_stem().unwrap().to_str().unwrap().to_string();
-        let rows = std::fs::read_to_string(&path).unwrap().lines().count();
-        let (code, out, err) = check(&["--kind", &kind, path.to_str().unwrap()]);
+        // A baseline is a history: a later row of the same key replaces an earlier one (the
+        // checker takes the latest). So the run checked here is the latest row of each key.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut latest: Vec<(String, serde_json::Value)> = Vec::new();
+        for line in text.lines() {
+            let row: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{kind}: a row that is no JSON ({e}): {line}"));
+            let key = [
+                "op",
+                "dtype",
+                "size",
+                "ranks",
+                "hosts",
+                "hosts_simulated",
+                "graph",
+            ]
+            .map(|k| row[k].to_string())
+            .join(" ");
+            latest.retain(|(k, _)| *k != key);
+            latest.push((key, row));
+        }
+        let rows = latest.len();
+        let run = temp(&format!("{kind}-latest.jsonl"));
+        let body: Vec<String> = latest.iter().map(|(_, r)| r.to_string()).collect();
+        std::fs::write(&run, body.join("\n") + "\n").unwrap();
+        let (code, out, err) = check(&["--kind", &kind, run.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&run);
         assert_eq!(code, 0, "{kind}: {out}{err}");
         assert!(
             out.contains(&format!("{rows} row(s): {rows} within the band")),
-            "{kind}: every row matches itself: {out}"
+            "{kind}: every latest row matches itself: {out}"
         );
         kinds += 1;
     }
