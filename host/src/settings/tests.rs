@@ -238,8 +238,28 @@ fn reference_is_current() {
     }
 }
 
-/// Set in the child of the test below: check the process's settings instead of starting one.
+/// Set in the child of the tests below: check the process's settings instead of starting one.
 const INIT_CHILD: &str = "MSCCLPP_TEST_SETTINGS_CHILD";
+
+/// Runs the test `name` of this binary again as a child process with `env` (the settings
+/// are read once per process); fails unless it printed `settings child: ok`. Its stderr.
+fn run_child(name: &str, env: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(INIT_CHILD, "1")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("settings child: ok"),
+        "{stdout}{stderr}"
+    );
+    stderr.into_owned()
+}
 
 /// In a process of its own (the settings are read once per process): `init` applies its
 /// values over the environment's, only before the first read; the first read names an
@@ -259,26 +279,13 @@ fn init_sets_values_over_the_environment_once() {
         println!("settings child: ok");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "settings::tests::init_sets_values_over_the_environment_once",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(INIT_CHILD, "1")
-        .env("MSCCLPP_TCP_CONNS", "3")
-        .env("MSCCLPP_TCP_CHUNK", "65536")
-        .env("MSCCLPP_TCP_CONN", "4")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success() && stdout.contains("settings child: ok"),
-        "{stdout}{stderr}"
+    let stderr = run_child(
+        "settings::tests::init_sets_values_over_the_environment_once",
+        &[
+            ("MSCCLPP_TCP_CONNS", "3"),
+            ("MSCCLPP_TCP_CHUNK", "65536"),
+            ("MSCCLPP_TCP_CONN", "4"),
+        ],
     );
     assert!(
         stderr.contains("MSCCLPP_TCP_CONN is set but is no setting")
@@ -302,24 +309,9 @@ fn a_bad_environment_fails_every_read_with_the_same_error() {
         println!("settings child: ok");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "settings::tests::a_bad_environment_fails_every_read_with_the_same_error",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(INIT_CHILD, "1")
-        .env("MSCCLPP_IB_PORT", "x")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success() && stdout.contains("settings child: ok"),
-        "{stdout}{stderr}"
+    let stderr = run_child(
+        "settings::tests::a_bad_environment_fails_every_read_with_the_same_error",
+        &[("MSCCLPP_IB_PORT", "x")],
     );
     assert!(stderr.contains("using the defaults for now"), "{stderr}");
 }
