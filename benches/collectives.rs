@@ -18,6 +18,7 @@
 
 mod common;
 
+use mscclpp::host::collectives::{Exec, RawBuffer};
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Barrier, Mutex};
@@ -26,9 +27,7 @@ use std::time::Duration;
 use common::events_ms;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use mscclpp::host::bootstrap::{UniqueId, create_unique_id};
-use mscclpp::host::collectives::{
-    AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives, DataType, P2pOp, ReduceOp,
-};
+use mscclpp::host::collectives::{CollConfig, Collectives, DataType, P2pOp, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::{CudaStream, DeviceBuffer, Gpu, memcpy_async};
 
@@ -117,34 +116,56 @@ fn run(r: &Rank, op: Op, bytes: usize, iters: u64, sync: &Barrier) -> Duration {
             // SAFETY: both buffers hold MAX_BYTES >= bytes and outlive the event sync.
             let res = unsafe {
                 match op {
-                    Op::ReduceScatter => {
-                        r.coll
-                            .reduce_scatter_raw(send, recv, count / NRANKS, dtype, sum, &r.stream)
-                    }
-                    Op::Broadcast => r.coll.broadcast_raw(send, recv, count, dtype, 0, &r.stream),
-                    Op::Reduce => r
-                        .coll
-                        .reduce_raw(send, recv, count, dtype, sum, 0, &r.stream),
-                    Op::AllToAll => {
-                        r.coll
-                            .all_to_all_raw(send, recv, count / NRANKS, dtype, &r.stream)
-                    }
-                    Op::SendRecv => r.coll.group(&send_recv(send, recv, count, peer), &r.stream),
-                    Op::AllReduce => r.coll.all_reduce_raw(
-                        r.send.device_ptr(),
-                        r.recv.device_ptr(),
-                        count,
-                        dtype,
-                        ReduceOp::Sum,
-                        AllReduceAlgo::Auto,
+                    Op::ReduceScatter => r.coll.reduce_scatter(
+                        &RawBuffer::device(
+                            send,
+                            (count / NRANKS).saturating_mul(r.coll.nranks()),
+                            dtype,
+                        ),
+                        &mut RawBuffer::device(recv, count / NRANKS, dtype),
+                        sum,
                         &r.stream,
                     ),
-                    Op::AllGather => r.coll.all_gather_raw(
-                        r.send.device_ptr(),
-                        r.recv.device_ptr(),
-                        count / NRANKS,
-                        dtype,
-                        AllGatherAlgo::Auto,
+                    Op::Broadcast => r.coll.broadcast(
+                        &RawBuffer::device(send, count, dtype),
+                        &mut RawBuffer::device(recv, count, dtype),
+                        0,
+                        &r.stream,
+                    ),
+                    Op::Reduce => r.coll.reduce(
+                        &RawBuffer::device(send, count, dtype),
+                        &mut RawBuffer::device(recv, count, dtype),
+                        sum,
+                        0,
+                        &r.stream,
+                    ),
+                    Op::AllToAll => r.coll.all_to_all(
+                        &RawBuffer::device(
+                            send,
+                            (count / NRANKS).saturating_mul(r.coll.nranks()),
+                            dtype,
+                        ),
+                        &mut RawBuffer::device(
+                            recv,
+                            (count / NRANKS).saturating_mul(r.coll.nranks()),
+                            dtype,
+                        ),
+                        &r.stream,
+                    ),
+                    Op::SendRecv => r.coll.group(&send_recv(send, recv, count, peer), &r.stream),
+                    Op::AllReduce => r.coll.all_reduce(
+                        &RawBuffer::device(r.send.device_ptr(), count, dtype),
+                        &mut RawBuffer::device(r.recv.device_ptr(), count, dtype),
+                        ReduceOp::Sum,
+                        &r.stream,
+                    ),
+                    Op::AllGather => r.coll.all_gather(
+                        &RawBuffer::device(r.send.device_ptr(), count / NRANKS, dtype),
+                        &mut RawBuffer::device(
+                            r.recv.device_ptr(),
+                            (count / NRANKS).saturating_mul(r.coll.nranks()),
+                            dtype,
+                        ),
                         &r.stream,
                     ),
                 }
@@ -329,16 +350,18 @@ impl HostRank {
         for _ in 0..iters {
             let (send, recv) = (&self.send[..n], &mut self.recv[..n]);
             let res = match op {
-                Op::AllReduce => c.all_reduce_host(send, recv, sum),
-                Op::AllGather => c.all_gather_host(&send[..n / NRANKS], recv),
-                Op::ReduceScatter => c.reduce_scatter_host(send, &mut recv[..n / NRANKS], sum),
-                Op::Broadcast => c.broadcast_host(send, recv, 0),
-                Op::Reduce => c.reduce_host(send, recv, sum, 0),
-                Op::AllToAll => c.all_to_all_host(send, recv),
+                Op::AllReduce => c.all_reduce(send, recv, sum, Exec::Host),
+                Op::AllGather => c.all_gather(&send[..n / NRANKS], recv, Exec::Host),
+                Op::ReduceScatter => {
+                    c.reduce_scatter(send, &mut recv[..n / NRANKS], sum, Exec::Host)
+                }
+                Op::Broadcast => c.broadcast(send, recv, 0, Exec::Host),
+                Op::Reduce => c.reduce(send, recv, sum, 0, Exec::Host),
+                Op::AllToAll => c.all_to_all(send, recv, Exec::Host),
                 Op::SendRecv => {
                     let ops = send_recv(send.as_ptr() as u64, recv.as_mut_ptr() as u64, n, peer);
                     // SAFETY: both slices hold `n` elements and are borrowed for the call.
-                    unsafe { c.group_host(&ops) }
+                    unsafe { c.group(&ops, Exec::Host) }
                 }
             };
             if let Err(e) = res {

@@ -19,6 +19,7 @@
 
 mod common;
 
+use mscclpp::host::collectives::RawBuffer;
 use std::sync::{Arc, Barrier, Mutex};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -54,13 +55,11 @@ impl Rank {
         // before they drop).
         let r = unsafe {
             match kind {
-                Kind::AllReduce => self.coll.all_reduce_raw(
-                    send,
-                    recv,
-                    bytes / 4,
-                    DataType::F32,
-                    ReduceOp::Sum,
+                Kind::AllReduce => self.coll.all_reduce_using(
                     AllReduceAlgo::OneShot,
+                    &RawBuffer::device(send, bytes / 4, DataType::F32),
+                    &mut RawBuffer::device(recv, bytes / 4, DataType::F32),
+                    ReduceOp::Sum,
                     &self.stream,
                 ),
                 Kind::Bare => self.coll.ll_exchange_raw(send, recv, bytes, &self.stream),

@@ -7,9 +7,10 @@
 //! cargo run --release --example all_reduce -- [--graph] [bytes ...]
 //! ```
 
+use mscclpp::host::collectives::{Exec, RawBuffer};
 use std::time::{Duration, Instant};
 
-use mscclpp::host::collectives::{AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp};
+use mscclpp::host::collectives::{CollConfig, Collectives, DataType, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::{CudaSlice, device_count};
 use mscclpp::host::launch::{Launch, LocalLauncher};
@@ -73,13 +74,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     for _ in 0..iters {
                         // SAFETY: buf outlives the graph's launches (synchronised below).
                         unsafe {
-                            coll.all_reduce_raw(
-                                p,
-                                p,
-                                count,
-                                DataType::F32,
+                            coll.all_reduce(
+                                &RawBuffer::device(p, count, DataType::F32),
+                                &mut RawBuffer::device(p, count, DataType::F32),
                                 ReduceOp::Sum,
-                                AllReduceAlgo::Auto,
                                 &stream,
                             )?
                         };
@@ -121,7 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let count = (bytes / 4).max(1);
                 let mut buf = vec![1.0f32; count];
                 let t = Instant::now();
-                coll.all_reduce_host_in_place(&mut buf, ReduceOp::Sum)?;
+                coll.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)?;
                 let want = n as f32;
                 if buf.iter().any(|&v| v != want) {
                     return Err(format!("rank {rank}: wrong sum at {bytes} bytes").into());

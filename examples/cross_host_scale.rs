@@ -19,6 +19,7 @@
 //! (`CollConfig`), so the numbers show how state grows with the job, not the defaults'
 //! size. Times on a busy machine with fewer cores than ranks mostly measure scheduling.
 
+use mscclpp::host::collectives::Exec;
 use std::time::{Duration, Instant};
 
 use mscclpp::host::bootstrap::BlockingBootstrap;
@@ -71,7 +72,7 @@ fn rank_main() -> Result<(), Box<dyn std::error::Error>> {
     let setup = t.elapsed();
     let n = c.nranks();
     let mut v: Vec<f32> = (0..1001).map(|i| (i % 7) as f32).collect();
-    c.all_reduce_host_in_place(&mut v, ReduceOp::Sum)?;
+    c.all_reduce_in_place(&mut v, ReduceOp::Sum, Exec::Host)?;
     for (i, x) in v.iter().enumerate() {
         if *x != ((i % 7) * n) as f32 {
             return Err(format!("rank {}: element {i} is {x}", c.rank()).into());

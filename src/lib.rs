@@ -42,7 +42,7 @@
 //! `Backend::auto(local_rank)`):
 //!
 //! ```
-//! use mscclpp::host::collectives::{CollConfig, Collectives, ReduceOp};
+//! use mscclpp::host::collectives::{CollConfig, Collectives, Exec, ReduceOp};
 //! use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
 //! use mscclpp::{BlockingBootstrap, create_unique_id};
 //!
@@ -52,7 +52,7 @@
 //!     let comm = Communicator::from_bootstrap(bootstrap, Backend::Host, CommConfig::default())?;
 //!     let coll = Collectives::new(comm, CollConfig { scratch_bytes: 1 << 20, ..Default::default() })?;
 //!     let mut x = [r as f32 + 1.0; 4];
-//!     coll.all_reduce_host_in_place(&mut x, ReduceOp::Sum)?;
+//!     coll.all_reduce_in_place(&mut x, ReduceOp::Sum, Exec::Host)?;
 //!     Ok(x[0])
 //! };
 //! let sums = std::thread::scope(|s| [s.spawn(|| rank(0)), s.spawn(|| rank(1))].map(|h| h.join()));

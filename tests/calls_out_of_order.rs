@@ -4,6 +4,7 @@
 //! in turn, can never go on. Every rank fails at once, naming the other side's call, rather
 //! than waiting out the device timeout ("did not take part, or is stuck").
 
+use mscclpp::host::collectives::Exec;
 use std::time::{Duration, Instant};
 
 use mscclpp::host::collectives::{CollConfig, Collectives, ReduceOp};
@@ -63,7 +64,7 @@ fn receive_against_collective_main() {
     let mut buf = vec![1f32; 1000];
     let start = Instant::now();
     if r == 0 {
-        let e = c.recv_host(&mut buf, 1);
+        let e = c.recv(&mut buf, 1, Exec::Host);
         failed_at_once(
             r,
             e,
@@ -74,7 +75,7 @@ fn receive_against_collective_main() {
             ],
         );
     } else {
-        let e = c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum);
+        let e = c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host);
         failed_at_once(
             r,
             e,
@@ -104,10 +105,10 @@ fn send_against_collective_main() {
     let mut buf = vec![1f32; 1 << 20];
     let start = Instant::now();
     if r == 1 {
-        let e = c.send_host(&buf, 0);
+        let e = c.send(&buf, 0, Exec::Host);
         failed_at_once(r, e, start, &["rank 0 called a collective (all_reduce"]);
     } else {
-        let e = c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum);
+        let e = c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host);
         failed_at_once(
             r,
             e,
@@ -139,12 +140,14 @@ fn legal_orders_main() {
     // the send ends without waiting for the receive.
     for round in 0..3 {
         if r == 1 {
-            c.send_host(&buf, 0).unwrap();
-            c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum).unwrap();
+            c.send(&buf, 0, Exec::Host).unwrap();
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
+                .unwrap();
         } else {
-            c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum).unwrap();
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
+                .unwrap();
             let mut got = vec![0f32; 1000];
-            c.recv_host(&mut got, 1).unwrap();
+            c.recv(&mut got, 1, Exec::Host).unwrap();
             assert!(
                 got.iter().all(|&v| v == 2f32.powi(round)),
                 "round {round}: {:?}",

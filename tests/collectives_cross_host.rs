@@ -6,6 +6,7 @@
 //! The inputs are small integers (and ±1, ±2 for products), so every float sum, product and
 //! average is exact and the reference does not depend on the order of summation.
 
+use mscclpp::host::collectives::Exec;
 use std::fmt::Debug;
 use std::time::Duration;
 
@@ -172,7 +173,8 @@ fn check_sum_order_in(c: &Collectives, counts: &[usize], hosts: &[Vec<usize>]) -
             flat.to_bits() != want[i].to_bits()
         });
         let mut out = vec![0f32; count];
-        c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+        c.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
+            .unwrap();
         let bad = (0..count).find(|&i| out[i].to_bits() != want[i].to_bits());
         assert_eq!(
             bad.map(|i| (i, out[i], want[i])),
@@ -332,7 +334,7 @@ fn check_all_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp], u
                 .map(|i| reference(op, n, |q| input(op, q, i, call, unsigned)))
                 .collect();
             let mut out = vec![E::of(0); count];
-            c.all_reduce_host(&send, &mut out, op).unwrap();
+            c.all_reduce(&send, &mut out, op, Exec::Host).unwrap();
             let bad = (0..count).find(|&i| out[i] != want[i]);
             assert_eq!(
                 bad.map(|i| (i, out[i], want[i])),
@@ -341,7 +343,7 @@ fn check_all_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp], u
                 E::DTYPE
             );
             let mut buf = send.clone();
-            c.all_reduce_host_in_place(&mut buf, op).unwrap();
+            c.all_reduce_in_place(&mut buf, op, Exec::Host).unwrap();
             assert!(
                 buf == want,
                 "rank {r}: in-place all_reduce {op:?} of {count}"
@@ -361,7 +363,7 @@ fn check_all_gather<E: T>(c: &Collectives, counts: &[usize]) {
         };
         let want: Vec<E> = (0..n).flat_map(mine).collect();
         let mut out = vec![E::of(0); n * count];
-        c.all_gather_host(&mine(r), &mut out).unwrap();
+        c.all_gather(&mine(r), &mut out, Exec::Host).unwrap();
         assert!(
             out == want,
             "rank {r}: all_gather of {count} {:?}",
@@ -381,10 +383,10 @@ fn check_reduce_scatter<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp
                 .map(|i| reference(op, n, |q| value(op, q, r * count + i, call)))
                 .collect();
             let mut out = vec![E::of(0); count];
-            c.reduce_scatter_host(&send, &mut out, op).unwrap();
+            c.reduce_scatter(&send, &mut out, op, Exec::Host).unwrap();
             assert!(out == want, "rank {r}: reduce_scatter {op:?} of {count}");
             let mut buf = send.clone();
-            c.reduce_scatter_host_in_place(&mut buf, op).unwrap();
+            c.reduce_scatter_in_place(&mut buf, op, Exec::Host).unwrap();
             assert!(
                 buf[r * count..(r + 1) * count] == want[..],
                 "rank {r}: in-place reduce_scatter {op:?} of {count}"
@@ -407,14 +409,14 @@ fn check_reduce<E: T>(c: &Collectives, counts: &[usize], ops: &[ReduceOp]) {
                     .collect();
                 let sentinel: Vec<E> = (0..count).map(|i| E::of((i % 5) as i64 + 40)).collect();
                 let mut out = sentinel.clone();
-                c.reduce_host(&send, &mut out, op, root).unwrap();
+                c.reduce(&send, &mut out, op, root, Exec::Host).unwrap();
                 if r == root {
                     assert!(out == want, "rank {r}: reduce {op:?} of {count} to {root}");
                 } else {
                     assert!(out == sentinel, "rank {r}: reduce to {root} wrote recv");
                 }
                 let mut buf = send.clone();
-                c.reduce_host_in_place(&mut buf, op, root).unwrap();
+                c.reduce_in_place(&mut buf, op, root, Exec::Host).unwrap();
                 if r == root {
                     assert!(buf == want, "rank {r}: in-place reduce {op:?} to {root}");
                 }
@@ -432,7 +434,7 @@ fn check_all_to_all<E: T>(c: &Collectives, counts: &[usize]) {
         let send: Vec<E> = (0..n * count).map(|k| v(r, k / count, k % count)).collect();
         let want: Vec<E> = (0..n * count).map(|k| v(k / count, r, k % count)).collect();
         let mut out = vec![E::of(0); n * count];
-        c.all_to_all_host(&send, &mut out).unwrap();
+        c.all_to_all(&send, &mut out, Exec::Host).unwrap();
         let bad = (0..n * count).find(|&k| out[k] != want[k]);
         assert_eq!(bad, None, "rank {r}: all_to_all of {count} per pair");
     }
@@ -447,7 +449,7 @@ fn check_broadcast(c: &Collectives, counts: &[usize]) {
             let send: Vec<bf16> = (0..count).map(|i| word(r, i)).collect();
             let want: Vec<bf16> = (0..count).map(|i| word(root, i)).collect();
             let mut out = vec![bf16::ZERO; count];
-            c.broadcast_host(&send, &mut out, root).unwrap();
+            c.broadcast(&send, &mut out, root, Exec::Host).unwrap();
             assert!(
                 out.iter()
                     .zip(&want)
@@ -455,7 +457,7 @@ fn check_broadcast(c: &Collectives, counts: &[usize]) {
                 "rank {r}: broadcast of {count} from {root}"
             );
             let mut buf = send.clone();
-            c.broadcast_host_in_place(&mut buf, root).unwrap();
+            c.broadcast_in_place(&mut buf, root, Exec::Host).unwrap();
             assert!(
                 buf.iter()
                     .zip(&want)
@@ -594,7 +596,7 @@ fn algo_mismatch_rank() {
     });
     let r = c.rank();
     let mut buf = vec![1f32; 1000];
-    match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+    match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
         Err(CommError::State(m)) => {
             assert!(
                 m.contains("differently across hosts") && m.contains("1000 f32 (two-shot across"),
@@ -628,7 +630,7 @@ fn left_rank() {
     }
     let mut buf = vec![1f32; 1000];
     let t0 = std::time::Instant::now();
-    let e = c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum);
+    let e = c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host);
     let took = t0.elapsed();
     println!("rank {r}: after {took:?}: {e:?}");
     let m = match e {
@@ -659,17 +661,17 @@ fn xp2p_left_rank() {
     let r = c.rank();
     let sent: Vec<u32> = (0..1001).map(|i| word(1, 0, 0, i)).collect();
     if r == 1 {
-        c.send_host(&sent, 0).unwrap();
+        c.send(&sent, 0, Exec::Host).unwrap();
         println!("rank {r}: ok");
         return; // leaves: its collectives, proxy and connections go
     }
     // What rank 1 sent before it left arrives.
     let mut got = vec![0u32; sent.len()];
-    c.recv_host(&mut got, 1).unwrap();
+    c.recv(&mut got, 1, Exec::Host).unwrap();
     assert_eq!(got, sent, "rank {r}: the message sent before rank 1 left");
     // A second one never comes: the receive fails naming rank 1, long before the 30 s
     // device timeout.
-    fails_naming_rank_1_left(r, "a receive from", || c.recv_host(&mut got, 1));
+    fails_naming_rank_1_left(r, "a receive from", || c.recv(&mut got, 1, Exec::Host));
 }
 
 /// Runs `op` (`what` rank 1) on rank `r` and checks that it fails within 10 s (not at the
@@ -722,7 +724,7 @@ fn xp2p_send_to_left_rank() {
     // More than the window of pieces: the send needs credits that never come, if its first
     // puts are not refused already.
     let data = vec![7u32; 20_000];
-    fails_naming_rank_1_left(r, "a send to", || c.send_host(&data, 1));
+    fails_naming_rank_1_left(r, "a send to", || c.send(&data, 1, Exec::Host));
 }
 
 /// A send to a rank on another host that left fails within seconds naming it (the proxy
@@ -819,7 +821,7 @@ fn group_of(c: &Collectives, x: usize, sends: impl Fn(usize) -> Vec<(usize, usiz
         });
     }
     // SAFETY: the buffers outlive the blocking call.
-    unsafe { c.group_host(&ops) }.unwrap_or_else(|e| panic!("rank {r}: exchange {x}: {e}"));
+    unsafe { c.group(&ops, Exec::Host) }.unwrap_or_else(|e| panic!("rank {r}: exchange {x}: {e}"));
     for (o, &(from, count, k)) in out.iter().zip(&recvs) {
         let bad = (0..count).find(|&i| o[i] != word(from, r, x + k, i));
         assert_eq!(
@@ -860,11 +862,11 @@ fn send_recv_rank() {
     let data: Vec<u32> = (0..9000).map(|i| word(r, peer, 99, i)).collect();
     let mut got = vec![0u32; 9000];
     if r % 2 == 0 {
-        c.send_host(&data, peer).unwrap();
-        c.recv_host(&mut got, from).unwrap();
+        c.send(&data, peer, Exec::Host).unwrap();
+        c.recv(&mut got, from, Exec::Host).unwrap();
     } else {
-        c.recv_host(&mut got, from).unwrap();
-        c.send_host(&data, peer).unwrap();
+        c.recv(&mut got, from, Exec::Host).unwrap();
+        c.send(&data, peer, Exec::Host).unwrap();
     }
     assert!(
         (0..9000).all(|i| got[i] == word(from, r, 99, i)),
@@ -887,7 +889,7 @@ fn send_recv_rank() {
         },
     ];
     // SAFETY: buf outlives the call.
-    unsafe { c.group_host(&ops) }.unwrap();
+    unsafe { c.group(&ops, Exec::Host) }.unwrap();
     assert!(
         (0..3001).all(|i| buf[i] == word(from, r, 7, i)),
         "rank {r}: in-place exchange"
@@ -916,10 +918,10 @@ fn send_recv_mismatch_rank() {
     // with both sizes; rank 0's send completes.
     if r == 0 {
         let data = vec![5u32; 1000];
-        c.send_host(&data, 1).unwrap();
+        c.send(&data, 1, Exec::Host).unwrap();
     } else if r == 1 {
         let mut got = vec![0u32; 600];
-        match c.recv_host(&mut got, 0) {
+        match c.recv(&mut got, 0, Exec::Host) {
             Err(CommError::CallMismatch(m)) => {
                 assert!(
                     m.contains("rank 0 sent 4000 bytes to rank 1, which expected 2400"),
@@ -934,10 +936,10 @@ fn send_recv_mismatch_rank() {
     if r < 2 {
         let data: Vec<u32> = (0..5000).map(|i| word(0, 1, 3, i)).collect();
         if r == 0 {
-            c.send_host(&data, 1).unwrap();
+            c.send(&data, 1, Exec::Host).unwrap();
         } else {
             let mut got = vec![0u32; 5000];
-            c.recv_host(&mut got, 0).unwrap();
+            c.recv(&mut got, 0, Exec::Host).unwrap();
             assert!(got == data, "rank 1: the transfer after the mismatch");
         }
     }
@@ -956,9 +958,9 @@ fn zero_transfer_rank() {
     if r == 0 {
         std::thread::sleep(Duration::from_millis(300));
         std::fs::write(&mark, b"sent").unwrap();
-        c.send_host(&[0u32; 0], 1).unwrap();
+        c.send(&[0u32; 0], 1, Exec::Host).unwrap();
     } else {
-        c.recv_host(&mut [0u32; 0], 0).unwrap();
+        c.recv(&mut [0u32; 0], 0, Exec::Host).unwrap();
         assert!(
             mark.exists(),
             "rank 1: the receive of none returned before rank 0 sent"
@@ -967,10 +969,10 @@ fn zero_transfer_rank() {
     // None against some, both ways: the receiver is told, with both sizes.
     for (sent, want) in [(0usize, 600usize), (600, 0)] {
         if r == 0 {
-            c.send_host(&vec![5u32; sent], 1).unwrap();
+            c.send(&vec![5u32; sent], 1, Exec::Host).unwrap();
         } else {
             let mut got = vec![0u32; want];
-            match c.recv_host(&mut got, 0) {
+            match c.recv(&mut got, 0, Exec::Host) {
                 Err(CommError::CallMismatch(m)) => {
                     let text = format!(
                         "rank 0 sent {} bytes to rank 1, which expected {}",
@@ -986,10 +988,10 @@ fn zero_transfer_rank() {
     // The pair stays in step: the next transfer arrives whole.
     let data: Vec<u32> = (0..3000).map(|i| word(0, 1, 4, i)).collect();
     if r == 0 {
-        c.send_host(&data, 1).unwrap();
+        c.send(&data, 1, Exec::Host).unwrap();
     } else {
         let mut got = vec![0u32; 3000];
-        c.recv_host(&mut got, 0).unwrap();
+        c.recv(&mut got, 0, Exec::Host).unwrap();
         assert!(got == data, "rank 1: the transfer after those of none");
     }
     c.communicator().bootstrap().barrier().unwrap();
@@ -1037,7 +1039,7 @@ fn remote_off_rank() {
     );
     let send = vec![1f32; 8];
     let mut out = vec![0f32; 8];
-    match c.send_host(&send, (r + 1) % n) {
+    match c.send(&send, (r + 1) % n, Exec::Host) {
         Err(CommError::InvalidArgument(m)) => assert!(
             m.contains("on another host") && m.contains("MSCCLPP_P2P_REMOTE_MAX"),
             "rank {r}: {m}"
@@ -1047,12 +1049,13 @@ fn remote_off_rank() {
     // Inside the host it works, and so do the collectives.
     let peer = (r + 2) % n;
     if r < 2 {
-        c.send_host(&send, peer).unwrap();
+        c.send(&send, peer, Exec::Host).unwrap();
     } else {
-        c.recv_host(&mut out, peer).unwrap();
+        c.recv(&mut out, peer, Exec::Host).unwrap();
         assert!(out == send, "rank {r}");
     }
-    c.all_reduce_host_in_place(&mut out, ReduceOp::Sum).unwrap();
+    c.all_reduce_in_place(&mut out, ReduceOp::Sum, Exec::Host)
+        .unwrap();
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
 }
@@ -1158,14 +1161,14 @@ fn machine_mates_rank() {
         off.contains(&format!("({far} ranks on other hosts")),
         "rank {r}: {off}"
     );
-    match c.send_host(&[1u32; 4], other) {
+    match c.send(&[1u32; 4], other, Exec::Host) {
         Err(CommError::InvalidArgument(m)) => assert!(m.contains("on another host"), "{m}"),
         other => panic!("rank {r}: expected a refusal, got {other:?}"),
     }
     // Errors name the user's host (the machine) and the group.
     let count = if r < 3 { 5 } else { 7 };
     let mut buf = vec![1f32; count];
-    match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+    match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
         Err(CommError::State(m)) => {
             let theirs = format!("(host {}, group ", 1 - machine(r));
             assert!(
@@ -1217,7 +1220,7 @@ fn mismatch_rank() {
     // inside, the hosts disagree.
     let count = if r < 2 { 5 } else { 7 };
     let mut buf = vec![1f32; count];
-    match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+    match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
         Err(CommError::State(m)) => {
             assert!(
                 m.contains("differently across hosts")
@@ -1230,7 +1233,7 @@ fn mismatch_rank() {
         other => panic!("rank {r}: expected the mismatch, got {other:?}"),
     }
     // The partners' rounds no longer agree: every later call says so.
-    match c.all_gather_host(&buf[..1], &mut [0f32; 4]) {
+    match c.all_gather(&buf[..1], &mut [0f32; 4], Exec::Host) {
         // Said once (it was nested: "an earlier call failed: ...: an earlier call failed").
         Err(CommError::State(m)) => {
             assert!(m.matches("an earlier call failed").count() == 1, "{m}")
@@ -1248,7 +1251,7 @@ fn local_mismatch_rank() {
     // across hosts), not that they stay usable.
     let count = if r == 1 { 101 } else { 100 };
     let mut buf = vec![1f32; count];
-    let res = c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum);
+    let res = c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host);
     if r < 2 {
         match res {
             Err(CommError::CallMismatch(m)) => assert!(
@@ -1347,7 +1350,7 @@ fn root_mismatch_rank() {
     let send = vec![r as f32; 100];
     let mut out = vec![0f32; 100];
     let t0 = std::time::Instant::now();
-    let res = c.broadcast_host(&send, &mut out, root);
+    let res = c.broadcast(&send, &mut out, root, Exec::Host);
     let took = t0.elapsed();
     match res {
         Err(CommError::State(m)) => {
@@ -1415,7 +1418,9 @@ fn survive_a_kill(c: &Collectives, call: impl FnOnce(&Collectives) -> CommError)
     );
     assert!(took < Duration::from_secs(10), "the error took {took:?}");
     // Sticky: the next call says so at once.
-    let e2 = c.all_gather_host(&[1f32], &mut [0f32; 2]).unwrap_err();
+    let e2 = c
+        .all_gather(&[1f32], &mut [0f32; 2], Exec::Host)
+        .unwrap_err();
     assert!(e2.to_string().contains("rank 1"), "{e2}");
     println!("rank 0: {e} (after {took:?})");
     println!("rank 0: ok");
@@ -1426,7 +1431,7 @@ fn survive_a_kill(c: &Collectives, call: impl FnOnce(&Collectives) -> CommError)
 fn killed_partner_rank() {
     survive_a_kill(&collectives(), |c| {
         let mut buf = vec![1f32; 1000];
-        c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum)
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
             .expect_err("the partner is dead")
     });
 }
@@ -1434,7 +1439,8 @@ fn killed_partner_rank() {
 fn killed_sender_rank() {
     survive_a_kill(&collectives(), |c| {
         let mut buf = vec![0u32; 10_000];
-        c.recv_host(&mut buf, 1).expect_err("the sender is dead")
+        c.recv(&mut buf, 1, Exec::Host)
+            .expect_err("the sender is dead")
     });
 }
 
@@ -1495,7 +1501,7 @@ fn device_timeout_env_rank() {
         // Rank 1, the root's partner on the other host, does not take part: the wait across
         // hosts ends after the variable's 1.5 s, and says so.
         let mut buf = vec![7u32; 100];
-        let e = c.broadcast_host_in_place(&mut buf, 0).unwrap_err();
+        let e = c.broadcast_in_place(&mut buf, 0, Exec::Host).unwrap_err();
         let text = e.to_string();
         assert!(
             matches!(e, CommError::Timeout(_)) && text.contains("waited 1.5s for rank 1"),
@@ -1533,7 +1539,7 @@ fn all_reduce_times_out(c: &Collectives) -> String {
     let send = vec![1.0f32; 1000];
     let mut recv = vec![0.0f32; 1000];
     let e = c
-        .all_reduce_host(&send, &mut recv, ReduceOp::Sum)
+        .all_reduce(&send, &mut recv, ReduceOp::Sum, Exec::Host)
         .unwrap_err();
     let text = e.to_string();
     println!("rank {r}: {text}");
@@ -1735,7 +1741,7 @@ fn declared_peers_rank() {
                 }
             });
         }
-        refused_naming(r, (r + 3) % n, c.send_host(&[1u32; 4], (r + 3) % n));
+        refused_naming(r, (r + 3) % n, c.send(&[1u32; 4], (r + 3) % n, Exec::Host));
     } else {
         assert!(
             off.contains("0 of the 4 ranks on other hosts"),
@@ -1743,7 +1749,7 @@ fn declared_peers_rank() {
         );
         assert!(!c.send_recv_reaches(next) && !c.send_recv_reaches(prev));
         let mut got = [0u32; 4];
-        refused_naming(r, prev, c.recv_host(&mut got, prev));
+        refused_naming(r, prev, c.recv(&mut got, prev, Exec::Host));
     }
     // Inside the host every rank is reached (even ranks named their host mate: ignored).
     assert!(c.send_recv_reaches(r ^ 1));
@@ -1793,7 +1799,7 @@ fn pipeline_rank() {
     for step in 0..4 {
         let mut got = vec![0u32; 6000];
         if let Some(p) = prev {
-            c.recv_host(&mut got, p).unwrap();
+            c.recv(&mut got, p, Exec::Host).unwrap();
             assert!(
                 (0..6000).all(|i| got[i] == word(p, r, step, i)),
                 "rank {r}: activations of micro-batch {step}"
@@ -1801,8 +1807,8 @@ fn pipeline_rank() {
         }
         if let Some(p) = next {
             let act: Vec<u32> = (0..6000).map(|i| word(r, p, step, i)).collect();
-            c.send_host(&act, p).unwrap();
-            c.recv_host(&mut got, p).unwrap();
+            c.send(&act, p, Exec::Host).unwrap();
+            c.recv(&mut got, p, Exec::Host).unwrap();
             assert!(
                 (0..6000).all(|i| got[i] == word(p, r, 100 + step, i)),
                 "rank {r}: gradients of micro-batch {step}"
@@ -1810,11 +1816,11 @@ fn pipeline_rank() {
         }
         if let Some(p) = prev {
             let grad: Vec<u32> = (0..6000).map(|i| word(r, p, 100 + step, i)).collect();
-            c.send_host(&grad, p).unwrap();
+            c.send(&grad, p, Exec::Host).unwrap();
         }
     }
     for o in others {
-        refused_naming(r, o, c.send_host(&[1u32; 4], o));
+        refused_naming(r, o, c.send(&[1u32; 4], o, Exec::Host));
     }
     c.communicator().bootstrap().barrier().unwrap();
     println!("rank {r}: ok");
@@ -1843,12 +1849,23 @@ fn collective_of(c: &Collectives, k: usize, count: usize) -> Result<(), CommErro
     let send = vec![1f32; count * n];
     let mut recv = vec![0f32; count * n];
     match k {
-        0 => c.all_reduce_host(&send[..count], &mut recv[..count], ReduceOp::Sum),
-        1 => c.all_gather_host(&send[..count], &mut recv),
-        2 => c.reduce_scatter_host(&send, &mut recv[..count], ReduceOp::Sum),
-        3 => c.reduce_host(&send[..count], &mut recv[..count], ReduceOp::Sum, 0),
-        4 => c.broadcast_host(&send[..count], &mut recv[..count], 0),
-        _ => c.all_to_all_host(&send, &mut recv),
+        0 => c.all_reduce(
+            &send[..count],
+            &mut recv[..count],
+            ReduceOp::Sum,
+            Exec::Host,
+        ),
+        1 => c.all_gather(&send[..count], &mut recv, Exec::Host),
+        2 => c.reduce_scatter(&send, &mut recv[..count], ReduceOp::Sum, Exec::Host),
+        3 => c.reduce(
+            &send[..count],
+            &mut recv[..count],
+            ReduceOp::Sum,
+            0,
+            Exec::Host,
+        ),
+        4 => c.broadcast(&send[..count], &mut recv[..count], 0, Exec::Host),
+        _ => c.all_to_all(&send, &mut recv, Exec::Host),
     }
 }
 
@@ -1940,13 +1957,13 @@ fn group_progress_rank() {
                 let send = data(0, 2);
                 let ops = ops_of(&mut got, &send, 1, 2);
                 // SAFETY: the buffers outlive the blocking call.
-                unsafe { c.group_host(&ops) }.unwrap_or_else(|e| panic!("rank 0: {e}"));
+                unsafe { c.group(&ops, Exec::Host) }.unwrap_or_else(|e| panic!("rank 0: {e}"));
                 Some(1)
             }
             1 | 2 => {
                 let (from, to) = if r == 1 { (2, 0) } else { (0, 1) };
-                c.recv_host(&mut got, from).unwrap();
-                c.send_host(&data(r, to), to).unwrap();
+                c.recv(&mut got, from, Exec::Host).unwrap();
+                c.send(&data(r, to), to, Exec::Host).unwrap();
                 Some(from)
             }
             _ => None,

@@ -3,6 +3,7 @@
 //! all-gathers from CPU threads (memory-channel and proxy-channel variants), checked
 //! against a CPU reference.
 
+use mscclpp::host::collectives::Exec;
 use std::time::Duration;
 
 use half::f16;
@@ -57,7 +58,8 @@ fn rank_main(proxy: bool) {
         call += 1;
         let send: Vec<f32> = (0..count).map(|i| value(r, i, call)).collect();
         let mut out = vec![0f32; count];
-        c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+        c.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
+            .unwrap();
         for (i, v) in out.iter().enumerate() {
             let want: f32 = (0..n).map(|q| value(q, i, call)).sum();
             assert_eq!(*v, want, "rank {r}: f32 count {count} [{i}]");
@@ -66,7 +68,8 @@ fn rank_main(proxy: bool) {
         let mut buf: Vec<f16> = (0..count)
             .map(|i| f16::from_f32(value(r, i, call)))
             .collect();
-        c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
+            .unwrap();
         for (i, v) in buf.iter().enumerate() {
             let want: f32 = (0..n).map(|q| value(q, i, call)).sum();
             assert_eq!(
@@ -76,7 +79,7 @@ fn rank_main(proxy: bool) {
             );
         }
         let mut all = vec![0f32; n * count];
-        c.all_gather_host(&send, &mut all).unwrap();
+        c.all_gather(&send, &mut all, Exec::Host).unwrap();
         for q in 0..n {
             for i in 0..count {
                 assert_eq!(
@@ -134,7 +137,7 @@ fn all_reduce_until_it_fails(
     let start = std::time::Instant::now();
     let mut calls = 0u64;
     loop {
-        match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+        match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
             Ok(()) => {
                 calls += 1;
                 after_call(calls);
@@ -364,7 +367,7 @@ fn leave_rank_main() {
             drop(c);
             break;
         }
-        match c.all_reduce_host_in_place(&mut buf, ReduceOp::Sum) {
+        match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
             Ok(()) => {
                 assert_eq!(buf[0], 3.0, "rank {r}");
                 buf.fill(1.0);

@@ -4,6 +4,7 @@
 //! scratch rounds; then again across four processes with the pipelined broadcast and reduce
 //! (`RootedAlgo::Pipelined`).
 
+use mscclpp::host::collectives::Exec;
 use std::time::Duration;
 
 use half::bf16;
@@ -57,7 +58,7 @@ fn rank_main(pipelined: bool) {
         call += 1;
         let send: Vec<f32> = (0..n * count).map(|i| value(r, i, call)).collect();
         let mut out = vec![0f32; count];
-        c.reduce_scatter_host(&send, &mut out, ReduceOp::Sum)
+        c.reduce_scatter(&send, &mut out, ReduceOp::Sum, Exec::Host)
             .unwrap();
         for (i, v) in out.iter().enumerate() {
             let want: f32 = (0..n).map(|q| value(q, r * count + i, call)).sum();
@@ -67,7 +68,7 @@ fn rank_main(pipelined: bool) {
         let mut buf: Vec<bf16> = (0..count)
             .map(|i| bf16::from_f32(value(r, i, call)))
             .collect();
-        c.reduce_host_in_place(&mut buf, ReduceOp::Sum, root)
+        c.reduce_in_place(&mut buf, ReduceOp::Sum, root, Exec::Host)
             .unwrap();
         for (i, v) in buf.iter().enumerate() {
             let want: f32 = if r == root {
@@ -83,7 +84,7 @@ fn rank_main(pipelined: bool) {
         }
         let word = |q: usize, i: usize| bf16::from_bits((i * 7 + q * 1001) as u16);
         let mut words: Vec<bf16> = (0..count * 3 + 1).map(|i| word(r, i)).collect();
-        c.broadcast_host_in_place(&mut words, root).unwrap();
+        c.broadcast_in_place(&mut words, root, Exec::Host).unwrap();
         assert!(
             words
                 .iter()
@@ -92,7 +93,7 @@ fn rank_main(pipelined: bool) {
             "rank {r}: broadcast root {root} count {count}"
         );
         let mut all = vec![0f32; n * count];
-        c.all_to_all_host(&send, &mut all).unwrap();
+        c.all_to_all(&send, &mut all, Exec::Host).unwrap();
         for q in 0..n {
             for i in 0..count {
                 assert_eq!(
@@ -128,14 +129,14 @@ fn rank_main(pipelined: bool) {
             },
         ];
         // SAFETY: both vectors live across the call.
-        unsafe { c.group_host(&ops) }.unwrap();
+        unsafe { c.group(&ops, Exec::Host) }.unwrap();
         assert!(got == msg(prev, r), "rank {r}: ring of {len}");
         if r == 0 {
             for p in 1..n {
-                c.send_host(&msg(0, p), p).unwrap();
+                c.send(&msg(0, p), p, Exec::Host).unwrap();
             }
         } else {
-            c.recv_host(&mut got, 0).unwrap();
+            c.recv(&mut got, 0, Exec::Host).unwrap();
             assert!(got == msg(0, r), "rank {r}: from rank 0, {len}");
         }
     }

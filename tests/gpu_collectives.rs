@@ -5,6 +5,7 @@
 //! exactly); CUDA-graph capture and replay; the typed cudarc API. Skips with a reason
 //! without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
+use mscclpp::host::collectives::RawBuffer;
 use std::time::Duration;
 
 use half::{bf16, f16};
@@ -157,8 +158,16 @@ fn sweep_all_reduce_rank() {
                     }
                     let t_call = std::time::Instant::now();
                     // SAFETY: both buffers live until the synchronize below.
-                    unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }
-                        .unwrap();
+                    unsafe {
+                        c.all_reduce_using(
+                            algo,
+                            &RawBuffer::device(sp, count, dtype),
+                            &mut RawBuffer::device(rp, count, dtype),
+                            ReduceOp::Sum,
+                            &stream,
+                        )
+                    }
+                    .unwrap();
                     stream.synchronize().unwrap();
                     let t_check = std::time::Instant::now();
                     let got = stream
@@ -233,7 +242,15 @@ fn sweep_all_gather_rank() {
             AllGatherAlgo::Proxy
         };
         // SAFETY: buffers live until the synchronize below.
-        unsafe { c.all_gather_raw(sp, rp, count, DataType::F16, algo, &stream) }.unwrap();
+        unsafe {
+            c.all_gather_using(
+                algo,
+                &RawBuffer::device(sp, count, DataType::F16),
+                &mut RawBuffer::device(rp, count.saturating_mul(c.nranks()), DataType::F16),
+                &stream,
+            )
+        }
+        .unwrap();
         stream.synchronize().unwrap();
         let got = stream.clone_dtoh(&recv).unwrap();
         let (bad, first) = mismatches(&got, &want, 1);
@@ -304,38 +321,29 @@ fn typed_api_rank() {
     // SAFETY: the calls are refused before any access.
     unsafe {
         let e = c
-            .all_reduce_raw(
-                p + 2,
-                p,
-                4,
-                DataType::F32,
+            .all_reduce(
+                &RawBuffer::device(p + 2, 4, DataType::F32),
+                &mut RawBuffer::device(p, 4, DataType::F32),
                 ReduceOp::Sum,
-                AllReduceAlgo::Auto,
                 &stream,
             )
             .unwrap_err();
         assert!(e.to_string().contains("not aligned"), "{e}");
         let host = [0f32; 16];
         let e = c
-            .all_reduce_raw(
-                host.as_ptr() as u64,
-                p,
-                4,
-                DataType::F32,
+            .all_reduce(
+                &RawBuffer::device(host.as_ptr() as u64, 4, DataType::F32),
+                &mut RawBuffer::device(p, 4, DataType::F32),
                 ReduceOp::Sum,
-                AllReduceAlgo::Auto,
                 &stream,
             )
             .unwrap_err();
         assert!(e.to_string().contains("not device memory"), "{e}");
         let e = c
-            .all_reduce_raw(
-                p,
-                p,
-                1 << 20,
-                DataType::F32,
+            .all_reduce(
+                &RawBuffer::device(p, 1 << 20, DataType::F32),
+                &mut RawBuffer::device(p, 1 << 20, DataType::F32),
                 ReduceOp::Sum,
-                AllReduceAlgo::Auto,
                 &stream,
             )
             .unwrap_err();
@@ -370,8 +378,16 @@ fn typed_api_rank() {
         // this test read a rank's own input as zeros deep in the second segment that way.
         stream.context().synchronize().unwrap();
         // SAFETY: as above; in place.
-        unsafe { c.all_reduce_raw(at, at, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
-            .unwrap();
+        unsafe {
+            c.all_reduce_using(
+                algo,
+                &RawBuffer::device(at, count, DataType::F32),
+                &mut RawBuffer::device(at, count, DataType::F32),
+                ReduceOp::Sum,
+                &stream,
+            )
+        }
+        .unwrap();
         stream.synchronize().unwrap();
         let mut got = vec![0f32; count];
         // SAFETY: as above.
@@ -386,13 +402,10 @@ fn typed_api_rank() {
     }
     // SAFETY: refused before any access.
     let e = unsafe {
-        c.all_reduce_raw(
-            seg.va + 8,
-            seg.va + 8,
-            seg.each / 2,
-            DataType::F32,
+        c.all_reduce(
+            &RawBuffer::device(seg.va + 8, seg.each / 2, DataType::F32),
+            &mut RawBuffer::device(seg.va + 8, seg.each / 2, DataType::F32),
             ReduceOp::Sum,
-            AllReduceAlgo::Auto,
             &stream,
         )
     }
@@ -548,7 +561,16 @@ fn mismatch_rank() {
     for (k, &(c0, c1, d0, d1, a0, a1)) in cases.iter().enumerate() {
         let (count, dtype, algo) = if r == 0 { (c0, d0, a0) } else { (c1, d1, a1) };
         // SAFETY: both buffers hold `max` f32 (>= every count above) until the synchronize.
-        unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }.unwrap();
+        unsafe {
+            c.all_reduce_using(
+                algo,
+                &RawBuffer::device(sp, count, dtype),
+                &mut RawBuffer::device(rp, count, dtype),
+                ReduceOp::Sum,
+                &stream,
+            )
+        }
+        .unwrap();
         let e = c
             .synchronize(&stream)
             .expect_err("a mismatched call must fail");
@@ -559,7 +581,16 @@ fn mismatch_rank() {
         // The same shape again, matching: exact sums.
         let (count, dtype, algo) = (c0, DataType::F32, a0);
         // SAFETY: as above.
-        unsafe { c.all_reduce_raw(sp, rp, count, dtype, ReduceOp::Sum, algo, &stream) }.unwrap();
+        unsafe {
+            c.all_reduce_using(
+                algo,
+                &RawBuffer::device(sp, count, dtype),
+                &mut RawBuffer::device(rp, count, dtype),
+                ReduceOp::Sum,
+                &stream,
+            )
+        }
+        .unwrap();
         c.synchronize(&stream).unwrap();
         let got: Vec<f32> = stream.clone_dtoh(&recv).unwrap();
         assert!(
@@ -584,8 +615,16 @@ fn departed(algo: AllReduceAlgo, count: usize) {
     let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
     for call in 0..2 {
         // SAFETY: both buffers hold `count` f32 until the synchronize.
-        unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
-            .unwrap();
+        unsafe {
+            c.all_reduce_using(
+                algo,
+                &RawBuffer::device(sp, count, DataType::F32),
+                &mut RawBuffer::device(rp, count, DataType::F32),
+                ReduceOp::Sum,
+                &stream,
+            )
+        }
+        .unwrap();
         c.synchronize(&stream).unwrap();
         let got: Vec<f32> = stream.clone_dtoh(&recv).unwrap();
         assert!(got.iter().all(|&v| v == n as f32), "rank {r} call {call}");
@@ -599,8 +638,16 @@ fn departed(algo: AllReduceAlgo, count: usize) {
     std::thread::sleep(Duration::from_millis(100));
     let t0 = std::time::Instant::now();
     // SAFETY: as above.
-    unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
-        .unwrap();
+    unsafe {
+        c.all_reduce_using(
+            algo,
+            &RawBuffer::device(sp, count, DataType::F32),
+            &mut RawBuffer::device(rp, count, DataType::F32),
+            ReduceOp::Sum,
+            &stream,
+        )
+    }
+    .unwrap();
     let e = c
         .synchronize(&stream)
         .expect_err("a call that rank 1 never makes must fail")
@@ -613,9 +660,16 @@ fn departed(algo: AllReduceAlgo, count: usize) {
         "rank {r}: {e}"
     );
     // SAFETY: as above.
-    let again =
-        unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
-            .expect_err("refused at launch");
+    let again = unsafe {
+        c.all_reduce_using(
+            algo,
+            &RawBuffer::device(sp, count, DataType::F32),
+            &mut RawBuffer::device(rp, count, DataType::F32),
+            ReduceOp::Sum,
+            &stream,
+        )
+    }
+    .expect_err("refused at launch");
     assert!(
         again.to_string().contains("rank 1 left"),
         "rank {r}: {again}"
@@ -643,8 +697,16 @@ fn stalled_rank() {
         for _ in 0..64 {
             let algo = AllReduceAlgo::OneShot;
             // SAFETY: both buffers hold `count` f32 until the synchronize.
-            unsafe { c.all_reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, algo, &stream) }
-                .unwrap();
+            unsafe {
+                c.all_reduce_using(
+                    algo,
+                    &RawBuffer::device(sp, count, DataType::F32),
+                    &mut RawBuffer::device(rp, count, DataType::F32),
+                    ReduceOp::Sum,
+                    &stream,
+                )
+            }
+            .unwrap();
         }
         let e = c
             .synchronize(&stream)

@@ -15,6 +15,7 @@
 //! replayed under a CUDA graph with the scalar changed between replays. Skips with a reason
 //! without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
+use mscclpp::host::collectives::RawBuffer;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -334,11 +335,37 @@ unsafe fn issue(
     // SAFETY: caller contract.
     unsafe {
         match op {
-            Op::AllReduce(algo) => c.all_reduce_raw(sp, rp, count, dtype, red, algo, stream),
-            Op::ReduceScatter => c.reduce_scatter_raw(sp, rp, count, dtype, red, stream),
-            Op::Reduce => c.reduce_raw(sp, rp, count, dtype, red, root, stream),
-            Op::Broadcast => c.broadcast_raw(sp, rp, count, dtype, root, stream),
-            Op::AllToAll => c.all_to_all_raw(sp, rp, count, dtype, stream),
+            Op::AllReduce(algo) => c.all_reduce_using(
+                algo,
+                &RawBuffer::device(sp, count, dtype),
+                &mut RawBuffer::device(rp, count, dtype),
+                red,
+                stream,
+            ),
+            Op::ReduceScatter => c.reduce_scatter(
+                &RawBuffer::device(sp, count.saturating_mul(c.nranks()), dtype),
+                &mut RawBuffer::device(rp, count, dtype),
+                red,
+                stream,
+            ),
+            Op::Reduce => c.reduce(
+                &RawBuffer::device(sp, count, dtype),
+                &mut RawBuffer::device(rp, count, dtype),
+                red,
+                root,
+                stream,
+            ),
+            Op::Broadcast => c.broadcast(
+                &RawBuffer::device(sp, count, dtype),
+                &mut RawBuffer::device(rp, count, dtype),
+                root,
+                stream,
+            ),
+            Op::AllToAll => c.all_to_all(
+                &RawBuffer::device(sp, count.saturating_mul(c.nranks()), dtype),
+                &mut RawBuffer::device(rp, count.saturating_mul(c.nranks()), dtype),
+                stream,
+            ),
         }
     }
     .unwrap_or_else(|e| panic!("{op:?} {dtype} {red:?} count {count}: {e}"));
@@ -587,9 +614,15 @@ fn typed_api_rank() {
         p
     };
     // SAFETY: refused before any access.
-    let e = unsafe { c.all_to_all_raw(p, p + 4, 4, DataType::F32, &stream) }
-        .unwrap_err()
-        .to_string();
+    let e = unsafe {
+        c.all_to_all(
+            &RawBuffer::device(p, 4usize.saturating_mul(c.nranks()), DataType::F32),
+            &mut RawBuffer::device(p + 4, 4usize.saturating_mul(c.nranks()), DataType::F32),
+            &stream,
+        )
+    }
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("overlap"), "{e}");
     c.reduce_scatter(&send, &mut recv, ReduceOp::Sum, &stream)
         .unwrap();
@@ -646,9 +679,17 @@ fn send_recv_rank() {
                 // SAFETY: `one` lives until the synchronize below.
                 unsafe {
                     if r == 0 {
-                        c.send_raw(dptr(&one, &stream), count, DataType::F16, p, &stream)
+                        c.send(
+                            &RawBuffer::device(dptr(&one, &stream), count, DataType::F16),
+                            p,
+                            &stream,
+                        )
                     } else if r == p {
-                        c.recv_raw(dptr(&one, &stream), count, DataType::F16, 0, &stream)
+                        c.recv(
+                            &mut RawBuffer::device(dptr(&one, &stream), count, DataType::F16),
+                            0,
+                            &stream,
+                        )
                     } else {
                         Ok(())
                     }
@@ -749,7 +790,7 @@ fn send_recv_rank() {
         );
     }
     // SAFETY: refused before any access.
-    let e = unsafe { c.send_raw(op, 2, DataType::F16, r, &stream) }
+    let e = unsafe { c.send(&RawBuffer::device(op, 2, DataType::F16), r, &stream) }
         .unwrap_err()
         .to_string();
     assert!(e.contains("the own rank"), "{e}");
@@ -930,7 +971,14 @@ fn staged_pre_mul_sum_rank() {
         let op = ReduceOp::pre_mul_sum(host_scalar(r));
         stream.begin_capture(capture).unwrap();
         // SAFETY: refused before any access (and the buffers outlive the call anyway).
-        let res = unsafe { c.reduce_scatter_raw(sp, rp, count, dtype, op, &stream) };
+        let res = unsafe {
+            c.reduce_scatter(
+                &RawBuffer::device(sp, count.saturating_mul(c.nranks()), dtype),
+                &mut RawBuffer::device(rp, count, dtype),
+                op,
+                &stream,
+            )
+        };
         let _ = stream.end_capture(instantiate);
         let e = res
             .expect_err("a first staged call under capture is refused")
@@ -1093,8 +1141,16 @@ fn p2p_mismatch_rank() {
             // SAFETY: `buf` lives until the synchronize below.
             unsafe {
                 match r {
-                    0 => c.send_raw(dptr(&buf, &stream), len, DataType::U8, 1, &stream),
-                    1 => c.recv_raw(dptr(&buf, &stream), len, DataType::U8, 0, &stream),
+                    0 => c.send(
+                        &RawBuffer::device(dptr(&buf, &stream), len, DataType::U8),
+                        1,
+                        &stream,
+                    ),
+                    1 => c.recv(
+                        &mut RawBuffer::device(dptr(&buf, &stream), len, DataType::U8),
+                        0,
+                        &stream,
+                    ),
                     _ => Ok(()),
                 }
             }
@@ -1143,8 +1199,16 @@ fn p2p_mismatch_rank() {
         // SAFETY: `buf` lives until the synchronize below.
         unsafe {
             match r {
-                0 => c.send_raw(dptr(&buf, &stream), len, DataType::U8, 1, &stream),
-                1 => c.recv_raw(dptr(&buf, &stream), len, DataType::U8, 0, &stream),
+                0 => c.send(
+                    &RawBuffer::device(dptr(&buf, &stream), len, DataType::U8),
+                    1,
+                    &stream,
+                ),
+                1 => c.recv(
+                    &mut RawBuffer::device(dptr(&buf, &stream), len, DataType::U8),
+                    0,
+                    &stream,
+                ),
                 _ => Ok(()),
             }
         }

@@ -13,12 +13,13 @@
 //! send/recv across hosts (the `xp2p` kernel), in place too, and a mismatch of sizes. Skips
 //! with a reason without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
+use mscclpp::host::collectives::RawBuffer;
 use std::sync::Arc;
 use std::time::Duration;
 
 use half::bf16;
 use mscclpp::host::bootstrap::BlockingBootstrap;
-use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, CollConfig, Collectives};
+use mscclpp::host::collectives::{CollConfig, Collectives};
 use mscclpp::host::collectives::{DataType, P2pOp, ReduceOp};
 use mscclpp::host::communicator::CommError;
 use mscclpp::host::cuda::{CudaSlice, CudaStream};
@@ -259,8 +260,15 @@ fn all_reduce_rank() {
                 let sp = dptr(&send, &stream);
                 let rp = if in_place { sp } else { dptr(&recv, &stream) };
                 // SAFETY: both slices live until the synchronize below.
-                unsafe { c.all_reduce_raw(sp, rp, count, dtype, op, AllReduceAlgo::Auto, &stream) }
-                    .unwrap();
+                unsafe {
+                    c.all_reduce(
+                        &RawBuffer::device(sp, count, dtype),
+                        &mut RawBuffer::device(rp, count, dtype),
+                        op,
+                        &stream,
+                    )
+                }
+                .unwrap();
                 c.synchronize(&stream).unwrap();
                 let got = stream
                     .clone_dtoh(if in_place { &send } else { &recv })
@@ -297,8 +305,15 @@ fn more_rank() {
         let recv: CudaSlice<f32> = stream.alloc_zeros(count).unwrap();
         let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
         // SAFETY: the slices live until the synchronize.
-        unsafe { c.reduce_scatter_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, &stream) }
-            .unwrap();
+        unsafe {
+            c.reduce_scatter(
+                &RawBuffer::device(sp, count.saturating_mul(c.nranks()), DataType::F32),
+                &mut RawBuffer::device(rp, count, DataType::F32),
+                ReduceOp::Sum,
+                &stream,
+            )
+        }
+        .unwrap();
         c.synchronize(&stream).unwrap();
         let got = stream.clone_dtoh(&recv).unwrap();
         let all: Vec<Vec<f32>> = (0..n).map(|q| ints(seed, q, n * count)).collect();
@@ -317,8 +332,16 @@ fn more_rank() {
             // The other ranks pass no receive buffer.
             let rp = if r == root { dptr(&recv, &stream) } else { 0 };
             // SAFETY: the slices live until the synchronize.
-            unsafe { c.reduce_raw(sp, rp, count, DataType::F32, ReduceOp::Sum, root, &stream) }
-                .unwrap();
+            unsafe {
+                c.reduce(
+                    &RawBuffer::device(sp, count, DataType::F32),
+                    &mut RawBuffer::device(rp, count, DataType::F32),
+                    ReduceOp::Sum,
+                    root,
+                    &stream,
+                )
+            }
+            .unwrap();
             c.synchronize(&stream).unwrap();
             if r == root {
                 let got = stream.clone_dtoh(&recv).unwrap();
@@ -340,7 +363,15 @@ fn more_rank() {
             let sp = if r == root { dptr(&send, &stream) } else { 0 };
             let rp = dptr(&recv, &stream);
             // SAFETY: the slices live until the synchronize.
-            unsafe { c.broadcast_raw(sp, rp, bytes, DataType::U8, root, &stream) }.unwrap();
+            unsafe {
+                c.broadcast(
+                    &RawBuffer::device(sp, bytes, DataType::U8),
+                    &mut RawBuffer::device(rp, bytes, DataType::U8),
+                    root,
+                    &stream,
+                )
+            }
+            .unwrap();
             c.synchronize(&stream).unwrap();
             let got = stream.clone_dtoh(&recv).unwrap();
             let (bad, first) = mismatches(&got, &data, 1);
@@ -363,7 +394,14 @@ fn more_rank() {
         let recv: CudaSlice<u32> = stream.alloc_zeros(n * count).unwrap();
         let (sp, rp) = (dptr(&send, &stream), dptr(&recv, &stream));
         // SAFETY: the slices live until the synchronize.
-        unsafe { c.all_to_all_raw(sp, rp, count, DataType::U32, &stream) }.unwrap();
+        unsafe {
+            c.all_to_all(
+                &RawBuffer::device(sp, count.saturating_mul(c.nranks()), DataType::U32),
+                &mut RawBuffer::device(rp, count.saturating_mul(c.nranks()), DataType::U32),
+                &stream,
+            )
+        }
+        .unwrap();
         c.synchronize(&stream).unwrap();
         let got = stream.clone_dtoh(&recv).unwrap();
         assert!(got == want, "rank {r}: all_to_all of {count} per pair");
@@ -450,9 +488,9 @@ fn send_recv_rank() {
         // SAFETY: buf lives until the synchronize.
         let res = unsafe {
             if r == 0 {
-                c.send_raw(p, 1000, DataType::U8, other, &stream)
+                c.send(&RawBuffer::device(p, 1000, DataType::U8), other, &stream)
             } else {
-                c.recv_raw(p, 600, DataType::U8, other, &stream)
+                c.recv(&mut RawBuffer::device(p, 600, DataType::U8), other, &stream)
             }
         };
         res.unwrap();
@@ -511,8 +549,14 @@ fn all_gather_rank() {
                 (bytes, DataType::U8)
             };
             // SAFETY: the slices live until the synchronize below.
-            unsafe { c.all_gather_raw(sp, rp, count, dtype, AllGatherAlgo::Auto, &stream) }
-                .unwrap();
+            unsafe {
+                c.all_gather(
+                    &RawBuffer::device(sp, count, dtype),
+                    &mut RawBuffer::device(rp, count.saturating_mul(c.nranks()), dtype),
+                    &stream,
+                )
+            }
+            .unwrap();
             c.synchronize(&stream).unwrap();
             let got = stream.clone_dtoh(&recv).unwrap();
             let (bad, first) = mismatches(&got, &want, 1);

@@ -8,12 +8,13 @@
 //! same, captured into one CUDA graph across both streams and replayed. Skips with a reason
 //! without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
+use mscclpp::host::collectives::RawBuffer;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use mscclpp::host::collectives::ReduceOp;
-use mscclpp::host::collectives::{AllGatherAlgo, AllReduceAlgo, Collectives, DataType, P2pOp};
+use mscclpp::host::collectives::{Collectives, DataType, P2pOp};
 use mscclpp::host::testing::{gpu_or_skip, run_test_ranks};
 
 mod common;
@@ -159,23 +160,34 @@ fn queue(c: &Collectives, i: usize, call: &Call, stream: &CudaStream) {
     // each call has buffers of its own.
     let res = unsafe {
         match call.kind {
-            Kind::AllReduce => c.all_reduce_raw(
-                s,
-                d,
-                k,
-                DataType::F32,
+            Kind::AllReduce => c.all_reduce(
+                &RawBuffer::device(s, k, DataType::F32),
+                &mut RawBuffer::device(d, k, DataType::F32),
                 ReduceOp::Sum,
-                AllReduceAlgo::Auto,
                 stream,
             ),
-            Kind::AllGather => {
-                c.all_gather_raw(s, d, k, DataType::F32, AllGatherAlgo::Auto, stream)
-            }
-            Kind::ReduceScatter => {
-                c.reduce_scatter_raw(s, d, k, DataType::F32, ReduceOp::Sum, stream)
-            }
-            Kind::Broadcast => c.broadcast_raw(s, d, k, DataType::F32, i % n, stream),
-            Kind::AllToAll => c.all_to_all_raw(s, d, k, DataType::F32, stream),
+            Kind::AllGather => c.all_gather(
+                &RawBuffer::device(s, k, DataType::F32),
+                &mut RawBuffer::device(d, k.saturating_mul(c.nranks()), DataType::F32),
+                stream,
+            ),
+            Kind::ReduceScatter => c.reduce_scatter(
+                &RawBuffer::device(s, k.saturating_mul(c.nranks()), DataType::F32),
+                &mut RawBuffer::device(d, k, DataType::F32),
+                ReduceOp::Sum,
+                stream,
+            ),
+            Kind::Broadcast => c.broadcast(
+                &RawBuffer::device(s, k, DataType::F32),
+                &mut RawBuffer::device(d, k, DataType::F32),
+                i % n,
+                stream,
+            ),
+            Kind::AllToAll => c.all_to_all(
+                &RawBuffer::device(s, k.saturating_mul(c.nranks()), DataType::F32),
+                &mut RawBuffer::device(d, k.saturating_mul(c.nranks()), DataType::F32),
+                stream,
+            ),
             Kind::SendRecv => {
                 let ops = [
                     P2pOp::Send {

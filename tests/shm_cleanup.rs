@@ -6,6 +6,7 @@
 //! failure and exit, then looks for segments named after either process
 //! (`/dev/shm/mscclpp-<pid>-...`: only these two processes make such names).
 
+use mscclpp::host::collectives::Exec;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -123,14 +124,15 @@ fn rank_main() {
         }
         Case::BetweenCalls => {
             let c = Collectives::new(comm, coll_config()).unwrap();
-            c.all_reduce_host(&send, &mut recv, ReduceOp::Sum).unwrap();
+            c.all_reduce(&send, &mut recv, ReduceOp::Sum, Exec::Host)
+                .unwrap();
             if is_victim {
                 say(KILL_ME);
                 wait_for_go();
                 return;
             }
             wait_for_go();
-            let r = c.all_reduce_host(&send, &mut recv, ReduceOp::Sum);
+            let r = c.all_reduce(&send, &mut recv, ReduceOp::Sum, Exec::Host);
             say(&format!("survivor: all_reduce: {:?}", r.err()));
         }
         Case::NamePublished => {
@@ -151,7 +153,7 @@ fn rank_main() {
                 say(KILL_ME);
             }
             loop {
-                if let Err(e) = c.all_reduce_host(&send, &mut recv, ReduceOp::Sum) {
+                if let Err(e) = c.all_reduce(&send, &mut recv, ReduceOp::Sum, Exec::Host) {
                     say(&format!("all_reduce: {e}"));
                     break;
                 }

@@ -6,6 +6,7 @@
 //! with a small tmpfs on `/dev/shm`, and there starts two ranks on the Host transport. Where
 //! no such namespace can be made (not root, no `unshare`), it says why and checks nothing.
 
+use mscclpp::host::collectives::Exec;
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
@@ -93,7 +94,7 @@ fn rank_main() {
         let collectives = Collectives::new(comm, coll)?;
         let send = vec![1f32; scratch / 4];
         let mut recv = vec![0f32; scratch / 4];
-        collectives.all_reduce_host(&send, &mut recv, ReduceOp::Sum)
+        collectives.all_reduce(&send, &mut recv, ReduceOp::Sum, Exec::Host)
     });
     match result {
         Ok(()) => println!("\nok"),

@@ -19,6 +19,7 @@
 //! transport to NCCL's. Sends and receives to the own rank are paired inside the group and
 //! copied on the stream.
 
+use mscclpp_host::collectives::RawBuffer;
 use mscclpp_host::collectives::{
     Collectives, DataType, MAX_P2P_OPS, P2pOp, PreMulScalar, ReduceOp,
 };
@@ -156,10 +157,9 @@ impl Launch {
     /// Launches on `stream` (GPU backend).
     ///
     /// # Safety
-    /// As for the `_raw` calls of [`Collectives`]: the buffers stay valid until the call
+    /// As for a [`RawBuffer`] given to [`Collectives`]: the buffers stay valid until the call
     /// completes on `stream`.
     pub unsafe fn run(&self, coll: &Collectives, stream: &CudaStream) -> Result<(), CommError> {
-        use mscclpp_host::collectives::{AllGatherAlgo, AllReduceAlgo};
         // SAFETY (every arm): the caller's buffers, checked by the collectives.
         unsafe {
             match *self {
@@ -169,20 +169,34 @@ impl Launch {
                     count,
                     dtype,
                     op,
-                } => coll.all_reduce_raw(send, recv, count, dtype, op, AllReduceAlgo::Auto, stream),
+                } => coll.all_reduce(
+                    &RawBuffer::device(send, count, dtype),
+                    &mut RawBuffer::device(recv, count, dtype),
+                    op,
+                    stream,
+                ),
                 Launch::AllGather {
                     send,
                     recv,
                     count,
                     dtype,
-                } => coll.all_gather_raw(send, recv, count, dtype, AllGatherAlgo::Auto, stream),
+                } => coll.all_gather(
+                    &RawBuffer::device(send, count, dtype),
+                    &mut RawBuffer::device(recv, count.saturating_mul(coll.nranks()), dtype),
+                    stream,
+                ),
                 Launch::ReduceScatter {
                     send,
                     recv,
                     count,
                     dtype,
                     op,
-                } => coll.reduce_scatter_raw(send, recv, count, dtype, op, stream),
+                } => coll.reduce_scatter(
+                    &RawBuffer::device(send, count.saturating_mul(coll.nranks()), dtype),
+                    &mut RawBuffer::device(recv, count, dtype),
+                    op,
+                    stream,
+                ),
                 Launch::Reduce {
                     send,
                     recv,
@@ -190,20 +204,35 @@ impl Launch {
                     dtype,
                     op,
                     root,
-                } => coll.reduce_raw(send, recv, count, dtype, op, root, stream),
+                } => coll.reduce(
+                    &RawBuffer::device(send, count, dtype),
+                    &mut RawBuffer::device(recv, count, dtype),
+                    op,
+                    root,
+                    stream,
+                ),
                 Launch::Broadcast {
                     send,
                     recv,
                     count,
                     dtype,
                     root,
-                } => coll.broadcast_raw(send, recv, count, dtype, root, stream),
+                } => coll.broadcast(
+                    &RawBuffer::device(send, count, dtype),
+                    &mut RawBuffer::device(recv, count, dtype),
+                    root,
+                    stream,
+                ),
                 Launch::AllToAll {
                     send,
                     recv,
                     count,
                     dtype,
-                } => coll.all_to_all_raw(send, recv, count, dtype, stream),
+                } => coll.all_to_all(
+                    &RawBuffer::device(send, count.saturating_mul(coll.nranks()), dtype),
+                    &mut RawBuffer::device(recv, count.saturating_mul(coll.nranks()), dtype),
+                    stream,
+                ),
             }
         }
     }

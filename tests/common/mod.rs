@@ -2,11 +2,12 @@
 //! inputs' hash, and a rank's death by `kill -9`. Each test binary uses part of it.
 #![allow(dead_code)] // every test file compiles this module and uses a different part
 
+use mscclpp::host::collectives::RawBuffer;
 use std::sync::Arc;
 use std::time::Duration;
 
 use mscclpp::host::bootstrap::BlockingBootstrap;
-use mscclpp::host::collectives::{AllReduceAlgo, CollConfig, Collectives, DataType, ReduceOp};
+use mscclpp::host::collectives::{CollConfig, Collectives, DataType, ReduceOp};
 use mscclpp::host::communicator::{Backend, CommConfig, Communicator};
 use mscclpp::host::cuda::CudaStream;
 use mscclpp::host::launch::Launch;
@@ -165,13 +166,10 @@ pub fn dptr<T>(s: &mscclpp::host::cuda::CudaSlice<T>, stream: &CudaStream) -> u6
 pub unsafe fn sum_in_place(c: &Collectives, stream: &CudaStream, p: u64, count: usize) {
     // SAFETY: caller contract.
     unsafe {
-        c.all_reduce_raw(
-            p,
-            p,
-            count,
-            DataType::F32,
+        c.all_reduce(
+            &RawBuffer::device(p, count, DataType::F32),
+            &mut RawBuffer::device(p, count, DataType::F32),
             ReduceOp::Sum,
-            AllReduceAlgo::Auto,
             stream,
         )
     }

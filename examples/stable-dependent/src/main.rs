@@ -6,6 +6,7 @@
 //! cargo run            # from examples/stable-dependent/
 //! ```
 
+use mscclpp::host::collectives::Exec;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -75,9 +76,9 @@ fn run_rank(launch: Launch) -> Result<(), Box<dyn std::error::Error>> {
     for count in [1usize, 1001, 300_000] {
         let send: Vec<f32> = (0..count).map(|i| value(rank, i)).collect();
         let mut sum = vec![0f32; count];
-        coll.all_reduce_host(&send, &mut sum, ReduceOp::Sum)?;
+        coll.all_reduce(&send, &mut sum, ReduceOp::Sum, Exec::Host)?;
         let mut max = send.clone();
-        coll.all_reduce_host_in_place(&mut max, ReduceOp::Max)?;
+        coll.all_reduce_in_place(&mut max, ReduceOp::Max, Exec::Host)?;
         for i in 0..count {
             let want_sum: f32 = (0..n).map(|q| value(q, i)).sum();
             let want_max = (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max);

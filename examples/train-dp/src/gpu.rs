@@ -24,11 +24,12 @@
 //! host reads each step's events before enqueuing the next, so steps do not pipeline on
 //! the host side (launch overhead between steps is outside the measured step time).
 
+use mscclpp::host::collectives::RawBuffer;
 use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::sys::{CUevent_record_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use mscclpp::host::collectives::{AllReduceAlgo, Collectives, DataType, ReduceOp};
+use mscclpp::host::collectives::{Collectives, DataType, ReduceOp};
 use mscclpp::host::cuda::{
     CUevent_flags, CudaEvent, CudaFunction, CudaStream, DeviceBuffer, Gpu, KernelModule,
     LaunchConfig, PushKernelArg,
@@ -225,13 +226,10 @@ impl Comm<'_> {
         match self {
             // SAFETY: the caller keeps the range valid.
             Comm::Ours(c) => unsafe {
-                c.all_reduce_raw(
-                    ptr,
-                    ptr,
-                    count,
-                    dtype,
+                c.all_reduce(
+                    &RawBuffer::device(ptr, count, dtype),
+                    &mut RawBuffer::device(ptr, count, dtype),
                     ReduceOp::Sum,
-                    AllReduceAlgo::Auto,
                     stream,
                 )?
             },

@@ -1,10 +1,11 @@
 //! Training on the Host transport (no GPU): the CPU reference does the math, and
-//! `Collectives::all_reduce_host` averages the gradient buckets across the rank processes.
+//! `Collectives::all_reduce` on the Host backend averages the gradient buckets across the rank processes.
 //!
 //! The overlap is real here too: each step's backward pass runs on a worker thread and
 //! hands every bucket over as soon as its lowest layer is done; this thread all-reduces
 //! the buckets in order while the worker computes the remaining layers.
 
+use mscclpp::host::collectives::Exec;
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -55,13 +56,13 @@ fn average(coll: &Collectives, n: usize, g: &mut [f32], dtype: GradDtype) -> Res
     let f = fault();
     if n > 1 && f != Some(Fault::NoAllReduce) {
         match dtype {
-            GradDtype::F32 => coll.all_reduce_host_in_place(g, ReduceOp::Sum)?,
+            GradDtype::F32 => coll.all_reduce_in_place(g, ReduceOp::Sum, Exec::Host)?,
             GradDtype::Bf16 => {
                 let mut b: Vec<half::bf16> = g
                     .iter()
                     .map(|&v| half::bf16::from_bits(train_dp_kernels::f32_to_bf16_bits(v)))
                     .collect();
-                coll.all_reduce_host_in_place(&mut b, ReduceOp::Sum)?;
+                coll.all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)?;
                 for (d, s) in g.iter_mut().zip(&b) {
                     *d = s.to_f32();
                 }

@@ -1,28 +1,116 @@
-//! All-reduce: raw, typed, host and in-place calls.
+//! All-reduce: the generic call, its in-place form and the GPU and Host paths.
 
-use super::cross;
+use super::buffer::{self, Buffer, BufferMut, Exec, Pair};
 use super::descriptor::all_reduce_tag;
 use super::gpu;
 use super::kernel_table;
 use super::select::route;
 use super::staged;
-use super::{AllReduceAlgo, Collectives, DataType, Element, ReduceOp, checked_bytes};
+use super::{AllReduceAlgo, Collectives, DataType, ReduceOp, checked_bytes};
 use crate::communicator::CommError;
-use crate::cuda::{CudaSlice, CudaStream};
+use crate::cuda::CudaStream;
 use mscclpp_device::collectives::{CollContext, desc};
 
 impl Collectives {
-    /// All-reduce of `count` elements from device address `send` into `recv` (equal for in
-    /// place), stream-ordered on `stream`. GPU backend only. Checks that both ranges are
-    /// device memory (`cuMemGetAddressRange`) and aligned to the element size; allocates
-    /// nothing and does not synchronise, so it may be captured into a CUDA graph.
+    /// All-reduce: every rank's `recv` becomes the element-wise `op` of every rank's
+    /// `send` (same type and count on every rank).
+    ///
+    /// `send` and `recv` are any [`Buffer`]s of one element type and count: cudarc slices
+    /// and views or [`RawBuffer::device`](super::RawBuffer::device)s with a stream (`&stream`, GPU backend:
+    /// stream-ordered, returns at launch, capturable into a CUDA graph), host slices,
+    /// vectors or arrays with [`Exec::Host`] (Host backend: blocks until done).
+    ///
+    /// cudarc orders its slices' uses across streams with events when its event tracking is
+    /// on and the context has several streams; those event waits cannot be captured into a
+    /// CUDA graph, so under capture such a call is refused with that reason: call
+    /// `CudaContext::disable_event_tracking` first, or pass [`RawBuffer`](super::RawBuffer)s.
+    pub fn all_reduce<'a, S, R>(
+        &self,
+        send: &'a S,
+        recv: &'a mut R,
+        op: ReduceOp,
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        S: Buffer + ?Sized,
+        R: BufferMut + ?Sized,
+    {
+        self.all_reduce_using(AllReduceAlgo::Auto, send, recv, op, exec)
+    }
+
+    /// [`all_reduce`](Self::all_reduce) with `recv` as its own input.
+    pub fn all_reduce_in_place<'a, B>(
+        &self,
+        buf: &'a mut B,
+        op: ReduceOp,
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        B: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("all_reduce_in_place");
+        let (p, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        // SAFETY: the buffer is borrowed for the call (and, on a GPU, its guard orders
+        // later uses after this stream's work).
+        unsafe { self.all_reduce_at(exec, p, p, count, dtype, op, AllReduceAlgo::Auto) }
+    }
+
+    /// [`all_reduce`](Self::all_reduce) by the given algorithm instead of the one
+    /// [`select`](Self::choose_all_reduce) takes (benchmarks and tests of one algorithm;
+    /// across hosts it picks one-shot or two-shot only).
+    pub fn all_reduce_using<'a, S, R>(
+        &self,
+        algo: AllReduceAlgo,
+        send: &'a S,
+        recv: &'a mut R,
+        op: ReduceOp,
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        S: Buffer + ?Sized,
+        R: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("all_reduce");
+        let pair = Pair::new(&call, send, recv, exec)?;
+        let count = pair.same_count(&call)?;
+        // SAFETY: both buffers are borrowed for the call (their guards order later uses).
+        unsafe { self.all_reduce_at(exec, pair.send, pair.recv, count, pair.dtype, op, algo) }
+    }
+
+    /// # Safety
+    /// `send`/`recv` valid memory of `exec`'s kind for `count` elements (equal or disjoint).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn all_reduce_at(
+        &self,
+        exec: Exec<'_>,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        algo: AllReduceAlgo,
+    ) -> Result<(), CommError> {
+        match exec {
+            // SAFETY: forwarded (caller contract).
+            Exec::Gpu(stream) => unsafe {
+                self.all_reduce_device(send, recv, count, dtype, op, algo, stream)
+            },
+            // SAFETY: forwarded (caller contract).
+            Exec::Host => unsafe { self.host_all_reduce(send, recv, count, dtype, op, algo) },
+        }
+    }
+
+    /// GPU backend: all-reduce of `count` elements from device address `send` into `recv`.
+    /// Checks that both ranges are device memory (`cuMemGetAddressRange`) and aligned to
+    /// the element size; allocates nothing and does not synchronise.
     ///
     /// # Safety
-    /// `send` and `recv` must stay valid (not freed) until the operation completes on
-    /// `stream`, and not be written by others meanwhile; partially overlapping ranges are
-    /// not allowed.
+    /// `send` and `recv` must stay valid until the operation completes on `stream`, and not
+    /// be written by others meanwhile; partially overlapping ranges are not allowed.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_reduce_raw(
+    unsafe fn all_reduce_device(
         &self,
         send: u64,
         recv: u64,
@@ -33,7 +121,7 @@ impl Collectives {
         stream: &CudaStream,
     ) -> Result<(), CommError> {
         if staged::is_staged(dtype, op) {
-            let (ex, what) = (cross::Exec::Gpu(stream), staged::Staged::AllReduce);
+            let (ex, what) = (Exec::Gpu(stream), staged::Staged::AllReduce);
             // SAFETY: forwarded (caller contract).
             return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
         }
@@ -47,7 +135,7 @@ impl Collectives {
         ))?;
         let _order = self.ordered("all_reduce", stream)?;
         if count == 0 {
-            let ex = cross::Exec::Gpu(stream);
+            let ex = Exec::Gpu(stream);
             return self.empty_call(ex, "all_reduce", desc::ALL_REDUCE, dtype, Some(op), None);
         }
         self.noted((|| {
@@ -56,7 +144,7 @@ impl Collectives {
         })())?;
         if let Some(c) = self.cross() {
             let algo = self.cross_all_reduce_algo(c, algo, bytes);
-            let ex = cross::Exec::Gpu(stream);
+            let ex = Exec::Gpu(stream);
             // SAFETY: the ranges were checked above; the caller keeps them valid.
             return unsafe { self.cross_all_reduce(ex, send, recv, count, dtype, op, None, algo) };
         }
@@ -81,90 +169,6 @@ impl Collectives {
         })
     }
 
-    /// Out-of-place all-reduce of cudarc slices (lengths must match), on `stream`.
-    ///
-    /// cudarc orders slice uses across streams with events when its event tracking is on
-    /// and the context has several streams; those event waits cannot be captured into a
-    /// CUDA graph. Under capture, such a call is refused with that reason: call
-    /// `CudaContext::disable_event_tracking` first, or use
-    /// [`all_reduce_raw`](Self::all_reduce_raw).
-    pub fn all_reduce<T: Element>(
-        &self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
-        op: ReduceOp,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        if send.len() != recv.len() {
-            return Err(CommError::InvalidArgument(format!(
-                "all_reduce: send has {} elements, recv {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        let count = send.len();
-        gpu::check_capture("all_reduce", stream)?;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: the slices are borrowed across the launch and cudarc's guards order later
-        // uses of them after this stream's work.
-        unsafe { self.all_reduce_raw(s, r, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
-    }
-
-    /// In-place all-reduce of a cudarc slice, on `stream` (graph capture as in
-    /// [`all_reduce`](Self::all_reduce)).
-    pub fn all_reduce_in_place<T: Element>(
-        &self,
-        buf: &mut CudaSlice<T>,
-        op: ReduceOp,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::DevicePtrMut;
-        let count = buf.len();
-        gpu::check_capture("all_reduce_in_place", stream)?;
-        let (p, _g) = buf.device_ptr_mut(stream);
-        // SAFETY: as in all_reduce.
-        unsafe { self.all_reduce_raw(p, p, count, T::DTYPE, op, AllReduceAlgo::Auto, stream) }
-    }
-
-    /// Host backend: all-reduce of host slices (blocking; CPU threads run the kernel).
-    pub fn all_reduce_host<T: Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        if send.len() != recv.len() {
-            return Err(CommError::InvalidArgument(format!(
-                "all_reduce_host: send has {} elements, recv {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        // SAFETY: both slices are valid for their length and borrowed for the call.
-        unsafe {
-            self.host_all_reduce(
-                send.as_ptr() as u64,
-                recv.as_mut_ptr() as u64,
-                send.len(),
-                T::DTYPE,
-                op,
-            )
-        }
-    }
-
-    /// Host backend: in-place all-reduce.
-    pub fn all_reduce_host_in_place<T: Element>(
-        &self,
-        buf: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let p = buf.as_mut_ptr() as u64;
-        // SAFETY: the slice is valid for its length and borrowed for the call.
-        unsafe { self.host_all_reduce(p, p, buf.len(), T::DTYPE, op) }
-    }
-
     /// # Safety
     /// `send`/`recv` valid host memory for `count` elements (equal or disjoint).
     pub(super) unsafe fn host_all_reduce(
@@ -174,16 +178,17 @@ impl Collectives {
         count: usize,
         dtype: DataType,
         op: ReduceOp,
+        algo: AllReduceAlgo,
     ) -> Result<(), CommError> {
         if staged::is_staged(dtype, op) {
-            let (ex, what) = (cross::Exec::Host, staged::Staged::AllReduce);
+            let (ex, what) = (Exec::Host, staged::Staged::AllReduce);
             // SAFETY: forwarded (caller contract).
             return unsafe { self.staged(ex, what, send, recv, count, dtype, op) };
         }
         self.host_only("all_reduce_host")?;
         let bytes = checked_bytes("all_reduce_host", count, dtype.size())?;
         if count == 0 {
-            let ex = cross::Exec::Host;
+            let ex = Exec::Host;
             return self.empty_call(
                 ex,
                 "all_reduce_host",
@@ -194,12 +199,12 @@ impl Collectives {
             );
         }
         if let Some(c) = self.cross() {
-            let algo = self.cross_all_reduce_algo(c, AllReduceAlgo::Auto, bytes);
-            let ex = cross::Exec::Host;
+            let algo = self.cross_all_reduce_algo(c, algo, bytes);
+            let ex = Exec::Host;
             // SAFETY: caller contract.
             return unsafe { self.cross_all_reduce(ex, send, recv, count, dtype, op, None, algo) };
         }
-        let algo = route(self.resolve(AllReduceAlgo::Auto, bytes)?, dtype, op);
+        let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let f = kernel_table::all_reduce_host_kernel(algo, dtype, op);
         let tag = self.plan_tag(all_reduce_tag(algo, dtype, op), algo, bytes);
         let blocks = match algo {

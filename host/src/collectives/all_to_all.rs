@@ -1,21 +1,19 @@
-//! All-to-all: raw, typed and host calls (paths in `scatter_rooted.rs`).
+//! All-to-all: the generic call and its GPU path (paths in `scatter_rooted.rs`).
 
-use super::cross::Exec;
-
-use super::scatter_rooted::{Kind, Plan, check_overlap, same_len};
-use super::{Collectives, DataType, Element, checked_bytes, gpu};
+use super::buffer::{Buffer, BufferMut, Exec, Pair};
+use super::scatter_rooted::{Kind, Plan, check_overlap};
+use super::{Collectives, DataType, checked_bytes, gpu};
 use crate::communicator::CommError;
-use crate::cuda::{CudaSlice, CudaStream};
+use crate::cuda::CudaStream;
 use mscclpp_device::collectives::desc;
 
 impl Collectives {
-    /// All-to-all: `send` and `recv` hold `nranks` blocks of `count` elements; block `p` of
-    /// this rank's `send` lands in block `rank` of rank `p`'s `recv`. In place when `send ==
-    /// recv`. As [`reduce_scatter_raw`](Self::reduce_scatter_raw) otherwise.
+    /// GPU backend: all-to-all of `nranks` blocks of `count` elements at device addresses
+    /// `send` and `recv` (in place when equal). Checks as `reduce_scatter_device`.
     ///
     /// # Safety
-    /// As for [`reduce_scatter_raw`](Self::reduce_scatter_raw).
-    pub unsafe fn all_to_all_raw(
+    /// As for `reduce_scatter_device`.
+    unsafe fn all_to_all_device(
         &self,
         send: u64,
         recv: u64,
@@ -48,39 +46,41 @@ impl Collectives {
         unsafe { self.run_plan_gpu(p, send, recv, stream) }
     }
 
-    /// All-to-all of cudarc slices (equal lengths, a multiple of `nranks`).
-    pub fn all_to_all<T: Element>(
+    /// All-to-all: `send` and `recv` hold `nranks` blocks of equal counts (a multiple of
+    /// `nranks`); block `p` of this rank's `send` lands in block `rank` of rank `p`'s
+    /// `recv`. Buffers and `exec` as in [`all_reduce`](Self::all_reduce).
+    pub fn all_to_all<'a, S, R>(
         &self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        same_len("all_to_all", send.len(), recv.len())?;
-        let count = self.blocks_of("all_to_all", send.len())?;
-        gpu::check_capture("all_to_all", stream)?;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: as in reduce_scatter.
-        unsafe { self.all_to_all_raw(s, r, count, T::DTYPE, stream) }
-    }
-
-    /// Host backend: all-to-all (equal lengths, a multiple of `nranks`).
-    pub fn all_to_all_host<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), CommError> {
-        let call = "all_to_all_host";
-        same_len(call, send.len(), recv.len())?;
-        let count = self.blocks_of(call, send.len())?;
-        let bytes = count * T::DTYPE.size();
-        let plan = Plan {
-            kind: Kind::AllToAll,
-            dtype: T::DTYPE,
-            op: None,
-            count: bytes as u64,
-            pair_bytes: bytes,
-            total_bytes: bytes * self.nranks(),
-            root: 0,
-        };
-        // SAFETY: both slices are valid for their length and borrowed for the call.
-        unsafe { self.run_plan_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
+        send: &'a S,
+        recv: &'a mut R,
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        S: Buffer + ?Sized,
+        R: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("all_to_all");
+        let pair = Pair::new(&call, send, recv, exec)?;
+        let count = self.blocks_of(&call, pair.same_count(&call)?)?;
+        let (s, r, dtype) = (pair.send, pair.recv, pair.dtype);
+        match exec {
+            // SAFETY: both buffers are borrowed for the call (their guards order later uses).
+            Exec::Gpu(stream) => unsafe { self.all_to_all_device(s, r, count, dtype, stream) },
+            Exec::Host => {
+                let bytes = count * dtype.size();
+                let plan = Plan {
+                    kind: Kind::AllToAll,
+                    dtype,
+                    op: None,
+                    count: bytes as u64,
+                    pair_bytes: bytes,
+                    total_bytes: bytes * self.nranks(),
+                    root: 0,
+                };
+                // SAFETY: as above.
+                unsafe { self.run_plan_host(&call, plan, s, r) }
+            }
+        }
     }
 }

@@ -1,23 +1,20 @@
-//! Broadcast from a root: raw, typed, host and in-place calls (paths in `scatter_rooted.rs`).
+//! Broadcast from a root: the generic call, its in-place form and the GPU path (paths in `scatter_rooted.rs`).
 
-use super::cross::Exec;
-
-use super::scatter_rooted::{Kind, Plan, check_overlap, same_len};
-use super::{Collectives, DataType, Element, checked_bytes, gpu};
+use super::buffer::{self, Buffer, BufferMut, Exec, Pair};
+use super::scatter_rooted::{Kind, Plan, check_overlap};
+use super::{Collectives, DataType, checked_bytes, gpu};
 use crate::communicator::CommError;
-use crate::cuda::{CudaSlice, CudaStream};
+use crate::cuda::CudaStream;
 use mscclpp_device::collectives::desc;
 
 impl Collectives {
-    /// Broadcast from `root`: every rank's `recv` gets the root's `send` (`count` elements of
-    /// `dtype`; any byte count). `send` is read on the root only (other ranks may pass 0); in
-    /// place when `send == recv` on the root. As
-    /// [`reduce_scatter_raw`](Self::reduce_scatter_raw) otherwise; `root >= nranks` is an
-    /// error.
+    /// GPU backend: broadcast from `root` of `count` elements at device address `send`
+    /// (read on the root only) into every rank's `recv`; in place when `send == recv` on
+    /// the root. Checks as `reduce_scatter_device`.
     ///
     /// # Safety
-    /// As for [`reduce_scatter_raw`](Self::reduce_scatter_raw).
-    pub unsafe fn broadcast_raw(
+    /// As for `reduce_scatter_device`.
+    unsafe fn broadcast_device(
         &self,
         send: u64,
         recv: u64,
@@ -53,65 +50,70 @@ impl Collectives {
         unsafe { self.run_plan_gpu(p, send, recv, stream) }
     }
 
-    /// Broadcast of cudarc slices from `root` (equal lengths; `send` is read on the root
-    /// only).
-    pub fn broadcast<T: Element>(
+    /// Broadcast from `root`: every rank's `recv` gets the root's `send` (equal counts;
+    /// `send` is read on the root only). Buffers and `exec` as in
+    /// [`all_reduce`](Self::all_reduce); `root >= nranks` is an error.
+    pub fn broadcast<'a, S, R>(
         &self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
+        send: &'a S,
+        recv: &'a mut R,
         root: usize,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        same_len("broadcast", send.len(), recv.len())?;
-        gpu::check_capture("broadcast", stream)?;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: as in reduce_scatter.
-        unsafe { self.broadcast_raw(s, r, send.len(), T::DTYPE, root, stream) }
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        S: Buffer + ?Sized,
+        R: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("broadcast");
+        let pair = Pair::new(&call, send, recv, exec)?;
+        let count = pair.same_count(&call)?;
+        // SAFETY: both buffers are borrowed for the call (their guards order later uses).
+        unsafe { self.broadcast_at(exec, &call, pair.send, pair.recv, count, pair.dtype, root) }
     }
 
     /// In-place broadcast from `root`: every rank's `buf` gets the root's.
-    pub fn broadcast_in_place<T: Element>(
+    pub fn broadcast_in_place<'a, B>(
         &self,
-        buf: &mut CudaSlice<T>,
+        buf: &'a mut B,
         root: usize,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::DevicePtrMut;
-        gpu::check_capture("broadcast_in_place", stream)?;
-        let count = buf.len();
-        let (p, _g) = buf.device_ptr_mut(stream);
-        // SAFETY: as in reduce_scatter.
-        unsafe { self.broadcast_raw(p, p, count, T::DTYPE, root, stream) }
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        B: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("broadcast_in_place");
+        let (p, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        // SAFETY: the buffer is borrowed for the call.
+        unsafe { self.broadcast_at(exec, &call, p, p, count, dtype, root) }
     }
 
-    /// Host backend: broadcast from `root` (equal lengths; `send` is read on the root only).
-    pub fn broadcast_host<T: Element>(
+    /// # Safety
+    /// `send` (on the root) and `recv` (`count` elements) valid memory of `exec`'s kind,
+    /// equal or disjoint.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn broadcast_at(
         &self,
-        send: &[T],
-        recv: &mut [T],
+        exec: Exec<'_>,
+        call: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
         root: usize,
     ) -> Result<(), CommError> {
-        let call = "broadcast_host";
-        same_len(call, send.len(), recv.len())?;
-        self.check_root(call, root)?;
-        let plan = self.plan_rooted(send.len(), T::DTYPE, None, root);
-        // SAFETY: both slices are valid for their length and borrowed for the call.
-        unsafe { self.run_plan_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
-    }
-
-    /// Host backend: in-place broadcast from `root`.
-    pub fn broadcast_host_in_place<T: Element>(
-        &self,
-        buf: &mut [T],
-        root: usize,
-    ) -> Result<(), CommError> {
-        let call = "broadcast_host_in_place";
-        self.check_root(call, root)?;
-        let plan = self.plan_rooted(buf.len(), T::DTYPE, None, root);
-        let p = buf.as_mut_ptr() as u64;
-        // SAFETY: the slice is valid for its length and borrowed for the call.
-        unsafe { self.run_plan_host(call, plan, p, p) }
+        match exec {
+            // SAFETY: forwarded (caller contract).
+            Exec::Gpu(stream) => unsafe {
+                self.broadcast_device(send, recv, count, dtype, root, stream)
+            },
+            Exec::Host => {
+                self.check_root(call, root)?;
+                let plan = self.plan_rooted(count, dtype, None, root);
+                // SAFETY: forwarded (caller contract).
+                unsafe { self.run_plan_host(call, plan, send, recv) }
+            }
+        }
     }
 }

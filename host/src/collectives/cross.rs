@@ -709,25 +709,7 @@ impl Collectives {
     }
 }
 
-/// Where a cross-host call runs: on the calling thread (Host backend) or queued on a stream
-/// (GPU backend).
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Exec<'a> {
-    /// Host backend: blocking, in this thread.
-    Host,
-    /// GPU backend: stream-ordered launches and copies.
-    Gpu(&'a CudaStream),
-}
-
-impl Exec<'_> {
-    /// The call's name in messages: `name` on a GPU, `name_host` on the Host backend.
-    pub(super) fn name(self, name: &str) -> String {
-        match self {
-            Exec::Host => format!("{name}_host"),
-            Exec::Gpu(_) => name.to_string(),
-        }
-    }
-}
+pub(super) use super::buffer::Exec;
 
 /// A sticky error again, for another call.
 fn copy_error(call: &str, e: &CommError) -> CommError {

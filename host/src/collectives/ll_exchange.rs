@@ -15,7 +15,7 @@ impl Collectives {
     /// ranks of one host, at most [`one_shot_max_bytes`](Self::one_shot_max_bytes).
     ///
     /// # Safety
-    /// As for [`all_reduce_raw`](Self::all_reduce_raw), both ranges of `bytes`.
+    /// As for `all_reduce_device`, both ranges of `bytes`.
     pub unsafe fn ll_exchange_raw(
         &self,
         send: u64,

@@ -150,6 +150,7 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod broadcast;
+mod buffer;
 mod cross;
 mod cross_collectives;
 mod descriptor;
@@ -169,6 +170,7 @@ mod send_recv_proxy;
 mod staged;
 mod topology;
 
+pub use buffer::{Buffer, BufferMut, Exec, Memory, Place, RawBuffer};
 pub use cross::CROSS_BUFFER_ENV;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
@@ -178,7 +180,7 @@ pub use send_recv_proxy::P2P_PEERS_ENV;
 pub use staged::{Fp8E4M3, Fp8E5M2, PreMulScalar, STAGING_BYTES};
 
 use self::failure::caused_by_another_rank;
-use crate::communicator::{Backend, Buffer, CommError, Communicator, idle_within};
+use crate::communicator::{Backend, Buffer as Registered, CommError, Communicator, idle_within};
 use crate::cuda::{CudaStream, Gpu};
 use crate::settings::{CrossBuffer, PdlMode, Settings};
 use crate::transport::TransportKind;
@@ -584,9 +586,9 @@ pub struct Collectives {
     cross: Option<cross::Cross>,
     /// The proxy channels' handles on the host (host backend kernels read them here).
     _host_conns: Vec<DevConn<'static>>,
-    _scratch: Buffer,
-    _semaphores: Buffer,
-    _local: Buffer,
+    _scratch: Registered,
+    _semaphores: Registered,
+    _local: Registered,
     /// Set once a CUDA call reported a sticky error: every later call returns it.
     context_lost: std::sync::Mutex<Option<String>>,
     /// The stall note of this rank's first device timeout ([`Collectives::stall_note`]):
@@ -836,7 +838,7 @@ impl Collectives {
                 .collect(),
             None => Vec::new(),
         };
-        let base = |b: &Buffer| {
+        let base = |b: &Registered| {
             b.device_ptr()
                 .unwrap_or_else(|| b.host_ptr().unwrap() as u64)
         };

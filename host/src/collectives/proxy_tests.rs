@@ -3,6 +3,7 @@
 //! (far more than the slots), several blocks (lanes), odd sizes, every operation, against a
 //! CPU reference that reduces in rank order.
 
+use super::Exec;
 use half::f16;
 
 use super::tests::{ranks, ranks_with};
@@ -67,11 +68,13 @@ fn pipelined_all_reduce_matches_the_rank_order_reference_over_many_chunks() {
                         let send: Vec<f32> = (0..count).map(|i| x(r, i, call)).collect();
                         let got = if in_place {
                             let mut b = send;
-                            c.all_reduce_host_in_place(&mut b, ReduceOp::Sum).unwrap();
+                            c.all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)
+                                .unwrap();
                             b
                         } else {
                             let mut out = vec![0f32; count];
-                            c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+                            c.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
+                                .unwrap();
                             out
                         };
                         for (i, g) in got.iter().enumerate() {
@@ -121,7 +124,7 @@ fn pipelined_all_reduce_every_operation_and_type() {
             let v = |q: usize, i: usize| (x(q, i, 9) as f64 + 0.1) * 1.37e-3_f64.powi(q as i32);
             let send: Vec<f64> = (0..1001).map(|i| v(r, i)).collect();
             let mut out = vec![0f64; 1001];
-            c.all_reduce_host(&send, &mut out, op).unwrap();
+            c.all_reduce(&send, &mut out, op, Exec::Host).unwrap();
             for (i, o) in out.iter().enumerate() {
                 let w = fold_f64(&|q| v(q, i));
                 assert_eq!(o.to_bits(), w.to_bits(), "rank {r}: f64 {op:?} [{i}]");
@@ -129,7 +132,7 @@ fn pipelined_all_reduce_every_operation_and_type() {
             // i64 (integer avg truncates, as the device does).
             let w = |q: usize, i: usize| ((i * 7 + q * 13) % 11) as i64 - 5;
             let mut buf: Vec<i64> = (0..777).map(|i| w(r, i)).collect();
-            c.all_reduce_host_in_place(&mut buf, op).unwrap();
+            c.all_reduce_in_place(&mut buf, op, Exec::Host).unwrap();
             for (i, o) in buf.iter().enumerate() {
                 let acc = (1..n).fold(w(0, i), |a, q| match op {
                     ReduceOp::Prod => a.wrapping_mul(w(q, i)),
@@ -149,7 +152,7 @@ fn pipelined_all_reduce_every_operation_and_type() {
                 let h = |q: usize, i: usize| ((i * 3 + q * 5) % 7) as f32 - 3.0;
                 let send: Vec<f16> = (0..555).map(|i| f16::from_f32(h(r, i))).collect();
                 let mut out = vec![f16::ZERO; 555];
-                c.all_reduce_host(&send, &mut out, op).unwrap();
+                c.all_reduce(&send, &mut out, op, Exec::Host).unwrap();
                 for (i, o) in out.iter().enumerate() {
                     let acc = (1..n).fold(h(0, i), |a, q| match op {
                         ReduceOp::Prod => a * h(q, i),
@@ -198,7 +201,7 @@ fn pipelined_all_gather_of_odd_sizes_in_and_out_of_place() {
                             }
                             .unwrap();
                         } else {
-                            c.all_gather_host(&mine, &mut out).unwrap();
+                            c.all_gather(&mine, &mut out, Exec::Host).unwrap();
                         }
                         for q in 0..n {
                             for i in 0..count {
@@ -229,7 +232,7 @@ fn ranks_that_cut_proxy_calls_differently_fail_by_name_then_work() {
             let send = vec![1f32; 1000];
             let mut out = vec![0f32; 1000];
             let e = c
-                .all_reduce_host(&send, &mut out, ReduceOp::Sum)
+                .all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
                 .unwrap_err();
             assert!(matches!(e, CommError::CallMismatch(_)), "{e}");
             let e = e.to_string();
@@ -240,7 +243,7 @@ fn ranks_that_cut_proxy_calls_differently_fail_by_name_then_work() {
             );
             c.set_proxy_pipeline(Some([1, 3][r]), Some(48)).unwrap();
             let mut g = vec![0f32; 2000];
-            let e = c.all_gather_host(&send, &mut g).unwrap_err();
+            let e = c.all_gather(&send, &mut g, Exec::Host).unwrap_err();
             assert!(
                 e.to_string().contains("[1 proxy blocks")
                     && e.to_string().contains("[3 proxy blocks"),
@@ -250,7 +253,7 @@ fn ranks_that_cut_proxy_calls_differently_fail_by_name_then_work() {
             c.set_proxy_pipeline(Some(2), Some(64)).unwrap();
             c.set_proxy_workers(Some([1, 2][r])).unwrap();
             let e = c
-                .all_reduce_host(&send, &mut out, ReduceOp::Sum)
+                .all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
                 .unwrap_err();
             assert!(
                 e.to_string()
@@ -262,7 +265,8 @@ fn ranks_that_cut_proxy_calls_differently_fail_by_name_then_work() {
             // Agreeing again: the collectives work.
             c.set_proxy_pipeline(Some(3), Some(48)).unwrap();
             c.set_proxy_workers(Some(2)).unwrap();
-            c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+            c.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
+                .unwrap();
             assert!(out.iter().all(|&v| v == 2.0), "rank {r}");
             c.async_error().unwrap();
         },
@@ -390,7 +394,7 @@ fn an_abort_in_the_middle_of_the_pipeline_ends_both_ranks() {
                         }
                         let t0 = Instant::now();
                         let e = c
-                            .all_reduce_host(&send, &mut out, ReduceOp::Sum)
+                            .all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
                             .unwrap_err();
                         (e.to_string(), t0.elapsed())
                     })

@@ -1,24 +1,21 @@
-//! Reduce to a root: raw, typed, host and in-place calls (paths in `scatter_rooted.rs`).
+//! Reduce to a root: the generic call, its in-place form and the GPU path (paths in `scatter_rooted.rs`).
 
-use super::cross::Exec;
-
-use super::scatter_rooted::{Kind, Plan, check_overlap, same_len};
-use super::{Collectives, DataType, Element, ReduceOp, checked_bytes, gpu};
+use super::buffer::{self, Buffer, BufferMut, Exec, Pair};
+use super::scatter_rooted::{Kind, Plan, check_overlap};
+use super::{Collectives, DataType, ReduceOp, checked_bytes, gpu};
 use crate::communicator::CommError;
-use crate::cuda::{CudaSlice, CudaStream};
+use crate::cuda::CudaStream;
 use mscclpp_device::collectives::desc;
 
 impl Collectives {
-    /// Reduce (sum) to `root`: the root's `recv` gets the rank-order sum of every rank's
-    /// `send` (`count` elements each); `recv` is neither checked nor touched on the other
-    /// ranks (pass 0). In place when `send == recv` on the root. As
-    /// [`reduce_scatter_raw`](Self::reduce_scatter_raw) otherwise; `root >= nranks` is an
-    /// error.
+    /// GPU backend: reduce to `root` from device address `send` (`count` elements) into
+    /// the root's `recv` (neither checked nor touched on the other ranks). In place when
+    /// `send == recv` on the root. Checks as `reduce_scatter_device`.
     ///
     /// # Safety
-    /// As for [`reduce_scatter_raw`](Self::reduce_scatter_raw).
+    /// As for `reduce_scatter_device`.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce_raw(
+    pub(super) unsafe fn reduce_device(
         &self,
         send: u64,
         recv: u64,
@@ -61,69 +58,75 @@ impl Collectives {
         unsafe { self.run_plan_gpu(p, send, recv, stream) }
     }
 
-    /// Reduce of cudarc slices to `root` (equal lengths; `recv` is written on the root only).
-    pub fn reduce<T: Element>(
+    /// Reduce to `root`: the root's `recv` gets the `op` over every rank's `send` (in rank
+    /// order); the other ranks' `recv` is not written. Equal counts; buffers and `exec` as
+    /// in [`all_reduce`](Self::all_reduce); `root >= nranks` is an error.
+    pub fn reduce<'a, S, R>(
         &self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
+        send: &'a S,
+        recv: &'a mut R,
         op: ReduceOp,
         root: usize,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        same_len("reduce", send.len(), recv.len())?;
-        gpu::check_capture("reduce", stream)?;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: as in reduce_scatter.
-        unsafe { self.reduce_raw(s, r, send.len(), T::DTYPE, op, root, stream) }
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        S: Buffer + ?Sized,
+        R: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("reduce");
+        let pair = Pair::new(&call, send, recv, exec)?;
+        let count = pair.same_count(&call)?;
+        let (s, r, dtype) = (pair.send, pair.recv, pair.dtype);
+        // SAFETY: both buffers are borrowed for the call (their guards order later uses).
+        unsafe { self.reduce_at(exec, &call, s, r, count, dtype, op, root) }
     }
 
-    /// In-place reduce to `root` (the root's `buf` gets the sum; others' is not written).
-    pub fn reduce_in_place<T: Element>(
+    /// In-place reduce to `root` (the root's `buf` gets the result; others' is not written).
+    pub fn reduce_in_place<'a, B>(
         &self,
-        buf: &mut CudaSlice<T>,
+        buf: &'a mut B,
         op: ReduceOp,
         root: usize,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::DevicePtrMut;
-        gpu::check_capture("reduce_in_place", stream)?;
-        let count = buf.len();
-        let (p, _g) = buf.device_ptr_mut(stream);
-        // SAFETY: as in reduce_scatter.
-        unsafe { self.reduce_raw(p, p, count, T::DTYPE, op, root, stream) }
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        B: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("reduce_in_place");
+        let (p, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        // SAFETY: the buffer is borrowed for the call.
+        unsafe { self.reduce_at(exec, &call, p, p, count, dtype, op, root) }
     }
 
-    /// Host backend: reduce to `root` (equal lengths; `recv` is written on the root only).
-    pub fn reduce_host<T: Element>(
+    /// # Safety
+    /// `send` and `recv` (`count` elements, `recv` on the root) valid memory of `exec`'s
+    /// kind, equal or disjoint.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce_at(
         &self,
-        send: &[T],
-        recv: &mut [T],
+        exec: Exec<'_>,
+        call: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
         op: ReduceOp,
         root: usize,
     ) -> Result<(), CommError> {
-        let call = "reduce_host";
-        same_len(call, send.len(), recv.len())?;
-        self.check_root(call, root)?;
-        let plan = self.plan_rooted(send.len(), T::DTYPE, Some(op), root);
-        // SAFETY: both slices are valid for their length and borrowed for the call.
-        unsafe { self.run_plan_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
-    }
-
-    /// Host backend: in-place reduce to `root`.
-    pub fn reduce_host_in_place<T: Element>(
-        &self,
-        buf: &mut [T],
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<(), CommError> {
-        let call = "reduce_host_in_place";
-        self.check_root(call, root)?;
-        let plan = self.plan_rooted(buf.len(), T::DTYPE, Some(op), root);
-        let p = buf.as_mut_ptr() as u64;
-        // SAFETY: the slice is valid for its length and borrowed for the call.
-        unsafe { self.run_plan_host(call, plan, p, p) }
+        match exec {
+            // SAFETY: forwarded (caller contract).
+            Exec::Gpu(stream) => unsafe {
+                self.reduce_device(send, recv, count, dtype, op, root, stream)
+            },
+            Exec::Host => {
+                self.check_root(call, root)?;
+                let plan = self.plan_rooted(count, dtype, Some(op), root);
+                // SAFETY: forwarded (caller contract).
+                unsafe { self.run_plan_host(call, plan, send, recv) }
+            }
+        }
     }
 
     /// Host backend: reduce to `root` of raw host ranges (`count` elements each).

@@ -1,25 +1,21 @@
-//! Reduce-scatter: raw, typed, host and in-place calls (paths in `scatter_rooted.rs`).
+//! Reduce-scatter: the generic call, its in-place form and the GPU path (paths in `scatter_rooted.rs`).
 
-use super::cross::Exec;
-
+use super::buffer::{self, Buffer, BufferMut, Exec, Pair};
 use super::scatter_rooted::{Kind, Plan, check_overlap, invalid};
-use super::{Collectives, DataType, Element, ReduceOp, checked_bytes, gpu};
+use super::{Collectives, DataType, ReduceOp, checked_bytes, gpu};
 use crate::communicator::CommError;
-use crate::cuda::{CudaSlice, CudaStream};
+use crate::cuda::CudaStream;
 use mscclpp_device::collectives::desc;
 
 impl Collectives {
-    /// Reduce-scatter: `send` holds `nranks * recv_count` elements (block `p` for rank `p`);
-    /// rank `r`'s `recv` gets the sum over the ranks of their block `r` (in rank order, so
-    /// bit-identical to a CPU sum in that order). In place when `recv == send + rank *
-    /// recv_count` elements. Stream-ordered on `stream`; GPU backend; checks as
-    /// [`all_reduce_raw`](Self::all_reduce_raw) (device memory, bounds, alignment) and
-    /// refuses other overlaps. Allocates nothing: capturable into CUDA graphs.
+    /// GPU backend: reduce-scatter from device address `send` (`nranks * recv_count`
+    /// elements) into `recv`; in place when `recv == send + rank * recv_count` elements.
+    /// Checks the ranges as `all_reduce_device` does and refuses other overlaps.
     ///
     /// # Safety
     /// `send` and `recv` must stay valid until the operation completes on `stream`, and not
     /// be written by others meanwhile.
-    pub unsafe fn reduce_scatter_raw(
+    pub(super) unsafe fn reduce_scatter_device(
         &self,
         send: u64,
         recv: u64,
@@ -59,88 +55,81 @@ impl Collectives {
         unsafe { self.run_plan_gpu(p, send, recv, stream) }
     }
 
-    /// Reduce-scatter of cudarc slices (`send.len() == nranks * recv.len()`), on `stream`
-    /// (graph capture as in [`all_reduce`](Self::all_reduce)).
-    pub fn reduce_scatter<T: Element>(
+    /// Reduce-scatter: `send` holds `nranks * recv.count()` elements (block `p` for rank
+    /// `p`); rank `r`'s `recv` gets the `op` over the ranks of their block `r` (in rank
+    /// order, so bit-identical to a CPU sum in that order). Buffers and `exec` as in
+    /// [`all_reduce`](Self::all_reduce).
+    pub fn reduce_scatter<'a, S, R>(
         &self,
-        send: &CudaSlice<T>,
-        recv: &mut CudaSlice<T>,
+        send: &'a S,
+        recv: &'a mut R,
         op: ReduceOp,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        S: Buffer + ?Sized,
+        R: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("reduce_scatter");
+        let pair = Pair::new(&call, send, recv, exec)?;
         let n = self.nranks();
-        if send.len() != n * recv.len() {
+        if pair.send_count != pair.recv_count.saturating_mul(n) {
             return Err(invalid(format!(
-                "reduce_scatter: send has {} elements; {n} ranks x recv's {} expected",
-                send.len(),
-                recv.len()
+                "{call}: send has {} elements; {n} ranks x recv's {} expected",
+                pair.send_count, pair.recv_count
             )));
         }
-        let count = recv.len();
-        gpu::check_capture("reduce_scatter", stream)?;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: the slices are borrowed across the launch and cudarc's guards order later
-        // uses of them after this stream's work.
-        unsafe { self.reduce_scatter_raw(s, r, count, T::DTYPE, op, stream) }
+        let (s, r, count, dtype) = (pair.send, pair.recv, pair.recv_count, pair.dtype);
+        // SAFETY: both buffers are borrowed for the call (their guards order later uses).
+        unsafe { self.reduce_scatter_at(exec, &call, s, r, count, dtype, op) }
     }
 
     /// In-place reduce-scatter: `buf` holds `nranks` blocks; this rank's block (at element
-    /// `rank * buf.len() / nranks`) gets the sum. The length must be a multiple of `nranks`.
-    pub fn reduce_scatter_in_place<T: Element>(
+    /// `rank * buf.count() / nranks`) gets the result. The count must be a multiple of
+    /// `nranks`.
+    pub fn reduce_scatter_in_place<'a, B>(
         &self,
-        buf: &mut CudaSlice<T>,
+        buf: &'a mut B,
         op: ReduceOp,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::DevicePtrMut;
-        let count = self.blocks_of("reduce_scatter_in_place", buf.len())?;
-        gpu::check_capture("reduce_scatter_in_place", stream)?;
-        let off = (self.rank() * count * std::mem::size_of::<T>()) as u64;
-        let (p, _g) = buf.device_ptr_mut(stream);
-        // SAFETY: as in reduce_scatter.
-        unsafe { self.reduce_scatter_raw(p, p + off, count, T::DTYPE, op, stream) }
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError>
+    where
+        B: BufferMut + ?Sized,
+    {
+        let exec = exec.into();
+        let call = exec.name("reduce_scatter_in_place");
+        let (p, total, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        let count = self.blocks_of(&call, total)?;
+        let off = (self.rank() * count * dtype.size()) as u64;
+        // SAFETY: the buffer is borrowed for the call; this rank's block lies in it.
+        unsafe { self.reduce_scatter_at(exec, &call, p, p + off, count, dtype, op) }
     }
 
-    /// Host backend: reduce-scatter of host slices (`send.len() == nranks * recv.len()`;
-    /// blocking, CPU threads run the kernel).
-    pub fn reduce_scatter_host<T: Element>(
+    /// # Safety
+    /// `send` (`nranks * count` elements) and `recv` (`count`) valid memory of `exec`'s
+    /// kind; equal to this rank's block or disjoint.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce_scatter_at(
         &self,
-        send: &[T],
-        recv: &mut [T],
+        exec: Exec<'_>,
+        call: &str,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let call = "reduce_scatter_host";
-        let n = self.nranks();
-        if send.len() != n * recv.len() {
-            return Err(invalid(format!(
-                "{call}: send has {} elements; {n} ranks x recv's {} expected",
-                send.len(),
-                recv.len()
-            )));
-        }
-        let plan = self.plan_rs(recv.len(), T::DTYPE, op);
-        // SAFETY: both slices are valid for their length and borrowed for the call.
-        unsafe { self.run_plan_host(call, plan, send.as_ptr() as u64, recv.as_mut_ptr() as u64) }
-    }
-
-    /// Host backend: in-place reduce-scatter (see
-    /// [`reduce_scatter_in_place`](Self::reduce_scatter_in_place)).
-    pub fn reduce_scatter_host_in_place<T: Element>(
-        &self,
-        buf: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let call = "reduce_scatter_host_in_place";
-        let count = self.blocks_of(call, buf.len())?;
-        let plan = self.plan_rs(count, T::DTYPE, op);
-        let p = buf.as_mut_ptr();
-        // SAFETY: the slice is valid for its length and borrowed for the call; this rank's
-        // block lies in it.
-        unsafe {
-            let r = p.add(self.rank() * count);
-            self.run_plan_host(call, plan, p as u64, r as u64)
+        match exec {
+            // SAFETY: forwarded (caller contract).
+            Exec::Gpu(stream) => unsafe {
+                self.reduce_scatter_device(send, recv, count, dtype, op, stream)
+            },
+            Exec::Host => {
+                let plan = self.plan_rs(count, dtype, op);
+                // SAFETY: forwarded (caller contract).
+                unsafe { self.run_plan_host(call, plan, send, recv) }
+            }
         }
     }
 

@@ -617,15 +617,6 @@ impl Collectives {
     }
 }
 
-pub(super) fn same_len(call: &str, send: usize, recv: usize) -> Result<(), CommError> {
-    if send != recv {
-        return Err(invalid(format!(
-            "{call}: send has {send} elements, recv {recv}"
-        )));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[path = "scatter_rooted_tests.rs"]
 mod tests;

@@ -1,6 +1,7 @@
 //! Reduce-scatter, reduce, broadcast and all-to-all over the Host transport, ranks as
 //! threads of this process, across the LL limit and over several scratch rounds.
 
+use super::Exec;
 use half::{bf16, f16};
 
 use super::super::kernel_table::SIZE_CLASSES;
@@ -40,12 +41,12 @@ fn cases<T: Num>(c: &Collectives, count: usize, call: u64, in_place: bool) {
     let want: Vec<T> = (0..count).map(|i| sum(r * count + i)).collect();
     let got = if in_place {
         let mut b = send.clone();
-        c.reduce_scatter_host_in_place(&mut b, ReduceOp::Sum)
+        c.reduce_scatter_in_place(&mut b, ReduceOp::Sum, Exec::Host)
             .unwrap();
         b[r * count..(r + 1) * count].to_vec()
     } else {
         let mut out = vec![T::from(0.0); count];
-        c.reduce_scatter_host(&send, &mut out, ReduceOp::Sum)
+        c.reduce_scatter(&send, &mut out, ReduceOp::Sum, Exec::Host)
             .unwrap();
         out
     };
@@ -59,10 +60,11 @@ fn cases<T: Num>(c: &Collectives, count: usize, call: u64, in_place: bool) {
             vec![T::from(99.0); count]
         };
         if in_place {
-            c.reduce_host_in_place(&mut out, ReduceOp::Sum, root)
+            c.reduce_in_place(&mut out, ReduceOp::Sum, root, Exec::Host)
                 .unwrap();
         } else {
-            c.reduce_host(&send, &mut out, ReduceOp::Sum, root).unwrap();
+            c.reduce(&send, &mut out, ReduceOp::Sum, root, Exec::Host)
+                .unwrap();
         }
         let want: Vec<T> = if r == root {
             (0..count).map(sum).collect()
@@ -78,9 +80,9 @@ fn cases<T: Num>(c: &Collectives, count: usize, call: u64, in_place: bool) {
             vec![T::from(0.0); count]
         };
         if in_place {
-            c.broadcast_host_in_place(&mut out, root).unwrap();
+            c.broadcast_in_place(&mut out, root, Exec::Host).unwrap();
         } else {
-            c.broadcast_host(&send, &mut out, root).unwrap();
+            c.broadcast(&send, &mut out, root, Exec::Host).unwrap();
         }
         let want: Vec<T> = (0..count).map(|i| v(root, i)).collect();
         assert_eq!(out, want, "broadcast root {root} {what}");
@@ -88,7 +90,7 @@ fn cases<T: Num>(c: &Collectives, count: usize, call: u64, in_place: bool) {
     // All-to-all (out of place; the raw GPU call takes send == recv).
     let send: Vec<T> = (0..n * count).map(|i| v(r, i)).collect();
     let mut out = vec![T::from(0.0); n * count];
-    c.all_to_all_host(&send, &mut out).unwrap();
+    c.all_to_all(&send, &mut out, Exec::Host).unwrap();
     let want: Vec<T> = (0..n * count)
         .map(|i| v(i / count, r * count + i % count))
         .collect();
@@ -124,33 +126,39 @@ fn bad_arguments_are_refused_with_the_reason() {
         let err = |e: CommError| e.to_string();
         let mut out = vec![0f32; 4];
         let e = err(c
-            .reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum, 2)
+            .reduce(&[1f32; 4], &mut out, ReduceOp::Sum, 2, Exec::Host)
             .unwrap_err());
         assert!(
             e.contains("root 2 is not a rank (there are 2 ranks)"),
             "{e}"
         );
-        let e = err(c.broadcast_host_in_place(&mut out, 7).unwrap_err());
+        let e = err(c.broadcast_in_place(&mut out, 7, Exec::Host).unwrap_err());
         assert!(e.contains("root 7 is not a rank"), "{e}");
         let e = err(c
-            .reduce_scatter_host(&[1f32; 7], &mut out, ReduceOp::Sum)
+            .reduce_scatter(&[1f32; 7], &mut out, ReduceOp::Sum, Exec::Host)
             .unwrap_err());
         assert!(
             e.contains("send has 7 elements; 2 ranks x recv's 4 expected"),
             "{e}"
         );
         let e = err(c
-            .reduce_scatter_host_in_place(&mut [1f32; 5], ReduceOp::Sum)
+            .reduce_scatter_in_place(&mut [1f32; 5], ReduceOp::Sum, Exec::Host)
             .unwrap_err());
         assert!(e.contains("5 elements are not 2 equal blocks"), "{e}");
-        let e = err(c.all_to_all_host(&[1f32; 4], &mut [0f32; 6]).unwrap_err());
+        let e = err(c
+            .all_to_all(&[1f32; 4], &mut [0f32; 6], Exec::Host)
+            .unwrap_err());
         assert!(e.contains("send has 4 elements, recv 6"), "{e}");
-        let e = err(c.all_to_all_host(&[1f32; 3], &mut [0f32; 3]).unwrap_err());
+        let e = err(c
+            .all_to_all(&[1f32; 3], &mut [0f32; 3], Exec::Host)
+            .unwrap_err());
         assert!(e.contains("3 elements are not 2 equal blocks"), "{e}");
-        let e = err(c.broadcast_host(&[1f32; 3], &mut out, 0).unwrap_err());
+        let e = err(c
+            .broadcast(&[1f32; 3], &mut out, 0, Exec::Host)
+            .unwrap_err());
         assert!(e.contains("send has 3 elements, recv 4"), "{e}");
         // Nothing was launched by the refused calls: a good one still works.
-        c.broadcast_host_in_place(&mut out, 1).unwrap();
+        c.broadcast_in_place(&mut out, 1, Exec::Host).unwrap();
         // Partial overlaps of the raw calls' ranges.
         let e = err(check_overlap("x", 0, 16, 8, 16, 0).unwrap_err());
         assert!(e.contains("overlap other than in place"), "{e}");
@@ -246,7 +254,7 @@ fn pipelined_reduce_applies_every_operation_in_rank_order() {
                 // u8 (3001 bytes) and i32 (4004 bytes), above the LL limit.
                 let send: Vec<u8> = (0..3001).map(|i| (v(r, i) + 11) as u8).collect();
                 let mut out = vec![0u8; send.len()];
-                c.reduce_host(&send, &mut out, op, root).unwrap();
+                c.reduce(&send, &mut out, op, root, Exec::Host).unwrap();
                 if r == root {
                     for (i, &o) in out.iter().enumerate() {
                         let vals: Vec<i64> = (0..n).map(|q| v(q, i) + 11).collect();
@@ -255,7 +263,7 @@ fn pipelined_reduce_applies_every_operation_in_rank_order() {
                     }
                 }
                 let mut buf: Vec<i32> = (0..1001).map(|i| v(r, i) as i32).collect();
-                c.reduce_host_in_place(&mut buf, op, root).unwrap();
+                c.reduce_in_place(&mut buf, op, root, Exec::Host).unwrap();
                 if r == root {
                     for (i, &o) in buf.iter().enumerate() {
                         let vals: Vec<i64> = (0..n).map(|q| v(q, i)).collect();
@@ -267,7 +275,7 @@ fn pipelined_reduce_applies_every_operation_in_rank_order() {
                 let x = |q: usize, i: usize| (v(q, i) as f64 + 0.1) * 1.37e-3_f64.powi(q as i32);
                 let send: Vec<f64> = (0..700).map(|i| x(r, i)).collect();
                 let mut out = vec![0f64; 700];
-                c.reduce_host(&send, &mut out, op, root).unwrap();
+                c.reduce(&send, &mut out, op, root, Exec::Host).unwrap();
                 if r == root {
                     for (i, &o) in out.iter().enumerate() {
                         let acc = (1..n).fold(x(0, i), |a, q| match op {
@@ -311,14 +319,14 @@ fn pipelined_and_rounds_calls_that_differ_fail_on_every_rank_naming_them() {
                 other => panic!("rank {r}: {other:?}"),
             };
             let mut buf = vec![r as u8; 3000];
-            let m = err(c.broadcast_host_in_place(&mut buf, 0));
+            let m = err(c.broadcast_in_place(&mut buf, 0, Exec::Host));
             assert!(
                 m.contains("broadcast from root 0 of 3000 u8 (pipelined)")
                     && m.contains("broadcast from root 0 of 3000 u8 (put)"),
                 "{m}"
             );
             let mut buf = vec![1.0f32; 1000];
-            let m = err(c.reduce_host_in_place(&mut buf, ReduceOp::Max, 1));
+            let m = err(c.reduce_in_place(&mut buf, ReduceOp::Max, 1, Exec::Host));
             assert!(
                 m.contains("reduce (max) to root 1 with 1000 f32 (pipelined)")
                     && m.contains("(put)"),
@@ -326,7 +334,7 @@ fn pipelined_and_rounds_calls_that_differ_fail_on_every_rank_naming_them() {
             );
             // Below the LL size both take LL packets and agree.
             let mut buf = vec![r as u8 + 1; 100];
-            c.broadcast_host_in_place(&mut buf, 1).unwrap();
+            c.broadcast_in_place(&mut buf, 1, Exec::Host).unwrap();
             assert!(buf.iter().all(|&x| x == 2));
         },
     );
@@ -334,7 +342,7 @@ fn pipelined_and_rounds_calls_that_differ_fail_on_every_rank_naming_them() {
     ranks(2, pipelined(16, 2), |c| {
         let r = c.rank();
         let mut buf = vec![1.0f32; [1000, 1200][r]];
-        match c.reduce_host_in_place(&mut buf, ReduceOp::Sum, 0) {
+        match c.reduce_in_place(&mut buf, ReduceOp::Sum, 0, Exec::Host) {
             Err(CommError::CallMismatch(m)) => assert!(
                 m.contains("1000 f32 (pipelined)") && m.contains("1200 f32 (pipelined)"),
                 "{m}"
@@ -343,7 +351,7 @@ fn pipelined_and_rounds_calls_that_differ_fail_on_every_rank_naming_them() {
         }
         // Usable afterwards.
         let mut buf = vec![r as u8 + 1; 5000];
-        c.broadcast_host_in_place(&mut buf, 1).unwrap();
+        c.broadcast_in_place(&mut buf, 1, Exec::Host).unwrap();
         assert!(buf.iter().all(|&x| x == 2));
     });
 }
@@ -407,13 +415,13 @@ fn every_operation_reaches_the_kernels_for_new_types() {
                     int_ref(op, &vals, |x| x as i32 as i64) as i32
                 };
                 let mut out = vec![0i32; n * count];
-                c.all_reduce_host(&send, &mut out, op).unwrap();
+                c.all_reduce(&send, &mut out, op, Exec::Host).unwrap();
                 assert!(
                     (0..n * count).all(|i| out[i] == want(i)),
                     "rank {r}: all_reduce i32 {op:?} count {count}"
                 );
                 let mut part = vec![0i32; count];
-                c.reduce_scatter_host(&send, &mut part, op).unwrap();
+                c.reduce_scatter(&send, &mut part, op, Exec::Host).unwrap();
                 assert!(
                     (0..count).all(|i| part[i] == want(r * count + i)),
                     "rank {r}: reduce_scatter i32 {op:?} count {count}"
@@ -421,7 +429,7 @@ fn every_operation_reaches_the_kernels_for_new_types() {
                 // u8 reduce to the last rank (wrapping products and sums).
                 let send: Vec<u8> = (0..count).map(|i| (v(r, i) + 11) as u8).collect();
                 let mut out = vec![0u8; count];
-                c.reduce_host(&send, &mut out, op, n - 1).unwrap();
+                c.reduce(&send, &mut out, op, n - 1, Exec::Host).unwrap();
                 if r == n - 1 {
                     for (i, &o) in out.iter().enumerate() {
                         let vals: Vec<i64> = (0..n).map(|q| v(q, i) + 11).collect();
@@ -431,7 +439,7 @@ fn every_operation_reaches_the_kernels_for_new_types() {
                 }
                 // f64 in place: small integers, exact; average divides once.
                 let mut buf: Vec<f64> = (0..count).map(|i| v(r, i) as f64).collect();
-                c.all_reduce_host_in_place(&mut buf, op).unwrap();
+                c.all_reduce_in_place(&mut buf, op, Exec::Host).unwrap();
                 for (i, &b) in buf.iter().enumerate() {
                     let vals: Vec<f64> = (0..n).map(|q| v(q, i) as f64).collect();
                     let acc = vals[1..].iter().fold(vals[0], |a, &x| match op {
@@ -466,7 +474,7 @@ fn mismatched_reduce_scatter_broadcast_and_reduce_fail_on_every_rank_naming_them
             let count = [a, b][r];
             let send = vec![1.0f32; 2 * count];
             let mut recv = vec![0.0f32; count];
-            let m = err(c.reduce_scatter_host(&send, &mut recv, ReduceOp::Sum));
+            let m = err(c.reduce_scatter(&send, &mut recv, ReduceOp::Sum, Exec::Host));
             assert!(
                 m.contains(&format!("reduce_scatter (sum) of {a} f32 per rank")),
                 "{m}"
@@ -479,12 +487,12 @@ fn mismatched_reduce_scatter_broadcast_and_reduce_fail_on_every_rank_naming_them
         // Reduce-scatter operations.
         let (send, mut recv) = (vec![1.0f32; 64], vec![0.0f32; 32]);
         let op = [ReduceOp::Sum, ReduceOp::Max][r];
-        let m = err(c.reduce_scatter_host(&send, &mut recv, op));
+        let m = err(c.reduce_scatter(&send, &mut recv, op, Exec::Host));
         assert!(m.contains("(sum)") && m.contains("(max)"), "{m}");
         // Broadcast roots, LL and put.
         for len in [100usize, 3000] {
             let mut buf = vec![r as u8; len];
-            let m = err(c.broadcast_host_in_place(&mut buf, r));
+            let m = err(c.broadcast_in_place(&mut buf, r, Exec::Host));
             assert!(
                 m.contains(&format!("broadcast from root 0 of {len} u8"))
                     && m.contains(&format!("broadcast from root 1 of {len} u8")),
@@ -493,18 +501,18 @@ fn mismatched_reduce_scatter_broadcast_and_reduce_fail_on_every_rank_naming_them
         }
         // Reduce roots.
         let mut buf = vec![1.0f32; 50];
-        let m = err(c.reduce_host_in_place(&mut buf, ReduceOp::Sum, r));
+        let m = err(c.reduce_in_place(&mut buf, ReduceOp::Sum, r, Exec::Host));
         assert!(
             m.contains("reduce (sum) to root 0") && m.contains("to root 1"),
             "{m}"
         );
         // Usable afterwards.
         let mut buf = vec![r as u8 + 1; 3000];
-        c.broadcast_host_in_place(&mut buf, 1).unwrap();
+        c.broadcast_in_place(&mut buf, 1, Exec::Host).unwrap();
         assert!(buf.iter().all(|&x| x == 2));
         let send = vec![1.0f32; 2 * 700];
         let mut recv = vec![0.0f32; 700];
-        c.reduce_scatter_host(&send, &mut recv, ReduceOp::Sum)
+        c.reduce_scatter(&send, &mut recv, ReduceOp::Sum, Exec::Host)
             .unwrap();
         assert!(recv.iter().all(|&x| x == 2.0));
     });

@@ -1,5 +1,5 @@
-//! Sends and receives between ranks: [`Collectives::send_raw`], [`Collectives::recv_raw`],
-//! [`Collectives::group`] and their typed and host forms, and the p2p context they run over.
+//! Sends and receives between ranks: [`Collectives::send`], [`Collectives::recv`] and
+//! [`Collectives::group`], and the p2p context they run over.
 //!
 //! They go through a separate registered p2p buffer (per source rank: a
 //! slot of `scratch_bytes / 16` clamped to 1 KiB..32 MiB, a packet scratch of `4 *`
@@ -14,10 +14,11 @@
 //! between a pair match in call order and must have equal sizes. Sending to the own rank is
 //! refused (copy locally instead).
 
+use super::buffer::{self, Buffer, BufferMut, Exec};
 use super::scatter_rooted::invalid;
-use super::{CollConfig, Collectives, DataType, Element, MAX_P2P_OPS, checked_bytes, gpu};
-use crate::communicator::{Backend, Buffer, CommError, Communicator};
-use crate::cuda::{CudaEvent, CudaSlice, CudaStream, DeviceBuffer};
+use super::{CollConfig, Collectives, DataType, MAX_P2P_OPS, checked_bytes, gpu};
+use crate::communicator::{Backend, Buffer as Registered, CommError, Communicator};
+use crate::cuda::{CudaEvent, CudaStream, DeviceBuffer};
 use crate::transport::tags::TAG_P2P;
 use cudarc::driver::PushKernelArg;
 use cudarc::driver::{DeviceRepr, LaunchConfig};
@@ -53,8 +54,8 @@ pub(super) struct P2p {
     /// GPU backend: where the sends of a group that a receive of the same group overlaps
     /// (an in-place exchange) are copied first; grown on demand (not under capture).
     stage: Mutex<Option<Stage>>,
-    _buf: Buffer,
-    _local: Buffer,
+    _buf: Registered,
+    _local: Registered,
 }
 
 /// A staging buffer for sends and the event recorded after the last launch that read it.
@@ -112,7 +113,7 @@ impl P2p {
         }
         comm.connection_setup()?;
         let all = comm.memory_channels();
-        let addr = |b: &Buffer| {
+        let addr = |b: &Registered| {
             b.device_ptr()
                 .unwrap_or_else(|| b.host_ptr().unwrap() as u64)
         };
@@ -178,8 +179,8 @@ impl P2p {
     }
 }
 
-/// One operation of a [`Collectives::group`]: `count` elements of `dtype` at device (or, for
-/// [`Collectives::group_host`], host) address `buf`, sent to or received from `peer`.
+/// One operation of a [`Collectives::group`]: `count` elements of `dtype` at device (or, with
+/// [`Exec::Host`], host) address `buf`, sent to or received from `peer`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum P2pOp {
     /// Send `buf` to `peer` (matched by its next receive from this rank).
@@ -374,7 +375,7 @@ impl Collectives {
     /// completes only once the peer has copied its data out. A send or receive of no
     /// elements is a transfer too (as NCCL's): it pairs with the peer's, and a receive of
     /// none completes once the peer's send of none was posted. GPU backend; checks every range
-    /// as [`all_reduce_raw`](Self::all_reduce_raw); refuses the own rank and ranks out of
+    /// as `all_reduce_device` does; refuses the own rank and ranks out of
     /// range, and a receive whose range overlaps another operation's (no in-place
     /// exchange: a chunk received could overwrite data not yet sent). Allocates nothing:
     /// capturable into CUDA graphs.
@@ -389,10 +390,31 @@ impl Collectives {
     /// that peer, whose call then reports it (once). The receive buffer is undefined; the
     /// group's other operations and the pair's later transfers work.
     ///
+    /// With [`Exec::Host`] (Host backend) the group runs on host addresses and blocks until
+    /// done.
+    ///
     /// # Safety
-    /// Every buffer must stay valid until the operation completes on `stream`, receive
-    /// buffers not be accessed by others meanwhile, and send buffers not written.
-    pub unsafe fn group(&self, ops: &[P2pOp], stream: &CudaStream) -> Result<(), CommError> {
+    /// Every buffer must be memory of `exec`'s kind and stay valid until the operation
+    /// completes (on a GPU: on the stream), receive buffers not be accessed by others
+    /// meanwhile, and send buffers not written.
+    pub unsafe fn group<'a>(
+        &self,
+        ops: &[P2pOp],
+        exec: impl Into<Exec<'a>>,
+    ) -> Result<(), CommError> {
+        match exec.into() {
+            // SAFETY: forwarded (caller contract).
+            Exec::Gpu(stream) => unsafe { self.group_device(ops, stream) },
+            // SAFETY: forwarded (caller contract).
+            Exec::Host => unsafe { self.group_on_host(ops) },
+        }
+    }
+
+    /// GPU backend: [`group`](Self::group) on `stream`.
+    ///
+    /// # Safety
+    /// As for [`group`](Self::group).
+    unsafe fn group_device(&self, ops: &[P2pOp], stream: &CudaStream) -> Result<(), CommError> {
         let call = "group";
         let _order = self.plan_gpu_call(call, stream)?;
         let (ops, stage) = self.p2p_ops(call, ops, true)?;
@@ -551,80 +573,47 @@ impl Collectives {
         )
     }
 
-    /// Sends `count` elements at device address `buf` to `peer`: a group of one (see
-    /// [`group`](Self::group)).
-    ///
-    /// # Safety
-    /// As for [`group`](Self::group).
-    pub unsafe fn send_raw(
+    /// Sends `buf` to `peer` (matched by its next receive from this rank): a group of one
+    /// (see [`group`](Self::group)). Buffers and `exec` as in
+    /// [`all_reduce`](Self::all_reduce).
+    pub fn send<'a, B: Buffer + ?Sized>(
         &self,
-        buf: u64,
-        count: usize,
-        dtype: DataType,
+        buf: &'a B,
         peer: usize,
-        stream: &CudaStream,
+        exec: impl Into<Exec<'a>>,
     ) -> Result<(), CommError> {
+        let exec = exec.into();
+        let call = exec.name("send");
+        let (addr, count, dtype, _place) = buffer::read(&call, buf, exec)?;
         let op = P2pOp::Send {
-            buf,
+            buf: addr,
             count,
             dtype,
             peer,
         };
-        // SAFETY: forwarded.
-        unsafe { self.group(&[op], stream) }
+        // SAFETY: the buffer is borrowed for the call (its guard orders later uses).
+        unsafe { self.group(&[op], exec) }
     }
 
-    /// Receives `count` elements from `peer` into device address `buf`: a group of one (see
-    /// [`group`](Self::group)).
-    ///
-    /// # Safety
-    /// As for [`group`](Self::group).
-    pub unsafe fn recv_raw(
+    /// Receives into `buf` from `peer` (matched by its next send to this rank): a group of
+    /// one.
+    pub fn recv<'a, B: BufferMut + ?Sized>(
         &self,
-        buf: u64,
-        count: usize,
-        dtype: DataType,
+        buf: &'a mut B,
         peer: usize,
-        stream: &CudaStream,
+        exec: impl Into<Exec<'a>>,
     ) -> Result<(), CommError> {
+        let exec = exec.into();
+        let call = exec.name("recv");
+        let (addr, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
         let op = P2pOp::Recv {
-            buf,
+            buf: addr,
             count,
             dtype,
             peer,
         };
-        // SAFETY: forwarded.
-        unsafe { self.group(&[op], stream) }
-    }
-
-    /// Sends a cudarc slice to `peer` (graph capture as in [`all_reduce`](Self::all_reduce)).
-    pub fn send<T: Element>(
-        &self,
-        buf: &CudaSlice<T>,
-        peer: usize,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::DevicePtr;
-        gpu::check_capture("send", stream)?;
-        let (p, _g) = buf.device_ptr(stream);
-        // SAFETY: the slice is borrowed across the launch and cudarc's guard orders later
-        // uses of it after this stream's work.
-        unsafe { self.send_raw(p, buf.len(), T::DTYPE, peer, stream) }
-    }
-
-    /// Receives into a cudarc slice from `peer`.
-    pub fn recv<T: Element>(
-        &self,
-        buf: &mut CudaSlice<T>,
-        peer: usize,
-        stream: &CudaStream,
-    ) -> Result<(), CommError> {
-        use cudarc::driver::DevicePtrMut;
-        gpu::check_capture("recv", stream)?;
-        let count = buf.len();
-        let (p, _g) = buf.device_ptr_mut(stream);
         // SAFETY: as in send.
-        unsafe { self.recv_raw(p, count, T::DTYPE, peer, stream) }
+        unsafe { self.group(&[op], exec) }
     }
 
     /// Host backend: runs a group of sends and receives on host addresses (blocking; see
@@ -632,7 +621,7 @@ impl Collectives {
     ///
     /// # Safety
     /// Every buffer valid host memory for its operation during the call.
-    pub unsafe fn group_host(&self, ops: &[P2pOp]) -> Result<(), CommError> {
+    unsafe fn group_on_host(&self, ops: &[P2pOp]) -> Result<(), CommError> {
         let call = "group_host";
         self.host_only(call)?;
         let (mut ops, stage) = self.p2p_ops(call, ops, false)?;
@@ -703,30 +692,6 @@ impl Collectives {
         // A transfer of another size than the peer's, or a wait that gave up (a peer did not
         // post the matching operation within the device timeout, or an abort), recorded why.
         self.check_fault(call, true)
-    }
-
-    /// Host backend: sends a host slice to `peer` (blocks until the peer has received it).
-    pub fn send_host<T: Element>(&self, buf: &[T], peer: usize) -> Result<(), CommError> {
-        let op = P2pOp::Send {
-            buf: buf.as_ptr() as u64,
-            count: buf.len(),
-            dtype: T::DTYPE,
-            peer,
-        };
-        // SAFETY: the slice is valid for its length and borrowed for the call.
-        unsafe { self.group_host(&[op]) }
-    }
-
-    /// Host backend: receives into a host slice from `peer`.
-    pub fn recv_host<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<(), CommError> {
-        let op = P2pOp::Recv {
-            buf: buf.as_mut_ptr() as u64,
-            count: buf.len(),
-            dtype: T::DTYPE,
-            peer,
-        };
-        // SAFETY: as in send_host.
-        unsafe { self.group_host(&[op]) }
     }
 }
 

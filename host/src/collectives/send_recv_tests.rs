@@ -2,6 +2,7 @@
 //! alone and grouped, of no elements, mismatched, and the grids of their launches.
 
 use super::super::tests::{ranks, small, value};
+use super::Exec;
 use super::*;
 
 #[test]
@@ -35,19 +36,20 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
                     },
                 ];
                 // SAFETY: both vectors live across the call.
-                unsafe { c.group_host(&ops) }.unwrap();
+                unsafe { c.group(&ops, Exec::Host) }.unwrap();
                 assert_eq!(got, data(prev, r, k, len), "rank {r} ring len {len}");
                 // Rank 0 sends to every other rank alone, twice; they receive alone.
                 if r == 0 {
                     for p in 1..n {
-                        c.send_host(&data(0, p, k, len), p).unwrap();
-                        c.send_host(&data(0, p, k + 100, len + 1), p).unwrap();
+                        c.send(&data(0, p, k, len), p, Exec::Host).unwrap();
+                        c.send(&data(0, p, k + 100, len + 1), p, Exec::Host)
+                            .unwrap();
                     }
                 } else {
                     let mut a = vec![0f32; len];
                     let mut b = vec![0f32; len + 1];
-                    c.recv_host(&mut a, 0).unwrap();
-                    c.recv_host(&mut b, 0).unwrap();
+                    c.recv(&mut a, 0, Exec::Host).unwrap();
+                    c.recv(&mut b, 0, Exec::Host).unwrap();
                     assert_eq!(a, data(0, r, k, len), "rank {r} first of two, len {len}");
                     assert_eq!(
                         b,
@@ -56,9 +58,12 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
                     );
                 }
             }
-            let e = c.send_host(&[1f32; 3], r).unwrap_err().to_string();
+            let e = c.send(&[1f32; 3], r, Exec::Host).unwrap_err().to_string();
             assert!(e.contains("the own rank"), "{e}");
-            let e = c.recv_host(&mut [1f32; 3], n).unwrap_err().to_string();
+            let e = c
+                .recv(&mut [1f32; 3], n, Exec::Host)
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains(&format!("receive from rank {n}, which is not a rank")),
                 "{e}"
@@ -70,7 +75,9 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
                 peer: (r + 1) % n,
             };
             // SAFETY: refused before any access.
-            let e = unsafe { c.group_host(&[op; 17]) }.unwrap_err().to_string();
+            let e = unsafe { c.group(&[op; 17], Exec::Host) }
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("17 operations; at most 16"), "{e}");
             // Two receives over one range are refused.
             let mut buf = vec![0f32; 8];
@@ -82,7 +89,7 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
                 peer: (r + n - 1) % n,
             };
             // SAFETY: refused before any access.
-            let e = unsafe { c.group_host(&[recv(p, 8), recv(p + 4, 2)]) }
+            let e = unsafe { c.group(&[recv(p, 8), recv(p + 4, 2)], Exec::Host) }
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("overlaps the receive from rank"), "{e}");
@@ -103,7 +110,7 @@ fn sends_and_receives_match_in_order_alone_and_grouped() {
                     recv(p, len),
                 ];
                 // SAFETY: buf holds len elements for the call.
-                unsafe { c.group_host(&ops) }.unwrap();
+                unsafe { c.group(&ops, Exec::Host) }.unwrap();
                 let from = (r + n - 1) % n;
                 assert!(
                     (0..len).all(|i| buf[i] == mine(from, i)),
@@ -148,12 +155,12 @@ fn transfers_of_no_elements_wait_for_the_peer() {
                 sends.store(k, Ordering::SeqCst);
             }
             if k == 1 && r == 0 {
-                c.send_host(&[0f32; 0], peer).unwrap();
+                c.send(&[0f32; 0], peer, Exec::Host).unwrap();
             } else if k == 1 {
-                c.recv_host(&mut [0f32; 0], peer).unwrap();
+                c.recv(&mut [0f32; 0], peer, Exec::Host).unwrap();
             } else {
                 // SAFETY: no bytes: nothing is read or written.
-                unsafe { c.group_host(&both) }.unwrap();
+                unsafe { c.group(&both, Exec::Host) }.unwrap();
             }
             if r == 1 {
                 assert_eq!(
@@ -167,11 +174,11 @@ fn transfers_of_no_elements_wait_for_the_peer() {
         let out: Vec<f32> = (0..5).map(|i| value(r, i, 3)).collect();
         let mut got = vec![0f32; 5];
         if r == 0 {
-            c.send_host(&out, 1).unwrap();
-            c.recv_host(&mut got, 1).unwrap();
+            c.send(&out, 1, Exec::Host).unwrap();
+            c.recv(&mut got, 1, Exec::Host).unwrap();
         } else {
-            c.recv_host(&mut got, 0).unwrap();
-            c.send_host(&out, 0).unwrap();
+            c.recv(&mut got, 0, Exec::Host).unwrap();
+            c.send(&out, 0, Exec::Host).unwrap();
         }
         let want: Vec<f32> = (0..5).map(|i| value(1 - r, i, 3)).collect();
         assert_eq!(got, want, "rank {r}: the transfer after those of none");
@@ -199,7 +206,7 @@ fn transfers_of_no_elements_wait_for_the_peer() {
         let out: Vec<f32> = (0..5).map(|i| value(0, i, 4)).collect();
         let first = if r == 0 { out.as_ptr() as u64 } else { p };
         // SAFETY: both vectors live across the call; the second operation has no bytes.
-        unsafe { c.group_host(&[op(first, 5), op(first + 8, 0)]) }
+        unsafe { c.group(&[op(first, 5), op(first + 8, 0)], Exec::Host) }
             .unwrap_or_else(|e| panic!("rank {r}: {e}"));
         if r == 1 {
             assert_eq!(got, out, "rank 1: beside a receive of none inside it");
@@ -227,10 +234,10 @@ mod p2p_mismatch {
     /// when they are equal); the call's result.
     fn one_way(c: &Collectives, sent: usize, want: usize, k: usize) -> Result<(), CommError> {
         if c.rank() == 0 {
-            c.send_host(&data(k, sent), 1)
+            c.send(&data(k, sent), 1, Exec::Host)
         } else {
             let mut got = vec![0f32; want];
-            let res = c.recv_host(&mut got, 0);
+            let res = c.recv(&mut got, 0, Exec::Host);
             if res.is_ok() {
                 assert_eq!(got, data(k, want), "rank 1: transfer {k} of {want} f32");
             }
@@ -275,7 +282,7 @@ mod p2p_mismatch {
                 },
             ];
             // SAFETY: both vectors live across the call.
-            unsafe { c.group_host(&ops) }.unwrap();
+            unsafe { c.group(&ops, Exec::Host) }.unwrap();
             let want: Vec<f32> = (0..len).map(|i| value(peer, i, k as u64)).collect();
             assert_eq!(got, want, "rank {r}: exchange {k} of {len}");
         }
@@ -369,7 +376,7 @@ mod p2p_mismatch {
                 },
             ];
             // SAFETY: both vectors live across the call.
-            let m = mismatch_text(r, unsafe { c.group_host(&ops) });
+            let m = mismatch_text(r, unsafe { c.group(&ops, Exec::Host) });
             assert!(
                 m.contains("rank 1 sent 8000 bytes to rank 0, which expected 4000"),
                 "rank {r}: {m}"

@@ -418,17 +418,14 @@ impl Collectives {
         // SAFETY (each): forwarded (caller contract); reduce-scatter in place at this
         // rank's block.
         match (ex, what) {
-            (Exec::Gpu(s), Staged::AllReduce) => unsafe {
-                self.all_reduce_raw(buf, recv, count, dtype, op, AllReduceAlgo::Auto, s)
+            (_, Staged::AllReduce) => unsafe {
+                self.all_reduce_at(ex, buf, recv, count, dtype, op, AllReduceAlgo::Auto)
             },
             (Exec::Gpu(s), Staged::ReduceScatter) => unsafe {
-                self.reduce_scatter_raw(buf, buf + rank_off, count, dtype, op, s)
+                self.reduce_scatter_device(buf, buf + rank_off, count, dtype, op, s)
             },
             (Exec::Gpu(s), Staged::Reduce(root)) => unsafe {
-                self.reduce_raw(buf, recv, count, dtype, op, root, s)
-            },
-            (Exec::Host, Staged::AllReduce) => unsafe {
-                self.host_all_reduce(buf, recv, count, dtype, op)
+                self.reduce_device(buf, recv, count, dtype, op, root, s)
             },
             (Exec::Host, Staged::ReduceScatter) => unsafe {
                 self.host_reduce_scatter_raw(buf, buf + rank_off, count, dtype, op)

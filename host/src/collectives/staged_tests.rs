@@ -3,6 +3,7 @@
 //! round fp8 by the formats' definitions (not by the library's conversions), on 2 and 3
 //! ranks, across several staging pieces.
 
+use super::Exec;
 use half::f16;
 
 use super::super::tests::{ranks, small};
@@ -180,19 +181,19 @@ fn fp8_collectives<T: Fp8>(c: &Collectives, op: ReduceOp, k: usize, count: usize
     let input: Vec<T> = (0..count).map(|i| T::of(code(f, r, i, k))).collect();
     let want: Vec<u8> = (0..count).map(want_at).collect();
     let mut out = vec![T::of(0); count];
-    c.all_reduce_host(&input, &mut out, op).unwrap();
+    c.all_reduce(&input, &mut out, op, Exec::Host).unwrap();
     check_codes(&out, &want, &format!("all_reduce {what}"));
     let mut buf = input.clone();
-    c.all_reduce_host_in_place(&mut buf, op).unwrap();
+    c.all_reduce_in_place(&mut buf, op, Exec::Host).unwrap();
     check_codes(&buf, &want, &format!("all_reduce in place {what}"));
     // Reduce-scatter: block q of the input is elements q * count.. of the pattern.
     let input: Vec<T> = (0..n * count).map(|i| T::of(code(f, r, i, k))).collect();
     let want: Vec<u8> = (0..count).map(|i| want_at(r * count + i)).collect();
     let mut out = vec![T::of(0); count];
-    c.reduce_scatter_host(&input, &mut out, op).unwrap();
+    c.reduce_scatter(&input, &mut out, op, Exec::Host).unwrap();
     check_codes(&out, &want, &format!("reduce_scatter {what}"));
     let mut buf = input.clone();
-    c.reduce_scatter_host_in_place(&mut buf, op).unwrap();
+    c.reduce_scatter_in_place(&mut buf, op, Exec::Host).unwrap();
     check_codes(
         &buf[r * count..(r + 1) * count],
         &want,
@@ -202,7 +203,7 @@ fn fp8_collectives<T: Fp8>(c: &Collectives, op: ReduceOp, k: usize, count: usize
     let input: Vec<T> = (0..count).map(|i| T::of(code(f, r, i, k))).collect();
     for root in 0..n {
         let mut out = vec![T::of(0x11); count];
-        c.reduce_host(&input, &mut out, op, root).unwrap();
+        c.reduce(&input, &mut out, op, root, Exec::Host).unwrap();
         let want: Vec<u8> = if r == root {
             (0..count).map(want_at).collect()
         } else {
@@ -247,12 +248,12 @@ fn an_fp8_sum_is_rounded_once_not_per_step() {
         let x = [0x38u8, 0x18, 0x18][c.rank()];
         assert_eq!(E4M3.value(0x18), 0.0625);
         let mut out = [Fp8E4M3(0)];
-        c.all_reduce_host(&[Fp8E4M3(x)], &mut out, ReduceOp::Sum)
+        c.all_reduce(&[Fp8E4M3(x)], &mut out, ReduceOp::Sum, Exec::Host)
             .unwrap();
         assert_eq!(out[0], Fp8E4M3(0x39));
         // Saturation: 448 * 3 is 448, not NaN.
         let mut out = [Fp8E4M3(0)];
-        c.all_reduce_host(&[Fp8E4M3(0x7e)], &mut out, ReduceOp::Sum)
+        c.all_reduce(&[Fp8E4M3(0x7e)], &mut out, ReduceOp::Sum, Exec::Host)
             .unwrap();
         assert_eq!(out[0], Fp8E4M3(0x7e));
     });
@@ -274,18 +275,20 @@ fn pre_multiplied_sums_scale_each_rank_by_its_own_scalar() {
             let want = |i: usize| (1..n).fold(x(0, i) * s(0), |a, q| a + x(q, i) * s(q));
             let op = ReduceOp::pre_mul_sum(s(r));
             let mut out = vec![0f32; count];
-            c.all_reduce_host(&input[..count], &mut out, op).unwrap();
+            c.all_reduce(&input[..count], &mut out, op, Exec::Host)
+                .unwrap();
             assert_eq!(
                 out,
                 (0..count).map(want).collect::<Vec<_>>(),
                 "f32 all_reduce"
             );
-            c.reduce_scatter_host(&input, &mut out, op).unwrap();
+            c.reduce_scatter(&input, &mut out, op, Exec::Host).unwrap();
             let rs: Vec<f32> = (0..count).map(|i| want(r * count + i)).collect();
             assert_eq!(out, rs, "f32 reduce_scatter");
             for root in 0..n {
                 let mut out = vec![5f32; count];
-                c.reduce_host(&input[..count], &mut out, op, root).unwrap();
+                c.reduce(&input[..count], &mut out, op, root, Exec::Host)
+                    .unwrap();
                 let want: Vec<f32> = if r == root {
                     (0..count).map(want).collect()
                 } else {
@@ -301,7 +304,7 @@ fn pre_multiplied_sums_scale_each_rank_by_its_own_scalar() {
                 .map(|i| (1..n).fold(scaled(0, i), |a, q| h(a.to_f32() + scaled(q, i).to_f32())))
                 .collect();
             let mut out = vec![f16::ZERO; count];
-            c.all_reduce_host(&input, &mut out, ReduceOp::pre_mul_sum(h(s(r))))
+            c.all_reduce(&input, &mut out, ReduceOp::pre_mul_sum(h(s(r))), Exec::Host)
                 .unwrap();
             assert_eq!(out, want, "f16 all_reduce");
             // i32: wrapping products.
@@ -317,7 +320,7 @@ fn pre_multiplied_sums_scale_each_rank_by_its_own_scalar() {
                 })
                 .collect();
             let mut buf = input.clone();
-            c.all_reduce_host_in_place(&mut buf, ReduceOp::pre_mul_sum(si(r)))
+            c.all_reduce_in_place(&mut buf, ReduceOp::pre_mul_sum(si(r)), Exec::Host)
                 .unwrap();
             assert_eq!(buf, want, "i32 all_reduce in place");
         });
@@ -334,10 +337,10 @@ fn a_device_scalar_is_read_by_every_call() {
         let op = ReduceOp::pre_mul_sum_at(DataType::F32, &mut *scalar as *mut f32 as u64);
         let input = vec![1.5f32; 9];
         let mut out = vec![0f32; 9];
-        c.all_reduce_host(&input, &mut out, op).unwrap();
+        c.all_reduce(&input, &mut out, op, Exec::Host).unwrap();
         assert_eq!(out, vec![1.5 * 2.0 + 1.5 * 3.0; 9]);
         *scalar = 10.0 * (r + 1) as f32;
-        c.reduce_host(&input, &mut out, op, 0).unwrap();
+        c.reduce(&input, &mut out, op, 0, Exec::Host).unwrap();
         if r == 0 {
             assert_eq!(out, vec![1.5 * 10.0 + 1.5 * 20.0; 9]);
         }
@@ -345,7 +348,8 @@ fn a_device_scalar_is_read_by_every_call() {
         let s8 = Box::new([0x40u8, 0x44][r]);
         let op = ReduceOp::pre_mul_sum_at(DataType::Fp8E5M2, &*s8 as *const u8 as u64);
         let mut out = [Fp8E5M2(0)];
-        c.all_reduce_host(&[Fp8E5M2(0x3c)], &mut out, op).unwrap();
+        c.all_reduce(&[Fp8E5M2(0x3c)], &mut out, op, Exec::Host)
+            .unwrap();
         assert_eq!(E5M2.value(out[0].0), 6.0);
     });
 }
@@ -355,7 +359,12 @@ fn a_scalar_of_another_type_is_refused() {
     ranks(2, small(), |c| {
         let mut out = [0f32; 4];
         let e = c
-            .all_reduce_host(&[1f32; 4], &mut out, ReduceOp::pre_mul_sum(2i32))
+            .all_reduce(
+                &[1f32; 4],
+                &mut out,
+                ReduceOp::pre_mul_sum(2i32),
+                Exec::Host,
+            )
             .unwrap_err();
         assert!(matches!(e, CommError::InvalidArgument(_)), "{e}");
         assert!(e.to_string().contains("scalar is int32"), "{e}");
@@ -370,11 +379,11 @@ fn a_mismatch_names_fp8_and_premulsum() {
         let e = if c.rank() == 0 {
             let op = ReduceOp::pre_mul_sum(Fp8E4M3(0x38));
             let mut out = [Fp8E4M3(0); 8];
-            c.all_reduce_host(&[Fp8E4M3(0x38); 8], &mut out, op)
+            c.all_reduce(&[Fp8E4M3(0x38); 8], &mut out, op, Exec::Host)
                 .unwrap_err()
         } else {
             let mut out = [0f32; 8];
-            c.all_reduce_host(&[1f32; 8], &mut out, ReduceOp::Sum)
+            c.all_reduce(&[1f32; 8], &mut out, ReduceOp::Sum, Exec::Host)
                 .unwrap_err()
         };
         let m = e.to_string();

@@ -1,5 +1,6 @@
 //! Collectives over the Host transport, ranks as threads of this process.
 
+use super::Exec;
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
@@ -109,11 +110,13 @@ fn all_reduce_case<T: FromF32>(c: &Collectives, count: usize, call: u64, in_plac
     let want: Vec<T> = (0..count).map(|i| T::from(sum(n, i, call))).collect();
     let got = if in_place {
         let mut b = send;
-        c.all_reduce_host_in_place(&mut b, ReduceOp::Sum).unwrap();
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)
+            .unwrap();
         b
     } else {
         let mut out = vec![T::from(0.0); count];
-        c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+        c.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
+            .unwrap();
         out
     };
     assert_eq!(
@@ -189,7 +192,7 @@ fn many_calls_without_reinit_and_all_gathers_between_them() {
             if call % 4 == 3 {
                 let send: Vec<f32> = (0..333).map(|i| value(r, i, call)).collect();
                 let mut out = vec![0f32; 666];
-                c.all_gather_host(&send, &mut out).unwrap();
+                c.all_gather(&send, &mut out, Exec::Host).unwrap();
                 for q in 0..2 {
                     for i in 0..333 {
                         assert_eq!(
@@ -213,7 +216,7 @@ fn all_gather_of_every_type_and_odd_sizes() {
         for count in [1usize, 5, 800, 2501] {
             let send: Vec<bf16> = (0..count).map(|i| bf16::from_f32(value(r, i, 9))).collect();
             let mut out = vec![bf16::ZERO; n * count];
-            c.all_gather_host(&send, &mut out).unwrap();
+            c.all_gather(&send, &mut out, Exec::Host).unwrap();
             for q in 0..n {
                 for i in 0..count {
                     assert_eq!(out[q * count + i], bf16::from_f32(value(q, i, 9)));
@@ -228,10 +231,12 @@ fn bad_arguments_are_refused_with_the_reason() {
     ranks(2, small(), |c| {
         let mut out = vec![0f32; 3];
         let e = c
-            .all_reduce_host(&[1f32, 2.0], &mut out, ReduceOp::Sum)
+            .all_reduce(&[1f32, 2.0], &mut out, ReduceOp::Sum, Exec::Host)
             .unwrap_err();
         assert!(e.to_string().contains("send has 2 elements, recv 3"), "{e}");
-        let e = c.all_gather_host(&[1f32, 2.0], &mut out).unwrap_err();
+        let e = c
+            .all_gather(&[1f32, 2.0], &mut out, Exec::Host)
+            .unwrap_err();
         assert!(e.to_string().contains("2 ranks x 2 expected"), "{e}");
         let e = c
             .resolve(AllReduceAlgo::OneShot, c.one_shot_max_bytes() + 1)
@@ -284,7 +289,7 @@ fn a_rank_that_does_not_take_part_fails_the_others_with_a_timeout() {
                     let c = host_rank(2, r, id, Duration::from_millis(300));
                     if r == 0 {
                         let mut out = vec![0f32; 4];
-                        c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
+                        c.all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum, Exec::Host)
                             .map_err(|e| e.to_string())
                     } else {
                         // Rank 1 keeps its scratch alive but never calls.
@@ -316,7 +321,7 @@ fn a_stalled_peer_costs_one_device_timeout() {
                     if r == 0 {
                         let mut out = vec![0f32; 4];
                         let t0 = std::time::Instant::now();
-                        let e = c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum);
+                        let e = c.all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum, Exec::Host);
                         let took = t0.elapsed();
                         let e = e.expect_err("rank 1 never called").to_string();
                         assert!(e.contains("did not take part"), "{e}");
@@ -351,7 +356,7 @@ fn a_timeout_names_a_rank_that_had_left() {
                     if r == 0 {
                         // Rank 1's goodbye is on its way by the end of the wait.
                         let mut out = vec![0f32; 4];
-                        c.all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
+                        c.all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum, Exec::Host)
                             .map_err(|e| e.to_string())
                     } else {
                         c.drop_without_naming_calls();
@@ -386,7 +391,8 @@ fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
                         for call in 0..2 {
                             let send = vec![(r + call) as f32; 40];
                             let mut out = vec![0f32; 40];
-                            c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+                            c.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
+                                .unwrap();
                             assert_eq!(out, vec![(3 + 3 * call) as f32; 40], "rank {r}");
                         }
                         if r == 1 {
@@ -397,7 +403,7 @@ fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
                         let t0 = Instant::now();
                         let mut out = vec![0f32; 40];
                         let e = c
-                            .all_reduce_host(&[1f32; 40], &mut out, ReduceOp::Sum)
+                            .all_reduce(&[1f32; 40], &mut out, ReduceOp::Sum, Exec::Host)
                             .unwrap_err()
                             .to_string();
                         let took = t0.elapsed();
@@ -410,7 +416,7 @@ fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
                             "rank {r}: {e}"
                         );
                         let again = c
-                            .all_reduce_host(&[1f32; 40], &mut out, ReduceOp::Sum)
+                            .all_reduce(&[1f32; 40], &mut out, ReduceOp::Sum, Exec::Host)
                             .unwrap_err()
                             .to_string();
                         assert!(again.contains("rank 1 left"), "rank {r}: {again}");
@@ -429,7 +435,7 @@ fn a_call_that_a_rank_which_left_never_made_fails_at_once_naming_it() {
             s.spawn(move || {
                 let c = host_rank(2, r, id, comm_config().device_timeout);
                 let mut out = vec![0f32; 40];
-                c.all_reduce_host(&[1f32; 40], &mut out, ReduceOp::Sum)
+                c.all_reduce(&[1f32; 40], &mut out, ReduceOp::Sum, Exec::Host)
                     .unwrap();
                 if r == 0 {
                     std::thread::sleep(Duration::from_millis(300));
@@ -478,23 +484,23 @@ fn a_send_or_receive_with_a_rank_that_left_fails_at_once() {
                     if r == 1 {
                         // Two sends (LL, then pipelined), a receive; then, without waiting
                         // for rank 0 to take the last LL send, leave.
-                        c.send_host(&small_data(0), 0).unwrap();
-                        c.send_host(large, 0).unwrap();
+                        c.send(&small_data(0), 0, Exec::Host).unwrap();
+                        c.send(large, 0, Exec::Host).unwrap();
                         let mut got = vec![0f32; 5];
-                        c.recv_host(&mut got, 0).unwrap();
+                        c.recv(&mut got, 0, Exec::Host).unwrap();
                         assert_eq!(got, small_data(1));
-                        c.send_host(&small_data(2), 0).unwrap();
+                        c.send(&small_data(2), 0, Exec::Host).unwrap();
                         std::thread::sleep(Duration::from_millis(delay_ms));
                         drop(c);
                         return;
                     }
                     let mut got = vec![0f32; 5];
-                    c.recv_host(&mut got, 1).unwrap();
+                    c.recv(&mut got, 1, Exec::Host).unwrap();
                     assert_eq!(got, small_data(0));
                     let mut got_large = vec![0f32; large.len()];
-                    c.recv_host(&mut got_large, 1).unwrap();
+                    c.recv(&mut got_large, 1, Exec::Host).unwrap();
                     assert_eq!(&got_large, large);
-                    c.send_host(&small_data(1), 1).unwrap();
+                    c.send(&small_data(1), 1, Exec::Host).unwrap();
                     if delay_ms == 0 {
                         // The goodbye is here before the receive starts.
                         let deadline = Instant::now() + Duration::from_secs(10);
@@ -507,12 +513,12 @@ fn a_send_or_receive_with_a_rank_that_left_fails_at_once() {
                         }
                     }
                     let mut got = vec![0f32; 5];
-                    c.recv_host(&mut got, 1).unwrap();
+                    c.recv(&mut got, 1, Exec::Host).unwrap();
                     assert_eq!(got, small_data(2), "{after:?}: sent before it left");
                     let t0 = Instant::now();
                     let e = match after {
-                        AfterLeave::Recv => c.recv_host(&mut got, 1),
-                        AfterLeave::SendLarge => c.send_host(large, 1),
+                        AfterLeave::Recv => c.recv(&mut got, 1, Exec::Host),
+                        AfterLeave::SendLarge => c.send(large, 1, Exec::Host),
                     }
                     .unwrap_err()
                     .to_string();
@@ -523,11 +529,14 @@ fn a_send_or_receive_with_a_rank_that_left_fails_at_once() {
                         e.contains("rank 1 left") && e.contains("without the matching send"),
                         "{after:?}: {e}"
                     );
-                    let again = c.send_host(&small_data(3), 1).unwrap_err().to_string();
+                    let again = c
+                        .send(&small_data(3), 1, Exec::Host)
+                        .unwrap_err()
+                        .to_string();
                     assert!(again.contains("rank 1 left"), "{after:?}: {again}");
                     let mut out = vec![0f32; 4];
                     let coll = c
-                        .all_reduce_host(&[1f32; 4], &mut out, ReduceOp::Sum)
+                        .all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum, Exec::Host)
                         .unwrap_err()
                         .to_string();
                     assert!(coll.contains("rank 1 left"), "{after:?}: {coll}");
@@ -549,7 +558,8 @@ fn the_any_type_proxy_kernel_reduces_other_types_and_operations() {
             for count in [1usize, 5, 333, 2501] {
                 let send: Vec<i32> = (0..count).map(|i| (r * 1000 - i as i64) as i32).collect();
                 let mut out = vec![0i32; count];
-                c.all_reduce_host(&send, &mut out, ReduceOp::Max).unwrap();
+                c.all_reduce(&send, &mut out, ReduceOp::Max, Exec::Host)
+                    .unwrap();
                 let top = (n as i64 - 1) * 1000;
                 assert!(
                     out.iter()
@@ -558,12 +568,14 @@ fn the_any_type_proxy_kernel_reduces_other_types_and_operations() {
                 );
                 let send: Vec<f64> = (0..count).map(|i| (r + 1) as f64 * i as f64).collect();
                 let mut out = vec![0f64; count];
-                c.all_reduce_host(&send, &mut out, ReduceOp::Sum).unwrap();
+                c.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
+                    .unwrap();
                 let k = (n * (n + 1) / 2) as f64;
                 assert!(out.iter().enumerate().all(|(i, &x)| x == k * i as f64));
                 let send: Vec<u8> = (0..count).map(|i| (i % 7) as u8 + r as u8).collect();
                 let mut out = vec![0u8; count];
-                c.all_reduce_host(&send, &mut out, ReduceOp::Min).unwrap();
+                c.all_reduce(&send, &mut out, ReduceOp::Min, Exec::Host)
+                    .unwrap();
                 assert!(out.iter().enumerate().all(|(i, &x)| x == (i % 7) as u8));
             }
         });
@@ -594,7 +606,7 @@ fn proxy_channel_variants_reduce_and_gather_over_the_proxy() {
                     .map(|i| f16::from_f32(value(r, i, call)))
                     .collect();
                 let mut out = vec![f16::ZERO; n * count];
-                c.all_gather_host(&send, &mut out).unwrap();
+                c.all_gather(&send, &mut out, Exec::Host).unwrap();
                 for q in 0..n {
                     for i in 0..count {
                         assert_eq!(
@@ -615,20 +627,20 @@ fn a_single_rank_copies_its_input() {
         all_reduce_case::<f32>(&c, 1000, 7, false);
         all_reduce_case::<f16>(&c, 3, 8, true);
         let mut out = vec![0f32; 5];
-        c.all_gather_host(&[1f32, 2.0, 3.0, 4.0, 5.0], &mut out)
+        c.all_gather(&[1f32, 2.0, 3.0, 4.0, 5.0], &mut out, Exec::Host)
             .unwrap();
         assert_eq!(out, [1.0, 2.0, 3.0, 4.0, 5.0]);
     });
 }
 
-/// `all_reduce_host` of `count` f32 (or f16) on this rank; the error's text.
+/// Host-backend `all_reduce` of `count` f32 (or f16) on this rank; the error's text.
 fn reduce_err(c: &Collectives, count: usize, half: bool) -> String {
     let r = if half {
         let mut b = vec![f16::ONE; count];
-        c.all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)
     } else {
         let mut b = vec![1f32; count];
-        c.all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)
     };
     match r {
         Err(e @ CommError::CallMismatch(_)) => e.to_string(),
@@ -700,7 +712,9 @@ fn mismatched_calls_fail_on_every_rank_naming_the_difference_then_work() {
             let r = c.rank();
             let count = [100, 300][r];
             let mut out = vec![0f32; 2 * count];
-            let e = c.all_gather_host(&vec![1f32; count], &mut out).unwrap_err();
+            let e = c
+                .all_gather(&vec![1f32; count], &mut out, Exec::Host)
+                .unwrap_err();
             assert!(matches!(e, CommError::CallMismatch(_)), "{e}");
             let e = e.to_string();
             assert!(
@@ -710,10 +724,11 @@ fn mismatched_calls_fail_on_every_rank_naming_the_difference_then_work() {
             );
             let e = if r == 0 {
                 let mut out = vec![0f32; 200];
-                c.all_gather_host(&[1f32; 100], &mut out).unwrap_err()
+                c.all_gather(&[1f32; 100], &mut out, Exec::Host)
+                    .unwrap_err()
             } else {
                 let mut b = vec![1f32; 100];
-                c.all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+                c.all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)
                     .unwrap_err()
             };
             assert!(
@@ -722,7 +737,7 @@ fn mismatched_calls_fail_on_every_rank_naming_the_difference_then_work() {
             );
             let send: Vec<f32> = (0..333).map(|i| value(r, i, 5)).collect();
             let mut out = vec![0f32; 666];
-            c.all_gather_host(&send, &mut out).unwrap();
+            c.all_gather(&send, &mut out, Exec::Host).unwrap();
             for q in 0..2 {
                 for i in 0..333 {
                     assert_eq!(out[q * 333 + i], value(q, i, 5));
@@ -756,7 +771,7 @@ fn abort_stops_a_waiting_collective_at_once_and_sticks() {
             let t0 = std::time::Instant::now();
             let mut b = vec![1f32; 3000];
             let e = c
-                .all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+                .all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)
                 .unwrap_err();
             if r == 0 {
                 aborted.store(true, std::sync::atomic::Ordering::Release);
@@ -768,7 +783,7 @@ fn abort_stops_a_waiting_collective_at_once_and_sticks() {
             let e2 = c.async_error().unwrap_err();
             assert!(matches!(e2, CommError::Aborted(_)), "{e2}");
             let e3 = c
-                .all_reduce_host_in_place(&mut b, ReduceOp::Sum)
+                .all_reduce_in_place(&mut b, ReduceOp::Sum, Exec::Host)
                 .unwrap_err();
             assert!(matches!(e3, CommError::Aborted(_)), "{e3}");
             took
@@ -803,7 +818,7 @@ fn hosts_of_different_sizes_make_every_rank_its_own_host() {
                     let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
                     let coll = Collectives::new(comm, small()).unwrap();
                     let mut v = vec![(r + 1) as f32; 1001];
-                    coll.all_reduce_host_in_place(&mut v, ReduceOp::Sum)
+                    coll.all_reduce_in_place(&mut v, ReduceOp::Sum, Exec::Host)
                         .unwrap();
                     let note = coll.layout_note().unwrap_or("").to_string();
                     // Proxy channels (cross step, and two for send/recv) to every other rank:
@@ -958,13 +973,14 @@ fn across_hosts_over_ib_on_the_fake_fabric(algo: AllReduceAlgo) {
                             .map(|i| (0..N).map(|q| value(q, i)).sum())
                             .collect();
                         let mut out = vec![0f32; count];
-                        coll.all_reduce_host(&send, &mut out, ReduceOp::Sum)
+                        coll.all_reduce(&send, &mut out, ReduceOp::Sum, Exec::Host)
                             .unwrap();
                         assert_eq!(out, want, "rank {r}: {algo:?} all-reduce of {count}");
                         // Reduce to rank 4 (written there only), then reduce-scatter and
                         // all-to-all of N blocks of `count`.
                         let mut red = vec![7f32; count];
-                        coll.reduce_host(&send, &mut red, ReduceOp::Sum, 4).unwrap();
+                        coll.reduce(&send, &mut red, ReduceOp::Sum, 4, Exec::Host)
+                            .unwrap();
                         if r == 4 {
                             assert_eq!(red, want, "rank {r}: reduce of {count}");
                         } else {
@@ -972,7 +988,7 @@ fn across_hosts_over_ib_on_the_fake_fabric(algo: AllReduceAlgo) {
                         }
                         let blocks: Vec<f32> = (0..N * count).map(|i| value(r, i)).collect();
                         let mut rs = vec![0f32; count];
-                        coll.reduce_scatter_host(&blocks, &mut rs, ReduceOp::Max)
+                        coll.reduce_scatter(&blocks, &mut rs, ReduceOp::Max, Exec::Host)
                             .unwrap();
                         assert!(
                             (0..count).all(|i| {
@@ -983,14 +999,14 @@ fn across_hosts_over_ib_on_the_fake_fabric(algo: AllReduceAlgo) {
                             "rank {r}: reduce-scatter (max) of {count}"
                         );
                         let mut a2a = vec![0f32; N * count];
-                        coll.all_to_all_host(&blocks, &mut a2a).unwrap();
+                        coll.all_to_all(&blocks, &mut a2a, Exec::Host).unwrap();
                         assert!(
                             (0..N).all(|q| (0..count)
                                 .all(|i| a2a[q * count + i] == value(q, r * count + i))),
                             "rank {r}: all-to-all of {count}"
                         );
                         let mut all = vec![0f32; N * count];
-                        coll.all_gather_host(&send, &mut all).unwrap();
+                        coll.all_gather(&send, &mut all, Exec::Host).unwrap();
                         for q in 0..N {
                             assert!(
                                 (0..count).all(|i| all[q * count + i] == value(q, i)),
@@ -998,7 +1014,7 @@ fn across_hosts_over_ib_on_the_fake_fabric(algo: AllReduceAlgo) {
                             );
                         }
                         let mut b = vec![0f32; count];
-                        coll.broadcast_host(&send, &mut b, 4).unwrap();
+                        coll.broadcast(&send, &mut b, 4, Exec::Host).unwrap();
                         assert!(
                             (0..count).all(|i| b[i] == value(4, i)),
                             "rank {r}: broadcast"
@@ -1021,7 +1037,7 @@ fn across_hosts_over_ib_on_the_fake_fabric(algo: AllReduceAlgo) {
                             },
                         ];
                         // SAFETY: the buffers outlive the blocking call.
-                        unsafe { coll.group_host(&ops) }.unwrap();
+                        unsafe { coll.group(&ops, Exec::Host) }.unwrap();
                         assert!(
                             (0..count).all(|i| got[i] == value(prev, i)),
                             "rank {r}: send/recv of {count} from {prev}"
@@ -1074,12 +1090,12 @@ fn a_send_across_hosts_over_ib_lands_though_its_sender_left_at_once() {
                     assert_eq!(coll.hosts(), 2);
                     if r == 0 {
                         let send: Vec<f32> = (0..COUNT).map(value).collect();
-                        coll.send_host(&send, 1).unwrap();
+                        coll.send(&send, 1, Exec::Host).unwrap();
                         drop(coll);
                     } else {
                         std::thread::sleep(Duration::from_millis(300));
                         let mut got = vec![0f32; COUNT];
-                        coll.recv_host(&mut got, 0).unwrap();
+                        coll.recv(&mut got, 0, Exec::Host).unwrap();
                         for (i, g) in got.iter().enumerate() {
                             assert_eq!(*g, value(i), "element {i}");
                         }

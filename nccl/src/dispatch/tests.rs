@@ -2,6 +2,7 @@
 //! the Host transport (ranks as threads): the same [`Launch`] values the C API builds, the
 //! same [`plan_p2p`] schedule, on our host kernels.
 
+use mscclpp_host::collectives::Exec;
 use std::time::Duration;
 
 use half::{bf16, f16};
@@ -225,17 +226,17 @@ unsafe fn run_host<T: Element>(l: &Launch, c: &Collectives) -> Result<(), CommEr
             count,
             op,
             ..
-        } if send == recv => c.all_reduce_host_in_place(w(recv, count), op),
+        } if send == recv => c.all_reduce_in_place(w(recv, count), op, Exec::Host),
         Launch::AllReduce {
             send,
             recv,
             count,
             op,
             ..
-        } => c.all_reduce_host(r(send, count), w(recv, count), op),
+        } => c.all_reduce(r(send, count), w(recv, count), op, Exec::Host),
         Launch::AllGather {
             send, recv, count, ..
-        } => c.all_gather_host(r(send, count), w(recv, n * count)),
+        } => c.all_gather(r(send, count), w(recv, n * count), Exec::Host),
         Launch::ReduceScatter {
             send,
             recv,
@@ -243,7 +244,7 @@ unsafe fn run_host<T: Element>(l: &Launch, c: &Collectives) -> Result<(), CommEr
             op,
             ..
         } if recv == send + (c.rank() * count * size_of::<T>()) as u64 => {
-            c.reduce_scatter_host_in_place(w(send, n * count), op)
+            c.reduce_scatter_in_place(w(send, n * count), op, Exec::Host)
         }
         Launch::ReduceScatter {
             send,
@@ -251,7 +252,7 @@ unsafe fn run_host<T: Element>(l: &Launch, c: &Collectives) -> Result<(), CommEr
             count,
             op,
             ..
-        } => c.reduce_scatter_host(r(send, n * count), w(recv, count), op),
+        } => c.reduce_scatter(r(send, n * count), w(recv, count), op, Exec::Host),
         Launch::Reduce {
             send,
             recv,
@@ -259,7 +260,7 @@ unsafe fn run_host<T: Element>(l: &Launch, c: &Collectives) -> Result<(), CommEr
             op,
             root,
             ..
-        } if send == recv => c.reduce_host_in_place(w(recv, count), op, root),
+        } if send == recv => c.reduce_in_place(w(recv, count), op, root, Exec::Host),
         Launch::Reduce {
             send,
             recv,
@@ -267,24 +268,24 @@ unsafe fn run_host<T: Element>(l: &Launch, c: &Collectives) -> Result<(), CommEr
             op,
             root,
             ..
-        } => c.reduce_host(r(send, count), w(recv, count), op, root),
+        } => c.reduce(r(send, count), w(recv, count), op, root, Exec::Host),
         Launch::Broadcast {
             send,
             recv,
             count,
             root,
             ..
-        } if send == recv => c.broadcast_host_in_place(w(recv, count), root),
+        } if send == recv => c.broadcast_in_place(w(recv, count), root, Exec::Host),
         Launch::Broadcast {
             send,
             recv,
             count,
             root,
             ..
-        } => c.broadcast_host(r(send, count), w(recv, count), root),
+        } => c.broadcast(r(send, count), w(recv, count), root, Exec::Host),
         Launch::AllToAll {
             send, recv, count, ..
-        } => c.all_to_all_host(r(send, n * count), w(recv, n * count)),
+        } => c.all_to_all(r(send, n * count), w(recv, n * count), Exec::Host),
     }
 }
 
@@ -534,7 +535,7 @@ fn run_group(c: &Collectives, ops: &[P2pOp]) {
     }
     for l in &plan.launches {
         // SAFETY: the test's live buffers.
-        unsafe { c.group_host(l) }.unwrap_or_else(|e| panic!("rank {}: {e}", c.rank()));
+        unsafe { c.group(l, Exec::Host) }.unwrap_or_else(|e| panic!("rank {}: {e}", c.rank()));
     }
 }
 

@@ -1,5 +1,6 @@
 //! Launching and running: one process per rank, rank 0 prints.
 
+use mscclpp::host::collectives::{Exec, RawBuffer};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -932,23 +933,39 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         match (lib, c) {
             // SAFETY (all of these): as below.
             (Lib::Mscclpp, Collective::ReduceScatter) => unsafe {
-                self.coll
-                    .reduce_scatter_raw(send, recv, per, dtype, op, &self.stream)
+                self.coll.reduce_scatter(
+                    &RawBuffer::device(send, per.saturating_mul(self.coll.nranks()), dtype),
+                    &mut RawBuffer::device(recv, per, dtype),
+                    op,
+                    &self.stream,
+                )
             }
             .map_err(PerfError::from),
             (Lib::Mscclpp, Collective::Broadcast) => unsafe {
-                self.coll
-                    .broadcast_raw(send, recv, count, dtype, root, &self.stream)
+                self.coll.broadcast(
+                    &RawBuffer::device(send, count, dtype),
+                    &mut RawBuffer::device(recv, count, dtype),
+                    root,
+                    &self.stream,
+                )
             }
             .map_err(PerfError::from),
             (Lib::Mscclpp, Collective::Reduce) => unsafe {
-                self.coll
-                    .reduce_raw(send, recv, count, dtype, op, root, &self.stream)
+                self.coll.reduce(
+                    &RawBuffer::device(send, count, dtype),
+                    &mut RawBuffer::device(recv, count, dtype),
+                    op,
+                    root,
+                    &self.stream,
+                )
             }
             .map_err(PerfError::from),
             (Lib::Mscclpp, Collective::AllToAll) => unsafe {
-                self.coll
-                    .all_to_all_raw(send, recv, per, dtype, &self.stream)
+                self.coll.all_to_all(
+                    &RawBuffer::device(send, per.saturating_mul(self.coll.nranks()), dtype),
+                    &mut RawBuffer::device(recv, per.saturating_mul(self.coll.nranks()), dtype),
+                    &self.stream,
+                )
             }
             .map_err(PerfError::from),
             (Lib::Mscclpp, Collective::SendRecv) => {
@@ -987,24 +1004,23 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             // SAFETY (all four): the buffers hold the largest shape of the sweep and live in
             // `self` until the stream is synchronised in `measure`.
             (Lib::Mscclpp, Collective::AllReduce) => unsafe {
-                self.coll.all_reduce_raw(
-                    send,
-                    recv,
-                    shape.count as usize,
-                    dtype,
-                    op,
+                self.coll.all_reduce_using(
                     config.args.algo.all_reduce(),
+                    &RawBuffer::device(send, shape.count as usize, dtype),
+                    &mut RawBuffer::device(recv, shape.count as usize, dtype),
+                    op,
                     &self.stream,
                 )
             }
             .map_err(PerfError::from),
             (Lib::Mscclpp, Collective::AllGather) => unsafe {
-                self.coll.all_gather_raw(
-                    send,
-                    recv,
-                    shape.send_count as usize,
-                    dtype,
-                    AllGatherAlgo::Auto,
+                self.coll.all_gather(
+                    &RawBuffer::device(send, shape.send_count as usize, dtype),
+                    &mut RawBuffer::device(
+                        recv,
+                        (shape.send_count as usize).saturating_mul(self.coll.nranks()),
+                        dtype,
+                    ),
                     &self.stream,
                 )
             }
@@ -1211,41 +1227,41 @@ impl<T: Elem> HostRunner<T> {
         let root = config.args.root;
         match (config.args.collective, placement) {
             (Collective::AllReduce, Placement::OutOfPlace) => {
-                coll.all_reduce_host(&self.send[..sc], &mut self.recv[..n], op)?
+                coll.all_reduce(&self.send[..sc], &mut self.recv[..n], op, Exec::Host)?
             }
             (Collective::AllReduce, Placement::InPlace) => {
-                coll.all_reduce_host_in_place(&mut self.recv[..n], op)?
+                coll.all_reduce_in_place(&mut self.recv[..n], op, Exec::Host)?
             }
             (Collective::AllGather, Placement::OutOfPlace) => {
-                coll.all_gather_host(&self.send[..sc], &mut self.recv[..n])?
+                coll.all_gather(&self.send[..sc], &mut self.recv[..n], Exec::Host)?
             }
             (Collective::AllGather, Placement::InPlace) => {
-                coll.all_gather_host(&self.slot[..sc], &mut self.recv[..n])?
+                coll.all_gather(&self.slot[..sc], &mut self.recv[..n], Exec::Host)?
             }
             (Collective::ReduceScatter, Placement::OutOfPlace) => {
                 let per = n / coll.nranks();
-                coll.reduce_scatter_host(&self.send[..sc], &mut self.recv[..per], op)?
+                coll.reduce_scatter(&self.send[..sc], &mut self.recv[..per], op, Exec::Host)?
             }
             (Collective::ReduceScatter, Placement::InPlace) => {
-                coll.reduce_scatter_host_in_place(&mut self.recv[..n], op)?
+                coll.reduce_scatter_in_place(&mut self.recv[..n], op, Exec::Host)?
             }
             (Collective::Broadcast, Placement::OutOfPlace) => {
-                coll.broadcast_host(&self.send[..sc], &mut self.recv[..n], root)?
+                coll.broadcast(&self.send[..sc], &mut self.recv[..n], root, Exec::Host)?
             }
             (Collective::Broadcast, Placement::InPlace) => {
-                coll.broadcast_host_in_place(&mut self.recv[..n], root)?
+                coll.broadcast_in_place(&mut self.recv[..n], root, Exec::Host)?
             }
             (Collective::Reduce, Placement::OutOfPlace) => {
-                coll.reduce_host(&self.send[..sc], &mut self.recv[..n], op, root)?
+                coll.reduce(&self.send[..sc], &mut self.recv[..n], op, root, Exec::Host)?
             }
             (Collective::Reduce, Placement::InPlace) => {
-                coll.reduce_host_in_place(&mut self.recv[..n], op, root)?
+                coll.reduce_in_place(&mut self.recv[..n], op, root, Exec::Host)?
             }
             (Collective::AllToAll, Placement::OutOfPlace) => {
-                coll.all_to_all_host(&self.send[..sc], &mut self.recv[..n])?
+                coll.all_to_all(&self.send[..sc], &mut self.recv[..n], Exec::Host)?
             }
             (Collective::AllToAll, Placement::InPlace) => {
-                coll.all_to_all_host(&self.slot[..sc], &mut self.recv[..n])?
+                coll.all_to_all(&self.slot[..sc], &mut self.recv[..n], Exec::Host)?
             }
             (Collective::SendRecv, _) => {
                 let (r, nr) = (coll.rank(), coll.nranks());
@@ -1265,7 +1281,7 @@ impl<T: Elem> HostRunner<T> {
                 ];
                 // SAFETY: both vectors hold at least `n` elements (the largest shape) and
                 // are borrowed for the call.
-                unsafe { coll.group_host(&ops)? }
+                unsafe { coll.group(&ops, Exec::Host)? }
             }
         }
         Ok(())
