@@ -77,7 +77,7 @@ impl Collectives {
         self.gpu_kernels("all_gather")?;
         self.check_fault("all_gather", false)?;
         let bytes = checked_bytes("all_gather", send_count, dtype.size())?;
-        if self.cross.is_none() {
+        if self.cross().is_none() {
             self.resolve_all_gather("all_gather", algo, bytes)?;
         }
         let total = checked_bytes("all_gather", bytes, self.nranks())?;
@@ -95,7 +95,7 @@ impl Collectives {
             gpu::check_range("all_gather: send", send, bytes, dtype.size())?;
             gpu::check_range("all_gather: recv", recv, total, dtype.size())
         })())?;
-        if self.cross.is_some() {
+        if self.cross().is_some() {
             // SAFETY: the ranges were checked above; the caller keeps them valid.
             return unsafe { self.cross_all_gather(Exec::Gpu(stream), send, recv, bytes, dtype) };
         }
@@ -124,7 +124,7 @@ impl Collectives {
             return self.empty_call(ex, "all_gather_host", desc::ALL_GATHER, dtype, None, None);
         }
         let (s, r) = (send, recv);
-        if self.cross.is_some() {
+        if self.cross().is_some() {
             // SAFETY: send holds bytes, recv nranks * bytes (caller contract).
             return unsafe { self.cross_all_gather(Exec::Host, s, r, bytes as usize, dtype) };
         }

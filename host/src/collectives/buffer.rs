@@ -461,7 +461,10 @@ mod tests {
         assert_eq!((p.send, p.recv), (send_addr, recv_addr));
         assert_eq!((p.send_count, p.recv_count, p.dtype), (6, 3, DataType::F32));
         let e = p.same_count("all_reduce_host").unwrap_err().to_string();
-        assert!(e.contains("all_reduce_host: send has 6 elements, recv 3"), "{e}");
+        assert!(
+            e.contains("all_reduce_host: send has 6 elements, recv 3"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -470,7 +473,10 @@ mod tests {
         let mut recv = [0.0f32; 4];
         let e = Pair::new("broadcast_host", &send[..], &mut recv[..], Exec::Host);
         let e = e.err().expect("refused").to_string();
-        assert!(e.contains("broadcast_host: send holds uint8, recv float"), "{e}");
+        assert!(
+            e.contains("broadcast_host: send holds uint8, recv float"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -478,7 +484,7 @@ mod tests {
         // SAFETY: never dereferenced: the call is refused before any use.
         let mut raw = unsafe { RawBuffer::device(0x1000, 8, DataType::F32) };
         let e = in_place("all_reduce_host_in_place", &mut raw, Exec::Host);
-        let e = e.err().expect("refused").to_string();
+        let e = e.expect_err("refused").to_string();
         assert!(
             e.contains("a buffer in device memory needs a stream (Exec::Gpu)")
                 && e.contains("given Exec::Host"),

@@ -445,7 +445,7 @@ impl Collectives {
                 }
             }
         };
-        if self.cross.is_none() {
+        if self.cross().is_none() {
             return local();
         }
         self.cross_call(call, ex, |cross, _, _| {
@@ -454,11 +454,6 @@ impl Collectives {
             // SAFETY: no bytes: the step copies nothing in or out.
             unsafe { self.x_step(ex, cross, call, 0, 0, [0, tag], 0, flags, 0) }
         })
-    }
-
-    /// The cross-host state, or `None` for a one-host `Collectives`.
-    pub(super) fn cross(&self) -> Option<&Cross> {
-        self.cross.as_ref()
     }
 
     /// Runs `body` with the cross state locked, after the pending errors; a failure of the
@@ -473,7 +468,7 @@ impl Collectives {
         if matches!(ex, Exec::Host) {
             self.host_only(call)?;
         }
-        let cross = self.cross.as_ref().expect("a cross-host Collectives");
+        let cross = self.cross().expect("a cross-host Collectives");
         let mut st = cross.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = &st.broken {
             return Err(copy_error(call, e));

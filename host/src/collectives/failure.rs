@@ -144,7 +144,7 @@ impl Collectives {
             .record()
             .filter(|r| mismatch || r.kind != fault::MISMATCH || cross::is_cross(r.place))
         else {
-            return match self.cross {
+            return match self.cross() {
                 Some(_) => self.cross_fault(call),
                 None => Ok(()),
             };
@@ -166,7 +166,7 @@ impl Collectives {
     fn fault_error(&self, call: &str, rec: &FaultRecord) -> CommError {
         let me = self.rank();
         // Across hosts the kernels inside a host name their peer by local index.
-        let rec = &match &self.cross {
+        let rec = &match self.cross() {
             Some(c) if !matches!(rec.place, fault::AT_XP2P | fault::AT_XP2P_GONE) => FaultRecord {
                 peer: c.topo.group().get(rec.peer).copied().unwrap_or(rec.peer),
                 ..*rec
@@ -212,7 +212,7 @@ impl Collectives {
                 .map_or(String::new(), |hint| format!("; {hint}"));
                 // Across hosts a local step's peer is an index in the host's group.
                 let what = format!("collective #{} ({})", rec.seq + 1, describe(rec.own));
-                let (left, (behind, stuck)) = match &self.cross {
+                let (left, (behind, stuck)) = match self.cross() {
                     None => (self.left_note(rec.peer), self.stall_texts(rec.peer, &what)),
                     Some(c) => match c.topo.hosts[c.topo.host].get(rec.peer) {
                         Some(&rank) => (String::new(), self.stall_texts(rank, &what)),
@@ -418,7 +418,7 @@ impl Collectives {
     pub(super) fn cross_error(&self, call: &str, rec: &FaultRecord) -> CommError {
         let me = self.rank();
         let h = rec.peer;
-        let (peer, host) = match &self.cross {
+        let (peer, host) = match self.cross() {
             Some(c) if h < c.hosts() => (
                 c.topo.rank_at(h, c.topo.local).to_string(),
                 c.topo.host_name(h),
@@ -472,7 +472,7 @@ impl Collectives {
                     Backend::Host => None,
                 }
                 .map_or(String::new(), |hint| format!("; {hint}"));
-                let (left, (behind, stuck)) = match &self.cross {
+                let (left, (behind, stuck)) = match self.cross() {
                     Some(c) if h < c.hosts() => {
                         let rank = c.topo.rank_at(h, c.topo.local);
                         let what = format!("{} across hosts", describe_cross(rec.own));

@@ -2,7 +2,6 @@
 //! all-gather over the local group (also a step of the across-hosts all-reduce).
 
 use super::descriptor::all_gather_tag;
-use super::gpu;
 use super::kernel_table::HostKernel;
 use super::{AllGatherAlgo, AllReduceAlgo, Collectives, DataType};
 use crate::communicator::CommError;
@@ -43,24 +42,6 @@ impl Collectives {
                 (blocks as u32, threads)
             }
         }
-    }
-
-    pub(super) fn gpu_kernels(&self, call: &str) -> Result<&gpu::Kernels, CommError> {
-        self.gpu.as_ref().ok_or_else(|| {
-            CommError::InvalidArgument(format!(
-                "{call}: this communicator runs on the host backend (no GPU); use the *_host \
-                 calls"
-            ))
-        })
-    }
-
-    pub(super) fn host_only(&self, call: &str) -> Result<(), CommError> {
-        if self.gpu.is_some() {
-            return Err(CommError::InvalidArgument(format!(
-                "{call}: this communicator runs on a GPU; pass device buffers to the GPU calls"
-            )));
-        }
-        Ok(())
     }
 
     /// Runs a kernel body on CPU threads (host backend): one block of `max(nranks, 2)`

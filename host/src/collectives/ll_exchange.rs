@@ -25,7 +25,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let kernels = self.gpu_kernels("ll_exchange")?;
         self.check_fault("ll_exchange", false)?;
-        if self.cross.is_some() {
+        if self.cross().is_some() {
             return Err(CommError::InvalidArgument(
                 "ll_exchange: for ranks of one host (memory channels) only".into(),
             ));

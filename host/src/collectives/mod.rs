@@ -1,27 +1,33 @@
 //! Collectives: all-reduce, all-gather, reduce-scatter, reduce, broadcast and all-to-all over
 //! memory channels (docs/guide/06-design.md §8), and sends and receives.
 //!
-//! Each operation's calls (raw, typed, host, in place) are in a file of their own:
-//! `all_reduce.rs`, `all_gather.rs`, `reduce_scatter.rs`, `reduce.rs`, `broadcast.rs`,
-//! `all_to_all.rs`, `send_recv.rs` and `ll_exchange.rs` (a benchmark reference). Every choice
-//! among algorithms is in `select.rs`. What they share is in files named for it: `launch.rs`
-//! (grids, the host backend's CPU threads, the local all-gather), `gpu.rs` (the loaded
-//! module, stream checks, dependent launch), `kernel_table.rs` (which kernel runs a type),
-//! `scatter_rooted.rs` (the paths of reduce-scatter, reduce, broadcast and all-to-all),
-//! `descriptor.rs` (call descriptors), `failure.rs` (why a call failed), `topology.rs`
-//! (hosts and groups), `cross.rs` (the step across hosts), `cross_collectives.rs` (the
-//! collectives across hosts), `send_recv_proxy.rs` (send/recv with other hosts), `proxy.rs` (the
-//! proxy all-reduce's pipeline), `staged.rs` (fp8 and pre-multiplied sums) and `order.rs`
-//! (call order across streams).
+//! Every operation is one generic call over [`Buffer`]s (and an in-place form), in a file of
+//! its own: `all_reduce.rs`, `all_gather.rs`, `reduce_scatter.rs`, `reduce.rs`,
+//! `broadcast.rs`, `all_to_all.rs`, `send_recv.rs` and `ll_exchange.rs` (a benchmark
+//! reference). What a call reads and writes and where it runs are in `buffer.rs`
+//! ([`Buffer`], [`RawBuffer`], [`Exec`]); what runs the kernels (GPU or Host) and which
+//! ranks they span (one host or several) in `engine.rs`; every choice among algorithms in
+//! `select.rs`. What they share is in files named for it: `types.rs` (element types and
+//! operations), `config.rs` ([`CollConfig`]), `set_up.rs` ([`Collectives::new`]),
+//! `launch.rs` (grids, the host backend's CPU threads, the local all-gather), `gpu.rs` (the
+//! loaded module, stream checks, dependent launch), `kernel_table.rs` (which kernel runs a
+//! type), `scatter_rooted.rs` (the paths of reduce-scatter, reduce, broadcast and
+//! all-to-all), `descriptor.rs` (call descriptors), `failure.rs` (why a call failed),
+//! `topology.rs` (hosts and groups), `cross.rs` (the step across hosts),
+//! `cross_collectives.rs` (the collectives across hosts), `send_recv_proxy.rs` (send/recv
+//! with other hosts), `proxy.rs` (the proxy all-reduce's pipeline), `staged.rs` (fp8 and
+//! pre-multiplied sums) and `order.rs` (call order across streams).
 //!
 //! [`Collectives`] takes a set-up-less [`Communicator`], connects a memory channel to every
 //! other rank over a scratch buffer registered once (plus LL-packet scratch and an array of
 //! semaphores), and then runs the collective kernels of the device crate. Calls allocate
 //! nothing and never synchronise with the host, so they may be captured into a CUDA graph.
 //!
-//! On the GPU backend the buffers are device pointers (raw, or cudarc
-//! [`CudaSlice`](crate::cuda::CudaSlice)s) and calls are stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU)
-//! the same kernels run on CPU threads over shared memory, and calls block until done.
+//! On the GPU backend the buffers are device memory (cudarc
+//! [`CudaSlice`](crate::cuda::CudaSlice)s and views, or [`RawBuffer::device`]) and calls are
+//! stream-ordered on the caller's [`CudaStream`]. On the host backend (no GPU) the buffers are
+//! host memory, the same kernels run on CPU threads over shared memory, and calls
+//! ([`Exec::Host`]) block until done.
 //!
 //! # Across hosts
 //!
@@ -151,9 +157,11 @@ mod all_reduce;
 mod all_to_all;
 mod broadcast;
 mod buffer;
+mod config;
 mod cross;
 mod cross_collectives;
 mod descriptor;
+mod engine;
 mod failure;
 mod gpu;
 mod kernel_table;
@@ -167,10 +175,13 @@ mod scatter_rooted;
 mod select;
 mod send_recv;
 mod send_recv_proxy;
+mod set_up;
 mod staged;
 mod topology;
+mod types;
 
 pub use buffer::{Buffer, BufferMut, Exec, Memory, Place, RawBuffer};
+pub use config::CollConfig;
 pub use cross::CROSS_BUFFER_ENV;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
@@ -178,382 +189,18 @@ pub use select::{CROSS_TWO_SHOT_SAVES, ROOTED_PIPELINED_ABOVE, TWO_RANK_ONE_SHOT
 pub use send_recv::P2pOp;
 pub use send_recv_proxy::P2P_PEERS_ENV;
 pub use staged::{Fp8E4M3, Fp8E5M2, PreMulScalar, STAGING_BYTES};
+pub use types::{DataType, Element, ReduceOp};
 
-use self::failure::caused_by_another_rank;
 use crate::communicator::{Backend, Buffer as Registered, CommError, Communicator, idle_within};
 use crate::cuda::{CudaStream, Gpu};
-use crate::settings::{CrossBuffer, PdlMode, Settings};
-use crate::transport::TransportKind;
-use crate::transport::tags::{TAG_PROXY, TAG_SCRATCH, TAG_SEMAPHORES};
 use mscclpp_device::channel::DevConn;
-use mscclpp_device::collectives::{
-    COUNTER_WORDS, CollContext, DESC_BYTES, EXPECTED_WORDS, MAX_RANKS, SEMAPHORE_WORDS,
-    STATE_WORDS, guard, one_shot_max_bytes,
-};
-use std::collections::HashMap;
+use mscclpp_device::collectives::{COUNTER_WORDS, CollContext, EXPECTED_WORDS, one_shot_max_bytes};
 use std::fmt;
-use std::sync::Arc;
-
-/// Element type of a collective.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DataType {
-    /// 32-bit IEEE float.
-    F32,
-    /// 16-bit IEEE float.
-    F16,
-    /// bfloat16.
-    Bf16,
-    /// 64-bit IEEE float.
-    F64,
-    /// Signed 8-bit integer.
-    I8,
-    /// Unsigned 8-bit integer.
-    U8,
-    /// Signed 32-bit integer.
-    I32,
-    /// Unsigned 32-bit integer.
-    U32,
-    /// Signed 64-bit integer.
-    I64,
-    /// Unsigned 64-bit integer.
-    U64,
-    /// 8-bit float e4m3 ([`Fp8E4M3`]); its reductions accumulate in f32 and round once
-    /// (see [`STAGING_BYTES`]'s module, "Staged reductions").
-    Fp8E4M3,
-    /// 8-bit float e5m2 ([`Fp8E5M2`]), reduced as e4m3.
-    Fp8E5M2,
-}
-
-impl DataType {
-    /// Every type.
-    pub const ALL: [DataType; 12] = [
-        DataType::F32,
-        DataType::F16,
-        DataType::Bf16,
-        DataType::F64,
-        DataType::I8,
-        DataType::U8,
-        DataType::I32,
-        DataType::U32,
-        DataType::I64,
-        DataType::U64,
-        DataType::Fp8E4M3,
-        DataType::Fp8E5M2,
-    ];
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DataType::F64 | DataType::I64 | DataType::U64 => 8,
-            DataType::F32 | DataType::I32 | DataType::U32 => 4,
-            DataType::F16 | DataType::Bf16 => 2,
-            DataType::I8 | DataType::U8 | DataType::Fp8E4M3 | DataType::Fp8E5M2 => 1,
-        }
-    }
-
-    /// The name nccl-tests prints (`float`, `half`, `bfloat16`, `double`, `int8`, `uint8`,
-    /// `int32`, `uint32`, `int64`, `uint64`, `f8e4m3`, `f8e5m2`).
-    pub fn name(self) -> &'static str {
-        match self {
-            DataType::F32 => "float",
-            DataType::F16 => "half",
-            DataType::Bf16 => "bfloat16",
-            DataType::F64 => "double",
-            DataType::I8 => "int8",
-            DataType::U8 => "uint8",
-            DataType::I32 => "int32",
-            DataType::U32 => "uint32",
-            DataType::I64 => "int64",
-            DataType::U64 => "uint64",
-            DataType::Fp8E4M3 => "f8e4m3",
-            DataType::Fp8E5M2 => "f8e5m2",
-        }
-    }
-}
-
-impl fmt::Display for DataType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Reduction operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// Element-wise sum.
-    Sum,
-    /// Element-wise product.
-    Prod,
-    /// Element-wise minimum (floats by IEEE `totalOrder`: -0 < +0).
-    Min,
-    /// Element-wise maximum (floats by IEEE `totalOrder`).
-    Max,
-    /// The sum divided once, at the end, by the number of ranks (integers: truncated).
-    Avg,
-    /// Every rank's input times its own scalar (in the type), then summed in rank order:
-    /// NCCL's `ncclRedOpCreatePreMulSum`. Made by [`ReduceOp::pre_mul_sum`] (a host value)
-    /// or [`ReduceOp::pre_mul_sum_at`] (read from memory when the call runs).
-    PreMulSum(PreMulScalar),
-}
-
-impl ReduceOp {
-    /// Every built-in operation (all but [`PreMulSum`](ReduceOp::PreMulSum)).
-    pub const ALL: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Avg,
-    ];
-
-    /// The name nccl-tests prints.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Prod => "prod",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-            ReduceOp::Avg => "avg",
-            ReduceOp::PreMulSum(_) => "premulsum",
-        }
-    }
-}
 
 /// All-reduce, all-gather and rooted algorithms and the network between hosts
 /// ([`CollConfig::cross_transport`]): defined with the settings that choose them
 /// (`MSCCLPP_ALLREDUCE_ALGO`, ...).
 pub use crate::settings::{AllGatherAlgo, AllReduceAlgo, CrossTransport, RootedAlgo};
-
-impl CrossTransport {
-    /// The transport this setting takes on this machine.
-    pub fn resolve(self) -> TransportKind {
-        match self {
-            CrossTransport::Tcp => TransportKind::Tcp,
-            CrossTransport::Ib => TransportKind::Ib,
-            CrossTransport::Auto => match crate::transport::ib::list_devices() {
-                Ok(d) if !d.is_empty() => TransportKind::Ib,
-                _ => TransportKind::Tcp,
-            },
-        }
-    }
-}
-
-/// Element types the typed calls accept.
-pub trait Element: Copy + Send + Sync + 'static {
-    /// The matching [`DataType`].
-    const DTYPE: DataType;
-}
-
-impl Element for f32 {
-    const DTYPE: DataType = DataType::F32;
-}
-impl Element for half::f16 {
-    const DTYPE: DataType = DataType::F16;
-}
-impl Element for half::bf16 {
-    const DTYPE: DataType = DataType::Bf16;
-}
-impl Element for f64 {
-    const DTYPE: DataType = DataType::F64;
-}
-impl Element for i8 {
-    const DTYPE: DataType = DataType::I8;
-}
-impl Element for u8 {
-    const DTYPE: DataType = DataType::U8;
-}
-impl Element for i32 {
-    const DTYPE: DataType = DataType::I32;
-}
-impl Element for u32 {
-    const DTYPE: DataType = DataType::U32;
-}
-impl Element for i64 {
-    const DTYPE: DataType = DataType::I64;
-}
-impl Element for u64 {
-    const DTYPE: DataType = DataType::U64;
-}
-// The fp8 types' `Element` impls are beside them, in `staged.rs`.
-
-/// Settings of [`Collectives`].
-#[derive(Debug, Clone)]
-pub struct CollConfig {
-    /// Bytes of the scratch buffer each rank registers, in two equal regions: one for
-    /// all-pairs, one shared by the other algorithms (each pipelines larger messages
-    /// through its region, in rounds). All-pairs has its own so that it needs no barrier at
-    /// the end of a call.
-    pub scratch_bytes: usize,
-    /// Largest message (bytes per rank) the one-shot packet path serves; [`Auto`] uses it
-    /// up to this size. Each peer pair gets `4 *` this in packet scratch.
-    ///
-    /// [`Auto`]: AllReduceAlgo::Auto
-    pub packet_max_bytes: usize,
-    /// Most blocks of a two-shot or all-gather kernel (1..=128; GPU only).
-    pub max_blocks: u32,
-    /// Threads per block of the GPU kernels (a multiple of 32, 32..=512).
-    pub threads: u32,
-    /// The all-reduce algorithm of calls that pass [`AllReduceAlgo::Auto`] (the typed and
-    /// host calls), unless `MSCCLPP_ALLREDUCE_ALGO` is set.
-    pub all_reduce_algo: AllReduceAlgo,
-    /// The all-gather algorithm of calls that pass [`AllGatherAlgo::Auto`], unless
-    /// `MSCCLPP_ALLGATHER_ALGO` is set.
-    pub all_gather_algo: AllGatherAlgo,
-    /// Sends and receives of at most this many bytes go as LL packets, with no rendezvous
-    /// (0: never). Each peer pair gets `4 *` this in packet scratch. Must be equal on every
-    /// rank, as the two following.
-    pub p2p_packet_max_bytes: usize,
-    /// Blocks of every LL send and receive on a GPU (1..=16; at most the blocks a transfer
-    /// may use).
-    pub p2p_packet_blocks: u32,
-    /// Larger sends and receives: pieces in flight per block (1..=4): the sender fills the
-    /// next while the receiver copies one out.
-    pub p2p_depth: u32,
-    /// The broadcast algorithm above the LL size, unless `MSCCLPP_BROADCAST_ALGO` is set.
-    pub broadcast_algo: RootedAlgo,
-    /// The reduce algorithm above the LL size, unless `MSCCLPP_REDUCE_ALGO` is set.
-    pub reduce_algo: RootedAlgo,
-    /// [`RootedAlgo::Pipelined`]: pieces in flight per block and link (1..=8).
-    pub rooted_depth: u32,
-    /// [`RootedAlgo::Pipelined`]: the smallest piece (bytes; pieces aim at 8 per block,
-    /// capped by what the scratch holds per block and depth). At most 16 MiB.
-    pub rooted_piece_bytes: usize,
-    /// Across hosts: the network transport of the proxy channels between hosts (the
-    /// cross-host steps and send/recv with other hosts). Must agree on every rank.
-    pub cross_transport: CrossTransport,
-    /// Across hosts: send/recv with ranks on other hosts is set up (two network channels,
-    /// TCP or IB, and `scratch_bytes / 8`, between 32 KiB and 2 MiB, of buffer per such
-    /// rank) when there are at most this many of them; above, such sends and receives are
-    /// refused. Must be equal on every rank. Ignored once any rank names its peers
-    /// ([`p2p_peers`](Self::p2p_peers)). Ranks of this rank's machine that the collectives
-    /// put in another group (machines of different sizes) are always reached and not
-    /// counted: they need no network.
-    pub p2p_remote_max: usize,
-    /// Across hosts: the ranks on other hosts this rank sends to or receives from, when
-    /// known (a pipeline stage's neighbours, say). `None` (the default): every rank on
-    /// another host, while there are at most [`p2p_remote_max`](Self::p2p_remote_max).
-    /// `Some(ranks)`: these (ranks of this rank's host are always reached and ignored
-    /// here). A pair is connected when either of its ranks names the other, so ranks may
-    /// name different lists, and the limit does not apply. Every rank's buffer for these
-    /// holds a region (`scratch_bytes / 8`, between 32 KiB and 2 MiB) per peer of the rank
-    /// with the most peers, so a rank that names many makes every rank's buffer that large
-    /// (the two buffers a channel joins are of one size). `MSCCLPP_P2P_PEERS` overrides
-    /// it ([`P2P_PEERS_ENV`]: `13,+8,-8`, absolute ranks and ranks relative to this one;
-    /// `all`, `none`).
-    pub p2p_peers: Option<Vec<usize>>,
-    /// Across hosts, on a GPU whose partners are all reached over TCP: the cross buffer and
-    /// the send/recv buffer are pinned host memory mapped into the device (`true`, the
-    /// default; the sockets read and write them directly, and a signal is a CPU store the
-    /// kernel polls) rather than device memory staged by the copy engine (`false`). Each
-    /// rank may choose for itself (the wire is the same); `MSCCLPP_CROSS_BUFFER=host|device`
-    /// ([`CROSS_BUFFER_ENV`]) sets it in [`from_env`](Self::from_env).
-    pub cross_buffer_host: bool,
-}
-
-impl Default for CollConfig {
-    /// The defaults of the settings ([`Settings::default`]), with no environment.
-    fn default() -> Self {
-        CollConfig::from_settings(&Settings::default())
-    }
-}
-
-impl CollConfig {
-    /// The defaults, with `MSCCLPP_COLL_SCRATCH_BYTES`, `MSCCLPP_COLL_PACKET_MAX_BYTES`,
-    /// `MSCCLPP_COLL_MAX_BLOCKS`, `MSCCLPP_COLL_THREADS`, `MSCCLPP_P2P_PACKET_MAX_BYTES`,
-    /// `MSCCLPP_P2P_PACKET_BLOCKS`, `MSCCLPP_P2P_DEPTH`, `MSCCLPP_ROOTED_DEPTH`,
-    /// `MSCCLPP_ROOTED_PIECE_BYTES`, `MSCCLPP_P2P_REMOTE_MAX`, `MSCCLPP_CROSS_TRANSPORT`
-    /// (`auto`, `tcp`, `ib`) and `MSCCLPP_CROSS_BUFFER` (`host`, `device`) applied when set.
-    pub fn from_env() -> Result<CollConfig, CommError> {
-        Ok(CollConfig::from_settings(settings()?))
-    }
-
-    /// The values of `settings` (see [`from_env`](Self::from_env)); the algorithms stay
-    /// `Auto` and the peers `None` (their variables override the config when the
-    /// collectives are made).
-    pub fn from_settings(s: &Settings) -> CollConfig {
-        CollConfig {
-            scratch_bytes: s.coll_scratch_bytes,
-            packet_max_bytes: s.coll_packet_max_bytes,
-            max_blocks: s.coll_max_blocks,
-            threads: s.coll_threads,
-            all_reduce_algo: AllReduceAlgo::Auto,
-            all_gather_algo: AllGatherAlgo::Auto,
-            p2p_packet_max_bytes: s.p2p_packet_max_bytes,
-            p2p_packet_blocks: s.p2p_packet_blocks,
-            p2p_depth: s.p2p_depth,
-            broadcast_algo: RootedAlgo::Auto,
-            reduce_algo: RootedAlgo::Auto,
-            rooted_depth: s.rooted_depth,
-            rooted_piece_bytes: s.rooted_piece_bytes,
-            p2p_remote_max: s.p2p_remote_max,
-            p2p_peers: None,
-            cross_transport: s.cross_transport,
-            cross_buffer_host: s.cross_buffer == CrossBuffer::Host,
-        }
-    }
-
-    fn validate(&self) -> Result<(), CommError> {
-        let bad = |m: String| Err(CommError::InvalidArgument(format!("collectives: {m}")));
-        if self.scratch_bytes < 4096 {
-            return bad(format!(
-                "scratch of {} bytes; at least 4096",
-                self.scratch_bytes
-            ));
-        }
-        if self.packet_max_bytes == 0 || self.packet_max_bytes > 1 << 30 {
-            return bad(format!(
-                "packet_max_bytes {} is not in 1..=1 GiB",
-                self.packet_max_bytes
-            ));
-        }
-        if !(1..=mscclpp_device::collectives::MAX_BLOCKS as u32).contains(&self.max_blocks) {
-            return bad(format!(
-                "max_blocks {} is not in 1..={}",
-                self.max_blocks,
-                mscclpp_device::collectives::MAX_BLOCKS
-            ));
-        }
-        if !(32..=512).contains(&self.threads) || !self.threads.is_multiple_of(32) {
-            return bad(format!(
-                "threads {} is not a multiple of 32 in 32..=512",
-                self.threads
-            ));
-        }
-        if self.p2p_packet_max_bytes > 4 << 20 {
-            return bad(format!(
-                "p2p_packet_max_bytes {} is above 4 MiB",
-                self.p2p_packet_max_bytes
-            ));
-        }
-        use mscclpp_device::collectives::send_recv::{P2P_LL_BLOCKS, P2P_MAX_DEPTH};
-        if !(1..=P2P_LL_BLOCKS).contains(&self.p2p_packet_blocks) {
-            return bad(format!(
-                "p2p_packet_blocks {} is not in 1..={P2P_LL_BLOCKS}",
-                self.p2p_packet_blocks
-            ));
-        }
-        if !(1..=P2P_MAX_DEPTH).contains(&self.p2p_depth) {
-            return bad(format!(
-                "p2p_depth {} is not in 1..={P2P_MAX_DEPTH}",
-                self.p2p_depth
-            ));
-        }
-        use mscclpp_device::collectives::pipe::{PIPE_MAX_DEPTH, PIPE_MAX_PIECE};
-        if !(1..=PIPE_MAX_DEPTH).contains(&self.rooted_depth) {
-            return bad(format!(
-                "rooted_depth {} is not in 1..={PIPE_MAX_DEPTH}",
-                self.rooted_depth
-            ));
-        }
-        if self.rooted_piece_bytes as u64 > PIPE_MAX_PIECE {
-            return bad(format!(
-                "rooted_piece_bytes {} is above {PIPE_MAX_PIECE}",
-                self.rooted_piece_bytes
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// All-reduce and all-gather over one communicator. See the [module](self).
 pub struct Collectives {
@@ -572,18 +219,12 @@ pub struct Collectives {
     /// How proxy calls are cut (`MSCCLPP_PROXY_BLOCKS`, `MSCCLPP_PROXY_CHUNK_BYTES`,
     /// [`Collectives::set_proxy_pipeline`]).
     proxy_pipe: proxy::ProxyPipe,
-    gpu: Option<gpu::Kernels>,
-    /// The reduce-scatter, reduce, broadcast, all-to-all and send/recv kernels (GPU backend).
-    scatter_rooted: Option<scatter_rooted::Kernels>,
-    /// Sends and receives between the ranks of this host (every Collectives has it).
-    p2p: Option<send_recv::P2p>,
-    /// Sends and receives with ranks on other hosts (across hosts, with the ranks agreed at
-    /// set-up: see `send_recv_proxy::agree`; `None` when there are none).
-    xp2p: Option<send_recv_proxy::XP2p>,
-    /// Across hosts: why send/recv does not reach every rank on another host, if it does not.
-    p2p_off: Option<String>,
-    /// Across hosts: the TCP channels to the partners and the staging (see `cross.rs`).
-    cross: Option<cross::Cross>,
+    /// What runs the kernels: the GPU's loaded modules, or CPU threads.
+    engine: engine::Engine,
+    /// One host, or several (with the cross-host state).
+    span: engine::Span,
+    /// Sends and receives between the ranks of this host (or group).
+    p2p: send_recv::P2p,
     /// The proxy channels' handles on the host (host backend kernels read them here).
     _host_conns: Vec<DevConn<'static>>,
     _scratch: Registered,
@@ -611,16 +252,6 @@ impl fmt::Debug for Collectives {
             .field("config", &self.config)
             .finish()
     }
-}
-
-/// This process's settings, or the error naming the variables that do not parse.
-fn settings() -> Result<&'static Settings, CommError> {
-    Settings::global().map_err(|e| CommError::InvalidArgument(e.to_string()))
-}
-
-/// A setting's algorithm: `None` for `Auto` (the config decides).
-fn forced<T: PartialEq>(value: T, auto: T) -> Option<T> {
-    (value != auto).then_some(value)
 }
 
 /// How [`wait_idle`] ended.
@@ -663,285 +294,7 @@ fn wait_idle<E>(
     }
 }
 
-/// The most blocks a collective kernel may have when ranks share a GPU (several processes on
-/// one device under MPS), else `u32::MAX`. The kernels' blocks wait for their peers' blocks,
-/// so every kernel of the ranks on one device must fit on it at once: a kernel that fills the
-/// device while its local peer's kernel waits for room never ends (seen with four ranks on
-/// one H200: two simulated hosts of two, all-gather at 4 MiB). The kernels are built for 512
-/// threads at 128 registers, one block per multiprocessor, so each of `k` ranks sharing a
-/// device gets `multiprocessors / k` blocks. Every rank computes the same cap from the same
-/// table (the most ranks on any one device of the communicator), so grids stay equal on
-/// every rank.
-fn shared_gpu_block_cap(comm: &Communicator) -> Result<u32, CommError> {
-    // Each rank's device as "multiprocessors pci-bus-id machine" (empty on the host
-    // backend). The machine, not the bootstrap's host id: simulated hosts
-    // (`MSCCLPP_HOST_ID`) split one machine, and their ranks may share its devices.
-    let me = match comm.backend() {
-        Backend::Gpu(g) => format!(
-            "{} {} {}",
-            g.info().multiprocessors,
-            g.info().pci_bus_id,
-            crate::bootstrap::machine_id()
-        ),
-        Backend::Host => String::new(),
-    };
-    let table = comm.bootstrap_all_gather(me.as_bytes())?;
-    Ok(block_cap_of(&table))
-}
-
-/// The cap from every rank's device (as "multiprocessors pci-bus-id machine", empty
-/// without a GPU): the most ranks on one device, over the smallest device. The same on
-/// every rank, which reads the same table.
-fn block_cap_of(devices: &[Vec<u8>]) -> u32 {
-    let mut per_device: HashMap<&[u8], u32> = HashMap::new();
-    let mut sms = u32::MAX;
-    for dev in devices {
-        let text = String::from_utf8_lossy(dev);
-        if let Some(n) = text.split(' ').next().and_then(|n| n.parse::<u32>().ok()) {
-            sms = sms.min(n);
-            *per_device.entry(dev.as_slice()).or_default() += 1;
-        }
-    }
-    share_cap(per_device.values().copied().max().unwrap_or(1), sms)
-}
-
-/// The block cap for `sharing` ranks on a device of `multiprocessors` (see
-/// [`shared_gpu_block_cap`]): no cap for one rank.
-fn share_cap(sharing: u32, multiprocessors: u32) -> u32 {
-    if sharing <= 1 {
-        u32::MAX
-    } else {
-        (multiprocessors / sharing).max(1)
-    }
-}
-
 impl Collectives {
-    /// Registers scratch and connects every pair of ranks of a host, and each rank to the
-    /// ranks of its local index on the other hosts (over TCP; see [Across
-    /// hosts](self#across-hosts)) (collective: every rank calls it, with equal configs).
-    /// `comm` must have no pending connections of its own; it keeps working for the
-    /// caller's own channels afterwards through [`communicator`] (read-only).
-    ///
-    /// [`communicator`]: Self::communicator
-    pub fn new(mut comm: Communicator, config: CollConfig) -> Result<Collectives, CommError> {
-        match Self::set_up(&mut comm, config) {
-            Ok(assemble) => Ok(assemble(comm)),
-            Err(e) => {
-                // The communicator drops here, and its bootstrap's goodbye says why: the
-                // other ranks, whose set-up fails because this rank left, show this error
-                // beside its rank, not only "closed its bootstrap". Not for a failure
-                // another rank caused (that rank is named to everyone as it is).
-                if !caused_by_another_rank(&e) {
-                    let why = format!("setting up its collectives failed on it: {e}");
-                    comm.bootstrap().as_async().set_leaving_why(&why);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// [`new`](Self::new) up to the last step: what it returns makes the collectives of the
-    /// communicator it is given.
-    // Long (~200 lines): the set-up steps run in the order the peers' bootstrap exchanges
-    // need (topology, registrations, connections, contexts); cut into functions they would
-    // pass most of the half-built state between them.
-    fn set_up(
-        comm: &mut Communicator,
-        mut config: CollConfig,
-    ) -> Result<impl FnOnce(Communicator) -> Collectives + use<>, CommError> {
-        config.validate()?;
-        let settings = settings()?;
-        let pdl_env = settings.pdl;
-        let block_cap = shared_gpu_block_cap(comm)?;
-        // Ranks sharing a GPU agree whether any asked for dependent launch (the same cap
-        // everywhere); every rank sees the same cap, so all or none take this step.
-        let one_anywhere = block_cap != u32::MAX && {
-            let one = pdl_env == PdlMode::On;
-            let said = comm.bootstrap_all_gather(&[one as u8])?;
-            said.iter().any(|b| b.first() == Some(&1))
-        };
-        let (pdl, block_cap) = gpu::pdl_plan(pdl_env, block_cap, one_anywhere);
-        config.max_blocks = config.max_blocks.min(block_cap);
-        let env_all_reduce = forced(settings.allreduce_algo, AllReduceAlgo::Auto);
-        let env_all_gather = forced(settings.allgather_algo, AllGatherAlgo::Auto);
-        let env_broadcast = forced(settings.broadcast_algo, RootedAlgo::Auto);
-        let env_reduce = forced(settings.reduce_algo, RootedAlgo::Auto);
-        let proxy_pipe = proxy::ProxyPipe::from_settings(settings)?;
-        // The kernels' context spans the local group: this rank's host (every rank, on one
-        // host), indexed by local index; other hosts are reached through `cross`.
-        let topo = topology::Topology::of(comm)?;
-        let spans_hosts = topo.hosts.len() > 1;
-        let group: Vec<usize> = topo.group().to_vec();
-        let (n, rank) = (group.len(), topo.local);
-        let transport = comm.backend().transport();
-        // Each of the two regions (see CollContext::scratch_len).
-        let region = config.scratch_bytes / 2 / 16 * 16;
-        // Two halves of 2 x packet_max_bytes of packets, then the call descriptors.
-        let packets_len = (config.packet_max_bytes * 4).next_multiple_of(32) + DESC_BYTES as usize;
-        let scratch = comm.alloc_buffer(2 * region)?;
-        let semaphores = comm.alloc_buffer(SEMAPHORE_WORDS * 8)?;
-        let local = comm.alloc_buffer((EXPECTED_WORDS + STATE_WORDS) * 8)?;
-        let mut channels = Vec::new();
-        for p in (0..n).filter(|&p| p != rank) {
-            let g = group[p];
-            let data = comm.connect_memory(g, &scratch, TAG_SCRATCH, transport, packets_len)?;
-            let sems = comm.connect_memory(g, &semaphores, TAG_SEMAPHORES, transport, 0)?;
-            // One proxy channel per lane (block of a proxy kernel).
-            let proxy = (0..proxy_pipe.lanes)
-                .map(|l| comm.connect(g, &scratch, TAG_PROXY + l, transport))
-                .collect::<Result<Vec<_>, _>>()?;
-            channels.push((p, data, sems, proxy));
-        }
-        let network = if spans_hosts {
-            config.cross_transport.resolve()
-        } else {
-            TransportKind::Tcp
-        };
-        let (xp2p, p2p_off) = if spans_hosts {
-            let declared =
-                match send_recv_proxy::peers_of(&settings.p2p_peers, comm.rank(), comm.nranks())? {
-                    Some(list) => Some(list),
-                    None => config.p2p_peers.clone(),
-                };
-            let peers = send_recv_proxy::agree(comm, &config, &topo, declared.as_deref())?;
-            let off = peers.off.clone();
-            let x = if peers.remotes.is_empty() {
-                None
-            } else {
-                Some(send_recv_proxy::XP2p::connect(
-                    comm, &config, &topo, peers, network,
-                )?)
-            };
-            (x, off)
-        } else {
-            (None, None)
-        };
-        let cross = if spans_hosts {
-            Some(cross::Cross::connect(comm, &config, topo, network)?)
-        } else {
-            None
-        };
-        comm.connection_setup()?;
-        let all = comm.memory_channels();
-        // SAFETY: the handles are kept in `_host_conns` (and copied to `gpu`) next to `comm`,
-        // which owns their memory, and are used only while `self` lives.
-        let proxies = unsafe { comm.device_connections_detached() };
-        // conns[l * n + p] = lane l's proxy channel to rank p; the own entries repeat
-        // another (unused).
-        let host_conns: Vec<DevConn<'static>> = match channels.first() {
-            Some((_, _, _, any)) => (0..proxy_pipe.lanes as usize * n)
-                .map(|i| {
-                    let (l, q) = (i / n, i % n);
-                    let lane = channels.iter().find(|c| c.0 == q).map_or(any, |c| &c.3);
-                    proxies[lane[l]]
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        let base = |b: &Registered| {
-            b.device_ptr()
-                .unwrap_or_else(|| b.host_ptr().unwrap() as u64)
-        };
-        let local_base = base(&local);
-        let mut ctx = CollContext {
-            rank: rank as u32,
-            nranks: n as u32,
-            timeout_ns: comm.device_timeout().as_nanos().min(u64::MAX as u128) as u64,
-            scratch_len: region as u64,
-            packets_len: packets_len as u64,
-            scratch: base(&scratch) as *mut u8,
-            peer_scratch: [std::ptr::null_mut(); MAX_RANKS],
-            packets_in: [std::ptr::null_mut(); MAX_RANKS],
-            packets_out: [std::ptr::null_mut(); MAX_RANKS],
-            sems: base(&semaphores) as *mut u64,
-            peer_sems: [std::ptr::null_mut(); MAX_RANKS],
-            expected: local_base as *mut u64,
-            state: (local_base + EXPECTED_WORDS as u64 * 8) as *mut u64,
-            conns: if host_conns.is_empty() {
-                std::ptr::null()
-            } else {
-                host_conns.as_ptr()
-            },
-            fault: comm.fault_area().kernel_ptr(),
-            // The kernels inside a host fail, rather than pass on whatever this rank holds,
-            // once a round across hosts failed on this rank; every rank of the group
-            // advances this call counter alike, so a call beyond what a rank that left made
-            // fails at once (see `guard`).
-            guards: guard::LEFT | if cross.is_some() { guard::CROSS } else { 0 },
-            coll: std::ptr::null(),
-        };
-        ctx.peer_scratch[rank] = ctx.scratch;
-        ctx.peer_sems[rank] = ctx.sems;
-        for &(p, data, sems, _) in &channels {
-            let (d, s) = (&all[data], &all[sems]);
-            ctx.peer_scratch[p] = d.remote_ptr();
-            ctx.packets_in[p] = d.packets_in_ptr();
-            ctx.packets_out[p] = d.packets_out_ptr();
-            ctx.peer_sems[p] = s.remote_ptr() as *mut u64;
-        }
-        let mut p2p = send_recv::P2p::new(comm, &config, &ctx, &group, rank)?;
-        let gpu = match comm.backend() {
-            Backend::Gpu(g) => Some(gpu::Kernels::load(g, &ctx, &host_conns, pdl)?),
-            Backend::Host => None,
-        };
-        let ctx = Box::new(ctx);
-        // A send or receive waiting for a rank inside a collective fails at once (one host:
-        // the two contexts index the same ranks alike; across hosts the collectives run in
-        // rounds the local context does not describe).
-        if cross.is_none() {
-            let coll = gpu.as_ref().map_or(&*ctx as *const CollContext, |k| {
-                k.ctx_ptr() as *const CollContext
-            });
-            p2p.link_collectives(coll)?;
-        }
-        let p2p = Some(p2p);
-        let cross = cross
-            .map(|c| cross::Cross::finish(comm, c, gpu.as_ref()))
-            .transpose()?;
-        let xp2p = xp2p
-            .map(|x| send_recv_proxy::XP2p::finish(comm, x, gpu.as_ref()))
-            .transpose()?;
-        let scatter_rooted = gpu
-            .as_ref()
-            .map(scatter_rooted::Kernels::load)
-            .transpose()?;
-        // Up on every rank or on none: a rank whose set-up failed above (a setting that
-        // differs from its peers', say) leaves, and the others learn it here (the
-        // bootstrap's error naming it, a peer's loss as callers such as the NCCL library's
-        // fallback read it), rather than from their first call.
-        comm.bootstrap_all_gather(&[1])?;
-        if comm.nranks() > 1 {
-            comm.proxy_launch()?;
-        }
-        watch_departures(comm, &group);
-        Ok(move |comm| Collectives {
-            comm,
-            config,
-            block_cap,
-            ctx,
-            env_all_reduce,
-            env_all_gather,
-            env_broadcast,
-            env_reduce,
-            proxy_pipe,
-            gpu,
-            scatter_rooted,
-            p2p,
-            xp2p,
-            p2p_off,
-            cross,
-            _host_conns: host_conns,
-            _scratch: scratch,
-            _semaphores: semaphores,
-            _local: local,
-            context_lost: std::sync::Mutex::new(None),
-            stall_noted: std::sync::Mutex::new(None),
-            name_calls_at_close: true,
-            order: order::CallOrder::new(),
-            staging: staged::Staging::new(),
-        })
-    }
-
     /// The communicator underneath.
     pub fn communicator(&self) -> &Communicator {
         &self.comm
@@ -1039,7 +392,7 @@ impl Collectives {
     /// [`layout_note`](Self::layout_note)); above 1 the collectives run across hosts (see
     /// [Across hosts](self#across-hosts)).
     pub fn hosts(&self) -> usize {
-        self.cross.as_ref().map_or(1, |c| c.topo.hosts.len())
+        self.cross().map_or(1, |c| c.topo.hosts.len())
     }
 
     /// Across hosts: whether the cross buffer (the memory the rounds across hosts pass
@@ -1047,7 +400,7 @@ impl Collectives {
     /// sockets read and write directly (see [`CROSS_BUFFER_ENV`]). `false` on one host, on
     /// the Host backend, over IB, and with `MSCCLPP_CROSS_BUFFER=device`.
     pub fn cross_buffer_mapped(&self) -> bool {
-        self.cross.as_ref().is_some_and(|c| c.buffer_mapped())
+        self.cross().is_some_and(|c| c.buffer_mapped())
     }
 
     /// Why the ranks' hosts are not used as such, if they are not: hosts with different
@@ -1057,7 +410,7 @@ impl Collectives {
     /// engine or shared memory inside one). `None` on one host and on alike hosts. Tools
     /// print it (`mscclpp-perf` does); [`hosts`](Self::hosts) counts the groups.
     pub fn layout_note(&self) -> Option<&str> {
-        self.cross.as_ref().and_then(|c| c.topo.flat.as_deref())
+        self.cross().and_then(|c| c.topo.flat.as_deref())
     }
 
     /// Why send/recv does not reach every rank on other hosts for this `Collectives`, if it
@@ -1069,7 +422,7 @@ impl Collectives {
     /// send such transfers another way (the NCCL library forwards them to the real NCCL)
     /// ask this at set-up.
     pub fn send_recv_across_hosts_off(&self) -> Option<String> {
-        self.p2p_off.clone()
+        self.across_hosts().and_then(|a| a.p2p_off.clone())
     }
 
     /// Whether a send to or receive from rank `peer` is served: a rank of this host (any
@@ -1083,8 +436,7 @@ impl Collectives {
         match self.cross() {
             None => true,
             Some(c) => {
-                c.topo.group().contains(&peer)
-                    || self.xp2p.as_ref().is_some_and(|x| x.reaches(peer))
+                c.topo.group().contains(&peer) || self.remote_p2p().is_some_and(|x| x.reaches(peer))
             }
         }
     }
@@ -1112,28 +464,6 @@ impl Collectives {
 /// its goodbye names the calls it made ([`Collectives::calls_made`]); past it, the goodbye
 /// names none and peers waiting for a call it never made wait for their timeout.
 const CALLS_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Makes the waits of this rank's kernels give up on a call that a rank of `group` (the
-/// ranks whose kernels advance this rank's call counter alike) never made because it left
-/// first: its goodbye names its calls ([`Collectives::calls_made`]), and the fault area's
-/// [`fault::LEFT`] word takes the fewest. A goodbye that names its calls also says that
-/// the rank's work had ended, so everything it wrote has landed: the send/receive waits for
-/// it give up too ([`fault::LEFT_PEERS`]). (Ranks on other hosts count their own kernels;
-/// their departures are seen by the rounds across hosts.)
-fn watch_departures(comm: &Communicator, group: &[usize]) {
-    let area = Arc::downgrade(comm.fault_area());
-    let group = group.to_vec();
-    comm.bootstrap()
-        .as_async()
-        .on_peer_left(move |rank, calls| {
-            if let (Some(calls), Some(area)) = (calls, area.upgrade())
-                && let Some(index) = group.iter().position(|&r| r == rank)
-            {
-                area.note_left(rank, calls);
-                area.note_left_peer(index);
-            }
-        });
-}
 
 impl Collectives {
     /// The collective calls this rank's kernels made (its call counter), every one finished:

@@ -170,7 +170,7 @@ impl Collectives {
     /// ranks under MPS) this plan took 0.49-0.51x the time of the old one (8 lanes of one
     /// block) at 256 MiB and 0.40-0.53x at 64 MiB.
     pub(super) fn proxy_plan(&self, bytes: usize) -> (u32, u64, u32) {
-        self.proxy_plan_for(bytes, self.gpu.is_some())
+        self.proxy_plan_for(bytes, self.runs_on_gpu())
     }
 
     /// [`proxy_plan`](Self::proxy_plan) for a GPU backend (`on_gpu`) or the Host backend.

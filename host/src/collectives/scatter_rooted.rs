@@ -309,7 +309,7 @@ impl Collectives {
         recv: u64,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
-        let kernels = self.scatter_rooted.as_ref().expect("GPU backend");
+        let kernels = &self.on_gpu().scatter_rooted;
         let (index, grid, tag) = self.plan_gpu_launch(&p);
         // The LL kernels start with dependent_launch_entry and go out as dependents (small
         // grids, checked on GPUs; see `mod.rs`, "Launches"); the others do not.

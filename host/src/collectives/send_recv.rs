@@ -253,7 +253,10 @@ impl Collectives {
                 )));
             }
             if !self.send_recv_reaches(peer) {
-                let off = self.p2p_off.as_deref().unwrap_or("no channel to it");
+                let off = self
+                    .across_hosts()
+                    .and_then(|a| a.p2p_off.as_deref())
+                    .unwrap_or("no channel to it");
                 return Err(invalid(format!(
                     "{call}: {what} rank {peer}, on another host: {off}"
                 )));
@@ -306,7 +309,7 @@ impl Collectives {
 
     /// The p2p state of this rank's host (every Collectives has it).
     fn p2p_one_host(&self) -> &P2p {
-        self.p2p.as_ref().expect("built by Collectives::new")
+        &self.p2p
     }
 
     /// Splits checked operations (peers as job ranks) into those with ranks of this host
@@ -318,8 +321,7 @@ impl Collectives {
         for op in &ops.ops[..ops.count as usize] {
             let g = op.peer as usize;
             let xop = self
-                .xp2p
-                .as_ref()
+                .remote_p2p()
                 .and_then(|x| x.op(op.buf, op.bytes, g, op.send != 0));
             if let Some(x) = xop {
                 remote.ops[remote.count as usize] = x;
@@ -507,8 +509,7 @@ impl Collectives {
         }
         if remote.count > 0 {
             let x = self
-                .xp2p
-                .as_ref()
+                .remote_p2p()
                 .expect("remote operations need it (p2p_ops)");
             // SAFETY: the ranges were checked (p2p_ops) and the caller keeps them valid.
             self.noted(unsafe { x.launch(call, remote, self.config.threads, stream) })?;
@@ -525,7 +526,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let blocks = self.p2p_plan(&mut ops, self.p2p_max_blocks());
         let (threads, ll_only) = p2p_threads(&ops, self.config.threads);
-        let kernels = self.scatter_rooted.as_ref().expect("GPU backend");
+        let kernels = &self.on_gpu().scatter_rooted;
         let ctx = self
             .p2p_one_host()
             .dev
@@ -667,8 +668,7 @@ impl Collectives {
             run_local()?;
         } else {
             let x = self
-                .xp2p
-                .as_ref()
+                .remote_p2p()
                 .expect("remote operations need it (p2p_ops)");
             // The group's transfers with other hosts progress beside those inside the host,
             // as a group's transfers do (one after the other, a peer whose local transfer

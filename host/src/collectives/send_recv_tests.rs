@@ -436,7 +436,7 @@ fn send_recv_groups_fit_under_the_shared_gpu_cap() {
     for nranks in [2usize, 3, 4, 8, 16, 64] {
         let lanes = 2 * (nranks as u32 - 1);
         for sharing in [1u32, 2, 4, 8] {
-            let cap = super::super::share_cap(sharing, 132);
+            let cap = super::super::set_up::share_cap(sharing, 132);
             let per = p2p_transfer_blocks(nranks, cap, u32::MAX);
             assert!((1..=P2P_MAX_BLOCKS).contains(&per), "{nranks} ranks: {per}");
             if lanes <= cap.min(128) {

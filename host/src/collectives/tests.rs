@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::launch::one_shot_grid;
+use super::set_up::{block_cap_of, share_cap};
 use super::*;
 use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
 use crate::communicator::CommConfig;
+use crate::transport::TransportKind;
 use mscclpp_device::collectives::fault;
 
 fn comm_config() -> CommConfig {
