@@ -21,6 +21,8 @@ use mscclpp::host::launch::{Launch, LocalLauncher};
 use mscclpp::host::testing;
 
 mod common;
+#[path = "common/netns.rs"]
+mod netns;
 
 const ROLE: &str = "MSCCLPP_TEST_ROLE";
 /// `block:L` (host = rank / L), `cyclic:H` (host = rank % H) or `sizes:A,B,...` (the first
@@ -65,6 +67,62 @@ fn launch_envs(test: &str, nranks: usize, vars: &[(&str, &str)]) {
             "{test}: rank {r} did not finish:\n{output}"
         );
     }
+}
+
+/// Runs `test` in `hosts * per_host` processes, the ranks of each host (layout
+/// `cyclic:<hosts>`) inside a network namespace of their own joined to the others by veth
+/// links, the bootstrap root at rank 0's namespace address; skips, saying why, where
+/// namespaces cannot be made.
+fn launch_in_namespaces(test: &str, hosts: usize, per_host: usize) {
+    launch_in_namespaces_with(test, hosts, per_host, |_| Vec::new());
+}
+
+/// [`launch_in_namespaces`] with the variables `vars(hosts)` set in every rank.
+fn launch_in_namespaces_with(
+    test: &str,
+    hosts: usize,
+    per_host: usize,
+    vars: impl FnOnce(&netns::Hosts) -> Vec<(&'static str, String)>,
+) {
+    let ns = match netns::Hosts::new(hosts, None) {
+        Ok(ns) => ns,
+        Err(e) => {
+            println!("skipped: no network namespaces here ({e})");
+            return;
+        }
+    };
+    let exe = std::env::current_exe().unwrap();
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let test_args = ["--exact", test, "--nocapture", "--test-threads=1"];
+    let args = ns.wrap(port, exe.to_str().unwrap(), &test_args);
+    let nranks = hosts * per_host;
+    let mut cmd = LocalLauncher::command(nranks, "sh")
+        .args(args)
+        .env(ROLE, "rank")
+        .env(LAYOUT, format!("cyclic:{hosts}"));
+    for (key, value) in vars(&ns) {
+        cmd = cmd.env(key, value);
+    }
+    let report = cmd
+        .bootstrap_timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(120))
+        .capture_output(true)
+        .run()
+        .unwrap();
+    let output = report.output.join("\n");
+    assert!(report.success(), "{test}: {report}{output}");
+    for r in 0..nranks {
+        let done = format!("rank {r}: ok");
+        assert!(
+            report.output.iter().any(|l| l.ends_with(&done)),
+            "{test}: rank {r} did not finish:\n{output}"
+        );
+    }
+    // What the ranks saw of a fault (their lines naming how long it took).
+    for line in report.output.iter().filter(|l| l.contains("(after ")) {
+        println!("{line}");
+    }
+    drop(ns);
 }
 
 fn host_of(rank: usize) -> usize {
@@ -829,6 +887,74 @@ fn group_of(c: &Collectives, x: usize, sends: impl Fn(usize) -> Vec<(usize, usiz
             "rank {r}: exchange {x}: {count} from rank {from}"
         );
     }
+}
+
+/// 2 namespaces as 2 hosts of 2 ranks: every collective across a veth link.
+#[test]
+fn namespaces_2x2_every_collective() {
+    if child() {
+        return two_by_two_rank();
+    }
+    launch_in_namespaces("namespaces_2x2_every_collective", 2, 2);
+}
+
+/// 2 namespaces as 2 hosts of 2 ranks: sends and receives across a veth link.
+#[test]
+fn namespaces_2x2_send_recv() {
+    if child() {
+        return send_recv_rank();
+    }
+    launch_in_namespaces("namespaces_2x2_send_recv", 2, 2);
+}
+
+/// The `ip` arguments (one per line) a rank runs to set a link down mid-test.
+const LINK_DOWN: &str = "MSCCLPP_TEST_LINK_DOWN";
+
+/// After a first all-reduce, rank 0 sets host 1's link down: every rank's next all-reduce
+/// fails within the device timeout (none hangs) and the error sticks.
+fn link_down_rank() {
+    let c = collectives();
+    let r = c.rank();
+    let mut buf = vec![1f32; 1000];
+    c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
+        .unwrap();
+    assert_eq!(buf[0], c.nranks() as f32, "rank {r}");
+    c.communicator().bootstrap().barrier().unwrap();
+    if r == 0 {
+        let args: Vec<String> = std::env::var(LINK_DOWN)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        netns::link(&args).unwrap();
+    }
+    // Every rank calls once the link is down (rank 0 takes milliseconds to set it).
+    std::thread::sleep(Duration::from_secs(1));
+    let start = std::time::Instant::now();
+    let e = c
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
+        .expect_err("the link between the hosts is down");
+    let took = start.elapsed();
+    // The test's device timeout is 30 s; the bootstrap may see the loss first.
+    assert!(took < Duration::from_secs(45), "rank {r}: the error took {took:?}: {e}");
+    let e2 = c
+        .all_gather(&[1f32], &mut vec![0f32; c.nranks()], Exec::Host)
+        .expect_err("sticky");
+    println!("rank {r}: {e} (after {took:?}); then: {e2}");
+    println!("rank {r}: ok");
+    // Leave at once: closing the bootstrap politely would wait for unreachable ranks.
+    std::process::exit(0);
+}
+
+/// 2 namespaces as 2 hosts of 2 ranks; the link of one host goes down mid-run.
+#[test]
+fn namespaces_link_down_fails_every_rank() {
+    if child() {
+        return link_down_rank();
+    }
+    launch_in_namespaces_with("namespaces_link_down_fails_every_rank", 2, 2, |ns| {
+        vec![(LINK_DOWN, ns.link_args(1, false).join("\n"))]
+    });
 }
 
 fn send_recv_rank() {

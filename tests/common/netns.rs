@@ -1,0 +1,140 @@
+//! Network namespaces as hosts: `n` namespaces, each joined to a bridge in a switch
+//! namespace of its own by a veth pair (optionally rate-limited with `tc tbf`), addressed
+//! `10.<net>.0.<h + 1>/24`. The ranks of host `h` run inside namespace `h` (through
+//! `ip netns exec`), and rank 0 hosts the bootstrap root at its namespace address, so every
+//! byte between hosts crosses a veth link. Everything is removed when the value drops, also
+//! when a test panics. Making namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN): where
+//! it fails, [`Hosts::new`] says why and the tests skip.
+
+use std::process::Command;
+
+/// Namespaces standing in for hosts; removed on drop.
+#[derive(Debug)]
+pub struct Hosts {
+    prefix: String,
+    hosts: usize,
+    net: u8,
+}
+
+/// Runs `ip args`, or returns its error text.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
+}
+
+/// Runs `ip` with `args` (from [`Hosts::link_args`]).
+pub fn link(args: &[String]) -> Result<(), String> {
+    ip(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Runs `cmd args` inside namespace `ns`, or returns its error text.
+fn ns_run(ns: &str, cmd: &str, args: &[&str]) -> Result<(), String> {
+    let mut all = vec!["netns", "exec", ns, cmd];
+    all.extend_from_slice(args);
+    ip(&all)
+}
+
+impl Hosts {
+    /// Makes `hosts` namespaces on a bridge; each link limited to `rate` (a `tc` rate such
+    /// as `"1gbit"`) when given. `Err` says why they could not be made (the caller skips).
+    pub fn new(hosts: usize, rate: Option<&str>) -> Result<Hosts, String> {
+        let pid = std::process::id();
+        // Interface names are at most 15 bytes: `m` + 7 digits + `s`/`h` + host.
+        let tag = format!("m{}", pid % 10_000_000);
+        let net = 64 + (pid % 128) as u8;
+        let made = Hosts {
+            prefix: tag.clone(),
+            hosts,
+            net,
+        };
+        ip(&["netns", "add", &made.switch()])?;
+        for h in 0..hosts {
+            ip(&["netns", "add", &made.name(h)])?;
+        }
+        let sw = made.switch();
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        for h in 0..hosts {
+            let (outer, inner) = (format!("{tag}s{h}"), format!("{tag}h{h}"));
+            ip(&["link", "add", &outer, "type", "veth", "peer", "name", &inner])?;
+            ip(&["link", "set", &outer, "netns", &sw])?;
+            ip(&["link", "set", &inner, "netns", &made.name(h)])?;
+            ip(&["-n", &sw, "link", "set", &outer, "master", "br0"])?;
+            ip(&["-n", &sw, "link", "set", &outer, "up"])?;
+            let ns = made.name(h);
+            ip(&["-n", &ns, "addr", "add", &format!("{}/24", made.addr(h)), "dev", &inner])?;
+            ip(&["-n", &ns, "link", "set", &inner, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            if let Some(rate) = rate {
+                let args = [
+                    "qdisc", "add", "dev", &inner, "root", "tbf", "rate", rate, "burst", "256kb",
+                    "latency", "50ms",
+                ];
+                ns_run(&ns, "tc", &args)?;
+            }
+        }
+        Ok(made)
+    }
+
+    /// Namespace of host `h`.
+    pub fn name(&self, h: usize) -> String {
+        format!("{}-host{h}", self.prefix)
+    }
+
+    /// The switch's namespace.
+    fn switch(&self) -> String {
+        format!("{}-switch", self.prefix)
+    }
+
+    /// Host `h`'s address.
+    pub fn addr(&self, h: usize) -> String {
+        format!("10.{}.0.{}", self.net, h + 1)
+    }
+
+    /// The `ip` arguments that set host `h`'s link down (`false`) or up, for a rank to run
+    /// mid-test ([`link`] runs them).
+    pub fn link_args(&self, h: usize, up: bool) -> Vec<String> {
+        let state = if up { "up" } else { "down" };
+        let dev = format!("{}s{h}", self.prefix);
+        ["-n", &self.switch(), "link", "set", &dev, state]
+            .map(String::from)
+            .to_vec()
+    }
+
+    /// The arguments of `sh` that run `exe args` as a rank inside the namespace of its host
+    /// (`rank % hosts`, from `MSCCLPP_RANK`: the layout `cyclic:<hosts>`), with the bootstrap
+    /// root at rank 0's address and `port` (replacing the launcher's loopback root).
+    pub fn wrap(&self, port: u16, exe: &str, args: &[&str]) -> Vec<String> {
+        let script = format!(
+            "h=$((MSCCLPP_RANK % {})); \
+             exec ip netns exec {}-host$h env MSCCLPP_BOOTSTRAP={}:{port} \"$0\" \"$@\"",
+            self.hosts,
+            self.prefix,
+            self.addr(0)
+        );
+        let mut all = vec!["-c".to_string(), script, exe.to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        all
+    }
+
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth ends in it, and with them their peers.
+        for h in 0..self.hosts {
+            let _ = ip(&["netns", "del", &self.name(h)]);
+        }
+        let _ = ip(&["netns", "del", &self.switch()]);
+    }
+}
