@@ -936,7 +936,10 @@ fn link_down_rank() {
         .expect_err("the link between the hosts is down");
     let took = start.elapsed();
     // The test's device timeout is 30 s; the bootstrap may see the loss first.
-    assert!(took < Duration::from_secs(45), "rank {r}: the error took {took:?}: {e}");
+    assert!(
+        took < Duration::from_secs(45),
+        "rank {r}: the error took {took:?}: {e}"
+    );
     let e2 = c
         .all_gather(&[1f32], &mut vec![0f32; c.nranks()], Exec::Host)
         .expect_err("sticky");

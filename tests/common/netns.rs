@@ -48,9 +48,12 @@ impl Hosts {
     /// Makes `hosts` namespaces on a bridge; each link limited to `rate` (a `tc` rate such
     /// as `"1gbit"`) when given. `Err` says why they could not be made (the caller skips).
     pub fn new(hosts: usize, rate: Option<&str>) -> Result<Hosts, String> {
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let pid = std::process::id();
-        // Interface names are at most 15 bytes: `m` + 7 digits + `s`/`h` + host.
-        let tag = format!("m{}", pid % 10_000_000);
+        let k = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Interface names are at most 15 bytes: `m` + pid + `x` + the test's number + `s`/`h`
+        // + host.
+        let tag = format!("m{}x{k}", pid % 10_000_000);
         let net = 64 + (pid % 128) as u8;
         let made = Hosts {
             prefix: tag.clone(),
@@ -66,13 +69,23 @@ impl Hosts {
         ip(&["-n", &sw, "link", "set", "br0", "up"])?;
         for h in 0..hosts {
             let (outer, inner) = (format!("{tag}s{h}"), format!("{tag}h{h}"));
-            ip(&["link", "add", &outer, "type", "veth", "peer", "name", &inner])?;
+            ip(&[
+                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ])?;
             ip(&["link", "set", &outer, "netns", &sw])?;
             ip(&["link", "set", &inner, "netns", &made.name(h)])?;
             ip(&["-n", &sw, "link", "set", &outer, "master", "br0"])?;
             ip(&["-n", &sw, "link", "set", &outer, "up"])?;
             let ns = made.name(h);
-            ip(&["-n", &ns, "addr", "add", &format!("{}/24", made.addr(h)), "dev", &inner])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", made.addr(h)),
+                "dev",
+                &inner,
+            ])?;
             ip(&["-n", &ns, "link", "set", &inner, "up"])?;
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
             if let Some(rate) = rate {
@@ -126,7 +139,6 @@ impl Hosts {
         all.extend(args.iter().map(|a| a.to_string()));
         all
     }
-
 }
 
 impl Drop for Hosts {
