@@ -226,7 +226,7 @@ fn ll_blocks_own_the_same_units_whatever_the_block_size() {
             let mut by_block = vec![Vec::new(); blocks as usize];
             for (k, set) in by_block.iter_mut().enumerate() {
                 for t in 0..nt {
-                    send_recv::block_units(k as u32, blocks, row, units, t, nt, |i| {
+                    send_recv::ll::block_units(k as u32, blocks, row, units, t, nt, |i| {
                         set.push(i);
                         true
                     });
