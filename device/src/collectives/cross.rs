@@ -164,6 +164,12 @@ pub const fn buffer_bytes(slot: u64, hosts: u64) -> u64 {
 /// aligned to the tag's element size; [`PICK`]) or `(nranks - 1) * stride + len` bytes
 /// ([`GATHER`]), disjoint from the cross buffer; the payloads `len` bytes of whole
 /// elements.
+//
+// One function on purpose: the round's phases (stage, put, wait and check, agree, reduce or
+// copy) share the context's fields, read once at the top, and the block's failure word.
+// Split into `#[inline(always)]` phase functions over a struct of those values, the
+// `cross_step` kernel needed 128 registers instead of 124 (ptxas, sm_90): at its bound of
+// 512 threads that is the whole register file.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn step(

@@ -20,6 +20,11 @@ use crate::packet::LlPacket;
 /// As for [`run`](super::run); `k < ops.ll_blocks <= P2P_LL_BLOCKS`; `op.bytes <=
 /// p2p_ll_capacity(packets_len)`; the p2p state holds
 /// [`P2P_STATE_WORDS`](super::P2P_STATE_WORDS) more words.
+//
+// One function on purpose: its send and receive halves share the preamble and the block's
+// agreement, and split into two `#[inline(always)]` halves over a struct of the shared
+// values (by reference or by value), the p2p kernel gets longer (18 more instructions, the
+// context's fields reloaded in the loop over the operations instead of kept).
 #[inline(always)]
 pub(super) unsafe fn ll_transfer(
     ctx: &CollContext,
