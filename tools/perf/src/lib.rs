@@ -12,7 +12,9 @@
 //! - `host_memory`: what the ranks of a machine need on the Host transport, checked first;
 //! - [`json`], [`plot`]: the two output files;
 //! - [`nccl`]: finding, loading and running NCCL;
-//! - [`main`]: launching (local processes, or under mpirun / torchrun / srun) and running.
+//! - [`main`]: launching (local processes, or under mpirun / torchrun / srun) and running a
+//!   rank (`run`), which prints the header (`header`) and runs the sweep (`sweep`) on a GPU
+//!   (`gpu_runner`) or on the Host transport (`host_runner`).
 //!
 //! Timing: on a GPU, CUDA events on the rank's stream around `-n` iterations (with `-G`,
 //! around `-G` launches of a CUDA graph holding the `-n` iterations); on the Host transport,
@@ -20,12 +22,16 @@
 
 pub mod args;
 pub mod check;
+mod gpu_runner;
+mod header;
 mod host_memory;
+mod host_runner;
 pub mod json;
 pub mod nccl;
 pub mod plot;
 pub mod report;
 mod run;
+mod sweep;
 
 pub use run::main;
 
