@@ -121,19 +121,50 @@ fn x_range(series: &[Series]) -> (f64, f64) {
     }
 }
 
-fn draw_panel(svg: &mut String, p: &Panel<'_>, (x_lo, x_hi): (f64, f64)) {
-    let (x0, x1) = (LEFT, WIDTH - RIGHT);
-    let (y0, y1) = (p.top + PANEL - BOTTOM, p.top + TOP);
-    let px = |b: f64| x0 + (b.max(1.0).log2() - x_lo) / (x_hi - x_lo) * (x1 - x0);
-    let py = |v: f64| -> f64 {
-        match p.y {
+/// Where a panel's plot area lies and how values map into it.
+struct Frame<'a> {
+    /// Left and right edges of the plot area.
+    x0: f64,
+    x1: f64,
+    /// Bottom and top edges.
+    y0: f64,
+    y1: f64,
+    /// The x range, in log2 of bytes.
+    x_lo: f64,
+    x_hi: f64,
+    y: &'a YScale,
+}
+
+impl Frame<'_> {
+    /// The x coordinate of `b` bytes.
+    fn px(&self, b: f64) -> f64 {
+        self.x0 + (b.max(1.0).log2() - self.x_lo) / (self.x_hi - self.x_lo) * (self.x1 - self.x0)
+    }
+
+    /// The y coordinate of value `v`.
+    fn py(&self, v: f64) -> f64 {
+        let (y0, y1) = (self.y0, self.y1);
+        match *self.y {
             YScale::Linear { max, .. } => y0 - v / max * (y0 - y1),
             YScale::Log10 { lo, hi } => {
                 let l = v.max(1e-300).log10();
                 y0 - (l - lo as f64) / (hi - lo) as f64 * (y0 - y1)
             }
         }
+    }
+}
+
+fn draw_panel(svg: &mut String, p: &Panel<'_>, (x_lo, x_hi): (f64, f64)) {
+    let f = Frame {
+        x0: LEFT,
+        x1: WIDTH - RIGHT,
+        y0: p.top + PANEL - BOTTOM,
+        y1: p.top + TOP,
+        x_lo,
+        x_hi,
+        y: &p.y,
     };
+    let (x0, x1, y0, y1) = (f.x0, f.x1, f.y0, f.y1);
     let _ = writeln!(
         svg,
         r#"<text x="{:.1}" y="{:.1}" font-size="16" text-anchor="middle">{}</text>"#,
@@ -142,31 +173,8 @@ fn draw_panel(svg: &mut String, p: &Panel<'_>, (x_lo, x_hi): (f64, f64)) {
         escape(&p.title)
     );
     // Grid and y ticks.
-    let mut y_ticks: Vec<(f64, String)> = Vec::new();
-    match p.y {
-        YScale::Linear { max, step } => {
-            let decimals = (-step.log10().floor()).max(0.0) as usize;
-            let mut k = 0.0;
-            while k * step <= max * 1.0001 {
-                let v = k * step;
-                y_ticks.push((v, format!("{v:.decimals$}")));
-                k += 1.0;
-            }
-        }
-        YScale::Log10 { lo, hi } => {
-            for e in lo..=hi {
-                let v = 10f64.powi(e);
-                let label = if e >= 0 {
-                    format!("{v:.0}")
-                } else {
-                    format!("{v}")
-                };
-                y_ticks.push((v, label));
-            }
-        }
-    }
-    for (v, label) in &y_ticks {
-        let y = py(*v);
+    for (v, label) in &y_ticks(&p.y) {
+        let y = f.py(*v);
         let _ = writeln!(
             svg,
             r##"<line class="grid" x1="{x0:.1}" y1="{y:.1}" x2="{x1:.1}" y2="{y:.1}" stroke="#dddddd"/>"##
@@ -178,25 +186,7 @@ fn draw_panel(svg: &mut String, p: &Panel<'_>, (x_lo, x_hi): (f64, f64)) {
             y + 4.0
         );
     }
-    // x ticks at powers of two, labelled at most about 12 times.
-    let span = (x_hi - x_lo) as i64;
-    let every = ((span + 11) / 12).max(1);
-    for e in (x_lo as i64)..=(x_hi as i64) {
-        let x = px(2f64.powi(e as i32));
-        let _ = writeln!(
-            svg,
-            r#"<line class="xtick" x1="{x:.1}" y1="{y0:.1}" x2="{x:.1}" y2="{:.1}" stroke="black"/>"#,
-            y0 + 4.0
-        );
-        if (e - x_lo as i64) % every == 0 {
-            let _ = writeln!(
-                svg,
-                r#"<text x="{x:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
-                y0 + 17.0,
-                size_label(2f64.powi(e as i32))
-            );
-        }
-    }
+    draw_x_ticks(svg, &f);
     // Axes and their titles.
     let _ = writeln!(
         svg,
@@ -218,12 +208,67 @@ fn draw_panel(svg: &mut String, p: &Panel<'_>, (x_lo, x_hi): (f64, f64)) {
         r#"<text x="{tx:.1}" y="{ty:.1}" font-size="13" text-anchor="middle" transform="rotate(-90 {tx:.1} {ty:.1})">{}</text>"#,
         escape(p.y_title)
     );
-    // Lines and legend.
-    for (i, s) in p.series.iter().enumerate() {
+    draw_series(svg, &f, p.series);
+}
+
+/// The y axis's ticks: (value, label).
+fn y_ticks(y: &YScale) -> Vec<(f64, String)> {
+    let mut y_ticks: Vec<(f64, String)> = Vec::new();
+    match *y {
+        YScale::Linear { max, step } => {
+            let decimals = (-step.log10().floor()).max(0.0) as usize;
+            let mut k = 0.0;
+            while k * step <= max * 1.0001 {
+                let v = k * step;
+                y_ticks.push((v, format!("{v:.decimals$}")));
+                k += 1.0;
+            }
+        }
+        YScale::Log10 { lo, hi } => {
+            for e in lo..=hi {
+                let v = 10f64.powi(e);
+                let label = if e >= 0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v}")
+                };
+                y_ticks.push((v, label));
+            }
+        }
+    }
+    y_ticks
+}
+
+/// x ticks at powers of two, labelled at most about 12 times.
+fn draw_x_ticks(svg: &mut String, f: &Frame<'_>) {
+    let (x_lo, x_hi, y0) = (f.x_lo, f.x_hi, f.y0);
+    let span = (x_hi - x_lo) as i64;
+    let every = ((span + 11) / 12).max(1);
+    for e in (x_lo as i64)..=(x_hi as i64) {
+        let x = f.px(2f64.powi(e as i32));
+        let _ = writeln!(
+            svg,
+            r#"<line class="xtick" x1="{x:.1}" y1="{y0:.1}" x2="{x:.1}" y2="{:.1}" stroke="black"/>"#,
+            y0 + 4.0
+        );
+        if (e - x_lo as i64) % every == 0 {
+            let _ = writeln!(
+                svg,
+                r#"<text x="{x:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
+                y0 + 17.0,
+                size_label(2f64.powi(e as i32))
+            );
+        }
+    }
+}
+
+/// The series' lines and points, and the legend beside the plot area.
+fn draw_series(svg: &mut String, f: &Frame<'_>, series: &[Series]) {
+    for (i, s) in series.iter().enumerate() {
         let pts: Vec<String> = s
             .points
             .iter()
-            .map(|&(b, v)| format!("{:.1},{:.1}", px(b), py(v)))
+            .map(|&(b, v)| format!("{:.1},{:.1}", f.px(b), f.py(v)))
             .collect();
         let dash = if s.dashed {
             r#" stroke-dasharray="6,4""#
@@ -241,13 +286,13 @@ fn draw_panel(svg: &mut String, p: &Panel<'_>, (x_lo, x_hi): (f64, f64)) {
             let _ = writeln!(
                 svg,
                 r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{}"/>"#,
-                px(b),
-                py(v),
+                f.px(b),
+                f.py(v),
                 s.color
             );
         }
-        let ly = y1 + 10.0 + 20.0 * i as f64;
-        let lx = x1 + 20.0;
+        let ly = f.y1 + 10.0 + 20.0 * i as f64;
+        let lx = f.x1 + 20.0;
         let _ = writeln!(
             svg,
             r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{}" stroke-width="2"{dash}/>"#,
