@@ -246,6 +246,48 @@ pub fn set_up(
     let bootstrap =
         BlockingBootstrap::init_with_config(nranks, rank, root, config.bootstrap.clone())
             .map_err(|e| Failure::from_comm(call, &e.into()))?;
+    let (mut fallback, strict) = agree_fallback(call, &bootstrap)?;
+    // The real communicator first, so that it is there if ours cannot be made.
+    let (real, real_missing) = match real_setup {
+        RealSetup::Given(r, why) => (r, why),
+        RealSetup::Create(cfg) => match create_real(call, &bootstrap, cfg) {
+            Ok(made) => made,
+            Err(f) => {
+                // Said as this rank's bootstrap closes (it drops with the error).
+                let why = format!(
+                    "creating its real NCCL communicator failed on it: {}",
+                    f.msg
+                );
+                bootstrap.as_async().set_leaving_why(&why);
+                return Err(f);
+            }
+        },
+    };
+    let deadline = config.bootstrap.timeout;
+    let coll = match make_ours(bootstrap, gpu, config) {
+        Ok((coll, None)) => coll,
+        Ok((coll, Some(why))) => {
+            fallback.p2p_off = true;
+            log::warn(&format!(
+                "rank {rank}/{nranks}: sends and receives (and gather, scatter) go to the real \
+                 NCCL{}: {why}",
+                if real.is_some() {
+                    ""
+                } else {
+                    ", which is unavailable, so they fail"
+                }
+            ));
+            coll
+        }
+        Err(e) => return fall_back(call, rank, nranks, real, real_missing, strict, deadline, &e),
+    };
+    log_set_up(&coll, gpu, (rank, nranks), &fallback, &real, &real_missing);
+    Ok(Inner::new(Ok(coll), real, real_missing, fallback))
+}
+
+/// The operations forwarded to the real NCCL (`MSCCLPP_NCCL_FALLBACK`, the union over the
+/// ranks), and whether a set-up failure of ours is fatal (strict on some rank).
+fn agree_fallback(call: &str, bootstrap: &BlockingBootstrap) -> Result<(Fallback, bool), Failure> {
     let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
     let mut fallback = Fallback::parse(&settings_of(call)?.nccl_fallback.join(","));
     if !fallback.unknown.is_empty() {
@@ -274,24 +316,18 @@ pub fn set_up(
         ));
         fallback.mask = union;
     }
-    // The real communicator first, so that it is there if ours cannot be made.
-    let (real, real_missing) = match real_setup {
-        RealSetup::Given(r, why) => (r, why),
-        RealSetup::Create(cfg) => match create_real(call, &bootstrap, cfg) {
-            Ok(made) => made,
-            Err(f) => {
-                // Said as this rank's bootstrap closes (it drops with the error).
-                let why = format!(
-                    "creating its real NCCL communicator failed on it: {}",
-                    f.msg
-                );
-                bootstrap.as_async().set_leaving_why(&why);
-                return Err(f);
-            }
-        },
-    };
-    let deadline = config.bootstrap.timeout;
-    let ours = Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
+    Ok((fallback, strict))
+}
+
+/// Our communicator and collectives over `bootstrap`, once every rank has them, with why
+/// sends and receives go to the real NCCL when any rank says they must (ours cannot reach
+/// some ranks on other hosts).
+fn make_ours(
+    bootstrap: BlockingBootstrap,
+    gpu: &Gpu,
+    config: CommConfig,
+) -> Result<(Collectives, Option<String>), mscclpp_host::communicator::CommError> {
+    Communicator::from_bootstrap(bootstrap, Backend::Gpu(gpu.clone()), config)
         .and_then(|comm| match CollConfig::from_env() {
             Ok(c) => Collectives::new(comm, c),
             Err(e) => {
@@ -314,24 +350,19 @@ pub fn set_up(
                 coll,
                 any.then(|| off.unwrap_or_else(|| "so says another rank".into())),
             ))
-        });
-    let coll = match ours {
-        Ok((coll, None)) => coll,
-        Ok((coll, Some(why))) => {
-            fallback.p2p_off = true;
-            log::warn(&format!(
-                "rank {rank}/{nranks}: sends and receives (and gather, scatter) go to the real \
-                 NCCL{}: {why}",
-                if real.is_some() {
-                    ""
-                } else {
-                    ", which is unavailable, so they fail"
-                }
-            ));
-            coll
-        }
-        Err(e) => return fall_back(call, rank, nranks, real, real_missing, strict, deadline, &e),
-    };
+        })
+}
+
+/// Logs a communicator that is up: where it runs, what runs natively and what the
+/// fall-back is.
+fn log_set_up(
+    coll: &Collectives,
+    gpu: &Gpu,
+    (rank, nranks): (usize, usize),
+    fallback: &Fallback,
+    real: &Option<RealComm>,
+    real_missing: &Option<String>,
+) {
     // Across hosts, say on which: a simulated split (MSCCLPP_SIMULATE_HOSTS) shows here.
     let hosts = match coll.hosts() {
         1 => String::new(),
@@ -349,13 +380,12 @@ pub fn set_up(
         gpu.info().ordinal,
         gpu.info().name,
         fallback.native_names(),
-        match (&real, &real_missing, real::real_opt()) {
+        match (real, real_missing, real::real_opt()) {
             (Some(_), _, Some(r)) => format!("{} (version {})", r.path, r.version),
             (_, Some(why), _) => format!("unavailable: {why}"),
             _ => "unavailable".into(),
         }
     ));
-    Ok(Inner::new(Ok(coll), real, real_missing, fallback))
 }
 
 /// After our set-up failed with `e` on this rank (or a peer's failure reached it): the
