@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks of the cross-host work: send/recv across hosts (the xp2p kernel), the two-shot
+# GPU checks of the cross-host work: send/recv across hosts (the remote_p2p kernel), the two-shot
 # forms across three or more hosts, two hosts of two ranks, hosts of different sizes (4 + 2,
 # as groups of 2), train-dp, nccl-tests and PyTorch across simulated hosts. On the development machine (Rust, no GPU), build and pack:
 #

@@ -714,7 +714,7 @@ fn cross_host_partner_that_left_is_named() {
     launch("cross_host_partner_that_left_is_named", 3, "cyclic:3");
 }
 
-fn xp2p_left_rank() {
+fn remote_p2p_left_rank() {
     let c = collectives();
     let r = c.rank();
     let sent: Vec<u32> = (0..1001).map(|i| word(1, 0, 0, i)).collect();
@@ -761,7 +761,7 @@ fn fails_naming_rank_1_left(r: usize, what: &str, op: impl FnOnce() -> Result<()
 #[test]
 fn cross_host_receive_from_a_rank_that_left_fails_at_once() {
     if child() {
-        return xp2p_left_rank();
+        return remote_p2p_left_rank();
     }
     launch(
         "cross_host_receive_from_a_rank_that_left_fails_at_once",
@@ -770,7 +770,7 @@ fn cross_host_receive_from_a_rank_that_left_fails_at_once() {
     );
 }
 
-fn xp2p_send_to_left_rank() {
+fn remote_p2p_send_to_left_rank() {
     let c = collectives();
     let r = c.rank();
     c.communicator().bootstrap().barrier().unwrap();
@@ -791,7 +791,7 @@ fn xp2p_send_to_left_rank() {
 #[test]
 fn cross_host_send_to_a_rank_that_left_fails_at_once() {
     if child() {
-        return xp2p_send_to_left_rank();
+        return remote_p2p_send_to_left_rank();
     }
     launch(
         "cross_host_send_to_a_rank_that_left_fails_at_once",

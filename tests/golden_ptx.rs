@@ -435,15 +435,18 @@ fn the_cross_host_step_is_an_entry_of_up_to_512_threads() {
 #[test]
 fn the_cross_host_send_recv_kernel_is_an_entry_of_up_to_512_threads() {
     for (cc, ptx) in PTX {
-        let body = entry(ptx, "xp2p");
+        let body = entry(ptx, "remote_p2p");
         let header = &body[..body.find('{').unwrap_or(body.len())];
         assert!(
             header.contains(".maxntid 512, 1, 1"),
-            "sm_{cc}: xp2p lacks .maxntid 512"
+            "sm_{cc}: remote_p2p lacks .maxntid 512"
         );
         // Its polls read the proxy channels' counters with acquire at system scope, and a
         // send publishes its slot with a system-scope fence before the trigger.
-        assert!(body.contains("ld.acquire.sys"), "sm_{cc}: xp2p polls");
-        assert!(body.contains("fence.acq_rel.sys"), "sm_{cc}: xp2p fence");
+        assert!(body.contains("ld.acquire.sys"), "sm_{cc}: remote_p2p polls");
+        assert!(
+            body.contains("fence.acq_rel.sys"),
+            "sm_{cc}: remote_p2p fence"
+        );
     }
 }

@@ -10,7 +10,7 @@
 //! 64 MiB, in place and out of place, and all-gather, against a CPU reference (with one rank
 //! per host the host order is the rank order); a CUDA-graph capture and replay of an
 //! all-reduce; reduce-scatter, reduce and broadcast to and from each root, all-to-all; and
-//! send/recv across hosts (the `xp2p` kernel), in place too, and a mismatch of sizes. Skips
+//! send/recv across hosts (the `remote_p2p` kernel), in place too, and a mismatch of sizes. Skips
 //! with a reason without a GPU; fails instead under MSCCLPP_REQUIRE_GPU=1.
 
 use mscclpp::host::collectives::RawBuffer;
@@ -442,7 +442,7 @@ unsafe fn ring(
     c.synchronize(stream).unwrap();
 }
 
-/// Send/recv with ranks on the other host (the `xp2p` kernel over TCP) and, with two ranks
+/// Send/recv with ranks on the other host (the `remote_p2p` kernel over TCP) and, with two ranks
 /// per host, inside the host in the same group: a ring exchange (send to the next rank,
 /// receive from the previous) of 4 B to 8 MiB + 4 (many 256 KiB pieces), out of place and
 /// in place (staged), then a mismatch of sizes named on the receiver, every byte checked.

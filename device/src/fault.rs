@@ -151,10 +151,10 @@ pub const AT_CROSS: u64 = 9;
 /// A partner across hosts at another round ([`cross`](crate::collectives::cross)): [`PEER`] is its
 /// host index, word 0 of [`OWN`] and [`THEIRS`] the two rounds, word 1 the tags.
 pub const AT_CROSS_ROUND: u64 = 10;
-/// A send or receive with a rank on another host ([`xp2p`](crate::collectives::send_recv_proxy)): [`PEER`] is
+/// A send or receive with a rank on another host ([`remote_p2p`](crate::collectives::send_recv_proxy)): [`PEER`] is
 /// that rank; a mismatch holds the two sizes as
 /// [`p2p_desc`](crate::collectives::send_recv::p2p_desc)s.
-pub const AT_XP2P: u64 = 11;
+pub const AT_REMOTE_P2P: u64 = 11;
 /// A partner across hosts ([`cross`](crate::collectives::cross)) whose connection is gone: this
 /// rank's put of its round to it was refused or failed by the proxy, or its round did
 /// not come within a grace after the proxy found it gone. [`PEER`] is the partner's
@@ -165,11 +165,11 @@ pub const AT_CROSS_GONE: u64 = 12;
 /// waited for, the host names the one that left), or, on the send/receive context, a
 /// wait for a rank that left ([`LEFT_PEERS`]; [`PEER`] is that rank).
 pub const AT_LEFT: u64 = 13;
-/// A send or receive with a rank on another host ([`xp2p`](crate::collectives::send_recv_proxy)) whose
+/// A send or receive with a rank on another host ([`remote_p2p`](crate::collectives::send_recv_proxy)) whose
 /// connection is gone: the proxy refused this rank's put to it, or found its streams
 /// ended and what it sent before did not complete the operation within a grace (it
 /// left, or its connection broke). [`PEER`] is that rank; recorded as [`ABORTED`].
-pub const AT_XP2P_GONE: u64 = 14;
+pub const AT_REMOTE_P2P_GONE: u64 = 14;
 /// A send or receive and a collective that cannot pair (recorded as [`ABORTED`]: the
 /// collectives cannot be used any more): on the send/receive context, [`PEER`] is
 /// inside collective call [`THEIRS`] (its descriptor) while this rank waits for it in

@@ -30,7 +30,7 @@ use mscclpp_host::collectives::{Collectives, P2pOp};
 use crate::comm::{self, Comm, ConfigCopy, Handle, Inner};
 use crate::dispatch::{self, Launch};
 use crate::error::Failure;
-use crate::real::{self, Ptr};
+use crate::system_nccl::{self, Ptr};
 use crate::types::{NcclResult, result};
 
 /// A set-up waiting for the end of the group.
@@ -76,12 +76,12 @@ pub fn depth() -> usize {
 /// `ncclGroupStart`.
 pub fn start() -> Result<NcclResult, Failure> {
     let mut mirrored = false;
-    if let Ok(real) = real::real()
+    if let Ok(real) = system_nccl::real()
         && let Some(f) = real.fns.group_start
     {
         // SAFETY: NCCL's signature, no arguments.
         let r = unsafe { f() };
-        real::real_result("ncclGroupStart", real, comm::null(), r)?;
+        system_nccl::real_result("ncclGroupStart", real, comm::null(), r)?;
         mirrored = true;
     }
     GROUP.with(|g| g.borrow_mut().levels.push(mirrored));
@@ -136,7 +136,7 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
     // NCCL in the group without ncclGroupSimulateEnd (before 2.22) can only end it for real,
     // running its part: ours then runs too, so that the two halves agree.
     let cannot_simulate =
-        mirrored && real::real().is_ok_and(|r| r.fns.group_simulate_end.is_none());
+        mirrored && system_nccl::real().is_ok_and(|r| r.fns.group_simulate_end.is_none());
     if sim.is_some() && cannot_simulate {
         crate::log::warn(&format!(
             "{call}: the real NCCL has no ncclGroupSimulateEnd, so the group is ended for real"
@@ -149,7 +149,7 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
         first_failure = Some(f);
     }
     let mut code = result::SUCCESS;
-    if mirrored && let Ok(real) = real::real() {
+    if mirrored && let Ok(real) = system_nccl::real() {
         let r = match (sim, real.fns.group_simulate_end, real.fns.group_end) {
             // SAFETY: NCCL's signature; the caller's simInfo.
             (Some(info), Some(f), _) => unsafe { f(info) },
@@ -157,7 +157,7 @@ pub fn end(call: &'static str, sim: Option<Ptr>) -> Result<NcclResult, Failure> 
             (_, _, Some(f)) => unsafe { f() },
             _ => result::SUCCESS,
         };
-        code = real::real_result(call, real, comm::null(), r)?;
+        code = system_nccl::real_result(call, real, comm::null(), r)?;
     }
     match first_failure {
         Some(f) => Err(f),

@@ -19,7 +19,7 @@
 //! - **Fallback**: registration,
 //!   windows, the device API, and the calls named by `MSCCLPP_NCCL_FALLBACK=all|op,op`
 //!   (`allreduce`, `allgather`, `reducescatter`, `broadcast`, `reduce`, `alltoall`,
-//!   `sendrecv`), run on the real NCCL (found at run time, see [`real`]) over a real
+//!   `sendrecv`), run on the real NCCL (found at run time, see [`system_nccl`]) over a real
 //!   communicator set up *eagerly* beside ours at `ncclCommInitRank*` (rank 0 gets a real
 //!   unique id and broadcasts it over our bootstrap), so that nothing is set up later inside
 //!   a group or during graph capture. Without a real NCCL, such calls fail with
@@ -42,6 +42,6 @@ pub mod dispatch;
 pub mod error;
 pub mod group;
 pub mod log;
-pub mod real;
-pub mod rescue;
+pub mod setup_fallback;
+pub mod system_nccl;
 pub mod types;

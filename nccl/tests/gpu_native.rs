@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cudarc::driver::result as cu;
 use mscclpp_nccl::api::*;
-use mscclpp_nccl::real::RawUniqueId;
+use mscclpp_nccl::system_nccl::RawUniqueId;
 
 mod common;
 use common::{ID_ENV, RANK_ENV, gpu_count, id_from_env, new_id_hex, wait_all};

@@ -1,5 +1,5 @@
 //! A communicator whose mscclpp side cannot be set up on one rank runs on the real NCCL
-//! instead of failing (`rescue.rs`); with `MSCCLPP_NCCL_SETUP_FALLBACK=0` on one rank the
+//! instead of failing (`setup_fallback.rs`); with `MSCCLPP_NCCL_SETUP_FALLBACK=0` on one rank the
 //! set-up fails on every rank, promptly, with the reason.
 //!
 //! Two processes (this test re-run as ranks), rank 1 asking for a 1 TiB scratch
@@ -108,7 +108,7 @@ fn sends_our_collectives_cannot_make_go_to_the_real_nccl() {
 fn have(what: &str, test: &str) -> bool {
     let missing = match what {
         "GPU" => (gpu_count() == 0).then(|| "no GPU".to_string()),
-        _ => mscclpp_nccl::real::real()
+        _ => mscclpp_nccl::system_nccl::real()
             .err()
             .map(|e| format!("no real NCCL ({e})")),
     };

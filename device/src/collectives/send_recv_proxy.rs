@@ -2,13 +2,13 @@
 //! or IB): the part of a send/recv group whose peers a [`send_recv`](super::send_recv)
 //! context cannot reach (no memory mapping across hosts).
 //!
-//! The same function, [`run`], runs as the one-block [`xp2p`] kernel on the GPU backend and
+//! The same function, [`run`], runs as the one-block [`remote_p2p`] kernel on the GPU backend and
 //! in the calling CPU thread on the Host backend (a block of one thread), so the logic CI
 //! tests over TCP loopback is the logic the GPU runs.
 //!
 //! # The context ([`XContext`])
 //!
-//! Every rank registers one *xp2p buffer* and connects two proxy channels to every rank on
+//! Every rank registers one *remote_p2p buffer* and connects two proxy channels to every rank on
 //! another host (its *remote ranks*, numbered `0..R` in rank order): the *out* channel carries
 //! this rank's data to the peer and the peer's credits back, the *in* channel the peer's data
 //! and this rank's credits (each side's inbound counter of a channel then counts one kind of
@@ -36,16 +36,16 @@
 //!
 //! A send and a receive of different sizes: the receiver learns the sender's size from the
 //! first header, consumes every piece of the send (copying what fits) and records the
-//! mismatch ([`fault::MISMATCH`] at [`fault::AT_XP2P`], the two sizes as
+//! mismatch ([`fault::MISMATCH`] at [`fault::AT_REMOTE_P2P`], the two sizes as
 //! [`p2p_desc`]s, the peer's rank), so the pair stays in step;
 //! the sender does not learn of it. No step for the device timeout, or an abort: the call
-//! fails ([`CollContext::keep_waiting`], at [`fault::AT_XP2P`], naming the peer of the
+//! fails ([`CollContext::keep_waiting`], at [`fault::AT_REMOTE_P2P`], naming the peer of the
 //! first unfinished operation). A header of another piece number (the pair out of step
 //! after an earlier failure) fails the call as a mismatch. A peer whose connection is gone
 //! (it left, or its streams broke): a put to it is refused by the proxy, and once the
 //! proxy finds its streams ended (`DevConn::refused`), the first unfinished operation with
 //! it still waits 1 s (`GONE_GRACE_NS`) for what was on its way; either fails the call at
-//! [`fault::AT_XP2P_GONE`], naming the peer, instead of at the device timeout.
+//! [`fault::AT_REMOTE_P2P_GONE`], naming the peer, instead of at the device timeout.
 
 use super::cross::GONE_GRACE_NS;
 use super::send_recv::{MAX_P2P_OPS, p2p_desc};
@@ -75,7 +75,7 @@ pub const CALLS: usize = 0;
 /// One send or receive with a rank on another host (`#[repr(C)]`, 32 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct XOp {
+pub struct RemoteOp {
     /// The data's address (read by a send, written by a receive).
     pub buf: u64,
     /// Bytes to move (at least 1).
@@ -93,16 +93,16 @@ pub struct XOp {
 /// The operations of one launch, passed by value (`#[repr(C)]`, 520 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct XOps {
+pub struct RemoteOps {
     /// Operations in use.
     pub count: u32,
     /// Unused (alignment).
     pub reserved: u32,
     /// The operations, in call order.
-    pub ops: [XOp; MAX_P2P_OPS],
+    pub ops: [RemoteOp; MAX_P2P_OPS],
 }
 
-const _: () = assert!(core::mem::size_of::<XOps>() == 520);
+const _: () = assert!(core::mem::size_of::<RemoteOps>() == 520);
 
 /// What [`run`] needs (`#[repr(C)]`): see the [module](self).
 #[repr(C)]
@@ -110,7 +110,7 @@ const _: () = assert!(core::mem::size_of::<XOps>() == 520);
 pub struct XContext {
     /// `rank`/`nranks`: the job's; `timeout_ns` and `fault` as for the collectives;
     /// `state`: this context's own [`STATE_WORDS`](super::STATE_WORDS) words (the call
-    /// counter at [`CALLS`], the local fault words); `scratch`: the xp2p buffer;
+    /// counter at [`CALLS`], the local fault words); `scratch`: the remote_p2p buffer;
     /// `scratch_len`: the slot size (a multiple of 16, above [`XHDR`]); `conns`: two
     /// handles per remote rank `j`, the out channel at `2 * j`, the in channel at
     /// `2 * j + 1`; the rest unused.
@@ -127,19 +127,19 @@ unsafe impl Send for XContext {}
 // SAFETY: as above.
 unsafe impl Sync for XContext {}
 
-/// Byte offset in the xp2p buffer of send slot `k % depth` of remote rank `j`'s region.
+/// Byte offset in the remote_p2p buffer of send slot `k % depth` of remote rank `j`'s region.
 #[inline(always)]
 pub const fn send_slot(slot: u64, depth: u64, j: u64, k: u64) -> u64 {
     (2 * j * depth + k % depth) * slot
 }
 
-/// Byte offset in the xp2p buffer of receive slot `k % depth` of remote rank `j`'s region.
+/// Byte offset in the remote_p2p buffer of receive slot `k % depth` of remote rank `j`'s region.
 #[inline(always)]
 pub const fn recv_slot(slot: u64, depth: u64, j: u64, k: u64) -> u64 {
     ((2 * j + 1) * depth + k % depth) * slot
 }
 
-/// Bytes of an xp2p buffer for `remotes` remote ranks.
+/// Bytes of an remote_p2p buffer for `remotes` remote ranks.
 #[inline(always)]
 pub const fn buffer_bytes(slot: u64, depth: u64, remotes: u64) -> u64 {
     2 * remotes * depth * slot
@@ -164,12 +164,12 @@ const DONE: u64 = 3;
 /// for its `bytes` (written by a receive, read by a send), receive ranges disjoint from
 /// each other and from the sends; `index`/`at_peer` right for the peer; at most
 /// [`MAX_P2P_OPS`] operations.
-pub unsafe fn run(x: &XContext, ops: &XOps) {
+pub unsafe fn run(x: &XContext, ops: &RemoteOps) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let ctx = &x.coll;
     let n = (ops.count as usize).min(MAX_P2P_OPS);
     // The block's shared words: the step, then its copy (dst, src, bytes).
-    let sh = crate::shared_array!(XP2P_STEP: u64; 4);
+    let sh = crate::shared_array!(REMOTE_P2P_STEP: u64; 4);
     // SAFETY: this context's own state words (context contract); the last writer was the
     // previous call on this stream (a kernel boundary) or this thread.
     let seq = unsafe { core::ptr::read_volatile(ctx.state.add(CALLS)) };
@@ -206,7 +206,7 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                         let op = &ops.ops[first];
                         // SAFETY: the context valid.
                         match unsafe {
-                            ctx.keep_waiting(p.call, op.peer, fault::AT_XP2P, p.last_progress)
+                            ctx.keep_waiting(p.call, op.peer, fault::AT_REMOTE_P2P, p.last_progress)
                         } {
                             0 => p.call.failed = true,
                             t0 => p.last_progress = t0,
@@ -228,7 +228,7 @@ pub unsafe fn run(x: &XContext, ops: &XOps) {
                                     fault::ABORTED,
                                     op.peer,
                                     [0; 2],
-                                    fault::AT_XP2P_GONE,
+                                    fault::AT_REMOTE_P2P_GONE,
                                 )
                             };
                             p.call.failed = true;
@@ -297,7 +297,13 @@ struct Progress {
 ///
 /// # Safety
 /// As for [`run`]; thread 0.
-unsafe fn gone_past_grace(x: &XContext, op: &XOp, i: usize, now: u64, p: &mut Progress) -> bool {
+unsafe fn gone_past_grace(
+    x: &XContext,
+    op: &RemoteOp,
+    i: usize,
+    now: u64,
+    p: &mut Progress,
+) -> bool {
     p.gone_look = now;
     // SAFETY: `index` is a remote rank (caller contract).
     if !unsafe { channel(x, op) }.refused() {
@@ -349,7 +355,7 @@ unsafe fn set(cnt: *mut u64, c: usize, v: u64) {
 /// # Safety
 /// `op.index` a remote rank of the context.
 #[inline(always)]
-unsafe fn channel<'a>(x: &'a XContext, op: &XOp) -> &'a DevConn<'static> {
+unsafe fn channel<'a>(x: &'a XContext, op: &RemoteOp) -> &'a DevConn<'static> {
     let i = 2 * op.index as usize + usize::from(op.send == 0);
     // SAFETY: two handles per remote rank (context contract).
     unsafe { &*x.coll.conns.add(i) }
@@ -364,7 +370,7 @@ unsafe fn channel<'a>(x: &'a XContext, op: &XOp) -> &'a DevConn<'static> {
 /// As for [`run`]; thread 0.
 unsafe fn choose(
     x: &XContext,
-    ops: &XOps,
+    ops: &RemoteOps,
     n: usize,
     p: &mut Progress,
 ) -> ([u64; 4], Option<(usize, u64, u64)>) {
@@ -414,7 +420,15 @@ unsafe fn choose(
             if hk != k || off != p.done[i] || len > payload || (len == 0 && bytes != 0) {
                 let theirs = p2p_desc(bytes, true, op.peer, hk);
                 // SAFETY: the context valid.
-                unsafe { ctx.fail(p.call, fault::MISMATCH, op.peer, theirs, fault::AT_XP2P) };
+                unsafe {
+                    ctx.fail(
+                        p.call,
+                        fault::MISMATCH,
+                        op.peer,
+                        theirs,
+                        fault::AT_REMOTE_P2P,
+                    )
+                };
                 p.call.failed = true;
                 return ([DONE, 0, 0, 0], None);
             }
@@ -429,7 +443,7 @@ unsafe fn choose(
                             op.peer,
                             p2p_desc(op.bytes, false, op.peer, xfer),
                             p2p_desc(bytes, true, ctx.rank, xfer),
-                            fault::AT_XP2P,
+                            fault::AT_REMOTE_P2P,
                         )
                     };
                 }
@@ -449,7 +463,7 @@ unsafe fn choose(
 ///
 /// # Safety
 /// As for [`run`]; thread 0, after the block's barrier that follows the copy.
-unsafe fn finish(x: &XContext, op: &XOp, i: usize, k: u64, len: u64, p: &mut Progress) {
+unsafe fn finish(x: &XContext, op: &RemoteOp, i: usize, k: u64, len: u64, p: &mut Progress) {
     let ctx = &x.coll;
     let (slot, depth) = (ctx.scratch_len, x.depth);
     // SAFETY: `index` is a remote rank (caller contract).
@@ -474,9 +488,9 @@ unsafe fn finish(x: &XContext, op: &XOp, i: usize, k: u64, len: u64, p: &mut Pro
         // refused or failed the trigger (its errors say why: the peer's connection is gone,
         // as the puts of this module are always inside the buffers).
         let (kind, place) = match e {
-            ChannelError::Timeout => (fault::TIMEOUT, fault::AT_XP2P),
-            ChannelError::ProxyRefused { .. } => (fault::ABORTED, fault::AT_XP2P_GONE),
-            _ => (fault::ABORTED, fault::AT_XP2P),
+            ChannelError::Timeout => (fault::TIMEOUT, fault::AT_REMOTE_P2P),
+            ChannelError::ProxyRefused { .. } => (fault::ABORTED, fault::AT_REMOTE_P2P_GONE),
+            _ => (fault::ABORTED, fault::AT_REMOTE_P2P),
         };
         // SAFETY: the context valid.
         unsafe { ctx.fail(p.call, kind, op.peer, [0; 2], place) };
@@ -506,10 +520,10 @@ unsafe fn finish(x: &XContext, op: &XOp, i: usize, k: u64, len: u64, p: &mut Pro
 
 crate::kernel! {
     /// A group's sends and receives with ranks on other hosts ([`run`]) as a one-block
-    /// kernel: `ctx` the xp2p context in device memory.
-    pub unsafe fn xp2p(ctx: *const XContext, ops: XOps) {
+    /// kernel: `ctx` the remote_p2p context in device memory.
+    pub unsafe fn remote_p2p(ctx: *const XContext, ops: RemoteOps) {
         // SAFETY: forwarded to the launcher (the host builds the context and the ops).
         unsafe { run(&*ctx, &ops) }
     }
 }
-crate::launch_bounds!(xp2p, 512);
+crate::launch_bounds!(remote_p2p, 512);

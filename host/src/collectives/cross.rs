@@ -183,7 +183,7 @@ pub(super) fn buffer_addr(b: &Buffer) -> u64 {
         .expect("a buffer has an address")
 }
 
-/// A [`CollContext`] for a step over proxy channels alone (the cross-host step, the xp2p
+/// A [`CollContext`] for a step over proxy channels alone (the cross-host step, the remote_p2p
 /// transfers): `(rank, nranks)` as the step counts them, the buffer's `(address, slot
 /// bytes)` as its scratch, its own state words and handles, the communicator's timeout and
 /// fault area; the memory-channel fields null.

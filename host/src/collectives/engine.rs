@@ -7,7 +7,7 @@ use super::Collectives;
 use super::cross::Cross;
 use super::gpu;
 use super::scatter_rooted;
-use super::send_recv_proxy::XP2p;
+use super::send_recv_proxy::RemoteP2p;
 use crate::communicator::CommError;
 
 /// What runs the kernels.
@@ -42,7 +42,7 @@ pub(super) struct AcrossHosts {
     pub(super) cross: Cross,
     /// Sends and receives with ranks on other hosts (those agreed at set-up; `None` when
     /// there are none).
-    pub(super) remote_p2p: Option<XP2p>,
+    pub(super) remote_p2p: Option<RemoteP2p>,
     /// Why send/recv does not reach every rank on another host, if it does not.
     pub(super) p2p_off: Option<String>,
 }
@@ -96,7 +96,7 @@ impl Collectives {
     }
 
     /// Sends and receives with ranks on other hosts, where there are any.
-    pub(super) fn remote_p2p(&self) -> Option<&XP2p> {
+    pub(super) fn remote_p2p(&self) -> Option<&RemoteP2p> {
         self.across_hosts().and_then(|a| a.remote_p2p.as_ref())
     }
 }

@@ -167,10 +167,12 @@ impl Collectives {
         let me = self.rank();
         // Across hosts the kernels inside a host name their peer by local index.
         let rec = &match self.cross() {
-            Some(c) if !matches!(rec.place, fault::AT_XP2P | fault::AT_XP2P_GONE) => FaultRecord {
-                peer: c.topo.group().get(rec.peer).copied().unwrap_or(rec.peer),
-                ..*rec
-            },
+            Some(c) if !matches!(rec.place, fault::AT_REMOTE_P2P | fault::AT_REMOTE_P2P_GONE) => {
+                FaultRecord {
+                    peer: c.topo.group().get(rec.peer).copied().unwrap_or(rec.peer),
+                    ..*rec
+                }
+            }
             _ => *rec,
         };
         match rec.kind {
@@ -268,7 +270,7 @@ impl Collectives {
                     rec.peer,
                 ))
             }
-            fault::ABORTED if rec.place == fault::AT_XP2P_GONE => {
+            fault::ABORTED if rec.place == fault::AT_REMOTE_P2P_GONE => {
                 let proxy = self
                     .comm
                     .proxy_error()
@@ -348,7 +350,9 @@ fn p2p_mismatch(me: usize, rec: &FaultRecord) -> String {
 fn place_name(place: u64) -> &'static str {
     match place {
         fault::AT_P2P | fault::AT_P2P_EARLIER => "its matching send or receive",
-        fault::AT_XP2P | fault::AT_XP2P_GONE => "its matching send or receive, across hosts",
+        fault::AT_REMOTE_P2P | fault::AT_REMOTE_P2P_GONE => {
+            "its matching send or receive, across hosts"
+        }
         fault::AT_SEMAPHORE => "a semaphore signal",
         fault::AT_PACKET => "data packets",
         fault::AT_DESCRIPTOR => "its call descriptor",

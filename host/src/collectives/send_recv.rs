@@ -26,7 +26,7 @@ use mscclpp_device::arch::{Dim3, launch};
 use mscclpp_device::collectives::send_recv::{
     P2P_MAX_BLOCKS, P2P_STATE_WORDS, P2P_TAIL_BYTES, P2pOp as DevP2pOp, P2pOps, p2p_piece,
 };
-use mscclpp_device::collectives::send_recv_proxy::XOps;
+use mscclpp_device::collectives::send_recv_proxy::RemoteOps;
 use mscclpp_device::collectives::{
     CollContext, EXPECTED_WORDS, MAX_BLOCKS, MAX_RANKS, SEMAPHORE_WORDS, STATE_WORDS, guard,
 };
@@ -314,10 +314,10 @@ impl Collectives {
 
     /// Splits checked operations (peers as job ranks) into those with ranks of this host
     /// (peers as local indexes, for the p2p kernel) and those with ranks on other hosts
-    /// (for [`xp2p`](super::xp2p)); each keeps the call order.
-    fn p2p_split(&self, ops: &P2pOps) -> (P2pOps, XOps) {
+    /// (for [`remote_p2p`](super::remote_p2p)); each keeps the call order.
+    fn p2p_split(&self, ops: &P2pOps) -> (P2pOps, RemoteOps) {
         let mut local = P2pOps { count: 0, ..*ops };
-        let mut remote = XOps::default();
+        let mut remote = RemoteOps::default();
         for op in &ops.ops[..ops.count as usize] {
             let g = op.peer as usize;
             let xop = self
@@ -501,7 +501,7 @@ impl Collectives {
     }
 
     /// Queues `ops` on `stream`: the p2p kernel for the transfers inside this host, then
-    /// the `xp2p` kernel for those with other hosts.
+    /// the `remote_p2p` kernel for those with other hosts.
     fn p2p_launch(&self, call: &str, ops: P2pOps, stream: &CudaStream) -> Result<(), CommError> {
         let (local, remote) = self.p2p_split(&ops);
         if local.count > 0 {

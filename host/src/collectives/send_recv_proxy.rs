@@ -1,12 +1,12 @@
 //! Sends and receives with ranks on other hosts, GPU and Host backends: the
 //! transfers of a send/recv group whose peer is on another host run through
-//! [`mscclpp_device::collectives::xp2p`] over proxy channels (two per remote rank; TCP or IB
+//! [`mscclpp_device::collectives::remote_p2p`] over proxy channels (two per remote rank; TCP or IB
 //! between machines), beside the group's transfers inside the host (memory channels, as on
 //! one machine): on the Host backend in a thread of their own, on a GPU as the next kernel
 //! on the stream, after them. The remote ranks are those the ranks agreed on at set-up ([`agree`]): every
 //! rank on another host while there are at most [`CollConfig::p2p_remote_max`] of them, or
 //! the pairs named in [`CollConfig::p2p_peers`] / [`P2P_PEERS_ENV`] by either rank. On a
-//! GPU that is the one-block `xp2p` kernel queued on the caller's stream (no host
+//! GPU that is the one-block `remote_p2p` kernel queued on the caller's stream (no host
 //! synchronisation, no allocation: capturable); on the Host backend the same function runs
 //! in a thread beside the local part. Design notes: docs/guide/06-design.md §8, "Across
 //! hosts".
@@ -17,7 +17,9 @@ use std::sync::Mutex;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::STATE_WORDS;
-use mscclpp_device::collectives::send_recv_proxy::{self as xk, COUNTERS, XContext, XOp, XOps};
+use mscclpp_device::collectives::send_recv_proxy::{
+    self as xk, COUNTERS, RemoteOp, RemoteOps, XContext,
+};
 
 use super::cross::{alloc_cross_buffer, buffer_addr, proxy_context, proxy_context_on_device};
 use super::topology::Topology;
@@ -98,7 +100,7 @@ pub(super) struct Peers {
     pub(super) remotes: Vec<usize>,
     /// This rank's number among each one's (in the order of `remotes`).
     at_peer: Vec<u32>,
-    /// The most remote ranks any rank has: every rank's xp2p buffer holds that many
+    /// The most remote ranks any rank has: every rank's remote_p2p buffer holds that many
     /// regions, so that the buffers a channel joins are of one size on both sides.
     most: usize,
     /// Why not every rank on another host is among them, if not.
@@ -240,12 +242,12 @@ pub(super) fn agree(
 
 /// The operations of a launch as a kernel parameter (by value).
 #[repr(transparent)]
-struct OpsArg(XOps);
+struct OpsArg(RemoteOps);
 
 // SAFETY: plain `#[repr(C)]` integers, the kernel's parameter type.
 unsafe impl DeviceRepr for OpsArg {}
 
-/// Connection requests made before the communicator's setup, completed by [`XP2p::finish`].
+/// Connection requests made before the communicator's setup, completed by [`RemoteP2p::finish`].
 pub(super) struct Pending {
     remotes: Vec<usize>,
     /// Per remote rank, the indexes of its out and in channels in `device_connections`.
@@ -258,7 +260,7 @@ pub(super) struct Pending {
 
 /// The cross-host send/recv state of a [`Collectives`](super::Collectives).
 #[derive(Debug)]
-pub(super) struct XP2p {
+pub(super) struct RemoteP2p {
     /// The host copy of the context (the Host backend runs on it).
     ctx: Box<XContext>,
     /// `remote[g]`: rank `g`'s number among this rank's remote ranks and this rank's among
@@ -284,8 +286,8 @@ struct GpuX {
     kernel: CudaFunction,
 }
 
-impl XP2p {
-    /// Registers the xp2p buffer and asks for the two proxy channels over `network` (TCP or
+impl RemoteP2p {
+    /// Registers the remote_p2p buffer and asks for the two proxy channels over `network` (TCP or
     /// IB) to every rank of `peers` (the setup itself is the caller's `connection_setup`).
     pub(super) fn connect(
         comm: &mut Communicator,
@@ -337,8 +339,8 @@ impl XP2p {
         comm: &Communicator,
         p: Pending,
         kernels: Option<&gpu::Kernels>,
-    ) -> Result<XP2p, CommError> {
-        // SAFETY: the handles are kept in the XP2p, which lives in the Collectives next to
+    ) -> Result<RemoteP2p, CommError> {
+        // SAFETY: the handles are kept in the RemoteP2p, which lives in the Collectives next to
         // `comm` (which owns their memory), and are used only while it lives.
         let all = unsafe { comm.device_connections_detached() };
         let conns: Vec<DevConn<'static>> = p
@@ -367,7 +369,7 @@ impl XP2p {
             (Backend::Gpu(g), Some(k)) => Some(GpuX::load(g, k, &ctx, &conns, counters.len())?),
             _ => None,
         };
-        Ok(XP2p {
+        Ok(RemoteP2p {
             ctx: Box::new(ctx),
             remote,
             gpu,
@@ -386,9 +388,9 @@ impl XP2p {
 
     /// The operation of a transfer with rank `peer`, or `None` for a rank of this host
     /// (which the p2p kernel serves).
-    pub(super) fn op(&self, buf: u64, bytes: u64, peer: usize, send: bool) -> Option<XOp> {
+    pub(super) fn op(&self, buf: u64, bytes: u64, peer: usize, send: bool) -> Option<RemoteOp> {
         let (index, at_peer) = self.remote.get(peer).copied().flatten()?;
-        Some(XOp {
+        Some(RemoteOp {
             buf,
             bytes,
             peer: peer as u32,
@@ -403,22 +405,22 @@ impl XP2p {
     ///
     /// # Safety
     /// Every operation's range valid host memory for the call (receives disjoint).
-    pub(super) unsafe fn run_host(&self, ops: &XOps) {
+    pub(super) unsafe fn run_host(&self, ops: &RemoteOps) {
         let _turn = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the host context holds this communicator's live memory (the xp2p buffer,
+        // SAFETY: the host context holds this communicator's live memory (the remote_p2p buffer,
         // the handles, counters, state words and fault area); caller contract for the
         // ranges; outside a launch the function runs as a block of one thread.
         unsafe { xk::run(&self.ctx, ops) }
     }
 
-    /// GPU backend: queues `ops` on `stream` (the `xp2p` kernel, one block of `threads`).
+    /// GPU backend: queues `ops` on `stream` (the `remote_p2p` kernel, one block of `threads`).
     ///
     /// # Safety
     /// Every operation's range valid device memory until the stream ran the kernel.
     pub(super) unsafe fn launch(
         &self,
         call: &str,
-        ops: XOps,
+        ops: RemoteOps,
         threads: u32,
         stream: &CudaStream,
     ) -> Result<(), CommError> {
@@ -433,8 +435,8 @@ impl XP2p {
             shared_mem_bytes: 0,
         };
         // SAFETY: caller contract for the ranges; the context in device memory holds this
-        // communicator's registered memory; the arguments match `xp2p`'s signature
-        // (*const XContext, XOps by value).
+        // communicator's registered memory; the arguments match `remote_p2p`'s signature
+        // (*const XContext, RemoteOps by value).
         unsafe { l.launch(cfg) }
             .map(|_| ())
             .map_err(|e| gpu::classify(call, "cuLaunchKernel", e))
@@ -460,7 +462,7 @@ impl GpuX {
             _conns: conn_mem,
             _state: state,
             _counters: count,
-            kernel: kernels.function("xp2p")?,
+            kernel: kernels.function("remote_p2p")?,
         })
     }
 }

@@ -162,7 +162,7 @@ impl Collectives {
         } else {
             TransportKind::Tcp
         };
-        let (xp2p, p2p_off) = if spans_hosts {
+        let (remote_p2p, p2p_off) = if spans_hosts {
             let declared =
                 match send_recv_proxy::peers_of(&settings.p2p_peers, comm.rank(), comm.nranks())? {
                     Some(list) => Some(list),
@@ -173,7 +173,7 @@ impl Collectives {
             let x = if peers.remotes.is_empty() {
                 None
             } else {
-                Some(send_recv_proxy::XP2p::connect(
+                Some(send_recv_proxy::RemoteP2p::connect(
                     comm, &config, &topo, peers, network,
                 )?)
             };
@@ -262,8 +262,8 @@ impl Collectives {
         let cross = cross
             .map(|c| cross::Cross::finish(comm, c, gpu.as_ref()))
             .transpose()?;
-        let remote_p2p = xp2p
-            .map(|x| send_recv_proxy::XP2p::finish(comm, x, gpu.as_ref()))
+        let remote_p2p = remote_p2p
+            .map(|x| send_recv_proxy::RemoteP2p::finish(comm, x, gpu.as_ref()))
             .transpose()?;
         let span = match cross {
             Some(cross) => engine::Span::AcrossHosts(Box::new(engine::AcrossHosts {

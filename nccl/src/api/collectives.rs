@@ -10,7 +10,7 @@ use crate::dispatch::{self, Launch};
 use crate::error::{Failure, guard};
 use crate::group;
 use crate::log::{self, Path};
-use crate::real::{Ptr, Real, need};
+use crate::system_nccl::{Ptr, Real, need};
 use crate::types::{self, NativeCall, NcclDataType, NcclRedOp, NcclResult, op_name, result};
 
 use super::p2p::{RootedKind, p2p, rooted_ops};

@@ -12,7 +12,7 @@ use crate::comm::{
 use crate::error::{Failure, guard};
 use crate::group;
 use crate::log;
-use crate::real::{self, Ptr, RawUniqueId, need};
+use crate::system_nccl::{self, Ptr, RawUniqueId, need};
 use crate::types::{
     NcclConfig, NcclResult, SPLIT_NOCOLOR, read_config, result, shrink_members, split_members,
 };
@@ -230,7 +230,7 @@ export! {
             let child_cfg = unsafe { ConfigCopy::for_child(config, c.config()) };
             let blocking = if config.is_null() { c.blocking } else { view.blocking };
             // The real split first: every parent rank calls it, the no-color ones included.
-            let (real_new, real_missing) = match (inner.real, real::real()) {
+            let (real_new, real_missing) = match (inner.real, system_nccl::real()) {
                 (Some(rc), Ok(real)) => {
                     let how = RealChild::Split { color, key };
                     let child = comm::real_child(call, real, rc, &c.gpu, child_cfg, how)?;
@@ -333,7 +333,7 @@ export! {
             if shrink_flags & SHRINK_ABORT != 0 {
                 revoke_ours(call, c, inner);
             }
-            let (real_new, real_missing) = match (inner.real, real::real()) {
+            let (real_new, real_missing) = match (inner.real, system_nccl::real()) {
                 (Some(rc), Ok(real)) => {
                     let how = RealChild::Shrink { exclude: excluded.clone(), flags: shrink_flags };
                     let child = comm::real_child(call, real, rc, &c.gpu, child_cfg, how)?;
@@ -388,7 +388,7 @@ fn real_only_child(
     call: &str,
     c: &Comm,
     why: &str,
-    real_new: Option<real::RealComm>,
+    real_new: Option<system_nccl::RealComm>,
     blocking: bool,
     place: Option<(usize, usize)>,
     newcomm: *mut Ptr,
@@ -401,13 +401,13 @@ fn real_only_child(
     let (place, size) = match place {
         Some(p) => p,
         None => {
-            let real = real::real().map_err(|e| Failure::usage(format!("{call}: {e}")))?;
+            let real = system_nccl::real().map_err(|e| Failure::usage(format!("{call}: {e}")))?;
             let ask =
                 |what: &str, f: Option<unsafe extern "C" fn(Ptr, *mut c_int) -> NcclResult>| {
                     let f = need(call, real, f)?;
                     let mut v: c_int = 0;
                     // SAFETY: NCCL's signature; the real child, an out-pointer to a local.
-                    real::real_result(call, real, rc.0, unsafe { f(rc.0, &mut v) })
+                    system_nccl::real_result(call, real, rc.0, unsafe { f(rc.0, &mut v) })
                         .map_err(|e| Failure::new(e.code, format!("{} ({what})", e.msg)))?;
                     Ok::<usize, Failure>(v.max(0) as usize)
                 };

@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 
 use crate::comm::{Comm, Handle, lookup};
 use crate::error::guard;
-use crate::real::{self, Ptr, Real, Team, need};
+use crate::system_nccl::{self, Ptr, Real, Team, need};
 use crate::types::NcclResult;
 
 use super::{Target, check_out, forward, pass, target};
@@ -76,7 +76,7 @@ fn device_query<F: Copy, R>(
     none: impl Fn() -> R,
 ) -> R {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let f = real::real().ok().and_then(&pick);
+        let f = system_nccl::real().ok().and_then(&pick);
         match lookup(comm) {
             Handle::Null => none(),
             Handle::Foreign(p) => f.map_or_else(&none, |f| ask(f, p)),

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_int};
 
 use crate::comm::{Handle, lookup};
 use crate::error::{guard, last_error, last_error_ptr};
-use crate::real::{self, Ptr};
+use crate::system_nccl::{self, Ptr};
 use crate::types::{self, ABI_VERSION_CODE, NcclResult, result};
 
 use super::check_out;
@@ -15,7 +15,7 @@ export! {
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> NcclResult {
         guard("ncclGetVersion", || {
             check_out("ncclGetVersion", "version", version)?;
-            let v = real::real().map(|r| r.version).unwrap_or(ABI_VERSION_CODE);
+            let v = system_nccl::real().map(|r| r.version).unwrap_or(ABI_VERSION_CODE);
             // SAFETY: checked non-null; the caller's int.
             unsafe { *version = v };
             Ok(result::SUCCESS)
@@ -38,7 +38,7 @@ export! {
         std::panic::catch_unwind(|| {
             match lookup(comm) {
                 Handle::Foreign(p) => {
-                    if let Ok(real) = real::real()
+                    if let Ok(real) = system_nccl::real()
                         && let Some(f) = real.fns.get_last_error
                     {
                         // SAFETY: NCCL's signature; its own communicator.
@@ -48,7 +48,7 @@ export! {
                 Handle::Ours(c) => {
                     if last_error().is_empty()
                         && let Some(Ok(inner)) = c.state.get()
-                        && let (Ok(real), Some(rc)) = (real::real(), inner.real)
+                        && let (Ok(real), Some(rc)) = (system_nccl::real(), inner.real)
                         && let Some(f) = real.fns.get_last_error
                     {
                         // SAFETY: as above, the real communicator beside ours.
@@ -67,7 +67,7 @@ export! {
     /// `ncclResetDebugInit` (deprecated in NCCL): passed to the real NCCL when loaded.
     fn ncclResetDebugInit / pncclResetDebugInit() -> () {
         let _ = std::panic::catch_unwind(|| {
-            if let Ok(real) = real::real()
+            if let Ok(real) = system_nccl::real()
                 && let Some(f) = real.fns.reset_debug_init
             {
                 // SAFETY: NCCL's signature, no arguments.

@@ -5,7 +5,7 @@ use std::ffi::c_int;
 
 use crate::comm::{self, null};
 use crate::error::{Failure, guard};
-use crate::real::{self, Ptr, Real, need};
+use crate::system_nccl::{self, Ptr, Real, need};
 use crate::types::{NcclResult, result};
 
 use super::{Target, check_out, check_ptr, forward, pass, target};
@@ -17,11 +17,11 @@ export! {
         guard("ncclMemAlloc", || {
             let call = "ncclMemAlloc";
             check_out(call, "ptr", ptr)?;
-            if let Ok(real) = real::real() {
+            if let Ok(real) = system_nccl::real() {
                 let f = need(call, real, real.fns.mem_alloc)?;
                 // SAFETY: NCCL's signature, the caller's out-pointer.
                 let r = unsafe { f(ptr, size) };
-                return real::real_result(call, real, null(), r);
+                return system_nccl::real_result(call, real, null(), r);
             }
             if size == 0 {
                 // SAFETY: checked non-null.
@@ -44,11 +44,11 @@ export! {
     fn ncclMemFree / pncclMemFree(ptr: Ptr) -> NcclResult {
         guard("ncclMemFree", || {
             let call = "ncclMemFree";
-            if let Ok(real) = real::real() {
+            if let Ok(real) = system_nccl::real() {
                 let f = need(call, real, real.fns.mem_free)?;
                 // SAFETY: NCCL's signature; its own allocation.
                 let r = unsafe { f(ptr) };
-                return real::real_result(call, real, null(), r);
+                return system_nccl::real_result(call, real, null(), r);
             }
             if ptr.is_null() {
                 return Ok(result::SUCCESS);
@@ -78,7 +78,7 @@ export! {
                 Target::Ours(c) => c,
             };
             let inner = c.ready(call)?;
-            if inner.real.is_some() && real::real().is_ok() {
+            if inner.real.is_some() && system_nccl::real().is_ok() {
                 return forward(call, c, inner, "registration", "-", "-", run);
             }
             // SAFETY: checked non-null.
@@ -102,7 +102,7 @@ export! {
                 Target::Ours(c) => c,
             };
             let inner = c.ready(call)?;
-            if inner.real.is_some() && real::real().is_ok() {
+            if inner.real.is_some() && system_nccl::real().is_ok() {
                 return forward(call, c, inner, "registration", "-", "-", run);
             }
             Ok(result::SUCCESS)

@@ -21,7 +21,7 @@ use crate::comm::{Comm, Handle, Inner, lookup, real_of};
 use crate::dispatch;
 use crate::error::Failure;
 use crate::log::{self, Path};
-use crate::real::{self, Ptr, Real};
+use crate::system_nccl::{self, Ptr, Real};
 use crate::types::{
     self, MAX_RED_OP, NUM_OPS, NcclDataType, NcclRedOp, NcclResult, dtype_name, is_builtin_op,
 };
@@ -64,7 +64,7 @@ fn target(call: &str, comm: Ptr) -> Result<Target, Failure> {
     match lookup(comm) {
         Handle::Null => Err(Failure::arg(format!("{call}: comm is NULL"))),
         Handle::Ours(c) => Ok(Target::Ours(c)),
-        Handle::Foreign(p) => match real::real() {
+        Handle::Foreign(p) => match system_nccl::real() {
             Ok(r) => Ok(Target::Real(r, p)),
             Err(_) => Err(Failure::arg(format!(
                 "{call}: {p:?} is not a communicator of this library"
@@ -180,7 +180,7 @@ fn forward_because(
     })?;
     log::call_path(call, c.rank, c.nranks, dt, op, Path::Fallback);
     let r = f(real, rc)?;
-    real::real_result(call, real, rc, r)
+    system_nccl::real_result(call, real, rc, r)
 }
 
 /// Passes a call on a communicator that is not ours to the real NCCL unchanged.
@@ -192,7 +192,7 @@ fn pass(
 ) -> Result<NcclResult, Failure> {
     log::call_path(call, 0, 0, "-", "-", Path::PassThrough);
     let r = f(real, p)?;
-    real::real_result(call, real, p, r)
+    system_nccl::real_result(call, real, p, r)
 }
 
 mod collectives;

@@ -10,7 +10,7 @@ use crate::dispatch;
 use crate::error::{Failure, guard};
 use crate::group;
 use crate::log::{self, Path};
-use crate::real::{Ptr, Real, need};
+use crate::system_nccl::{Ptr, Real, need};
 use crate::types::{NativeCall, NcclDataType, NcclResult, result};
 
 use super::{Target, check_dtype, check_out, check_ptr, check_rank, forward_because, pass, target};

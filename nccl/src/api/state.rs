@@ -8,7 +8,7 @@ use crate::comm::{self, Comm, Inner, unregister};
 use crate::error::{Failure, guard};
 use crate::group;
 use crate::log;
-use crate::real::{self, Ptr, Real, need};
+use crate::system_nccl::{self, Ptr, Real, need};
 use crate::types::{NcclResult, result};
 
 use super::{Target, check_out, pass, target};
@@ -62,12 +62,12 @@ export! {
                 inner.finalized.store(false, std::sync::atomic::Ordering::Release);
                 return Err(f);
             }
-            if let (Some(rc), Ok(real)) = (inner.real, real::real())
+            if let (Some(rc), Ok(real)) = (inner.real, system_nccl::real())
                 && let Some(f) = real.fns.comm_finalize
             {
                 // SAFETY: NCCL's signature; the real communicator.
                 let r = unsafe { f(rc.0) };
-                return real::real_result(call, real, rc.0, r);
+                return system_nccl::real_result(call, real, rc.0, r);
             }
             Ok(result::SUCCESS)
         })
@@ -148,7 +148,7 @@ fn end_comm(call: &'static str, comm: Ptr, abort: bool) -> Result<NcclResult, Fa
         return Ok(result::SUCCESS);
     };
     let mut code = result::SUCCESS;
-    if let (Some(rc), Ok(real)) = (inner.real, real::real()) {
+    if let (Some(rc), Ok(real)) = (inner.real, system_nccl::real()) {
         let f = if abort {
             real.fns.comm_abort
         } else {
@@ -234,7 +234,7 @@ export! {
                 return Ok(result::SUCCESS);
             }
             let mut code = result::SUCCESS;
-            if let (Some(rc), Ok(real)) = (inner.real, real::real()) {
+            if let (Some(rc), Ok(real)) = (inner.real, system_nccl::real()) {
                 match real.fns.comm_revoke {
                     // SAFETY: NCCL's signature; the real communicator.
                     Some(f) => code = unsafe { f(rc.0, revoke_flags) },
@@ -360,7 +360,7 @@ export! {
 /// The real communicator's `ncclCommGetAsyncError` (its failure, else its state), when there
 /// is a real communicator beside ours and the real NCCL has the call.
 fn real_async_state(inner: &Inner) -> Option<NcclResult> {
-    let (rc, real) = (inner.real?, real::real().ok()?);
+    let (rc, real) = (inner.real?, system_nccl::real().ok()?);
     let f = real.fns.comm_get_async_error?;
     let mut r = result::SUCCESS;
     // SAFETY: NCCL's signature; the real communicator; out-pointer to a local.

@@ -23,8 +23,8 @@ use mscclpp_host::transport::tcp::root_ip;
 use crate::dispatch::Launch;
 use crate::error::Failure;
 use crate::log;
-use crate::real::{self, Ptr, RawUniqueId, Real, RealComm, real_result};
-use crate::rescue;
+use crate::setup_fallback;
+use crate::system_nccl::{self, Ptr, RawUniqueId, Real, RealComm, real_result};
 use crate::types::{Fallback, NcclConfig, NcclResult, result};
 
 mod ids;
@@ -41,7 +41,7 @@ const COMM_MAGIC: u64 = 0x6d73_6363_6c70_7031; // "msccl pp1"
 /// A set-up communicator.
 pub struct Inner {
     /// Our collectives, with the communicator and bootstrap; or, when ours could not be set
-    /// up on some rank and every call runs on the real NCCL ([`crate::rescue`]), why (the
+    /// up on some rank and every call runs on the real NCCL ([`crate::setup_fallback`]), why (the
     /// failing ranks and their messages).
     pub coll: Result<Collectives, String>,
     /// The real NCCL's communicator over the same ranks, when a real NCCL is available on
@@ -417,7 +417,7 @@ pub fn real_of(call: &str, inner: &Inner, what: &str) -> Result<(&'static Real, 
              {w}"
         ))
     };
-    match (real::real(), inner.real) {
+    match (system_nccl::real(), inner.real) {
         (Ok(r), Some(rc)) => Ok((r, rc.0)),
         (Err(e), _) => Err(why(e)),
         (Ok(_), None) => Err(why(inner

@@ -139,12 +139,12 @@ pub fn real_child(
 ) -> Result<Option<RealComm>, Failure> {
     let (split, shrink) = match &how {
         RealChild::Split { .. } => (
-            Some(crate::real::need(call, real, real.fns.comm_split)?),
+            Some(crate::system_nccl::need(call, real, real.fns.comm_split)?),
             None,
         ),
         RealChild::Shrink { .. } => (
             None,
-            Some(crate::real::need(call, real, real.fns.comm_shrink)?),
+            Some(crate::system_nccl::need(call, real, real.fns.comm_shrink)?),
         ),
     };
     let gpu = gpu.clone();
@@ -226,7 +226,7 @@ pub enum RealSetup {
 
 /// Sets up a communicator (collective over the ranks of `id`): the bootstrap, the real
 /// NCCL's communicator, then ours. When ours fails on some rank and every rank has a real
-/// communicator, the communicator runs on the real NCCL alone ([`crate::rescue`]). Runs on a
+/// communicator, the communicator runs on the real NCCL alone ([`crate::setup_fallback`]). Runs on a
 /// thread where `gpu`'s context is (made) current.
 pub fn set_up(
     call: &str,
@@ -300,7 +300,7 @@ fn agree_fallback(call: &str, bootstrap: &BlockingBootstrap) -> Result<(Fallback
     // Every rank must send a call the same way (see `dispatch`): a call forwarded on any
     // rank is forwarded on all. Likewise a set-up failure of ours is fatal if any rank
     // says so.
-    let strict_here = !rescue::enabled();
+    let strict_here = !setup_fallback::enabled();
     let agreed = bootstrap
         .all_gather(&[fallback.mask, strict_here as u8])
         .map_err(boot)?;
@@ -380,7 +380,7 @@ fn log_set_up(
         gpu.info().ordinal,
         gpu.info().name,
         fallback.native_names(),
-        match (real, real_missing, real::real_opt()) {
+        match (real, real_missing, system_nccl::real_opt()) {
             (Some(_), _, Some(r)) => format!("{} (version {})", r.path, r.version),
             (_, Some(why), _) => format!("unavailable: {why}"),
             _ => "unavailable".into(),
@@ -403,8 +403,8 @@ pub(super) fn fall_back(
     e: &mscclpp_host::communicator::CommError,
 ) -> Result<Inner, Failure> {
     let mut own = Failure::from_comm(call, e);
-    let (Some(rc), Ok(r), false) = (real, real::real(), strict) else {
-        if let (Some(rc), Ok(r)) = (real, real::real())
+    let (Some(rc), Ok(r), false) = (real, system_nccl::real(), strict) else {
+        if let (Some(rc), Ok(r)) = (real, system_nccl::real())
             && let Some(abort) = r.fns.comm_abort
         {
             // SAFETY: NCCL's signature; the real communicator, not used after this.
@@ -414,16 +414,16 @@ pub(super) fn fall_back(
             (true, _) => format!(
                 "{} (not falling back to the real NCCL: {}=0 on some rank)",
                 own.msg,
-                rescue::SETUP_FALLBACK_ENV
+                setup_fallback::SETUP_FALLBACK_ENV
             ),
             (false, Some(why)) => format!("{} (no real NCCL to fall back to: {why})", own.msg),
             (false, None) => own.msg,
         };
         return Err(own);
     };
-    let mine = rescue::encode_report(rescue::is_peer_loss(e), &e.to_string());
-    let reports =
-        rescue::gather_reports(call, r, rc, rank, nranks, &mine, deadline).map_err(|f| {
+    let mine = setup_fallback::encode_report(setup_fallback::is_peer_loss(e), &e.to_string());
+    let reports = setup_fallback::gather_reports(call, r, rc, rank, nranks, &mine, deadline)
+        .map_err(|f| {
             Failure::new(
                 own.code,
                 format!(
@@ -432,7 +432,7 @@ pub(super) fn fall_back(
                 ),
             )
         })?;
-    let why = rescue::summarize(&reports);
+    let why = setup_fallback::summarize(&reports);
     log::warn(&format!(
         "rank {rank}/{nranks}: mscclpp could not set up this communicator ({why}); every call \
          on it runs on the real NCCL ({}, version {})",
@@ -449,7 +449,7 @@ pub(super) fn create_real(
     cfg: ConfigCopy,
 ) -> Result<(Option<RealComm>, Option<String>), Failure> {
     let boot = |e: mscclpp_host::bootstrap::BootstrapError| Failure::from_comm(call, &e.into());
-    let mine = real::real();
+    let mine = system_nccl::real();
     let have = bs.all_gather(&[mine.is_ok() as u8]).map_err(boot)?;
     let Ok(real) = mine else {
         return Ok((None, Some(mine.err().unwrap_or_default().to_string())));

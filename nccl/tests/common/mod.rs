@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use mscclpp_nccl::api::ncclGetUniqueId;
-use mscclpp_nccl::real::RawUniqueId;
+use mscclpp_nccl::system_nccl::RawUniqueId;
 
 /// The environment variable with a rank process's rank.
 pub const RANK_ENV: &str = "MSCCLPP_NCCL_TEST_RANK";

@@ -25,8 +25,8 @@ use mscclpp_host::bootstrap::BootstrapError;
 use mscclpp_host::communicator::CommError;
 
 use crate::error::Failure;
-use crate::real::RealComm;
-use crate::real::{Ptr, Real};
+use crate::system_nccl::RealComm;
+use crate::system_nccl::{Ptr, Real};
 use crate::types::result;
 
 /// The variable that turns the fallback off (`0`, `off`, `no`, `false`).
@@ -179,7 +179,7 @@ pub fn gather_reports(
             stream as Ptr,
         )
     };
-    if let Err(f) = crate::real::real_result(call, real, rc.0, code) {
+    if let Err(f) = crate::system_nccl::real_result(call, real, rc.0, code) {
         release();
         return Err(f);
     }
