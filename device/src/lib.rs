@@ -13,6 +13,9 @@
 //! - [`kernels`]: our kernels, declared with [`kernel!`] so they are `extern "ptx-kernel"`
 //!   entry points on the GPU and plain `unsafe fn`s on the host.
 //!
+//! Feature `test-kernels` adds the kernels of this project's GPU tests and benchmarks to
+//! [`kernels`]; without it (the default, and the PTX `mscclpp-host` ships) there are none.
+//!
 //! A user's own kernel crate depends on this crate, declares its kernels with [`kernel!`],
 //! adds `#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]` at its root (the GPU
 //! entry-point ABI is unstable) and is compiled by `mscclpp-device-builder`.

@@ -169,6 +169,7 @@ impl<'a> DeviceSemaphore<'a> {
     /// `(inbound, remote, expected)`: the counters behind the handle, for the latency
     /// variants (`kernels::latency`) that signal and wait with other instructions than
     /// [`signal`](Self::signal) and [`wait`](Self::wait) on the same counters.
+    #[cfg(any(test, feature = "test-kernels"))]
     #[inline]
     pub(crate) fn counters(&self) -> (*mut u64, *mut u64, *mut u64) {
         (self.inbound, self.remote, self.expected)

@@ -1,4 +1,8 @@
 //! Host side of mscclpp.
+//!
+//! Feature `testing` adds the test drivers (`smoke`, `testing`, `proxy::fifo_check`,
+//! `proxy::fifo_litmus`) and the device crate's test kernels to the embedded PTX (built with
+//! the pinned nightly then); the default build has neither.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(
@@ -23,7 +27,9 @@ mod procfs;
 pub mod proxy;
 pub mod runtime_libs;
 pub mod settings;
+#[cfg(feature = "testing")]
 pub mod smoke;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod transport;
 pub mod units;

@@ -53,6 +53,7 @@ mod device_handle;
 mod trigger;
 
 pub use consumer::FifoConsumer;
+#[cfg(any(test, feature = "test-kernels"))]
 pub(crate) use device_handle::Publish;
 pub use device_handle::{
     FifoConfigError, FifoDeviceHandle, FifoTimeout, FifoWait, MAX_SLOTS, MAX_TIMEOUT_NS, MIN_SLOTS,

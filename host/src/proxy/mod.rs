@@ -3,13 +3,15 @@
 //!
 //! - the trigger FIFO between a kernel and the proxy: [`Fifo`] owns its memory, hands
 //!   kernels a [`FifoDeviceHandle`] and the proxy thread an [`OwnedFifoConsumer`]
-//!   (`poll` / `pop`); [`fifo_check`] drives the `fifo_push_test` kernel against it for
-//!   tests and benchmarks, and [`fifo_litmus`] its `litmus_fifo_publish` kernel (the data
-//!   a trigger names is seen with it, and a trigger is never seen torn);
+//!   (`poll` / `pop`); with feature `testing`, `fifo_check` drives the `fifo_push_test`
+//!   kernel against it for tests and benchmarks, and `fifo_litmus` its `litmus_fifo_publish`
+//!   kernel (the data a trigger names is seen with it, and a trigger is never seen torn);
 //! - [`ProxyService`]: the thread that pops triggers and drives a transport's data plane.
 
 mod fifo;
+#[cfg(feature = "testing")]
 pub mod fifo_check;
+#[cfg(feature = "testing")]
 pub mod fifo_litmus;
 mod service;
 
