@@ -1,4 +1,5 @@
 use super::*;
+use crate::nested_build::dep_info_sources;
 use shipped::{Stamp, StampedPtx};
 
 #[test]
