@@ -23,6 +23,29 @@ const KERNELS: &[&str] = &[
     "proxy_put_bench",
 ];
 
+/// Test kernels (feature `testing`) besides [`KERNELS`] and the semaphore latency variants:
+/// with [`KERNELS`] and those, every entry of the test build's PTX that the shipped PTX
+/// (`host/ptx/`) must not have.
+const OTHER_TEST_KERNELS: &[&str] = &[
+    "litmus_message_passing",
+    "litmus_ll_packets",
+    "litmus_fifo_publish",
+    "litmus_flag_after_copy",
+    "memory_relaxed_signal_ping_pong",
+    "proxy_put_status",
+    "proxy_push_status",
+    "flag_echo",
+    "user_wait_status",
+];
+
+/// The names of the `.entry` points of `ptx`.
+fn entries(ptx: &str) -> std::collections::BTreeSet<&str> {
+    ptx.split(".entry ")
+        .skip(1)
+        .map(|rest| rest.split('(').next().unwrap_or_default().trim())
+        .collect()
+}
+
 /// The text of entry `name` (from its `.entry` line to the next entry or the end).
 fn entry<'a>(ptx: &'a str, name: &str) -> &'a str {
     let start = ptx
@@ -56,6 +79,46 @@ fn every_kernel_is_an_exported_entry() {
             assert!(body.contains("ret;"), "sm_{cc}: {k} has no body");
         }
     }
+}
+
+#[test]
+fn the_shipped_ptx_has_every_kernel_but_the_test_kernels() {
+    use mscclpp_device::kernels::latency::VARIANTS;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/host/ptx/mscclpp_device.sm_90.ptx"
+    );
+    let shipped = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read the shipped PTX {path}: {e}"));
+    let shipped = entries(&shipped);
+    // This test build has feature `testing`, so its PTX has the test kernels too.
+    let built = entries(sm90_ptx());
+    let test_kernels: std::collections::BTreeSet<&str> = KERNELS
+        .iter()
+        .chain(OTHER_TEST_KERNELS)
+        .copied()
+        .chain(VARIANTS.iter().map(|v| v.kernel))
+        .collect();
+    let unknown: Vec<_> = test_kernels.difference(&built).collect();
+    assert!(
+        unknown.is_empty(),
+        "test kernels not in the PTX: {unknown:?}"
+    );
+    let leaked: Vec<_> = shipped.intersection(&test_kernels).collect();
+    assert!(
+        leaked.is_empty(),
+        "test kernels in the shipped PTX: {leaked:?}"
+    );
+    let unshipped: Vec<_> = built
+        .difference(&shipped)
+        .filter(|k| !test_kernels.contains(*k))
+        .collect();
+    let foreign: Vec<_> = shipped.difference(&built).collect();
+    assert!(
+        unshipped.is_empty() && foreign.is_empty(),
+        "the shipped PTX lacks {unshipped:?} and has {foreign:?} beyond this build's; \
+         scripts/update-ptx.sh refreshes it"
+    );
 }
 
 #[test]
