@@ -5,6 +5,8 @@
 # host/build.rs with MSCCLPP_DEVICE_BUILD=nightly) and writes it, with its stamp, to host/ptx/,
 # the PTX that stable and packaged builds of mscclpp-host embed. Run it after changing the
 # device crate, the device builder or the pinned nightly, and commit host/ptx/.
+# The build has no feature `testing`, so the shipped PTX has no test kernels (host/build.rs
+# refuses to export a build with them).
 #
 # --check: build into a temporary directory instead and fail unless host/ptx/ equals it byte
 # for byte (CI). Without ptxas, to save its minute: the shipped PTX is compiled with ptxas by
