@@ -469,8 +469,11 @@ fn the_rendezvous_timeout_is_its_own_and_defaults_to_the_bootstrap_timeout() {
 
 #[test]
 fn output_lines_are_prefixed() {
-    assert_eq!(prefixed(3, b"hello\r\n"), "[rank 3] hello");
-    assert_eq!(prefixed(0, b"\xffbad utf8\n"), "[rank 0] \u{fffd}bad utf8");
+    assert_eq!(forward::prefixed(3, b"hello\r\n"), "[rank 3] hello");
+    assert_eq!(
+        forward::prefixed(0, b"\xffbad utf8\n"),
+        "[rank 0] \u{fffd}bad utf8"
+    );
 }
 
 #[cfg(unix)]
