@@ -5,8 +5,9 @@ use std::time::Duration;
 use super::*;
 use crate::bootstrap::create_unique_id;
 use crate::proxy::ProxyError;
+use crate::transport::TransportKind;
 use mscclpp_device::arch::{Dim3, launch};
-use mscclpp_device::channel::ChannelError;
+use mscclpp_device::channel::{ChannelError, DevConn};
 use mscclpp_device::kernels::smoke::probe_value;
 
 fn config() -> CommConfig {
