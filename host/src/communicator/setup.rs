@@ -116,6 +116,18 @@ fn alloc_flags(
     })
 }
 
+/// One setup per transport of a round. Dropped when the round ends, on every path out (the
+/// mapped transports remove the names they published then).
+type Setups = HashMap<TransportKind, Box<dyn TransportSetup>>;
+
+/// The setup of `kind` in a round's `setups`.
+fn setup_for(setups: &mut Setups, kind: TransportKind) -> &mut dyn TransportSetup {
+    setups
+        .get_mut(&kind)
+        .expect("a setup per transport of the round")
+        .as_mut()
+}
+
 /// Sets up `pending` (ids from `first_id`): describe, exchange, check, connect (each
 /// transport its own way), acknowledge.
 pub(super) fn establish(
@@ -127,17 +139,15 @@ pub(super) fn establish(
     if n == 0 {
         return Ok((Vec::new(), FlagMemory::None));
     }
-    let bytes = n * 8;
     // A failure before the exchange is not returned at once: every peer still gets a
     // description (marked failed, with the reason), so it fails promptly too.
+    // Host inbound counters only when a P2P proxy channel of the round needs them.
+    let host_inbound = comm.proxy_flag == ProxyFlagMode::Cpu
+        && pending
+            .iter()
+            .any(|p| p.kind == ChannelKind::Proxy && p.transport == TransportKind::P2p);
     let (flags, flags_handle, inbound_base, expected_base, round_error) =
-        match alloc_flags(&comm.backend, n, {
-            // Host inbound counters only when a P2P proxy channel of the round needs them.
-            comm.proxy_flag == ProxyFlagMode::Cpu
-                && pending
-                    .iter()
-                    .any(|p| p.kind == ChannelKind::Proxy && p.transport == TransportKind::P2p)
-        }) {
+        match alloc_flags(&comm.backend, n, host_inbound) {
             Ok((f, h, i, e)) => (f, h, i, e, None),
             Err(e) => (
                 FlagMemory::None,
@@ -148,67 +158,28 @@ pub(super) fn establish(
             ),
         };
     let bs = &comm.bootstrap;
-    let me = comm.rank();
-    let my_host = bs.as_async().host_id(me).map(str::to_string);
     let pid = std::process::id();
     let round = Round {
         ctx: comm,
         pid,
         first_id,
         inbound_base,
-        flag_bytes: bytes as u64,
+        flag_bytes: (n * 8) as u64,
         expected_base,
         flags: &flags,
         flags_handle: &flags_handle,
     };
-    // One setup per transport of the round. Dropped when the round ends, on every path
-    // out (the mapped transports remove the names they published then).
-    let mut setups: HashMap<TransportKind, Box<dyn TransportSetup>> = HashMap::new();
+    let mut setups: Setups = HashMap::new();
     for p in &pending {
         setups
             .entry(p.transport)
             .or_insert_with(|| setup_of(p.transport));
     }
-
-    // 1. Describe every connection (every name published, every queue pair created, every
-    // listener open) before any description is sent: a peer removes a name as soon as it
-    // has mapped the segment, and a segment whose names are all gone cannot be given
-    // another (tmpfs links an unnamed file only until its first link goes).
-    let mut first_error: Option<CommError> = None;
-    let mut local_errors: Vec<Option<CommError>> = Vec::with_capacity(n);
-    let code = |info: &ConnInfo| {
-        bincode::serde::encode_to_vec(info, bincode::config::standard())
-            .map_err(|e| CommError::InvalidArgument(format!("encoding connection info: {e}")))
-    };
-    let mut outgoing = Vec::with_capacity(n);
-    for (k, p) in pending.iter().enumerate() {
-        let built = match &round_error {
-            Some(e) => Err(CommError::State(e.to_string())),
-            None => setups
-                .get_mut(&p.transport)
-                .expect("a setup per transport of the round")
-                .describe(&round, p, k),
-        };
-        let info = match built {
-            Ok(info) => {
-                local_errors.push(None);
-                info
-            }
-            Err(e) => {
-                local_errors.push(Some(e));
-                failed_info(
-                    p,
-                    pid,
-                    local_errors[k]
-                        .as_ref()
-                        .map(|e| e.to_string())
-                        .unwrap_or_default(),
-                )
-            }
-        };
-        outgoing.push((p.remote_rank, p.tag, code(&info)?));
-    }
+    // 1. Describe every connection before any description is sent (see `describe`).
+    let (outgoing, mut local_errors) =
+        describe(&mut setups, &round, &pending, round_error.as_ref())?;
     // 2. Send every description first (sends are buffered by the receiver), then receive.
+    let mut first_error: Option<CommError> = None;
     for (peer, tag, bytes) in outgoing {
         // A peer that is gone is not a reason to stop: the others still get theirs.
         let what = format!("the setup info of the connection ({})", ConnTag(tag));
@@ -216,77 +187,31 @@ pub(super) fn establish(
             first_error.get_or_insert(e.into());
         }
     }
+    let my_host = bs.as_async().host_id(comm.rank()).map(str::to_string);
     let mut conns = Vec::with_capacity(n);
     for (k, p) in pending.into_iter().enumerate() {
         // What a peer sent before dying is still delivered; what it did not send fails at
         // once (the bootstrap names the lost rank).
-        let (peer_info, recv_error) = match bs.recv_named(
-            p.remote_rank,
-            INFO_TAG | p.tag as u64,
-            &format!("the setup info of the connection ({})", ConnTag(p.tag)),
-        ) {
-            Ok(raw) => {
-                match bincode::serde::decode_from_slice::<ConnInfo, _>(
-                    &raw,
-                    bincode::config::standard(),
-                ) {
-                    Ok((info, _)) => (Some(info), None),
-                    Err(e) => (
-                        None,
-                        Some(mismatch(
-                            p.remote_rank,
-                            p.tag,
-                            format!("undecodable connection info: {e}"),
-                        )),
-                    ),
-                }
+        let received = recv_info(comm, &p);
+        let local_error = local_errors[k].take();
+        let (peer_info, result) = match received {
+            Ok(info) => {
+                let result = match local_error {
+                    Some(e) => Err(e),
+                    None => {
+                        let hosts = (my_host.as_deref(), bs.as_async().host_id(p.remote_rank));
+                        let setup = setup_for(&mut setups, p.transport);
+                        finish(setup, &round, &p, &info, k, hosts)
+                    }
+                };
+                (Some(info), result)
             }
-            Err(e) => (None, Some(CommError::from(e))),
+            Err(e) => (None, Err(local_error.unwrap_or(e))),
         };
-        let result = (|| {
-            if let Some(e) = local_errors[k].take() {
-                return Err(e);
-            }
-            let (Some(peer), None) = (peer_info.as_ref(), &recv_error) else {
-                return Err(recv_error.unwrap_or_else(|| {
-                    CommError::State("connection info neither received nor failed".into())
-                }));
-            };
-            if let Some(reason) = &peer.failed {
-                return Err(mismatch(
-                    p.remote_rank,
-                    p.tag,
-                    format!("rank {} could not set up its side: {reason}", p.remote_rank),
-                ));
-            }
-            let setup = setups
-                .get_mut(&p.transport)
-                .expect("a setup per transport of the round");
-            check_peer(
-                &p,
-                peer,
-                setup.crosses_hosts(),
-                my_host.as_deref(),
-                bs.as_async().host_id(p.remote_rank),
-            )?;
-            setup.connect(&round, &p, peer, k)
-        })();
         if let Some(info) = &peer_info {
             remove_names(info);
         }
-        let ack = match &result {
-            Ok(_) => Ack::Mapped,
-            Err(e) => Ack::Failed(e.to_string()),
-        };
-        let ack = bincode::serde::encode_to_vec(&ack, bincode::config::standard())
-            .map_err(|e| CommError::InvalidArgument(format!("encoding ack: {e}")))?;
-        let what = format!(
-            "the setup acknowledgement of the connection ({})",
-            ConnTag(p.tag)
-        );
-        if let Err(e) = bs.send_named(p.remote_rank, ACK_TAG | p.tag as u64, &what, &ack) {
-            first_error.get_or_insert(e.into());
-        }
+        send_ack(comm, &p, &result, &mut first_error)?;
         match result {
             Ok(c) => conns.push(c),
             Err(e) => {
@@ -296,12 +221,133 @@ pub(super) fn establish(
     }
     // 3. Wait for every peer's acknowledgement, then end the round (our shared-memory names
     // are removed).
-    for c in &conns {
+    await_acks(comm, &conns, &mut first_error);
+    // Every peer has mapped (or will not map) what it was sent: no name is needed any more.
+    drop(setups);
+    if let Some(e) = round_error.or(first_error) {
+        return Err(e);
+    }
+    Ok((conns, flags))
+}
+
+/// Encoded descriptions, each with the peer and the tag it goes to.
+type Outgoing = Vec<(usize, u32, Vec<u8>)>;
+
+/// Step 1 of a round: describes every connection (every name published, every queue pair
+/// created, every listener open) before any description is sent, since a peer removes a
+/// name as soon as it has mapped the segment, and a segment whose names are all gone cannot
+/// be given another (tmpfs links an unnamed file only until its first link goes). Returns
+/// what to send to whom (encoded) and each connection's local error: a connection that
+/// could not be prepared (or all of them, after `round_error`) is sent as failed.
+fn describe(
+    setups: &mut Setups,
+    round: &Round<'_>,
+    pending: &[PendingConnection],
+    round_error: Option<&CommError>,
+) -> Result<(Outgoing, Vec<Option<CommError>>), CommError> {
+    let mut local_errors: Vec<Option<CommError>> = Vec::with_capacity(pending.len());
+    let mut outgoing = Vec::with_capacity(pending.len());
+    for (k, p) in pending.iter().enumerate() {
+        let built = match round_error {
+            Some(e) => Err(CommError::State(e.to_string())),
+            None => setup_for(setups, p.transport).describe(round, p, k),
+        };
+        let info = match built {
+            Ok(info) => {
+                local_errors.push(None);
+                info
+            }
+            Err(e) => {
+                let info = failed_info(p, round.pid, e.to_string());
+                local_errors.push(Some(e));
+                info
+            }
+        };
+        let bytes = bincode::serde::encode_to_vec(&info, bincode::config::standard())
+            .map_err(|e| CommError::InvalidArgument(format!("encoding connection info: {e}")))?;
+        outgoing.push((p.remote_rank, p.tag, bytes));
+    }
+    Ok((outgoing, local_errors))
+}
+
+/// The peer's description of connection `p`, or why there is none.
+fn recv_info(comm: &Communicator, p: &PendingConnection) -> Result<ConnInfo, CommError> {
+    let raw = comm.bootstrap.recv_named(
+        p.remote_rank,
+        INFO_TAG | p.tag as u64,
+        &format!("the setup info of the connection ({})", ConnTag(p.tag)),
+    )?;
+    bincode::serde::decode_from_slice::<ConnInfo, _>(&raw, bincode::config::standard())
+        .map(|(info, _)| info)
+        .map_err(|e| {
+            mismatch(
+                p.remote_rank,
+                p.tag,
+                format!("undecodable connection info: {e}"),
+            )
+        })
+}
+
+/// Finishes connection `k` (`p`) from the peer's description: the peer's own failure, or
+/// a mismatch with ours (`hosts`: this rank's host and the peer's), is an error.
+fn finish(
+    setup: &mut dyn TransportSetup,
+    round: &Round<'_>,
+    p: &PendingConnection,
+    peer: &ConnInfo,
+    k: usize,
+    (my_host, peer_host): (Option<&str>, Option<&str>),
+) -> Result<Connection, CommError> {
+    if let Some(reason) = &peer.failed {
+        return Err(mismatch(
+            p.remote_rank,
+            p.tag,
+            format!("rank {} could not set up its side: {reason}", p.remote_rank),
+        ));
+    }
+    check_peer(p, peer, setup.crosses_hosts(), my_host, peer_host)?;
+    setup.connect(round, p, peer, k)
+}
+
+/// Tells the peer of `p` how this side of the connection ended (a failed send is noted in
+/// `first_error`).
+fn send_ack(
+    comm: &Communicator,
+    p: &PendingConnection,
+    result: &Result<Connection, CommError>,
+    first_error: &mut Option<CommError>,
+) -> Result<(), CommError> {
+    let ack = match result {
+        Ok(_) => Ack::Mapped,
+        Err(e) => Ack::Failed(e.to_string()),
+    };
+    let ack = bincode::serde::encode_to_vec(&ack, bincode::config::standard())
+        .map_err(|e| CommError::InvalidArgument(format!("encoding ack: {e}")))?;
+    let what = format!(
+        "the setup acknowledgement of the connection ({})",
+        ConnTag(p.tag)
+    );
+    let sent = comm
+        .bootstrap
+        .send_named(p.remote_rank, ACK_TAG | p.tag as u64, &what, &ack);
+    if let Err(e) = sent {
+        first_error.get_or_insert(e.into());
+    }
+    Ok(())
+}
+
+/// Step 3 of a round: waits for the peer's acknowledgement of each of `conns`; the first
+/// failure (a peer that could not set up its side, or is gone) goes into `first_error`.
+fn await_acks(comm: &Communicator, conns: &[Connection], first_error: &mut Option<CommError>) {
+    for c in conns {
         let what = format!(
             "the setup acknowledgement of the connection ({})",
             ConnTag(c.tag())
         );
-        let raw = match bs.recv_named(c.remote_rank(), ACK_TAG | c.tag() as u64, &what) {
+        let raw = match comm
+            .bootstrap
+            .recv_named(c.remote_rank(), ACK_TAG | c.tag() as u64, &what)
+        {
             Ok(raw) => raw,
             Err(e) => {
                 first_error.get_or_insert(e.into());
@@ -319,12 +365,6 @@ pub(super) fn establish(
             ));
         }
     }
-    // Every peer has mapped (or will not map) what it was sent: no name is needed any more.
-    drop(setups);
-    if let Some(e) = round_error.or(first_error) {
-        return Err(e);
-    }
-    Ok((conns, flags))
 }
 
 fn check_peer(
