@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mscclpp_device::fifo::TriggerOp;
+use mscclpp_device::fifo::{Trigger, TriggerOp};
 
 use super::OwnedFifoConsumer;
 
@@ -290,6 +290,9 @@ fn run(
     }
 }
 
+/// The proxy thread's loop: the plane's progress, then a poll of the FIFO; a trigger is
+/// served ([`serve`]) and popped, an empty FIFO is an idle turn ([`idle_turn`]) and a wait
+/// (spin, yield, sleep), or after the stop request the last turn ([`finish`]).
 fn run_loop(
     mut task: ProxyTask,
     stop: &AtomicBool,
@@ -305,9 +308,7 @@ fn run_loop(
     let mut first: Option<Instant> = None;
     // Whether the last turn served a trigger (for the stats' `queued`).
     let mut just_served = false;
-    let mut gone = Vec::new();
-    // Settle passes done (see `SettleHook`).
-    let mut settled = 0;
+    let mut idle = IdleState::default();
     loop {
         // The plane's own work (IB host staging delivers arrived data here).
         let t_progress = stats.is_some().then(Instant::now);
@@ -330,45 +331,10 @@ fn run_loop(
             // Acquire: see the stop request; then one more poll decides (a trigger
             // published before the request is seen by that poll).
             if stop.load(Ordering::Acquire) && task.consumer.poll().is_none() {
-                if let Err(error) = task.plane.progress() {
-                    record(errors, ProxyError::Progress { error });
-                }
-                // Flags the plane still holds back (P2P `cpu` mode) are stored now.
-                if let Err(error) = task.plane.finish() {
-                    record(errors, ProxyError::Progress { error });
-                }
+                finish(&mut task, errors);
                 return;
             }
-            // Connections whose peer can send nothing more: marked like refused ones (no
-            // error is recorded: a peer that finished first is no fault), so that a wait
-            // for such a peer gives up after a grace instead of the device timeout.
-            task.plane.take_gone(&mut gone);
-            for id in gone.drain(..) {
-                if let Some(hook) = task.on_refused.as_mut() {
-                    hook(id);
-                }
-            }
-            // Connections whose peer closed them with all it sent landed (the communicator
-            // ends its user handles' waits for a peer that said goodbye once every such
-            // connection to it has).
-            task.plane.take_drained(&mut gone);
-            for id in gone.drain(..) {
-                if let Some(hook) = task.on_drained.as_mut() {
-                    hook(id);
-                }
-            }
-            // A peer left with its writes complete: deliver what they put here (IB staging)
-            // before its user handles' waits give up.
-            if let Some(hook) = task.settle.as_mut() {
-                let asked = (hook.asked)();
-                if asked > settled {
-                    if let Err(error) = task.plane.settle() {
-                        record(errors, ProxyError::Progress { error });
-                    }
-                    settled = asked;
-                    (hook.done)(asked);
-                }
-            }
+            idle_turn(&mut task, errors, &mut idle);
             let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
             if idle < SPIN_FOR {
                 std::hint::spin_loop();
@@ -384,92 +350,7 @@ fn run_loop(
         if first.is_none() {
             first = t_polled;
         }
-        let seq = task.consumer.tail();
-        let op = trigger.op();
-        let id = trigger.connection_id();
-        let peer = task.peers.get(id as usize).copied().unwrap_or(usize::MAX);
-        // Whether this trigger was refused or failed (reported to the kernel, see above).
-        let mut faulted = false;
-        let mut fail = |e: ProxyError| {
-            faulted = true;
-            record(errors, e);
-        };
-        match task.routes.get(id as usize) {
-            None => fail(ProxyError::UnknownConnection {
-                seq,
-                connection: id,
-                known: task.routes.len(),
-            }),
-            Some(route) => {
-                let plane = &mut task.plane;
-                let (dst, src, size) = (trigger.dst_offset(), trigger.src_offset(), trigger.size());
-                // Relaxed: this thread is the only writer while it runs; the join in `stop`
-                // orders it before a later proxy's reads.
-                let epoch = op
-                    .contains(TriggerOp::FLAG)
-                    .then(|| task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1);
-                let checked = op
-                    .contains(TriggerOp::DATA)
-                    .then(|| route.check(dst, src, size));
-                let sent = match (checked, epoch) {
-                    // A refused put: the signal still goes, so the peer is not left waiting.
-                    (Some(Err(error)), epoch) => {
-                        fail(ProxyError::OutOfBounds {
-                            seq,
-                            connection: id,
-                            peer,
-                            error,
-                        });
-                        epoch.map_or(Ok(()), |e| plane.signal(route, e))
-                    }
-                    // Both at once: a plane may send them together (TCP: one write).
-                    (Some(Ok(())), Some(e)) => plane.put_with_signal(route, dst, src, size, e),
-                    (Some(Ok(())), None) => plane.put(route, dst, src, size),
-                    (None, Some(e)) => plane.signal(route, e),
-                    (None, None) => Ok(()),
-                };
-                if let (Some(s), Some(t)) = (stats.as_deref_mut(), t_polled) {
-                    s.plane += t.elapsed();
-                    if op.contains(TriggerOp::DATA) {
-                        s.puts += 1;
-                        s.bytes += size;
-                    }
-                    s.signals += u64::from(op.contains(TriggerOp::FLAG));
-                }
-                if let Err(error) = sent {
-                    fail(ProxyError::Transport {
-                        seq,
-                        connection: id,
-                        peer,
-                        error,
-                    });
-                }
-            }
-        }
-        if op.contains(TriggerOp::SYNC) {
-            let t_flush = stats.is_some().then(Instant::now);
-            if let Err(error) = task.plane.flush() {
-                fail(ProxyError::Transport {
-                    seq,
-                    connection: id,
-                    peer,
-                    error,
-                });
-            }
-            if let (Some(s), Some(t)) = (stats.as_deref_mut(), t_flush) {
-                s.flush += t.elapsed();
-                s.syncs += 1;
-            }
-        }
-        if faulted {
-            // Cold: only after an error. The hook's store happens before the flagged tail
-            // the pop below publishes with release, so a kernel that acquires that tail
-            // sees the connection's bit.
-            if let Some(hook) = task.on_refused.as_mut() {
-                hook(id);
-            }
-            task.consumer.mark_fault();
-        }
+        serve(&mut task, trigger, errors, stats.as_deref_mut(), t_polled);
         // The trigger was polled above, so there is one to pop.
         let _ = task.consumer.pop();
         if let (Some(s), Some(t), Some(f)) = (stats.as_deref_mut(), t_polled, first) {
@@ -478,6 +359,162 @@ fn run_loop(
             s.span = f.elapsed();
             just_served = true;
         }
+    }
+}
+
+/// The last turn, after the stop request with the FIFO empty: the plane's last progress,
+/// then the flags it still holds back (P2P `cpu` mode) are stored.
+#[cold]
+fn finish(task: &mut ProxyTask, errors: &Mutex<ErrorLog>) {
+    if let Err(error) = task.plane.progress() {
+        record(errors, ProxyError::Progress { error });
+    }
+    if let Err(error) = task.plane.finish() {
+        record(errors, ProxyError::Progress { error });
+    }
+}
+
+/// What [`idle_turn`] keeps between turns.
+#[derive(Default)]
+struct IdleState {
+    /// Connection ids taken from the plane (kept to reuse the allocation).
+    ids: Vec<u32>,
+    /// Settle passes done (see `SettleHook`).
+    settled: u64,
+}
+
+/// A turn with the FIFO empty: the connections whose peer can send nothing more, or closed
+/// them drained, go to their hooks; a settle pass runs when one was asked for.
+#[inline]
+fn idle_turn(task: &mut ProxyTask, errors: &Mutex<ErrorLog>, idle: &mut IdleState) {
+    // Connections whose peer can send nothing more: marked like refused ones (no error is
+    // recorded: a peer that finished first is no fault), so that a wait for such a peer
+    // gives up after a grace instead of the device timeout.
+    task.plane.take_gone(&mut idle.ids);
+    for id in idle.ids.drain(..) {
+        if let Some(hook) = task.on_refused.as_mut() {
+            hook(id);
+        }
+    }
+    // Connections whose peer closed them with all it sent landed (the communicator ends its
+    // user handles' waits for a peer that said goodbye once every such connection to it
+    // has).
+    task.plane.take_drained(&mut idle.ids);
+    for id in idle.ids.drain(..) {
+        if let Some(hook) = task.on_drained.as_mut() {
+            hook(id);
+        }
+    }
+    // A peer left with its writes complete: deliver what they put here (IB staging) before
+    // its user handles' waits give up.
+    if let Some(hook) = task.settle.as_mut() {
+        let asked = (hook.asked)();
+        if asked > idle.settled {
+            if let Err(error) = task.plane.settle() {
+                record(errors, ProxyError::Progress { error });
+            }
+            idle.settled = asked;
+            (hook.done)(asked);
+        }
+    }
+}
+
+/// Serves one polled trigger (steps 1 to 4 of the [module](self) docs; the caller pops
+/// it). `t_polled`: when it was polled, with `stats`.
+#[inline]
+fn serve(
+    task: &mut ProxyTask,
+    trigger: Trigger,
+    errors: &Mutex<ErrorLog>,
+    mut stats: Option<&mut ProxyStats>,
+    t_polled: Option<Instant>,
+) {
+    let seq = task.consumer.tail();
+    let op = trigger.op();
+    let id = trigger.connection_id();
+    let peer = task.peers.get(id as usize).copied().unwrap_or(usize::MAX);
+    // Whether this trigger was refused or failed (reported to the kernel, see the module
+    // docs).
+    let mut faulted = false;
+    let mut fail = |e: ProxyError| {
+        faulted = true;
+        record(errors, e);
+    };
+    match task.routes.get(id as usize) {
+        None => fail(ProxyError::UnknownConnection {
+            seq,
+            connection: id,
+            known: task.routes.len(),
+        }),
+        Some(route) => {
+            let plane = &mut task.plane;
+            let (dst, src, size) = (trigger.dst_offset(), trigger.src_offset(), trigger.size());
+            // Relaxed: this thread is the only writer while it runs; the join in `stop`
+            // orders it before a later proxy's reads.
+            let epoch = op
+                .contains(TriggerOp::FLAG)
+                .then(|| task.epochs[id as usize].fetch_add(1, Ordering::Relaxed) + 1);
+            let checked = op
+                .contains(TriggerOp::DATA)
+                .then(|| route.check(dst, src, size));
+            let sent = match (checked, epoch) {
+                // A refused put: the signal still goes, so the peer is not left waiting.
+                (Some(Err(error)), epoch) => {
+                    fail(ProxyError::OutOfBounds {
+                        seq,
+                        connection: id,
+                        peer,
+                        error,
+                    });
+                    epoch.map_or(Ok(()), |e| plane.signal(route, e))
+                }
+                // Both at once: a plane may send them together (TCP: one write).
+                (Some(Ok(())), Some(e)) => plane.put_with_signal(route, dst, src, size, e),
+                (Some(Ok(())), None) => plane.put(route, dst, src, size),
+                (None, Some(e)) => plane.signal(route, e),
+                (None, None) => Ok(()),
+            };
+            if let (Some(s), Some(t)) = (stats.as_deref_mut(), t_polled) {
+                s.plane += t.elapsed();
+                if op.contains(TriggerOp::DATA) {
+                    s.puts += 1;
+                    s.bytes += size;
+                }
+                s.signals += u64::from(op.contains(TriggerOp::FLAG));
+            }
+            if let Err(error) = sent {
+                fail(ProxyError::Transport {
+                    seq,
+                    connection: id,
+                    peer,
+                    error,
+                });
+            }
+        }
+    }
+    if op.contains(TriggerOp::SYNC) {
+        let t_flush = stats.is_some().then(Instant::now);
+        if let Err(error) = task.plane.flush() {
+            fail(ProxyError::Transport {
+                seq,
+                connection: id,
+                peer,
+                error,
+            });
+        }
+        if let (Some(s), Some(t)) = (stats, t_flush) {
+            s.flush += t.elapsed();
+            s.syncs += 1;
+        }
+    }
+    if faulted {
+        // Cold: only after an error. The hook's store happens before the flagged tail
+        // the pop below publishes with release, so a kernel that acquires that tail
+        // sees the connection's bit.
+        if let Some(hook) = task.on_refused.as_mut() {
+            hook(id);
+        }
+        task.consumer.mark_fault();
     }
 }
 
