@@ -36,9 +36,36 @@ pub(super) async fn rendezvous(
     let listen_addr = listener
         .local_addr()
         .map_err(io("local address of the peer listener".into()))?;
+    let join = join_message(nranks, rank, join_secret, config, listen_addr)?;
+    wire::write_frame(&mut stream, &join, &[])
+        .await
+        .map_err(frame_err(rank, root_addr, "joining"))?;
+    let reply = await_reply(&mut stream, rank, root_addr, config)
+        .await?
+        .map_err(frame_err(rank, root_addr, "waiting for"))?;
+    let peers = peer_table(reply, rank, root_addr)?;
+    if peers.len() != nranks || peers[rank].addr != listen_addr {
+        return Err(BootstrapError::Protocol(format!(
+            "rank {rank}: the peer table from the root has {} entries (expected {nranks}) or misplaces this rank",
+            peers.len()
+        )));
+    }
+    // Hang up first, so that the TIME_WAIT state stays on our side, not on the root's port.
+    drop(stream);
+    Ok((listener, peers))
+}
+
+/// The join message of `rank` (of `nranks`), listening for peers at `listen_addr`.
+fn join_message(
+    nranks: usize,
+    rank: usize,
+    join_secret: [u8; SECRET_BYTES],
+    config: &BootstrapConfig,
+    listen_addr: SocketAddr,
+) -> Result<Message, BootstrapError> {
     let settings =
         Settings::global().map_err(|e| BootstrapError::InvalidArgument(e.to_string()))?;
-    let join = Message::Join(Join {
+    Ok(Message::Join(Join {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
         secret: join_secret,
@@ -54,26 +81,30 @@ pub(super) async fn rendezvous(
             None => simulated_host_id(settings.simulate_hosts, rank, nranks)
                 .unwrap_or_else(default_host_id),
         }),
-    });
-    let frame_err = |what: &str| {
-        let context = format!("rank {rank}: {what} the bootstrap root at {root_addr}");
-        move |source| BootstrapError::Frame { context, source }
-    };
-    wire::write_frame(&mut stream, &join, &[])
-        .await
-        .map_err(frame_err("joining"))?;
+    }))
+}
+
+/// Waits for the root's answer to the join on `stream` (the frame, or why it could not be
+/// read), up to the rendezvous timeout and a little more; says on stderr, during a long
+/// rendezvous, that this rank still waits.
+async fn await_reply(
+    stream: &mut TcpStream,
+    rank: usize,
+    root_addr: SocketAddr,
+    config: &BootstrapConfig,
+) -> Result<Result<Option<Frame>, wire::FrameError>, BootstrapError> {
     // The root's own deadline runs from the first join; wait a little longer so that its
     // more precise verdict (which ranks are missing) arrives first.
     let wait = config.rendezvous_wait() + Duration::from_millis(500);
     let limits = FrameLimits::with_max_payload(wire::MAX_PEER_TABLE_LEN);
-    let reply = timeout(wait, async {
+    timeout(wait, async {
         // A long rendezvous (as the root's, see `root::NOTICE_EVERY`) says on this rank's
         // stderr too that it still waits: the root's notice is in one process's output
         // only, perhaps on another machine.
         let long = config.rendezvous_wait() > config.timeout;
         let began = Instant::now();
         let mut next = began + config.timeout;
-        let mut read = std::pin::pin!(wire::read_frame(&mut stream, &limits));
+        let mut read = std::pin::pin!(wire::read_frame(stream, &limits));
         loop {
             tokio::select! {
                 r = &mut read => break r,
@@ -98,44 +129,50 @@ pub(super) async fn rendezvous(
         after: wait,
         gave_up: None,
         stuck: Box::default(),
-    })?
-    .map_err(frame_err("waiting for"))?;
-    let peers = match reply {
+    })
+}
+
+/// The peer table in the root's answer `reply`, or the error it stands for (a refusal, a
+/// closed connection, another message).
+fn peer_table(
+    reply: Option<Frame>,
+    rank: usize,
+    root_addr: SocketAddr,
+) -> Result<Vec<wire::PeerInfo>, BootstrapError> {
+    match reply {
         Some(Frame {
             message: Message::Welcome,
             payload,
-        }) => wire::decode_peer_table(&payload).map_err(frame_err("peer table from"))?,
+        }) => {
+            wire::decode_peer_table(&payload).map_err(frame_err(rank, root_addr, "peer table from"))
+        }
         Some(Frame {
             message: Message::Refused(reason),
             ..
-        }) => {
-            return Err(BootstrapError::RefusedByRoot {
-                rank,
-                addr: root_addr,
-                reason,
-            });
-        }
-        Some(frame) => {
-            return Err(BootstrapError::Protocol(format!(
-                "rank {rank}: the bootstrap root at {root_addr} answered with {:?}",
-                frame.message
-            )));
-        }
-        None => {
-            return Err(BootstrapError::Protocol(format!(
-                "rank {rank}: the bootstrap root at {root_addr} closed the connection during the rendezvous"
-            )));
-        }
-    };
-    if peers.len() != nranks || peers[rank].addr != listen_addr {
-        return Err(BootstrapError::Protocol(format!(
-            "rank {rank}: the peer table from the root has {} entries (expected {nranks}) or misplaces this rank",
-            peers.len()
-        )));
+        }) => Err(BootstrapError::RefusedByRoot {
+            rank,
+            addr: root_addr,
+            reason,
+        }),
+        Some(frame) => Err(BootstrapError::Protocol(format!(
+            "rank {rank}: the bootstrap root at {root_addr} answered with {:?}",
+            frame.message
+        ))),
+        None => Err(BootstrapError::Protocol(format!(
+            "rank {rank}: the bootstrap root at {root_addr} closed the connection during the rendezvous"
+        ))),
     }
-    // Hang up first, so that the TIME_WAIT state stays on our side, not on the root's port.
-    drop(stream);
-    Ok((listener, peers))
+}
+
+/// What a frame error of `rank`'s exchange with the root at `root_addr` becomes (`what`
+/// the rank was doing: "joining", "waiting for", ...).
+fn frame_err(
+    rank: usize,
+    root_addr: SocketAddr,
+    what: &str,
+) -> impl FnOnce(wire::FrameError) -> BootstrapError + use<> {
+    let context = format!("rank {rank}: {what} the bootstrap root at {root_addr}");
+    move |source| BootstrapError::Frame { context, source }
 }
 
 /// Connects to the root, retrying with exponential backoff (10 ms doubling to 500 ms) until
