@@ -159,8 +159,20 @@ pub(super) fn receive(
             }
         }
     })();
+    end_stripe(stripe, stopped, stage.as_mut(), &shared);
+}
+
+/// The end of stripe `stripe`'s receiver, stopped as `stopped` says: its staged copies
+/// waited for, the stripe marked ended, and a loss or the peer's close reported.
+#[cold]
+fn end_stripe(
+    stripe: usize,
+    stopped: Result<(), Stop>,
+    stage: Option<&mut RecvStage>,
+    shared: &Shared,
+) {
     let mut landed = true;
-    if let Some((_, slots)) = stage.as_mut() {
+    if let Some((_, slots)) = stage {
         // The device buffer and the flag may go once this thread is joined: no copy or flag
         // write of this connection may still be queued. The slots' copies are on the same
         // stream, so its synchronize covers them (the stream is shared, so it may hold other
