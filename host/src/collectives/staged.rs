@@ -265,9 +265,6 @@ impl Collectives {
     /// ran the call on a GPU), not written by others meanwhile; in place as the collective
     /// allows.
     #[allow(clippy::too_many_arguments)]
-    // Long (~140 lines): the checks, the ordering guard and the widen / collective / narrow
-    // passes of one call over one staging area share its pieces and offsets; cut apart they
-    // would pass them all around.
     pub(super) unsafe fn staged(
         &self,
         ex: Exec<'_>,
@@ -288,39 +285,16 @@ impl Collectives {
                 s.dtype()
             )));
         }
-        let (n, rank) = (self.nranks(), self.rank());
+        let rank = self.rank();
         let es = dtype.size();
-        let blocks = if what == Staged::ReduceScatter { n } else { 1 };
+        let blocks = if what == Staged::ReduceScatter {
+            self.nranks()
+        } else {
+            1
+        };
         // The staging passes share one buffer: the whole sequence (widen, collective, narrow)
         // is ordered after the communicator's previous calls, whatever their streams.
-        let mut _order = None;
-        if let Exec::Gpu(stream) = ex {
-            self.gpu_kernels(call)?;
-            self.check_fault(call, false)?;
-            self.noted(gpu::check_stream(call, self.gpu().expect("GPU"), stream))?;
-            _order = Some(self.ordered(call, stream)?);
-            if count > 0 {
-                let bytes = super::checked_bytes(call, count, es)?;
-                gpu::check_range(&format!("{call}: send"), send, bytes * blocks, es)?;
-                let out = match what {
-                    Staged::Reduce(root) => rank == root,
-                    _ => true,
-                };
-                if out {
-                    gpu::check_range(&format!("{call}: recv"), recv, bytes, es)?;
-                }
-            }
-        } else {
-            self.host_only(call)?;
-        }
-        if let Staged::Reduce(root) = what
-            && root >= n
-        {
-            return Err(CommError::InvalidArgument(format!(
-                "{call}: root {root} is out of range (0..{})",
-                n - 1
-            )));
-        }
+        let _order = self.staged_checks(ex, call, what, send, recv, count, dtype)?;
         if count == 0 {
             let kind = match what {
                 Staged::AllReduce => desc::ALL_REDUCE,
@@ -396,6 +370,54 @@ impl Collectives {
         }
         drop(area);
         Ok(())
+    }
+
+    /// The checks of a staged call `call` (see [`staged`](Self::staged)): on a GPU, the
+    /// stream, the fault state and the buffers' ranges, then the ordering guard that the
+    /// whole call holds; a reduce's root.
+    #[allow(clippy::too_many_arguments)]
+    fn staged_checks(
+        &self,
+        ex: Exec<'_>,
+        call: &str,
+        what: Staged,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<Option<super::order::Ordered<'_>>, CommError> {
+        let (n, rank) = (self.nranks(), self.rank());
+        let es = dtype.size();
+        let blocks = if what == Staged::ReduceScatter { n } else { 1 };
+        let mut order = None;
+        if let Exec::Gpu(stream) = ex {
+            self.gpu_kernels(call)?;
+            self.check_fault(call, false)?;
+            self.noted(gpu::check_stream(call, self.gpu().expect("GPU"), stream))?;
+            order = Some(self.ordered(call, stream)?);
+            if count > 0 {
+                let bytes = super::checked_bytes(call, count, es)?;
+                gpu::check_range(&format!("{call}: send"), send, bytes * blocks, es)?;
+                let out = match what {
+                    Staged::Reduce(root) => rank == root,
+                    _ => true,
+                };
+                if out {
+                    gpu::check_range(&format!("{call}: recv"), recv, bytes, es)?;
+                }
+            }
+        } else {
+            self.host_only(call)?;
+        }
+        if let Staged::Reduce(root) = what
+            && root >= n
+        {
+            return Err(CommError::InvalidArgument(format!(
+                "{call}: root {root} is out of range (0..{})",
+                n - 1
+            )));
+        }
+        Ok(order)
     }
 
     /// The collective of a staged call, in place over `buf` (`count` elements per rank of
