@@ -87,33 +87,7 @@ impl Communicator {
                 fifo::MAX_OFFSET + 1
             )));
         }
-        let ours = self.backend.transport();
-        if transport == TransportKind::Tcp {
-            if kind == ChannelKind::Memory {
-                return Err(CommError::TransportUnavailable {
-                    transport,
-                    reason: "memory channels load and store the peer's memory, which TCP cannot \
-                             map; use a proxy channel (connect) over TCP"
-                        .into(),
-                });
-            }
-        } else if transport == TransportKind::Ib {
-            if kind == ChannelKind::Memory {
-                return Err(CommError::TransportUnavailable {
-                    transport,
-                    reason: "memory channels load and store the peer's memory, which RDMA cannot \
-                             map; use a proxy channel (connect) over IB"
-                        .into(),
-                });
-            }
-            self.open_ib()?;
-        } else if transport != ours {
-            let reason = match (transport, &self.backend) {
-                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host (or TransportKind::Tcp or TransportKind::Ib across machines)".to_string(),
-                _ => format!("this communicator runs on a GPU; use TransportKind::{ours:?} (or TransportKind::Ib across machines)"),
-            };
-            return Err(CommError::TransportUnavailable { transport, reason });
-        }
+        self.check_transport(transport, kind)?;
         if buffer.is_mapped() && (transport != TransportKind::Tcp || kind != ChannelKind::Proxy) {
             return Err(CommError::InvalidArgument(format!(
                 "connect: a host-mapped buffer (alloc_mapped_buffer) serves TCP proxy channels \
@@ -174,6 +148,44 @@ impl Communicator {
             packets,
         });
         Ok(index)
+    }
+
+    /// Whether this communicator can make a `kind` channel over `transport`: its backend's
+    /// own transport, TCP or IB (which opens the RDMA device), and memory channels only
+    /// where the peer's memory can be mapped.
+    fn check_transport(
+        &mut self,
+        transport: TransportKind,
+        kind: ChannelKind,
+    ) -> Result<(), CommError> {
+        let ours = self.backend.transport();
+        if transport == TransportKind::Tcp {
+            if kind == ChannelKind::Memory {
+                return Err(CommError::TransportUnavailable {
+                    transport,
+                    reason: "memory channels load and store the peer's memory, which TCP cannot \
+                             map; use a proxy channel (connect) over TCP"
+                        .into(),
+                });
+            }
+        } else if transport == TransportKind::Ib {
+            if kind == ChannelKind::Memory {
+                return Err(CommError::TransportUnavailable {
+                    transport,
+                    reason: "memory channels load and store the peer's memory, which RDMA cannot \
+                             map; use a proxy channel (connect) over IB"
+                        .into(),
+                });
+            }
+            self.open_ib()?;
+        } else if transport != ours {
+            let reason = match (transport, &self.backend) {
+                (TransportKind::P2p, Backend::Host) => "this communicator runs without a GPU; use TransportKind::Host (or TransportKind::Tcp or TransportKind::Ib across machines)".to_string(),
+                _ => format!("this communicator runs on a GPU; use TransportKind::{ours:?} (or TransportKind::Ib across machines)"),
+            };
+            return Err(CommError::TransportUnavailable { transport, reason });
+        }
+        Ok(())
     }
 
     /// Opens the RDMA device (once) for IB connections.
