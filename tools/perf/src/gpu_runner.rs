@@ -79,20 +79,31 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         placement: Placement,
         shape: &Shape,
     ) -> Result<(), PerfError> {
+        let (send, recv) = self.pointers(placement, shape, config.args.collective);
+        match lib {
+            Lib::Mscclpp => self.enqueue_ours(config, send, recv, shape),
+            Lib::Nccl => self.enqueue_nccl(config, send, recv, shape),
+        }
+    }
+
+    /// [`enqueue`](Self::enqueue) of our collectives.
+    fn enqueue_ours(
+        &self,
+        config: &Config,
+        send: u64,
+        recv: u64,
+        shape: &Shape,
+    ) -> Result<(), PerfError> {
         let c = config.args.collective;
-        let (send, recv) = self.pointers(placement, shape, c);
         let dtype = config.args.dtype;
         let (n, rank, root) = (self.coll.nranks(), self.coll.rank(), config.args.root);
         let (count, per) = (shape.count as usize, shape.count as usize / n);
         let op = config.args.redop.reduce_op(dtype, rank);
-        let nccl = || {
-            self.nccl
-                .ok_or_else(|| PerfError::Nccl("NCCL is not initialised".into()))
-        };
         let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-        match (lib, c) {
-            // SAFETY (all of these): as below.
-            (Lib::Mscclpp, Collective::ReduceScatter) => unsafe {
+        // SAFETY (every arm): the buffers hold the largest shape of the sweep and live in
+        // `self` until the stream is synchronised in `measure`.
+        match c {
+            Collective::ReduceScatter => unsafe {
                 self.coll.reduce_scatter(
                     &RawBuffer::device(send, per.saturating_mul(self.coll.nranks()), dtype),
                     &mut RawBuffer::device(recv, per, dtype),
@@ -101,7 +112,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 )
             }
             .map_err(PerfError::from),
-            (Lib::Mscclpp, Collective::Broadcast) => unsafe {
+            Collective::Broadcast => unsafe {
                 self.coll.broadcast(
                     &RawBuffer::device(send, count, dtype),
                     &mut RawBuffer::device(recv, count, dtype),
@@ -110,7 +121,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 )
             }
             .map_err(PerfError::from),
-            (Lib::Mscclpp, Collective::Reduce) => unsafe {
+            Collective::Reduce => unsafe {
                 self.coll.reduce(
                     &RawBuffer::device(send, count, dtype),
                     &mut RawBuffer::device(recv, count, dtype),
@@ -120,7 +131,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 )
             }
             .map_err(PerfError::from),
-            (Lib::Mscclpp, Collective::AllToAll) => unsafe {
+            Collective::AllToAll => unsafe {
                 self.coll.all_to_all(
                     &RawBuffer::device(send, per.saturating_mul(self.coll.nranks()), dtype),
                     &mut RawBuffer::device(recv, per.saturating_mul(self.coll.nranks()), dtype),
@@ -128,7 +139,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 )
             }
             .map_err(PerfError::from),
-            (Lib::Mscclpp, Collective::SendRecv) => {
+            Collective::SendRecv => {
                 let ops = [
                     P2pOp::Send {
                         buf: send,
@@ -143,27 +154,10 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                         peer: prev,
                     },
                 ];
-                // SAFETY: as below.
+                // SAFETY: as above.
                 unsafe { self.coll.group(&ops, &self.stream) }.map_err(PerfError::from)
             }
-            (Lib::Nccl, Collective::ReduceScatter) => unsafe {
-                nccl()?.reduce_scatter(send, recv, per, dtype, op, &self.stream)
-            },
-            (Lib::Nccl, Collective::Broadcast) => unsafe {
-                nccl()?.broadcast(send, recv, count, dtype, root, &self.stream)
-            },
-            (Lib::Nccl, Collective::Reduce) => unsafe {
-                nccl()?.reduce(send, recv, count, dtype, op, root, &self.stream)
-            },
-            (Lib::Nccl, Collective::AllToAll) => unsafe {
-                nccl()?.all_to_all(send, recv, per, dtype, n, &self.stream)
-            },
-            (Lib::Nccl, Collective::SendRecv) => unsafe {
-                nccl()?.send_recv(send, recv, count, dtype, next, prev, &self.stream)
-            },
-            // SAFETY (all four): the buffers hold the largest shape of the sweep and live in
-            // `self` until the stream is synchronised in `measure`.
-            (Lib::Mscclpp, Collective::AllReduce) => unsafe {
+            Collective::AllReduce => unsafe {
                 self.coll.all_reduce_using(
                     config.args.algo.all_reduce(),
                     &RawBuffer::device(send, shape.count as usize, dtype),
@@ -173,7 +167,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 )
             }
             .map_err(PerfError::from),
-            (Lib::Mscclpp, Collective::AllGather) => unsafe {
+            Collective::AllGather => unsafe {
                 self.coll.all_gather(
                     &RawBuffer::device(send, shape.send_count as usize, dtype),
                     &mut RawBuffer::device(
@@ -185,17 +179,50 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 )
             }
             .map_err(PerfError::from),
-            (Lib::Nccl, Collective::AllReduce) => match self.nccl {
-                Some(n) => unsafe {
-                    n.all_reduce(send, recv, shape.count as usize, dtype, op, &self.stream)
-                },
-                None => Err(PerfError::Nccl("NCCL is not initialised".into())),
+        }
+    }
+
+    /// [`enqueue`](Self::enqueue) of NCCL's collectives.
+    fn enqueue_nccl(
+        &self,
+        config: &Config,
+        send: u64,
+        recv: u64,
+        shape: &Shape,
+    ) -> Result<(), PerfError> {
+        let c = config.args.collective;
+        let dtype = config.args.dtype;
+        let (n, rank, root) = (self.coll.nranks(), self.coll.rank(), config.args.root);
+        let (count, per) = (shape.count as usize, shape.count as usize / n);
+        let op = config.args.redop.reduce_op(dtype, rank);
+        let nccl = || {
+            self.nccl
+                .ok_or_else(|| PerfError::Nccl("NCCL is not initialised".into()))
+        };
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        // SAFETY (every arm): the buffers hold the largest shape of the sweep and live in
+        // `self` until the stream is synchronised in `measure`.
+        match c {
+            Collective::ReduceScatter => unsafe {
+                nccl()?.reduce_scatter(send, recv, per, dtype, op, &self.stream)
             },
-            (Lib::Nccl, Collective::AllGather) => match self.nccl {
-                Some(n) => unsafe {
-                    n.all_gather(send, recv, shape.send_count as usize, dtype, &self.stream)
-                },
-                None => Err(PerfError::Nccl("NCCL is not initialised".into())),
+            Collective::Broadcast => unsafe {
+                nccl()?.broadcast(send, recv, count, dtype, root, &self.stream)
+            },
+            Collective::Reduce => unsafe {
+                nccl()?.reduce(send, recv, count, dtype, op, root, &self.stream)
+            },
+            Collective::AllToAll => unsafe {
+                nccl()?.all_to_all(send, recv, per, dtype, n, &self.stream)
+            },
+            Collective::SendRecv => unsafe {
+                nccl()?.send_recv(send, recv, count, dtype, next, prev, &self.stream)
+            },
+            Collective::AllReduce => unsafe {
+                nccl()?.all_reduce(send, recv, count, dtype, op, &self.stream)
+            },
+            Collective::AllGather => unsafe {
+                nccl()?.all_gather(send, recv, shape.send_count as usize, dtype, &self.stream)
             },
         }
     }
