@@ -910,8 +910,22 @@ fn namespaces_2x2_send_recv() {
 /// The `ip` arguments (one per line) a rank runs to set a link down mid-test.
 const LINK_DOWN: &str = "MSCCLPP_TEST_LINK_DOWN";
 
+/// The `ip` arguments (one per line) that set host 1's link up again, for a flap.
+const LINK_UP: &str = "MSCCLPP_TEST_LINK_UP";
+
+/// Runs the `ip` arguments of variable `var` (one per line).
+fn run_link_command(var: &str) {
+    let args: Vec<String> = std::env::var(var)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    netns::link(&args).unwrap();
+}
+
 /// After a first all-reduce, rank 0 sets host 1's link down: every rank's next all-reduce
-/// fails within the device timeout (none hangs) and the error sticks.
+/// fails within a few seconds (the link timeout, 3 s), naming the two hosts and the lost
+/// connection between them rather than a stuck rank, and the error sticks.
 fn link_down_rank() {
     let c = collectives();
     let r = c.rank();
@@ -921,12 +935,7 @@ fn link_down_rank() {
     assert_eq!(buf[0], c.nranks() as f32, "rank {r}");
     c.communicator().bootstrap().barrier().unwrap();
     if r == 0 {
-        let args: Vec<String> = std::env::var(LINK_DOWN)
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect();
-        netns::link(&args).unwrap();
+        run_link_command(LINK_DOWN);
     }
     // Every rank calls once the link is down (rank 0 takes milliseconds to set it).
     std::thread::sleep(Duration::from_secs(1));
@@ -935,10 +944,19 @@ fn link_down_rank() {
         .all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
         .expect_err("the link between the hosts is down");
     let took = start.elapsed();
-    // The test's device timeout is 30 s; the bootstrap may see the loss first.
+    let text = e.to_string();
+    // Keepalive: about 3 s after the last answer; the call began 1 s after the loss.
     assert!(
-        took < Duration::from_secs(45),
+        took < Duration::from_secs(8),
         "rank {r}: the error took {took:?}: {e}"
+    );
+    assert!(
+        text.contains("network connection between host sim-host-")
+            && text.contains("was lost")
+            && text.contains("cannot be reached")
+            && !text.contains("stuck")
+            && !text.contains("is gone"),
+        "rank {r}: {e}"
     );
     let e2 = c
         .all_gather(&[1f32], &mut vec![0f32; c.nranks()], Exec::Host)
@@ -957,6 +975,43 @@ fn namespaces_link_down_fails_every_rank() {
     }
     launch_in_namespaces_with("namespaces_link_down_fails_every_rank", 2, 2, |ns| {
         vec![(LINK_DOWN, ns.link_args(1, false).join("\n"))]
+    });
+}
+
+/// Rank 0 sets host 1's link down for half a second between all-reduces (some of them
+/// waiting across the gap): every call completes with the right sums.
+fn link_flap_rank() {
+    let c = collectives();
+    let r = c.rank();
+    let n = c.nranks() as f32;
+    c.communicator().bootstrap().barrier().unwrap();
+    for round in 0..20 {
+        if r == 0 && round == 5 {
+            run_link_command(LINK_DOWN);
+            std::thread::sleep(Duration::from_millis(500));
+            run_link_command(LINK_UP);
+        }
+        let mut buf = vec![(r + round) as f32; 3001];
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host)
+            .unwrap_or_else(|e| panic!("rank {r}: round {round}: {e}"));
+        let want = n * round as f32 + n * (n - 1.0) / 2.0;
+        assert!(buf.iter().all(|&v| v == want), "rank {r}: round {round}");
+    }
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {r}: ok");
+}
+
+/// 2 namespaces as 2 hosts of 2 ranks; one host's link flaps for 0.5 s: survived.
+#[test]
+fn namespaces_link_flap_is_survived() {
+    if child() {
+        return link_flap_rank();
+    }
+    launch_in_namespaces_with("namespaces_link_flap_is_survived", 2, 2, |ns| {
+        vec![
+            (LINK_DOWN, ns.link_args(1, false).join("\n")),
+            (LINK_UP, ns.link_args(1, true).join("\n")),
+        ]
     });
 }
 

@@ -86,6 +86,13 @@ pub struct BootstrapConfig {
     /// make the check exact. A [`UniqueId`]'s root does not look at it: the id's secret
     /// already belongs to one job.
     pub job_id: Option<String>,
+    /// How long the network between this rank and a peer may stay silent before their
+    /// connection counts as lost: TCP keepalive
+    /// probes once a connection has been idle for 1 s, then one a second, and a bound on
+    /// unacknowledged data. A lost connection fails every rank's calls, naming the two hosts;
+    /// a link that is down for less than this minus 2 s is survived. Default 3 s; the
+    /// `MSCCLPP_LINK_TIMEOUT` variable overrides it.
+    pub link_timeout: Duration,
 }
 
 impl Default for BootstrapConfig {
@@ -98,6 +105,7 @@ impl Default for BootstrapConfig {
             listen_ip: None,
             secret: None,
             job_id: None,
+            link_timeout: Duration::from_secs(3),
         }
     }
 }

@@ -53,6 +53,8 @@
 mod blocking;
 mod config;
 mod error;
+mod link;
+pub(crate) use link::is_network_loss;
 mod mesh;
 mod rendezvous;
 mod root;

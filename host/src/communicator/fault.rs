@@ -40,6 +40,10 @@ pub enum AbortReason {
 impl std::fmt::Display for AbortReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // A rank behind a lost network may well be alive: say only that it is cut off.
+            AbortReason::Lost { rank, detail } if crate::bootstrap::is_network_loss(detail) => {
+                write!(f, "rank {rank} cannot be reached: {detail}")
+            }
             AbortReason::Lost { rank, detail } => write!(f, "rank {rank} is gone: {detail}"),
             AbortReason::Requested => f.write_str("the communicator was aborted (abort())"),
         }

@@ -240,6 +240,14 @@ settings! {
         "the bootstrap timeout; 30 minutes in the NCCL library", "host: launch, NCCL library",
         |v| seconds(v, 1e9).map(Some);
 
+    /// How long the network between two ranks may stay silent before their bootstrap
+    /// connection counts as lost (TCP keepalive probes once a connection is idle for 1 s,
+    /// then every second; unacknowledged data for as long): every rank's calls then fail,
+    /// naming the two hosts. A link down for less than this minus 2 s is survived.
+    link_timeout: Option<Duration> = None;
+    "MSCCLPP_LINK_TIMEOUT", "seconds (whole, at least 2)", "3 s (`BootstrapConfig::link_timeout`)",
+        BOOTSTRAP, |v| seconds(v, 86_400.0).map(Some);
+
     /// The shared secret of the `ip:port` root form, hashed into its id: every rank must
     /// see the same one. An API value (`BootstrapConfig::with_secret`) comes first.
     bootstrap_secret: Option<String> = None;

@@ -62,6 +62,7 @@ impl Mesh {
     /// Handshake of an accepted connection, then its reader loop.
     pub(super) async fn serve_incoming(self: Arc<Self>, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
+        link::watch(&stream, link::link_timeout(self.config.link_timeout));
         let (mut rd, mut wr) = stream.into_split();
         let first = timeout(
             self.config.timeout,
@@ -153,7 +154,8 @@ impl Mesh {
                     return;
                 }
                 Err(e) => {
-                    self.mark_lost(from, format!("its connection failed: {e}"));
+                    let detail = self.failure_detail(from, &e);
+                    self.mark_lost(from, detail);
                     return;
                 }
             }
@@ -200,8 +202,27 @@ impl Mesh {
                         "its connection closed without a goodbye; the process probably died";
                     return self.mark_lost(peer, detail.into());
                 }
-                Err(e) => return self.mark_lost(peer, format!("its connection failed: {e}")),
+                Err(e) => {
+                    let detail = self.failure_detail(peer, &e);
+                    return self.mark_lost(peer, detail);
+                }
             }
+        }
+    }
+
+    /// What a failed read of `peer`'s connection says: the network between the two hosts
+    /// was lost (probes or data unanswered for the link timeout, or no route), or the
+    /// connection failed otherwise.
+    fn failure_detail(&self, peer: usize, e: &wire::FrameError) -> String {
+        match e {
+            wire::FrameError::Io(io) if link::network_lost(io.kind()) => link::lost_detail(
+                &self.peers[self.rank].host_id,
+                &self.peers[peer].host_id,
+                self.peers[peer].addr,
+                link::link_timeout(self.config.link_timeout),
+                io,
+            ),
+            e => format!("its connection failed: {e}"),
         }
     }
 

@@ -37,6 +37,7 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::error::{BootstrapError, GaveUp, Op, Refusal, StuckProcess};
+use super::link;
 use super::unique_id::UniqueId;
 use super::wire::{
     self, Channel, Frame, FrameLimits, Hello, MAGIC, Message, PROTOCOL_VERSION, PeerInfo,

@@ -140,6 +140,7 @@ impl Mesh {
             }
         };
         let _ = stream.set_nodelay(true);
+        link::watch(&stream, link::link_timeout(self.config.link_timeout));
         let (mut rd, mut wr) = stream.into_split();
         let hello = Message::Hello(Hello {
             magic: MAGIC,
