@@ -17,7 +17,7 @@ use mscclpp::host::collectives::{
     ReduceOp,
 };
 use mscclpp::host::communicator::{Backend, CommConfig, CommError, Communicator};
-use mscclpp::host::launch::{Launch, LocalLauncher};
+use mscclpp::host::launch::{Launch, LaunchReport, LocalLauncher};
 use mscclpp::host::testing;
 
 mod common;
@@ -58,6 +58,11 @@ fn launch_envs(test: &str, nranks: usize, vars: &[(&str, &str)]) {
         .capture_output(true)
         .run()
         .unwrap();
+    check_report(test, nranks, &report);
+}
+
+/// Panics unless every one of the `nranks` ranks of `report` succeeded and printed ok.
+fn check_report(test: &str, nranks: usize, report: &LaunchReport) {
     let output = report.output.join("\n");
     assert!(report.success(), "{test}: {report}{output}");
     for r in 0..nranks {
@@ -109,15 +114,7 @@ fn launch_in_namespaces_with(
         .capture_output(true)
         .run()
         .unwrap();
-    let output = report.output.join("\n");
-    assert!(report.success(), "{test}: {report}{output}");
-    for r in 0..nranks {
-        let done = format!("rank {r}: ok");
-        assert!(
-            report.output.iter().any(|l| l.ends_with(&done)),
-            "{test}: rank {r} did not finish:\n{output}"
-        );
-    }
+    check_report(test, nranks, &report);
     // What the ranks saw of a fault (their lines naming how long it took).
     for line in report.output.iter().filter(|l| l.contains("(after ")) {
         println!("{line}");

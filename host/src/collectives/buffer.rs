@@ -146,11 +146,27 @@ fn device_stream<'a>(call: &str, exec: Exec<'a>) -> Result<&'a CudaStream, CommE
     }
 }
 
+/// A cudarc buffer's place: its address on `exec`'s stream (from `ptr`, cudarc's
+/// `device_ptr` or `device_ptr_mut`) with the guard that orders other streams' uses.
+fn device_place<'a>(
+    call: &str,
+    exec: Exec<'a>,
+    ptr: impl FnOnce(&'a CudaStream) -> (u64, SyncOnDrop<'a>),
+) -> Result<Place<'a>, CommError> {
+    let (addr, sync) = ptr(device_stream(call, exec)?);
+    Ok(Place {
+        addr,
+        memory: Memory::Device,
+        _sync: Some(sync),
+    })
+}
+
+/// `Buffer` (and, with `mut`, `BufferMut`) for a cudarc slice type.
 macro_rules! device_buffer {
-    ($ty:ident) => {
+    ($ty:ty) => {
         // SAFETY: cudarc's slices and views own or borrow `len()` elements of device memory
         // of their context, and their guards order other streams' uses after this stream's.
-        unsafe impl<T: Element> Buffer for $ty<'_, T> {
+        unsafe impl<T: Element> Buffer for $ty {
             fn dtype(&self) -> DataType {
                 T::DTYPE
             }
@@ -158,66 +174,28 @@ macro_rules! device_buffer {
                 cudarc::driver::DeviceSlice::len(self)
             }
             fn place<'a>(&'a self, call: &str, exec: Exec<'a>) -> Result<Place<'a>, CommError> {
-                let stream = device_stream(call, exec)?;
-                let (addr, sync) = self.device_ptr(stream);
-                Ok(Place {
-                    addr,
-                    memory: Memory::Device,
-                    _sync: Some(sync),
-                })
+                device_place(call, exec, |s| self.device_ptr(s))
+            }
+        }
+    };
+    ($ty:ty, mut) => {
+        device_buffer!($ty);
+        // SAFETY: as for `Buffer`; `&mut` gives exclusive use of the range.
+        unsafe impl<T: Element> BufferMut for $ty {
+            fn place_mut<'a>(
+                &'a mut self,
+                call: &str,
+                exec: Exec<'a>,
+            ) -> Result<Place<'a>, CommError> {
+                device_place(call, exec, |s| self.device_ptr_mut(s))
             }
         }
     };
 }
 
-// SAFETY: a cudarc slice owns `len()` elements of device memory of its context; its guard
-// orders other streams' uses after this stream's work.
-unsafe impl<T: Element> Buffer for CudaSlice<T> {
-    fn dtype(&self) -> DataType {
-        T::DTYPE
-    }
-    fn count(&self) -> usize {
-        self.len()
-    }
-    fn place<'a>(&'a self, call: &str, exec: Exec<'a>) -> Result<Place<'a>, CommError> {
-        let stream = device_stream(call, exec)?;
-        let (addr, sync) = self.device_ptr(stream);
-        Ok(Place {
-            addr,
-            memory: Memory::Device,
-            _sync: Some(sync),
-        })
-    }
-}
-
-// SAFETY: as for `Buffer`; `&mut` gives exclusive use.
-unsafe impl<T: Element> BufferMut for CudaSlice<T> {
-    fn place_mut<'a>(&'a mut self, call: &str, exec: Exec<'a>) -> Result<Place<'a>, CommError> {
-        let stream = device_stream(call, exec)?;
-        let (addr, sync) = self.device_ptr_mut(stream);
-        Ok(Place {
-            addr,
-            memory: Memory::Device,
-            _sync: Some(sync),
-        })
-    }
-}
-
-device_buffer!(CudaView);
-device_buffer!(CudaViewMut);
-
-// SAFETY: a mutable view borrows its range exclusively.
-unsafe impl<T: Element> BufferMut for CudaViewMut<'_, T> {
-    fn place_mut<'a>(&'a mut self, call: &str, exec: Exec<'a>) -> Result<Place<'a>, CommError> {
-        let stream = device_stream(call, exec)?;
-        let (addr, sync) = self.device_ptr_mut(stream);
-        Ok(Place {
-            addr,
-            memory: Memory::Device,
-            _sync: Some(sync),
-        })
-    }
-}
+device_buffer!(CudaSlice<T>, mut);
+device_buffer!(CudaView<'_, T>);
+device_buffer!(CudaViewMut<'_, T>, mut);
 
 /// The address of a host buffer for a call run as `exec`.
 fn host_place<'a>(call: &str, addr: u64, exec: Exec<'a>) -> Result<Place<'a>, CommError> {
