@@ -79,17 +79,19 @@ fn check_report(test: &str, nranks: usize, report: &LaunchReport) {
 /// links, the bootstrap root at rank 0's namespace address; skips, saying why, where
 /// namespaces cannot be made.
 fn launch_in_namespaces(test: &str, hosts: usize, per_host: usize) {
-    launch_in_namespaces_with(test, hosts, per_host, |_| Vec::new());
+    launch_in_namespaces_with(test, hosts, per_host, None, |_| Vec::new());
 }
 
-/// [`launch_in_namespaces`] with the variables `vars(hosts)` set in every rank.
+/// [`launch_in_namespaces`] with every host's link limited to `rate` (a `tc` rate) when
+/// given, and the variables `vars(hosts)` set in every rank.
 fn launch_in_namespaces_with(
     test: &str,
     hosts: usize,
     per_host: usize,
+    rate: Option<&str>,
     vars: impl FnOnce(&netns::Hosts) -> Vec<(&'static str, String)>,
 ) {
-    let ns = match netns::Hosts::new(hosts, None) {
+    let ns = match netns::Hosts::new(hosts, rate) {
         Ok(ns) => ns,
         Err(e) => {
             println!("skipped: no network namespaces here ({e})");
@@ -895,6 +897,17 @@ fn namespaces_2x2_every_collective() {
     launch_in_namespaces("namespaces_2x2_every_collective", 2, 2);
 }
 
+/// 2 namespaces as 2 hosts of 2 ranks, every link limited to 100 Mbit/s (tc tbf): every
+/// collective, with none of the waits running out.
+#[test]
+fn namespaces_rate_limited_links_every_collective() {
+    if child() {
+        return two_by_two_rank();
+    }
+    let test = "namespaces_rate_limited_links_every_collective";
+    launch_in_namespaces_with(test, 2, 2, Some("100mbit"), |_| Vec::new());
+}
+
 /// 2 namespaces as 2 hosts of 2 ranks: sends and receives across a veth link.
 #[test]
 fn namespaces_2x2_send_recv() {
@@ -970,7 +983,7 @@ fn namespaces_link_down_fails_every_rank() {
     if child() {
         return link_down_rank();
     }
-    launch_in_namespaces_with("namespaces_link_down_fails_every_rank", 2, 2, |ns| {
+    launch_in_namespaces_with("namespaces_link_down_fails_every_rank", 2, 2, None, |ns| {
         vec![(LINK_DOWN, ns.link_args(1, false).join("\n"))]
     });
 }
@@ -1004,7 +1017,7 @@ fn namespaces_link_flap_is_survived() {
     if child() {
         return link_flap_rank();
     }
-    launch_in_namespaces_with("namespaces_link_flap_is_survived", 2, 2, |ns| {
+    launch_in_namespaces_with("namespaces_link_flap_is_survived", 2, 2, None, |ns| {
         vec![
             (LINK_DOWN, ns.link_args(1, false).join("\n")),
             (LINK_UP, ns.link_args(1, true).join("\n")),
