@@ -6,13 +6,13 @@
 //! in the calling CPU thread on the Host backend (a block of one thread), so the logic CI
 //! tests over TCP loopback is the logic the GPU runs.
 //!
-//! # The context ([`XContext`])
+//! # The context ([`ProxyContext`])
 //!
 //! Every rank registers one *remote_p2p buffer* and connects two proxy channels to every rank on
 //! another host (its *remote ranks*, numbered `0..R` in rank order): the *out* channel carries
 //! this rank's data to the peer and the peer's credits back, the *in* channel the peer's data
 //! and this rank's credits (each side's inbound counter of a channel then counts one kind of
-//! signal only). Per remote rank `j` the buffer holds a *region*: [`XContext::depth`] send
+//! signal only). Per remote rank `j` the buffer holds a *region*: [`ProxyContext::depth`] send
 //! slots, then as many receive slots, of `slot` bytes each (a [`XHDR`]-byte header, then
 //! the payload). Per remote rank, [`COUNTERS`] words count the pieces sent, the credits
 //! received, the pieces received and the transfers each way, across calls.
@@ -107,7 +107,7 @@ const _: () = assert!(core::mem::size_of::<RemoteOps>() == 520);
 /// What [`run`] needs (`#[repr(C)]`): see the [module](self).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct XContext {
+pub struct ProxyContext {
     /// `rank`/`nranks`: the job's; `timeout_ns` and `fault` as for the collectives;
     /// `state`: this context's own [`STATE_WORDS`](super::STATE_WORDS) words (the call
     /// counter at [`CALLS`], the local fault words); `scratch`: the remote_p2p buffer;
@@ -123,9 +123,9 @@ pub struct XContext {
 
 // SAFETY: addresses and numbers only; the memory behind them is accessed under the
 // protocol of this module (counters and state words by thread 0 of the one running call).
-unsafe impl Send for XContext {}
+unsafe impl Send for ProxyContext {}
 // SAFETY: as above.
-unsafe impl Sync for XContext {}
+unsafe impl Sync for ProxyContext {}
 
 /// Byte offset in the remote_p2p buffer of send slot `k % depth` of remote rank `j`'s region.
 #[inline(always)]
@@ -160,11 +160,11 @@ const DONE: u64 = 3;
 ///
 /// # Safety
 /// Every thread of one block, with the same arguments; `x` a valid context (see the
-/// [module](self) and [`XContext`]) of this communicator; every operation's `buf` valid
+/// [module](self) and [`ProxyContext`]) of this communicator; every operation's `buf` valid
 /// for its `bytes` (written by a receive, read by a send), receive ranges disjoint from
 /// each other and from the sends; `index`/`at_peer` right for the peer; at most
 /// [`MAX_P2P_OPS`] operations.
-pub unsafe fn run(x: &XContext, ops: &RemoteOps) {
+pub unsafe fn run(x: &ProxyContext, ops: &RemoteOps) {
     let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
     let ctx = &x.coll;
     let n = (ops.count as usize).min(MAX_P2P_OPS);
@@ -298,7 +298,7 @@ struct Progress {
 /// # Safety
 /// As for [`run`]; thread 0.
 unsafe fn gone_past_grace(
-    x: &XContext,
+    x: &ProxyContext,
     op: &RemoteOp,
     i: usize,
     now: u64,
@@ -325,7 +325,7 @@ unsafe fn gone_past_grace(
 /// # Safety
 /// `j` a remote rank of the context.
 #[inline(always)]
-unsafe fn counters(x: &XContext, j: u32) -> *mut u64 {
+unsafe fn counters(x: &ProxyContext, j: u32) -> *mut u64 {
     // SAFETY: COUNTERS words per remote rank (context contract).
     unsafe { x.counters.add(j as usize * COUNTERS) }
 }
@@ -355,7 +355,7 @@ unsafe fn set(cnt: *mut u64, c: usize, v: u64) {
 /// # Safety
 /// `op.index` a remote rank of the context.
 #[inline(always)]
-unsafe fn channel<'a>(x: &'a XContext, op: &RemoteOp) -> &'a DevConn<'static> {
+unsafe fn channel<'a>(x: &'a ProxyContext, op: &RemoteOp) -> &'a DevConn<'static> {
     let i = 2 * op.index as usize + usize::from(op.send == 0);
     // SAFETY: two handles per remote rank (context contract).
     unsafe { &*x.coll.conns.add(i) }
@@ -369,7 +369,7 @@ unsafe fn channel<'a>(x: &'a XContext, op: &RemoteOp) -> &'a DevConn<'static> {
 /// # Safety
 /// As for [`run`]; thread 0.
 unsafe fn choose(
-    x: &XContext,
+    x: &ProxyContext,
     ops: &RemoteOps,
     n: usize,
     p: &mut Progress,
@@ -463,7 +463,7 @@ unsafe fn choose(
 ///
 /// # Safety
 /// As for [`run`]; thread 0, after the block's barrier that follows the copy.
-unsafe fn finish(x: &XContext, op: &RemoteOp, i: usize, k: u64, len: u64, p: &mut Progress) {
+unsafe fn finish(x: &ProxyContext, op: &RemoteOp, i: usize, k: u64, len: u64, p: &mut Progress) {
     let ctx = &x.coll;
     let (slot, depth) = (ctx.scratch_len, x.depth);
     // SAFETY: `index` is a remote rank (caller contract).
@@ -521,7 +521,7 @@ unsafe fn finish(x: &XContext, op: &RemoteOp, i: usize, k: u64, len: u64, p: &mu
 crate::kernel! {
     /// A group's sends and receives with ranks on other hosts ([`run`]) as a one-block
     /// kernel: `ctx` the remote_p2p context in device memory.
-    pub unsafe fn remote_p2p(ctx: *const XContext, ops: RemoteOps) {
+    pub unsafe fn remote_p2p(ctx: *const ProxyContext, ops: RemoteOps) {
         // SAFETY: forwarded to the launcher (the host builds the context and the ops).
         unsafe { run(&*ctx, &ops) }
     }

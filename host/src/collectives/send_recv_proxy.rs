@@ -18,7 +18,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use mscclpp_device::channel::DevConn;
 use mscclpp_device::collectives::STATE_WORDS;
 use mscclpp_device::collectives::send_recv_proxy::{
-    self as xk, COUNTERS, RemoteOp, RemoteOps, XContext,
+    self as xk, COUNTERS, ProxyContext, RemoteOp, RemoteOps,
 };
 
 use super::cross::{alloc_cross_buffer, buffer_addr, proxy_context, proxy_context_on_device};
@@ -262,7 +262,7 @@ pub(super) struct Pending {
 #[derive(Debug)]
 pub(super) struct RemoteP2p {
     /// The host copy of the context (the Host backend runs on it).
-    ctx: Box<XContext>,
+    ctx: Box<ProxyContext>,
     /// `remote[g]`: rank `g`'s number among this rank's remote ranks and this rank's among
     /// its (`None` for ranks of this host).
     remote: Vec<Option<(u32, u32)>>,
@@ -354,7 +354,7 @@ impl RemoteP2p {
         }
         let mut state = vec![0u64; STATE_WORDS].into_boxed_slice();
         let mut counters = vec![0u64; COUNTERS * p.remotes.len().max(1)].into_boxed_slice();
-        let ctx = XContext {
+        let ctx = ProxyContext {
             coll: proxy_context(
                 comm,
                 (comm.rank(), comm.nranks()),
@@ -436,7 +436,7 @@ impl RemoteP2p {
         };
         // SAFETY: caller contract for the ranges; the context in device memory holds this
         // communicator's registered memory; the arguments match `remote_p2p`'s signature
-        // (*const XContext, RemoteOps by value).
+        // (*const ProxyContext, RemoteOps by value).
         unsafe { l.launch(cfg) }
             .map(|_| ())
             .map_err(|e| gpu::classify(call, "cuLaunchKernel", e))
@@ -447,7 +447,7 @@ impl GpuX {
     fn load(
         gpu: &Gpu,
         kernels: &gpu::Kernels,
-        host_ctx: &XContext,
+        host_ctx: &ProxyContext,
         conns: &[DevConn<'static>],
         counters: usize,
     ) -> Result<GpuX, CommError> {
@@ -455,7 +455,7 @@ impl GpuX {
         let (conn_mem, state) = proxy_context_on_device(gpu, &mut ctx.coll, conns)?;
         let count = DeviceBuffer::zeroed(gpu, counters * 8)?;
         ctx.counters = count.device_ptr() as *mut u64;
-        let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<XContext>())?;
+        let mem = DeviceBuffer::zeroed(gpu, std::mem::size_of::<ProxyContext>())?;
         mem.copy_from_host(0, std::slice::from_ref(&ctx))?;
         Ok(GpuX {
             ctx: mem,
