@@ -5,7 +5,7 @@ use cudarc::driver::DriverError;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mscclpp::host::collectives::RawBuffer;
 
-use crate::host::collectives::{Collectives, P2pOp};
+use crate::host::collectives::{AllReduceAlgo, Collectives, DataType, P2pOp, ReduceOp};
 use crate::host::cuda::{CUevent_flags, CudaError, CudaStream, DeviceBuffer, Gpu};
 
 use super::PerfError;
@@ -80,26 +80,46 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         shape: &Shape,
     ) -> Result<(), PerfError> {
         let (send, recv) = self.pointers(placement, shape, config.args.collective);
+        let (n, rank) = (self.coll.nranks(), self.coll.rank());
+        let dtype = config.args.dtype;
+        let call = Call {
+            collective: config.args.collective,
+            algo: config.args.algo.all_reduce(),
+            nranks: n,
+            send,
+            recv,
+            dtype,
+            op: config.args.redop.reduce_op(dtype, rank),
+            root: config.args.root,
+            count: shape.count as usize,
+            per: shape.count as usize / n,
+            send_count: shape.send_count as usize,
+            next: (rank + 1) % n,
+            prev: (rank + n - 1) % n,
+        };
         match lib {
-            Lib::Mscclpp => self.enqueue_ours(config, send, recv, shape),
-            Lib::Nccl => self.enqueue_nccl(config, send, recv, shape),
+            Lib::Mscclpp => self.enqueue_ours(&call),
+            Lib::Nccl => self.enqueue_nccl(&call),
         }
     }
 
     /// [`enqueue`](Self::enqueue) of our collectives.
-    fn enqueue_ours(
-        &self,
-        config: &Config,
-        send: u64,
-        recv: u64,
-        shape: &Shape,
-    ) -> Result<(), PerfError> {
-        let c = config.args.collective;
-        let dtype = config.args.dtype;
-        let (n, rank, root) = (self.coll.nranks(), self.coll.rank(), config.args.root);
-        let (count, per) = (shape.count as usize, shape.count as usize / n);
-        let op = config.args.redop.reduce_op(dtype, rank);
-        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    fn enqueue_ours(&self, call: &Call) -> Result<(), PerfError> {
+        let Call {
+            collective: c,
+            algo,
+            send,
+            recv,
+            dtype,
+            op,
+            root,
+            count,
+            per,
+            send_count,
+            next,
+            prev,
+            ..
+        } = *call;
         // SAFETY (every arm): the buffers hold the largest shape of the sweep and live in
         // `self` until the stream is synchronised in `measure`.
         match c {
@@ -159,9 +179,9 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             }
             Collective::AllReduce => unsafe {
                 self.coll.all_reduce_using(
-                    config.args.algo.all_reduce(),
-                    &RawBuffer::device(send, shape.count as usize, dtype),
-                    &mut RawBuffer::device(recv, shape.count as usize, dtype),
+                    algo,
+                    &RawBuffer::device(send, count, dtype),
+                    &mut RawBuffer::device(recv, count, dtype),
                     op,
                     &self.stream,
                 )
@@ -169,10 +189,10 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
             .map_err(PerfError::from),
             Collective::AllGather => unsafe {
                 self.coll.all_gather(
-                    &RawBuffer::device(send, shape.send_count as usize, dtype),
+                    &RawBuffer::device(send, send_count, dtype),
                     &mut RawBuffer::device(
                         recv,
-                        (shape.send_count as usize).saturating_mul(self.coll.nranks()),
+                        send_count.saturating_mul(self.coll.nranks()),
                         dtype,
                     ),
                     &self.stream,
@@ -183,23 +203,26 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
     }
 
     /// [`enqueue`](Self::enqueue) of NCCL's collectives.
-    fn enqueue_nccl(
-        &self,
-        config: &Config,
-        send: u64,
-        recv: u64,
-        shape: &Shape,
-    ) -> Result<(), PerfError> {
-        let c = config.args.collective;
-        let dtype = config.args.dtype;
-        let (n, rank, root) = (self.coll.nranks(), self.coll.rank(), config.args.root);
-        let (count, per) = (shape.count as usize, shape.count as usize / n);
-        let op = config.args.redop.reduce_op(dtype, rank);
+    fn enqueue_nccl(&self, call: &Call) -> Result<(), PerfError> {
+        let Call {
+            collective: c,
+            nranks,
+            send,
+            recv,
+            dtype,
+            op,
+            root,
+            count,
+            per,
+            send_count,
+            next,
+            prev,
+            ..
+        } = *call;
         let nccl = || {
             self.nccl
                 .ok_or_else(|| PerfError::Nccl("NCCL is not initialised".into()))
         };
-        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
         // SAFETY (every arm): the buffers hold the largest shape of the sweep and live in
         // `self` until the stream is synchronised in `measure`.
         match c {
@@ -213,7 +236,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 nccl()?.reduce(send, recv, count, dtype, op, root, &self.stream)
             },
             Collective::AllToAll => unsafe {
-                nccl()?.all_to_all(send, recv, per, dtype, n, &self.stream)
+                nccl()?.all_to_all(send, recv, per, dtype, nranks, &self.stream)
             },
             Collective::SendRecv => unsafe {
                 nccl()?.send_recv(send, recv, count, dtype, next, prev, &self.stream)
@@ -222,7 +245,7 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
                 nccl()?.all_reduce(send, recv, count, dtype, op, &self.stream)
             },
             Collective::AllGather => unsafe {
-                nccl()?.all_gather(send, recv, shape.send_count as usize, dtype, &self.stream)
+                nccl()?.all_gather(send, recv, send_count, dtype, &self.stream)
             },
         }
     }
@@ -375,4 +398,27 @@ impl<'a, T: Elem> GpuRunner<'a, T> {
         };
         Ok(Timed { us, host_us, wrong })
     }
+}
+
+/// One operation of a sweep, as both libraries' calls take it.
+#[derive(Clone, Copy)]
+struct Call {
+    collective: Collective,
+    /// Our all-reduce's algorithm (`--algo`).
+    algo: AllReduceAlgo,
+    nranks: usize,
+    send: u64,
+    recv: u64,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+    /// Elements of the size column.
+    count: usize,
+    /// `count / nranks`.
+    per: usize,
+    /// Elements each rank sends.
+    send_count: usize,
+    /// The send/recv ring's neighbours.
+    next: usize,
+    prev: usize,
 }
