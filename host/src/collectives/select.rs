@@ -24,7 +24,7 @@ pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 
 /// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot on the Host
 /// backend; all-pairs (two ranks) or two-shot above. Set by one run of `mscclpp-perf
-/// --nranks 2 --algo ...` on the 2-core CI machine (commit 5f9363f, kernels on one thread a
+/// --nranks 2 --algo ...` on the 2-core CI machine (commit 8b4c9a4, kernels on one thread a
 /// rank): one-shot 1.84 us at 512 B against 2.11 for all-pairs, 8.5 against 3.5 at 4 KB,
 /// 50 against 14 at 32 KB (LL packets double what crosses memory and poll per 8 bytes).
 pub const HOST_ONE_SHOT_MAX: usize = 1 << 10;
