@@ -103,6 +103,11 @@ const BARRIER_SPIN_ROUNDS: u32 = 2000;
 
 impl BlockBarrier {
     fn wait(&self) {
+        if self.size == 1 {
+            // A block of one thread (the Host backend's all-reduce) has no one to wait
+            // for, and the lock and wake-up below would cost a system call.
+            return;
+        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if s.poisoned {
             panic!("another thread of this block panicked");

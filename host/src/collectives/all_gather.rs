@@ -41,7 +41,7 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("all_gather");
-        let pair = Pair::new(&call, send, recv, exec)?;
+        let pair = Pair::new(call, send, recv, exec)?;
         if pair.recv_count != pair.send_count.saturating_mul(self.nranks()) {
             return Err(CommError::InvalidArgument(format!(
                 "{call}: recv has {} elements; {} ranks x {} expected",

@@ -50,7 +50,7 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("all_reduce_in_place");
-        let (p, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        let (p, count, dtype, _place) = buffer::in_place(call, buf, exec)?;
         // SAFETY: the buffer is borrowed for the call (and, on a GPU, its guard orders
         // later uses after this stream's work).
         unsafe { self.all_reduce_at(exec, p, p, count, dtype, op, AllReduceAlgo::Auto) }
@@ -73,8 +73,8 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("all_reduce");
-        let pair = Pair::new(&call, send, recv, exec)?;
-        let count = pair.same_count(&call)?;
+        let pair = Pair::new(call, send, recv, exec)?;
+        let count = pair.same_count(call)?;
         // SAFETY: both buffers are borrowed for the call (their guards order later uses).
         unsafe { self.all_reduce_at(exec, pair.send, pair.recv, count, pair.dtype, op, algo) }
     }

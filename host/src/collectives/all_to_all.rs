@@ -61,8 +61,8 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("all_to_all");
-        let pair = Pair::new(&call, send, recv, exec)?;
-        let count = self.blocks_of(&call, pair.same_count(&call)?)?;
+        let pair = Pair::new(call, send, recv, exec)?;
+        let count = self.blocks_of(call, pair.same_count(call)?)?;
         let (s, r, dtype) = (pair.send, pair.recv, pair.dtype);
         match exec {
             // SAFETY: both buffers are borrowed for the call (their guards order later uses).
@@ -79,7 +79,7 @@ impl Collectives {
                     root: 0,
                 };
                 // SAFETY: as above.
-                unsafe { self.run_plan_host(&call, plan, s, r) }
+                unsafe { self.run_plan_host(call, plan, s, r) }
             }
         }
     }

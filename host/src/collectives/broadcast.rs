@@ -66,10 +66,10 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("broadcast");
-        let pair = Pair::new(&call, send, recv, exec)?;
-        let count = pair.same_count(&call)?;
+        let pair = Pair::new(call, send, recv, exec)?;
+        let count = pair.same_count(call)?;
         // SAFETY: both buffers are borrowed for the call (their guards order later uses).
-        unsafe { self.broadcast_at(exec, &call, pair.send, pair.recv, count, pair.dtype, root) }
+        unsafe { self.broadcast_at(exec, call, pair.send, pair.recv, count, pair.dtype, root) }
     }
 
     /// In-place broadcast from `root`: every rank's `buf` gets the root's.
@@ -84,9 +84,9 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("broadcast_in_place");
-        let (p, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        let (p, count, dtype, _place) = buffer::in_place(call, buf, exec)?;
         // SAFETY: the buffer is borrowed for the call.
-        unsafe { self.broadcast_at(exec, &call, p, p, count, dtype, root) }
+        unsafe { self.broadcast_at(exec, call, p, p, count, dtype, root) }
     }
 
     /// # Safety

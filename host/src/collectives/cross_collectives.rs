@@ -116,7 +116,6 @@ impl Collectives {
         } else {
             "all_reduce"
         });
-        let call = call.as_str();
         check_avg(call, op, dtype, self.nranks())?;
         let two_shot = algo == AllReduceAlgo::TwoShot;
         let algo = if two_shot {
@@ -268,7 +267,6 @@ impl Collectives {
         dtype: DataType,
     ) -> Result<(), CommError> {
         let call = ex.name("all_gather");
-        let call = call.as_str();
         let descr = [bytes as u64, all_gather_tag(AllGatherAlgo::Auto, dtype)];
         let flags = xk::flags(GATHER, 0);
         self.cross_call(call, ex, |cross, shard, stage| {
@@ -325,7 +323,6 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let call = ex.name("reduce_scatter");
-        let call = call.as_str();
         check_avg(call, op, dtype, self.nranks())?;
         let s = dtype.size();
         let step_op = if op == ReduceOp::Avg {
@@ -399,7 +396,6 @@ impl Collectives {
         root: usize,
     ) -> Result<(), CommError> {
         let call = ex.name("broadcast");
-        let call = call.as_str();
         self.cross_call(call, ex, |cross, shard, _| {
             let topo = &cross.topo;
             let root_host = topo.host_of(root);
@@ -540,7 +536,6 @@ impl Collectives {
         dtype: DataType,
     ) -> Result<(), CommError> {
         let call = ex.name("all_to_all");
-        let call = call.as_str();
         let tag = desc::tag(desc::ALL_TO_ALL, super::descriptor::dtype_code(dtype), 0, 0);
         let descr = [bytes as u64, tag];
         let flags = xk::flags(GATHER | PER_DEST, 0);

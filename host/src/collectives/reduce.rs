@@ -75,11 +75,11 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("reduce");
-        let pair = Pair::new(&call, send, recv, exec)?;
-        let count = pair.same_count(&call)?;
+        let pair = Pair::new(call, send, recv, exec)?;
+        let count = pair.same_count(call)?;
         let (s, r, dtype) = (pair.send, pair.recv, pair.dtype);
         // SAFETY: both buffers are borrowed for the call (their guards order later uses).
-        unsafe { self.reduce_at(exec, &call, s, r, count, dtype, op, root) }
+        unsafe { self.reduce_at(exec, call, s, r, count, dtype, op, root) }
     }
 
     /// In-place reduce to `root` (the root's `buf` gets the result; others' is not written).
@@ -95,9 +95,9 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("reduce_in_place");
-        let (p, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        let (p, count, dtype, _place) = buffer::in_place(call, buf, exec)?;
         // SAFETY: the buffer is borrowed for the call.
-        unsafe { self.reduce_at(exec, &call, p, p, count, dtype, op, root) }
+        unsafe { self.reduce_at(exec, call, p, p, count, dtype, op, root) }
     }
 
     /// # Safety

@@ -72,7 +72,7 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("reduce_scatter");
-        let pair = Pair::new(&call, send, recv, exec)?;
+        let pair = Pair::new(call, send, recv, exec)?;
         let n = self.nranks();
         if pair.send_count != pair.recv_count.saturating_mul(n) {
             return Err(invalid(format!(
@@ -82,7 +82,7 @@ impl Collectives {
         }
         let (s, r, count, dtype) = (pair.send, pair.recv, pair.recv_count, pair.dtype);
         // SAFETY: both buffers are borrowed for the call (their guards order later uses).
-        unsafe { self.reduce_scatter_at(exec, &call, s, r, count, dtype, op) }
+        unsafe { self.reduce_scatter_at(exec, call, s, r, count, dtype, op) }
     }
 
     /// In-place reduce-scatter: `buf` holds `nranks` blocks; this rank's block (at element
@@ -99,11 +99,11 @@ impl Collectives {
     {
         let exec = exec.into();
         let call = exec.name("reduce_scatter_in_place");
-        let (p, total, dtype, _place) = buffer::in_place(&call, buf, exec)?;
-        let count = self.blocks_of(&call, total)?;
+        let (p, total, dtype, _place) = buffer::in_place(call, buf, exec)?;
+        let count = self.blocks_of(call, total)?;
         let off = (self.rank() * count * dtype.size()) as u64;
         // SAFETY: the buffer is borrowed for the call; this rank's block lies in it.
-        unsafe { self.reduce_scatter_at(exec, &call, p, p + off, count, dtype, op) }
+        unsafe { self.reduce_scatter_at(exec, call, p, p + off, count, dtype, op) }
     }
 
     /// # Safety

@@ -585,7 +585,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let exec = exec.into();
         let call = exec.name("send");
-        let (addr, count, dtype, _place) = buffer::read(&call, buf, exec)?;
+        let (addr, count, dtype, _place) = buffer::read(call, buf, exec)?;
         let op = P2pOp::Send {
             buf: addr,
             count,
@@ -606,7 +606,7 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let exec = exec.into();
         let call = exec.name("recv");
-        let (addr, count, dtype, _place) = buffer::in_place(&call, buf, exec)?;
+        let (addr, count, dtype, _place) = buffer::in_place(call, buf, exec)?;
         let op = P2pOp::Recv {
             buf: addr,
             count,

@@ -276,7 +276,6 @@ impl Collectives {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let call = ex.name(what.name());
-        let call = call.as_str();
         if let ReduceOp::PreMulSum(s) = op
             && s.dtype() != dtype
         {
