@@ -18,8 +18,9 @@
 //!   `DevConn` put/signal/wait/flush in both directions, every word checked.
 //! - `collectives`: the Host-backend collectives with `CrossTransport::Ib` between the two
 //!   hosts, small sizes, against sums computed here.
-//! - `peer-gone`: rank 1 sends one message over IB and leaves; rank 0 receives it, and its
-//!   next receive fails within seconds naming rank 1.
+//! - `peer-gone-recv`, `peer-gone-send`: rank 1 sends one message over IB and leaves; rank
+//!   0 receives it, waits until the bootstrap reports rank 1 gone, and its next receive
+//!   (send) with rank 1 must fail within 30 s naming it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -42,9 +43,10 @@ fn main() {
         "verbs" => verbs(),
         "conn" => conn(),
         "collectives" => collectives(),
-        "peer-gone" => peer_gone(),
+        "peer-gone-recv" => peer_gone("recv"),
+        "peer-gone-send" => peer_gone("send"),
         _ => Err(format!(
-            "usage: ib_rank verbs|conn|collectives|peer-gone (got {phase:?}), with \
+            "usage: ib_rank verbs|conn|collectives|peer-gone-recv|peer-gone-send (got {phase:?}), with \
              MSCCLPP_RANK, MSCCLPP_NRANKS=2 and MSCCLPP_BOOTSTRAP set"
         )
         .into()),
@@ -665,7 +667,10 @@ fn collectives() -> Res {
 // ---------------------------------------------------------------------------------------
 // peer-gone
 
-fn peer_gone() -> Res {
+/// Rank 1 sends one message and leaves; rank 0 receives it, waits until the bootstrap
+/// reports rank 1 gone, then makes `op` (`recv` or `send`) with rank 1, which must fail
+/// within 30 s naming it.
+fn peer_gone(op: &str) -> Res {
     let coll = collectives_over_ib()?;
     let r = coll.rank();
     let sent: Vec<u32> = (0..1001).map(|i| (i * 13 + 5) as u32).collect();
@@ -679,15 +684,25 @@ fn peer_gone() -> Res {
     coll.recv(&mut got, 1, Exec::Host)?;
     check(got == sent, || "the message sent before rank 1 left".into())?;
     let start = Instant::now();
-    let e = coll.recv(&mut got, 1, Exec::Host);
+    while !coll.communicator().bootstrap().as_async().has_left(1) {
+        check(start.elapsed() < Duration::from_secs(60), || {
+            "rank 1 did not leave within 60 s".into()
+        })?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let start = Instant::now();
+    let e = match op {
+        "recv" => coll.recv(&mut got, 1, Exec::Host),
+        _ => coll.send(&sent, 1, Exec::Host),
+    };
     let took = start.elapsed();
     let m = match e {
         Err(e) => e.to_string(),
-        Ok(()) => return Err("a receive from rank 1, which left, succeeded".into()),
+        Ok(()) => return Err(format!("a {op} with rank 1, which left, succeeded").into()),
     };
     fact(
         r,
-        &format!("receive from a rank that left failed after {took:?}: {m}"),
+        &format!("{op} with a rank that left failed after {took:?}: {m}"),
     );
     check(m.contains("rank 1"), || {
         format!("the error does not name rank 1: {m}")

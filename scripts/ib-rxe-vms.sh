@@ -17,15 +17,18 @@
 #   <phase>         ib_rank <phase> on both guests: raw verbs (writes, inline flag, the
 #                   limits and error completions of the real provider), Communicator
 #                   connections over TransportKind::Ib with DevConn put/signal/wait/flush,
-#                   the Host-backend collectives over IB, and a peer that leaves
+#                   the Host-backend collectives over IB, and a send to a peer that left
+#                   (peer-gone-recv, a receive from one, is left out: it waits for the
+#                   device timeout, see docs/guide/04-several-machines.md)
 #
 # Every wait is bounded (qemu, each guest command); the work directory (mktemp) and the
 # guests are removed on exit, also on failure. Prints one PASS/FAIL line per step and
 # guest, then a summary; exits non-zero when anything failed. Emulation is slow: this is a
-# correctness run (about 14 MB/s and 20+ ms per round trip between the guests).
+# correctness run (ibv_rc_pingpong: 45-65 ms per 4 KiB round trip between the guests).
 #
 # Settings (environment):
-#   IB_RXE_PHASES     the ib_rank phases to run (default: all, see examples/ib_rank.rs)
+#   IB_RXE_PHASES     the ib_rank phases to run (default "verbs conn collectives
+#                     peer-gone-send"; see examples/ib_rank.rs)
 #   IB_RXE_BIN        an already built ib_rank binary (skips the cargo build)
 #   IB_RXE_TIMEOUT    seconds each guest may run in all (default 1500)
 #   IB_RXE_MEM        guest memory in MiB (default 1024)
@@ -34,7 +37,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-PHASES=${IB_RXE_PHASES-"verbs conn collectives peer-gone"}
+PHASES=${IB_RXE_PHASES-"verbs conn collectives peer-gone-send"}
 TIMEOUT=${IB_RXE_TIMEOUT:-1500}
 MEM=${IB_RXE_MEM:-1024}
 START=$(date +%s)
@@ -197,7 +200,7 @@ for p in $PHASES; do
     port=$((port + 1))
     # Each phase is a fresh job: its own root port; the peer's root may start late.
     MSCCLPP_RANK=$R MSCCLPP_NRANKS=2 MSCCLPP_BOOTSTRAP=10.0.0.1:$port \
-    MSCCLPP_BOOTSTRAP_TIMEOUT=120 MSCCLPP_JOB_ID=ib-rxe-$p \
+    MSCCLPP_BOOTSTRAP_TIMEOUT=240 MSCCLPP_JOB_ID=ib-rxe-$p \
     MSCCLPP_HOST_ID=guest$R step "$p" /bin/ib_rank "$p"
 done
 finish
