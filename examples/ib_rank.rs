@@ -504,7 +504,8 @@ fn conn() -> Res {
     let start = Instant::now();
     let mut moved = 0;
     for round in 1..=24u64 {
-        let words = sizes[round as usize % sizes.len()] / 8;
+        // Each size in both directions (rounds alternate between the writers).
+        let words = sizes[(round as usize / 2) % sizes.len()] / 8;
         if (round % 2 == 1) == (me == 0) {
             let v: Vec<u64> = (0..words as u64).map(|i| pattern(me, round, i)).collect();
             buf.write(0, &v)?;

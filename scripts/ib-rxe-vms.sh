@@ -276,13 +276,14 @@ grep -h "^RXE-DEVINFO guest0\|^RXE-INFO\|^RXE-FACT" "$WORK"/guest*.log 2>/dev/nu
 if [ -n "${IB_RXE_RECORD:-}" ]; then
     passed=$(grep -h "^RXE-RESULT" "$WORK"/guest*.log | awk '$4 == "PASS" {print $2 ":" $3}' | paste -sd' ')
     failed=$(grep -h "^RXE-RESULT" "$WORK"/guest*.log | awk '$4 != "PASS" {print $2 ":" $3}' | paste -sd' ')
-    python3 - "$IB_RXE_RECORD" "$ELAPSED" "$status" "$passed" "$failed" "$KPKG" <<'PY'
+    grep -h "^RXE-FACT" "$WORK"/guest*.log | sed 's/^RXE-FACT //' | sort -u >"$WORK/facts"
+    python3 - "$IB_RXE_RECORD" "$ELAPSED" "$status" "$passed" "$failed" "$KPKG" "$PHASES" "$WORK/facts" <<'PY'
 import json, subprocess, sys, datetime, os
-f, secs, status, passed, failed, kpkg = sys.argv[1:]
+f, secs, status, passed, failed, kpkg, phases, facts = sys.argv[1:]
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 row = {
     "test": "ib-rxe-vms",
-    "command": "scripts/ib-rxe-vms.sh",
+    "command": f"IB_RXE_PHASES='{phases}' scripts/ib-rxe-vms.sh",
     "commit": commit,
     "machine": f"{os.cpu_count()}-core x86_64 VM, no KVM: two qemu -accel tcg guests, {kpkg}, rdma_rxe over e1000 + -netdev socket",
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -290,6 +291,7 @@ row = {
     "result": "pass" if status == "0" else "fail",
     "passed": passed.split(),
     "failed": failed.split(),
+    "facts": open(facts).read().splitlines(),
 }
 with open(f, "a") as out:
     out.write(json.dumps(row) + "\n")
