@@ -17,9 +17,8 @@
 #   <phase>         ib_rank <phase> on both guests: raw verbs (writes, inline flag, the
 #                   limits and error completions of the real provider), Communicator
 #                   connections over TransportKind::Ib with DevConn put/signal/wait/flush,
-#                   the Host-backend collectives over IB, and a send to a peer that left
-#                   (peer-gone-recv, a receive from one, is left out: it waits for the
-#                   device timeout, see docs/guide/04-several-machines.md)
+#                   the Host-backend collectives over IB, and a send to and a receive from
+#                   a peer that left
 #
 # Every wait is bounded (qemu, each guest command); the work directory (mktemp) and the
 # guests are removed on exit, also on failure. Prints one PASS/FAIL line per step and
@@ -28,7 +27,7 @@
 #
 # Settings (environment):
 #   IB_RXE_PHASES     the ib_rank phases to run (default "verbs conn collectives
-#                     peer-gone-send"; see examples/ib_rank.rs)
+#                     peer-gone-send peer-gone-recv"; see examples/ib_rank.rs)
 #   IB_RXE_BIN        an already built ib_rank binary (skips the cargo build)
 #   IB_RXE_TIMEOUT    seconds each guest may run in all (default 1500)
 #   IB_RXE_MEM        guest memory in MiB (default 1024)
@@ -37,7 +36,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-PHASES=${IB_RXE_PHASES-"verbs conn collectives peer-gone-send"}
+PHASES=${IB_RXE_PHASES-"verbs conn collectives peer-gone-send peer-gone-recv"}
 TIMEOUT=${IB_RXE_TIMEOUT:-1500}
 MEM=${IB_RXE_MEM:-1024}
 START=$(date +%s)

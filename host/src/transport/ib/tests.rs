@@ -605,6 +605,37 @@ fn queue_pair_errors_are_the_statuses_soft_roce_reports() {
     );
 }
 
+/// A peer that left with its work ended: its connections are reported gone once, the
+/// others not; before it left, none.
+#[test]
+fn connections_of_a_peer_that_left_are_gone_once() {
+    use super::plane::PeerDepartures;
+    let p = Pair::new(64);
+    let departures = Arc::new(PeerDepartures::default());
+    let mut plane = p
+        .plane(4, Duration::from_secs(5))
+        .with_departures(departures.clone());
+    let mut gone = Vec::new();
+    plane.take_gone(&mut gone);
+    assert!(gone.is_empty(), "nobody left yet: {gone:?}");
+    departures.note_left(5);
+    plane.take_gone(&mut gone);
+    assert!(gone.is_empty(), "rank 5 has no connection here: {gone:?}");
+    // The link's peer is rank 3.
+    departures.note_left(3);
+    plane.take_gone(&mut gone);
+    assert_eq!(gone, [0]);
+    plane.take_gone(&mut gone);
+    assert_eq!(gone, [0], "reported once");
+    // A plane made after the peer left reports it too.
+    let mut later = p
+        .plane(4, Duration::from_secs(5))
+        .with_departures(departures.clone());
+    let mut gone = Vec::new();
+    later.take_gone(&mut gone);
+    assert_eq!(gone, [0]);
+}
+
 #[test]
 fn local_range_outside_the_registration_is_a_local_protection_error() {
     let p = Pair::new(256);
