@@ -14,6 +14,8 @@
 #
 #   verbs-info      ibv_devinfo sees rxe0 with an active port
 #   rc-pingpong     ibv_rc_pingpong between the guests (the stack itself works)
+#   ib-loopback     guest 0 only: tests/ib_loopback.rs (two processes over the one rxe0,
+#                   MSCCLPP_REQUIRE_IB=1), unless IB_RXE_LOOPBACK=0
 #   <phase>         ib_rank <phase> on both guests: raw verbs (writes, inline flag, the
 #                   limits and error completions of the real provider), Communicator
 #                   connections over TransportKind::Ib with DevConn put/signal/wait/flush,
@@ -28,7 +30,8 @@
 # Settings (environment):
 #   IB_RXE_PHASES     the ib_rank phases to run (default "verbs conn collectives
 #                     peer-gone-send peer-gone-recv"; see examples/ib_rank.rs)
-#   IB_RXE_BIN        an already built ib_rank binary (skips the cargo build)
+#   IB_RXE_BIN        an already built ib_rank binary (skips the cargo builds; no ib-loopback)
+#   IB_RXE_LOOPBACK=0 leaves out the ib-loopback step (and its build)
 #   IB_RXE_TIMEOUT    seconds each guest may run in all (default 1500)
 #   IB_RXE_MEM        guest memory in MiB (default 1024)
 #   IB_RXE_KEEP=1     keep the work directory (guest logs) and print where it is
@@ -87,6 +90,13 @@ else
     (cd "$REPO" && timeout 1800 nice -n 10 cargo build -q --features ib --example ib_rank) \
         || die "cargo build --features ib --example ib_rank"
     BIN=$TARGET/debug/examples/ib_rank
+    if [ "${IB_RXE_LOOPBACK:-1}" != 0 ]; then
+        say "building tests/ib_loopback.rs (--features ib)"
+        LOOPBACK=$(cd "$REPO" && timeout 1800 nice -n 10 cargo test --features ib \
+            --test ib_loopback --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -1)
+        [ -n "$LOOPBACK" ] || die "cargo test --features ib --test ib_loopback --no-run"
+        case $LOOPBACK in /*) ;; *) LOOPBACK=$REPO/$LOOPBACK ;; esac
+    fi
 fi
 [ -x "$BIN" ] || die "no binary at $BIN"
 
@@ -140,6 +150,11 @@ cp /etc/libibverbs.d/rxe.driver "$ROOT/etc/libibverbs.d/"
 objcopy --strip-debug "$BIN" "$WORK/ib_rank"
 copy_with_libs "$WORK/ib_rank"
 mv "$ROOT$WORK/ib_rank" "$ROOT/bin/ib_rank"
+if [ -n "${LOOPBACK:-}" ]; then
+    objcopy --strip-debug "$LOOPBACK" "$WORK/ib_loopback"
+    copy_with_libs "$WORK/ib_loopback"
+    mv "$ROOT$WORK/ib_loopback" "$ROOT/bin/ib_loopback"
+fi
 ldconfig -r "$ROOT" 2>/dev/null || true
 
 cat >"$ROOT/init" <<'EOF'
@@ -202,6 +217,10 @@ for p in $PHASES; do
     MSCCLPP_BOOTSTRAP_TIMEOUT=240 MSCCLPP_JOB_ID=ib-rxe-$p \
     MSCCLPP_HOST_ID=guest$R step "$p" /bin/ib_rank "$p"
 done
+if [ "$R" = 0 ] && [ -x /bin/ib_loopback ]; then
+    MSCCLPP_REQUIRE_IB=1 step ib-loopback /bin/ib_loopback --exact \
+        ib_ping_pong_between_two_processes --nocapture --test-threads=1
+fi
 finish
 EOF
 chmod +x "$ROOT/init"
@@ -265,8 +284,9 @@ for r in 0 1; do
         grep -v "^RXE-DEVINFO" "$log" | tail -60 | sed 's/^/    /'
     fi
 done
-for step in ping-peer verbs-info rc-pingpong $PHASES; do
+for step in ping-peer verbs-info rc-pingpong $PHASES ${LOOPBACK:+ib-loopback}; do
     for r in 0 1; do
+        [ "$step" = ib-loopback ] && [ $r = 1 ] && continue
         grep -q "^RXE-RESULT guest$r $step PASS" "$WORK/guest$r.log" 2>/dev/null \
             || { [ $status = 1 ] || echo "guest$r $step: no result"; status=1; }
     done
