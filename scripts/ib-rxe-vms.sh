@@ -196,6 +196,9 @@ done
 [ -n "$GID" ] || { result roce-v2-gid FAIL; ls /sys/class/infiniband/rxe0/ports/1/gid_attrs/types; finish; }
 echo "RXE-INFO guest$R gid_index=$GID gid=$(cat /sys/class/infiniband/rxe0/ports/1/gids/$GID)"
 export MSCCLPP_IB_GID_INDEX=$GID MSCCLPP_IB_DEVICE=rxe0
+# Emulated guests on a loaded host stall for seconds: the bootstrap's 3 s link timeout
+# took such a stall for a lost network.
+export MSCCLPP_LINK_TIMEOUT=30
 # The peer must answer before anything runs (both guests boot at their own pace).
 ok=
 for i in $(seq 1 120); do ping -c 1 -W 1 $PEER >/dev/null 2>&1 && { ok=1; break; }; done
