@@ -92,9 +92,11 @@ else
     BIN=$TARGET/debug/examples/ib_rank
     if [ "${IB_RXE_LOOPBACK:-1}" != 0 ]; then
         say "building tests/ib_loopback.rs (--features ib)"
-        LOOPBACK=$(cd "$REPO" && timeout 1800 nice -n 10 cargo test --features ib \
-            --test ib_loopback --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -1)
-        [ -n "$LOOPBACK" ] || die "cargo test --features ib --test ib_loopback --no-run"
+        (cd "$REPO" && timeout 1800 nice -n 10 cargo test --features ib --test ib_loopback \
+            --no-run) >"$WORK/loopback-build.log" 2>&1 \
+            || { tail -30 "$WORK/loopback-build.log" >&2; die "cargo test --features ib --test ib_loopback --no-run"; }
+        LOOPBACK=$(sed -n 's/.*Executable .*(\(.*\))$/\1/p' "$WORK/loopback-build.log" | tail -1)
+        [ -n "$LOOPBACK" ] || die "no test binary named in $WORK/loopback-build.log"
         case $LOOPBACK in /*) ;; *) LOOPBACK=$REPO/$LOOPBACK ;; esac
     fi
 fi
