@@ -933,7 +933,8 @@ fn run_link_command(var: &str) {
     netns::link(&args).unwrap();
 }
 
-/// After a first all-reduce, rank 0 sets host 1's link down: every rank's next all-reduce
+/// After a first all-reduce, rank 0 cuts host 1 off (the `ip` command of [`LINK_DOWN`]:
+/// its link set down, or removed): every rank's next all-reduce
 /// fails within a few seconds (the link timeout, 3 s), naming the two hosts and the lost
 /// connection between them rather than a stuck rank, and the error sticks.
 fn link_down_rank() {
@@ -988,6 +989,22 @@ fn namespaces_link_down_fails_every_rank() {
     });
 }
 
+/// 2 namespaces as 2 hosts of 2 ranks; host 1's network interface is removed mid-run
+/// (what deleting its namespace does to its link): every rank fails as for a link down.
+#[test]
+fn namespaces_host_removed_fails_every_rank() {
+    if child() {
+        return link_down_rank();
+    }
+    launch_in_namespaces_with(
+        "namespaces_host_removed_fails_every_rank",
+        2,
+        2,
+        None,
+        |ns| vec![(LINK_DOWN, ns.remove_args(1).join("\n"))],
+    );
+}
+
 /// Rank 0 sets host 1's link down for half a second between all-reduces (some of them
 /// waiting across the gap): every call completes with the right sums.
 fn link_flap_rank() {
@@ -1021,6 +1038,10 @@ fn namespaces_link_flap_is_survived() {
         vec![
             (LINK_DOWN, ns.link_args(1, false).join("\n")),
             (LINK_UP, ns.link_args(1, true).join("\n")),
+            // The grace: a flap shorter than the link timeout less 2 s is survived. 6 s
+            // leaves room for `ip` starting late on a loaded 2-core machine (one run beside
+            // the other tests and two emulated VMs failed with the default 3 s).
+            ("MSCCLPP_LINK_TIMEOUT", "6".to_string()),
         ]
     });
 }

@@ -124,6 +124,16 @@ impl Hosts {
             .to_vec()
     }
 
+    /// The `ip` arguments that remove host `h`'s link from the switch (its end in the host's
+    /// namespace goes with it, as when the namespace itself is deleted): the host is gone
+    /// from the network for good.
+    pub fn remove_args(&self, h: usize) -> Vec<String> {
+        let dev = format!("{}s{h}", self.prefix);
+        ["-n", &self.switch(), "link", "del", &dev]
+            .map(String::from)
+            .to_vec()
+    }
+
     /// The arguments of `sh` that run `exe args` as a rank inside the namespace of its host
     /// (`rank % hosts`, from `MSCCLPP_RANK`: the layout `cyclic:<hosts>`), with the bootstrap
     /// root at rank 0's address and `port` (replacing the launcher's loopback root).

@@ -37,6 +37,12 @@ impl Dim3 {
     }
 }
 
+/// Whether kernels may run on blocks of fewer threads than ranks: yes on the host, where
+/// the Host backend runs the all-reduce kernels on one thread a rank (the collectives'
+/// `for_ranks_of`); GPU launches give a block at least `nranks` threads, and there the
+/// per-rank duties keep their one-thread-per-rank form.
+pub const NARROW_BLOCKS: bool = true;
+
 /// The most CPU threads one [`launch`] may start (one per emulated GPU thread).
 pub const MAX_HOST_THREADS: u64 = 4096;
 
@@ -52,6 +58,9 @@ pub enum LaunchError {
     },
     /// A thread of the kernel panicked (or called [`trap`]); the message of the first.
     Panicked(std::string::String),
+    /// The CPU threads to run the kernel could not be started (the system's error); no
+    /// thread of the kernel ran.
+    NoThreads(std::string::String),
 }
 
 impl core::fmt::Display for LaunchError {
@@ -63,6 +72,7 @@ impl core::fmt::Display for LaunchError {
                  non-zero and the total at most {MAX_HOST_THREADS} threads"
             ),
             LaunchError::Panicked(m) => write!(f, "host kernel panicked: {m}"),
+            LaunchError::NoThreads(e) => write!(f, "host launch: cannot start CPU threads: {e}"),
         }
     }
 }
@@ -76,6 +86,9 @@ struct BlockBarrier {
     state: Mutex<BarrierState>,
     cv: Condvar,
     size: u32,
+    /// `state.generation`, readable without the lock: a waiter polls it briefly before it
+    /// sleeps (a block's threads usually arrive within microseconds of each other).
+    generation: core::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +97,9 @@ struct BarrierState {
     generation: u64,
     poisoned: bool,
 }
+
+/// Rounds a barrier waiter polls before it sleeps.
+const BARRIER_SPIN_ROUNDS: u32 = 2000;
 
 impl BlockBarrier {
     fn wait(&self) {
@@ -95,14 +111,23 @@ impl BlockBarrier {
         if s.arrived == self.size {
             s.arrived = 0;
             s.generation += 1;
+            self.generation.store(s.generation, Ordering::Release);
             self.cv.notify_all();
             return;
         }
         let gen_at_entry = s.generation;
+        drop(s);
+        for _ in 0..BARRIER_SPIN_ROUNDS {
+            if self.generation.load(Ordering::Acquire) != gen_at_entry {
+                return;
+            }
+            core::hint::spin_loop();
+        }
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         while s.generation == gen_at_entry && !s.poisoned {
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
-        if s.poisoned {
+        if s.generation == gen_at_entry {
             panic!("another thread of this block panicked");
         }
     }
@@ -128,6 +153,7 @@ impl Block {
                 state: Mutex::new(BarrierState::default()),
                 cv: Condvar::new(),
                 size,
+                generation: core::sync::atomic::AtomicU64::new(0),
             },
             shared: Mutex::new(Vec::new()),
         }
@@ -165,8 +191,9 @@ fn ctx() -> Option<Ctx> {
 }
 
 /// Runs `body` once per thread of a `grid` × `block` launch on CPU threads (all at once, so
-/// blocks may wait on each other as GPU blocks of a small grid can), and returns when all
-/// have finished. A panic or [`trap`] in any thread is returned as an error after the
+/// blocks may wait on each other as GPU blocks of a small grid can: the calling thread runs
+/// the first and threads kept from earlier launches the rest), and returns when all have
+/// finished. A panic or [`trap`] in any thread is returned as an error after the
 /// others stop (threads waiting at a barrier of that block panic too).
 pub fn launch<F>(grid: Dim3, block: Dim3, body: F) -> Result<(), LaunchError>
 where
@@ -179,40 +206,37 @@ where
     let blocks: Vec<Block> = (0..grid.count())
         .map(|_| Block::new(block.count() as u32))
         .collect();
+    let per_block = block.count() as usize;
     let first_panic: Mutex<Option<std::string::String>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for (b, blk) in blocks.iter().enumerate() {
-            for t in 0..block.count() as u32 {
-                let body = &body;
-                let first_panic = &first_panic;
-                s.spawn(move || {
-                    let c = Ctx {
-                        tid: block.unflatten(t),
-                        bid: grid.unflatten(b as u32),
-                        bdim: block,
-                        gdim: grid,
-                        block: blk,
-                    };
-                    CTX.with(|x| *x.borrow_mut() = Some(c));
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-                    CTX.with(|x| *x.borrow_mut() = None);
-                    if let Err(p) = r {
-                        blk.barrier.poison();
-                        let msg = p
-                            .downcast_ref::<&str>()
-                            .map(|s| std::string::String::from(*s))
-                            .or_else(|| p.downcast_ref::<std::string::String>().cloned())
-                            .unwrap_or_else(|| "non-string panic".into());
-                        let mut fp = first_panic.lock().unwrap_or_else(|e| e.into_inner());
-                        // A barrier's "another thread panicked" is a consequence, not a cause.
-                        if fp.is_none() || fp.as_deref().is_some_and(|m| m.starts_with("another")) {
-                            *fp = Some(msg);
-                        }
-                    }
-                });
+    let run_one = |i: usize| {
+        let (b, t) = (i / per_block, i % per_block);
+        let blk = &blocks[b];
+        let c = Ctx {
+            tid: block.unflatten(t as u32),
+            bid: grid.unflatten(b as u32),
+            bdim: block,
+            gdim: grid,
+            block: blk,
+        };
+        // The launching thread runs index 0: put back whatever context it had.
+        let outer = CTX.with(|x| x.borrow_mut().replace(c));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&body));
+        CTX.with(|x| *x.borrow_mut() = outer);
+        if let Err(p) = r {
+            blk.barrier.poison();
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| std::string::String::from(*s))
+                .or_else(|| p.downcast_ref::<std::string::String>().cloned())
+                .unwrap_or_else(|| "non-string panic".into());
+            let mut fp = first_panic.lock().unwrap_or_else(|e| e.into_inner());
+            // A barrier's "another thread panicked" is a consequence, not a cause.
+            if fp.is_none() || fp.as_deref().is_some_and(|m| m.starts_with("another")) {
+                *fp = Some(msg);
             }
         }
-    });
+    };
+    pool::run(total as usize, &run_one).map_err(|e| LaunchError::NoThreads(std::format!("{e}")))?;
     match first_panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some(m) => Err(LaunchError::Panicked(m)),
         None => Ok(()),
@@ -630,6 +654,7 @@ pub const SLEEP_AFTER_ROUNDS: u32 = 4096;
 #[cfg(not(mscclpp_loom))]
 pub const BACKOFF_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
 
+mod pool;
 #[cfg(test)]
 mod tests;
 

@@ -519,6 +519,10 @@ pub fn global_timer_ns() -> u64 {
     t
 }
 
+/// Whether kernels may run on blocks of fewer threads than ranks: not on a GPU, whose
+/// launches always give a block at least `nranks` threads (see the host's twin).
+pub const NARROW_BLOCKS: bool = false;
+
 /// Called once per round of a polling loop (the host version yields the CPU). Nothing on
 /// the GPU: the FIFO's loops already wait on a PCIe read of host memory each round, and
 /// threads of a warp that diverge keep making progress (independent thread scheduling,

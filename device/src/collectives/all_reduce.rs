@@ -1,6 +1,7 @@
 //! All-reduce (sum): the one-shot packet algorithm for small messages and the two-shot
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
+use super::barrier::for_ranks_of;
 use super::{
     COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, fault, packet_half, rotated_rank,
     round_share, two_shot_slot,
@@ -165,8 +166,8 @@ pub(crate) fn desc_thread(ctx: &CollContext, t: u32, b: u32) -> Option<u32> {
 
 /// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
 /// every rank sends its whole input to every peer as LL packets, and reduces what it
-/// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise) of at least
-/// `nranks` threads, of any size; unit `i` (8 bytes) belongs to the same data thread in both
+/// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise) of any size
+/// (GPUs launch at least `nranks` threads a block, the Host backend one thread); unit `i` (8 bytes) belongs to the same data thread in both
 /// phases (`data_threads`), so in-place is safe.
 ///
 /// The packets' flag is the call's sequence number ([`Call`]) and the scratch half its
@@ -198,7 +199,7 @@ pub unsafe fn one_shot<T: Reduce>(
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let bytes = count * T::SIZE;
     let units = bytes.div_ceil(8);
-    check_grid(ctx, nb, nt);
+    check_blocks(ctx, nb, nt);
     // SAFETY: b < MAX_BLOCKS; finish() below on every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
     let flag = call.flag();
@@ -209,8 +210,6 @@ pub unsafe fn one_shot<T: Reduce>(
         arch::trap();
     }
     let (first, stride) = data_threads(t, nt, b, nb);
-    // The rank this thread sends the descriptor to and checks, if any.
-    let desc_peer = desc_thread(ctx, t, b);
 
     let mut i = first;
     while i < units {
@@ -218,9 +217,15 @@ pub unsafe fn one_shot<T: Reduce>(
         unsafe { send_unit(ctx, half, i, load_unit(send, i, bytes, aligned), flag) };
         i += stride;
     }
-    if let Some(p) = desc_peer {
-        // SAFETY: p is a peer.
-        unsafe { ctx.send_desc(&call, p) };
+    if b == 0 {
+        // The descriptors: thread p of block 0 for rank p (a block of fewer threads:
+        // `for_ranks_of`).
+        for_ranks_of(t, ctx.nranks, |p| {
+            if p != ctx.rank {
+                // SAFETY: p is a peer.
+                unsafe { ctx.send_desc(&call, p) }
+            }
+        });
     }
     let mut i = first;
     while i < units {
@@ -233,10 +238,14 @@ pub unsafe fn one_shot<T: Reduce>(
         }
         i += stride;
     }
-    if let Some(p) = desc_peer {
-        // SAFETY: p is a peer. Waited for even after a failure of this call (see
-        // `check_desc`).
-        unsafe { ctx.check_desc(&mut call, p) };
+    if b == 0 {
+        for_ranks_of(t, ctx.nranks, |p| {
+            if p != ctx.rank {
+                // SAFETY: p is a peer. Waited for even after a failure of this call (see
+                // `check_desc`).
+                unsafe { ctx.check_desc(&mut call, p) };
+            }
+        });
     }
     // SAFETY: every thread of every block gets here.
     unsafe { ctx.finish(&call) };
@@ -368,6 +377,15 @@ pub(crate) unsafe fn recv_unit(
         let slot = ctx.packets_in[q as usize & (MAX_RANKS - 1)].add((half + 16 * i) as usize)
             as *const LlPacket;
         ctx.poll_packet(call, slot, call.flag(), q, fault::AT_PACKET)
+    }
+}
+
+/// [`check_grid`] for the kernels that take blocks of any size on the host (all-reduce's;
+/// see `for_ranks_of`): there only the number of blocks is checked.
+#[inline(always)]
+pub(crate) fn check_blocks(ctx: &CollContext, blocks: u32, threads: u32) {
+    if blocks as usize > super::MAX_BLOCKS || (!arch::NARROW_BLOCKS && threads < ctx.nranks) {
+        arch::trap();
     }
 }
 
@@ -594,7 +612,7 @@ unsafe fn reduce_slots<T: Reduce, const READ: bool, const OUT: bool>(
 ///
 /// # Safety
 /// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks
-/// of at least `nranks` threads; the context valid; `send`/`recv` valid for `count`
+/// of any size; the context valid; `send`/`recv` valid for `count`
 /// elements, aligned to `T::SIZE`; every rank calls it with the same `count` and grid.
 #[inline(always)]
 pub unsafe fn two_shot<T: Reduce, const READ: bool, const OUT: bool>(
@@ -616,8 +634,8 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool, const OUT: bool>(
     let rounds = if slot == 0 { 0 } else { chunk.div_ceil(slot) };
     let reduced_base = n * slot_bytes;
     let nt = arch::block_dim_x();
-    check_grid(ctx, nb, nt);
-    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    check_blocks(ctx, nb, nt);
+    // SAFETY: b < MAX_BLOCKS (check_blocks); finish() below on every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
     // SAFETY: every thread of every block. The first barrier checks the peers'
     // descriptors; on a mismatch (or failure) it returns false on every thread of the block
@@ -710,8 +728,8 @@ pub unsafe fn two_shot<T: Reduce, const READ: bool, const OUT: bool>(
 /// barrier, so nothing they do meets a peer still reading this one.
 ///
 /// # Safety
-/// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks of at
-/// least `nranks` threads; the context valid (scratches of `2 * scratch_len` bytes);
+/// Every thread of the grid calls it with the same arguments; grid ≤ `MAX_BLOCKS` blocks of any
+/// size; the context valid (scratches of `2 * scratch_len` bytes);
 /// `send`/`recv` valid for `count` elements, aligned to `T::SIZE`; every rank calls it with the
 /// same `count` and grid, in the same sequence of calls.
 #[inline(always)]
@@ -727,17 +745,17 @@ pub unsafe fn all_pairs<T: Reduce>(
     let (b, nb) = (arch::block_idx_x(), arch::grid_dim_x());
     let (n, r) = (ctx.nranks, ctx.rank);
     let es = T::SIZE;
-    check_grid(ctx, nb, nt);
+    check_blocks(ctx, nb, nt);
     let slot_bytes = ctx.scratch_len / 2 / n as u64 / 16 * 16;
     let half_bytes = slot_bytes * n as u64;
     let slot = slot_bytes / es;
     let rounds = if slot == 0 { 0 } else { count.div_ceil(slot) };
     // SAFETY: the all-pairs round counter is the second of the state's two; b < MAX_BLOCKS
-    // (check_grid).
+    // (check_blocks).
     let rounds_counter = unsafe { ctx.state.add(COUNTER_WORDS) };
     // SAFETY: as above.
     let base = unsafe { read_counter(rounds_counter, b) };
-    // SAFETY: b < MAX_BLOCKS (check_grid); finish() below on every thread.
+    // SAFETY: b < MAX_BLOCKS (check_blocks); finish() below on every thread.
     let mut call = unsafe { ctx.call(b, count, tag) };
     // SAFETY: every thread of every block; as in two_shot.
     unsafe { ctx.begin_deferred(&mut call, b, t) };

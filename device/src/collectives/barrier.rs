@@ -4,6 +4,29 @@
 use super::{Call, CollContext, MAX_BLOCKS, MAX_RANKS, fault};
 use crate::arch;
 
+/// Calls `f(p)` for every rank `p` that thread `thread` of its block stands for in the
+/// per-rank duties (descriptors, barrier signals and waits, the block's agreement): ranks
+/// `thread`, `thread + block_dim_x()`, ... below `nranks`. GPU blocks have at least
+/// `nranks` threads, so a thread stands for its own index at most; the Host backend runs
+/// the all-reduce kernels on blocks of one thread, which stands for every rank (emulated
+/// threads that wait for each other at block barriers cost a scheduler round each when
+/// ranks outnumber cores).
+#[inline(always)]
+pub(crate) fn for_ranks_of(thread: u32, nranks: u32, mut f: impl FnMut(u32)) {
+    if !arch::NARROW_BLOCKS {
+        if thread < nranks {
+            f(thread);
+        }
+        return;
+    }
+    let nt = arch::block_dim_x();
+    let mut p = thread;
+    while p < nranks {
+        f(p);
+        p += nt;
+    }
+}
+
 impl CollContext {
     /// Signals rank `peer`'s semaphore of this rank and `block`, with release semantics
     /// (publishes what this thread, and its block before a barrier, did).
@@ -44,23 +67,21 @@ impl CollContext {
         ok
     }
 
-    /// Makes `call.failed` the same on every thread of the block: each thread `t <
-    /// nranks` (the only ones that wait) publishes its own, after which the block syncs and
-    /// every thread takes the OR. Returns `!call.failed`.
+    /// Makes `call.failed` the same on every thread of the block: each thread publishes its
+    /// own in the slots of the ranks it stands for ([`for_ranks_of`]: the threads that
+    /// wait), after which the block syncs and every thread takes the OR. Returns
+    /// `!call.failed`.
     ///
     /// Called by every thread of the block, with no other use of the slots in between
     /// (a `sync_threads` separates two uses: every caller of this syncs before it).
     #[inline(always)]
     pub fn block_agree(&self, call: &mut Call, thread: u32) -> bool {
         let slots = crate::shared_array!(COLL_FAILED: u32; MAX_RANKS);
-        if thread < self.nranks {
-            // SAFETY: slot thread < nranks <= MAX_RANKS, this thread's own.
-            unsafe {
-                slots
-                    .add(thread as usize)
-                    .write_volatile(call.failed as u32)
-            };
-        }
+        let failed = call.failed as u32;
+        for_ranks_of(thread, self.nranks, |p| {
+            // SAFETY: slot p < nranks <= MAX_RANKS, this thread's own.
+            unsafe { slots.add(p as usize).write_volatile(failed) };
+        });
         arch::sync_threads();
         let mut any = 0;
         for q in 0..self.nranks as usize {
@@ -72,14 +93,13 @@ impl CollContext {
     }
 
     /// A barrier of block `block` with the same block of every other rank: the block's
-    /// threads sync, thread `p` signals rank `p` and waits for its signal, the block syncs
-    /// again. What the block did before happens before what the peers' blocks do after.
+    /// threads sync, thread `p` signals rank `p` and waits for its signal (a block of fewer
+    /// threads: [`for_ranks_of`]), the block syncs again. What the block did before happens before what the peers' blocks do after.
     /// Returns `false` on every thread of the block when a wait of the block gave up (the
     /// call failed: skip the rest; nothing is signalled once failed).
     ///
     /// # Safety
-    /// Called by every thread of the block (`block_dim_x() >= nranks`); `block <
-    /// MAX_BLOCKS`; the context valid.
+    /// Called by every thread of the block; `block < MAX_BLOCKS`; the context valid.
     #[inline(always)]
     pub unsafe fn barrier(&self, call: &mut Call, block: u32, thread: u32) -> bool {
         arch::sync_threads();
@@ -96,12 +116,21 @@ impl CollContext {
             // threads: a survivor of a killed rank hung in `a_killed_rank_is_named_...`).
             arch::sync_threads();
         }
-        if thread < self.nranks && thread != self.rank && !call.failed {
-            // SAFETY: thread is a valid peer; one waiter per (peer, block).
-            unsafe {
-                self.signal(thread, block);
-                self.wait(call, thread, block);
-            }
+        if !call.failed {
+            // Every signal before the first wait: a thread that stands for several peers
+            // must not make one wait for its signal behind another's.
+            for_ranks_of(thread, self.nranks, |p| {
+                if p != self.rank {
+                    // SAFETY: p is a valid peer.
+                    unsafe { self.signal(p, block) };
+                }
+            });
+            for_ranks_of(thread, self.nranks, |p| {
+                if p != self.rank && !call.failed {
+                    // SAFETY: p is a valid peer; one waiter per (peer, block).
+                    unsafe { self.wait(call, p, block) };
+                }
+            });
         }
         self.block_agree(call, thread)
     }

@@ -2,6 +2,7 @@
 //! and faults"): sending this rank's, waiting for and checking the peers', and the start of
 //! a semaphore kernel's call that does both.
 
+use super::barrier::for_ranks_of;
 use super::{Call, CollContext, DESC_BYTES, MAX_RANKS, SLOW_POLLS, desc, fault};
 use crate::arch;
 use crate::packet::LlPacket;
@@ -142,25 +143,31 @@ impl CollContext {
     }
 
     /// The start of a semaphore kernel's call (every thread of every block): block 0's
-    /// threads `p < nranks` send this rank's descriptor to rank `p`; every block's threads
+    /// threads `p < nranks` (a block of fewer threads: `for_ranks_of`) send this rank's
+    /// descriptor to rank `p`; every block's threads
     /// `p` wait for rank `p`'s and compare; the block agrees. `false` (every thread) when
     /// the ranks disagree or a wait gave up: the kernel then skips every access to shared
     /// state (no signal, so the semaphores stay consistent on all ranks: every rank sees
     /// the same descriptors, so either all proceed or none does).
     ///
     /// # Safety
-    /// Every thread of the block (`block_dim_x() >= nranks`); the context valid.
+    /// Every thread of the block; the context valid.
     #[inline(always)]
     pub unsafe fn begin(&self, call: &mut Call, block: u32, thread: u32) -> bool {
-        if thread < self.nranks && thread != self.rank {
-            // SAFETY: thread is a peer (caller contract).
-            unsafe {
-                if block == 0 {
-                    self.send_desc(call, thread);
+        if block == 0 {
+            for_ranks_of(thread, self.nranks, |p| {
+                if p != self.rank {
+                    // SAFETY: p is a peer.
+                    unsafe { self.send_desc(call, p) };
                 }
-                self.check_desc(call, thread);
-            }
+            });
         }
+        for_ranks_of(thread, self.nranks, |p| {
+            if p != self.rank {
+                // SAFETY: p is a peer.
+                unsafe { self.check_desc(call, p) };
+            }
+        });
         arch::sync_threads();
         self.block_agree(call, thread)
     }
@@ -177,9 +184,13 @@ impl CollContext {
     /// As for [`begin`](Self::begin).
     #[inline(always)]
     pub unsafe fn begin_deferred(&self, call: &mut Call, block: u32, thread: u32) {
-        if block == 0 && thread < self.nranks && thread != self.rank {
-            // SAFETY: thread is a peer (caller contract).
-            unsafe { self.send_desc(call, thread) };
+        if block == 0 {
+            for_ranks_of(thread, self.nranks, |p| {
+                if p != self.rank {
+                    // SAFETY: p is a peer.
+                    unsafe { self.send_desc(call, p) };
+                }
+            });
         }
         call.desc_pending = true;
     }
@@ -197,10 +208,12 @@ impl CollContext {
             return !call.failed;
         }
         call.desc_pending = false;
-        if thread < self.nranks && thread != self.rank {
-            // SAFETY: thread is a peer (caller contract).
-            unsafe { self.check_desc(call, thread) };
-        }
+        for_ranks_of(thread, self.nranks, |p| {
+            if p != self.rank {
+                // SAFETY: p is a peer.
+                unsafe { self.check_desc(call, p) };
+            }
+        });
         arch::sync_threads();
         self.block_agree(call, thread)
     }

@@ -281,6 +281,37 @@ fn all_reduce_exact_sums_for_every_algorithm_type_rank_count_and_alignment() {
 }
 
 #[test]
+fn all_reduce_on_blocks_of_fewer_threads_than_ranks_sums_exactly() {
+    // The Host backend runs the all-reduce kernels on one thread a rank: each thread then
+    // stands for several ranks in the descriptors, barriers and the block's agreement.
+    for n in [2usize, 3, 4] {
+        let w = World::new(n, 16 * 40, 8192);
+        let mut call = 0u64;
+        for (blocks, threads) in [(1, 1), (2, 1), (1, 2), (3, 1), (1, 4)] {
+            for algo in [
+                Algo::OneShot,
+                Algo::TwoShot,
+                Algo::ReadReduce,
+                Algo::AllPairs,
+            ] {
+                for count in [1usize, 33, 257] {
+                    call += 1;
+                    let inputs = int_inputs(n, count, call);
+                    let want = expected(&inputs);
+                    let got = all_reduce(&w, Ty::F32, algo, &inputs, 0, false, blocks, threads);
+                    for (r, g) in got.iter().enumerate() {
+                        assert_eq!(
+                            g, &want,
+                            "n={n} rank {r} {algo:?} count {count} grid {blocks}x{threads}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn all_reduce_of_random_floats_is_identical_on_every_rank_and_close_to_the_sum() {
     let n = 3;
     let w = World::new(n, 16 * 64, 8192);

@@ -48,7 +48,9 @@ pub(crate) fn is_network_loss(detail: &str) -> bool {
     detail.starts_with(NETWORK_LOST)
 }
 
-/// The detail of a peer lost with the network between the two hosts.
+/// The detail of a peer lost with the network between the two hosts. A peer of the same
+/// host is reached at the host's own address, which goes when the host's network does (an
+/// interface removed): that connection is "between host h and itself".
 pub(crate) fn lost_detail(
     my_host: &str,
     peer_host: &str,
@@ -56,8 +58,13 @@ pub(crate) fn lost_detail(
     timeout: Duration,
     error: &dyn std::fmt::Display,
 ) -> String {
+    let peer = if peer_host == my_host {
+        "itself".to_string()
+    } else {
+        format!("host {peer_host}")
+    };
     format!(
-        "{NETWORK_LOST}{my_host} and host {peer_host} ({}) was lost: no answer for {} s \
+        "{NETWORK_LOST}{my_host} and {peer} ({}) was lost: no answer for {} s \
          (MSCCLPP_LINK_TIMEOUT; {error})",
         peer_addr.ip(),
         timeout.as_secs()
@@ -95,5 +102,10 @@ mod tests {
         );
         assert!(is_network_loss(&d));
         assert!(!is_network_loss("its connection closed without a goodbye"));
+        let own = lost_detail("h1", "h1", addr, Duration::from_secs(3), &"unreachable");
+        assert!(
+            own.contains("between host h1 and itself (10.64.0.2)"),
+            "{own}"
+        );
     }
 }

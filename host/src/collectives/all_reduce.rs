@@ -207,15 +207,12 @@ impl Collectives {
         let algo = route(self.resolve(algo, bytes)?, dtype, op);
         let f = kernel_table::all_reduce_host_kernel(algo, dtype, op);
         let tag = self.plan_tag(all_reduce_tag(algo, dtype, op), algo, bytes);
-        let blocks = match algo {
-            AllReduceAlgo::Proxy => self.proxy_plan(bytes).0,
-            _ => 1,
-        };
         let ctx = &*self.ctx as *const CollContext as u64;
-        self.run_host_blocks("all_reduce_host", blocks, || {
+        let body = || {
             // SAFETY: the context (boxed, alive as long as self) holds this communicator's
-            // shared memory; the slices are valid (caller contract) and the grid is blocks
-            // of >= nranks threads (at most the lanes built: proxy_plan).
+            // shared memory; the slices are valid (caller contract) and the grid is one
+            // thread (the memory kernels take blocks of any size), or for the proxy kernel
+            // blocks of >= nranks threads (at most the lanes built: proxy_plan).
             unsafe {
                 f(
                     ctx as *const CollContext,
@@ -225,7 +222,13 @@ impl Collectives {
                     tag,
                 )
             }
-        })
+        };
+        match algo {
+            AllReduceAlgo::Proxy => {
+                self.run_host_blocks("all_reduce_host", self.proxy_plan(bytes).0, body)
+            }
+            _ => self.run_host_alone("all_reduce_host", body),
+        }
     }
 
     /// `tag` of an all-reduce of `bytes` with the resolved `algo`'s plan (proxy calls carry

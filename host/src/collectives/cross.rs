@@ -428,10 +428,10 @@ impl Collectives {
                         ReduceOp::Sum,
                     );
                     let ctx = &*self.ctx as *const CollContext as u64;
-                    self.run_host_blocks(call, 1, || {
+                    self.run_host_alone(call, || {
                         // SAFETY: the context holds this communicator's shared memory; no
-                        // elements, so no user memory is touched; blocks of >= nranks
-                        // threads.
+                        // elements, so no user memory is touched; one-shot takes a block
+                        // of one thread.
                         unsafe {
                             f(
                                 ctx as *const CollContext,

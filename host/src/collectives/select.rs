@@ -22,6 +22,13 @@ use mscclpp_device::collectives::one_shot_max_bytes;
 /// 512 KB and 9.8 us at 1 MB where one-shot took 9.6 and 13.5.
 pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 
+/// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot on the Host
+/// backend; all-pairs (two ranks) or two-shot above. Set by one run of `mscclpp-perf
+/// --nranks 2 --algo ...` on the 2-core CI machine (commit 8b4c9a4, kernels on one thread a
+/// rank): one-shot 1.84 us at 512 B against 2.11 for all-pairs, 8.5 against 3.5 at 4 KB,
+/// 50 against 14 at 32 KB (LL packets double what crosses memory and poll per 8 bytes).
+pub const HOST_ONE_SHOT_MAX: usize = 1 << 10;
+
 /// Message size (bytes) above which [`RootedAlgo::Auto`] pipelines a broadcast or reduce.
 /// Set by the same 2x H200 run (commit 7a5cbd3; the broadcast and reduce rows of
 /// `benches/records/nvidia-h200-x2.jsonl` are this choice's): with depth 8 and pieces of at
@@ -73,10 +80,37 @@ pub(super) fn route(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> AllRe
     }
 }
 
+/// [`AllReduceAlgo::Auto`] inside one host with nothing forced: one-shot up to
+/// `one_shot_limit` bytes per rank (what the packet scratch carries; for two GPU ranks at
+/// most [`TWO_RANK_ONE_SHOT_MAX`], on the Host backend at most [`HOST_ONE_SHOT_MAX`]), above
+/// all-pairs for two ranks and two-shot for more.
+pub(super) fn auto_all_reduce(
+    gpu: bool,
+    nranks: usize,
+    bytes: usize,
+    one_shot_limit: usize,
+) -> AllReduceAlgo {
+    let one_shot_max = if !gpu {
+        HOST_ONE_SHOT_MAX
+    } else if nranks == 2 {
+        TWO_RANK_ONE_SHOT_MAX
+    } else {
+        usize::MAX
+    };
+    if bytes <= one_shot_limit.min(one_shot_max) {
+        AllReduceAlgo::OneShot
+    } else if nranks == 2 {
+        AllReduceAlgo::AllPairs
+    } else {
+        AllReduceAlgo::TwoShot
+    }
+}
+
 impl Collectives {
     /// The algorithm [`AllReduceAlgo::Auto`] resolves to for `bytes` per rank
     /// (`MSCCLPP_ALLREDUCE_ALGO` first, then the config): one-shot up to `packet_max_bytes`
-    /// (for two ranks, up to [`TWO_RANK_ONE_SHOT_MAX`]);
+    /// (for two ranks, up to [`TWO_RANK_ONE_SHOT_MAX`]; on the Host backend up to
+    /// [`HOST_ONE_SHOT_MAX`]);
     /// above, all-pairs for two ranks (the same NVLink traffic as two-shot with one barrier
     /// less per round; measured faster on 2x H200 from 2 MB to 8 MB and from 128 MB up,
     /// within 5% between) and two-shot for more ranks (all-pairs would send `nranks - 1`
@@ -95,24 +129,8 @@ impl Collectives {
         if self.config.all_reduce_algo != AllReduceAlgo::Auto {
             return self.config.all_reduce_algo;
         }
-        let one_shot_max = if self.nranks() == 2 {
-            TWO_RANK_ONE_SHOT_MAX
-        } else {
-            usize::MAX
-        };
-        if bytes
-            <= self
-                .config
-                .packet_max_bytes
-                .min(self.one_shot_max_bytes())
-                .min(one_shot_max)
-        {
-            AllReduceAlgo::OneShot
-        } else if self.nranks() == 2 {
-            AllReduceAlgo::AllPairs
-        } else {
-            AllReduceAlgo::TwoShot
-        }
+        let limit = self.config.packet_max_bytes.min(self.one_shot_max_bytes());
+        auto_all_reduce(self.runs_on_gpu(), self.nranks(), bytes, limit)
     }
 
     /// Resolves `algo` for `bytes` and checks it can carry them.

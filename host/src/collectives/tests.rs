@@ -134,8 +134,11 @@ fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
     for n in [2, 3] {
         ranks(n, small(), |c| {
             let mut call = 0;
-            // Sizes across the one-shot limit (2048 bytes) and over several scratch rounds.
-            for count in [1usize, 2, 3, 7, 64, 255, 511, 512, 513, 1000, 3001] {
+            // Sizes across the one-shot limit (the Host backend's 1 KiB, under the config's
+            // 2048 bytes) and over several scratch rounds.
+            for count in [
+                1usize, 2, 3, 7, 64, 255, 256, 257, 511, 512, 513, 1000, 3001,
+            ] {
                 for in_place in [false, true] {
                     call += 1;
                     all_reduce_case::<f32>(&c, count, call, in_place);
@@ -144,19 +147,37 @@ fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
                 }
             }
             // Both algorithms chose as expected around the limit.
-            assert_eq!(c.choose_all_reduce(2048), AllReduceAlgo::OneShot);
+            assert_eq!(c.choose_all_reduce(1024), AllReduceAlgo::OneShot);
             let above = if n == 2 {
                 AllReduceAlgo::AllPairs
             } else {
                 AllReduceAlgo::TwoShot
             };
-            assert_eq!(c.choose_all_reduce(2049), above);
+            assert_eq!(c.choose_all_reduce(1025), above);
         });
     }
 }
 
 #[test]
 fn two_ranks_send_one_shot_only_up_to_256_kib_and_more_ranks_up_to_the_packet_limit() {
+    use super::select::auto_all_reduce;
+    let limit = 1 << 20;
+    for n in [2, 3] {
+        let gpu = |bytes| auto_all_reduce(true, n, bytes, limit);
+        assert_eq!(gpu(super::TWO_RANK_ONE_SHOT_MAX), AllReduceAlgo::OneShot);
+        let (mid, above) = if n == 2 {
+            (AllReduceAlgo::AllPairs, AllReduceAlgo::AllPairs)
+        } else {
+            (AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot)
+        };
+        assert_eq!(gpu(super::TWO_RANK_ONE_SHOT_MAX + 1), mid, "{n} ranks");
+        assert_eq!(gpu(limit), mid, "{n} ranks");
+        assert_eq!(gpu(limit + 1), above, "{n} ranks");
+    }
+}
+
+#[test]
+fn the_host_backend_sends_one_shot_only_up_to_1_kib() {
     let config = CollConfig {
         scratch_bytes: 4096,
         packet_max_bytes: 1 << 20,
@@ -164,24 +185,15 @@ fn two_ranks_send_one_shot_only_up_to_256_kib_and_more_ranks_up_to_the_packet_li
     };
     for n in [2, 3] {
         ranks(n, config.clone(), |c| {
-            let big = 1 << 20;
-            assert!(c.one_shot_max_bytes() >= big);
-            assert_eq!(
-                c.choose_all_reduce(super::TWO_RANK_ONE_SHOT_MAX),
-                AllReduceAlgo::OneShot
-            );
-            let (mid, above) = if n == 2 {
-                (AllReduceAlgo::AllPairs, AllReduceAlgo::AllPairs)
+            assert!(c.one_shot_max_bytes() >= 1 << 20);
+            assert_eq!(c.choose_all_reduce(1024), AllReduceAlgo::OneShot);
+            let above = if n == 2 {
+                AllReduceAlgo::AllPairs
             } else {
-                (AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot)
+                AllReduceAlgo::TwoShot
             };
-            assert_eq!(
-                c.choose_all_reduce(super::TWO_RANK_ONE_SHOT_MAX + 1),
-                mid,
-                "{n} ranks"
-            );
-            assert_eq!(c.choose_all_reduce(big), mid, "{n} ranks");
-            assert_eq!(c.choose_all_reduce(big + 1), above, "{n} ranks");
+            assert_eq!(c.choose_all_reduce(1025), above, "{n} ranks");
+            assert_eq!(c.choose_all_reduce(1 << 20), above, "{n} ranks");
         });
     }
 }

@@ -257,9 +257,15 @@ impl FaultArea {
         // The same word for the user handles, over a peer's "left" (an abort says more)
         // but not over an earlier abort.
         for w in &words[fault::PEER_ABORT..] {
-            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
-                (old == 0 || fault::left_rank(old).is_some()).then_some(word)
-            });
+            let mut old = w.load(Ordering::Acquire);
+            // Retries only while another thread changes the word between the load and the
+            // exchange; each retry sees a newer value, and an abort word ends it.
+            while old == 0 || fault::left_rank(old).is_some() {
+                match w.compare_exchange_weak(old, word, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => break,
+                    Err(now) => old = now,
+                }
+            }
         }
     }
 

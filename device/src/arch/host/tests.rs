@@ -157,3 +157,58 @@ fn fences_and_timer_behave() {
     let b = global_timer_ns();
     assert!(b >= a + 1_000_000, "{a} {b}");
 }
+
+#[test]
+fn the_launching_thread_runs_one_emulated_thread_and_gets_its_context_back() {
+    let me = std::thread::current().id();
+    let ran_here = AtomicUsize::new(0);
+    launch(Dim3::x(2), Dim3::x(3), || {
+        if std::thread::current().id() == me {
+            assert_eq!((thread_idx_x(), block_idx_x(), block_dim_x()), (0, 0, 3));
+            ran_here.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    assert_eq!(ran_here.load(Ordering::Relaxed), 1);
+    assert_eq!((thread_idx_x(), block_dim_x(), grid_dim_x()), (0, 1, 1));
+}
+
+#[test]
+fn later_launches_reuse_the_threads_of_earlier_ones() {
+    let ids = || {
+        let seen = Mutex::new(Vec::new());
+        launch(Dim3::x(1), Dim3::x(4), || {
+            seen.lock().unwrap().push(std::thread::current().id());
+        })
+        .unwrap();
+        seen.into_inner().unwrap()
+    };
+    let first = ids();
+    // Other tests launch at the same time and may take some of the idle threads, so
+    // look for reuse over several launches rather than in the next one.
+    let reused = (0..20).any(|_| ids().iter().any(|t| first.contains(t)));
+    assert!(reused, "no thread of the first launch ran a later one");
+}
+
+#[test]
+fn concurrent_launches_that_wait_on_each_other_all_finish() {
+    // Two launches from two threads whose kernels each wait for the other's: both must
+    // have their own threads at once, as with one OS thread per emulated thread.
+    let flags = [AtomicU32::new(0), AtomicU32::new(0)];
+    std::thread::scope(|s| {
+        for me in 0..2usize {
+            let flags = &flags;
+            s.spawn(move || {
+                launch(Dim3::x(2), Dim3::x(2), || {
+                    flags[me].fetch_add(1, Ordering::AcqRel);
+                    let t0 = std::time::Instant::now();
+                    while flags[1 - me].load(Ordering::Acquire) < 4 {
+                        assert!(t0.elapsed().as_secs() < 10, "the other launch never ran");
+                        std::thread::yield_now();
+                    }
+                })
+                .unwrap();
+            });
+        }
+    });
+}

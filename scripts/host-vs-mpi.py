@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The Host backend's all-reduce against Open MPI's MPI_Allreduce, same machine, same run.
+
+Builds benches/mpi/allreduce.c with mpicc (Debian: apt-get install openmpi-bin
+libopenmpi-dev), then runs `rounds` interleaved rounds of both over a size sweep, 2 ranks:
+
+  shm       one host: ours over shared memory, MPI with its default transports (vader);
+  loopback  two hosts on loopback: ours with --simulate-hosts 2 (TCP between the hosts),
+            MPI with --mca btl tcp,self.
+
+Prints, per link and size, the median time of each and MPI's time / ours (above 1: ours
+is faster), with the per-round range of that ratio. Any wrong element fails the run.
+With --record FILE the medians are appended as rows of benches/records/ (see its
+README). Needs a release build of the perf tool: cargo build --release -p mscclpp-perf.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI_SOURCE = os.path.join(ROOT, "benches", "mpi", "allreduce.c")
+
+
+def size_arg(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1].upper() in units:
+        return int(text[:-1]) * units[text[-1].upper()]
+    return int(text)
+
+
+def run(cmd, timeout):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} exited with {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p.stdout
+
+
+def ours(perf, link, a):
+    cmd = [perf, "--nranks", "2", "-b", str(a.min), "-e", str(a.max), "-f", str(a.factor),
+           "-n", str(a.iters), "-w", str(a.warmup)]
+    if link == "loopback":
+        cmd += ["--simulate-hosts", "2"]
+    times = {}
+    for line in run(cmd, a.timeout).splitlines():
+        f = line.split()
+        # size count type redop algo time algbw busbw #wrong (out-of-place, then in-place)
+        if len(f) >= 9 and f[0].isdigit():
+            if int(f[8]) != 0:
+                sys.exit(f"error: ours gave {f[8]} wrong elements at {f[0]} B ({link})")
+            times[int(f[0])] = float(f[5])
+    return cmd, times
+
+
+def mpi(exe, link, a):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"]
+    if link == "loopback":
+        cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+    cmd += [exe, str(a.min), str(a.max), str(a.factor), str(a.iters), str(a.warmup)]
+    times = {}
+    for line in run(cmd, a.timeout).splitlines():
+        f = line.split()
+        if len(f) == 3 and f[0].isdigit():
+            if int(f[2]) != 0:
+                sys.exit(f"error: MPI gave {f[2]} wrong elements at {f[0]} B ({link})")
+            times[int(f[0])] = float(f[1])
+    return cmd, times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--links", default="shm,loopback", help="comma-separated: shm, loopback")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("-b", "--min", type=size_arg, default=8)
+    ap.add_argument("-e", "--max", type=size_arg, default=32 << 20)
+    ap.add_argument("-f", "--factor", type=int, default=16)
+    ap.add_argument("-n", "--iters", type=int, default=200)
+    ap.add_argument("-w", "--warmup", type=int, default=20)
+    ap.add_argument("--perf", default=os.path.join(ROOT, "target", "release", "mscclpp-perf"))
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per command")
+    ap.add_argument("--record", metavar="FILE", help="append the medians as rows to FILE")
+    a = ap.parse_args()
+    links = a.links.split(",")
+    for link in links:
+        if link not in ("shm", "loopback"):
+            sys.exit(f"error: unknown link {link!r} (shm, loopback)")
+    if not os.access(a.perf, os.X_OK):
+        sys.exit(f"error: no perf tool at {a.perf}: cargo build --release -p mscclpp-perf")
+    if not shutil.which("mpicc") or not shutil.which("mpirun"):
+        sys.exit("error: Open MPI not found: apt-get install openmpi-bin libopenmpi-dev")
+    exe = os.path.join(ROOT, "target", "mpi-allreduce")
+    os.makedirs(os.path.dirname(exe), exist_ok=True)
+    run(["mpicc", "-O2", "-o", exe, MPI_SOURCE], a.timeout)
+    version = run(["mpirun", "--version"], 60).splitlines()[0].strip()
+
+    ours_t = {l: [] for l in links}
+    mpi_t = {l: [] for l in links}
+    commands = {}
+    for r in range(a.rounds):
+        # Interleaved, and the order flipped every round, so a slow spell of the machine
+        # does not fall on one side.
+        for link in links:
+            pair = [("ours", ours, a.perf, ours_t), ("mpi", mpi, exe, mpi_t)]
+            for name, fn, binary, acc in (pair if r % 2 == 0 else pair[::-1]):
+                cmd, t = fn(binary, link, a)
+                commands[(name, link)] = cmd
+                acc[link].append(t)
+        print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+
+    commit = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], 60).strip()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = []
+    print(f"# {version}; {a.rounds} rounds; time = median over rounds (us)")
+    print(f"{'link':>9} {'size':>10} {'ours':>10} {'mpi':>10} {'mpi/ours':>9}  per round")
+    for link in links:
+        for size in sorted(ours_t[link][0]):
+            o = [t[size] for t in ours_t[link]]
+            m = [t[size] for t in mpi_t[link]]
+            ratios = [mm / oo for mm, oo in zip(m, o)]
+            om, mm = statistics.median(o), statistics.median(m)
+            print(f"{link:>9} {size:>10} {om:>10.2f} {mm:>10.2f} {mm / om:>9.3f}  "
+                  f"{min(ratios):.3f}-{max(ratios):.3f}")
+            rows.append({
+                "op": "allreduce", "dtype": "float", "size": size, "ranks": 2,
+                "hosts": 1 if link == "shm" else 2, "hosts_simulated": link != "shm",
+                "algorithm": None, "graph": False, "time_us": round(om, 3),
+                "busbw_gbps": None, "mpi_time_us": round(mm, 3), "mpi_version": version,
+                "mpi_command": " ".join(commands[("mpi", link)][:-6] + ["mpi-allreduce"]
+                                        + commands[("mpi", link)][-5:]),
+                "command": " ".join(["mscclpp-perf"] + commands[("ours", link)][1:]),
+                "commit": commit, "date": date,
+                "note": f"scripts/host-vs-mpi.py: median of {a.rounds} interleaved rounds, "
+                        f"out-of-place; MPI/ours per round {min(ratios):.3f}-{max(ratios):.3f}",
+            })
+    if a.record:
+        with open(a.record, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"appended {len(rows)} rows to {a.record}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
