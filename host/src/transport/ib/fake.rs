@@ -3,13 +3,19 @@
 //!
 //! - Every `FakeVerbs` is one "device" on a shared [`FakeFabric`]; registrations get one key
 //!   (lkey = rkey), queue pairs get fabric-wide numbers.
-//! - Queue pairs follow [`check_transition`]; posting needs RTS (or Error, where requests
-//!   complete as flushed, as on hardware); a full send queue refuses the post.
+//! - Queue pairs follow [`check_transition`]; posting needs RTS, as with the sideway verbs,
+//!   which refuse a post once they have seen an error completion (the provider itself would
+//!   take it and complete it as flushed); a full send queue refuses the post.
 //! - Posted writes execute in order when the queue pair is polled (`completions_per_poll`
 //!   at a time; 0 stalls), so flushes really wait. A write checks the local key and range,
 //!   that the remote queue pair is connected back and ready, and the remote key and range;
-//!   a failure completes with an error (always reported, like hardware) and moves the queue
-//!   pair to Error, after which everything completes as flushed.
+//!   a failure completes with an error (always reported, even for an unsignalled request)
+//!   and moves the queue pair to Error, after which everything posted completes as flushed.
+//!   Statuses are named as the sideway verbs name them ([`wc_status_name`]), as Soft-RoCE
+//!   reported them between two machines: a wrong remote key is status 10 and the requests
+//!   behind it status 5, a local range outside its registration status 4. A zero-length
+//!   write checks no remote key (it succeeds with a wrong one there too). A peer whose queue
+//!   pair is gone fails at once with status 12, where a real one retries first (seconds).
 //! - Only signalled requests produce successful completions; a signalled completion frees
 //!   the send-queue slots of everything before it.
 
@@ -19,8 +25,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     Completion, IbError, MemoryKind, MemoryRegistration, PortInfo, QpState, QpTransition,
-    QueuePair, Verbs, WriteRequest, WriteSource, check_transition,
+    QueuePair, Verbs, WriteRequest, WriteSource, check_transition, wc_status_name,
 };
+
+/// `ibv_wc_status` values the fake reports.
+const LOC_PROT_ERR: u32 = 4;
+const WR_FLUSH_ERR: u32 = 5;
+const REM_ACCESS_ERR: u32 = 10;
+const RETRY_EXC_ERR: u32 = 12;
+
+/// An error completion's text: the status as the sideway verbs name it, then what the fake
+/// saw.
+fn status(code: u32, detail: impl std::fmt::Display) -> String {
+    format!("{}: fake: {detail}", wc_status_name(code))
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Region {
@@ -221,8 +239,13 @@ impl Drop for FakeQp {
 impl FakeQp {
     /// Executes one write: checks, copies, or returns the error status.
     fn execute(&self, f: &Fabric, wr: &WriteRequest) -> Result<(), String> {
-        let me = f.qps.get(&self.qpn).ok_or("fake: queue pair destroyed")?;
-        let remote_qpn = me.remote_qpn.ok_or("fake: not connected")?;
+        let me = f
+            .qps
+            .get(&self.qpn)
+            .ok_or_else(|| status(WR_FLUSH_ERR, "queue pair destroyed"))?;
+        let remote_qpn = me
+            .remote_qpn
+            .ok_or_else(|| status(RETRY_EXC_ERR, "not connected"))?;
         let len = wr.source.len();
         if let WriteSource::Registered { addr, lkey, .. } = wr.source
             && len > 0
@@ -230,8 +253,9 @@ impl FakeQp {
             match f.regions.get(&lkey) {
                 Some(r) if r.device == me.device && covers(r, addr, len) => {}
                 _ => {
-                    return Err(format!(
-                        "local protection error: lkey {lkey:#x} does not cover {len} bytes at {addr:#x}"
+                    return Err(status(
+                        LOC_PROT_ERR,
+                        format_args!("lkey {lkey:#x} does not cover {len} bytes at {addr:#x}"),
                     ));
                 }
             }
@@ -241,14 +265,15 @@ impl FakeQp {
             .get(&remote_qpn)
             .filter(|q| q.remote_qpn == Some(self.qpn))
             .ok_or_else(|| {
-                format!(
-                    "transport retry counter exceeded: queue pair {remote_qpn:#x} does not answer"
+                status(
+                    RETRY_EXC_ERR,
+                    format_args!("queue pair {remote_qpn:#x} does not answer"),
                 )
             })?;
         if !matches!(remote.state, QpState::ReadyToReceive | QpState::ReadyToSend) {
-            return Err(format!(
-                "transport retry counter exceeded: remote queue pair in {:?}",
-                remote.state
+            return Err(status(
+                RETRY_EXC_ERR,
+                format_args!("remote queue pair in {:?}", remote.state),
             ));
         }
         if len == 0 {
@@ -257,9 +282,12 @@ impl FakeQp {
         match f.regions.get(&wr.rkey) {
             Some(r) if r.device == remote.device && covers(r, wr.remote_addr, len) => {}
             _ => {
-                return Err(format!(
-                    "remote access error: rkey {:#x} does not cover {len} bytes at {:#x}",
-                    wr.rkey, wr.remote_addr
+                return Err(status(
+                    REM_ACCESS_ERR,
+                    format_args!(
+                        "rkey {:#x} does not cover {len} bytes at {:#x}",
+                        wr.rkey, wr.remote_addr
+                    ),
                 ));
             }
         }
@@ -327,7 +355,7 @@ impl QueuePair for FakeQp {
 
     fn post_write(&mut self, wr: &WriteRequest) -> Result<(), IbError> {
         let state = self.state();
-        if !matches!(state, QpState::ReadyToSend | QpState::Error) {
+        if state != QpState::ReadyToSend {
             return Err(IbError::NotReadyToSend {
                 qpn: self.qpn,
                 state,
@@ -357,7 +385,7 @@ impl QueuePair for FakeQp {
             };
             let state = f.qps.get(&self.qpn).map_or(QpState::Error, |q| q.state);
             let result = if state == QpState::Error {
-                Err("work request flushed".to_string())
+                Err(status(WR_FLUSH_ERR, "queue pair in error"))
             } else {
                 self.execute(&f, &wr)
             };

@@ -14,12 +14,18 @@
 //! pair, status) and every later operation on it returns the same error; other connections
 //! carry on.
 //!
+//! A peer that left with its work ended ([`PeerDepartures`], fed by the bootstrap's
+//! goodbyes) can deliver nothing more: its connections are reported by
+//! [`DataPlane::take_gone`], once each. A reliable-connected queue pair on its own never
+//! learns that its peer went away (nothing tells an idle one; a write to it fails only
+//! after the retries), so without this a wait for such a peer lasted the device timeout.
+//!
 //! Links with host staging on either side ([`LinkStaging`]) also copy through the mirror,
 //! write records and counts, and deliver arrived data in [`DataPlane::progress`]; see the
 //! `staging` module. Every word the plane writes (epoch, count, record, credit) is little
 //! endian.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +83,34 @@ impl IbConfig {
     }
 }
 
+/// The ranks that left with their work ended (every write they made has completed), shared
+/// between the bootstrap's departure hook and the IB planes of a communicator.
+#[derive(Debug, Default)]
+pub(crate) struct PeerDepartures {
+    left: Mutex<Vec<bool>>,
+    /// Whether any rank left since the planes last looked (so an idle proxy's look is one
+    /// load).
+    news: AtomicBool,
+}
+
+impl PeerDepartures {
+    /// Notes that `rank` left with its work ended.
+    pub(crate) fn note_left(&self, rank: usize) {
+        let mut left = self.left.lock().unwrap_or_else(|e| e.into_inner());
+        if left.len() <= rank {
+            left.resize(rank + 1, false);
+        }
+        left[rank] = true;
+        self.news.store(true, Ordering::Release);
+    }
+
+    /// Whether `rank` left with its work ended.
+    pub(crate) fn has_left(&self, rank: usize) -> bool {
+        let left = self.left.lock().unwrap_or_else(|e| e.into_inner());
+        left.get(rank).copied().unwrap_or(false)
+    }
+}
+
 /// One connection's queue pair and keys, as the plane needs them.
 #[derive(Debug, Clone)]
 pub struct IbLink {
@@ -116,6 +150,8 @@ struct LinkState {
     fence_addr: u64,
     /// The first error on this connection; it is unusable afterwards.
     failed: Option<String>,
+    /// Whether `take_gone` has reported this connection (its peer left).
+    gone_reported: bool,
 }
 
 /// The IB data plane; see the module docs.
@@ -131,6 +167,8 @@ pub struct IbPlane {
     /// An inbound staging error met while waiting for credits, reported by the next
     /// `progress`.
     deferred: Option<IbError>,
+    /// The ranks that left, when the plane was told where to look.
+    departures: Option<Arc<PeerDepartures>>,
 }
 
 impl IbPlane {
@@ -156,6 +194,7 @@ impl IbPlane {
                     flag_addr: None,
                     fence_addr: 0,
                     failed: None,
+                    gone_reported: false,
                 })
             })
             .collect();
@@ -172,7 +211,17 @@ impl IbPlane {
             copier: None,
             receives_staged,
             deferred: None,
+            departures: None,
         })
+    }
+
+    /// Reports the connections of the ranks in `departures` as gone
+    /// ([`DataPlane::take_gone`]) once they left.
+    pub(crate) fn with_departures(mut self, departures: Arc<PeerDepartures>) -> IbPlane {
+        // A rank may have left before this plane was made.
+        departures.news.store(true, Ordering::Release);
+        self.departures = Some(departures);
+        self
     }
 
     /// Uses `copier` for the copies between staged buffers and their mirrors.
@@ -714,6 +763,27 @@ impl DataPlane for IbPlane {
         match first {
             None => flushed,
             Some(e) => Err(e.into()),
+        }
+    }
+
+    /// The connections of peers that left with their work ended, each once. Their writes
+    /// have all completed (the peer's proxy finished before its goodbye), so what they put
+    /// here has landed (or sits in a staging mirror until the `settle` that follows).
+    fn take_gone(&mut self, gone: &mut Vec<u32>) {
+        let Some(d) = &self.departures else {
+            return;
+        };
+        if !d.news.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        for (id, s) in self.links.iter_mut().enumerate() {
+            if let Some(s) = s
+                && !s.gone_reported
+                && d.has_left(s.link.peer)
+            {
+                s.gone_reported = true;
+                gone.push(id as u32);
+            }
         }
     }
 

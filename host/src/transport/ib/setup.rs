@@ -14,6 +14,7 @@ use crate::transport::setup::{
     mismatch, remote_info,
 };
 
+use super::plane::PeerDepartures;
 use super::{
     CONTROL_BYTES, CudaStagingCopy, HostMemory, HostStagingCopy, IbEndpoint, IbHandshake, IbLink,
     IbPlane, LinkStaging, MemoryKind, MemoryRegistration, QpTransition, QueuePair, RdmaRegion,
@@ -372,6 +373,19 @@ impl TransportSetup for IbSetup {
             })
             .collect();
         let mut plane = IbPlane::new(links, epochs, ctx.ib_config())?;
+        // The bootstrap's goodbyes tell the plane which peers can send nothing more (the
+        // queue pairs cannot: see the plane's docs). The hook holds the set weakly: it
+        // outlives the plane (hooks stay registered with the bootstrap).
+        let departures = Arc::new(PeerDepartures::default());
+        let weak = Arc::downgrade(&departures);
+        ctx.bootstrap()
+            .as_async()
+            .on_peer_departed(move |rank, work_ended| {
+                if work_ended && let Some(d) = weak.upgrade() {
+                    d.note_left(rank);
+                }
+            });
+        plane = plane.with_departures(departures);
         if ctx.connections().iter().any(Connection::ib_staged) {
             plane = plane.with_staging_copy(match ctx.backend() {
                 Backend::Gpu(gpu) => Box::new(CudaStagingCopy::new(gpu.new_stream()?)),

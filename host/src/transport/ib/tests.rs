@@ -479,6 +479,163 @@ fn wrong_remote_key_is_an_error_completion_naming_the_peer() {
     assert!(plane.signal(&r, 1).is_err());
 }
 
+/// Polls `qp` until `n` completions came (the fake executes writes as it is polled).
+fn poll_n(qp: &Mutex<Box<dyn QueuePair>>, n: usize) -> Vec<Completion> {
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        qp.lock().unwrap().poll(&mut out).unwrap();
+        if out.len() >= n {
+            break;
+        }
+    }
+    out
+}
+
+/// What Soft-RoCE (rdma_rxe, two machines, scripts/ib-rxe-vms.sh) reported, as the fake
+/// reports it: a zero-length write succeeds whatever the remote key; a wrong key fails its
+/// request with status 10 even unsignalled, the request behind it completes flushed
+/// (status 5), in posting order, and nothing lands; the queue pair then refuses posts; a
+/// local range outside its registration is status 4; a peer whose queue pair is gone,
+/// status 12.
+#[test]
+fn queue_pair_errors_are_the_statuses_soft_roce_reports() {
+    let p = Pair::new(256);
+    let write = |wr_id, source, rkey, signaled| WriteRequest {
+        wr_id,
+        source,
+        remote_addr: p.dst.as_ptr() as u64,
+        rkey,
+        signaled,
+    };
+    let data = WriteSource::Registered {
+        addr: p.src.as_ptr() as u64,
+        len: 64,
+        lkey: p.regs[0].lkey,
+    };
+    let empty = WriteSource::Registered {
+        addr: 0,
+        len: 0,
+        lkey: p.regs[0].lkey,
+    };
+    let (good, bad) = (p.regs[1].rkey, p.regs[1].rkey ^ 0x00ff_ff00);
+    {
+        let mut qp = p.qp_a.lock().unwrap();
+        qp.post_write(&write(1, empty, bad, true)).unwrap();
+    }
+    assert_eq!(
+        poll_n(&p.qp_a, 1),
+        [Completion {
+            wr_id: 1,
+            error: None
+        }],
+        "zero-length write with a wrong key"
+    );
+    {
+        let mut qp = p.qp_a.lock().unwrap();
+        qp.post_write(&write(2, data, bad, false)).unwrap();
+        qp.post_write(&write(3, data, good, true)).unwrap();
+    }
+    let c = poll_n(&p.qp_a, 2);
+    assert_eq!(c.len(), 2, "{c:?}");
+    let status = |c: &Completion| c.error.clone().unwrap_or_default();
+    assert_eq!(c[0].wr_id, 2);
+    assert!(
+        status(&c[0]).starts_with("remote access error") && status(&c[0]).contains("(status 10)"),
+        "{c:?}"
+    );
+    assert_eq!(c[1].wr_id, 3);
+    assert!(
+        status(&c[1]).starts_with("work request flushed") && status(&c[1]).contains("(status 5)"),
+        "{c:?}"
+    );
+    assert!(p.dst.iter().all(|b| *b == 0), "nothing landed");
+    let again = p
+        .qp_a
+        .lock()
+        .unwrap()
+        .post_write(&write(4, data, good, true));
+    assert!(
+        matches!(
+            again,
+            Err(IbError::NotReadyToSend {
+                state: QpState::Error,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+
+    let p = Pair::new(256);
+    let outside = WriteSource::Registered {
+        addr: p.src.as_ptr() as u64 + 224,
+        len: 64,
+        lkey: p.regs[0].lkey,
+    };
+    let write = |source| WriteRequest {
+        wr_id: 1,
+        source,
+        remote_addr: p.dst.as_ptr() as u64,
+        rkey: p.regs[1].rkey,
+        signaled: true,
+    };
+    p.qp_a.lock().unwrap().post_write(&write(outside)).unwrap();
+    let c = poll_n(&p.qp_a, 1);
+    assert!(
+        c.len() == 1 && status(&c[0]).starts_with("local protection error (status 4)"),
+        "{c:?}"
+    );
+
+    let p = Pair::new(256);
+    drop(p._qp_b);
+    let qp_a = &p.qp_a;
+    let gone = WriteRequest {
+        wr_id: 1,
+        source: WriteSource::Inline([1; 8]),
+        remote_addr: 0,
+        rkey: 0,
+        signaled: true,
+    };
+    qp_a.lock().unwrap().post_write(&gone).unwrap();
+    let c = poll_n(qp_a, 1);
+    assert!(
+        c.len() == 1
+            && status(&c[0]).starts_with("transport retry counter exceeded")
+            && status(&c[0]).contains("(status 12)"),
+        "{c:?}"
+    );
+}
+
+/// A peer that left with its work ended: its connections are reported gone once, the
+/// others not; before it left, none.
+#[test]
+fn connections_of_a_peer_that_left_are_gone_once() {
+    use super::plane::PeerDepartures;
+    let p = Pair::new(64);
+    let departures = Arc::new(PeerDepartures::default());
+    let mut plane = p
+        .plane(4, Duration::from_secs(5))
+        .with_departures(departures.clone());
+    let mut gone = Vec::new();
+    plane.take_gone(&mut gone);
+    assert!(gone.is_empty(), "nobody left yet: {gone:?}");
+    departures.note_left(5);
+    plane.take_gone(&mut gone);
+    assert!(gone.is_empty(), "rank 5 has no connection here: {gone:?}");
+    // The link's peer is rank 3.
+    departures.note_left(3);
+    plane.take_gone(&mut gone);
+    assert_eq!(gone, [0]);
+    plane.take_gone(&mut gone);
+    assert_eq!(gone, [0], "reported once");
+    // A plane made after the peer left reports it too.
+    let mut later = p
+        .plane(4, Duration::from_secs(5))
+        .with_departures(departures.clone());
+    let mut gone = Vec::new();
+    later.take_gone(&mut gone);
+    assert_eq!(gone, [0]);
+}
+
 #[test]
 fn local_range_outside_the_registration_is_a_local_protection_error() {
     let p = Pair::new(256);
