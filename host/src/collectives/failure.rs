@@ -283,8 +283,8 @@ impl Collectives {
                 CommError::Aborted(format!(
                     "{call}: rank {me}: send/recv launch #{} ({}) cannot complete: rank {}, on \
                      another host, {how} before the matching send or receive completed \
-                     (its TCP streams to this rank ended){proxy}; the collectives cannot be \
-                     used any more",
+                     (its connections to this rank ended: TCP streams closed, or over IB its \
+                     goodbye){proxy}; the collectives cannot be used any more",
                     rec.seq + 1,
                     describe(rec.own),
                     rec.peer,
