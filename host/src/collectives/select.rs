@@ -29,6 +29,15 @@ pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 /// 50 against 14 at 32 KB (LL packets double what crosses memory and poll per 8 bytes).
 pub const HOST_ONE_SHOT_MAX: usize = 1 << 10;
 
+/// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends all-pairs with two
+/// ranks on the Host backend; two-shot above (and for more ranks). Set by one run of
+/// `mscclpp-perf --nranks 2 --algo allpairs|twoshot` on the 2-core CI machine (commit
+/// ef680ab), two rounds: all-pairs 1.4-1.6 us at 2 KB against 2.1, even at 8 KB, two-shot
+/// ahead from 32 KB (12-14 against 13-16 us) and far ahead from 2 MB (385-425 against
+/// 500-546 us; 16 MB 3.0-3.3 against 5.4-5.7 ms): all-pairs copies the whole input to the
+/// peer and reduces all of it on each rank, where two-shot moves and reduces half.
+pub const HOST_ALL_PAIRS_MAX: usize = 16 << 10;
+
 /// Message size (bytes) above which [`RootedAlgo::Auto`] pipelines a broadcast or reduce.
 /// Set by the same 2x H200 run (commit 7a5cbd3; the broadcast and reduce rows of
 /// `benches/records/nvidia-h200-x2.jsonl` are this choice's): with depth 8 and pieces of at
@@ -83,7 +92,8 @@ pub(super) fn route(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> AllRe
 /// [`AllReduceAlgo::Auto`] inside one host with nothing forced: one-shot up to
 /// `one_shot_limit` bytes per rank (what the packet scratch carries; for two GPU ranks at
 /// most [`TWO_RANK_ONE_SHOT_MAX`], on the Host backend at most [`HOST_ONE_SHOT_MAX`]), above
-/// all-pairs for two ranks and two-shot for more.
+/// all-pairs for two ranks (on the Host backend up to [`HOST_ALL_PAIRS_MAX`]) and two-shot
+/// for more.
 pub(super) fn auto_all_reduce(
     gpu: bool,
     nranks: usize,
@@ -99,7 +109,7 @@ pub(super) fn auto_all_reduce(
     };
     if bytes <= one_shot_limit.min(one_shot_max) {
         AllReduceAlgo::OneShot
-    } else if nranks == 2 {
+    } else if nranks == 2 && (gpu || bytes <= HOST_ALL_PAIRS_MAX) {
         AllReduceAlgo::AllPairs
     } else {
         AllReduceAlgo::TwoShot

@@ -177,7 +177,7 @@ fn two_ranks_send_one_shot_only_up_to_256_kib_and_more_ranks_up_to_the_packet_li
 }
 
 #[test]
-fn the_host_backend_sends_one_shot_only_up_to_1_kib() {
+fn the_host_backend_sends_one_shot_up_to_1_kib_and_two_shot_above_16() {
     let config = CollConfig {
         scratch_bytes: 4096,
         packet_max_bytes: 1 << 20,
@@ -193,7 +193,15 @@ fn the_host_backend_sends_one_shot_only_up_to_1_kib() {
                 AllReduceAlgo::TwoShot
             };
             assert_eq!(c.choose_all_reduce(1025), above, "{n} ranks");
-            assert_eq!(c.choose_all_reduce(1 << 20), above, "{n} ranks");
+            assert_eq!(c.choose_all_reduce(16 << 10), above, "{n} ranks");
+            // Two-shot moves half of what all-pairs does: ahead on a CPU from 32 KB.
+            let big = c.choose_all_reduce((16 << 10) + 1);
+            assert_eq!(big, AllReduceAlgo::TwoShot, "{n} ranks");
+            assert_eq!(
+                c.choose_all_reduce(1 << 20),
+                AllReduceAlgo::TwoShot,
+                "{n} ranks"
+            );
         });
     }
 }
