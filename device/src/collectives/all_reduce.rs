@@ -167,8 +167,9 @@ pub(crate) fn desc_thread(ctx: &CollContext, t: u32, b: u32) -> Option<u32> {
 /// One-shot all-reduce of `count` elements of `T` from `send` to `recv` (may be equal):
 /// every rank sends its whole input to every peer as LL packets, and reduces what it
 /// receives in rank order. Grid: at most `MAX_BLOCKS` blocks (traps otherwise) of any size
-/// (GPUs launch at least `nranks` threads a block, the Host backend one thread); unit `i` (8 bytes) belongs to the same data thread in both
-/// phases (`data_threads`), so in-place is safe.
+/// (GPUs launch at least `nranks` threads a block, the Host backend one thread); unit `i`
+/// (8 bytes) belongs to the same data thread in both phases (`data_threads`), so in-place
+/// is safe.
 ///
 /// The packets' flag is the call's sequence number ([`Call`]) and the scratch half its
 /// parity. The call descriptor (`count`, `tag`) travels as two more packets, sent by block

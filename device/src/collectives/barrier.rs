@@ -68,7 +68,7 @@ impl CollContext {
     }
 
     /// Makes `call.failed` the same on every thread of the block: each thread publishes its
-    /// own in the slots of the ranks it stands for ([`for_ranks_of`]: the threads that
+    /// own in the slots of the ranks it stands for (`for_ranks_of`: the threads that
     /// wait), after which the block syncs and every thread takes the OR. Returns
     /// `!call.failed`.
     ///
@@ -94,7 +94,8 @@ impl CollContext {
 
     /// A barrier of block `block` with the same block of every other rank: the block's
     /// threads sync, thread `p` signals rank `p` and waits for its signal (a block of fewer
-    /// threads: [`for_ranks_of`]), the block syncs again. What the block did before happens before what the peers' blocks do after.
+    /// threads: `for_ranks_of`), the block syncs again. What the block did before happens
+    /// before what the peers' blocks do after.
     /// Returns `false` on every thread of the block when a wait of the block gave up (the
     /// call failed: skip the rest; nothing is signalled once failed).
     ///
