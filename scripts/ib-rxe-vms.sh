@@ -35,7 +35,7 @@
 #   IB_RXE_TIMEOUT    seconds each guest may run in all (default 1500)
 #   IB_RXE_MEM        guest memory in MiB (default 1024)
 #   IB_RXE_KEEP=1     keep the work directory (guest logs) and print where it is
-#   IB_RXE_RECORD=F   append the result as a JSON line to F (benches/records/ib-rxe-vms.jsonl)
+#   IB_RXE_RECORD=F   append the result as a JSON line to F (benches/records/checks/ib-rxe-vms.jsonl)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
