@@ -309,6 +309,12 @@ settings! {
     "MSCCLPP_TCP_CHUNK", "bytes (4 KiB to 64 MiB)", "512 KiB", TCP,
         |v| bytes(v, 4096, 64 << 20);
 
+    /// Whether a TCP put of several chunks is written to its stripes by one thread each,
+    /// at once (`yes`), or by the proxy's thread alone, one chunk after the other (`no`);
+    /// `auto`: yes on machines with more than 4 cores.
+    tcp_parallel: Option<bool> = None;
+    "MSCCLPP_TCP_PARALLEL", "yes/no or auto", "auto (yes above 4 cores)", TCP, auto_flag;
+
     /// How long any wait of the TCP transport lasts before it fails (connecting, a
     /// write, a signal).
     tcp_timeout: Duration = Duration::from_secs(10);
@@ -499,6 +505,14 @@ fn auto_whole(v: &str) -> Result<Option<u32>, String> {
     whole(v, 0, u32::MAX as u64)
         .map(Some)
         .map_err(|e| format!("{e}, or auto"))
+}
+
+/// Yes/no, or `auto` (`None`).
+fn auto_flag(v: &str) -> Result<Option<bool>, String> {
+    if v.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    flag(v).map(Some).map_err(|e| format!("{e}, or auto"))
 }
 
 /// A byte count, or `auto` (`None`).

@@ -12,6 +12,11 @@
 //!   registered buffer; the receiver reads each chunk straight into its registered buffer at
 //!   `dst_offset` (bounds-checked again there: the peer is not trusted), then adds `len` to
 //!   its stripe's count of bytes received.
+//! - A put of several chunks is written to its stripes at once, by the proxy's thread
+//!   (stripe 0) and a writer thread per other stripe (`send.rs`), when
+//!   `MSCCLPP_TCP_PARALLEL` says so (by default on machines with more than 4 cores): one
+//!   thread's copies into the kernel's socket buffers were the limit on loopback. The put
+//!   returns once every writer is done, as the inline one does.
 //! - A signal is a `SIGNAL(epoch, sent[0..stripes])` frame on stripe 0, carrying how many
 //!   data bytes the sender had written on each stripe. Stripe 0's receiver raises the
 //!   inbound counter (release) only once every stripe has received that many bytes, so the
@@ -81,12 +86,14 @@ use super::{DataPlane, Route, TransportError, TransportKind, put_then_signal};
 
 mod iface;
 mod receive;
+mod send;
 mod setup;
 #[cfg(test)]
 mod tests;
 
 pub use iface::{listen_ip, root_ip};
 use receive::*;
+use send::{Share, Writers};
 pub(crate) use setup::TcpSetup;
 
 /// Environment variable: sockets per connection (1 to 64, default 2).
@@ -109,6 +116,10 @@ const OP_SIGNAL: u64 = 2;
 const HEADER: usize = 24;
 /// Puts up to this size go out as one write with their header.
 const SMALL: usize = 16 * 1024;
+/// `MSCCLPP_TCP_PARALLEL=auto` writes the stripes of a put at once on machines with more
+/// cores than this: with fewer, the writer threads would take the cores the receivers and
+/// the ranks' own work need.
+pub const PARALLEL_MIN_CORES: usize = 4;
 /// How often a blocked receiver looks at its connection's state.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -149,6 +160,9 @@ pub struct TcpConfig {
     pub chunk: usize,
     /// Timeout of every wait.
     pub timeout: Duration,
+    /// A put of several chunks is written to its stripes by a thread each, at once (else
+    /// by the proxy's thread, one chunk after the other).
+    pub parallel: bool,
 }
 
 impl Default for TcpConfig {
@@ -166,12 +180,15 @@ impl TcpConfig {
     }
 
     /// The values of `settings` ([`Settings::tcp_conns`], [`Settings::tcp_chunk`],
-    /// [`Settings::tcp_timeout`]).
+    /// [`Settings::tcp_timeout`], [`Settings::tcp_parallel`]; its `auto` is yes on machines
+    /// with more than [`PARALLEL_MIN_CORES`] cores).
     pub fn from_settings(settings: &Settings) -> TcpConfig {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         TcpConfig {
             conns: settings.tcp_conns,
             chunk: settings.tcp_chunk,
             timeout: settings.tcp_timeout,
+            parallel: settings.tcp_parallel.unwrap_or(cores > PARALLEL_MIN_CORES),
         }
     }
 }
@@ -271,6 +288,8 @@ struct Tx {
     next: usize,
     /// One small frame (header + a small put, or a signal).
     scratch: Vec<u8>,
+    /// With parallel writes: the threads writing stripes `1..` of a put of several chunks.
+    writers: Option<Writers>,
 }
 
 impl Tx {
@@ -341,16 +360,18 @@ fn drain_unread(stream: &TcpStream) {
 impl TcpLink {
     /// `stage`: on the GPU backend, the device and the bytes per receiver slot (`None`
     /// for a host-mapped buffer, whose `sink` holds host addresses); `host_src`: as the
-    /// field; `flags`: a host-mapped buffer's inbound counters.
+    /// field; `flags`: a host-mapped buffer's inbound counters. Of `config`, the timeout
+    /// and whether puts read from host memory (`host_src`) write their stripes at once.
     fn new(
         streams: Vec<TcpStream>,
         sink: Sink,
         (peer, tag): (usize, u32),
-        timeout: Duration,
+        config: TcpConfig,
         stage: Option<(&Gpu, usize)>,
         host_src: Option<u64>,
         flags: Option<Arc<MappedHostBuffer>>,
     ) -> Result<TcpLink, String> {
+        let timeout = config.timeout;
         let shared = Arc::new(Shared {
             peer,
             tag,
@@ -383,6 +404,7 @@ impl TcpLink {
                 streams: Vec::new(),
                 next: 0,
                 scratch: Vec::with_capacity(HEADER + SMALL),
+                writers: None,
             })),
             shared: shared.clone(),
             sockets,
@@ -410,10 +432,19 @@ impl TcpLink {
                     .map_err(sock)?,
             );
         }
-        link.tx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .streams = senders;
+        let writers = if config.parallel && host_src.is_some() && senders.len() > 1 {
+            let mut clones = Vec::with_capacity(senders.len() - 1);
+            for s in &senders[1..] {
+                clones.push(s.try_clone().map_err(sock)?);
+            }
+            Some(Writers::start(clones, &shared).map_err(sock)?)
+        } else {
+            None
+        };
+        let mut tx = link.tx.lock().unwrap_or_else(PoisonError::into_inner);
+        tx.streams = senders;
+        tx.writers = writers;
+        drop(tx);
         Ok(link)
     }
 }
@@ -493,6 +524,41 @@ impl DataPlane for TcpPlane {
                 tx, shared, slots, route, dst_offset, src_offset, size, chunk,
             );
         };
+        let chunks = size.div_ceil(chunk);
+        if let Some(w) = &tx.writers
+            && chunks >= 2
+        {
+            let stripes = (chunks as usize).min(w.len() + 1);
+            let share = |first: usize| Share {
+                src: base + src_offset,
+                dst: dst_offset,
+                size,
+                chunk,
+                first: first as u64,
+                step: stripes as u64,
+            };
+            for j in 1..stripes {
+                w.hand(j, share(j));
+            }
+            // SAFETY: the route's local range was checked above (`base` is the host address
+            // of the same buffer) and is kept alive by the connection while the proxy runs;
+            // the DevConn contract keeps writers off the source until the put's signal or
+            // flush, which come after this put, and the writers are waited for below.
+            let mut failed = unsafe { share(0).write(&mut tx.streams[0], &mut tx.scratch, shared) }
+                .err()
+                .map(|e| e.to_string());
+            tx.sent[0] += share(0).bytes();
+            for j in 1..stripes {
+                if let Err(e) = w.finish(j) {
+                    failed.get_or_insert(e);
+                }
+                tx.sent[j] += share(j).bytes();
+            }
+            return match failed {
+                None => Ok(()),
+                Some(why) => Err(shared.lost().unwrap_or_else(|| shared.error(why)).into()),
+            };
+        }
         let mut done = 0;
         while done < size {
             let n = chunk.min(size - done);

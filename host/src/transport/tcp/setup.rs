@@ -268,16 +268,8 @@ impl TransportSetup for TcpSetup {
                     (sink, stage, host_src, None, None)
                 }
             };
-        let link = TcpLink::new(
-            streams,
-            sink,
-            (rank, tag),
-            config.timeout,
-            stage,
-            host_src,
-            flags,
-        )
-        .map_err(|e| mismatch(rank, tag, e))?;
+        let link = TcpLink::new(streams, sink, (rank, tag), config, stage, host_src, flags)
+            .map_err(|e| mismatch(rank, tag, e))?;
         let mut conn = Connection::remote(round, p, k, 0, peer.buffer_len, 0, Box::new(link));
         if let Some(device) = device_inbound {
             conn.inbound = device;

@@ -163,8 +163,140 @@ fn host_link(
         len: buf.len() as u64,
         inbound: flag as *const AtomicU64 as u64,
     };
-    let link = TcpLink::new(ours, sink, (1, 7), timeout, None, None, None).unwrap();
+    let config = TcpConfig {
+        conns: stripes,
+        chunk: 512 << 10,
+        timeout,
+        parallel: false,
+    };
+    let link = TcpLink::new(ours, sink, (1, 7), config, None, None, None).unwrap();
     (link, peer)
+}
+
+/// Two host-memory links joined over `stripes` loopback streams: `a` sends from `src`
+/// (and receives into `a_sink`), `b` receives into `dst` with its flag in `flag`; and a
+/// plane over `a` alone, with chunks of `chunk` bytes, writing stripes at once when
+/// `parallel`.
+fn plane_pair(
+    stripes: usize,
+    chunk: usize,
+    parallel: bool,
+    (src, a_sink): (&mut [u8], &mut [u8]),
+    dst: &mut [u8],
+    flags: &[AtomicU64; 2],
+) -> (TcpPlane, Route, TcpLink, TcpLink) {
+    let (ours, theirs) = stream_pairs(stripes);
+    let config = TcpConfig {
+        conns: stripes,
+        chunk,
+        timeout: Duration::from_secs(20),
+        parallel,
+    };
+    let sink = |buf: &mut [u8], flag: &AtomicU64| Sink {
+        buffer: buf.as_mut_ptr() as u64,
+        len: buf.len() as u64,
+        inbound: flag as *const AtomicU64 as u64,
+    };
+    let host = Some(src.as_ptr() as u64);
+    let a = TcpLink::new(
+        ours,
+        sink(a_sink, &flags[0]),
+        (1, 7),
+        config,
+        None,
+        host,
+        None,
+    );
+    let b = TcpLink::new(
+        theirs,
+        sink(dst, &flags[1]),
+        (0, 7),
+        config,
+        None,
+        None,
+        None,
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let plane = TcpPlane {
+        links: vec![Some((a.tx.clone(), a.shared.clone(), host))],
+        gone: vec![false],
+        drained: vec![false],
+        chunk,
+        stage: None,
+    };
+    let route = Route {
+        id: 0,
+        local: src.as_ptr() as u64,
+        local_len: src.len() as u64,
+        remote: 0,
+        remote_len: dst.len() as u64,
+        remote_flag: 0,
+    };
+    (plane, route, a, b)
+}
+
+/// A put of many chunks (not a multiple of the chunk), written inline or by a thread per
+/// stripe, lands whole at its offset, and its signal comes after it: the stripes' shares
+/// cover every chunk once and the signal's per-stripe counts match what each carried.
+#[test]
+fn a_put_over_several_stripes_lands_whole_written_inline_or_at_once() {
+    for (stripes, parallel) in [(3, false), (3, true), (4, true), (1, true)] {
+        let size = (1 << 20) + 37;
+        let mut src: Vec<u8> = (0..size + 64).map(|i| (i * 7 + i / 251) as u8).collect();
+        let (mut a_sink, mut dst) = (vec![0u8; 64], vec![0u8; size + 128]);
+        let flags = [AtomicU64::new(0), AtomicU64::new(0)];
+        let (mut plane, route, a, b) = plane_pair(
+            stripes,
+            64 << 10,
+            parallel,
+            (&mut src, &mut a_sink),
+            &mut dst,
+            &flags,
+        );
+        plane.put(&route, 100, 5, size as u64).unwrap();
+        plane.signal(&route, 9).unwrap();
+        assert!(
+            eventually(|| flags[1].load(Ordering::Acquire) == 9),
+            "{stripes} stripes, parallel {parallel}: the signal never came"
+        );
+        // A second put over the first, from another offset: every chunk is rewritten.
+        plane.put(&route, 100, 0, size as u64).unwrap();
+        plane.signal(&route, 10).unwrap();
+        assert!(eventually(|| flags[1].load(Ordering::Acquire) == 10));
+        drop((a, b));
+        assert!(dst[..100].iter().all(|&x| x == 0));
+        assert!(
+            dst[100..100 + size] == src[..size],
+            "{stripes} stripes, parallel {parallel}: the data differ"
+        );
+        assert!(dst[100 + size..].iter().all(|&x| x == 0));
+    }
+}
+
+/// With parallel writes, a put to a peer whose sockets are gone fails naming the peer
+/// (every writer's failure is waited for, none hangs).
+#[test]
+fn a_parallel_put_to_a_closed_peer_fails_naming_it() {
+    let mut src = vec![1u8; 8 << 20];
+    let (mut a_sink, mut dst) = (vec![0u8; 64], vec![0u8; 8 << 20]);
+    let flags = [AtomicU64::new(0), AtomicU64::new(0)];
+    let (mut plane, route, a, b) =
+        plane_pair(3, 64 << 10, true, (&mut src, &mut a_sink), &mut dst, &flags);
+    drop(b);
+    let t0 = Instant::now();
+    let mut err = None;
+    for _ in 0..20 {
+        if let Err(e) = plane.put(&route, 0, 0, 8 << 20) {
+            err = Some(e);
+            break;
+        }
+    }
+    let e = err
+        .expect("puts to a closed peer kept succeeding")
+        .to_string();
+    assert!(e.contains("rank 1"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    drop(a);
 }
 
 fn frame(words: &[u64]) -> Vec<u8> {
