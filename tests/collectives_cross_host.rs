@@ -606,6 +606,39 @@ fn cross_host_3_hosts_of_one_rank() {
     launch("cross_host_3_hosts_of_one_rank", 3, "cyclic:3");
 }
 
+/// A large scratch (32 MiB: cross-host slots of about 2.7 MB for two hosts), so a round's
+/// payload is longer than the step's pipelined piece (`PIPE_PIECE`, 1 MiB): copied in and
+/// put piece by piece, the header with the first, the signal with the last.
+fn large_rounds_rank() {
+    let comm = communicator();
+    let c = Collectives::new(
+        comm,
+        CollConfig {
+            scratch_bytes: 32 << 20,
+            ..CollConfig::default()
+        },
+    )
+    .unwrap();
+    // One piece and a tail; two rounds, the second shorter; exactly two pieces.
+    let counts = [300_001usize, 1_000_003, 2 << 18];
+    check_all_reduce::<f32>(&c, &counts, &[ReduceOp::Sum, ReduceOp::Max], false);
+    check_all_reduce::<u8>(&c, &[3_000_001], &[ReduceOp::Min], true);
+    check_sum_order(&c, &[1_000_003]);
+    check_all_gather::<u8>(&c, &[3_000_001]);
+    check_broadcast(&c, &[1_000_003]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {}: ok", c.rank());
+}
+
+/// 2 processes, each its own host, in rounds of several pipelined pieces.
+#[test]
+fn cross_host_rounds_longer_than_a_piece() {
+    if child() {
+        return large_rounds_rank();
+    }
+    launch("cross_host_rounds_longer_than_a_piece", 2, "cyclic:2");
+}
+
 fn two_shot_rank() {
     let c = collectives_with(|_| AllReduceAlgo::TwoShot);
     assert_eq!(c.choose_all_reduce(4), AllReduceAlgo::TwoShot);

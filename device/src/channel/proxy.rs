@@ -248,6 +248,22 @@ impl<'a> DevConn<'a> {
         }
     }
 
+    /// [`put_at`](Self::put_at) that returns an error instead of trapping:
+    /// [`ChannelError::Timeout`] when the FIFO stayed full for its timeout,
+    /// [`ChannelError::Aborted`] when the communicator was aborted while it waited for a
+    /// slot (either way the put is not queued and the FIFO is broken, as there). A put the
+    /// proxy refuses is reported by the connection's next signal or flush.
+    #[inline]
+    pub fn try_put_at(
+        &self,
+        dst_offset: u64,
+        src_offset: u64,
+        size: u64,
+    ) -> Result<(), ChannelError> {
+        self.push(TriggerOp::DATA, dst_offset, src_offset, size)
+            .map(|_| ())
+    }
+
     /// Raises the peer's inbound counter after every put queued before it has landed;
     /// returns once the proxy has done so (the sources of those puts may then be reused).
     /// Traps where [`try_signal`](Self::try_signal) returns an error.

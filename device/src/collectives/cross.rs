@@ -31,7 +31,11 @@
 //! # A round
 //!
 //! 1. The block copies `src` (unless null) into the own send slot's payload; thread 0
-//!    writes the own send slot's header; barrier.
+//!    writes the own send slot's header; barrier. A payload from `src` that every partner
+//!    gets, longer than [`PIPE_PIECE`], is copied in pieces of that size instead, each but
+//!    the last put (without a signal; the first with the header) as soon as it is copied
+//!    (after a barrier), so the proxy sends one piece while the block copies the next; step
+//!    2 then puts the last piece with the signal.
 //! 2. For every partner host `h` (threads take hosts `t, t + nt, …`): with per-destination
 //!    slots ([`PER_DEST`]), the thread writes slot `h`'s header; it puts the header and
 //!    payload (`len` bytes, or none for a host that gets none: [`to_host`], or with
@@ -98,6 +102,9 @@ const TO_SHIFT: u32 = 8;
 const TO_ALL: u64 = 0xff_ffff;
 /// Bits of [`flags`] holding the average's divisor.
 const AVG_SHIFT: u32 = 32;
+/// Pieces of a round's payload copied in and put one after the other (see [`step`]): the
+/// proxy sends one piece while the block copies the next.
+pub const PIPE_PIECE: u64 = 1 << 20;
 /// How long one `wait_timeout` waits before the fault words are looked at.
 const WAIT_SLICE_NS: u64 = 200_000;
 /// How long a partner whose connection is gone (`DevConn::refused`) is still waited for:
@@ -219,24 +226,41 @@ pub unsafe fn step(
             unsafe { core::ptr::write_volatile((at as *mut u64).add(i), *w) };
         }
     };
-    if !call.failed {
-        let own = base.wrapping_add(send_slot(slot, me as u64) as usize);
-        if !src.is_null() {
-            // SAFETY: the own send slot's payload holds slot - HDR >= len bytes; src holds
-            // len bytes (caller contract).
-            unsafe { copy(own.add(HDR as usize), src, len, t, nt) };
-        }
-        if !per_dest && t == 0 {
-            header(own, own_len);
-        }
-    }
-    arch::sync_threads();
     let dst = recv_slot(slot, nh as u64, round, me as u64);
     // The first partner of this thread's whose connection is gone (the proxy refused or
     // failed the put to it, or its round did not come within the grace after the proxy
     // found it gone): typically a partner that failed this round, or an earlier call, and
     // left. Recorded after the waits unless something else was (a mismatch says more).
     let mut gone = None;
+    // The part of the payload the put with the signal (below) sends: all of it, or the
+    // last piece of a pipelined one (uniform over the block).
+    let mut tail = 0;
+    if !call.failed {
+        let own = base.wrapping_add(send_slot(slot, me as u64) as usize);
+        if !per_dest && t == 0 {
+            header(own, own_len);
+        }
+        if !src.is_null() && !per_dest && sends && to == TO_ALL && len > PIPE_PIECE {
+            tail = (len - 1) / PIPE_PIECE * PIPE_PIECE;
+            // SAFETY: tail < len: inside the own send slot's payload and src (as below);
+            // every thread of the block, with the same arguments.
+            call.failed = unsafe { put_pieces(ctx, src, tail, round, call) };
+        }
+        if !src.is_null() {
+            // SAFETY: the own send slot's payload holds slot - HDR >= len bytes; src holds
+            // len bytes (caller contract).
+            unsafe {
+                copy(
+                    own.add((HDR + tail) as usize),
+                    src.add(tail as usize),
+                    len - tail,
+                    t,
+                    nt,
+                )
+            };
+        }
+    }
+    arch::sync_threads();
     let mut h = t;
     while h < nh && !call.failed {
         if h != me {
@@ -249,19 +273,14 @@ pub unsafe fn step(
             arch::fence_acq_rel_sys();
             // SAFETY: conns holds nranks handles (context contract).
             let c = unsafe { &*ctx.conns.add(h as usize) };
-            match c.try_put_with_signal(dst, from, HDR + l) {
+            // Pipelined, the last piece (the header and the others are on their way).
+            let at = if tail == 0 { 0 } else { HDR + tail };
+            match c.try_put_with_signal(dst + at, from + at, HDR + l - at) {
                 Ok(()) => {}
                 Err(ChannelError::ProxyRefused { .. }) => gone = gone.or(Some(h)),
                 Err(e) => {
-                    // The FIFO stayed full for its timeout (the proxy stopped serving), or the
-                    // communicator was aborted while this thread waited for a slot (a rank
-                    // elsewhere was lost: the host names it, not this partner).
-                    let kind = match e {
-                        ChannelError::Timeout => fault::TIMEOUT,
-                        _ => fault::ABORTED,
-                    };
                     // SAFETY: the context valid.
-                    unsafe { ctx.fail(call, kind, h, [0; 2], fault::AT_CROSS) };
+                    unsafe { ctx.fail(call, put_fault(e), h, [0; 2], fault::AT_CROSS) };
                     call.failed = true;
                 }
             }
@@ -379,6 +398,77 @@ pub unsafe fn step(
         // SAFETY: the state words are live; read by the next step after a kernel boundary
         // (or in this thread).
         unsafe { core::ptr::write_volatile(ctx.state.add(ROUND), round + 1) };
+    }
+}
+
+/// The pipelined part of [`step`]'s first phase: copies `src[..tail]` (a multiple of
+/// [`PIPE_PIECE`]) into the own send slot's payload piece by piece and puts each piece
+/// (the first with the header) to every partner, without a signal, after a barrier.
+/// Returns whether a put of this thread's failed (recorded in the fault area). Not
+/// inlined: inside the step, its loop made the `cross_step` kernel spill registers.
+///
+/// # Safety
+/// Every thread of one block, with the same arguments; `ctx` a valid cross context; `src`
+/// valid for `tail` bytes, `tail` within a slot's payload.
+#[inline(never)]
+unsafe fn put_pieces(ctx: &CollContext, src: *const u8, tail: u64, round: u64, call: Call) -> bool {
+    let (t, nt) = (arch::thread_idx_x(), arch::block_dim_x());
+    let (me, nh, slot) = (ctx.rank, ctx.nranks, ctx.scratch_len);
+    let from = send_slot(slot, me as u64);
+    let own = ctx.scratch.wrapping_add(from as usize);
+    let dst = recv_slot(slot, nh as u64, round, me as u64);
+    let mut failed = false;
+    let mut off = 0;
+    while off < tail {
+        // Every thread copies its share, also one whose put failed: the others' partners
+        // still get whole data with their signal.
+        // SAFETY: off + PIPE_PIECE <= tail: inside the own send slot's payload and src
+        // (caller contract).
+        unsafe {
+            copy(
+                own.add((HDR + off) as usize),
+                src.add(off as usize),
+                PIPE_PIECE,
+                t,
+                nt,
+            )
+        };
+        arch::sync_threads();
+        // The first piece carries the header.
+        let (at, size) = if off == 0 {
+            (0, HDR + PIPE_PIECE)
+        } else {
+            (HDR + off, PIPE_PIECE)
+        };
+        let mut h = t;
+        while h < nh && !failed {
+            if h != me {
+                // The block's piece before the trigger, for the proxy's copy.
+                arch::fence_acq_rel_sys();
+                // SAFETY: conns holds nranks handles (context contract).
+                let c = unsafe { &*ctx.conns.add(h as usize) };
+                // A refused put is reported by the put with the signal after these.
+                if let Err(e) = c.try_put_at(dst + at, from + at, size) {
+                    // SAFETY: the context valid.
+                    unsafe { ctx.fail(call, put_fault(e), h, [0; 2], fault::AT_CROSS) };
+                    failed = true;
+                }
+            }
+            h += nt;
+        }
+        off += PIPE_PIECE;
+    }
+    failed
+}
+
+/// The fault kind of a put the FIFO did not take: it stayed full for its timeout (the proxy
+/// stopped serving), or the communicator was aborted while the thread waited for a slot (a
+/// rank elsewhere was lost: the host names it, not the partner).
+#[inline(always)]
+fn put_fault(e: ChannelError) -> u64 {
+    match e {
+        ChannelError::Timeout => fault::TIMEOUT,
+        _ => fault::ABORTED,
     }
 }
 
