@@ -630,13 +630,19 @@ fn large_rounds_rank() {
     println!("rank {}: ok", c.rank());
 }
 
-/// 2 processes, each its own host, in rounds of several pipelined pieces.
+/// 2 processes, each its own host, in rounds of several pipelined pieces; each piece's
+/// chunks written to their sockets at once (`MSCCLPP_TCP_PARALLEL=yes`, which this 2-core
+/// CI machine would not choose), so the writer threads run end to end.
 #[test]
 fn cross_host_rounds_longer_than_a_piece() {
     if child() {
         return large_rounds_rank();
     }
-    launch("cross_host_rounds_longer_than_a_piece", 2, "cyclic:2");
+    launch_envs(
+        "cross_host_rounds_longer_than_a_piece",
+        2,
+        &[(LAYOUT, "cyclic:2"), ("MSCCLPP_TCP_PARALLEL", "yes")],
+    );
 }
 
 fn two_shot_rank() {
