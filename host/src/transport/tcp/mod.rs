@@ -288,7 +288,11 @@ struct Tx {
     next: usize,
     /// One small frame (header + a small put, or a signal).
     scratch: Vec<u8>,
-    /// With parallel writes: the threads writing stripes `1..` of a put of several chunks.
+    /// Puts of several chunks may write their stripes at once (parallel writes on, more
+    /// than one stripe, puts read from host memory).
+    parallel: bool,
+    /// The threads writing stripes `1..` of such a put: started at the first one, so that
+    /// connections that never carry one (most of a large job's) cost no threads.
     writers: Option<Writers>,
 }
 
@@ -404,6 +408,7 @@ impl TcpLink {
                 streams: Vec::new(),
                 next: 0,
                 scratch: Vec::with_capacity(HEADER + SMALL),
+                parallel: false,
                 writers: None,
             })),
             shared: shared.clone(),
@@ -432,18 +437,9 @@ impl TcpLink {
                     .map_err(sock)?,
             );
         }
-        let writers = if config.parallel && host_src.is_some() && senders.len() > 1 {
-            let mut clones = Vec::with_capacity(senders.len() - 1);
-            for s in &senders[1..] {
-                clones.push(s.try_clone().map_err(sock)?);
-            }
-            Some(Writers::start(clones, &shared).map_err(sock)?)
-        } else {
-            None
-        };
         let mut tx = link.tx.lock().unwrap_or_else(PoisonError::into_inner);
+        tx.parallel = config.parallel && host_src.is_some() && senders.len() > 1;
         tx.streams = senders;
-        tx.writers = writers;
         drop(tx);
         Ok(link)
     }
@@ -466,12 +462,15 @@ pub struct TcpPlane {
     stage: Option<Slots>,
 }
 
+/// A [`PlaneLink`] borrowed: the sender state, the shared state and the host source.
+type LinkRef<'a> = (&'a Mutex<Tx>, &'a Arc<Shared>, Option<u64>);
+
 /// The link of `route`, and the host address its puts read from (`None`: staged out of
 /// the device).
 fn link_of<'a>(
     links: &'a [Option<PlaneLink>],
     route: &Route,
-) -> Result<(&'a Mutex<Tx>, &'a Shared, Option<u64>), TransportError> {
+) -> Result<LinkRef<'a>, TransportError> {
     match links.get(route.id as usize) {
         Some(Some((tx, shared, host_src))) => match shared.lost() {
             Some(e) => Err(e.into()),
@@ -525,6 +524,16 @@ impl DataPlane for TcpPlane {
             );
         };
         let chunks = size.div_ceil(chunk);
+        if chunks >= 2 && tx.parallel && tx.writers.is_none() {
+            // Without threads (none could be started), the put is written inline.
+            tx.writers = tx.streams[1..]
+                .iter()
+                .map(TcpStream::try_clone)
+                .collect::<io::Result<Vec<_>>>()
+                .and_then(|clones| Writers::start(clones, shared))
+                .ok();
+            tx.parallel = tx.writers.is_some();
+        }
         if let Some(w) = &tx.writers
             && chunks >= 2
         {

@@ -2,7 +2,8 @@
 //! of several chunks is written to its stripes at once (on loopback and fast links, one
 //! thread's copies into the kernel's socket buffers are the limit, not the link).
 //!
-//! A put hands each writer the chunks of its stripe (one wake-up per stripe per put, never
+//! The threads start at a connection's first put of several chunks (a connection that
+//! never carries one has none). A put hands each writer the chunks of its stripe (one wake-up per stripe per put, never
 //! one per chunk), writes stripe 0's chunks itself, then waits for the writers: when
 //! [`DataPlane::put`] returns, every byte is in the sockets, as on the inline path, so the
 //! source may be reused and a signal's counts are final.
