@@ -23,6 +23,7 @@ pub mod communicator;
 pub mod cuda;
 pub mod diag;
 pub mod launch;
+mod machine;
 mod procfs;
 pub mod proxy;
 pub mod runtime_libs;

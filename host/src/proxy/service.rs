@@ -70,18 +70,14 @@ use crate::transport::{DataPlane, Route};
 const SPIN_FOR: Duration = Duration::from_micros(200);
 const YIELD_FOR: Duration = Duration::from_millis(5);
 
-/// Machines with at most this many cores get no spinning ([`spin_for`]).
-const FEW_CORES: usize = 4;
-
-/// [`SPIN_FOR`], or nothing on a machine of [`FEW_CORES`] or fewer: there the spinning proxy
-/// takes the core from the threads it waits for (the rank's own, the TCP receivers that
-/// deliver a peer's data). Host backend, two ranks as two hosts on loopback, 2 cores: 8 B
-/// all-reduce took 420 us with the proxies spinning and 13-40 us with them yielding (a
-/// yield returns at once when nothing else wants the core, so it costs a system call per
-/// poll, not a round trip).
+/// [`SPIN_FOR`], or nothing on a machine of few cores (`machine::few_cores`): there the
+/// spinning proxy takes the core from the threads it waits for (the rank's own, the TCP
+/// receivers that deliver a peer's data). Host backend, two ranks as two hosts on loopback,
+/// 2 cores: 8 B all-reduce took 420 us with the proxies spinning and 13-40 us with them
+/// yielding (a yield returns at once when nothing else wants the core, so it costs a system
+/// call per poll, not a round trip).
 fn spin_for() -> Duration {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores <= FEW_CORES {
+    if crate::machine::few_cores() {
         Duration::ZERO
     } else {
         SPIN_FOR

@@ -116,10 +116,6 @@ const OP_SIGNAL: u64 = 2;
 const HEADER: usize = 24;
 /// Puts up to this size go out as one write with their header.
 const SMALL: usize = 16 * 1024;
-/// `MSCCLPP_TCP_PARALLEL=auto` writes the stripes of a put at once on machines with more
-/// cores than this: with fewer, the writer threads would take the cores the receivers and
-/// the ranks' own work need.
-pub const PARALLEL_MIN_CORES: usize = 4;
 /// How often a blocked receiver looks at its connection's state.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -181,14 +177,16 @@ impl TcpConfig {
 
     /// The values of `settings` ([`Settings::tcp_conns`], [`Settings::tcp_chunk`],
     /// [`Settings::tcp_timeout`], [`Settings::tcp_parallel`]; its `auto` is yes on machines
-    /// with more than [`PARALLEL_MIN_CORES`] cores).
+    /// with more than 4 cores: with fewer, the writer threads would take the cores the
+    /// receivers and the ranks' own work need).
     pub fn from_settings(settings: &Settings) -> TcpConfig {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         TcpConfig {
             conns: settings.tcp_conns,
             chunk: settings.tcp_chunk,
             timeout: settings.tcp_timeout,
-            parallel: settings.tcp_parallel.unwrap_or(cores > PARALLEL_MIN_CORES),
+            parallel: settings
+                .tcp_parallel
+                .unwrap_or(!crate::machine::few_cores()),
         }
     }
 }
