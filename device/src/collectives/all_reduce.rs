@@ -1,7 +1,6 @@
 //! All-reduce (sum): the one-shot packet algorithm for small messages and the two-shot
 //! algorithm for large ones. See the [parent module](super) for the shared state.
 
-use super::barrier::for_ranks_of;
 use super::{
     COUNTER_WORDS, Call, CollContext, MAX_RANKS, Reduce, fault, packet_half, rotated_rank,
     round_share, two_shot_slot,
@@ -221,12 +220,8 @@ pub unsafe fn one_shot<T: Reduce>(
     if b == 0 {
         // The descriptors: thread p of block 0 for rank p (a block of fewer threads:
         // `for_ranks_of`).
-        for_ranks_of(t, ctx.nranks, |p| {
-            if p != ctx.rank {
-                // SAFETY: p is a peer.
-                unsafe { ctx.send_desc(&call, p) }
-            }
-        });
+        // SAFETY: the context valid (caller contract).
+        unsafe { ctx.send_descs(&call, t) };
     }
     let mut i = first;
     while i < units {
@@ -240,13 +235,9 @@ pub unsafe fn one_shot<T: Reduce>(
         i += stride;
     }
     if b == 0 {
-        for_ranks_of(t, ctx.nranks, |p| {
-            if p != ctx.rank {
-                // SAFETY: p is a peer. Waited for even after a failure of this call (see
-                // `check_desc`).
-                unsafe { ctx.check_desc(&mut call, p) };
-            }
-        });
+        // SAFETY: the context valid (caller contract). Waited for even after a failure of
+        // this call (see `check_desc`).
+        unsafe { ctx.check_descs(&mut call, t) };
     }
     // SAFETY: every thread of every block gets here.
     unsafe { ctx.finish(&call) };

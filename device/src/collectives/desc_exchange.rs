@@ -142,6 +142,36 @@ impl CollContext {
         }
     }
 
+    /// Sends this rank's descriptor of `call` to every peer thread `thread` of its block
+    /// stands for (`for_ranks_of`: rank `thread` on a GPU).
+    ///
+    /// # Safety
+    /// The context valid.
+    #[inline(always)]
+    pub(crate) unsafe fn send_descs(&self, call: &Call, thread: u32) {
+        for_ranks_of(thread, self.nranks, |p| {
+            if p != self.rank {
+                // SAFETY: p is a peer; the context valid (caller contract).
+                unsafe { self.send_desc(call, p) };
+            }
+        });
+    }
+
+    /// Waits for and checks ([`check_desc`](Self::check_desc)) the descriptor of every peer
+    /// thread `thread` of its block stands for (`for_ranks_of`).
+    ///
+    /// # Safety
+    /// The context valid.
+    #[inline(always)]
+    pub(crate) unsafe fn check_descs(&self, call: &mut Call, thread: u32) {
+        for_ranks_of(thread, self.nranks, |p| {
+            if p != self.rank {
+                // SAFETY: p is a peer; the context valid (caller contract).
+                unsafe { self.check_desc(call, p) };
+            }
+        });
+    }
+
     /// The start of a semaphore kernel's call (every thread of every block): block 0's
     /// threads `p < nranks` (a block of fewer threads: `for_ranks_of`) send this rank's
     /// descriptor to rank `p`; every block's threads
@@ -155,19 +185,11 @@ impl CollContext {
     #[inline(always)]
     pub unsafe fn begin(&self, call: &mut Call, block: u32, thread: u32) -> bool {
         if block == 0 {
-            for_ranks_of(thread, self.nranks, |p| {
-                if p != self.rank {
-                    // SAFETY: p is a peer.
-                    unsafe { self.send_desc(call, p) };
-                }
-            });
+            // SAFETY: the context valid (caller contract).
+            unsafe { self.send_descs(call, thread) };
         }
-        for_ranks_of(thread, self.nranks, |p| {
-            if p != self.rank {
-                // SAFETY: p is a peer.
-                unsafe { self.check_desc(call, p) };
-            }
-        });
+        // SAFETY: the context valid (caller contract).
+        unsafe { self.check_descs(call, thread) };
         arch::sync_threads();
         self.block_agree(call, thread)
     }
@@ -185,12 +207,8 @@ impl CollContext {
     #[inline(always)]
     pub unsafe fn begin_deferred(&self, call: &mut Call, block: u32, thread: u32) {
         if block == 0 {
-            for_ranks_of(thread, self.nranks, |p| {
-                if p != self.rank {
-                    // SAFETY: p is a peer.
-                    unsafe { self.send_desc(call, p) };
-                }
-            });
+            // SAFETY: the context valid (caller contract).
+            unsafe { self.send_descs(call, thread) };
         }
         call.desc_pending = true;
     }
@@ -208,12 +226,8 @@ impl CollContext {
             return !call.failed;
         }
         call.desc_pending = false;
-        for_ranks_of(thread, self.nranks, |p| {
-            if p != self.rank {
-                // SAFETY: p is a peer.
-                unsafe { self.check_desc(call, p) };
-            }
-        });
+        // SAFETY: the context valid (caller contract).
+        unsafe { self.check_descs(call, thread) };
         arch::sync_threads();
         self.block_agree(call, thread)
     }
