@@ -305,9 +305,13 @@ fn a_wait_that_gives_up_hands_its_ticket_back_after_later_ones() {
         (early.join().unwrap(), late.join().unwrap())
     });
     assert!(!early.0 && !late.0, "no signal: {early:?} {late:?}");
+    // The later wait starts after `started` and gives up 900 ms after its start, so an
+    // early wait that waited for its hand-back returns 900 ms or more after `started`
+    // (comparing the two threads' own clock readings raced: the early wait may read its
+    // clock a moment before the later one, which hands back first, reads its own).
     assert!(
-        early.1 >= late.1,
-        "the early wait returned first: {early:?} {late:?}"
+        early.1 >= Duration::from_millis(900),
+        "the early wait returned before the later one gave up: {early:?} {late:?}"
     );
     assert_eq!(w.expected(1), 0, "both tickets handed back");
     // A signal after the early wait's timeout but before the later one's goes to the early
