@@ -114,7 +114,7 @@ const HELLO_MAGIC: u64 = 0x4d53_4350_5443_5031; // "MSCPTCP1"
 const OP_DATA: u64 = 1;
 const OP_SIGNAL: u64 = 2;
 const HEADER: usize = 24;
-/// Puts up to this size go out as one write with their header.
+/// Puts staged out of the device up to this size go out with their signal in one write.
 const SMALL: usize = 16 * 1024;
 /// How often a blocked receiver looks at its connection's state.
 const POLL: Duration = Duration::from_millis(100);
@@ -405,7 +405,7 @@ impl TcpLink {
                 sent: vec![0; streams.len()],
                 streams: Vec::new(),
                 next: 0,
-                scratch: Vec::with_capacity(HEADER + SMALL),
+                scratch: Vec::with_capacity(2 * HEADER + 8 * streams.len()),
                 parallel: false,
                 writers: None,
             })),
@@ -482,21 +482,41 @@ fn link_of<'a>(
     }
 }
 
-/// Writes `parts` to `stream`, naming the peer on failure (and marking it lost).
-fn send(stream: &mut TcpStream, parts: &[&[u8]], shared: &Shared) -> Result<(), TransportError> {
-    for part in parts {
-        if let Err(e) = stream.write_all(part) {
-            let why = match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    format!("no write progress for {:?}", shared.timeout)
-                }
-                _ => format!("writing: {e}"),
-            };
-            shared.lose(why.clone());
-            return Err(shared.lost().unwrap_or_else(|| shared.error(why)).into());
+/// Writes `parts` to `stream` (gathered: one system call while the socket takes it all),
+/// naming the peer on failure (and marking it lost).
+fn send<const N: usize>(
+    stream: &mut TcpStream,
+    parts: [&[u8]; N],
+    shared: &Shared,
+) -> Result<(), TransportError> {
+    let mut slices = parts.map(io::IoSlice::new);
+    let mut left = &mut slices[..];
+    // Empty parts first (a zero advance skips them).
+    io::IoSlice::advance_slices(&mut left, 0);
+    while !left.is_empty() {
+        match stream.write_vectored(left) {
+            Ok(0) => return Err(lost_writing(shared, "the socket took no bytes".into())),
+            Ok(n) => io::IoSlice::advance_slices(&mut left, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                let why = match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        format!("no write progress for {:?}", shared.timeout)
+                    }
+                    _ => format!("writing: {e}"),
+                };
+                return Err(lost_writing(shared, why));
+            }
         }
     }
     Ok(())
+}
+
+/// Marks the peer lost because a write failed (`why`) and returns the error to report.
+#[cold]
+fn lost_writing(shared: &Shared, why: String) -> TransportError {
+    shared.lose(why.clone());
+    shared.lost().unwrap_or_else(|| shared.error(why)).into()
 }
 
 impl DataPlane for TcpPlane {
@@ -580,12 +600,7 @@ impl DataPlane for TcpPlane {
             };
             tx.scratch.clear();
             put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset + done, n]);
-            if src.len() <= SMALL {
-                tx.scratch.extend_from_slice(src);
-                send(&mut tx.streams[stripe], &[&tx.scratch], shared)?;
-            } else {
-                send(&mut tx.streams[stripe], &[&tx.scratch, src], shared)?;
-            }
+            send(&mut tx.streams[stripe], [&tx.scratch, src], shared)?;
             tx.sent[stripe] += n;
             done += n;
         }
@@ -599,14 +614,14 @@ impl DataPlane for TcpPlane {
         let tx = &mut *tx;
         tx.scratch.clear();
         tx.push_signal(epoch);
-        send(&mut tx.streams[0], &[&tx.scratch], shared)
+        send(&mut tx.streams[0], [&tx.scratch], shared)
     }
 
-    /// A put of at most 16 KiB (and one chunk) and its signal go out as one write on stripe
-    /// 0 (the data frame, then the signal frame counting it): one system call, and one
-    /// receiver applies both in one wake-up (the signal of a put sent on another stripe
-    /// waits for that stripe's receiver). Larger puts, and a put that fails, take the two
-    /// calls.
+    /// A put of one chunk (at most 16 KiB when staged out of the device) and its signal go
+    /// out on stripe 0 as one gathered write (the data frame, then the signal frame counting
+    /// it): one system call, no copy of a host source, and one receiver applies both in one
+    /// wake-up (the signal of a put sent on another stripe would wait for that stripe's
+    /// receiver). Larger puts, and a put that fails, take the two calls.
     fn put_with_signal(
         &mut self,
         route: &Route,
@@ -615,25 +630,27 @@ impl DataPlane for TcpPlane {
         size: u64,
         epoch: u64,
     ) -> Result<(), TransportError> {
-        // At most one chunk (a GPU connection's staging slot holds one).
-        let small = SMALL.min(self.chunk) as u64;
-        if size == 0 || size > small || route.check(dst_offset, src_offset, size).is_err() {
+        let most = match link_of(&self.links, route) {
+            Ok((_, _, Some(_))) => self.chunk,
+            // A GPU connection's staging slot holds one chunk; small ones are copied whole.
+            Ok((_, _, None)) => SMALL.min(self.chunk),
+            Err(_) => 0,
+        } as u64;
+        if size == 0 || size > most || route.check(dst_offset, src_offset, size).is_err() {
             return put_then_signal(self, route, dst_offset, src_offset, size, epoch);
         }
         let (tx, shared, host) = link_of(&self.links, route)?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
-        tx.scratch.clear();
-        put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset, size]);
         let src = route.local + src_offset;
-        match (host, self.stage.as_mut()) {
+        let payload: &[u8] = match (host, self.stage.as_mut()) {
             // SAFETY: the route's local range was checked above (`base` the host address
             // of the same buffer) and is kept alive by the connection while the proxy runs;
             // the DevConn contract keeps writers off the source until the put's signal,
             // which is this call, and the kernel's trigger released what it wrote there.
-            (Some(base), _) => tx.scratch.extend_from_slice(unsafe {
+            (Some(base), _) => unsafe {
                 std::slice::from_raw_parts((base + src_offset) as *const u8, size as usize)
-            }),
+            },
             (None, None) => unreachable!("the plane has slots while a link stages"),
             (None, Some(slots)) => {
                 let staged = (|| -> Result<usize, TransportError> {
@@ -647,19 +664,22 @@ impl DataPlane for TcpPlane {
                     Ok(i)
                 })();
                 match staged {
-                    Ok(i) => tx.scratch.extend_from_slice(slots.bytes(i, size as usize)),
+                    Ok(i) => slots.bytes(i, size as usize),
                     Err(e) => {
                         // As a failed put: the signal still goes (without the data).
                         tx.scratch.clear();
                         tx.push_signal(epoch);
-                        return send(&mut tx.streams[0], &[&tx.scratch], shared).and(Err(e));
+                        return send(&mut tx.streams[0], [&tx.scratch], shared).and(Err(e));
                     }
                 }
             }
-        }
+        };
+        tx.scratch.clear();
+        put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset, size]);
         tx.sent[0] += size;
         tx.push_signal(epoch);
-        send(&mut tx.streams[0], &[&tx.scratch], shared)
+        let (data, signal) = tx.scratch.split_at(HEADER);
+        send(&mut tx.streams[0], [data, payload, signal], shared)
     }
 
     fn flush(&mut self) -> Result<(), TransportError> {
@@ -746,7 +766,7 @@ fn put_staged(
         put_u64s(&mut tx.scratch, &[OP_DATA, dst_offset + off, n]);
         send(
             &mut tx.streams[stripe],
-            &[&tx.scratch, slots.bytes(cur, n as usize)],
+            [&tx.scratch, slots.bytes(cur, n as usize)],
             shared,
         )?;
         tx.sent[stripe] += n;

@@ -49,6 +49,33 @@ pub(super) fn read_full(
     Ok(())
 }
 
+/// How long stripe 0's receiver keeps polling its socket after a frame (yielding the core
+/// between polls) before it blocks in a read: stripe 0 carries every signal and every put
+/// of one chunk with its signal, and a receiver asleep in the kernel adds a wake-up (on a
+/// virtual machine, an interrupt between cores) to each. Host backend, two ranks as two
+/// hosts on loopback, 2 cores, 8 rounds: 8 B-4 KB all-reduce 0.70-0.78x the time of
+/// blocking at once, 32 KB-2 MB 0.90-1.09x; polling 50 us gained less at small sizes,
+/// 2 ms cost more at large ones (the pollers take the cores the copies need).
+const POLL_AFTER_FRAME: Duration = Duration::from_micros(200);
+
+/// Reads what has come of the next frame into `buf` without blocking, polling for up to
+/// `spin` (yielding between polls) until something has: the bytes read, 0 if nothing came
+/// (the caller then blocks in [`read_full`]).
+fn poll_frame(stream: &TcpStream, buf: &mut [u8], spin: Duration) -> Result<usize, Stop> {
+    use rustix::io::Errno;
+    use rustix::net::{RecvFlags, recv};
+    let start = Instant::now();
+    while start.elapsed() < spin {
+        match recv(stream, &mut *buf, RecvFlags::DONTWAIT) {
+            Ok((_, 0)) => return Err(Stop::Ended),
+            Ok((_, n)) => return Ok(n),
+            Err(Errno::AGAIN | Errno::INTR) => std::thread::yield_now(),
+            Err(e) => return Err(Stop::Lost(format!("reading: {e}"))),
+        }
+    }
+    Ok(0)
+}
+
 /// A GPU receiver's staging: the device's context (bound by the receiver thread) and the
 /// receiver's slots, on the process's shared receive stream.
 pub(super) type RecvStage = (Gpu, Slots);
@@ -72,7 +99,13 @@ pub(super) fn receive(
         }
         loop {
             let mut hdr = [0u8; HEADER];
-            read_full(&mut stream, &mut hdr, true, &shared)?;
+            let spin = if stripe == 0 {
+                POLL_AFTER_FRAME
+            } else {
+                Duration::ZERO
+            };
+            let got = poll_frame(&stream, &mut hdr, spin)?;
+            read_full(&mut stream, &mut hdr[got..], got == 0, &shared)?;
             let [op, a, b]: [u64; 3] = {
                 let mut w = u64s(&hdr);
                 [w.next(), w.next(), w.next()].map(|x| x.unwrap_or(0))

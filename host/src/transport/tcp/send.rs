@@ -62,7 +62,7 @@ impl Share {
                 unsafe { std::slice::from_raw_parts((self.src + off) as *const u8, n as usize) };
             hdr.clear();
             put_u64s(hdr, &[OP_DATA, self.dst + off, n]);
-            send(stream, &[hdr, bytes], shared)?;
+            send(stream, [hdr, bytes], shared)?;
             k += self.step;
         }
         Ok(())

@@ -464,3 +464,98 @@ fn wire_round_trip_and_garbage() {
     assert_eq!(decode_wire(b"nonsense"), None);
     assert_eq!(decode_wire(&[0xff, 0xfe]), None);
 }
+
+/// A put of one chunk with its signal goes on stripe 0 as one data frame followed by the
+/// signal frame counting it, even when plain puts of one chunk have moved the round robin
+/// to another stripe: the receiver that applies the signal holds the data too.
+#[test]
+fn a_put_of_one_chunk_with_its_signal_goes_on_stripe_zero_with_it() {
+    let mut src: Vec<u8> = (0..100_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
+    let mut a_sink = vec![0u8; 64];
+    let (ours, mut theirs) = stream_pairs(2);
+    let config = TcpConfig {
+        conns: 2,
+        chunk: 64 << 10,
+        timeout: Duration::from_secs(20),
+        parallel: false,
+    };
+    let flag = AtomicU64::new(0);
+    let sink = Sink {
+        buffer: a_sink.as_mut_ptr() as u64,
+        len: a_sink.len() as u64,
+        inbound: &flag as *const AtomicU64 as u64,
+    };
+    let host = Some(src.as_ptr() as u64);
+    let a = TcpLink::new(ours, sink, (1, 7), config, None, host, None).unwrap();
+    let mut plane = TcpPlane {
+        links: vec![Some((a.tx.clone(), a.shared.clone(), host))],
+        gone: vec![false],
+        drained: vec![false],
+        chunk: 64 << 10,
+        stage: None,
+    };
+    let route = Route {
+        id: 0,
+        local: src.as_ptr() as u64,
+        local_len: src.len() as u64,
+        remote: 0,
+        remote_len: 1 << 20,
+        remote_flag: 0,
+    };
+    let read = |s: &mut TcpStream, n: usize| {
+        let mut b = vec![0u8; n];
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.read_exact(&mut b).unwrap();
+        b
+    };
+    // A plain put of one chunk goes on stripe 0 and moves the round robin to stripe 1.
+    plane.put(&route, 0, 0, 100).unwrap();
+    let mut want = frame(&[OP_DATA, 0, 100]);
+    want.extend_from_slice(&src[..100]);
+    assert_eq!(read(&mut theirs[0], want.len()), want);
+    // Larger than the 16 KiB written whole before, within one chunk.
+    let size = 40_000u64;
+    plane.put_with_signal(&route, 256, 3, size, 5).unwrap();
+    let mut want = frame(&[OP_DATA, 256, size]);
+    want.extend_from_slice(&src[3..3 + size as usize]);
+    want.extend(frame(&[OP_SIGNAL, 5, 2, 100 + size, 0]));
+    assert!(
+        read(&mut theirs[0], want.len()) == want,
+        "stripe 0 did not carry the put and its signal"
+    );
+    theirs[1].set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    assert!(
+        matches!(theirs[1].read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+        "stripe 1 carried part of the put"
+    );
+    drop(plane);
+    drop(a);
+}
+
+/// A frame whose header comes in pieces (the receiver's non-blocking poll sees only the
+/// first bytes) is applied whole.
+#[test]
+fn a_frame_whose_header_comes_in_pieces_is_applied() {
+    let mut buf = vec![0u8; 256];
+    let flag = AtomicU64::new(0);
+    let (link, mut peer) = host_link(1, &mut buf, &flag, Duration::from_secs(20));
+    let mut bytes = frame(&[OP_DATA, 8, 50]);
+    bytes.extend((0..50u8).map(|i| i ^ 0x33));
+    bytes.extend(frame(&[OP_SIGNAL, 4, 1, 50]));
+    for (k, part) in [&bytes[..5], &bytes[5..30], &bytes[30..]]
+        .into_iter()
+        .enumerate()
+    {
+        peer[0].write_all(part).unwrap();
+        // Within the poll's window for the first pause, past it for the second.
+        std::thread::sleep(Duration::from_micros([20, 5000][k.min(1)]));
+    }
+    assert!(
+        eventually(|| flag.load(Ordering::Acquire) == 4),
+        "the flag never came: {:?}",
+        link.shared.lost()
+    );
+    assert!((0..50).all(|i| buf[8 + i] == i as u8 ^ 0x33));
+    drop(link);
+}
