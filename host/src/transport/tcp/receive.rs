@@ -3,17 +3,19 @@
 
 use super::*;
 
-/// Fills `buf` from `stream` (whose read timeout is [`POLL`]). Between frames (`idle`),
-/// waiting is unbounded; inside a frame, no progress for the shared timeout is an error.
-pub(super) fn read_full(
+/// Reads from `stream` (whose read timeout is [`POLL`]) into `buf` until at least `min`
+/// bytes came; the bytes read. Between frames (`idle`), waiting is unbounded; inside a
+/// frame, no progress for the shared timeout is an error.
+fn read_at_least(
     stream: &mut TcpStream,
     buf: &mut [u8],
+    min: usize,
     idle: bool,
     shared: &Shared,
-) -> Result<(), Stop> {
+) -> Result<usize, Stop> {
     let mut got = 0;
     let mut last = Instant::now();
-    while got < buf.len() {
+    while got < min {
         if shared.closing.load(Ordering::Acquire) {
             return Err(Stop::Closing);
         }
@@ -46,7 +48,73 @@ pub(super) fn read_full(
             Err(e) => return Err(Stop::Lost(format!("reading: {e}"))),
         }
     }
-    Ok(())
+    Ok(got)
+}
+
+/// A stripe's socket with the bytes read ahead of the frame being applied: one read brings
+/// a small put's data frame, its payload and its signal frame (four reads without it).
+struct Inbox {
+    stream: TcpStream,
+    buf: Box<[u8]>,
+    /// The unapplied bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+    /// How long to poll for a frame before blocking ([`poll_frame`]).
+    spin: Duration,
+}
+
+impl Inbox {
+    /// Bytes read ahead at most.
+    const LEN: usize = 64 << 10;
+    /// What is left of a read at least this long goes straight into its destination.
+    const DIRECT: usize = 16 << 10;
+
+    fn new(stream: TcpStream, spin: Duration) -> Inbox {
+        Inbox {
+            stream,
+            buf: vec![0u8; Inbox::LEN].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            spin,
+        }
+    }
+
+    /// Moves read-ahead bytes into `dst`: how many.
+    fn take(&mut self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.end - self.start);
+        dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        n
+    }
+
+    /// Fills `dst` with the stream's next bytes: the read-ahead ones first. `idle`: `dst`
+    /// begins a frame (waiting for it is unbounded, and it is polled for first).
+    fn read(&mut self, dst: &mut [u8], idle: bool, shared: &Shared) -> Result<(), Stop> {
+        let mut got = self.take(dst);
+        if got == dst.len() {
+            return Ok(());
+        }
+        // Nothing is read ahead now.
+        (self.start, self.end) = (0, 0);
+        let idle = idle && got == 0;
+        if idle && !self.spin.is_zero() {
+            self.end = poll_frame(&self.stream, &mut self.buf, self.spin)?;
+            got += self.take(&mut dst[got..]);
+            if got == dst.len() {
+                return Ok(());
+            }
+            (self.start, self.end) = (0, 0);
+        }
+        let idle = idle && got == 0;
+        let rest = &mut dst[got..];
+        if rest.len() >= Inbox::DIRECT {
+            read_at_least(&mut self.stream, rest, rest.len(), idle, shared)?;
+        } else {
+            self.end = read_at_least(&mut self.stream, &mut self.buf, rest.len(), idle, shared)?;
+            self.take(rest);
+        }
+        Ok(())
+    }
 }
 
 /// How long stripe 0's receiver keeps polling its socket after a frame (yielding the core
@@ -60,7 +128,7 @@ const POLL_AFTER_FRAME: Duration = Duration::from_micros(200);
 
 /// Reads what has come of the next frame into `buf` without blocking, polling for up to
 /// `spin` (yielding between polls) until something has: the bytes read, 0 if nothing came
-/// (the caller then blocks in [`read_full`]).
+/// (the caller then blocks in [`read_at_least`]).
 fn poll_frame(stream: &TcpStream, buf: &mut [u8], spin: Duration) -> Result<usize, Stop> {
     use rustix::io::Errno;
     use rustix::net::{RecvFlags, recv};
@@ -87,7 +155,7 @@ pub(super) fn cuda_lost(e: CudaError) -> Stop {
 /// One stripe's receiver: applies the peer's frames until the connection drops or the peer
 /// goes.
 pub(super) fn receive(
-    mut stream: TcpStream,
+    stream: TcpStream,
     stripe: usize,
     sink: Sink,
     shared: Arc<Shared>,
@@ -97,15 +165,15 @@ pub(super) fn receive(
         if let Some((gpu, _)) = &stage {
             gpu.bind().map_err(cuda_lost)?;
         }
+        let spin = if stripe == 0 {
+            POLL_AFTER_FRAME
+        } else {
+            Duration::ZERO
+        };
+        let mut inbox = Inbox::new(stream, spin);
         loop {
             let mut hdr = [0u8; HEADER];
-            let spin = if stripe == 0 {
-                POLL_AFTER_FRAME
-            } else {
-                Duration::ZERO
-            };
-            let got = poll_frame(&stream, &mut hdr, spin)?;
-            read_full(&mut stream, &mut hdr[got..], got == 0, &shared)?;
+            inbox.read(&mut hdr, true, &shared)?;
             let [op, a, b]: [u64; 3] = {
                 let mut w = u64s(&hdr);
                 [w.next(), w.next(), w.next()].map(|x| x.unwrap_or(0))
@@ -132,14 +200,14 @@ pub(super) fn receive(
                                     len as usize,
                                 )
                             };
-                            read_full(&mut stream, dst, false, &shared)?;
+                            inbox.read(dst, false, &shared)?;
                         }
                         Some((_, slots)) => {
                             let mut off = 0;
                             while off < len {
                                 let n = (len - off).min(slots.len() as u64) as usize;
                                 let i = slots.take().map_err(cuda_lost)?;
-                                read_full(&mut stream, slots.bytes(i, n), false, &shared)?;
+                                inbox.read(slots.bytes(i, n), false, &shared)?;
                                 // SAFETY: inside the local device buffer (checked above), which
                                 // the connection keeps until this thread is joined, and this
                                 // thread waits for its copies before it ends. The DevConn
@@ -157,7 +225,7 @@ pub(super) fn receive(
                 }
                 OP_SIGNAL if stripe == 0 && b as usize == shared.received.len() => {
                     let mut raw = vec![0u8; b as usize * 8];
-                    read_full(&mut stream, &mut raw, false, &shared)?;
+                    inbox.read(&mut raw, false, &shared)?;
                     for (s, want) in u64s(&raw).enumerate() {
                         wait_stripe(&shared, s, want, a)?;
                     }

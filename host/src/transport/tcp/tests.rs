@@ -559,3 +559,33 @@ fn a_frame_whose_header_comes_in_pieces_is_applied() {
     assert!((0..50).all(|i| buf[8 + i] == i as u8 ^ 0x33));
     drop(link);
 }
+
+/// Frames that come in one write (a small put, a put longer than what is read ahead at
+/// once, a signal) are applied whole and in order: the receiver's read-ahead hands each
+/// frame its own bytes, and the long payload's tail goes straight to its place.
+#[test]
+fn frames_read_ahead_together_are_applied_in_order() {
+    let mut buf = vec![0u8; 200 << 10];
+    let flag = AtomicU64::new(0);
+    let (link, mut peer) = host_link(1, &mut buf, &flag, Duration::from_secs(20));
+    let long = 150_000usize;
+    let mut bytes = frame(&[OP_DATA, 0, 100]);
+    bytes.extend((0..100u32).map(|i| i as u8 ^ 0x11));
+    bytes.extend(frame(&[OP_DATA, 128, long as u64]));
+    bytes.extend((0..long).map(|i| (i % 251) as u8));
+    // The same small range again, last: order matters.
+    bytes.extend(frame(&[OP_DATA, 0, 3]));
+    bytes.extend([9u8, 8, 7]);
+    bytes.extend(frame(&[OP_SIGNAL, 6, 1, 103 + long as u64]));
+    peer[0].write_all(&bytes).unwrap();
+    assert!(
+        eventually(|| flag.load(Ordering::Acquire) == 6),
+        "the flag never came: {:?}",
+        link.shared.lost()
+    );
+    assert_eq!(buf[..3], [9, 8, 7]);
+    assert!((3..100).all(|i| buf[i] == i as u8 ^ 0x11));
+    assert!((0..long).all(|i| buf[128 + i] == (i % 251) as u8));
+    assert!(buf[128 + long..].iter().all(|&x| x == 0));
+    drop(link);
+}
