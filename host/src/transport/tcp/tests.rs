@@ -217,8 +217,15 @@ fn plane_pair(
         None,
     );
     let (a, b) = (a.unwrap(), b.unwrap());
+    let (plane, route) = plane_of(&a, src, dst.len(), chunk);
+    (plane, route, a, b)
+}
+
+/// A plane over link `a` alone (reading puts from `src`, chunks of `chunk` bytes) and the
+/// route of its connection to a peer buffer of `remote_len` bytes.
+fn plane_of(a: &TcpLink, src: &[u8], remote_len: usize, chunk: usize) -> (TcpPlane, Route) {
     let plane = TcpPlane {
-        links: vec![Some((a.tx.clone(), a.shared.clone(), host))],
+        links: vec![Some((a.tx.clone(), a.shared.clone(), a.host_src))],
         gone: vec![false],
         drained: vec![false],
         chunk,
@@ -229,10 +236,10 @@ fn plane_pair(
         local: src.as_ptr() as u64,
         local_len: src.len() as u64,
         remote: 0,
-        remote_len: dst.len() as u64,
+        remote_len: remote_len as u64,
         remote_flag: 0,
     };
-    (plane, route, a, b)
+    (plane, route)
 }
 
 /// A put of many chunks (not a multiple of the chunk), written inline or by a thread per
@@ -470,7 +477,7 @@ fn wire_round_trip_and_garbage() {
 /// to another stripe: the receiver that applies the signal holds the data too.
 #[test]
 fn a_put_of_one_chunk_with_its_signal_goes_on_stripe_zero_with_it() {
-    let mut src: Vec<u8> = (0..100_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
+    let src: Vec<u8> = (0..100_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
     let mut a_sink = vec![0u8; 64];
     let (ours, mut theirs) = stream_pairs(2);
     let config = TcpConfig {
@@ -487,21 +494,7 @@ fn a_put_of_one_chunk_with_its_signal_goes_on_stripe_zero_with_it() {
     };
     let host = Some(src.as_ptr() as u64);
     let a = TcpLink::new(ours, sink, (1, 7), config, None, host, None).unwrap();
-    let mut plane = TcpPlane {
-        links: vec![Some((a.tx.clone(), a.shared.clone(), host))],
-        gone: vec![false],
-        drained: vec![false],
-        chunk: 64 << 10,
-        stage: None,
-    };
-    let route = Route {
-        id: 0,
-        local: src.as_ptr() as u64,
-        local_len: src.len() as u64,
-        remote: 0,
-        remote_len: 1 << 20,
-        remote_flag: 0,
-    };
+    let (mut plane, route) = plane_of(&a, &src, 1 << 20, 64 << 10);
     let read = |s: &mut TcpStream, n: usize| {
         let mut b = vec![0u8; n];
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
