@@ -274,6 +274,11 @@ unsafe fn copy_aligned<U: CopyUnit>(
     }
 }
 
+/// Copies of at least this many bytes by a block of one CPU thread go to `memcpy`
+/// ([`copy`]); shorter ones stay inline.
+#[cfg(not(target_arch = "nvptx64"))]
+const HOST_MEMCPY_FROM: u64 = 256;
+
 /// Block-cooperative copy of `size` bytes, any alignment (see the module's Alignment).
 ///
 /// # Safety
@@ -281,6 +286,16 @@ unsafe fn copy_aligned<U: CopyUnit>(
 /// checked.
 #[inline(always)]
 pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, size: u64, thread: u32, threads: u32) {
+    // A block of one CPU thread (the Host backend runs most kernels on the calling thread)
+    // copies all but small ranges with the C library's memcpy, which uses the widest moves
+    // the CPU has (Host backend, 2 ranks as 2 hosts on loopback: all-reduce from 32 KB
+    // 0.85-0.94x the time of the 16-byte loop below).
+    #[cfg(not(target_arch = "nvptx64"))]
+    if threads == 1 && size >= HOST_MEMCPY_FROM {
+        // SAFETY: caller contract (valid, not overlapping); this thread copies it all.
+        unsafe { core::ptr::copy_nonoverlapping(src, dst, size as usize) };
+        return;
+    }
     let (t, nt) = (thread as u64, threads as u64);
     // Low bits in which the two addresses differ decide the widest common unit.
     let diff = (src as usize ^ dst as usize) & 15;
