@@ -123,10 +123,11 @@ impl Inbox {
 /// between polls) before it blocks in a read: stripe 0 carries every signal and every put
 /// of one chunk with its signal, and a receiver asleep in the kernel adds a wake-up (on a
 /// virtual machine, an interrupt between cores) to each. Host backend, two ranks as two
-/// hosts on loopback, 2 cores, 8 rounds: 8 B-4 KB all-reduce 0.70-0.78x the time of
-/// blocking at once, 32 KB-2 MB 0.90-1.09x; polling 50 us gained less at small sizes,
-/// 2 ms cost more at large ones (the pollers take the cores the copies need).
-const POLL_AFTER_FRAME: Duration = Duration::from_micros(200);
+/// hosts on loopback, 2 cores: polling 200 us made 8 B-4 KB all-reduce 0.70-0.78x the time
+/// of blocking at once; 600 us, after the read-ahead, 0.72-0.96x the time of 200 us there
+/// and 0.88-1.06x at 32 KB-2 MB (two runs of 6-8 rounds); 1.5-2 ms cost more at large sizes
+/// (the pollers take the cores the copies need).
+const POLL_AFTER_FRAME: Duration = Duration::from_micros(600);
 
 /// Reads what has come of the next frame into `buf` without blocking, polling for up to
 /// `spin` (yielding between polls) until something has: the bytes read, 0 if nothing came
