@@ -284,7 +284,7 @@ struct Tx {
     streams: Vec<TcpStream>,
     sent: Vec<u64>,
     next: usize,
-    /// One small frame (header + a small put, or a signal).
+    /// The frame headers of one write (a data frame's, a signal frame).
     scratch: Vec<u8>,
     /// Puts of several chunks may write their stripes at once (parallel writes on, more
     /// than one stripe, puts read from host memory).
@@ -630,16 +630,18 @@ impl DataPlane for TcpPlane {
         size: u64,
         epoch: u64,
     ) -> Result<(), TransportError> {
-        let most = match link_of(&self.links, route) {
-            Ok((_, _, Some(_))) => self.chunk,
-            // A GPU connection's staging slot holds one chunk; small ones are copied whole.
-            Ok((_, _, None)) => SMALL.min(self.chunk),
-            Err(_) => 0,
+        let Ok((tx, shared, host)) = link_of(&self.links, route) else {
+            return put_then_signal(self, route, dst_offset, src_offset, size, epoch);
+        };
+        // A GPU connection's staging slot holds one chunk; small ones are copied whole.
+        let most = if host.is_some() {
+            self.chunk
+        } else {
+            SMALL.min(self.chunk)
         } as u64;
         if size == 0 || size > most || route.check(dst_offset, src_offset, size).is_err() {
             return put_then_signal(self, route, dst_offset, src_offset, size, epoch);
         }
-        let (tx, shared, host) = link_of(&self.links, route)?;
         let mut tx = tx.lock().unwrap_or_else(PoisonError::into_inner);
         let tx = &mut *tx;
         let src = route.local + src_offset;

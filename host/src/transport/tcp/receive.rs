@@ -92,26 +92,20 @@ impl Inbox {
     /// Fills `dst` with the stream's next bytes: the read-ahead ones first. `idle`: `dst`
     /// begins a frame (waiting for it is unbounded, and it is polled for first).
     fn read(&mut self, dst: &mut [u8], idle: bool, shared: &Shared) -> Result<(), Stop> {
+        // Short of `dst`, `take` leaves nothing read ahead: refills start at the front.
         let mut got = self.take(dst);
-        if got == dst.len() {
-            return Ok(());
-        }
-        // Nothing is read ahead now.
-        (self.start, self.end) = (0, 0);
         let idle = idle && got == 0;
-        if idle && !self.spin.is_zero() {
+        if idle && !dst.is_empty() && !self.spin.is_zero() {
+            self.start = 0;
             self.end = poll_frame(&self.stream, &mut self.buf, self.spin)?;
-            got += self.take(&mut dst[got..]);
-            if got == dst.len() {
-                return Ok(());
-            }
-            (self.start, self.end) = (0, 0);
+            got = self.take(dst);
         }
-        let idle = idle && got == 0;
         let rest = &mut dst[got..];
+        let idle = idle && got == 0;
         if rest.len() >= Inbox::DIRECT {
             read_at_least(&mut self.stream, rest, rest.len(), idle, shared)?;
-        } else {
+        } else if !rest.is_empty() {
+            self.start = 0;
             self.end = read_at_least(&mut self.stream, &mut self.buf, rest.len(), idle, shared)?;
             self.take(rest);
         }

@@ -3,10 +3,10 @@
 //! thread's copies into the kernel's socket buffers are the limit, not the link).
 //!
 //! The threads start at a connection's first put of several chunks (a connection that
-//! never carries one has none). A put hands each writer the chunks of its stripe (one wake-up per stripe per put, never
-//! one per chunk), writes stripe 0's chunks itself, then waits for the writers: when
-//! [`DataPlane::put`] returns, every byte is in the sockets, as on the inline path, so the
-//! source may be reused and a signal's counts are final.
+//! never carries one has none). A put hands each writer the chunks of its stripe (one
+//! wake-up per stripe per put, never one per chunk), writes stripe 0's chunks itself, then
+//! waits for the writers: when [`DataPlane::put`] returns, every byte is in the sockets, as
+//! on the inline path, so the source may be reused and a signal's counts are final.
 
 use super::*;
 use std::sync::Condvar;

@@ -157,6 +157,17 @@ fn host_link(
     flag: &AtomicU64,
     timeout: Duration,
 ) -> (TcpLink, Vec<TcpStream>) {
+    sending_host_link(stripes, buf, flag, timeout, None)
+}
+
+/// [`host_link`], its puts reading from host address `host_src` (none: it sends no data).
+fn sending_host_link(
+    stripes: usize,
+    buf: &mut [u8],
+    flag: &AtomicU64,
+    timeout: Duration,
+    host_src: Option<u64>,
+) -> (TcpLink, Vec<TcpStream>) {
     let (ours, peer) = stream_pairs(stripes);
     let sink = Sink {
         buffer: buf.as_mut_ptr() as u64,
@@ -169,7 +180,7 @@ fn host_link(
         timeout,
         parallel: false,
     };
-    let link = TcpLink::new(ours, sink, (1, 7), config, None, None, None).unwrap();
+    let link = TcpLink::new(ours, sink, (1, 7), config, None, host_src, None).unwrap();
     (link, peer)
 }
 
@@ -479,21 +490,10 @@ fn wire_round_trip_and_garbage() {
 fn a_put_of_one_chunk_with_its_signal_goes_on_stripe_zero_with_it() {
     let src: Vec<u8> = (0..100_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
     let mut a_sink = vec![0u8; 64];
-    let (ours, mut theirs) = stream_pairs(2);
-    let config = TcpConfig {
-        conns: 2,
-        chunk: 64 << 10,
-        timeout: Duration::from_secs(20),
-        parallel: false,
-    };
     let flag = AtomicU64::new(0);
-    let sink = Sink {
-        buffer: a_sink.as_mut_ptr() as u64,
-        len: a_sink.len() as u64,
-        inbound: &flag as *const AtomicU64 as u64,
-    };
     let host = Some(src.as_ptr() as u64);
-    let a = TcpLink::new(ours, sink, (1, 7), config, None, host, None).unwrap();
+    let timeout = Duration::from_secs(20);
+    let (a, mut theirs) = sending_host_link(2, &mut a_sink, &flag, timeout, host);
     let (mut plane, route) = plane_of(&a, &src, 1 << 20, 64 << 10);
     let read = |s: &mut TcpStream, n: usize| {
         let mut b = vec![0u8; n];
