@@ -627,7 +627,8 @@ pub const LOOM_EXPLORED_ROUNDS: u32 = 2;
 /// one's core. Yielding alone was not enough on a 2-core machine running many ranks'
 /// kernels: threads that yield keep every core busy, and a proxy thread waking from its
 /// idle sleep waited behind them until a rank fell 30 s behind its peers (in a loop of
-/// cross-host runs on the Host transport).
+/// cross-host runs on the Host transport). Before any of that it runs the
+/// [`set_wait_helper`] function, which may do the awaited work on this thread.
 /// Under loom it yields to the model's scheduler (which must know the thread is waiting),
 /// and from round `LOOM_EXPLORED_ROUNDS` on stops loom from branching further in this
 /// execution (see there).
@@ -641,13 +642,38 @@ pub fn spin_backoff(round: u32) {
         ::loom::thread::yield_now();
     }
     #[cfg(not(mscclpp_loom))]
-    if round < 64 {
+    if help_waiting() {
+        // The waiter did work someone else would have had to wake up for.
+    } else if round < 64 {
         core::hint::spin_loop();
     } else if round < SLEEP_AFTER_ROUNDS {
         std::thread::yield_now();
     } else {
         std::thread::sleep(BACKOFF_SLEEP);
     }
+}
+
+/// What a waiting CPU thread may do itself: a function that does some of the work other
+/// threads of the process would do (the Host backend's proxies serve their FIFOs) and says
+/// whether it found any. Set once, by the host side, with [`set_wait_helper`].
+#[cfg(not(mscclpp_loom))]
+static WAIT_HELPER: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
+
+/// Makes every round of [`spin_backoff`] call `helper` first (and skip its spin, yield or
+/// sleep when `helper` found work): a CPU kernel that waits for a peer's signal then serves
+/// the trigger it pushed itself instead of waiting for the proxy thread to be scheduled.
+/// Only the first call sets it; later calls are ignored. `helper` must be cheap when there
+/// is nothing to do, must not block, and must tolerate being called from inside itself.
+#[cfg(not(mscclpp_loom))]
+pub fn set_wait_helper(helper: fn() -> bool) {
+    let _ = WAIT_HELPER.set(helper);
+}
+
+/// Runs the [`set_wait_helper`] function, if any: whether it found work.
+#[cfg(not(mscclpp_loom))]
+#[inline]
+fn help_waiting() -> bool {
+    WAIT_HELPER.get().is_some_and(|h| h())
 }
 
 /// Rounds of [`spin_backoff`] before it sleeps (a few milliseconds of yielding).

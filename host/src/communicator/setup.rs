@@ -531,5 +531,6 @@ pub(super) fn proxy_task(comm: &Communicator) -> Result<ProxyTask, CommError> {
         on_drained: Some(on_drained),
         settle: Some(settle),
         stats: crate::proxy::stats_wanted(),
+        waiters_serve: matches!(comm.backend, Backend::Host),
     })
 }
