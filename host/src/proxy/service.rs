@@ -410,11 +410,14 @@ fn run(shared: &Shared, stop: &AtomicBool, out: &Mutex<Option<ProxyStats>>) {
 /// the work is dropped here and its stats returned. Each turn holds the work's lock; the
 /// waits do not.
 fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
-    // When the FIFO last had a trigger (None while busy).
-    let mut idle_since: Option<Instant> = None;
-    let mut idle = IdleState::default();
     let errors = &shared.errors;
     let spin_for = spin_for();
+    // When the FIFO last had a trigger (None while busy). Where waiters serve, the thread
+    // starts asleep: it wakes up for the large puts they leave to it.
+    let helped = lock(&shared.core).as_ref().is_some_and(|c| c.task.waiters_serve);
+    let asleep = || Instant::now().checked_sub(spin_for + YIELD_FOR);
+    let mut idle_since: Option<Instant> = if helped { asleep() } else { None };
+    let mut idle = IdleState::default();
     loop {
         let mut guard = lock(&shared.core);
         let core = guard.as_mut()?;
