@@ -34,3 +34,4 @@ pub mod smoke;
 pub mod testing;
 pub mod transport;
 pub mod units;
+mod waiters;

@@ -186,7 +186,8 @@ impl ProxyService {
             move || run(&shared, &stop, &stats)
         })?;
         if helped {
-            offer_help(&shared);
+            let help: Arc<dyn crate::waiters::Help> = shared.clone();
+            crate::waiters::offer(&help);
         }
         Ok(ProxyService {
             stop,
@@ -233,7 +234,8 @@ impl ProxyService {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-            withdraw_help(&self.shared);
+            let help: Arc<dyn crate::waiters::Help> = self.shared.clone();
+            crate::waiters::withdraw(&help);
         }
     }
 }
@@ -316,7 +318,7 @@ pub(crate) fn stats_wanted() -> bool {
 }
 
 /// What the proxy thread shares with the waiting CPU threads that serve its FIFO for it
-/// ([`help_waiting`]).
+/// ([`crate::waiters`]).
 struct Shared {
     /// The task and the loop's state; `None` once the thread has finished.
     core: Mutex<Option<Core>>,
@@ -414,7 +416,9 @@ fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
     let spin_for = spin_for();
     // When the FIFO last had a trigger (None while busy). Where waiters serve, the thread
     // starts asleep: it wakes up for the large puts they leave to it.
-    let helped = lock(&shared.core).as_ref().is_some_and(|c| c.task.waiters_serve);
+    let helped = lock(&shared.core)
+        .as_ref()
+        .is_some_and(|c| c.task.waiters_serve);
     let asleep = || Instant::now().checked_sub(spin_for + YIELD_FOR);
     let mut idle_since: Option<Instant> = if helped { asleep() } else { None };
     let mut idle = IdleState::default();
@@ -462,9 +466,7 @@ fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
     }
 }
 
-/// The proxies whose FIFO a waiting CPU thread of this process may serve
-/// ([`ProxyTask::waiters_serve`]), and a count of changes to the list.
-/// The largest put a waiter sends itself ([`help_waiting`]); larger ones (and everything
+/// The largest put a waiter sends itself ([`crate::waiters`]); larger ones (and everything
 /// after them in the FIFO) are left to the proxy thread, which then stays awake for the
 /// next ones. Host backend, two ranks as two hosts on loopback, 2 cores, against the proxy
 /// thread serving everything: waiters sending puts up to 1 MiB took 0.76-0.89x the time
@@ -472,66 +474,22 @@ fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
 /// 0.83-1.0x from 8 KB up, and at 8 B-2 KB as up to 1 MiB within the noise (8 rounds).
 const WAITERS_SEND_MOST: u64 = 256 << 10;
 
-static HELPED: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
-static HELPED_VERSION: AtomicU64 = AtomicU64::new(0);
-
-std::thread_local! {
-    /// This thread's copy of [`HELPED`] and the version it copied.
-    static HELPED_HERE: std::cell::RefCell<(u64, Vec<Arc<Shared>>)> =
-        const { std::cell::RefCell::new((u64::MAX, Vec::new())) };
-    /// Whether this thread is inside [`help_waiting`] (a plane call that waits comes back).
-    static HELPING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Adds `shared` to [`HELPED`] (and makes waits call [`help_waiting`]).
-fn offer_help(shared: &Arc<Shared>) {
-    let mut list = lock(&HELPED);
-    list.retain(|w| w.strong_count() > 0);
-    list.push(Arc::downgrade(shared));
-    // Release: a waiter that sees the new version copies the list after this push.
-    HELPED_VERSION.fetch_add(1, Ordering::Release);
-    mscclpp_device::arch::set_wait_helper(help_waiting);
-}
-
-/// Takes `shared` off [`HELPED`].
-fn withdraw_help(shared: &Arc<Shared>) {
-    let mut list = lock(&HELPED);
-    list.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(shared)));
-    HELPED_VERSION.fetch_add(1, Ordering::Release);
-}
-
-/// The waits' helper ([`mscclpp_device::arch::set_wait_helper`]): serves every trigger
-/// published in the FIFO of each proxy of [`HELPED`] that nobody else is serving right now;
-/// whether it served any. A CPU kernel that pushed a put and waits for the peer's answer
-/// sends the put itself, instead of waiting for the proxy thread to get a core (2-3 us a
-/// step on a loaded 2-core machine).
-fn help_waiting() -> bool {
-    if HELPING.get() {
-        return false;
-    }
-    HELPING.set(true);
-    // Acquire: pairs with the release in `offer_help`/`withdraw_help`.
-    let version = HELPED_VERSION.load(Ordering::Acquire);
-    let found = HELPED_HERE.with_borrow_mut(|(seen, here)| {
-        if *seen != version {
-            *here = lock(&HELPED).iter().filter_map(|w| w.upgrade()).collect();
-            *seen = version;
-        }
+impl crate::waiters::Help for Shared {
+    /// Serves every published trigger up to the first put of more than
+    /// [`WAITERS_SEND_MOST`] bytes, unless the thread (or another waiter) is serving.
+    fn help(&self) -> bool {
+        let Ok(mut guard) = self.core.try_lock() else {
+            return false;
+        };
+        let Some(core) = guard.as_mut() else {
+            return false;
+        };
         let mut found = false;
-        for shared in here.iter() {
-            let Ok(mut guard) = shared.core.try_lock() else {
-                continue;
-            };
-            if let Some(core) = guard.as_mut() {
-                while core.serve_next(&shared.errors, WAITERS_SEND_MOST).is_some() {
-                    found = true;
-                }
-            }
+        while core.serve_next(&self.errors, WAITERS_SEND_MOST).is_some() {
+            found = true;
         }
         found
-    });
-    HELPING.set(false);
-    found
+    }
 }
 
 /// The last turn, after the stop request with the FIFO empty: the plane's last progress,
