@@ -655,6 +655,18 @@ mod tests {
     use crate::transport::host::HostPlane;
     use mscclpp_device::fifo::Trigger;
 
+    /// Connection 0 from `src` to `dst`, its flag `flag` (host memory, the Host plane).
+    fn host_route(src: &[u8], dst: &mut [u8], flag: &AtomicU64) -> Route {
+        Route {
+            id: 0,
+            local: src.as_ptr() as u64,
+            local_len: src.len() as u64,
+            remote: dst.as_mut_ptr() as u64,
+            remote_len: dst.len() as u64,
+            remote_flag: flag.as_ptr() as u64,
+        }
+    }
+
     /// Counts the stats keep for triggers pushed before the proxy starts (all waiting), and
     /// that nothing is kept without asking.
     #[test]
@@ -664,14 +676,7 @@ mod tests {
             let src = vec![7u8; 256];
             let mut dst = vec![0u8; 256];
             let flag = AtomicU64::new(0);
-            let route = Route {
-                id: 0,
-                local: src.as_ptr() as u64,
-                local_len: src.len() as u64,
-                remote: dst.as_mut_ptr() as u64,
-                remote_len: dst.len() as u64,
-                remote_flag: flag.as_ptr() as u64,
-            };
+            let route = host_route(&src, &mut dst, &flag);
             let handle = fifo.device_handle();
             let ops = [
                 (TriggerOp::DATA, 64),
@@ -743,14 +748,7 @@ mod tests {
         flag: &AtomicU64,
     ) -> (Fifo, ProxyService, std::sync::mpsc::Sender<()>) {
         let fifo = Fifo::new_host(FifoConfig::with_slots(16)).unwrap();
-        let route = Route {
-            id: 0,
-            local: src.as_ptr() as u64,
-            local_len: src.len() as u64,
-            remote: dst.as_mut_ptr() as u64,
-            remote_len: dst.len() as u64,
-            remote_flag: flag.as_ptr() as u64,
-        };
+        let route = host_route(src, dst, flag);
         let (release, held) = std::sync::mpsc::channel::<()>();
         let task = ProxyTask {
             consumer: fifo.consumer().unwrap(),
