@@ -340,29 +340,30 @@ struct Core {
     stats: Option<ProxyStats>,
     /// The first trigger's poll (for the stats' span).
     first: Option<Instant>,
-    /// Whether the last poll found a trigger (for the stats' `queued`).
+    /// Whether the last poll served a trigger (for the stats' `queued`).
     just_served: bool,
 }
 
 impl Core {
-    /// Polls the FIFO and serves ([`serve`]) and pops the trigger it finds, unless it puts
-    /// more than `most` bytes: the bytes it put (0 for a signal or a flush), `None` when
-    /// nothing was served.
+    /// Polls the FIFO and serves ([`serve`]) and pops the trigger it finds when `take`
+    /// accepts the bytes it puts (0 for a signal or a flush).
     #[inline]
-    fn serve_next(&mut self, errors: &Mutex<ErrorLog>, most: u64) -> Option<u64> {
-        let polled = self.task.consumer.poll();
-        if let Some(s) = self.stats.as_mut() {
-            s.queued += u64::from(self.just_served && polled.is_some());
+    fn serve_next(&mut self, errors: &Mutex<ErrorLog>, take: impl Fn(u64) -> bool) -> Polled {
+        let Some(trigger) = self.task.consumer.poll() else {
             self.just_served = false;
-        }
-        let trigger = polled?;
+            return Polled::Empty;
+        };
         let bytes = if trigger.op().contains(TriggerOp::DATA) {
             trigger.size()
         } else {
             0
         };
-        if bytes > most {
-            return None;
+        if !take(bytes) {
+            self.just_served = false;
+            return Polled::Left;
+        }
+        if let Some(s) = self.stats.as_mut() {
+            s.queued += u64::from(self.just_served);
         }
         let t_polled = self.stats.is_some().then(Instant::now);
         if self.first.is_none() {
@@ -381,10 +382,21 @@ impl Core {
             s.triggers += 1;
             s.served += t.elapsed();
             s.span = f.elapsed();
-            self.just_served = true;
         }
-        Some(bytes)
+        self.just_served = true;
+        Polled::Served
     }
+}
+
+/// What [`Core::serve_next`] found.
+#[derive(PartialEq)]
+enum Polled {
+    /// No trigger.
+    Empty,
+    /// A trigger it did not take.
+    Left,
+    /// A trigger it served.
+    Served,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -421,6 +433,8 @@ fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
         .is_some_and(|c| c.task.waiters_serve);
     let asleep = || Instant::now().checked_sub(spin_for + YIELD_FOR);
     let mut idle_since: Option<Instant> = if helped { asleep() } else { None };
+    // The FIFO position of the trigger last left to the waiters.
+    let mut left: Option<u64> = None;
     let mut idle = IdleState::default();
     loop {
         let mut guard = lock(&shared.core);
@@ -437,13 +451,17 @@ fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
             Ok(false) => {}
             Err(error) => record(errors, ProxyError::Progress { error }),
         }
-        if let Some(bytes) = core.serve_next(errors, u64::MAX) {
-            // What the waiters would have served does not keep this thread awake: where
-            // they serve the small triggers, it sleeps between polls unless large puts come.
-            if !core.task.waiters_serve || bytes > WAITERS_SEND_MOST {
+        // Where waiters serve, a trigger they would take is left to them for one poll;
+        // still there at the next one, nobody waits for it, and this thread serves it.
+        let tail = core.task.consumer.tail();
+        let patient = helped && left != Some(tail);
+        match core.serve_next(errors, |bytes| !patient || bytes > WAITERS_SEND_MOST) {
+            Polled::Served => {
                 idle_since = None;
+                continue;
             }
-            continue;
+            Polled::Left => left = Some(tail),
+            Polled::Empty => {}
         }
         // Acquire: see the stop request; then one more poll decides (a trigger published
         // before the request is seen by that poll).
@@ -485,7 +503,7 @@ impl crate::waiters::Help for Shared {
             return false;
         };
         let mut found = false;
-        while core.serve_next(&self.errors, WAITERS_SEND_MOST).is_some() {
+        while core.serve_next(&self.errors, |bytes| bytes <= WAITERS_SEND_MOST) == Polled::Served {
             found = true;
         }
         found
@@ -831,6 +849,29 @@ mod tests {
         let big = big as usize;
         assert!(dst[..big] == src[..big], "the large put did not land");
         assert_eq!(&dst[big..big + 32], &src[..32]);
+        assert_eq!(flag.load(Ordering::Acquire), 1);
+    }
+
+    /// Where waiters serve but none waits (a host thread that polls the tail without
+    /// `spin_backoff`), the proxy thread still serves a small put with signal.
+    #[test]
+    fn the_proxy_thread_serves_what_no_waiter_takes() {
+        let src: Vec<u8> = (0..64u8).collect();
+        let mut dst = vec![0u8; 64];
+        let flag = AtomicU64::new(0);
+        let (fifo, service, release) = held_proxy(true, 0, &src, &mut dst, &flag);
+        release.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while fifo.tail() < 1 {
+            if Instant::now() > deadline {
+                // Not joined: a thread that never serves it would not drain either.
+                std::mem::forget(service);
+                panic!("the proxy thread left the put for 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(service.stop().is_empty());
+        assert_eq!(&dst[..32], &src[..32]);
         assert_eq!(flag.load(Ordering::Acquire), 1);
     }
 }
