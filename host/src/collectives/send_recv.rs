@@ -673,38 +673,33 @@ impl Collectives {
         };
         if remote.count == 0 {
             run_local()?;
-        } else if local_ops == 0 {
-            let x = self
-                .remote_p2p()
-                .expect("remote operations need it (p2p_ops)");
-            // On this thread: starting one for the transfers took most of a small
-            // send/recv's time (Host backend, two ranks as two hosts, 2 cores: 45-55 us
-            // at 8 B).
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                // SAFETY: the buffers are valid host memory for the call (caller contract;
-                // staged sends kept alive above).
-                unsafe { x.run_host(&remote) }
-            }))
-            .map_err(|_| remote_panicked())?;
         } else {
             let x = self
                 .remote_p2p()
                 .expect("remote operations need it (p2p_ops)");
-            // The group's transfers with other hosts progress beside those inside the host,
-            // as a group's transfers do (one after the other, a peer whose local transfer
-            // waits for this rank's remote one would wait until the device timeout).
-            std::thread::scope(|scope| {
-                let remote_part = scope.spawn(|| {
-                    // SAFETY: the buffers are valid host memory for the call (caller
-                    // contract; staged sends kept alive above).
-                    unsafe { x.run_host(&remote) }
-                });
-                let r = run_local();
-                if remote_part.join().is_err() {
-                    return Err(remote_panicked());
-                }
-                r
-            })?;
+            // SAFETY: the buffers are valid host memory for the call (caller contract;
+            // staged sends kept alive above).
+            let run_remote = || unsafe { x.run_host(&remote) };
+            if local_ops == 0 {
+                // On this thread: starting one for the transfers took most of a small
+                // send/recv's time (Host backend, two ranks as two hosts, 2 cores: 45-55 us
+                // at 8 B).
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(run_remote))
+                    .map_err(|_| remote_panicked())?;
+            } else {
+                // The group's transfers with other hosts progress beside those inside the
+                // host, as a group's transfers do (one after the other, a peer whose local
+                // transfer waits for this rank's remote one would wait until the device
+                // timeout).
+                std::thread::scope(|scope| {
+                    let remote_part = scope.spawn(run_remote);
+                    let r = run_local();
+                    if remote_part.join().is_err() {
+                        return Err(remote_panicked());
+                    }
+                    r
+                })?;
+            }
         }
         // A transfer of another size than the peer's, or a wait that gave up (a peer did not
         // post the matching operation within the device timeout, or an abort), recorded why.

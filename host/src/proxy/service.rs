@@ -50,9 +50,9 @@
 //! in `spin_backoff` (a CPU kernel waiting for a peer's signal or a flush) takes it when free
 //! and serves the published triggers itself, up to the first put of more than
 //! [`WAITERS_SEND_MOST`] bytes, in FIFO order. A small put then leaves when its kernel
-//! starts waiting, not when the proxy thread next gets a core; the triggers the waiters
-//! serve do not count as work for the thread's idle policy, so it sleeps while they serve
-//! everything.
+//! starts waiting, not when the proxy thread next gets a core. The thread starts asleep and
+//! leaves such a trigger to the waiters for one poll (serving it at the next when nobody
+//! took it); so it sleeps while they serve everything.
 //!
 //! With [`PROXY_STATS_ENV`]`=1` every proxy thread times its work and prints one line to
 //! standard error when it stops (see [`ProxyStats`];
@@ -431,8 +431,11 @@ fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
     let helped = lock(&shared.core)
         .as_ref()
         .is_some_and(|c| c.task.waiters_serve);
-    let asleep = || Instant::now().checked_sub(spin_for + YIELD_FOR);
-    let mut idle_since: Option<Instant> = if helped { asleep() } else { None };
+    let mut idle_since = if helped {
+        Instant::now().checked_sub(spin_for + YIELD_FOR)
+    } else {
+        None
+    };
     // The FIFO position of the trigger last left to the waiters.
     let mut left: Option<u64> = None;
     let mut idle = IdleState::default();
@@ -671,19 +674,8 @@ mod tests {
     use super::*;
     use crate::proxy::{Fifo, FifoConfig};
     use crate::transport::host::HostPlane;
+    use crate::transport::tests::route;
     use mscclpp_device::fifo::Trigger;
-
-    /// Connection 0 from `src` to `dst`, its flag `flag` (host memory, the Host plane).
-    fn host_route(src: &[u8], dst: &mut [u8], flag: &AtomicU64) -> Route {
-        Route {
-            id: 0,
-            local: src.as_ptr() as u64,
-            local_len: src.len() as u64,
-            remote: dst.as_mut_ptr() as u64,
-            remote_len: dst.len() as u64,
-            remote_flag: flag.as_ptr() as u64,
-        }
-    }
 
     /// Counts the stats keep for triggers pushed before the proxy starts (all waiting), and
     /// that nothing is kept without asking.
@@ -694,7 +686,7 @@ mod tests {
             let src = vec![7u8; 256];
             let mut dst = vec![0u8; 256];
             let flag = AtomicU64::new(0);
-            let route = host_route(&src, &mut dst, &flag);
+            let route = route(&src, &mut dst, &flag);
             let handle = fifo.device_handle();
             let ops = [
                 (TriggerOp::DATA, 64),
@@ -766,7 +758,7 @@ mod tests {
         flag: &AtomicU64,
     ) -> (Fifo, ProxyService, std::sync::mpsc::Sender<()>) {
         let fifo = Fifo::new_host(FifoConfig::with_slots(16)).unwrap();
-        let route = host_route(src, dst, flag);
+        let route = route(src, dst, flag);
         let (release, held) = std::sync::mpsc::channel::<()>();
         let task = ProxyTask {
             consumer: fifo.consumer().unwrap(),

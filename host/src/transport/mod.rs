@@ -328,4 +328,4 @@ impl DataPlane for PlaneSet {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -2,7 +2,8 @@ use super::host::HostPlane;
 use super::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-fn route(local: &[u8], remote: &mut [u8], flag: &AtomicU64) -> Route {
+/// Connection 0 from `local` to `remote`, its flag `flag` (host memory).
+pub(crate) fn route(local: &[u8], remote: &mut [u8], flag: &AtomicU64) -> Route {
     Route {
         id: 0,
         local: local.as_ptr() as u64,
