@@ -300,9 +300,11 @@ settings! {
     kernel_image: ImagePolicy = ImagePolicy::Auto;
     "MSCCLPP_KERNEL_IMAGE", "auto, ptx, cubin", "auto", CUDA, ImagePolicy::parse;
 
-    /// Sockets per TCP connection ("stripes").
-    tcp_conns: usize = 2;
-    "MSCCLPP_TCP_CONNS", "whole number (1 to 64)", "2", TCP, |v| whole(v, 1, 64);
+    /// Sockets per TCP connection ("stripes"); `auto`: 4 where a large put is written to
+    /// its stripes at once (`MSCCLPP_TCP_PARALLEL`), else 2.
+    tcp_conns: Option<usize> = None;
+    "MSCCLPP_TCP_CONNS", "whole number (1 to 64) or auto", "auto (4 above 4 cores, else 2)",
+        TCP, |v| or_auto(v, |v| whole(v, 1, 64));
 
     /// Largest piece of a put on one TCP socket.
     tcp_chunk: usize = 512 << 10;
@@ -505,6 +507,14 @@ fn auto_whole(v: &str) -> Result<Option<u32>, String> {
     whole(v, 0, u32::MAX as u64)
         .map(Some)
         .map_err(|e| format!("{e}, or auto"))
+}
+
+/// `auto` (`None`), or what `parse` reads.
+fn or_auto<T>(v: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Option<T>, String> {
+    if v.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    parse(v).map(Some).map_err(|e| format!("{e}, or auto"))
 }
 
 /// Yes/no, or `auto` (`None`).

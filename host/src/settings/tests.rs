@@ -9,7 +9,7 @@ fn of(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
 fn unset_variables_give_the_defaults() {
     let s = of(&[]).unwrap();
     assert_eq!(s, Settings::default());
-    assert_eq!(s.tcp_conns, 2);
+    assert_eq!(s.tcp_conns, None);
     assert_eq!(s.tcp_chunk, 512 * 1024);
     assert_eq!(s.tcp_timeout, Duration::from_secs(10));
     assert_eq!(s.coll_scratch_bytes, 256 * 1024 * 1024);
@@ -43,7 +43,7 @@ fn values_are_read_into_their_types() {
         ("NCCL_SOCKET_IFNAME", " eth "),
     ])
     .unwrap();
-    assert_eq!(s.tcp_conns, 4);
+    assert_eq!(s.tcp_conns, Some(4));
     assert_eq!(s.tcp_chunk, 65536);
     assert_eq!(s.tcp_timeout, Duration::from_millis(250));
     assert_eq!(s.device_timeout, Some(Duration::from_millis(2500)));
@@ -145,7 +145,7 @@ fn unknown_mscclpp_names_are_kept_with_the_nearest_known_one() {
     ])
     .unwrap();
     assert_eq!(s.unknown(), ["MSCCLPP_TCP_CONN"]);
-    assert_eq!(s.tcp_conns, 2);
+    assert_eq!(s.tcp_conns, None);
     assert_eq!(nearest("MSCCLPP_TCP_CONN"), Some("MSCCLPP_TCP_CONNS"));
     assert_eq!(nearest("MSCCLPP_SOMETHING_ELSE"), None);
 }
@@ -269,13 +269,17 @@ fn init_sets_values_over_the_environment_once() {
     if std::env::var_os(INIT_CHILD).is_some() {
         let s = Settings::init(|s| s.tcp_chunk = 8192).expect("the first read");
         assert_eq!(s.tcp_chunk, 8192, "the API wins over the environment");
-        assert_eq!(s.tcp_conns, 3, "the environment wins over the default");
+        assert_eq!(
+            s.tcp_conns,
+            Some(3),
+            "the environment wins over the default"
+        );
         assert_eq!(s.tcp_timeout, Duration::from_secs(10), "the default");
         assert_eq!(
-            Settings::init(|s| s.tcp_conns = 1),
+            Settings::init(|s| s.tcp_conns = Some(1)),
             Err(InitError::AlreadyRead)
         );
-        assert_eq!(Settings::global().unwrap().tcp_conns, 3);
+        assert_eq!(Settings::global().unwrap().tcp_conns, Some(3));
         println!("settings child: ok");
         return;
     }

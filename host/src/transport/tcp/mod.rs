@@ -1,7 +1,8 @@
 //! The TCP transport: proxy channels over plain sockets, for machines without RDMA (NCCL's
 //! socket transport plays this part there).
 //!
-//! Each connection has `MSCCLPP_TCP_CONNS` sockets to its peer (default 2, "stripes"), set
+//! Each connection has `MSCCLPP_TCP_CONNS` sockets to its peer ("stripes"; by default 4
+//! on machines with more than 4 cores, else 2: [`PARALLEL_CONNS`]), set
 //! up by the lower rank connecting to the higher rank's listener (address exchanged in the
 //! connection's description over the bootstrap). Both directions of a connection share the
 //! sockets: this side's proxy writes frames, this side's receiver threads (one per socket,
@@ -12,7 +13,9 @@
 //!   registered buffer; the receiver reads each chunk straight into its registered buffer at
 //!   `dst_offset` (bounds-checked again there: the peer is not trusted), then adds `len` to
 //!   its stripe's count of bytes received.
-//! - A put of several chunks is written to its stripes at once, by the proxy's thread
+//! - A put of several chunks and at least [`PARALLEL_MIN`] bytes is written to its stripes
+//!   at once, cut into as many chunks as there are stripes when that makes them smaller, by
+//!   the proxy's thread
 //!   (stripe 0) and a writer thread per other stripe (`send.rs`), when
 //!   `MSCCLPP_TCP_PARALLEL` says so (by default on machines with more than 4 cores): one
 //!   thread's copies into the kernel's socket buffers were the limit on loopback. The put
@@ -96,7 +99,8 @@ use receive::*;
 use send::{Share, Writers};
 pub(crate) use setup::TcpSetup;
 
-/// Environment variable: sockets per connection (1 to 64, default 2).
+/// Environment variable: sockets per connection (1 to 64, or `auto`: 4 with parallel writes,
+/// else 2).
 pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
 /// Environment variable: largest chunk of a put on one socket, in bytes (4 KiB to 64 MiB,
 /// default 512 KiB).
@@ -114,6 +118,18 @@ const HELLO_MAGIC: u64 = 0x4d53_4350_5443_5031; // "MSCPTCP1"
 const OP_DATA: u64 = 1;
 const OP_SIGNAL: u64 = 2;
 const HEADER: usize = 24;
+/// Sockets per connection by default where large puts are written to their stripes at
+/// once. One H100, two ranks as two hosts (nccl-tests all_reduce through the NCCL library,
+/// host-mapped cross buffer), against 2 sockets of 512 KiB: 4 of 256 KiB took 0.72-0.82x
+/// the time at 8-128 MB (128 MB: 31 to 23 ms); 4 or 8 sockets of 512 KiB took the same time
+/// as 2, since a 1 MiB piece of the cross-host step filled only two chunks (hence the
+/// parallel put's even cut, below).
+const PARALLEL_CONNS: usize = 4;
+/// Puts below this size are written by the proxy's thread alone, chunk after chunk, even
+/// where large ones go to their stripes at once: a 512 KiB all-reduce whose put went to
+/// writer threads in 256 KiB chunks took 1.2-1.3x the time of 2 sockets of 512 KiB (same
+/// setting as above).
+const PARALLEL_MIN: u64 = 1 << 20;
 /// Puts staged out of the device up to this size go out with their signal in one write.
 const SMALL: usize = 16 * 1024;
 /// How often a blocked receiver looks at its connection's state.
@@ -176,17 +192,20 @@ impl TcpConfig {
     }
 
     /// The values of `settings` ([`Settings::tcp_conns`], [`Settings::tcp_chunk`],
-    /// [`Settings::tcp_timeout`], [`Settings::tcp_parallel`]; its `auto` is yes on machines
-    /// with more than 4 cores: with fewer, the writer threads would take the cores the
-    /// receivers and the ranks' own work need).
+    /// [`Settings::tcp_timeout`], [`Settings::tcp_parallel`]). Their `auto`: parallel
+    /// writes on machines with more than 4 cores (with fewer, the writer threads would take
+    /// the cores the receivers and the ranks' own work need), and then 4 sockets
+    /// ([`PARALLEL_CONNS`]), else 2.
     pub fn from_settings(settings: &Settings) -> TcpConfig {
+        let parallel = settings
+            .tcp_parallel
+            .unwrap_or(!crate::machine::few_cores());
+        let conns = if parallel { PARALLEL_CONNS } else { 2 };
         TcpConfig {
-            conns: settings.tcp_conns,
+            conns: settings.tcp_conns.unwrap_or(conns),
             chunk: settings.tcp_chunk,
             timeout: settings.tcp_timeout,
-            parallel: settings
-                .tcp_parallel
-                .unwrap_or(!crate::machine::few_cores()),
+            parallel,
         }
     }
 }
@@ -541,7 +560,11 @@ impl DataPlane for TcpPlane {
                 tx, shared, slots, route, dst_offset, src_offset, size, chunk,
             );
         };
-        let chunks = size.div_ceil(chunk);
+        let chunks = if size < PARALLEL_MIN {
+            1
+        } else {
+            size.div_ceil(chunk)
+        };
         if chunks >= 2 && tx.parallel && tx.writers.is_none() {
             // Without threads (none could be started), the put is written inline.
             tx.writers = tx.streams[1..]
@@ -555,7 +578,10 @@ impl DataPlane for TcpPlane {
         if let Some(w) = &tx.writers
             && chunks >= 2
         {
-            let stripes = (chunks as usize).min(w.len() + 1);
+            // Every stripe gets a share: at most a chunk, at least 4 KiB, evenly cut.
+            let streams = (w.len() + 1) as u64;
+            let chunk = chunk.min(size.div_ceil(streams).next_multiple_of(4096));
+            let stripes = (size.div_ceil(chunk) as usize).min(w.len() + 1);
             let share = |first: usize| Share {
                 src: base + src_offset,
                 dst: dst_offset,

@@ -272,11 +272,17 @@ fn a_put_over_several_stripes_lands_whole_written_inline_or_at_once() {
             &flags,
         );
         let writers = |a: &TcpLink| a.tx.lock().unwrap().writers.is_some();
-        // A put of one chunk starts no writer threads; the first of several does.
+        // A put of one chunk starts no writer threads, nor does one of several chunks
+        // below PARALLEL_MIN; the first of several chunks and at least that size does.
         plane.put(&route, 0, 0, 64 << 10).unwrap();
         assert!(
             !writers(&a),
             "{stripes} stripes: writers for a put of one chunk"
+        );
+        plane.put(&route, 0, 0, PARALLEL_MIN - 1).unwrap();
+        assert!(
+            !writers(&a),
+            "{stripes} stripes: writers for a put below PARALLEL_MIN"
         );
         plane.put(&route, 100, 5, size as u64).unwrap();
         assert_eq!(writers(&a), parallel && stripes > 1, "{stripes} stripes");
@@ -290,7 +296,7 @@ fn a_put_over_several_stripes_lands_whole_written_inline_or_at_once() {
         plane.signal(&route, 10).unwrap();
         assert!(eventually(|| flags[1].load(Ordering::Acquire) == 10));
         drop((a, b));
-        // The put of one chunk at offset 0 (from the same source) is under the others.
+        // The puts at offset 0 (from the same source) are under the others.
         assert!(dst[..100] == src[..100]);
         assert!(
             dst[100..100 + size] == src[..size],
@@ -298,6 +304,32 @@ fn a_put_over_several_stripes_lands_whole_written_inline_or_at_once() {
         );
         assert!(dst[100 + size..].iter().all(|&x| x == 0));
     }
+}
+
+/// A parallel put of fewer chunks than stripes is cut evenly: every stripe carries a
+/// share, and the data land whole.
+#[test]
+fn a_parallel_put_of_few_chunks_is_cut_over_every_stripe() {
+    let size = (1 << 20) + 32;
+    let mut src: Vec<u8> = (0..size).map(|i| (i * 13 + i / 509) as u8).collect();
+    let (mut a_sink, mut dst) = (vec![0u8; 64], vec![0u8; size]);
+    let flags = [AtomicU64::new(0), AtomicU64::new(0)];
+    let (mut plane, route, a, b) = plane_pair(
+        4,
+        512 << 10,
+        true,
+        (&mut src, &mut a_sink),
+        &mut dst,
+        &flags,
+    );
+    plane.put(&route, 0, 0, size as u64).unwrap();
+    plane.signal(&route, 1).unwrap();
+    assert!(eventually(|| flags[1].load(Ordering::Acquire) == 1));
+    let sent = a.tx.lock().unwrap().sent.clone();
+    assert!(sent.iter().all(|&n| n > 0), "shares per stripe: {sent:?}");
+    assert_eq!(sent.iter().sum::<u64>(), size as u64);
+    drop((a, b));
+    assert!(dst == src, "the data differ");
 }
 
 /// With parallel writes, a put to a peer whose sockets are gone fails naming the peer
@@ -581,4 +613,20 @@ fn frames_read_ahead_together_are_applied_in_order() {
     assert!((0..long).all(|i| buf[128 + i] == (i % 251) as u8));
     assert!(buf[128 + long..].iter().all(|&x| x == 0));
     drop(link);
+}
+
+/// The `auto` sockets follow the parallel writes (4, else 2); a value that is set wins.
+#[test]
+fn auto_sockets_follow_the_parallel_writes() {
+    let config = |parallel, conns| {
+        let mut s = Settings::default();
+        s.tcp_parallel = Some(parallel);
+        s.tcp_conns = conns;
+        let c = TcpConfig::from_settings(&s);
+        (c.parallel, c.conns)
+    };
+    assert_eq!(config(true, None), (true, 4));
+    assert_eq!(config(false, None), (false, 2));
+    assert_eq!(config(true, Some(2)), (true, 2));
+    assert_eq!(config(false, Some(8)), (false, 8));
 }
