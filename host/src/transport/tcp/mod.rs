@@ -120,15 +120,15 @@ const OP_SIGNAL: u64 = 2;
 const HEADER: usize = 24;
 /// Sockets per connection by default where large puts are written to their stripes at
 /// once. One H100, two ranks as two hosts (nccl-tests all_reduce through the NCCL library,
-/// host-mapped cross buffer), against 2 sockets of 512 KiB: 4 of 256 KiB took 0.72-0.82x
-/// the time at 8-128 MB (128 MB: 31 to 23 ms); 4 or 8 sockets of 512 KiB took the same time
-/// as 2, since a 1 MiB piece of the cross-host step filled only two chunks (hence the
-/// parallel put's even cut, below).
+/// host-mapped cross buffer), against 2 sockets: 4 with the even cut (a 1 MiB piece of the
+/// cross-host step in four 260 KiB chunks) took 0.71-0.83x the time at 2-128 MB (128 MB:
+/// 29.8 to 21.3 ms, NCCL's sockets 32 ms); 4 or 8 sockets of 512 KiB chunks took the same
+/// time as 2, since such a piece filled only two.
 const PARALLEL_CONNS: usize = 4;
 /// Puts below this size are written by the proxy's thread alone, chunk after chunk, even
 /// where large ones go to their stripes at once: a 512 KiB all-reduce whose put went to
 /// writer threads in 256 KiB chunks took 1.2-1.3x the time of 2 sockets of 512 KiB (same
-/// setting as above).
+/// setting as above; inline, 1.1x, within that size's spread).
 const PARALLEL_MIN: u64 = 1 << 20;
 /// Puts staged out of the device up to this size go out with their signal in one write.
 const SMALL: usize = 16 * 1024;
