@@ -2,7 +2,7 @@
 //! socket transport plays this part there).
 //!
 //! Each connection has `MSCCLPP_TCP_CONNS` sockets to its peer ("stripes"; by default 4
-//! on machines with more than 4 cores, else 2: [`PARALLEL_CONNS`]), set
+//! on machines with more than 4 cores, else 2: `PARALLEL_CONNS`), set
 //! up by the lower rank connecting to the higher rank's listener (address exchanged in the
 //! connection's description over the bootstrap). Both directions of a connection share the
 //! sockets: this side's proxy writes frames, this side's receiver threads (one per socket,
@@ -13,7 +13,7 @@
 //!   registered buffer; the receiver reads each chunk straight into its registered buffer at
 //!   `dst_offset` (bounds-checked again there: the peer is not trusted), then adds `len` to
 //!   its stripe's count of bytes received.
-//! - A put of several chunks and at least [`PARALLEL_MIN`] bytes is written to its stripes
+//! - A put of several chunks and at least `PARALLEL_MIN` bytes is written to its stripes
 //!   at once, cut into as many chunks as there are stripes when that makes them smaller, by
 //!   the proxy's thread
 //!   (stripe 0) and a writer thread per other stripe (`send.rs`), when
@@ -195,7 +195,7 @@ impl TcpConfig {
     /// [`Settings::tcp_timeout`], [`Settings::tcp_parallel`]). Their `auto`: parallel
     /// writes on machines with more than 4 cores (with fewer, the writer threads would take
     /// the cores the receivers and the ranks' own work need), and then 4 sockets
-    /// ([`PARALLEL_CONNS`]), else 2.
+    /// (`PARALLEL_CONNS`), else 2.
     pub fn from_settings(settings: &Settings) -> TcpConfig {
         let parallel = settings
             .tcp_parallel
