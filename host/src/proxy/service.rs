@@ -392,19 +392,18 @@ impl Core {
             s.span = f.elapsed();
         }
         self.just_served = true;
-        Polled::Served
+        Polled::Served(bytes)
     }
 }
 
 /// What [`Core::serve_next`] found.
-#[derive(PartialEq)]
 enum Polled {
     /// No trigger.
     Empty,
     /// A trigger it did not take.
     Left,
-    /// A trigger it served.
-    Served,
+    /// A trigger it served, and the bytes it put (0 for a signal or a flush).
+    Served(u64),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -466,17 +465,11 @@ fn run_loop(shared: &Shared, stop: &AtomicBool) -> Option<ProxyStats> {
         // still there at the next one, nobody waits for it, and this thread serves it.
         let tail = core.task.consumer.tail();
         let patient = helped && left != Some(tail);
-        // Whether the trigger polled is a put the waiters leave to this thread.
-        let large = std::cell::Cell::new(false);
-        let take = |bytes: u64| {
-            large.set(bytes > WAITERS_SEND_MOST);
-            !patient || large.get()
-        };
-        match core.serve_next(errors, take) {
-            Polled::Served => {
+        match core.serve_next(errors, |bytes| !patient || bytes > WAITERS_SEND_MOST) {
+            Polled::Served(bytes) => {
                 // Helped, only a large put keeps the thread awake (more pieces follow); the
                 // small triggers it served were ones nobody waited on.
-                if !helped || large.get() {
+                if !helped || bytes > WAITERS_SEND_MOST {
                     idle_since = None;
                 }
                 continue;
@@ -537,7 +530,7 @@ impl crate::waiters::Help for Shared {
         let mut found = false;
         loop {
             match core.serve_next(&self.errors, |bytes| bytes <= WAITERS_SEND_MOST) {
-                Polled::Served => found = true,
+                Polled::Served(_) => found = true,
                 Polled::Left => {
                     // A large put: the thread's, which may be parked.
                     if let Some(t) = self.thread.get() {

@@ -499,16 +499,6 @@ settings! {
     "MSCCLPP_PERF_NCCL_PATH", "path", "unset", PERF, |v| text(v).map(Some);
 }
 
-/// A whole number, or `auto` (`None`).
-fn auto_whole(v: &str) -> Result<Option<u32>, String> {
-    if v.trim().eq_ignore_ascii_case("auto") {
-        return Ok(None);
-    }
-    whole(v, 0, u32::MAX as u64)
-        .map(Some)
-        .map_err(|e| format!("{e}, or auto"))
-}
-
 /// `auto` (`None`), or what `parse` reads.
 fn or_auto<T>(v: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Option<T>, String> {
     if v.trim().eq_ignore_ascii_case("auto") {
@@ -517,22 +507,19 @@ fn or_auto<T>(v: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Opti
     parse(v).map(Some).map_err(|e| format!("{e}, or auto"))
 }
 
+/// A whole number, or `auto` (`None`).
+fn auto_whole(v: &str) -> Result<Option<u32>, String> {
+    or_auto(v, |v| whole(v, 0, u32::MAX as u64))
+}
+
 /// Yes/no, or `auto` (`None`).
 fn auto_flag(v: &str) -> Result<Option<bool>, String> {
-    if v.trim().eq_ignore_ascii_case("auto") {
-        return Ok(None);
-    }
-    flag(v).map(Some).map_err(|e| format!("{e}, or auto"))
+    or_auto(v, flag)
 }
 
 /// A byte count, or `auto` (`None`).
 fn auto_bytes(v: &str) -> Result<Option<u64>, String> {
-    if v.trim().eq_ignore_ascii_case("auto") {
-        return Ok(None);
-    }
-    bytes(v, 0, u64::MAX)
-        .map(Some)
-        .map_err(|e| format!("{e}, or auto"))
+    or_auto(v, |v| bytes(v, 0, u64::MAX))
 }
 
 /// Words separated by commas, semicolons or spaces.
