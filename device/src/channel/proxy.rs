@@ -393,6 +393,26 @@ impl<'a> DevConn<'a> {
         }
     }
 
+    /// The peer's signals that waits and polls of this handle have taken tickets for so far
+    /// (a relaxed load). Read before any wait of a phase, it is the count that phase's
+    /// signals add to.
+    #[inline]
+    pub fn tickets(&self) -> u64 {
+        // SAFETY: `expected` is this connection's live word, accessed only atomically
+        // (constructor contract).
+        unsafe { arch::ld_relaxed_sys_u64(self.expected) }
+    }
+
+    /// The peer's signals that have arrived so far (an acquire load: what the peer put
+    /// before one of them is visible after it has been seen), taken or not. Reading it
+    /// takes no ticket: a wait still waits for the next signal its ticket names.
+    #[inline]
+    pub fn arrived(&self) -> u64 {
+        // SAFETY: `inbound` is a live aligned counter, accessed only atomically
+        // (constructor contract).
+        unsafe { arch::ld_acquire_sys_u64(self.inbound) }
+    }
+
     /// Whether the proxy has refused or failed a trigger of this connection since it was
     /// launched, or found its peer gone (its bit in the fault area: e.g. a put to a peer
     /// whose connection closed, or a TCP stream from the peer that ended).

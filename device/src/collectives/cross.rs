@@ -3,10 +3,12 @@
 //! hosts, over proxy channels ([`DevConn`](crate::channel::DevConn), TCP or IB), followed
 //! by a reduction of the hosts' payloads in host order or a gather of them.
 //!
-//! The same function, [`step`], runs as a one-block GPU kernel on the GPU backend (the
-//! [`cross_step`] kernel, one block) and in the calling CPU thread on
-//! the Host backend (a block of one thread: `sync_threads` is then a no-op), so the logic
-//! CI tests over TCP loopback is the logic the GPU runs.
+//! The same function, [`step`], runs as block 0 of the [`cross_step`] GPU kernel on the GPU
+//! backend and in the calling CPU thread on the Host backend (a block of one thread:
+//! `sync_threads` is then a no-op), so the logic CI tests over TCP loopback is the logic the
+//! GPU runs. A [`cross_step`] grid of more blocks reduces in blocks `1..`
+//! ([`reduce_pieces`]), which block 0 hands each piece as it lands ([`PROGRESS`]): for
+//! payloads in host memory that one block would read too slowly over PCIe.
 //!
 //! # The cross context
 //!
@@ -33,9 +35,10 @@
 //! 1. The block copies `src` (unless null) into the own send slot's payload; thread 0
 //!    writes the own send slot's header; barrier. A payload from `src` that every partner
 //!    gets, longer than [`PIPE_PIECE`], is copied in pieces of that size instead, each but
-//!    the last put (without a signal; the first with the header) as soon as it is copied
-//!    (after a barrier), so the proxy sends one piece while the block copies the next; step
-//!    2 then puts the last piece with the signal.
+//!    the last put with a signal (the first with the header, which says so: [`PIECEWISE`])
+//!    as soon as it is copied (after a barrier), so the proxy sends one piece while the
+//!    block copies the next, and the partners may reduce it while the next travels; step
+//!    2 then puts the last piece with its signal.
 //! 2. For every partner host `h` (threads take hosts `t, t + nt, …`): with per-destination
 //!    slots ([`PER_DEST`]), the thread writes slot `h`'s header; it puts the header and
 //!    payload (`len` bytes, or none for a host that gets none: [`to_host`], or with
@@ -43,7 +46,8 @@
 //!    partner's receive slot of this host in the round's half, with the signal
 //!    (`try_put_with_signal` returns once the proxy has taken the source, so the send slots
 //!    may be rewritten by the next round).
-//! 3. The same thread waits for every such partner's signal, through
+//! 3. The same thread waits for every such partner's signal (every signal of a
+//!    [`PIECEWISE`] payload: see 4), through
 //!    [`CollContext::keep_waiting`] every slice (abort word, stop word, device timeout; no
 //!    trap), and checks the partner's header: a different round or descriptor is recorded
 //!    in the fault area ([`fault::MISMATCH`] at [`fault::AT_CROSS`] with both descriptors,
@@ -59,11 +63,16 @@
 //!    [`fault::AT_CROSS_GONE`]) unless something else was. Barrier.
 //! 4. Unless broken: [`REDUCE`]: the payloads of every host, in host order (the own from
 //!    its send slot), reduced by the tag's operation into `out` (`len` bytes), average as a
-//!    sum divided once at the end by the job's rank count ([`flags`]); a [`to_host`] step
-//!    reduces on that host only. [`GATHER`]: host `h`'s payload copied to `out + h *
-//!    stride`. [`PICK`]: host `stride`'s payload copied to `out`. [`NONE`]: nothing (the
+//!    sum divided by the job's rank count ([`flags`]); a [`to_host`] step reduces on that
+//!    host only. The reduction goes piece by piece ([`pieces`]): 3 waits for every
+//!    partner's signals up to piece `i` (a partner that sent its payload whole: its one
+//!    signal), then the block reduces piece `i` (or hands it to the grid's reducing
+//!    blocks), and so on; the last piece takes every signal still due. [`GATHER`]: host
+//!    `h`'s payload copied to `out + h * stride`. [`PICK`]: host `stride`'s payload copied
+//!    to `out`. [`NONE`]: nothing (the
 //!    Host backend's caller may read the slots itself).
-//! 5. Thread 0 advances [`ROUND`] (after a barrier).
+//! 5. Thread 0 advances [`ROUND`] (after a barrier; in a grid, once every reducing block
+//!    counted itself done: [`REDUCED`]).
 //!
 //! A rank writes a partner's receive slot of round `k + 2` (the half of round `k`) only
 //! after it has received that partner's round `k + 1`, which the partner sends only after
@@ -105,6 +114,38 @@ const AVG_SHIFT: u32 = 32;
 /// Pieces of a round's payload copied in and put one after the other (see [`step`]): the
 /// proxy sends one piece while the block copies the next.
 pub const PIPE_PIECE: u64 = 1 << 20;
+/// Flag in a header's payload-bytes word: the sender put its payload in [`PIPE_PIECE`]s,
+/// each with a signal, so the partner may reduce a piece as soon as it has landed.
+pub const PIECEWISE: u64 = 1 << 63;
+/// Index in the cross context's `state` of what block 0 of a [`cross_step`] grid has
+/// handed its reducing blocks ([`reduce_pieces`]): the round in the high 32 bits, the
+/// pieces landed from every partner (or [`BROKEN`]) in the low 32.
+pub const PROGRESS: usize = 1;
+/// Index in the cross context's `state` of the reducing blocks done with the round (block 0
+/// waits for all of them, then clears it).
+pub const REDUCED: usize = 2;
+/// Index in the cross context's `state` of the round whose [`BASES`] are written, plus one.
+pub const BASES_ROUND: usize = 3;
+/// Index in the cross context's `state` of the first of [`MAX_BASES`] words: partner `h`'s
+/// signal tickets ([`DevConn::tickets`](crate::channel::DevConn::tickets)) at the start of
+/// the round, written by block 0 before it copies anything, so that the reducing blocks see
+/// the partners' pieces land ([`DevConn::arrived`](crate::channel::DevConn::arrived))
+/// while block 0 still copies and puts its own.
+pub const BASES: usize = 4;
+/// Most hosts whose [`BASES`] are kept (more: the reducing blocks follow [`PROGRESS`]
+/// alone).
+pub const MAX_BASES: usize = 64;
+/// Index in the cross context's `state` of the pieces of `src` block 0 of a [`cross_step`]
+/// grid has copied into its send slot (the round in the high 32 bits, as [`PROGRESS`]): in
+/// place, a reducing block writes a piece of `out` only once it was copied.
+pub const COPIED: usize = BASES + MAX_BASES;
+/// Index in the cross context's `state` of the pieces the first reducing block has seen
+/// land ([`BASES`]; in place, also copied: [`COPIED`]), as [`PROGRESS`] without the failure:
+/// the others follow it rather than poll the partners' counters and headers (host memory)
+/// themselves.
+pub const LANDED: usize = COPIED + 1;
+/// [`PROGRESS`]'s count when the round failed: the reducing blocks stop.
+pub const BROKEN: u64 = 0xffff_ffff;
 /// How long one `wait_timeout` waits before the fault words are looked at.
 const WAIT_SLICE_NS: u64 = 200_000;
 /// How long a partner whose connection is gone (`DevConn::refused`) is still waited for:
@@ -198,6 +239,9 @@ pub unsafe fn step(
     let gets = |h: u32| to == TO_ALL || to == h as u64;
     let sends = flags & HEADER_ONLY == 0;
     let own_len = if sends { len } else { 0 };
+    let avg_n = (flags >> AVG_SHIFT) as u32;
+    // Blocks beside this one reduce (see `reduce_pieces`).
+    let grid = arch::grid_dim_x() > 1;
     let base = ctx.scratch;
     // The block's agreement on a failure: thread 0 seeds it from the sticky broken word.
     let failed_flag = crate::shared_array!(CROSS_FAILED: u32; 1);
@@ -219,6 +263,20 @@ pub unsafe fn step(
         failed: unsafe { failed_flag.read_volatile() } != 0,
         desc_pending: false,
     };
+    if grid && t == 0 && !call.failed && nh as usize <= MAX_BASES {
+        for h in 0..nh {
+            if h != me {
+                // SAFETY: conns holds nranks handles; BASES + MAX_BASES state words are live
+                // (context contract); no wait of this round has taken a ticket yet.
+                unsafe {
+                    let c = &*ctx.conns.add(h as usize);
+                    core::ptr::write_volatile(ctx.state.add(BASES + h as usize), c.tickets());
+                }
+            }
+        }
+        // SAFETY: the state words are live (context contract).
+        unsafe { arch::st_release_sys_u64(ctx.state.add(BASES_ROUND), round + 1) };
+    }
     let header = |at: *mut u8, l: u64| {
         let h = [round, n, tag, l];
         for (i, w) in h.iter().enumerate() {
@@ -237,10 +295,11 @@ pub unsafe fn step(
     let mut tail = 0;
     if !call.failed {
         let own = base.wrapping_add(send_slot(slot, me as u64) as usize);
+        let piecewise = !src.is_null() && !per_dest && sends && to == TO_ALL && len > PIPE_PIECE;
         if !per_dest && t == 0 {
-            header(own, own_len);
+            header(own, own_len | if piecewise { PIECEWISE } else { 0 });
         }
-        if !src.is_null() && !per_dest && sends && to == TO_ALL && len > PIPE_PIECE {
+        if piecewise {
             tail = (len - 1) / PIPE_PIECE * PIPE_PIECE;
             // SAFETY: tail < len: inside the own send slot's payload and src (as below);
             // every thread of the block, with the same arguments.
@@ -261,6 +320,11 @@ pub unsafe fn step(
         }
     }
     arch::sync_threads();
+    if grid && t == 0 && !call.failed {
+        // Every piece of `src` copied (see `COPIED`).
+        // SAFETY: the state words are live (context contract).
+        unsafe { arch::st_release_sys_u64(ctx.state.add(COPIED), round << 32 | pieces(len)) };
+    }
     let mut h = t;
     while h < nh && !call.failed {
         if h != me {
@@ -287,96 +351,145 @@ pub unsafe fn step(
         }
         h += nt;
     }
-    let mut h = t;
-    while h < nh && !call.failed {
-        if h != me {
-            // SAFETY: as above.
-            let c = unsafe { &*ctx.conns.add(h as usize) };
-            let mut start = None;
-            let mut arrived = true;
-            while !c.wait_timeout(WAIT_SLICE_NS) {
-                let t0 = start.get_or_insert_with(arch::global_timer_ns);
-                // A partner this rank cannot reach any more: what it sent before it left
-                // is there within the grace; after it, give up without a record.
-                if c.refused() && arch::global_timer_ns().wrapping_sub(*t0) > GONE_GRACE_NS {
-                    gone = gone.or(Some(h));
-                    arrived = false;
-                    break;
-                }
-                // SAFETY: the context valid.
-                *t0 = unsafe { ctx.keep_waiting(call, h, fault::AT_CROSS, *t0) };
-                if *t0 == 0 {
-                    call.failed = true;
-                    break;
-                }
-            }
-            if !call.failed && arrived {
+    // The reduction follows the partners' pieces (see `PIECEWISE`): in this block, or in the
+    // grid's other blocks (`reduce_pieces`), to which thread 0 hands each piece as it lands.
+    let progressive = mode == REDUCE && gets(me) && (grid || !out.is_null());
+    let steps = if progressive { pieces(len) } else { 1 };
+    let mut piece = 0;
+    let broken = loop {
+        let last = piece + 1 == steps;
+        let mut h = t;
+        while h < nh && !call.failed {
+            if h != me {
+                // SAFETY: conns holds nranks handles (context contract).
+                let c = unsafe { &*ctx.conns.add(h as usize) };
                 let at = base.wrapping_add(recv_slot(slot, nh as u64, round, h as u64) as usize);
-                let mut hdr = [0u64; 4];
-                for (i, w) in hdr.iter_mut().enumerate() {
-                    // SAFETY: the receive slot's header, published by the wait (the proxy
-                    // writes the data before it raises the counter).
-                    *w = unsafe { core::ptr::read_volatile((at as *const u64).add(i)) };
-                }
-                if hdr[0] != round {
-                    // Both rounds in the record's descriptor words.
-                    let rounds = Call {
-                        desc: [round, tag],
-                        ..call
-                    };
-                    let theirs = [hdr[0], hdr[2]];
-                    // SAFETY: the context valid.
-                    unsafe { ctx.fail(rounds, fault::MISMATCH, h, theirs, fault::AT_CROSS_ROUND) };
-                    call.failed = true;
-                } else if [hdr[1], hdr[2]] != call.desc {
-                    // SAFETY: the context valid.
-                    unsafe {
-                        ctx.fail(call, fault::MISMATCH, h, [hdr[1], hdr[2]], fault::AT_CROSS)
-                    };
-                    call.failed = true;
+                // The partner's signal count (its header, which came with its first).
+                let total = || {
+                    // SAFETY: the receive slot's header, published by the first wait (the
+                    // proxy writes the data before it raises the counter).
+                    let l = unsafe { core::ptr::read_volatile((at as *const u64).add(3)) };
+                    if l & PIECEWISE != 0 {
+                        pieces(l & !PIECEWISE)
+                    } else {
+                        1
+                    }
+                };
+                // Its signals waited for by the end of this piece: up to this piece's, at the
+                // last every one.
+                let upto = |n: u64| if last { n } else { n.min(piece + 1) };
+                let (mut waited, mut want) = if piece == 0 {
+                    (0, 1)
+                } else {
+                    let n = total();
+                    (piece.min(n), upto(n))
+                };
+                while waited < want && !call.failed {
+                    let mut start = None;
+                    let mut arrived = true;
+                    while !c.wait_timeout(WAIT_SLICE_NS) {
+                        let t0 = start.get_or_insert_with(arch::global_timer_ns);
+                        // A partner this rank cannot reach any more: what it sent before it
+                        // left is there within the grace; after it, give up without a
+                        // record.
+                        if c.refused() && arch::global_timer_ns().wrapping_sub(*t0) > GONE_GRACE_NS
+                        {
+                            gone = gone.or(Some(h));
+                            arrived = false;
+                            break;
+                        }
+                        // SAFETY: the context valid.
+                        *t0 = unsafe { ctx.keep_waiting(call, h, fault::AT_CROSS, *t0) };
+                        if *t0 == 0 {
+                            call.failed = true;
+                            break;
+                        }
+                    }
+                    if !arrived || call.failed {
+                        break;
+                    }
+                    if waited == 0 {
+                        // SAFETY: the context valid; the header published by the wait.
+                        call.failed = unsafe { check_header(ctx, call, at, round, h) };
+                        if call.failed {
+                            break;
+                        }
+                        want = upto(total());
+                    }
+                    waited += 1;
                 }
             }
+            h += nt;
         }
-        h += nt;
-    }
-    if call.failed {
-        // SAFETY: the fault area is live (context contract); the shared word the block's.
+        if call.failed {
+            // SAFETY: the fault area is live (context contract); the shared word the block's.
+            unsafe {
+                arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
+                failed_flag.write_volatile(1);
+            }
+        }
+        arch::sync_threads();
+        // A partner gone fails the round, named as such only when no wait failed or found a
+        // mismatch (those were recorded before the barrier and say more).
+        // SAFETY: the shared word was written before the barrier; after it, only raised to 1
+        // (below), so a thread that reads it while another raises it sees 0 or 1, and either
+        // leaves one record in the fault area (first writer wins).
+        if let Some(h) = gone
+            && unsafe { failed_flag.read_volatile() } == 0
+        {
+            // SAFETY: the context valid; the fault area live (context contract); the shared
+            // word the block's.
+            unsafe {
+                ctx.fail(call, fault::ABORTED, h, [0; 2], fault::AT_CROSS_GONE);
+                arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
+                failed_flag.write_volatile(1);
+            }
+        }
+        arch::sync_threads();
+        // Every thread reads the same word after the barrier: the block agrees.
+        // SAFETY: written before the barrier.
+        if unsafe { failed_flag.read_volatile() } != 0 {
+            break true;
+        }
+        if progressive {
+            let (lo, hi) = (piece * PIPE_PIECE, ((piece + 1) * PIPE_PIECE).min(len));
+            if grid {
+                if t == 0 {
+                    // SAFETY: the state words are live (context contract).
+                    unsafe { publish(ctx, round, piece + 1) };
+                }
+            } else {
+                let payload = |h: u32| round_payload(ctx, round, h).wrapping_add(lo as usize);
+                // SAFETY: every payload holds len bytes, [lo, hi) of them published by the
+                // waits and the barrier (the own written above or by the caller); out holds
+                // len bytes (caller contract); a piece is whole elements.
+                unsafe { reduce_hosts(payload, nh, out.add(lo as usize), hi - lo, tag, avg_n) };
+            }
+        }
+        piece += 1;
+        if piece == steps {
+            break false;
+        }
+    };
+    if grid && t == 0 {
+        // SAFETY: the state words are live (context contract).
         unsafe {
-            arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
-            failed_flag.write_volatile(1);
+            if broken {
+                publish(ctx, round, BROKEN);
+            }
+            if !wait_reducers(ctx) && !broken {
+                ctx.fail(call, fault::TIMEOUT, me, [0; 2], fault::AT_CROSS);
+                arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
+            }
         }
     }
-    arch::sync_threads();
-    // A partner gone fails the round, named as such only when no wait failed or found a
-    // mismatch (those were recorded before the barrier and say more).
-    // SAFETY: the shared word was written before the barrier; after it, only raised to 1
-    // (below), so a thread that reads it while another raises it sees 0 or 1, and either
-    // leaves one record in the fault area (first writer wins).
-    if let Some(h) = gone
-        && unsafe { failed_flag.read_volatile() } == 0
-    {
-        // SAFETY: the context valid; the fault area live (context contract); the shared
-        // word the block's.
-        unsafe {
-            ctx.fail(call, fault::ABORTED, h, [0; 2], fault::AT_CROSS_GONE);
-            arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
-            failed_flag.write_volatile(1);
-        }
-    }
-    arch::sync_threads();
-    // Every thread reads the same word after the barrier: the block agrees.
-    // SAFETY: written before the barrier.
-    let broken = unsafe { failed_flag.read_volatile() } != 0;
     if !broken && !out.is_null() {
         let payload = |h: u32| round_payload(ctx, round, h);
-        if mode == REDUCE && gets(me) {
+        if mode == PICK {
+            let from = (stride as u32).min(nh - 1);
             // SAFETY: every payload holds len bytes (the own written above or by the
             // caller, the others published by the waits and the barrier); out holds len
-            // bytes (caller contract).
-            unsafe { reduce_hosts(payload, nh, out, len, tag, (flags >> AVG_SHIFT) as u32) };
-        } else if mode == PICK {
-            let from = (stride as u32).min(nh - 1);
-            // SAFETY: as above; out holds len bytes.
+            // bytes.
             unsafe { copy(out, payload(from), len, t, nt) };
         } else if mode == GATHER {
             for h in 0..nh {
@@ -403,7 +516,8 @@ pub unsafe fn step(
 
 /// The pipelined part of [`step`]'s first phase: copies `src[..tail]` (a multiple of
 /// [`PIPE_PIECE`]) into the own send slot's payload piece by piece and puts each piece
-/// (the first with the header) to every partner, without a signal, after a barrier.
+/// (the first with the header) to every partner with a signal ([`PIECEWISE`]), after a
+/// barrier, without waiting for the proxy (the put with the signal after these does).
 /// Returns whether a put of this thread's failed (recorded in the fault area). Not
 /// inlined: inside the step, its loop made the `cross_step` kernel spill registers.
 ///
@@ -434,6 +548,15 @@ unsafe fn put_pieces(ctx: &CollContext, src: *const u8, tail: u64, round: u64, c
             )
         };
         arch::sync_threads();
+        if t == 0 && arch::grid_dim_x() > 1 {
+            // SAFETY: the state words are live (context contract).
+            unsafe {
+                arch::st_release_sys_u64(
+                    ctx.state.add(COPIED),
+                    round << 32 | (off / PIPE_PIECE + 1),
+                )
+            };
+        }
         // The first piece carries the header.
         let (at, size) = if off == 0 {
             (0, HDR + PIPE_PIECE)
@@ -448,7 +571,7 @@ unsafe fn put_pieces(ctx: &CollContext, src: *const u8, tail: u64, round: u64, c
                 // SAFETY: conns holds nranks handles (context contract).
                 let c = unsafe { &*ctx.conns.add(h as usize) };
                 // A refused put is reported by the put with the signal after these.
-                if let Err(e) = c.try_put_at(dst + at, from + at, size) {
+                if let Err(e) = c.try_put_with_signal_queued(dst + at, from + at, size) {
                     // SAFETY: the context valid.
                     unsafe { ctx.fail(call, put_fault(e), h, [0; 2], fault::AT_CROSS) };
                     failed = true;
@@ -459,6 +582,277 @@ unsafe fn put_pieces(ctx: &CollContext, src: *const u8, tail: u64, round: u64, c
         off += PIPE_PIECE;
     }
     failed
+}
+
+/// Pieces of a payload of `len` bytes: [`PIPE_PIECE`]s, the last one shorter (one for an
+/// empty payload).
+#[inline(always)]
+pub const fn pieces(len: u64) -> u64 {
+    if len == 0 {
+        1
+    } else {
+        (len - 1) / PIPE_PIECE + 1
+    }
+}
+
+/// Checks the header of partner `h`'s payload of `round` at `at` against this rank's round
+/// and descriptor: a difference is recorded in the fault area ([`fault::MISMATCH`] at
+/// [`fault::AT_CROSS`] with both descriptors, or at [`fault::AT_CROSS_ROUND`] with both
+/// rounds in the descriptor words). Returns whether it differed.
+///
+/// # Safety
+/// `ctx` a valid cross context; `at` a receive slot's header, published to this thread.
+#[inline(always)]
+unsafe fn check_header(ctx: &CollContext, call: Call, at: *const u8, round: u64, h: u32) -> bool {
+    let mut hdr = [0u64; 4];
+    for (i, w) in hdr.iter_mut().enumerate() {
+        // SAFETY: the header's four words (caller contract).
+        *w = unsafe { core::ptr::read_volatile((at as *const u64).add(i)) };
+    }
+    if hdr[0] != round {
+        // Both rounds in the record's descriptor words.
+        let rounds = Call {
+            desc: [round, call.desc[1]],
+            ..call
+        };
+        // SAFETY: the context valid (caller contract).
+        unsafe {
+            ctx.fail(
+                rounds,
+                fault::MISMATCH,
+                h,
+                [hdr[0], hdr[2]],
+                fault::AT_CROSS_ROUND,
+            )
+        };
+        true
+    } else if [hdr[1], hdr[2]] != call.desc {
+        // SAFETY: as above.
+        unsafe { ctx.fail(call, fault::MISMATCH, h, [hdr[1], hdr[2]], fault::AT_CROSS) };
+        true
+    } else {
+        false
+    }
+}
+
+/// Hands the reducing blocks of a [`cross_step`] grid the first `done` pieces of `round`
+/// (or [`BROKEN`]): a release, after what this block's waits acquired.
+///
+/// # Safety
+/// Thread 0 of block 0, after a barrier; `ctx` a valid cross context.
+#[inline(always)]
+unsafe fn publish(ctx: &CollContext, round: u64, done: u64) {
+    arch::fence_acq_rel_sys();
+    // SAFETY: the state words are live (caller contract).
+    unsafe { arch::st_release_sys_u64(ctx.state.add(PROGRESS), round << 32 | done) };
+}
+
+/// The pieces of `src` block 0 has copied into its send slot in `round` ([`COPIED`]; 0 for
+/// an older round's count).
+///
+/// # Safety
+/// `ctx` a valid cross context.
+#[inline(always)]
+unsafe fn copied(ctx: &CollContext, round: u64) -> u64 {
+    // SAFETY: the state words are live (caller contract).
+    let v = unsafe { arch::ld_acquire_sys_u64(ctx.state.add(COPIED)) };
+    if v >> 32 == round & BROKEN {
+        v & BROKEN
+    } else {
+        0
+    }
+}
+
+/// Whether piece `piece` of `round` has landed from every partner, as the partners'
+/// counters say against the round's [`BASES`] (`false` while block 0 has not written them,
+/// or when it keeps none): a partner's first signal brings its header, which says whether
+/// it signals every piece ([`PIECEWISE`]) or sent its payload whole.
+///
+/// # Safety
+/// `ctx` a valid cross context of a [`cross_step`] grid.
+#[inline(always)]
+unsafe fn landed(ctx: &CollContext, round: u64, piece: u64) -> bool {
+    let (me, nh) = (ctx.rank, ctx.nranks);
+    // SAFETY: the state words are live (caller contract).
+    if unsafe { arch::ld_acquire_sys_u64(ctx.state.add(BASES_ROUND)) } != round + 1 {
+        return false;
+    }
+    let slot = ctx.scratch_len;
+    for h in 0..nh {
+        if h == me {
+            continue;
+        }
+        // SAFETY: conns holds nranks handles; the bases were written before BASES_ROUND
+        // (released, acquired above), for nh <= MAX_BASES hosts.
+        let (c, base) = unsafe {
+            (
+                &*ctx.conns.add(h as usize),
+                core::ptr::read_volatile(ctx.state.add(BASES + h as usize)),
+            )
+        };
+        let arrived = c.arrived();
+        if arrived <= base {
+            return false;
+        }
+        let at = recv_slot(slot, nh as u64, round, h as u64) + 3 * 8;
+        // SAFETY: the payload-bytes word of the partner's header in its receive slot,
+        // published by its first signal (acquired above).
+        let l = unsafe {
+            core::ptr::read_volatile(ctx.scratch.wrapping_add(at as usize) as *const u64)
+        };
+        let need = if l & PIECEWISE != 0 {
+            pieces(l & !PIECEWISE).min(piece + 1)
+        } else {
+            1
+        };
+        if arrived < base + need {
+            return false;
+        }
+    }
+    true
+}
+
+/// Block 0's end of a [`cross_step`] grid: waits (at most the device timeout) until every
+/// reducing block is done with the round, then clears their count for the next one.
+/// Returns `false` if they were not done in time (their reduction may be partial).
+///
+/// # Safety
+/// Thread 0 of block 0 after its last [`publish`]; `ctx` a valid cross context.
+#[inline(always)]
+unsafe fn wait_reducers(ctx: &CollContext) -> bool {
+    let want = (arch::grid_dim_x() - 1) as u64;
+    let t0 = arch::global_timer_ns();
+    // SAFETY (both): the state words are live (caller contract).
+    while unsafe { arch::ld_acquire_sys_u64(ctx.state.add(REDUCED)) } < want {
+        if arch::global_timer_ns().wrapping_sub(t0) > ctx.timeout_ns {
+            return false;
+        }
+    }
+    unsafe { core::ptr::write_volatile(ctx.state.add(REDUCED), 0) };
+    true
+}
+
+/// A reducing block of a [`cross_step`] grid (blocks `1..`): for every piece of the round's
+/// payloads ([`pieces`] of `len`), once block 0 has handed it over ([`PROGRESS`]) or it has
+/// landed from every partner (the first reducing block polls the partners' counters against
+/// the round's [`BASES`], the others follow it: [`LANDED`]; in place, once block 0 has also
+/// copied it out of `src`: [`COPIED`]), reduces
+/// this block's share of it (cut at multiples of 16 bytes) over the hosts in host order into
+/// `out`, as [`step`]'s reduction in one block would (the same sources in the same order:
+/// the same bits), then counts itself done ([`REDUCED`]). The own payload is `src` when it
+/// is not null (in place, `out`, unless this host's payload falls past the first reduction
+/// pass), else the own send slot's. Nothing but the count when the step does not reduce
+/// here ([`to_host`], no `out`) or the round failed.
+///
+/// # Safety
+/// Every thread of every block but block 0 of the grid whose block 0 runs [`step`] with the
+/// same arguments; `src` null or valid for `len` bytes; `out` valid for `len` bytes,
+/// aligned to the tag's element size, disjoint from the cross buffer.
+#[inline(never)]
+pub unsafe fn reduce_pieces(
+    ctx: &CollContext,
+    src: *const u8,
+    out: *mut u8,
+    tag: u64,
+    len: u64,
+    flags: u64,
+) {
+    let t = arch::thread_idx_x();
+    let (me, nh) = (ctx.rank, ctx.nranks);
+    let to = (flags >> TO_SHIFT) & TO_ALL;
+    let reduces = flags & 0xf == REDUCE && (to == TO_ALL || to == me as u64) && !out.is_null();
+    // SAFETY: the state words are live; block 0 advances the round only after this block
+    // counted itself done.
+    let round = unsafe { core::ptr::read_volatile(ctx.state.add(ROUND)) };
+    let (b, nb) = (
+        arch::block_idx_x() as u64 - 1,
+        arch::grid_dim_x() as u64 - 1,
+    );
+    let in_place = core::ptr::eq(src, out);
+    let from_src = !src.is_null() && (!in_place || (me as usize) < PASS);
+    let ready = crate::shared_array!(CROSS_PIECE_READY: u32; 1);
+    let mut piece = 0;
+    while reduces && piece < pieces(len) {
+        if t == 0 {
+            let t0 = arch::global_timer_ns();
+            let ok = loop {
+                // SAFETY: the state words are live (context contract).
+                let v = unsafe { arch::ld_acquire_sys_u64(ctx.state.add(PROGRESS)) };
+                let done = v & BROKEN;
+                if v >> 32 == round & BROKEN && done != BROKEN && done > piece {
+                    break true;
+                }
+                // A failed round, or a block 0 that never came (it records the timeout).
+                if v >> 32 == round & BROKEN && done == BROKEN
+                    || arch::global_timer_ns().wrapping_sub(t0) > ctx.timeout_ns
+                {
+                    break false;
+                }
+                if b > 0 {
+                    // What the first reducing block saw land (see `LANDED`).
+                    // SAFETY: the state words are live (context contract).
+                    let v = unsafe { arch::ld_acquire_sys_u64(ctx.state.add(LANDED)) };
+                    if v >> 32 == round & BROKEN && v & BROKEN > piece {
+                        break true;
+                    }
+                    continue;
+                }
+                // In place, `out` is `src`: this piece of it copied before it is written.
+                // SAFETY: the state words are live; the context valid (caller contract).
+                if (!in_place || unsafe { copied(ctx, round) } > piece)
+                    && unsafe { landed(ctx, round, piece) }
+                {
+                    // SAFETY: as above.
+                    unsafe {
+                        arch::st_release_sys_u64(ctx.state.add(LANDED), round << 32 | (piece + 1))
+                    };
+                    break true;
+                }
+            };
+            // SAFETY: the block's shared word.
+            unsafe { ready.write_volatile(u32::from(ok)) };
+        }
+        arch::sync_threads();
+        // SAFETY: written by thread 0 before the barrier.
+        if unsafe { ready.read_volatile() } == 0 {
+            break;
+        }
+        let (lo, hi) = (piece * PIPE_PIECE, ((piece + 1) * PIPE_PIECE).min(len));
+        let share = (hi - lo).div_ceil(nb).next_multiple_of(16);
+        let at = lo + b * share;
+        if at < hi {
+            let payload = |h: u32| {
+                let p = if h == me && from_src {
+                    src
+                } else {
+                    round_payload(ctx, round, h)
+                };
+                p.wrapping_add(at as usize)
+            };
+            // SAFETY: every payload holds len bytes (the own: src or the send slot; the
+            // others: [lo, hi) published by block 0's waits and its release), out len bytes
+            // (caller contract); this block's share is whole elements (16-byte cuts).
+            unsafe {
+                reduce_hosts(
+                    payload,
+                    nh,
+                    out.add(at as usize),
+                    share.min(hi - at),
+                    tag,
+                    (flags >> AVG_SHIFT) as u32,
+                )
+            };
+        }
+        // Thread 0 writes `ready` again only after every thread read it.
+        arch::sync_threads();
+        piece += 1;
+    }
+    arch::sync_threads();
+    if t == 0 {
+        arch::fence_acq_rel_sys();
+        // SAFETY: the state words are live (context contract).
+        unsafe { arch::atomic_add_release_sys_u64(ctx.state.add(REDUCED), 1) };
+    }
 }
 
 /// The fault kind of a put the FIFO did not take: it stayed full for its timeout (the proxy
@@ -571,101 +965,9 @@ pub unsafe fn finish_avg(out: *mut u8, len: u64, type_op: u32, n: u32) {
     }
 }
 
-/// The reduction of the round [`step`] just did without an `out` (null), shared by every
-/// block of a grid, for payloads that one block would read too slowly (a host-mapped cross
-/// buffer, read over PCIe): block `b` reduces its share (cut at multiples of 16 bytes) of
-/// the `len` bytes of every host's payload of that round, in host order, into `out`, as
-/// [`step`]'s [`REDUCE`] would (the same sources in the same order: the same bits). The own
-/// payload is `src` (the step's input, also in the own send slot) when it is not null and
-/// not `out`, else the own send slot's. Nothing when the round failed (the fault area's
-/// [`fault::CROSS_BROKEN`]) or `flags` give the payload to another host ([`to_host`]).
-///
-/// # Safety
-/// Every thread of every block, with the same arguments, on the stream right after that
-/// step (a kernel boundary publishes its round and the payloads); `ctx`, `flags`, `tag` and
-/// `len` as the step's; `src` null or valid for `len` bytes; `out` valid for `len` bytes,
-/// aligned to the tag's element size, disjoint from the cross buffer.
-#[inline(always)]
-pub unsafe fn reduce_round(
-    ctx: &CollContext,
-    src: *const u8,
-    out: *mut u8,
-    tag: u64,
-    len: u64,
-    flags: u64,
-) {
-    let (me, nh) = (ctx.rank, ctx.nranks);
-    let to = (flags >> TO_SHIFT) & TO_ALL;
-    if to != TO_ALL && to != me as u64 {
-        return;
-    }
-    // The block's agreement on a failed round: thread 0 reads the sticky word.
-    let broken = crate::shared_array!(CROSS_REDUCE_BROKEN: u32; 1);
-    if arch::thread_idx_x() == 0 {
-        // SAFETY: the fault area is live (context contract); the shared word is the block's.
-        unsafe {
-            let b = arch::ld_relaxed_sys_u64(ctx.fault.add(fault::CROSS_BROKEN));
-            broken.write_volatile(u32::from(b != 0));
-        }
-    }
-    arch::sync_threads();
-    // SAFETY: written by thread 0 before the barrier.
-    if unsafe { broken.read_volatile() } != 0 {
-        return;
-    }
-    // SAFETY: the state words are live; the step advanced the round before this kernel.
-    let round = unsafe { core::ptr::read_volatile(ctx.state.add(ROUND)) }.wrapping_sub(1);
-    let (b, nb) = (arch::block_idx_x() as u64, arch::grid_dim_x() as u64);
-    let share = len.div_ceil(nb).next_multiple_of(16);
-    let lo = b * share;
-    if lo >= len {
-        return;
-    }
-    let n = share.min(len - lo);
-    let from_src = !src.is_null() && !core::ptr::eq(src, out);
-    let payload = |h: u32| {
-        let p = if h == me && from_src {
-            src
-        } else {
-            round_payload(ctx, round, h)
-        };
-        p.wrapping_add(lo as usize)
-    };
-    // SAFETY: every payload holds len bytes (the own: src or the send slot; the others
-    // published by the step's waits and the kernel boundary), out len bytes (caller
-    // contract); this block's share [lo, lo + n) is whole elements (16-byte cuts).
-    unsafe {
-        reduce_hosts(
-            payload,
-            nh,
-            out.add(lo as usize),
-            n,
-            tag,
-            (flags >> AVG_SHIFT) as u32,
-        )
-    };
-}
-
 crate::kernel! {
-    /// The grid-wide reduction of a round ([`reduce_round`]): `ctx` the cross context in
-    /// device memory.
-    pub unsafe fn cross_reduce(
-        ctx: *const CollContext,
-        src: *const u8,
-        out: *mut u8,
-        tag: u64,
-        len: u64,
-        flags: u64,
-    ) {
-        // SAFETY: forwarded to the launcher (the host builds the context).
-        unsafe { reduce_round(&*ctx, src, out, tag, len, flags) }
-    }
-}
-crate::launch_bounds!(cross_reduce, 512);
-
-crate::kernel! {
-    /// One cross-host round ([`step`]) as a one-block kernel: `ctx` the cross context in
-    /// device memory.
+    /// One cross-host round ([`step`]) in block 0; the grid's other blocks, if any, reduce
+    /// with it ([`reduce_pieces`]): `ctx` the cross context in device memory.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn cross_step(
         ctx: *const CollContext,
@@ -677,8 +979,15 @@ crate::kernel! {
         flags: u64,
         stride: u64,
     ) {
-        // SAFETY: forwarded to the launcher (the host builds the context).
-        unsafe { step(&*ctx, src, out, n, tag, len, flags, stride) }
+        // SAFETY: forwarded to the launcher (the host builds the context); every block
+        // with the same arguments.
+        unsafe {
+            if arch::block_idx_x() == 0 {
+                step(&*ctx, src, out, n, tag, len, flags, stride)
+            } else {
+                reduce_pieces(&*ctx, src, out, tag, len, flags)
+            }
+        }
     }
 }
 crate::launch_bounds!(cross_step, 512);

@@ -1214,22 +1214,77 @@ fn a_call_that_a_rank_which_left_never_made_gives_up_at_once() {
     assert!(took >= std::time::Duration::from_millis(300), "{took:?}");
 }
 
-/// The grid-wide reduction of a round (`cross::reduce_round`, which a large round over a
-/// host-mapped cross buffer uses instead of the step's one block): every block's share,
-/// reduced in host order exactly as one block would (f32 values whose sum depends on the
-/// order), from the own send slot or from `src`; nothing once the round broke, or on a host
-/// that does not get the payload.
+/// f32 bits compared whole and shown short (the first element that differs is what a
+/// failure needs, not a million values).
+#[derive(PartialEq)]
+struct Bits(Vec<u32>);
+
+impl core::fmt::Debug for Bits {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let sum = self
+            .0
+            .iter()
+            .fold(0u64, |a, &x| a.wrapping_mul(31).wrapping_add(x as u64));
+        write!(
+            f,
+            "{} values, first {:x?}, hash {sum:x}",
+            self.0.len(),
+            &self.0[..self.0.len().min(4)]
+        )
+    }
+}
+
+/// The reducing blocks of a cross-host round (`cross::reduce_pieces`, blocks `1..` of a
+/// `cross_step` grid over a host-mapped cross buffer): each piece once block 0 has handed it
+/// over (`PROGRESS`) or the partners' counters say it landed (against the round's `BASES`),
+/// every block's share reduced in host order exactly as one block would (f32 values whose
+/// sum depends on the order), the own payload from the send slot, from `src` or in place;
+/// nothing past the pieces landed, nothing once the round broke or on a host that does not
+/// get the payload; every block counted done (`REDUCED`).
 #[test]
-fn a_round_reduced_by_a_grid_keeps_the_host_order() {
-    use super::cross::{self as xk, HDR, ROUND};
+fn reducing_blocks_follow_the_pieces_in_host_order() {
+    use super::cross::{
+        self as xk, BASES, BASES_ROUND, BROKEN, COPIED, HDR, LANDED, PIECEWISE, PIPE_PIECE,
+        PROGRESS, REDUCED, ROUND,
+    };
+    use crate::channel::DevConn;
+    use crate::fifo::{FifoDeviceHandle, Trigger};
     let (nh, me) = (3u32, 1u32);
-    let count = 5003usize;
+    // Two pieces, the second short.
+    let count = (PIPE_PIECE as usize / 4) + 7;
     let len = (count * 4) as u64;
+    assert_eq!(xk::pieces(len), 2);
     let slot = (len + HDR).next_multiple_of(16);
     let bytes = xk::buffer_bytes(slot, nh as u64);
     let w = World::new(1, bytes.div_ceil(2), 0);
     let mut ctx = w.ctxs[0];
     (ctx.rank, ctx.nranks, ctx.scratch_len) = (me, nh, slot);
+    // How long the blocks wait for a piece not handed over.
+    ctx.timeout_ns = 50_000_000;
+    // The partners' handles: only their counters are read (a FIFO nobody pushes to).
+    let mut ring = vec![Trigger::ZERO; 4];
+    let mut words = vec![0u64; 3 + 2 * nh as usize];
+    let w8 = words.as_mut_ptr();
+    // SAFETY: words 0..3 and the 2 * nh counters below lie in `words`.
+    let (inbound, tickets) = unsafe { (w8.add(3), w8.add(3 + nh as usize)) };
+    // SAFETY: as above.
+    let fifo =
+        unsafe { FifoDeviceHandle::new(ring.as_mut_ptr(), w8, w8.add(1), w8.add(2), 4, 1 << 30) }
+            .unwrap();
+    let conns: Vec<DevConn<'_>> = (0..nh as usize)
+        // SAFETY: live aligned words for the test's length; no fault area.
+        .map(|h| unsafe {
+            DevConn::from_raw_parts(
+                fifo,
+                h as u32,
+                inbound.add(h),
+                tickets.add(h),
+                1 << 30,
+                core::ptr::null_mut(),
+            )
+        })
+        .collect();
+    ctx.conns = conns.as_ptr();
     // Values whose f32 sum changes with the order: large and small magnitudes mixed.
     let value = |h: u32, i: usize| -> f32 {
         let x = (h as u64 * 1_000_003 + i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -1237,7 +1292,7 @@ fn a_round_reduced_by_a_grid_keeps_the_host_order() {
         let mag = [1.0e7f32, 1.0, 3.0e-3][(x % 3) as usize];
         (x >> 8) as u32 as f32 / u32::MAX as f32 * mag - mag / 2.0
     };
-    let round = 4u64; // the round the step just did (its half: round & 1)
+    let round = 5u64; // the round block 0 runs (its half: round & 1)
     // SAFETY: every slot lies inside the world's scratch (bytes of it); state words live.
     unsafe {
         for h in 0..nh {
@@ -1251,7 +1306,7 @@ fn a_round_reduced_by_a_grid_keeps_the_host_order() {
                 p.add(i).write(value(h, i));
             }
         }
-        ctx.state.add(ROUND).write(round + 1);
+        ctx.state.add(ROUND).write(round);
     }
     let want: Vec<u32> = (0..count)
         .map(|i| ((value(0, i) + value(1, i)) + value(2, i)).to_bits())
@@ -1263,45 +1318,150 @@ fn a_round_reduced_by_a_grid_keeps_the_host_order() {
         0,
     );
     let own: Vec<f32> = (0..count).map(|i| value(me, i)).collect();
-    let run = |src: *const u8, flags: u64| -> Vec<u32> {
+    let sentinel = 0xeeee_eeee_u32;
+    let blocks = 4u32;
+    // Runs the reducing blocks with `progress` handed over; `in_place`: src is out, holding
+    // the own payload. Returns out and the blocks counted done.
+    let run = |src: *const u8, in_place: bool, flags: u64, progress: u64| -> (Bits, u64) {
         let out = Mem::new(len as usize);
-        // SAFETY: the out memory is distinct and sentinel-filled below; the kernel reads
-        // the world's slots and `src` (count f32 or null) and writes `len` bytes of out.
-        unsafe { core::ptr::write_bytes(out.p, 0xee, len as usize) };
+        // SAFETY: the out memory is distinct, len bytes; the state words live.
+        unsafe {
+            let o = out.p as *mut u32;
+            for i in 0..count {
+                o.add(i)
+                    .write(if in_place { own[i].to_bits() } else { sentinel });
+            }
+            ctx.state.add(PROGRESS).write(progress);
+            ctx.state.add(REDUCED).write(0);
+            ctx.state.add(LANDED).write(0);
+        }
         let (c, o) = (&ctx, out.p as usize);
-        let s = src as usize;
-        // SAFETY: every thread of every block, the same arguments (see above).
-        launch(Dim3::x(4), Dim3::x(64), || unsafe {
-            xk::reduce_round(c, s as *const u8, o as *mut u8, tag, len, flags)
+        let s = if in_place { o } else { src as usize };
+        // SAFETY: every thread of blocks 1.. with the same arguments (block 0, the step's,
+        // does nothing here: `progress` stands for it); the kernel reads the world's slots
+        // and `src` (count f32 or null) and writes `len` bytes of out.
+        launch(Dim3::x(1 + blocks), Dim3::x(64), || unsafe {
+            if crate::arch::block_idx_x() > 0 {
+                xk::reduce_pieces(c, s as *const u8, o as *mut u8, tag, len, flags)
+            }
         })
         .unwrap();
-        // SAFETY: out holds count f32 (written or sentinel).
-        unsafe { std::slice::from_raw_parts(out.p as *const u32, count) }.to_vec()
+        // SAFETY: out holds count f32 (written or sentinel); the state word live.
+        unsafe {
+            (
+                Bits(std::slice::from_raw_parts(out.p as *const u32, count).to_vec()),
+                ctx.state.add(REDUCED).read(),
+            )
+        }
     };
     let all = xk::flags(xk::REDUCE, 3);
+    let both = round << 32 | 2;
+    let done = blocks as u64;
+    let null = core::ptr::null();
+    let from_src = own.as_ptr() as *const u8;
     assert_eq!(
-        run(core::ptr::null(), all),
-        want,
-        "own payload from the send slot"
+        run(null, false, all, both),
+        (Bits(want.clone()), done),
+        "send slot"
     );
     assert_eq!(
-        run(own.as_ptr() as *const u8, all),
-        want,
-        "own payload from src"
+        run(from_src, false, all, both),
+        (Bits(want.clone()), done),
+        "src"
     );
-    let untouched = vec![0xeeee_eeee_u32; count];
     assert_eq!(
-        run(core::ptr::null(), xk::to_host(all, 0)),
-        untouched,
+        run(null, true, all, both),
+        (Bits(want.clone()), done),
+        "in place"
+    );
+    let untouched = vec![sentinel; count];
+    assert_eq!(
+        run(null, false, xk::to_host(all, 0), both),
+        (Bits(untouched.clone()), done),
         "another host's"
     );
-    // SAFETY: the fault area's live word.
-    unsafe { ctx.fault.add(fault::CROSS_BROKEN).write(1) };
     assert_eq!(
-        run(core::ptr::null(), all),
-        untouched,
-        "after a broken round"
+        run(null, false, all, round << 32 | BROKEN),
+        (Bits(untouched.clone()), done),
+        "a broken round"
     );
+    // The first piece only: the blocks give up on the second after the device timeout.
+    let first = PIPE_PIECE as usize / 4;
+    let mut part = want.clone();
+    part[first..].fill(sentinel);
+    assert_eq!(
+        run(null, false, all, round << 32 | 1),
+        (Bits(part), done),
+        "one piece"
+    );
+    // The previous round's progress is not this round's.
+    assert_eq!(
+        run(null, false, all, (round - 1) << 32 | 2),
+        (Bits(untouched.clone()), done),
+        "an old round"
+    );
+    // Nothing handed over, but the partners' counters past the round's bases: host 0
+    // signals each piece (its header says so), host 2 sent its payload whole (one signal).
+    let nothing = round << 32;
+    // SAFETY: the state words, counters and the partners' headers are live; no kernel runs.
+    let set = |base_round: u64, arrived: [u64; 3], l: [u64; 3]| unsafe {
+        ctx.state.add(BASES_ROUND).write(base_round);
+        for h in [0u32, 2] {
+            ctx.state.add(BASES + h as usize).write(10 + h as u64);
+            tickets.add(h as usize).write(10 + h as u64);
+            inbound
+                .add(h as usize)
+                .write(10 + h as u64 + arrived[h as usize]);
+            let at = xk::recv_slot(slot, nh as u64, round, h as u64) + 24;
+            (ctx.scratch.add(at as usize) as *mut u64).write(l[h as usize]);
+        }
+    };
+    let (split, whole) = (len | PIECEWISE, len);
+    set(round + 1, [2, 0, 1], [split, 0, whole]);
+    assert_eq!(
+        run(null, false, all, nothing),
+        (Bits(want.clone()), done),
+        "landed"
+    );
+    let mut part = want.clone();
+    part[first..].fill(sentinel);
+    set(round + 1, [1, 0, 1], [split, 0, whole]);
+    assert_eq!(
+        run(null, false, all, nothing),
+        (Bits(part), done),
+        "one piece landed"
+    );
+    set(round + 1, [2, 0, 0], [split, 0, whole]);
+    assert_eq!(
+        run(null, false, all, nothing),
+        (Bits(untouched.clone()), done),
+        "one host's"
+    );
+    set(round, [2, 0, 1], [split, 0, whole]);
+    assert_eq!(
+        run(null, false, all, nothing),
+        (Bits(untouched), done),
+        "old bases"
+    );
+    // In place, a piece is written only once block 0 copied it out of `src` (`COPIED`).
+    set(round + 1, [2, 0, 1], [split, 0, whole]);
+    let own_bits: Vec<u32> = own.iter().map(|v| v.to_bits()).collect();
+    let mut first_only = want.clone();
+    first_only[first..].copy_from_slice(&own_bits[first..]);
+    for (copied, out, what) in [
+        (0, own_bits, "nothing copied"),
+        (1, first_only, "one piece copied"),
+        (2, want, "all copied"),
+    ] {
+        // SAFETY: the state word is live; no kernel runs.
+        unsafe { ctx.state.add(COPIED).write(round << 32 | copied) };
+        assert_eq!(
+            run(null, true, all, nothing),
+            (Bits(out), done),
+            "in place, {what}"
+        );
+    }
+    drop(conns);
 }
 
 /// The bare LL exchange (a benchmark reference): every rank's output is the XOR of every

@@ -75,7 +75,8 @@ pub(super) fn alloc_cross_buffer(
     }
 }
 
-/// Most blocks of that reduction (each reads host memory at a fraction of PCIe's rate).
+/// Most reducing blocks beside the step's (each reads host memory at a fraction of PCIe's
+/// rate).
 const MAPPED_REDUCE_BLOCKS: u32 = 16;
 
 /// The driver's variable for the hardware work queues of a process's streams.
@@ -123,8 +124,6 @@ struct GpuCross {
     stage: DeviceBuffer,
     /// `cross_step` of the loaded module.
     step: CudaFunction,
-    /// `cross_reduce` of the loaded module (large reductions over a host-mapped buffer).
-    reduce: CudaFunction,
 }
 
 /// The cross-host state of a [`Collectives`] spanning hosts.
@@ -375,7 +374,6 @@ impl GpuCross {
             shard: DeviceBuffer::zeroed(gpu, payload)?,
             stage: DeviceBuffer::zeroed(gpu, nlocal * payload)?,
             step: kernels.function("cross_step")?,
-            reduce: kernels.function("cross_reduce")?,
         })
     }
 }
@@ -643,13 +641,19 @@ impl Collectives {
     ) -> Result<(), CommError> {
         let g = cross.gpu.as_ref().expect("the GPU backend");
         let ctx = g.ctx.device_ptr();
-        // Over a host-mapped buffer, a large reduction runs on a grid after the step.
+        // Over a host-mapped buffer, a large reduction runs on blocks of its own beside the
+        // step's, piece by piece as the partners' pieces land.
         let grid_reduce = cross.buffer_mapped()
             && flags & 0xf == REDUCE
             && out != 0
             && len >= MAPPED_GRID_REDUCE_BYTES;
-        let (step_out, reduce_out) = if grid_reduce { (0, out) } else { (out, 0) };
-        let out = step_out;
+        let reducers = if grid_reduce {
+            (len as u64 / MAPPED_GRID_REDUCE_BYTES as u64 * 4)
+                .clamp(1, MAPPED_REDUCE_BLOCKS.min(self.config.max_blocks) as u64)
+                as u32
+        } else {
+            0
+        };
         let (n, tag, len, stride) = (descr[0], descr[1], len as u64, stride as u64);
         // At most the kernel's launch bound (`.maxntid 512`: registers without spills).
         let threads = self.config.threads.clamp(32, 512);
@@ -663,39 +667,13 @@ impl Collectives {
             .arg(&flags)
             .arg(&stride);
         let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
+            grid_dim: (1 + reducers, 1, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: caller contract for the ranges; the context in device memory holds this
         // communicator's registered memory; the argument list matches `cross_step`'s
         // signature (*const CollContext, *const u8, *mut u8, u64, u64, u64, u64, u64).
-        self.noted(
-            unsafe { l.launch(cfg) }
-                .map(|_| ())
-                .map_err(|e| gpu::classify("launch", "cuLaunchKernel", e)),
-        )?;
-        if reduce_out == 0 {
-            return Ok(());
-        }
-        let blocks = (len / MAPPED_GRID_REDUCE_BYTES as u64 * 4)
-            .clamp(1, MAPPED_REDUCE_BLOCKS.min(self.config.max_blocks) as u64)
-            as u32;
-        let mut l = stream.launch_builder(&g.reduce);
-        l.arg(&ctx)
-            .arg(&src)
-            .arg(&reduce_out)
-            .arg(&tag)
-            .arg(&len)
-            .arg(&flags);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: as above (the step's ranges, `reduce_out` its `out`), on the stream right
-        // after the step; the argument list matches `cross_reduce`'s signature
-        // (*const CollContext, *const u8, *mut u8, u64, u64, u64).
         self.noted(
             unsafe { l.launch(cfg) }
                 .map(|_| ())

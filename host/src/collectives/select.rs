@@ -64,10 +64,10 @@ pub(super) fn two_shot_pays(hosts: usize, bytes: usize) -> bool {
 }
 
 /// From this many payload bytes, a reducing round over a host-mapped cross buffer leaves
-/// its reduction to the grid-wide `cross_reduce` kernel: the step's one block reads the
-/// payloads from host memory over PCIe several times slower than a grid does. The grid
-/// reduction was measured (1x H200, commit 97286fa: without it the host-mapped form lost
-/// 12-18%); the 256 KiB threshold itself was not swept.
+/// its reduction to reducing blocks beside the step's one (`cross_step` launched on a
+/// grid): one block reads the payloads from host memory over PCIe several times slower
+/// than a grid does. The grid reduction was measured (1x H200, commit 97286fa: without it
+/// the host-mapped form lost 12-18%); the 256 KiB threshold itself was not swept.
 pub(super) const MAPPED_GRID_REDUCE_BYTES: usize = 256 << 10;
 
 /// Whether `dtype` and `op` have the sum-only kernels (every algorithm): sums of f32, f16
