@@ -645,6 +645,55 @@ fn cross_host_rounds_longer_than_a_piece() {
     );
 }
 
+/// Hosts that disagree on the size of a payload long enough to go in pieces (host 0: 3
+/// pieces, host 1: 2, each with its signal): the first piece's header already says so,
+/// every rank fails the call naming both, and the next call fails at once instead of
+/// waiting for pieces that were never sent.
+fn large_mismatch_rank() {
+    let comm = communicator();
+    let c = Collectives::new(
+        comm,
+        CollConfig {
+            scratch_bytes: 32 << 20,
+            ..CollConfig::default()
+        },
+    )
+    .unwrap();
+    let r = c.rank();
+    let count = if r == 0 { 600_000 } else { 400_000 };
+    let mut buf = vec![1f32; count];
+    match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
+        Err(CommError::State(m)) => {
+            assert!(
+                m.contains("differently across hosts")
+                    && m.contains("all_reduce (sum) with 600000 f32")
+                    && m.contains("all_reduce (sum) with 400000 f32"),
+                "rank {r}: {m}"
+            );
+            println!("rank {r}: {m}");
+        }
+        other => panic!("rank {r}: expected the mismatch, got {other:?}"),
+    }
+    match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
+        Err(CommError::State(m)) => assert!(m.contains("an earlier call failed"), "{m}"),
+        other => panic!("rank {r}: expected the earlier error, got {other:?}"),
+    }
+    println!("rank {r}: ok");
+}
+
+/// 2 processes, each its own host, whose pieced payloads differ in size and count.
+#[test]
+fn cross_host_pieced_payloads_of_different_sizes_are_named() {
+    if child() {
+        return large_mismatch_rank();
+    }
+    launch_envs(
+        "cross_host_pieced_payloads_of_different_sizes_are_named",
+        2,
+        &[(LAYOUT, "cyclic:2")],
+    );
+}
+
 fn two_shot_rank() {
     let c = collectives_with(|_| AllReduceAlgo::TwoShot);
     assert_eq!(c.choose_all_reduce(4), AllReduceAlgo::TwoShot);
