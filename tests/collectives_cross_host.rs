@@ -606,19 +606,21 @@ fn cross_host_3_hosts_of_one_rank() {
     launch("cross_host_3_hosts_of_one_rank", 3, "cyclic:3");
 }
 
-/// A large scratch (32 MiB: cross-host slots of about 2.7 MB for two hosts), so a round's
-/// payload is longer than the step's pipelined piece (`PIPE_PIECE`, 1 MiB): copied in and
-/// put piece by piece, the header with the first, the signal with the last.
+/// Collectives with a large scratch (32 MiB: cross-host slots of about 2.7 MB for two
+/// hosts), so a round's payload may be longer than the step's pipelined piece
+/// (`PIPE_PIECE`, 1 MiB).
+fn large_scratch_collectives() -> Collectives {
+    let config = CollConfig {
+        scratch_bytes: 32 << 20,
+        ..CollConfig::default()
+    };
+    Collectives::new(communicator(), config).unwrap()
+}
+
+/// Rounds longer than a piece: copied in and put piece by piece, each with its signal (the
+/// header with the first), and reduced piece by piece as they land.
 fn large_rounds_rank() {
-    let comm = communicator();
-    let c = Collectives::new(
-        comm,
-        CollConfig {
-            scratch_bytes: 32 << 20,
-            ..CollConfig::default()
-        },
-    )
-    .unwrap();
+    let c = large_scratch_collectives();
     // One piece and a tail; two rounds, the second shorter; exactly two pieces.
     let counts = [300_001usize, 1_000_003, 2 << 18];
     check_all_reduce::<f32>(&c, &counts, &[ReduceOp::Sum, ReduceOp::Max], false);
@@ -650,30 +652,12 @@ fn cross_host_rounds_longer_than_a_piece() {
 /// every rank fails the call naming both, and the next call fails at once instead of
 /// waiting for pieces that were never sent.
 fn large_mismatch_rank() {
-    let comm = communicator();
-    let c = Collectives::new(
-        comm,
-        CollConfig {
-            scratch_bytes: 32 << 20,
-            ..CollConfig::default()
-        },
-    )
-    .unwrap();
+    let c = large_scratch_collectives();
     let r = c.rank();
     let count = if r == 0 { 600_000 } else { 400_000 };
     let mut buf = vec![1f32; count];
-    match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
-        Err(CommError::State(m)) => {
-            assert!(
-                m.contains("differently across hosts")
-                    && m.contains("all_reduce (sum) with 600000 f32")
-                    && m.contains("all_reduce (sum) with 400000 f32"),
-                "rank {r}: {m}"
-            );
-            println!("rank {r}: {m}");
-        }
-        other => panic!("rank {r}: expected the mismatch, got {other:?}"),
-    }
+    let calls = ["with 600000 f32", "with 400000 f32"];
+    all_reduce_fails_naming(&c, &mut buf, calls);
     match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
         Err(CommError::State(m)) => assert!(m.contains("an earlier call failed"), "{m}"),
         other => panic!("rank {r}: expected the earlier error, got {other:?}"),
@@ -1516,6 +1500,23 @@ fn cross_host_unequal_hosts_run_as_groups_of_one_size() {
     );
 }
 
+/// An in-place sum all-reduce of `buf` on the Host backend that must fail as a mismatch
+/// across hosts naming both hosts' calls (`sizes`: what follows "all_reduce (sum) " in each).
+fn all_reduce_fails_naming(c: &Collectives, buf: &mut [f32], sizes: [&str; 2]) {
+    let r = c.rank();
+    match c.all_reduce_in_place(buf, ReduceOp::Sum, Exec::Host) {
+        Err(CommError::State(m)) => {
+            let names = |s: &str| m.contains(&format!("all_reduce (sum) {s}"));
+            assert!(
+                m.contains("differently across hosts") && sizes.iter().all(|s| names(s)),
+                "rank {r}: {m}"
+            );
+            println!("rank {r}: {m}");
+        }
+        other => panic!("rank {r}: expected the mismatch, got {other:?}"),
+    }
+}
+
 fn mismatch_rank() {
     let c = collectives();
     let r = c.rank();
@@ -1523,18 +1524,7 @@ fn mismatch_rank() {
     // inside, the hosts disagree.
     let count = if r < 2 { 5 } else { 7 };
     let mut buf = vec![1f32; count];
-    match c.all_reduce_in_place(&mut buf, ReduceOp::Sum, Exec::Host) {
-        Err(CommError::State(m)) => {
-            assert!(
-                m.contains("differently across hosts")
-                    && m.contains("all_reduce (sum) with 5 f32")
-                    && m.contains("all_reduce (sum) with 7 f32"),
-                "rank {r}: {m}"
-            );
-            println!("rank {r}: {m}");
-        }
-        other => panic!("rank {r}: expected the mismatch, got {other:?}"),
-    }
+    all_reduce_fails_naming(&c, &mut buf, ["with 5 f32", "with 7 f32"]);
     // The partners' rounds no longer agree: every later call says so.
     match c.all_gather(&buf[..1], &mut [0f32; 4], Exec::Host) {
         // Said once (it was nested: "an earlier call failed: ...: an earlier call failed").

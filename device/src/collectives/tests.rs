@@ -1327,9 +1327,9 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
         // SAFETY: the out memory is distinct, len bytes; the state words live.
         unsafe {
             let o = out.p as *mut u32;
-            for i in 0..count {
+            for (i, v) in own.iter().enumerate() {
                 o.add(i)
-                    .write(if in_place { own[i].to_bits() } else { sentinel });
+                    .write(if in_place { v.to_bits() } else { sentinel });
             }
             ctx.state.add(PROGRESS).write(progress);
             ctx.state.add(REDUCED).write(0);
