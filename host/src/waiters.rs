@@ -68,10 +68,21 @@ pub(crate) fn help_waiting() -> bool {
     if HELPING.get() {
         return false;
     }
+    // Cleared on the way out, also when a `Help` panics (a thread that catches the panic
+    // and waits again still helps).
+    struct Helping;
+    impl Drop for Helping {
+        fn drop(&mut self) {
+            HELPING.set(false);
+        }
+    }
     HELPING.set(true);
+    let _helping = Helping;
     // Acquire: pairs with the release in `offer`/`withdraw`.
     let version = VERSION.load(Ordering::Acquire);
-    let found = HERE.with_borrow_mut(|(seen, here)| {
+    // A panic inside a `Help` leaves `HERE` borrowed no longer: the borrow ends with the
+    // unwinding closure.
+    HERE.with_borrow_mut(|(seen, here)| {
         if *seen != version {
             *here = offered().iter().filter_map(Weak::upgrade).collect();
             *seen = version;
@@ -81,7 +92,50 @@ pub(crate) fn help_waiting() -> bool {
             found |= h.help();
         }
         found
-    });
-    HELPING.set(false);
-    found
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// Counts its calls; panics on the first when asked to.
+    struct Counting {
+        calls: AtomicU32,
+        panic_first: bool,
+    }
+
+    impl Help for Counting {
+        fn help(&self) -> bool {
+            let n = self.calls.fetch_add(1, Ordering::Relaxed);
+            assert!(!(self.panic_first && n == 0), "the first help panics");
+            true
+        }
+    }
+
+    /// A `Help` that panics does not leave its thread marked as helping: the next wait on
+    /// that thread runs the offered help again.
+    #[test]
+    fn a_help_that_panics_leaves_the_thread_helping_again() {
+        let c = Arc::new(Counting {
+            calls: AtomicU32::new(0),
+            panic_first: true,
+        });
+        let help: Arc<dyn Help> = c.clone();
+        offer(&help);
+        // On a thread of its own; other tests may offer helps meanwhile, so only this
+        // help's count is looked at.
+        let c2 = c.clone();
+        std::thread::spawn(move || {
+            let first = std::panic::catch_unwind(help_waiting);
+            assert!(first.is_err(), "the first help should have panicked");
+            assert!(help_waiting(), "the help ran again after the panic");
+            assert_eq!(c2.calls.load(Ordering::Relaxed), 2);
+        })
+        .join()
+        .unwrap();
+        withdraw(&help);
+        assert_eq!(c.calls.load(Ordering::Relaxed), 2);
+    }
 }
