@@ -122,8 +122,11 @@ pub const PIECEWISE: u64 = 1 << 63;
 /// pieces landed from every partner (or [`BROKEN`]) in the low 32.
 pub const PROGRESS: usize = 1;
 /// Index in the cross context's `state` of the reducing blocks done with the round (block 0
-/// waits for all of them, then clears it).
+/// waits for all of them, then clears it): each adds 1, plus [`GAVE_UP`] when it stopped
+/// waiting for a piece without the round having failed (its share may be partial).
 pub const REDUCED: usize = 2;
+/// What a reducing block adds to [`REDUCED`] beside its 1 when it gave up: the round fails.
+pub const GAVE_UP: u64 = 1 << 32;
 /// Index in the cross context's `state` of the round whose [`BASES`] are written, plus one.
 pub const BASES_ROUND: usize = 3;
 /// Index in the cross context's `state` of the first of [`MAX_BASES`] words: partner `h`'s
@@ -323,7 +326,7 @@ pub unsafe fn step(
     if grid && t == 0 && !call.failed {
         // Every piece of `src` copied (see `COPIED`).
         // SAFETY: the state words are live (context contract).
-        unsafe { arch::st_release_sys_u64(ctx.state.add(COPIED), round << 32 | pieces(len)) };
+        unsafe { arch::st_release_sys_u64(ctx.state.add(COPIED), stamp(round, pieces(len))) };
     }
     let mut h = t;
     while h < nh && !call.failed {
@@ -477,7 +480,7 @@ pub unsafe fn step(
             if broken {
                 publish(ctx, round, BROKEN);
             }
-            if !wait_reducers(ctx) && !broken {
+            if !wait_reducers(ctx, arch::grid_dim_x() as u64 - 1) && !broken {
                 ctx.fail(call, fault::TIMEOUT, me, [0; 2], fault::AT_CROSS);
                 arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
             }
@@ -551,10 +554,7 @@ unsafe fn put_pieces(ctx: &CollContext, src: *const u8, tail: u64, round: u64, c
         if t == 0 && arch::grid_dim_x() > 1 {
             // SAFETY: the state words are live (context contract).
             unsafe {
-                arch::st_release_sys_u64(
-                    ctx.state.add(COPIED),
-                    round << 32 | (off / PIPE_PIECE + 1),
-                )
+                arch::st_release_sys_u64(ctx.state.add(COPIED), stamp(round, off / PIPE_PIECE + 1))
             };
         }
         // The first piece carries the header.
@@ -635,6 +635,23 @@ unsafe fn check_header(ctx: &CollContext, call: Call, at: *const u8, round: u64,
     }
 }
 
+/// A count of pieces (or [`BROKEN`]) of `round` as the grid's state words hold it: the
+/// round's low 32 bits above the count, so a word left by an earlier round is told apart.
+#[inline(always)]
+const fn stamp(round: u64, count: u64) -> u64 {
+    round << 32 | count
+}
+
+/// The count of a word [`stamp`]ed for `round`; `None` when it is another round's.
+#[inline(always)]
+const fn count_in(word: u64, round: u64) -> Option<u64> {
+    if word >> 32 == round & BROKEN {
+        Some(word & BROKEN)
+    } else {
+        None
+    }
+}
+
 /// Hands the reducing blocks of a [`cross_step`] grid the first `done` pieces of `round`
 /// (or [`BROKEN`]): a release, after what this block's waits acquired.
 ///
@@ -644,7 +661,7 @@ unsafe fn check_header(ctx: &CollContext, call: Call, at: *const u8, round: u64,
 unsafe fn publish(ctx: &CollContext, round: u64, done: u64) {
     arch::fence_acq_rel_sys();
     // SAFETY: the state words are live (caller contract).
-    unsafe { arch::st_release_sys_u64(ctx.state.add(PROGRESS), round << 32 | done) };
+    unsafe { arch::st_release_sys_u64(ctx.state.add(PROGRESS), stamp(round, done)) };
 }
 
 /// The pieces of `src` block 0 has copied into its send slot in `round` ([`COPIED`]; 0 for
@@ -655,12 +672,11 @@ unsafe fn publish(ctx: &CollContext, round: u64, done: u64) {
 #[inline(always)]
 unsafe fn copied(ctx: &CollContext, round: u64) -> u64 {
     // SAFETY: the state words are live (caller contract).
-    let v = unsafe { arch::ld_acquire_sys_u64(ctx.state.add(COPIED)) };
-    if v >> 32 == round & BROKEN {
-        v & BROKEN
-    } else {
-        0
-    }
+    count_in(
+        unsafe { arch::ld_acquire_sys_u64(ctx.state.add(COPIED)) },
+        round,
+    )
+    .unwrap_or(0)
 }
 
 /// Whether piece `piece` of `round` has landed from every partner, as the partners'
@@ -712,24 +728,40 @@ unsafe fn landed(ctx: &CollContext, round: u64, piece: u64) -> bool {
     true
 }
 
-/// Block 0's end of a [`cross_step`] grid: waits (at most the device timeout) until every
-/// reducing block is done with the round, then clears their count for the next one.
-/// Returns `false` if they were not done in time (their reduction may be partial).
+/// Block 0's end of a [`cross_step`] grid of `reducers` reducing blocks: waits (at most the
+/// device timeout) until every one is done with the round, then clears their count for the
+/// next one. Returns `false` if they were not done in time or one gave up ([`GAVE_UP`]):
+/// the reduction may be partial.
 ///
 /// # Safety
 /// Thread 0 of block 0 after its last [`publish`]; `ctx` a valid cross context.
 #[inline(always)]
-unsafe fn wait_reducers(ctx: &CollContext) -> bool {
-    let want = (arch::grid_dim_x() - 1) as u64;
+pub(crate) unsafe fn wait_reducers(ctx: &CollContext, reducers: u64) -> bool {
     let t0 = arch::global_timer_ns();
-    // SAFETY (both): the state words are live (caller contract).
-    while unsafe { arch::ld_acquire_sys_u64(ctx.state.add(REDUCED)) } < want {
+    loop {
+        // SAFETY: the state words are live (caller contract).
+        let v = unsafe { arch::ld_acquire_sys_u64(ctx.state.add(REDUCED)) };
+        if v & (GAVE_UP - 1) >= reducers {
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(ctx.state.add(REDUCED), 0) };
+            return v < GAVE_UP;
+        }
         if arch::global_timer_ns().wrapping_sub(t0) > ctx.timeout_ns {
             return false;
         }
     }
-    unsafe { core::ptr::write_volatile(ctx.state.add(REDUCED), 0) };
-    true
+}
+
+/// What a reducing block does next with a piece.
+#[derive(Clone, Copy, PartialEq)]
+#[repr(u32)]
+enum Go {
+    /// The round failed: stop.
+    Stop,
+    /// The piece is there: reduce it.
+    Reduce,
+    /// Waited the device timeout without the round failing: stop, saying so.
+    GiveUp,
 }
 
 /// A reducing block of a [`cross_step`] grid (blocks `1..`): for every piece of the round's
@@ -771,29 +803,30 @@ pub unsafe fn reduce_pieces(
     let in_place = core::ptr::eq(src, out);
     let from_src = !src.is_null() && (!in_place || (me as usize) < PASS);
     let ready = crate::shared_array!(CROSS_PIECE_READY: u32; 1);
+    let mut gave_up = false;
     let mut piece = 0;
     while reduces && piece < pieces(len) {
         if t == 0 {
             let t0 = arch::global_timer_ns();
-            let ok = loop {
+            let go = loop {
                 // SAFETY: the state words are live (context contract).
                 let v = unsafe { arch::ld_acquire_sys_u64(ctx.state.add(PROGRESS)) };
-                let done = v & BROKEN;
-                if v >> 32 == round & BROKEN && done != BROKEN && done > piece {
-                    break true;
+                match count_in(v, round) {
+                    Some(BROKEN) => break Go::Stop,
+                    Some(done) if done > piece => break Go::Reduce,
+                    _ => {}
                 }
-                // A failed round, or a block 0 that never came (it records the timeout).
-                if v >> 32 == round & BROKEN && done == BROKEN
-                    || arch::global_timer_ns().wrapping_sub(t0) > ctx.timeout_ns
-                {
-                    break false;
+                // Block 0 fails the round when its waits give up; a reducing block that gives
+                // up first says so (`GAVE_UP`), so a partial share never passes as a result.
+                if arch::global_timer_ns().wrapping_sub(t0) > ctx.timeout_ns {
+                    break Go::GiveUp;
                 }
                 if b > 0 {
                     // What the first reducing block saw land (see `LANDED`).
                     // SAFETY: the state words are live (context contract).
                     let v = unsafe { arch::ld_acquire_sys_u64(ctx.state.add(LANDED)) };
-                    if v >> 32 == round & BROKEN && v & BROKEN > piece {
-                        break true;
+                    if count_in(v, round).is_some_and(|n| n > piece) {
+                        break Go::Reduce;
                     }
                     continue;
                 }
@@ -804,17 +837,19 @@ pub unsafe fn reduce_pieces(
                 {
                     // SAFETY: as above.
                     unsafe {
-                        arch::st_release_sys_u64(ctx.state.add(LANDED), round << 32 | (piece + 1))
+                        arch::st_release_sys_u64(ctx.state.add(LANDED), stamp(round, piece + 1))
                     };
-                    break true;
+                    break Go::Reduce;
                 }
             };
             // SAFETY: the block's shared word.
-            unsafe { ready.write_volatile(u32::from(ok)) };
+            unsafe { ready.write_volatile(go as u32) };
         }
         arch::sync_threads();
         // SAFETY: written by thread 0 before the barrier.
-        if unsafe { ready.read_volatile() } == 0 {
+        let go = unsafe { ready.read_volatile() };
+        if go != Go::Reduce as u32 {
+            gave_up = go == Go::GiveUp as u32;
             break;
         }
         let (lo, hi) = (piece * PIPE_PIECE, ((piece + 1) * PIPE_PIECE).min(len));
@@ -851,7 +886,8 @@ pub unsafe fn reduce_pieces(
     if t == 0 {
         arch::fence_acq_rel_sys();
         // SAFETY: the state words are live (context contract).
-        unsafe { arch::atomic_add_release_sys_u64(ctx.state.add(REDUCED), 1) };
+        let count = if gave_up { 1 + GAVE_UP } else { 1 };
+        unsafe { arch::atomic_add_release_sys_u64(ctx.state.add(REDUCED), count) };
     }
 }
 

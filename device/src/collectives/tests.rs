@@ -1240,12 +1240,13 @@ impl core::fmt::Debug for Bits {
 /// every block's share reduced in host order exactly as one block would (f32 values whose
 /// sum depends on the order), the own payload from the send slot, from `src` or in place;
 /// nothing past the pieces landed, nothing once the round broke or on a host that does not
-/// get the payload; every block counted done (`REDUCED`).
+/// get the payload; every block counted done (`REDUCED`), marked as having given up when it
+/// stopped waiting without the round having failed, which block 0 reads as a failure.
 #[test]
 fn reducing_blocks_follow_the_pieces_in_host_order() {
     use super::cross::{
-        self as xk, BASES, BASES_ROUND, BROKEN, COPIED, HDR, LANDED, PIECEWISE, PIPE_PIECE,
-        PROGRESS, REDUCED, ROUND,
+        self as xk, BASES, BASES_ROUND, BROKEN, COPIED, GAVE_UP, HDR, LANDED, PIECEWISE,
+        PIPE_PIECE, PROGRESS, REDUCED, ROUND,
     };
     use crate::channel::DevConn;
     use crate::fifo::{FifoDeviceHandle, Trigger};
@@ -1385,19 +1386,21 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
         (Bits(untouched.clone()), done),
         "a broken round"
     );
-    // The first piece only: the blocks give up on the second after the device timeout.
+    // The first piece only: the blocks give up on the second after the device timeout, and
+    // say so (block 0 then fails the round).
+    let gave_up = done + done * GAVE_UP;
     let first = PIPE_PIECE as usize / 4;
     let mut part = want.clone();
     part[first..].fill(sentinel);
     assert_eq!(
         run(null, false, all, round << 32 | 1),
-        (Bits(part), done),
+        (Bits(part), gave_up),
         "one piece"
     );
     // The previous round's progress is not this round's.
     assert_eq!(
         run(null, false, all, (round - 1) << 32 | 2),
-        (Bits(untouched.clone()), done),
+        (Bits(untouched.clone()), gave_up),
         "an old round"
     );
     // Nothing handed over, but the partners' counters past the round's bases: host 0
@@ -1428,19 +1431,19 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     set(round + 1, [1, 0, 1], [split, 0, whole]);
     assert_eq!(
         run(null, false, all, nothing),
-        (Bits(part), done),
+        (Bits(part), gave_up),
         "one piece landed"
     );
     set(round + 1, [2, 0, 0], [split, 0, whole]);
     assert_eq!(
         run(null, false, all, nothing),
-        (Bits(untouched.clone()), done),
+        (Bits(untouched.clone()), gave_up),
         "one host's"
     );
     set(round, [2, 0, 1], [split, 0, whole]);
     assert_eq!(
         run(null, false, all, nothing),
-        (Bits(untouched), done),
+        (Bits(untouched), gave_up),
         "old bases"
     );
     // In place, a piece is written only once block 0 copied it out of `src` (`COPIED`).
@@ -1448,18 +1451,32 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     let own_bits: Vec<u32> = own.iter().map(|v| v.to_bits()).collect();
     let mut first_only = want.clone();
     first_only[first..].copy_from_slice(&own_bits[first..]);
-    for (copied, out, what) in [
-        (0, own_bits, "nothing copied"),
-        (1, first_only, "one piece copied"),
-        (2, want, "all copied"),
+    for (copied, out, counted, what) in [
+        (0, own_bits, gave_up, "nothing copied"),
+        (1, first_only, gave_up, "one piece copied"),
+        (2, want, done, "all copied"),
     ] {
         // SAFETY: the state word is live; no kernel runs.
         unsafe { ctx.state.add(COPIED).write(round << 32 | copied) };
         assert_eq!(
             run(null, true, all, nothing),
-            (Bits(out), done),
+            (Bits(out), counted),
             "in place, {what}"
         );
+    }
+    // Block 0's end: every block counted and none gave up, else the round fails; the count
+    // is cleared for the next round only once every block is in.
+    for (count, ok, left) in [
+        (done, true, 0),
+        (gave_up, false, 0),
+        (done - 1, false, done - 1),
+    ] {
+        // SAFETY: the state word is live; no kernel runs.
+        let got = unsafe {
+            ctx.state.add(REDUCED).write(count);
+            (xk::wait_reducers(&ctx, done), ctx.state.add(REDUCED).read())
+        };
+        assert_eq!(got, (ok, left), "block 0 after {count:#x}");
     }
     drop(conns);
 }
