@@ -1260,8 +1260,12 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     let w = World::new(1, bytes.div_ceil(2), 0);
     let mut ctx = w.ctxs[0];
     (ctx.rank, ctx.nranks, ctx.scratch_len) = (me, nh, slot);
-    // How long the blocks wait for a piece not handed over.
-    ctx.timeout_ns = 50_000_000;
+    // How long the blocks wait for a piece not handed over: short where every block's end
+    // is known at its start, long where the others follow what the first reducing block saw
+    // land (`LANDED`), so that a block started late on a loaded machine still sees it.
+    let (short, long) = (50_000_000u64, 3_000_000_000u64);
+    // Block 0's wait for the reducing blocks (checked last) gives up as soon.
+    ctx.timeout_ns = short;
     // The partners' handles: only their counters are read (a FIFO nobody pushes to).
     let mut ring = vec![Trigger::ZERO; 4];
     let mut words = vec![0u64; 3 + 2 * nh as usize];
@@ -1321,9 +1325,12 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     let own: Vec<f32> = (0..count).map(|i| value(me, i)).collect();
     let sentinel = 0xeeee_eeee_u32;
     let blocks = 4u32;
-    // Runs the reducing blocks with `progress` handed over; `in_place`: src is out, holding
-    // the own payload. Returns out and the blocks counted done.
-    let run = |src: *const u8, in_place: bool, flags: u64, progress: u64| -> (Bits, u64) {
+    // Runs the reducing blocks with `progress` handed over, waiting up to `patience` for a
+    // piece; `in_place`: src is out, holding the own payload. Returns out and the blocks
+    // counted done.
+    let run = |src: *const u8, in_place: bool, flags: u64, progress: u64, patience: u64| {
+        let mut ctx = ctx;
+        ctx.timeout_ns = patience;
         let out = Mem::new(len as usize);
         // SAFETY: the out memory is distinct, len bytes; the state words live.
         unsafe {
@@ -1361,28 +1368,28 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     let null = core::ptr::null();
     let from_src = own.as_ptr() as *const u8;
     assert_eq!(
-        run(null, false, all, both),
+        run(null, false, all, both, long),
         (Bits(want.clone()), done),
         "send slot"
     );
     assert_eq!(
-        run(from_src, false, all, both),
+        run(from_src, false, all, both, long),
         (Bits(want.clone()), done),
         "src"
     );
     assert_eq!(
-        run(null, true, all, both),
+        run(null, true, all, both, long),
         (Bits(want.clone()), done),
         "in place"
     );
     let untouched = vec![sentinel; count];
     assert_eq!(
-        run(null, false, xk::to_host(all, 0), both),
+        run(null, false, xk::to_host(all, 0), both, short),
         (Bits(untouched.clone()), done),
         "another host's"
     );
     assert_eq!(
-        run(null, false, all, round << 32 | BROKEN),
+        run(null, false, all, round << 32 | BROKEN, short),
         (Bits(untouched.clone()), done),
         "a broken round"
     );
@@ -1393,13 +1400,13 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     let mut part = want.clone();
     part[first..].fill(sentinel);
     assert_eq!(
-        run(null, false, all, round << 32 | 1),
+        run(null, false, all, round << 32 | 1, short),
         (Bits(part), gave_up),
         "one piece"
     );
     // The previous round's progress is not this round's.
     assert_eq!(
-        run(null, false, all, (round - 1) << 32 | 2),
+        run(null, false, all, (round - 1) << 32 | 2, short),
         (Bits(untouched.clone()), gave_up),
         "an old round"
     );
@@ -1422,7 +1429,7 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     let (split, whole) = (len | PIECEWISE, len);
     set(round + 1, [2, 0, 1], [split, 0, whole]);
     assert_eq!(
-        run(null, false, all, nothing),
+        run(null, false, all, nothing, long),
         (Bits(want.clone()), done),
         "landed"
     );
@@ -1430,19 +1437,19 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     part[first..].fill(sentinel);
     set(round + 1, [1, 0, 1], [split, 0, whole]);
     assert_eq!(
-        run(null, false, all, nothing),
+        run(null, false, all, nothing, long),
         (Bits(part), gave_up),
         "one piece landed"
     );
     set(round + 1, [2, 0, 0], [split, 0, whole]);
     assert_eq!(
-        run(null, false, all, nothing),
+        run(null, false, all, nothing, short),
         (Bits(untouched.clone()), gave_up),
         "one host's"
     );
     set(round, [2, 0, 1], [split, 0, whole]);
     assert_eq!(
-        run(null, false, all, nothing),
+        run(null, false, all, nothing, short),
         (Bits(untouched), gave_up),
         "old bases"
     );
@@ -1451,15 +1458,15 @@ fn reducing_blocks_follow_the_pieces_in_host_order() {
     let own_bits: Vec<u32> = own.iter().map(|v| v.to_bits()).collect();
     let mut first_only = want.clone();
     first_only[first..].copy_from_slice(&own_bits[first..]);
-    for (copied, out, counted, what) in [
-        (0, own_bits, gave_up, "nothing copied"),
-        (1, first_only, gave_up, "one piece copied"),
-        (2, want, done, "all copied"),
+    for (copied, out, counted, patience, what) in [
+        (0, own_bits, gave_up, short, "nothing copied"),
+        (1, first_only, gave_up, long, "one piece copied"),
+        (2, want, done, long, "all copied"),
     ] {
         // SAFETY: the state word is live; no kernel runs.
         unsafe { ctx.state.add(COPIED).write(round << 32 | copied) };
         assert_eq!(
-            run(null, true, all, nothing),
+            run(null, true, all, nothing, patience),
             (Bits(out), counted),
             "in place, {what}"
         );

@@ -99,6 +99,11 @@ fn run_p2p_shaped(n: usize, slot: u64, max_blocks: u32, shape: P2pShape, groups:
                         unsafe { k::p2p(&ctx, ops) }
                     })
                     .unwrap_or_else(|e| panic!("rank {r} group {g} {group:?} {shape:?}: {e}"));
+                    // Matching transfers record nothing: a wait that gave up is named here,
+                    // before the bytes it left unwritten.
+                    // SAFETY: the fault area, FAULT_WORDS words; no kernel runs.
+                    let f = unsafe { core::slice::from_raw_parts(ctx.fault, FAULT_WORDS) };
+                    assert_eq!(f[fault::RECORD], 0, "rank {r} group {g}: record {f:?}");
                     for (i, (m, seed, send, bytes)) in mems.iter().enumerate() {
                         if !send {
                             // SAFETY: the kernel is done; m holds bytes + 1.
