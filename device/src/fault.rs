@@ -178,6 +178,11 @@ pub const AT_REMOTE_P2P_GONE: u64 = 14;
 /// own) while this rank is in collective [`OWN`]. Each rank's calls run in order, so
 /// neither can go on.
 pub const AT_P2P_COLLECTIVE: u64 = 15;
+/// This rank's own reduction of a round across hosts: the reducing blocks of its
+/// [`cross_step`](crate::collectives::cross::cross_step) grid did not all finish within the
+/// device timeout, or one gave up waiting for a piece, while every partner's payload had
+/// come ([`PEER`] is this rank's host index). Nothing of a partner is at fault.
+pub const AT_CROSS_REDUCE: u64 = 16;
 
 /// Why a channel operation did not succeed (the `try_` methods of [`DevConn`](crate::channel::DevConn),
 /// [`MemoryChannel`](crate::channel::MemoryChannel) and [`DeviceSemaphore`](crate::semaphore::DeviceSemaphore)).

@@ -481,7 +481,7 @@ pub unsafe fn step(
                 publish(ctx, round, BROKEN);
             }
             if !wait_reducers(ctx, arch::grid_dim_x() as u64 - 1) && !broken {
-                ctx.fail(call, fault::TIMEOUT, me, [0; 2], fault::AT_CROSS);
+                ctx.fail(call, fault::TIMEOUT, me, [0; 2], fault::AT_CROSS_REDUCE);
                 arch::st_release_sys_u64(ctx.fault.add(fault::CROSS_BROKEN), 1);
             }
         }

@@ -235,7 +235,7 @@ pub(super) fn proxy_context_on_device(
 pub(super) fn is_cross(place: u64) -> bool {
     matches!(
         place,
-        fault::AT_CROSS | fault::AT_CROSS_ROUND | fault::AT_CROSS_GONE
+        fault::AT_CROSS | fault::AT_CROSS_ROUND | fault::AT_CROSS_GONE | fault::AT_CROSS_REDUCE
     )
 }
 

@@ -464,6 +464,14 @@ impl Collectives {
                 describe_cross(rec.own),
                 describe_cross(rec.theirs)
             )),
+            _ if rec.place == fault::AT_CROSS_REDUCE => CommError::Timeout(format!(
+                "{call}: rank {me}: every partner's part of {} across hosts arrived, but this \
+                 rank's own reducing blocks did not finish within {:?} (the GPU kept them \
+                 from running: other work on it, or MPS limits); no other rank is at fault; \
+                 the collectives cannot be used any more",
+                describe_cross(rec.own),
+                self.comm.device_timeout()
+            )),
             fault::TIMEOUT => {
                 let proxy = self
                     .comm

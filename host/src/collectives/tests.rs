@@ -1175,6 +1175,68 @@ fn a_proxy_channel_timeout_on_a_gpu_names_too_few_work_queues() {
     }
 }
 
+/// A reduction across hosts that this rank's own reducing blocks did not finish (every
+/// partner's payload had come) is named as this rank's, blaming no partner, where a wait for
+/// a partner's round names that partner.
+#[test]
+fn a_stalled_own_reduction_across_hosts_blames_no_partner() {
+    use crate::communicator::FaultRecord;
+    use mscclpp_device::collectives::desc;
+    use mscclpp_device::collectives::types::{dtype, op};
+    assert!(super::cross::is_cross(fault::AT_CROSS_REDUCE));
+    let id = create_unique_id().unwrap();
+    std::thread::scope(|s| {
+        for r in 0..2usize {
+            s.spawn(move || {
+                let c = comm_config();
+                let host = format!("reduce-host-{r}");
+                let bs = BlockingBootstrap::init_with_config(
+                    2,
+                    r,
+                    id,
+                    c.bootstrap.clone().with_host_id(host),
+                )
+                .unwrap();
+                let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
+                let coll = Collectives::new(comm, small()).unwrap();
+                let mut v = vec![1f32; 1001];
+                coll.all_reduce_in_place(&mut v, ReduceOp::Sum, Exec::Host)
+                    .unwrap();
+                let me = coll.cross().unwrap().topo.host;
+                let tag = desc::tag(desc::ALL_REDUCE, dtype::F32 as u64, op::SUM as u64 + 1, 0);
+                let record = |peer: usize, place: u64| FaultRecord {
+                    kind: fault::TIMEOUT,
+                    seq: 1,
+                    peer,
+                    own: [1001, tag],
+                    theirs: [0; 2],
+                    place,
+                };
+                let other = 1 - r;
+                let own = coll
+                    .cross_error("all_reduce", &record(me, fault::AT_CROSS_REDUCE))
+                    .to_string();
+                assert!(
+                    own.contains(&format!("rank {r}: every partner's part"))
+                        && own.contains("own reducing blocks")
+                        && !own.contains(&format!("rank {other}"))
+                        && !own.contains("did not take part"),
+                    "rank {r}: {own}"
+                );
+                let partner = coll
+                    .cross_error("all_reduce", &record(1 - me, fault::AT_CROSS))
+                    .to_string();
+                assert!(
+                    partner.contains(&format!("for rank {other}"))
+                        && partner.contains("did not take part"),
+                    "rank {r}: {partner}"
+                );
+                coll.communicator().bootstrap().barrier().unwrap();
+            });
+        }
+    });
+}
+
 #[test]
 fn the_cross_buffer_setting_is_host_or_device() {
     let host = |v: &str| {
