@@ -8,7 +8,7 @@ use half::{bf16, f16};
 use super::launch::one_shot_grid;
 use super::set_up::{block_cap_of, share_cap};
 use super::*;
-use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, create_unique_id};
+use crate::bootstrap::{BlockingBootstrap, BootstrapConfig, UniqueId, create_unique_id};
 use crate::communicator::CommConfig;
 use crate::transport::TransportKind;
 use mscclpp_device::collectives::fault;
@@ -818,6 +818,16 @@ fn abort_stops_a_waiting_collective_at_once_and_sticks() {
     );
 }
 
+/// Rank `r` of `n` host-backed ranks (threads) with small collectives, on the simulated
+/// host `host`.
+fn rank_on_host(n: usize, r: usize, id: UniqueId, host: &str) -> Collectives {
+    let c = comm_config();
+    let bs = BlockingBootstrap::init_with_config(n, r, id, c.bootstrap.clone().with_host_id(host))
+        .unwrap();
+    let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
+    Collectives::new(comm, small()).unwrap()
+}
+
 /// Ranks on two (simulated) hosts of different sizes (2 + 1): no rank refuses; every rank
 /// is its own host (three hosts), the layout note names both hosts and their sizes, and an
 /// all-reduce gives the sum on every rank.
@@ -828,17 +838,8 @@ fn hosts_of_different_sizes_make_every_rank_its_own_host() {
         let hs: Vec<_> = (0..3)
             .map(|r| {
                 s.spawn(move || {
-                    let c = comm_config();
                     let host = if r == 2 { "host-b" } else { "host-a" };
-                    let bs = BlockingBootstrap::init_with_config(
-                        3,
-                        r,
-                        id,
-                        c.bootstrap.clone().with_host_id(host),
-                    )
-                    .unwrap();
-                    let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
-                    let coll = Collectives::new(comm, small()).unwrap();
+                    let coll = rank_on_host(3, r, id, host);
                     let mut v = vec![(r + 1) as f32; 1001];
                     coll.all_reduce_in_place(&mut v, ReduceOp::Sum, Exec::Host)
                         .unwrap();
@@ -1188,17 +1189,7 @@ fn a_stalled_own_reduction_across_hosts_blames_no_partner() {
     std::thread::scope(|s| {
         for r in 0..2usize {
             s.spawn(move || {
-                let c = comm_config();
-                let host = format!("reduce-host-{r}");
-                let bs = BlockingBootstrap::init_with_config(
-                    2,
-                    r,
-                    id,
-                    c.bootstrap.clone().with_host_id(host),
-                )
-                .unwrap();
-                let comm = Communicator::from_bootstrap(bs, Backend::Host, c).unwrap();
-                let coll = Collectives::new(comm, small()).unwrap();
+                let coll = rank_on_host(2, r, id, &format!("reduce-host-{r}"));
                 let mut v = vec![1f32; 1001];
                 coll.all_reduce_in_place(&mut v, ReduceOp::Sum, Exec::Host)
                     .unwrap();
