@@ -8,6 +8,7 @@ libopenmpi-dev), then runs `rounds` interleaved rounds of both over a size sweep
   loopback  two hosts on loopback: ours with --simulate-hosts 2 (TCP between the hosts),
             MPI with --mca btl tcp,self.
 
+Both bind each rank to a core (mpirun --bind-to core, the perf tool's --bind cpus).
 Prints, per link and size, the median time of each and MPI's time / ours (above 1: ours
 is faster), with the per-round range of that ratio. Any wrong element fails the run.
 With --record FILE the medians are appended as rows of benches/records/ (see its
@@ -58,7 +59,9 @@ def ours(perf, link, a):
 
 
 def mpi(exe, link, a):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"]
+    # Bound a core per rank, as mpirun does by default for two ranks and as the perf tool
+    # binds its ranks (`--bind cpus`).
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "core", "-np", "2"]
     if link == "loopback":
         cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
     cmd += [exe, str(a.min), str(a.max), str(a.factor), str(a.iters), str(a.warmup)]

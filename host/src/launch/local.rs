@@ -9,7 +9,7 @@ use super::forward::forward;
 use super::report::{LaunchReport, RankExit, failed_status, thread_states};
 use super::{
     ENV_BOOTSTRAP, ENV_BOOTSTRAP_TIMEOUT, ENV_LOCAL_RANK, ENV_NRANKS, ENV_RANK,
-    ENV_RENDEZVOUS_TIMEOUT, LaunchError, bootstrap_config_from, orphan, stacks,
+    ENV_RENDEZVOUS_TIMEOUT, LaunchError, affinity, bootstrap_config_from, orphan, stacks,
 };
 use crate::bootstrap::{BootstrapConfig, ENV_JOB_ID, Root, RootHandle};
 use crate::settings::Settings;
@@ -57,6 +57,7 @@ pub struct LocalLauncher {
     unprefixed_stdout: Option<usize>,
     stop_after_failure: Option<Duration>,
     stacks: bool,
+    bind_cpus: bool,
 }
 
 impl LocalLauncher {
@@ -79,6 +80,7 @@ impl LocalLauncher {
             unprefixed_stdout: None,
             stop_after_failure: None,
             stacks: stacks::wanted_by_env(),
+            bind_cpus: false,
         }
     }
 
@@ -133,6 +135,17 @@ impl LocalLauncher {
         self
     }
 
+    /// Binds each rank to its own share of the CPUs this process may run on (contiguous,
+    /// in order: with 2 ranks on 2 cores, a core each), as `mpirun` does by default for
+    /// two ranks; nothing when there are fewer CPUs than ranks. A rank's threads hand
+    /// work to each other (its kernel's wait, its proxy, its sockets' receivers); left to
+    /// the scheduler on a small machine, they are spread over the other ranks' cores.
+    /// Off by default.
+    pub fn bind_cpus(mut self, on: bool) -> LocalLauncher {
+        self.bind_cpus = on;
+        self
+    }
+
     /// Collects the ranks' prefixed output into [`LaunchReport::output`] instead of printing
     /// it.
     pub fn capture_output(mut self, capture: bool) -> LocalLauncher {
@@ -161,8 +174,16 @@ impl LocalLauncher {
         let job = self.job_id();
         let mut children: Vec<Child> = Vec::with_capacity(self.nranks);
         let mut forwarders = Vec::new();
+        let cpus = self
+            .bind_cpus
+            .then(|| affinity::shares(&affinity::allowed_cpus(), self.nranks))
+            .flatten();
         for rank in 0..self.nranks {
-            let mut child = match self.rank_command(rank, &id, job.as_deref()).spawn() {
+            let mut cmd = self.rank_command(rank, &id, job.as_deref());
+            if let Some(cpus) = &cpus {
+                affinity::bind(&mut cmd, &cpus[rank]);
+            }
+            let mut child = match cmd.spawn() {
                 Ok(child) => child,
                 Err(source) => {
                     for mut c in children {

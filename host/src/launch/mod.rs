@@ -28,6 +28,7 @@
 //! their output with a `[rank N] ` prefix and reports how each ended, killing them all at
 //! its timeout.
 
+mod affinity;
 mod forward;
 mod local;
 mod orphan;

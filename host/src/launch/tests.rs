@@ -528,3 +528,46 @@ fn a_malformed_unique_id_is_refused_without_showing_its_secret() {
         assert!(shown.contains("is not shown"), "{shown}");
     }
 }
+
+/// The CPUs of a `Cpus_allowed_list` line ("0-2,5").
+fn cpu_list(text: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+/// With `bind_cpus`, each rank runs on its own share of the launcher's CPUs from its start
+/// (what a shell it runs reads of itself), where there are enough; without, on all of them.
+#[cfg(target_os = "linux")]
+#[test]
+fn bound_ranks_run_on_their_own_share_of_the_cpus() {
+    let allowed = super::affinity::allowed_cpus();
+    assert!(!allowed.is_empty(), "no CPUs read for this thread");
+    let run = |bind: bool| {
+        let report = LocalLauncher::command(2, "/bin/sh")
+            .args(["-c", "grep Cpus_allowed_list: /proc/self/status"])
+            .bind_cpus(bind)
+            .capture_output(true)
+            .timeout(Duration::from_secs(30))
+            .run()
+            .unwrap();
+        assert!(report.success(), "{report}");
+        (0..2)
+            .map(|r| {
+                let prefix = format!("[rank {r}] Cpus_allowed_list:");
+                let line = report.output.iter().find_map(|o| o.strip_prefix(&prefix));
+                cpu_list(line.unwrap_or_else(|| panic!("rank {r}: {:?}", report.output)))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(false), vec![allowed.clone(); 2], "unbound");
+    let want = super::affinity::shares(&allowed, 2).unwrap_or_else(|| vec![allowed.clone(); 2]);
+    let got = run(true);
+    assert_eq!(got, want, "bound, the launcher's CPUs {allowed:?}");
+    if allowed.len() >= 2 {
+        assert!(got[0].iter().all(|c| !got[1].contains(c)), "{got:?}");
+    }
+}

@@ -93,6 +93,11 @@ pub struct Args {
     /// NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo for NCCL to do the same.
     #[arg(long, value_name = "N")]
     pub simulate_hosts: Option<usize>,
+    /// Where the spawned ranks run: `cpus`, each on its own share of this process's CPUs
+    /// (a core each for 2 ranks on 2 cores, as mpirun binds by default; nothing when there
+    /// are fewer CPUs than ranks), or `none`, wherever the scheduler puts them.
+    #[arg(long, value_enum, default_value_t = BindArg::Cpus)]
+    pub bind: BindArg,
     /// Run this library too, on the same buffers in the same run, and print the ratio.
     #[arg(long, value_enum)]
     pub compare: Option<CompareWith>,
@@ -191,6 +196,15 @@ impl AlgoArg {
             AlgoArg::Proxy => AllReduceAlgo::Proxy,
         }
     }
+}
+
+/// `--bind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BindArg {
+    /// Each rank on its own share of the CPUs.
+    Cpus,
+    /// No binding.
+    None,
 }
 
 /// `--compare`.

@@ -14,7 +14,7 @@ use crate::host::cuda::{self, CudaError, Gpu};
 use crate::host::launch::{Launch, LaunchError, LocalLauncher};
 
 use super::PerfError;
-use super::args::{AlgoArg, Args, Collective, CompareWith, Config};
+use super::args::{AlgoArg, Args, BindArg, Collective, CompareWith, Config};
 use super::header::print_header;
 use super::host_memory::{self, Need};
 use super::host_runner::host_runner_peak;
@@ -108,7 +108,8 @@ fn launch_local(config: &Config) -> Result<ExitCode, PerfError> {
         .unprefixed_stdout(0)
         .env("NCCL_NVLS_ENABLE", "0")
         .timeout(LAUNCH_TIMEOUT)
-        .stop_after_failure(STOP_AFTER_FAILURE);
+        .stop_after_failure(STOP_AFTER_FAILURE)
+        .bind_cpus(config.args.bind == BindArg::Cpus);
     if config.args.compare == Some(CompareWith::Nccl) {
         for (k, v) in nccl::child_env()? {
             launcher = launcher.env(k, v);
