@@ -186,8 +186,8 @@ pub use cross::CROSS_BUFFER_ENV;
 /// Most sends and receives in one [`Collectives::group`].
 pub use mscclpp_device::collectives::send_recv::MAX_P2P_OPS;
 pub use select::{
-    CROSS_TWO_SHOT_SAVES, HOST_ALL_PAIRS_MAX, HOST_ONE_SHOT_MAX, ROOTED_PIPELINED_ABOVE,
-    TWO_RANK_ONE_SHOT_MAX,
+    CROSS_TWO_SHOT_SAVES, HOST_ALL_PAIRS_MAX, HOST_ONE_SHOT_MAX, HOST_TWO_RANK_ONE_SHOT_MAX,
+    ROOTED_PIPELINED_ABOVE, TWO_RANK_ONE_SHOT_MAX,
 };
 pub use send_recv::P2pOp;
 pub use send_recv_proxy::P2P_PEERS_ENV;

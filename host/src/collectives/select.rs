@@ -29,6 +29,15 @@ pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 /// 50 against 14 at 32 KB (LL packets double what crosses memory and poll per 8 bytes).
 pub const HOST_ONE_SHOT_MAX: usize = 1 << 10;
 
+/// [`HOST_ONE_SHOT_MAX`] for two ranks, whose all-pairs path takes over above it. Set by
+/// three runs of `mscclpp-perf --nranks 2 --algo oneshot|allpairs -b 128 -e 1K -f 2 -n
+/// 200000` on a 2-vCPU VM (commit 5e30bd9, ranks bound to a core each): one-shot 0.28-0.36
+/// us at 128 B against 0.33-0.37 for all-pairs, 0.42-0.48 against 0.33-0.38 at 256 B, 0.64-0.74
+/// against 0.34-0.39 at 512 B and 1.14-1.20 against 0.36-0.40 at 1 KB. A core reads the
+/// other's LL packets line by line as they are written (a coherence miss each); all-pairs
+/// waits for one flag and then copies.
+pub const HOST_TWO_RANK_ONE_SHOT_MAX: usize = 256;
+
 /// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends all-pairs with two
 /// ranks on the Host backend; two-shot above (and for more ranks). Set by one run of
 /// `mscclpp-perf --nranks 2 --algo allpairs|twoshot` on the 2-core CI machine (commit
@@ -91,7 +100,8 @@ pub(super) fn route(algo: AllReduceAlgo, dtype: DataType, op: ReduceOp) -> AllRe
 
 /// [`AllReduceAlgo::Auto`] inside one host with nothing forced: one-shot up to
 /// `one_shot_limit` bytes per rank (what the packet scratch carries; for two GPU ranks at
-/// most [`TWO_RANK_ONE_SHOT_MAX`], on the Host backend at most [`HOST_ONE_SHOT_MAX`]), above
+/// most [`TWO_RANK_ONE_SHOT_MAX`], on the Host backend at most [`HOST_ONE_SHOT_MAX`], for
+/// two ranks [`HOST_TWO_RANK_ONE_SHOT_MAX`]), above
 /// all-pairs for two ranks (on the Host backend up to [`HOST_ALL_PAIRS_MAX`]) and two-shot
 /// for more.
 pub(super) fn auto_all_reduce(
@@ -100,7 +110,9 @@ pub(super) fn auto_all_reduce(
     bytes: usize,
     one_shot_limit: usize,
 ) -> AllReduceAlgo {
-    let one_shot_max = if !gpu {
+    let one_shot_max = if !gpu && nranks == 2 {
+        HOST_TWO_RANK_ONE_SHOT_MAX
+    } else if !gpu {
         HOST_ONE_SHOT_MAX
     } else if nranks == 2 {
         TWO_RANK_ONE_SHOT_MAX
@@ -120,7 +132,7 @@ impl Collectives {
     /// The algorithm [`AllReduceAlgo::Auto`] resolves to for `bytes` per rank
     /// (`MSCCLPP_ALLREDUCE_ALGO` first, then the config): one-shot up to `packet_max_bytes`
     /// (for two ranks, up to [`TWO_RANK_ONE_SHOT_MAX`]; on the Host backend up to
-    /// [`HOST_ONE_SHOT_MAX`]);
+    /// [`HOST_ONE_SHOT_MAX`], for two ranks [`HOST_TWO_RANK_ONE_SHOT_MAX`]);
     /// above, all-pairs for two ranks (the same NVLink traffic as two-shot with one barrier
     /// less per round; measured faster on 2x H200 from 2 MB to 8 MB and from 128 MB up,
     /// within 5% between) and two-shot for more ranks (all-pairs would send `nranks - 1`
