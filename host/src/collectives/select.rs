@@ -23,11 +23,12 @@ use mscclpp_device::collectives::one_shot_max_bytes;
 pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 
 /// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends one-shot on the Host
-/// backend; all-pairs (two ranks) or two-shot above. Set by one run of `mscclpp-perf
-/// --nranks 2 --algo ...` on the 2-core CI machine (commit 8b4c9a4, kernels on one thread a
-/// rank): one-shot 1.84 us at 512 B against 2.11 for all-pairs, 8.5 against 3.5 at 4 KB,
-/// 50 against 14 at 32 KB (LL packets double what crosses memory and poll per 8 bytes).
-pub const HOST_ONE_SHOT_MAX: usize = 1 << 10;
+/// backend with three or more ranks (two: [`HOST_TWO_RANK_ONE_SHOT_MAX`]); two-shot above.
+/// Set by two runs of `mscclpp-perf --nranks 3 --algo oneshot|twoshot -b 128 -e 16K -f 2
+/// -n 20000` on a 2-vCPU VM (commit 755846b; 3 ranks on 2 cores, so unbound): one-shot
+/// 8.5-9.4 us at 1 KB against 17-19 for two-shot, 12.6-14.0 against 17-19 at 2 KB, 20-22
+/// against 18-20 at 4 KB (LL packets double what crosses memory and poll per 8 bytes).
+pub const HOST_ONE_SHOT_MAX: usize = 2 << 10;
 
 /// [`HOST_ONE_SHOT_MAX`] for two ranks, whose all-pairs path takes over above it. Set by
 /// three runs of `mscclpp-perf --nranks 2 --algo oneshot|allpairs -b 128 -e 1K -f 2 -n

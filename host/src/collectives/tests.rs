@@ -134,8 +134,8 @@ fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
     for n in [2, 3] {
         ranks(n, small(), |c| {
             let mut call = 0;
-            // Sizes across the one-shot limit (the Host backend's 256 B for two ranks, 1 KiB
-            // for more, under the config's 2048 bytes) and over several scratch rounds.
+            // Sizes across the one-shot limit (the Host backend's 256 B for two ranks, the
+            // config's 2048 bytes for more) and over several scratch rounds.
             for count in [
                 1usize, 2, 3, 7, 64, 255, 256, 257, 511, 512, 513, 1000, 3001,
             ] {
@@ -150,7 +150,7 @@ fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
             let (limit, above) = if n == 2 {
                 (256, AllReduceAlgo::AllPairs)
             } else {
-                (1024, AllReduceAlgo::TwoShot)
+                (2048, AllReduceAlgo::TwoShot)
             };
             assert_eq!(c.choose_all_reduce(limit), AllReduceAlgo::OneShot);
             assert_eq!(c.choose_all_reduce(limit + 1), above);
@@ -177,7 +177,7 @@ fn two_ranks_send_one_shot_only_up_to_256_kib_and_more_ranks_up_to_the_packet_li
 }
 
 #[test]
-fn the_host_backend_sends_one_shot_up_to_256_b_for_two_ranks_1_kib_for_more() {
+fn the_host_backend_sends_one_shot_up_to_256_b_for_two_ranks_2_kib_for_more() {
     let config = CollConfig {
         scratch_bytes: 4096,
         packet_max_bytes: 1 << 20,
@@ -189,7 +189,7 @@ fn the_host_backend_sends_one_shot_up_to_256_b_for_two_ranks_1_kib_for_more() {
             let (one_shot_max, above) = if n == 2 {
                 (256, AllReduceAlgo::AllPairs)
             } else {
-                (1024, AllReduceAlgo::TwoShot)
+                (2048, AllReduceAlgo::TwoShot)
             };
             assert_eq!(c.choose_all_reduce(8), AllReduceAlgo::OneShot, "{n} ranks");
             assert_eq!(c.choose_all_reduce(one_shot_max), AllReduceAlgo::OneShot);
