@@ -31,13 +31,13 @@ pub const TWO_RANK_ONE_SHOT_MAX: usize = 256 << 10;
 pub const HOST_ONE_SHOT_MAX: usize = 2 << 10;
 
 /// [`HOST_ONE_SHOT_MAX`] for two ranks, whose all-pairs path takes over above it. Set by
-/// three runs of `mscclpp-perf --nranks 2 --algo oneshot|allpairs -b 128 -e 1K -f 2 -n
-/// 200000` on a 2-vCPU VM (commit 5e30bd9, ranks bound to a core each): one-shot 0.28-0.36
-/// us at 128 B against 0.33-0.37 for all-pairs, 0.42-0.48 against 0.33-0.38 at 256 B, 0.64-0.74
-/// against 0.34-0.39 at 512 B and 1.14-1.20 against 0.36-0.40 at 1 KB. A core reads the
-/// other's LL packets line by line as they are written (a coherence miss each); all-pairs
-/// waits for one flag and then copies.
-pub const HOST_TWO_RANK_ONE_SHOT_MAX: usize = 256;
+/// three runs of `mscclpp-perf --nranks 2 --algo oneshot|allpairs -b 64 -e 512 -f 2 -n
+/// 200000` on a 2-vCPU VM (commit 2ac7f40, ranks bound to a core each), out of place:
+/// one-shot 0.33-0.34 us at 128 B against 0.36-0.42 for all-pairs, 0.45-0.47 against
+/// 0.37-0.40 at 256 B and 0.70-0.71 against 0.39-0.40 at 512 B. A core reads the other's LL
+/// packets line by line as they are written (a coherence miss each); all-pairs waits for
+/// one flag and then copies.
+pub const HOST_TWO_RANK_ONE_SHOT_MAX: usize = 128;
 
 /// Largest all-reduce (bytes per rank) [`AllReduceAlgo::Auto`] sends all-pairs with two
 /// ranks on the Host backend; two-shot above (and for more ranks). Set by one run of

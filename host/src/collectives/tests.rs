@@ -134,10 +134,10 @@ fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
     for n in [2, 3] {
         ranks(n, small(), |c| {
             let mut call = 0;
-            // Sizes across the one-shot limit (the Host backend's 256 B for two ranks, the
+            // Sizes across the one-shot limit (the Host backend's 128 B for two ranks, the
             // config's 2048 bytes for more) and over several scratch rounds.
             for count in [
-                1usize, 2, 3, 7, 64, 255, 256, 257, 511, 512, 513, 1000, 3001,
+                1usize, 2, 3, 7, 31, 32, 33, 64, 255, 256, 257, 511, 512, 513, 1000, 3001,
             ] {
                 for in_place in [false, true] {
                     call += 1;
@@ -148,7 +148,7 @@ fn all_reduce_sums_every_type_and_size_in_and_out_of_place() {
             }
             // Both algorithms chose as expected around the limit.
             let (limit, above) = if n == 2 {
-                (256, AllReduceAlgo::AllPairs)
+                (128, AllReduceAlgo::AllPairs)
             } else {
                 (2048, AllReduceAlgo::TwoShot)
             };
@@ -177,7 +177,7 @@ fn two_ranks_send_one_shot_only_up_to_256_kib_and_more_ranks_up_to_the_packet_li
 }
 
 #[test]
-fn the_host_backend_sends_one_shot_up_to_256_b_for_two_ranks_2_kib_for_more() {
+fn the_host_backend_sends_one_shot_up_to_128_b_for_two_ranks_2_kib_for_more() {
     let config = CollConfig {
         scratch_bytes: 4096,
         packet_max_bytes: 1 << 20,
@@ -187,7 +187,7 @@ fn the_host_backend_sends_one_shot_up_to_256_b_for_two_ranks_2_kib_for_more() {
         ranks(n, config.clone(), |c| {
             assert!(c.one_shot_max_bytes() >= 1 << 20);
             let (one_shot_max, above) = if n == 2 {
-                (256, AllReduceAlgo::AllPairs)
+                (128, AllReduceAlgo::AllPairs)
             } else {
                 (2048, AllReduceAlgo::TwoShot)
             };
