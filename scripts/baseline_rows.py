@@ -18,6 +18,10 @@ FIELDS = (
     "time_us", "busbw_gbps", "nccl_time_us", "nccl_version", "command", "commit", "date",
     "note",
 )
+# Optional: how two simulated hosts were joined, where a file holds more than one way
+# (`loopback`, `netns`, `shm`; scripts/host-vs-mpi.py writes it). Rows without it (older
+# ones) are matched among themselves.
+LINK = "link"
 REQUIRED = (
     "op", "dtype", "size", "ranks", "hosts", "hosts_simulated", "graph", "time_us",
     "command", "commit", "date",
@@ -35,14 +39,15 @@ class RowError(Exception):
 def key(row):
     """What a new row is matched on against the baseline."""
     return (row["op"], row["dtype"], row["size"], row["ranks"], row["hosts"],
-            row["hosts_simulated"], row["graph"])
+            row["hosts_simulated"], row["graph"], row.get(LINK))
 
 
 def describe(k):
     """A key as a short line: `allreduce float 8 B, 2 ranks, 1 host, graph`."""
-    op, dtype, size, ranks, hosts, simulated, graph = k
+    op, dtype, size, ranks, hosts, simulated, graph, link = k
     where = f"{hosts} {'simulated ' if simulated else ''}host{'s' if hosts != 1 else ''}"
-    return (f"{op} {dtype} {size} B, {ranks} ranks, {where}, "
+    over = f" over {link}" if link else ""
+    return (f"{op} {dtype} {size} B, {ranks} ranks, {where}{over}, "
             f"{'graph' if graph else 'plain'}")
 
 

@@ -7,6 +7,10 @@ libopenmpi-dev), then runs `rounds` interleaved rounds of both over a size sweep
   shm       one host: ours over shared memory, MPI with its default transports (vader);
   loopback  two hosts on loopback: ours with --simulate-hosts 2 (TCP between the hosts),
             MPI with --mca btl tcp,self.
+  netns     two hosts as two network namespaces joined by a veth pair (needs root): each
+            rank runs inside its own namespace, so every byte between them crosses the
+            link; ours with a host id per namespace, MPI with --mca btl tcp,self on the
+            link's subnet. The namespaces are removed at the end, also on failure.
 
 Both bind each rank to a core (mpirun --bind-to core, the perf tool's --bind cpus).
 Prints, per link and size, the median time of each and MPI's time / ours (above 1: ours
@@ -16,9 +20,11 @@ README). Needs a release build of the perf tool: cargo build --release -p mscclp
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -42,13 +48,143 @@ def run(cmd, timeout):
     return p.stdout
 
 
+class Namespaces:
+    """Two network namespaces joined by a veth pair, 10.<net>.0.1 and .2; removed on exit."""
+
+    def __init__(self):
+        self.tag = f"hvm{os.getpid() % 100000}"
+        self.net = 64 + os.getpid() % 128
+        self.made = []
+
+    def name(self, h):
+        return f"{self.tag}h{h}"
+
+    def addr(self, h):
+        return f"10.{self.net}.0.{h + 1}"
+
+    def subnet(self):
+        return f"10.{self.net}.0.0/24"
+
+    def __enter__(self):
+        try:
+            for h in range(2):
+                run(["ip", "netns", "add", self.name(h)], 60)
+                self.made.append(self.name(h))
+            run(["ip", "link", "add", f"{self.tag}v0", "netns", self.name(0), "type", "veth",
+                 "peer", "name", f"{self.tag}v1", "netns", self.name(1)], 60)
+            for h in range(2):
+                ns = ["ip", "-n", self.name(h)]
+                run(ns + ["addr", "add", f"{self.addr(h)}/24", "dev", f"{self.tag}v{h}"], 60)
+                run(ns + ["link", "set", f"{self.tag}v{h}", "up"], 60)
+                run(ns + ["link", "set", "lo", "up"], 60)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        # Deleting a namespace deletes the veth end in it, and with it its peer.
+        for ns in self.made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.made = []
+
+
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+
+
+def enter_namespace(name, argv):
+    """Runs as an MPI rank's wrapper (`--enter-namespace NAME exe args`): moves into network
+    namespace NAME and execs `exe`. mpirun's PMIx server listens on the first namespace's
+    127.0.0.1, which the rank could not reach from inside NAME: a relay process listens on
+    the same port inside NAME and forwards each connection to the server (a socket belongs
+    to the namespace it was made in). The relay dies with the rank."""
+    import ctypes
+    import select
+    import signal
+    import socket
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def setns(fd):
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            sys.exit(f"error: setns: {os.strerror(ctypes.get_errno())}")
+
+    uri = next((v for k, v in sorted(os.environ.items()) if k.startswith("PMIX_SERVER_URI")),
+               None)
+    if uri is None or "tcp4://127.0.0.1:" not in uri:
+        sys.exit(f"error: --enter-namespace runs under mpirun (PMIx over TCP), not {uri!r}")
+    port = int(uri.rsplit(":", 1)[1])
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    setns(target)
+    listener = socket.create_server(("127.0.0.1", port))
+    if os.fork() == 0:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        pairs = {}
+        while True:
+            ready, _, _ = select.select([listener] + list(pairs), [], [])
+            for s in ready:
+                if s is listener:
+                    inner, _ = listener.accept()
+                    setns(home)
+                    outer = socket.create_connection(("127.0.0.1", port))
+                    setns(target)
+                    pairs[inner], pairs[outer] = outer, inner
+                    continue
+                data = s.recv(1 << 16)
+                if data:
+                    pairs[s].sendall(data)
+                    continue
+                other = pairs.pop(s)
+                pairs.pop(other, None)
+                s.close()
+                other.close()
+    listener.close()
+    os.execvp(argv[0], argv)
+
+
+def ours_in_namespaces(cmd, a):
+    """Runs the perf tool's two ranks by hand, rank r in namespace r bound to a core of its
+    own, the bootstrap root at rank 0's address; returns rank 0's output."""
+    ns = a.namespaces
+    cpus = sorted(os.sched_getaffinity(0))
+    port = random.randint(20000, 60000)
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, MSCCLPP_RANK=str(r), MSCCLPP_NRANKS="2",
+                   MSCCLPP_LOCAL_RANK="0", MSCCLPP_BOOTSTRAP=f"{ns.addr(0)}:{port}",
+                   MSCCLPP_HOST_ID=f"{ns.tag}-host{r}")
+        pin = ["taskset", "-c", str(cpus[r * len(cpus) // 2])]
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns.name(r)] + pin + cmd,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=a.timeout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, p in enumerate(procs):
+        if p.returncode != 0:
+            sys.exit(f"error: rank {r} of {' '.join(cmd)} in {ns.name(r)} exited with "
+                     f"{p.returncode}:\n{outs[r][0]}\n{outs[r][1]}")
+    return outs[0][0]
+
+
 def ours(perf, link, a):
     cmd = [perf, "--nranks", "2", "-b", str(a.min), "-e", str(a.max), "-f", str(a.factor),
            "-n", str(a.iters), "-w", str(a.warmup)]
     if link == "loopback":
         cmd += ["--simulate-hosts", "2"]
+    out = ours_in_namespaces(cmd[:1] + cmd[3:], a) if link == "netns" else run(cmd, a.timeout)
     times = {}
-    for line in run(cmd, a.timeout).splitlines():
+    for line in out.splitlines():
         f = line.split()
         # size count type redop algo time algbw busbw #wrong (out-of-place, then in-place)
         if len(f) >= 9 and f[0].isdigit():
@@ -64,6 +200,11 @@ def mpi(exe, link, a):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "core", "-np", "2"]
     if link == "loopback":
         cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+    elif link == "netns":
+        ns = a.namespaces
+        cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", ns.subnet(),
+                "sh", "-c", f'p=$0 s=$1 f=$2; shift 2; exec "$p" "$s" "$f" {ns.tag}h$OMPI_COMM_WORLD_RANK "$@"',
+                sys.executable, os.path.abspath(__file__), "--enter-namespace"]
     cmd += [exe, str(a.min), str(a.max), str(a.factor), str(a.iters), str(a.warmup)]
     times = {}
     for line in run(cmd, a.timeout).splitlines():
@@ -76,9 +217,11 @@ def mpi(exe, link, a):
 
 
 def main():
+    if len(sys.argv) > 3 and sys.argv[1] == "--enter-namespace":
+        enter_namespace(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--links", default="shm,loopback", help="comma-separated: shm, loopback")
+    ap.add_argument("--links", default="shm,loopback", help="comma-separated: shm, loopback, netns")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("-b", "--min", type=size_arg, default=8)
     ap.add_argument("-e", "--max", type=size_arg, default=32 << 20)
@@ -91,8 +234,8 @@ def main():
     a = ap.parse_args()
     links = a.links.split(",")
     for link in links:
-        if link not in ("shm", "loopback"):
-            sys.exit(f"error: unknown link {link!r} (shm, loopback)")
+        if link not in ("shm", "loopback", "netns"):
+            sys.exit(f"error: unknown link {link!r} (shm, loopback, netns)")
     if not os.access(a.perf, os.X_OK):
         sys.exit(f"error: no perf tool at {a.perf}: cargo build --release -p mscclpp-perf")
     if not shutil.which("mpicc") or not shutil.which("mpirun"):
@@ -102,6 +245,12 @@ def main():
     run(["mpicc", "-O2", "-o", exe, MPI_SOURCE], a.timeout)
     version = run(["mpirun", "--version"], 60).splitlines()[0].strip()
 
+    with contextlib.ExitStack() as stack:
+        a.namespaces = stack.enter_context(Namespaces()) if "netns" in links else None
+        measure(a, links, exe, version)
+
+
+def measure(a, links, exe, version):
     ours_t = {l: [] for l in links}
     mpi_t = {l: [] for l in links}
     commands = {}
@@ -132,6 +281,7 @@ def main():
             rows.append({
                 "op": "allreduce", "dtype": "float", "size": size, "ranks": 2,
                 "hosts": 1 if link == "shm" else 2, "hosts_simulated": link != "shm",
+                "link": link,
                 "algorithm": None, "graph": False, "time_us": round(om, 3),
                 "busbw_gbps": None, "mpi_time_us": round(mm, 3), "mpi_version": version,
                 "mpi_command": " ".join(commands[("mpi", link)][:-6] + ["mpi-allreduce"]
