@@ -194,6 +194,17 @@ def ours(perf, link, a):
     return cmd, times
 
 
+def public_mpi_command(cmd):
+    """`cmd` as a record shows it: the benchmark by name, and the namespace wrapper (its
+    interpreter, path and namespace names are this machine's) as the script's option."""
+    if "sh" in cmd:
+        head = cmd[:cmd.index("sh")] + ["scripts/host-vs-mpi.py", "--enter-namespace", "NS"]
+        head = [("10.N.0.0/24" if h.startswith("10.") else h) for h in head]
+    else:
+        head = cmd[:-6]
+    return " ".join(head + ["mpi-allreduce"] + cmd[-5:])
+
+
 def mpi(exe, link, a):
     # Bound a core per rank, as mpirun does by default for two ranks and as the perf tool
     # binds its ranks (`--bind cpus`).
@@ -284,12 +295,13 @@ def measure(a, links, exe, version):
                 "link": link,
                 "algorithm": None, "graph": False, "time_us": round(om, 3),
                 "busbw_gbps": None, "mpi_time_us": round(mm, 3), "mpi_version": version,
-                "mpi_command": " ".join(commands[("mpi", link)][:-6] + ["mpi-allreduce"]
-                                        + commands[("mpi", link)][-5:]),
+                "mpi_command": public_mpi_command(commands[("mpi", link)]),
                 "command": " ".join(["mscclpp-perf"] + commands[("ours", link)][1:]),
                 "commit": commit, "date": date,
-                "note": f"scripts/host-vs-mpi.py: median of {a.rounds} interleaved rounds, "
-                        f"out-of-place; MPI/ours per round {min(ratios):.3f}-{max(ratios):.3f}",
+                "note": f"scripts/host-vs-mpi.py --links {link}: median of {a.rounds} "
+                        f"interleaved rounds, out-of-place; MPI/ours per round "
+                        f"{min(ratios):.3f}-{max(ratios):.3f}"
+                        + ("; each rank in its own namespace" if link == "netns" else ""),
             })
     if a.record:
         with open(a.record, "a") as f:
