@@ -182,7 +182,12 @@ def ours(perf, link, a):
            "-n", str(a.iters), "-w", str(a.warmup)]
     if link == "loopback":
         cmd += ["--simulate-hosts", "2"]
-    out = ours_in_namespaces(cmd[:1] + cmd[3:], a) if link == "netns" else run(cmd, a.timeout)
+    if link == "netns":
+        # Each rank started by hand (MSCCLPP_RANK), so no --nranks.
+        cmd = cmd[:1] + cmd[3:]
+        out = ours_in_namespaces(cmd, a)
+    else:
+        out = run(cmd, a.timeout)
     times = {}
     for line in out.splitlines():
         f = line.split()
