@@ -93,12 +93,13 @@ CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 
 
-def enter_namespace(name, argv):
-    """Runs as an MPI rank's wrapper (`--enter-namespace NAME exe args`): moves into network
-    namespace NAME and execs `exe`. mpirun's PMIx server listens on the first namespace's
-    127.0.0.1, which the rank could not reach from inside NAME: a relay process listens on
-    the same port inside NAME and forwards each connection to the server (a socket belongs
-    to the namespace it was made in). The relay dies with the rank."""
+def enter_namespace(prefix, argv):
+    """Runs as an MPI rank's wrapper (`--enter-namespace PREFIX exe args`): moves into
+    network namespace PREFIX<rank> (the rank from mpirun's OMPI_COMM_WORLD_RANK) and execs
+    `exe`. mpirun's PMIx server listens on the first namespace's 127.0.0.1, which the rank
+    could not reach from inside its own: a relay process listens on the same port there and
+    forwards each connection to the server (a socket belongs to the namespace it was made
+    in). The relay dies with the rank."""
     import ctypes
     import select
     import signal
@@ -109,6 +110,10 @@ def enter_namespace(name, argv):
         if libc.setns(fd, CLONE_NEWNET) != 0:
             sys.exit(f"error: setns: {os.strerror(ctypes.get_errno())}")
 
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK")
+    if rank is None:
+        sys.exit("error: --enter-namespace runs under mpirun (no OMPI_COMM_WORLD_RANK)")
+    name = prefix + rank
     uri = next((v for k, v in sorted(os.environ.items()) if k.startswith("PMIX_SERVER_URI")),
                None)
     if uri is None or "tcp4://127.0.0.1:" not in uri:
@@ -202,8 +207,10 @@ def ours(perf, link, a):
 def public_mpi_command(cmd):
     """`cmd` as a record shows it: the benchmark by name, and the namespace wrapper (its
     interpreter, path and namespace names are this machine's) as the script's option."""
-    if "sh" in cmd:
-        head = cmd[:cmd.index("sh")] + ["scripts/host-vs-mpi.py", "--enter-namespace", "NS"]
+    if "--enter-namespace" in cmd:
+        # The interpreter and the script's path come before the option.
+        head = cmd[:cmd.index("--enter-namespace") - 2]
+        head += ["scripts/host-vs-mpi.py", "--enter-namespace", "NS"]
         head = [("10.N.0.0/24" if h.startswith("10.") else h) for h in head]
     else:
         head = cmd[:-6]
@@ -219,8 +226,8 @@ def mpi(exe, link, a):
     elif link == "netns":
         ns = a.namespaces
         cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", ns.subnet(),
-                "sh", "-c", f'p=$0 s=$1 f=$2; shift 2; exec "$p" "$s" "$f" {ns.tag}h$OMPI_COMM_WORLD_RANK "$@"',
-                sys.executable, os.path.abspath(__file__), "--enter-namespace"]
+                # The wrapper appends the rank to the namespaces' common prefix.
+                sys.executable, os.path.abspath(__file__), "--enter-namespace", ns.name("")]
     cmd += [exe, str(a.min), str(a.max), str(a.factor), str(a.iters), str(a.warmup)]
     times = {}
     for line in run(cmd, a.timeout).splitlines():
