@@ -111,14 +111,11 @@ pub(super) fn auto_all_reduce(
     bytes: usize,
     one_shot_limit: usize,
 ) -> AllReduceAlgo {
-    let one_shot_max = if !gpu && nranks == 2 {
-        HOST_TWO_RANK_ONE_SHOT_MAX
-    } else if !gpu {
-        HOST_ONE_SHOT_MAX
-    } else if nranks == 2 {
-        TWO_RANK_ONE_SHOT_MAX
-    } else {
-        usize::MAX
+    let one_shot_max = match (gpu, nranks == 2) {
+        (false, true) => HOST_TWO_RANK_ONE_SHOT_MAX,
+        (false, false) => HOST_ONE_SHOT_MAX,
+        (true, true) => TWO_RANK_ONE_SHOT_MAX,
+        (true, false) => usize::MAX,
     };
     if bytes <= one_shot_limit.min(one_shot_max) {
         AllReduceAlgo::OneShot
