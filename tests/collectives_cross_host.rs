@@ -607,11 +607,12 @@ fn cross_host_3_hosts_of_one_rank() {
 }
 
 /// Collectives with a large scratch (32 MiB: cross-host slots of about 2.7 MB for two
-/// hosts), so a round's payload may be longer than the step's pipelined piece
-/// (`PIPE_PIECE`, 1 MiB).
+/// hosts) and rounds as long as a slot (the Host backend's default is 1 MiB), so a round's
+/// payload may be longer than the step's pipelined piece (`PIPE_PIECE`, 1 MiB).
 fn large_scratch_collectives() -> Collectives {
     let config = CollConfig {
         scratch_bytes: 32 << 20,
+        host_cross_round_bytes: usize::MAX,
         ..CollConfig::default()
     };
     Collectives::new(communicator(), config).unwrap()
@@ -644,6 +645,55 @@ fn cross_host_rounds_longer_than_a_piece() {
         "cross_host_rounds_longer_than_a_piece",
         2,
         &[(LAYOUT, "cyclic:2"), ("MSCCLPP_TCP_PARALLEL", "yes")],
+    );
+}
+
+/// The default config: rounds across hosts of `host_cross_round_bytes` (1 MiB) though a
+/// slot holds 21 MiB, so a large call goes in several rounds, the last one shorter.
+fn default_rounds_rank() {
+    let c = Collectives::new(communicator(), CollConfig::default()).unwrap();
+    // 2.5 rounds of 1 MiB: 2 full, then half of one.
+    let count = (5 << 20) / 2 / 4 + 3;
+    check_all_reduce::<f32>(&c, &[count], &[ReduceOp::Sum, ReduceOp::Max], false);
+    check_sum_order(&c, &[count]);
+    check_all_gather::<u8>(&c, &[(3 << 20) + 5]);
+    check_broadcast(&c, &[(5 << 20) / 2 + 1]);
+    check_reduce_scatter::<i32>(&c, &[(1 << 20) + 7], &[ReduceOp::Sum]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {}: ok", c.rank());
+}
+
+/// The least round, 4 KiB, with the default scratch: a 100 KB call in 25 rounds.
+fn least_rounds_rank() {
+    let config = CollConfig {
+        host_cross_round_bytes: 4096,
+        ..CollConfig::default()
+    };
+    let c = Collectives::new(communicator(), config).unwrap();
+    check_all_reduce::<f32>(&c, &[25_001], &[ReduceOp::Sum, ReduceOp::Min], false);
+    check_sum_order(&c, &[25_001]);
+    check_all_to_all::<i32>(&c, &[3001]);
+    check_reduce::<f32>(&c, &[25_001], &[ReduceOp::Sum]);
+    c.communicator().bootstrap().barrier().unwrap();
+    println!("rank {}: ok", c.rank());
+}
+
+/// 2 processes, each its own host, in rounds shorter than a slot: the default round, then
+/// the least.
+#[test]
+fn cross_host_rounds_shorter_than_a_slot() {
+    if child() {
+        return match std::env::var("MSCCLPP_TEST_ROUND").as_deref() {
+            Ok("least") => least_rounds_rank(),
+            _ => default_rounds_rank(),
+        };
+    }
+    let test = "cross_host_rounds_shorter_than_a_slot";
+    launch_envs(test, 2, &[(LAYOUT, "cyclic:2")]);
+    launch_envs(
+        test,
+        2,
+        &[(LAYOUT, "cyclic:2"), ("MSCCLPP_TEST_ROUND", "least")],
     );
 }
 

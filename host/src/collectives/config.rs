@@ -77,6 +77,17 @@ pub struct CollConfig {
     /// rank may choose for itself (the wire is the same); `MSCCLPP_CROSS_BUFFER=host|device`
     /// ([`CROSS_BUFFER_ENV`](super::CROSS_BUFFER_ENV)(super::CROSS_BUFFER_ENV)) sets it in [`from_env`](Self::from_env).
     pub cross_buffer_host: bool,
+    /// Across hosts, on the Host backend: most payload bytes of one round with the partners
+    /// (at least 4 KiB; a round also carries at most what a slot of the cross buffer holds,
+    /// `scratch_bytes / 2 / (3 * hosts)`). Must be equal on every rank. The same slots serve
+    /// every round, so rounds this small keep them in the CPU cache: with rounds as large as
+    /// the slot (21 MiB for two hosts), the input, the send and receive slots and the output
+    /// of a 16 MB all-reduce fell out of the cache before the reduction read them. 1 MiB (the
+    /// default) took 4.9 ms at 16 MB against 9.1 for the slot, and 2.5 ms at 8 MB against 4.1
+    /// (two ranks as two simulated hosts, 2-vCPU VM, `mscclpp-perf --nranks 2
+    /// --simulate-hosts 2 -b 256K -e 32M -f 2`, median of 5 interleaved runs, commit
+    /// 5f5f931); 256 KiB was within noise of it, 512 KiB slower at 8 MB and up.
+    pub host_cross_round_bytes: usize,
 }
 
 impl Default for CollConfig {
@@ -91,7 +102,8 @@ impl CollConfig {
     /// `MSCCLPP_COLL_MAX_BLOCKS`, `MSCCLPP_COLL_THREADS`, `MSCCLPP_P2P_PACKET_MAX_BYTES`,
     /// `MSCCLPP_P2P_PACKET_BLOCKS`, `MSCCLPP_P2P_DEPTH`, `MSCCLPP_ROOTED_DEPTH`,
     /// `MSCCLPP_ROOTED_PIECE_BYTES`, `MSCCLPP_P2P_REMOTE_MAX`, `MSCCLPP_CROSS_TRANSPORT`
-    /// (`auto`, `tcp`, `ib`) and `MSCCLPP_CROSS_BUFFER` (`host`, `device`) applied when set.
+    /// (`auto`, `tcp`, `ib`), `MSCCLPP_CROSS_BUFFER` (`host`, `device`) and
+    /// `MSCCLPP_HOST_CROSS_ROUND_BYTES` applied when set.
     pub fn from_env() -> Result<CollConfig, CommError> {
         Ok(CollConfig::from_settings(settings()?))
     }
@@ -118,6 +130,7 @@ impl CollConfig {
             p2p_peers: None,
             cross_transport: s.cross_transport,
             cross_buffer_host: s.cross_buffer == CrossBuffer::Host,
+            host_cross_round_bytes: s.host_cross_round_bytes,
         }
     }
 
@@ -178,6 +191,12 @@ impl CollConfig {
             return bad(format!(
                 "rooted_piece_bytes {} is above {PIPE_MAX_PIECE}",
                 self.rooted_piece_bytes
+            ));
+        }
+        if self.host_cross_round_bytes < 4096 {
+            return bad(format!(
+                "host_cross_round_bytes {} is below 4 KiB",
+                self.host_cross_round_bytes
             ));
         }
         Ok(())

@@ -142,6 +142,9 @@ pub(super) struct Cross {
     /// of `hosts` receive slots, `slot` bytes each.
     base: u64,
     slot: usize,
+    /// Payload bytes a round carries: a slot's, on the Host backend at most
+    /// [`CollConfig::host_cross_round_bytes`].
+    round: usize,
     state: Mutex<State>,
     gpu: Option<GpuCross>,
     buf: Buffer,
@@ -164,6 +167,8 @@ pub(super) struct Pending {
     topo: Topology,
     buf: Buffer,
     slot: usize,
+    /// [`CollConfig::host_cross_round_bytes`].
+    round_max: usize,
     /// `(host, index in device_connections)` of each partner's channel.
     channels: Vec<(usize, usize)>,
 }
@@ -271,6 +276,7 @@ impl Cross {
             topo,
             buf,
             slot,
+            round_max: config.host_cross_round_bytes,
             channels,
         })
     }
@@ -308,10 +314,11 @@ impl Cross {
             }
             _ => None,
         };
-        let (shard, stage) = if gpu.is_some() {
-            (Vec::new(), Vec::new())
+        let (shard, stage, round) = if gpu.is_some() {
+            (Vec::new(), Vec::new(), payload)
         } else {
-            (vec![0; payload], vec![0; nlocal * payload])
+            let round = payload.min((p.round_max / 16 * 16).max(16 * nh));
+            (vec![0; round], vec![0; nlocal * round], round)
         };
         Ok(Cross {
             ctx: Box::new(ctx),
@@ -319,6 +326,7 @@ impl Cross {
             _conns: conns,
             base,
             slot: p.slot,
+            round,
             state: Mutex::new(State {
                 shard,
                 stage,
@@ -343,9 +351,10 @@ impl Cross {
         self.topo.group().len()
     }
 
-    /// Payload bytes of a slot (a multiple of 16).
+    /// Payload bytes a round carries (a multiple of 16): a slot's, on the Host backend at
+    /// most [`CollConfig::host_cross_round_bytes`].
     pub(super) fn payload(&self) -> usize {
-        self.slot - HDR
+        self.round
     }
 
     /// Payload address of send slot `h`.

@@ -3,8 +3,9 @@
 //! reduce, broadcast or all-to-all takes, which kernels an all-reduce of a type runs, and the
 //! across-hosts choices (two-shot, the grid reduction over a host-mapped buffer).
 //!
-//! Each threshold says what set it. Two more live with the settings, as their defaults: the
-//! LL / one-shot limit `CollConfig::packet_max_bytes` (1 MiB: one-shot was slower than
+//! Each threshold says what set it. Three more live with the settings, as their defaults: the
+//! Host backend's round across hosts `CollConfig::host_cross_round_bytes` (1 MiB: see there),
+//! the LL / one-shot limit `CollConfig::packet_max_bytes` (1 MiB: one-shot was slower than
 //! all-pairs at 2 MiB on 2x H200, commit f029be1; two-shot as fast from 2 MiB, 9bb003f) and
 //! the send/recv LL limit `CollConfig::p2p_packet_max_bytes` (512 KiB: 13.66 us as packets
 //! against 18.11 pipelined at 512 KB in one 2x H200 run, 8b93b35; not re-measured since).

@@ -411,6 +411,11 @@ settings! {
     cross_buffer: CrossBuffer = CrossBuffer::Host;
     "MSCCLPP_CROSS_BUFFER", "host, device", "host", COLLECTIVES, CrossBuffer::parse;
 
+    /// Across hosts, on the Host backend: most payload bytes of one round with the other
+    /// hosts (at least 4 KiB). Must be equal on every rank.
+    host_cross_round_bytes: usize = 1 << 20;
+    "MSCCLPP_HOST_CROSS_ROUND_BYTES", "bytes", "1 MiB", COLLECTIVES, |v| bytes(v, 0, u64::MAX);
+
     /// Across hosts: the ranks on other hosts this rank sends to or receives from
     /// (`13,+8,-8`: absolute ranks and ranks relative to this one, a relative rank outside
     /// the job skipped; `all`; `none`). Overrides `CollConfig::p2p_peers`.
