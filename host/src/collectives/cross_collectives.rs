@@ -91,7 +91,9 @@ impl Collectives {
     ///   ([`PER_DEST`]), which reduces it over the hosts, then a [`GATHER`] step hands every
     ///   partner (a reduce: the root's host only) every reduced piece: `2 * (H - 1) * c / H`
     ///   elements per rank (a reduce: the root's host receives that instead of
-    ///   `(H - 1) * c`), two rounds. The same sources in the same order: the same bits.
+    ///   `(H - 1) * c`), two rounds (with two hosts the gather is a [`PICK`] of the
+    ///   partner's piece: this host's is in place). The same sources in the same order: the
+    ///   same bits.
     ///
     /// # Safety
     /// `send`/`recv` valid memory of `ex`'s kind for `count` elements (equal or disjoint;
@@ -133,9 +135,12 @@ impl Collectives {
             let is_root = root.is_none_or(|r| r == self.rank());
             // Two-shot's pieces and exchanges (one-shot's step is `flags`).
             let scatter = xk::flags(REDUCE | PER_DEST, self.nranks() as u32);
+            // With two hosts the gather copies the partner's piece alone (PICK): this host's
+            // is in place already.
+            let gather = xk::flags(if nh == 2 { PICK } else { GATHER }, 0);
             let gather = match root_host {
-                None => xk::flags(GATHER, 0),
-                Some(h) => xk::to_host(xk::flags(GATHER, 0), h as u32),
+                None => gather,
+                Some(h) => xk::to_host(gather, h as u32),
             };
             // A shard fills at most a slot's payload (one-shot) or the shard buffer, in nh
             // pieces of at most a slot's payload (two-shot).
@@ -185,8 +190,19 @@ impl Collectives {
                         let mine = res + (me * q * s) as u64;
                         self.x_step(ex, cross, call, 0, mine, descr, q * s, scatter, 0)?;
                         // 3. Every host's reduced piece to every partner (a reduce: to the
-                        // root's host only): the whole shard.
-                        self.x_step(ex, cross, call, mine, out, descr, q * s, gather, q * s)?;
+                        // root's host only): the whole shard. With two hosts, the partner's
+                        // piece (PICK) to its place.
+                        if nh == 2 {
+                            let other = 1 - me;
+                            let to = if out == 0 {
+                                0
+                            } else {
+                                out + (other * q * s) as u64
+                            };
+                            self.x_step(ex, cross, call, mine, to, descr, q * s, gather, other)?;
+                        } else {
+                            self.x_step(ex, cross, call, mine, out, descr, q * s, gather, q * s)?;
+                        }
                     } else {
                         // Into the own send slot (one rank per host: the step copies the
                         // input there).
