@@ -296,6 +296,13 @@ fn bad_configs_are_refused() {
             },
             "threads 100",
         ),
+        (
+            CollConfig {
+                host_cross_round_bytes: 4095,
+                ..CollConfig::default()
+            },
+            "host_cross_round_bytes 4095 is below 4 KiB",
+        ),
     ] {
         let e = config.validate().unwrap_err();
         assert!(e.to_string().contains(msg), "{e} should mention {msg}");
