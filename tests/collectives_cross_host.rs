@@ -697,6 +697,40 @@ fn cross_host_rounds_shorter_than_a_slot() {
     );
 }
 
+/// Ranks whose rounds across hosts differ (4 KiB against the default 1 MiB): a round of
+/// one would pair with part of the other's, so the set-up fails on every rank, naming the
+/// settings.
+fn unequal_rounds_rank() {
+    let launch = Launch::from_env().unwrap();
+    let config = CollConfig {
+        host_cross_round_bytes: if launch.rank == 0 { 4096 } else { 1 << 20 },
+        ..CollConfig::default()
+    };
+    match Collectives::new(communicator(), config) {
+        Err(CommError::InvalidArgument(m)) => {
+            let named = "rank 0: 4096, rank 1: 1048576";
+            assert!(
+                m.contains(named) && m.contains("MSCCLPP_HOST_CROSS_ROUND_BYTES"),
+                "{m}"
+            );
+        }
+        other => panic!(
+            "rank {}: expected the set-up to fail, got {other:?}",
+            launch.rank
+        ),
+    }
+    println!("rank {}: ok", launch.rank);
+}
+
+/// 2 processes, each its own host, with different rounds across hosts.
+#[test]
+fn cross_host_unequal_rounds_are_refused() {
+    if child() {
+        return unequal_rounds_rank();
+    }
+    launch("cross_host_unequal_rounds_are_refused", 2, "cyclic:2");
+}
+
 /// Hosts that disagree on the size of a payload long enough to go in pieces (host 0: 3
 /// pieces, host 1: 2, each with its signal): the first piece's header already says so,
 /// every rank fails the call naming both, and the next call fails at once instead of

@@ -79,10 +79,11 @@ pub struct CollConfig {
     pub cross_buffer_host: bool,
     /// Across hosts, on the Host backend: most payload bytes of one round with the partners
     /// (at least 4 KiB; a round also carries at most what a slot of the cross buffer holds,
-    /// `scratch_bytes / 2 / (3 * hosts)`). Must be equal on every rank. The same slots serve
-    /// every round, so rounds this small keep them in the CPU cache: with rounds as large as
-    /// the slot (21 MiB for two hosts), the input, the send and receive slots and the output
-    /// of a 16 MB all-reduce fell out of the cache before the reduction read them. 1 MiB (the
+    /// `scratch_bytes / 2 / (3 * hosts)`). Must be equal on every rank: the set-up fails,
+    /// naming every rank's, when it is not. The same slots serve every round, so rounds this
+    /// small keep them in the CPU cache: with rounds as large as the slot (21 MiB for two
+    /// hosts), the input, the send and receive slots and the output of a 16 MB all-reduce
+    /// fell out of the cache before the reduction read them. 1 MiB (the
     /// default) took 4.9 ms at 16 MB against 9.1 for the slot, and 2.5 ms at 8 MB against 4.1
     /// (two ranks as two simulated hosts, 2-vCPU VM, `mscclpp-perf --nranks 2
     /// --simulate-hosts 2 -b 256K -e 32M -f 2`, median of 5 interleaved runs, commit

@@ -161,14 +161,55 @@ fn slot_bytes(config: &CollConfig, hosts: usize) -> usize {
         .next_multiple_of(16)
 }
 
+/// Payload bytes a round across hosts carries with slots of `slot` bytes for `hosts` hosts:
+/// a slot's payload, on the Host backend at most [`CollConfig::host_cross_round_bytes`]
+/// (a multiple of 16, at least 16 bytes per host). Every rank must carry the same, or a
+/// round of one would pair with part of a partner's: the ranks compare theirs (a bootstrap
+/// all-gather) and fail the set-up naming both settings when they differ.
+fn round_bytes(
+    comm: &Communicator,
+    config: &CollConfig,
+    slot: usize,
+    hosts: usize,
+) -> Result<usize, CommError> {
+    let payload = slot - HDR;
+    let round = match comm.backend() {
+        Backend::Gpu(_) => payload,
+        _ => payload.min((config.host_cross_round_bytes / 16 * 16).max(16 * hosts)),
+    };
+    let all = comm.bootstrap_all_gather(&(round as u64).to_le_bytes())?;
+    let rounds: Vec<u64> = all
+        .iter()
+        .map(|b| {
+            b.get(..8)
+                .and_then(|w| w.try_into().ok())
+                .map_or(0, u64::from_le_bytes)
+        })
+        .collect();
+    if rounds.iter().any(|&r| r != round as u64) {
+        let list = rounds
+            .iter()
+            .enumerate()
+            .map(|(r, b)| format!("rank {r}: {b}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(CommError::InvalidArgument(format!(
+            "collectives across hosts: the ranks carry different bytes per round ({list}); \
+             set MSCCLPP_COLL_SCRATCH_BYTES and MSCCLPP_HOST_CROSS_ROUND_BYTES \
+             (CollConfig::scratch_bytes, host_cross_round_bytes) alike on every rank"
+        )));
+    }
+    Ok(round)
+}
+
 /// A connection request made before the communicator's setup, completed by
 /// [`Cross::finish`].
 pub(super) struct Pending {
     topo: Topology,
     buf: Buffer,
     slot: usize,
-    /// [`CollConfig::host_cross_round_bytes`].
-    round_max: usize,
+    /// Payload bytes a round carries (see [`round_bytes`]).
+    round: usize,
     /// `(host, index in device_connections)` of each partner's channel.
     channels: Vec<(usize, usize)>,
 }
@@ -255,6 +296,7 @@ impl Cross {
     ) -> Result<Pending, CommError> {
         let nh = topo.hosts.len();
         let slot = slot_bytes(config, nh);
+        let round = round_bytes(comm, config, slot, nh)?;
         let partners: Vec<(usize, usize, TransportKind)> = (0..nh)
             .filter(|&h| h != topo.host)
             .map(|h| {
@@ -276,7 +318,7 @@ impl Cross {
             topo,
             buf,
             slot,
-            round_max: config.host_cross_round_bytes,
+            round,
             channels,
         })
     }
@@ -314,11 +356,11 @@ impl Cross {
             }
             _ => None,
         };
-        let (shard, stage, round) = if gpu.is_some() {
-            (Vec::new(), Vec::new(), payload)
+        let round = p.round;
+        let (shard, stage) = if gpu.is_some() {
+            (Vec::new(), Vec::new())
         } else {
-            let round = payload.min((p.round_max / 16 * 16).max(16 * nh));
-            (vec![0; round], vec![0; nlocal * round], round)
+            (vec![0; round], vec![0; nlocal * round])
         };
         Ok(Cross {
             ctx: Box::new(ctx),
