@@ -192,17 +192,14 @@ impl Collectives {
                         // 3. Every host's reduced piece to every partner (a reduce: to the
                         // root's host only): the whole shard. With two hosts, the partner's
                         // piece (PICK) to its place.
-                        if nh == 2 {
-                            let other = 1 - me;
-                            let to = if out == 0 {
-                                0
-                            } else {
-                                out + (other * q * s) as u64
-                            };
-                            self.x_step(ex, cross, call, mine, to, descr, q * s, gather, other)?;
-                        } else {
-                            self.x_step(ex, cross, call, mine, out, descr, q * s, gather, q * s)?;
-                        }
+                        // GATHER: the shard and the pieces' stride; PICK: the partner's
+                        // place (none where this rank keeps nothing) and the partner's host.
+                        let (to, stride) = match (nh, out) {
+                            (2, 0) => (0, 1 - me),
+                            (2, _) => (out + ((1 - me) * q * s) as u64, 1 - me),
+                            _ => (out, q * s),
+                        };
+                        self.x_step(ex, cross, call, mine, to, descr, q * s, gather, stride)?;
                     } else {
                         // Into the own send slot (one rank per host: the step copies the
                         // input there).
