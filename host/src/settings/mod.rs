@@ -317,6 +317,14 @@ settings! {
     tcp_parallel: Option<bool> = None;
     "MSCCLPP_TCP_PARALLEL", "yes/no or auto", "auto (yes above 4 cores)", TCP, auto_flag;
 
+    /// The congestion control of the TCP transport's sockets (`cubic`, `bbr`, ...; one the
+    /// kernel allows: `/proc/sys/net/ipv4/tcp_allowed_congestion_control`, or any loaded
+    /// one with `CAP_NET_ADMIN`). Unset: the system's default
+    /// (`net.ipv4.tcp_congestion_control`).
+    tcp_congestion: Option<TcpCongestion> = None;
+    "MSCCLPP_TCP_CONGESTION", "a congestion control name", "the system's", TCP,
+        |v| TcpCongestion::parse(v).map(Some);
+
     /// How long any wait of the TCP transport lasts before it fails (connecting, a
     /// write, a signal).
     tcp_timeout: Duration = Duration::from_secs(10);

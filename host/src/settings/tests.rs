@@ -24,6 +24,7 @@ fn values_are_read_into_their_types() {
         ("MSCCLPP_TCP_CONNS", " 4 "),
         ("MSCCLPP_TCP_CHUNK", "64K"),
         ("MSCCLPP_TCP_TIMEOUT_MS", "250"),
+        ("MSCCLPP_TCP_CONGESTION", " cubic "),
         ("MSCCLPP_DEVICE_TIMEOUT", "2.5"),
         ("MSCCLPP_COLL_SCRATCH_BYTES", "1048576"),
         ("MSCCLPP_P2P_PACKET_MAX_BYTES", "0"),
@@ -46,6 +47,10 @@ fn values_are_read_into_their_types() {
     assert_eq!(s.tcp_conns, Some(4));
     assert_eq!(s.tcp_chunk, 65536);
     assert_eq!(s.tcp_timeout, Duration::from_millis(250));
+    assert_eq!(
+        s.tcp_congestion.map(|c| c.to_string()).as_deref(),
+        Some("cubic")
+    );
     assert_eq!(s.device_timeout, Some(Duration::from_millis(2500)));
     assert_eq!(s.coll_scratch_bytes, 1 << 20);
     assert_eq!(s.p2p_packet_max_bytes, 0);
@@ -124,6 +129,8 @@ fn bad_values_name_the_variable_the_value_and_the_forms() {
         ("MSCCLPP_NCCL_SETUP_FALLBACK", "maybe"),
         ("MSCCLPP_DEBUG", "LOUD"),
         ("MSCCLPP_COLL_THREADS", "many"),
+        ("MSCCLPP_TCP_CONGESTION", "cubic;rm"),
+        ("MSCCLPP_TCP_CONGESTION", "a-name-of-16-chr"),
     ] {
         let e = of(&[(var, value)]).unwrap_err();
         assert_eq!(e.bad.len(), 1, "{var}");

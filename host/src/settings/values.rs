@@ -210,6 +210,60 @@ impl Choice for ProxyFlagMode {
     const EXPECTED: &'static str = "`stream` or `cpu`";
 }
 
+/// The name of a TCP congestion control algorithm ([`Settings::tcp_congestion`]), as the
+/// kernel spells it (`cubic`, `bbr`, `reno`, ...): at most 15 letters, digits, `_` or `-`,
+/// kept inline so that the TCP transport's settings stay `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TcpCongestion {
+    len: u8,
+    name: [u8; Self::MAX],
+}
+
+impl TcpCongestion {
+    /// The longest name the kernel takes (`TCP_CA_NAME_MAX` less its terminating zero).
+    pub const MAX: usize = 15;
+
+    /// Reads `text` (surrounding spaces ignored, case kept: the kernel's names are case
+    /// sensitive).
+    pub fn parse(text: &str) -> Result<TcpCongestion, String> {
+        let t = text.trim();
+        let ok = !t.is_empty()
+            && t.len() <= Self::MAX
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !ok {
+            return Err(format!(
+                "a congestion control name of 1 to {} letters, digits, `_` or `-` \
+                 (as in /proc/sys/net/ipv4/tcp_available_congestion_control)",
+                Self::MAX
+            ));
+        }
+        let mut name = [0; Self::MAX];
+        name[..t.len()].copy_from_slice(t.as_bytes());
+        Ok(TcpCongestion {
+            len: t.len() as u8,
+            name,
+        })
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.name[..self.len as usize]).expect("checked ASCII")
+    }
+}
+
+impl fmt::Debug for TcpCongestion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TcpCongestion({:?})", self.as_str())
+    }
+}
+
+impl fmt::Display for TcpCongestion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// When an IB connection stages its buffer through host memory ([`Settings::ib_staging`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum StagingMode {

@@ -75,7 +75,7 @@ use cudarc::driver::CudaStream;
 
 use crate::bootstrap::{Bootstrap, LOSS_NEWS_GRACE, Op};
 use crate::cuda::{CudaError, Gpu, MappedHostBuffer, StreamRole, write_u64_async};
-use crate::settings::Settings;
+use crate::settings::{Settings, TcpCongestion};
 
 use super::backend::Backend;
 use super::error::CommError;
@@ -175,6 +175,8 @@ pub struct TcpConfig {
     /// A put of several chunks is written to its stripes by a thread each, at once (else
     /// by the proxy's thread, one chunk after the other).
     pub parallel: bool,
+    /// The sockets' congestion control; `None`: the system's default.
+    pub congestion: Option<TcpCongestion>,
 }
 
 impl Default for TcpConfig {
@@ -184,15 +186,16 @@ impl Default for TcpConfig {
 }
 
 impl TcpConfig {
-    /// The defaults, overridden by `MSCCLPP_TCP_CONNS`, `MSCCLPP_TCP_CHUNK` and
-    /// `MSCCLPP_TCP_TIMEOUT_MS`.
+    /// The defaults, overridden by `MSCCLPP_TCP_CONNS`, `MSCCLPP_TCP_CHUNK`,
+    /// `MSCCLPP_TCP_TIMEOUT_MS`, `MSCCLPP_TCP_PARALLEL` and `MSCCLPP_TCP_CONGESTION`.
     pub fn from_env() -> Result<TcpConfig, TcpError> {
         let s = Settings::global().map_err(|e| TcpError::Config(e.to_string()))?;
         Ok(TcpConfig::from_settings(s))
     }
 
     /// The values of `settings` ([`Settings::tcp_conns`], [`Settings::tcp_chunk`],
-    /// [`Settings::tcp_timeout`], [`Settings::tcp_parallel`]). Their `auto`: parallel
+    /// [`Settings::tcp_timeout`], [`Settings::tcp_parallel`],
+    /// [`Settings::tcp_congestion`]). Their `auto`: parallel
     /// writes on machines with more than 4 cores (with fewer, the writer threads would take
     /// the cores the receivers and the ranks' own work need), and then 4 sockets
     /// (`PARALLEL_CONNS`), else 2.
@@ -206,8 +209,23 @@ impl TcpConfig {
             chunk: settings.tcp_chunk,
             timeout: settings.tcp_timeout,
             parallel,
+            congestion: settings.tcp_congestion,
         }
     }
+}
+
+/// Sets the congestion control `cc` on `socket`, or says why the kernel refused it and which
+/// ones it allows.
+fn set_congestion(socket: &TcpStream, cc: TcpCongestion) -> Result<(), String> {
+    rustix::net::sockopt::set_tcp_congestion(socket, cc.as_str()).map_err(|e| {
+        let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+            .map(|a| a.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        format!(
+            "MSCCLPP_TCP_CONGESTION={cc}: the kernel refused it ({e}); allowed without \
+             CAP_NET_ADMIN: {allowed}"
+        )
+    })
 }
 
 fn u64s(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
@@ -410,6 +428,9 @@ impl TcpLink {
             s.set_nodelay(true).map_err(sock)?;
             s.set_write_timeout(Some(timeout)).map_err(sock)?;
             s.set_read_timeout(Some(POLL)).map_err(sock)?;
+            if let Some(cc) = config.congestion {
+                set_congestion(s, cc)?;
+            }
             sockets.push(s.try_clone().map_err(sock)?);
         }
         let copy_stream: Option<Arc<CudaStream>> = match stage {

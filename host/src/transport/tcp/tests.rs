@@ -179,6 +179,7 @@ fn sending_host_link(
         chunk: 512 << 10,
         timeout,
         parallel: false,
+        congestion: None,
     };
     let link = TcpLink::new(ours, sink, (1, 7), config, None, host_src, None).unwrap();
     (link, peer)
@@ -202,6 +203,7 @@ fn plane_pair(
         chunk,
         timeout: Duration::from_secs(20),
         parallel,
+        congestion: None,
     };
     let sink = |buf: &mut [u8], flag: &AtomicU64| Sink {
         buffer: buf.as_mut_ptr() as u64,
@@ -613,6 +615,44 @@ fn frames_read_ahead_together_are_applied_in_order() {
     assert!((0..long).all(|i| buf[128 + i] == (i % 251) as u8));
     assert!(buf[128 + long..].iter().all(|&x| x == 0));
     drop(link);
+}
+
+/// A congestion control that is set reaches every socket of the link; one the kernel does
+/// not have fails the link, naming the variable, the value and the ones allowed.
+#[test]
+fn the_congestion_control_is_set_on_every_socket_or_refused_by_name() {
+    let link = |name: &str, streams: Vec<TcpStream>| {
+        let mut flag_buf = [0u8; 64];
+        let flag = AtomicU64::new(0);
+        let config = TcpConfig {
+            conns: streams.len(),
+            chunk: 64 << 10,
+            timeout: Duration::from_secs(5),
+            parallel: false,
+            congestion: Some(TcpCongestion::parse(name).unwrap()),
+        };
+        let sink = Sink {
+            buffer: flag_buf.as_mut_ptr() as u64,
+            len: flag_buf.len() as u64,
+            inbound: &flag as *const AtomicU64 as u64,
+        };
+        TcpLink::new(streams, sink, (1, 7), config, None, None, None)
+    };
+    // Reno is built into every Linux kernel and always allowed.
+    let (ours, _peer) = stream_pairs(3);
+    let probes: Vec<TcpStream> = ours.iter().map(|s| s.try_clone().unwrap()).collect();
+    let made = link("reno", ours).expect("reno is always allowed");
+    for s in &probes {
+        assert_eq!(rustix::net::sockopt::tcp_congestion(s).unwrap(), "reno");
+    }
+    drop(made);
+    let (ours, _peer) = stream_pairs(1);
+    let Err(e) = link("no-such-cc", ours) else {
+        panic!("an unknown algorithm is refused");
+    };
+    for says in ["MSCCLPP_TCP_CONGESTION=no-such-cc", "refused", "reno"] {
+        assert!(e.contains(says), "{says:?} in {e}");
+    }
 }
 
 /// The `auto` sockets follow the parallel writes (4, else 2); a value that is set wins.
