@@ -291,6 +291,8 @@ def measure(a, links, exe, version):
     commit = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], 60).strip()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     rows = []
+    # Our settings in the environment are part of the command a row records.
+    settings = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MSCCLPP_"))
     print(f"# {version}; {a.rounds} rounds; time = median over rounds (us)")
     print(f"{'link':>9} {'size':>10} {'ours':>10} {'mpi':>10} {'mpi/ours':>9}  per round")
     for link in links:
@@ -308,7 +310,7 @@ def measure(a, links, exe, version):
                 "algorithm": None, "graph": False, "time_us": round(om, 3),
                 "busbw_gbps": None, "mpi_time_us": round(mm, 3), "mpi_version": version,
                 "mpi_command": public_mpi_command(commands[("mpi", link)]),
-                "command": " ".join(["mscclpp-perf"] + commands[("ours", link)][1:]),
+                "command": " ".join(settings + ["mscclpp-perf"] + commands[("ours", link)][1:]),
                 "commit": commit, "date": date,
                 "note": f"scripts/host-vs-mpi.py --links {link}: median of {a.rounds} "
                         f"interleaved rounds, out-of-place; MPI/ours per round "
