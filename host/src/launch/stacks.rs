@@ -93,7 +93,8 @@ pub(super) fn thread_stacks(pid: u32, limit: Duration) -> Vec<String> {
 /// `gdb`'s `thread apply all bt` output cut down: one `thread "name" (LWP n)` line per
 /// thread, then its innermost frame and every frame with a source location outside the
 /// standard library (`/rustc/...`, `library/...` or rust-src's copy), the crates.io
-/// registry and the C library, as `#n function at file:line` (arguments dropped).
+/// registry and the C library, as `#n function at file:line` (arguments dropped); without
+/// debug information, every frame of a Rust function outside [`THEIRS`], as `#n function`.
 fn frames(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in text.lines() {
@@ -125,20 +126,27 @@ fn frames(text: &str) -> Vec<String> {
         };
         let function = rest.split(" (").next().unwrap_or(rest);
         let location = rest.rsplit_once(" at ").map(|(_, l)| l);
+        // A v0-mangled name carries its crate's hash: `std[96bb1fa33c82f88a]::...`.
         let crate_name = function
             .trim_start_matches('<')
             .split("::")
             .next()
             .unwrap_or("");
+        let crate_name = crate_name.split('[').next().unwrap_or(crate_name);
+        // Without debug information (a release build) a frame has no location: a Rust
+        // path outside the crates above is ours.
         let ours = !THEIRS.contains(&crate_name)
-            && location.is_some_and(|l| {
-                !(l.starts_with("/rustc/")
-                    || l.starts_with("library/")
-                    || l.contains("/rustlib/src/rust/library/")
-                    || l.contains("/.cargo/registry/")
-                    || l.starts_with("./")
-                    || l.starts_with("../"))
-            });
+            && match location {
+                Some(l) => {
+                    !(l.starts_with("/rustc/")
+                        || l.starts_with("library/")
+                        || l.contains("/rustlib/src/rust/library/")
+                        || l.contains("/.cargo/registry/")
+                        || l.starts_with("./")
+                        || l.starts_with("../"))
+                }
+                None => function.contains("::"),
+            };
         if n == "0" || ours {
             match location {
                 Some(l) => out.push(format!("  #{n} {function} at {l}")),
@@ -178,6 +186,34 @@ Thread 1 (Thread 0x7f01 (LWP 11) "cross_host_two_"):
                 "  #2 mscclpp_host::transport::tcp::read_full at host/src/transport/tcp.rs:405",
                 "thread \"cross_host_two_\" (LWP 11)",
                 "  #0 mscclpp_device::packet::LlPacket::read at device/src/packet.rs:188",
+            ]
+        );
+    }
+
+    /// A release build's frames have no file and line: ours are kept by their Rust path,
+    /// the standard library's, the dependencies' and the C library's left out.
+    #[test]
+    fn frames_without_debug_information_keep_ours_by_name() {
+        let gdb = r#"Thread 3 (Thread 0x7f02 (LWP 13) "hung-worker"):
+#0  0x00007f in syscall () from /lib/x86_64-linux-gnu/libc.so.6
+#1  0x000055 in std::sys::pal::unix::futex::futex_wait ()
+#2  0x000055 in std::sync::mpsc::Receiver<T>::recv ()
+#3  0x000055 in bootstrap_process::hang_here ()
+#4  0x000055 in <alloc::boxed::Box<F,A> as core::ops::function::FnOnce<Args>>::call_once ()
+#5  0x000055 in tokio::runtime::park ()
+#5  0x000055 in <std[96bb1fa33c82f88a]::thread::thread::Thread>::park ()
+#5  0x000055 in std[96bb1fa33c82f88a]::sys::backtrace::__rust_begin_short_backtrace::<bootstrap_process[ec04f17e261eb205]::hang::{closure#0}, ()> ()
+#5  0x000055 in mscclpp_host[0123456789abcdef]::bootstrap::wait ()
+#6  0x00007f in start_thread () from /lib/x86_64-linux-gnu/libc.so.6
+#7  0x00007f in clone3 ()
+"#;
+        assert_eq!(
+            frames(gdb),
+            [
+                "thread \"hung-worker\" (LWP 13)",
+                "  #0 syscall",
+                "  #3 bootstrap_process::hang_here",
+                "  #5 mscclpp_host[0123456789abcdef]::bootstrap::wait",
             ]
         );
     }
