@@ -6,7 +6,8 @@
 //! when a test panics. Making namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN): where
 //! it fails, [`Hosts::new`] says why and the tests skip.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 /// Namespaces standing in for hosts; removed on drop.
 #[derive(Debug)]
@@ -32,9 +33,86 @@ fn ip(args: &[&str]) -> Result<(), String> {
     ))
 }
 
-/// Runs `ip` with `args` (from [`Hosts::link_args`]).
-pub fn link(args: &[String]) -> Result<(), String> {
-    ip(&args.iter().map(String::as_str).collect::<Vec<_>>())
+/// An `ip -batch` process inside a namespace, started ahead of the link commands a rank runs
+/// mid-test ([`Hosts::link_args`], [`Hosts::remove_args`]). `ip -n` enters a namespace
+/// with a mount namespace of its own, and its unmount of `/sys` waited 1-6 s for the
+/// kernel (`synchronize_rcu_expedited`) on a busy 2-vCPU VM, so a 0.5 s link flap lasted
+/// seconds; started ahead, each command is a netlink request of milliseconds.
+pub struct LinkControl {
+    child: Child,
+    input: Option<ChildStdin>,
+    output: BufReader<ChildStdout>,
+}
+
+impl LinkControl {
+    /// Starts `ip` in the namespace that `args` name (`-n <namespace> ...`), and waits
+    /// until it answers.
+    pub fn start(args: &[String]) -> Result<LinkControl, String> {
+        let ns = match args {
+            [n, ns, ..] if n == "-n" => ns,
+            _ => return Err(format!("no `-n <namespace>` in {args:?}")),
+        };
+        let mut child = Command::new("ip")
+            .args(["-n", ns, "-oneline", "-batch", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("ip -n {ns} -batch: {e}"))?;
+        let input = child.stdin.take();
+        let output = BufReader::new(child.stdout.take().expect("piped"));
+        let mut control = LinkControl {
+            child,
+            input,
+            output,
+        };
+        control.run(&[])?;
+        Ok(control)
+    }
+
+    /// Runs the command of `args` (`-n <namespace>` and the `ip` command after it; empty:
+    /// none) and returns once `ip` has done it, or with its error.
+    pub fn run(&mut self, args: &[String]) -> Result<(), String> {
+        let command = match args {
+            [n, _, rest @ ..] if n == "-n" => rest,
+            _ => args,
+        };
+        // `ip` answers the show only after the command before it: its line says it is done.
+        let mut text = String::new();
+        if !command.is_empty() {
+            text = command.join(" ") + "\n";
+        }
+        text += "link show dev lo\n";
+        let input = self.input.as_mut().expect("open until drop");
+        input
+            .write_all(text.as_bytes())
+            .and_then(|()| input.flush())
+            .map_err(|e| format!("ip {}: {e}", command.join(" ")))?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match self.output.read_line(&mut line) {
+                Ok(0) | Err(_) => {
+                    // `ip -batch` stops at a failed command: its reason is on stderr.
+                    let mut why = String::new();
+                    if let Some(mut e) = self.child.stderr.take() {
+                        let _ = e.read_to_string(&mut why);
+                    }
+                    return Err(format!("ip {}: {}", command.join(" "), why.trim()));
+                }
+                Ok(_) if line.contains(": lo:") => return Ok(()),
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+impl Drop for LinkControl {
+    fn drop(&mut self) {
+        // End of input ends `ip`.
+        drop(self.input.take());
+        let _ = self.child.wait();
+    }
 }
 
 /// Runs `cmd args` inside namespace `ns`, or returns its error text.
