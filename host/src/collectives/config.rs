@@ -67,15 +67,16 @@ pub struct CollConfig {
     /// holds a region (`scratch_bytes / 8`, between 32 KiB and 2 MiB) per peer of the rank
     /// with the most peers, so a rank that names many makes every rank's buffer that large
     /// (the two buffers a channel joins are of one size). `MSCCLPP_P2P_PEERS` overrides
-    /// it ([`P2P_PEERS_ENV`](super::P2P_PEERS_ENV)(super::P2P_PEERS_ENV): `13,+8,-8`, absolute ranks and ranks relative to this one;
-    /// `all`, `none`).
+    /// it ([`P2P_PEERS_ENV`](super::P2P_PEERS_ENV): `13,+8,-8`, absolute ranks and ranks
+    /// relative to this one; `all`, `none`).
     pub p2p_peers: Option<Vec<usize>>,
     /// Across hosts, on a GPU whose partners are all reached over TCP: the cross buffer and
     /// the send/recv buffer are pinned host memory mapped into the device (`true`, the
     /// default; the sockets read and write them directly, and a signal is a CPU store the
     /// kernel polls) rather than device memory staged by the copy engine (`false`). Each
     /// rank may choose for itself (the wire is the same); `MSCCLPP_CROSS_BUFFER=host|device`
-    /// ([`CROSS_BUFFER_ENV`](super::CROSS_BUFFER_ENV)(super::CROSS_BUFFER_ENV)) sets it in [`from_env`](Self::from_env).
+    /// ([`CROSS_BUFFER_ENV`](super::CROSS_BUFFER_ENV)) sets it in
+    /// [`from_env`](Self::from_env).
     pub cross_buffer_host: bool,
     /// Across hosts, on the Host backend: most payload bytes of one round with the partners
     /// (at least 4 KiB; a round also carries at most what a slot of the cross buffer holds,
