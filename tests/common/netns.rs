@@ -7,7 +7,9 @@
 //! it fails, [`Hosts::new`] says why and the tests skip.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
 
 /// Namespaces standing in for hosts; removed on drop.
 #[derive(Debug)]
@@ -41,8 +43,14 @@ fn ip(args: &[&str]) -> Result<(), String> {
 pub struct LinkControl {
     child: Child,
     input: Option<ChildStdin>,
-    output: BufReader<ChildStdout>,
+    /// `ip`'s output lines, read by a thread of their own (so a wait for one has a
+    /// deadline); closed when `ip` ends.
+    lines: Receiver<String>,
 }
+
+/// How long one command of a [`LinkControl`] may take before `ip` is killed and the command
+/// fails (a netlink request takes milliseconds).
+const LINK_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl LinkControl {
     /// Starts `ip` in the namespace that `args` name (`-n <namespace> ...`), and waits
@@ -61,10 +69,18 @@ impl LinkControl {
             .map_err(|e| format!("ip -n {ns} -batch: {e}"))?;
         let input = child.stdin.take();
         let output = BufReader::new(child.stdout.take().expect("piped"));
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in output.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         let mut control = LinkControl {
             child,
             input,
-            output,
+            lines,
         };
         control.run(&[])?;
         Ok(control)
@@ -88,11 +104,22 @@ impl LinkControl {
             .write_all(text.as_bytes())
             .and_then(|()| input.flush())
             .map_err(|e| format!("ip {}: {e}", command.join(" ")))?;
-        let mut line = String::new();
+        let deadline = Instant::now() + LINK_COMMAND_TIMEOUT;
         loop {
-            line.clear();
-            match self.output.read_line(&mut line) {
-                Ok(0) | Err(_) => {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) if line.contains(": lo:") => return Ok(()),
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    let _ = self.child.kill();
+                    return Err(format!(
+                        "ip {}: no answer within {LINK_COMMAND_TIMEOUT:?} (killed)",
+                        command.join(" ")
+                    ));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
                     // `ip -batch` stops at a failed command: its reason is on stderr.
                     let mut why = String::new();
                     if let Some(mut e) = self.child.stderr.take() {
@@ -100,8 +127,6 @@ impl LinkControl {
                     }
                     return Err(format!("ip {}: {}", command.join(" "), why.trim()));
                 }
-                Ok(_) if line.contains(": lo:") => return Ok(()),
-                Ok(_) => {}
             }
         }
     }
