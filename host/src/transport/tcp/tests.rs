@@ -587,6 +587,49 @@ fn a_frame_whose_header_comes_in_pieces_is_applied() {
     drop(link);
 }
 
+/// A long payload that comes in pieces, one pause within the receiver's poll inside a frame
+/// and one past it (the receiver then blocks in its read), is applied whole; a peer that
+/// closes inside a payload loses the link as closed in the middle of a frame, not as a peer
+/// that left between frames.
+#[test]
+fn a_payload_in_pieces_is_applied_and_a_close_inside_it_is_named() {
+    let mut buf = vec![0u8; 64 << 10];
+    let flag = AtomicU64::new(0);
+    let (link, mut peer) = host_link(1, &mut buf, &flag, Duration::from_secs(20));
+    let len = 40_000usize;
+    let mut bytes = frame(&[OP_DATA, 0, len as u64]);
+    bytes.extend((0..len).map(|i| (i % 253) as u8));
+    bytes.extend(frame(&[OP_SIGNAL, 2, 1, len as u64]));
+    let cut = [HEADER + 1000, HEADER + 30_000];
+    let parts = [&bytes[..cut[0]], &bytes[cut[0]..cut[1]], &bytes[cut[1]..]];
+    for (part, pause_us) in parts.into_iter().zip([20, 5000, 0]) {
+        peer[0].write_all(part).unwrap();
+        std::thread::sleep(Duration::from_micros(pause_us));
+    }
+    assert!(
+        eventually(|| flag.load(Ordering::Acquire) == 2),
+        "the flag never came: {:?}",
+        link.shared.lost()
+    );
+    assert!((0..len).all(|i| buf[i] == (i % 253) as u8));
+    drop(link);
+
+    let (link, mut peer) = host_link(1, &mut buf, &flag, Duration::from_secs(20));
+    let mut bytes = frame(&[OP_DATA, 0, 1000]);
+    bytes.extend([7u8; 300]);
+    peer[0].write_all(&bytes).unwrap();
+    peer.clear();
+    assert!(
+        eventually(|| link
+            .shared
+            .lost()
+            .is_some_and(|e| e.to_string().contains("in the middle of a frame"))),
+        "{:?}",
+        link.shared.lost()
+    );
+    drop(link);
+}
+
 /// Frames that come in one write (a small put, a put longer than what is read ahead at
 /// once, a signal) are applied whole and in order: the receiver's read-ahead hands each
 /// frame its own bytes, and the long payload's tail goes straight to its place.
