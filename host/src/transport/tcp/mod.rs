@@ -8,7 +8,8 @@
 //! sockets: this side's proxy writes frames, this side's receiver threads (one per socket,
 //! started at setup, stopped when the connection drops) read the peer's.
 //!
-//! - A put is cut into chunks of at most `MSCCLPP_TCP_CHUNK` bytes (default 512 KiB), sent
+//! - A put is cut into chunks of at most `MSCCLPP_TCP_CHUNK` bytes (default 512 KiB; a put
+//!   of several chunks but no more than there are stripes, evenly), sent
 //!   round-robin over the stripes as `DATA(dst_offset, len)` frames straight from the
 //!   registered buffer; the receiver reads each chunk straight into its registered buffer at
 //!   `dst_offset` (bounds-checked again there: the peer is not trusted), then adds `len` to
@@ -559,6 +560,18 @@ fn lost_writing(shared: &Shared, why: String) -> TransportError {
     shared.lost().unwrap_or_else(|| shared.error(why)).into()
 }
 
+/// The size of each chunk when `size` bytes go round-robin over `stripes` sockets in chunks
+/// of at most `most`: a put that needs no more chunks than there are stripes is cut evenly
+/// (rounded up to 4 KiB, so the last may be shorter), one chunk per stripe; a longer one in
+/// chunks of `most`.
+fn even_chunk(size: u64, most: u64, stripes: u64) -> u64 {
+    let chunks = size.div_ceil(most);
+    if chunks < 2 || chunks > stripes {
+        return most;
+    }
+    size.div_ceil(chunks).next_multiple_of(4096).min(most)
+}
+
 impl DataPlane for TcpPlane {
     fn put(
         &mut self,
@@ -633,6 +646,9 @@ impl DataPlane for TcpPlane {
                 Some(why) => Err(shared.lost().unwrap_or_else(|| shared.error(why)).into()),
             };
         }
+        // A put a little longer than a chunk (a payload and its header) goes as halves on
+        // two stripes, not as a chunk on one and a tail of a few bytes on the other.
+        let chunk = even_chunk(size, chunk, tx.streams.len() as u64);
         let mut done = 0;
         while done < size {
             let n = chunk.min(size - done);

@@ -334,6 +334,45 @@ fn a_parallel_put_of_few_chunks_is_cut_over_every_stripe() {
     assert!(dst == src, "the data differ");
 }
 
+/// Inline, a put a little longer than a chunk (a payload and its 32-byte header) goes as
+/// halves on two stripes, not as a chunk on one and 32 bytes on the other; one that needs
+/// more chunks than there are stripes keeps whole chunks. The data land whole.
+#[test]
+fn an_inline_put_of_few_chunks_is_cut_evenly_over_the_stripes() {
+    let chunk = 512u64 << 10;
+    // Chunks of a put: as many as fit in the stripes, evenly (rounded up to 4 KiB).
+    assert_eq!(even_chunk(chunk + 32, chunk, 2), 266_240); // 65 pages of 4 KiB
+    assert_eq!(even_chunk(2 * chunk + 32, chunk, 4), 352_256); // 86 pages
+    assert_eq!(even_chunk(2 * chunk + 32, chunk, 2), chunk);
+    assert_eq!(even_chunk(1000, chunk, 2), chunk);
+    assert_eq!(even_chunk(chunk, chunk, 2), chunk);
+
+    let size = chunk as usize + 32;
+    let mut src: Vec<u8> = (0..size).map(|i| (i * 11 + i / 397) as u8).collect();
+    let (mut a_sink, mut dst) = (vec![0u8; 64], vec![0u8; size]);
+    let flags = [AtomicU64::new(0), AtomicU64::new(0)];
+    let (mut plane, route, a, b) = plane_pair(
+        2,
+        chunk as usize,
+        false,
+        (&mut src, &mut a_sink),
+        &mut dst,
+        &flags,
+    );
+    plane.put(&route, 0, 0, size as u64).unwrap();
+    plane.signal(&route, 1).unwrap();
+    assert!(eventually(|| flags[1].load(Ordering::Acquire) == 1));
+    let sent = a.tx.lock().unwrap().sent.clone();
+    let (big, small) = (sent.iter().max().unwrap(), sent.iter().min().unwrap());
+    assert_eq!(sent.iter().sum::<u64>(), size as u64);
+    assert!(
+        *big == 266_240 && *small == size as u64 - 266_240,
+        "shares per stripe: {sent:?}"
+    );
+    drop((a, b));
+    assert!(dst == src, "the data differ");
+}
+
 /// With parallel writes, a put to a peer whose sockets are gone fails naming the peer
 /// (every writer's failure is waited for, none hangs).
 #[test]
