@@ -306,7 +306,8 @@ settings! {
     "MSCCLPP_TCP_CONNS", "whole number (1 to 64) or auto", "auto (4 above 4 cores, else 2)",
         TCP, |v| or_auto(v, |v| whole(v, 1, 64));
 
-    /// Largest piece of a put on one TCP socket.
+    /// Largest piece of a put on one TCP socket (a tail of less than 4 KiB may be spread over
+    /// the other pieces).
     tcp_chunk: usize = 512 << 10;
     "MSCCLPP_TCP_CHUNK", "bytes (4 KiB to 64 MiB)", "512 KiB", TCP,
         |v| bytes(v, 4096, 64 << 20);

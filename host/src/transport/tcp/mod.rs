@@ -9,7 +9,8 @@
 //! started at setup, stopped when the connection drops) read the peer's.
 //!
 //! - A put is cut into chunks of at most `MSCCLPP_TCP_CHUNK` bytes (default 512 KiB; a put
-//!   of several chunks but no more than there are stripes, evenly), sent
+//!   of several chunks but no more than there are stripes, evenly; a tail of less than
+//!   4 KiB spread over the others), sent
 //!   round-robin over the stripes as `DATA(dst_offset, len)` frames straight from the
 //!   registered buffer; the receiver reads each chunk straight into its registered buffer at
 //!   `dst_offset` (bounds-checked again there: the peer is not trusted), then adds `len` to
@@ -104,7 +105,7 @@ pub(crate) use setup::TcpSetup;
 /// else 2).
 pub const TCP_CONNS_ENV: &str = "MSCCLPP_TCP_CONNS";
 /// Environment variable: largest chunk of a put on one socket, in bytes (4 KiB to 64 MiB,
-/// default 512 KiB).
+/// default 512 KiB; a tail of less than 4 KiB may be spread over the other chunks).
 pub const TCP_CHUNK_ENV: &str = "MSCCLPP_TCP_CHUNK";
 /// Environment variable: how long any wait of the transport lasts before it fails, in
 /// milliseconds (default 10 000).
@@ -169,7 +170,8 @@ pub enum TcpError {
 pub struct TcpConfig {
     /// Sockets per connection.
     pub conns: usize,
-    /// Largest chunk of a put on one socket.
+    /// Largest chunk of a put on one socket (a tail of less than 4 KiB may be spread over
+    /// the other chunks).
     pub chunk: usize,
     /// Timeout of every wait.
     pub timeout: Duration,
@@ -561,12 +563,21 @@ fn lost_writing(shared: &Shared, why: String) -> TransportError {
 }
 
 /// The size of each chunk when `size` bytes go round-robin over `stripes` sockets in chunks
-/// of at most `most`: a put that needs no more chunks than there are stripes is cut evenly
-/// (rounded up to 4 KiB, so the last may be shorter), one chunk per stripe; a longer one in
-/// chunks of `most`.
+/// of about `most`. One chunk if it fits. A tail of less than a page past two chunks or more
+/// is spread over the others rather than sent alone (a 1 MiB round and its 32-byte header:
+/// two chunks, a little over `most`, not three). A put of no more chunks than there are
+/// stripes, or one whose tail was spread, is cut evenly (rounded up to 4 KiB, so the last
+/// may be shorter); other puts go in chunks of `most`.
 fn even_chunk(size: u64, most: u64, stripes: u64) -> u64 {
     let chunks = size.div_ceil(most);
-    if chunks < 2 || chunks > stripes {
+    if chunks < 2 {
+        return most;
+    }
+    let tail = size % most;
+    if chunks > 2 && tail != 0 && tail < 4096 {
+        return size.div_ceil(chunks - 1).next_multiple_of(4096);
+    }
+    if chunks > stripes {
         return most;
     }
     size.div_ceil(chunks).next_multiple_of(4096).min(most)

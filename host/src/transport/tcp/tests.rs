@@ -335,21 +335,25 @@ fn a_parallel_put_of_few_chunks_is_cut_over_every_stripe() {
 }
 
 /// Inline, a put a little longer than a chunk (a payload and its 32-byte header) goes as
-/// halves on two stripes, not as a chunk on one and 32 bytes on the other; one that needs
-/// more chunks than there are stripes keeps whole chunks. The data land whole.
+/// halves on two stripes, not as a chunk on one and 32 bytes on the other; so does one of
+/// two chunks and a tail under a page. The data land whole.
 #[test]
 fn an_inline_put_of_few_chunks_is_cut_evenly_over_the_stripes() {
     let chunk = 512u64 << 10;
     // Chunks of a put: as many as fit in the stripes, evenly (rounded up to 4 KiB).
     assert_eq!(even_chunk(chunk + 32, chunk, 2), 266_240); // 65 pages of 4 KiB
-    assert_eq!(even_chunk(2 * chunk + 32, chunk, 4), 352_256); // 86 pages
-    assert_eq!(even_chunk(2 * chunk + 32, chunk, 2), chunk);
+    // A tail under a page spread over the other chunks: 1 MiB + 32 in two.
+    assert_eq!(even_chunk(2 * chunk + 32, chunk, 2), 528_384); // 129 pages
+    assert_eq!(even_chunk(2 * chunk + 32, chunk, 4), 528_384);
+    // A longer tail: more chunks than stripes keep whole chunks, fewer are cut evenly.
+    assert_eq!(even_chunk(2 * chunk + 8192, chunk, 2), chunk);
+    assert_eq!(even_chunk(2 * chunk + 8192, chunk, 4), 352_256); // 86 pages
     assert_eq!(even_chunk(1000, chunk, 2), chunk);
     assert_eq!(even_chunk(chunk, chunk, 2), chunk);
 
-    let size = chunk as usize + 32;
-    let mut src: Vec<u8> = (0..size).map(|i| (i * 11 + i / 397) as u8).collect();
-    let (mut a_sink, mut dst) = (vec![0u8; 64], vec![0u8; size]);
+    let long = 2 * chunk as usize + 32;
+    let mut src: Vec<u8> = (0..long).map(|i| (i * 11 + i / 397) as u8).collect();
+    let (mut a_sink, mut dst) = (vec![0u8; 64], vec![0u8; long]);
     let flags = [AtomicU64::new(0), AtomicU64::new(0)];
     let (mut plane, route, a, b) = plane_pair(
         2,
@@ -359,16 +363,18 @@ fn an_inline_put_of_few_chunks_is_cut_evenly_over_the_stripes() {
         &mut dst,
         &flags,
     );
-    plane.put(&route, 0, 0, size as u64).unwrap();
-    plane.signal(&route, 1).unwrap();
-    assert!(eventually(|| flags[1].load(Ordering::Acquire) == 1));
-    let sent = a.tx.lock().unwrap().sent.clone();
-    let (big, small) = (sent.iter().max().unwrap(), sent.iter().min().unwrap());
-    assert_eq!(sent.iter().sum::<u64>(), size as u64);
-    assert!(
-        *big == 266_240 && *small == size as u64 - 266_240,
-        "shares per stripe: {sent:?}"
-    );
+    let mut before = vec![0u64; 2];
+    for (epoch, size, piece) in [(1, chunk + 32, 266_240), (2, long as u64, 528_384)] {
+        // Both stripes' shares of this put: one piece and the rest.
+        plane.put(&route, 0, 0, size).unwrap();
+        plane.signal(&route, epoch).unwrap();
+        assert!(eventually(|| flags[1].load(Ordering::Acquire) == epoch));
+        let sent = a.tx.lock().unwrap().sent.clone();
+        let mut shares: Vec<u64> = sent.iter().zip(&before).map(|(n, b)| n - b).collect();
+        shares.sort();
+        assert_eq!(shares, [size - piece, piece], "{size} bytes: {sent:?}");
+        before = sent;
+    }
     drop((a, b));
     assert!(dst == src, "the data differ");
 }
