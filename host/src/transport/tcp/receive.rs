@@ -147,9 +147,11 @@ const POLL_AFTER_FRAME: Duration = Duration::from_micros(600);
 /// 0.90-0.94x, 200-500 us no better than 100.
 const POLL_IN_FRAME: Duration = Duration::from_micros(100);
 
-/// Reads what has come of the next frame into `buf` without blocking, polling for up to
-/// `spin` (yielding between polls) until something has: the bytes read, 0 if nothing came
-/// (the caller then blocks in [`read_at_least`]).
+/// Reads what has come of the stream (the next frame, or the rest of one) into `buf`
+/// without blocking, polling for up to `spin` (yielding between polls) until something
+/// has: the bytes read, 0 if nothing came (the caller then blocks in a read), or
+/// [`Stop::Ended`] if the peer closed (inside a frame, [`read_at_least`] names that a
+/// loss).
 fn poll_frame(stream: &TcpStream, buf: &mut [u8], spin: Duration) -> Result<usize, Stop> {
     use rustix::io::Errno;
     use rustix::net::{RecvFlags, recv};
